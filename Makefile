@@ -1,0 +1,36 @@
+# The two commands a new user needs: `make demo` and `make test`. Each bootstraps .venv itself.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Re-install whenever pyproject.toml changes.
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint proto install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/rasd-sim --nodes 8 --gpus-per-node 8 --duration-s 30 --seed 7 --out demo-out
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+proto: $(STAMP)
+	$(BIN)/python proto/generate.py
+
+clean:
+	rm -rf $(VENV) demo-out build *.egg-info

@@ -1,0 +1,235 @@
+"""The agent's own data types: what a GPU is, what was sampled, what was observed, what to do.
+
+These are frozen dataclasses independent of NVML structs and of the wire format; `rasd.agent.wire`
+converts them to and from rasd.api.v1 messages. Counter fields are `None` when the GPU does not
+support them, which is different from a zero count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+
+
+class Severity(enum.IntEnum):
+    """Severity of an observation; values match rasd.api.v1.Severity."""
+
+    UNSPECIFIED = 0
+    INFO = 1
+    WARNING = 2
+    ERROR = 3
+    FATAL = 4
+
+
+class EventKind(enum.IntEnum):
+    """Kind of health observation; values match rasd.api.v1.EventKind."""
+
+    UNSPECIFIED = 0
+    XID = 1
+    ECC_DBE = 2
+    ECC_SBE_RATE = 3
+    ROW_REMAP_PENDING = 4
+    ROW_REMAP_FAILURE = 5
+    RETIRED_PAGES = 6
+    FALLEN_OFF_BUS = 7
+    GPU_LOST = 8
+    NVLINK_DOWN = 9
+    NVLINK_ERRORS = 10
+    PCIE_REPLAY = 11
+    IB_LINK_STATE = 12
+    SXID = 13
+    RECOVERY_ACTION = 14
+    POWER_EXCURSION = 15
+    THERMAL = 16
+    SDC_SUSPECT = 17
+
+
+class ClockEventReason(enum.IntFlag):
+    """NVML clock event ("throttle") reason bits that rasd acts on (nvmlClocksEventReason*)."""
+
+    GPU_IDLE = 0x1
+    APPLICATIONS_CLOCKS_SETTING = 0x2
+    SW_POWER_CAP = 0x4
+    HW_SLOWDOWN = 0x8
+    SYNC_BOOST = 0x10
+    SW_THERMAL_SLOWDOWN = 0x20
+    HW_THERMAL_SLOWDOWN = 0x40
+    HW_POWER_BRAKE_SLOWDOWN = 0x80
+    DISPLAY_CLOCK_SETTING = 0x100
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuInfo:
+    """One GPU's identity and power-limit constraints, read once at start-up."""
+
+    uuid: str
+    model: str
+    pci_bus_id: str
+    power_limit_min_w: int
+    power_limit_max_w: int
+    power_limit_default_w: int
+    serial: str = ""
+    vbios_version: str = ""
+    memory_total_mib: int = 0
+    power_smoothing_supported: bool = False
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerReading:
+    """Instant power draw of one GPU at one moment."""
+
+    gpu_uuid: str
+    time_unix_ns: int
+    power_w: float
+
+
+@dataclasses.dataclass(frozen=True)
+class NvLinkCounters:
+    """One NVLink's state and error counters; None means unsupported."""
+
+    link: int
+    active: bool
+    crc_errors: int | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuCounters:
+    """Slow-moving counters of one GPU (sampled at about 1 Hz). None means unsupported."""
+
+    gpu_uuid: str
+    sample_unix_ns: int
+    enforced_power_limit_w: int | None = None
+    requested_power_limit_w: int | None = None
+    total_energy_mj: int | None = None
+    temperature_c: int | None = None
+    utilization_gpu_pct: int | None = None
+    clock_event_reasons: int | None = None
+    ecc_sbe_volatile: int | None = None
+    ecc_dbe_volatile: int | None = None
+    ecc_sbe_aggregate: int | None = None
+    ecc_dbe_aggregate: int | None = None
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    pcie_replay_count: int | None = None
+    recovery_action: int | None = None
+    nvlinks: tuple[NvLinkCounters, ...] = ()
+    power_smoothing_enabled: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """A health signal seen on the node, before it is spooled and given a sequence number."""
+
+    kind: EventKind
+    observed_unix_ns: int
+    message: str
+    source: str
+    gpu_uuid: str = ""
+    xid: int | None = None
+    severity: Severity = Severity.UNSPECIFIED
+    attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class SpooledEvent:
+    """An observation with its spool sequence number: the unit the controller acks."""
+
+    seq: int
+    observation: Observation
+
+
+class ActionOutcome(enum.IntEnum):
+    """How a command ended; values match rasd.api.v1.ActionOutcome."""
+
+    UNSPECIFIED = 0
+    SUCCEEDED = 1
+    FAILED = 2
+    REFUSED = 3
+    NOT_SUPPORTED = 4
+    TIMED_OUT = 5
+    DRY_RUN = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class SetPowerCap:
+    """Set each listed GPU's power limit, in watts."""
+
+    limits_w: Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class SetPowerSmoothing:
+    """Apply a power-smoothing profile to some GPUs."""
+
+    gpu_uuids: tuple[str, ...]
+    enabled: bool
+    floor_pct: float
+    ramp_up_w_per_s: float
+    ramp_down_w_per_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartProcess:
+    """Restart the workload on one GPU: SIGTERM, then SIGKILL after grace_s."""
+
+    gpu_uuid: str
+    pids: tuple[int, ...] = ()
+    systemd_unit: str = ""
+    grace_s: float = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ResetGpu:
+    """Reset one GPU; refused while processes run on it."""
+
+    gpu_uuid: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RebootNode:
+    """Reboot the node through the configured command."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunValidation:
+    """Run a rasd-validate suite on some GPUs (all when empty)."""
+
+    suite: str
+    gpu_uuids: tuple[str, ...] = ()
+    seed: int = 0
+
+
+Action = SetPowerCap | SetPowerSmoothing | RestartProcess | ResetGpu | RebootNode | RunValidation
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """A controller command; command_id is its idempotency key."""
+
+    command_id: str
+    issued_unix_ns: int
+    deadline_unix_ns: int
+    reason: str
+    action: Action
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionResult:
+    """What the agent answers for a command."""
+
+    command_id: str
+    outcome: ActionOutcome
+    message: str
+    started_unix_ns: int
+    finished_unix_ns: int
+    enforced_limits_w: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    replayed: bool = False

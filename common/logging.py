@@ -1,0 +1,42 @@
+"""Structured logging set-up, called once by each entry point's main().
+
+JSON lines when stderr is not a TTY (systemd journal, Kubernetes), a readable console renderer when
+it is. Nothing configures logging at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure(level: str = "info", *, json: bool | None = None) -> None:
+    """Configure structlog and the stdlib root logger for this process.
+
+    Args:
+        level: minimum level name ("debug", "info", "warning", "error").
+        json: force JSON (True) or console (False) output; None picks JSON unless stderr is a TTY.
+    """
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    use_json = (not sys.stderr.isatty()) if json is None else json
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    # Third-party libraries log through stdlib logging; keep them quiet unless debugging.
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr, force=True)

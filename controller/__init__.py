@@ -1,0 +1,1 @@
+"""rasd.controller: the fleet's brain: ingest, classification, repairs, power, and the admin API."""

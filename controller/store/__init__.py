@@ -1,0 +1,1 @@
+"""rasd.controller.store: the SQLAlchemy store (SQLite by default, PostgreSQL in production)."""

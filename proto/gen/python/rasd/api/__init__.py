@@ -1,0 +1,1 @@
+"""rasd wire contracts (generated; see proto/generate.py)."""

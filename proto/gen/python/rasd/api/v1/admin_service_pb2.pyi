@@ -1,0 +1,520 @@
+from rasd.api.v1 import health_pb2 as _health_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ComponentState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPONENT_STATE_UNSPECIFIED: _ClassVar[ComponentState]
+    COMPONENT_STATE_HEALTHY: _ClassVar[ComponentState]
+    COMPONENT_STATE_DEGRADED: _ClassVar[ComponentState]
+    COMPONENT_STATE_REPAIRING: _ClassVar[ComponentState]
+    COMPONENT_STATE_QUARANTINED: _ClassVar[ComponentState]
+    COMPONENT_STATE_VALIDATING: _ClassVar[ComponentState]
+    COMPONENT_STATE_RMA: _ClassVar[ComponentState]
+    COMPONENT_STATE_OFFLINE: _ClassVar[ComponentState]
+COMPONENT_STATE_UNSPECIFIED: ComponentState
+COMPONENT_STATE_HEALTHY: ComponentState
+COMPONENT_STATE_DEGRADED: ComponentState
+COMPONENT_STATE_REPAIRING: ComponentState
+COMPONENT_STATE_QUARANTINED: ComponentState
+COMPONENT_STATE_VALIDATING: ComponentState
+COMPONENT_STATE_RMA: ComponentState
+COMPONENT_STATE_OFFLINE: ComponentState
+
+class Target(_message.Message):
+    __slots__ = ("node_id", "gpu_uuid")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    gpu_uuid: str
+    def __init__(self, node_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ...) -> None: ...
+
+class GpuStatus(_message.Message):
+    __slots__ = ("uuid", "model", "state", "power_w", "power_limit_w", "power_limit_min_w", "power_limit_max_w", "temperature_c", "utilization_gpu_pct", "last_sample_unix_ns", "pci_bus_id")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_MIN_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_MAX_W_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_GPU_PCT_FIELD_NUMBER: _ClassVar[int]
+    LAST_SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    model: str
+    state: ComponentState
+    power_w: float
+    power_limit_w: int
+    power_limit_min_w: int
+    power_limit_max_w: int
+    temperature_c: int
+    utilization_gpu_pct: int
+    last_sample_unix_ns: int
+    pci_bus_id: str
+    def __init__(self, uuid: _Optional[str] = ..., model: _Optional[str] = ..., state: _Optional[_Union[ComponentState, str]] = ..., power_w: _Optional[float] = ..., power_limit_w: _Optional[int] = ..., power_limit_min_w: _Optional[int] = ..., power_limit_max_w: _Optional[int] = ..., temperature_c: _Optional[int] = ..., utilization_gpu_pct: _Optional[int] = ..., last_sample_unix_ns: _Optional[int] = ..., pci_bus_id: _Optional[str] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node_id", "state", "connected", "last_seen_unix_ns", "boot_id", "agent_version", "backend", "labels", "gpus", "power_draw_w", "power_cap_w", "hostname")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    POWER_DRAW_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_CAP_W_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    state: ComponentState
+    connected: bool
+    last_seen_unix_ns: int
+    boot_id: str
+    agent_version: str
+    backend: str
+    labels: _containers.ScalarMap[str, str]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuStatus]
+    power_draw_w: float
+    power_cap_w: int
+    hostname: str
+    def __init__(self, node_id: _Optional[str] = ..., state: _Optional[_Union[ComponentState, str]] = ..., connected: _Optional[bool] = ..., last_seen_unix_ns: _Optional[int] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., backend: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuStatus, _Mapping]]] = ..., power_draw_w: _Optional[float] = ..., power_cap_w: _Optional[int] = ..., hostname: _Optional[str] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ("label_selector",)
+    class LabelSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    label_selector: _containers.ScalarMap[str, str]
+    def __init__(self, label_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ...) -> None: ...
+
+class GetNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class GetNodeResponse(_message.Message):
+    __slots__ = ("node", "recent_events")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RECENT_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    node: NodeStatus
+    recent_events: _containers.RepeatedCompositeFieldContainer[StoredEvent]
+    def __init__(self, node: _Optional[_Union[NodeStatus, _Mapping]] = ..., recent_events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ...) -> None: ...
+
+class StoredEvent(_message.Message):
+    __slots__ = ("node_id", "event", "received_unix_ns")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    event: _health_pb2.HealthEvent
+    received_unix_ns: int
+    def __init__(self, node_id: _Optional[str] = ..., event: _Optional[_Union[_health_pb2.HealthEvent, _Mapping]] = ..., received_unix_ns: _Optional[int] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("node_id", "since_unix_ns", "limit")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    since_unix_ns: int
+    limit: int
+    def __init__(self, node_id: _Optional[str] = ..., since_unix_ns: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[StoredEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ...) -> None: ...
+
+class Incident(_message.Message):
+    __slots__ = ("incident_id", "target", "cause", "severity", "opened_unix_ns", "closed_unix_ns", "event_seqs", "state")
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    OPENED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    incident_id: str
+    target: Target
+    cause: str
+    severity: _health_pb2.Severity
+    opened_unix_ns: int
+    closed_unix_ns: int
+    event_seqs: _containers.RepeatedScalarFieldContainer[int]
+    state: str
+    def __init__(self, incident_id: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., cause: _Optional[str] = ..., severity: _Optional[_Union[_health_pb2.Severity, str]] = ..., opened_unix_ns: _Optional[int] = ..., closed_unix_ns: _Optional[int] = ..., event_seqs: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ...) -> None: ...
+
+class ListIncidentsRequest(_message.Message):
+    __slots__ = ("node_id", "open_only", "limit")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ONLY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    open_only: bool
+    limit: int
+    def __init__(self, node_id: _Optional[str] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListIncidentsResponse(_message.Message):
+    __slots__ = ("incidents",)
+    INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    incidents: _containers.RepeatedCompositeFieldContainer[Incident]
+    def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ...) -> None: ...
+
+class RepairStep(_message.Message):
+    __slots__ = ("command_id", "rung", "outcome", "reason", "at_unix_ns")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNG_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    rung: str
+    outcome: str
+    reason: str
+    at_unix_ns: int
+    def __init__(self, command_id: _Optional[str] = ..., rung: _Optional[str] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ..., at_unix_ns: _Optional[int] = ...) -> None: ...
+
+class Repair(_message.Message):
+    __slots__ = ("ticket_id", "target", "incident_id", "state", "rung", "reason", "steps", "opened_unix_ns", "updated_unix_ns")
+    TICKET_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RUNG_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    OPENED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ticket_id: str
+    target: Target
+    incident_id: str
+    state: str
+    rung: str
+    reason: str
+    steps: _containers.RepeatedCompositeFieldContainer[RepairStep]
+    opened_unix_ns: int
+    updated_unix_ns: int
+    def __init__(self, ticket_id: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., incident_id: _Optional[str] = ..., state: _Optional[str] = ..., rung: _Optional[str] = ..., reason: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[RepairStep, _Mapping]]] = ..., opened_unix_ns: _Optional[int] = ..., updated_unix_ns: _Optional[int] = ...) -> None: ...
+
+class ListRepairsRequest(_message.Message):
+    __slots__ = ("node_id", "open_only", "limit")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ONLY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    open_only: bool
+    limit: int
+    def __init__(self, node_id: _Optional[str] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListRepairsResponse(_message.Message):
+    __slots__ = ("repairs",)
+    REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    repairs: _containers.RepeatedCompositeFieldContainer[Repair]
+    def __init__(self, repairs: _Optional[_Iterable[_Union[Repair, _Mapping]]] = ...) -> None: ...
+
+class QuarantineRequest(_message.Message):
+    __slots__ = ("target", "reason")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    reason: str
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class QuarantineResponse(_message.Message):
+    __slots__ = ("target", "state")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    state: ComponentState
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., state: _Optional[_Union[ComponentState, str]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("target", "reason", "force")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    reason: str
+    force: bool
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("target", "state")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    state: ComponentState
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., state: _Optional[_Union[ComponentState, str]] = ...) -> None: ...
+
+class ValidateRequest(_message.Message):
+    __slots__ = ("target", "suite", "seed")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SUITE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    suite: str
+    seed: int
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., suite: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class ValidateResponse(_message.Message):
+    __slots__ = ("validation_id", "command_id")
+    VALIDATION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    validation_id: str
+    command_id: str
+    def __init__(self, validation_id: _Optional[str] = ..., command_id: _Optional[str] = ...) -> None: ...
+
+class AccuseSdcRequest(_message.Message):
+    __slots__ = ("target", "reason", "accuser")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACCUSER_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    reason: str
+    accuser: str
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ..., accuser: _Optional[str] = ...) -> None: ...
+
+class AccuseSdcResponse(_message.Message):
+    __slots__ = ("incident_id",)
+    INCIDENT_ID_FIELD_NUMBER: _ClassVar[int]
+    incident_id: str
+    def __init__(self, incident_id: _Optional[str] = ...) -> None: ...
+
+class Validation(_message.Message):
+    __slots__ = ("validation_id", "target", "suite", "verdict", "started_unix_ns", "finished_unix_ns", "evidence_json")
+    VALIDATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SUITE_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    validation_id: str
+    target: Target
+    suite: str
+    verdict: str
+    started_unix_ns: int
+    finished_unix_ns: int
+    evidence_json: str
+    def __init__(self, validation_id: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., suite: _Optional[str] = ..., verdict: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., evidence_json: _Optional[str] = ...) -> None: ...
+
+class ListValidationsRequest(_message.Message):
+    __slots__ = ("node_id", "limit")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    limit: int
+    def __init__(self, node_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListValidationsResponse(_message.Message):
+    __slots__ = ("validations",)
+    VALIDATIONS_FIELD_NUMBER: _ClassVar[int]
+    validations: _containers.RepeatedCompositeFieldContainer[Validation]
+    def __init__(self, validations: _Optional[_Iterable[_Union[Validation, _Mapping]]] = ...) -> None: ...
+
+class PowerDomain(_message.Message):
+    __slots__ = ("domain_id", "level", "budget_w", "allocated_w", "drawn_w", "children")
+    DOMAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_W_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATED_W_FIELD_NUMBER: _ClassVar[int]
+    DRAWN_W_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    domain_id: str
+    level: str
+    budget_w: int
+    allocated_w: int
+    drawn_w: float
+    children: _containers.RepeatedCompositeFieldContainer[PowerDomain]
+    def __init__(self, domain_id: _Optional[str] = ..., level: _Optional[str] = ..., budget_w: _Optional[int] = ..., allocated_w: _Optional[int] = ..., drawn_w: _Optional[float] = ..., children: _Optional[_Iterable[_Union[PowerDomain, _Mapping]]] = ...) -> None: ...
+
+class GetPowerStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetPowerStatusResponse(_message.Message):
+    __slots__ = ("root", "swing_p2p_w", "swing_period_s", "smoothing_active")
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    SWING_P2P_W_FIELD_NUMBER: _ClassVar[int]
+    SWING_PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    SMOOTHING_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    root: PowerDomain
+    swing_p2p_w: float
+    swing_period_s: float
+    smoothing_active: bool
+    def __init__(self, root: _Optional[_Union[PowerDomain, _Mapping]] = ..., swing_p2p_w: _Optional[float] = ..., swing_period_s: _Optional[float] = ..., smoothing_active: _Optional[bool] = ...) -> None: ...
+
+class SetPowerBudgetRequest(_message.Message):
+    __slots__ = ("domain_id", "budget_w", "reason")
+    DOMAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_W_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    domain_id: str
+    budget_w: int
+    reason: str
+    def __init__(self, domain_id: _Optional[str] = ..., budget_w: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetPowerBudgetResponse(_message.Message):
+    __slots__ = ("domain",)
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    domain: PowerDomain
+    def __init__(self, domain: _Optional[_Union[PowerDomain, _Mapping]] = ...) -> None: ...
+
+class GetPowerPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetPowerPolicyResponse(_message.Message):
+    __slots__ = ("policy_toml",)
+    POLICY_TOML_FIELD_NUMBER: _ClassVar[int]
+    policy_toml: str
+    def __init__(self, policy_toml: _Optional[str] = ...) -> None: ...
+
+class SetPowerPolicyRequest(_message.Message):
+    __slots__ = ("policy_toml", "reason")
+    POLICY_TOML_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    policy_toml: str
+    reason: str
+    def __init__(self, policy_toml: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetPowerPolicyResponse(_message.Message):
+    __slots__ = ("policy_toml",)
+    POLICY_TOML_FIELD_NUMBER: _ClassVar[int]
+    policy_toml: str
+    def __init__(self, policy_toml: _Optional[str] = ...) -> None: ...
+
+class RmaTicket(_message.Message):
+    __slots__ = ("rma_id", "target", "state", "reason", "evidence_json", "opened_unix_ns")
+    RMA_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    OPENED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    rma_id: str
+    target: Target
+    state: str
+    reason: str
+    evidence_json: str
+    opened_unix_ns: int
+    def __init__(self, rma_id: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., evidence_json: _Optional[str] = ..., opened_unix_ns: _Optional[int] = ...) -> None: ...
+
+class ListRmaRequest(_message.Message):
+    __slots__ = ("pending_only",)
+    PENDING_ONLY_FIELD_NUMBER: _ClassVar[int]
+    pending_only: bool
+    def __init__(self, pending_only: _Optional[bool] = ...) -> None: ...
+
+class ListRmaResponse(_message.Message):
+    __slots__ = ("tickets",)
+    TICKETS_FIELD_NUMBER: _ClassVar[int]
+    tickets: _containers.RepeatedCompositeFieldContainer[RmaTicket]
+    def __init__(self, tickets: _Optional[_Iterable[_Union[RmaTicket, _Mapping]]] = ...) -> None: ...
+
+class GetRmaRequest(_message.Message):
+    __slots__ = ("rma_id",)
+    RMA_ID_FIELD_NUMBER: _ClassVar[int]
+    rma_id: str
+    def __init__(self, rma_id: _Optional[str] = ...) -> None: ...
+
+class GetRmaResponse(_message.Message):
+    __slots__ = ("ticket",)
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    ticket: RmaTicket
+    def __init__(self, ticket: _Optional[_Union[RmaTicket, _Mapping]] = ...) -> None: ...
+
+class ApproveRmaRequest(_message.Message):
+    __slots__ = ("rma_id", "reason")
+    RMA_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    rma_id: str
+    reason: str
+    def __init__(self, rma_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ApproveRmaResponse(_message.Message):
+    __slots__ = ("ticket",)
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    ticket: RmaTicket
+    def __init__(self, ticket: _Optional[_Union[RmaTicket, _Mapping]] = ...) -> None: ...
+
+class SetAutomationPausedRequest(_message.Message):
+    __slots__ = ("paused", "reason")
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    reason: str
+    def __init__(self, paused: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AutomationStatus(_message.Message):
+    __slots__ = ("paused", "breaker_tripped", "reason", "since_unix_ns")
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_TRIPPED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    paused: bool
+    breaker_tripped: bool
+    reason: str
+    since_unix_ns: int
+    def __init__(self, paused: _Optional[bool] = ..., breaker_tripped: _Optional[bool] = ..., reason: _Optional[str] = ..., since_unix_ns: _Optional[int] = ...) -> None: ...
+
+class AuditRecord(_message.Message):
+    __slots__ = ("at_unix_ns", "actor", "action", "target", "reason", "outcome")
+    AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    at_unix_ns: int
+    actor: str
+    action: str
+    target: Target
+    reason: str
+    outcome: str
+    def __init__(self, at_unix_ns: _Optional[int] = ..., actor: _Optional[str] = ..., action: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ..., outcome: _Optional[str] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("since_unix_ns", "limit")
+    SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    since_unix_ns: int
+    limit: int
+    def __init__(self, since_unix_ns: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListAuditResponse(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[AuditRecord]
+    def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ...) -> None: ...

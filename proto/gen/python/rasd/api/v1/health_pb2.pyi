@@ -1,0 +1,206 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEVERITY_UNSPECIFIED: _ClassVar[Severity]
+    SEVERITY_INFO: _ClassVar[Severity]
+    SEVERITY_WARNING: _ClassVar[Severity]
+    SEVERITY_ERROR: _ClassVar[Severity]
+    SEVERITY_FATAL: _ClassVar[Severity]
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    EVENT_KIND_XID: _ClassVar[EventKind]
+    EVENT_KIND_ECC_DBE: _ClassVar[EventKind]
+    EVENT_KIND_ECC_SBE_RATE: _ClassVar[EventKind]
+    EVENT_KIND_ROW_REMAP_PENDING: _ClassVar[EventKind]
+    EVENT_KIND_ROW_REMAP_FAILURE: _ClassVar[EventKind]
+    EVENT_KIND_RETIRED_PAGES: _ClassVar[EventKind]
+    EVENT_KIND_FALLEN_OFF_BUS: _ClassVar[EventKind]
+    EVENT_KIND_GPU_LOST: _ClassVar[EventKind]
+    EVENT_KIND_NVLINK_DOWN: _ClassVar[EventKind]
+    EVENT_KIND_NVLINK_ERRORS: _ClassVar[EventKind]
+    EVENT_KIND_PCIE_REPLAY: _ClassVar[EventKind]
+    EVENT_KIND_IB_LINK_STATE: _ClassVar[EventKind]
+    EVENT_KIND_SXID: _ClassVar[EventKind]
+    EVENT_KIND_RECOVERY_ACTION: _ClassVar[EventKind]
+    EVENT_KIND_POWER_EXCURSION: _ClassVar[EventKind]
+    EVENT_KIND_THERMAL: _ClassVar[EventKind]
+    EVENT_KIND_SDC_SUSPECT: _ClassVar[EventKind]
+SEVERITY_UNSPECIFIED: Severity
+SEVERITY_INFO: Severity
+SEVERITY_WARNING: Severity
+SEVERITY_ERROR: Severity
+SEVERITY_FATAL: Severity
+EVENT_KIND_UNSPECIFIED: EventKind
+EVENT_KIND_XID: EventKind
+EVENT_KIND_ECC_DBE: EventKind
+EVENT_KIND_ECC_SBE_RATE: EventKind
+EVENT_KIND_ROW_REMAP_PENDING: EventKind
+EVENT_KIND_ROW_REMAP_FAILURE: EventKind
+EVENT_KIND_RETIRED_PAGES: EventKind
+EVENT_KIND_FALLEN_OFF_BUS: EventKind
+EVENT_KIND_GPU_LOST: EventKind
+EVENT_KIND_NVLINK_DOWN: EventKind
+EVENT_KIND_NVLINK_ERRORS: EventKind
+EVENT_KIND_PCIE_REPLAY: EventKind
+EVENT_KIND_IB_LINK_STATE: EventKind
+EVENT_KIND_SXID: EventKind
+EVENT_KIND_RECOVERY_ACTION: EventKind
+EVENT_KIND_POWER_EXCURSION: EventKind
+EVENT_KIND_THERMAL: EventKind
+EVENT_KIND_SDC_SUSPECT: EventKind
+
+class GpuInfo(_message.Message):
+    __slots__ = ("uuid", "model", "pci_bus_id", "serial", "vbios_version", "memory_total_mib", "power_limit_min_w", "power_limit_max_w", "power_limit_default_w", "power_smoothing_supported", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    VBIOS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_MIB_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_MIN_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_MAX_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_DEFAULT_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_SMOOTHING_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    model: str
+    pci_bus_id: str
+    serial: str
+    vbios_version: str
+    memory_total_mib: int
+    power_limit_min_w: int
+    power_limit_max_w: int
+    power_limit_default_w: int
+    power_smoothing_supported: bool
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, uuid: _Optional[str] = ..., model: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., serial: _Optional[str] = ..., vbios_version: _Optional[str] = ..., memory_total_mib: _Optional[int] = ..., power_limit_min_w: _Optional[int] = ..., power_limit_max_w: _Optional[int] = ..., power_limit_default_w: _Optional[int] = ..., power_smoothing_supported: _Optional[bool] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PowerSeries(_message.Message):
+    __slots__ = ("gpu_uuid", "first_sample_unix_ns", "sample_interval_ms", "power_w")
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    gpu_uuid: str
+    first_sample_unix_ns: int
+    sample_interval_ms: int
+    power_w: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, gpu_uuid: _Optional[str] = ..., first_sample_unix_ns: _Optional[int] = ..., sample_interval_ms: _Optional[int] = ..., power_w: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class NvLinkCounters(_message.Message):
+    __slots__ = ("link", "active", "crc_errors", "replay_errors", "recovery_errors")
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    CRC_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    link: int
+    active: bool
+    crc_errors: int
+    replay_errors: int
+    recovery_errors: int
+    def __init__(self, link: _Optional[int] = ..., active: _Optional[bool] = ..., crc_errors: _Optional[int] = ..., replay_errors: _Optional[int] = ..., recovery_errors: _Optional[int] = ...) -> None: ...
+
+class GpuCounters(_message.Message):
+    __slots__ = ("gpu_uuid", "sample_unix_ns", "enforced_power_limit_w", "requested_power_limit_w", "total_energy_mj", "temperature_c", "utilization_gpu_pct", "clock_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure", "pcie_replay_count", "recovery_action", "nvlinks", "power_smoothing_enabled")
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ENFORCED_POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ENERGY_MJ_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_GPU_PCT_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
+    ECC_SBE_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_DBE_VOLATILE_FIELD_NUMBER: _ClassVar[int]
+    ECC_SBE_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    ECC_DBE_AGGREGATE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_SBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_DBE_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_PAGES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_CORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_UNCORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REMAPPED_ROWS_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    PCIE_REPLAY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_ACTION_FIELD_NUMBER: _ClassVar[int]
+    NVLINKS_FIELD_NUMBER: _ClassVar[int]
+    POWER_SMOOTHING_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    gpu_uuid: str
+    sample_unix_ns: int
+    enforced_power_limit_w: int
+    requested_power_limit_w: int
+    total_energy_mj: int
+    temperature_c: int
+    utilization_gpu_pct: int
+    clock_event_reasons: int
+    ecc_sbe_volatile: int
+    ecc_dbe_volatile: int
+    ecc_sbe_aggregate: int
+    ecc_dbe_aggregate: int
+    retired_pages_sbe: int
+    retired_pages_dbe: int
+    retired_pages_pending: bool
+    remapped_rows_correctable: int
+    remapped_rows_uncorrectable: int
+    remapped_rows_pending: bool
+    remapped_rows_failure: bool
+    pcie_replay_count: int
+    recovery_action: int
+    nvlinks: _containers.RepeatedCompositeFieldContainer[NvLinkCounters]
+    power_smoothing_enabled: bool
+    def __init__(self, gpu_uuid: _Optional[str] = ..., sample_unix_ns: _Optional[int] = ..., enforced_power_limit_w: _Optional[int] = ..., requested_power_limit_w: _Optional[int] = ..., total_energy_mj: _Optional[int] = ..., temperature_c: _Optional[int] = ..., utilization_gpu_pct: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., pcie_replay_count: _Optional[int] = ..., recovery_action: _Optional[int] = ..., nvlinks: _Optional[_Iterable[_Union[NvLinkCounters, _Mapping]]] = ..., power_smoothing_enabled: _Optional[bool] = ...) -> None: ...
+
+class TelemetryBatch(_message.Message):
+    __slots__ = ("power", "counters")
+    POWER_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    power: _containers.RepeatedCompositeFieldContainer[PowerSeries]
+    counters: _containers.RepeatedCompositeFieldContainer[GpuCounters]
+    def __init__(self, power: _Optional[_Iterable[_Union[PowerSeries, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[GpuCounters, _Mapping]]] = ...) -> None: ...
+
+class HealthEvent(_message.Message):
+    __slots__ = ("seq", "observed_unix_ns", "kind", "gpu_uuid", "xid", "severity", "message", "source", "attributes")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    XID_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    observed_unix_ns: int
+    kind: EventKind
+    gpu_uuid: str
+    xid: int
+    severity: Severity
+    message: str
+    source: str
+    attributes: _containers.ScalarMap[str, str]
+    def __init__(self, seq: _Optional[int] = ..., observed_unix_ns: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., gpu_uuid: _Optional[str] = ..., xid: _Optional[int] = ..., severity: _Optional[_Union[Severity, str]] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
