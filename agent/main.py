@@ -1,0 +1,196 @@
+"""rasd-agent entry point: arguments and config file → logging → backend → spool → run.
+
+Nothing else lives here. Settings come from /etc/rasd/agent.toml (or --config) with command-line
+flags taking precedence; the file is read only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import pathlib
+import signal
+import socket
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from rasd.agent import gpu, runtime, spool
+from rasd.agent.gpu import simulated
+from rasd.common import VERSION, net
+from rasd.common import logging as rasd_logging
+
+DEFAULT_CONFIG = pathlib.Path("/etc/rasd/agent.toml")
+BOOT_ID_PATH = pathlib.Path("/proc/sys/kernel/random/boot_id")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The agent's command line."""
+    parser = argparse.ArgumentParser(
+        prog="rasd-agent",
+        description="rasd node agent: streams GPU telemetry and health events to the controller "
+        "and carries out its commands.",
+    )
+    parser.add_argument(
+        "--config", type=pathlib.Path, help=f"TOML settings file (default {DEFAULT_CONFIG} if present)"
+    )
+    parser.add_argument("--node-id", help="this node's id (default: the hostname)")
+    parser.add_argument("--controller", help="controller gRPC address host:port (default 127.0.0.1:7443)")
+    parser.add_argument("--backend", choices=gpu.BACKEND_NAMES, help="GPU backend (default nvml)")
+    parser.add_argument("--gpus", type=int, help="simulated backend: number of GPUs (default 8)")
+    parser.add_argument("--seed", type=int, help="simulated backend: seed (default 0)")
+    parser.add_argument(
+        "--sim-step-period-s",
+        type=float,
+        help="simulated backend: training step period (default 2.0; 0 = idle)",
+    )
+    parser.add_argument(
+        "--state-dir", type=pathlib.Path, help="where the event spool lives (default /var/lib/rasd-agent)"
+    )
+    parser.add_argument(
+        "--label", action="append", default=[], metavar="KEY=VALUE", help="topology label (repeatable)"
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext gRPC; allowed only to a loopback controller (TLS arrives with the security issue)",
+    )
+    parser.add_argument("--log-level", default=None, help="debug|info|warning|error (default info)")
+    parser.add_argument("--version", action="version", version=f"rasd-agent {VERSION}")
+    return parser
+
+
+def _parse_labels(pairs: Sequence[str]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--label {pair!r} is not KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge defaults, the config file and flags (flags win); name the bad key on bad input."""
+    known = {
+        "node_id", "controller", "backend", "gpus", "seed", "sim_step_period_s", "state_dir",
+        "labels", "insecure", "log_level",
+    }  # fmt: skip
+    unknown = set(file_settings) - known
+    if unknown:
+        raise ValueError(f"unknown key(s) in agent config: {', '.join(sorted(unknown))}")
+    settings: dict[str, Any] = {
+        "node_id": socket.gethostname(),
+        "controller": "127.0.0.1:7443",
+        "backend": "nvml",
+        "gpus": 8,
+        "seed": 0,
+        "sim_step_period_s": 2.0,
+        "state_dir": "/var/lib/rasd-agent",
+        "labels": {},
+        "insecure": False,
+        "log_level": "info",
+    }
+    settings.update(file_settings)
+    for key in known - {"labels"}:
+        value = getattr(args, key, None)
+        if value not in (None, False):
+            settings[key] = value
+    settings["labels"] = {**dict(settings["labels"]), **_parse_labels(args.label)}
+    if settings["backend"] not in gpu.BACKEND_NAMES:
+        raise ValueError(f"backend {settings['backend']!r} is not one of {', '.join(gpu.BACKEND_NAMES)}")
+    if not isinstance(settings["gpus"], int) or not 1 <= settings["gpus"] <= 64:
+        raise ValueError(f"gpus must be an integer in 1..64, got {settings['gpus']!r}")
+    if not settings["node_id"] or len(settings["node_id"]) > 253:
+        raise ValueError("node_id must be 1..253 characters")
+    return settings
+
+
+def _boot_id() -> str:
+    try:
+        return BOOT_ID_PATH.read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def open_backend(settings: Mapping[str, Any]) -> gpu.GpuBackend:
+    """Build the configured GPU backend."""
+    if settings["backend"] == "simulated":
+        period_s = float(settings["sim_step_period_s"])
+        workload = simulated.StepWorkload(period_s=period_s) if period_s > 0 else None
+        return simulated.SimulatedBackend(
+            settings["node_id"], settings["gpus"], settings["seed"], workload=workload
+        )
+    # Imported here so that machines without libnvidia-ml never load pynvml.
+    from rasd.agent.gpu import nvml
+
+    return nvml.open_nvml_backend()
+
+
+async def _serve(settings: Mapping[str, Any]) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    backend = open_backend(settings)
+    state_dir = pathlib.Path(settings["state_dir"])
+    state_dir.mkdir(parents=True, exist_ok=True)
+    journal = spool.Spool(str(state_dir / "spool.db"))
+    agent = runtime.Agent(
+        runtime.NodeIdentity(
+            node_id=settings["node_id"],
+            boot_id=_boot_id(),
+            hostname=socket.gethostname(),
+            labels=settings["labels"],
+        ),
+        backend,
+        journal,
+        runtime.LinkSettings(controller_address=settings["controller"]),
+    )
+    log = structlog.get_logger("rasd.agent")
+    log.info(
+        "agent_started",
+        node=settings["node_id"],
+        backend=backend.name,
+        gpus=len(backend.inventory()),
+        controller=settings["controller"],
+        spool_depth=journal.depth(),
+        pid=os.getpid(),
+    )
+    try:
+        await agent.run(stop)
+    finally:
+        backend.close()
+        journal.close()
+    log.info("agent_stopped", node=settings["node_id"], events_spooled=agent.stats.events_spooled)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the agent until SIGTERM or SIGINT."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config_path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+        file_settings = tomllib.loads(config_path.read_text()) if config_path else {}
+        settings = resolve_settings(args, file_settings)
+        host, _ = net.split_host_port(settings["controller"])
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+        parser.error(str(exc))
+    if not settings["insecure"]:
+        parser.error(
+            "TLS is not built yet (security issue #7): "
+            "pass --insecure to use plaintext to a loopback controller"
+        )
+    if not net.is_loopback_host(host):
+        parser.error(f"refusing plaintext gRPC to non-loopback controller {host!r}")
+    rasd_logging.configure(settings["log_level"])
+    return asyncio.run(_serve(settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""The agent's runtime: samples the GPU backend, keeps the controller stream up, runs commands.
+
+Two things run for the agent's whole life:
+
+1. The sampler reads power at 10 Hz and counters at 1 Hz into bounded buffers, and polls the
+   backend for health observations, which go straight into the durable spool. It keeps running
+   while the controller is unreachable, so no event is missed during an outage.
+2. The link keeps one bidirectional stream to the controller, reconnecting with exponential backoff
+   and full jitter. Per stream: Hello → Welcome (with the controller's acked spool position) →
+   resend every unacked event → then telemetry batches, new events and heartbeats go out through a
+   single writer task (gRPC streams must not be written concurrently), while acks and commands come
+   in. Commands run in a worker thread so a slow action never stalls telemetry.
+
+Telemetry is not spooled: it is high-rate and only its freshness matters. Buffers are bounded and
+drop the oldest samples during an outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Mapping
+
+import grpc
+import structlog
+
+from rasd.agent import actions, gpu, spool, wire
+from rasd.agent.core import model
+from rasd.api.v1 import agent_service_pb2 as agent_pb
+from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
+from rasd.common import VERSION
+
+log = structlog.get_logger("rasd.agent")
+
+Clock = Callable[[], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkSettings:
+    """How the agent reaches the controller and paces what it sends."""
+
+    controller_address: str
+    """host:port of the controller's gRPC endpoint."""
+    power_sample_interval_ms: int = 100
+    """Power sampling period (10 Hz); the controller may override it in Welcome."""
+    counter_interval_ms: int = 1000
+    """Counter sampling period (1 Hz)."""
+    telemetry_send_interval_ms: int = 1000
+    """How often buffered telemetry goes out."""
+    heartbeat_interval_ms: int = 5000
+    """Heartbeat period when nothing else is sent."""
+    event_poll_interval_ms: int = 200
+    """How often the backend is polled for health observations."""
+    reconnect_initial_s: float = 0.5
+    """First reconnect delay; doubles per failure up to reconnect_max_s (full jitter)."""
+    reconnect_max_s: float = 30.0
+    """Upper bound of the reconnect delay."""
+    welcome_timeout_s: float = 10.0
+    """How long to wait for Welcome after Hello before reconnecting."""
+    buffer_s: float = 60.0
+    """Seconds of power samples kept per GPU while the stream is down."""
+    max_events_per_message: int = 500
+    """Cap on events per HealthEventBatch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeIdentity:
+    """Who this agent speaks for."""
+
+    node_id: str
+    boot_id: str
+    hostname: str
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class AgentStats:
+    """Counters the agent keeps about itself (exported as metrics and used by tests)."""
+
+    power_samples: int = 0
+    telemetry_batches_sent: int = 0
+    events_spooled: int = 0
+    events_sent: int = 0
+    commands_executed: int = 0
+    connects: int = 0
+    connect_failures: int = 0
+    connected: bool = False
+
+
+class Agent:
+    """One node's agent: sampler + controller link + command executor."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        backend: gpu.GpuBackend,
+        journal: spool.Spool,
+        settings: LinkSettings,
+        *,
+        clock: Clock = time.time_ns,
+        rng: random.Random | None = None,
+    ) -> None:
+        """Wire the agent together; nothing runs until `run()`."""
+        self.identity = identity
+        self.backend = backend
+        self.spool = journal
+        self.settings = settings
+        self.stats = AgentStats()
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._executor = actions.ActionExecutor(backend, journal, clock)
+        self._inventory = tuple(backend.inventory())
+        self._power_interval_ms = settings.power_sample_interval_ms
+        self._counter_interval_ms = settings.counter_interval_ms
+        self._send_interval_ms = settings.telemetry_send_interval_ms
+        self._heartbeat_interval_ms = settings.heartbeat_interval_ms
+        max_samples = max(1, int(settings.buffer_s * 1000 / settings.power_sample_interval_ms))
+        self._power: dict[str, collections.deque[model.PowerReading]] = {
+            g.uuid: collections.deque(maxlen=max_samples) for g in self._inventory
+        }
+        self._counters: dict[str, model.GpuCounters] = {}
+        self._events_ready = asyncio.Event()
+        # Simulated backends answer instantly; NVML calls can block for milliseconds per GPU and
+        # must not stall the event loop.
+        self._blocking = getattr(backend, "blocking", backend.name != "simulated")
+        self._log = log.bind(node=identity.node_id)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample and stay connected until stop is set; then close the stream cleanly."""
+        sampler = asyncio.create_task(self._sample_forever(stop), name=f"sampler-{self.identity.node_id}")
+        try:
+            await self._link_forever(stop)
+        finally:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+
+    # -- sampling -----------------------------------------------------------------------------
+    async def _call(self, fn, *args):  # type: ignore[no-untyped-def]
+        return await asyncio.to_thread(fn, *args) if self._blocking else fn(*args)
+
+    async def _sample_forever(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        next_power = next_counters = next_events = loop.time()
+        while not stop.is_set():
+            now_loop = loop.time()
+            now_ns = self._clock()
+            try:
+                if now_loop >= next_power:
+                    for reading in await self._call(self.backend.read_power, now_ns):
+                        self._power[reading.gpu_uuid].append(reading)
+                        self.stats.power_samples += 1
+                    next_power = _next_tick(next_power, self._power_interval_ms, now_loop)
+                if now_loop >= next_counters:
+                    for counters in await self._call(self.backend.read_counters, now_ns):
+                        self._counters[counters.gpu_uuid] = counters
+                    next_counters = _next_tick(next_counters, self._counter_interval_ms, now_loop)
+                if now_loop >= next_events:
+                    observations = await self._call(self.backend.poll_events, now_ns, 0.0)
+                    if observations:
+                        self.observe(observations)
+                    next_events = _next_tick(next_events, self.settings.event_poll_interval_ms, now_loop)
+            except gpu.BackendError as exc:
+                # A failing read must not kill sampling; lost GPUs surface as observations.
+                self._log.warning("gpu_read_failed", error=str(exc), error_type=type(exc).__name__)
+            await asyncio.sleep(max(0.0, min(next_power, next_counters, next_events) - loop.time()))
+
+    def observe(self, observations: list[model.Observation] | tuple[model.Observation, ...]) -> None:
+        """Spool observations durably and wake the sender. Also the entry for kernel-log sources."""
+        spooled = self.spool.append(list(observations))
+        self.stats.events_spooled += len(spooled)
+        for event in spooled:
+            self._log.info(
+                "health_event_spooled",
+                seq=event.seq,
+                kind=event.observation.kind.name,
+                gpu_uuid=event.observation.gpu_uuid,
+                xid=event.observation.xid,
+            )
+        self._events_ready.set()
+
+    def _drain_telemetry(self) -> agent_pb.AgentMessage | None:
+        power = {uuid: list(buffer) for uuid, buffer in self._power.items() if buffer}
+        for buffer in self._power.values():
+            buffer.clear()
+        counters = list(self._counters.values())
+        self._counters.clear()
+        if not power and not counters:
+            return None
+        return wire.telemetry(power, counters, self._power_interval_ms)
+
+    # -- the controller link ---------------------------------------------------------------------
+    async def _link_forever(self, stop: asyncio.Event) -> None:
+        attempt = 0
+        while not stop.is_set():
+            channel = grpc.aio.insecure_channel(self.settings.controller_address)
+            try:
+                if await self._session(channel, stop):
+                    attempt = 0
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
+                self.stats.connect_failures += 1
+                code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
+                self._log.warning("controller_stream_lost", code=code, detail=_detail(exc))
+            finally:
+                self.stats.connected = False
+                await channel.close(grace=None)
+            if stop.is_set():
+                break
+            attempt += 1
+            ceiling = min(
+                self.settings.reconnect_max_s, self.settings.reconnect_initial_s * 2 ** min(attempt, 16)
+            )
+            # Full jitter: thousands of agents losing one controller must not reconnect in step.
+            delay = self._rng.uniform(0, ceiling)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    async def _session(self, channel: grpc.aio.Channel, stop: asyncio.Event) -> bool:
+        """One stream's life. Returns True when the stream got as far as Welcome."""
+        stub = agent_grpc.AgentServiceStub(channel)
+        call = stub.Connect()
+        await call.write(
+            wire.hello(
+                node_id=self.identity.node_id,
+                boot_id=self.identity.boot_id,
+                agent_version=VERSION,
+                hostname=self.identity.hostname,
+                backend=self.backend.name,
+                gpus=self._inventory,
+                labels=self.identity.labels,
+                spool_head_seq=self.spool.head_seq(),
+            )
+        )
+        first = await asyncio.wait_for(call.read(), timeout=self.settings.welcome_timeout_s)
+        if first is grpc.aio.EOF or not first.HasField("welcome"):
+            raise ConnectionError("controller did not answer Hello with Welcome")
+        welcome = first.welcome
+        self._apply_config(welcome.config)
+        self.spool.ack(welcome.acked_seq)
+        self.stats.connects += 1
+        self.stats.connected = True
+        self._log.info("controller_connected", session=welcome.session_id, acked_seq=welcome.acked_seq)
+
+        outbox: asyncio.Queue[agent_pb.AgentMessage | None] = asyncio.Queue(maxsize=1000)
+        sent_through = [welcome.acked_seq]  # highest event seq written on this stream
+        self._events_ready.set()  # resend whatever is unacked right away
+        tasks = [
+            asyncio.create_task(self._writer(call, outbox)),
+            asyncio.create_task(self._reader(call, outbox)),
+            asyncio.create_task(self._producer(outbox, sent_through)),
+            asyncio.create_task(stop.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            if stop.is_set():
+                # Flush what is queued, then half-close so the controller sees a clean end.
+                await outbox.put(None)
+                await asyncio.wait_for(tasks[0], timeout=5.0)
+            return True
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            call.cancel()
+
+    def _apply_config(self, config: agent_pb.AgentConfig) -> None:
+        # Zero means "controller has no opinion": keep the local setting.
+        self._send_interval_ms = config.telemetry_send_interval_ms or self._send_interval_ms
+        self._heartbeat_interval_ms = config.heartbeat_interval_ms or self._heartbeat_interval_ms
+        self._counter_interval_ms = config.counter_interval_ms or self._counter_interval_ms
+        self._power_interval_ms = config.power_sample_interval_ms or self._power_interval_ms
+
+    async def _writer(self, call, outbox: asyncio.Queue) -> None:  # type: ignore[no-untyped-def]
+        while True:
+            message = await outbox.get()
+            if message is None:
+                await call.done_writing()
+                return
+            await call.write(message)
+
+    async def _producer(self, outbox: asyncio.Queue, sent_through: list[int]) -> None:  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        next_send = loop.time() + self._send_interval_ms / 1000
+        last_write = loop.time()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._events_ready.wait(), timeout=max(0.0, next_send - loop.time()))
+            if self._events_ready.is_set():
+                self._events_ready.clear()
+                pending = [e for e in self.spool.unacked(limit=100_000) if e.seq > sent_through[0]]
+                for start in range(0, len(pending), self.settings.max_events_per_message):
+                    chunk = pending[start : start + self.settings.max_events_per_message]
+                    await outbox.put(wire.events(chunk))
+                    sent_through[0] = chunk[-1].seq
+                    self.stats.events_sent += len(chunk)
+                    last_write = loop.time()
+            if loop.time() >= next_send:
+                next_send = _next_tick(next_send, self._send_interval_ms, loop.time())
+                batch = self._drain_telemetry()
+                if batch is not None:
+                    await outbox.put(batch)
+                    self.stats.telemetry_batches_sent += 1
+                    last_write = loop.time()
+                elif loop.time() - last_write >= self._heartbeat_interval_ms / 1000:
+                    await outbox.put(wire.heartbeat(self._clock(), self.spool.depth()))
+                    last_write = loop.time()
+
+    async def _reader(self, call, outbox: asyncio.Queue) -> None:  # type: ignore[no-untyped-def]
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                raise ConnectionError("controller closed the stream")
+            which = message.WhichOneof("payload")
+            if which == "ack":
+                self.spool.ack(message.ack.acked_seq)
+            elif which == "command":
+                try:
+                    command = wire.command_from_wire(message.command)
+                except wire.UnknownCommand as exc:
+                    self._log.warning(
+                        "command_unknown", command_id=message.command.command_id, error=str(exc)
+                    )
+                    await outbox.put(
+                        wire.action_result(
+                            model.ActionResult(
+                                command_id=message.command.command_id,
+                                outcome=model.ActionOutcome.NOT_SUPPORTED,
+                                message=str(exc),
+                                started_unix_ns=self._clock(),
+                                finished_unix_ns=self._clock(),
+                            )
+                        )
+                    )
+                    continue
+                result = await asyncio.to_thread(self._executor.execute, command)
+                self.stats.commands_executed += 1
+                self._log.info(
+                    "command_executed",
+                    command_id=command.command_id,
+                    action=type(command.action).__name__,
+                    outcome=result.outcome.name,
+                    replayed=result.replayed,
+                    reason=command.reason,
+                    message=result.message,
+                )
+                await outbox.put(wire.action_result(result))
+            else:
+                self._log.warning("controller_message_unexpected", payload=which)
+
+
+def _next_tick(previous_s: float, interval_ms: int, now_s: float) -> float:
+    """Next tick on the original grid; skips ticks that were missed rather than bursting."""
+    interval_s = interval_ms / 1000
+    tick = previous_s + interval_s
+    if tick <= now_s:
+        tick = now_s + interval_s - ((now_s - previous_s) % interval_s)
+    return tick
+
+
+def _detail(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.details() or ""
+    return str(exc)

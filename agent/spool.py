@@ -1,0 +1,194 @@
+"""The agent's durable spool: health events until the controller acks them, and executed commands.
+
+Invariant 3 of DESIGN.md: an event the agent has seen stays on disk until the controller has
+acknowledged it, across disconnects and agent restarts. Invariant 2: a command id the agent has
+executed is remembered with its result, so a repeated command is answered, not re-run.
+
+Backed by SQLite (stdlib `sqlite3`) in WAL mode under the agent's state directory, with
+`synchronous=FULL` so an acknowledged append survives power loss. Sequence numbers come from
+SQLite's AUTOINCREMENT, so they never go backwards, even after every row was acked and deleted.
+`:memory:` gives a spool that lives as long as the process (rasd-sim's many in-process agents).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Sequence
+
+from rasd.agent.core import model
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    payload TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS executed_commands (
+    command_id TEXT PRIMARY KEY,
+    result TEXT NOT NULL,
+    finished_unix_ns INTEGER NOT NULL
+);
+"""
+
+
+def _observation_to_json(obs: model.Observation) -> str:
+    return json.dumps(
+        {
+            "kind": int(obs.kind),
+            "observed_unix_ns": obs.observed_unix_ns,
+            "message": obs.message,
+            "source": obs.source,
+            "gpu_uuid": obs.gpu_uuid,
+            "xid": obs.xid,
+            "severity": int(obs.severity),
+            "attributes": dict(obs.attributes),
+        },
+        separators=(",", ":"),
+    )
+
+
+def _observation_from_json(text: str) -> model.Observation:
+    data = json.loads(text)
+    return model.Observation(
+        kind=model.EventKind(data["kind"]),
+        observed_unix_ns=data["observed_unix_ns"],
+        message=data["message"],
+        source=data["source"],
+        gpu_uuid=data["gpu_uuid"],
+        xid=data["xid"],
+        severity=model.Severity(data["severity"]),
+        attributes=data["attributes"],
+    )
+
+
+def _result_to_json(result: model.ActionResult) -> str:
+    return json.dumps(
+        {
+            "command_id": result.command_id,
+            "outcome": int(result.outcome),
+            "message": result.message,
+            "started_unix_ns": result.started_unix_ns,
+            "finished_unix_ns": result.finished_unix_ns,
+            "enforced_limits_w": dict(result.enforced_limits_w),
+        },
+        separators=(",", ":"),
+    )
+
+
+def _result_from_json(text: str) -> model.ActionResult:
+    data = json.loads(text)
+    return model.ActionResult(
+        command_id=data["command_id"],
+        outcome=model.ActionOutcome(data["outcome"]),
+        message=data["message"],
+        started_unix_ns=data["started_unix_ns"],
+        finished_unix_ns=data["finished_unix_ns"],
+        enforced_limits_w=data["enforced_limits_w"],
+    )
+
+
+class Spool:
+    """Durable event spool and executed-command journal for one agent."""
+
+    def __init__(self, path: str) -> None:
+        """Open (or create) the spool at path; ":memory:" for a process-lifetime spool."""
+        # The agent calls the spool from its event loop and from worker threads (command
+        # execution), so one connection is shared under a lock rather than per thread.
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        if path != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def append(self, observations: Sequence[model.Observation]) -> list[model.SpooledEvent]:
+        """Durably store observations and return them with their new sequence numbers."""
+        spooled = []
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for obs in observations:
+                    cursor = self._db.execute(
+                        "INSERT INTO events (payload) VALUES (?)", (_observation_to_json(obs),)
+                    )
+                    spooled.append(model.SpooledEvent(int(cursor.lastrowid or 0), obs))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return spooled
+
+    def unacked(self, limit: int = 1000) -> list[model.SpooledEvent]:
+        """Events not yet acked, oldest first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, payload FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+                (self._acked_seq_locked(), limit),
+            ).fetchall()
+        return [model.SpooledEvent(seq, _observation_from_json(payload)) for seq, payload in rows]
+
+    def ack(self, acked_seq: int) -> int:
+        """Drop every event with seq <= acked_seq; returns how many were dropped.
+
+        Acks are cumulative and may arrive late or twice: an ack below the current position is a
+        no-op, so a stale ack can never resurrect or drop the wrong events.
+        """
+        with self._lock:
+            if acked_seq <= self._acked_seq_locked():
+                return 0
+            self._db.execute("BEGIN IMMEDIATE")
+            cursor = self._db.execute("DELETE FROM events WHERE seq <= ?", (acked_seq,))
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES ('acked_seq', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (acked_seq,),
+            )
+            self._db.execute("COMMIT")
+            return cursor.rowcount
+
+    def acked_seq(self) -> int:
+        """Highest seq the controller has acknowledged."""
+        with self._lock:
+            return self._acked_seq_locked()
+
+    def head_seq(self) -> int:
+        """Highest seq ever assigned (0 before the first event)."""
+        with self._lock:
+            row = self._db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+        return int(row[0]) if row else 0
+
+    def depth(self) -> int:
+        """Number of events waiting for an ack."""
+        with self._lock:
+            (count,) = self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE seq > ?", (self._acked_seq_locked(),)
+            ).fetchone()
+        return int(count)
+
+    def executed_result(self, command_id: str) -> model.ActionResult | None:
+        """The stored result of a command this agent already executed, if any."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT result FROM executed_commands WHERE command_id = ?", (command_id,)
+            ).fetchone()
+        return _result_from_json(row[0]) if row else None
+
+    def record_result(self, result: model.ActionResult) -> None:
+        """Remember a command's result so that a repeat of its id is answered, not re-run."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR IGNORE INTO executed_commands (command_id, result, finished_unix_ns) "
+                "VALUES (?, ?, ?)",
+                (result.command_id, _result_to_json(result), result.finished_unix_ns),
+            )
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+    def _acked_seq_locked(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'acked_seq'").fetchone()
+        return int(row[0]) if row else 0

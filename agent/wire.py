@@ -1,0 +1,200 @@
+"""Conversions between the agent's core model and rasd.api.v1 messages.
+
+The only agent module besides the link that touches protobuf: the core never sees wire types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from rasd.agent.core import model
+from rasd.api.v1 import agent_service_pb2 as agent_pb
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.api.v1 import health_pb2 as health_pb
+
+# GpuCounters fields copied one to one onto the message (same names on both sides).
+_COUNTER_FIELDS = tuple(
+    f for f in model.GpuCounters.__dataclass_fields__ if f not in ("gpu_uuid", "sample_unix_ns", "nvlinks")
+)
+
+
+def gpu_info_to_wire(info: model.GpuInfo) -> health_pb.GpuInfo:
+    """GpuInfo for the Hello inventory."""
+    return health_pb.GpuInfo(
+        uuid=info.uuid,
+        model=info.model,
+        pci_bus_id=info.pci_bus_id,
+        serial=info.serial,
+        vbios_version=info.vbios_version,
+        memory_total_mib=info.memory_total_mib,
+        power_limit_min_w=info.power_limit_min_w,
+        power_limit_max_w=info.power_limit_max_w,
+        power_limit_default_w=info.power_limit_default_w,
+        power_smoothing_supported=info.power_smoothing_supported,
+        labels=dict(info.labels),
+    )
+
+
+def hello(
+    *,
+    node_id: str,
+    boot_id: str,
+    agent_version: str,
+    hostname: str,
+    backend: str,
+    gpus: Sequence[model.GpuInfo],
+    labels: Mapping[str, str],
+    spool_head_seq: int,
+) -> agent_pb.AgentMessage:
+    """The first message of every stream."""
+    return agent_pb.AgentMessage(
+        hello=agent_pb.Hello(
+            node_id=node_id,
+            boot_id=boot_id,
+            agent_version=agent_version,
+            hostname=hostname,
+            backend=backend,
+            gpus=[gpu_info_to_wire(g) for g in gpus],
+            labels=dict(labels),
+            spool_head_seq=spool_head_seq,
+        )
+    )
+
+
+def power_series(
+    gpu_uuid: str, readings: Sequence[model.PowerReading], interval_ms: int
+) -> health_pb.PowerSeries:
+    """Pack one GPU's consecutive power readings."""
+    return health_pb.PowerSeries(
+        gpu_uuid=gpu_uuid,
+        first_sample_unix_ns=readings[0].time_unix_ns,
+        sample_interval_ms=interval_ms,
+        power_w=[r.power_w for r in readings],
+    )
+
+
+def counters_to_wire(counters: model.GpuCounters) -> health_pb.GpuCounters:
+    """GpuCounters; a None (unsupported) counter stays absent on the wire."""
+    message = health_pb.GpuCounters(gpu_uuid=counters.gpu_uuid, sample_unix_ns=counters.sample_unix_ns)
+    for field in _COUNTER_FIELDS:
+        value = getattr(counters, field)
+        if value is not None:
+            setattr(message, field, value)
+    for link in counters.nvlinks:
+        wire_link = message.nvlinks.add(link=link.link, active=link.active)
+        for field in ("crc_errors", "replay_errors", "recovery_errors"):
+            value = getattr(link, field)
+            if value is not None:
+                setattr(wire_link, field, value)
+    return message
+
+
+def telemetry(
+    power: Mapping[str, Sequence[model.PowerReading]],
+    counters: Sequence[model.GpuCounters],
+    interval_ms: int,
+) -> agent_pb.AgentMessage:
+    """One telemetry batch: packed power series per GPU and the latest counters."""
+    return agent_pb.AgentMessage(
+        telemetry=health_pb.TelemetryBatch(
+            power=[power_series(uuid, readings, interval_ms) for uuid, readings in power.items() if readings],
+            counters=[counters_to_wire(c) for c in counters],
+        )
+    )
+
+
+def event_to_wire(event: model.SpooledEvent) -> health_pb.HealthEvent:
+    """A spooled event with its sequence number."""
+    obs = event.observation
+    message = health_pb.HealthEvent(
+        seq=event.seq,
+        observed_unix_ns=obs.observed_unix_ns,
+        kind=int(obs.kind),
+        gpu_uuid=obs.gpu_uuid,
+        severity=int(obs.severity),
+        message=obs.message,
+        source=obs.source,
+        attributes=dict(obs.attributes),
+    )
+    if obs.xid is not None:
+        message.xid = obs.xid
+    return message
+
+
+def events(batch: Sequence[model.SpooledEvent]) -> agent_pb.AgentMessage:
+    """A batch of spooled events in seq order."""
+    return agent_pb.AgentMessage(events=agent_pb.HealthEventBatch(events=[event_to_wire(e) for e in batch]))
+
+
+def heartbeat(now_unix_ns: int, spool_depth: int) -> agent_pb.AgentMessage:
+    """Liveness with the spool depth."""
+    return agent_pb.AgentMessage(
+        heartbeat=agent_pb.Heartbeat(sent_unix_ns=now_unix_ns, spool_depth=spool_depth)
+    )
+
+
+def action_result(result: model.ActionResult) -> agent_pb.AgentMessage:
+    """A command's result."""
+    return agent_pb.AgentMessage(
+        action_result=commands_pb.ActionResult(
+            command_id=result.command_id,
+            outcome=int(result.outcome),
+            message=result.message,
+            started_unix_ns=result.started_unix_ns,
+            finished_unix_ns=result.finished_unix_ns,
+            enforced_limits=[
+                commands_pb.GpuPowerLimit(gpu_uuid=uuid, power_limit_w=watts)
+                for uuid, watts in result.enforced_limits_w.items()
+            ],
+            replayed=result.replayed,
+        )
+    )
+
+
+class UnknownCommand(ValueError):
+    """A command whose action this agent version does not know."""
+
+
+def command_from_wire(message: commands_pb.Command) -> model.Command:
+    """Decode a controller command; raises UnknownCommand for an action newer than this agent."""
+    which = message.WhichOneof("action")
+    action: model.Action
+    if which == "set_power_cap":
+        action = model.SetPowerCap(
+            limits_w={limit.gpu_uuid: limit.power_limit_w for limit in message.set_power_cap.limits}
+        )
+    elif which == "set_power_smoothing":
+        smoothing = message.set_power_smoothing
+        action = model.SetPowerSmoothing(
+            gpu_uuids=tuple(smoothing.gpu_uuids),
+            enabled=smoothing.enabled,
+            floor_pct=smoothing.floor_pct,
+            ramp_up_w_per_s=smoothing.ramp_up_w_per_s,
+            ramp_down_w_per_s=smoothing.ramp_down_w_per_s,
+        )
+    elif which == "restart_process":
+        restart = message.restart_process
+        action = model.RestartProcess(
+            gpu_uuid=restart.gpu_uuid,
+            pids=tuple(restart.pids),
+            systemd_unit=restart.systemd_unit,
+            grace_s=restart.grace_s or 30.0,
+        )
+    elif which == "reset_gpu":
+        action = model.ResetGpu(gpu_uuid=message.reset_gpu.gpu_uuid)
+    elif which == "reboot_node":
+        action = model.RebootNode()
+    elif which == "run_validation":
+        validation = message.run_validation
+        action = model.RunValidation(
+            suite=validation.suite, gpu_uuids=tuple(validation.gpu_uuids), seed=validation.seed
+        )
+    else:
+        raise UnknownCommand(f"command {message.command_id!r} has no action this agent knows ({which!r})")
+    return model.Command(
+        command_id=message.command_id,
+        issued_unix_ns=message.issued_unix_ns,
+        deadline_unix_ns=message.deadline_unix_ns,
+        reason=message.reason,
+        action=action,
+    )
