@@ -201,6 +201,11 @@ _RECOVERY_TEXT = {
     "busresetrequired": RecoveryAction.BUS_RESET,
     "systemreboot": RecoveryAction.SYSTEM_REBOOT,
     "systemrebootrequired": RecoveryAction.SYSTEM_REBOOT,
+    # Wordings seen in the wild for the same values (driver builds differ).
+    "osreboot": RecoveryAction.NODE_REBOOT,
+    "pfflr": RecoveryAction.GPU_RESET,
+    "reset": RecoveryAction.GPU_RESET,
+    "reboot": RecoveryAction.NODE_REBOOT,
 }
 
 
@@ -299,3 +304,147 @@ def default_severity(entry: XidEntry, recovery_action: RecoveryAction | None = N
         One of SEVERITIES.
     """
     return bucket_policy(entry.immediate_action, recovery_action)[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Nvlink5Rule:
+    """One row of NVIDIA's "XID 144-150 Decode" sheet.
+
+    Masks are 32 characters, most significant bit first; "-" is a bit the rule does not look at.
+    V1 masks apply to drivers before R575, V2 masks to R575 and later.
+    """
+
+    xid: int
+    subcode_v1: str
+    subcode_v2: str
+    intr_mask_v1: str
+    intr_mask_v2: str
+    error_status: frozenset[int]  # empty: any value
+    immediate_action: str
+    action2_mask_v1: str
+    action2_mask_v2: str
+    action2: str
+    investigatory_action: str
+    severity: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Nvlink5Decode:
+    """What the decode sheet says about one Xid 144-150 message."""
+
+    rule: Nvlink5Rule
+    driver_format: str  # "V1" (<R575) or "V2" (>=R575)
+    immediate_action: str  # the rule's bucket, or its Action 2 when the action-2 mask matched
+
+    @property
+    def subcode(self) -> str:
+        """The subcode name in the driver format that matched."""
+        return self.rule.subcode_v1 if self.driver_format == "V1" else self.rule.subcode_v2
+
+
+def _mask_matches(mask: str, value: int) -> bool:
+    if len(mask) != 32:
+        return False
+    bits = format(value & 0xFFFFFFFF, "032b")
+    return all(m in ("-", b) for m, b in zip(mask, bits, strict=True))
+
+
+def parse_nvlink5_csv(text: str) -> tuple[Nvlink5Rule, ...]:
+    """Parse the "XID 144-150 Decode" sheet (columns by position, as NVIDIA publishes them).
+
+    Args:
+        text: the whole CSV file.
+
+    Returns:
+        The rules in sheet order; rows without an integer Xid are skipped.
+    """
+    rules = []
+    reader = csv.reader(io.StringIO(text, newline=""))
+    next(reader)
+    for row in reader:
+        if len(row) < 11 or not row[0].strip().isdigit():
+            continue
+        names = [n.strip() for n in row[1].split("/")]
+        statuses = frozenset(int(s, 16) for s in re.findall(r"0x[0-9a-fA-F]+", row[4]))
+        rules.append(
+            Nvlink5Rule(
+                xid=int(row[0]),
+                subcode_v1=names[0],
+                subcode_v2=names[-1],
+                intr_mask_v1=row[2].strip(),
+                intr_mask_v2=row[3].strip(),
+                error_status=statuses,
+                immediate_action=_norm(row[5]),
+                action2_mask_v1=row[6].strip(),
+                action2_mask_v2=row[7].strip(),
+                action2=_norm(row[8]),
+                investigatory_action=_norm(row[9]),
+                severity=_norm(row[10]),
+            )
+        )
+    return tuple(rules)
+
+
+@functools.cache
+def load_nvlink5_rules() -> tuple[Nvlink5Rule, ...]:
+    """The packaged NVLink5 decode sheet, parsed once per process."""
+    text = importlib.resources.files(_DATA_PACKAGE).joinpath(_NVLINK5_FILE).read_text(encoding="utf-8")
+    return parse_nvlink5_csv(text)
+
+
+def decode_nvlink5(
+    xid: int,
+    intr_info: int,
+    error_status: int,
+    *,
+    subcode: str = "",
+    rules: tuple[Nvlink5Rule, ...] | None = None,
+) -> Nvlink5Decode | None:
+    """Find the decode-sheet row for an Xid 144-150 message.
+
+    The message does not say which driver format it uses, so both masks are tried. The subcode
+    text printed in the message (e.g. "NETIR_LINK_EVT" in V1, "NETIR_LINK_DOWN" in V2) narrows it
+    down when it is given: a format whose subcode name differs from the text is skipped.
+
+    Example: Xid 149 "NETIR_LINK_EVT Fatal ... (0x025001c6 0x00000000 ...)": V1 subcode bits [9:5]
+    match NETIR_LINK_EVT and bits [25:20] = 0b100101, so the row is RESET_GPU /
+    INVESTIGATE_PEER_DEVICE.
+
+    Args:
+        xid: 144..150.
+        intr_info: the first register in the parentheses.
+        error_status: the second register.
+        subcode: the subcode word printed before the fatality, or "" when unknown.
+        rules: the decode sheet; the packaged one when None.
+
+    Returns:
+        The first matching row, or None when no row matches (report it: NVIDIA asks for a bug).
+    """
+    sheet = load_nvlink5_rules() if rules is None else rules
+    wanted = subcode.strip().upper()
+    found = _decode_nvlink5(sheet, xid, intr_info, error_status, wanted)
+    if found is None and wanted:
+        # A driver may print a subcode name the sheet spells differently; the registers decide.
+        found = _decode_nvlink5(sheet, xid, intr_info, error_status, "")
+    return found
+
+
+def _decode_nvlink5(
+    sheet: tuple[Nvlink5Rule, ...], xid: int, intr_info: int, error_status: int, wanted: str
+) -> Nvlink5Decode | None:
+    for rule in sheet:
+        if rule.xid != xid:
+            continue
+        if rule.error_status and error_status not in rule.error_status:
+            continue
+        for fmt, mask, name, a2_mask in (
+            ("V1", rule.intr_mask_v1, rule.subcode_v1, rule.action2_mask_v1),
+            ("V2", rule.intr_mask_v2, rule.subcode_v2, rule.action2_mask_v2),
+        ):
+            if wanted and wanted != name.upper():
+                continue
+            if _mask_matches(a2_mask, intr_info) and rule.action2:
+                return Nvlink5Decode(rule, fmt, rule.action2)
+            if _mask_matches(mask, intr_info):
+                return Nvlink5Decode(rule, fmt, rule.immediate_action)
+    return None
