@@ -131,15 +131,16 @@ def parse_catalog_csv(text: str) -> XidCatalog:
     header = [_norm(h) for h in next(reader)]
 
     def col(prefix: str) -> int:
-        return next(i for i, h in enumerate(header) if h.startswith(prefix))
+        for i, h in enumerate(header):
+            if h.startswith(prefix):
+                return i
+        raise ValueError(f"XID catalog has no column starting with {prefix!r}")
 
     code_i, mnem_i, desc_i = col("Code"), col("Mnemonic"), col("Description")
     imm_i = col("Resolution Bucket (Immediate")
     inv_i = col("Resolution Bucket (Investigatory")
     link_i, trig_i = col("Xid 154 linkage"), col("Trigger Conditions")
-    products = {
-        i: h.removeprefix("Applies to").strip() for i, h in enumerate(header) if h.startswith("Applies to")
-    }
+    products = {i: h.removeprefix("Applies to").strip() for i, h in enumerate(header) if h.startswith("Applies to")}
     entries = []
     for row in reader:
         if len(row) < len(header) or not row[code_i].strip().isdigit():
