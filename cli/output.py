@@ -1,0 +1,54 @@
+"""Rendering of rasctl output: aligned text tables for people, JSON for machines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
+    """Print rows under headers with columns padded to width; numbers right-aligned."""
+    text_rows = [[str(cell) for cell in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in text_rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    numeric = [bool(rows) and all(isinstance(row[i], int | float) for row in rows) for i in range(len(headers))]
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "  ".join(
+            cell.rjust(width) if is_num else cell.ljust(width)
+            for cell, width, is_num in zip(cells, widths, numeric, strict=True)
+        ).rstrip()
+
+    print(fmt(headers), file=out)
+    for row in text_rows:
+        print(fmt(row), file=out)
+
+
+def message_json(message: Message) -> dict[str, Any]:
+    """A protobuf message as a JSON-ready dict with the proto field names and enums as names."""
+    return json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+def dump_json(data: Any, out: TextIO) -> None:
+    """Pretty JSON plus a newline."""
+    json.dump(data, out, indent=2, sort_keys=False)
+    out.write("\n")
+
+
+def age(now_unix_ns: int, then_unix_ns: int) -> str:
+    """Age of a timestamp such as "3s ago"; "never" for 0."""
+    if then_unix_ns <= 0:
+        return "never"
+    seconds = max(0.0, (now_unix_ns - then_unix_ns) / 1e9)
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"

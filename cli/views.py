@@ -1,0 +1,94 @@
+"""What rasctl shows for each AdminService answer. Shared with rasd-sim's live fleet table."""
+
+from __future__ import annotations
+
+from typing import Any, TextIO
+
+from rasd.api.v1 import admin_service_pb2 as admin_pb
+from rasd.api.v1 import health_pb2 as health_pb
+from rasd.cli import output
+
+
+def _state_name(value: int) -> str:
+    return admin_pb.ComponentState.Name(value).removeprefix("COMPONENT_STATE_").lower()
+
+
+def nodes_table(nodes: list[admin_pb.NodeStatus], now_unix_ns: int, out: TextIO) -> None:
+    """The fleet: node, GPUs, state, last seen, draw and cap."""
+    rows = [
+        [
+            node.node_id,
+            len(node.gpus),
+            _state_name(node.state),
+            output.age(now_unix_ns, node.last_seen_unix_ns),
+            round(node.power_draw_w),
+            int(node.power_cap_w),
+        ]
+        for node in nodes
+    ]
+    output.table(["NODE", "GPUS", "STATE", "LAST SEEN", "DRAW W", "CAP W"], rows, out)
+    total_gpus = sum(len(n.gpus) for n in nodes)
+    total_draw = sum(n.power_draw_w for n in nodes)
+    total_cap = sum(n.power_cap_w for n in nodes)
+    print(
+        f"{len(nodes)} nodes, {total_gpus} GPUs, "
+        f"drawing {total_draw / 1000:.1f} kW of {total_cap / 1000:.1f} kW capped",
+        file=out,
+    )
+
+
+def nodes_json(nodes: list[admin_pb.NodeStatus]) -> list[dict[str, Any]]:
+    """The fleet as JSON objects (proto field names; state as a lower-case word)."""
+    result = []
+    for node in nodes:
+        data = output.message_json(node)
+        data["state"] = _state_name(node.state)
+        for gpu_data, gpu in zip(data.get("gpus", []), node.gpus, strict=True):
+            gpu_data["state"] = _state_name(gpu.state)
+        result.append(data)
+    return result
+
+
+def node_detail(response: admin_pb.GetNodeResponse, now_unix_ns: int, out: TextIO) -> None:
+    """One node: header, GPU table, recent events."""
+    node = response.node
+    print(
+        f"node {node.node_id}  state {_state_name(node.state)}  connected {node.connected}  "
+        f"last seen {output.age(now_unix_ns, node.last_seen_unix_ns)}  agent {node.agent_version} ({node.backend})",
+        file=out,
+    )
+    if node.labels:
+        print("labels " + ", ".join(f"{k}={v}" for k, v in sorted(node.labels.items())), file=out)
+    rows = [
+        [
+            gpu.uuid,
+            gpu.pci_bus_id,
+            _state_name(gpu.state),
+            round(gpu.power_w) if gpu.HasField("power_w") else "-",
+            gpu.power_limit_w if gpu.HasField("power_limit_w") else "-",
+            f"{gpu.power_limit_min_w}-{gpu.power_limit_max_w}",
+            gpu.temperature_c if gpu.HasField("temperature_c") else "-",
+        ]
+        for gpu in node.gpus
+    ]
+    output.table(["GPU", "PCI", "STATE", "DRAW W", "CAP W", "LIMITS W", "TEMP C"], rows, out)
+    if response.recent_events:
+        print("recent events:", file=out)
+        events_table(list(response.recent_events), now_unix_ns, out)
+
+
+def events_table(events: list[admin_pb.StoredEvent], now_unix_ns: int, out: TextIO) -> None:
+    """Stored events, newest first."""
+    rows = [
+        [
+            output.age(now_unix_ns, e.received_unix_ns),
+            e.node_id,
+            e.event.seq,
+            health_pb.EventKind.Name(e.event.kind).removeprefix("EVENT_KIND_").lower(),
+            e.event.xid if e.event.HasField("xid") else "-",
+            e.event.gpu_uuid or "-",
+            e.event.message[:60],
+        ]
+        for e in events
+    ]
+    output.table(["RECEIVED", "NODE", "SEQ", "KIND", "XID", "GPU", "MESSAGE"], rows, out)

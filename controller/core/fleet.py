@@ -1,0 +1,230 @@
+"""The controller's view of the fleet: nodes, GPUs, their latest telemetry, and fleet power.
+
+Pure: no I/O, no logging, no clock reads. `now_unix_ns` comes in as an argument.
+
+`PowerWindow` keeps the fleet's aggregate draw in fixed time buckets (100 ms by default) for a
+bounded span: the "controller memory window" of DESIGN.md §7 that the swing detector and the
+simulator's report read. High-rate series never go to SQL.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+
+
+class ComponentState(enum.IntEnum):
+    """Lifecycle state of a node or GPU; values match rasd.api.v1.ComponentState."""
+
+    UNSPECIFIED = 0
+    HEALTHY = 1
+    DEGRADED = 2
+    REPAIRING = 3
+    QUARANTINED = 4
+    VALIDATING = 5
+    RMA = 6
+    OFFLINE = 7
+
+
+# States an operator or the repair ladder set; losing the stream does not override them.
+STICKY_STATES = frozenset(
+    {ComponentState.REPAIRING, ComponentState.QUARANTINED, ComponentState.VALIDATING, ComponentState.RMA}
+)
+
+
+def effective_node_state(stored: ComponentState, *, connected: bool) -> ComponentState:
+    """The state to show for a node: repair states stick; otherwise no stream means OFFLINE.
+
+    Example: stored HEALTHY, connected False -> OFFLINE; stored QUARANTINED, connected False ->
+    QUARANTINED (a quarantined node that reboots must not look merely offline).
+    """
+    if stored in STICKY_STATES:
+        return stored
+    if not connected:
+        return ComponentState.OFFLINE
+    return ComponentState.HEALTHY if stored in (ComponentState.UNSPECIFIED, ComponentState.OFFLINE) else stored
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuRecord:
+    """A GPU as inventoried in its node's Hello."""
+
+    uuid: str
+    node_id: str
+    model: str
+    pci_bus_id: str
+    power_limit_min_w: int
+    power_limit_max_w: int
+    power_limit_default_w: int
+    serial: str = ""
+    vbios_version: str = ""
+    memory_total_mib: int = 0
+    power_smoothing_supported: bool = False
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeHello:
+    """What a node said about itself when its stream opened."""
+
+    node_id: str
+    boot_id: str
+    agent_version: str
+    hostname: str
+    backend: str
+    labels: Mapping[str, str]
+    gpus: tuple[GpuRecord, ...]
+    spool_head_seq: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuLatest:
+    """The freshest telemetry of one GPU. None means not reported (yet, or unsupported)."""
+
+    power_w: float | None = None
+    power_sample_unix_ns: int = 0
+    enforced_power_limit_w: int | None = None
+    temperature_c: int | None = None
+    utilization_gpu_pct: int | None = None
+    clock_event_reasons: int | None = None
+    counters_unix_ns: int = 0
+
+
+def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
+    """Combine a new partial reading with what was known: newer timestamps win, per family.
+
+    Power and counters arrive at different rates and can be reordered after a reconnect, so each
+    family keeps its own timestamp and an older message never overwrites a newer value.
+    """
+    if previous is None:
+        return update
+    power_newer = update.power_sample_unix_ns >= previous.power_sample_unix_ns and update.power_w is not None
+    counters_newer = update.counters_unix_ns >= previous.counters_unix_ns and update.counters_unix_ns > 0
+    return GpuLatest(
+        power_w=update.power_w if power_newer else previous.power_w,
+        power_sample_unix_ns=update.power_sample_unix_ns if power_newer else previous.power_sample_unix_ns,
+        enforced_power_limit_w=(update.enforced_power_limit_w if counters_newer else previous.enforced_power_limit_w),
+        temperature_c=update.temperature_c if counters_newer else previous.temperature_c,
+        utilization_gpu_pct=update.utilization_gpu_pct if counters_newer else previous.utilization_gpu_pct,
+        clock_event_reasons=update.clock_event_reasons if counters_newer else previous.clock_event_reasons,
+        counters_unix_ns=update.counters_unix_ns if counters_newer else previous.counters_unix_ns,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuStatus:
+    """A GPU for display: inventory, state and latest telemetry."""
+
+    record: GpuRecord
+    state: ComponentState
+    latest: GpuLatest
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeStatus:
+    """A node for display, with totals over its GPUs."""
+
+    node_id: str
+    state: ComponentState
+    connected: bool
+    last_seen_unix_ns: int
+    boot_id: str
+    agent_version: str
+    backend: str
+    hostname: str
+    labels: Mapping[str, str]
+    gpus: tuple[GpuStatus, ...]
+
+    @property
+    def power_draw_w(self) -> float:
+        """Sum of the GPUs' latest draw (GPUs with no reading count as 0)."""
+        return sum(g.latest.power_w or 0.0 for g in self.gpus)
+
+    @property
+    def power_cap_w(self) -> int:
+        """Sum of the GPUs' enforced caps; a GPU with no reading yet counts at its default limit."""
+        return sum(
+            g.latest.enforced_power_limit_w
+            if g.latest.enforced_power_limit_w is not None
+            else g.record.power_limit_default_w
+            for g in self.gpus
+        )
+
+
+def matches_selector(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
+    """True when every selector pair is present in labels."""
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+class PowerWindow:
+    """Fleet power in fixed buckets over a bounded span (a ring of the last `span_s` seconds).
+
+    Each GPU contributes at most one sample per bucket (its latest), so the bucket total is the
+    fleet's draw at that instant even when agents' sampling clocks drift against the grid.
+    Not thread-safe; the ingest owns one.
+    """
+
+    def __init__(self, bucket_ms: int = 100, span_s: float = 600.0) -> None:
+        """Keep span_s seconds of bucket_ms buckets."""
+        if bucket_ms <= 0 or span_s <= 0:
+            raise ValueError("bucket_ms and span_s must be positive")
+        self.bucket_ns = bucket_ms * 1_000_000
+        self._max_buckets = int(span_s * 1000 / bucket_ms)
+        self._buckets: collections.OrderedDict[int, dict[str, float]] = collections.OrderedDict()
+
+    def add(self, gpu_uuid: str, first_sample_unix_ns: int, interval_ms: int, power_w: Sequence[float]) -> int:
+        """Record one GPU's packed series; returns how many samples were kept."""
+        if interval_ms <= 0:
+            return 0
+        kept = 0
+        oldest_allowed = self._newest_bucket() - self._max_buckets
+        for offset, watts in enumerate(power_w):
+            bucket = (first_sample_unix_ns + offset * interval_ms * 1_000_000) // self.bucket_ns
+            if bucket <= oldest_allowed:
+                continue
+            self._buckets.setdefault(bucket, {})[gpu_uuid] = watts
+            kept += 1
+        self._trim()
+        return kept
+
+    def series(self, since_unix_ns: int = 0, until_unix_ns: int | None = None) -> list[tuple[int, float, int]]:
+        """(bucket start unix ns, total watts, GPUs reporting) in time order."""
+        rows = []
+        for bucket in sorted(self._buckets):
+            start_ns = bucket * self.bucket_ns
+            if start_ns < since_unix_ns or (until_unix_ns is not None and start_ns >= until_unix_ns):
+                continue
+            samples = self._buckets[bucket]
+            rows.append((start_ns, sum(samples.values()), len(samples)))
+        return rows
+
+    def _newest_bucket(self) -> int:
+        return next(reversed(self._buckets)) if self._buckets else 0
+
+    def _trim(self) -> None:
+        if len(self._buckets) <= self._max_buckets:
+            return
+        # Buckets normally arrive in order; re-sort only when trimming so the ring drops the oldest.
+        ordered = sorted(self._buckets)
+        for bucket in ordered[: len(ordered) - self._max_buckets]:
+            del self._buckets[bucket]
+
+
+def summarize_power(rows: Iterable[tuple[int, float, int]], *, min_gpus: int) -> dict[str, float]:
+    """Mean, min, max and peak-to-peak of fleet power over buckets where ≥ min_gpus reported.
+
+    Buckets where fewer GPUs reported are partial (start-up, edges of the window) and would show a
+    fake swing, so they are excluded.
+    """
+    totals = [total for _, total, count in rows if count >= min_gpus]
+    if not totals:
+        return {"buckets": 0}
+    return {
+        "buckets": len(totals),
+        "mean_w": sum(totals) / len(totals),
+        "min_w": min(totals),
+        "max_w": max(totals),
+        "p2p_w": max(totals) - min(totals),
+    }

@@ -1,0 +1,352 @@
+"""The controller's ingest service: agent sessions, telemetry, durable events, commands.
+
+Owns the in-memory fleet view of this replica (latest telemetry per GPU, the power window, open
+sessions) and every write to the store. Store calls run on one dedicated writer thread: SQL writes
+are serialized, and the asyncio loop that serves thousands of streams never blocks on I/O.
+
+Event durability (DESIGN.md invariant 3): a batch of health events is written to the store, and
+only after the transaction commits is the ack queued to the agent. A resend is de-duplicated by
+(node, spool epoch, seq) in the same transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Mapping
+
+import structlog
+
+from rasd.api.v1 import agent_service_pb2 as agent_pb
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.api.v1 import health_pb2 as health_pb
+from rasd.common import VERSION
+from rasd.controller import metrics, wire
+from rasd.controller.core import fleet
+from rasd.controller.store import repo
+
+log = structlog.get_logger("rasd.controller")
+
+Clock = Callable[[], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestSettings:
+    """Pacing of the ingest and what agents are told in Welcome."""
+
+    flush_interval_s: float = 1.0
+    """How often the latest telemetry is written to the store."""
+    outbound_queue_size: int = 1000
+    """Commands and acks waiting for one agent before the stream is considered stuck."""
+    power_window_span_s: float = 600.0
+    """How much fleet power history is kept in memory."""
+    agent_config: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: {
+            "power_sample_interval_ms": 100,
+            "counter_interval_ms": 1000,
+            "telemetry_send_interval_ms": 1000,
+            "heartbeat_interval_ms": 5000,
+        }
+    )
+    """AgentConfig fields sent in Welcome."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _PendingCommand:
+    """A command sent to an agent whose result someone awaits."""
+
+    node_id: str
+    action: str
+    future: asyncio.Future[commands_pb.ActionResult]
+
+
+@dataclasses.dataclass(eq=False)
+class Session:
+    """One open agent stream."""
+
+    session_id: str
+    node_id: str
+    known_gpus: frozenset[str]
+    outbound: asyncio.Queue[agent_pb.ControllerMessage | None]
+    opened_unix_ns: int
+    replaced: bool = False
+
+
+class Ingest:
+    """Everything the controller does with what agents send, and the commands it sends them."""
+
+    def __init__(
+        self,
+        store: repo.Store,
+        controller_metrics: metrics.ControllerMetrics,
+        settings: IngestSettings | None = None,
+        *,
+        clock: Clock = time.time_ns,
+    ) -> None:
+        """Bind to the store and metrics; call `start()` inside the event loop before serving."""
+        self.store = store
+        self.metrics = controller_metrics
+        self.settings = settings or IngestSettings()
+        self._clock = clock
+        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rasd-store")
+        self.sessions: dict[str, Session] = {}
+        self.latest: dict[str, fleet.GpuLatest] = {}
+        self.gpu_nodes: dict[str, str] = {}
+        self.power_window = fleet.PowerWindow(span_s=self.settings.power_window_span_s)
+        self._dirty: dict[str, fleet.GpuLatest] = {}
+        self._last_seen: dict[str, int] = {}
+        self._pending_results: dict[str, _PendingCommand] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self.samples_ingested = 0
+        self.events_stored = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Mark every node disconnected (no stream is open yet) and start the flush loop."""
+        await self._store(self.store.mark_all_disconnected)
+        self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
+
+    async def stop(self) -> None:
+        """End every session, flush, and stop the writer thread."""
+        for session in list(self.sessions.values()):
+            session.outbound.put_nowait(None)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self.flush()
+        self._writer.shutdown(wait=True)
+
+    async def _store(self, fn, *args):  # type: ignore[no-untyped-def]
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    # -- sessions ----------------------------------------------------------------------------------------
+    async def open_session(self, hello: agent_pb.Hello) -> tuple[Session, agent_pb.ControllerMessage]:
+        """Register a node from its Hello; returns its session and the Welcome to send.
+
+        Raises:
+            wire.WireError: a Hello field is malformed.
+        """
+        node_hello = wire.hello_from_wire(hello)
+        now = self._clock()
+        outcome = await self._store(self.store.register_hello, node_hello, now)
+        previous = self.sessions.get(node_hello.node_id)
+        if previous is not None:
+            previous.replaced = True
+            previous.outbound.put_nowait(None)
+        session = Session(
+            session_id=uuid.uuid4().hex,
+            node_id=node_hello.node_id,
+            known_gpus=frozenset(g.uuid for g in node_hello.gpus),
+            outbound=asyncio.Queue(maxsize=self.settings.outbound_queue_size),
+            opened_unix_ns=now,
+        )
+        self.sessions[session.node_id] = session
+        for gpu in node_hello.gpus:
+            self.gpu_nodes[gpu.uuid] = gpu.node_id
+        self.metrics.agent_streams.set(len(self.sessions))
+        log.info(
+            "agent_connected",
+            node=session.node_id,
+            session=session.session_id,
+            gpus=len(node_hello.gpus),
+            boot_id=node_hello.boot_id,
+            rebooted=outcome.rebooted,
+            spool_reset=outcome.spool_reset,
+            acked_seq=outcome.acked_seq,
+            replaced_previous=previous is not None,
+        )
+        welcome = agent_pb.ControllerMessage(
+            welcome=agent_pb.Welcome(
+                controller_version=VERSION,
+                acked_seq=outcome.acked_seq,
+                session_id=session.session_id,
+                config=agent_pb.AgentConfig(**self.settings.agent_config),
+            )
+        )
+        return session, welcome
+
+    async def close_session(self, session: Session) -> None:
+        """Forget a stream; the node shows as disconnected unless a newer stream replaced it."""
+        if self.sessions.get(session.node_id) is session:
+            del self.sessions[session.node_id]
+            await self._store(self.store.mark_disconnected, session.node_id, self._clock())
+            log.info("agent_disconnected", node=session.node_id, session=session.session_id)
+        self.metrics.agent_streams.set(len(self.sessions))
+        for command_id, pending in list(self._pending_results.items()):
+            if pending.node_id == session.node_id:
+                if not pending.future.done():
+                    pending.future.set_exception(
+                        ConnectionError(f"stream to {session.node_id} closed before the result came back")
+                    )
+                del self._pending_results[command_id]
+
+    # -- inbound -------------------------------------------------------------------------------------------
+    def on_telemetry(self, session: Session, batch: health_pb.TelemetryBatch) -> None:
+        """Validate and absorb a telemetry batch into the in-memory view (flushed to SQL later).
+
+        Raises:
+            wire.WireError: a field is malformed; nothing from this batch is applied.
+        """
+        wire.check_telemetry(batch, session.known_gpus)
+        for series in batch.power:
+            self.samples_ingested += self.power_window.add(
+                series.gpu_uuid, series.first_sample_unix_ns, series.sample_interval_ms, series.power_w
+            )
+            self.metrics.power_samples.inc(len(series.power_w))
+        for gpu_uuid, update in wire.latest_from_telemetry(batch).items():
+            merged = fleet.merge_latest(self.latest.get(gpu_uuid), update)
+            self.latest[gpu_uuid] = merged
+            self._dirty[gpu_uuid] = merged
+        self._last_seen[session.node_id] = self._clock()
+
+    async def on_events(self, session: Session, batch: agent_pb.HealthEventBatch) -> None:
+        """Persist a batch of health events, then ack them to the agent.
+
+        Raises:
+            wire.WireError: a field is malformed; no event of this batch is stored or acked, and
+                everything stored before stays stored.
+        """
+        started = time.perf_counter()
+        now = self._clock()
+        events = wire.events_from_wire(batch, session.known_gpus, now, session.node_id)
+        acked_seq, stored = await self._store(self.store.append_events, session.node_id, events)
+        self.events_stored += stored
+        for event in events:
+            kind = health_pb.EventKind.Name(event.kind)
+            self.metrics.health_events.labels(kind=kind).inc()
+            log.info(
+                "health_event_received",
+                node=session.node_id,
+                seq=event.seq,
+                kind=kind,
+                gpu_uuid=event.gpu_uuid,
+                xid=event.xid,
+                message=event.message[:200],
+            )
+        self._last_seen[session.node_id] = now
+        await session.outbound.put(agent_pb.ControllerMessage(ack=agent_pb.EventAck(acked_seq=acked_seq)))
+        self.metrics.event_persist_seconds.observe(time.perf_counter() - started)
+
+    def on_heartbeat(self, session: Session, heartbeat: agent_pb.Heartbeat) -> None:
+        """Note liveness."""
+        self._last_seen[session.node_id] = self._clock()
+
+    def on_result(self, session: Session, result: commands_pb.ActionResult) -> None:
+        """Deliver a command result to whoever awaits it and count it."""
+        pending = self._pending_results.pop(result.command_id, None)
+        action = pending.action if pending is not None else "unknown"
+        self.metrics.commands.labels(action=action, outcome=commands_pb.ActionOutcome.Name(result.outcome)).inc()
+        log.info(
+            "command_result",
+            node=session.node_id,
+            command_id=result.command_id,
+            outcome=commands_pb.ActionOutcome.Name(result.outcome),
+            replayed=result.replayed,
+            message=result.message,
+        )
+        for limit in result.enforced_limits:
+            if limit.gpu_uuid in session.known_gpus:
+                previous = self.latest.get(limit.gpu_uuid) or fleet.GpuLatest()
+                # The agent's read-back is the newest word on the enforced limit.
+                confirmed = dataclasses.replace(
+                    previous,
+                    enforced_power_limit_w=limit.power_limit_w,
+                    counters_unix_ns=max(previous.counters_unix_ns, result.finished_unix_ns),
+                )
+                self.latest[limit.gpu_uuid] = confirmed
+                self._dirty[limit.gpu_uuid] = confirmed
+        if pending is not None and not pending.future.done():
+            pending.future.set_result(result)
+
+    # -- outbound ------------------------------------------------------------------------------------------
+    async def send_command(
+        self, node_id: str, command: commands_pb.Command, *, timeout_s: float = 30.0
+    ) -> commands_pb.ActionResult:
+        """Send a command to a connected node and wait for its result.
+
+        Raises:
+            LookupError: the node has no open stream on this replica.
+            TimeoutError: no result within timeout_s.
+            ConnectionError: the stream closed before the result came back.
+        """
+        session = self.sessions.get(node_id)
+        if session is None:
+            raise LookupError(f"node {node_id!r} has no open stream on this replica")
+        if not command.command_id:
+            command.command_id = uuid.uuid4().hex
+        future: asyncio.Future[commands_pb.ActionResult] = asyncio.get_running_loop().create_future()
+        self._pending_results[command.command_id] = _PendingCommand(
+            node_id=node_id, action=command.WhichOneof("action") or "unknown", future=future
+        )
+        await session.outbound.put(agent_pb.ControllerMessage(command=command))
+        try:
+            return await asyncio.wait_for(future, timeout=timeout_s)
+        finally:
+            self._pending_results.pop(command.command_id, None)
+
+    # -- reads and flushing -------------------------------------------------------------------------------
+    async def list_nodes(self, selector: Mapping[str, str] | None = None) -> list[fleet.NodeStatus]:
+        """The fleet from the store, overlaid with this replica's fresher in-memory telemetry."""
+        await self.flush()
+        nodes = await self._store(self.store.list_nodes)
+        result = []
+        for node in nodes:
+            if selector and not fleet.matches_selector(node.labels, selector):
+                continue
+            connected = node.node_id in self.sessions or node.connected
+            gpus = tuple(
+                dataclasses.replace(gpu, latest=fleet.merge_latest(gpu.latest, self.latest[gpu.record.uuid]))
+                if gpu.record.uuid in self.latest
+                else gpu
+                for gpu in node.gpus
+            )
+            result.append(
+                dataclasses.replace(
+                    node,
+                    connected=connected,
+                    state=fleet.effective_node_state(node.state, connected=connected),
+                    last_seen_unix_ns=max(node.last_seen_unix_ns, self._last_seen.get(node.node_id, 0)),
+                    gpus=gpus,
+                )
+            )
+        return result
+
+    async def list_events(self, *, node_id: str, since_unix_ns: int, limit: int) -> list[repo.StoredEvent]:
+        """Stored events, newest first."""
+        return await self._store(
+            lambda: self.store.list_events(node_id=node_id, since_unix_ns=since_unix_ns, limit=limit)
+        )
+
+    def node_states(self) -> dict[str, fleet.ComponentState]:
+        """Connected nodes of this replica are HEALTHY unless the store says otherwise (for metrics)."""
+        return {node_id: fleet.ComponentState.HEALTHY for node_id in self.sessions}
+
+    async def flush(self) -> None:
+        """Write dirty latest telemetry and last-seen times to the store."""
+        dirty, self._dirty = self._dirty, {}
+        last_seen, self._last_seen = self._last_seen, {}
+        if not dirty and not last_seen:
+            return
+        started = time.perf_counter()
+        try:
+            await self._store(self.store.save_latest, dirty)
+            await self._store(self.store.touch_nodes, last_seen)
+        except Exception:
+            # Keep what could not be written; newer values that arrived meanwhile win.
+            for uuid_, value in dirty.items():
+                self._dirty.setdefault(uuid_, value)
+            for node_id, ts in last_seen.items():
+                self._last_seen.setdefault(node_id, ts)
+            raise
+        self.metrics.store_flush_seconds.observe(time.perf_counter() - started)
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.flush_interval_s)
+            try:
+                await self.flush()
+            except Exception as exc:  # the store may be briefly unavailable; retry next period
+                log.error("telemetry_flush_failed", error=str(exc), error_type=type(exc).__name__)

@@ -1,0 +1,80 @@
+"""rasd-controller entry point: arguments → logging → Controller → run until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+
+from rasd.common import VERSION, net
+from rasd.common import logging as rasd_logging
+from rasd.controller import server
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The controller's command line."""
+    parser = argparse.ArgumentParser(
+        prog="rasd-controller",
+        description="rasd controller: ingests agent streams, keeps the fleet's state, serves rasctl.",
+    )
+    parser.add_argument("--listen", default="127.0.0.1:7443", help="gRPC listen address (default %(default)s)")
+    parser.add_argument("--db", default="sqlite:///rasd.db", help="SQLAlchemy URL of the store (default %(default)s)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=9464, help="Prometheus port; -1 disables (default %(default)s)"
+    )
+    parser.add_argument("--metrics-addr", default="0.0.0.0", help="Prometheus bind address (default %(default)s)")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve plaintext gRPC; allowed only on a loopback address (TLS arrives with the security issue)",
+    )
+    parser.add_argument("--log-level", default="info", help="debug|info|warning|error (default %(default)s)")
+    parser.add_argument("--version", action="version", version=f"rasd-controller {VERSION}")
+    return parser
+
+
+async def _serve(settings: server.ControllerSettings) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    controller = server.Controller(settings)
+    await controller.start()
+    try:
+        await stop.wait()
+    finally:
+        await controller.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one controller replica until SIGTERM or SIGINT."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        host, _port = net.split_host_port(args.listen)
+    except ValueError as exc:
+        parser.error(f"--listen: {exc}")
+    if not args.insecure:
+        parser.error("TLS is not built yet (security issue #7): pass --insecure to serve plaintext on loopback")
+    if not net.is_loopback_host(host):
+        parser.error(f"--listen: refusing plaintext gRPC on non-loopback address {host!r}")
+    if not -1 <= args.metrics_port <= 65535:
+        parser.error(f"--metrics-port: {args.metrics_port} is not a port")
+    rasd_logging.configure(args.log_level)
+    settings = server.ControllerSettings(
+        listen=args.listen,
+        db_url=args.db,
+        metrics_port=None if args.metrics_port == -1 else args.metrics_port,
+        metrics_addr=args.metrics_addr,
+    )
+    try:
+        return asyncio.run(_serve(settings))
+    except ValueError as exc:  # e.g. a malformed --db URL, raised before anything listens
+        parser.error(str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

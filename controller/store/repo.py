@@ -1,0 +1,325 @@
+"""The controller's store: every read and write the controller makes to SQL goes through `Store`.
+
+Blocking (SQLAlchemy sync engine); the async service calls it from one dedicated writer thread so
+writes are serialized and the event loop never blocks on I/O. Any SQLAlchemy URL works; SQLite gets
+WAL mode so admin reads do not block ingest. Methods take and return core values, never ORM rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+from sqlalchemy.orm import sessionmaker
+
+from rasd.controller.core import fleet
+from rasd.controller.store import schema
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredEvent:
+    """A health event as stored, with the wire values kept as plain data."""
+
+    node_id: str
+    seq: int
+    observed_unix_ns: int
+    received_unix_ns: int
+    kind: int
+    severity: int
+    gpu_uuid: str
+    xid: int | None
+    message: str
+    source: str
+    attributes: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class HelloOutcome:
+    """What registering a Hello decided about the node's event spool."""
+
+    acked_seq: int
+    spool_reset: bool
+    rebooted: bool
+
+
+def create_engine(url: str) -> sa.Engine:
+    """An engine for url; SQLite files get WAL and a busy timeout."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise ValueError(f"--db {url!r} is not a SQLAlchemy URL: {exc}") from None
+    if parsed.get_backend_name() == "sqlite":
+        engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @sa_event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            if parsed.database not in (None, "", ":memory:"):
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        return engine
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+class Store:
+    """Typed access to the controller's tables."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        """Bind to engine and create missing tables."""
+        self.engine = engine
+        schema.Base.metadata.create_all(engine)
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    def open(cls, url: str) -> Store:
+        """Open the store at a SQLAlchemy URL."""
+        return cls(create_engine(url))
+
+    def close(self) -> None:
+        """Dispose of the connection pool."""
+        self.engine.dispose()
+
+    # -- nodes and GPUs -----------------------------------------------------------------------------
+    def register_hello(self, hello: fleet.NodeHello, now_unix_ns: int) -> HelloOutcome:
+        """Upsert a node and its GPUs from Hello; decide the acked spool position to welcome it with.
+
+        If the agent's spool head is behind what we acked, its spool started over (state dir lost):
+        begin a new epoch at 0 so its new events are stored rather than dropped as duplicates.
+        """
+        with self._sessions.begin() as session:
+            node = session.get(schema.NodeRow, hello.node_id)
+            if node is None:
+                node = schema.NodeRow(node_id=hello.node_id, first_seen_unix_ns=now_unix_ns, acked_seq=0, spool_epoch=0)
+                session.add(node)
+            rebooted = bool(node.boot_id) and node.boot_id != hello.boot_id
+            spool_reset = hello.spool_head_seq < (node.acked_seq or 0)
+            if spool_reset:
+                node.spool_epoch = (node.spool_epoch or 0) + 1
+                node.acked_seq = 0
+            node.hostname = hello.hostname
+            node.boot_id = hello.boot_id
+            node.agent_version = hello.agent_version
+            node.backend = hello.backend
+            node.labels = dict(hello.labels)
+            node.connected = True
+            node.last_seen_unix_ns = now_unix_ns
+            if node.state in (None, int(fleet.ComponentState.OFFLINE), int(fleet.ComponentState.UNSPECIFIED)):
+                node.state = int(fleet.ComponentState.HEALTHY)
+            for record in hello.gpus:
+                row = session.get(schema.GpuRow, record.uuid)
+                if row is None:
+                    row = schema.GpuRow(uuid=record.uuid, state=int(fleet.ComponentState.HEALTHY))
+                    session.add(row)
+                row.node_id = record.node_id
+                row.model = record.model
+                row.pci_bus_id = record.pci_bus_id
+                row.serial = record.serial
+                row.vbios_version = record.vbios_version
+                row.memory_total_mib = record.memory_total_mib
+                row.power_limit_min_w = record.power_limit_min_w
+                row.power_limit_max_w = record.power_limit_max_w
+                row.power_limit_default_w = record.power_limit_default_w
+                row.power_smoothing_supported = record.power_smoothing_supported
+                row.labels = dict(record.labels)
+            return HelloOutcome(acked_seq=int(node.acked_seq or 0), spool_reset=spool_reset, rebooted=rebooted)
+
+    def mark_disconnected(self, node_id: str, now_unix_ns: int) -> None:
+        """Record that a node's stream ended."""
+        with self._sessions.begin() as session:
+            node = session.get(schema.NodeRow, node_id)
+            if node is not None:
+                node.connected = False
+                node.last_seen_unix_ns = now_unix_ns
+
+    def mark_all_disconnected(self) -> None:
+        """At start-up no stream is open on this replica yet."""
+        with self._sessions.begin() as session:
+            session.execute(sa.update(schema.NodeRow).values(connected=False))
+
+    def touch_nodes(self, last_seen: Mapping[str, int]) -> None:
+        """Bulk-update last_seen for nodes that sent anything."""
+        if not last_seen:
+            return
+        with self._sessions.begin() as session:
+            # Core (not ORM) UPDATE with executemany: one prepared statement for every node.
+            nodes = schema.NodeRow.__table__
+            session.execute(
+                sa.update(nodes)
+                .where(nodes.c.node_id == sa.bindparam("b_node_id"))
+                .values(last_seen_unix_ns=sa.bindparam("b_last_seen")),
+                [{"b_node_id": node_id, "b_last_seen": ts} for node_id, ts in last_seen.items()],
+            )
+
+    def save_latest(self, latest: Mapping[str, fleet.GpuLatest]) -> None:
+        """Bulk-write the latest telemetry of GPUs (rows exist since their node's Hello)."""
+        if not latest:
+            return
+        with self._sessions.begin() as session:
+            gpus = schema.GpuRow.__table__
+            session.execute(
+                sa.update(gpus)
+                .where(gpus.c.uuid == sa.bindparam("b_uuid"))
+                .values(
+                    power_w=sa.bindparam("b_power_w"),
+                    power_sample_unix_ns=sa.bindparam("b_power_ts"),
+                    enforced_power_limit_w=sa.bindparam("b_limit"),
+                    temperature_c=sa.bindparam("b_temp"),
+                    utilization_gpu_pct=sa.bindparam("b_util"),
+                    clock_event_reasons=sa.bindparam("b_reasons"),
+                    counters_unix_ns=sa.bindparam("b_counters_ts"),
+                ),
+                [
+                    {
+                        "b_uuid": uuid,
+                        "b_power_w": value.power_w,
+                        "b_power_ts": value.power_sample_unix_ns,
+                        "b_limit": value.enforced_power_limit_w,
+                        "b_temp": value.temperature_c,
+                        "b_util": value.utilization_gpu_pct,
+                        "b_reasons": value.clock_event_reasons,
+                        "b_counters_ts": value.counters_unix_ns,
+                    }
+                    for uuid, value in latest.items()
+                ],
+            )
+
+    def list_nodes(self, node_ids: Iterable[str] | None = None) -> list[fleet.NodeStatus]:
+        """Every node (or the named ones) with GPUs and stored latest telemetry, sorted by id."""
+        with self._sessions() as session:
+            node_query = sa.select(schema.NodeRow).order_by(schema.NodeRow.node_id)
+            gpu_query = sa.select(schema.GpuRow).order_by(schema.GpuRow.node_id, schema.GpuRow.pci_bus_id)
+            if node_ids is not None:
+                wanted = list(node_ids)
+                node_query = node_query.where(schema.NodeRow.node_id.in_(wanted))
+                gpu_query = gpu_query.where(schema.GpuRow.node_id.in_(wanted))
+            nodes = session.scalars(node_query).all()
+            gpus_by_node: dict[str, list[schema.GpuRow]] = {}
+            for row in session.scalars(gpu_query):
+                gpus_by_node.setdefault(row.node_id, []).append(row)
+            return [_node_status(node, gpus_by_node.get(node.node_id, [])) for node in nodes]
+
+    # -- health events ------------------------------------------------------------------------------
+    def append_events(self, node_id: str, events: Sequence[StoredEvent]) -> tuple[int, int]:
+        """Store a node's events once each and return (acked_seq, newly stored count).
+
+        Events at or below the node's acked position are duplicates (a resend after a lost ack)
+        and are skipped; the acked position moves to the highest seq stored, in one transaction
+        with the rows, so an ack is never sent for an event that is not durable.
+        """
+        with self._sessions.begin() as session:
+            node = session.get(schema.NodeRow, node_id, with_for_update=True)
+            if node is None:
+                raise KeyError(f"unknown node {node_id!r}")
+            acked = int(node.acked_seq or 0)
+            fresh = sorted((e for e in events if e.seq > acked), key=lambda e: e.seq)
+            seen: set[int] = set()
+            for e in fresh:
+                if e.seq in seen:
+                    continue
+                seen.add(e.seq)
+                session.add(
+                    schema.HealthEventRow(
+                        node_id=node_id,
+                        spool_epoch=node.spool_epoch or 0,
+                        seq=e.seq,
+                        observed_unix_ns=e.observed_unix_ns,
+                        received_unix_ns=e.received_unix_ns,
+                        kind=e.kind,
+                        severity=e.severity,
+                        gpu_uuid=e.gpu_uuid,
+                        xid=e.xid,
+                        message=e.message,
+                        source=e.source,
+                        attributes=dict(e.attributes),
+                    )
+                )
+            if fresh:
+                node.acked_seq = fresh[-1].seq
+            return int(node.acked_seq or 0), len(seen)
+
+    def list_events(self, *, node_id: str = "", since_unix_ns: int = 0, limit: int = 100) -> list[StoredEvent]:
+        """Stored events, newest first."""
+        with self._sessions() as session:
+            query = sa.select(schema.HealthEventRow).where(schema.HealthEventRow.received_unix_ns >= since_unix_ns)
+            if node_id:
+                query = query.where(schema.HealthEventRow.node_id == node_id)
+            query = query.order_by(schema.HealthEventRow.received_unix_ns.desc(), schema.HealthEventRow.id.desc())
+            rows = session.scalars(query.limit(limit)).all()
+            return [
+                StoredEvent(
+                    node_id=r.node_id,
+                    seq=r.seq,
+                    observed_unix_ns=r.observed_unix_ns,
+                    received_unix_ns=r.received_unix_ns,
+                    kind=r.kind,
+                    severity=r.severity,
+                    gpu_uuid=r.gpu_uuid,
+                    xid=r.xid,
+                    message=r.message,
+                    source=r.source,
+                    attributes=dict(r.attributes or {}),
+                )
+                for r in rows
+            ]
+
+    def count_events(self) -> int:
+        """How many health events are stored in total."""
+        with self._sessions() as session:
+            return int(session.scalar(sa.select(sa.func.count()).select_from(schema.HealthEventRow)) or 0)
+
+
+def _node_status(node: schema.NodeRow, gpus: Sequence[schema.GpuRow]) -> fleet.NodeStatus:
+    return fleet.NodeStatus(
+        node_id=node.node_id,
+        state=fleet.ComponentState(node.state or 0),
+        connected=bool(node.connected),
+        last_seen_unix_ns=int(node.last_seen_unix_ns or 0),
+        boot_id=node.boot_id or "",
+        agent_version=node.agent_version or "",
+        backend=node.backend or "",
+        hostname=node.hostname or "",
+        labels=dict(node.labels or {}),
+        gpus=tuple(
+            fleet.GpuStatus(
+                record=fleet.GpuRecord(
+                    uuid=g.uuid,
+                    node_id=g.node_id,
+                    model=g.model,
+                    pci_bus_id=g.pci_bus_id,
+                    power_limit_min_w=g.power_limit_min_w,
+                    power_limit_max_w=g.power_limit_max_w,
+                    power_limit_default_w=g.power_limit_default_w,
+                    serial=g.serial,
+                    vbios_version=g.vbios_version,
+                    memory_total_mib=g.memory_total_mib,
+                    power_smoothing_supported=g.power_smoothing_supported,
+                    labels=dict(g.labels or {}),
+                ),
+                state=fleet.ComponentState(g.state or 0),
+                latest=fleet.GpuLatest(
+                    power_w=g.power_w,
+                    power_sample_unix_ns=int(g.power_sample_unix_ns or 0),
+                    enforced_power_limit_w=g.enforced_power_limit_w,
+                    temperature_c=g.temperature_c,
+                    utilization_gpu_pct=g.utilization_gpu_pct,
+                    clock_event_reasons=g.clock_event_reasons,
+                    counters_unix_ns=int(g.counters_unix_ns or 0),
+                ),
+            )
+            for g in gpus
+        ),
+    )
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password hidden, for logs."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<invalid url>"

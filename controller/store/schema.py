@@ -1,0 +1,90 @@
+"""SQLAlchemy 2 models of what the controller keeps durably.
+
+SQL holds inventory, states, the latest telemetry per GPU and health events. High-rate power series
+stay in memory and in Prometheus (DESIGN.md §8). Timestamps are Unix nanoseconds in BIGINT columns:
+one representation on SQLite and PostgreSQL, and no time-zone surprises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every rasd table."""
+
+
+class NodeRow(Base):
+    """A node that has connected at least once."""
+
+    __tablename__ = "nodes"
+
+    node_id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(253), default="")
+    boot_id: Mapped[str] = mapped_column(String(64), default="")
+    agent_version: Mapped[str] = mapped_column(String(64), default="")
+    backend: Mapped[str] = mapped_column(String(32), default="")
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # rasd.controller.core.fleet.ComponentState value.
+    state: Mapped[int] = mapped_column(Integer, default=1)
+    connected: Mapped[bool] = mapped_column(Boolean, default=False)
+    first_seen_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    last_seen_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Which generation of the agent's spool the seqs below belong to; bumped when an agent's spool
+    # starts over (state dir wiped), so its new seq 1 is not mistaken for an old duplicate.
+    spool_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    # Every event of this epoch with seq <= acked_seq is stored.
+    acked_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class GpuRow(Base):
+    """A GPU as inventoried by its node, with its latest telemetry."""
+
+    __tablename__ = "gpus"
+
+    uuid: Mapped[str] = mapped_column(String(96), primary_key=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
+    model: Mapped[str] = mapped_column(String(96), default="")
+    pci_bus_id: Mapped[str] = mapped_column(String(32), default="")
+    serial: Mapped[str] = mapped_column(String(64), default="")
+    vbios_version: Mapped[str] = mapped_column(String(64), default="")
+    memory_total_mib: Mapped[int] = mapped_column(BigInteger, default=0)
+    power_limit_min_w: Mapped[int] = mapped_column(Integer, default=0)
+    power_limit_max_w: Mapped[int] = mapped_column(Integer, default=0)
+    power_limit_default_w: Mapped[int] = mapped_column(Integer, default=0)
+    power_smoothing_supported: Mapped[bool] = mapped_column(Boolean, default=False)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[int] = mapped_column(Integer, default=1)
+    # Latest telemetry, flushed from memory every few seconds.
+    power_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+    power_sample_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    enforced_power_limit_w: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    temperature_c: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    utilization_gpu_pct: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    clock_event_reasons: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    counters_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class HealthEventRow(Base):
+    """A health event exactly as the agent reported it, stored once per (node, epoch, seq)."""
+
+    __tablename__ = "health_events"
+    __table_args__ = (UniqueConstraint("node_id", "spool_epoch", "seq", name="uq_health_event_node_seq"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
+    spool_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    observed_unix_ns: Mapped[int] = mapped_column(BigInteger)
+    received_unix_ns: Mapped[int] = mapped_column(BigInteger, index=True)
+    # rasd.api.v1.EventKind / Severity values.
+    kind: Mapped[int] = mapped_column(Integer)
+    severity: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
+    xid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(String(32), default="")
+    attributes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

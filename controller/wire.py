@@ -1,0 +1,239 @@
+"""Conversions between rasd.api.v1 messages and the controller's core values, with validation.
+
+Every inbound field is checked here, once: a bad field raises `WireError` naming it, which the RPC
+layer answers with INVALID_ARGUMENT. Nothing accepted before a bad message is dropped, because
+each message is validated and applied on its own.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from rasd.api.v1 import admin_service_pb2 as admin_pb
+from rasd.api.v1 import agent_service_pb2 as agent_pb
+from rasd.api.v1 import health_pb2 as health_pb
+from rasd.controller.core import fleet
+from rasd.controller.store import repo
+
+GPU_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+MAX_GPUS_PER_NODE = 64
+MAX_LABELS = 64
+MAX_TEXT = 4096
+MAX_POWER_W = 5000.0
+MAX_SAMPLES_PER_SERIES = 6000
+
+
+class WireError(ValueError):
+    """A message field is malformed; `field` names it as a dotted path."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+def _check_text(field: str, value: str, max_len: int = MAX_TEXT) -> str:
+    if len(value) > max_len:
+        raise WireError(field, f"longer than {max_len} characters")
+    return value
+
+
+def _check_labels(field: str, labels: dict[str, str] | object) -> dict[str, str]:
+    result = dict(labels)  # type: ignore[call-overload]
+    if len(result) > MAX_LABELS:
+        raise WireError(field, f"more than {MAX_LABELS} labels")
+    for key, value in result.items():
+        _check_text(f"{field}[{key[:40]!r}]", key, 253)
+        _check_text(f"{field}[{key[:40]!r}]", value, 253)
+    return result
+
+
+def hello_from_wire(message: agent_pb.Hello) -> fleet.NodeHello:
+    """Validate and convert a Hello."""
+    if not NODE_ID_RE.match(message.node_id):
+        raise WireError("hello.node_id", f"{message.node_id[:80]!r} is not a valid node id")
+    if len(message.gpus) > MAX_GPUS_PER_NODE:
+        raise WireError("hello.gpus", f"more than {MAX_GPUS_PER_NODE} GPUs")
+    seen: set[str] = set()
+    gpus = []
+    for index, gpu in enumerate(message.gpus):
+        field = f"hello.gpus[{index}]"
+        if not GPU_UUID_RE.match(gpu.uuid):
+            raise WireError(f"{field}.uuid", f"{gpu.uuid[:80]!r} is not a GPU UUID")
+        if gpu.uuid in seen:
+            raise WireError(f"{field}.uuid", f"{gpu.uuid} appears twice")
+        seen.add(gpu.uuid)
+        if not 0 < gpu.power_limit_min_w <= gpu.power_limit_max_w <= MAX_POWER_W:
+            raise WireError(
+                f"{field}.power_limit_min_w",
+                f"constraints [{gpu.power_limit_min_w}, {gpu.power_limit_max_w}] W are not a sane range",
+            )
+        gpus.append(
+            fleet.GpuRecord(
+                uuid=gpu.uuid,
+                node_id=message.node_id,
+                model=_check_text(f"{field}.model", gpu.model, 96),
+                pci_bus_id=_check_text(f"{field}.pci_bus_id", gpu.pci_bus_id, 32),
+                power_limit_min_w=gpu.power_limit_min_w,
+                power_limit_max_w=gpu.power_limit_max_w,
+                power_limit_default_w=gpu.power_limit_default_w or gpu.power_limit_max_w,
+                serial=_check_text(f"{field}.serial", gpu.serial, 64),
+                vbios_version=_check_text(f"{field}.vbios_version", gpu.vbios_version, 64),
+                memory_total_mib=gpu.memory_total_mib,
+                power_smoothing_supported=gpu.power_smoothing_supported,
+                labels=_check_labels(f"{field}.labels", gpu.labels),
+            )
+        )
+    return fleet.NodeHello(
+        node_id=message.node_id,
+        boot_id=_check_text("hello.boot_id", message.boot_id, 64),
+        agent_version=_check_text("hello.agent_version", message.agent_version, 64),
+        hostname=_check_text("hello.hostname", message.hostname, 253),
+        backend=_check_text("hello.backend", message.backend, 32),
+        labels=_check_labels("hello.labels", message.labels),
+        gpus=tuple(gpus),
+        spool_head_seq=message.spool_head_seq,
+    )
+
+
+def _finite(field: str, value: float, lo: float, hi: float) -> float:
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise WireError(field, f"{value!r} is not a finite number in [{lo:g}, {hi:g}]")
+    return value
+
+
+def check_telemetry(batch: health_pb.TelemetryBatch, known_gpus: frozenset[str]) -> None:
+    """Reject a batch with a malformed field or a GPU the node did not announce in Hello."""
+    for index, series in enumerate(batch.power):
+        field = f"telemetry.power[{index}]"
+        if series.gpu_uuid not in known_gpus:
+            raise WireError(f"{field}.gpu_uuid", f"{series.gpu_uuid[:80]!r} is not one of this node's GPUs")
+        if not 1 <= series.sample_interval_ms <= 60_000:
+            raise WireError(f"{field}.sample_interval_ms", f"{series.sample_interval_ms} is outside 1..60000")
+        if len(series.power_w) > MAX_SAMPLES_PER_SERIES:
+            raise WireError(f"{field}.power_w", f"more than {MAX_SAMPLES_PER_SERIES} samples")
+        for sample_index, watts in enumerate(series.power_w):
+            _finite(f"{field}.power_w[{sample_index}]", watts, 0.0, MAX_POWER_W)
+    for index, counters in enumerate(batch.counters):
+        field = f"telemetry.counters[{index}]"
+        if counters.gpu_uuid not in known_gpus:
+            raise WireError(f"{field}.gpu_uuid", f"{counters.gpu_uuid[:80]!r} is not one of this node's GPUs")
+        if counters.HasField("temperature_c") and not -50 <= counters.temperature_c <= 200:
+            raise WireError(f"{field}.temperature_c", f"{counters.temperature_c} is outside -50..200")
+        if counters.HasField("enforced_power_limit_w") and counters.enforced_power_limit_w > MAX_POWER_W:
+            raise WireError(f"{field}.enforced_power_limit_w", f"{counters.enforced_power_limit_w} W is not sane")
+
+
+def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.GpuLatest]:
+    """The freshest values per GPU in a (validated) batch."""
+    latest: dict[str, fleet.GpuLatest] = {}
+    for series in batch.power:
+        if not series.power_w:
+            continue
+        last_ns = series.first_sample_unix_ns + (len(series.power_w) - 1) * series.sample_interval_ms * 1_000_000
+        update = fleet.GpuLatest(power_w=float(series.power_w[-1]), power_sample_unix_ns=last_ns)
+        latest[series.gpu_uuid] = fleet.merge_latest(latest.get(series.gpu_uuid), update)
+    for counters in batch.counters:
+        update = fleet.GpuLatest(
+            enforced_power_limit_w=(
+                counters.enforced_power_limit_w if counters.HasField("enforced_power_limit_w") else None
+            ),
+            temperature_c=counters.temperature_c if counters.HasField("temperature_c") else None,
+            utilization_gpu_pct=counters.utilization_gpu_pct if counters.HasField("utilization_gpu_pct") else None,
+            clock_event_reasons=counters.clock_event_reasons if counters.HasField("clock_event_reasons") else None,
+            counters_unix_ns=counters.sample_unix_ns,
+        )
+        latest[counters.gpu_uuid] = fleet.merge_latest(latest.get(counters.gpu_uuid), update)
+    return latest
+
+
+def events_from_wire(
+    batch: agent_pb.HealthEventBatch, known_gpus: frozenset[str], received_unix_ns: int, node_id: str
+) -> list[repo.StoredEvent]:
+    """Validate and convert a batch of health events."""
+    events = []
+    kinds = set(health_pb.EventKind.values())
+    severities = set(health_pb.Severity.values())
+    for index, event in enumerate(batch.events):
+        field = f"events.events[{index}]"
+        if event.seq == 0:
+            raise WireError(f"{field}.seq", "must be > 0")
+        if event.kind not in kinds or event.kind == health_pb.EVENT_KIND_UNSPECIFIED:
+            raise WireError(f"{field}.kind", f"{event.kind} is not a known EventKind")
+        if event.severity not in severities:
+            raise WireError(f"{field}.severity", f"{event.severity} is not a known Severity")
+        if event.gpu_uuid and event.gpu_uuid not in known_gpus:
+            raise WireError(f"{field}.gpu_uuid", f"{event.gpu_uuid[:80]!r} is not one of this node's GPUs")
+        if event.HasField("xid") and not 0 < event.xid < 100_000:
+            raise WireError(f"{field}.xid", f"{event.xid} is not a plausible Xid")
+        events.append(
+            repo.StoredEvent(
+                node_id=node_id,
+                seq=event.seq,
+                observed_unix_ns=event.observed_unix_ns,
+                received_unix_ns=received_unix_ns,
+                kind=event.kind,
+                severity=event.severity,
+                gpu_uuid=event.gpu_uuid,
+                xid=event.xid if event.HasField("xid") else None,
+                message=_check_text(f"{field}.message", event.message),
+                source=_check_text(f"{field}.source", event.source, 32),
+                attributes=_check_labels(f"{field}.attributes", event.attributes),
+            )
+        )
+    return events
+
+
+# -- admin responses ----------------------------------------------------------------------------------
+def node_status_to_wire(node: fleet.NodeStatus) -> admin_pb.NodeStatus:
+    """NodeStatus for rasctl."""
+    message = admin_pb.NodeStatus(
+        node_id=node.node_id,
+        state=int(node.state),
+        connected=node.connected,
+        last_seen_unix_ns=node.last_seen_unix_ns,
+        boot_id=node.boot_id,
+        agent_version=node.agent_version,
+        backend=node.backend,
+        hostname=node.hostname,
+        labels=dict(node.labels),
+        power_draw_w=node.power_draw_w,
+        power_cap_w=node.power_cap_w,
+    )
+    for gpu in node.gpus:
+        wire_gpu = message.gpus.add(
+            uuid=gpu.record.uuid,
+            model=gpu.record.model,
+            state=int(gpu.state),
+            power_limit_min_w=gpu.record.power_limit_min_w,
+            power_limit_max_w=gpu.record.power_limit_max_w,
+            last_sample_unix_ns=max(gpu.latest.power_sample_unix_ns, gpu.latest.counters_unix_ns),
+            pci_bus_id=gpu.record.pci_bus_id,
+        )
+        if gpu.latest.power_w is not None:
+            wire_gpu.power_w = gpu.latest.power_w
+        if gpu.latest.enforced_power_limit_w is not None:
+            wire_gpu.power_limit_w = gpu.latest.enforced_power_limit_w
+        if gpu.latest.temperature_c is not None:
+            wire_gpu.temperature_c = gpu.latest.temperature_c
+        if gpu.latest.utilization_gpu_pct is not None:
+            wire_gpu.utilization_gpu_pct = gpu.latest.utilization_gpu_pct
+    return message
+
+
+def stored_event_to_wire(event: repo.StoredEvent) -> admin_pb.StoredEvent:
+    """A stored event for rasctl."""
+    health_event = health_pb.HealthEvent(
+        seq=event.seq,
+        observed_unix_ns=event.observed_unix_ns,
+        kind=event.kind,
+        gpu_uuid=event.gpu_uuid,
+        severity=event.severity,
+        message=event.message,
+        source=event.source,
+        attributes=dict(event.attributes),
+    )
+    if event.xid is not None:
+        health_event.xid = event.xid
+    return admin_pb.StoredEvent(node_id=event.node_id, event=health_event, received_unix_ns=event.received_unix_ns)
