@@ -137,7 +137,7 @@ _PCI_ANY = re.compile(
 # parser must not raise on any input.
 _XID = re.compile(r"NVRM: Xid \((?P<loc>[^()]*)\): (?P<xid>[0-9]{1,6})(?:,\s?(?P<rest>.*))?$", re.DOTALL)
 _MIG_GI = re.compile(r"GPU-I(?::|\s+)(?P<gi>[0-9]{1,4})")
-_MIG_CI = re.compile(r"(?:GPU-)?CI(?::|\s+)(?P<ci>[0-9]{1,4})")
+_MIG_CI = re.compile(r"(?:GPU-CI|(?<![A-Za-z])CI)(?::|\s+)(?P<ci>[0-9]{1,4})")  # not the "CI" of "PCI:"
 # pid=1234 / pid='<unknown>' / pid=<n/a>, optionally followed by name=... (up to the next ", ").
 _PID_NAME = re.compile(
     r"^pid=(?P<pid>'[^']*'|<[^>]*>|[^,\s]*),?\s*(?:name=(?P<name>.*?)(?:,\s*|$))?(?P<text>.*)$", re.DOTALL
@@ -174,21 +174,19 @@ _SXID = re.compile(
     re.DOTALL,
 )
 _SXID_DETAIL = re.compile(r"^(?:Data \{|Severity [0-9]+ Engine instance)")
-_SXID_FATALITY = re.compile(
-    r"^(?P<fatal>Fatal|Non-fatal|Nonfatal)\s*,?\s*(?P<text>.*)$", re.IGNORECASE | re.DOTALL
-)
+_SXID_FATALITY = re.compile(r"^(?P<fatal>Fatal|Non-fatal|Nonfatal)\s*,?\s*(?P<text>.*)$", re.IGNORECASE | re.DOTALL)
 
 # --- RDMA / mlx5 --------------------------------------------------------------------------------
 
 _PCI_FULL = r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"
 _IB_PORT = re.compile(
-    rf"(?:(?P<driver>[\w-]+) (?P<pci>{_PCI_FULL}) )?(?P<dev>[\w.-]+): Port:? (?P<port>[0-9]{{1,4}}) Link "
+    rf"(?:(?P<driver>[\w-]{{1,32}}) (?P<pci>{_PCI_FULL}) )?(?P<dev>[\w.-]{{1,64}}): Port:? (?P<port>[0-9]{{1,4}}) Link "
     r"(?P<state>DOWN|INIT|ARMED|ACTIVE_DEFER|ACTIVE|NOP)\b"
 )
-_NETDEV_LINK = re.compile(rf"mlx5_core (?P<pci>{_PCI_FULL}) (?P<dev>[\w.-]+): Link (?P<state>up|down)\b")
-_IPOIB_LINK = re.compile(r"(?<![\w-])(?P<dev>ib[\w.]*): Link (?P<state>DOWN|UP|down|up)\b")
+_NETDEV_LINK = re.compile(rf"mlx5_core (?P<pci>{_PCI_FULL}) (?P<dev>[\w.-]{{1,64}}): Link (?P<state>up|down)\b")
+_IPOIB_LINK = re.compile(r"(?<![\w-])(?P<dev>ib[\w.]{0,62}): Link (?P<state>DOWN|UP|down|up)\b")
 _PORT_MODULE = re.compile(
-    rf"(?:mlx5_core (?P<pci>{_PCI_FULL}): )?(?:mlx5_port_module_event:[0-9]+:\(pid [0-9]+\): )?"
+    rf"(?:mlx5_core (?P<pci>{_PCI_FULL}): )?(?:mlx5_port_module_event:[0-9]{{1,9}}:\(pid [0-9]{{1,10}}\): )?"
     r"Port module event(?P<err>\[error\])?: module (?P<module>[0-9]{1,4}), (?P<status>.*)$"
 )
 
@@ -342,9 +340,7 @@ class KmsgParser:
     def _continue_fallen(self, text: str, raw: str) -> tuple[bool, KernelEvent | None]:
         """Offer a line to the pending multi-line message: (line consumed?, completed event)."""
         m = _NVRM_CONT.search(text)
-        starts_other = m is not None and any(
-            p.search(text) for p in (_XID, _GPU_AT, _FALLEN_ONE_LINE, _FALLEN_START)
-        )
+        starts_other = m is not None and any(p.search(text) for p in (_XID, _GPU_AT, _FALLEN_ONE_LINE, _FALLEN_START))
         if m is None or starts_other or len(self._pending_lines) >= _FALLEN_MAX_LINES:
             self._pending_pci = None  # something else came between: not the message we waited for
             return False, None
@@ -394,7 +390,7 @@ def _parse_xid(m: re.Match[str], raw: str, time_us: int | None) -> KernelEvent |
         nm = _XID74.search(rest)
         if nm is not None:
             fields["nvlink"] = int(nm["link"])
-            fields["registers"] = tuple(int(r, 16) for r in re.findall(r"0x[0-9a-fA-F]+", nm["regs"]))
+            fields["registers"] = tuple(int(r, 16) for r in re.findall(r"0x[0-9a-fA-F]+", nm["regs"] or ""))
     elif 144 <= xid <= 150:
         nm = _NVLINK5.search(rest)
         if nm is not None:

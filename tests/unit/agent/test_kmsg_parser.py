@@ -1,0 +1,518 @@
+"""The kernel-log parser on real driver lines (tests/fixtures/kmsg/README.md says where each came from)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rasd.agent.core.model import EventKind, Severity
+from rasd.agent.kmsg import (
+    KernelEvent,
+    KernelEventKind,
+    KmsgParser,
+    classify,
+    normalize_pci,
+    parse_lines,
+    to_observation,
+)
+from rasd.common.xid_catalog import RecoveryAction
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "kmsg"
+
+XID_79 = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID_109 = (
+    "NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, Ch 00000008, "
+    "errorString CTX SWITCH TIMEOUT, Info 0x58005"
+)
+
+XID_154_REBOOT = (
+    "NVRM: Xid (PCI:0000:02:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+)
+XID_154_CLEARED = (
+    "NVRM: Xid (PCI:0000:02:00): 154, GPU recovery action changed from 0x2 (Node Reboot Required) to 0x0 (None)"
+)
+XID_149 = (
+    "NVRM: Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 "
+    "(0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+)
+XID_144 = (
+    "NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 "
+    "(0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)"
+)
+
+
+def fixture_events(name: str) -> list[KernelEvent]:
+    return parse_lines((FIXTURES / name).read_text().splitlines())
+
+
+def one(line: str) -> KernelEvent:
+    events = KmsgParser().feed(line)
+    assert len(events) == 1, events
+    return events[0]
+
+
+# --- prefixes ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prefix", "time_us"),
+    [
+        ("", None),
+        ("[6781741.548779] ", 6781741548779),
+        ("[   38.1] ", 38100000),
+        ("[Fri Aug 30 11:43:09 2024] ", None),
+        ("kern  :err   : 2025-01-25T10:34:54,859532+00:00 ", None),
+        ("Nov 30 05:33:20 gpu-node-03 kernel: ", None),
+        ("Nov 30 05:33:20 gpu-node-03 kernel: [449410.332316] ", 449410332316),
+        ("2025-11-30T05:33:20+0000 gpu-node-03 kernel: ", None),
+        ("<3>", None),
+        ("3,1208,2201000700,-;", 2201000700),
+        ("3,1208,2201000700,-,caller=T12;", 2201000700),
+    ],
+)
+def test_xid_line_with_every_prefix(prefix, time_us):
+    e = one(prefix + XID_79 + "\n")
+    assert (e.kind, e.xid, e.pci, e.pid, e.process) == (KernelEventKind.XID, 79, "0000:91:00.0", None, None)
+    assert e.message == "GPU has fallen off the bus."
+    assert e.kernel_time_us == time_us
+    assert e.raw == prefix + XID_79
+
+
+def test_pid_and_name_are_split_off():
+    e = one("[Fri Aug 30 11:43:14 2024] " + XID_109)
+    assert (e.xid, e.pid, e.process) == (109, 1797828, "pt_main_thread")
+    assert e.message == "Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005"
+
+
+@pytest.mark.parametrize(
+    ("rest", "pid", "process", "message"),
+    [
+        ("pid=1234, name=python3, Contained ECC error", 1234, "python3", "Contained ECC error"),
+        ("pid='<unknown>', name=<unknown>, Graphics Exception", None, None, "Graphics Exception"),
+        (
+            "pid=<n/a>, name=<unknown>, NVLink: fatal error detected on link 2",
+            None,
+            None,
+            "NVLink: fatal error detected on link 2",
+        ),
+        ("pid=0, NVLink: fatal error on link 3", 0, None, "NVLink: fatal error on link 3"),
+        ("pid=1", 1, None, ""),
+        ("An uncorrectable double bit error", None, None, "An uncorrectable double bit error"),
+        ("GPU has fallen off the bus.", None, None, "GPU has fallen off the bus."),
+    ],
+)
+def test_with_and_without_pid_and_name(rest, pid, process, message):
+    e = one(f"NVRM: Xid (PCI:0000:04:00): 48, {rest}")
+    assert (e.pid, e.process, e.message) == (pid, process, message)
+
+
+def test_xid_with_nothing_after_the_number():
+    e = one("NVRM: Xid (PCI:0000:01:00): 79, ")
+    assert (e.xid, e.message) == (79, "")
+
+
+@pytest.mark.parametrize(
+    ("loc", "pci", "gi", "ci"),
+    [
+        ("PCI:0000:3b:00", "0000:3b:00.0", None, None),
+        ("PCI:0000:3B:00", "0000:3b:00.0", None, None),
+        ("0000:3b:00.0", "0000:3b:00.0", None, None),
+        ("PCI:0009:01:00", "0009:01:00.0", None, None),
+        ("PCI:0000:3b:00 GPU-I:01 GPU-CI:02", "0000:3b:00.0", 1, 2),
+        ("PCI:0000:3b:00 GPU-I:01", "0000:3b:00.0", 1, None),
+        ("PCI:0000:3b:00 GPU-I 1 CI 0", "0000:3b:00.0", 1, 0),
+        ("PCI:...", None, None, None),  # redacted in a bug report
+    ],
+)
+def test_pci_forms_and_mig_suffixes(loc, pci, gi, ci):
+    e = one(f"NVRM: Xid ({loc}): 31, pid=9, name=a, Ch 00000008, intr 10000000. MMU Fault")
+    assert (e.pci, e.gpu_instance, e.compute_instance, e.pid, e.process) == (pci, gi, ci, 9, "a")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("PCI:0000:3b:00", "0000:3b:00.0"),
+        ("00000000:3B:00.0", "0000:3b:00.0"),  # NVML pciBusId
+        ("0000:b3:00.1", "0000:b3:00.1"),
+        ("3b:00.0", "0000:3b:00.0"),
+        ("no address here", None),
+    ],
+)
+def test_normalize_pci(text, expected):
+    assert normalize_pci(text) == expected
+
+
+def test_gpu_uuid_comes_from_the_gpu_at_line():
+    events = fixture_events("dmesg_fallen_off_bus.txt")
+    assert [e.gpu_uuid for e in events[:2]] == ["GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b"] * 2
+    other = KmsgParser().feed(XID_79)[0]
+    assert other.gpu_uuid == ""
+
+
+# --- whole fixtures ----------------------------------------------------------------------------------
+
+
+def test_dmesg_fallen_off_bus_burst():
+    events = fixture_events("dmesg_fallen_off_bus.txt")
+    assert [(e.kind.value, e.xid or e.sxid, e.pci) for e in events] == [
+        ("xid", 79, "0000:91:00.0"),
+        ("fallen_off_bus", None, "0000:91:00.0"),
+        ("sxid", 20034, "0000:06:00.0"),
+        ("sxid", 20034, "0000:05:00.0"),
+    ]
+    assert events[1].message == "GPU has fallen off the bus."
+    assert (events[2].nvswitch, events[2].sxid_fatal, events[2].message) == (
+        "nvidia-nvswitch1",
+        True,
+        "Fatal, Link 48 LTSSM Fault Up",
+    )
+
+
+def test_three_line_probe_message_without_xid():
+    (e,) = fixture_events("dmesg_probe_fallen_off.txt")
+    assert (e.kind, e.xid, e.pci, e.kernel_time_us) == (
+        KernelEventKind.FALLEN_OFF_BUS,
+        None,
+        "0000:b3:00.0",
+        1843308145,
+    )
+    assert e.message == (
+        "The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has "
+        "fallen off the bus and is not responding to commands."
+    )
+    assert e.raw.count("\n") == 2
+
+
+def test_probe_message_interrupted_by_another_line_is_dropped_but_the_other_line_is_kept():
+    lines = [
+        "NVRM: The NVIDIA GPU 0000:b3:00.0",
+        XID_109,
+        "NVRM: fallen off the bus and is not responding to commands.",
+    ]
+    events = parse_lines(lines)
+    assert [e.kind for e in events] == [KernelEventKind.XID]
+
+
+def test_probe_message_for_an_unsupported_gpu_is_not_an_event():
+    lines = [
+        "NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5)",
+        "NVRM: installed in this system is not supported by the",
+        "NVRM: NVIDIA 535.54.03 driver release.",
+        "NVRM: Please see 'Appendix A - Supported NVIDIA GPU Products'",
+        "NVRM: fallen off the bus",  # too late: the parser gave up after four lines
+    ]
+    assert parse_lines(lines) == []
+
+
+def test_dmesg_ctime_xids():
+    events = fixture_events("dmesg_ctime_xids.txt")
+    assert [(e.xid, e.pid, e.process) for e in events] == [
+        (13, None, None),
+        (109, 1797828, "pt_main_thread"),
+        (43, 1045242, "pt_main_thread"),
+        (31, 2512125, "python3.10"),
+        (94, None, None),
+    ]
+    assert events[2].gpu_uuid == "GPU-efbdfde9-5798-a6e7-4c46-12518fa15375"
+    assert events[0].message == "Graphics SM Warp Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter"
+
+
+def test_journal_xids_and_links():
+    events = fixture_events("journal_xids.txt")
+    assert [(e.kind.value, e.xid, e.ib_state) for e in events] == [
+        ("xid", 45, ""),
+        ("xid", 45, ""),
+        ("ib_link", None, "INIT"),
+        ("ib_link", None, "ACTIVE"),
+        ("xid", 74, ""),
+        ("xid", 74, ""),
+    ]
+    assert events[0].message == "Ch 00000001 caused by previous Xid 149"
+
+
+def test_xid_74_nvlink_registers():
+    events = [e for e in fixture_events("journal_xids.txt") if e.xid == 74]
+    assert (events[0].nvlink, events[0].registers) == (6, (0x10000, 0, 0, 0, 0, 0, 0))
+    assert (events[1].nvlink, events[1].registers, events[1].pci) == (14, (0, 0, 0x10000, 0, 0, 0, 0), "0003:00:00.0")
+    assert events[1].kernel_time_us == 449410332316
+
+
+def test_xid_74_without_registers_still_has_the_link():
+    e = one("[  512.884] NVRM: Xid (PCI:0000:01:00): 74, pid=0, NVLink: fatal error on link 3")
+    assert (e.nvlink, e.registers) == (3, ())
+
+
+def test_kmsg_records_nvlink5_recovery_action_and_escaped_multiline():
+    events = fixture_events("kmsg_records.txt")
+    assert [(e.xid, e.kind.value) for e in events] == [
+        (144, "xid"),
+        (149, "xid"),
+        (145, "xid"),
+        (149, "xid"),
+        (154, "xid"),
+        (154, "xid"),
+        (None, "fallen_off_bus"),
+    ]
+    saw, netir, rlw, netir_any, r1, r2, fallen = events
+    assert (saw.nvlink_subcode, saw.nvlink_fatal, saw.nvlink, saw.registers[:2]) == ("SAW_MVB", False, 0, (1, 8))
+    assert (netir.nvlink_subcode, netir.nvlink_fatal, netir.registers[0]) == ("NETIR_LINK_EVT", True, 0x025001C6)
+    assert (rlw.nvlink, rlw.pci, len(rlw.registers)) == (13, "0018:01:00.0", 6)
+    assert netir_any.nvlink == -1
+    assert (r1.recovery_action, r1.previous_recovery_action, r1.pci) == (
+        RecoveryAction.GPU_RESET,
+        RecoveryAction.NONE,
+        "0008:01:00.0",
+    )
+    assert r1.gpu_uuid == "GPU-4d3a8f1e-2c77-5b1a-9e0f-6b2c1d9a7e55"
+    assert r1.kernel_time_us == 2201000500
+    assert r2.recovery_action is RecoveryAction.NODE_REBOOT
+    assert fallen.pci == "0000:b3:00.0"
+    assert "fallen off the bus and is not responding" in fallen.message
+
+
+@pytest.mark.parametrize(
+    ("tail", "expected"),
+    [
+        ("from 0x0 (None) to 0x2 (Node Reboot Required)", RecoveryAction.NODE_REBOOT),
+        ("from 0x0 (None) to 0x2 (OS Reboot)", RecoveryAction.NODE_REBOOT),
+        ("from 0x0 (None) to 0x1 (PF FLR)", RecoveryAction.GPU_RESET),
+        ("from 0x0 (None) to 0x3 (Drain P2P)", RecoveryAction.DRAIN_P2P),
+        ("from 0x3 (Drain P2P) to 0x4 (Drain and Reset)", RecoveryAction.DRAIN_AND_RESET),
+        ("from 0x0 (None) to 0x63 (Node Reboot Required)", RecoveryAction.NODE_REBOOT),  # text fallback
+        ("from 0x0 (None) to 0x63 (Who Knows)", None),
+    ],
+)
+def test_xid_154_recovery_action_strings(tail, expected):
+    e = one(f"NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed {tail}")
+    assert e.recovery_action is expected
+
+
+def test_nvswitch_sxid_triplet_is_one_event():
+    events = fixture_events("nvswitch_sxid.txt")
+    assert [(e.sxid, e.sxid_fatal, e.pci) for e in events] == [(22013, False, "0000:04:00.0")]
+    assert events[0].message == "Non-fatal, Link 44 Minion Link DLREQ interrupt"
+    assert events[0].kernel_time_us == 38178720
+
+
+def test_sxid_of_unknown_shape_is_still_reported():
+    e = one("nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, egress non-posted PRIV error")
+    assert (e.sxid, e.sxid_fatal) == (12028, None)
+
+
+def test_mlx5_link_states():
+    events = fixture_events("mlx5_links.txt")
+    assert [(e.ib_device, e.ib_port, e.ib_state, e.pci) for e in events] == [
+        ("mlx5_3", 1, "ACTIVE", "0000:53:00.0"),
+        ("enp83s0f0np0", None, "DOWN", "0000:53:00.0"),
+        ("mlx5_3", 1, "DOWN", "0000:53:00.0"),
+        ("enp83s0f0np0", None, "UP", "0000:53:00.0"),
+        ("mlx5_0", 1, "DOWN", "0000:0a:00.0"),
+        ("", None, "MODULE_ERROR", None),
+        ("", None, "MODULE_UNPLUGGED", "0000:08:00.0"),
+    ]
+    assert events[5].message == "module 0, Cable error, High Temperature"
+
+
+@pytest.mark.parametrize(
+    ("line", "device", "port", "state"),
+    [
+        ("mlx5_core 0000:08:00.0 rdmap8s0f0: Port: 2 Link ACTIVE", "rdmap8s0f0", 2, "ACTIVE"),
+        ("mlx5_ib0: Port 1 Link ARMED", "mlx5_ib0", 1, "ARMED"),
+        ("ib0: Link DOWN", "ib0", None, "DOWN"),
+        ("Nov 30 05:33:20 host kernel: ib0: Link UP", "ib0", None, "UP"),
+    ],
+)
+def test_ib_port_variants(line, device, port, state):
+    e = one(line)
+    assert (e.kind, e.ib_device, e.ib_port, e.ib_state) == (KernelEventKind.IB_LINK, device, port, state)
+
+
+def test_noise_is_not_an_event():
+    assert fixture_events("noise.txt") == []
+
+
+def test_kmsg_dictionary_lines_and_blank_lines_are_ignored():
+    assert parse_lines([" SUBSYSTEM=pci", " DEVICE=+pci:0000:3b:00.0", "", "\n"]) == []
+
+
+# --- classification and Observation -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "severity", "action", "mnemonic"),
+    [
+        (XID_79, "fatal", "reboot_node", "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"),
+        (XID_109, "fatal", "reset_gpu", "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR"),
+        (
+            "NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=p, Ch 1 caused by previous Xid 149",
+            "warning",
+            "none",
+            "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL",
+        ),
+        (
+            "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+            "fatal",
+            "reboot_node",
+            "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+        ),
+        (
+            XID_154_REBOOT,
+            "fatal",
+            "reboot_node",
+            "GPU_RECOVERY_ACTION_CHANGED",
+        ),
+        (
+            XID_154_CLEARED,
+            "info",
+            "none",
+            "GPU_RECOVERY_ACTION_CHANGED",
+        ),
+        (
+            XID_149,
+            "fatal",
+            "reset_gpu",
+            "NVLINK_NETIR_ERROR",
+        ),
+        (
+            XID_144,
+            "info",
+            "none",
+            "NVLINK_SAW_ERROR",
+        ),
+        ("NVRM: Xid (PCI:0000:01:00): 149, garbled", "fatal", "reset_gpu", "NVLINK_NETIR_ERROR"),  # catalog default
+        ("NVRM: Xid (PCI:0000:01:00): 4242, unknown code", "warning", "investigate", ""),
+        ("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up", "fatal", "reboot_node", ""),
+        (
+            "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt",
+            "warning",
+            "none",
+            "",
+        ),
+        ("mlx5_core 0000:0a:00.0 mlx5_0: Port: 1 Link DOWN", "warning", "investigate", ""),
+        ("mlx5_core 0000:0a:00.0 mlx5_0: Port: 1 Link ACTIVE", "info", "none", ""),
+    ],
+)
+def test_classify(line, severity, action, mnemonic):
+    c = classify(one(line))
+    assert (c.severity, c.recommended_action, c.mnemonic) == (severity, action, mnemonic)
+    assert c.reason
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        (XID_79, EventKind.XID),
+        ("NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.", EventKind.FALLEN_OFF_BUS),
+        ("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up", EventKind.SXID),
+        ("mlx5_core 0000:0a:00.0 mlx5_0: Port: 1 Link DOWN", EventKind.IB_LINK_STATE),
+        (
+            "NVRM: Xid (PCI:0000:02:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+            EventKind.RECOVERY_ACTION,
+        ),
+    ],
+)
+def test_observation_kinds(line, kind):
+    e = one(line)
+    obs = to_observation(e, 1_700_000_000_000_000_000, classify(e))
+    assert obs.kind is kind
+    assert obs.observed_unix_ns == 1_700_000_000_000_000_000
+    assert obs.source == "kmsg"
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in obs.attributes.items())
+
+
+def test_observation_carries_the_parsed_fields_as_text():
+    e = fixture_events("dmesg_fallen_off_bus.txt")[0]
+    obs = to_observation(e, 5, classify(e))
+    assert (obs.xid, obs.gpu_uuid, obs.severity, obs.message) == (
+        79,
+        "GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b",
+        Severity.FATAL,
+        "GPU has fallen off the bus.",
+    )
+    assert obs.attributes["pci"] == "0000:91:00.0"
+    assert obs.attributes["recommended_action"] == "reboot_node"
+    assert obs.attributes["mnemonic"] == "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"
+    assert obs.attributes["kernel_time_us"] == "6781741548779"
+    assert "pid" not in obs.attributes  # '<unknown>' is absent, not "None"
+
+
+def test_observation_of_nvlink_and_recovery_fields():
+    events = fixture_events("kmsg_records.txt")
+    netir = to_observation(events[1], 1, classify(events[1]))
+    assert netir.attributes["registers"].startswith("0x025001c6 0x00000000")
+    assert (netir.attributes["nvlink_fatal"], netir.attributes["nvlink_subcode"]) == ("true", "NETIR_LINK_EVT")
+    recovery = to_observation(events[4], 1, classify(events[4]))
+    assert (recovery.attributes["recovery_action"], recovery.attributes["previous_recovery_action"]) == (
+        "GPU_RESET",
+        "NONE",
+    )
+
+
+# --- robustness --------------------------------------------------------------------------------------
+
+_FRAGMENTS = [
+    "NVRM: Xid (",
+    "PCI:0000:3b:00",
+    " GPU-I:01 GPU-CI:02",
+    "): ",
+    "79",
+    "154",
+    "149",
+    ", pid=",
+    "'<unknown>'",
+    ", name=",
+    "GPU recovery action changed from 0x0 (None) to ",
+    "0x2 (Node Reboot Required)",
+    "NETIR_LINK_EVT Fatal XC0 i0 Link ",
+    "(0x025001c6 0x00000000)",
+    "link 6(0x10000, 0x0)",
+    "NVRM: The NVIDIA GPU 0000:b3:00.0",
+    "NVRM: fallen off the bus",
+    "NVRM: GPU at PCI:0000:91:00: GPU-b6c3",
+    "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): ",
+    "Data {0x1}",
+    "mlx5_core 0000:ab:00.0 mlx5_5: Port: ",
+    " Link DOWN",
+    "Port module event[error]: module 0, ",
+    "ib0: Link up",
+    "4,1234,5678901,-;",
+    "\\x0a",
+    "\n",
+    "[12345.678901] ",
+    "9" * 5000,
+    "\x00",
+    "\udcff",
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=80), st.sampled_from(_FRAGMENTS)), max_size=12), st.integers(1, 4))
+def test_parser_never_raises(parts, repeat):
+    parser = KmsgParser()
+    line = "".join(parts)
+    for _ in range(repeat):
+        for event in parser.feed(line):
+            assert isinstance(event, KernelEvent)
+            # classification and conversion must cope with whatever was parsed
+            to_observation(event, 0, classify(event))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=300))
+def test_parser_never_raises_on_bytes(data):
+    KmsgParser().feed(data.decode("utf-8", errors="surrogateescape"))
+    KmsgParser().feed(data.decode("latin-1"))
+
+
+def test_long_lines_do_not_blow_up_the_regexes():
+    # Unbounded "[\\w.-]+" before a literal made these quadratic (seconds per line) before.
+    import time
+
+    lines = ["mlx5_core 0000:ab:00.0 mlx5_5: Port: " * 10 + "9" * 5000, ("Link " + "9" * 5000) * 3]
+    started = time.perf_counter()
+    assert parse_lines(lines) == []
+    assert time.perf_counter() - started < 1.0
