@@ -1,0 +1,320 @@
+"""Runs a whole rasd system on loopback: one real controller and N agents with simulated GPUs.
+
+Agents share this process and its event loop (so thousands fit on 2 cores) but each keeps its own
+gRPC stream, spool and state, exactly as separate nodes would. The scenario's faults are reported
+by the simulated GPUs and travel the real path (spool → stream → store → ack); operator actions go
+through the controller's command path to the agents and back.
+
+Every figure in the result is measured from what the controller and agents did and compared with
+the scenario's ground truth; none is copied from the scenario.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pathlib
+import resource
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import TextIO
+
+import grpc
+import structlog
+
+from rasd.agent import runtime, spool
+from rasd.agent.core import model as agent_model
+from rasd.agent.gpu import simulated
+from rasd.api.v1 import admin_service_pb2 as admin_pb
+from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.cli import views
+from rasd.controller import server
+from rasd.controller.core import fleet
+from rasd.sim import scenario as scenario_mod
+
+log = structlog.get_logger("rasd.sim")
+
+
+@dataclasses.dataclass(frozen=True)
+class SimSettings:
+    """What to simulate."""
+
+    nodes: int
+    gpus_per_node: int
+    duration_s: float
+    seed: int
+    scenario: scenario_mod.Scenario
+    out_dir: pathlib.Path
+    table_interval_s: float = 5.0
+    """How often the live fleet table is printed; 0 disables it."""
+    nodes_per_rack: int = 4
+
+
+@dataclasses.dataclass
+class InjectedFault:
+    """Ground truth: a fault the simulator made a GPU report."""
+
+    fault: scenario_mod.Fault
+    node_id: str
+    gpu_uuid: str
+    observed_unix_ns: int
+
+
+@dataclasses.dataclass
+class CommandOutcome:
+    """A command the scripted operator sent and what came back."""
+
+    node_id: str
+    requested_w: int
+    sent_unix_ns: int
+    outcome: str = "NO_RESULT"
+    latency_s: float | None = None
+    read_back_ok: bool = False
+
+
+@dataclasses.dataclass
+class SimResult:
+    """Everything measured in one run; `report.build()` turns it into report.json."""
+
+    settings: SimSettings
+    started_unix_ns: int
+    finished_unix_ns: int
+    controller_address: str
+    metrics_port: int | None
+    injected: list[InjectedFault]
+    commands: list[CommandOutcome]
+    final_nodes: list[admin_pb.NodeStatus]
+    samples_ingested: int
+    stored_events: list[dict[str, object]]
+    agent_events_spooled: int
+    agent_events_unacked: int
+    power_rows: list[tuple[int, float, int]]
+    operator_marks_unix_ns: list[int]
+    cpu_s: float
+    peak_rss_mib: float
+    fleet_power: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def _node_id(index: int) -> str:
+    return f"node-{index:03d}"
+
+
+def _labels(index: int, nodes_per_rack: int) -> dict[str, str]:
+    rack = index // nodes_per_rack
+    return {"rack": f"rack-{rack:02d}", "row": f"row-{rack // 4}", "nvlink_domain": f"nvl-{index:03d}"}
+
+
+async def run(settings: SimSettings, out: TextIO = sys.stdout, *, clock: Callable[[], int] = time.time_ns) -> SimResult:
+    """Run the simulation for settings.duration_s and return what was measured."""
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    db_path = settings.out_dir / "rasd.db"
+    for stale in (db_path, db_path.with_suffix(".db-wal"), db_path.with_suffix(".db-shm")):
+        stale.unlink(missing_ok=True)
+    controller = server.Controller(
+        server.ControllerSettings(listen="127.0.0.1:0", db_url=f"sqlite:///{db_path}", metrics_port=0)
+    )
+    await controller.start()
+    started_ns = clock()
+    workload = simulated.StepWorkload(
+        period_s=settings.scenario.workload.period_s,
+        compute_fraction=settings.scenario.workload.compute_fraction,
+        compute_w=settings.scenario.workload.compute_w,
+        comm_w=settings.scenario.workload.comm_w,
+        # One phase anchor for the whole fleet: this is what makes the job step-synchronous.
+        anchor_unix_s=started_ns / 1e9,
+    )
+    backends: list[simulated.SimulatedBackend] = []
+    agents: list[runtime.Agent] = []
+    for index in range(settings.nodes):
+        node_id = _node_id(index)
+        backend = simulated.SimulatedBackend(node_id, settings.gpus_per_node, settings.seed, workload=workload)
+        backends.append(backend)
+        agents.append(
+            runtime.Agent(
+                runtime.NodeIdentity(
+                    node_id=node_id,
+                    boot_id=str(uuid.UUID(int=settings.seed * 1_000_003 + index)),
+                    hostname=node_id,
+                    labels=_labels(index, settings.nodes_per_rack),
+                ),
+                backend,
+                spool.Spool(":memory:"),
+                runtime.LinkSettings(controller_address=controller.address),
+            )
+        )
+    stop_agents = asyncio.Event()
+    agent_tasks = [asyncio.create_task(a.run(stop_agents), name=f"agent-{a.identity.node_id}") for a in agents]
+    injected: list[InjectedFault] = []
+    commands: list[CommandOutcome] = []
+    operator_marks: list[int] = []
+    channel = grpc.aio.insecure_channel(controller.address)
+    admin = admin_grpc.AdminServiceStub(channel)
+    print(
+        f"rasd-sim: scenario {settings.scenario.name!r}: {settings.nodes} nodes × {settings.gpus_per_node} GPUs "
+        f"for {settings.duration_s:g} s; controller {controller.address}, metrics :{controller.metrics_port}",
+        file=out,
+        flush=True,
+    )
+    try:
+        await asyncio.gather(
+            _inject_faults(settings, backends, injected, clock, started_ns),
+            _operate(settings, controller, agents, commands, operator_marks, clock, started_ns),
+            _show_table(settings, admin, out, clock, started_ns),
+            asyncio.sleep(settings.duration_s),
+        )
+        # Let the last telemetry batch and event acks land before measuring.
+        await asyncio.sleep(1.5)
+        final_nodes = list((await admin.ListNodes(admin_pb.ListNodesRequest(), timeout=10)).nodes)
+        print(f"\nfleet after {settings.duration_s:g} s:", file=out)
+        views.nodes_table(final_nodes, clock(), out)
+        events = await admin.ListEvents(admin_pb.ListEventsRequest(limit=10_000), timeout=10)
+    finally:
+        stop_agents.set()
+        await asyncio.gather(*agent_tasks, return_exceptions=True)
+        await channel.close()
+        finished_ns = clock()
+        power_rows = controller.ingest.power_window.series(since_unix_ns=started_ns)
+        samples = controller.ingest.samples_ingested
+        await controller.stop()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return SimResult(
+        settings=settings,
+        started_unix_ns=started_ns,
+        finished_unix_ns=finished_ns,
+        controller_address=controller.address,
+        metrics_port=controller.metrics_port,
+        injected=injected,
+        commands=commands,
+        final_nodes=final_nodes,
+        samples_ingested=samples,
+        stored_events=[
+            {
+                "node_id": e.node_id,
+                "gpu_uuid": e.event.gpu_uuid,
+                "kind": e.event.kind,
+                "xid": e.event.xid if e.event.HasField("xid") else None,
+                "observed_unix_ns": e.event.observed_unix_ns,
+                "received_unix_ns": e.received_unix_ns,
+            }
+            for e in events.events
+        ],
+        agent_events_spooled=sum(a.stats.events_spooled for a in agents),
+        agent_events_unacked=sum(a.spool.depth() for a in agents),
+        power_rows=power_rows,
+        operator_marks_unix_ns=operator_marks,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        peak_rss_mib=usage.ru_maxrss / 1024,
+        fleet_power=fleet.summarize_power(power_rows, min_gpus=int(0.95 * settings.nodes * settings.gpus_per_node)),
+    )
+
+
+async def _at(started_ns: int, at_s: float, clock: Callable[[], int]) -> None:
+    await asyncio.sleep(max(0.0, at_s - (clock() - started_ns) / 1e9))
+
+
+async def _inject_faults(
+    settings: SimSettings,
+    backends: list[simulated.SimulatedBackend],
+    injected: list[InjectedFault],
+    clock: Callable[[], int],
+    started_ns: int,
+) -> None:
+    for fault in settings.scenario.faults:
+        if fault.at_s >= settings.duration_s:
+            continue
+        await _at(started_ns, fault.at_s, clock)
+        backend = backends[fault.node % len(backends)]
+        gpu = backend.inventory()[fault.gpu % settings.gpus_per_node]
+        now = clock()
+        backend.inject(
+            agent_model.Observation(
+                kind=agent_model.EventKind[scenario_mod.FAULT_KINDS[fault.kind]],
+                observed_unix_ns=now,
+                message=fault.message,
+                source="simulated",
+                gpu_uuid=gpu.uuid,
+                xid=fault.xid,
+                attributes={"pci": gpu.pci_bus_id},
+            )
+        )
+        injected.append(InjectedFault(fault, _node_id(fault.node % len(backends)), gpu.uuid, now))
+        log.info("fault_injected", node=injected[-1].node_id, gpu_uuid=gpu.uuid, kind=fault.kind, xid=fault.xid)
+
+
+async def _operate(
+    settings: SimSettings,
+    controller: server.Controller,
+    agents: list[runtime.Agent],
+    commands: list[CommandOutcome],
+    marks: list[int],
+    clock: Callable[[], int],
+    started_ns: int,
+) -> None:
+    for action in settings.scenario.operator:
+        if action.at_s >= settings.duration_s:
+            continue
+        await _at(started_ns, action.at_s, clock)
+        marks.append(clock())
+
+        reason = f"scenario operator action at {action.at_s:g} s"
+        await asyncio.gather(
+            *(_cap_node(controller, agent, action.power_limit_w, reason, commands, clock) for agent in agents)
+        )
+        ok = sum(1 for c in commands if c.read_back_ok)
+        log.info("operator_power_cap_applied", power_limit_w=action.power_limit_w, nodes_confirmed=ok)
+
+
+async def _cap_node(
+    controller: server.Controller,
+    agent: runtime.Agent,
+    watts: int,
+    reason: str,
+    commands: list[CommandOutcome],
+    clock: Callable[[], int],
+) -> None:
+    """Cap every GPU of one node through the controller's command path and check the read-back."""
+    node_id = agent.identity.node_id
+    sent = clock()
+    outcome = CommandOutcome(node_id=node_id, requested_w=watts, sent_unix_ns=sent)
+    commands.append(outcome)
+    command = commands_pb.Command(
+        command_id=uuid.uuid4().hex,
+        issued_unix_ns=sent,
+        deadline_unix_ns=sent + 10 * 1_000_000_000,
+        reason=reason,
+        set_power_cap=commands_pb.SetPowerCap(
+            limits=[commands_pb.GpuPowerLimit(gpu_uuid=g.uuid, power_limit_w=watts) for g in agent.backend.inventory()]
+        ),
+    )
+    try:
+        result = await controller.ingest.send_command(node_id, command, timeout_s=10.0)
+    except (LookupError, TimeoutError, ConnectionError) as exc:
+        outcome.outcome = f"ERROR: {exc}"
+        return
+    outcome.outcome = commands_pb.ActionOutcome.Name(result.outcome)
+    outcome.latency_s = (clock() - sent) / 1e9
+    outcome.read_back_ok = len(result.enforced_limits) == len(command.set_power_cap.limits) and all(
+        limit.power_limit_w == watts for limit in result.enforced_limits
+    )
+
+
+async def _show_table(
+    settings: SimSettings, admin: admin_grpc.AdminServiceStub, out: TextIO, clock: Callable[[], int], started_ns: int
+) -> None:
+    if settings.table_interval_s <= 0:
+        return
+    at_s = min(settings.table_interval_s, 3.0)
+    while at_s < settings.duration_s:
+        await _at(started_ns, at_s, clock)
+        try:
+            nodes = list((await admin.ListNodes(admin_pb.ListNodesRequest(), timeout=5)).nodes)
+        except grpc.aio.AioRpcError as exc:
+            print(f"[t={at_s:5.1f}s] ListNodes failed: {exc.code().name}", file=out, flush=True)
+        else:
+            print(f"\n[t={at_s:5.1f}s]", file=out)
+            views.nodes_table(nodes, clock(), out)
+            out.flush()
+        at_s += settings.table_interval_s

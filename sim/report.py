@@ -1,0 +1,171 @@
+"""Turns a simulation's measurements into report.json and report.md.
+
+Every number is derived from what the controller stored and the agents did, compared with the
+scenario's ground truth. Capabilities that are not built yet are absent rather than faked; the
+Markdown report says which.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+from rasd.common import VERSION
+from rasd.controller.core import fleet
+from rasd.sim.fleet import SimResult
+
+
+def percentile(values: Sequence[float], pct: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def build(result: SimResult) -> dict[str, Any]:
+    """The report as a JSON-ready dict."""
+    settings = result.settings
+    gpus = settings.nodes * settings.gpus_per_node
+    wall_s = (result.finished_unix_ns - result.started_unix_ns) / 1e9
+
+    stored = {(e["node_id"], e["gpu_uuid"], e["observed_unix_ns"]): e for e in result.stored_events}
+    detect_latencies = []
+    missed = 0
+    for fault in result.injected:
+        event = stored.get((fault.node_id, fault.gpu_uuid, fault.observed_unix_ns))
+        if event is None:
+            missed += 1
+        else:
+            detect_latencies.append((int(event["received_unix_ns"]) - fault.observed_unix_ns) / 1e9)
+
+    final = result.final_nodes
+    command_latencies = [c.latency_s for c in result.commands if c.latency_s is not None]
+    min_gpus = int(0.95 * gpus)
+    power: dict[str, Any] = {
+        "fleet_power_w_mean": _round(result.fleet_power.get("mean_w"), 1),
+        "fleet_power_w_min": _round(result.fleet_power.get("min_w"), 1),
+        "fleet_power_w_max": _round(result.fleet_power.get("max_w"), 1),
+        "swing_p2p_w_observed": _round(result.fleet_power.get("p2p_w"), 1),
+        "complete_buckets": result.fleet_power.get("buckets", 0),
+        "bucket_ms": 100,
+    }
+    if result.operator_marks_unix_ns:
+        mark = result.operator_marks_unix_ns[0]
+        before = fleet.summarize_power([r for r in result.power_rows if r[0] < mark], min_gpus=min_gpus)
+        # Skip the first 2 s after the change: caps land within one command round trip.
+        after = fleet.summarize_power([r for r in result.power_rows if r[0] >= mark + 2_000_000_000], min_gpus=min_gpus)
+        power["before_operator_cap"] = {k: _round(v, 1) for k, v in before.items()}
+        power["after_operator_cap"] = {k: _round(v, 1) for k, v in after.items()}
+
+    return {
+        "rasd_version": VERSION,
+        "generated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "scenario": settings.scenario.name,
+        "seed": settings.seed,
+        "tls": False,
+        "run": {
+            "nodes": settings.nodes,
+            "gpus_per_node": settings.gpus_per_node,
+            "gpus": gpus,
+            "duration_s": settings.duration_s,
+            "wall_s": round(wall_s, 2),
+        },
+        "fleet": {
+            "nodes_seen": len(final),
+            "nodes_connected": sum(1 for n in final if n.connected),
+            "gpus_seen": sum(len(n.gpus) for n in final),
+            "gpus_with_power": sum(1 for n in final for g in n.gpus if g.HasField("power_w") and g.power_w > 0),
+            "power_draw_w": round(sum(n.power_draw_w for n in final), 1),
+            "power_cap_w": sum(n.power_cap_w for n in final),
+        },
+        "faults": {
+            "injected": len(result.injected),
+            "detected": len(result.injected) - missed,
+            "missed": missed,
+            "time_to_detect_s_p50": _round(percentile(detect_latencies, 50)),
+            "time_to_detect_s_p99": _round(percentile(detect_latencies, 99)),
+        },
+        "events_lost": missed,
+        "agent_events_spooled": result.agent_events_spooled,
+        "agent_events_unacked_at_end": result.agent_events_unacked,
+        "controller": {
+            "telemetry_samples": result.samples_ingested,
+            "samples_per_s": round(result.samples_ingested / wall_s, 1) if wall_s > 0 else 0.0,
+            "cpu_s": round(result.cpu_s, 2),
+            "cpu_s_note": "whole rasd-sim process: the controller and every in-process agent",
+            "peak_rss_mib": round(result.peak_rss_mib, 1),
+            "address": result.controller_address,
+            "metrics_port": result.metrics_port,
+        },
+        "commands": {
+            "sent": len(result.commands),
+            "succeeded": sum(1 for c in result.commands if c.outcome == "ACTION_OUTCOME_SUCCEEDED"),
+            "read_back_confirmed": sum(1 for c in result.commands if c.read_back_ok),
+            "latency_s_p50": _round(percentile(command_latencies, 50)),
+            "latency_s_p99": _round(percentile(command_latencies, 99)),
+        },
+        "power": power,
+    }
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """A short human summary of the report."""
+    run, fleet_, faults, ctl, cmds, power = (
+        report["run"],
+        report["fleet"],
+        report["faults"],
+        report["controller"],
+        report["commands"],
+        report["power"],
+    )
+    lines = [
+        f"# rasd-sim report: scenario `{report['scenario']}` (seed {report['seed']})",
+        "",
+        f"{run['nodes']} nodes × {run['gpus_per_node']} GPUs for {run['duration_s']:g} s (wall {run['wall_s']} s).",
+        "",
+        "| what | value |",
+        "|---|---|",
+        f"| nodes / GPUs seen by the controller | {fleet_['nodes_seen']} / {fleet_['gpus_seen']} |",
+        f"| GPUs with non-zero power at the end | {fleet_['gpus_with_power']} |",
+        f"| fleet draw / cap at the end | {fleet_['power_draw_w'] / 1000:.1f} kW / "
+        f"{fleet_['power_cap_w'] / 1000:.1f} kW |",
+        f"| faults injected / detected / missed | {faults['injected']} / {faults['detected']} / {faults['missed']} |",
+        f"| time to detect p50 / p99 | {faults['time_to_detect_s_p50']} s / {faults['time_to_detect_s_p99']} s |",
+        f"| events lost | {report['events_lost']} |",
+        f"| telemetry samples ingested | {ctl['telemetry_samples']} ({ctl['samples_per_s']}/s) |",
+        f"| CPU (whole process) / peak RSS | {ctl['cpu_s']} s / {ctl['peak_rss_mib']} MiB |",
+        f"| commands sent / succeeded / read-back confirmed | {cmds['sent']} / {cmds['succeeded']} / "
+        f"{cmds['read_back_confirmed']} |",
+        f"| command round trip p50 / p99 | {cmds['latency_s_p50']} s / {cmds['latency_s_p99']} s |",
+        f"| fleet power mean / peak-to-peak swing | {power['fleet_power_w_mean']} W / "
+        f"{power['swing_p2p_w_observed']} W |",
+    ]
+    if "before_operator_cap" in power:
+        lines.append(
+            f"| mean fleet power before / after the operator cap | {power['before_operator_cap'].get('mean_w')} W / "
+            f"{power['after_operator_cap'].get('mean_w')} W |"
+        )
+    lines += [
+        "",
+        "Not measured yet: remediation (repairs, wrong actions), managed power and swing reduction, "
+        "and TLS. Each arrives with its own issue; this report will grow the fields then.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(report: dict[str, Any], json_path: pathlib.Path, md_path: pathlib.Path) -> None:
+    """Write report.json and report.md."""
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    md_path.write_text(markdown(report))

@@ -1,0 +1,175 @@
+"""Scenario files for rasd-sim: the workload, the faults to inject and scripted operator actions.
+
+A scenario is TOML (see sim/scenarios/demo.toml). `load()` validates every field and names the
+offending key on bad input. Built-in scenarios ship inside the package; any other name is a path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import pathlib
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+# Fault kinds a scenario may name, mapped to the agent's EventKind names.
+FAULT_KINDS = {
+    "xid": "XID",
+    "ecc_dbe": "ECC_DBE",
+    "row_remap_pending": "ROW_REMAP_PENDING",
+    "row_remap_failure": "ROW_REMAP_FAILURE",
+    "fallen_off_bus": "FALLEN_OFF_BUS",
+    "gpu_lost": "GPU_LOST",
+    "nvlink_errors": "NVLINK_ERRORS",
+    "pcie_replay": "PCIE_REPLAY",
+}
+OPERATOR_ACTIONS = ("set_power_cap",)
+
+
+class ScenarioError(ValueError):
+    """A scenario file is malformed; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """The training job every simulated GPU runs."""
+
+    period_s: float = 2.0
+    compute_fraction: float = 0.7
+    compute_w: tuple[float, float] = (650.0, 700.0)
+    comm_w: tuple[float, float] = (100.0, 150.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One fault the simulated GPUs report at at_s."""
+
+    at_s: float
+    node: int
+    gpu: int
+    kind: str
+    message: str
+    xid: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorAction:
+    """A scripted operator action (e.g. a fleet-wide power-cap change)."""
+
+    at_s: float
+    action: str
+    power_limit_w: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """A whole scenario."""
+
+    name: str
+    description: str
+    workload: Workload
+    faults: tuple[Fault, ...]
+    operator: tuple[OperatorAction, ...]
+
+
+def _number(data: Mapping[str, Any], key: str, where: str, *, minimum: float = 0.0) -> float:
+    value = data.get(key)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < minimum:
+        raise ScenarioError(f"{where}.{key}: expected a number ≥ {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _pair(data: Mapping[str, Any], key: str, where: str, default: tuple[float, float]) -> tuple[float, float]:
+    value = data.get(key, list(default))
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in value)
+        or value[0] > value[1]
+    ):
+        raise ScenarioError(f"{where}.{key}: expected [low, high] watts with low ≤ high, got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
+    """Validate a parsed TOML mapping into a Scenario."""
+    unknown = set(data) - {"name", "description", "workload", "faults", "operator"}
+    if unknown:
+        raise ScenarioError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
+    workload_data = data.get("workload", {})
+    if not isinstance(workload_data, dict):
+        raise ScenarioError(f"{source}: workload must be a table")
+    workload = Workload(
+        period_s=_number(workload_data, "period_s", "workload", minimum=0.05) if "period_s" in workload_data else 2.0,
+        compute_fraction=(
+            _number(workload_data, "compute_fraction", "workload") if "compute_fraction" in workload_data else 0.7
+        ),
+        compute_w=_pair(workload_data, "compute_w", "workload", (650.0, 700.0)),
+        comm_w=_pair(workload_data, "comm_w", "workload", (100.0, 150.0)),
+    )
+    if not 0 < workload.compute_fraction < 1:
+        raise ScenarioError(f"workload.compute_fraction: must be in (0, 1), got {workload.compute_fraction}")
+    faults = []
+    for index, fault in enumerate(data.get("faults", [])):
+        where = f"faults[{index}]"
+        kind = fault.get("kind")
+        if kind not in FAULT_KINDS:
+            raise ScenarioError(f"{where}.kind: {kind!r} is not one of {', '.join(FAULT_KINDS)}")
+        xid = fault.get("xid")
+        if kind == "xid" and (not isinstance(xid, int) or not 0 < xid < 1000):
+            raise ScenarioError(f"{where}.xid: an xid fault needs an integer xid, got {xid!r}")
+        faults.append(
+            Fault(
+                at_s=_number(fault, "at_s", where),
+                node=int(_number(fault, "node", where)),
+                gpu=int(_number(fault, "gpu", where)),
+                kind=kind,
+                message=str(fault.get("message", kind)),
+                xid=xid if kind == "xid" else None,
+            )
+        )
+    operator = []
+    for index, action in enumerate(data.get("operator", [])):
+        where = f"operator[{index}]"
+        if action.get("action") not in OPERATOR_ACTIONS:
+            raise ScenarioError(f"{where}.action: {action.get('action')!r} is not one of {', '.join(OPERATOR_ACTIONS)}")
+        operator.append(
+            OperatorAction(
+                at_s=_number(action, "at_s", where),
+                action=action["action"],
+                power_limit_w=int(_number(action, "power_limit_w", where, minimum=1)),
+            )
+        )
+    return Scenario(
+        name=str(data.get("name", source)),
+        description=str(data.get("description", "")),
+        workload=workload,
+        faults=tuple(sorted(faults, key=lambda f: f.at_s)),
+        operator=tuple(sorted(operator, key=lambda a: a.at_s)),
+    )
+
+
+def builtin_names() -> list[str]:
+    """Names of the scenarios shipped with rasd."""
+    folder = importlib.resources.files("rasd.sim") / "scenarios"
+    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load(name_or_path: str) -> Scenario:
+    """A built-in scenario by name, or a TOML file by path."""
+    if name_or_path in builtin_names():
+        text = (importlib.resources.files("rasd.sim") / "scenarios" / f"{name_or_path}.toml").read_text()
+        source = name_or_path
+    else:
+        path = pathlib.Path(name_or_path)
+        if not path.is_file():
+            raise ScenarioError(
+                f"scenario {name_or_path!r} is neither a built-in ({', '.join(builtin_names())}) nor a file"
+            )
+        text, source = path.read_text(), str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{source}: not valid TOML: {exc}") from None
+    return parse(data, source=source)
