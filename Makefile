@@ -9,7 +9,6 @@ STAMP := $(VENV)/.installed
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
@@ -18,12 +17,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/rasd-sim --nodes 8 --gpus-per-node 8 --duration-s 30 --seed 7 --out demo-out
+	$(BIN)/rasd-sim --scenario demo --nodes 8 --gpus-per-node 8 --duration-s 30 --seed 7 --out demo-out
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
+	@echo "make test: all checks passed"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -87,11 +87,7 @@ class ActionExecutor:
                 failures.append(f"{gpu_uuid}: {type(exc).__name__}: {exc}")
         if not failures:
             return model.ActionOutcome.SUCCEEDED, f"set {len(enforced)} power limit(s)", enforced
-        outcome = (
-            model.ActionOutcome.NOT_SUPPORTED
-            if not_supported and not enforced
-            else model.ActionOutcome.FAILED
-        )
+        outcome = model.ActionOutcome.NOT_SUPPORTED if not_supported and not enforced else model.ActionOutcome.FAILED
         # Partial success still reports what was enforced: the controller must know which caps
         # are in force to keep the budget invariant.
         return outcome, "; ".join(failures), enforced

@@ -35,9 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="rasd node agent: streams GPU telemetry and health events to the controller "
         "and carries out its commands.",
     )
-    parser.add_argument(
-        "--config", type=pathlib.Path, help=f"TOML settings file (default {DEFAULT_CONFIG} if present)"
-    )
+    parser.add_argument("--config", type=pathlib.Path, help=f"TOML settings file (default {DEFAULT_CONFIG} if present)")
     parser.add_argument("--node-id", help="this node's id (default: the hostname)")
     parser.add_argument("--controller", help="controller gRPC address host:port (default 127.0.0.1:7443)")
     parser.add_argument("--backend", choices=gpu.BACKEND_NAMES, help="GPU backend (default nvml)")
@@ -51,9 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-dir", type=pathlib.Path, help="where the event spool lives (default /var/lib/rasd-agent)"
     )
-    parser.add_argument(
-        "--label", action="append", default=[], metavar="KEY=VALUE", help="topology label (repeatable)"
-    )
+    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="topology label (repeatable)")
     parser.add_argument(
         "--insecure",
         action="store_true",
@@ -122,9 +118,7 @@ def open_backend(settings: Mapping[str, Any]) -> gpu.GpuBackend:
     if settings["backend"] == "simulated":
         period_s = float(settings["sim_step_period_s"])
         workload = simulated.StepWorkload(period_s=period_s) if period_s > 0 else None
-        return simulated.SimulatedBackend(
-            settings["node_id"], settings["gpus"], settings["seed"], workload=workload
-        )
+        return simulated.SimulatedBackend(settings["node_id"], settings["gpus"], settings["seed"], workload=workload)
     # Imported here so that machines without libnvidia-ml never load pynvml.
     from rasd.agent.gpu import nvml
 
@@ -183,8 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     if not settings["insecure"]:
         parser.error(
-            "TLS is not built yet (security issue #7): "
-            "pass --insecure to use plaintext to a loopback controller"
+            "TLS is not built yet (security issue #7): pass --insecure to use plaintext to a loopback controller"
         )
     if not net.is_loopback_host(host):
         parser.error(f"refusing plaintext gRPC to non-loopback controller {host!r}")

@@ -210,9 +210,7 @@ class Agent:
             if stop.is_set():
                 break
             attempt += 1
-            ceiling = min(
-                self.settings.reconnect_max_s, self.settings.reconnect_initial_s * 2 ** min(attempt, 16)
-            )
+            ceiling = min(self.settings.reconnect_max_s, self.settings.reconnect_initial_s * 2 ** min(attempt, 16))
             # Full jitter: thousands of agents losing one controller must not reconnect in step.
             delay = self._rng.uniform(0, ceiling)
             with contextlib.suppress(TimeoutError):
@@ -323,9 +321,7 @@ class Agent:
                 try:
                     command = wire.command_from_wire(message.command)
                 except wire.UnknownCommand as exc:
-                    self._log.warning(
-                        "command_unknown", command_id=message.command.command_id, error=str(exc)
-                    )
+                    self._log.warning("command_unknown", command_id=message.command.command_id, error=str(exc))
                     await outbox.put(
                         wire.action_result(
                             model.ActionResult(

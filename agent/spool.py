@@ -110,9 +110,7 @@ class Spool:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 for obs in observations:
-                    cursor = self._db.execute(
-                        "INSERT INTO events (payload) VALUES (?)", (_observation_to_json(obs),)
-                    )
+                    cursor = self._db.execute("INSERT INTO events (payload) VALUES (?)", (_observation_to_json(obs),))
                     spooled.append(model.SpooledEvent(int(cursor.lastrowid or 0), obs))
                 self._db.execute("COMMIT")
             except BaseException:
@@ -179,8 +177,7 @@ class Spool:
         """Remember a command's result so that a repeat of its id is answered, not re-run."""
         with self._lock:
             self._db.execute(
-                "INSERT OR IGNORE INTO executed_commands (command_id, result, finished_unix_ns) "
-                "VALUES (?, ?, ?)",
+                "INSERT OR IGNORE INTO executed_commands (command_id, result, finished_unix_ns) VALUES (?, ?, ?)",
                 (result.command_id, _result_to_json(result), result.finished_unix_ns),
             )
 

@@ -61,9 +61,7 @@ def hello(
     )
 
 
-def power_series(
-    gpu_uuid: str, readings: Sequence[model.PowerReading], interval_ms: int
-) -> health_pb.PowerSeries:
+def power_series(gpu_uuid: str, readings: Sequence[model.PowerReading], interval_ms: int) -> health_pb.PowerSeries:
     """Pack one GPU's consecutive power readings."""
     return health_pb.PowerSeries(
         gpu_uuid=gpu_uuid,
@@ -128,9 +126,7 @@ def events(batch: Sequence[model.SpooledEvent]) -> agent_pb.AgentMessage:
 
 def heartbeat(now_unix_ns: int, spool_depth: int) -> agent_pb.AgentMessage:
     """Liveness with the spool depth."""
-    return agent_pb.AgentMessage(
-        heartbeat=agent_pb.Heartbeat(sent_unix_ns=now_unix_ns, spool_depth=spool_depth)
-    )
+    return agent_pb.AgentMessage(heartbeat=agent_pb.Heartbeat(sent_unix_ns=now_unix_ns, spool_depth=spool_depth))
 
 
 def action_result(result: model.ActionResult) -> agent_pb.AgentMessage:

@@ -43,8 +43,12 @@ def nodes_json(nodes: list[admin_pb.NodeStatus]) -> list[dict[str, Any]]:
     for node in nodes:
         data = output.message_json(node)
         data["state"] = _state_name(node.state)
+        # proto3 JSON renders 64-bit integers as strings; machines reading rasctl want numbers.
+        data["power_cap_w"] = int(node.power_cap_w)
+        data["last_seen_unix_ns"] = int(node.last_seen_unix_ns)
         for gpu_data, gpu in zip(data.get("gpus", []), node.gpus, strict=True):
             gpu_data["state"] = _state_name(gpu.state)
+            gpu_data["last_sample_unix_ns"] = int(gpu.last_sample_unix_ns)
         result.append(data)
     return result
 

@@ -107,8 +107,11 @@ def _labels(index: int, nodes_per_rack: int) -> dict[str, str]:
     return {"rack": f"rack-{rack:02d}", "row": f"row-{rack // 4}", "nvlink_domain": f"nvl-{index:03d}"}
 
 
-async def run(settings: SimSettings, out: TextIO = sys.stdout, *, clock: Callable[[], int] = time.time_ns) -> SimResult:
-    """Run the simulation for settings.duration_s and return what was measured."""
+async def run(
+    settings: SimSettings, out: TextIO | None = None, *, clock: Callable[[], int] = time.time_ns
+) -> SimResult:
+    """Run the simulation for settings.duration_s and return what was measured (printing to out or stdout)."""
+    out = out or sys.stdout
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     db_path = settings.out_dir / "rasd.db"
     for stale in (db_path, db_path.with_suffix(".db-wal"), db_path.with_suffix(".db-shm")):

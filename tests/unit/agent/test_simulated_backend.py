@@ -1,0 +1,96 @@
+"""The simulated backend is deterministic, step-synchronous, and honours caps like a real GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from rasd.agent import gpu
+from rasd.agent.core import model
+from rasd.agent.gpu import simulated
+
+NS = 1_000_000_000
+
+
+def _backend(seed: int = 3, **kwargs) -> simulated.SimulatedBackend:
+    return simulated.SimulatedBackend("node-x", 4, seed, workload=simulated.StepWorkload(period_s=2.0), **kwargs)
+
+
+def test_same_seed_same_readings():
+    a, b = _backend(), _backend()
+    times = [i * 100_000_000 for i in range(50)]
+    assert [a.read_power(t) for t in times] == [b.read_power(t) for t in times]
+    assert [g.uuid for g in a.inventory()] == [g.uuid for g in b.inventory()]
+
+
+def test_different_seed_different_gpus():
+    assert [g.uuid for g in _backend(1).inventory()] != [g.uuid for g in _backend(2).inventory()]
+
+
+def test_uuids_are_well_formed_and_unique():
+    uuids = [g.uuid for g in _backend().inventory()]
+    assert len(set(uuids)) == 4
+    assert all(u.startswith("GPU-") and len(u) == 40 for u in uuids)
+
+
+def test_draw_alternates_between_compute_and_communication_with_the_step_period():
+    backend = _backend()
+    # Sample 10 steps at 10 Hz and classify each sample of GPU 0 as compute (> 400 W) or not.
+    samples = [backend.read_power(i * 100_000_000)[0].power_w for i in range(200)]
+    compute_share = sum(1 for w in samples if w > 400) / len(samples)
+    assert 0.6 <= compute_share <= 0.8
+    assert max(samples) <= 700 + 8 and min(samples) >= 100 - 8
+    # Step-synchronous: the same phase one period later.
+    assert (samples[3] > 400) == (samples[23] > 400)
+
+
+def test_every_gpu_of_every_node_swings_together():
+    workload = simulated.StepWorkload(period_s=2.0)
+    nodes = [simulated.SimulatedBackend(f"n{i}", 8, 0, workload=workload) for i in range(3)]
+    for t_ns in (int(0.5 * NS), int(1.7 * NS)):
+        phases = {r.power_w > 400 for node in nodes for r in node.read_power(t_ns)}
+        assert len(phases) == 1
+
+
+def test_cap_limits_draw_and_sets_the_sw_power_cap_reason():
+    backend = _backend()
+    uuid = backend.inventory()[0].uuid
+    assert backend.set_power_limit(uuid, 300) == 300
+    compute_t = int(0.5 * NS)
+    assert backend.read_power(compute_t)[0].power_w <= 300 + 8
+    counters = backend.read_counters(compute_t)[0]
+    assert counters.enforced_power_limit_w == 300
+    assert counters.clock_event_reasons & model.ClockEventReason.SW_POWER_CAP
+
+
+def test_cap_outside_constraints_is_rejected_and_unknown_gpu_is_named():
+    backend = _backend()
+    uuid = backend.inventory()[0].uuid
+    with pytest.raises(gpu.InvalidValue, match="outside"):
+        backend.set_power_limit(uuid, 100)
+    with pytest.raises(gpu.GpuNotFound, match="GPU-nope"):
+        backend.set_power_limit("GPU-nope", 500)
+
+
+def test_injected_lost_gpu_is_reported_once_and_then_skipped():
+    backend = _backend()
+    uuid = backend.inventory()[2].uuid
+    backend.inject(model.Observation(model.EventKind.GPU_LOST, 1, "lost", "simulated", gpu_uuid=uuid))
+    assert [o.kind for o in backend.poll_events(2, 0.0)] == [model.EventKind.GPU_LOST]
+    assert backend.poll_events(3, 0.0) == []
+    assert uuid not in {r.gpu_uuid for r in backend.read_power(4)}
+    assert uuid not in {c.gpu_uuid for c in backend.read_counters(4)}
+    with pytest.raises(gpu.GpuLost):
+        backend.set_power_limit(uuid, 500)
+
+
+def test_energy_integrates_power():
+    backend = _backend()
+    for i in range(11):
+        backend.read_power(i * 100_000_000)
+    energy_mj = backend.read_counters(NS)[0].total_energy_mj
+    assert 100_000 < energy_mj < 720_000  # one second at 100..700 W plus noise
+
+
+def test_bad_workload_is_named():
+    with pytest.raises(ValueError, match="period_s"):
+        simulated.StepWorkload(period_s=0)

@@ -1,0 +1,70 @@
+"""The spool keeps every event until acked, across restarts, and remembers executed commands."""
+
+from __future__ import annotations
+
+from rasd.agent import spool
+from rasd.agent.core import model
+
+
+def _obs(i: int) -> model.Observation:
+    return model.Observation(
+        kind=model.EventKind.XID,
+        observed_unix_ns=1000 + i,
+        message=f"xid {i}",
+        source="kmsg",
+        gpu_uuid="GPU-00000000-0000-0000-0000-000000000001",
+        xid=13,
+        severity=model.Severity.ERROR,
+        attributes={"pid": str(i)},
+    )
+
+
+def test_events_survive_a_restart_until_acked(tmp_path):
+    path = str(tmp_path / "spool.db")
+    first = spool.Spool(path)
+    spooled = first.append([_obs(1), _obs(2), _obs(3)])
+    assert [e.seq for e in spooled] == [1, 2, 3]
+    first.ack(1)
+    first.close()
+
+    reopened = spool.Spool(path)
+    assert [(e.seq, e.observation) for e in reopened.unacked()] == [(2, _obs(2)), (3, _obs(3))]
+    assert reopened.depth() == 2
+    assert reopened.acked_seq() == 1
+
+
+def test_seq_never_goes_back_even_after_everything_was_acked(tmp_path):
+    path = str(tmp_path / "spool.db")
+    journal = spool.Spool(path)
+    journal.append([_obs(1), _obs(2)])
+    journal.ack(2)
+    journal.close()
+    journal = spool.Spool(path)
+    assert journal.head_seq() == 2
+    assert journal.append([_obs(3)])[0].seq == 3
+
+
+def test_stale_or_repeated_ack_changes_nothing():
+    journal = spool.Spool(":memory:")
+    journal.append([_obs(i) for i in range(5)])
+    assert journal.ack(3) == 3
+    assert journal.ack(2) == 0
+    assert journal.ack(3) == 0
+    assert [e.seq for e in journal.unacked()] == [4, 5]
+
+
+def test_executed_command_result_is_remembered(tmp_path):
+    path = str(tmp_path / "spool.db")
+    journal = spool.Spool(path)
+    result = model.ActionResult(
+        command_id="c-1",
+        outcome=model.ActionOutcome.SUCCEEDED,
+        message="ok",
+        started_unix_ns=1,
+        finished_unix_ns=2,
+        enforced_limits_w={"GPU-a": 500},
+    )
+    journal.record_result(result)
+    journal.close()
+    assert spool.Spool(path).executed_result("c-1") == result
+    assert spool.Spool(path).executed_result("c-2") is None

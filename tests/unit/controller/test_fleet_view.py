@@ -1,0 +1,80 @@
+"""Pure fleet view: node state, telemetry merging and the fleet power window."""
+
+from __future__ import annotations
+
+import pytest
+
+from rasd.controller.core import fleet
+
+S = fleet.ComponentState
+
+
+@pytest.mark.parametrize(
+    ("stored", "connected", "shown"),
+    [
+        (S.HEALTHY, True, S.HEALTHY),
+        (S.HEALTHY, False, S.OFFLINE),
+        (S.OFFLINE, True, S.HEALTHY),
+        (S.QUARANTINED, False, S.QUARANTINED),
+        (S.RMA, True, S.RMA),
+        (S.DEGRADED, True, S.DEGRADED),
+    ],
+)
+def test_effective_node_state(stored, connected, shown):
+    assert fleet.effective_node_state(stored, connected=connected) is shown
+
+
+def test_older_telemetry_never_overwrites_newer():
+    newer = fleet.GpuLatest(power_w=600.0, power_sample_unix_ns=200, enforced_power_limit_w=650, counters_unix_ns=200)
+    older = fleet.GpuLatest(power_w=100.0, power_sample_unix_ns=100, enforced_power_limit_w=700, counters_unix_ns=100)
+    assert fleet.merge_latest(newer, older) == newer
+
+
+def test_power_and_counters_merge_independently():
+    power_only = fleet.GpuLatest(power_w=500.0, power_sample_unix_ns=300)
+    counters_only = fleet.GpuLatest(enforced_power_limit_w=600, temperature_c=70, counters_unix_ns=250)
+    merged = fleet.merge_latest(power_only, counters_only)
+    assert merged.power_w == 500.0 and merged.enforced_power_limit_w == 600 and merged.temperature_c == 70
+
+
+def test_power_window_sums_one_sample_per_gpu_per_bucket():
+    window = fleet.PowerWindow(bucket_ms=100, span_s=10)
+    window.add("a", 0, 100, [100.0, 200.0, 300.0])
+    window.add("b", 50_000_000, 100, [10.0, 20.0, 30.0])
+    assert window.series() == [(0, 110.0, 2), (100_000_000, 220.0, 2), (200_000_000, 330.0, 2)]
+
+
+def test_power_window_is_bounded():
+    window = fleet.PowerWindow(bucket_ms=100, span_s=1)
+    window.add("a", 0, 100, [1.0] * 50)
+    rows = window.series()
+    assert len(rows) == 10
+    assert rows[-1][0] == 49 * 100_000_000
+
+
+def test_summary_ignores_partial_buckets():
+    rows = [(0, 100.0, 1), (1, 1000.0, 4), (2, 400.0, 4)]
+    summary = fleet.summarize_power(rows, min_gpus=4)
+    assert summary == {"buckets": 2, "mean_w": 700.0, "min_w": 400.0, "max_w": 1000.0, "p2p_w": 600.0}
+    assert fleet.summarize_power([], min_gpus=1) == {"buckets": 0}
+
+
+def test_node_totals_count_unsampled_gpus_at_their_default_limit():
+    record = fleet.GpuRecord("GPU-1", "n", "H100", "0:1", 200, 700, 700)
+    node = fleet.NodeStatus(
+        node_id="n",
+        state=S.HEALTHY,
+        connected=True,
+        last_seen_unix_ns=1,
+        boot_id="b",
+        agent_version="v",
+        backend="simulated",
+        hostname="n",
+        labels={},
+        gpus=(
+            fleet.GpuStatus(record, S.HEALTHY, fleet.GpuLatest(power_w=300.0, enforced_power_limit_w=500)),
+            fleet.GpuStatus(record, S.HEALTHY, fleet.GpuLatest()),
+        ),
+    )
+    assert node.power_draw_w == 300.0
+    assert node.power_cap_w == 1200
