@@ -1,0 +1,359 @@
+"""Blast radius: the disruption budget, the circuit breaker, storm cooldown and manual pause.
+
+Every batch of actions the escalation core proposes passes through `admit` before executors see
+it. It answers which actions may run now and which must wait, and why (DESIGN invariant 4).
+
+Rules, in order, for each proposed action:
+
+1. Actions of one ticket keep their order: once one is deferred, the rest of that ticket's
+   actions in the batch wait too (a reboot never runs without its quarantine).
+2. ``Notify`` and ``OpenRma`` are always admitted: telling a person and opening paperwork change
+   nothing on the fleet.
+3. Manual pause (``pause``) or a tripped breaker defers everything else.
+4. Node-level disruptive actions (``QuarantineNode``, ``RebootNode``, ``PowerCycleBmc``) on a node
+   already out of service are admitted: they add no disruption. For a new node:
+
+   - during storm cooldown they wait;
+   - the cluster cap: nodes out of service (quarantined by automation or with a reboot/power-cycle
+     in flight) + 1 ≤ min(``max_disrupted_nodes``, max(1, ⌊``max_disrupted_nodes_pct`` × N⌋));
+   - per topology domain (each label in ``domain_max_nodes``/``domain_max_pct``: rack,
+     nvlink_domain, power_feed): the same count within the domain ≤ min(count cap,
+     max(1, ⌊pct × domain size⌋)). The percentage caps floor at one node so that every domain can
+     always repair; a count cap of 0 stops automation in that scope.
+
+5. GPU-level actions, port quarantines, validations and releases are admitted (a node-scope
+   ``Release`` frees its node's budget).
+
+Circuit breaker: every node for which a node-level action is proposed counts as "needing
+quarantine" for ``breaker_window_s`` from its first proposal (demand before the last `resume`
+never counts again). When more than ``breaker_quarantine_pct`` of all nodes (and at
+least ``breaker_min_nodes``) need it within the window, the breaker trips: the batch's admitted
+actions gain a critical `Notify`, and everything but notifications and RMA paperwork waits until an
+operator calls `resume`. It counts demand, not admissions, because the budget already caps what
+is admitted: the breaker's job is to notice that too much is breaking at once.
+
+Storm: while node-level actions wait for budget, a storm is on. When a batch has none waiting
+for budget any more, the storm ends and new node-level disruptions wait ``storm_cooldown_s`` so
+that statuses settle (NHC's ``stormCooldownDuration``). `resume` also starts a cooldown.
+
+The service must re-propose everything still deferred with each call (deferred actions are not
+remembered here), and call `complete` when a node-level action's result arrives.
+
+Pure: no I/O, no logging, no clock reads; ``now`` is float Unix seconds.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from rasd.controller.core import actions, policy
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetView:
+    """What the budget needs to know about the fleet: every node and its topology labels."""
+
+    node_labels: Mapping[str, Mapping[str, str]]
+    """Node id → labels (e.g. {"rack": "r12", "nvlink_domain": "nvl-3", "power_feed": "pdu-a"})."""
+
+    @property
+    def total_nodes(self) -> int:
+        """How many nodes the fleet has (at least 1, so percentages stay defined)."""
+        return max(1, len(self.node_labels))
+
+
+@dataclasses.dataclass(frozen=True)
+class InFlight:
+    """An admitted reboot or power-cycle whose result has not come back."""
+
+    command_id: str
+    node_id: str
+    kind: str
+    admitted_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetState:
+    """What the budget remembers between calls; JSON-friendly through `to_dict`."""
+
+    in_flight: tuple[InFlight, ...] = ()
+    quarantined_nodes: tuple[str, ...] = ()
+    """Nodes automation quarantined and has not released."""
+    demand: tuple[tuple[str, float], ...] = ()
+    """(node id, when a node-level action was first proposed for it); kept while it is re-proposed."""
+    resumed_at: float | None = None
+    """The last operator resume: demand from before it never counts toward the breaker again."""
+    breaker_tripped_at: float | None = None
+    breaker_reason: str = ""
+    trips: int = 0
+    """How many times the breaker has tripped (numbers its notifications)."""
+    paused: bool = False
+    pause_reason: str = ""
+    storm_active: bool = False
+    cooldown_until: float | None = None
+
+    @property
+    def breaker_tripped(self) -> bool:
+        """True while the breaker holds automation."""
+        return self.breaker_tripped_at is not None
+
+    def disrupted_nodes(self) -> frozenset[str]:
+        """Nodes out of service by automation: quarantined, or with a node command in flight."""
+        return frozenset(self.quarantined_nodes) | {f.node_id for f in self.in_flight}
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict; `from_dict` reverses it."""
+        out = dataclasses.asdict(self)
+        out["in_flight"] = [dataclasses.asdict(f) for f in self.in_flight]
+        out["quarantined_nodes"] = list(self.quarantined_nodes)
+        out["demand"] = [list(d) for d in self.demand]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BudgetState:
+        """Rebuild from `to_dict` output."""
+        fields = dict(data)
+        fields["in_flight"] = tuple(InFlight(**f) for f in fields.get("in_flight", ()))
+        fields["quarantined_nodes"] = tuple(fields.get("quarantined_nodes", ()))
+        fields["demand"] = tuple((d[0], d[1]) for d in fields.get("demand", ()))
+        return cls(**fields)
+
+
+class Admission(NamedTuple):
+    """The answer of `admit`; unpacks as ``admitted, deferred, state, reasons``."""
+
+    admitted: tuple[actions.Action, ...]
+    """Actions to carry out now, in proposal order (plus the breaker's own Notify when it trips)."""
+    deferred: tuple[actions.Action, ...]
+    """Actions that must wait; propose them again next time."""
+    state: BudgetState
+    reasons: tuple[str, ...]
+    """One sentence per deferred action (same order), then one for a breaker trip if any."""
+
+
+_ALWAYS_KINDS = frozenset({"notify", "open_rma"})
+
+
+def _cap(count_cap: int | None, pct: float | None, size: int) -> int:
+    caps = []
+    if count_cap is not None:
+        caps.append(count_cap)
+    if pct is not None:
+        caps.append(max(1, math.floor(pct * size / 100.0)))
+    return min(caps) if caps else size
+
+
+def admit(
+    state: BudgetState,
+    proposed: Sequence[actions.Action],
+    fleet: FleetView,
+    *,
+    now: float,
+    policy: policy.DisruptionPolicy,
+) -> Admission:
+    """Split proposed actions into those that may run now and those that must wait. Pure.
+
+    Worked example (defaults: ≤ 8 nodes and ≤ 5 %; rack ≤ 2 and ≤ 25 %; breaker > 10 % in 10 min):
+    200 nodes in 20 racks of 10; 100 nodes each propose (QuarantineNode, RebootNode) at once →
+    the breaker sees 100 nodes > 20 needing quarantine and trips: admitted = (Notify(breaker),),
+    deferred = the 200 node actions, until ``resume``. Had only 5 nodes in one rack proposed,
+    2 nodes' pairs would be admitted (rack cap 2: min(2, ⌊25 % × 10⌋)) and 3 deferred.
+
+    Args:
+        state: what the budget remembers.
+        proposed: new actions plus everything still deferred, in order.
+        fleet: nodes and their topology labels.
+        now: current time, Unix seconds.
+        policy: the disruption settings.
+
+    Returns:
+        ``Admission(admitted, deferred, state, reasons)``.
+    """
+    pol = policy
+    in_flight = [f for f in state.in_flight if now - f.admitted_at < pol.in_flight_max_age_s]
+    quarantined = list(state.quarantined_nodes)
+    proposed_nodes = {a.node_id for a in proposed if a.node_disruptive}
+    demand = {node: at for node, at in state.demand if node in proposed_nodes or now - at <= pol.breaker_window_s}
+    for node in sorted(proposed_nodes):
+        demand.setdefault(node, now)
+    fresh = [
+        node
+        for node, at in demand.items()
+        if now - at <= pol.breaker_window_s and (state.resumed_at is None or at > state.resumed_at)
+    ]
+
+    total = fleet.total_nodes
+    tripped_at = state.breaker_tripped_at
+    breaker_reason = state.breaker_reason
+    trips = state.trips
+    admitted: list[actions.Action] = []
+    deferred: list[actions.Action] = []
+    reasons: list[str] = []
+    trip_reason = ""
+    limit = pol.breaker_quarantine_pct * total / 100.0
+    if tripped_at is None and len(fresh) > limit and len(fresh) >= pol.breaker_min_nodes:
+        tripped_at = now
+        trips += 1
+        breaker_reason = (
+            f"{len(fresh)} of {total} nodes needed quarantine within {pol.breaker_window_s:g}s "
+            f"(more than {pol.breaker_quarantine_pct:g}%): automation stops until an operator resumes"
+        )
+        trip_reason = f"circuit breaker tripped: {breaker_reason}"
+
+    labels = sorted(set(pol.domain_max_nodes) | set(pol.domain_max_pct))
+    domain_size = collections.Counter(
+        (label, node_labels[label])
+        for node_labels in fleet.node_labels.values()
+        for label in labels
+        if label in node_labels
+    )
+    cluster_cap = _cap(pol.max_disrupted_nodes, pol.max_disrupted_nodes_pct, total)
+    blocked_tickets: set[str] = set()
+    budget_waits = False
+    cooling = state.cooldown_until is not None and now < state.cooldown_until
+
+    def disrupted() -> set[str]:
+        return set(quarantined) | {f.node_id for f in in_flight}
+
+    def defer(action: actions.Action, why: str) -> None:
+        deferred.append(action)
+        reasons.append(f"{action.kind} on {action.node_id} waits: {why}")
+        blocked_tickets.add(action.ticket_id)
+
+    for action in proposed:
+        if action.ticket_id in blocked_tickets:
+            defer(action, "an earlier action of its ticket waits")
+            continue
+        if action.kind in _ALWAYS_KINDS:
+            admitted.append(action)
+            continue
+        if state.paused:
+            defer(action, f"automation is paused by an operator ({state.pause_reason or 'no reason given'})")
+            continue
+        if tripped_at is not None:
+            defer(action, "the circuit breaker holds automation until an operator resumes it")
+            continue
+        if action.node_disruptive:
+            out = disrupted()
+            if action.node_id not in out:
+                why = _budget_refusal(action.node_id, out, fleet, labels, domain_size, cluster_cap, pol)
+                if cooling:
+                    defer(action, f"storm cooldown until {state.cooldown_until:.0f}")
+                    continue
+                if why:
+                    budget_waits = True
+                    defer(action, why)
+                    continue
+            if action.kind == "quarantine_node":
+                if action.node_id not in quarantined:
+                    quarantined.append(action.node_id)
+            else:
+                in_flight.append(InFlight(action.command_id, action.node_id, action.kind, now))
+            admitted.append(action)
+            continue
+        if isinstance(action, actions.Release) and not action.gpu_uuid and not action.ib_port:
+            quarantined = [n for n in quarantined if n != action.node_id]
+        admitted.append(action)
+
+    storm_active = state.storm_active
+    cooldown_until = state.cooldown_until
+    if budget_waits:
+        storm_active = True
+    elif storm_active:
+        storm_active = False
+        cooldown_until = now + pol.storm_cooldown_s
+    if trip_reason:
+        admitted.append(
+            actions.Notify(
+                ticket_id=f"breaker/{trips}",
+                step=0,
+                node_id="",
+                reason=trip_reason,
+                severity="critical",
+                summary=trip_reason,
+            )
+        )
+        reasons.append(trip_reason)
+    new_state = BudgetState(
+        in_flight=tuple(in_flight),
+        quarantined_nodes=tuple(quarantined),
+        demand=tuple(sorted(demand.items())),
+        breaker_tripped_at=tripped_at,
+        breaker_reason=breaker_reason,
+        trips=trips,
+        resumed_at=state.resumed_at,
+        paused=state.paused,
+        pause_reason=state.pause_reason,
+        storm_active=storm_active,
+        cooldown_until=cooldown_until,
+    )
+    return Admission(tuple(admitted), tuple(deferred), new_state, tuple(reasons))
+
+
+def _budget_refusal(
+    node_id: str,
+    out: set[str],
+    fleet: FleetView,
+    labels: Iterable[str],
+    domain_size: Mapping[tuple[str, str], int],
+    cluster_cap: int,
+    pol: policy.DisruptionPolicy,
+) -> str:
+    """Why taking ``node_id`` out now would break the budget, or "" when it fits."""
+    if len(out) + 1 > cluster_cap:
+        return f"the cluster budget allows {cluster_cap} nodes out of service at once and {len(out)} are"
+    node_labels = fleet.node_labels.get(node_id, {})
+    for label in labels:
+        value = node_labels.get(label)
+        if value is None:
+            continue
+        size = domain_size.get((label, value), 1)
+        cap = _cap(pol.domain_max_nodes.get(label), pol.domain_max_pct.get(label), size)
+        in_domain = sum(1 for n in out if fleet.node_labels.get(n, {}).get(label) == value)
+        if in_domain + 1 > cap:
+            return f"{label} {value} allows {cap} of its {size} nodes out of service at once and {in_domain} are"
+    return ""
+
+
+def complete(state: BudgetState, command_id: str, *, now: float) -> BudgetState:
+    """A node-level command's result arrived: it no longer counts as in flight. Pure.
+
+    Args:
+        state: what the budget remembers.
+        command_id: the finished command.
+        now: current time, Unix seconds (unused today; kept for a uniform signature).
+
+    Returns:
+        The new state.
+    """
+    del now
+    return dataclasses.replace(state, in_flight=tuple(f for f in state.in_flight if f.command_id != command_id))
+
+
+def pause(state: BudgetState, *, now: float, reason: str) -> BudgetState:
+    """An operator pauses automation: only notifications and RMA paperwork pass until `resume`. Pure."""
+    del now
+    return dataclasses.replace(state, paused=True, pause_reason=reason)
+
+
+def resume(state: BudgetState, *, now: float, policy: policy.DisruptionPolicy) -> BudgetState:
+    """An operator resumes automation: clears pause and breaker, starts a storm cooldown. Pure.
+
+    Demand proposed before the resume never counts toward the breaker again (the operator has
+    seen it), so re-proposing the held-back actions does not trip it at once; new failures do.
+    The cooldown lets statuses settle before new node-level disruptions.
+    """
+    return dataclasses.replace(
+        state,
+        paused=False,
+        pause_reason="",
+        breaker_tripped_at=None,
+        breaker_reason="",
+        resumed_at=now,
+        storm_active=False,
+        cooldown_until=now + policy.storm_cooldown_s,
+    )

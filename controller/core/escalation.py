@@ -1,0 +1,1071 @@
+"""The repair ladder: per-node repair tickets that climb from the cheapest fix to RMA, on evidence.
+
+Ladder (`Rung`), cheapest and smallest blast radius first::
+
+    RESTART_PROCESS → RESET_GPU → REBOOT_NODE → POWER_CYCLE_BMC (optional hook) → RMA
+
+A ticket starts at the rung its evidence requires (``classify``'s recommended action), so rungs that
+cannot work are skipped: a row-remap failure starts at RMA; a GPU that fell off the bus (Xid 79)
+starts at REBOOT_NODE and never gets a reset, because a ticket's rung never goes down; Xid 154
+"Node Reboot Required" starts at REBOOT_NODE. A ticket climbs one rung when its action fails,
+times out, is refused or unsupported, when post-repair validation fails, or when the fault comes
+back on the same target within ``recurrence_window_s`` after the repair. Every rung has an attempt
+budget per target (GPU for restart/reset, node for reboot/power-cycle) over
+``attempt_budget_window_s``; an exhausted rung is skipped, so a ticket reaches RMA in at most five
+steps and the same fault cannot loop, ever.
+
+Holding and release (DESIGN invariant 5): a reset quarantines only its GPU (the node's other GPUs
+stay schedulable); a reboot or power-cycle quarantines the node. After a repair, the ticket holds
+its quarantines and runs validation (``RunValidation``); it releases them only on a pass. A
+process restart does not touch the GPU, so it is only watched (unless ``validate_after_restart``).
+A GPU whose remapped rows are within spare capacity never gets a ticket: classification says
+"none" or "reset to apply the remap" and the GPU returns to service after validation.
+
+A node whose reboot or power-cycle is in flight gets no GPU-disruptive action (restart, reset):
+a new GPU fault on it is folded into the rebooting ticket (its post-reboot validation covers every
+GPU) or, when no such ticket remains, waits (WAITING) until the node command reports back.
+
+Ticket state machine (`TicketState`); "—" is "no ticket":
+
+=================  ==============================================  =================  ==========================
+from               on                                              to                 actions
+=================  ==============================================  =================  ==========================
+—                  fault, required rung restart..power-cycle       ACTING             [Quarantine*] + repair
+—                  fault, node busy with another node command      WAITING (or fold)  —
+—                  fault, required RMA                             RMA_PENDING        Quarantine + OpenRma + Notify
+—                  fault, SDC accusation ("validate")              VALIDATING         QuarantineGpu + RunValidation
+—                  fault, quarantine node/port, or severe          AWAITING_OPERATOR  Quarantine* + Notify
+                   contact_support/investigate
+—                  fault, mild investigate/contact_support         —                  Notify
+WAITING            node command reported back (or expired)         ACTING             repair (budgets re-checked)
+ACTING             result SUCCEEDED (or DRY_RUN)                   VALIDATING         RunValidation
+ACTING             restart SUCCEEDED, no validate_after_restart    WATCHING           —
+ACTING             result FAILED/TIMED_OUT/REFUSED/NOT_SUPPORTED   ACTING (rung+1)    next repair, or RMA
+ACTING             fault needing a higher rung                     ACTING (higher)    that repair (supersedes)
+ACTING             fault needing the same or a lower rung          ACTING             — (absorbed)
+VALIDATING         verdict pass / software_drift / DRY_RUN         WATCHING           Release per hold
+VALIDATING         verdict suspect, or run failed/timed out,       VALIDATING         RunValidation (again)
+                   within ``validation_retries``
+VALIDATING         verdict fail (or retries spent), repair         ACTING (rung+1)    next repair, or RMA
+VALIDATING         verdict fail, accusation                        RMA_PENDING        OpenRma + Notify
+VALIDATING         verdict fail, operator release                  AWAITING_OPERATOR  Notify
+VALIDATING         fault on the target                             ACTING (rung+1)    next repair, or RMA
+WATCHING           fault on the target within the window           ACTING (rung+1)    next repair, or RMA
+WATCHING           window over (tick)                              — (closed)         —
+AWAITING_OPERATOR  operator release                                VALIDATING         RunValidation
+AWAITING_OPERATOR  operator force release                          — (closed)         Release(forced) per hold
+AWAITING_OPERATOR  fault needing RMA                               RMA_PENDING        OpenRma + Notify
+RMA_PENDING        (node held for an earlier reboot)               RMA_PENDING        RunValidation of the other
+                                                                                      GPUs → Release(node) on pass
+RMA_PENDING        operator release (part replaced)                VALIDATING         RunValidation
+any                operator close                                  — (closed)         —
+=================  ==============================================  =================  ==========================
+
+"Climb" picks the next rung above the current one that exists (power-cycle only when
+``bmc_power_cycle_enabled``; restart/reset only for GPU faults) and has budget left; with none
+left it is RMA. Results for commands the ticket no longer waits for (superseded, folded, replayed)
+are answered "stale" and change nothing.
+
+Effects are `rasd.controller.core.actions` values whose command ids derive from ticket id + step,
+so replaying a decision from the same stored state yields the same ids. ``now`` is float Unix
+seconds. State is per node (`RemediationState`); a store serialises it with ``to_dict``.
+
+Pure: no I/O, no logging, no clock reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rasd.common import xid_catalog
+from rasd.controller.core import actions, classify, correlate, health, policy
+
+RecommendedAction = classify.RecommendedAction
+
+_MAX_HISTORY = 64
+
+
+class Rung(enum.IntEnum):
+    """The repair ladder, cheapest first."""
+
+    RESTART_PROCESS = 1
+    RESET_GPU = 2
+    REBOOT_NODE = 3
+    POWER_CYCLE_BMC = 4
+    RMA = 5
+
+    @property
+    def word(self) -> str:
+        """The lower-case name ("reset_gpu"), as in policy keys and action kinds."""
+        return self.name.lower()
+
+
+class TicketState(enum.StrEnum):
+    """Where a repair ticket is (transition table in the module docstring)."""
+
+    WAITING = "waiting"
+    """A repair is due but the node has a reboot or power-cycle in flight."""
+    ACTING = "acting"
+    """A repair command is out; waiting for its result."""
+    VALIDATING = "validating"
+    """Held out of service while a validation run decides."""
+    WATCHING = "watching"
+    """Back in service; the same fault within the recurrence window climbs the ladder."""
+    AWAITING_OPERATOR = "awaiting_operator"
+    """Isolated; a person decides (investigate, contact support, IB flap storm)."""
+    RMA_PENDING = "rma_pending"
+    """An RMA ticket is open, pending operator approval; the part stays quarantined."""
+
+
+class Purpose(enum.StrEnum):
+    """Why the ticket exists, which decides what a failed validation means."""
+
+    REPAIR = "repair"
+    ACCUSATION = "accusation"
+    ISOLATION = "isolation"
+
+
+class Outcome(enum.IntEnum):
+    """How a command ended; values match rasd.api.v1.ActionOutcome."""
+
+    UNSPECIFIED = 0
+    SUCCEEDED = 1
+    FAILED = 2
+    REFUSED = 3
+    NOT_SUPPORTED = 4
+    TIMED_OUT = 5
+    DRY_RUN = 6
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionResult:
+    """What came back for a command (from the agent, an executor, or a timeout)."""
+
+    command_id: str
+    outcome: Outcome
+    message: str = ""
+    validation_verdict: str = ""
+    """For RunValidation: "pass", "fail", "suspect" or "software_drift"."""
+    failed_gpu_uuids: tuple[str, ...] = ()
+    """For RunValidation: the GPUs whose checks failed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pending:
+    """The one command a ticket is waiting for."""
+
+    command_id: str
+    kind: str
+    """The action kind ("reset_gpu", "run_validation", ...): selects its timeout."""
+    issued_at: float
+    dispatched_at: float | None = None
+    """When the executor sent it; timeouts count from here (a command held by the budget never times out)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ticket:
+    """One repair in progress for one target: a GPU, or the node when ``gpu_uuid`` is ""."""
+
+    ticket_id: str
+    """``<incident id>@<occurrence>``: deterministic, so command ids are too."""
+    node_id: str
+    gpu_uuid: str
+    fault_key: str
+    purpose: Purpose
+    state: TicketState
+    opened_at: float
+    updated_at: float
+    rung: Rung | None = None
+    """The rung last started (None before any repair: accusations and isolations)."""
+    floor: Rung | None = None
+    """The lowest rung the evidence allows; climbing never goes below it."""
+    waiting_rung: Rung | None = None
+    """For WAITING: the rung to start when the node is free."""
+    step: int = 0
+    """The next action's step number (part of its command id)."""
+    incident_ids: tuple[str, ...] = ()
+    pending: Pending | None = None
+    held: tuple[str, ...] = ()
+    """Quarantines this ticket holds: "node", "gpu:<uuid>", "port:<device/port>"."""
+    ib_port: str = ""
+    watch_until: float | None = None
+    folded_gpu_uuids: tuple[str, ...] = ()
+    """Other GPUs of the node whose faults folded into this (node-level) ticket."""
+    validation_runs: int = 0
+    """Validation runs in the current VALIDATING phase."""
+    history: tuple[str, ...] = ()
+    """Evidence for RMA and ``rasctl node``: one line per fault, action and result (bounded)."""
+    reason: str = ""
+    """The reason of the last decision that touched it."""
+
+    def covers_gpu(self, gpu_uuid: str) -> bool:
+        """True when a fault on ``gpu_uuid`` belongs to this ticket."""
+        return self.gpu_uuid == gpu_uuid or (bool(gpu_uuid) and gpu_uuid in self.folded_gpu_uuids)
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One repair attempt, for the per-rung budgets."""
+
+    target: str
+    """The GPU uuid (restart, reset) or "node" (reboot, power cycle)."""
+    rung: Rung
+    at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RemediationState:
+    """One node's repair tickets and attempt ledger."""
+
+    node_id: str
+    tickets: tuple[Ticket, ...] = ()
+    attempts: tuple[Attempt, ...] = ()
+    node_command_id: str = ""
+    """The node's reboot or power-cycle in flight; no GPU-disruptive action while it is set."""
+    node_command_at: float | None = None
+    """When that command was issued (or dispatched); it expires after its timeout."""
+
+    def ticket(self, ticket_id: str) -> Ticket | None:
+        """The ticket with this id, or None."""
+        for t in self.tickets:
+            if t.ticket_id == ticket_id:
+                return t
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict; `from_dict` reverses it."""
+        return {
+            "node_id": self.node_id,
+            "tickets": [_ticket_to_dict(t) for t in self.tickets],
+            "attempts": [{"target": a.target, "rung": a.rung.name, "at": a.at} for a in self.attempts],
+            "node_command_id": self.node_command_id,
+            "node_command_at": self.node_command_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RemediationState:
+        """Rebuild from `to_dict` output."""
+        return cls(
+            node_id=data["node_id"],
+            tickets=tuple(_ticket_from_dict(t) for t in data["tickets"]),
+            attempts=tuple(Attempt(a["target"], Rung[a["rung"]], a["at"]) for a in data["attempts"]),
+            node_command_id=data.get("node_command_id", ""),
+            node_command_at=data.get("node_command_at"),
+        )
+
+
+def _ticket_to_dict(t: Ticket) -> dict[str, Any]:
+    out = dataclasses.asdict(t)
+    for name in ("rung", "floor", "waiting_rung"):
+        value = getattr(t, name)
+        out[name] = None if value is None else value.name
+    out["purpose"] = t.purpose.value
+    out["state"] = t.state.value
+    for name in ("incident_ids", "held", "folded_gpu_uuids", "history"):
+        out[name] = list(getattr(t, name))
+    return out
+
+
+def _ticket_from_dict(data: Mapping[str, Any]) -> Ticket:
+    fields = dict(data)
+    for name in ("rung", "floor", "waiting_rung"):
+        fields[name] = None if fields.get(name) is None else Rung[fields[name]]
+    fields["purpose"] = Purpose(fields["purpose"])
+    fields["state"] = TicketState(fields["state"])
+    for name in ("incident_ids", "held", "folded_gpu_uuids", "history"):
+        fields[name] = tuple(fields.get(name, ()))
+    pending = fields.get("pending")
+    fields["pending"] = None if pending is None else Pending(**pending)
+    return Ticket(**fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The new state, the effects to carry out, and why (one sentence)."""
+
+    state: RemediationState
+    actions: tuple[actions.Action, ...]
+    reason: str
+
+
+_REQUIRED_RUNG = {
+    RecommendedAction.RESTART_PROCESS: Rung.RESTART_PROCESS,
+    RecommendedAction.RESET_GPU: Rung.RESET_GPU,
+    RecommendedAction.REBOOT_NODE: Rung.REBOOT_NODE,
+    RecommendedAction.RMA: Rung.RMA,
+}
+
+_NODE_RUNGS = (Rung.REBOOT_NODE, Rung.POWER_CYCLE_BMC)
+
+
+def required_rung(action: RecommendedAction) -> Rung | None:
+    """The ladder rung a recommended action starts at, or None when it is not a ladder action."""
+    return _REQUIRED_RUNG.get(action)
+
+
+class _Work:
+    """A mutable scratch copy of one node's state for the length of one pure call."""
+
+    def __init__(self, state: RemediationState, now: float, pol: policy.EscalationPolicy) -> None:
+        self.node_id = state.node_id
+        self.now = now
+        self.pol = pol
+        self.tickets: dict[str, Ticket] = {t.ticket_id: t for t in state.tickets}
+        self.attempts = [a for a in state.attempts if now - a.at <= pol.attempt_budget_window_s]
+        self.node_command_id = state.node_command_id
+        self.node_command_at = state.node_command_at
+        self.actions: list[actions.Action] = []
+
+    def freeze(self) -> RemediationState:
+        return RemediationState(
+            node_id=self.node_id,
+            tickets=tuple(self.tickets.values()),
+            attempts=tuple(self.attempts),
+            node_command_id=self.node_command_id,
+            node_command_at=self.node_command_at,
+        )
+
+    def decision(self, reason: str) -> Decision:
+        return Decision(self.freeze(), tuple(self.actions), reason)
+
+    # -- tickets ---------------------------------------------------------------------------------
+
+    def update(self, ticket_id: str, **changes: Any) -> Ticket:
+        ticket = dataclasses.replace(self.tickets[ticket_id], updated_at=self.now, **changes)
+        self.tickets[ticket_id] = ticket
+        return ticket
+
+    def note(self, ticket_id: str, line: str) -> None:
+        t = self.tickets[ticket_id]
+        history = (*t.history, f"{self.now:.0f} {line}")[-_MAX_HISTORY:]
+        self.update(ticket_id, history=history, reason=line)
+
+    def emit(self, ticket_id: str, cls: type[actions.Action], reason: str, **fields: Any) -> actions.Action:
+        t = self.tickets[ticket_id]
+        action = cls(ticket_id=t.ticket_id, step=t.step, node_id=self.node_id, reason=reason, **fields)
+        self.update(ticket_id, step=t.step + 1)
+        self.actions.append(action)
+        return action
+
+    def find_for(self, gpu_uuid: str) -> Ticket | None:
+        for t in self.tickets.values():
+            if t.covers_gpu(gpu_uuid):
+                return t
+        return None
+
+    def node_owner(self) -> Ticket | None:
+        """The ticket whose node command is in flight, while it still waits for it."""
+        if not self.node_command_id:
+            return None
+        for t in self.tickets.values():
+            if t.pending is not None and t.pending.command_id == self.node_command_id:
+                return t
+        return None
+
+    def held_elsewhere(self, ticket_id: str) -> tuple[str, ...]:
+        """GPUs that other tickets keep quarantined (left out of node-wide validation)."""
+        out = []
+        for t in self.tickets.values():
+            if t.ticket_id != ticket_id:
+                out.extend(h.removeprefix("gpu:") for h in t.held if h.startswith("gpu:"))
+        return tuple(sorted(set(out)))
+
+    # -- budgets ---------------------------------------------------------------------------------
+
+    def used(self, target: str, rung: Rung) -> int:
+        return sum(1 for a in self.attempts if a.target == target and a.rung is rung)
+
+    def choose_rung(self, gpu_uuid: str, start: Rung) -> tuple[Rung, list[str]]:
+        """The first rung at or above ``start`` that exists here and has budget; RMA otherwise."""
+        skipped: list[str] = []
+        rung = start
+        while rung < Rung.RMA:
+            if rung < Rung.REBOOT_NODE and not gpu_uuid:
+                skipped.append(f"{rung.word} (no GPU)")
+            elif rung is Rung.POWER_CYCLE_BMC and not self.pol.bmc_power_cycle_enabled:
+                pass  # the optional rung is simply absent
+            elif self.used(_target(gpu_uuid, rung), rung) >= self.pol.max_attempts(rung.word):
+                skipped.append(f"{rung.word} (budget {self.pol.max_attempts(rung.word)} spent)")
+            else:
+                return rung, skipped
+            rung = Rung(rung + 1)
+        return Rung.RMA, skipped
+
+
+def _target(gpu_uuid: str, rung: Rung) -> str:
+    return "node" if rung in _NODE_RUNGS or not gpu_uuid else gpu_uuid
+
+
+def _ticket_id(incident: correlate.Incident) -> str:
+    return f"{incident.incident_id}@{incident.occurrences}"
+
+
+def _summary(skipped: Iterable[str]) -> str:
+    items = list(skipped)
+    return f" (skipped {', '.join(items)})" if items else ""
+
+
+# ------------------------------------------------------------------------------------------------
+# Starting rungs
+
+
+def _begin(w: _Work, tid: str, start: Rung, why: str) -> str:
+    """Start the first usable rung at or above ``start`` on ticket ``tid``. Returns the reason.
+
+    While another ticket's reboot or power-cycle is in flight, nothing below RMA starts: the
+    ticket folds into that node-level ticket (its post-reboot validation covers every GPU) or,
+    when no ticket waits for that command any more, waits (WAITING) for it to report back.
+    """
+    if start < Rung.RMA and w.node_command_id:
+        owner = w.node_owner()
+        if owner is None or owner.ticket_id != tid:
+            if owner is not None and owner.state is TicketState.ACTING:
+                return _fold_into(w, tid, owner.ticket_id, why)
+            w.update(tid, state=TicketState.WAITING, waiting_rung=start, pending=None)
+            w.note(tid, f"{why}; {start.word} waits for the node's command {w.node_command_id} in flight")
+            return w.tickets[tid].reason
+    rung, skipped = w.choose_rung(w.tickets[tid].gpu_uuid, start)
+    return _start_rung(w, tid, rung, f"{why}{_summary(skipped)}")
+
+
+def _start_rung(w: _Work, tid: str, rung: Rung, why: str) -> str:
+    """Start ``rung`` on ticket ``tid`` now (the caller checked the node is free). Returns the reason."""
+    t = w.tickets[tid]
+    if rung is Rung.RMA:
+        return _open_rma(w, tid, why)
+    gpu = t.gpu_uuid
+    held = list(t.held)
+    reason = f"{why}: {rung.word}"
+    if rung is Rung.RESTART_PROCESS:
+        cmd = w.emit(tid, actions.RestartProcess, reason, gpu_uuid=gpu, grace_s=w.pol.restart_grace_s)
+    elif rung is Rung.RESET_GPU:
+        if f"gpu:{gpu}" not in held and "node" not in held:
+            w.emit(tid, actions.QuarantineGpu, reason, gpu_uuid=gpu)
+            held.append(f"gpu:{gpu}")
+        cmd = w.emit(tid, actions.ResetGpu, reason, gpu_uuid=gpu)
+    else:
+        _absorb_node_tickets(w, tid)
+        held = list(w.tickets[tid].held)
+        if "node" not in held:
+            w.emit(tid, actions.QuarantineNode, reason)
+            held.append("node")
+        cls = actions.RebootNode if rung is Rung.REBOOT_NODE else actions.PowerCycleBmc
+        cmd = w.emit(tid, cls, reason)
+        w.node_command_id = cmd.command_id
+        w.node_command_at = w.now
+    w.attempts.append(Attempt(_target(gpu, rung), rung, w.now))
+    w.update(
+        tid,
+        state=TicketState.ACTING,
+        rung=rung,
+        waiting_rung=None,
+        pending=Pending(cmd.command_id, cmd.kind, w.now),
+        held=tuple(held),
+        watch_until=None,
+        validation_runs=0,
+    )
+    used = w.used(_target(gpu, rung), rung)
+    w.note(tid, f"{reason} (attempt {used} of {w.pol.max_attempts(rung.word)})")
+    return w.tickets[tid].reason
+
+
+def _absorb_node_tickets(w: _Work, tid: str) -> None:
+    """Before a node-level action: fold the node's other active GPU tickets into ``tid``.
+
+    Their pending commands are abandoned (a reboot supersedes them) and their GPU holds move
+    here, so the post-reboot validation and release cover them.
+    """
+    for other in list(w.tickets.values()):
+        if other.ticket_id == tid or other.state not in (
+            TicketState.ACTING,
+            TicketState.VALIDATING,
+            TicketState.WAITING,
+        ):
+            continue
+        _fold_into(w, other.ticket_id, tid, "the node is about to reboot")
+
+
+def _fold_into(w: _Work, tid: str, owner_id: str, why: str) -> str:
+    t = w.tickets.pop(tid)
+    owner = w.tickets[owner_id]
+    folded = list(owner.folded_gpu_uuids)
+    for gpu in (t.gpu_uuid, *t.folded_gpu_uuids):
+        if gpu and gpu != owner.gpu_uuid and gpu not in folded:
+            folded.append(gpu)
+    held = list(owner.held)
+    for h in t.held:
+        if h not in held:
+            held.append(h)
+    w.update(
+        owner_id,
+        folded_gpu_uuids=tuple(folded),
+        held=tuple(held),
+        incident_ids=(*owner.incident_ids, *t.incident_ids),
+    )
+    line = f"{why}; {t.gpu_uuid or 'node'} fault folded into {owner_id}, whose node-level repair covers it"
+    w.note(owner_id, line)
+    return line
+
+
+def _open_rma(w: _Work, tid: str, why: str) -> str:
+    t = w.tickets[tid]
+    held = list(t.held)
+    target = t.gpu_uuid or "node"
+    reason = f"{why}: RMA for {target}"
+    if t.gpu_uuid:
+        if f"gpu:{t.gpu_uuid}" not in held:
+            w.emit(tid, actions.QuarantineGpu, reason, gpu_uuid=t.gpu_uuid)
+            held.append(f"gpu:{t.gpu_uuid}")
+    elif "node" not in held:
+        w.emit(tid, actions.QuarantineNode, reason)
+        held.append("node")
+    w.note(tid, reason)
+    evidence = w.tickets[tid].history
+    w.emit(tid, actions.OpenRma, reason, gpu_uuid=t.gpu_uuid, evidence=evidence)
+    w.emit(tid, actions.Notify, reason, severity="error", summary=f"{w.node_id}/{target}: {reason}")
+    w.update(
+        tid,
+        state=TicketState.RMA_PENDING,
+        rung=Rung.RMA,
+        waiting_rung=None,
+        pending=None,
+        held=tuple(held),
+        watch_until=None,
+        validation_runs=0,
+    )
+    if t.gpu_uuid and "node" in held and not w.node_command_id:
+        _validate_rest_of_node(w, tid)
+    return reason
+
+
+def _validate_rest_of_node(w: _Work, tid: str) -> None:
+    """Graceful degradation after an RMA decision on a node held for a reboot.
+
+    Validate the node's other GPUs and give the node back on a pass, keeping only the bad GPU
+    out. Runs once (``validation_runs``); a failure leaves the node held for the operator.
+    """
+    t = w.tickets[tid]
+    exclude = tuple(sorted({t.gpu_uuid, *w.held_elsewhere(tid)}))
+    run = w.emit(
+        tid,
+        actions.RunValidation,
+        f"RMA for {t.gpu_uuid}: validate the node's other GPUs before releasing the node",
+        suite=w.pol.post_repair_suite,
+        exclude_gpu_uuids=exclude,
+        seed=actions.seed_for(tid, t.step),
+    )
+    w.update(tid, pending=Pending(run.command_id, run.kind, w.now), validation_runs=t.validation_runs + 1)
+
+
+def _climb(w: _Work, tid: str, why: str, at_least: Rung | None = None) -> str:
+    t = w.tickets[tid]
+    start = Rung(t.rung + 1) if t.rung is not None and t.rung < Rung.RMA else (t.rung or Rung.RESTART_PROCESS)
+    for bound in (t.floor, at_least):
+        if bound is not None and bound > start:
+            start = bound
+    return _begin(w, tid, start, why)
+
+
+def _start_validation(w: _Work, tid: str, suite: str, why: str) -> str:
+    t = w.tickets[tid]
+    if "node" in t.held or not t.gpu_uuid:
+        gpus: tuple[str, ...] = ()
+        exclude = w.held_elsewhere(tid)
+    else:
+        gpus = (t.gpu_uuid,)
+        exclude = ()
+    run = w.emit(
+        tid,
+        actions.RunValidation,
+        f"{why}: validate with suite {suite}",
+        suite=suite,
+        gpu_uuids=gpus,
+        exclude_gpu_uuids=exclude,
+        seed=actions.seed_for(tid, w.tickets[tid].step),
+    )
+    w.update(
+        tid,
+        state=TicketState.VALIDATING,
+        pending=Pending(run.command_id, run.kind, w.now),
+        validation_runs=t.validation_runs + 1,
+    )
+    w.note(tid, f"{why}: validating with suite {suite} before release")
+    return w.tickets[tid].reason
+
+
+def _release_holds(w: _Work, tid: str, why: str, *, keep: Iterable[str] = (), forced: bool = False) -> None:
+    t = w.tickets[tid]
+    kept = set(keep)
+    remaining = []
+    for hold in t.held:
+        if hold in kept:
+            remaining.append(hold)
+            continue
+        if hold == "node":
+            w.emit(tid, actions.Release, why, forced=forced)
+        elif hold.startswith("gpu:"):
+            w.emit(tid, actions.Release, why, gpu_uuid=hold.removeprefix("gpu:"), forced=forced)
+        elif hold.startswith("port:"):
+            w.emit(tid, actions.Release, why, ib_port=hold.removeprefix("port:"), forced=forced)
+    w.update(tid, held=tuple(remaining))
+
+
+def _wake_waiting(w: _Work) -> list[str]:
+    """Once the node has no command in flight: start WAITING tickets, validate RMA'd nodes."""
+    reasons = []
+    for t in list(w.tickets.values()):
+        if w.node_command_id:
+            break
+        if t.ticket_id not in w.tickets:
+            continue  # folded into a reboot started earlier in this loop
+        if t.state is TicketState.WAITING and t.waiting_rung is not None:
+            reasons.append(_begin(w, t.ticket_id, t.waiting_rung, "the node is free again"))
+        elif (
+            t.state is TicketState.RMA_PENDING
+            and t.gpu_uuid
+            and "node" in t.held
+            and t.pending is None
+            and t.validation_runs == 0
+        ):
+            _validate_rest_of_node(w, t.ticket_id)
+            reasons.append(f"the node is free again: validating the GPUs other than {t.gpu_uuid}")
+    return reasons
+
+
+# ------------------------------------------------------------------------------------------------
+# Public API
+
+
+def decide(
+    state: RemediationState,
+    incident: correlate.Incident,
+    *,
+    now: float,
+    policy: policy.EscalationPolicy,
+) -> Decision:
+    """Advance the node's repair tickets for one new (or recurring) incident. Pure.
+
+    Call it for correlation outcomes NEW and RECURRENCE only; duplicates and secondaries are
+    already folded.
+
+    Worked examples (default policy: budgets restart 2, reset 2, reboot 2, no BMC hook; window 6 h):
+
+    - No ticket; Xid 13 on GPU-1 → ACTING restart_process: ``(RestartProcess(GPU-1),)``, reason
+      "Xid 13 (...): NVIDIA bucket RESTART_APP → restart_process: restart_process".
+    - Ticket WATCHING after that restart succeeded; Xid 13 on GPU-1 again 10 min later → ACTING
+      reset_gpu: ``(QuarantineGpu(GPU-1), ResetGpu(GPU-1))``, "... recurred within 21600s after
+      restart_process: reset_gpu".
+    - No ticket; ROW_REMAP_FAILURE on GPU-2 → RMA_PENDING: ``(QuarantineGpu(GPU-2), OpenRma(GPU-2),
+      Notify)``; the node's other GPUs stay schedulable.
+    - No ticket; Xid 79 on GPU-3 → ACTING reboot_node: ``(QuarantineNode, RebootNode)``; the rung
+      never goes below reboot, so no ResetGpu is ever emitted for it.
+    - Ticket ACTING reboot for GPU-3; Xid 13 on GPU-4 → no actions: GPU-4 folds into the reboot
+      ticket, whose post-reboot validation checks every GPU.
+
+    Args:
+        state: the node's tickets and attempt ledger.
+        incident: the incident from ``correlate`` (its classification says what is required).
+        now: current time, Unix seconds.
+        policy: the ladder settings.
+
+    Returns:
+        The decision: new state, actions (possibly none) and a one-sentence reason.
+    """
+    w = _Work(state, now, policy)
+    cls = incident.classification
+    required = required_rung(cls.action)
+    t = w.find_for(incident.gpu_uuid)
+    if t is not None and t.state is TicketState.WATCHING and required is None:
+        # Not a ladder fault (accusation, isolation, investigate): the watch ends, a new ticket starts.
+        w.tickets.pop(t.ticket_id)
+        t = None
+    if t is None:
+        return w.decision(_new_ticket(w, incident, required))
+
+    tid = t.ticket_id
+    w.update(tid, incident_ids=(*t.incident_ids, incident.incident_id)[-_MAX_HISTORY:])
+    w.note(tid, f"fault {cls.fault_key}: {cls.reason}")
+    folded_here = incident.gpu_uuid != t.gpu_uuid
+
+    if t.state in (TicketState.AWAITING_OPERATOR, TicketState.RMA_PENDING):
+        if required is Rung.RMA and t.state is TicketState.AWAITING_OPERATOR:
+            return w.decision(_open_rma(w, tid, f"{cls.reason}"))
+        return w.decision(
+            f"{cls.fault_key} on {incident.gpu_uuid or 'the node'} is recorded on ticket {tid}, "
+            f"which is already {t.state.value}"
+        )
+    if t.state is TicketState.WAITING:
+        if required is not None and (t.waiting_rung is None or required > t.waiting_rung):
+            w.update(tid, waiting_rung=required)
+        return w.decision(f"{cls.fault_key} recorded on ticket {tid}, which waits for the node's reboot to finish")
+    if t.state is TicketState.ACTING:
+        if required is not None and t.rung is not None and required > t.rung and not folded_here:
+            return w.decision(_begin(w, tid, required, f"{cls.reason}; supersedes {t.rung.word}"))
+        if required is Rung.RMA and folded_here:
+            return w.decision(_split_folded(w, tid, incident, required))
+        pending = t.pending.kind if t.pending else "a repair"
+        return w.decision(f"{cls.fault_key} absorbed into ticket {tid}: {pending} is already in flight")
+    # VALIDATING or WATCHING: the repair did not hold.
+    if folded_here and (required is Rung.RMA or t.state is TicketState.WATCHING):
+        # A GPU the node-level repair covered faults on its own afterwards: it gets its own ticket.
+        return w.decision(_split_folded(w, tid, incident, required))
+    if folded_here:
+        return w.decision(
+            f"{cls.fault_key} on folded GPU {incident.gpu_uuid} is recorded on ticket {tid}, "
+            "whose running validation covers it"
+        )
+    if t.rung is None and required is None:
+        return w.decision(f"{cls.fault_key} recorded on ticket {tid}, which is {t.state.value}")
+    phase = "during validation" if t.state is TicketState.VALIDATING else f"within {policy.recurrence_window_s:g}s"
+    after = t.rung.word if t.rung is not None else "release"
+    why = f"{cls.fault_key} recurred {phase} after {after}"
+    if t.rung is None:
+        return w.decision(_begin(w, tid, required or Rung.RESTART_PROCESS, why))
+    return w.decision(_climb(w, tid, why, at_least=required))
+
+
+def _split_folded(w: _Work, owner_id: str, incident: correlate.Incident, required: Rung | None) -> str:
+    """Detach a folded GPU from a node-level ticket and give its fault a ticket of its own."""
+    owner = w.tickets[owner_id]
+    w.update(owner_id, folded_gpu_uuids=tuple(g for g in owner.folded_gpu_uuids if g != incident.gpu_uuid))
+    return _new_ticket(w, incident, required)
+
+
+def _new_ticket(w: _Work, incident: correlate.Incident, required: Rung | None) -> str:
+    cls = incident.classification
+    tid = _ticket_id(incident)
+    purpose = Purpose.REPAIR
+    if cls.action is RecommendedAction.VALIDATE:
+        purpose = Purpose.ACCUSATION
+    elif required is None:
+        purpose = Purpose.ISOLATION
+    if cls.action is RecommendedAction.NONE:
+        return f"nothing to do: {cls.reason}"
+    mild = cls.severity < classify.Severity.ERROR
+    if mild and cls.action in (RecommendedAction.CONTACT_SUPPORT, RecommendedAction.INVESTIGATE):
+        note = actions.Notify(
+            ticket_id=tid,
+            step=0,
+            node_id=w.node_id,
+            reason=cls.reason,
+            severity="warning",
+            summary=f"{w.node_id}/{incident.gpu_uuid or 'node'}: {cls.reason}",
+        )
+        w.actions.append(note)
+        return f"{cls.reason}; a person is told, the component stays in service"
+    w.tickets[tid] = Ticket(
+        ticket_id=tid,
+        node_id=w.node_id,
+        gpu_uuid=incident.gpu_uuid,
+        fault_key=cls.fault_key,
+        purpose=purpose,
+        state=TicketState.ACTING,
+        opened_at=w.now,
+        updated_at=w.now,
+        floor=required,
+        incident_ids=(incident.incident_id,),
+        ib_port=incident.ib_port,
+    )
+    w.note(tid, f"fault {cls.fault_key}: {cls.reason}")
+    if required is not None:
+        return _begin(w, tid, required, cls.reason)
+    if purpose is Purpose.ACCUSATION:
+        owner = w.node_owner()
+        if owner is not None and owner.state is TicketState.ACTING:
+            return _fold_into(w, tid, owner.ticket_id, cls.reason)
+        w.emit(tid, actions.QuarantineGpu, cls.reason, gpu_uuid=incident.gpu_uuid)
+        w.update(tid, held=(f"gpu:{incident.gpu_uuid}",))
+        return _start_validation(w, tid, w.pol.accusation_suite, cls.reason)
+    # Isolation: quarantine the smallest thing that contains the fault and ask a person.
+    held: tuple[str, ...]
+    if cls.action is RecommendedAction.QUARANTINE_PORT and incident.ib_port:
+        w.emit(tid, actions.QuarantinePort, cls.reason, ib_port=incident.ib_port)
+        held = (f"port:{incident.ib_port}",)
+    elif incident.gpu_uuid and cls.action is not RecommendedAction.QUARANTINE_NODE:
+        w.emit(tid, actions.QuarantineGpu, cls.reason, gpu_uuid=incident.gpu_uuid)
+        held = (f"gpu:{incident.gpu_uuid}",)
+    else:
+        w.emit(tid, actions.QuarantineNode, cls.reason)
+        held = ("node",)
+    w.emit(
+        tid,
+        actions.Notify,
+        cls.reason,
+        severity="error",
+        summary=f"{w.node_id}/{incident.gpu_uuid or incident.ib_port or 'node'}: {cls.reason}",
+    )
+    w.update(tid, state=TicketState.AWAITING_OPERATOR, held=held)
+    w.note(tid, f"{cls.reason}: isolated, waiting for an operator")
+    return w.tickets[tid].reason
+
+
+@dataclasses.dataclass(frozen=True)
+class EventDecision:
+    """What one health event did: its correlation (new correlation state inside) and the decision."""
+
+    correlation: correlate.Correlation
+    decision: Decision
+
+
+def handle_event(
+    correlation_state: correlate.CorrelationState,
+    state: RemediationState,
+    event: health.HealthEvent,
+    *,
+    now: float,
+    catalog: xid_catalog.XidCatalog,
+    policy: policy.RemediationPolicy,
+) -> EventDecision:
+    """Classify, correlate and decide one event: the whole pure pipeline for the service. Pure.
+
+    Example: Xid 45 two seconds after an Xid 48 on the same GPU → correlation SECONDARY and a
+    decision with no actions whose reason says it folded into the Xid 48 incident.
+
+    Args:
+        correlation_state: open incidents (fleet-wide or for the event's NVLink domain).
+        state: the event's node's tickets (``state.node_id == event.node_id``).
+        event: the observation, with ``nvlink_domain`` filled in from inventory when known.
+        now: current time, Unix seconds.
+        catalog: NVIDIA's XID catalog.
+        policy: all remediation settings.
+
+    Returns:
+        The correlation (carrying the new correlation state) and the decision.
+    """
+    corr = correlate.correlate(correlation_state, event, now=now, catalog=catalog, policy=policy)
+    if corr.needs_decision and corr.incident is not None:
+        decision = decide(state, corr.incident, now=now, policy=policy.escalation)
+    else:
+        decision = Decision(state, (), corr.reason)
+    return EventDecision(corr, decision)
+
+
+def on_result(
+    state: RemediationState,
+    result: ActionResult,
+    *,
+    now: float,
+    policy: policy.EscalationPolicy,
+) -> Decision:
+    """Advance the ticket waiting for ``result.command_id``. Pure.
+
+    Worked examples:
+
+    - Ticket ACTING reset_gpu on GPU-1; result FAILED → ACTING reboot_node:
+      ``(QuarantineNode, RebootNode)``, reason "reset_gpu failed: ...: reboot_node".
+    - Ticket ACTING reboot_node; result SUCCEEDED → VALIDATING: ``(RunValidation("post-repair",
+      all GPUs),)``.
+    - Ticket VALIDATING; verdict "pass" → WATCHING: ``(Release(node),)``.
+    - A result for a command no ticket waits for (superseded, replayed) → no change, "stale".
+
+    Args:
+        state: the node's tickets.
+        result: the command's outcome (and verdict, for validations).
+        now: current time, Unix seconds.
+        policy: the ladder settings.
+
+    Returns:
+        The decision.
+    """
+    w = _Work(state, now, policy)
+    finished = result.outcome is not Outcome.UNSPECIFIED
+    if finished and result.command_id and result.command_id == w.node_command_id:
+        w.node_command_id = ""
+        w.node_command_at = None
+    reason = _apply_result(w, result)
+    woken = _wake_waiting(w)
+    if woken:
+        then = woken[0] if len(woken) == 1 else f"{len(woken)} waiting tickets start"
+        reason = f"{reason}; then {then}"
+    return w.decision(reason)
+
+
+def _apply_result(w: _Work, result: ActionResult) -> str:
+    t = next(
+        (x for x in w.tickets.values() if x.pending is not None and x.pending.command_id == result.command_id),
+        None,
+    )
+    if t is None:
+        return f"result {result.outcome.name} for command {result.command_id} is stale: no ticket waits for it"
+    if result.outcome is Outcome.UNSPECIFIED:
+        return f"result for command {result.command_id} has no outcome; ticket {t.ticket_id} keeps waiting"
+    tid = t.ticket_id
+    kind = t.pending.kind if t.pending else "?"
+    detail = f": {result.message}" if result.message else ""
+    if kind == "run_validation":
+        return _apply_validation(w, tid, result, detail)
+    w.note(tid, f"{kind} {result.outcome.name.lower()}{detail}")
+    if result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN):
+        w.update(tid, pending=None)
+        dry = " (dry run)" if result.outcome is Outcome.DRY_RUN else ""
+        if t.rung is Rung.RESTART_PROCESS and not w.pol.validate_after_restart:
+            w.update(tid, state=TicketState.WATCHING, watch_until=w.now + w.pol.recurrence_window_s)
+            window = w.pol.recurrence_window_s
+            line = f"restart_process succeeded{dry}; the GPU was not touched, watching for {window:g}s"
+            w.note(tid, line)
+            return line
+        return _start_validation(w, tid, w.pol.post_repair_suite, f"{kind} succeeded{dry}")
+    return _climb(w, tid, f"{kind} {result.outcome.name.lower()}{detail}")
+
+
+def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> str:
+    t = w.tickets[tid]
+    verdict = result.validation_verdict or ("pass" if result.outcome is Outcome.DRY_RUN else "")
+    w.update(tid, pending=None)
+    if t.state is TicketState.RMA_PENDING:
+        # The validation of the node's other GPUs after an RMA decision.
+        if result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN) and verdict in ("pass", "software_drift"):
+            keep = [f"gpu:{t.gpu_uuid}"]
+            _release_holds(w, tid, "the node's other GPUs passed validation", keep=keep)
+            w.update(tid, folded_gpu_uuids=())
+            line = f"other GPUs passed validation: node released, {t.gpu_uuid} stays quarantined for RMA"
+            w.note(tid, line)
+            return line
+        w.emit(
+            tid,
+            actions.Notify,
+            "node validation failed after the RMA decision",
+            severity="error",
+            summary=f"{w.node_id}: the node's other GPUs failed validation; the node stays quarantined",
+        )
+        line = f"node validation {verdict or result.outcome.name.lower()}{detail}: the node stays quarantined"
+        w.note(tid, line)
+        return line
+
+    finished = result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN)
+    if finished and verdict in ("pass", "software_drift"):
+        why = "validation passed" if verdict == "pass" else "validation found software drift, not a GPU fault"
+        _release_holds(w, tid, why)
+        if verdict == "software_drift":
+            w.emit(
+                tid,
+                actions.Notify,
+                why,
+                severity="warning",
+                summary=f"{w.node_id}: golden or software drift; check the validation goldens",
+            )
+        w.update(tid, state=TicketState.WATCHING, watch_until=w.now + w.pol.recurrence_window_s)
+        line = f"{why}: released, watching for {w.pol.recurrence_window_s:g}s"
+        w.note(tid, line)
+        return line
+    unfinished = not finished or verdict not in ("fail",)
+    if unfinished and t.validation_runs <= w.pol.validation_retries:
+        what = f"verdict {verdict}" if finished else f"validation {result.outcome.name.lower()}{detail}"
+        suite = w.pol.accusation_suite if verdict == "suspect" else w.pol.post_repair_suite
+        if t.purpose is Purpose.ACCUSATION:
+            suite = w.pol.accusation_suite
+        return _start_validation(w, tid, suite, f"{what}; retest")
+    what = f"validation {verdict or result.outcome.name.lower()}{detail}"
+    w.note(tid, what)
+    if t.purpose is Purpose.ACCUSATION:
+        return _open_rma(w, tid, f"{what}: a reproducible failure on an accused GPU")
+    if t.purpose is Purpose.ISOLATION:
+        w.emit(tid, actions.Notify, what, severity="error", summary=f"{w.node_id}: {what}; still isolated")
+        w.update(tid, state=TicketState.AWAITING_OPERATOR)
+        return f"{what}: the component stays isolated for the operator"
+    return _climb(w, tid, what)
+
+
+def mark_dispatched(state: RemediationState, command_id: str, *, now: float) -> RemediationState:
+    """Record that an executor sent ``command_id``; its timeout counts from ``now``. Pure.
+
+    A command the disruption budget holds back is not dispatched, so it never times out.
+    """
+    tickets = tuple(
+        dataclasses.replace(t, pending=dataclasses.replace(t.pending, dispatched_at=now))
+        if t.pending is not None and t.pending.command_id == command_id and t.pending.dispatched_at is None
+        else t
+        for t in state.tickets
+    )
+    node_at = now if command_id and command_id == state.node_command_id else state.node_command_at
+    return dataclasses.replace(state, tickets=tickets, node_command_at=node_at)
+
+
+def tick(state: RemediationState, *, now: float, policy: policy.EscalationPolicy) -> Decision:
+    """Time passes: time out commands, close finished watches, expire the budget ledger. Pure.
+
+    Example: ticket ACTING reboot_node dispatched at t=0, ``reboot_node_timeout_s`` 1800; tick at
+    t=1801 → as if the reboot TIMED_OUT: the ladder climbs (BMC hook, else RMA).
+
+    Args:
+        state: the node's tickets.
+        now: current time, Unix seconds.
+        policy: the ladder settings.
+
+    Returns:
+        The decision (often no actions).
+    """
+    w = _Work(state, now, policy)
+    reasons: list[str] = []
+    for t in list(w.tickets.values()):
+        if t.ticket_id not in w.tickets:
+            continue
+        p = t.pending
+        if p is not None and p.dispatched_at is not None and now - p.dispatched_at >= policy.timeout_s(p.kind):
+            if p.command_id == w.node_command_id:
+                w.node_command_id = ""
+                w.node_command_at = None
+            timeout = ActionResult(p.command_id, Outcome.TIMED_OUT, f"no result within {policy.timeout_s(p.kind):g}s")
+            reasons.append(_apply_result(w, timeout))
+        elif t.state is TicketState.WATCHING and t.watch_until is not None and now >= t.watch_until:
+            w.tickets.pop(t.ticket_id)
+            reasons.append(f"ticket {t.ticket_id} closed: no recurrence within the watch window")
+    since = w.node_command_at
+    orphaned = bool(w.node_command_id) and w.node_owner() is None
+    if orphaned and since is not None and now - since >= policy.reboot_node_timeout_s:
+        reasons.append(f"node command {w.node_command_id} is no longer awaited and expired")
+        w.node_command_id = ""
+        w.node_command_at = None
+    reasons.extend(_wake_waiting(w))
+    if not reasons:
+        return w.decision("nothing due")
+    if len(reasons) == 1:
+        return w.decision(reasons[0])
+    return w.decision(f"{len(reasons)} tickets changed: {reasons[0]}; and more")
+
+
+def operator_release(
+    state: RemediationState,
+    ticket_id: str,
+    *,
+    now: float,
+    policy: policy.EscalationPolicy,
+    force: bool = False,
+) -> Decision:
+    """An operator asks to return a ticket's quarantined parts to service. Pure.
+
+    Without ``force`` the parts are validated first and released only on a pass (DESIGN
+    invariant 5). With ``force`` they are released at once with ``forced=True`` (the service
+    audits who asked) and the ticket closes.
+
+    Example: ticket AWAITING_OPERATOR holding "node" after an IB flap storm; release →
+    VALIDATING: ``(RunValidation("post-repair"),)``; verdict pass → ``(Release(node),)``.
+    """
+    w = _Work(state, now, policy)
+    t = w.tickets.get(ticket_id)
+    if t is None:
+        return w.decision(f"no ticket {ticket_id} on {state.node_id}")
+    if force:
+        _release_holds(w, ticket_id, "operator forced release", forced=True)
+        w.tickets.pop(ticket_id)
+        return w.decision(f"operator force-released ticket {ticket_id} without validation")
+    if t.state in (TicketState.ACTING, TicketState.WAITING):
+        return w.decision(f"ticket {ticket_id} is {t.state.value}: release after the repair, or force it")
+    if t.state is TicketState.WATCHING or not t.held:
+        return w.decision(f"ticket {ticket_id} holds nothing to release")
+    w.update(ticket_id, validation_runs=0)
+    if t.state is TicketState.RMA_PENDING:
+        # The part was replaced: treat like a repair that needs proving.
+        w.update(ticket_id, purpose=Purpose.REPAIR)
+    return w.decision(_start_validation(w, ticket_id, policy.post_repair_suite, "operator asked for release"))
+
+
+def operator_close(state: RemediationState, ticket_id: str, *, now: float) -> Decision:
+    """An operator closes a ticket (e.g. the RMA was handled); its holds stay as they are. Pure."""
+    tickets = tuple(t for t in state.tickets if t.ticket_id != ticket_id)
+    if len(tickets) == len(state.tickets):
+        return Decision(state, (), f"no ticket {ticket_id} on {state.node_id}")
+    return Decision(dataclasses.replace(state, tickets=tickets), (), f"operator closed ticket {ticket_id}")

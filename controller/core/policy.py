@@ -1,0 +1,360 @@
+"""Remediation settings: thresholds, windows, budgets and limits, as frozen dataclasses.
+
+Four groups, one per core module, plus `RemediationPolicy` that holds them all:
+
+- `ClassificationPolicy` (``classify``): counter thresholds, IB flap detection, XID overrides;
+- `CorrelationPolicy` (``correlate``): dedupe, secondary and sticky windows;
+- `EscalationPolicy` (``escalation``): the ladder's windows, per-rung attempt budgets, timeouts;
+- `DisruptionPolicy` (``blast_radius``): disruption budget, circuit breaker, storm cooldown.
+
+Each has defaults that are safe for a fleet of 8-GPU nodes, and ``from_mapping`` that builds it
+from a plain dict (a parsed TOML table), checks every key and value, and raises `PolicyError`
+naming the offending key (``"escalation.max_attempts_reset_gpu: must be >= 0, got -1"``).
+Durations are seconds (``_s``), percentages are 0-100 (``_pct``), rates are per second
+(``_per_s``).
+
+Pure: no file or environment access; ``main.py`` reads the TOML and passes the dict in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Self
+
+
+class PolicyError(ValueError):
+    """A policy mapping has an unknown key or a bad value; the message starts with the key path."""
+
+
+def _check_type(path: str, value: Any, hint: Any) -> Any:
+    """Check (and lightly coerce: int -> float, list -> tuple) one value against a type hint."""
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise PolicyError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PolicyError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise PolicyError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise PolicyError(f"{path}: expected a string, got {value!r}")
+        return value
+    if origin is tuple:
+        (item_hint, _ellipsis) = typing.get_args(hint)
+        if not isinstance(value, list | tuple):
+            raise PolicyError(f"{path}: expected a list, got {value!r}")
+        return tuple(_check_type(f"{path}[{i}]", item, item_hint) for i, item in enumerate(value))
+    if origin in (Mapping, dict) or hint is Mapping:
+        key_hint, value_hint = typing.get_args(hint)
+        if not isinstance(value, Mapping):
+            raise PolicyError(f"{path}: expected a table, got {value!r}")
+        out = {}
+        for raw_key, item in value.items():
+            key: Any = raw_key
+            if key_hint is int:
+                # TOML table keys are strings; "79" names Xid 79.
+                try:
+                    key = int(raw_key)
+                except (TypeError, ValueError):
+                    raise PolicyError(f"{path}.{raw_key}: expected an integer key") from None
+            out[key] = _check_type(f"{path}.{raw_key}", item, value_hint)
+        return types.MappingProxyType(out)
+    raise TypeError(f"{path}: unsupported setting type {hint!r}")  # a bug here, not bad input
+
+
+def _build(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Any:
+    """Build dataclass ``cls`` from ``data``, naming any unknown key or bad value."""
+    if not isinstance(data, Mapping):
+        raise PolicyError(f"{prefix.rstrip('.') or '<root>'}: expected a table, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            raise PolicyError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(known))})")
+        values[key] = _check_type(f"{prefix}{key}", value, hints[key])
+    obj = cls(**values)
+    obj.validate(prefix)
+    return obj
+
+
+def _require(ok: bool, path: str, message: str, value: Any) -> None:
+    if not ok:
+        raise PolicyError(f"{path}: {message}, got {value!r}")
+
+
+_ACTION_WORDS = (
+    "none",
+    "restart_process",
+    "reset_gpu",
+    "reboot_node",
+    "rma",
+    "contact_support",
+    "investigate",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationPolicy:
+    """Thresholds that turn counters and events into a component, severity and recommended action."""
+
+    ecc_sbe_rate_warn_per_s: float = 10.0
+    """Corrected ECC errors per second at or above which the GPU gets a warning (DCGM's limit is 10)."""
+    remapped_rows_uncorrectable_rma: int = 512
+    """Uncorrectable remapped rows at or above which the GPU goes to RMA (DCGM: 512)."""
+    retired_pages_rma: int = 63
+    """Retired pages at or above which the GPU goes to RMA (DCGM_LIMIT_MAX_RETIRED_PAGES = 63)."""
+    nvlink_crc_rate_per_s: float = 100.0
+    """NVLink CRC errors per second at or above which the link needs a GPU reset (DCGM: 100/s)."""
+    pcie_replay_rate_per_s: float = 10.0
+    """PCIe replays per second at or above which a person must look (reseat); set per fleet."""
+    ib_flap_state_changes: int = 6
+    """IB port state changes within ``ib_flap_window_s`` that make a flap storm (6 = 3 down/up)."""
+    ib_flap_window_s: float = 600.0
+    """Window for counting IB port state changes."""
+    ib_flap_isolation: str = "node"
+    """What a flap storm isolates: "node" (quarantine the node) or "port" (only that port)."""
+    xid_action_overrides: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    """Per-Xid recommended action replacing the catalog's (TOML: ``[classification.xid_action_overrides]
+    "13" = "reset_gpu"``). Values: none, restart_process, reset_gpu, reboot_node, rma,
+    contact_support, investigate."""
+
+    def validate(self, prefix: str = "") -> None:
+        """Check ranges; raise PolicyError naming the key."""
+        for name in (
+            "ecc_sbe_rate_warn_per_s",
+            "nvlink_crc_rate_per_s",
+            "pcie_replay_rate_per_s",
+            "ib_flap_window_s",
+        ):
+            value = getattr(self, name)
+            _require(value > 0, f"{prefix}{name}", "must be > 0", value)
+        for name in ("remapped_rows_uncorrectable_rma", "retired_pages_rma"):
+            value = getattr(self, name)
+            _require(value >= 1, f"{prefix}{name}", "must be >= 1", value)
+        _require(
+            self.ib_flap_state_changes >= 2,
+            f"{prefix}ib_flap_state_changes",
+            "must be >= 2 (one flap is two state changes)",
+            self.ib_flap_state_changes,
+        )
+        _require(
+            self.ib_flap_isolation in ("node", "port"),
+            f"{prefix}ib_flap_isolation",
+            'must be "node" or "port"',
+            self.ib_flap_isolation,
+        )
+        for xid, word in self.xid_action_overrides.items():
+            _require(
+                word in _ACTION_WORDS,
+                f"{prefix}xid_action_overrides.{xid}",
+                f"must be one of {', '.join(_ACTION_WORDS)}",
+                word,
+            )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "classification.") -> Self:
+        """Build from a dict (a TOML table); unknown keys and bad values raise PolicyError.
+
+        Example: ``from_mapping({"retired_pages_rma": 0})`` raises
+        ``PolicyError("classification.retired_pages_rma: must be >= 1, got 0")``.
+        """
+        return _build(cls, data, prefix)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrelationPolicy:
+    """Windows that fold bursts and sympathetic errors into one incident."""
+
+    dedupe_window_s: float = 180.0
+    """The same fault on the same GPU within this long after an incident opened is a duplicate."""
+    secondary_window_s: float = 180.0
+    """How long after a root fault a secondary (Xid 45, 43, peer 74, 63/64 after 48) folds into it."""
+    sticky_window_s: float = 3 * 3600.0
+    """How long a sticky fault is remembered: a repeat within it is a recurrence of the same incident."""
+    sticky_xids: tuple[int, ...] = (74, 79, 95, 109, 119)
+    """Xids whose incidents are sticky (NVSentinel's analyzer list)."""
+
+    def validate(self, prefix: str = "") -> None:
+        """Check ranges; raise PolicyError naming the key."""
+        for name in ("dedupe_window_s", "secondary_window_s", "sticky_window_s"):
+            value = getattr(self, name)
+            _require(value > 0, f"{prefix}{name}", "must be > 0", value)
+        _require(
+            self.sticky_window_s >= self.dedupe_window_s,
+            f"{prefix}sticky_window_s",
+            "must be >= dedupe_window_s",
+            self.sticky_window_s,
+        )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "correlation.") -> Self:
+        """Build from a dict (a TOML table); unknown keys and bad values raise PolicyError."""
+        return _build(cls, data, prefix)
+
+
+@dataclasses.dataclass(frozen=True)
+class EscalationPolicy:
+    """The repair ladder: windows, per-rung attempt budgets, timeouts and optional rungs."""
+
+    recurrence_window_s: float = 6 * 3600.0
+    """After a repair, the same target faulting again within this long climbs one rung."""
+    attempt_budget_window_s: float = 7 * 24 * 3600.0
+    """Attempts per rung are counted over this window; an exhausted rung is skipped."""
+    max_attempts_restart_process: int = 2
+    """Process restarts per GPU within the budget window."""
+    max_attempts_reset_gpu: int = 2
+    """GPU resets per GPU within the budget window."""
+    max_attempts_reboot_node: int = 2
+    """Reboots per node within the budget window."""
+    max_attempts_power_cycle_bmc: int = 1
+    """BMC power cycles per node within the budget window."""
+    bmc_power_cycle_enabled: bool = False
+    """Whether the out-of-band power-cycle rung exists (needs a configured BMC hook)."""
+    restart_process_timeout_s: float = 300.0
+    """How long after dispatch a process restart may take before it counts as timed out."""
+    reset_gpu_timeout_s: float = 600.0
+    """How long after dispatch a GPU reset may take."""
+    reboot_node_timeout_s: float = 1800.0
+    """How long after dispatch a reboot may take (until the agent reports back)."""
+    power_cycle_bmc_timeout_s: float = 1800.0
+    """How long after dispatch a BMC power cycle may take."""
+    validation_timeout_s: float = 3600.0
+    """How long after dispatch a validation run may take."""
+    validation_retries: int = 1
+    """Re-runs after a "suspect" verdict or a validation that did not finish, before it counts as failed."""
+    validate_after_restart: bool = False
+    """Whether a process restart is followed by validation (the GPU itself was not touched)."""
+    restart_grace_s: float = 30.0
+    """SIGTERM-to-SIGKILL grace of a process restart."""
+    post_repair_suite: str = "post-repair"
+    """Validation suite run after a reset or reboot, and before an operator release."""
+    accusation_suite: str = "accusation"
+    """Validation suite run when a GPU is accused of silent data corruption or a result is suspect."""
+
+    def max_attempts(self, rung_name: str) -> int:
+        """The attempt budget of a rung by its action word ("reset_gpu", ...)."""
+        return int(getattr(self, f"max_attempts_{rung_name}"))
+
+    def timeout_s(self, action_kind: str) -> float:
+        """The timeout of a pending command by action kind ("reboot_node", "run_validation", ...)."""
+        if action_kind == "run_validation":
+            return self.validation_timeout_s
+        return float(getattr(self, f"{action_kind}_timeout_s"))
+
+    def validate(self, prefix: str = "") -> None:
+        """Check ranges; raise PolicyError naming the key."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_s"):
+                _require(value > 0, f"{prefix}{f.name}", "must be > 0", value)
+            elif f.name.startswith("max_attempts_") or f.name == "validation_retries":
+                _require(value >= 0, f"{prefix}{f.name}", "must be >= 0", value)
+        for name in ("post_repair_suite", "accusation_suite"):
+            _require(bool(getattr(self, name)), f"{prefix}{name}", "must not be empty", getattr(self, name))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "escalation.") -> Self:
+        """Build from a dict (a TOML table); unknown keys and bad values raise PolicyError.
+
+        Example: ``from_mapping({"max_attempts_reset_gpu": -1})`` raises
+        ``PolicyError("escalation.max_attempts_reset_gpu: must be >= 0, got -1")``.
+        """
+        return _build(cls, data, prefix)
+
+
+@dataclasses.dataclass(frozen=True)
+class DisruptionPolicy:
+    """How much automation may take out of service at once, and when it must stop and ask."""
+
+    max_disrupted_nodes: int = 8
+    """Nodes that may be out of service by automation at once (rebooting, power-cycling, quarantined)."""
+    max_disrupted_nodes_pct: float = 5.0
+    """The same cap as a percentage of all nodes; the smaller of the two applies (floored at 1 node)."""
+    domain_max_nodes: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({"rack": 2, "nvlink_domain": 1, "power_feed": 4})
+    )
+    """Per topology label (a node label naming its rack, NVLink domain, power feed): nodes of one
+    domain that may be out of service at once. The budget knows the labels named here or in
+    domain_max_pct; a label with no entry here has only the percentage cap."""
+    domain_max_pct: Mapping[str, float] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({"rack": 25.0, "nvlink_domain": 25.0, "power_feed": 10.0})
+    )
+    """The same per-domain cap as a percentage of the domain's nodes; the smaller of the two
+    applies, floored at 1 node so every domain can still repair."""
+    breaker_quarantine_pct: float = 10.0
+    """The breaker trips when more than this percentage of nodes need a node-level action ..."""
+    breaker_window_s: float = 600.0
+    """... within this long. It then holds until an operator resumes automation."""
+    breaker_min_nodes: int = 3
+    """The breaker never trips for fewer nodes than this (a 2-node lab losing one is not a storm)."""
+    storm_cooldown_s: float = 600.0
+    """After a storm (node actions waiting for budget) drains, or after a resume, new node-level
+    actions wait this long so statuses can settle."""
+    in_flight_max_age_s: float = 4 * 3600.0
+    """An admitted node-level action whose result never came stops counting after this long."""
+
+    def validate(self, prefix: str = "") -> None:
+        """Check ranges; raise PolicyError naming the key."""
+        for name in ("max_disrupted_nodes", "breaker_min_nodes"):
+            value = getattr(self, name)
+            _require(value >= 0, f"{prefix}{name}", "must be >= 0", value)
+        for name in ("max_disrupted_nodes_pct", "breaker_quarantine_pct"):
+            value = getattr(self, name)
+            _require(0 < value <= 100, f"{prefix}{name}", "must be in (0, 100]", value)
+        for label, count in self.domain_max_nodes.items():
+            _require(count >= 0, f"{prefix}domain_max_nodes.{label}", "must be >= 0", count)
+        for label, pct in self.domain_max_pct.items():
+            _require(0 < pct <= 100, f"{prefix}domain_max_pct.{label}", "must be in (0, 100]", pct)
+        for name in ("breaker_window_s", "in_flight_max_age_s"):
+            value = getattr(self, name)
+            _require(value > 0, f"{prefix}{name}", "must be > 0", value)
+        _require(self.storm_cooldown_s >= 0, f"{prefix}storm_cooldown_s", "must be >= 0", self.storm_cooldown_s)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "disruption.") -> Self:
+        """Build from a dict (a TOML table); unknown keys and bad values raise PolicyError."""
+        return _build(cls, data, prefix)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemediationPolicy:
+    """All remediation settings; the ``[remediation]`` part of ``controller.toml``."""
+
+    classification: ClassificationPolicy = ClassificationPolicy()
+    correlation: CorrelationPolicy = CorrelationPolicy()
+    escalation: EscalationPolicy = EscalationPolicy()
+    disruption: DisruptionPolicy = DisruptionPolicy()
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "") -> Self:
+        """Build from a dict with optional tables classification, correlation, escalation, disruption.
+
+        Example: ``from_mapping({"escalation": {"reboot_node_timeout_s": 900}})`` keeps every other
+        default; ``from_mapping({"escalaton": {}})`` raises ``PolicyError("escalaton: unknown
+        setting ...")``.
+        """
+        if not isinstance(data, Mapping):
+            raise PolicyError(f"{prefix or '<root>'}: expected a table, got {data!r}")
+        groups = {
+            "classification": ClassificationPolicy,
+            "correlation": CorrelationPolicy,
+            "escalation": EscalationPolicy,
+            "disruption": DisruptionPolicy,
+        }
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            group = groups.get(key)
+            if group is None:
+                raise PolicyError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(groups))})")
+            values[key] = group.from_mapping(value, prefix=f"{prefix}{key}.")
+        return cls(**values)

@@ -1,0 +1,269 @@
+"""Disruption budget, circuit breaker, storm cooldown and pause, alone and behind the ladder."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+from rasd.common import xid_catalog
+from rasd.controller.core import actions, blast_radius, correlate, escalation, health, policy
+
+CATALOG = xid_catalog.load_catalog()
+T0 = 1_780_000_000.0
+
+
+def fleet(nodes: int = 200, rack_size: int = 10, feeds: int = 4) -> blast_radius.FleetView:
+    return blast_radius.FleetView(
+        {
+            f"n{i:03d}": {
+                "rack": f"r{i // rack_size:02d}",
+                "nvlink_domain": f"nvl{i // rack_size:02d}",
+                "power_feed": f"pdu{i % feeds}",
+            }
+            for i in range(nodes)
+        }
+    )
+
+
+def node_pair(node: str, ticket: str | None = None) -> list[actions.Action]:
+    tid = ticket or f"t-{node}"
+    return [
+        actions.QuarantineNode(ticket_id=tid, step=0, node_id=node),
+        actions.RebootNode(ticket_id=tid, step=1, node_id=node),
+    ]
+
+
+NO_BREAKER = policy.DisruptionPolicy(breaker_quarantine_pct=100.0)
+
+
+def out_of_service(state: blast_radius.BudgetState, view: blast_radius.FleetView) -> tuple[int, dict]:
+    out = state.disrupted_nodes()
+    per_domain: dict[tuple[str, str], int] = collections.Counter()
+    for node in out:
+        for label, value in view.node_labels[node].items():
+            per_domain[(label, value)] += 1
+    return len(out), per_domain
+
+
+def test_the_cluster_cap_is_the_smaller_of_count_and_percentage():
+    view = fleet(nodes=100, rack_size=100, feeds=1)
+    pol = policy.DisruptionPolicy(
+        breaker_quarantine_pct=100.0,
+        max_disrupted_nodes=8,
+        max_disrupted_nodes_pct=3.0,
+        domain_max_nodes={},
+        domain_max_pct={},
+    )
+    proposed = [a for i in range(10) for a in node_pair(f"n{i:03d}")]
+    _admitted, deferred, state, reasons = blast_radius.admit(
+        blast_radius.BudgetState(), proposed, view, now=T0, policy=pol
+    )
+    assert len(state.disrupted_nodes()) == 3
+    assert len(deferred) == 14 and len(reasons) == 14
+    assert "cluster budget allows 3" in reasons[0]
+
+
+def test_per_rack_cap_keeps_a_tickets_actions_together():
+    view = fleet()
+    proposed = [a for i in range(5) for a in node_pair(f"n{i:03d}")]  # all in rack r00
+    admitted, deferred, _state, _ = blast_radius.admit(
+        blast_radius.BudgetState(), proposed, view, now=T0, policy=NO_BREAKER
+    )
+    # rack r00: min(2, 25% of 10 = 2); nvlink domain nvl00: min(1, ...) = 1.
+    assert [(a.kind, a.node_id) for a in admitted] == [("quarantine_node", "n000"), ("reboot_node", "n000")]
+    assert all(isinstance(a, actions.QuarantineNode | actions.RebootNode) for a in deferred)
+    assert {a.node_id for a in deferred} == {"n001", "n002", "n003", "n004"}
+
+
+def test_percentage_caps_floor_at_one_node_so_small_domains_can_repair():
+    view = blast_radius.FleetView({"a": {"rack": "tiny"}, "b": {"rack": "tiny"}})
+    pol = policy.DisruptionPolicy(breaker_min_nodes=10, domain_max_nodes={}, domain_max_pct={"rack": 1.0})
+    admitted, deferred, _, _ = blast_radius.admit(
+        blast_radius.BudgetState(), node_pair("a") + node_pair("b"), view, now=T0, policy=pol
+    )
+    assert {a.node_id for a in admitted} == {"a"}
+    assert {a.node_id for a in deferred} == {"b"}
+
+
+def test_gpu_level_actions_and_notifications_do_not_use_the_node_budget():
+    view = fleet(nodes=10, rack_size=10)
+    pol = policy.DisruptionPolicy(max_disrupted_nodes=0, breaker_quarantine_pct=100.0)
+    proposed = [
+        actions.QuarantineGpu(ticket_id="t1", step=0, node_id="n000", gpu_uuid="GPU-1"),
+        actions.ResetGpu(ticket_id="t1", step=1, node_id="n000", gpu_uuid="GPU-1"),
+        actions.Notify(ticket_id="t2", step=0, node_id="n001", summary="hi"),
+        *node_pair("n002"),
+    ]
+    admitted, deferred, _, _ = blast_radius.admit(blast_radius.BudgetState(), proposed, view, now=T0, policy=pol)
+    assert [a.kind for a in admitted] == ["quarantine_gpu", "reset_gpu", "notify"]
+    assert [a.kind for a in deferred] == ["quarantine_node", "reboot_node"]
+
+
+def test_results_and_releases_free_the_budget():
+    view = fleet()
+    state = blast_radius.BudgetState()
+    admitted, deferred, state, _ = blast_radius.admit(
+        state, node_pair("n000") + node_pair("n001"), view, now=T0, policy=NO_BREAKER
+    )
+    assert {a.node_id for a in deferred} == {"n001"}
+    reboot = next(a for a in admitted if a.kind == "reboot_node")
+    state = blast_radius.complete(state, reboot.command_id, now=T0 + 60)
+    assert state.disrupted_nodes() == {"n000"}  # still quarantined until validated and released
+    release = actions.Release(ticket_id="t-n000", step=3, node_id="n000")
+    admitted, deferred, state, _ = blast_radius.admit(
+        state, [release, *deferred], view, now=T0 + 120, policy=NO_BREAKER
+    )
+    assert [a.kind for a in admitted] == ["release", "quarantine_node", "reboot_node"]
+    assert state.disrupted_nodes() == {"n001"}
+
+
+def test_pause_defers_everything_but_notifications_and_rma_paperwork_until_resume():
+    view = fleet(nodes=20)
+    state = blast_radius.pause(blast_radius.BudgetState(), now=T0, reason="maintenance window")
+    proposed = [
+        actions.ResetGpu(ticket_id="t1", step=0, node_id="n000", gpu_uuid="GPU-1"),
+        actions.OpenRma(ticket_id="t2", step=0, node_id="n001", gpu_uuid="GPU-2"),
+        actions.Notify(ticket_id="t2", step=1, node_id="n001"),
+    ]
+    admitted, deferred, state, reasons = blast_radius.admit(state, proposed, view, now=T0, policy=NO_BREAKER)
+    assert [a.kind for a in admitted] == ["open_rma", "notify"]
+    assert [a.kind for a in deferred] == ["reset_gpu"]
+    assert "maintenance window" in reasons[0]
+    state = blast_radius.resume(state, now=T0 + 60, policy=NO_BREAKER)
+    admitted, deferred, _, _ = blast_radius.admit(state, deferred, view, now=T0 + 60, policy=NO_BREAKER)
+    assert [a.kind for a in admitted] == ["reset_gpu"]
+
+
+def test_a_storm_that_drains_starts_a_cooldown_for_new_node_actions():
+    view = fleet(nodes=40, rack_size=40, feeds=1)
+    pol = policy.DisruptionPolicy(
+        max_disrupted_nodes=1,
+        breaker_quarantine_pct=100.0,
+        storm_cooldown_s=600.0,
+        domain_max_nodes={},
+        domain_max_pct={},
+    )
+    state = blast_radius.BudgetState()
+    admitted, deferred, state, _ = blast_radius.admit(
+        state, node_pair("n000") + node_pair("n001"), view, now=T0, policy=pol
+    )
+    assert state.storm_active
+    state = blast_radius.complete(state, admitted[1].command_id, now=T0 + 10)
+    release = actions.Release(ticket_id="t-n000", step=2, node_id="n000")
+    admitted, deferred, state, _ = blast_radius.admit(state, [release, *deferred], view, now=T0 + 20, policy=pol)
+    assert not deferred  # the last waiting node got in: the storm is over, the cooldown starts
+    assert not state.storm_active and state.cooldown_until == T0 + 20 + 600
+    state = blast_radius.complete(state, admitted[-1].command_id, now=T0 + 30)
+    _, _, state, _ = blast_radius.admit(
+        state, [actions.Release(ticket_id="t-n001", step=2, node_id="n001")], view, now=T0 + 40, policy=pol
+    )
+    assert state.disrupted_nodes() == frozenset()
+    _, deferred, _, reasons = blast_radius.admit(state, node_pair("n002"), view, now=T0 + 100, policy=pol)
+    assert len(deferred) == 2 and "cooldown" in reasons[0]
+    admitted, _, _, _ = blast_radius.admit(state, node_pair("n002"), view, now=T0 + 621, policy=pol)
+    assert len(admitted) == 2
+
+
+def test_budget_state_round_trips_through_json():
+    view = fleet()
+    _, _, state, _ = blast_radius.admit(blast_radius.BudgetState(), node_pair("n000"), view, now=T0, policy=NO_BREAKER)
+    state = blast_radius.pause(state, now=T0, reason="x")
+    assert blast_radius.BudgetState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+
+# ---- the acceptance scenario: 100 nodes failing at once -------------------------------------
+
+
+def _fail_nodes(nodes: list[str], pol: policy.RemediationPolicy, now: float) -> tuple[dict, list[actions.Action]]:
+    """Xid 79 on every node, through correlate and the ladder; returns node states and proposals."""
+    states = {}
+    proposed: list[actions.Action] = []
+    corr = correlate.CorrelationState()
+    for node in nodes:
+        ev = health.HealthEvent(
+            node_id=node, kind=health.EventKind.XID, observed_at=now, gpu_uuid=f"{node}-GPU-0", xid=79
+        )
+        c = correlate.correlate(corr, ev, now=now, catalog=CATALOG, policy=pol)
+        corr = c.state
+        d = escalation.decide(escalation.RemediationState(node), c.incident, now=now, policy=pol.escalation)
+        states[node] = d.state
+        proposed.extend(d.actions)
+    return states, proposed
+
+
+def test_a_hundred_nodes_failing_at_once_trip_the_breaker_which_holds_until_resumed():
+    view = fleet()
+    pol = policy.RemediationPolicy()
+    _, proposed = _fail_nodes(sorted(view.node_labels)[:100], pol, T0)
+    assert len(proposed) == 200
+
+    admitted, deferred, state, reasons = blast_radius.admit(
+        blast_radius.BudgetState(), proposed, view, now=T0, policy=pol.disruption
+    )
+    assert state.breaker_tripped
+    assert [a.kind for a in admitted] == ["notify"] and admitted[0].severity == "critical"
+    assert "circuit breaker tripped" in reasons[-1]
+    assert len(deferred) == 200
+
+    # It holds: hours later, nothing node-level gets through, and no second trip notice.
+    for hour in range(1, 6):
+        admitted, deferred, state, _ = blast_radius.admit(
+            state, deferred, view, now=T0 + hour * 3600, policy=pol.disruption
+        )
+        assert admitted == () and len(deferred) == 200 and state.breaker_tripped
+
+    # An operator resumes; after the cooldown the backlog drains within the budget, never above it.
+    state = blast_radius.resume(state, now=T0 + 6 * 3600, policy=pol.disruption)
+    now = T0 + 6 * 3600 + pol.disruption.storm_cooldown_s
+    done = set()
+    for _ in range(200):
+        admitted, deferred, state, _ = blast_radius.admit(state, deferred, view, now=now, policy=pol.disruption)
+        assert not state.breaker_tripped
+        count, per_domain = out_of_service(state, view)
+        assert count <= 8  # min(8, 5% of 200 = 10)
+        assert max(per_domain.values(), default=0) <= 4
+        assert all(n <= 1 for (label, _), n in per_domain.items() if label in ("rack", "nvlink_domain"))
+        # every admitted reboot finishes, and its node is validated and released
+        for action in admitted:
+            if action.kind == "reboot_node":
+                state = blast_radius.complete(state, action.command_id, now=now)
+                deferred = (*deferred, actions.Release(ticket_id=action.ticket_id, step=99, node_id=action.node_id))
+                done.add(action.node_id)
+        now += 60
+        if not deferred:
+            break
+    assert len(done) == 100
+    assert state.disrupted_nodes() == frozenset()
+
+
+def test_the_budget_alone_never_exceeds_its_caps_under_a_hundred_failures():
+    view = fleet()
+    pol = policy.RemediationPolicy(disruption=NO_BREAKER)
+    _, proposed = _fail_nodes(sorted(view.node_labels)[:100], pol, T0)
+    admitted, _deferred, state, _ = blast_radius.admit(
+        blast_radius.BudgetState(), proposed, view, now=T0, policy=pol.disruption
+    )
+    count, per_domain = out_of_service(state, view)
+    assert count == 8  # the cluster cap min(8, 5% of 200)
+    assert all(n <= 1 for (label, _), n in per_domain.items() if label in ("rack", "nvlink_domain"))
+    assert all(n <= 4 for (label, _), n in per_domain.items() if label == "power_feed")
+    assert len([a for a in admitted if a.kind == "reboot_node"]) == count
+    assert not state.breaker_tripped and state.storm_active
+    # no reboot admitted without its quarantine
+    admitted_nodes = {a.node_id for a in admitted if a.kind == "quarantine_node"}
+    assert {a.node_id for a in admitted if a.kind == "reboot_node"} == admitted_nodes
+
+
+def test_new_failures_after_a_resume_can_trip_the_breaker_again():
+    view = fleet(nodes=50, rack_size=5)
+    pol = policy.DisruptionPolicy()
+    first = [a for i in range(10) for a in node_pair(f"n{i:03d}")]
+    _, deferred, state, _ = blast_radius.admit(blast_radius.BudgetState(), first, view, now=T0, policy=pol)
+    assert state.breaker_tripped and state.trips == 1
+    state = blast_radius.resume(state, now=T0 + 100, policy=pol)
+    _, deferred, state, _ = blast_radius.admit(state, deferred, view, now=T0 + 101, policy=pol)
+    assert not state.breaker_tripped  # the acknowledged backlog does not re-trip it
+    fresh = [a for i in range(10, 20) for a in node_pair(f"n{i:03d}")]
+    admitted, _, state, _ = blast_radius.admit(state, [*deferred, *fresh], view, now=T0 + 200, policy=pol)
+    assert state.breaker_tripped and state.trips == 2
+    assert admitted[-1].ticket_id == "breaker/2"

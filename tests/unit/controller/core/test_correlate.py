@@ -1,0 +1,168 @@
+"""Correlation rules: bursts, secondaries, peers in an NVLink domain, sticky faults, IB flaps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rasd.common import xid_catalog
+from rasd.controller.core import correlate, health, policy
+
+EventKind = health.EventKind
+Outcome = correlate.Outcome
+CATALOG = xid_catalog.load_catalog()
+POLICY = policy.RemediationPolicy()
+T0 = 1_780_000_000.0
+
+
+class Feed:
+    def __init__(self, pol: policy.RemediationPolicy = POLICY) -> None:
+        self.state = correlate.CorrelationState()
+        self.now = T0
+        self.pol = pol
+
+    def __call__(
+        self, kind: EventKind, *, node: str = "n1", gpu: str = "GPU-1", **fields: object
+    ) -> correlate.Correlation:
+        ev = health.HealthEvent(node_id=node, kind=kind, observed_at=self.now, gpu_uuid=gpu, **fields)
+        result = correlate.correlate(self.state, ev, now=self.now, catalog=CATALOG, policy=self.pol)
+        self.state = result.state
+        return result
+
+    def xid(self, xid: int, **fields: object) -> correlate.Correlation:
+        return self(EventKind.XID, xid=xid, **fields)
+
+
+def test_same_fault_within_the_dedupe_window_is_a_duplicate_then_a_new_incident():
+    feed = Feed()
+    assert feed.xid(13).outcome is Outcome.NEW
+    feed.now += 179
+    dup = feed.xid(13)
+    assert dup.outcome is Outcome.DUPLICATE and dup.incident.event_count == 2
+    feed.now += 2  # 181 s after the incident opened: the burst window is anchored on the opening
+    assert feed.xid(13).outcome is Outcome.NEW
+
+
+def test_the_same_xid_on_another_gpu_is_its_own_incident():
+    feed = Feed()
+    feed.xid(13, gpu="GPU-1")
+    assert feed.xid(13, gpu="GPU-2").outcome is Outcome.NEW
+    assert len(feed.state.open_incidents()) == 2
+
+
+@pytest.mark.parametrize("root", [48, 13, 79, 95])
+def test_xid45_after_another_xid_is_secondary(root):
+    feed = Feed()
+    first = feed.xid(root)
+    feed.now += 5
+    second = feed.xid(45)
+    assert second.outcome is Outcome.SECONDARY
+    assert second.incident.incident_id == first.incident.incident_id
+    assert second.incident.secondary_keys == ("xid:45",)
+
+
+def test_xid45_alone_is_only_observed():
+    assert Feed().xid(45).outcome is Outcome.OBSERVED
+
+
+def test_xid45_after_the_secondary_window_is_not_folded():
+    feed = Feed()
+    feed.xid(48)
+    feed.now += POLICY.correlation.secondary_window_s + 1
+    assert feed.xid(45).outcome is Outcome.OBSERVED
+
+
+def test_xid43_after_a_fatal_is_secondary():
+    feed = Feed()
+    feed.xid(95)
+    feed.now += 1
+    assert feed.xid(43).outcome is Outcome.SECONDARY
+
+
+@pytest.mark.parametrize("detail", [63, 64, 171, 172])
+def test_remap_and_dram_details_after_xid48_are_secondary(detail):
+    feed = Feed()
+    feed.xid(48)
+    assert feed.xid(detail).outcome is Outcome.SECONDARY
+
+
+def test_peer_xid74_in_one_nvlink_domain_folds_into_the_root_across_nodes():
+    feed = Feed()
+    root = feed.xid(74, node="tray-1", gpu="GPU-A", nvlink_domain="nvl72-0")
+    feed.now += 1
+    peers = [feed.xid(74, node=f"tray-{i}", gpu=f"GPU-{i}", nvlink_domain="nvl72-0") for i in range(2, 6)]
+    assert root.outcome is Outcome.NEW
+    assert {p.outcome for p in peers} == {Outcome.SECONDARY}
+    assert peers[-1].incident.peer_gpu_uuids == ("GPU-2", "GPU-3", "GPU-4", "GPU-5")
+    assert len(feed.state.open_incidents()) == 1
+
+
+def test_xid74_in_another_nvlink_domain_is_its_own_incident():
+    feed = Feed()
+    feed.xid(74, gpu="GPU-A", nvlink_domain="nvl72-0")
+    assert feed.xid(74, gpu="GPU-B", nvlink_domain="nvl72-1").outcome is Outcome.NEW
+
+
+def test_a_sticky_xid_seen_again_within_three_hours_is_a_recurrence():
+    feed = Feed()
+    first = feed.xid(79)
+    assert first.incident.sticky
+    feed.now += 2 * 3600
+    again = feed.xid(79)
+    assert again.outcome is Outcome.RECURRENCE
+    assert again.incident.occurrences == 2
+    assert again.needs_decision
+    feed.now += 3 * 3600 + 1
+    assert feed.xid(79).outcome is Outcome.NEW
+
+
+def test_non_sticky_incidents_are_forgotten_after_their_window():
+    feed = Feed()
+    feed.xid(13)
+    feed.now += 3600
+    feed.xid(13, gpu="GPU-2")
+    assert [i.gpu_uuid for i in feed.state.open_incidents()] == ["GPU-2"]
+
+
+def test_ib_flaps_count_per_port_and_open_one_incident_per_node():
+    feed = Feed()
+    outcomes = []
+    for i in range(12):
+        feed.now += 20
+        port = str(1 + i % 2)
+        r = feed(EventKind.IB_LINK_STATE, gpu="", attributes={"ib_device": "mlx5_0", "ib_port": port})
+        outcomes.append(r.outcome)
+    # port 1 reaches 6 changes on the 11th event; earlier ones are only observed.
+    assert outcomes[:10] == [Outcome.OBSERVED] * 10
+    assert outcomes[10] is Outcome.NEW
+    assert outcomes[11] is Outcome.DUPLICATE
+    assert [i.fault_key for i in feed.state.open_incidents()] == ["ib_flap"]
+
+
+def test_ib_state_changes_outside_the_flap_window_do_not_count():
+    feed = Feed()
+    for _ in range(10):
+        feed.now += POLICY.classification.ib_flap_window_s / 5 + 1
+        r = feed(EventKind.IB_LINK_STATE, gpu="", attributes={"ib_device": "mlx5_0", "ib_port": "1"})
+        assert r.outcome is Outcome.OBSERVED
+    assert len(feed.state.ports["n1"][0].changed_at) <= 5
+
+
+def test_state_round_trips_through_json():
+    feed = Feed()
+    feed.xid(48, nvlink_domain="d0")
+    feed.xid(45, nvlink_domain="d0")
+    feed(EventKind.IB_LINK_STATE, gpu="", attributes={"ib_device": "mlx5_0", "ib_port": "1"})
+    restored = correlate.CorrelationState.from_dict(json.loads(json.dumps(feed.state.to_dict())))
+    assert restored == feed.state
+
+
+def test_correlation_does_not_mutate_its_input_state():
+    feed = Feed()
+    feed.xid(48)
+    before = feed.state
+    snapshot = before.to_dict()
+    feed.xid(45)
+    feed.xid(13, gpu="GPU-2")
+    assert before.to_dict() == snapshot

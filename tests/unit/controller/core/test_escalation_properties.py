@@ -1,0 +1,200 @@
+"""Property tests: random event/result/time sequences against the ladder's invariants.
+
+Invariants, for every sequence:
+1. attempts per (target, rung) within the budget window never exceed the rung's budget (no loops);
+2. no GPU-disruptive action (restart, reset) while the node has a reboot/power-cycle in flight;
+3. a Release only comes from a passing (or drift / dry-run) validation, or a forced operator release;
+4. command ids never repeat; every decision has a one-line reason;
+5. ticket invariants: ACTING has a pending command, WAITING has a rung to start, and the rung never
+   goes down;
+6. the state survives a JSON round trip unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rasd.common import xid_catalog
+from rasd.controller.core import correlate, escalation, health, policy
+
+CATALOG = xid_catalog.load_catalog()
+T0 = 1_780_000_000.0
+GPUS = ("GPU-0", "GPU-1", "GPU-2")
+EventKind = health.EventKind
+Outcome = escalation.Outcome
+MAX_EXAMPLES = 300
+
+FAULTS = [
+    {"kind": EventKind.XID, "xid": 13},
+    {"kind": EventKind.XID, "xid": 48},
+    {"kind": EventKind.XID, "xid": 45},
+    {"kind": EventKind.XID, "xid": 79},
+    {"kind": EventKind.XID, "xid": 95},
+    {"kind": EventKind.XID, "xid": 61},
+    {"kind": EventKind.XID, "xid": 154, "message": "changed from 0x0 (None) to 0x2 (Node Reboot Required)"},
+    {"kind": EventKind.RECOVERY_ACTION, "recovery_action": 1},
+    {"kind": EventKind.ROW_REMAP_FAILURE},
+    {"kind": EventKind.ROW_REMAP_PENDING},
+    {"kind": EventKind.ECC_DBE},
+    {"kind": EventKind.SDC_SUSPECT},
+    {"kind": EventKind.PCIE_REPLAY, "pcie_replay_rate_per_s": 100.0},
+]
+
+event_op = st.tuples(st.just("event"), st.sampled_from(range(len(FAULTS))), st.sampled_from(GPUS))
+result_op = st.tuples(
+    st.just("result"),
+    st.integers(min_value=0, max_value=5),
+    st.sampled_from([Outcome.SUCCEEDED, Outcome.FAILED, Outcome.TIMED_OUT, Outcome.REFUSED, Outcome.DRY_RUN]),
+    st.sampled_from(["pass", "fail", "suspect", "software_drift", ""]),
+)
+time_op = st.tuples(st.just("advance"), st.sampled_from([1.0, 60.0, 400.0, 1800.0, 4000.0, 7 * 3600.0]))
+tick_op = st.tuples(st.just("tick"))
+release_op = st.tuples(st.just("release"), st.integers(min_value=0, max_value=5), st.booleans())
+ops = st.lists(st.one_of(event_op, result_op, result_op, time_op, tick_op, release_op), min_size=1, max_size=40)
+
+POLICIES = {
+    "default": policy.RemediationPolicy(),
+    "bmc": policy.RemediationPolicy.from_mapping(
+        {"escalation": {"bmc_power_cycle_enabled": True, "max_attempts_reset_gpu": 1, "validate_after_restart": True}}
+    ),
+}
+
+
+def _run(sequence, pol: policy.RemediationPolicy) -> None:
+    now = T0
+    corr = correlate.CorrelationState()
+    state = escalation.RemediationState("n1")
+    seen_ids: set[str] = set()
+    attempts: list[tuple[str, str, float]] = []
+    esc = pol.escalation
+    rung_of = {
+        "restart_process": escalation.Rung.RESTART_PROCESS,
+        "reset_gpu": escalation.Rung.RESET_GPU,
+        "reboot_node": escalation.Rung.REBOOT_NODE,
+        "power_cycle_bmc": escalation.Rung.POWER_CYCLE_BMC,
+    }
+    last_rung: dict[str, int] = {}
+
+    def take(decision: escalation.Decision, *, releases_allowed: bool) -> escalation.RemediationState:
+        nonlocal state
+        before = state
+        assert decision.reason and "\n" not in decision.reason
+        busy_before = before.node_command_id
+        for action in decision.actions:
+            assert action.command_id not in seen_ids, action
+            seen_ids.add(action.command_id)
+            if action.kind in rung_of:
+                target = "node" if action.kind in ("reboot_node", "power_cycle_bmc") else action.gpu_uuid
+                attempts.append((target, action.kind, now))
+            if action.gpu_disruptive and busy_before:
+                # allowed only when this very decision finished the in-flight node command
+                assert decision.state.node_command_id != busy_before, (action, decision.reason)
+            if action.kind == "release" and not action.forced:
+                assert releases_allowed, decision.reason
+        state = decision.state
+        for action in decision.actions:
+            if action.kind in (*rung_of, "run_validation"):
+                state = escalation.mark_dispatched(state, action.command_id, now=now)
+        for t in state.tickets:
+            if t.state is escalation.TicketState.ACTING:
+                assert t.pending is not None
+            if t.state is escalation.TicketState.WAITING:
+                assert t.waiting_rung is not None
+            if t.rung is not None:
+                assert t.rung >= last_rung.get(t.ticket_id, 0)
+                last_rung[t.ticket_id] = t.rung
+        assert escalation.RemediationState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+        return state
+
+    for op in sequence:
+        if op[0] == "event":
+            fault = dict(FAULTS[op[1]])
+            kind = fault.pop("kind")
+            ev = health.HealthEvent(node_id="n1", kind=kind, observed_at=now, gpu_uuid=op[2], **fault)
+            c = correlate.correlate(corr, ev, now=now, catalog=CATALOG, policy=pol)
+            corr = c.state
+            if c.needs_decision:
+                take(escalation.decide(state, c.incident, now=now, policy=esc), releases_allowed=False)
+        elif op[0] == "result":
+            pendings = [t.pending for t in state.tickets if t.pending is not None]
+            if not pendings:
+                continue
+            pending = pendings[op[1] % len(pendings)]
+            verdict = op[3] if pending.kind == "run_validation" else ""
+            result = escalation.ActionResult(pending.command_id, op[2], validation_verdict=verdict)
+            passing = pending.kind == "run_validation" and (
+                op[2] is Outcome.DRY_RUN or (op[2] is Outcome.SUCCEEDED and verdict in ("pass", "software_drift"))
+            )
+            take(escalation.on_result(state, result, now=now, policy=esc), releases_allowed=passing)
+        elif op[0] == "advance":
+            now += op[1]
+        elif op[0] == "tick":
+            take(escalation.tick(state, now=now, policy=esc), releases_allowed=False)
+        elif op[0] == "release":
+            if not state.tickets:
+                continue
+            ticket = state.tickets[op[1] % len(state.tickets)]
+            decision = escalation.operator_release(state, ticket.ticket_id, now=now, policy=esc, force=op[2])
+            take(decision, releases_allowed=op[2])
+
+    # The budget invariant over the whole run (the run is far shorter than the budget window).
+    assert now - T0 < esc.attempt_budget_window_s
+    counts = collections.Counter((target, kind) for target, kind, _ in attempts)
+    for (target, kind), count in counts.items():
+        assert count <= esc.max_attempts(kind), (target, kind, count)
+
+
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=ops)
+def test_random_sequences_keep_the_ladder_invariants(sequence):
+    _run(sequence, POLICIES["default"])
+
+
+@settings(max_examples=MAX_EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=ops)
+def test_random_sequences_keep_the_invariants_with_the_bmc_rung(sequence):
+    _run(sequence, POLICIES["bmc"])
+
+
+@settings(max_examples=MAX_EXAMPLES // 3, deadline=None)
+@given(sequence=ops)
+def test_the_same_sequence_replays_to_the_same_actions(sequence):
+    """Determinism: a decision replayed from the same inputs yields the same command ids."""
+
+    def actions_of(seq):
+        now = T0
+        corr = correlate.CorrelationState()
+        state = escalation.RemediationState("n1")
+        out = []
+        for op in seq:
+            if op[0] == "event":
+                fault = dict(FAULTS[op[1]])
+                kind = fault.pop("kind")
+                ev = health.HealthEvent(node_id="n1", kind=kind, observed_at=now, gpu_uuid=op[2], **fault)
+                c = correlate.correlate(corr, ev, now=now, catalog=CATALOG, policy=POLICIES["default"])
+                corr = c.state
+                if c.needs_decision:
+                    d = escalation.decide(state, c.incident, now=now, policy=POLICIES["default"].escalation)
+                    state = d.state
+                    out.extend(a.command_id for a in d.actions)
+            elif op[0] == "result":
+                pendings = [t.pending for t in state.tickets if t.pending is not None]
+                if pendings:
+                    p = pendings[op[1] % len(pendings)]
+                    d = escalation.on_result(
+                        state,
+                        escalation.ActionResult(p.command_id, op[2], validation_verdict=op[3]),
+                        now=now,
+                        policy=POLICIES["default"].escalation,
+                    )
+                    state = d.state
+                    out.extend(a.command_id for a in d.actions)
+            elif op[0] == "advance":
+                now += op[1]
+        return out
+
+    assert actions_of(sequence) == actions_of(sequence)

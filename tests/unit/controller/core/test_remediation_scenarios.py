@@ -1,0 +1,539 @@
+"""Scenario tests for the remediation core: event sequences on a fake clock through
+correlate → decide → on_result/tick, as the service will run them (minus persistence)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from rasd.common import xid_catalog
+from rasd.controller.core import actions, correlate, escalation, health, policy
+
+EventKind = health.EventKind
+Outcome = escalation.Outcome
+TicketState = escalation.TicketState
+CATALOG = xid_catalog.load_catalog()
+T0 = 1_780_000_000.0
+REPAIR_KINDS = ("restart_process", "reset_gpu", "reboot_node", "power_cycle_bmc", "run_validation")
+
+
+class FakeClock:
+    def __init__(self, start: float = T0) -> None:
+        self.now = start
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Node:
+    """One node's remediation driven like the service does it, with every action recorded."""
+
+    def __init__(self, pol: policy.RemediationPolicy | None = None, node_id: str = "n1") -> None:
+        self.clock = FakeClock()
+        self.policy = pol or policy.RemediationPolicy()
+        self.node_id = node_id
+        self.corr = correlate.CorrelationState()
+        self.state = escalation.RemediationState(node_id)
+        self.actions: list[actions.Action] = []
+        self.reasons: list[str] = []
+        self.outcomes: list[correlate.Outcome] = []
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def event(self, kind: EventKind, gpu: str = "GPU-1", **fields: object) -> escalation.Decision | None:
+        ev = health.HealthEvent(node_id=self.node_id, kind=kind, observed_at=self.clock.now, gpu_uuid=gpu, **fields)
+        corr = correlate.correlate(self.corr, ev, now=self.clock.now, catalog=CATALOG, policy=self.policy)
+        self.corr = corr.state
+        self.outcomes.append(corr.outcome)
+        if not corr.needs_decision:
+            return None
+        assert corr.incident is not None
+        return self._take(
+            escalation.decide(self.state, corr.incident, now=self.clock.now, policy=self.policy.escalation)
+        )
+
+    def xid(self, xid: int, gpu: str = "GPU-1", **fields: object) -> escalation.Decision | None:
+        return self.event(EventKind.XID, gpu, xid=xid, **fields)
+
+    def result(self, kind: str, outcome: Outcome, verdict: str = "") -> escalation.Decision:
+        """Answer the newest outstanding command of ``kind``."""
+        cmd = self.pending(kind)
+        return self._take(
+            escalation.on_result(
+                self.state,
+                escalation.ActionResult(cmd, outcome, validation_verdict=verdict),
+                now=self.clock.now,
+                policy=self.policy.escalation,
+            )
+        )
+
+    def tick(self) -> escalation.Decision:
+        return self._take(escalation.tick(self.state, now=self.clock.now, policy=self.policy.escalation))
+
+    def _take(self, decision: escalation.Decision) -> escalation.Decision:
+        assert decision.reason and "\n" not in decision.reason
+        self.state = decision.state
+        self.actions.extend(decision.actions)
+        self.reasons.append(decision.reason)
+        for action in decision.actions:
+            if action.kind in REPAIR_KINDS:
+                self.state = escalation.mark_dispatched(self.state, action.command_id, now=self.clock.now)
+        return decision
+
+    # -- views -------------------------------------------------------------------------------
+
+    def pending(self, kind: str) -> str:
+        for t in self.state.tickets:
+            if t.pending is not None and t.pending.kind == kind:
+                return t.pending.command_id
+        raise AssertionError(f"no pending {kind}: {[t.pending for t in self.state.tickets]}")
+
+    def kinds(self, decision: escalation.Decision | None) -> list[str]:
+        return [] if decision is None else [a.kind for a in decision.actions]
+
+    def ticket(self, gpu: str = "GPU-1") -> escalation.Ticket:
+        matches = [t for t in self.state.tickets if t.covers_gpu(gpu)]
+        assert len(matches) == 1, self.state.tickets
+        return matches[0]
+
+    def all_kinds(self) -> list[str]:
+        return [a.kind for a in self.actions]
+
+
+# ---- the acceptance scenarios ----------------------------------------------------------------
+
+
+def test_xid13_restarts_the_process_and_a_repeat_within_the_window_resets_the_gpu():
+    node = Node()
+    first = node.xid(13)
+    assert node.kinds(first) == ["restart_process"]
+    assert first.actions[0].gpu_uuid == "GPU-1"
+    node.result("restart_process", Outcome.SUCCEEDED)
+    assert node.ticket().state is TicketState.WATCHING
+
+    node.clock.advance(20 * 60)
+    again = node.xid(13)
+    assert node.kinds(again) == ["quarantine_gpu", "reset_gpu"]
+    assert "recurred" in again.reason
+    assert node.ticket().rung is escalation.Rung.RESET_GPU
+
+
+def test_failed_reset_reboots_and_a_recurrence_after_the_reboot_goes_to_rma():
+    node = Node()
+    node.xid(13)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node.clock.advance(600)
+    node.xid(13)
+
+    failed = node.result("reset_gpu", Outcome.FAILED)
+    assert node.kinds(failed) == ["quarantine_node", "reboot_node"]
+    assert "reset_gpu failed" in failed.reason
+
+    rebooted = node.result("reboot_node", Outcome.SUCCEEDED)
+    assert node.kinds(rebooted) == ["run_validation"]
+    assert rebooted.actions[0].suite == "post-repair"
+    assert node.ticket().state is TicketState.VALIDATING
+
+    passed = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    released = {(a.gpu_uuid, a.forced) for a in passed.actions if isinstance(a, actions.Release)}
+    assert released == {("", False), ("GPU-1", False)}  # the node and the GPU held since the reset
+    assert node.ticket().state is TicketState.WATCHING
+
+    node.clock.advance(3600)
+    recurred = node.xid(13)
+    assert node.kinds(recurred) == ["quarantine_gpu", "open_rma", "notify"]
+    assert node.ticket().state is TicketState.RMA_PENDING
+    rma = recurred.actions[1]
+    assert isinstance(rma, actions.OpenRma) and rma.gpu_uuid == "GPU-1"
+    assert any("reset_gpu failed" in line for line in rma.evidence)
+
+
+def test_row_remap_failure_goes_straight_to_rma_and_other_gpus_stay_in_service():
+    node = Node()
+    decision = node.event(EventKind.ROW_REMAP_FAILURE, gpu="GPU-2")
+    assert node.kinds(decision) == ["quarantine_gpu", "open_rma", "notify"]
+    assert {a.gpu_uuid for a in decision.actions if hasattr(a, "gpu_uuid")} == {"GPU-2"}
+    assert "quarantine_node" not in node.all_kinds()
+    assert node.ticket("GPU-2").state is TicketState.RMA_PENDING
+
+
+@pytest.mark.parametrize("outcome", [Outcome.FAILED, Outcome.TIMED_OUT, Outcome.SUCCEEDED])
+def test_xid79_reboots_and_never_resets(outcome):
+    node = Node()
+    decision = node.xid(79, gpu="GPU-3")
+    assert node.kinds(decision) == ["quarantine_node", "reboot_node"]
+    node.result("reboot_node", outcome)
+    if outcome is Outcome.SUCCEEDED:
+        node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    node.clock.advance(4 * 3600)
+    node.xid(79, gpu="GPU-3")
+    node.tick()
+    assert "reset_gpu" not in node.all_kinds()
+    assert "restart_process" not in node.all_kinds()
+    assert node.ticket("GPU-3").state is TicketState.RMA_PENDING
+
+
+def test_fallen_off_bus_from_the_kernel_log_and_xid79_are_one_incident():
+    node = Node()
+    node.xid(79, gpu="GPU-3")
+    node.event(EventKind.FALLEN_OFF_BUS, gpu="GPU-3")
+    assert node.outcomes == [correlate.Outcome.NEW, correlate.Outcome.SECONDARY]
+    assert node.all_kinds().count("reboot_node") == 1
+
+
+def test_xid154_node_reboot_required_reboots():
+    node = Node()
+    decision = node.xid(
+        154, gpu="GPU-4", message="GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+    )
+    assert node.kinds(decision) == ["quarantine_node", "reboot_node"]
+    assert "NODE_REBOOT" in decision.reason
+
+
+def test_nvml_recovery_action_field_drain_and_reset_resets_the_gpu():
+    node = Node()
+    decision = node.event(EventKind.RECOVERY_ACTION, gpu="GPU-5", recovery_action=4)
+    assert node.kinds(decision) == ["quarantine_gpu", "reset_gpu"]
+
+
+def test_link_flap_storm_on_one_node_is_one_incident_and_quarantines_the_node():
+    node = Node()
+    for i in range(30):  # 15 down/up flaps across two ports in 5 minutes
+        node.clock.advance(10)
+        port = "1" if i % 3 else "2"
+        state = "DOWN" if i % 2 == 0 else "ACTIVE"
+        node.event(
+            EventKind.IB_LINK_STATE, gpu="", attributes={"ib_device": "mlx5_0", "ib_port": port, "ib_state": state}
+        )
+    assert node.outcomes.count(correlate.Outcome.NEW) == 1
+    assert node.all_kinds() == ["quarantine_node", "notify"]
+    assert len(node.corr.open_incidents()) == 1
+    assert node.ticket("").state is TicketState.AWAITING_OPERATOR
+
+
+def test_link_flap_storm_with_port_isolation_quarantines_only_the_port():
+    pol = policy.RemediationPolicy.from_mapping({"classification": {"ib_flap_isolation": "port"}})
+    node = Node(pol)
+    for i in range(10):
+        node.clock.advance(10)
+        node.event(
+            EventKind.IB_LINK_STATE,
+            gpu="",
+            attributes={"ib_device": "mlx5_1", "ib_port": "1", "ib_state": "DOWN" if i % 2 == 0 else "ACTIVE"},
+        )
+    assert node.all_kinds() == ["quarantine_port", "notify"]
+    assert node.actions[0].ib_port == "mlx5_1/1"
+
+
+def test_xid45_following_xid48_is_one_incident():
+    node = Node()
+    node.xid(48)
+    node.clock.advance(2)
+    node.xid(45)
+    node.event(EventKind.ECC_DBE)
+    assert node.outcomes == [correlate.Outcome.NEW, correlate.Outcome.SECONDARY, correlate.Outcome.SECONDARY]
+    assert len(node.corr.open_incidents()) == 1
+    assert node.all_kinds() == ["quarantine_gpu", "reset_gpu"]
+
+
+def test_a_burst_of_the_same_xid_is_one_incident_and_one_action():
+    node = Node()
+    for _ in range(50):
+        node.xid(13)
+        node.clock.advance(3)
+    assert node.outcomes.count(correlate.Outcome.NEW) == 1
+    assert node.all_kinds() == ["restart_process"]
+
+
+# ---- timeouts, validation, holding ----------------------------------------------------------
+
+
+def test_a_reset_that_times_out_climbs_to_reboot_on_tick():
+    node = Node()
+    node.xid(95)  # RESET_GPU bucket
+    node.clock.advance(node.policy.escalation.reset_gpu_timeout_s - 1)
+    assert node.kinds(node.tick()) == []
+    node.clock.advance(1)
+    climbed = node.tick()
+    assert node.kinds(climbed) == ["quarantine_node", "reboot_node"]
+    assert "timed_out" in climbed.reason
+
+
+def test_a_command_held_back_by_the_budget_never_times_out():
+    node = Node()
+    decision = escalation.decide(
+        node.state,
+        correlate.correlate(
+            node.corr,
+            health.HealthEvent("n1", EventKind.XID, T0, gpu_uuid="GPU-1", xid=95),
+            now=T0,
+            catalog=CATALOG,
+            policy=node.policy,
+        ).incident,
+        now=T0,
+        policy=node.policy.escalation,
+    )
+    later = escalation.tick(decision.state, now=T0 + 10 * 86400, policy=node.policy.escalation)
+    assert later.actions == ()
+
+
+def test_suspect_validation_is_retested_then_counts_as_failed():
+    node = Node()
+    node.xid(95)
+    node.result("reset_gpu", Outcome.SUCCEEDED)
+    retest = node.result("run_validation", Outcome.SUCCEEDED, "suspect")
+    assert node.kinds(retest) == ["run_validation"]
+    assert retest.actions[0].suite == "accusation"
+    failed = node.result("run_validation", Outcome.SUCCEEDED, "suspect")
+    assert node.kinds(failed) == ["quarantine_node", "reboot_node"]
+
+
+def test_software_drift_releases_and_tells_a_person():
+    node = Node()
+    node.xid(95)
+    node.result("reset_gpu", Outcome.SUCCEEDED)
+    decision = node.result("run_validation", Outcome.SUCCEEDED, "software_drift")
+    assert node.kinds(decision) == ["release", "notify"]
+    assert node.ticket().state is TicketState.WATCHING
+
+
+def test_the_watch_closes_the_ticket_after_the_recurrence_window():
+    node = Node()
+    node.xid(13)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node.clock.advance(node.policy.escalation.recurrence_window_s)
+    closed = node.tick()
+    assert "closed" in closed.reason
+    assert node.state.tickets == ()
+
+
+def test_remap_pending_within_spare_capacity_resets_and_returns_to_service():
+    node = Node()
+    decision = node.event(EventKind.ROW_REMAP_PENDING, remapped_rows_uncorrectable=3)
+    assert node.kinds(decision) == ["quarantine_gpu", "reset_gpu"]
+    node.result("reset_gpu", Outcome.SUCCEEDED)
+    released = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert [(a.kind, a.gpu_uuid) for a in released.actions] == [("release", "GPU-1")]
+
+
+def test_retired_pages_within_capacity_take_no_action():
+    node = Node()
+    assert node.event(EventKind.RETIRED_PAGES, retired_pages=12) is None
+    assert node.outcomes == [correlate.Outcome.OBSERVED]
+
+
+def test_sdc_accusation_holds_the_gpu_and_a_failed_validation_goes_to_rma():
+    node = Node()
+    decision = node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    assert node.kinds(decision) == ["quarantine_gpu", "run_validation"]
+    assert decision.actions[1].suite == "accusation"
+    failed = node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    assert "open_rma" in node.kinds(failed)
+
+
+def test_sdc_accusation_that_passes_releases_the_gpu():
+    node = Node()
+    node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    passed = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert [(a.kind, a.gpu_uuid) for a in passed.actions] == [("release", "GPU-6")]
+
+
+# ---- the node while it reboots ----------------------------------------------------------------
+
+
+def test_gpu_fault_during_a_reboot_folds_into_the_reboot_and_gets_no_gpu_action():
+    node = Node()
+    node.xid(79, gpu="GPU-3")
+    decision = node.xid(13, gpu="GPU-4")
+    assert node.kinds(decision) == []
+    assert "folded" in decision.reason
+    assert node.ticket("GPU-3") is node.ticket("GPU-4")
+    node.result("reboot_node", Outcome.SUCCEEDED)
+    passed = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert node.kinds(passed) == ["release"]
+    assert "restart_process" not in node.all_kinds()
+
+
+def test_a_reboot_supersedes_a_reset_in_flight_on_another_gpu():
+    node = Node()
+    node.xid(95, gpu="GPU-1")
+    reset_cmd = node.pending("reset_gpu")
+    node.xid(79, gpu="GPU-2")
+    assert len(node.state.tickets) == 1
+    assert node.ticket("GPU-1") is node.ticket("GPU-2")
+    stale = escalation.on_result(
+        node.state,
+        escalation.ActionResult(reset_cmd, Outcome.FAILED),
+        now=node.clock.now,
+        policy=node.policy.escalation,
+    )
+    assert stale.actions == () and "stale" in stale.reason
+    node.result("reboot_node", Outcome.SUCCEEDED)
+    passed = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert sorted(a.gpu_uuid for a in passed.actions) == ["", "GPU-1"]
+
+
+def test_rma_after_a_reboot_releases_the_node_once_its_other_gpus_pass():
+    node = Node()
+    node.xid(79, gpu="GPU-3")
+    rma = node.result("reboot_node", Outcome.FAILED)
+    assert node.kinds(rma) == ["quarantine_gpu", "open_rma", "notify", "run_validation"]
+    assert rma.actions[-1].exclude_gpu_uuids == ("GPU-3",)
+    released = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert [(a.kind, a.gpu_uuid) for a in released.actions] == [("release", "")]
+    assert node.ticket("GPU-3").held == ("gpu:GPU-3",)
+
+
+# ---- budgets, optional rungs, operator --------------------------------------------------------
+
+
+def test_spent_rung_budgets_make_a_new_ticket_skip_rungs():
+    node = Node()
+    for _ in range(2):
+        node.xid(13)
+        node.result("restart_process", Outcome.SUCCEEDED)
+        node.clock.advance(node.policy.escalation.recurrence_window_s)
+        node.tick()  # the watch closes; the next Xid 13 opens a new ticket
+    third = node.xid(13)
+    assert node.kinds(third) == ["quarantine_gpu", "reset_gpu"]
+    assert "budget 2 spent" in third.reason
+
+
+def test_the_bmc_power_cycle_rung_is_used_when_enabled():
+    pol = policy.RemediationPolicy.from_mapping({"escalation": {"bmc_power_cycle_enabled": True}})
+    node = Node(pol)
+    node.xid(79)
+    cycled = node.result("reboot_node", Outcome.TIMED_OUT)
+    assert node.kinds(cycled) == ["power_cycle_bmc"]  # the node is already quarantined
+    rma = node.result("power_cycle_bmc", Outcome.NOT_SUPPORTED)
+    assert "open_rma" in node.kinds(rma)
+
+
+def test_operator_release_of_an_isolated_node_needs_a_passing_validation():
+    node = Node()
+    node.event(EventKind.SXID, gpu="", xid=12028, severity=health.Severity.FATAL)
+    ticket = node.ticket("")
+    assert ticket.state is TicketState.AWAITING_OPERATOR and ticket.held == ("node",)
+    decision = node._take(
+        escalation.operator_release(node.state, ticket.ticket_id, now=node.clock.now, policy=node.policy.escalation)
+    )
+    assert node.kinds(decision) == ["run_validation"]
+    still = node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    assert node.kinds(still) == ["notify"]
+    assert node.ticket("").state is TicketState.AWAITING_OPERATOR
+
+
+def test_operator_force_release_is_marked_forced_and_closes_the_ticket():
+    node = Node()
+    node.event(EventKind.ROW_REMAP_FAILURE)
+    ticket = node.ticket()
+    decision = escalation.operator_release(
+        node.state, ticket.ticket_id, now=node.clock.now, policy=node.policy.escalation, force=True
+    )
+    assert [(a.kind, a.forced) for a in decision.actions] == [("release", True)]
+    assert decision.state.tickets == ()
+
+
+def test_a_mild_unknown_xid_only_tells_a_person():
+    node = Node()
+    decision = node.xid(9999)
+    assert node.kinds(decision) == ["notify"]
+    assert node.state.tickets == ()
+
+
+# ---- determinism and restart ------------------------------------------------------------------
+
+
+def _ladder(node: Node, checkpoint: bool) -> list[str]:
+    node.xid(13)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node.clock.advance(600)
+    if checkpoint:  # the controller restarts: state comes back from the store
+        node.state = escalation.RemediationState.from_dict(json.loads(json.dumps(node.state.to_dict())))
+        node.corr = correlate.CorrelationState.from_dict(json.loads(json.dumps(node.corr.to_dict())))
+    node.xid(13)
+    node.result("reset_gpu", Outcome.FAILED)
+    node.result("reboot_node", Outcome.SUCCEEDED)
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    return [a.command_id for a in node.actions]
+
+
+def test_a_replayed_ladder_produces_the_same_command_ids_across_a_restart():
+    assert _ladder(Node(), checkpoint=False) == _ladder(Node(), checkpoint=True)
+
+
+def test_replaying_one_decision_from_stored_state_reuses_its_command_ids():
+    node = Node()
+    node.xid(13)
+    stored = json.dumps(node.state.to_dict())
+    restart = node.pending("restart_process")
+    first = node.result("restart_process", Outcome.FAILED)
+    replay = escalation.on_result(
+        escalation.RemediationState.from_dict(json.loads(stored)),
+        escalation.ActionResult(restart, Outcome.FAILED),
+        now=node.clock.now,
+        policy=node.policy.escalation,
+    )
+    assert [a.command_id for a in replay.actions] == [a.command_id for a in first.actions]
+    assert len(set(a.command_id for a in node.actions)) == len(node.actions)
+
+
+def test_a_result_for_an_unknown_command_is_stale_and_changes_nothing():
+    node = Node()
+    node.xid(13)
+    decision = escalation.on_result(
+        node.state,
+        escalation.ActionResult("not-a-command", Outcome.FAILED),
+        now=node.clock.now,
+        policy=node.policy.escalation,
+    )
+    assert decision.state == node.state and decision.actions == ()
+
+
+def test_every_action_carries_the_reason_and_a_ticket_scoped_key():
+    node = Node()
+    node.xid(79)
+    for action in node.actions:
+        assert action.reason
+        assert action.key.startswith(node.ticket().ticket_id + "/")
+        assert dataclasses.asdict(action)["node_id"] == "n1"
+
+
+def test_a_gpu_covered_by_a_reboot_that_faults_later_gets_its_own_ticket():
+    node = Node()
+    node.xid(79, gpu="GPU-3")
+    node.xid(95, gpu="GPU-4")  # folds into the reboot
+    node.result("reboot_node", Outcome.SUCCEEDED)
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    node.clock.advance(3600)
+    decision = node.xid(95, gpu="GPU-4")
+    assert node.kinds(decision) == ["quarantine_gpu", "reset_gpu"]
+    assert node.ticket("GPU-4") is not node.ticket("GPU-3")
+
+
+def test_handle_event_runs_the_whole_pipeline():
+    pol = policy.RemediationPolicy()
+    corr = correlate.CorrelationState()
+    state = escalation.RemediationState("n1")
+    first = escalation.handle_event(
+        corr,
+        state,
+        health.HealthEvent("n1", EventKind.XID, T0, gpu_uuid="GPU-1", xid=48),
+        now=T0,
+        catalog=CATALOG,
+        policy=pol,
+    )
+    assert first.correlation.outcome is correlate.Outcome.NEW
+    assert [a.kind for a in first.decision.actions] == ["quarantine_gpu", "reset_gpu"]
+    second = escalation.handle_event(
+        first.correlation.state,
+        first.decision.state,
+        health.HealthEvent("n1", EventKind.XID, T0 + 2, gpu_uuid="GPU-1", xid=45),
+        now=T0 + 2,
+        catalog=CATALOG,
+        policy=pol,
+    )
+    assert second.decision.actions == () and second.decision.state == first.decision.state
+    assert "Xid 45 is the cleanup after Xid 48" in second.decision.reason
