@@ -158,10 +158,11 @@ def admit(
     """Split proposed actions into those that may run now and those that must wait. Pure.
 
     Worked example (defaults: ≤ 8 nodes and ≤ 5 %; rack ≤ 2 and ≤ 25 %; breaker > 10 % in 10 min):
-    200 nodes in 20 racks of 10; 100 nodes each propose (QuarantineNode, RebootNode) at once →
-    the breaker sees 100 nodes > 20 needing quarantine and trips: admitted = (Notify(breaker),),
-    deferred = the 200 node actions, until ``resume``. Had only 5 nodes in one rack proposed,
-    2 nodes' pairs would be admitted (rack cap 2: min(2, ⌊25 % × 10⌋)) and 3 deferred.
+    200 nodes labelled only with racks, 20 racks of 10. 100 nodes each propose (QuarantineNode,
+    RebootNode) at once → the breaker sees 100 nodes > 20 needing quarantine and trips: admitted =
+    (Notify(breaker),), deferred = the 200 node actions, until ``resume``. Had only 5 nodes of one
+    rack proposed, 2 nodes' pairs would be admitted (rack cap min(2, ⌊25 % × 10⌋) = 2) and 3 nodes'
+    pairs deferred, reasons "rack r00 allows 2 of its 10 nodes out of service at once and 2 are".
 
     Args:
         state: what the budget remembers.

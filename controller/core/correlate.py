@@ -12,6 +12,10 @@ DUPLICATE               same target and fault_key within ``dedupe_window_s`` of 
 SECONDARY               a consequence of another open incident (rules below)        no
 RECURRENCE              a sticky fault seen again after the dedupe window but       yes
                         within ``sticky_window_s`` of its last sighting
+UPGRADE                 what would be a DUPLICATE or SECONDARY asks for a           yes
+                        stronger repair than its incident (Xid 154 "reset" then
+                        "reboot"; a DBE whose remap count reaches the RMA limit):
+                        the incident takes the new classification
 OBSERVED                nothing to act on (classification action "none")            no
 ======================  ==========================================================  ==============
 
@@ -58,6 +62,7 @@ class Outcome(enum.StrEnum):
     DUPLICATE = "duplicate"
     SECONDARY = "secondary"
     RECURRENCE = "recurrence"
+    UPGRADE = "upgrade"
     OBSERVED = "observed"
 
 
@@ -174,10 +179,23 @@ class Correlation:
     @property
     def needs_decision(self) -> bool:
         """True when escalation must see it (NEW or RECURRENCE)."""
-        return self.outcome in (Outcome.NEW, Outcome.RECURRENCE)
+        return self.outcome in (Outcome.NEW, Outcome.RECURRENCE, Outcome.UPGRADE)
 
 
 _MAX_SECONDARY_KEYS = 32
+
+_ACTION_RANK = {
+    classify.RecommendedAction.RESTART_PROCESS: 1,
+    classify.RecommendedAction.RESET_GPU: 2,
+    classify.RecommendedAction.REBOOT_NODE: 3,
+    classify.RecommendedAction.RMA: 4,
+}
+"""How strong a repair each ladder action is; anything else ranks 0."""
+
+
+def _stronger(new: classify.Classification, old: classify.Classification) -> bool:
+    return _ACTION_RANK.get(new.action, 0) > _ACTION_RANK.get(old.action, 0)
+
 
 _SECONDARY_OF_48 = frozenset({63, 64, 171, 172})
 
@@ -314,6 +332,23 @@ def correlate(
     def replace(old: Incident, new: Incident) -> tuple[Incident, ...]:
         return tuple(new if i is old else i for i in incidents)
 
+    def _upgrade(inc: Incident) -> Correlation:
+        stronger = dataclasses.replace(
+            inc,
+            # The incident keeps its identity (fault_key) and takes the stronger verdict.
+            classification=dataclasses.replace(cls, fault_key=inc.fault_key),
+            last_seen_at=now,
+            event_count=inc.event_count + 1,
+            secondary_keys=(*inc.secondary_keys, cls.fault_key)[-_MAX_SECONDARY_KEYS:],
+        )
+        return answer(
+            replace(inc, stronger),
+            Outcome.UPGRADE,
+            stronger,
+            f"{cls.fault_key} asks for {cls.action} where incident {inc.incident_id} asked for "
+            f"{inc.classification.action}: {cls.reason}",
+        )
+
     # An IB flap storm is one incident per node (or per port): later flaps join it.
     if cls.fault_key.startswith("ib_flap") or (
         event.kind is EventKind.IB_LINK_STATE
@@ -339,6 +374,8 @@ def correlate(
     ]
     for inc in reversed(same_target):
         if now - inc.opened_at <= corr_pol.dedupe_window_s:
+            if _stronger(cls, inc.classification):
+                return _upgrade(inc)
             joined = dataclasses.replace(inc, last_seen_at=now, event_count=inc.event_count + 1)
             return answer(
                 replace(inc, joined),
@@ -349,6 +386,8 @@ def correlate(
             )
 
     root = _secondary_root(event, incidents, now, corr_pol)
+    if root is not None and _stronger(cls, root[0].classification) and root[0].gpu_uuid == event.gpu_uuid:
+        return _upgrade(root[0])
     if root is not None:
         inc, why = root
         peers = inc.peer_gpu_uuids

@@ -648,16 +648,16 @@ def decide(
 ) -> Decision:
     """Advance the node's repair tickets for one new (or recurring) incident. Pure.
 
-    Call it for correlation outcomes NEW and RECURRENCE only; duplicates and secondaries are
-    already folded.
+    Call it when ``Correlation.needs_decision`` (outcomes NEW, RECURRENCE, UPGRADE); duplicates
+    and secondaries are already folded into their incident.
 
     Worked examples (default policy: budgets restart 2, reset 2, reboot 2, no BMC hook; window 6 h):
 
     - No ticket; Xid 13 on GPU-1 → ACTING restart_process: ``(RestartProcess(GPU-1),)``, reason
-      "Xid 13 (...): NVIDIA bucket RESTART_APP → restart_process: restart_process".
+      "Xid 13 (...): NVIDIA bucket RESTART_APP → restart_process: restart_process (attempt 1 of 2)".
     - Ticket WATCHING after that restart succeeded; Xid 13 on GPU-1 again 10 min later → ACTING
-      reset_gpu: ``(QuarantineGpu(GPU-1), ResetGpu(GPU-1))``, "... recurred within 21600s after
-      restart_process: reset_gpu".
+      reset_gpu: ``(QuarantineGpu(GPU-1), ResetGpu(GPU-1))``, "xid:13 recurred within 21600s after
+      restart_process: reset_gpu (attempt 1 of 2)".
     - No ticket; ROW_REMAP_FAILURE on GPU-2 → RMA_PENDING: ``(QuarantineGpu(GPU-2), OpenRma(GPU-2),
       Notify)``; the node's other GPUs stay schedulable.
     - No ticket; Xid 79 on GPU-3 → ACTING reboot_node: ``(QuarantineNode, RebootNode)``; the rung
@@ -855,7 +855,7 @@ def on_result(
     Worked examples:
 
     - Ticket ACTING reset_gpu on GPU-1; result FAILED → ACTING reboot_node:
-      ``(QuarantineNode, RebootNode)``, reason "reset_gpu failed: ...: reboot_node".
+      ``(QuarantineNode, RebootNode)``, reason "reset_gpu failed: reboot_node (attempt 1 of 2)".
     - Ticket ACTING reboot_node; result SUCCEEDED → VALIDATING: ``(RunValidation("post-repair",
       all GPUs),)``.
     - Ticket VALIDATING; verdict "pass" → WATCHING: ``(Release(node),)``.

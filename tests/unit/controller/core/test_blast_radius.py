@@ -5,6 +5,9 @@ from __future__ import annotations
 import collections
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from rasd.common import xid_catalog
 from rasd.controller.core import actions, blast_radius, correlate, escalation, health, policy
 
@@ -267,3 +270,58 @@ def test_new_failures_after_a_resume_can_trip_the_breaker_again():
     admitted, _, state, _ = blast_radius.admit(state, [*deferred, *fresh], view, now=T0 + 200, policy=pol)
     assert state.breaker_tripped and state.trips == 2
     assert admitted[-1].ticket_id == "breaker/2"
+
+
+# ---- property: whatever arrives, the caps hold ---------------------------------------------
+
+_PROPERTY_FLEET = fleet(nodes=60, rack_size=6, feeds=3)
+_PROPERTY_POLICY = policy.DisruptionPolicy(breaker_quarantine_pct=50.0, breaker_window_s=300.0)
+_NODES = sorted(_PROPERTY_FLEET.node_labels)
+
+budget_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("fail"), st.lists(st.sampled_from(_NODES), min_size=1, max_size=30, unique=True)),
+        st.tuples(st.just("finish"), st.integers(min_value=0, max_value=20)),
+        st.tuples(st.just("advance"), st.sampled_from([1.0, 30.0, 400.0, 3600.0])),
+        st.tuples(st.just("resume")),
+        st.tuples(st.just("pause")),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sequence=budget_ops)
+def test_random_failures_never_exceed_the_budget(sequence):
+    pol = _PROPERTY_POLICY
+    state = blast_radius.BudgetState()
+    backlog: list[actions.Action] = []
+    running: list[actions.Action] = []
+    now = T0
+    for round_no, op in enumerate(sequence):
+        if op[0] == "fail":
+            backlog.extend(a for n in op[1] for a in node_pair(n, ticket=f"t-{n}-{round_no}"))
+        elif op[0] == "finish" and running:
+            done = running.pop(op[1] % len(running))
+            state = blast_radius.complete(state, done.command_id, now=now)
+            backlog.append(actions.Release(ticket_id=f"rel-{done.command_id}", step=0, node_id=done.node_id))
+        elif op[0] == "advance":
+            now += op[1]
+        elif op[0] == "resume":
+            state = blast_radius.resume(state, now=now, policy=pol)
+        elif op[0] == "pause":
+            state = blast_radius.pause(state, now=now, reason="test")
+        was_tripped = state.breaker_tripped
+        admitted, deferred, state, reasons = blast_radius.admit(state, backlog, _PROPERTY_FLEET, now=now, policy=pol)
+        backlog = list(deferred)
+        running.extend(a for a in admitted if a.kind == "reboot_node")
+        assert len(reasons) >= len(deferred)
+        count, per_domain = out_of_service(state, _PROPERTY_FLEET)
+        assert count <= 3  # min(8, 5% of 60)
+        assert all(n <= 1 for (label, _), n in per_domain.items() if label == "nvlink_domain")
+        assert all(n <= 1 for (label, _), n in per_domain.items() if label == "rack")  # min(2, 25% of 6)
+        if was_tripped or state.paused:
+            assert all(a.kind in ("notify", "open_rma") for a in admitted)
+        for a in admitted:  # a reboot is never admitted without its node being out of service
+            if a.kind == "reboot_node":
+                assert a.node_id in state.disrupted_nodes()

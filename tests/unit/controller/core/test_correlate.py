@@ -166,3 +166,24 @@ def test_correlation_does_not_mutate_its_input_state():
     feed.xid(45)
     feed.xid(13, gpu="GPU-2")
     assert before.to_dict() == snapshot
+
+
+def test_a_stronger_recovery_action_within_the_burst_upgrades_the_incident():
+    feed = Feed()
+    feed.xid(154, message="... to 0x1 (GPU Reset Required)")
+    feed.now += 30
+    up = feed.xid(154, message="... from 0x1 (GPU Reset Required) to 0x2 (Node Reboot Required)")
+    assert up.outcome is Outcome.UPGRADE and up.needs_decision
+    assert up.incident.classification.action.value == "reboot_node"
+    feed.now += 30
+    assert feed.xid(154, message="... to 0x1 (GPU Reset Required)").outcome is Outcome.DUPLICATE
+
+
+def test_a_secondary_that_proves_the_memory_exhausted_upgrades_the_root_to_rma():
+    feed = Feed()
+    root = feed.xid(48)
+    up = feed(EventKind.ECC_DBE, remapped_rows_uncorrectable=600)
+    assert up.outcome is Outcome.UPGRADE
+    assert up.incident.incident_id == root.incident.incident_id
+    assert up.incident.classification.action.value == "rma"
+    assert up.incident.fault_key == "xid:48"

@@ -537,3 +537,13 @@ def test_handle_event_runs_the_whole_pipeline():
     )
     assert second.decision.actions == () and second.decision.state == first.decision.state
     assert "Xid 45 is the cleanup after Xid 48" in second.decision.reason
+
+
+def test_xid154_reset_then_reboot_required_upgrades_the_reset_to_a_reboot():
+    node = Node()
+    first = node.xid(154, message="... to 0x1 (GPU Reset Required)")
+    assert node.kinds(first) == ["quarantine_gpu", "reset_gpu"]
+    node.clock.advance(20)
+    second = node.xid(154, message="... from 0x1 (GPU Reset Required) to 0x2 (Node Reboot Required)")
+    assert node.kinds(second) == ["quarantine_node", "reboot_node"]
+    assert "supersedes reset_gpu" in second.reason
