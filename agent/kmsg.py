@@ -26,7 +26,7 @@ Recognised messages:
 * ``nvidia-nvswitchN: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 48 LTSSM Fault Up``. The driver
   prints each SXid as up to three lines (``Data {...}``, the description, ``Severity N Engine
   instance ...``); only the description line is an event, so one fault is one event.
-* RDMA port state ``mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link DOWN`` (IB core, kernel >= 6.14),
+* RDMA port state ``mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link DOWN`` (IB core, recent kernels),
   ``mlx5_core 0000:53:00.0 enp83s0f0np0: Link down`` (mlx5 netdev), ``ib0: Link DOWN``, and
   ``mlx5_core 0000:08:00.0: Port module event: module 0, Cable unplugged``.
 

@@ -516,3 +516,29 @@ def test_long_lines_do_not_blow_up_the_regexes():
     started = time.perf_counter()
     assert parse_lines(lines) == []
     assert time.perf_counter() - started < 1.0
+
+
+_PREFIXES = st.sampled_from(
+    ["", "[ 1843.308145] ", "Nov 30 05:33:20 node-7 kernel: ", "4,77,123456,-;", "[Fri Aug 30 11:43:09 2024] "]
+)
+_NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_.-", min_size=1, max_size=15)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prefix=_PREFIXES,
+    xid=st.integers(1, 172),
+    domain=st.integers(0, 0xFFFF),
+    bus=st.integers(0, 0xFF),
+    pid_name=st.one_of(st.none(), st.tuples(st.integers(0, 4_000_000), _NAMES)),
+    mig=st.one_of(st.none(), st.tuples(st.integers(0, 14), st.integers(0, 7))),
+    text=st.text(alphabet="abcdefghij ABCDEF0123456789:.()", max_size=40),
+)
+def test_generated_xid_lines_round_trip(prefix, xid, domain, bus, pid_name, mig, text):
+    loc = f"PCI:{domain:04x}:{bus:02x}:00" + (f" GPU-I:{mig[0]:02d} GPU-CI:{mig[1]:02d}" if mig else "")
+    fields = f"pid={pid_name[0]}, name={pid_name[1]}, " if pid_name else ""
+    (e,) = KmsgParser().feed(f"{prefix}NVRM: Xid ({loc}): {xid}, {fields}{text}")
+    assert (e.xid, e.pci) == (xid, f"{domain:04x}:{bus:02x}:00.0")
+    assert (e.pid, e.process) == (pid_name if pid_name else (None, None))
+    assert (e.gpu_instance, e.compute_instance) == (mig if mig else (None, None))
+    assert e.message == text.strip()
