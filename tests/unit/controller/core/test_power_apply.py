@@ -1,0 +1,353 @@
+"""Two-phase apply: decreases first, confirmed by read-back, then increases; the budget holds throughout."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rasd.controller.core import power, power_apply, power_policy, power_tree
+
+POLICY = power_policy.PowerPolicy(command_ttl_s=5.0, clock_skew_margin_s=0.0)
+
+
+def one_rack_tree(budget_w):
+    return power_tree.PowerTree.from_mapping(
+        {
+            "budget_w": 100_000,
+            "rows": [
+                {
+                    "name": "row",
+                    "racks": [{"name": "rack", "budget_w": budget_w, "nodes": [{"name": "n1"}, {"name": "n2"}]}],
+                }
+            ],
+        }
+    )
+
+
+def two_gpu_state(confirmed=(600.0, 400.0)):
+    gpus = [power_apply.GpuLimits("a", "n1", 200, 700), power_apply.GpuLimits("b", "n2", 200, 700)]
+    state = power_apply.ApplyState.unknown(gpus, now=0.0, policy=POLICY, epoch="e1")
+    readbacks = [power_apply.CapReadback(g.gpu_uuid, w, 6.0) for g, w in zip(gpus, confirmed, strict=True)]
+    return power_apply.record(state, readbacks=readbacks, policy=POLICY)
+
+
+def test_docstring_example_raises_only_after_the_decrease_is_confirmed():
+    tree = one_rack_tree(1_000)
+    state = two_gpu_state()
+    assert list(power_apply.may_be_in_force_w(state)) == [600, 400]
+    targets = np.array([400, 600])
+    state, plan = power_apply.plan(state, targets, tree, now=10.0, policy=POLICY)
+    assert [(c.gpu_uuid, c.limit_w, c.phase) for c in plan.decreases] == [("a", 400, 1)]
+    assert plan.increases == () and plan.waiting == 1
+    assert power_apply.may_be_in_force(state, "a") == 600, "an unconfirmed decrease counts as not applied"
+
+    state, plan = power_apply.plan(state, targets, tree, now=11.0, policy=POLICY)
+    assert plan.decreases == plan.increases == (), "nothing new while a's decrease is unconfirmed"
+
+    ack = power_apply.CapAck(plan_id := "cap-e1-0", "a", 400.0, 11.5)
+    assert plan_id.startswith("cap-e1")
+    state = power_apply.record(state, acks=[ack], policy=POLICY)
+    state, plan = power_apply.plan(state, targets, tree, now=12.0, policy=POLICY)
+    assert [(c.gpu_uuid, c.limit_w, c.phase) for c in plan.increases] == [("b", 600, 2)]
+    assert plan.by_node() == {"n2": {"b": 600}}
+    assert list(power_apply.may_be_in_force_w(state)) == [400, 600]
+
+
+def test_a_lost_ack_is_settled_by_a_read_back_showing_the_target():
+    tree = one_rack_tree(1_000)
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now=10.0, policy=POLICY)
+    stale = power_apply.CapReadback("a", 600.0, 10.5)
+    state = power_apply.record(state, readbacks=[stale], policy=POLICY)
+    assert power_apply.may_be_in_force(state, "a") == 600
+    state = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 400.0, 11.0)], policy=POLICY)
+    assert power_apply.may_be_in_force(state, "a") == 400
+
+
+def test_a_pending_raise_counts_until_a_read_back_after_its_deadline():
+    tree = one_rack_tree(1_000)
+    state = two_gpu_state((300.0, 400.0))
+    state, plan = power_apply.plan(state, np.array([600, 400]), tree, now=10.0, policy=POLICY)
+    assert [c.limit_w for c in plan.increases] == [600]
+    # Telemetry from before the command could have landed says 300: the raise may still land.
+    state = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 300.0, 12.0)], policy=POLICY)
+    assert power_apply.may_be_in_force(state, "a") == 600
+    # After the deadline the agent refuses it, so a newer read-back settles it.
+    state = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 300.0, 15.5)], policy=POLICY)
+    assert power_apply.may_be_in_force(state, "a") == 300
+
+
+def test_reordered_read_backs_never_roll_the_state_back():
+    state = two_gpu_state()
+    newer = power_apply.CapReadback("a", 500.0, 20.0)
+    older = power_apply.CapReadback("a", 650.0, 19.0)
+    state = power_apply.record(state, readbacks=[newer, older], policy=POLICY)
+    assert power_apply.may_be_in_force(state, "a") == 500
+
+
+def test_an_ack_for_an_older_command_does_not_clear_the_current_one():
+    tree = one_rack_tree(1_000)
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now=10.0, policy=POLICY)
+    replayed = power_apply.CapAck("cap-e0-7", "a", 450.0, 10.2)
+    state = power_apply.record(state, acks=[replayed], policy=POLICY)
+    assert state.pending_seq[0] == 0 and power_apply.may_be_in_force(state, "a") == 450
+
+
+def test_a_refused_command_is_cleared_without_changing_the_confirmed_cap():
+    tree = one_rack_tree(1_000)
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now=10.0, policy=POLICY)
+    state = power_apply.record(state, acks=[power_apply.CapAck("cap-e1-0", "a", None, 16.0)], policy=POLICY)
+    assert state.pending_seq[0] == power_apply.NO_COMMAND
+    assert power_apply.may_be_in_force(state, "a") == 600
+
+
+def test_state_survives_a_restart_through_json():
+    tree = one_rack_tree(1_000)
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now=10.0, policy=POLICY)
+    again = power_apply.ApplyState.from_mapping(json.loads(json.dumps(state.to_mapping())))
+    assert again.to_mapping() == state.to_mapping()
+    assert list(power_apply.may_be_in_force_w(again)) == list(power_apply.may_be_in_force_w(state))
+
+
+def test_a_state_that_was_lost_assumes_maximum_until_a_read_back_after_one_command_lifetime():
+    gpus = [power_apply.GpuLimits("a", "n1", 200, 700)]
+    state = power_apply.ApplyState.unknown(gpus, now=100.0, policy=POLICY, epoch="e2")
+    early = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 300.0, 101.0)], policy=POLICY)
+    assert power_apply.may_be_in_force(early, "a") == 700, "a command sent before the crash may still land"
+    late = power_apply.record(early, readbacks=[power_apply.CapReadback("a", 300.0, 105.5)], policy=POLICY)
+    assert power_apply.may_be_in_force(late, "a") == 300
+
+
+def test_with_gpus_keeps_known_gpus_and_starts_new_ones_unknown():
+    state = two_gpu_state()
+    grown = state.with_gpus([state.gpus[1], power_apply.GpuLimits("c", "n1", 100, 500)], now=20.0, policy=POLICY)
+    assert list(power_apply.may_be_in_force_w(grown)) == [400, 500]
+
+
+def test_a_budget_cut_is_reported_over_budget_until_the_decreases_are_confirmed():
+    tree = one_rack_tree(1_000).with_budget("rack", 800)
+    state, plan = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now=10.0, policy=POLICY)
+    assert plan.over_budget == ("rack",) and len(plan.decreases) == 1
+    state = power_apply.record(state, acks=[power_apply.CapAck("cap-e1-0", "a", 400.0, 10.5)], policy=POLICY)
+    _, plan = power_apply.plan(state, np.array([400, 400]), tree, now=11.0, policy=POLICY)
+    assert plan.over_budget == ()
+
+
+# Property test: a small fleet through many random steps -------------------------------------------
+
+STEPS_PER_SCENARIO = 400
+# The issue asks for >= 100,000 random steps. Every step here runs the real allocator (every third
+# step) and the real planner on a 16-GPU, four-level fleet; that costs about 1 ms a step on a 2-core
+# box, so the default run is 30 scenarios x 400 = 12,000 steps (about 10 s) and the full acceptance run
+# is `RASD_POWER_PROPERTY_SCENARIOS=250` (100,000 steps, about 2.5 min; see the final report).
+SCENARIOS = int(os.environ.get("RASD_POWER_PROPERTY_SCENARIOS", "30"))
+STEPS_RUN = {"steps": 0, "scenarios": 0, "commands": 0, "restarts": 0, "lost_state": 0}
+
+
+def random_fleet(rng):
+    """2 rows x 2 racks x 2 nodes x 2 GPUs, random limits, random budgets (some levels unbudgeted)."""
+    gpus = []
+    for r in range(2):
+        for k in range(2):
+            for n in range(2):
+                for g in range(2):
+                    gpus.append(
+                        power_apply.GpuLimits(
+                            f"GPU-{r}{k}{n}{g}", f"n{r}{k}{n}", int(rng.integers(100, 200)), int(rng.integers(400, 701))
+                        )
+                    )
+    node_min = {}
+    node_max = {}
+    for g in gpus:
+        node_min[g.node_id] = node_min.get(g.node_id, 0) + g.min_w
+        node_max[g.node_id] = node_max.get(g.node_id, 0) + g.max_w
+
+    def budget(names):
+        lo = sum(node_min[x] for x in names)
+        hi = sum(node_max[x] for x in names)
+        return None if rng.random() < 0.2 else int(rng.uniform(lo, lo + 1.1 * (hi - lo)))
+
+    def entry(name, names):
+        b = budget(names)
+        return {"name": name, **({"budget_w": b} if b is not None else {})}
+
+    rows = []
+    for r in range(2):
+        racks = []
+        for k in range(2):
+            nodes = [f"n{r}{k}{n}" for n in range(2)]
+            racks.append(
+                {**entry(f"rack{r}{k}", nodes), "nodes": [{**entry(x, [x]), "min_w": node_min[x]} for x in nodes]}
+            )
+        rows.append({**entry(f"row{r}", [f"n{r}{k}{n}" for k in range(2) for n in range(2)]), "racks": racks})
+    cluster = budget(list(node_min)) or sum(node_max.values())
+    return gpus, power_tree.PowerTree.from_mapping({"budget_w": cluster, "rows": rows})
+
+
+def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, p_budget, p_load):
+    rng = np.random.default_rng(seed)
+    gpus, tree = random_fleet(rng)
+    n = len(gpus)
+    idx = tree.index
+    node_idx = np.array([idx.node_of_name[g.node_id] for g in gpus])
+    lo = np.array([g.min_w for g in gpus], dtype=float)
+    hi = np.array([g.max_w for g in gpus], dtype=float)
+    nodes = idx.node_names
+    position = {g.gpu_uuid: i for i, g in enumerate(gpus)}
+    gpus_of = [np.flatnonzero(node_idx == k) for k in range(len(nodes))]
+
+    truth = rng.uniform(lo, hi).round()  # whatever the GPUs enforce when the controller first starts
+    # Start-up: the first controller has no state. Budgets are checked from the moment its bounds fit.
+    epoch = 0
+    state = power_apply.ApplyState.unknown(gpus, now=0.0, policy=POLICY, epoch=f"e{epoch}")
+    persisted = state  # states are immutable: keeping the object is persisting it (JSON at restart)
+    checked = [np.full_like(b, np.inf) for b in idx.level_budgets()]
+    demand = rng.uniform(lo * 0.5, hi * 1.2)
+    eligible = np.ones(n, bool)
+    marginal = np.zeros(n, bool)
+    reachable = np.ones(len(nodes), bool)
+    unreachable_for = np.zeros(len(nodes), int)
+    executed = [dict() for _ in nodes]  # agent: command id -> (enforced read-back, time)
+    in_flight = []  # (deliver_at, kind, node, payload)
+    targets = None
+    previous_caps = None
+    alloc_rng = np.random.default_rng(seed + 1)
+
+    def send(now, kind, node, payload):
+        if not reachable[node] or rng.random() < p_drop:
+            return
+        in_flight.append((now + int(rng.integers(0, max_delay + 1)), kind, node, payload))
+
+    for step in range(1, STEPS_PER_SCENARIO + 1):
+        now = float(step)
+        # Random world events.
+        if rng.random() < p_load:
+            change = rng.random(n) < 0.5
+            demand = np.where(change, rng.uniform(lo * 0.5, hi * 1.2), demand)
+        if rng.random() < 0.02:
+            eligible = rng.random(n) > 0.1
+            marginal = rng.random(n) < 0.1
+        flips = rng.random(len(nodes)) < p_node_loss
+        reachable = np.where(flips, ~reachable, reachable)
+        unreachable_for = np.where(reachable, 0, unreachable_for + 1)
+        if rng.random() < p_budget:
+            domain = tree.domains[int(rng.integers(len(tree.domains)))]
+            new = int(rng.uniform(domain.min_w, domain.min_w + 1.2 * (sum(hi) / len(nodes)) * 2))
+            tree = tree.with_budget(domain.name, new if domain.level == "cluster" or rng.random() < 0.8 else None)
+            idx = tree.index
+
+        # Deliver what is due, in random order (reordering).
+        due = [m for m in in_flight if m[0] <= now]
+        in_flight = [m for m in in_flight if m[0] > now]
+        acks, readbacks = [], []
+        for j in rng.permutation(len(due)):
+            _, kind, node, payload = due[j]
+            if kind == "cmd":
+                if not reachable[node]:
+                    continue
+                i = position[payload.gpu_uuid]
+                done = executed[node].get(payload.command_id)
+                if done is None:
+                    if now > payload.deadline_s:
+                        done = (None, now)  # refused: past its deadline, and never executed later
+                    else:
+                        truth[i] = payload.limit_w
+                        done = (truth[i], now)
+                    executed[node][payload.command_id] = done
+                send(now, "ack", node, power_apply.CapAck(payload.command_id, payload.gpu_uuid, done[0], done[1]))
+            elif kind == "ack":
+                acks.append(payload)
+            else:
+                readbacks.extend(payload)
+
+        # Agent fail-safe: 3 periods without the controller -> a safe cap, never a raise.
+        lost = (unreachable_for >= 3)[node_idx]
+        truth = np.where(lost, np.minimum(truth, lo), truth)
+        # Telemetry: each reachable GPU reports its enforced limit with some probability.
+        for node in np.flatnonzero(rng.random(len(nodes)) < 0.7):
+            batch = [power_apply.CapReadback(gpus[i].gpu_uuid, float(truth[i]), now) for i in gpus_of[node]]
+            send(now, "rb", node, batch)
+
+        # Controller.
+        if rng.random() < p_restart:
+            STEPS_RUN["restarts"] += 1
+            previous_caps = None
+            if rng.random() < p_lost_state:
+                STEPS_RUN["lost_state"] += 1
+                epoch += 1
+                state = power_apply.ApplyState.unknown(gpus, now=now, policy=POLICY, epoch=f"e{epoch}")
+            else:
+                state = power_apply.ApplyState.from_mapping(json.loads(json.dumps(persisted.to_mapping())))
+        state = power_apply.record(state, acks=acks, readbacks=readbacks, policy=POLICY)
+        bound = power_apply.may_be_in_force_w(state)
+        if step % 3 == 1 or targets is None:
+            # Stale telemetry (unreachable node) is treated as drawing at its cap.
+            draw = np.where(reachable[node_idx], np.minimum(demand, truth), bound)
+            views = power.GpuViews(
+                gpu_uuids=tuple(g.gpu_uuid for g in gpus),
+                node_idx=node_idx,
+                priority=np.arange(n) % 3,
+                draw_w=draw,
+                cap_w=bound,
+                min_w=lo,
+                max_w=hi,
+                throttled=demand > truth,
+                eligible=eligible,
+                marginal=marginal,
+                reachable=reachable[node_idx],
+            )
+            alloc = power.allocate(tree, views, previous_caps, policy=POLICY, rng=alloc_rng)
+            targets = previous_caps = alloc.caps_w
+            assert idx.over_budget(node_idx, targets.astype(float)) == [], "allocation over budget"
+            assert np.all((targets >= lo) & (targets <= hi)), "target outside [min, max]"
+        state, plan = power_apply.plan(state, targets, tree, now=now, policy=POLICY)
+        persisted = state
+        for c in (*plan.decreases, *plan.increases):
+            STEPS_RUN["commands"] += 1
+            send(now, "cmd", idx.node_of_name[c.node_id], c)
+            assert lo[position[c.gpu_uuid]] <= c.limit_w <= hi[position[c.gpu_uuid]]
+
+        # Invariants.
+        bound = power_apply.may_be_in_force_w(state)
+        assert np.all(truth <= bound), f"step {step}: a GPU enforces more than the planner's bound"
+        assert np.all((truth >= lo) & (truth <= hi)), f"step {step}: enforced cap outside [min, max]"
+        budgets = idx.level_budgets()
+        bound_sums = idx.sums(node_idx, bound)
+        # A cut budget binds once the planner's bounds fit it (decreases confirmed); looser budgets at once.
+        checked = [np.where(s <= b, b, c) for s, b, c in zip(bound_sums, budgets, checked, strict=True)]
+        for level, (s, c) in enumerate(zip(idx.sums(node_idx, truth), checked, strict=True)):
+            assert np.all(s <= c + 1e-9), f"step {step}: level {level} enforced {s} over budget {c}"
+        STEPS_RUN["steps"] += 1
+    STEPS_RUN["scenarios"] += 1
+
+
+@settings(max_examples=SCENARIOS, deadline=None, derandomize=True, database=None)
+@given(
+    seed=st.integers(0, 2**31),
+    p_drop=st.sampled_from([0.0, 0.05, 0.2, 0.4]),
+    max_delay=st.integers(0, 6),
+    p_node_loss=st.sampled_from([0.0, 0.01, 0.05]),
+    p_restart=st.sampled_from([0.0, 0.01, 0.05]),
+    p_lost_state=st.sampled_from([0.0, 0.3, 1.0]),
+    p_budget=st.sampled_from([0.0, 0.02, 0.1]),
+    p_load=st.sampled_from([0.05, 0.2, 0.5]),
+)
+def test_random_steps_never_exceed_a_budget_at_any_level(
+    seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, p_budget, p_load
+):
+    """Load changes, dropped/delayed/reordered messages, node loss, restarts (persisted or lost), budget
+    cuts: the caps GPUs enforce stay within [min, max], under the planner's bound, and within every budget."""
+    run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, p_budget, p_load)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_step_count():
+    yield
+    if STEPS_RUN["scenarios"]:
+        print(
+            f"\npower property test: {STEPS_RUN['steps']} random steps in {STEPS_RUN['scenarios']} scenarios, "
+            f"{STEPS_RUN['commands']} commands, {STEPS_RUN['restarts']} restarts "
+            f"({STEPS_RUN['lost_state']} with state lost), 0 budget violations"
+        )

@@ -1,0 +1,41 @@
+import pytest
+
+from rasd.controller.core import power_policy
+
+
+def test_defaults_are_valid_and_round_trip():
+    policy = power_policy.PowerPolicy()
+    policy.validate()
+    assert power_policy.PowerPolicy.from_mapping(policy.to_mapping()) == policy
+
+
+def test_from_mapping_reads_numbers_and_flags():
+    policy = power_policy.PowerPolicy.from_mapping(
+        {"control_period_s": 1, "swing_target_w": 50_000, "peak_cap_enabled": True}
+    )
+    assert policy.control_period_s == 1.0
+    assert policy.swing_target_w == 50_000.0
+    assert policy.peak_cap_enabled is True
+
+
+@pytest.mark.parametrize(
+    ("mapping", "key"),
+    [
+        ({"control_periods": 3}, "control_periods"),
+        ({"control_period_s": "3s"}, "control_period_s"),
+        ({"control_period_s": 0}, "control_period_s"),
+        ({"peak_cap_enabled": 1}, "peak_cap_enabled"),
+        ({"raise_jitter_pct": True}, "raise_jitter_pct"),
+        ({"lower_band_pct": 95}, "donor_target_pct"),
+        ({"raise_jitter_pct": 100}, "raise_jitter_pct"),
+        ({"floor_min_pct": 95}, "floor_min_pct"),
+        ({"band_low_hz": 3}, "band_low_hz"),
+        ({"min_coherence": 1.5}, "min_coherence"),
+        ({"ramp_limit_w_per_s": float("inf")}, "ramp_limit_w_per_s"),
+        ({"marginal_cap_pct": 120}, "marginal_cap_pct"),
+    ],
+)
+def test_from_mapping_names_the_bad_key(mapping, key):
+    with pytest.raises(power_policy.PolicyError) as err:
+        power_policy.PowerPolicy.from_mapping(mapping)
+    assert err.value.key == key
