@@ -9,7 +9,9 @@ Sources, in the order they are consulted:
    whose message carries the same value as text ("... to 0x2 (Node Reboot Required)").
 3. NVIDIA's XID catalog (``rasd.common.xid_catalog``): the "immediate action" bucket gives the
    recommended action and default severity; ``xid_action_overrides`` in the policy replaces it
-   per Xid, and Xid 79 (fallen off the bus) is always at least a reboot.
+   per Xid, and Xid 79 (fallen off the bus) is always at least a reboot. For Xid 144-150
+   (NVLink5) with ``intr_info``/``error_status`` attributes, NVIDIA's register decode sheet gives
+   the bucket instead, when the caller passes it in.
 4. Counter thresholds: volatile DBE → reset; row-remap pending → reset (applies the remap);
    remapped rows and retired pages below the RMA limits → stay in service; corrected-ECC rate →
    warning; NVLink CRC rate and link down → reset; PCIe replay rate → a person looks (reseat).
@@ -184,6 +186,7 @@ def classify(
     catalog: xid_catalog.XidCatalog,
     policy: policy.ClassificationPolicy,
     ib_state_changes_in_window: int = 0,
+    nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
 ) -> Classification:
     """Classify one event. Pure.
 
@@ -204,6 +207,10 @@ def classify(
         policy: thresholds.
         ib_state_changes_in_window: for IB_LINK_STATE events, how many state changes the event's
             port had within ``policy.ib_flap_window_s``, this one included (from ``correlate``).
+        nvlink5_rules: NVIDIA's Xid 144-150 decode sheet (``xid_catalog.load_nvlink5_rules()``,
+            loaded once by the caller). When given and an Xid 144-150 event carries the
+            ``intr_info`` and ``error_status`` attributes (and optionally ``subcode``), the decoded
+            row's bucket replaces the catalog's default "reset_gpu".
 
     Returns:
         The classification; never raises for unknown input (it says "investigate" instead).
@@ -219,7 +226,7 @@ def classify(
     if kind is EventKind.RECOVERY_ACTION or (kind is EventKind.XID and event.xid == 154):
         return _classify_recovery_action(event)
     if kind is EventKind.XID:
-        return _classify_xid(event, catalog, pol)
+        return _classify_xid(event, catalog, pol, nvlink5_rules)
     if kind is EventKind.SXID:
         severe = event.severity >= Severity.ERROR
         return Classification(
@@ -382,8 +389,26 @@ def _classify_recovery_action(event: health.HealthEvent) -> Classification:
     )
 
 
+def _decode_nvlink5(
+    event: health.HealthEvent, rules: tuple[xid_catalog.Nvlink5Rule, ...] | None
+) -> xid_catalog.Nvlink5Decode | None:
+    """The decode-sheet row for an Xid 144-150 event, or None when it cannot be decoded."""
+    if rules is None or event.xid is None or not 144 <= event.xid <= 150:
+        return None
+    try:
+        intr_info = int(event.attributes["intr_info"], 0)
+        error_status = int(event.attributes["error_status"], 0)
+    except (KeyError, ValueError):
+        return None
+    subcode = event.attributes.get("subcode", "")
+    return xid_catalog.decode_nvlink5(event.xid, intr_info, error_status, subcode=subcode, rules=rules)
+
+
 def _classify_xid(
-    event: health.HealthEvent, catalog: xid_catalog.XidCatalog, pol: policy.ClassificationPolicy
+    event: health.HealthEvent,
+    catalog: xid_catalog.XidCatalog,
+    pol: policy.ClassificationPolicy,
+    nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
 ) -> Classification:
     xid = event.xid
     key = f"xid:{xid}"
@@ -400,6 +425,15 @@ def _classify_xid(
     action = _action_word(xid_catalog.recommended_action(entry))
     severity = _SEVERITY_WORDS.get(xid_catalog.default_severity(entry), Severity.WARNING)
     reason = f"Xid {xid} ({entry.mnemonic}): NVIDIA bucket {entry.immediate_action or 'unassigned'} → {action}"
+    decoded = _decode_nvlink5(event, nvlink5_rules)
+    if decoded is not None:
+        word, severity_word = xid_catalog.bucket_policy(decoded.immediate_action)
+        action = _action_word(word)
+        severity = _SEVERITY_WORDS.get(severity_word, Severity.WARNING)
+        reason = (
+            f"Xid {xid} {decoded.subcode} ({decoded.rule.severity}, {decoded.driver_format} registers): "
+            f"NVIDIA decode bucket {decoded.immediate_action} → {action}"
+        )
     override = pol.xid_action_overrides.get(xid) if xid is not None else None
     if override is not None:
         action = _action_word(override)

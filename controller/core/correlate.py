@@ -287,6 +287,7 @@ def correlate(
     now: float,
     catalog: xid_catalog.XidCatalog,
     policy: policy.RemediationPolicy,
+    nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
 ) -> Correlation:
     """Classify one event and fold it into the open incidents. Pure.
 
@@ -306,6 +307,7 @@ def correlate(
         now: current time, Unix seconds (prunes expired incidents).
         catalog: NVIDIA's XID catalog.
         policy: all remediation settings (classification and correlation parts are used).
+        nvlink5_rules: NVIDIA's Xid 144-150 decode sheet, passed on to ``classify``.
 
     Returns:
         The new state, the outcome, the incident and the event's classification.

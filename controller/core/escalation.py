@@ -818,6 +818,7 @@ def handle_event(
     now: float,
     catalog: xid_catalog.XidCatalog,
     policy: policy.RemediationPolicy,
+    nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
 ) -> EventDecision:
     """Classify, correlate and decide one event: the whole pure pipeline for the service. Pure.
 
@@ -831,11 +832,14 @@ def handle_event(
         now: current time, Unix seconds.
         catalog: NVIDIA's XID catalog.
         policy: all remediation settings.
+        nvlink5_rules: NVIDIA's Xid 144-150 decode sheet (optional; see ``classify``).
 
     Returns:
         The correlation (carrying the new correlation state) and the decision.
     """
-    corr = correlate.correlate(correlation_state, event, now=now, catalog=catalog, policy=policy)
+    corr = correlate.correlate(
+        correlation_state, event, now=now, catalog=catalog, policy=policy, nvlink5_rules=nvlink5_rules
+    )
     if corr.needs_decision and corr.incident is not None:
         decision = decide(state, corr.incident, now=now, policy=policy.escalation)
     else:

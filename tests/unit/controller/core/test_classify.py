@@ -182,3 +182,26 @@ def test_health_event_round_trips_through_a_dict():
     ev = event(EventKind.IB_LINK_STATE, attributes={"ib_device": "mlx5_0", "ib_port": "1"}, seq=7)
     assert health.HealthEvent.from_dict(ev.to_dict()) == ev
     assert ev.ib_port == "mlx5_0/1"
+
+
+NVLINK5_RULES = xid_catalog.load_nvlink5_rules()
+
+
+@pytest.mark.parametrize(
+    ("attributes", "action"),
+    [
+        ({"intr_info": "0x025001c6", "error_status": "0x0", "subcode": "NETIR_LINK_EVT"}, Action.RESET_GPU),
+        ({"intr_info": "0x2600011", "error_status": "0", "subcode": "NETIR_LINK_DOWN"}, Action.NONE),
+        ({"intr_info": "not-a-number", "error_status": "0"}, Action.RESET_GPU),  # undecodable: catalog default
+    ],
+)
+def test_nvlink5_xids_follow_the_register_decode_when_given(attributes, action):
+    ev = event(EventKind.XID, xid=149, attributes=attributes)
+    result = classify.classify(ev, catalog=CATALOG, policy=POLICY, nvlink5_rules=NVLINK5_RULES)
+    assert result.action is action
+    assert result.component is Component.NVLINK
+
+
+def test_nvlink5_decode_is_skipped_without_the_sheet():
+    ev = event(EventKind.XID, xid=149, attributes={"intr_info": "0x2600011", "error_status": "0"})
+    assert run(ev).action is Action.RESET_GPU
