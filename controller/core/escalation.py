@@ -289,6 +289,10 @@ class Decision:
     state: RemediationState
     actions: tuple[actions.Action, ...]
     reason: str
+    closed_command_ids: tuple[str, ...] = ()
+    """Commands the node stopped waiting for in this decision: answered, timed out, superseded or
+    folded into a reboot. The service cancels any of them still undispatched in the outbox and
+    calls ``blast_radius.complete`` for each (a no-op for those not counted there)."""
 
 
 _REQUIRED_RUNG = {
@@ -318,6 +322,7 @@ class _Work:
         self.node_command_id = state.node_command_id
         self.node_command_at = state.node_command_at
         self.actions: list[actions.Action] = []
+        self.awaited_before = _awaited(state.tickets, state.node_command_id)
 
     def freeze(self) -> RemediationState:
         return RemediationState(
@@ -329,7 +334,10 @@ class _Work:
         )
 
     def decision(self, reason: str) -> Decision:
-        return Decision(self.freeze(), tuple(self.actions), reason)
+        state = self.freeze()
+        still = _awaited(state.tickets, state.node_command_id)
+        closed = tuple(c for c in self.awaited_before if c not in still)
+        return Decision(state, tuple(self.actions), reason, closed)
 
     # -- tickets ---------------------------------------------------------------------------------
 
@@ -393,6 +401,14 @@ class _Work:
                 return rung, skipped
             rung = Rung(rung + 1)
         return Rung.RMA, skipped
+
+
+def _awaited(tickets: Iterable[Ticket], node_command_id: str) -> tuple[str, ...]:
+    """Command ids the node is waiting for, in a stable order."""
+    ids = [t.pending.command_id for t in tickets if t.pending is not None]
+    if node_command_id and node_command_id not in ids:
+        ids.append(node_command_id)
+    return tuple(ids)
 
 
 def _target(gpu_uuid: str, rung: Rung) -> str:
@@ -675,6 +691,8 @@ def decide(
         The decision: new state, actions (possibly none) and a one-sentence reason.
     """
     w = _Work(state, now, policy)
+    if incident.node_id != state.node_id:
+        return w.decision(f"incident {incident.incident_id} belongs to {incident.node_id}, not {state.node_id}")
     cls = incident.classification
     required = required_rung(cls.action)
     t = w.find_for(incident.gpu_uuid)

@@ -4,7 +4,8 @@ Invariants, for every sequence:
 1. attempts per (target, rung) within the budget window never exceed the rung's budget (no loops);
 2. no GPU-disruptive action (restart, reset) while the node has a reboot/power-cycle in flight;
 3. a Release only comes from a passing (or drift / dry-run) validation, or a forced operator release;
-4. command ids never repeat; every decision has a one-line reason;
+4. command ids never repeat; every decision has a one-line reason; a decision only closes
+   commands that were awaited;
 5. ticket invariants: ACTING has a pending command, WAITING has a rung to start, and the rung never
    goes down;
 6. the state survives a JSON round trip unchanged.
@@ -84,6 +85,8 @@ def _run(sequence, pol: policy.RemediationPolicy) -> None:
         before = state
         assert decision.reason and "\n" not in decision.reason
         busy_before = before.node_command_id
+        awaited = {t.pending.command_id for t in before.tickets if t.pending is not None} | {busy_before}
+        assert set(decision.closed_command_ids) <= awaited
         for action in decision.actions:
             assert action.command_id not in seen_ids, action
             seen_ids.add(action.command_id)

@@ -547,3 +547,24 @@ def test_xid154_reset_then_reboot_required_upgrades_the_reset_to_a_reboot():
     second = node.xid(154, message="... from 0x1 (GPU Reset Required) to 0x2 (Node Reboot Required)")
     assert node.kinds(second) == ["quarantine_node", "reboot_node"]
     assert "supersedes reset_gpu" in second.reason
+
+
+def test_decisions_name_the_commands_they_stop_waiting_for():
+    node = Node()
+    node.xid(95, gpu="GPU-1")
+    reset = node.pending("reset_gpu")
+    superseding = node.xid(79, gpu="GPU-2")  # the reboot folds GPU-1's reset in
+    assert superseding.closed_command_ids == (reset,)
+    reboot = node.pending("reboot_node")
+    answered = node.result("reboot_node", Outcome.SUCCEEDED)
+    assert answered.closed_command_ids == (reboot,)
+    assert node.xid(13, gpu="GPU-5").closed_command_ids == ()
+
+
+def test_an_incident_for_another_node_changes_nothing():
+    node = Node()
+    other = Node(node_id="n2")
+    other.xid(13)
+    incident = other.corr.open_incidents()[0]
+    decision = escalation.decide(node.state, incident, now=node.clock.now, policy=node.policy.escalation)
+    assert decision.actions == () and decision.state == node.state
