@@ -66,6 +66,18 @@ any                operator close                                  — (closed) 
 left it is RMA. Results for commands the ticket no longer waits for (superseded, folded, replayed)
 are answered "stale" and change nothing.
 
+How the service drives it (everything here is pure; the service owns I/O and the clock):
+
+1. event → `handle_event` (classify → correlate → `decide`); persist the new correlation and node
+   states and the decision's actions (the outbox) in one transaction;
+2. undispatched outbox → ``blast_radius.admit`` → dispatch what is admitted and record it with
+   `mark_dispatched` (timeouts count from dispatch; held-back commands never time out);
+3. result → `on_result`; for each of the decision's ``closed_command_ids`` cancel it in the outbox
+   if still undispatched and call ``blast_radius.complete``;
+4. periodically → `tick` for nodes with tickets (timeouts, watch windows, waiting tickets);
+5. operator → `operator_release` (validate, or force), `operator_close`, ``blast_radius.pause`` /
+   ``resume``.
+
 Effects are `rasd.controller.core.actions` values whose command ids derive from ticket id + step,
 so replaying a decision from the same stored state yields the same ids. ``now`` is float Unix
 seconds. State is per node (`RemediationState`); a store serialises it with ``to_dict``.
