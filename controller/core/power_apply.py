@@ -42,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -90,9 +90,12 @@ class CapAck:
     """When the read-back was taken, controller time (seconds)."""
 
 
-@dataclasses.dataclass(frozen=True)
-class CapCommand:
-    """One GPU's new limit; the edge groups these per node into SetPowerCap commands."""
+class CapCommand(NamedTuple):
+    """One GPU's new limit; the edge groups these per node into SetPowerCap commands.
+
+    A NamedTuple rather than a frozen dataclass: a plan can hold one per GPU (16k), and tuples are
+    several times cheaper to build.
+    """
 
     command_id: str
     node_id: str
@@ -406,19 +409,27 @@ def plan(
     seqs = np.full(n, NO_COMMAND, dtype=np.int64)
     seqs[send] = state.next_seq + np.arange(int(send.sum()))
     deadline = now + policy.command_ttl_s
-    commands: list[CapCommand] = []
-    for i in np.flatnonzero(send):
-        g = state.gpus[i]
-        commands.append(
-            CapCommand(
-                command_id=state.command_id(int(seqs[i])),
-                node_id=g.node_id,
-                gpu_uuid=g.gpu_uuid,
-                limit_w=int(new_limit[i]),
-                deadline_s=deadline,
-                phase=1 if lower[i] else 2,
-            )
+    # Plain Python lists: indexing numpy scalars one by one would dominate at 16k GPUs.
+    sent = np.flatnonzero(send)
+    prefix = state.command_id(0)[:-1]
+    gpus = state.gpus
+    commands = [
+        CapCommand(
+            command_id=f"{prefix}{seq}",
+            node_id=gpus[i].node_id,
+            gpu_uuid=gpus[i].gpu_uuid,
+            limit_w=limit,
+            deadline_s=deadline,
+            phase=1 if is_decrease else 2,
         )
+        for i, seq, limit, is_decrease in zip(
+            sent.tolist(),
+            seqs[sent].tolist(),
+            new_limit[sent].astype(np.int64).tolist(),
+            lower[sent].tolist(),
+            strict=True,
+        )
+    ]
     new_state = state._replace(
         next_seq=state.next_seq + int(send.sum()),
         pending_w=np.where(send, new_limit, state.pending_w),
