@@ -1,0 +1,169 @@
+"""``rasd-validate``: the node-side SDC validation suite's command line.
+
+Parses arguments, builds the optional hooks (health values, golden store, fault injector), runs the
+suite and prints a table or one JSON object. torch is imported only when a suite runs, so ``--help``
+works without the ``rasd[validate]`` extra.
+
+Exit codes: 0 pass; 1 fail or suspect; 2 software drift, or a usage error (bad arguments, torch
+missing, no CUDA device); 3 incomplete (the time budget ran out before every check finished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from rasd.validation import golden as golden_store
+from rasd.validation.context import HealthProvider, HealthSnapshot
+from rasd.validation.faults import FAULT_CHECKS, FaultInjector, FaultKind
+from rasd.validation.registry import BUDGET_S, CHECKS, SUITES
+from rasd.validation.runner import SuiteReport, goldens_to_record, run_suite
+from rasd.validation.runtime import TorchMissing, require_torch, visible_gpus
+
+USAGE_ERROR = 2
+
+_EPILOG = """\
+exit codes: 0 pass, 1 fail or suspect, 2 software drift or usage error, 3 incomplete (budget)
+
+checks: V0 health gate, V1 known-answer GEMM, V3 ABFT hot stress, V2 bitwise GEMM vs golden/peers,
+V4 HBM patterns + ECC watch, V5 transfer integrity, V6 collectives (run in that order).
+On --device cpu the "GPUs" are logical slots of the host CPU (default 3): the code paths run, the
+hardware is not tested. See validation/README.md for which checks need a GPU to mean anything.
+
+--inject-fault proves the checks can fail: bitflip (V1 V2 V3 V4 V5 V6), stuck-bit, coupling and
+alias (V4), drift (V2: the golden differs from every GPU alike -> software_drift, exit 2).
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rasd-validate",
+        description="In-field GPU correctness (SDC) validation suite.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--suite", choices=SUITES, default="quick", help="which suite (default: quick)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="compute device (default: cuda)")
+    p.add_argument("--gpus", help="comma-separated GPU indices (default: all visible; cpu: 0,1,2)")
+    p.add_argument("--seed", type=int, default=0, help="seed for every operand and pattern (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        help="override the suite budget ("
+        + ", ".join(f"{s} {int(b)} s" for s, b in BUDGET_S.items())
+        + "); work stops and is reported incomplete when it runs out",
+    )
+    p.add_argument("--checks", help="comma-separated subset of checks to run, e.g. V1,V2")
+    p.add_argument("--health-json", metavar="FILE", help='V0 input: {"gpus": {"0": {"row_remap_pending": false, ...}}}')
+    p.add_argument("--golden", metavar="FILE", help="V2 golden store (JSON); without it V2 votes among peers only")
+    p.add_argument(
+        "--record-golden",
+        action="store_true",
+        help="add this run's unanimous V2 results to --golden (only if V2 passed with >= 2 GPUs per key)",
+    )
+    inj = p.add_argument_group("fault injection (proves the checks can fail)")
+    inj.add_argument("--inject-fault", choices=[k.value for k in FaultKind], help="fault class to inject")
+    inj.add_argument("--inject-gpu", type=int, help="GPU to corrupt (default: the last one under test)")
+    inj.add_argument("--inject-check", help="comma-separated checks to inject into (default: all of its class)")
+    inj.add_argument("--inject-bit", type=int, help="bit to corrupt (default depends on the kind)")
+    inj.add_argument("--inject-index", type=int, help="element or word index (default: the middle one)")
+    inj.add_argument("--inject-once", action="store_true", help="one-off fault (expect suspect, not fail)")
+    return p
+
+
+def _csv_ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _csv_ids(text: str) -> list[str]:
+    return [x.strip().upper() for x in text.split(",") if x.strip()]
+
+
+def _health_provider(path: str) -> HealthProvider:
+    with open(path) as fh:
+        data = json.load(fh)
+    snapshots = {int(k): HealthSnapshot.from_json(v) for k, v in data.get("gpus", {}).items()}
+    return lambda gpu: snapshots.get(gpu)
+
+
+def _table(report: SuiteReport) -> str:
+    lines = [
+        f"rasd-validate {report.suite} on {report.device} gpus={list(report.gpus)} seed={report.seed}: "
+        f"{report.verdict.value.upper()} in {report.duration_s:.1f} s (budget {report.time_budget_s:.0f} s)"
+    ]
+    for c in report.checks:
+        lines.append(f"  {c.check} {c.title:<42} {c.verdict.value:<15} {c.duration_s:7.2f} s  {c.reason}")
+        for g in c.failures():
+            for e in g.evidence[:3]:
+                lines.append(f"      gpu {g.gpu}: {e.case} @ {e.location}: expected {e.expected}, got {e.got} {e.note}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``rasd-validate``; returns the process exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.record_golden and not args.golden:
+            parser.error("--record-golden needs --golden FILE")
+        only = _csv_ids(args.checks) if args.checks else None
+        if only:
+            unknown = set(only) - set(CHECKS)
+            if unknown:
+                parser.error(f"unknown check(s) {sorted(unknown)}; known: {', '.join(CHECKS)}")
+        if args.device == "cuda":
+            torch = require_torch()
+            if not torch.cuda.is_available():
+                print("rasd-validate: no CUDA device visible; use --device cpu to exercise the suite", file=sys.stderr)
+                return USAGE_ERROR
+        gpus = _csv_ints(args.gpus) if args.gpus else visible_gpus(args.device)
+        if not gpus:
+            parser.error("no GPUs to test")
+        injector = None
+        if args.inject_fault:
+            kind = FaultKind(args.inject_fault)
+            checks = frozenset(_csv_ids(args.inject_check)) if args.inject_check else None
+            if checks is not None and not checks & FAULT_CHECKS[kind]:
+                parser.error(f"{kind.value} is caught by {sorted(FAULT_CHECKS[kind])}, not {sorted(checks)}")
+            injector = FaultInjector(
+                kind=kind,
+                gpu=gpus[-1] if args.inject_gpu is None else args.inject_gpu,
+                checks=checks,
+                bit=args.inject_bit,
+                index=args.inject_index,
+                occurrences=1 if args.inject_once else None,
+            )
+        health = _health_provider(args.health_json) if args.health_json else None
+        report = run_suite(
+            args.suite,
+            args.device,
+            gpus,
+            seed=args.seed,
+            time_budget_s=args.time_budget_s,
+            injector=injector,
+            health=health,
+            golden_path=args.golden,
+            only=only,
+        )
+    except TorchMissing as exc:
+        print(f"rasd-validate: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except (OSError, ValueError) as exc:
+        print(f"rasd-validate: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    if args.record_golden and injector is None:
+        entries = goldens_to_record(report)
+        if entries:
+            golden_store.save(args.golden, golden_store.merge(golden_store.load(args.golden), entries))
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(_table(report))
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
