@@ -13,13 +13,16 @@ import pathlib
 import signal
 import socket
 import sys
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry, start_http_server
 
-from rasd.agent import gpu, runtime, spool
+from rasd.agent import gpu, kmsg_source, runtime, sources, spool, systemd
+from rasd.agent import metrics as agent_metrics
 from rasd.agent.gpu import simulated
 from rasd.common import VERSION, net
 from rasd.common import logging as rasd_logging
@@ -50,6 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir", type=pathlib.Path, help="where the event spool lives (default /var/lib/rasd-agent)"
     )
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="topology label (repeatable)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus exporter port; -1 disables (default 9400)")
+    parser.add_argument(
+        "--kernel-log",
+        choices=("kmsg", "journal", "none"),
+        help="kernel log source (default: kmsg with nvml, else none)",
+    )
+    parser.add_argument("--kmsg-path", help="kmsg device or file in its format (default /dev/kmsg)")
+    parser.add_argument("--ib-sysfs-root", help="InfiniBand sysfs root (default /sys/class/infiniband if present)")
+    parser.add_argument(
+        "--failsafe-power-limit-w", type=int, help="per-GPU cap applied after losing the controller (default off)"
+    )
+    parser.add_argument("--failsafe-after-s", type=float, help="controller outage before the fail-safe (default 300)")
+    parser.add_argument("--sim-scenario", help="simulated backend: TOML file of scripted faults for this node")
     parser.add_argument(
         "--insecure",
         action="store_true",
@@ -74,7 +90,8 @@ def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any])
     """Merge defaults, the config file and flags (flags win); name the bad key on bad input."""
     known = {
         "node_id", "controller", "backend", "gpus", "seed", "sim_step_period_s", "state_dir",
-        "labels", "insecure", "log_level",
+        "labels", "insecure", "log_level", "metrics_port", "kernel_log", "kmsg_path", "ib_sysfs_root",
+        "failsafe_power_limit_w", "failsafe_after_s", "sim_scenario",
     }  # fmt: skip
     unknown = set(file_settings) - known
     if unknown:
@@ -90,6 +107,13 @@ def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any])
         "labels": {},
         "insecure": False,
         "log_level": "info",
+        "metrics_port": 9400,
+        "kernel_log": None,
+        "kmsg_path": "/dev/kmsg",
+        "ib_sysfs_root": "/sys/class/infiniband" if pathlib.Path("/sys/class/infiniband").is_dir() else "",
+        "failsafe_power_limit_w": None,
+        "failsafe_after_s": 300.0,
+        "sim_scenario": None,
     }
     settings.update(file_settings)
     for key in known - {"labels"}:
@@ -97,6 +121,15 @@ def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any])
         if value not in (None, False):
             settings[key] = value
     settings["labels"] = {**dict(settings["labels"]), **_parse_labels(args.label)}
+    if settings["kernel_log"] is None:
+        settings["kernel_log"] = "kmsg" if settings["backend"] == "nvml" else "none"
+    if settings["kernel_log"] not in ("kmsg", "journal", "none"):
+        raise ValueError(f"kernel_log {settings['kernel_log']!r} is not one of kmsg, journal, none")
+    if not isinstance(settings["metrics_port"], int) or not -1 <= settings["metrics_port"] <= 65535:
+        raise ValueError(f"metrics_port must be -1..65535, got {settings['metrics_port']!r}")
+    limit = settings["failsafe_power_limit_w"]
+    if limit is not None and (not isinstance(limit, int) or not 50 <= limit <= 5000):
+        raise ValueError(f"failsafe_power_limit_w must be an integer in 50..5000 W, got {limit!r}")
     if settings["backend"] not in gpu.BACKEND_NAMES:
         raise ValueError(f"backend {settings['backend']!r} is not one of {', '.join(gpu.BACKEND_NAMES)}")
     if not isinstance(settings["gpus"], int) or not 1 <= settings["gpus"] <= 64:
@@ -118,7 +151,10 @@ def open_backend(settings: Mapping[str, Any]) -> gpu.GpuBackend:
     if settings["backend"] == "simulated":
         period_s = float(settings["sim_step_period_s"])
         workload = simulated.StepWorkload(period_s=period_s) if period_s > 0 else None
-        return simulated.SimulatedBackend(settings["node_id"], settings["gpus"], settings["seed"], workload=workload)
+        faults = simulated.load_faults(settings["sim_scenario"]) if settings["sim_scenario"] else ()
+        return simulated.SimulatedBackend(
+            settings["node_id"], settings["gpus"], settings["seed"], workload=workload, faults=faults
+        )
     # Imported here so that machines without libnvidia-ml never load pynvml.
     from rasd.agent.gpu import nvml
 
@@ -143,8 +179,28 @@ async def _serve(settings: Mapping[str, Any]) -> int:
         ),
         backend,
         journal,
-        runtime.LinkSettings(controller_address=settings["controller"]),
+        runtime.LinkSettings(
+            controller_address=settings["controller"],
+            failsafe_power_limit_w=settings["failsafe_power_limit_w"],
+            failsafe_after_s=float(settings["failsafe_after_s"]),
+        ),
     )
+    if settings["kernel_log"] == "kmsg":
+        agent.attach_kernel_log(
+            kmsg_source.KmsgFollower(state_dir / "kmsg.cursor", path=settings["kmsg_path"]), source_name="kmsg"
+        )
+    elif settings["kernel_log"] == "journal":
+        agent.attach_kernel_log(kmsg_source.JournalFollower(state_dir / "journal.cursor"), source_name="journal")
+    if settings["ib_sysfs_root"]:
+        agent.attach_ib_poller(sources.IbPoller(settings["ib_sysfs_root"]))
+    metrics_port = None
+    if settings["metrics_port"] >= 0:
+        registry = CollectorRegistry()
+        agent_metrics.register(registry, agent)
+        metrics_server, _ = start_http_server(settings["metrics_port"], registry=registry)
+        metrics_port = metrics_server.server_port
+    notifier = systemd.Notifier()
+    watchdog = asyncio.create_task(_pet_watchdog(agent, notifier, stop))
     log = structlog.get_logger("rasd.agent")
     log.info(
         "agent_started",
@@ -153,15 +209,31 @@ async def _serve(settings: Mapping[str, Any]) -> int:
         gpus=len(backend.inventory()),
         controller=settings["controller"],
         spool_depth=journal.depth(),
+        kernel_log=settings["kernel_log"],
+        metrics_port=metrics_port,
         pid=os.getpid(),
     )
+    notifier.ready(f"streaming {len(backend.inventory())} GPUs to {settings['controller']}")
     try:
         await agent.run(stop)
     finally:
+        notifier.stopping()
+        watchdog.cancel()
         backend.close()
         journal.close()
     log.info("agent_stopped", node=settings["node_id"], events_spooled=agent.stats.events_spooled)
     return 0
+
+
+async def _pet_watchdog(agent: runtime.Agent, notifier: systemd.Notifier, stop: asyncio.Event) -> None:
+    """Send WATCHDOG=1 while sampling cycles keep succeeding; stay silent when they stall."""
+    interval_s = notifier.watchdog_interval_s
+    if interval_s is None:
+        return
+    while not stop.is_set():
+        if time.monotonic() - agent.stats.last_cycle_ok_monotonic < 2 * interval_s:
+            notifier.watchdog()
+        await asyncio.sleep(interval_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,14 +22,15 @@ import collections
 import contextlib
 import dataclasses
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 
 import grpc
 import structlog
 
-from rasd.agent import actions, gpu, spool, wire
-from rasd.agent.core import model
+from rasd.agent import actions, gpu, kmsg_source, sources, spool, wire
+from rasd.agent.core import health, model
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.common import VERSION
@@ -65,6 +66,14 @@ class LinkSettings:
     """Seconds of power samples kept per GPU while the stream is down."""
     max_events_per_message: int = 500
     """Cap on events per HealthEventBatch."""
+    failsafe_after_s: float = 300.0
+    """After this long without a controller stream, apply the fail-safe power limit."""
+    failsafe_power_limit_w: int | None = None
+    """The safe cap per GPU; None disables the fail-safe. It only ever lowers a cap."""
+    ib_poll_interval_s: float = 1.0
+    """How often InfiniBand sysfs counters are read (when an IB poller is attached)."""
+    health_thresholds: health.HealthThresholds = dataclasses.field(default_factory=health.HealthThresholds)
+    """Rates above which rising GPU counters become health events."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +98,8 @@ class AgentStats:
     connects: int = 0
     connect_failures: int = 0
     connected: bool = False
+    failsafe_applied: int = 0
+    last_cycle_ok_monotonic: float = 0.0
 
 
 class Agent:
@@ -123,20 +134,66 @@ class Agent:
             g.uuid: collections.deque(maxlen=max_samples) for g in self._inventory
         }
         self._counters: dict[str, model.GpuCounters] = {}
+        self._latest_power: dict[str, model.PowerReading] = {}
+        self._latest_counters: dict[str, model.GpuCounters] = {}
+        self._power_at_counters: dict[str, float | None] = {}
+        self._event_counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._events_ready = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = threading.get_ident()
+        self._disconnected_since = time.monotonic()
+        self._failsafe_done = False
+        self._threads: list[tuple[str, Callable[[threading.Event], None]]] = []
+        self._ib_poller: sources.IbPoller | None = None
+        self.kernel_log: sources.KernelLogPump | None = None
         # Simulated backends answer instantly; NVML calls can block for milliseconds per GPU and
         # must not stall the event loop.
         self._blocking = getattr(backend, "blocking", backend.name != "simulated")
         self._log = log.bind(node=identity.node_id)
 
+    def attach_kernel_log(
+        self, follower: kmsg_source.KmsgFollower | kmsg_source.JournalFollower, *, source_name: str
+    ) -> sources.KernelLogPump:
+        """Follow the kernel log in a worker thread while the agent runs."""
+        pump = sources.KernelLogPump(
+            follower,
+            source_name=source_name,
+            inventory=self._inventory,
+            deliver=self.observe,
+            clock=self._clock,
+            saved_cursor=self.spool.source_cursor(source_name),
+        )
+        self.kernel_log = pump
+        self._threads.append((f"kernel-log-{source_name}", pump.run))
+        return pump
+
+    def attach_ib_poller(self, poller: sources.IbPoller) -> None:
+        """Read InfiniBand port counters every ib_poll_interval_s while the agent runs."""
+        self._ib_poller = poller
+
     async def run(self, stop: asyncio.Event) -> None:
         """Sample and stay connected until stop is set; then close the stream cleanly."""
-        sampler = asyncio.create_task(self._sample_forever(stop), name=f"sampler-{self.identity.node_id}")
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        thread_stop = threading.Event()
+        threads = [
+            threading.Thread(target=target, args=(thread_stop,), name=name, daemon=True)
+            for name, target in self._threads
+        ]
+        for thread in threads:
+            thread.start()
+        tasks = [asyncio.create_task(self._sample_forever(stop), name=f"sampler-{self.identity.node_id}")]
+        if self._ib_poller is not None:
+            tasks.append(asyncio.create_task(self._poll_ib_forever(stop, self._ib_poller)))
         try:
             await self._link_forever(stop)
         finally:
-            sampler.cancel()
-            await asyncio.gather(sampler, return_exceptions=True)
+            thread_stop.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for thread in threads:
+                await asyncio.to_thread(thread.join, 5.0)
 
     # -- sampling -----------------------------------------------------------------------------
     async def _call(self, fn, *args):  # type: ignore[no-untyped-def]
@@ -152,27 +209,103 @@ class Agent:
                 if now_loop >= next_power:
                     for reading in await self._call(self.backend.read_power, now_ns):
                         self._power[reading.gpu_uuid].append(reading)
+                        self._latest_power[reading.gpu_uuid] = reading
                         self.stats.power_samples += 1
                     next_power = _next_tick(next_power, self._power_interval_ms, now_loop)
                 if now_loop >= next_counters:
+                    findings: list[model.Observation] = []
                     for counters in await self._call(self.backend.read_counters, now_ns):
-                        self._counters[counters.gpu_uuid] = counters
+                        uuid = counters.gpu_uuid
+                        reading = self._latest_power.get(uuid)
+                        power_w = reading.power_w if reading else None
+                        findings.extend(
+                            health.evaluate(
+                                self._latest_counters.get(uuid),
+                                counters,
+                                power_w=power_w,
+                                previous_power_w=self._power_at_counters.get(uuid),
+                                thresholds=self.settings.health_thresholds,
+                            )
+                        )
+                        self._power_at_counters[uuid] = power_w
+                        self._counters[uuid] = counters
+                        self._latest_counters[uuid] = counters
+                    if findings:
+                        self.observe(findings)
                     next_counters = _next_tick(next_counters, self._counter_interval_ms, now_loop)
                 if now_loop >= next_events:
                     observations = await self._call(self.backend.poll_events, now_ns, 0.0)
                     if observations:
                         self.observe(observations)
                     next_events = _next_tick(next_events, self.settings.event_poll_interval_ms, now_loop)
+                self.stats.last_cycle_ok_monotonic = time.monotonic()
             except gpu.BackendError as exc:
                 # A failing read must not kill sampling; lost GPUs surface as observations.
                 self._log.warning("gpu_read_failed", error=str(exc), error_type=type(exc).__name__)
+            except Exception:
+                # A bug must not silently end sampling. The cycle is not counted as good, so under
+                # systemd the watchdog stops being petted and the agent is restarted.
+                self._log.exception("sampling_cycle_failed")
+            await self._maybe_failsafe()
             await asyncio.sleep(max(0.0, min(next_power, next_counters, next_events) - loop.time()))
 
-    def observe(self, observations: list[model.Observation] | tuple[model.Observation, ...]) -> None:
-        """Spool observations durably and wake the sender. Also the entry for kernel-log sources."""
-        spooled = self.spool.append(list(observations))
+    async def _poll_ib_forever(self, stop: asyncio.Event, poller: sources.IbPoller) -> None:
+        while not stop.is_set():
+            try:
+                observations = await asyncio.to_thread(poller.poll)
+            except OSError as exc:
+                self._log.warning("ib_sysfs_read_failed", error=str(exc))
+            else:
+                if observations:
+                    self.observe(list(observations))
+            await asyncio.sleep(self.settings.ib_poll_interval_s)
+
+    async def _maybe_failsafe(self) -> None:
+        """Lower every cap to the safe limit once the controller has been gone too long.
+
+        DESIGN.md invariant 6: the agent never raises a cap on its own, so a GPU already at or below
+        the safe limit is left alone, and nothing is undone when the controller returns: only the
+        controller may raise a cap again.
+        """
+        limit_w = self.settings.failsafe_power_limit_w
+        if limit_w is None or self.stats.connected or self._failsafe_done:
+            return
+        if time.monotonic() - self._disconnected_since < self.settings.failsafe_after_s:
+            return
+        self._failsafe_done = True
+        counters = {c.gpu_uuid: c for c in await self._call(self.backend.read_counters, self._clock())}
+        for info in self._inventory:
+            current = counters.get(info.uuid)
+            enforced = current.enforced_power_limit_w if current else None
+            target = max(limit_w, info.power_limit_min_w)
+            if enforced is not None and enforced <= target:
+                continue
+            try:
+                await self._call(self.backend.set_power_limit, info.uuid, target)
+                self.stats.failsafe_applied += 1
+            except gpu.BackendError as exc:
+                self._log.error("failsafe_power_limit_failed", gpu_uuid=info.uuid, error=str(exc))
+        self._log.warning(
+            "failsafe_power_limit_applied",
+            power_limit_w=limit_w,
+            gpus_lowered=self.stats.failsafe_applied,
+            disconnected_s=round(time.monotonic() - self._disconnected_since, 1),
+        )
+
+    def observe(
+        self,
+        observations: list[model.Observation] | tuple[model.Observation, ...],
+        source_cursor: tuple[str, str] | None = None,
+    ) -> None:
+        """Spool observations durably (with their source's cursor) and wake the sender.
+
+        Safe to call from any thread: kernel-log pumps call it from their worker threads.
+        """
+        spooled = self.spool.append(list(observations), source_cursor=source_cursor)
         self.stats.events_spooled += len(spooled)
         for event in spooled:
+            xid = event.observation.xid
+            self._event_counts[(event.observation.kind.name, "" if xid is None else str(xid))] += 1
             self._log.info(
                 "health_event_spooled",
                 seq=event.seq,
@@ -180,7 +313,33 @@ class Agent:
                 gpu_uuid=event.observation.gpu_uuid,
                 xid=event.observation.xid,
             )
-        self._events_ready.set()
+        loop = self._loop
+        if loop is not None and threading.get_ident() != self._loop_thread:
+            loop.call_soon_threadsafe(self._events_ready.set)
+        else:
+            self._events_ready.set()
+
+    # -- views for the metrics exporter (read at scrape time from the exporter's thread) ----------
+    def latest_power(self) -> dict[str, model.PowerReading]:
+        """The newest power reading per GPU."""
+        return dict(self._latest_power)
+
+    def latest_counters(self) -> dict[str, model.GpuCounters]:
+        """The newest counters per GPU."""
+        return dict(self._latest_counters)
+
+    def event_counts(self) -> dict[tuple[str, str], int]:
+        """Events spooled by this process, by (kind, xid)."""
+        return dict(self._event_counts)
+
+    def metric_stats(self) -> dict[str, float]:
+        """The agent's own figures for the exporter."""
+        return {
+            "spool_depth": self.spool.depth(),
+            "connected": 1.0 if self.stats.connected else 0.0,
+            "power_samples": self.stats.power_samples,
+            "failsafe_applied": self.stats.failsafe_applied,
+        }
 
     def _drain_telemetry(self) -> agent_pb.AgentMessage | None:
         power = {uuid: list(buffer) for uuid, buffer in self._power.items() if buffer}
@@ -205,6 +364,8 @@ class Agent:
                 code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
                 self._log.warning("controller_stream_lost", code=code, detail=_detail(exc))
             finally:
+                if self.stats.connected:
+                    self._disconnected_since = time.monotonic()
                 self.stats.connected = False
                 await channel.close(grace=None)
             if stop.is_set():
@@ -240,6 +401,7 @@ class Agent:
         self.spool.ack(welcome.acked_seq)
         self.stats.connects += 1
         self.stats.connected = True
+        self._failsafe_done = False
         self._log.info("controller_connected", session=welcome.session_id, acked_seq=welcome.acked_seq)
 
         outbox: asyncio.Queue[agent_pb.AgentMessage | None] = asyncio.Queue(maxsize=1000)

@@ -25,6 +25,7 @@ CREATE TABLE IF NOT EXISTS events (
     payload TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS source_cursors (source TEXT PRIMARY KEY, cursor TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS executed_commands (
     command_id TEXT PRIMARY KEY,
     result TEXT NOT NULL,
@@ -103,8 +104,17 @@ class Spool:
             self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
 
-    def append(self, observations: Sequence[model.Observation]) -> list[model.SpooledEvent]:
-        """Durably store observations and return them with their new sequence numbers."""
+    def append(
+        self, observations: Sequence[model.Observation], *, source_cursor: tuple[str, str] | None = None
+    ) -> list[model.SpooledEvent]:
+        """Durably store observations and return them with their new sequence numbers.
+
+        Args:
+            observations: what was seen, in order.
+            source_cursor: (source name, position) of the log record these observations came from,
+                saved in the same transaction, so a restarted agent resumes exactly after the last
+                record whose events are on disk: nothing read twice, nothing skipped.
+        """
         spooled = []
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -112,6 +122,12 @@ class Spool:
                 for obs in observations:
                     cursor = self._db.execute("INSERT INTO events (payload) VALUES (?)", (_observation_to_json(obs),))
                     spooled.append(model.SpooledEvent(int(cursor.lastrowid or 0), obs))
+                if source_cursor is not None:
+                    self._db.execute(
+                        "INSERT INTO source_cursors (source, cursor) VALUES (?, ?) "
+                        "ON CONFLICT(source) DO UPDATE SET cursor = excluded.cursor",
+                        source_cursor,
+                    )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -164,6 +180,12 @@ class Spool:
                 "SELECT COUNT(*) FROM events WHERE seq > ?", (self._acked_seq_locked(),)
             ).fetchone()
         return int(count)
+
+    def source_cursor(self, source: str) -> str | None:
+        """The position saved with the last events from source, if any."""
+        with self._lock:
+            row = self._db.execute("SELECT cursor FROM source_cursors WHERE source = ?", (source,)).fetchone()
+        return row[0] if row else None
 
     def executed_result(self, command_id: str) -> model.ActionResult | None:
         """The stored result of a command this agent already executed, if any."""

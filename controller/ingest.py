@@ -43,6 +43,8 @@ class IngestSettings:
     """Commands and acks waiting for one agent before the stream is considered stuck."""
     power_window_span_s: float = 600.0
     """How much fleet power history is kept in memory."""
+    power_stale_after_s: float = 10.0
+    """A GPU whose last power sample is older than this shows an unknown draw."""
     agent_config: Mapping[str, int] = dataclasses.field(
         default_factory=lambda: {
             "power_sample_interval_ms": 100,
@@ -297,10 +299,16 @@ class Ingest:
             if selector and not fleet.matches_selector(node.labels, selector):
                 continue
             connected = node.node_id in self.sessions or node.connected
+            now = self._clock()
             gpus = tuple(
-                dataclasses.replace(gpu, latest=fleet.merge_latest(gpu.latest, self.latest[gpu.record.uuid]))
-                if gpu.record.uuid in self.latest
-                else gpu
+                dataclasses.replace(
+                    gpu,
+                    latest=fleet.drop_stale_power(
+                        fleet.merge_latest(gpu.latest, self.latest.get(gpu.record.uuid) or gpu.latest),
+                        now_unix_ns=now,
+                        stale_after_s=self.settings.power_stale_after_s,
+                    ),
+                )
                 for gpu in node.gpus
             )
             result.append(

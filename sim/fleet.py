@@ -2,8 +2,9 @@
 
 Agents share this process and its event loop (so thousands fit on 2 cores) but each keeps its own
 gRPC stream, spool and state, exactly as separate nodes would. The scenario's faults are reported
-by the simulated GPUs and travel the real path (spool → stream → store → ack); operator actions go
-through the controller's command path to the agents and back.
+by the simulated GPUs (directly, or through counters the agents' health evaluators must notice) and
+travel the real path (spool → stream → store → ack); operator actions go through the controller's
+command path to the agents and back.
 
 Every figure in the result is measured from what the controller and agents did and compared with
 the scenario's ground truth; none is copied from the scenario.
@@ -25,7 +26,6 @@ import grpc
 import structlog
 
 from rasd.agent import runtime, spool
-from rasd.agent.core import model as agent_model
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
@@ -53,14 +53,12 @@ class SimSettings:
     nodes_per_rack: int = 4
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class InjectedFault:
-    """Ground truth: a fault the simulator made a GPU report."""
+    """Ground truth: a fault that happened on a node, as its simulated backend recorded it."""
 
-    fault: scenario_mod.Fault
     node_id: str
-    gpu_uuid: str
-    observed_unix_ns: int
+    fired: simulated.FiredFault
 
 
 @dataclasses.dataclass
@@ -133,7 +131,10 @@ async def run(
     agents: list[runtime.Agent] = []
     for index in range(settings.nodes):
         node_id = _node_id(index)
-        backend = simulated.SimulatedBackend(node_id, settings.gpus_per_node, settings.seed, workload=workload)
+        script = [nf.fault for nf in settings.scenario.faults if nf.node % settings.nodes == index]
+        backend = simulated.SimulatedBackend(
+            node_id, settings.gpus_per_node, settings.seed, workload=workload, faults=script, epoch_unix_ns=started_ns
+        )
         backends.append(backend)
         agents.append(
             runtime.Agent(
@@ -150,7 +151,6 @@ async def run(
         )
     stop_agents = asyncio.Event()
     agent_tasks = [asyncio.create_task(a.run(stop_agents), name=f"agent-{a.identity.node_id}") for a in agents]
-    injected: list[InjectedFault] = []
     commands: list[CommandOutcome] = []
     operator_marks: list[int] = []
     channel = grpc.aio.insecure_channel(controller.address)
@@ -163,7 +163,6 @@ async def run(
     )
     try:
         await asyncio.gather(
-            _inject_faults(settings, backends, injected, clock, started_ns),
             _operate(settings, controller, agents, commands, operator_marks, clock, started_ns),
             _show_table(settings, admin, out, clock, started_ns),
             asyncio.sleep(settings.duration_s),
@@ -189,7 +188,12 @@ async def run(
         finished_unix_ns=finished_ns,
         controller_address=controller.address,
         metrics_port=controller.metrics_port,
-        injected=injected,
+        injected=[
+            InjectedFault(_node_id(index), fired)
+            for index, backend in enumerate(backends)
+            for fired in backend.fired
+            if fired.fired_unix_ns < finished_ns
+        ],
         commands=commands,
         final_nodes=final_nodes,
         samples_ingested=samples,
@@ -197,7 +201,7 @@ async def run(
             {
                 "node_id": e.node_id,
                 "gpu_uuid": e.event.gpu_uuid,
-                "kind": e.event.kind,
+                "kind": int(e.event.kind),
                 "xid": e.event.xid if e.event.HasField("xid") else None,
                 "observed_unix_ns": e.event.observed_unix_ns,
                 "received_unix_ns": e.received_unix_ns,
@@ -216,35 +220,6 @@ async def run(
 
 async def _at(started_ns: int, at_s: float, clock: Callable[[], int]) -> None:
     await asyncio.sleep(max(0.0, at_s - (clock() - started_ns) / 1e9))
-
-
-async def _inject_faults(
-    settings: SimSettings,
-    backends: list[simulated.SimulatedBackend],
-    injected: list[InjectedFault],
-    clock: Callable[[], int],
-    started_ns: int,
-) -> None:
-    for fault in settings.scenario.faults:
-        if fault.at_s >= settings.duration_s:
-            continue
-        await _at(started_ns, fault.at_s, clock)
-        backend = backends[fault.node % len(backends)]
-        gpu = backend.inventory()[fault.gpu % settings.gpus_per_node]
-        now = clock()
-        backend.inject(
-            agent_model.Observation(
-                kind=agent_model.EventKind[scenario_mod.FAULT_KINDS[fault.kind]],
-                observed_unix_ns=now,
-                message=fault.message,
-                source="simulated",
-                gpu_uuid=gpu.uuid,
-                xid=fault.xid,
-                attributes={"pci": gpu.pci_bus_id},
-            )
-        )
-        injected.append(InjectedFault(fault, _node_id(fault.node % len(backends)), gpu.uuid, now))
-        log.info("fault_injected", node=injected[-1].node_id, gpu_uuid=gpu.uuid, kind=fault.kind, xid=fault.xid)
 
 
 async def _operate(

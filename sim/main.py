@@ -65,9 +65,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.write(built, json_path, json_path.with_suffix(".md"))
     print(f"\n{report.markdown(built)}")
     print(f"rasd-sim: wrote {json_path} and {json_path.with_suffix('.md')}")
-    complete = built["fleet"]["gpus_with_power"] == built["run"]["gpus"] and built["events_lost"] == 0
+    complete = (
+        built["fleet"]["nodes_seen"] == built["run"]["nodes"]
+        and built["fleet"]["gpus_seen"] == built["run"]["gpus"]
+        and built["events_lost"] == 0
+        and built["faults"]["missed"] == 0
+    )
     if not complete:
-        print("rasd-sim: FAILED: not every GPU reported power, or an event was lost", file=sys.stderr)
+        print("rasd-sim: FAILED: a node or GPU never reported, or a fault was missed or an event lost", file=sys.stderr)
     return 0 if complete else 1
 
 

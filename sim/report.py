@@ -16,7 +16,7 @@ from typing import Any
 
 from rasd.common import VERSION
 from rasd.controller.core import fleet
-from rasd.sim.fleet import SimResult
+from rasd.sim.fleet import InjectedFault, SimResult
 
 
 def percentile(values: Sequence[float], pct: float) -> float | None:
@@ -32,21 +32,55 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def match_faults(
+    injected: Sequence[InjectedFault], stored_events: Sequence[dict[str, Any]]
+) -> list[tuple[InjectedFault, dict[str, Any] | None]]:
+    """Pair each injected fault with the earliest stored event that reports it, each event used once.
+
+    An event reports a fault when it comes from the same node, has the kind the fault must produce,
+    names the same GPU (node-level faults name none), and was observed no earlier than the fault.
+    """
+    unused = sorted(stored_events, key=lambda e: int(e["observed_unix_ns"]))
+    pairs: list[tuple[InjectedFault, dict[str, Any] | None]] = []
+    for fault in sorted(injected, key=lambda f: f.fired.fired_unix_ns):
+        expected = fault.fired.fault.expected_event_kind
+        match = None
+        if expected is not None:
+            for event in unused:
+                if (
+                    event["node_id"] == fault.node_id
+                    and int(event["kind"]) == int(expected)
+                    and (not fault.fired.gpu_uuid or event["gpu_uuid"] == fault.fired.gpu_uuid)
+                    and int(event["observed_unix_ns"]) >= fault.fired.fired_unix_ns
+                ):
+                    match = event
+                    break
+            if match is not None:
+                unused.remove(match)
+        pairs.append((fault, match))
+    return pairs
+
+
 def build(result: SimResult) -> dict[str, Any]:
     """The report as a JSON-ready dict."""
     settings = result.settings
     gpus = settings.nodes * settings.gpus_per_node
     wall_s = (result.finished_unix_ns - result.started_unix_ns) / 1e9
 
-    stored = {(e["node_id"], e["gpu_uuid"], e["observed_unix_ns"]): e for e in result.stored_events}
-    detect_latencies = []
-    missed = 0
-    for fault in result.injected:
-        event = stored.get((fault.node_id, fault.gpu_uuid, fault.observed_unix_ns))
-        if event is None:
-            missed += 1
-        else:
-            detect_latencies.append((int(event["received_unix_ns"]) - fault.observed_unix_ns) / 1e9)
+    matches = match_faults(result.injected, result.stored_events)
+    detect_latencies = [
+        (int(event["received_unix_ns"]) - fault.fired.fired_unix_ns) / 1e9
+        for fault, event in matches
+        if event is not None
+    ]
+    detectable = [(f, e) for f, e in matches if f.fired.fault.expected_event_kind is not None]
+    missed = sum(1 for _, event in detectable if event is None)
+    by_kind: dict[str, dict[str, int]] = {}
+    for fault, event in detectable:
+        entry = by_kind.setdefault(fault.fired.fault.kind, {"injected": 0, "detected": 0})
+        entry["injected"] += 1
+        entry["detected"] += event is not None
+    silent = [f for f, _ in matches if f.fired.fault.expected_event_kind is None]
 
     final = result.final_nodes
     command_latencies = [c.latency_s for c in result.commands if c.latency_s is not None]
@@ -89,9 +123,12 @@ def build(result: SimResult) -> dict[str, Any]:
             "power_cap_w": sum(n.power_cap_w for n in final),
         },
         "faults": {
-            "injected": len(result.injected),
-            "detected": len(result.injected) - missed,
+            "injected": len(detectable),
+            "detected": len(detectable) - missed,
             "missed": missed,
+            "by_kind": by_kind,
+            "silent_injected": len(silent),
+            "silent_note": "SDC faults show no event; only validation (issue #6) can find them",
             "time_to_detect_s_p50": _round(percentile(detect_latencies, 50)),
             "time_to_detect_s_p99": _round(percentile(detect_latencies, 99)),
         },

@@ -2,6 +2,8 @@
 
 A scenario is TOML (see sim/scenarios/demo.toml). `load()` validates every field and names the
 offending key on bad input. Built-in scenarios ship inside the package; any other name is a path.
+Faults use the simulated backend's vocabulary (`rasd.agent.gpu.simulated.ScriptedFault`) plus the
+index of the node they hit.
 """
 
 from __future__ import annotations
@@ -13,17 +15,8 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-# Fault kinds a scenario may name, mapped to the agent's EventKind names.
-FAULT_KINDS = {
-    "xid": "XID",
-    "ecc_dbe": "ECC_DBE",
-    "row_remap_pending": "ROW_REMAP_PENDING",
-    "row_remap_failure": "ROW_REMAP_FAILURE",
-    "fallen_off_bus": "FALLEN_OFF_BUS",
-    "gpu_lost": "GPU_LOST",
-    "nvlink_errors": "NVLINK_ERRORS",
-    "pcie_replay": "PCIE_REPLAY",
-}
+from rasd.agent.gpu import simulated
+
 OPERATOR_ACTIONS = ("set_power_cap",)
 
 
@@ -42,15 +35,11 @@ class Workload:
 
 
 @dataclasses.dataclass(frozen=True)
-class Fault:
-    """One fault the simulated GPUs report at at_s."""
+class NodeFault:
+    """A scripted fault on one simulated node (its index, modulo the fleet size)."""
 
-    at_s: float
     node: int
-    gpu: int
-    kind: str
-    message: str
-    xid: int | None = None
+    fault: simulated.ScriptedFault
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +58,7 @@ class Scenario:
     name: str
     description: str
     workload: Workload
-    faults: tuple[Fault, ...]
+    faults: tuple[NodeFault, ...]
     operator: tuple[OperatorAction, ...]
 
 
@@ -113,22 +102,13 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
     faults = []
     for index, fault in enumerate(data.get("faults", [])):
         where = f"faults[{index}]"
-        kind = fault.get("kind")
-        if kind not in FAULT_KINDS:
-            raise ScenarioError(f"{where}.kind: {kind!r} is not one of {', '.join(FAULT_KINDS)}")
-        xid = fault.get("xid")
-        if kind == "xid" and (not isinstance(xid, int) or not 0 < xid < 1000):
-            raise ScenarioError(f"{where}.xid: an xid fault needs an integer xid, got {xid!r}")
-        faults.append(
-            Fault(
-                at_s=_number(fault, "at_s", where),
-                node=int(_number(fault, "node", where)),
-                gpu=int(_number(fault, "gpu", where)),
-                kind=kind,
-                message=str(fault.get("message", kind)),
-                xid=xid if kind == "xid" else None,
-            )
-        )
+        node = fault.get("node", 0)
+        if not isinstance(node, int) or node < 0:
+            raise ScenarioError(f"{where}.node: expected a node index ≥ 0, got {node!r}")
+        try:
+            faults.append(NodeFault(node, simulated.parse_fault(fault, where)))
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from None
     operator = []
     for index, action in enumerate(data.get("operator", [])):
         where = f"operator[{index}]"
@@ -145,7 +125,7 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
         name=str(data.get("name", source)),
         description=str(data.get("description", "")),
         workload=workload,
-        faults=tuple(sorted(faults, key=lambda f: f.at_s)),
+        faults=tuple(sorted(faults, key=lambda f: f.fault.at_s)),
         operator=tuple(sorted(operator, key=lambda a: a.at_s)),
     )
 

@@ -9,16 +9,25 @@ every GPU of every node alternates between a compute phase (about TDP) and a com
 (near idle) with the same period and phase anchor across the fleet, so the fleet's draw swings
 together. Each GPU ("rank") has its own fixed compute/communication levels and a 5–20 ms phase
 jitter. Draw never exceeds the enforced cap: a capped GPU is clock-throttled and reports the
-SW_POWER_CAP clock event reason. Fault injection (XIDs, ECC, lost GPUs) enters through `inject()`;
-scenario files that script faults build on it.
+SW_POWER_CAP clock event reason.
+
+Faults are scripted (`ScriptedFault`, loadable from a TOML scenario with `load_faults()`) or injected
+directly (`inject()`). A fault changes the GPU the way the real one would show it: an XID or a
+fallen-off-bus message appears as an observation (as the kernel log would report it), while ECC,
+row-remap, NVLink, PCIe, recovery-action, thermal and power faults only move counters, which the
+agent's health evaluator must notice, exactly as on a real GPU. An SDC GPU shows nothing at all:
+only validation can catch it. `reset_gpu()` and `reboot()` clear what a reset or reboot clears.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import random
+import tomllib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rasd.agent import gpu
 from rasd.agent.core import model
@@ -69,6 +78,86 @@ class StepWorkload:
             raise ValueError(f"StepWorkload.compute_fraction must be in (0, 1), got {self.compute_fraction}")
 
 
+# Fault kind → the event kind the agent should end up reporting (None: silent, validation only).
+FAULT_EVENT_KINDS: Mapping[str, model.EventKind | None] = {
+    "xid": model.EventKind.XID,
+    "ecc_dbe": model.EventKind.ECC_DBE,
+    "row_remap_pending": model.EventKind.ROW_REMAP_PENDING,
+    "row_remap_failure": model.EventKind.ROW_REMAP_FAILURE,
+    "fallen_off_bus": model.EventKind.FALLEN_OFF_BUS,
+    "gpu_lost": model.EventKind.GPU_LOST,
+    "nvlink_crc_storm": model.EventKind.NVLINK_ERRORS,
+    "pcie_replay": model.EventKind.PCIE_REPLAY,
+    "ib_link_flap": model.EventKind.IB_LINK_STATE,
+    "power_excursion": model.EventKind.POWER_EXCURSION,
+    "recovery_action": model.EventKind.RECOVERY_ACTION,
+    "thermal": model.EventKind.THERMAL,
+    "sdc": None,
+}
+NODE_LEVEL_FAULTS = frozenset({"ib_link_flap"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptedFault:
+    """One fault a simulated node suffers at_s seconds after its backend starts."""
+
+    at_s: float
+    kind: str
+    gpu: int = 0
+    """GPU index on the node (ignored for node-level faults)."""
+    xid: int | None = None
+    message: str = ""
+    duration_s: float = 10.0
+    """How long a storm, excursion or thermal episode lasts."""
+    count: int = 3
+    """Flaps in an ib_link_flap."""
+    value: int = 2
+    """recovery_action: the NVML recovery action (2 = node reboot required)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_EVENT_KINDS:
+            raise ValueError(f"fault kind {self.kind!r} is not one of {', '.join(FAULT_EVENT_KINDS)}")
+        if self.kind == "xid" and (self.xid is None or not 0 < self.xid < 1000):
+            raise ValueError(f"an xid fault needs xid in 1..999, got {self.xid!r}")
+        if self.at_s < 0 or self.duration_s <= 0 or self.count < 1:
+            raise ValueError("at_s must be ≥ 0, duration_s > 0 and count ≥ 1")
+
+    @property
+    def expected_event_kind(self) -> model.EventKind | None:
+        """What the agent must report for this fault; None for a silent (SDC) fault."""
+        return FAULT_EVENT_KINDS[self.kind]
+
+
+def parse_fault(data: Mapping[str, Any], where: str) -> ScriptedFault:
+    """One fault from a TOML table; errors name the key."""
+    allowed = {f.name for f in dataclasses.fields(ScriptedFault)} | {"node"}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    try:
+        return ScriptedFault(**{k: v for k, v in data.items() if k != "node"})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def load_faults(path: str | pathlib.Path) -> tuple[ScriptedFault, ...]:
+    """The `[[faults]]` of a TOML scenario file (at_s, kind, gpu, xid, message, duration_s, count, value)."""
+    try:
+        data = tomllib.loads(pathlib.Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ValueError(f"scenario {path}: {exc}") from None
+    return tuple(parse_fault(f, f"{path}: faults[{i}]") for i, f in enumerate(data.get("faults", [])))
+
+
+@dataclasses.dataclass(frozen=True)
+class FiredFault:
+    """Ground truth: a scripted fault that happened, when, and to which GPU."""
+
+    fault: ScriptedFault
+    fired_unix_ns: int
+    gpu_uuid: str
+
+
 @dataclasses.dataclass
 class _SimGpu:
     info: model.GpuInfo
@@ -87,6 +176,13 @@ class _SimGpu:
     retired_pages_dbe: int = 0
     pcie_replay: int = 0
     recovery_action: int = 0
+    remapped_correctable: int = 0
+    sdc: bool = False
+    nvlink_crc: int = 0
+    crc_storm_until_ns: int = 0
+    crc_storm_from_ns: int = 0
+    excursion_until_ns: int = 0
+    thermal_until_ns: int = 0
 
 
 def simulated_gpu_uuid(seed: int, node_id: str, index: int) -> str:
@@ -108,6 +204,8 @@ class SimulatedBackend:
         *,
         workload: StepWorkload | None = None,
         gpu_model: SimulatedGpuModel = H100_SXM,
+        faults: Sequence[ScriptedFault] = (),
+        epoch_unix_ns: int | None = None,
     ) -> None:
         """Create gpu_count simulated GPUs for node_id.
 
@@ -117,6 +215,8 @@ class SimulatedBackend:
             seed: makes levels, jitter, UUIDs and noise reproducible.
             workload: the training job; None means the GPUs idle.
             gpu_model: the simulated product.
+            faults: scripted faults; at_s counts from epoch_unix_ns.
+            epoch_unix_ns: time zero of the script; None means the first reading's time.
         """
         if not 1 <= gpu_count <= 64:
             raise ValueError(f"gpu_count must be in 1..64, got {gpu_count}")
@@ -125,6 +225,11 @@ class SimulatedBackend:
         self._model = gpu_model
         self._pending: list[model.Observation] = []
         self._gpus: dict[str, _SimGpu] = {}
+        self._script = sorted(faults, key=lambda f: f.at_s)
+        self._epoch_ns = epoch_unix_ns
+        self._delayed: list[tuple[int, model.Observation]] = []
+        self.fired: list[FiredFault] = []
+        """Every scripted or injected fault that happened, in order (the simulator's ground truth)."""
         rng = random.Random(f"{seed}/{node_id}")
         for index in range(gpu_count):
             info = model.GpuInfo(
@@ -158,6 +263,7 @@ class SimulatedBackend:
 
     def read_power(self, now_unix_ns: int) -> Sequence[model.PowerReading]:
         """Instant draw of every GPU that is not lost; integrates energy as a side effect."""
+        self._advance(now_unix_ns)
         readings = []
         for sim in self._gpus.values():
             if sim.lost:
@@ -171,6 +277,7 @@ class SimulatedBackend:
 
     def read_counters(self, now_unix_ns: int) -> Sequence[model.GpuCounters]:
         """Counters of every GPU that is not lost."""
+        self._advance(now_unix_ns)
         counters = []
         for sim in self._gpus.values():
             if sim.lost:
@@ -180,6 +287,8 @@ class SimulatedBackend:
             reasons = model.ClockEventReason(0)
             if demand_w > sim.enforced_limit_w:
                 reasons |= model.ClockEventReason.SW_POWER_CAP
+            if now_unix_ns < sim.thermal_until_ns:
+                reasons |= model.ClockEventReason.HW_THERMAL_SLOWDOWN
             if self._workload is None:
                 reasons |= model.ClockEventReason.GPU_IDLE
             counters.append(
@@ -199,14 +308,15 @@ class SimulatedBackend:
                     retired_pages_sbe=0,
                     retired_pages_dbe=sim.retired_pages_dbe,
                     retired_pages_pending=False,
-                    remapped_rows_correctable=0,
+                    remapped_rows_correctable=sim.remapped_correctable,
                     remapped_rows_uncorrectable=sim.remapped_uncorrectable,
                     remapped_rows_pending=sim.remap_pending,
                     remapped_rows_failure=sim.remap_failure,
                     pcie_replay_count=sim.pcie_replay,
                     recovery_action=sim.recovery_action,
                     nvlinks=tuple(
-                        model.NvLinkCounters(link, True, 0, 0, 0) for link in range(self._model.nvlink_count)
+                        model.NvLinkCounters(link, True, self._crc(sim, now_unix_ns) if link == 0 else 0, 0, 0)
+                        for link in range(self._model.nvlink_count)
                     ),
                     power_smoothing_enabled=False if self._model.power_smoothing_supported else None,
                 )
@@ -214,8 +324,11 @@ class SimulatedBackend:
         return counters
 
     def poll_events(self, now_unix_ns: int, timeout_s: float) -> Sequence[model.Observation]:
-        """Observations injected since the last poll; never blocks (simulated time does not pass)."""
-        pending, self._pending = self._pending, []
+        """Observations since the last poll; never blocks (simulated time does not pass)."""
+        self._advance(now_unix_ns)
+        due = [obs for at_ns, obs in self._delayed if at_ns <= now_unix_ns]
+        self._delayed = [(at_ns, obs) for at_ns, obs in self._delayed if at_ns > now_unix_ns]
+        pending, self._pending = [*self._pending, *due], []
         return pending
 
     def set_power_limit(self, gpu_uuid: str, power_limit_w: int) -> int:
@@ -237,21 +350,129 @@ class SimulatedBackend:
 
     # -- fault injection --------------------------------------------------------------------
     def inject(self, observation: model.Observation) -> None:
-        """Queue an observation for the next poll and apply its effect on the GPU's counters."""
-        sim = self._gpus.get(observation.gpu_uuid)
-        if sim is not None:
-            kind = observation.kind
-            if kind in (model.EventKind.GPU_LOST, model.EventKind.FALLEN_OFF_BUS):
-                sim.lost = True
-            elif kind is model.EventKind.ECC_DBE:
-                sim.ecc_dbe += 1
-            elif kind is model.EventKind.ROW_REMAP_PENDING:
-                sim.remap_pending = True
-            elif kind is model.EventKind.ROW_REMAP_FAILURE:
-                sim.remap_failure = True
-            elif kind is model.EventKind.PCIE_REPLAY:
-                sim.pcie_replay += 100
+        """Queue an observation exactly as given for the next poll (tests; no counter effect)."""
         self._pending.append(observation)
+
+    def fire(self, fault: ScriptedFault, now_unix_ns: int) -> FiredFault:
+        """Make a fault happen now: change the GPU's state and queue what the node would report."""
+        gpus = list(self._gpus.values())
+        sim = gpus[fault.gpu % len(gpus)]
+        uuid_ = "" if fault.kind in NODE_LEVEL_FAULTS else sim.info.uuid
+        pci = {"pci": sim.info.pci_bus_id}
+
+        def report(kind: model.EventKind, message: str, **attributes: str) -> None:
+            self._pending.append(
+                model.Observation(
+                    kind, now_unix_ns, message, "simulated", uuid_, fault.xid, attributes={**pci, **attributes}
+                )
+            )
+
+        kind = fault.kind
+        if kind == "xid":
+            xid = fault.xid or 0
+            if xid == 79:
+                sim.lost = True
+            elif xid in (48, 94, 95):
+                sim.ecc_dbe += 1
+            elif xid == 63:
+                sim.remap_pending = True
+            elif xid == 64:
+                sim.remap_failure = True
+            report(model.EventKind.XID, fault.message or f"NVRM: Xid (PCI:{sim.info.pci_bus_id}): {xid}")
+        elif kind == "fallen_off_bus":
+            sim.lost = True
+            report(
+                model.EventKind.FALLEN_OFF_BUS,
+                fault.message or f"NVRM: GPU {sim.info.pci_bus_id}: GPU has fallen off the bus.",
+            )
+        elif kind == "gpu_lost":
+            sim.lost = True
+            report(model.EventKind.GPU_LOST, fault.message or "NVML: GPU is lost")
+        elif kind == "ecc_dbe":
+            sim.ecc_dbe += 1
+        elif kind == "row_remap_pending":
+            sim.remap_pending = True
+        elif kind == "row_remap_failure":
+            sim.remap_failure = True
+            sim.remapped_uncorrectable = max(sim.remapped_uncorrectable, 512)
+        elif kind == "pcie_replay":
+            sim.pcie_replay += 10_000
+        elif kind == "nvlink_crc_storm":
+            sim.crc_storm_from_ns = now_unix_ns
+            sim.crc_storm_until_ns = now_unix_ns + int(fault.duration_s * NS_PER_S)
+        elif kind == "power_excursion":
+            sim.excursion_until_ns = now_unix_ns + int(fault.duration_s * NS_PER_S)
+        elif kind == "thermal":
+            sim.thermal_until_ns = now_unix_ns + int(fault.duration_s * NS_PER_S)
+        elif kind == "recovery_action":
+            sim.recovery_action = fault.value
+        elif kind == "sdc":
+            sim.sdc = True
+        elif kind == "ib_link_flap":
+            # Each flap: DOWN, then ACTIVE one second later, as mlx5 reports it in the kernel log.
+            for flap in range(fault.count):
+                for offset_s, state in ((2.0 * flap, "DOWN"), (2.0 * flap + 1.0, "ACTIVE")):
+                    self._delayed.append(
+                        (
+                            now_unix_ns + int(offset_s * NS_PER_S),
+                            model.Observation(
+                                model.EventKind.IB_LINK_STATE,
+                                now_unix_ns + int(offset_s * NS_PER_S),
+                                f"mlx5_core 0000:c1:00.0 mlx5_0: Port 1 Link {state}",
+                                "simulated",
+                                attributes={"ib_device": "mlx5_0", "ib_port": "1", "ib_state": state},
+                            ),
+                        )
+                    )
+        fired = FiredFault(fault, now_unix_ns, uuid_)
+        self.fired.append(fired)
+        return fired
+
+    def reset_gpu(self, gpu_uuid: str) -> None:
+        """What a GPU reset clears: volatile ECC, a pending remap (applied), the recovery action.
+
+        A lost GPU cannot be reset (it needs a reboot); an SDC defect is hardware and stays.
+        """
+        sim = self._gpu(gpu_uuid)
+        if sim.lost:
+            raise gpu.GpuLost(f"{gpu_uuid} is lost: a reset cannot reach it")
+        if sim.remap_pending:
+            sim.remap_pending = False
+            sim.remapped_correctable += 1
+        sim.ecc_dbe = sim.ecc_sbe = 0
+        sim.recovery_action = 0
+        sim.enforced_limit_w = self._model.power_limit_default_w
+
+    def reboot(self) -> None:
+        """What a node reboot clears: lost GPUs come back, volatile state is gone, caps return to default."""
+        for sim in self._gpus.values():
+            sim.lost = False
+            if sim.remap_pending:
+                sim.remap_pending = False
+                sim.remapped_correctable += 1
+            sim.ecc_dbe = sim.ecc_sbe = 0
+            sim.recovery_action = 0
+            sim.crc_storm_until_ns = sim.excursion_until_ns = sim.thermal_until_ns = 0
+            sim.enforced_limit_w = self._model.power_limit_default_w
+
+    def sdc_gpus(self) -> frozenset[str]:
+        """UUIDs of GPUs that silently corrupt data (what validation must find)."""
+        return frozenset(uuid_ for uuid_, sim in self._gpus.items() if sim.sdc)
+
+    def _advance(self, now_unix_ns: int) -> None:
+        """Fire every scripted fault that is due."""
+        if self._epoch_ns is None:
+            self._epoch_ns = now_unix_ns
+        while self._script and self._epoch_ns + int(self._script[0].at_s * NS_PER_S) <= now_unix_ns:
+            fault = self._script.pop(0)
+            self.fire(fault, self._epoch_ns + int(fault.at_s * NS_PER_S))
+
+    def _crc(self, sim: _SimGpu, now_unix_ns: int) -> int:
+        """Link 0's CRC counter: 1000 errors/s during a storm, frozen after it."""
+        if not sim.crc_storm_from_ns:
+            return sim.nvlink_crc
+        end_ns = min(now_unix_ns, sim.crc_storm_until_ns)
+        return sim.nvlink_crc + max(0, (end_ns - sim.crc_storm_from_ns) // 1_000_000)
 
     # -- the power model --------------------------------------------------------------------
     def _gpu(self, gpu_uuid: str) -> _SimGpu:
@@ -270,8 +491,15 @@ class SimulatedBackend:
         return sim.compute_w if phase < workload.compute_fraction else sim.comm_w
 
     def _draw_w(self, sim: _SimGpu, now_unix_ns: int) -> float:
-        """Demand, throttled to the cap, plus deterministic measurement noise."""
-        base_w = min(self._demand_w(sim, now_unix_ns), sim.enforced_limit_w)
+        """Demand, throttled to the cap, plus deterministic measurement noise.
+
+        During a power excursion the GPU ignores its cap (as a firmware fault would) and draws 30%
+        over it.
+        """
+        if now_unix_ns < sim.excursion_until_ns:
+            base_w = sim.enforced_limit_w * 1.3
+        else:
+            base_w = min(self._demand_w(sim, now_unix_ns), sim.enforced_limit_w)
         noise_amplitude_w = self._workload.noise_w if self._workload else 1.0
         # Tuples of ints hash deterministically (no PYTHONHASHSEED salt), so noise is reproducible.
         bucket = now_unix_ns // 10_000_000

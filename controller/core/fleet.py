@@ -113,6 +113,17 @@ def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
     )
 
 
+def drop_stale_power(latest: GpuLatest, *, now_unix_ns: int, stale_after_s: float) -> GpuLatest:
+    """Forget a power reading older than stale_after_s: a GPU that stopped reporting draws unknown.
+
+    Example: a GPU that fell off the bus 30 s ago last reported 650 W; showing 650 W forever would
+    hide it, so its draw becomes None (unknown) while its cap stays what it was.
+    """
+    if latest.power_w is None or now_unix_ns - latest.power_sample_unix_ns <= stale_after_s * 1e9:
+        return latest
+    return dataclasses.replace(latest, power_w=None)
+
+
 @dataclasses.dataclass(frozen=True)
 class GpuStatus:
     """A GPU for display: inventory, state and latest telemetry."""

@@ -60,12 +60,18 @@ power_limit_w = 500
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert (tmp_path / "out" / "report.md").read_text().startswith("# rasd-sim report")
     assert "3 nodes, 6 GPUs" in printed
-    assert report["fleet"] == report["fleet"] | {"nodes_seen": 3, "gpus_seen": 6, "gpus_with_power": 6}
+    # Xid 79 took one GPU off the bus: it is seen, but its draw is unknown once its last sample is stale.
+    assert report["fleet"] == report["fleet"] | {"nodes_seen": 3, "gpus_seen": 6}
+    assert report["fleet"]["gpus_with_power"] in (5, 6)
     # The fault at 99 s lies beyond the run: it was never injected, so it cannot count.
     assert report["faults"]["injected"] == 2 and report["faults"]["detected"] == 2
+    assert report["faults"]["by_kind"] == {
+        "xid": {"injected": 1, "detected": 1},
+        "ecc_dbe": {"injected": 1, "detected": 1},
+    }
     assert report["events_lost"] == 0 and report["agent_events_unacked_at_end"] == 0
-    assert report["commands"]["sent"] == 3 and report["commands"]["read_back_confirmed"] == 3
-    assert report["fleet"]["power_cap_w"] == 6 * 500
+    # The node with the lost GPU cannot cap it: its command fails and says which GPU.
+    assert report["commands"]["sent"] == 3 and report["commands"]["read_back_confirmed"] == 2
     assert report["controller"]["telemetry_samples"] > 6 * 10 * 4
     assert report["power"]["swing_p2p_w_observed"] > 6 * 300  # every GPU swings ≥ 500 W per step
 
@@ -79,7 +85,7 @@ def test_demo_scenario_is_valid():
 def test_bad_scenario_names_the_key(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[faults]]\nat_s = 1\nnode = 0\ngpu = 0\nkind = "meteor"\n')
-    with pytest.raises(scenario.ScenarioError, match=r"faults\[0\].kind"):
+    with pytest.raises(scenario.ScenarioError, match=r"faults\[0\]: fault kind .meteor."):
         scenario.load(str(bad))
 
 

@@ -71,11 +71,11 @@ def test_cap_outside_constraints_is_rejected_and_unknown_gpu_is_named():
         backend.set_power_limit("GPU-nope", 500)
 
 
-def test_injected_lost_gpu_is_reported_once_and_then_skipped():
+def test_lost_gpu_is_reported_once_and_then_skipped():
     backend = _backend()
     uuid = backend.inventory()[2].uuid
-    backend.inject(model.Observation(model.EventKind.GPU_LOST, 1, "lost", "simulated", gpu_uuid=uuid))
-    assert [o.kind for o in backend.poll_events(2, 0.0)] == [model.EventKind.GPU_LOST]
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="gpu_lost", gpu=2), 1)
+    assert [(o.kind, o.gpu_uuid) for o in backend.poll_events(2, 0.0)] == [(model.EventKind.GPU_LOST, uuid)]
     assert backend.poll_events(3, 0.0) == []
     assert uuid not in {r.gpu_uuid for r in backend.read_power(4)}
     assert uuid not in {c.gpu_uuid for c in backend.read_counters(4)}
@@ -94,3 +94,57 @@ def test_energy_integrates_power():
 def test_bad_workload_is_named():
     with pytest.raises(ValueError, match="period_s"):
         simulated.StepWorkload(period_s=0)
+
+
+def test_scripted_faults_fire_on_time_relative_to_the_epoch():
+    faults = [
+        simulated.ScriptedFault(at_s=2.0, kind="xid", gpu=1, xid=13),
+        simulated.ScriptedFault(at_s=1.0, kind="ecc_dbe", gpu=0),
+    ]
+    backend = simulated.SimulatedBackend("n", 2, 0, faults=faults, epoch_unix_ns=10 * NS)
+    assert backend.poll_events(10 * NS + NS // 2, 0) == [] and backend.fired == []
+    backend.read_counters(11 * NS)
+    assert [f.fault.kind for f in backend.fired] == ["ecc_dbe"]
+    assert backend.read_counters(11 * NS)[0].ecc_dbe_volatile == 1
+    (xid,) = backend.poll_events(12 * NS, 0)
+    assert xid.kind is model.EventKind.XID and xid.xid == 13 and xid.gpu_uuid == backend.inventory()[1].uuid
+    assert xid.observed_unix_ns == 12 * NS
+
+
+def test_reset_applies_a_pending_remap_and_reboot_brings_back_a_lost_gpu():
+    backend = _backend()
+    gpu0, gpu1 = (g.uuid for g in backend.inventory()[:2])
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="row_remap_pending", gpu=0), 0)
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="fallen_off_bus", gpu=1), 0)
+    with pytest.raises(gpu.GpuLost):
+        backend.reset_gpu(gpu1)
+    backend.reset_gpu(gpu0)
+    counters = {c.gpu_uuid: c for c in backend.read_counters(1)}
+    assert counters[gpu0].remapped_rows_pending is False and counters[gpu0].remapped_rows_correctable == 1
+    assert gpu1 not in counters
+    backend.reboot()
+    assert gpu1 in {c.gpu_uuid for c in backend.read_counters(2)}
+
+
+def test_sdc_is_silent():
+    backend = _backend()
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="sdc", gpu=3), 0)
+    assert backend.poll_events(1, 0) == []
+    assert backend.sdc_gpus() == {backend.inventory()[3].uuid}
+
+
+def test_ib_flaps_are_node_level_and_spread_over_time():
+    backend = _backend()
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="ib_link_flap", count=2), 0)
+    states = [o.attributes["ib_state"] for t in range(5) for o in backend.poll_events(t * NS, 0)]
+    assert states == ["DOWN", "ACTIVE", "DOWN", "ACTIVE"]
+
+
+def test_fault_file_errors_name_the_key(tmp_path):
+    bad = tmp_path / "faults.toml"
+    bad.write_text('[[faults]]\nat_s = 1\nkind = "meteor"\n')
+    with pytest.raises(ValueError, match=r"faults\[0\].*meteor"):
+        simulated.load_faults(bad)
+    bad.write_text('[[faults]]\nat_s = 1\nkind = "xid"\ncolour = 3\n')
+    with pytest.raises(ValueError, match="colour"):
+        simulated.load_faults(bad)

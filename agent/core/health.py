@@ -1,0 +1,159 @@
+"""Counter-derived health findings: compare two samples of one GPU and say what changed. Pure.
+
+NVML's event set reports XIDs and some ECC events as they happen; most RAS signals, though, only
+show as counters moving between two samples. `evaluate()` turns those movements into observations
+with the same vocabulary as the kernel log and the event set, so the controller sees one stream.
+
+Rules (previous → current, per GPU; None on either side means unsupported: no finding):
+
+| signal | finding | severity |
+|---|---|---|
+| ecc_dbe_volatile rises | ECC_DBE | FATAL |
+| ecc_sbe_volatile rises faster than sbe_rate_per_s | ECC_SBE_RATE | WARNING |
+| remapped_rows_pending false → true | ROW_REMAP_PENDING | ERROR |
+| remapped_rows_failure false → true | ROW_REMAP_FAILURE | FATAL |
+| retired_pages_pending false → true, or retired DBE pages rise | RETIRED_PAGES | ERROR |
+| an NVLink goes active → inactive | NVLINK_DOWN | ERROR |
+| a link's CRC+replay+recovery errors rise faster than nvlink_errors_per_s | NVLINK_ERRORS | WARNING |
+| pcie_replay_count rises faster than pcie_replays_per_s | PCIE_REPLAY | WARNING |
+| recovery_action changes to non-zero | RECOVERY_ACTION | FATAL for reboot, ERROR otherwise |
+| thermal slowdown clock reason appears | THERMAL | WARNING |
+| draw above the enforced cap by more than excursion_ratio | POWER_EXCURSION | WARNING |
+
+Example: previous ecc_dbe_volatile=0, current ecc_dbe_volatile=2 → (Observation(kind=ECC_DBE,
+message="volatile DBE count 0 → 2", severity=FATAL),).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rasd.agent.core import model
+
+_THERMAL = model.ClockEventReason.SW_THERMAL_SLOWDOWN | model.ClockEventReason.HW_THERMAL_SLOWDOWN
+_RECOVERY_NAMES = {1: "GPU Reset Required", 2: "Node Reboot Required", 3: "Drain P2P", 4: "Drain and Reset"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HealthThresholds:
+    """Rates above which a rising counter becomes a finding."""
+
+    sbe_rate_per_s: float = 1.0
+    """Corrected ECC errors per second worth reporting."""
+    nvlink_errors_per_s: float = 10.0
+    """CRC + replay + recovery errors per second on one link."""
+    pcie_replays_per_s: float = 5.0
+    """PCIe replays per second."""
+    excursion_ratio: float = 0.10
+    """Draw above enforced cap × (1 + ratio) is an excursion."""
+
+
+def _rose(before: int | None, after: int | None) -> int:
+    if before is None or after is None or after <= before:
+        return 0
+    return after - before
+
+
+def evaluate(
+    previous: model.GpuCounters | None,
+    current: model.GpuCounters,
+    *,
+    power_w: float | None = None,
+    previous_power_w: float | None = None,
+    thresholds: HealthThresholds = HealthThresholds(),
+) -> tuple[model.Observation, ...]:
+    """Findings from one GPU's counters moving between two samples (the first sample is a baseline).
+
+    power_w and previous_power_w are the draws at the two samples; an excursion is reported when it
+    starts, not on every sample while it lasts.
+    """
+    if previous is None:
+        return ()
+    gpu = current.gpu_uuid
+    now = current.sample_unix_ns
+    interval_s = max((current.sample_unix_ns - previous.sample_unix_ns) / 1e9, 1e-3)
+    found: list[model.Observation] = []
+
+    def add(kind: model.EventKind, severity: model.Severity, message: str, **attributes: str) -> None:
+        found.append(model.Observation(kind, now, message, "nvml_counters", gpu, None, severity, attributes))
+
+    dbe = _rose(previous.ecc_dbe_volatile, current.ecc_dbe_volatile)
+    if dbe:
+        add(
+            model.EventKind.ECC_DBE,
+            model.Severity.FATAL,
+            f"volatile DBE count {previous.ecc_dbe_volatile} → {current.ecc_dbe_volatile}",
+            delta=str(dbe),
+        )
+    sbe = _rose(previous.ecc_sbe_volatile, current.ecc_sbe_volatile)
+    if sbe / interval_s > thresholds.sbe_rate_per_s:
+        add(model.EventKind.ECC_SBE_RATE, model.Severity.WARNING, f"{sbe / interval_s:.1f} corrected ECC errors/s")
+    if current.remapped_rows_pending and previous.remapped_rows_pending is False:
+        add(model.EventKind.ROW_REMAP_PENDING, model.Severity.ERROR, "row remap pending: a GPU reset applies it")
+    if current.remapped_rows_failure and previous.remapped_rows_failure is False:
+        add(
+            model.EventKind.ROW_REMAP_FAILURE,
+            model.Severity.FATAL,
+            "row remapping failed",
+            remapped_rows_uncorrectable=str(current.remapped_rows_uncorrectable),
+        )
+    retired = _rose(previous.retired_pages_dbe, current.retired_pages_dbe)
+    if retired or (current.retired_pages_pending and previous.retired_pages_pending is False):
+        add(
+            model.EventKind.RETIRED_PAGES,
+            model.Severity.ERROR,
+            f"retired DBE pages {previous.retired_pages_dbe} → {current.retired_pages_dbe}, "
+            f"pending {current.retired_pages_pending}",
+        )
+    before_links = {link.link: link for link in previous.nvlinks}
+    for link in current.nvlinks:
+        old = before_links.get(link.link)
+        if old is None:
+            continue
+        if old.active and not link.active:
+            add(model.EventKind.NVLINK_DOWN, model.Severity.ERROR, f"NVLink {link.link} went down", link=str(link.link))
+        errors = sum(
+            _rose(getattr(old, name), getattr(link, name))
+            for name in ("crc_errors", "replay_errors", "recovery_errors")
+        )
+        if errors / interval_s > thresholds.nvlink_errors_per_s:
+            add(
+                model.EventKind.NVLINK_ERRORS,
+                model.Severity.WARNING,
+                f"NVLink {link.link}: {errors / interval_s:.0f} errors/s",
+                link=str(link.link),
+            )
+    replays = _rose(previous.pcie_replay_count, current.pcie_replay_count)
+    if replays / interval_s > thresholds.pcie_replays_per_s:
+        add(model.EventKind.PCIE_REPLAY, model.Severity.WARNING, f"{replays / interval_s:.0f} PCIe replays/s")
+    if current.recovery_action and current.recovery_action != previous.recovery_action:
+        name = _RECOVERY_NAMES.get(current.recovery_action, str(current.recovery_action))
+        add(
+            model.EventKind.RECOVERY_ACTION,
+            model.Severity.FATAL if current.recovery_action == 2 else model.Severity.ERROR,
+            f"GPU recovery action changed to {name}",
+            recovery_action=str(current.recovery_action),
+        )
+    was_thermal = bool((previous.clock_event_reasons or 0) & _THERMAL)
+    if (current.clock_event_reasons or 0) & _THERMAL and not was_thermal:
+        add(
+            model.EventKind.THERMAL,
+            model.Severity.WARNING,
+            "thermal slowdown",
+            temperature_c=str(current.temperature_c),
+        )
+    limit = current.enforced_power_limit_w
+    previous_limit = previous.enforced_power_limit_w
+
+    def over(draw_w: float | None, cap_w: int | None) -> bool:
+        return draw_w is not None and bool(cap_w) and draw_w > cap_w * (1 + thresholds.excursion_ratio)  # type: ignore[operator]
+
+    if over(power_w, limit) and not over(previous_power_w, previous_limit):
+        add(
+            model.EventKind.POWER_EXCURSION,
+            model.Severity.WARNING,
+            f"draw {power_w:.0f} W above enforced cap {limit} W",
+            power_w=f"{power_w:.1f}",
+            power_limit_w=str(limit),
+        )
+    return tuple(found)
