@@ -147,13 +147,14 @@ class Allocation:
     """One sentence for the edge to log."""
 
 
-def stranded_w(views: GpuViews) -> float:
+def stranded_w(views: GpuViews, capped_threshold_pct: float = 97.0) -> float:
     """Power held but not drawn by uncapped GPUs while some eligible GPU is capped, W.
 
     This is the watts sloshing should have moved: sum of max(cap - draw, 0) over eligible GPUs not at
-    their cap, counted only when at least one GPU is (throttled or drawing >= 97 % of its cap).
+    their cap, counted only when at least one GPU is (throttled, or drawing at least
+    `capped_threshold_pct` of its cap).
     """
-    capped = views.eligible & (views.throttled | (views.draw_w >= 0.97 * views.cap_w))
+    capped = views.eligible & (views.throttled | (views.draw_w >= views.cap_w * (capped_threshold_pct / 100.0)))
     if not capped.any():
         return 0.0
     free = np.maximum(views.cap_w - views.draw_w, 0.0)
@@ -270,7 +271,7 @@ def allocate(
         capped=capped,
         demand_w=demand,
         unmet_w=unmet,
-        stranded_w=stranded_w(views),
+        stranded_w=stranded_w(views, policy.capped_threshold_pct),
         infeasible=infeasible,
         reason=reason,
     )

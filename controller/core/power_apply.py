@@ -397,6 +397,10 @@ def plan(
     if any(np.any(s > b) for s, b in zip(sums, budgets, strict=True)):
         over = tree.index.over_budget(node_idx, bound)
     wanted = np.where(free & (target > bound), target - bound, 0.0)
+    if policy.strict_two_phase:
+        confirmed = np.where(np.isnan(state.confirmed_w), state.max_w, state.confirmed_w)
+        if lower.any() or np.any((state.pending_seq != NO_COMMAND) & (state.pending_w < confirmed)):
+            wanted = np.zeros(n)
     granted = np.zeros(n)
     if wanted.any():
         slack = [np.maximum(b - s, 0.0) for b, s in zip(budgets, sums, strict=True)]

@@ -62,6 +62,12 @@ class PowerPolicy:
     """Deadline of a SetPowerCap command; the agent refuses it after this, which lets the planner settle
     an unacknowledged command once a read-back newer than the deadline arrives."""
 
+    strict_two_phase: bool = False
+    """True: send no raise anywhere while any decrease is unconfirmed (Slurm's two passes, plus the
+    confirmation Slurm lacks). False: a raise goes out as soon as it fits every domain's slack counted
+    with unconfirmed decreases as not applied, which keeps the same invariant without letting one
+    unreachable node stall every raise in the cluster."""
+
     clock_skew_margin_s: float = 1.0
     """Extra seconds added to a deadline before a read-back may settle a command (agent clock skew)."""
 

@@ -1,5 +1,6 @@
 """Two-phase apply: decreases first, confirmed by read-back, then increases; the budget holds throughout."""
 
+import dataclasses
 import json
 import os
 
@@ -54,6 +55,18 @@ def test_docstring_example_raises_only_after_the_decrease_is_confirmed():
     assert [(c.gpu_uuid, c.limit_w, c.phase) for c in plan.increases] == [("b", 600, 2)]
     assert plan.by_node() == {"n2": {"b": 600}}
     assert list(power_apply.may_be_in_force_w(state)) == [400, 600]
+
+
+def test_strict_two_phase_holds_every_raise_while_any_decrease_is_unconfirmed():
+    tree = one_rack_tree(5_000)  # plenty of slack: only strictness holds b back
+    strict = power_policy.PowerPolicy(command_ttl_s=5.0, clock_skew_margin_s=0.0, strict_two_phase=True)
+    state, plan = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now=10.0, policy=strict)
+    assert len(plan.decreases) == 1 and plan.increases == ()
+    _, loose = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now=10.0, policy=POLICY)
+    assert len(loose.decreases) == 1 and len(loose.increases) == 1
+    state = power_apply.record(state, acks=[power_apply.CapAck("cap-e1-0", "a", 400.0, 10.5)], policy=strict)
+    _, plan = power_apply.plan(state, np.array([400, 600]), tree, now=11.0, policy=strict)
+    assert [c.limit_w for c in plan.increases] == [600]
 
 
 def test_a_lost_ack_is_settled_by_a_read_back_showing_the_target():
@@ -186,7 +199,8 @@ def random_fleet(rng):
     return gpus, power_tree.PowerTree.from_mapping({"budget_w": cluster, "rows": rows})
 
 
-def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, p_budget, p_load):
+def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, p_budget, p_load, strict=False):
+    policy = dataclasses.replace(POLICY, strict_two_phase=strict)
     rng = np.random.default_rng(seed)
     gpus, tree = random_fleet(rng)
     n = len(gpus)
@@ -201,7 +215,7 @@ def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, 
     truth = rng.uniform(lo, hi).round()  # whatever the GPUs enforce when the controller first starts
     # Start-up: the first controller has no state. Budgets are checked from the moment its bounds fit.
     epoch = 0
-    state = power_apply.ApplyState.unknown(gpus, now=0.0, policy=POLICY, epoch=f"e{epoch}")
+    state = power_apply.ApplyState.unknown(gpus, now=0.0, policy=policy, epoch=f"e{epoch}")
     persisted = state  # states are immutable: keeping the object is persisting it (JSON at restart)
     checked = [np.full_like(b, np.inf) for b in idx.level_budgets()]
     demand = rng.uniform(lo * 0.5, hi * 1.2)
@@ -277,10 +291,10 @@ def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, 
             if rng.random() < p_lost_state:
                 STEPS_RUN["lost_state"] += 1
                 epoch += 1
-                state = power_apply.ApplyState.unknown(gpus, now=now, policy=POLICY, epoch=f"e{epoch}")
+                state = power_apply.ApplyState.unknown(gpus, now=now, policy=policy, epoch=f"e{epoch}")
             else:
                 state = power_apply.ApplyState.from_mapping(json.loads(json.dumps(persisted.to_mapping())))
-        state = power_apply.record(state, acks=acks, readbacks=readbacks, policy=POLICY)
+        state = power_apply.record(state, acks=acks, readbacks=readbacks, policy=policy)
         bound = power_apply.may_be_in_force_w(state)
         if step % 3 == 1 or targets is None:
             # Stale telemetry (unreachable node) is treated as drawing at its cap.
@@ -298,11 +312,11 @@ def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, 
                 marginal=marginal,
                 reachable=reachable[node_idx],
             )
-            alloc = power.allocate(tree, views, previous_caps, policy=POLICY, rng=alloc_rng)
+            alloc = power.allocate(tree, views, previous_caps, policy=policy, rng=alloc_rng)
             targets = previous_caps = alloc.caps_w
             assert idx.over_budget(node_idx, targets.astype(float)) == [], "allocation over budget"
             assert np.all((targets >= lo) & (targets <= hi)), "target outside [min, max]"
-        state, plan = power_apply.plan(state, targets, tree, now=now, policy=POLICY)
+        state, plan = power_apply.plan(state, targets, tree, now=now, policy=policy)
         persisted = state
         for c in (*plan.decreases, *plan.increases):
             STEPS_RUN["commands"] += 1
@@ -333,13 +347,14 @@ def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, 
     p_lost_state=st.sampled_from([0.0, 0.3, 1.0]),
     p_budget=st.sampled_from([0.0, 0.02, 0.1]),
     p_load=st.sampled_from([0.05, 0.2, 0.5]),
+    strict=st.booleans(),
 )
 def test_random_steps_never_exceed_a_budget_at_any_level(
-    seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, p_budget, p_load
+    seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, p_budget, p_load, strict
 ):
     """Load changes, dropped/delayed/reordered messages, node loss, restarts (persisted or lost), budget
     cuts: the caps GPUs enforce stay within [min, max], under the planner's bound, and within every budget."""
-    run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, p_budget, p_load)
+    run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, p_budget, p_load, strict)
 
 
 @pytest.fixture(scope="module", autouse=True)
