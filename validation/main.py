@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from rasd.validation import golden as golden_store
-from rasd.validation.context import HealthProvider, HealthSnapshot
+from rasd.validation.context import EccCounts, EccProbe, HealthProvider, HealthSnapshot
 from rasd.validation.faults import FAULT_CHECKS, FaultInjector, FaultKind
 from rasd.validation.registry import BUDGET_S, CHECKS, SUITES
 from rasd.validation.runner import SuiteReport, goldens_to_record, run_suite
@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--checks", help="comma-separated subset of checks to run, e.g. V1,V2")
     p.add_argument("--health-json", metavar="FILE", help='V0 input: {"gpus": {"0": {"row_remap_pending": false, ...}}}')
+    p.add_argument(
+        "--ecc-json",
+        metavar="FILE",
+        help='V4 ECC watch: a file kept current by the agent, {"gpus": {"0": {"correctable": n, '
+        '"uncorrectable": m}}}, read before and after the memory test',
+    )
     p.add_argument("--golden", metavar="FILE", help="V2 golden store (JSON); without it V2 votes among peers only")
     p.add_argument(
         "--record-golden",
@@ -87,6 +93,22 @@ def _health_provider(path: str) -> HealthProvider:
         data = json.load(fh)
     snapshots = {int(k): HealthSnapshot.from_json(v) for k, v in data.get("gpus", {}).items()}
     return lambda gpu: snapshots.get(gpu)
+
+
+def _ecc_file_probe(path: str) -> EccProbe:
+    """An ECC watch that re-reads ``path`` on every call (the agent rewrites it as it polls NVML)."""
+
+    def probe(gpu: int) -> EccCounts | None:
+        try:
+            with open(path) as fh:
+                entry = json.load(fh).get("gpus", {}).get(str(gpu))
+        except (OSError, ValueError):
+            return None  # unreadable now: the watch reports itself unavailable, it does not guess
+        if entry is None:
+            return None
+        return EccCounts(correctable=int(entry["correctable"]), uncorrectable=int(entry["uncorrectable"]))
+
+    return probe
 
 
 def _table(report: SuiteReport) -> str:
@@ -122,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpus = _csv_ints(args.gpus) if args.gpus else visible_gpus(args.device)
         if not gpus:
             parser.error("no GPUs to test")
+        if args.device == "cuda":
+            missing = [g for g in gpus if not 0 <= g < torch.cuda.device_count()]
+            if missing:
+                parser.error(f"--gpus {missing} not visible ({torch.cuda.device_count()} CUDA device(s))")
         injector = None
         if args.inject_fault:
             kind = FaultKind(args.inject_fault)
@@ -145,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             time_budget_s=args.time_budget_s,
             injector=injector,
             health=health,
+            ecc_probe=_ecc_file_probe(args.ecc_json) if args.ecc_json else None,
             golden_path=args.golden,
             only=only,
         )

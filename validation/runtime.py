@@ -166,14 +166,6 @@ class Budget:
         """True once the deadline has passed."""
         return self._clock() >= self._deadline
 
-    def sub(self, seconds: float) -> Budget:
-        """A budget ending at the earlier of this deadline and ``seconds`` from now."""
-        return Budget(min(seconds, self.remaining_s()), self._clock)
-
-    def now(self) -> float:
-        """The budget's clock reading (monotonic seconds)."""
-        return self._clock()
-
 
 def int_view(torch: ModuleType, tensor: Any) -> Any:
     """The same memory as ``tensor`` viewed as the signed integer type of the same width."""

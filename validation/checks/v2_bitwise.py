@@ -40,6 +40,7 @@ Row/column sums are kept for repeat 0 and for any repeat whose digest differs fr
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -50,7 +51,7 @@ from rasd.validation.checks.tensors import row_col_bitsums, sha256_bits
 from rasd.validation.context import RunContext
 from rasd.validation.faults import FaultKind
 from rasd.validation.model import CheckResult, Evidence, GpuResult, Verdict, classify_deviations, combine, worst
-from rasd.validation.runtime import FLOAT_BITS, key_string, require_torch, software_key, sync
+from rasd.validation.runtime import FLOAT_BITS, Device, key_string, require_torch, software_key, sync
 
 CHECK = "V2"
 TITLE = "bitwise GEMM vs golden and peers"
@@ -95,26 +96,23 @@ def run(spec: Spec, ctx: RunContext) -> dict[str, Any]:
             for dtype in spec.dtypes:
                 cases.append((case_id(dtype, (m, n, k), value_range, ctx.seed), dtype, a, b))
     stored = golden_store.load(ctx.golden_path) if ctx.golden_path else {}
-    golden: dict[str, dict[str, Any]] = {}
-    golden_source = f"file {ctx.golden_path}" if ctx.golden_path else "none"
     drifting = injector is not None and injector.kind is FaultKind.DRIFT
-    drifted_labels: set[tuple[str, str]] = set()
-    gpus = []
-    incomplete = None
-    for device in ctx.devices:
+
+    def fingerprint(device: Device) -> tuple[dict[str, Any], dict[str, Any], bool]:
+        """One device's cases: (raw entry, drifted golden entries, cut by the budget)."""
         key = key_string(software_key(device))
-        if key in stored:
-            golden[key] = stored[key]
         gpu_started = time.monotonic()
         results = []
+        drifted_golden: dict[str, Any] = {}
+        cut = False
         for label, dtype, a64, b64 in cases:
             if ctx.budget.exhausted():
-                incomplete = "budget"
+                cut = True
                 break
             tdtype = getattr(torch, dtype)
             a = a64.to(tdtype).to(device.torch_device)
             b = b64.to(tdtype).to(device.torch_device)
-            repeats = []
+            repeats: list[dict[str, Any]] = []
             for repeat in range(spec.repeats):
                 c = a @ b
                 if injector is not None:
@@ -124,28 +122,37 @@ def run(spec: Spec, ctx: RunContext) -> dict[str, Any]:
                 if repeat == 0 or digest != repeats[0]["digest"]:
                     rec["row_sums"], rec["col_sums"] = row_col_bitsums(torch, c)
                 repeats.append(rec)
-                if repeat == 0 and injector is not None and drifting and (key, label) not in drifted_labels:
-                    # Drift: the golden for this key is this healthy answer with one bit changed, as
-                    # if it had been recorded by another software stack.
+                if repeat == 0 and drifting and device == ctx.devices[0]:
+                    # Drift: the golden is this healthy answer with one bit changed, as if it had
+                    # been recorded by another software stack.
                     drifted = injector.drifted(CHECK, c)
                     rows, cols = row_col_bitsums(torch, drifted)
-                    golden.setdefault(key, {})[label] = {
-                        "digest": sha256_bits(torch, drifted),
-                        "row_sums": rows,
-                        "col_sums": cols,
-                    }
-                    drifted_labels.add((key, label))
-                    golden_source = "fault injection: drift (golden from a different stack)"
+                    drifted_golden[label] = {"digest": sha256_bits(torch, drifted), "row_sums": rows, "col_sums": cols}
             sync(torch, device)
             results.append({"case": label, "dtype": dtype, "repeats": repeats})
-        gpus.append({"gpu": device.gpu, "key": key, "duration_s": time.monotonic() - gpu_started, "cases": results})
-        if incomplete:
-            break
+        entry = {"gpu": device.gpu, "key": key, "duration_s": time.monotonic() - gpu_started, "cases": results}
+        return entry, drifted_golden, cut
+
+    if any(d.kind == "cuda" for d in ctx.devices) and len(ctx.devices) > 1:
+        # Each GPU computes and hashes its own cases; hashing releases the GIL, so GPUs overlap.
+        with concurrent.futures.ThreadPoolExecutor(len(ctx.devices)) as pool:
+            outputs = list(pool.map(fingerprint, ctx.devices))
+    else:
+        outputs = [fingerprint(d) for d in ctx.devices]
+
+    golden: dict[str, dict[str, Any]] = {}
+    golden_source = f"file {ctx.golden_path}" if ctx.golden_path else "none"
+    for entry, _, _ in outputs:
+        if entry["key"] in stored:
+            golden[entry["key"]] = stored[entry["key"]]
+    if drifting:
+        golden[outputs[0][0]["key"]] = outputs[0][1]
+        golden_source = "fault injection: drift (golden from a different stack)"
     return {
-        "gpus": gpus,
+        "gpus": [entry for entry, _, _ in outputs],
         "golden": golden,
         "golden_source": golden_source,
-        "incomplete": incomplete,
+        "incomplete": "budget" if any(cut for _, _, cut in outputs) else None,
         "duration_s": time.monotonic() - started,
     }
 
@@ -214,7 +221,8 @@ def judge(raw: Mapping[str, Any], spec: Spec) -> CheckResult:
     evidence: dict[int, list[Evidence]] = collections.defaultdict(list)
 
     for key, group in by_key.items():
-        case_names = [c["case"] for c in group[0]["cases"]]
+        longest = max(group, key=lambda e: len(e["cases"]))
+        case_names = [c["case"] for c in longest["cases"]]
         for case_no, name in enumerate(case_names):
             members = [(e["gpu"], e["cases"][case_no]) for e in group if len(e["cases"]) > case_no]
             width = FLOAT_BITS[members[0][1]["dtype"]]

@@ -142,10 +142,15 @@ def _rank_main(torch: Any, spec: Spec, ctx: RunContext, store: Any, rank: int, w
     check("all_to_all", a2a_out, expected)
 
     recv = torch.empty_like(f)
-    send_work = pg.send([(rank + 1) * f], (rank + 1) % world, 0)
-    recv_work = pg.recv([recv], (rank - 1) % world, 0)
-    send_work.wait()
-    recv_work.wait()
+    outgoing = (rank + 1) * f
+    # Even ranks send first, odd ranks receive first: with two ranks both directions share one NCCL
+    # stream, and send-before-recv on both sides would wait on each other.
+    if rank % 2 == 0:
+        works = [pg.send([outgoing], (rank + 1) % world, 0), pg.recv([recv], (rank - 1) % world, 0)]
+    else:
+        works = [pg.recv([recv], (rank - 1) % world, 0), pg.send([outgoing], (rank + 1) % world, 0)]
+    for work in works:
+        work.wait()
     check("send/recv ring", recv, ((rank - 1) % world + 1) * f)
 
     if device.kind == "cuda":

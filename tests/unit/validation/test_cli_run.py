@@ -88,3 +88,13 @@ def test_a_tiny_budget_reports_incomplete_with_exit_3(capsys: pytest.CaptureFixt
     assert code == 3
     assert report["verdict"] == "incomplete"
     assert any("budget" in c["reason"] for c in report["checks"])
+
+
+def test_ecc_json_feeds_the_v4_ecc_watch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ecc = tmp_path / "ecc.json"
+    ecc.write_text(json.dumps({"gpus": {"0": {"correctable": 4, "uncorrectable": 0}}}))
+    code, report = cli_json(capsys, "--gpus", "0,1", "--checks", "V4", "--ecc-json", str(ecc))
+    assert code == 0  # counters did not move during the test
+    gpus = {g["gpu"]: g for g in report["checks"][0]["gpus"]}
+    assert "ECC watch unavailable" not in gpus[0]["reason"]
+    assert "ECC watch unavailable" in gpus[1]["reason"]  # the file knows nothing of gpu 1
