@@ -85,7 +85,8 @@ class CapAck:
     gpu_uuid: str
     enforced_w: float | None
     """The enforced limit read back after the set; None when the agent did not and will not execute
-    it (refused, or past its deadline)."""
+    it (refused, or past its deadline). A failure that may have changed the limit must carry the
+    read-back, or be left unanswered so that a later read-back settles it."""
     sample_s: float
     """When the read-back was taken, controller time (seconds)."""
 

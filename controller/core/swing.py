@@ -338,7 +338,9 @@ def plan_smoothing(
     = 2,801 W/s, job ramp 10,000 / 1,024 = 9.8 W/s.
 
     Args:
-        swing: The detector's report on the managed GPUs' aggregate power.
+        swing: The detector's report on the GPUs' *unmanaged* aggregate power (measured before the
+            smoothing was applied, e.g. at job start). Fed the managed swing, a relative target
+            would ratchet the floor up every time it is re-planned.
         n_gpus: GPUs contributing to the aggregate.
         tdp_w: Their TDP (maximum power limit), W.
         firmware_supported: The GPUs support NVML power smoothing (Blackwell and newer).

@@ -89,7 +89,7 @@ def test_gpu_on_a_node_outside_the_tree_is_refused():
         power.GpuViews.from_views([power.GpuView("a", "elsewhere", 0, 1, 1, 1, 2)], tree)
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     cluster_frac=st.floats(0.3, 1.2),
@@ -274,3 +274,20 @@ def test_stranded_power_counts_only_while_someone_is_capped():
     assert power.stranded_w(quiet) == 0.0
     mixed = quiet.replace(draw_w=np.array([300.0, 500.0]))
     assert power.stranded_w(mixed) == 200.0
+
+
+def test_views_reject_misaligned_columns_and_inverted_limits():
+    tree = fleet_tree(1, 1, 1, cluster_w=5_000)
+    views = views_for(tree, 2, draw=100.0, cap=300.0)
+    with pytest.raises(ValueError, match="draw_w must have shape"):
+        views.replace(draw_w=np.zeros(3))
+    with pytest.raises(ValueError, match="min_w above max_w"):
+        views.replace(min_w=np.array([800.0, 100.0]))
+    assert list(views.reachable) == [True, True]
+
+
+def test_no_gpus_gives_an_empty_allocation():
+    tree = fleet_tree(1, 1, 1, cluster_w=5_000)
+    empty = power.GpuViews.from_views([], tree)
+    alloc = power.allocate(tree, empty, None, policy=POLICY, rng=np.random.default_rng(0))
+    assert alloc.caps_w.shape == (0,) and alloc.unmet_w == 0.0
