@@ -2,78 +2,129 @@
 
 Every command is answered with an ActionResult. A command id seen before is answered with the
 stored result (`replayed=True`) and never run twice (DESIGN.md invariant 2). A command past its
-deadline is not started. Power caps are applied through the GPU backend and confirmed by reading
-the enforced limit back, which is what the controller's two-phase power apply relies on.
+deadline is not started. Power caps go through the GPU backend and are confirmed by reading the
+enforced limit back, which the controller's two-phase power apply relies on.
 
-Destructive actions (restart process, reset GPU, reboot, validation runs) run in dry-run mode in this
-build: the agent logs and answers what it would do, and does nothing. Their real executors arrive
-with the agent issue (#3) behind an explicit enablement switch.
+Destructive actions (restart process, reset GPU, reboot, validation) need `destructive_enabled`;
+by default the agent answers DRY_RUN with what it would have done. When enabled:
+
+| action | how | refused / failed when |
+|---|---|---|
+| restart process | restart the unit, or SIGTERM the GPU's processes, SIGKILL after grace_s | restart fails |
+| reset GPU | the node's reset command (nvidia-smi --gpu-reset) | compute processes still run (REFUSED) |
+| reboot | the node's reboot command; the result is journaled *before* it runs | the command fails |
+| run validation | rasd-validate; the verdicts ride on the result | it gives no report in time |
+
+A reboot's result is written first because the agent will not live to write it afterwards, and a
+replay after the reboot must not reboot again.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import signal
+import time
 from collections.abc import Callable
 
-from rasd.agent import gpu, spool
+from rasd.agent import gpu, node_ops, spool
 from rasd.agent.core import model
 
 Clock = Callable[[], int]
+Outcome = tuple[model.ActionOutcome, str, dict[str, int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionSettings:
+    """What the agent may do on its own node."""
+
+    destructive_enabled: bool = False
+    """Allow restart, reset, reboot and validation; otherwise they are answered DRY_RUN."""
+    validation_timeout_s: float = 3600.0
+    """Upper bound for one rasd-validate run (the suites enforce their own budgets below this)."""
+    kill_poll_s: float = 0.2
+    """How often a process is checked for exit during the SIGTERM grace period."""
 
 
 class ActionExecutor:
-    """Executes commands against one node's GPU backend."""
+    """Executes commands against one node's GPU backend and node operations."""
 
-    def __init__(self, backend: gpu.GpuBackend, journal: spool.Spool, clock: Clock) -> None:
-        """Bind the executor to its backend, the executed-command journal and a unix-ns clock."""
+    def __init__(
+        self,
+        backend: gpu.GpuBackend,
+        journal: spool.Spool,
+        clock: Clock,
+        *,
+        ops: node_ops.NodeOps | None = None,
+        settings: ActionSettings = ActionSettings(),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """Bind the executor to its backend, the executed-command journal, a unix-ns clock and node ops."""
         self._backend = backend
         self._journal = journal
         self._clock = clock
+        self._ops = ops
+        self.settings = settings
+        self._sleep = sleep
 
     def execute(self, command: model.Command) -> model.ActionResult:
         """Run a command once; a repeated id returns the stored result marked replayed."""
         previous = self._journal.executed_result(command.command_id)
         if previous is not None:
-            return model.ActionResult(
-                command_id=previous.command_id,
-                outcome=previous.outcome,
-                message=previous.message,
-                started_unix_ns=previous.started_unix_ns,
-                finished_unix_ns=previous.finished_unix_ns,
-                enforced_limits_w=previous.enforced_limits_w,
-                replayed=True,
-            )
+            return dataclasses.replace(previous, replayed=True)
         started = self._clock()
         if command.deadline_unix_ns and started > command.deadline_unix_ns:
-            outcome, message, limits = (
-                model.ActionOutcome.TIMED_OUT,
-                f"deadline passed {(started - command.deadline_unix_ns) / 1e9:.3f} s before start",
-                {},
+            late_s = (started - command.deadline_unix_ns) / 1e9
+            return self._finish(
+                command, started, (model.ActionOutcome.TIMED_OUT, f"deadline passed {late_s:.3f} s before start", {})
             )
-        else:
-            outcome, message, limits = self._run(command.action)
+        action = command.action
+        if isinstance(action, model.SetPowerCap):
+            return self._finish(command, started, self._set_power_cap(action))
+        if isinstance(action, model.SetPowerSmoothing):
+            message = f"backend {self._backend.name!r} has no power-smoothing control"
+            return self._finish(command, started, (model.ActionOutcome.NOT_SUPPORTED, message, {}))
+        if not self.settings.destructive_enabled or self._ops is None:
+            return self._finish(
+                command, started, (model.ActionOutcome.DRY_RUN, f"dry-run: would {_describe(action)}", {})
+            )
+        if isinstance(action, model.RebootNode):
+            result = self._finish(command, started, (model.ActionOutcome.SUCCEEDED, "reboot started", {}))
+            try:
+                self._ops.reboot()
+            except node_ops.NodeOpError as exc:
+                # The journal already says "started"; the controller learns of the failure from
+                # this answer, and a replay will not try again: a failed reboot command needs a
+                # person or the BMC rung, not a loop.
+                return dataclasses.replace(result, outcome=model.ActionOutcome.FAILED, message=str(exc))
+            return result
+        if isinstance(action, model.RunValidation):
+            return self._validate(command, started, action)
+        try:
+            if isinstance(action, model.RestartProcess):
+                outcome = self._restart(action)
+            elif isinstance(action, model.ResetGpu):
+                outcome = self._reset(action)
+            else:
+                outcome = (model.ActionOutcome.NOT_SUPPORTED, f"unknown action {type(action).__name__}", {})
+        except node_ops.NodeOpError as exc:
+            outcome = (model.ActionOutcome.FAILED, str(exc), {})
+        return self._finish(command, started, outcome)
+
+    def _finish(self, command: model.Command, started: int, outcome: Outcome, **extra: object) -> model.ActionResult:
+        status, message, limits = outcome
         result = model.ActionResult(
             command_id=command.command_id,
-            outcome=outcome,
+            outcome=status,
             message=message,
             started_unix_ns=started,
             finished_unix_ns=self._clock(),
             enforced_limits_w=limits,
+            **extra,  # type: ignore[arg-type]
         )
         self._journal.record_result(result)
         return result
 
-    def _run(self, action: model.Action) -> tuple[model.ActionOutcome, str, dict[str, int]]:
-        if isinstance(action, model.SetPowerCap):
-            return self._set_power_cap(action)
-        if isinstance(action, model.SetPowerSmoothing):
-            return (
-                model.ActionOutcome.NOT_SUPPORTED,
-                f"backend {self._backend.name!r} has no power-smoothing control",
-                {},
-            )
-        return model.ActionOutcome.DRY_RUN, f"dry-run: would {_describe(action)}", {}
-
-    def _set_power_cap(self, action: model.SetPowerCap) -> tuple[model.ActionOutcome, str, dict[str, int]]:
+    def _set_power_cap(self, action: model.SetPowerCap) -> Outcome:
         enforced: dict[str, int] = {}
         failures: list[str] = []
         not_supported = False
@@ -91,6 +142,54 @@ class ActionExecutor:
         # Partial success still reports what was enforced: the controller must know which caps
         # are in force to keep the budget invariant.
         return outcome, "; ".join(failures), enforced
+
+    def _restart(self, action: model.RestartProcess) -> Outcome:
+        assert self._ops is not None
+        if action.systemd_unit:
+            self._ops.restart_unit(action.systemd_unit)
+            return model.ActionOutcome.SUCCEEDED, f"restarted unit {action.systemd_unit}", {}
+        pids = list(action.pids) or self._ops.compute_pids(action.gpu_uuid)
+        if not pids:
+            return model.ActionOutcome.SUCCEEDED, f"no compute process on {action.gpu_uuid}: nothing to restart", {}
+        for pid in pids:
+            self._ops.signal(pid, signal.SIGTERM)
+        waited_s = 0.0
+        while waited_s < action.grace_s and any(self._ops.pid_alive(pid) for pid in pids):
+            self._sleep(self.settings.kill_poll_s)
+            waited_s += self.settings.kill_poll_s
+        killed = [pid for pid in pids if self._ops.pid_alive(pid)]
+        for pid in killed:
+            self._ops.signal(pid, signal.SIGKILL)
+        message = f"SIGTERM to {pids}" + (f", SIGKILL to {killed} after {action.grace_s:g} s" if killed else "")
+        return model.ActionOutcome.SUCCEEDED, message, {}
+
+    def _reset(self, action: model.ResetGpu) -> Outcome:
+        assert self._ops is not None
+        running = self._ops.compute_pids(action.gpu_uuid)
+        if running:
+            return (
+                model.ActionOutcome.REFUSED,
+                f"{len(running)} compute process(es) still run on {action.gpu_uuid}: {running}",
+                {},
+            )
+        self._ops.reset_gpu(action.gpu_uuid)
+        return model.ActionOutcome.SUCCEEDED, f"reset {action.gpu_uuid}", {}
+
+    def _validate(self, command: model.Command, started: int, action: model.RunValidation) -> model.ActionResult:
+        assert self._ops is not None
+        try:
+            run = self._ops.run_validation(
+                action.suite, action.gpu_uuids, action.seed, self.settings.validation_timeout_s
+            )
+        except node_ops.NodeOpError as exc:
+            return self._finish(command, started, (model.ActionOutcome.FAILED, str(exc), {}))
+        return self._finish(
+            command,
+            started,
+            (model.ActionOutcome.SUCCEEDED, run.message, {}),
+            validation_verdict=run.verdict,
+            check_verdicts=run.checks,
+        )
 
 
 def _describe(action: model.Action) -> str:

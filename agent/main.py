@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import pathlib
 import signal
@@ -21,7 +22,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, start_http_server
 
-from rasd.agent import gpu, kmsg_source, runtime, sources, spool, systemd
+from rasd.agent import actions, gpu, kmsg_source, node_ops, runtime, sources, spool, systemd
 from rasd.agent import metrics as agent_metrics
 from rasd.agent.gpu import simulated
 from rasd.common import VERSION, net
@@ -67,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--failsafe-after-s", type=float, help="controller outage before the fail-safe (default 300)")
     parser.add_argument("--sim-scenario", help="simulated backend: TOML file of scripted faults for this node")
     parser.add_argument(
+        "--enable-destructive-actions",
+        dest="destructive_actions",
+        action="store_true",
+        default=None,
+        help="really restart processes, reset GPUs, reboot and validate (default: dry-run)",
+    )
+    parser.add_argument(
         "--insecure",
         action="store_true",
         help="plaintext gRPC; allowed only to a loopback controller (TLS arrives with the security issue)",
@@ -91,7 +99,7 @@ def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any])
     known = {
         "node_id", "controller", "backend", "gpus", "seed", "sim_step_period_s", "state_dir",
         "labels", "insecure", "log_level", "metrics_port", "kernel_log", "kmsg_path", "ib_sysfs_root",
-        "failsafe_power_limit_w", "failsafe_after_s", "sim_scenario",
+        "failsafe_power_limit_w", "failsafe_after_s", "sim_scenario", "destructive_actions", "commands",
     }  # fmt: skip
     unknown = set(file_settings) - known
     if unknown:
@@ -114,6 +122,8 @@ def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any])
         "failsafe_power_limit_w": None,
         "failsafe_after_s": 300.0,
         "sim_scenario": None,
+        "destructive_actions": False,
+        "commands": {},
     }
     settings.update(file_settings)
     for key in known - {"labels"}:
@@ -130,6 +140,12 @@ def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any])
     limit = settings["failsafe_power_limit_w"]
     if limit is not None and (not isinstance(limit, int) or not 50 <= limit <= 5000):
         raise ValueError(f"failsafe_power_limit_w must be an integer in 50..5000 W, got {limit!r}")
+    allowed_commands = {f.name for f in dataclasses.fields(node_ops.HostCommands)} - {"timeout_s"}
+    for name, argv in dict(settings["commands"]).items():
+        if name not in allowed_commands:
+            raise ValueError(f"commands.{name}: unknown (one of {', '.join(sorted(allowed_commands))})")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError(f"commands.{name}: expected a non-empty list of strings")
     if settings["backend"] not in gpu.BACKEND_NAMES:
         raise ValueError(f"backend {settings['backend']!r} is not one of {', '.join(gpu.BACKEND_NAMES)}")
     if not isinstance(settings["gpus"], int) or not 1 <= settings["gpus"] <= 64:
@@ -184,6 +200,8 @@ async def _serve(settings: Mapping[str, Any]) -> int:
             failsafe_power_limit_w=settings["failsafe_power_limit_w"],
             failsafe_after_s=float(settings["failsafe_after_s"]),
         ),
+        ops=_node_ops(settings, backend),
+        action_settings=actions.ActionSettings(destructive_enabled=bool(settings["destructive_actions"])),
     )
     if settings["kernel_log"] == "kmsg":
         agent.attach_kernel_log(
@@ -223,6 +241,14 @@ async def _serve(settings: Mapping[str, Any]) -> int:
         journal.close()
     log.info("agent_stopped", node=settings["node_id"], events_spooled=agent.stats.events_spooled)
     return 0
+
+
+def _node_ops(settings: Mapping[str, Any], backend: gpu.GpuBackend) -> node_ops.NodeOps:
+    """Simulated GPUs get simulated repairs; real ones get the host's commands."""
+    if isinstance(backend, simulated.SimulatedBackend):
+        return node_ops.SimulatedNodeOps(backend)
+    overrides = {name: tuple(argv) for name, argv in dict(settings["commands"]).items()}
+    return node_ops.HostNodeOps(node_ops.HostCommands(**overrides))
 
 
 async def _pet_watchdog(agent: runtime.Agent, notifier: systemd.Notifier, stop: asyncio.Event) -> None:

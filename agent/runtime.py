@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 import grpc
 import structlog
 
-from rasd.agent import actions, gpu, kmsg_source, sources, spool, wire
+from rasd.agent import actions, gpu, kmsg_source, node_ops, sources, spool, wire
 from rasd.agent.core import health, model
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
@@ -114,8 +114,13 @@ class Agent:
         *,
         clock: Clock = time.time_ns,
         rng: random.Random | None = None,
+        ops: node_ops.NodeOps | None = None,
+        action_settings: actions.ActionSettings | None = None,
     ) -> None:
-        """Wire the agent together; nothing runs until `run()`."""
+        """Wire the agent together; nothing runs until `run()`.
+
+        ops and action_settings enable destructive repairs; without them those answer DRY_RUN.
+        """
         self.identity = identity
         self.backend = backend
         self.spool = journal
@@ -123,7 +128,9 @@ class Agent:
         self.stats = AgentStats()
         self._clock = clock
         self._rng = rng or random.Random()
-        self._executor = actions.ActionExecutor(backend, journal, clock)
+        self._executor = actions.ActionExecutor(
+            backend, journal, clock, ops=ops, settings=action_settings or actions.ActionSettings()
+        )
         self._inventory = tuple(backend.inventory())
         self._power_interval_ms = settings.power_sample_interval_ms
         self._counter_interval_ms = settings.counter_interval_ms
@@ -177,7 +184,7 @@ class Agent:
         self._loop_thread = threading.get_ident()
         thread_stop = threading.Event()
         threads = [
-            threading.Thread(target=target, args=(thread_stop,), name=name, daemon=True)
+            threading.Thread(target=self._keep_running, args=(name, target, thread_stop), name=name, daemon=True)
             for name, target in self._threads
         ]
         for thread in threads:
@@ -248,6 +255,15 @@ class Agent:
                 self._log.exception("sampling_cycle_failed")
             await self._maybe_failsafe()
             await asyncio.sleep(max(0.0, min(next_power, next_counters, next_events) - loop.time()))
+
+    def _keep_running(self, name: str, target: Callable[[threading.Event], None], stop: threading.Event) -> None:
+        """Run a source thread; if it fails (e.g. /dev/kmsg unreadable), log it and start it again."""
+        while not stop.is_set():
+            try:
+                target(stop)
+            except Exception:
+                self._log.exception("source_failed", source=name)
+                stop.wait(5.0)
 
     async def _poll_ib_forever(self, stop: asyncio.Event, poller: sources.IbPoller) -> None:
         while not stop.is_set():

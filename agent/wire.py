@@ -143,6 +143,11 @@ def action_result(result: model.ActionResult) -> agent_pb.AgentMessage:
                 for uuid, watts in result.enforced_limits_w.items()
             ],
             replayed=result.replayed,
+            validation_verdict=result.validation_verdict,
+            verdicts=[
+                commands_pb.CheckVerdict(check=check, gpu_uuid=gpu, verdict=verdict, evidence=evidence)
+                for check, gpu, verdict, evidence in result.check_verdicts
+            ],
         )
     )
 

@@ -25,7 +25,7 @@ from typing import TextIO
 import grpc
 import structlog
 
-from rasd.agent import runtime, spool
+from rasd.agent import actions, node_ops, runtime, spool
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
@@ -147,6 +147,9 @@ async def run(
                 backend,
                 spool.Spool(":memory:"),
                 runtime.LinkSettings(controller_address=controller.address),
+                # Simulated GPUs take real repairs: the controller's commands change their state.
+                ops=node_ops.SimulatedNodeOps(backend),
+                action_settings=actions.ActionSettings(destructive_enabled=True),
             )
         )
     stop_agents = asyncio.Event()

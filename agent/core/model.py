@@ -233,3 +233,7 @@ class ActionResult:
     finished_unix_ns: int
     enforced_limits_w: Mapping[str, int] = dataclasses.field(default_factory=dict)
     replayed: bool = False
+    validation_verdict: str = ""
+    """For RunValidation: "pass", "fail", "suspect" or "software_drift"."""
+    check_verdicts: tuple[tuple[str, str, str, str], ...] = ()
+    """For RunValidation: (check, gpu, verdict, evidence) per check and GPU."""

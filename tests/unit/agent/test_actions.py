@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
+import sys
 
-from rasd.agent import actions, spool
+import pytest
+
+from rasd.agent import actions, node_ops, spool
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 
@@ -61,3 +65,111 @@ def test_destructive_actions_are_dry_run():
     result = executor.execute(model.Command("r", 0, 0, "xid 79", model.ResetGpu(uuid)))
     assert result.outcome is model.ActionOutcome.DRY_RUN
     assert uuid in result.message
+
+
+# -- destructive actions ---------------------------------------------------------------------------
+
+
+def _armed(destructive=True):
+    backend = simulated.SimulatedBackend("n", 2, 0, workload=simulated.StepWorkload())
+    ops = node_ops.SimulatedNodeOps(backend)
+    ticks = itertools.count(1_000)
+    executor = actions.ActionExecutor(
+        backend,
+        spool.Spool(":memory:"),
+        clock=lambda: next(ticks),
+        ops=ops,
+        settings=actions.ActionSettings(destructive_enabled=destructive, kill_poll_s=0.0),
+        sleep=lambda _s: None,
+    )
+    return backend, ops, executor
+
+
+def _cmd(action, command_id="c"):
+    return model.Command(command_id, 0, 0, "test", action)
+
+
+def test_reset_is_refused_while_processes_run_and_succeeds_after_a_restart():
+    backend, ops, executor = _armed()
+    uuid = backend.inventory()[0].uuid
+    refused = executor.execute(_cmd(model.ResetGpu(uuid), "r1"))
+    assert refused.outcome is model.ActionOutcome.REFUSED and "still run" in refused.message
+    restarted = executor.execute(_cmd(model.RestartProcess(uuid, grace_s=1.0), "p1"))
+    assert restarted.outcome is model.ActionOutcome.SUCCEEDED and "SIGTERM" in restarted.message
+    assert ops.compute_pids(uuid) == []
+    assert executor.execute(_cmd(model.ResetGpu(uuid), "r2")).outcome is model.ActionOutcome.SUCCEEDED
+
+
+def test_reset_applies_a_pending_row_remap():
+    backend, _ops, executor = _armed()
+    uuid = backend.inventory()[1].uuid
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="row_remap_pending", gpu=1), 0)
+    executor.execute(_cmd(model.RestartProcess(uuid), "p"))
+    executor.execute(_cmd(model.ResetGpu(uuid), "r"))
+    assert {c.gpu_uuid: c.remapped_rows_pending for c in backend.read_counters(0)}[uuid] is False
+
+
+def test_reboot_is_journaled_before_it_runs_and_never_repeated():
+    _backend, ops, executor = _armed()
+    first = executor.execute(_cmd(model.RebootNode(), "boot-1"))
+    again = executor.execute(_cmd(model.RebootNode(), "boot-1"))
+    assert first.outcome is model.ActionOutcome.SUCCEEDED
+    assert again.replayed and ops.reboots == 1
+
+
+def test_validation_fails_the_sdc_gpu_and_names_it():
+    backend, _ops, executor = _armed()
+    bad = backend.inventory()[1].uuid
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="sdc", gpu=1), 0)
+    result = executor.execute(_cmd(model.RunValidation("accusation"), "v"))
+    assert result.outcome is model.ActionOutcome.SUCCEEDED
+    assert result.validation_verdict == "fail"
+    assert [(gpu, verdict) for _, gpu, verdict, _ in result.check_verdicts if verdict == "fail"] == [(bad, "fail")]
+    replay = executor.execute(_cmd(model.RunValidation("accusation"), "v"))
+    assert replay.replayed and replay.check_verdicts == result.check_verdicts
+
+
+def test_without_enablement_destructive_actions_stay_dry_run():
+    backend, ops, executor = _armed(destructive=False)
+    uuid = backend.inventory()[0].uuid
+    assert executor.execute(_cmd(model.ResetGpu(uuid))).outcome is model.ActionOutcome.DRY_RUN
+    assert ops.compute_pids(uuid) != [] and ops.reboots == 0
+
+
+def _python(code: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", code)
+
+
+def test_host_ops_read_processes_from_the_listing_command():
+    ops = node_ops.HostNodeOps(
+        node_ops.HostCommands(
+            list_compute_apps=_python("print('GPU-a, 123'); print('GPU-b, 456'); print('GPU-a, 789')")
+        )
+    )
+    assert ops.compute_pids("GPU-a") == [123, 789]
+    assert ops.compute_pids("GPU-c") == []
+
+
+def test_host_ops_failures_name_the_command_and_its_answer():
+    ops = node_ops.HostNodeOps(
+        node_ops.HostCommands(reset_gpu=_python("import sys; sys.exit('GPU {gpu_uuid} is busy')"))
+    )
+    with pytest.raises(node_ops.NodeOpError, match="exit 1: GPU GPU-x is busy"):
+        ops.reset_gpu("GPU-x")
+    with pytest.raises(node_ops.NodeOpError, match="not found"):
+        node_ops.HostNodeOps(node_ops.HostCommands(reboot=("/nonexistent/reboot",))).reboot()
+
+
+def test_host_ops_read_the_validation_report():
+    report = {
+        "schema": "rasd.validation.report/v1",
+        "suite": "quick",
+        "verdict": "fail",
+        "duration_s": 1.5,
+        "checks": [{"check": "V1", "gpus": [{"gpu": "GPU-a", "verdict": "fail", "evidence": [{"index": 7}]}]}],
+    }
+    code = f"import sys; print({json.dumps(json.dumps(report))}); sys.exit(1)"
+    ops = node_ops.HostNodeOps(node_ops.HostCommands(validate=_python(code)))
+    run = ops.run_validation("quick", ["GPU-a"], 3, timeout_s=30)
+    assert run.verdict == "fail"
+    assert run.checks[0][:3] == ("V1", "GPU-a", "fail")

@@ -1,0 +1,241 @@
+"""Node operations behind destructive repairs: signal processes, reset a GPU, reboot, validate.
+
+`HostNodeOps` does them on a real node through configurable commands (nvidia-smi, systemctl,
+rasd-validate, or site hooks). `SimulatedNodeOps` does them to a `SimulatedBackend`, so rasd-sim and
+the tests exercise the same executor code paths as production. Commands come from the agent's
+configuration (an operator), never from the wire: the controller names an action, not a command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from typing import Protocol
+
+from rasd.agent.gpu import simulated
+
+
+class NodeOpError(Exception):
+    """A node operation failed; the message says what ran and what it answered."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationRun:
+    """What a rasd-validate run concluded."""
+
+    verdict: str
+    """Overall: "pass", "fail", "suspect" or "software_drift"."""
+    checks: tuple[tuple[str, str, str, str], ...] = ()
+    """(check, gpu_uuid, verdict, evidence) per check and GPU."""
+    message: str = ""
+
+
+class NodeOps(Protocol):
+    """What the executor needs from the node."""
+
+    def compute_pids(self, gpu_uuid: str) -> list[int]:
+        """PIDs of compute processes on the GPU."""
+        ...
+
+    def signal(self, pid: int, signum: int) -> None:
+        """Send a signal; a process that is already gone is not an error."""
+        ...
+
+    def pid_alive(self, pid: int) -> bool:
+        """Whether the process still exists."""
+        ...
+
+    def restart_unit(self, unit: str) -> None:
+        """Restart a systemd unit (or run the configured restart hook)."""
+        ...
+
+    def reset_gpu(self, gpu_uuid: str) -> None:
+        """Reset one GPU."""
+        ...
+
+    def reboot(self) -> None:
+        """Start a reboot of the node (returns before the node goes down)."""
+        ...
+
+    def run_validation(self, suite: str, gpu_uuids: Sequence[str], seed: int, timeout_s: float) -> ValidationRun:
+        """Run the validation suite and report its verdict."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCommands:
+    """Command lines for real nodes; "{gpu_uuid}" and "{unit}" are substituted."""
+
+    list_compute_apps: tuple[str, ...] = (
+        "nvidia-smi",
+        "--query-compute-apps=gpu_uuid,pid",
+        "--format=csv,noheader,nounits",
+    )
+    reset_gpu: tuple[str, ...] = ("nvidia-smi", "--gpu-reset", "-i", "{gpu_uuid}")
+    restart_unit: tuple[str, ...] = ("systemctl", "restart", "{unit}")
+    reboot: tuple[str, ...] = ("systemctl", "reboot")
+    validate: tuple[str, ...] = ("rasd-validate", "--device", "cuda", "--json")
+    timeout_s: float = 120.0
+    """Limit for every command except validation, which has its own."""
+
+
+def _run(argv: Sequence[str], timeout_s: float) -> str:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+    except FileNotFoundError:
+        raise NodeOpError(f"{argv[0]}: not found") from None
+    except subprocess.TimeoutExpired:
+        raise NodeOpError(f"{' '.join(argv)}: no answer within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise NodeOpError(f"{' '.join(argv)}: exit {done.returncode}: {detail[0][:300]}")
+    return done.stdout
+
+
+class HostNodeOps:
+    """Node operations on a real host."""
+
+    def __init__(self, commands: HostCommands = HostCommands()) -> None:
+        """Use the given command lines."""
+        self.commands = commands
+
+    def compute_pids(self, gpu_uuid: str) -> list[int]:
+        """Ask nvidia-smi which processes run on the GPU."""
+        out = _run(self.commands.list_compute_apps, self.commands.timeout_s)
+        pids = []
+        for line in out.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) == 2 and parts[0] == gpu_uuid and parts[1].isdigit():
+                pids.append(int(parts[1]))
+        return pids
+
+    def signal(self, pid: int, signum: int) -> None:
+        """os.kill, ignoring a process that already exited."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    def pid_alive(self, pid: int) -> bool:
+        """Signal 0 probes existence."""
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def restart_unit(self, unit: str) -> None:
+        """systemctl restart UNIT."""
+        _run([a.format(unit=unit) for a in self.commands.restart_unit], self.commands.timeout_s)
+
+    def reset_gpu(self, gpu_uuid: str) -> None:
+        """nvidia-smi --gpu-reset -i UUID (or the configured hook)."""
+        _run([a.format(gpu_uuid=gpu_uuid) for a in self.commands.reset_gpu], self.commands.timeout_s)
+
+    def reboot(self) -> None:
+        """systemctl reboot (or the configured command)."""
+        _run(self.commands.reboot, self.commands.timeout_s)
+
+    def run_validation(self, suite: str, gpu_uuids: Sequence[str], seed: int, timeout_s: float) -> ValidationRun:
+        """Run rasd-validate and read its JSON report (exit 1 and 2 still carry a report)."""
+        argv = [*self.commands.validate, "--suite", suite, "--seed", str(seed)]
+        if gpu_uuids:
+            argv += ["--gpus", ",".join(gpu_uuids)]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        except FileNotFoundError:
+            raise NodeOpError(f"{argv[0]}: not found") from None
+        except subprocess.TimeoutExpired:
+            raise NodeOpError(f"rasd-validate --suite {suite}: no verdict within {timeout_s:g} s") from None
+        try:
+            report = json.loads(done.stdout)
+        except ValueError:
+            raise NodeOpError(
+                f"rasd-validate exit {done.returncode} without a JSON report: {done.stderr[-300:]}"
+            ) from None
+        return parse_validation_report(report)
+
+
+def parse_validation_report(report: dict) -> ValidationRun:
+    """The verdicts in a rasd-validate --json report (schema rasd.validation.report/v1)."""
+    checks = []
+    for check in report.get("checks", []):
+        for per_gpu in check.get("gpus", []):
+            checks.append(
+                (
+                    str(check.get("check", "")),
+                    str(per_gpu.get("gpu", "")),
+                    str(per_gpu.get("verdict", "")),
+                    json.dumps(per_gpu.get("evidence") or per_gpu.get("reason", ""))[:1000],
+                )
+            )
+    summary = (
+        f"rasd-validate {report.get('suite', '')}: {report.get('verdict', '')} in {report.get('duration_s', '?')} s"
+    )
+    return ValidationRun(verdict=str(report.get("verdict", "")), checks=tuple(checks), message=summary)
+
+
+class SimulatedNodeOps:
+    """Node operations on a simulated node: each GPU runs one workload process until it is killed."""
+
+    def __init__(self, backend: simulated.SimulatedBackend) -> None:
+        """Operate on backend's GPUs."""
+        self.backend = backend
+        self._pids = {gpu.uuid: 100_000 + index for index, gpu in enumerate(backend.inventory())}
+        self._alive = set(self._pids.values())
+        self.reboots = 0
+        self.unit_restarts: list[str] = []
+
+    def compute_pids(self, gpu_uuid: str) -> list[int]:
+        """The GPU's workload process while it lives."""
+        pid = self._pids.get(gpu_uuid)
+        return [pid] if pid in self._alive else []
+
+    def signal(self, pid: int, signum: int) -> None:
+        """SIGTERM and SIGKILL end a simulated process (the scheduler moves the job elsewhere)."""
+        if signum in (signal.SIGTERM, signal.SIGKILL):
+            self._alive.discard(pid)
+
+    def pid_alive(self, pid: int) -> bool:
+        """Whether the simulated process lives."""
+        return pid in self._alive
+
+    def restart_unit(self, unit: str) -> None:
+        """Record the restart."""
+        self.unit_restarts.append(unit)
+
+    def reset_gpu(self, gpu_uuid: str) -> None:
+        """Reset the simulated GPU (a lost GPU cannot be reset)."""
+        try:
+            self.backend.reset_gpu(gpu_uuid)
+        except Exception as exc:
+            raise NodeOpError(str(exc)) from None
+
+    def reboot(self) -> None:
+        """Reboot the simulated node: GPUs come back, the workload restarts."""
+        self.backend.reboot()
+        self._alive = set(self._pids.values())
+        self.reboots += 1
+
+    def run_validation(self, suite: str, gpu_uuids: Sequence[str], seed: int, timeout_s: float) -> ValidationRun:
+        """A simulated GPU with silent data corruption fails the known-answer GEMM; others pass."""
+        targets = list(gpu_uuids) or [g.uuid for g in self.backend.inventory()]
+        bad = self.backend.sdc_gpus()
+        checks = tuple(
+            (
+                "v1_known_answer_gemm",
+                uuid,
+                "fail" if uuid in bad else "pass",
+                "simulated SDC: result differs from the int64 reference" if uuid in bad else "",
+            )
+            for uuid in targets
+        )
+        verdict = "fail" if any(c[2] == "fail" for c in checks) else "pass"
+        return ValidationRun(
+            verdict=verdict, checks=checks, message=f"simulated {suite} suite on {len(targets)} GPU(s)"
+        )

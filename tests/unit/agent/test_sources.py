@@ -1,0 +1,126 @@
+"""Kernel-log pump: events reach the spool once, even when the agent dies between spool and cursor."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from rasd.agent import kmsg_source, sources, spool
+from rasd.agent.core import model
+from rasd.agent.gpu import simulated
+
+XID_LINE = "3,{seq},{usec},-;NVRM: Xid (PCI:0000:18:00): 13, pid=42{seq}, name=python, Graphics Exception"
+
+
+def _write(path, seqs):
+    with open(path, "a") as f:
+        for seq in seqs:
+            f.write(XID_LINE.format(seq=seq, usec=seq * 1000) + "\n")
+
+
+class Crash(Exception):
+    """Stands in for SIGKILL at a chosen instant."""
+
+
+def _pump(tmp_path, journal, backend, deliver=None):
+    follower = kmsg_source.KmsgFollower(
+        tmp_path / "kmsg.cursor", path=tmp_path / "kmsg", boot_id_path=tmp_path / "boot_id"
+    )
+    return sources.KernelLogPump(
+        follower,
+        source_name="kmsg",
+        inventory=backend.inventory(),
+        deliver=deliver or (lambda obs, cursor: journal.append(obs, source_cursor=cursor)),
+        clock=lambda: 7,
+        saved_cursor=journal.source_cursor("kmsg"),
+        reopen_s=0.0,
+    )
+
+
+@pytest.fixture
+def backend():
+    return simulated.SimulatedBackend("n", 2, 0)
+
+
+def test_events_are_spooled_with_their_gpu_and_classification(tmp_path, backend):
+    (tmp_path / "boot_id").write_text("boot-a\n")
+    _write(tmp_path / "kmsg", [1, 2])
+    journal = spool.Spool(str(tmp_path / "spool.db"))
+    pump = _pump(tmp_path, journal, backend)
+    stop = threading.Event()
+    pump.follower.poll_s = 0.01
+    thread = threading.Thread(target=pump.run, args=(stop,))
+    thread.start()
+    while pump.events_delivered < 2:
+        thread.join(0.01)
+    stop.set()
+    thread.join()
+    events = journal.unacked()
+    assert [e.observation.xid for e in events] == [13, 13]
+    assert {e.observation.gpu_uuid for e in events} == {backend.inventory()[0].uuid}  # PCI 18:00 is GPU 0
+    assert events[0].observation.kind is model.EventKind.XID
+    assert events[0].observation.attributes["recommended_action"] == "restart_process"
+
+
+def test_a_crash_between_spool_and_cursor_file_neither_loses_nor_repeats(tmp_path, backend):
+    (tmp_path / "boot_id").write_text("boot-a\n")
+    _write(tmp_path / "kmsg", [1, 2, 3])
+    journal = spool.Spool(str(tmp_path / "spool.db"))
+    pump = _pump(tmp_path, journal, backend)
+
+    def crash_on_second_commit(record, original=pump.follower.commit):
+        if record.cursor == "2":
+            raise Crash
+        original(record)
+
+    pump.follower.commit = crash_on_second_commit  # the file write never happens for record 2
+    with pytest.raises(Crash):
+        pump.run(threading.Event())
+    assert [e.seq for e in journal.unacked()] == [1, 2]
+    assert pump.follower.cursor.load()["seq"] == "1"  # the follower's own file lags the spool
+    journal.close()
+
+    # Restart: the spool's cursor wins, so record 2 is not read again and record 3 is.
+    journal = spool.Spool(str(tmp_path / "spool.db"))
+    restarted = _pump(tmp_path, journal, backend)
+    stop = threading.Event()
+    restarted.follower.poll_s = 0.01
+    thread = threading.Thread(target=restarted.run, args=(stop,))
+    thread.start()
+    while restarted.events_delivered < 1:
+        thread.join(0.01)
+    stop.set()
+    thread.join()
+    messages = [e.observation.attributes.get("pid") for e in journal.unacked()]
+    assert [e.seq for e in journal.unacked()] == [1, 2, 3]
+    assert len(set(messages)) == 3
+
+
+def test_a_reboot_resets_the_kmsg_sequence_and_everything_is_new(tmp_path, backend):
+    (tmp_path / "boot_id").write_text("boot-a\n")
+    _write(tmp_path / "kmsg", [5])
+    journal = spool.Spool(str(tmp_path / "spool.db"))
+    first = _pump(tmp_path, journal, backend)
+    first.follower.poll_s = 0.01
+    stop = threading.Event()
+    thread = threading.Thread(target=first.run, args=(stop,))
+    thread.start()
+    while first.events_delivered < 1:
+        thread.join(0.01)
+    stop.set()
+    thread.join()
+    # New boot: the kernel numbers records from 0 again.
+    (tmp_path / "boot_id").write_text("boot-b\n")
+    (tmp_path / "kmsg").write_text("")
+    _write(tmp_path / "kmsg", [0, 1])
+    second = _pump(tmp_path, journal, backend)
+    second.follower.poll_s = 0.01
+    stop = threading.Event()
+    thread = threading.Thread(target=second.run, args=(stop,))
+    thread.start()
+    while second.events_delivered < 2:
+        thread.join(0.01)
+    stop.set()
+    thread.join()
+    assert len(journal.unacked()) == 3
