@@ -20,7 +20,7 @@ from rasd.validation.context import EccCounts, EccProbe, HealthProvider, HealthS
 from rasd.validation.faults import FAULT_CHECKS, FaultInjector, FaultKind
 from rasd.validation.registry import BUDGET_S, CHECKS, SUITES
 from rasd.validation.runner import SuiteReport, goldens_to_record, run_suite
-from rasd.validation.runtime import TorchMissing, require_torch, visible_gpus
+from rasd.validation.runtime import TorchMissing, require_torch, set_determinism_env, visible_gpus
 
 USAGE_ERROR = 2
 
@@ -136,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             unknown = set(only) - set(CHECKS)
             if unknown:
                 parser.error(f"unknown check(s) {sorted(unknown)}; known: {', '.join(CHECKS)}")
+        set_determinism_env()  # before torch loads cuBLAS; run_suite applies the torch half
         if args.device == "cuda":
             torch = require_torch()
             if not torch.cuda.is_available():

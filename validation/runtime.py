@@ -49,6 +49,17 @@ def require_torch() -> ModuleType:
         ) from exc
 
 
+def set_determinism_env() -> None:
+    """Set the environment half of the recipe; call it before anything imports torch or touches CUDA.
+
+    cuBLAS reads ``CUBLAS_WORKSPACE_CONFIG`` when it creates a handle and the TF32 override when the
+    library loads, so the CLI calls this first thing on its run path.
+    """
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
+    # Belt and braces: the driver-level switch also keeps cuBLAS/cuDNN from using TF32.
+    os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
+
+
 def setup_determinism(seed: int) -> ModuleType:
     """Apply the determinism recipe once per process and seed every generator; return torch.
 
@@ -59,9 +70,7 @@ def setup_determinism(seed: int) -> ModuleType:
     Args:
         seed: the suite seed.
     """
-    os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
-    # Belt and braces: the driver-level switch also keeps cuBLAS/cuDNN from using TF32.
-    os.environ["NVIDIA_TF32_OVERRIDE"] = "0"
+    set_determinism_env()
     torch = require_torch()
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True

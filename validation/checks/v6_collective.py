@@ -12,7 +12,7 @@ op                  rank r sends                                 every rank must
 ==================  ===========================================  ===================================
 all_reduce int32    ``(r + 1) * f(i)``                           ``S * f(i)``
 all_reduce float32  ``(r + 1) * ((i mod 1024) + 1)``             ``S * ((i mod 1024) + 1)`` (< 2**24)
-all_reduce bf16     ``(r + 1) * ((i mod 7) + 1)`` (NCCL only)    ``S * ((i mod 7) + 1)`` (<= 256)
+all_reduce bf16     ``(r + 1) * ((i mod q) + 1)`` (NCCL only)    ``S * ((i mod q) + 1)``, q = 256 // S
 broadcast           root 0: ``f(i)``                             ``f(i)``
 all_gather          ``(r + 1) * f(i)``                           slot j: ``(j + 1) * f(i)``
 reduce_scatter      ``(r + 1) * f(i)`` over W chunks              chunk r of ``S * f(i)``
@@ -115,8 +115,9 @@ def _rank_main(torch: Any, spec: Spec, ctx: RunContext, store: Any, rank: int, w
     pg.allreduce([y]).wait()
     check("all_reduce float32", y, s * g)
 
-    if device.kind == "cuda":
-        h = _f(torch, n, dev, mod=7).to(torch.bfloat16)
+    if device.kind == "cuda" and s <= 256:
+        # bf16 holds integers exactly up to 256: S * max(payload) must stay within it.
+        h = _f(torch, n, dev, mod=max(1, 256 // s)).to(torch.bfloat16)
         z = (rank + 1) * h
         pg.allreduce([z]).wait()
         check("all_reduce bfloat16", z, s * h)

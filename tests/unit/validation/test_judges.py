@@ -320,10 +320,23 @@ def test_v3_single_bad_iteration_is_suspect_two_are_fail() -> None:
     module, raw, spec, _ = load("v3_bitflip")
     one = copy.deepcopy(raw)
     one["gpus"][0]["flagged"] = one["gpus"][0]["flagged"][:1]
+    one["gpus"][0]["flagged_total"] = 1
     assert by_gpu(module.judge(one, spec))[0].verdict is Verdict.SUSPECT
     two = copy.deepcopy(raw)
     two["gpus"][0]["flagged"] = two["gpus"][0]["flagged"][:2]
+    two["gpus"][0]["flagged_total"] = 2
     assert by_gpu(module.judge(two, spec))[0].verdict is Verdict.FAIL
+
+
+def test_v3_counts_flagged_iterations_beyond_the_recorded_ones() -> None:
+    module, raw, spec, _ = load("v3_bitflip")
+    raw = copy.deepcopy(raw)
+    g = raw["gpus"][0]
+    g["iterations"] = {"sustained": 500, "pulsed": 500}
+    g["flagged_total"] = 1000
+    result = by_gpu(module.judge(raw, spec))[0]
+    assert result.verdict is Verdict.FAIL
+    assert "in 1000 of 1000 iterations" in result.reason
 
 
 def test_v3_threshold_factor_decides_on_the_recorded_ratio() -> None:
@@ -476,3 +489,12 @@ def test_v2_drift_does_not_hide_an_intermittent_gpu() -> None:
     assert result[0].verdict is Verdict.SUSPECT  # one stray repeat on top of the node-wide drift
     assert any("unanimous peers" in e.note for e in result[0].evidence)
     assert result[1].verdict is result[2].verdict is Verdict.SOFTWARE_DRIFT
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in RECORDED.glob("*.json")))
+def test_judge_is_pure(name: str) -> None:
+    module, raw, spec, _ = load(name)
+    before = copy.deepcopy(raw)
+    first = module.judge(raw, spec)
+    assert raw == before  # judge never edits its input
+    assert module.judge(raw, spec) == first  # and gives the same answer every time
