@@ -17,7 +17,8 @@ Each period, per GPU (vectorised over all GPUs at once):
    (bottom-up the demand is clipped to each domain's headroom, top-down the granted watts are split
    in proportion). Within a class, what GPUs hold or need (a capped GPU's current cap, anyone
    else's demand) is served before what capped GPUs ask beyond it; a shortage within a tier is
-   shared in proportion to the requests.
+   shared in proportion to the requests. A capped GPU holds at most its class's mean capped hold,
+   so when power is short, GPUs of one class converge towards equal caps.
 4. Raises are scaled by a seeded random factor in [1 - jitter, 1] and dropped when smaller than
    `min_change_w`, so the controller never raises every GPU by the same amount at the same time.
 
@@ -234,9 +235,18 @@ def allocate(
     infeasible = _infeasible(idx, headroom)
     headroom = [np.maximum(h, 0.0) for h in headroom]
     hold = np.where(capped, np.minimum(demand, np.minimum(np.maximum(np.maximum(cap, ref), lo), hi)), demand)
+    # Fairness: a capped GPU holds at most its class's mean capped hold (plus the hysteresis step);
+    # the rest goes into its ask. When power is short, the asks share what is left, so jittered
+    # raises do not leave lasting differences between GPUs of one class (in a synchronous job the
+    # lowest cap sets the pace).
+    classes, class_idx = np.unique(views.priority, return_inverse=True)
+    n_capped = np.bincount(class_idx, weights=capped, minlength=len(classes))
+    hold_sum = np.bincount(class_idx, weights=np.where(capped, hold, 0.0), minlength=len(classes))
+    fair = np.divide(hold_sum, n_capped, out=np.zeros(len(classes)), where=n_capped > 0)
+    hold = np.where(capped, np.maximum(np.minimum(hold, fair[class_idx]), lo), hold)
     tiers = (hold - lo, demand - hold)
     grant = np.zeros(n)
-    for p in np.unique(views.priority)[::-1]:
+    for p in classes[::-1]:
         in_class = views.priority == p
         for extra in tiers:
             want = np.where(in_class, extra, 0.0)

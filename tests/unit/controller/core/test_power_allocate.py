@@ -291,3 +291,18 @@ def test_no_gpus_gives_an_empty_allocation():
     empty = power.GpuViews.from_views([], tree)
     alloc = power.allocate(tree, empty, None, policy=POLICY, rng=np.random.default_rng(0))
     assert alloc.caps_w.shape == (0,) and alloc.unmet_w == 0.0
+
+
+def test_capped_gpus_of_one_class_end_within_a_few_hysteresis_steps_of_each_other():
+    """Jittered raises must not leave lasting differences: in a synchronous job the lowest cap sets the pace."""
+    tree = fleet_tree(2, 2, 4, cluster_w=0.6 * 16 * 8 * 700)
+    views = views_for(tree, 8, draw=0.0, cap=0.0)
+    n = len(views)
+    rng = np.random.default_rng(11)
+    demand = np.where(np.arange(n) % 2 == 0, 300.0, 680.0)
+    caps = np.full(n, tree.index.cluster_budget_w / n).round()
+    caps, _ = run_sloshing(tree, views, demand, caps, 10, rng)
+    demand = demand[::-1].copy()
+    caps, _ = run_sloshing(tree, views, demand, caps, 10, rng)
+    busy = caps[demand > 500]
+    assert busy.max() - busy.min() <= 2.5 * POLICY.min_change_w
