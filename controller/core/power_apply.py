@@ -279,6 +279,25 @@ class ApplyState:
         )
 
 
+def forget_node(state: ApplyState, node_id: str, *, now: float, policy: power_policy.PowerPolicy) -> ApplyState:
+    """Treat one node's GPUs as unknown again, e.g. when its agent reconnects with a new boot id.
+
+    NVML limits do not survive a reboot or driver reload, so whatever was confirmed before may no
+    longer hold: each GPU of the node may be anywhere up to its maximum until a read-back newer than
+    one command lifetime settles it (as in `ApplyState.unknown`). Commands in flight to the node are
+    forgotten with it; their targets are below the maximum assumed now.
+    """
+    on_node = np.array([g.node_id == node_id for g in state.gpus], dtype=bool)
+    return state._replace(
+        confirmed_w=np.where(on_node, np.nan, state.confirmed_w),
+        confirmed_at_s=np.where(on_node, now, state.confirmed_at_s),
+        pending_w=np.where(on_node, state.max_w, state.pending_w),
+        pending_seq=np.where(on_node, UNKNOWN_COMMAND, state.pending_seq),
+        pending_issued_s=np.where(on_node, now, state.pending_issued_s),
+        pending_deadline_s=np.where(on_node, now + policy.command_ttl_s, state.pending_deadline_s),
+    )
+
+
 def may_be_in_force_w(state: ApplyState) -> np.ndarray:
     """Upper bound of each GPU's enforced limit, W: max(confirmed or max_w if unknown, pending target)."""
     confirmed = np.where(np.isnan(state.confirmed_w), state.max_w, state.confirmed_w)

@@ -133,6 +133,15 @@ def test_a_state_that_was_lost_assumes_maximum_until_a_read_back_after_one_comma
     assert power_apply.may_be_in_force(late, "a") == 300
 
 
+def test_a_rebooted_node_is_assumed_at_maximum_until_settled_again():
+    state = power_apply.forget_node(two_gpu_state(), "n1", now=50.0, policy=POLICY)
+    assert list(power_apply.may_be_in_force_w(state)) == [700, 400]
+    stale = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 600.0, 49.0)], policy=POLICY)
+    assert power_apply.may_be_in_force(stale, "a") == 700, "a read-back from before the reboot proves nothing"
+    fresh = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 650.0, 55.5)], policy=POLICY)
+    assert power_apply.may_be_in_force(fresh, "a") == 650
+
+
 def test_with_gpus_keeps_known_gpus_and_starts_new_ones_unknown():
     state = two_gpu_state()
     grown = state.with_gpus([state.gpus[1], power_apply.GpuLimits("c", "n1", 100, 500)], now=20.0, policy=POLICY)
