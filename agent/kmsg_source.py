@@ -78,16 +78,19 @@ class CursorFile:
 
 
 def _read_lines(fd: int, stop: threading.Event | None, poll_s: float, counters: dict[str, int]) -> Iterator[bytes]:
-    """Yield complete lines from ``fd`` until EOF or ``stop``; a partial last line is yielded at EOF."""
+    """Yield complete lines from the non-blocking ``fd`` until EOF or ``stop``.
+
+    A partial last line is yielded at EOF. The read comes first and select() only waits after
+    EAGAIN: a FIFO whose writer left before we opened it never polls as hung up, but its read
+    returns end of file at once.
+    """
     pending = b""
     while stop is None or not stop.is_set():
-        readable, _, _ = select.select([fd], [], [], poll_s)
-        if not readable:
-            continue
         try:
             chunk = os.read(fd, _READ_SIZE)
         except BlockingIOError:
-            continue  # /dev/kmsg: nothing new yet
+            select.select([fd], [], [], poll_s)  # /dev/kmsg or a live pipe with nothing new yet
+            continue
         except OSError as e:
             if e.errno != errno.EPIPE:
                 raise
@@ -228,6 +231,7 @@ class JournalFollower:
             stdout=subprocess.PIPE,
         )
         assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)  # so that stop is checked while journalctl is quiet
         counters = {"overwritten": 0}
         try:
             for raw in _read_lines(proc.stdout.fileno(), stop, self.poll_s, counters):

@@ -14,7 +14,9 @@ from rasd.api.v1 import health_pb2 as health_pb
 
 # GpuCounters fields copied one to one onto the message (same names on both sides).
 _COUNTER_FIELDS = tuple(
-    f for f in model.GpuCounters.__dataclass_fields__ if f not in ("gpu_uuid", "sample_unix_ns", "nvlinks")
+    f
+    for f in model.GpuCounters.__dataclass_fields__
+    if f not in ("gpu_uuid", "sample_unix_ns", "nvlinks", "nvlink_sample_unix_ns")
 )
 
 
@@ -73,7 +75,11 @@ def power_series(gpu_uuid: str, readings: Sequence[model.PowerReading], interval
 
 def counters_to_wire(counters: model.GpuCounters) -> health_pb.GpuCounters:
     """GpuCounters; a None (unsupported) counter stays absent on the wire."""
-    message = health_pb.GpuCounters(gpu_uuid=counters.gpu_uuid, sample_unix_ns=counters.sample_unix_ns)
+    message = health_pb.GpuCounters(
+        gpu_uuid=counters.gpu_uuid,
+        sample_unix_ns=counters.sample_unix_ns,
+        nvlink_sample_unix_ns=counters.nvlink_sample_unix_ns or counters.sample_unix_ns,
+    )
     for field in _COUNTER_FIELDS:
         value = getattr(counters, field)
         if value is not None:

@@ -105,7 +105,14 @@ def evaluate(
             f"retired DBE pages {previous.retired_pages_dbe} → {current.retired_pages_dbe}, "
             f"pending {current.retired_pages_pending}",
         )
-    before_links = {link.link: link for link in previous.nvlinks}
+    links_now = now if current.nvlink_sample_unix_ns is None else current.nvlink_sample_unix_ns
+    links_before = (
+        previous.sample_unix_ns if previous.nvlink_sample_unix_ns is None else previous.nvlink_sample_unix_ns
+    )
+    link_interval_s = max((links_now - links_before) / 1e9, 1e-3)
+    # Links read less often than the other counters repeat their last reading: nothing new to compare.
+    same_link_sample = links_now == links_before
+    before_links = {} if same_link_sample else {link.link: link for link in previous.nvlinks}
     for link in current.nvlinks:
         old = before_links.get(link.link)
         if old is None:
@@ -116,11 +123,11 @@ def evaluate(
             _rose(getattr(old, name), getattr(link, name))
             for name in ("crc_errors", "replay_errors", "recovery_errors")
         )
-        if errors / interval_s > thresholds.nvlink_errors_per_s:
+        if errors / link_interval_s > thresholds.nvlink_errors_per_s:
             add(
                 model.EventKind.NVLINK_ERRORS,
                 model.Severity.WARNING,
-                f"NVLink {link.link}: {errors / interval_s:.0f} errors/s",
+                f"NVLink {link.link}: {errors / link_interval_s:.0f} errors/s",
                 link=str(link.link),
             )
     replays = _rose(previous.pcie_replay_count, current.pcie_replay_count)

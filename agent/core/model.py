@@ -123,6 +123,8 @@ class GpuCounters:
     recovery_action: int | None = None
     nvlinks: tuple[NvLinkCounters, ...] = ()
     power_smoothing_enabled: bool | None = None
+    nvlink_sample_unix_ns: int | None = None
+    """When nvlinks was read, if earlier than sample_unix_ns (backends may read links less often)."""
 
 
 @dataclasses.dataclass(frozen=True)

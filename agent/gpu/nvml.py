@@ -82,6 +82,8 @@ class _Gpu:
     links: tuple[int, ...] = ()
     absent: set[str] = dataclasses.field(default_factory=set)
     lost: bool = False
+    nvlinks: tuple[model.NvLinkCounters, ...] = ()  # last per-link reading
+    nvlinks_unix_ns: int | None = None  # when it was taken
 
 
 class _Lost(Exception):
@@ -136,9 +138,19 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, nvml: ModuleType, *, watch_events: bool = True, max_events_per_poll: int = 256):
+    def __init__(
+        self,
+        nvml: ModuleType,
+        *,
+        watch_events: bool = True,
+        max_events_per_poll: int = 256,
+        nvlink_interval_s: float = 10.0,
+    ):
         self._n = nvml
         self._max_events = max_events_per_poll
+        # Per-link state and error counters are ~4 NVML calls per link (72 per H100) and move slowly;
+        # reading them every nvlink_interval_s keeps the agent under 1% of a core (bench/RESULTS.md).
+        self._nvlink_interval_ns = int(nvlink_interval_s * 1e9)
         self._lock = threading.Lock()
         self._pending: collections.deque[model.Observation] = collections.deque()
         self._closed = threading.Event()
@@ -489,9 +501,17 @@ class NvmlBackend:
             remapped_rows_failure=None if remap is None else bool(remap[3]),
             pcie_replay_count=opt(g, "pcie_replay", n.nvmlDeviceGetPcieReplayCounter),
             recovery_action=fields[_FI_RECOVERY_ACTION],
-            nvlinks=self._nvlink_counters(g),
+            nvlinks=self._nvlinks_due(g, now_unix_ns),
             power_smoothing_enabled=None if smoothing is None else bool(smoothing),
+            nvlink_sample_unix_ns=g.nvlinks_unix_ns,
         )
+
+    def _nvlinks_due(self, g: _Gpu, now_unix_ns: int) -> tuple[model.NvLinkCounters, ...]:
+        """The links' counters, read again only when the last reading is nvlink_interval_s old."""
+        if g.nvlinks_unix_ns is None or now_unix_ns - g.nvlinks_unix_ns >= self._nvlink_interval_ns:
+            g.nvlinks = self._nvlink_counters(g)
+            g.nvlinks_unix_ns = now_unix_ns
+        return g.nvlinks
 
     def _nvlink_counters(self, g: _Gpu) -> tuple[model.NvLinkCounters, ...]:
         n, out = self._n, []
@@ -678,12 +698,15 @@ class NvmlBackend:
             self._n.nvmlShutdown()
 
 
-def open_nvml_backend(*, watch_events: bool = True, max_events_per_poll: int = 256) -> NvmlBackend:
+def open_nvml_backend(
+    *, watch_events: bool = True, max_events_per_poll: int = 256, nvlink_interval_s: float = 10.0
+) -> NvmlBackend:
     """Import pynvml and open the NVML backend.
 
     Args:
         watch_events: Register an NVML event set for XID/ECC events.
         max_events_per_poll: Upper bound on events drained by one `poll_events` call.
+        nvlink_interval_s: How often per-link NVLink state and error counters are read.
 
     Returns:
         The open backend; call `close()` when done.
@@ -695,4 +718,6 @@ def open_nvml_backend(*, watch_events: bool = True, max_events_per_poll: int = 2
         import pynvml  # noqa: TID251  (this module is the one place allowed to import it)
     except ImportError as e:
         raise backend_api.BackendError("the nvml backend needs nvidia-ml-py (pip install rasd[nvml])") from e
-    return NvmlBackend(pynvml, watch_events=watch_events, max_events_per_poll=max_events_per_poll)
+    return NvmlBackend(
+        pynvml, watch_events=watch_events, max_events_per_poll=max_events_per_poll, nvlink_interval_s=nvlink_interval_s
+    )

@@ -1,0 +1,33 @@
+"""Shared by every benchmark: describe the machine and update one section of bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def machine(*extra: str) -> str:
+    """One line naming the machine this ran on (CPU, cores, Python, load), plus extra facts."""
+    model = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    parts = [f"nproc {cpus}", model, f"Python {platform.python_version()}", *extra, f"load average {load:.2f} at start"]
+    return ", ".join(parts)
+
+
+def write_section(heading: str, text: str) -> None:
+    """Replace (or append) the section that starts with heading, leaving every other section untouched."""
+    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    found = pattern.search(old)
+    RESULTS.write_text(pattern.sub(lambda _: text, old, count=1) if found else old.rstrip("\n") + "\n\n" + text)
