@@ -5,7 +5,8 @@ suite and prints a table or one JSON object. torch is imported only when a suite
 works without the ``rasd[validate]`` extra.
 
 Exit codes: 0 pass; 1 fail or suspect; 2 software drift, or a usage error (bad arguments, torch
-missing, no CUDA device); 3 incomplete (the time budget ran out before every check finished).
+missing, no CUDA device); 3 incomplete (the time budget ran out before every check finished); 4 internal
+error (a bug in the suite, never a GPU verdict).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from collections.abc import Sequence
 
 from rasd.validation import golden as golden_store
@@ -23,9 +25,11 @@ from rasd.validation.runner import SuiteReport, goldens_to_record, run_suite
 from rasd.validation.runtime import TorchMissing, require_torch, set_determinism_env, visible_gpus
 
 USAGE_ERROR = 2
+INTERNAL_ERROR = 4
 
 _EPILOG = """\
-exit codes: 0 pass, 1 fail or suspect, 2 software drift or usage error, 3 incomplete (budget)
+exit codes: 0 pass, 1 fail or suspect, 2 software drift or usage error, 3 incomplete (budget),
+4 internal error (a bug in the suite)
 
 checks: V0 health gate, V1 known-answer GEMM, V3 ABFT hot stress, V2 bitwise GEMM vs golden/peers,
 V4 HBM patterns + ECC watch, V5 transfer integrity, V6 collectives (run in that order).
@@ -182,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"rasd-validate: {exc}", file=sys.stderr)
         return USAGE_ERROR
+    except Exception:  # a bug in the suite: never let it read as a verdict about a GPU
+        traceback.print_exc()
+        print("rasd-validate: internal error (a bug in the suite, not a GPU verdict)", file=sys.stderr)
+        return INTERNAL_ERROR
     if args.record_golden and injector is None:
         entries = goldens_to_record(report)
         if entries:

@@ -2,12 +2,17 @@
 
 The runner is the edge that owns the clocks: it stamps start and finish times, gives each check the
 remaining budget, and shortens V3's stress phases when the remaining budget cannot hold them (the
-report says so). A check whose run() raises is reported ``suspect`` with the error as the reason: a
-crash while driving a GPU is not a pass, and the controller's suspect path retests it. A check that
-could not start because the budget was spent is ``incomplete`` with reason ``budget``.
+report says so).
+
+A check whose run() raises ``RuntimeError`` (how torch surfaces CUDA, cuBLAS, NCCL and driver errors)
+is reported ``suspect`` with the error as the reason: a crash while driving a GPU is not a pass, and
+the controller's suspect path retests it. Any other exception is a bug in the suite and propagates, so
+it can never be mistaken for a verdict about a GPU. A check that could not start because the budget
+was spent is ``incomplete`` with reason ``budget``.
 
 Exit codes (``SuiteReport.exit_code``): 0 pass, 1 fail or suspect, 2 software drift (and usage errors,
-raised by the CLI), 3 incomplete (budget ran out; nothing worse seen).
+raised by the CLI), 3 incomplete (budget ran out; nothing worse seen). The CLI adds 4 for an internal
+error (a bug in the suite).
 """
 
 from __future__ import annotations
@@ -160,7 +165,7 @@ def run_suite(
             raw = check.run(spec, ctx)
         except TorchMissing:
             raise
-        except Exception as exc:  # reported, never swallowed: see the module docstring
+        except RuntimeError as exc:  # CUDA, cuBLAS, NCCL, driver errors: see the module docstring
             results.append(_crashed(check, devices, exc, clock() - t_check))
             continue
         raws[check_id] = raw

@@ -176,11 +176,15 @@ def run(spec: Spec, ctx: RunContext) -> dict[str, Any]:
     timeout_s = max(1.0, min(spec.timeout_s, ctx.budget.remaining_s()))
     spec = dataclasses.replace(spec, timeout_s=timeout_s)
     results: list[dict[str, Any] | None] = [None] * world
+    bugs: list[Exception] = []
 
     def target(rank: int) -> None:
         try:
             results[rank] = _rank_main(torch, spec, ctx, store, rank, world, n)
-        except Exception as exc:  # a failing collective is a finding, reported per rank
+        except Exception as exc:  # caught here so no rank thread dies silently; sorted out below
+            if not isinstance(exc, RuntimeError):
+                bugs.append(exc)
+            # gloo/NCCL errors and timeouts are RuntimeErrors: a failing collective is a finding.
             results[rank] = {
                 "gpu": ctx.devices[rank].gpu,
                 "rank": rank,
@@ -195,6 +199,8 @@ def run(spec: Spec, ctx: RunContext) -> dict[str, Any]:
     for t in threads:
         # Each collective has its own timeout; this bounds the sum of them.
         t.join(timeout=timeout_s * 12)
+    if bugs:
+        raise bugs[0]  # a bug in this check, not a finding about a GPU
     ranks = [
         r
         if r is not None

@@ -194,3 +194,20 @@ def test_runner_scales_the_stress_to_a_small_budget() -> None:
     assert report.duration_s < 1.8
     planned = registry.stress_seconds(registry.profile("post-repair", "cpu")["V3"])
     assert v3.details.get("scaled_to_budget", planned) < planned
+
+
+def test_a_bug_in_a_check_is_not_reported_as_a_gpu_verdict(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rasd.validation.main import INTERNAL_ERROR, main
+
+    def bug(spec: Any, ctx: RunContext) -> dict[str, Any]:
+        raise KeyError("gpus")
+
+    monkeypatch.setitem(registry.CHECKS, "V5", dataclasses.replace(registry.CHECKS["V5"], run=bug))
+    with pytest.raises(KeyError):
+        run_suite("quick", "cpu", [0, 1], seed=SEED, only=["V5"])
+    assert main(["--device", "cpu", "--checks", "V5", "--json"]) == INTERNAL_ERROR
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "internal error" in captured.err
