@@ -94,24 +94,40 @@ def test_kmsg_from_a_fifo(tmp_path, boot_id):
     fifo = tmp_path / "kmsg.fifo"
     os.mkfifo(fifo)
     data = KMSG.read_bytes()
+    opened = threading.Event()
 
     def writer() -> None:
-        with open(fifo, "wb") as f:  # blocks until the follower opens the read end
+        with open(fifo, "wb") as f:  # returns once a reader (the holder below) has the FIFO open
+            opened.set()
             for i in range(0, len(data), 7):  # odd chunk sizes split records across writes
                 f.write(data[i : i + 7])
                 f.flush()
 
     thread = threading.Thread(target=writer)
     thread.start()
-    # Open the read end in blocking mode first so the writer's open() returns; the follower's own
-    # non-blocking open then shares the pipe.
     holder = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
+        # Without a connected writer a FIFO reads as end of file, so wait until the writer is in.
+        # It may finish and close before the follower opens: the data waits in the pipe.
+        assert opened.wait(timeout=10)
         records = list(kmsg_follower(tmp_path, boot_id, fifo).records())
     finally:
         os.close(holder)
         thread.join(timeout=10)
     assert [r.cursor for r in records] == [str(s) for s in range(1201, 1210)]
+
+
+def test_kmsg_fifo_whose_writer_left_before_we_opened_it_ends(tmp_path, boot_id):
+    fifo = tmp_path / "gone.fifo"
+    os.mkfifo(fifo)
+    holder = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    writer = os.open(fifo, os.O_WRONLY)
+    os.write(writer, b"4,1,1,-;first\n4,2,2,-;second\n")
+    os.close(writer)  # gone before the follower opens: poll() never reports a hang-up here
+    try:
+        assert [r.line for r in kmsg_follower(tmp_path, boot_id, fifo).records()] == ["4,1,1,-;first", "4,2,2,-;second"]
+    finally:
+        os.close(holder)
 
 
 def test_kmsg_stop_ends_the_iteration(tmp_path, boot_id):
