@@ -1,6 +1,7 @@
-"""Agent CPU overhead per node: 8 GPUs sampled at 10 Hz (power) and 1 Hz (counters), streaming to a
-real controller, once with the simulated backend and once with the NVML backend over the pynvml test
-double (the real pynvml.py against a fake libnvidia-ml).
+"""Agent CPU overhead per node: 8 GPUs at 10 Hz power and 1 Hz counters, streaming to a real controller.
+
+Measured once with the simulated backend and once with the NVML backend over the pynvml test double
+(the real pynvml.py against a fake libnvidia-ml).
 
 Run: .venv/bin/python bench/agent_overhead.py [--duration-s 30] [--gpus 8]
 
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             controller.wait(timeout=30)
 
     lines = [
-        "| backend | GPUs | connected | CPU % of one core | power samples/s | telemetry batches/s | CPU ms per 100 ms tick |",
+        "| backend | GPUs | connected | CPU % of one core | power samples/s | telemetry batches/s "
+        "| CPU ms per 100 ms tick |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]
     worst = 0.0
@@ -149,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         [
             SECTION,
             "",
-            f"Command: `.venv/bin/python bench/agent_overhead.py --duration-s {args.duration_s:g} --gpus {args.gpus}`  ",
+            f"Command: `.venv/bin/python bench/agent_overhead.py --duration-s {args.duration_s:g} "
+            f"--gpus {args.gpus}`  ",
             f"Machine: {header}  ",
             f"Run: {started}; each agent alone in its own process for {args.duration_s:g} s after "
             f"{args.warmup_s:g} s warm-up, streaming to a real controller in another process. CPU = user + system "

@@ -14,15 +14,12 @@ allocate() <= 50 ms at 16,384 GPUs.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import re
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+import results
 
 from rasd.controller.core import power, power_apply, power_policy, power_tree
 
@@ -31,7 +28,6 @@ GPUS_PER_NODE = 8
 NODES_PER_RACK = 16
 RACKS_PER_ROW = 8
 MIN_W, MAX_W = 200.0, 700.0
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Power allocator"
 GOAL_MS = 50.0
 
@@ -125,44 +121,18 @@ def bench_size(n_gpus: int, repeats: int) -> dict[str, float]:
     }
 
 
-def machine() -> str:
-    """One line naming the machine this ran on."""
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"nproc {cpus}, {model}, Python {platform.python_version()}, numpy {np.__version__}, "
-        f"load average {load:.2f} at start"
-    )
-
-
-def write_section(text: str) -> None:
-    """Replace (or append) this benchmark's section of RESULTS.md, leaving the others untouched."""
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    found = pattern.search(old)
-    RESULTS.write_text(pattern.sub(lambda _: text, old, count=1) if found else old.rstrip("\n") + "\n\n" + text)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the table, update bench/RESULTS.md; exit 1 if the 16k goal is missed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=100, help="timed runs per size (default 100)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
-    info = machine()
+    info = results.machine(f"numpy {np.__version__}")
     rows = []
-    results = {}
+    by_size = {}
     for n in SIZES:
         r = bench_size(n, args.repeats)
-        results[n] = r
+        by_size[n] = r
         rows.append(
             f"| {n:,} | {r['alloc_median']:.2f} | {r['alloc_p99']:.2f} | {r['plan_median']:.2f} | {r['plan_p99']:.2f} |"
         )
@@ -173,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             *rows,
         ]
     )
-    ok = results[16_384]["alloc_p99"] <= GOAL_MS
+    ok = by_size[16_384]["alloc_p99"] <= GOAL_MS
     section = (
         f"{SECTION}\n\n"
         f"Command: `.venv/bin/python bench/power_allocator.py --repeats {args.repeats}`  \n"
@@ -185,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         "allocation.\n\n"
         f"{table}\n\n"
         f"Goal: allocate() <= {GOAL_MS:.0f} ms at 16,384 GPUs: "
-        f"{'met' if ok else 'NOT met'} (p99 {results[16_384]['alloc_p99']:.2f} ms).\n"
+        f"{'met' if ok else 'NOT met'} (p99 {by_size[16_384]['alloc_p99']:.2f} ms).\n"
     )
     print(section)
     if not args.no_write:
-        write_section(section)
+        results.write_section(SECTION, section)
     return 0 if ok else 1
 
 

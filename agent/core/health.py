@@ -106,9 +106,7 @@ def evaluate(
             f"pending {current.retired_pages_pending}",
         )
     links_now = now if current.nvlink_sample_unix_ns is None else current.nvlink_sample_unix_ns
-    links_before = (
-        previous.sample_unix_ns if previous.nvlink_sample_unix_ns is None else previous.nvlink_sample_unix_ns
-    )
+    links_before = previous.sample_unix_ns if previous.nvlink_sample_unix_ns is None else previous.nvlink_sample_unix_ns
     link_interval_s = max((links_now - links_before) / 1e9, 1e-3)
     # Links read less often than the other counters repeat their last reading: nothing new to compare.
     same_link_sample = links_now == links_before
