@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rasd.agent.core.model import EventKind, Severity
 from rasd.agent.ib_sysfs import IbPortReading, ib_observations, parse_state, read_ib_ports
@@ -173,3 +175,32 @@ def test_attributes_are_text():
     after = {k: dataclasses.replace(v, state="INIT") for k, v in before.items()}
     for obs in ib_observations(before, after, observed_unix_ns=NOW_NS):
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in obs.attributes.items())
+
+
+_COUNTER = st.one_of(st.none(), st.integers(0, 0xFFFF))
+
+
+@st.composite
+def readings(draw):
+    keys = draw(st.sets(st.tuples(st.sampled_from(["mlx5_0", "mlx5_1", "mlx5_2"]), st.integers(1, 2)), max_size=4))
+    return {
+        key: IbPortReading(
+            key[0],
+            key[1],
+            draw(st.sampled_from(["ACTIVE", "DOWN", "INIT", "ARMED", ""])),
+            link_downed=draw(_COUNTER),
+            link_error_recovery=draw(_COUNTER),
+            symbol_error=draw(_COUNTER),
+        )
+        for key in sorted(keys)
+    }
+
+
+@settings(max_examples=150, deadline=None)
+@given(readings(), readings())
+def test_diff_properties(before, after):
+    assert ib_observations(before, before, observed_unix_ns=NOW_NS) == ()
+    for obs in ib_observations(before, after, observed_unix_ns=NOW_NS):
+        assert (obs.attributes["ib_device"], int(obs.attributes["ib_port"])) in set(before) | set(after)
+        if "delta" in obs.attributes:
+            assert int(obs.attributes["delta"]) > 0

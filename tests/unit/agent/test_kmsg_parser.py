@@ -542,3 +542,15 @@ def test_generated_xid_lines_round_trip(prefix, xid, domain, bus, pid_name, mig,
     assert (e.pid, e.process) == (pid_name if pid_name else (None, None))
     assert (e.gpu_instance, e.compute_instance) == (mig if mig else (None, None))
     assert e.message == text.strip()
+
+
+def test_journalctl_short_output_of_the_multiline_probe_message():
+    # `journalctl -k` prints the continuation lines of one multi-line entry indented under the message.
+    lines = [
+        "Nov 30 05:33:20 gpu-node-03 kernel: NVRM: The NVIDIA GPU 0000:b3:00.0",
+        "                                    NVRM: (PCI ID: 10de:26b5) installed in this system has",
+        "                                    NVRM: fallen off the bus and is not responding to commands.",
+    ]
+    (e,) = parse_lines(lines)
+    assert (e.kind, e.pci) == (KernelEventKind.FALLEN_OFF_BUS, "0000:b3:00.0")
+    assert e.raw == "\n".join(lines)
