@@ -167,7 +167,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 index=args.inject_index,
                 occurrences=1 if args.inject_once else None,
             )
+            if injector.gpu not in gpus:
+                parser.error(f"--inject-gpu {injector.gpu} is not among the GPUs under test {gpus}")
         health = _health_provider(args.health_json) if args.health_json else None
+        if args.golden:
+            golden_store.load(args.golden)  # a malformed store is a usage error, found before any work
+    except (TorchMissing, OSError, ValueError) as exc:
+        print(f"rasd-validate: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
         report = run_suite(
             args.suite,
             args.device,
@@ -181,9 +189,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             only=only,
         )
     except TorchMissing as exc:
-        print(f"rasd-validate: {exc}", file=sys.stderr)
-        return USAGE_ERROR
-    except (OSError, ValueError) as exc:
         print(f"rasd-validate: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except Exception:  # a bug in the suite: never let it read as a verdict about a GPU

@@ -98,3 +98,19 @@ def test_ecc_json_feeds_the_v4_ecc_watch(tmp_path: Path, capsys: pytest.CaptureF
     gpus = {g["gpu"]: g for g in report["checks"][0]["gpus"]}
     assert "ECC watch unavailable" not in gpus[0]["reason"]
     assert "ECC watch unavailable" in gpus[1]["reason"]  # the file knows nothing of gpu 1
+
+
+def test_bad_inputs_are_usage_errors_before_any_work(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rasd.validation.main import main
+
+    bad_golden = tmp_path / "golden.json"
+    bad_golden.write_text(json.dumps({"format": 99}))
+    assert main(["--device", "cpu", "--golden", str(bad_golden)]) == 2
+    assert "not a rasd golden store" in capsys.readouterr().err
+    bad_health = tmp_path / "health.json"
+    bad_health.write_text(json.dumps({"gpus": {"0": {"remap_pendng": True}}}))
+    assert main(["--device", "cpu", "--health-json", str(bad_health)]) == 2
+    assert "unknown health fields" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", "cpu", "--gpus", "0,1", "--inject-fault", "bitflip", "--inject-gpu", "5"])
+    assert exc.value.code == 2
