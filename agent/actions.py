@@ -81,8 +81,7 @@ class ActionExecutor:
         if isinstance(action, model.SetPowerCap):
             return self._finish(command, started, self._set_power_cap(action))
         if isinstance(action, model.SetPowerSmoothing):
-            message = f"backend {self._backend.name!r} has no power-smoothing control"
-            return self._finish(command, started, (model.ActionOutcome.NOT_SUPPORTED, message, {}))
+            return self._finish(command, started, self._set_power_smoothing(action))
         if not self.settings.destructive_enabled or self._ops is None:
             return self._finish(
                 command, started, (model.ActionOutcome.DRY_RUN, f"dry-run: would {_describe(action)}", {})
@@ -142,6 +141,34 @@ class ActionExecutor:
         # Partial success still reports what was enforced: the controller must know which caps
         # are in force to keep the budget invariant.
         return outcome, "; ".join(failures), enforced
+
+    def _set_power_smoothing(self, action: model.SetPowerSmoothing) -> Outcome:
+        """Apply the profile GPU by GPU; NOT_SUPPORTED only when no listed GPU has the hardware."""
+        applied: list[str] = []
+        failures: list[str] = []
+        unsupported = 0
+        targets = action.gpu_uuids or tuple(g.uuid for g in self._backend.inventory())
+        for gpu_uuid in targets:
+            try:
+                self._backend.set_power_smoothing(
+                    gpu_uuid,
+                    enabled=action.enabled,
+                    floor_pct=action.floor_pct,
+                    ramp_up_w_per_s=action.ramp_up_w_per_s,
+                    ramp_down_w_per_s=action.ramp_down_w_per_s,
+                )
+                applied.append(gpu_uuid)
+            except gpu.NotSupported as exc:
+                unsupported += 1
+                failures.append(f"{gpu_uuid}: {exc}")
+            except gpu.BackendError as exc:
+                failures.append(f"{gpu_uuid}: {type(exc).__name__}: {exc}")
+        if not failures:
+            state = "enabled" if action.enabled else "disabled"
+            return model.ActionOutcome.SUCCEEDED, f"power smoothing {state} on {len(applied)} GPU(s)", {}
+        if unsupported == len(targets):
+            return model.ActionOutcome.NOT_SUPPORTED, "; ".join(failures), {}
+        return model.ActionOutcome.FAILED, "; ".join(failures), {}
 
     def _restart(self, action: model.RestartProcess) -> Outcome:
         assert self._ops is not None

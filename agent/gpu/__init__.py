@@ -63,6 +63,16 @@ class GpuBackend(Protocol):
         """Set a GPU's power limit and return the enforced limit read back, in watts."""
         ...
 
+    def set_power_smoothing(
+        self, gpu_uuid: str, *, enabled: bool, floor_pct: float, ramp_up_w_per_s: float, ramp_down_w_per_s: float
+    ) -> None:
+        """Apply a power-smoothing profile (floor and ramp rates) and switch smoothing on or off.
+
+        Raises:
+            NotSupported: the GPU has no power-smoothing hardware (before Blackwell).
+        """
+        ...
+
     def close(self) -> None:
         """Release the backend's resources."""
         ...

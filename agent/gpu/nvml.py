@@ -58,6 +58,7 @@ _FIELD_UNION = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: 
 _FI_POWER_INSTANT = 186
 _FI_RECOVERY_ACTION = 230
 _FI_PWR_SMOOTHING_ENABLED = 251
+_SMOOTHING_PROFILE = 0  # the preset profile rasd writes and activates
 
 _MISSING_MIG_ID = 0xFFFFFFFF
 
@@ -286,6 +287,55 @@ class NvmlBackend:
                 f"{gpu_uuid}: set {limit_mw} mW but the driver reports {requested_mw} mW requested"
             )
         return _w_up(enforced_mw)
+
+    def set_power_smoothing(
+        self, gpu_uuid: str, *, enabled: bool, floor_pct: float, ramp_up_w_per_s: float, ramp_down_w_per_s: float
+    ) -> None:
+        """Write floor and ramp rates into rasd's preset profile, activate it, and switch smoothing on/off.
+
+        rasd owns preset profile 0. Ramp rates go to NVML in mW/s. Blackwell and newer only; setters
+        need root.
+
+        Raises:
+            GpuNotFound, GpuLost, NotSupported, NoPermission, InvalidValue: as for set_power_limit.
+        """
+        self._check_open()
+        g = self._by_uuid.get(gpu_uuid)
+        if g is None:
+            raise backend_api.GpuNotFound(gpu_uuid)
+        if g.lost:
+            raise backend_api.GpuLost(gpu_uuid)
+        if g.info is not None and not g.info.power_smoothing_supported:
+            raise backend_api.NotSupported(f"{gpu_uuid}: no power-smoothing hardware")
+        n = self._n
+        try:
+            profile = n.c_nvmlPowerSmoothingProfile_v1_t()
+            profile.profileId = _SMOOTHING_PROFILE
+            for param, value in (
+                (n.NVML_POWER_SMOOTHING_PROFILE_PARAM_PERCENT_TMP_FLOOR, float(floor_pct)),
+                (n.NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_UP_RATE, float(ramp_up_w_per_s) * 1000),
+                (n.NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_DOWN_RATE, float(ramp_down_w_per_s) * 1000),
+            ):
+                profile.paramId = param
+                profile.value = value
+                # These wrappers pass the struct through as given: the caller must byref() it.
+                n.nvmlDevicePowerSmoothingUpdatePresetProfileParam(g.handle, n.byref(profile))
+            n.nvmlDevicePowerSmoothingActivatePresetProfile(g.handle, n.byref(profile))
+            state = n.c_nvmlPowerSmoothingState_v1_t()
+            state.state = n.NVML_FEATURE_ENABLED if enabled else n.NVML_FEATURE_DISABLED
+            n.nvmlDevicePowerSmoothingSetState(g.handle, n.byref(state))
+        except n.NVMLError as e:
+            if e.value == _GPU_IS_LOST:
+                self._mark_lost(g, None, "set power smoothing")
+                raise backend_api.GpuLost(gpu_uuid) from e
+            what = f"{gpu_uuid}: set power smoothing: {e}"
+            if e.value == _NO_PERMISSION:
+                raise backend_api.NoPermission(what) from e
+            if e.value == _INVALID_ARGUMENT:
+                raise backend_api.InvalidValue(what) from e
+            if e.value in _ABSENT:
+                raise backend_api.NotSupported(what) from e
+            raise self._library_error(e, "set power smoothing") from e
 
     def close(self) -> None:
         """Free the event set and shut NVML down; later calls raise BackendError. Idempotent."""

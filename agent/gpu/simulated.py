@@ -50,6 +50,14 @@ class SimulatedGpuModel:
 
 
 H100_SXM = SimulatedGpuModel()
+B200 = SimulatedGpuModel(
+    name="NVIDIA B200",
+    power_limit_min_w=200,
+    power_limit_max_w=1000,
+    power_limit_default_w=1000,
+    memory_total_mib=183359,
+    power_smoothing_supported=True,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +186,8 @@ class _SimGpu:
     recovery_action: int = 0
     remapped_correctable: int = 0
     sdc: bool = False
+    smoothing_enabled: bool = False
+    smoothing_floor_w: float = 0.0
     nvlink_crc: int = 0
     crc_storm_until_ns: int = 0
     crc_storm_from_ns: int = 0
@@ -318,7 +328,7 @@ class SimulatedBackend:
                         model.NvLinkCounters(link, True, self._crc(sim, now_unix_ns) if link == 0 else 0, 0, 0)
                         for link in range(self._model.nvlink_count)
                     ),
-                    power_smoothing_enabled=False if self._model.power_smoothing_supported else None,
+                    power_smoothing_enabled=sim.smoothing_enabled if self._model.power_smoothing_supported else None,
                 )
             )
         return counters
@@ -344,6 +354,22 @@ class SimulatedBackend:
             )
         sim.enforced_limit_w = int(power_limit_w)
         return sim.enforced_limit_w
+
+    def set_power_smoothing(
+        self, gpu_uuid: str, *, enabled: bool, floor_pct: float, ramp_up_w_per_s: float, ramp_down_w_per_s: float
+    ) -> None:
+        """Hold draw at or above floor_pct of the default limit while enabled (GPUs that support it).
+
+        The ramp rates are kept and reported, not yet modelled in the draw: the swing model of the
+        power issue (#5) adds them.
+        """
+        sim = self._gpu(gpu_uuid)
+        if not self._model.power_smoothing_supported:
+            raise gpu.NotSupported(f"{self._model.name} has no power-smoothing hardware")
+        if not 0 <= floor_pct <= 100 or ramp_up_w_per_s < 0 or ramp_down_w_per_s < 0:
+            raise gpu.InvalidValue(f"power-smoothing profile out of range: floor {floor_pct}%")
+        sim.smoothing_floor_w = self._model.power_limit_default_w * floor_pct / 100 if enabled else 0.0
+        sim.smoothing_enabled = enabled
 
     def close(self) -> None:
         """Nothing to release."""
@@ -499,7 +525,8 @@ class SimulatedBackend:
         if now_unix_ns < sim.excursion_until_ns:
             base_w = sim.enforced_limit_w * 1.3
         else:
-            base_w = min(self._demand_w(sim, now_unix_ns), sim.enforced_limit_w)
+            demand_w = max(self._demand_w(sim, now_unix_ns), sim.smoothing_floor_w)
+            base_w = min(demand_w, sim.enforced_limit_w)
         noise_amplitude_w = self._workload.noise_w if self._workload else 1.0
         # Tuples of ints hash deterministically (no PYTHONHASHSEED salt), so noise is reproducible.
         bucket = now_unix_ns // 10_000_000

@@ -68,6 +68,7 @@ LIB_RM_VERSION_MISMATCH = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
 ARGUMENT_VERSION_MISMATCH = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
 
 UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
 ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _UNION_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
@@ -618,6 +619,53 @@ class FakeNvml:
         if value.powerScope != pynvml.NVML_POWER_SCOPE_GPU:
             return NOT_SUPPORTED
         return self._set_limit(gpu_id, value.powerValueMw)
+
+    # Power smoothing (Blackwell+): supported where field 251 (PWR_SMOOTHING_ENABLED) is present.
+    def _smoothing(self, handle: Any, ref: Any) -> tuple[int, int, Any]:
+        ret, gpu_id = self._device(handle)
+        if ret:
+            return ret, gpu_id, None
+        if (pynvml.NVML_FI_PWR_SMOOTHING_ENABLED, 0) not in self.gpus[gpu_id].fields:
+            return NOT_SUPPORTED, gpu_id, None
+        if not self.is_root:
+            return NO_PERMISSION, gpu_id, None
+        return SUCCESS, gpu_id, ref._obj
+
+    def _sym_nvmlDevicePowerSmoothingUpdatePresetProfileParam(self, handle: Any, ref: Any) -> int:
+        ret, gpu_id, profile = self._smoothing(handle, ref)
+        if ret:
+            return ret
+        if profile.version != pynvml.nvmlPowerSmoothingProfile_v1:
+            return ARGUMENT_VERSION_MISMATCH
+        if profile.profileId >= pynvml.NVML_POWER_SMOOTHING_MAX_NUM_PROFILES or profile.value < 0:
+            return INVALID_ARGUMENT
+        if profile.paramId == pynvml.NVML_POWER_SMOOTHING_PROFILE_PARAM_PERCENT_TMP_FLOOR and profile.value > 100:
+            return INVALID_ARGUMENT
+        field = {0: pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_PERCENT_TMP_FLOOR,
+                 1: pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_UP_RATE,
+                 2: pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_DOWN_RATE}.get(profile.paramId)  # fmt: skip
+        if field is None:
+            return INVALID_ARGUMENT
+        self.gpus[gpu_id].set_field(field, profile.value, scope=profile.profileId, value_type=DOUBLE)
+        return SUCCESS
+
+    def _sym_nvmlDevicePowerSmoothingActivatePresetProfile(self, handle: Any, ref: Any) -> int:
+        ret, gpu_id, profile = self._smoothing(handle, ref)
+        if ret:
+            return ret
+        if profile.profileId >= pynvml.NVML_POWER_SMOOTHING_MAX_NUM_PROFILES:
+            return INVALID_ARGUMENT
+        self.gpus[gpu_id].set_field(pynvml.NVML_FI_PWR_SMOOTHING_ACTIVE_PRESET_PROFILE, profile.profileId)
+        return SUCCESS
+
+    def _sym_nvmlDevicePowerSmoothingSetState(self, handle: Any, ref: Any) -> int:
+        ret, gpu_id, state = self._smoothing(handle, ref)
+        if ret:
+            return ret
+        if state.version != pynvml.nvmlPowerSmoothingState_v1:
+            return ARGUMENT_VERSION_MISMATCH
+        self.gpus[gpu_id].set_field(pynvml.NVML_FI_PWR_SMOOTHING_ENABLED, int(state.state))
+        return SUCCESS
 
     def _sym_nvmlDeviceGetFieldValues(self, handle: Any, count: Any, ref: Any) -> int:
         ret, gpu_id = self._device(handle)

@@ -173,3 +173,17 @@ def test_host_ops_read_the_validation_report():
     run = ops.run_validation("quick", ["GPU-a"], 3, timeout_s=30)
     assert run.verdict == "fail"
     assert run.checks[0][:3] == ("V1", "GPU-a", "fail")
+
+
+def test_power_smoothing_is_applied_where_supported_and_refused_where_not():
+    ticks = itertools.count(1_000)
+    b200 = simulated.SimulatedBackend("n", 2, 0, workload=simulated.StepWorkload(), gpu_model=simulated.B200)
+    executor = actions.ActionExecutor(b200, spool.Spool(":memory:"), clock=lambda: next(ticks))
+    profile = model.SetPowerSmoothing((), True, 60.0, 200.0, 100.0)
+    result = executor.execute(_cmd(profile, "s1"))
+    assert result.outcome is model.ActionOutcome.SUCCEEDED
+    # The floor holds draw up during the communication phase (demand ~100-150 W, floor 600 W).
+    assert min(r.power_w for t in range(20) for r in b200.read_power(t * 100_000_000)) >= 590
+    _, _, h100_executor = _armed()
+    refused = h100_executor.execute(_cmd(profile, "s2"))
+    assert refused.outcome is model.ActionOutcome.NOT_SUPPORTED
