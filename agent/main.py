@@ -215,7 +215,10 @@ async def _serve(settings: Mapping[str, Any]) -> int:
     if settings["metrics_port"] >= 0:
         registry = CollectorRegistry()
         agent_metrics.register(registry, agent)
-        metrics_server, _ = start_http_server(settings["metrics_port"], registry=registry)
+        try:
+            metrics_server, _ = start_http_server(settings["metrics_port"], registry=registry)
+        except OSError as exc:
+            raise SystemExit(f"rasd-agent: metrics port {settings['metrics_port']}: {exc.strerror}") from None
         metrics_port = metrics_server.server_port
     notifier = systemd.Notifier()
     watchdog = asyncio.create_task(_pet_watchdog(agent, notifier, stop))

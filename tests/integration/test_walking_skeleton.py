@@ -64,6 +64,8 @@ def test_rasctl_json_reflects_two_agents_gpus_and_power(tmp_path, venv_bin, free
                         address,
                         "--state-dir",
                         str(tmp_path / node_id),
+                        "--metrics-port",
+                        "-1",
                     ],
                     tmp_path / f"{node_id}.log",
                 )
