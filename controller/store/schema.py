@@ -88,3 +88,150 @@ class HealthEventRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
     source: Mapped[str] = mapped_column(String(32), default="")
     attributes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+# -- remediation (the repair ladder's durable state, its outbox and what operators see) ------------------
+
+
+class RemediationStateRow(Base):
+    """One node's repair-ladder state (rasd.controller.core.escalation.RemediationState.to_dict())."""
+
+    __tablename__ = "remediation_states"
+
+    node_id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ControllerStateRow(Base):
+    """Fleet-wide pure-core state kept as one document each: "correlation", "budget"."""
+
+    __tablename__ = "controller_states"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class CommandRow(Base):
+    """The outbox: every action a decision produced, keyed by its idempotency id.
+
+    status: pending (decided, not admitted) → dispatched → succeeded | failed | timed_out |
+    refused | not_supported | dry_run; or cancelled (superseded before dispatch).
+    """
+
+    __tablename__ = "commands"
+
+    command_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253), index=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
+    ticket_id: Mapped[str] = mapped_column(String(64), default="", index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True, default="pending")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    dispatched_unix_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finished_unix_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class IncidentRow(Base):
+    """A correlated fault: one root cause, with its folded duplicates and secondaries."""
+
+    __tablename__ = "incidents"
+
+    incident_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253), index=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
+    cause: Mapped[str] = mapped_column(String(128))
+    component: Mapped[str] = mapped_column(String(32), default="")
+    severity: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16), default="open", index=True)
+    opened_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    closed_unix_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class RepairTicketRow(Base):
+    """A repair ticket as operators see it (projection of the node's remediation state)."""
+
+    __tablename__ = "repair_tickets"
+
+    ticket_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253), index=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
+    incident_id: Mapped[str] = mapped_column(String(64), default="")
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    rung: Mapped[str] = mapped_column(String(32), default="")
+    purpose: Mapped[str] = mapped_column(String(32), default="")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    opened_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    closed: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    steps: Mapped[list[Any]] = mapped_column(JSON, default=list)
+
+
+class QuarantineRow(Base):
+    """A node, GPU or port taken out of scheduling, and its release."""
+
+    __tablename__ = "quarantines"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253), index=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
+    port: Mapped[str] = mapped_column(String(64), default="")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    source: Mapped[str] = mapped_column(String(32), default="automation")
+    since_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    released_unix_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
+    release_reason: Mapped[str] = mapped_column(Text, default="")
+    forced: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class ValidationRow(Base):
+    """One validation run and its verdict."""
+
+    __tablename__ = "validations"
+
+    validation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253), index=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
+    suite: Mapped[str] = mapped_column(String(32))
+    command_id: Mapped[str] = mapped_column(String(64), default="")
+    verdict: Mapped[str] = mapped_column(String(32), default="")
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    started_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    finished_unix_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class RmaTicketRow(Base):
+    """A return-merchandise request with its evidence bundle, pending operator approval."""
+
+    __tablename__ = "rma_tickets"
+
+    rma_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253), index=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
+    state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    opened_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    approved_by: Mapped[str] = mapped_column(String(128), default="")
+    approved_unix_ns: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class AuditRow(Base):
+    """Append-only record of every state-changing admin call and every automated destructive action."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at_unix_ns: Mapped[int] = mapped_column(BigInteger, index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    node_id: Mapped[str] = mapped_column(String(253), default="")
+    gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    outcome: Mapped[str] = mapped_column(String(64), default="")
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
