@@ -192,8 +192,10 @@ class SimulatedNodeOps:
         self.unit_restarts: list[str] = []
 
     def compute_pids(self, gpu_uuid: str) -> list[int]:
-        """The GPU's workload process while it lives."""
+        """The GPU's workload process while it lives (it dies with an uncorrectable GPU fault)."""
         pid = self._pids.get(gpu_uuid)
+        if pid in self._alive and self.backend.workload_crashed(gpu_uuid):
+            self._alive.discard(pid)
         return [pid] if pid in self._alive else []
 
     def signal(self, pid: int, signum: int) -> None:

@@ -16,7 +16,8 @@ import concurrent.futures
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import structlog
 
@@ -101,9 +102,18 @@ class Ingest:
         self._dirty: dict[str, fleet.GpuLatest] = {}
         self._last_seen: dict[str, int] = {}
         self._pending_results: dict[str, _PendingCommand] = {}
+        self._hook_tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
         self.samples_ingested = 0
         self.events_stored = 0
+        self.node_labels: dict[str, dict[str, str]] = {}
+        self._node_gpus: dict[str, tuple[str, ...]] = {}
+        self.events_hook: Callable[[str, list[repo.StoredEvent], Mapping[str, str]], Awaitable[None]] | None = None
+        """Called with a node's newly stored events (after they are durable and acked)."""
+        self.command_result_hook: Callable[[str, commands_pb.ActionResult], Awaitable[None]] | None = None
+        """Called with results of commands sent by `dispatch` (not by `send_command`)."""
+        self.connected_hook: Callable[[str], Awaitable[None]] | None = None
+        """Called when a node's stream opens."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -123,6 +133,28 @@ class Ingest:
 
     async def _store(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    async def run_in_store(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a blocking store call on the single store thread (serialised with every other write)."""
+        return await self._store(fn, *args)
+
+    def node_gpus(self, node_id: str) -> tuple[str, ...]:
+        """The GPU UUIDs a node announced in its last Hello."""
+        return self._node_gpus.get(node_id, ())
+
+    def dispatch(self, node_id: str, command: commands_pb.Command) -> bool:
+        """Queue a command on the node's stream without waiting; False when the node has no stream.
+
+        The result arrives through `command_result_hook`.
+        """
+        session = self.sessions.get(node_id)
+        if session is None:
+            return False
+        try:
+            session.outbound.put_nowait(agent_pb.ControllerMessage(command=command))
+        except asyncio.QueueFull:
+            return False
+        return True
 
     # -- sessions ----------------------------------------------------------------------------------------
     async def open_session(self, hello: agent_pb.Hello) -> tuple[Session, agent_pb.ControllerMessage]:
@@ -148,7 +180,11 @@ class Ingest:
         self.sessions[session.node_id] = session
         for gpu in node_hello.gpus:
             self.gpu_nodes[gpu.uuid] = gpu.node_id
+        self.node_labels[session.node_id] = dict(node_hello.labels)
+        self._node_gpus[session.node_id] = tuple(g.uuid for g in node_hello.gpus)
         self.metrics.agent_streams.set(len(self.sessions))
+        if self.connected_hook is not None:
+            await self.connected_hook(session.node_id)
         log.info(
             "agent_connected",
             node=session.node_id,
@@ -216,6 +252,10 @@ class Ingest:
         events = wire.events_from_wire(batch, session.known_gpus, now, session.node_id)
         acked_seq, stored = await self._store(self.store.append_events, session.node_id, events)
         self.events_stored += stored
+        # The store skipped seqs at or below its previous ack: the new ones are the last `stored`
+        # distinct seqs of the batch that are now acked.
+        distinct = sorted({e.seq: e for e in events if e.seq <= acked_seq}.values(), key=lambda e: e.seq)
+        fresh = distinct[len(distinct) - stored :] if stored else []
         for event in events:
             kind = health_pb.EventKind.Name(event.kind)
             self.metrics.health_events.labels(kind=kind).inc()
@@ -231,6 +271,8 @@ class Ingest:
         self._last_seen[session.node_id] = now
         await session.outbound.put(agent_pb.ControllerMessage(ack=agent_pb.EventAck(acked_seq=acked_seq)))
         self.metrics.event_persist_seconds.observe(time.perf_counter() - started)
+        if fresh and self.events_hook is not None:
+            await self.events_hook(session.node_id, fresh, self.node_labels.get(session.node_id, {}))
 
     def on_heartbeat(self, session: Session, heartbeat: agent_pb.Heartbeat) -> None:
         """Note liveness."""
@@ -260,8 +302,13 @@ class Ingest:
                 )
                 self.latest[limit.gpu_uuid] = confirmed
                 self._dirty[limit.gpu_uuid] = confirmed
-        if pending is not None and not pending.future.done():
-            pending.future.set_result(result)
+        if pending is not None:
+            if not pending.future.done():
+                pending.future.set_result(result)
+        elif self.command_result_hook is not None:
+            task = asyncio.get_running_loop().create_task(self.command_result_hook(session.node_id, result))
+            self._hook_tasks.add(task)
+            task.add_done_callback(self._hook_tasks.discard)
 
     # -- outbound ------------------------------------------------------------------------------------------
     async def send_command(

@@ -17,6 +17,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.controller import ingest, metrics
+from rasd.controller import remediation as remediation_mod
+from rasd.controller.core import policy as policy_mod
 from rasd.controller.rpc import admin_service, agent_service
 from rasd.controller.store import repo
 
@@ -41,6 +43,10 @@ class ControllerSettings:
     """Ingest pacing and agent config."""
     shutdown_grace_s: float = 5.0
     """How long in-flight RPCs get on SIGTERM."""
+    remediation: bool = True
+    """Run the repair ladder on incoming health events (False: record events only)."""
+    remediation_policy: policy_mod.RemediationPolicy = dataclasses.field(default_factory=policy_mod.RemediationPolicy)
+    """Classification, correlation, ladder and disruption-budget settings."""
 
 
 class Controller:
@@ -60,6 +66,14 @@ class Controller:
                 node_states=self.ingest.node_states,
             )
         )
+        self.remediation: remediation_mod.RemediationService | None = None
+        if settings.remediation:
+            self.remediation = remediation_mod.RemediationService(
+                self.store, self.ingest, policy=settings.remediation_policy
+            )
+            self.ingest.events_hook = self.remediation.on_events
+            self.ingest.command_result_hook = self.remediation.on_result
+            self.ingest.connected_hook = self.remediation.node_connected
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -69,6 +83,8 @@ class Controller:
     async def start(self) -> None:
         """Start ingest, bind gRPC and metrics, and report SERVING."""
         await self.ingest.start()
+        if self.remediation is not None:
+            await self.remediation.start()
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -106,6 +122,8 @@ class Controller:
     async def stop(self) -> None:
         """Stop taking calls, let in-flight ones finish within the grace, flush the store."""
         await self._health.enter_graceful_shutdown()
+        if self.remediation is not None:
+            await self.remediation.stop()
         await self.ingest.stop()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s)

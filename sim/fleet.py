@@ -94,6 +94,12 @@ class SimResult:
     cpu_s: float
     peak_rss_mib: float
     fleet_power: dict[str, float] = dataclasses.field(default_factory=dict)
+    outbox: list[dict[str, object]] = dataclasses.field(default_factory=list)
+    """The controller's outbox at the end (every action it decided), oldest first."""
+    tickets: list[dict[str, object]] = dataclasses.field(default_factory=list)
+    decision_latency_s: list[float] = dataclasses.field(default_factory=list)
+    max_disrupted_nodes: int = 0
+    disruption_budget: int = 0
 
 
 def _node_id(index: int) -> str:
@@ -115,7 +121,12 @@ async def run(
     for stale in (db_path, db_path.with_suffix(".db-wal"), db_path.with_suffix(".db-shm")):
         stale.unlink(missing_ok=True)
     controller = server.Controller(
-        server.ControllerSettings(listen="127.0.0.1:0", db_url=f"sqlite:///{db_path}", metrics_port=0)
+        server.ControllerSettings(
+            listen="127.0.0.1:0",
+            db_url=f"sqlite:///{db_path}",
+            metrics_port=0,
+            remediation_policy=settings.scenario.remediation,
+        )
     )
     await controller.start()
     started_ns = clock()
@@ -183,6 +194,11 @@ async def run(
         finished_ns = clock()
         power_rows = controller.ingest.power_window.series(since_unix_ns=started_ns)
         samples = controller.ingest.samples_ingested
+        remediation = controller.remediation
+        outbox, tickets = [], []
+        if remediation is not None:
+            outbox = [dataclasses.asdict(c) for c in await controller.ingest.run_in_store(remediation.store.commands)]
+            tickets = await controller.ingest.run_in_store(lambda: remediation.store.tickets(limit=10_000))
         await controller.stop()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return SimResult(
@@ -218,7 +234,19 @@ async def run(
         cpu_s=usage.ru_utime + usage.ru_stime,
         peak_rss_mib=usage.ru_maxrss / 1024,
         fleet_power=fleet.summarize_power(power_rows, min_gpus=int(0.95 * settings.nodes * settings.gpus_per_node)),
+        outbox=outbox,
+        tickets=tickets,
+        decision_latency_s=list(remediation.stats.decision_latency_s) if remediation else [],
+        max_disrupted_nodes=remediation.stats.max_disrupted_nodes if remediation else 0,
+        disruption_budget=_budget_nodes(settings),
     )
+
+
+def _budget_nodes(settings: SimSettings) -> int:
+    """The cluster-wide disruption budget in nodes, as the policy defines it for this fleet size."""
+    disruption = settings.scenario.remediation.disruption
+    by_pct = int(disruption.max_disrupted_nodes_pct / 100 * settings.nodes)
+    return max(1, min(disruption.max_disrupted_nodes, by_pct))
 
 
 async def _at(started_ns: int, at_s: float, clock: Callable[[], int]) -> None:

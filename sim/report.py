@@ -28,6 +28,10 @@ def percentile(values: Sequence[float], pct: float) -> float | None:
     return ordered[rank - 1]
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -59,6 +63,77 @@ def match_faults(
                 unused.remove(match)
         pairs.append((fault, match))
     return pairs
+
+
+# What NVIDIA's catalog and the ladder must do first for each scripted fault (None: no expectation).
+EXPECTED_FIRST_ACTION: dict[str, frozenset[str] | None] = {
+    "xid:13": frozenset({"restart_process"}),
+    "xid:31": frozenset({"restart_process"}),
+    "xid:48": frozenset({"reset_gpu"}),
+    "xid:79": frozenset({"reboot_node"}),
+    "xid:94": frozenset({"restart_process"}),
+    "xid:95": frozenset({"reset_gpu"}),
+    "ecc_dbe": frozenset({"reset_gpu"}),
+    "row_remap_pending": frozenset({"reset_gpu"}),
+    "row_remap_failure": frozenset({"open_rma"}),
+    "fallen_off_bus": frozenset({"reboot_node"}),
+    "gpu_lost": frozenset({"reboot_node"}),
+    "nvlink_crc_storm": frozenset({"reset_gpu"}),
+    "ib_link_flap": frozenset({"quarantine_node", "quarantine_port"}),
+    "recovery_action": frozenset({"reboot_node"}),
+}
+REPAIR_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "power_cycle_bmc", "open_rma"})
+"""Rungs of the ladder: the first of these after a fault is the action judged (holding a node or GPU
+out of service before repairing it is part of the repair, not a choice of rung)."""
+ISOLATION_KINDS = frozenset({"quarantine_node", "quarantine_port"})
+RESOLVED_TICKET_STATES = frozenset({"watching", "rma_pending", "awaiting_operator"})
+
+
+def _fault_key(fault: InjectedFault) -> str:
+    scripted = fault.fired.fault
+    return f"xid:{scripted.xid}" if scripted.kind == "xid" else scripted.kind
+
+
+def judge_remediation(result: SimResult) -> dict[str, Any]:
+    """Compare what the controller did for each injected fault with what it should have done."""
+    per_fault = []
+    for fault in sorted(result.injected, key=lambda f: f.fired.fired_unix_ns):
+        if fault.fired.fault.expected_event_kind is None:
+            continue
+        gpu = fault.fired.gpu_uuid
+        expected = EXPECTED_FIRST_ACTION.get(_fault_key(fault))
+        judged_kinds = REPAIR_KINDS | (ISOLATION_KINDS if expected and expected & ISOLATION_KINDS else frozenset())
+        after = [
+            c
+            for c in result.outbox
+            if c["node_id"] == fault.node_id
+            and int(c["created_unix_ns"]) >= fault.fired.fired_unix_ns
+            and c["kind"] in judged_kinds
+            and (not gpu or c["gpu_uuid"] in (gpu, "") or c["kind"] in ("reboot_node", "quarantine_node"))
+        ]
+        first = after[0] if after else None
+        tickets = [
+            t
+            for t in result.tickets
+            if t["node_id"] == fault.node_id and (t["gpu_uuid"] == gpu or not t["gpu_uuid"])
+            and int(t["updated_unix_ns"]) >= fault.fired.fired_unix_ns
+        ]  # fmt: skip
+        per_fault.append(
+            {
+                "fault": _fault_key(fault),
+                "node_id": fault.node_id,
+                "gpu_uuid": gpu,
+                "first_action": first["kind"] if first else None,
+                "expected": sorted(expected) if expected else None,
+                "wrong": bool(first and expected and first["kind"] not in expected),
+                "time_to_first_action_s": (
+                    round((int(first["created_unix_ns"]) - fault.fired.fired_unix_ns) / 1e9, 3) if first else None
+                ),
+                "ticket_states": sorted({str(t["state"]) for t in tickets}),
+                "remediated": any(str(t["state"]) in RESOLVED_TICKET_STATES for t in tickets),
+            }
+        )
+    return {"per_fault": per_fault}
 
 
 def build(result: SimResult) -> dict[str, Any]:
@@ -101,6 +176,14 @@ def build(result: SimResult) -> dict[str, Any]:
         power["before_operator_cap"] = {k: _round(v, 1) for k, v in before.items()}
         power["after_operator_cap"] = {k: _round(v, 1) for k, v in after.items()}
 
+    judged = judge_remediation(result)
+    first_action_delays = [
+        f["time_to_first_action_s"] for f in judged["per_fault"] if f["time_to_first_action_s"] is not None
+    ]
+    outbox_kinds: dict[str, int] = {}
+    for command in result.outbox:
+        outbox_kinds[str(command["kind"])] = outbox_kinds.get(str(command["kind"]), 0) + 1
+
     return {
         "rasd_version": VERSION,
         "generated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -131,6 +214,20 @@ def build(result: SimResult) -> dict[str, Any]:
             "silent_note": "SDC faults show no event; only validation (issue #6) can find them",
             "time_to_detect_s_p50": _round(percentile(detect_latencies, 50)),
             "time_to_detect_s_p99": _round(percentile(detect_latencies, 99)),
+        },
+        "remediation": {
+            "remediated": sum(1 for f in judged["per_fault"] if f["remediated"]),
+            "wrong_actions": sum(1 for f in judged["per_fault"] if f["wrong"]),
+            "time_to_detect_s_p50": _round(percentile(detect_latencies, 50)),
+            "time_to_detect_s_p99": _round(percentile(detect_latencies, 99)),
+            "time_to_first_action_s_p99": _round(percentile(first_action_delays, 99)),
+            "decision_latency_ms_p50": _round(_ms(percentile(result.decision_latency_s, 50)), 2),
+            "decision_latency_ms_p99": _round(_ms(percentile(result.decision_latency_s, 99)), 2),
+            "decisions_measured": len(result.decision_latency_s),
+            "max_concurrent_disruptions": result.max_disrupted_nodes,
+            "disruption_budget": result.disruption_budget,
+            "actions_by_kind": dict(sorted(outbox_kinds.items())),
+            "per_fault": judged["per_fault"],
         },
         "events_lost": missed,
         "agent_events_spooled": result.agent_events_spooled,
@@ -179,6 +276,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"| faults injected / detected / missed | {faults['injected']} / {faults['detected']} / {faults['missed']} |",
         f"| time to detect p50 / p99 | {faults['time_to_detect_s_p50']} s / {faults['time_to_detect_s_p99']} s |",
         f"| events lost | {report['events_lost']} |",
+        f"| faults remediated / wrong actions | {report['remediation']['remediated']} / "
+        f"{report['remediation']['wrong_actions']} |",
+        f"| decision latency p50 / p99 | {report['remediation']['decision_latency_ms_p50']} ms / "
+        f"{report['remediation']['decision_latency_ms_p99']} ms |",
+        f"| max concurrent disruptions / budget | {report['remediation']['max_concurrent_disruptions']} / "
+        f"{report['remediation']['disruption_budget']} nodes |",
         f"| telemetry samples ingested | {ctl['telemetry_samples']} ({ctl['samples_per_s']}/s) |",
         f"| CPU (whole process) / peak RSS | {ctl['cpu_s']} s / {ctl['peak_rss_mib']} MiB |",
         f"| commands sent / succeeded / read-back confirmed | {cmds['sent']} / {cmds['succeeded']} / "
@@ -194,8 +297,8 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Not measured yet: remediation (repairs, wrong actions), managed power and swing reduction, "
-        "and TLS. Each arrives with its own issue; this report will grow the fields then.",
+        "Not measured yet: managed power and swing reduction, SDC validation orchestration, and TLS. "
+        "Each arrives with its own issue; this report will grow the fields then.",
         "",
     ]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rasd.agent.gpu import simulated
+from rasd.controller.core import policy
 
 OPERATOR_ACTIONS = ("set_power_cap",)
 
@@ -60,6 +61,8 @@ class Scenario:
     workload: Workload
     faults: tuple[NodeFault, ...]
     operator: tuple[OperatorAction, ...]
+    remediation: policy.RemediationPolicy = dataclasses.field(default_factory=policy.RemediationPolicy)
+    """The controller's remediation policy for this scenario (the `[remediation]` table)."""
 
 
 def _number(data: Mapping[str, Any], key: str, where: str, *, minimum: float = 0.0) -> float:
@@ -83,7 +86,7 @@ def _pair(data: Mapping[str, Any], key: str, where: str, default: tuple[float, f
 
 def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
     """Validate a parsed TOML mapping into a Scenario."""
-    unknown = set(data) - {"name", "description", "workload", "faults", "operator"}
+    unknown = set(data) - {"name", "description", "workload", "faults", "operator", "remediation"}
     if unknown:
         raise ScenarioError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
     workload_data = data.get("workload", {})
@@ -121,7 +124,12 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
                 power_limit_w=int(_number(action, "power_limit_w", where, minimum=1)),
             )
         )
+    try:
+        remediation = policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
+    except policy.PolicyError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
     return Scenario(
+        remediation=remediation,
         name=str(data.get("name", source)),
         description=str(data.get("description", "")),
         workload=workload,

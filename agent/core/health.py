@@ -87,15 +87,33 @@ def evaluate(
         )
     sbe = _rose(previous.ecc_sbe_volatile, current.ecc_sbe_volatile)
     if sbe / interval_s > thresholds.sbe_rate_per_s:
-        add(model.EventKind.ECC_SBE_RATE, model.Severity.WARNING, f"{sbe / interval_s:.1f} corrected ECC errors/s")
+        add(
+            model.EventKind.ECC_SBE_RATE,
+            model.Severity.WARNING,
+            f"{sbe / interval_s:.1f} corrected ECC errors/s",
+            ecc_sbe_rate_per_s=f"{sbe / interval_s:.3f}",
+        )
+    remap_attributes = {
+        name: str(value)
+        for name, value in (
+            ("remapped_rows_uncorrectable", current.remapped_rows_uncorrectable),
+            ("remapped_rows_correctable", current.remapped_rows_correctable),
+        )
+        if value is not None
+    }
     if current.remapped_rows_pending and previous.remapped_rows_pending is False:
-        add(model.EventKind.ROW_REMAP_PENDING, model.Severity.ERROR, "row remap pending: a GPU reset applies it")
+        add(
+            model.EventKind.ROW_REMAP_PENDING,
+            model.Severity.ERROR,
+            "row remap pending: a GPU reset applies it",
+            **remap_attributes,
+        )
     if current.remapped_rows_failure and previous.remapped_rows_failure is False:
         add(
             model.EventKind.ROW_REMAP_FAILURE,
             model.Severity.FATAL,
             "row remapping failed",
-            remapped_rows_uncorrectable=str(current.remapped_rows_uncorrectable),
+            **remap_attributes,
         )
     retired = _rose(previous.retired_pages_dbe, current.retired_pages_dbe)
     if retired or (current.retired_pages_pending and previous.retired_pages_pending is False):
@@ -104,6 +122,8 @@ def evaluate(
             model.Severity.ERROR,
             f"retired DBE pages {previous.retired_pages_dbe} → {current.retired_pages_dbe}, "
             f"pending {current.retired_pages_pending}",
+            retired_pages=str((current.retired_pages_dbe or 0) + (current.retired_pages_sbe or 0)),
+            retired_pages_pending=str(bool(current.retired_pages_pending)).lower(),
         )
     links_now = now if current.nvlink_sample_unix_ns is None else current.nvlink_sample_unix_ns
     links_before = previous.sample_unix_ns if previous.nvlink_sample_unix_ns is None else previous.nvlink_sample_unix_ns
@@ -127,10 +147,16 @@ def evaluate(
                 model.Severity.WARNING,
                 f"NVLink {link.link}: {errors / link_interval_s:.0f} errors/s",
                 link=str(link.link),
+                nvlink_errors_per_s=f"{errors / link_interval_s:.3f}",
             )
     replays = _rose(previous.pcie_replay_count, current.pcie_replay_count)
     if replays / interval_s > thresholds.pcie_replays_per_s:
-        add(model.EventKind.PCIE_REPLAY, model.Severity.WARNING, f"{replays / interval_s:.0f} PCIe replays/s")
+        add(
+            model.EventKind.PCIE_REPLAY,
+            model.Severity.WARNING,
+            f"{replays / interval_s:.0f} PCIe replays/s",
+            pcie_replays_per_s=f"{replays / interval_s:.3f}",
+        )
     if current.recovery_action and current.recovery_action != previous.recovery_action:
         name = _RECOVERY_NAMES.get(current.recovery_action, str(current.recovery_action))
         add(

@@ -481,6 +481,15 @@ class SimulatedBackend:
             sim.crc_storm_until_ns = sim.excursion_until_ns = sim.thermal_until_ns = 0
             sim.enforced_limit_w = self._model.power_limit_default_w
 
+    def workload_crashed(self, gpu_uuid: str) -> bool:
+        """Whether the GPU's CUDA application died on its fault (uncorrectable errors, lost GPU).
+
+        A double-bit error, a pending or failed row remap after an uncorrectable error, or a GPU that
+        left the bus ends the process that was using it; correctable faults do not.
+        """
+        sim = self._gpu(gpu_uuid)
+        return sim.lost or sim.ecc_dbe > 0 or sim.remap_pending or sim.remap_failure
+
     def sdc_gpus(self) -> frozenset[str]:
         """UUIDs of GPUs that silently corrupt data (what validation must find)."""
         return frozenset(uuid_ for uuid_, sim in self._gpus.items() if sim.sdc)

@@ -16,7 +16,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.orm import sessionmaker
 
 from rasd.controller.core import fleet
-from rasd.controller.store import schema
+from rasd.controller.store import migrate, schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +71,12 @@ class Store:
     """Typed access to the controller's tables."""
 
     def __init__(self, engine: sa.Engine) -> None:
-        """Bind to engine and create missing tables."""
+        """Bind to engine and bring its schema to head with the Alembic migrations.
+
+        An empty database gets every table, one at head is untouched, an older one is upgraded.
+        """
         self.engine = engine
-        schema.Base.metadata.create_all(engine)
+        migrate.upgrade(engine)
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     @classmethod

@@ -9,12 +9,41 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Every constraint and index gets a deterministic name, the same on SQLite and PostgreSQL, so a
+# migration can name what it alters or drops (SQLite batch mode needs the names too). Explicit names
+# (uq_health_event_node_seq) win over these templates. Changing a template renames constraints: that
+# needs a migration, and the migration test fails until there is one.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
 
 
 class Base(DeclarativeBase):
-    """Declarative base of every rasd table."""
+    """Declarative base of every rasd table.
+
+    Tables are created and changed only by the Alembic migrations in rasd.controller.store.migrations,
+    never by `metadata.create_all`: a change here needs a migration (see migrations/README.md).
+    """
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
 class NodeRow(Base):

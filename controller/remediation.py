@@ -1,0 +1,553 @@
+"""The remediation service: runs the pure repair core on stored events and carries out its actions.
+
+Edges only; every decision is made by `rasd.controller.core` (classify → correlate → escalate →
+blast radius). This module owns the I/O around it:
+
+1. **Events**: after the ingest has durably stored a node's new health events, each is converted
+   to the core's `HealthEvent` and run through `escalation.handle_event`. The new ladder state,
+   correlation document and the decision's actions (the outbox) are committed in one transaction
+   before anything is sent.
+2. **Dispatch**: undispatched actions go through `blast_radius.admit`; admitted ones are marked
+   dispatched (durably) and then carried out: repairs and validations as id-keyed commands on the
+   node's agent stream; quarantines, releases, RMA tickets, notifications and BMC power cycles by
+   controller-side executors. Deferred ones wait for the next pass.
+3. **Results** come back by command id and go through `escalation.on_result`; the same commit
+   pattern applies. A periodic `tick` handles timeouts and watch windows.
+
+A controller killed at any point restarts from the store: `pending` commands are re-admitted,
+`dispatched` ones are re-sent with the same id (the agent answers a repeat from its journal and
+never runs it twice), and finished ones are never sent again.
+
+All of it runs on one asyncio lock: decisions are serialised, as the pure core assumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.common import xid_catalog
+from rasd.controller import ingest as ingest_mod
+from rasd.controller.core import actions, blast_radius, correlate, escalation, health
+from rasd.controller.core import policy as policy_mod
+from rasd.controller.store import remediation as rstore
+from rasd.controller.store import repo
+
+log = structlog.get_logger("rasd.controller")
+
+AGENT_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "run_validation"})
+_OUTCOME_STATUS = {
+    commands_pb.ACTION_OUTCOME_SUCCEEDED: "succeeded",
+    commands_pb.ACTION_OUTCOME_FAILED: "failed",
+    commands_pb.ACTION_OUTCOME_REFUSED: "refused",
+    commands_pb.ACTION_OUTCOME_NOT_SUPPORTED: "not_supported",
+    commands_pb.ACTION_OUTCOME_TIMED_OUT: "timed_out",
+    commands_pb.ACTION_OUTCOME_DRY_RUN: "dry_run",
+}
+# Attributes the agent puts on events, mapped onto the core's typed signal fields.
+_FLOAT_SIGNALS = {
+    "ecc_sbe_rate_per_s": "ecc_sbe_rate_per_s",
+    "nvlink_errors_per_s": "nvlink_crc_rate_per_s",
+    "pcie_replays_per_s": "pcie_replay_rate_per_s",
+}
+_INT_SIGNALS = ("recovery_action", "remapped_rows_uncorrectable", "remapped_rows_correctable", "retired_pages")
+
+
+def health_event(event: repo.StoredEvent, *, nvlink_domain: str = "") -> health.HealthEvent:
+    """The core's view of a stored event; numeric signals come from the agent's attributes."""
+    attributes = dict(event.attributes)
+    signals: dict[str, Any] = {}
+    for key, field in _FLOAT_SIGNALS.items():
+        with contextlib.suppress(KeyError, ValueError):
+            signals[field] = float(attributes[key])
+    for key in _INT_SIGNALS:
+        with contextlib.suppress(KeyError, ValueError):
+            signals[key] = int(attributes[key])
+    if "retired_pages_pending" in attributes:
+        signals["retired_pages_pending"] = attributes["retired_pages_pending"].lower() == "true"
+    return health.HealthEvent(
+        node_id=event.node_id,
+        kind=health.EventKind(event.kind),
+        observed_at=event.observed_unix_ns / 1e9,
+        gpu_uuid=event.gpu_uuid,
+        xid=event.xid,
+        severity=health.Severity(event.severity),
+        message=event.message,
+        source=event.source,
+        attributes=attributes,
+        seq=event.seq,
+        nvlink_domain=nvlink_domain,
+        **signals,
+    )
+
+
+@dataclasses.dataclass
+class RemediationStats:
+    """What the service did (for metrics, the simulator's report and tests)."""
+
+    events: int = 0
+    decisions: int = 0
+    actions_by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
+    decision_latency_s: list[float] = dataclasses.field(default_factory=list)
+    """Event stored → its first command dispatched, per event that led to a dispatch."""
+    max_disrupted_nodes: int = 0
+
+
+class RemediationService:
+    """Drives the repair ladder for the whole fleet (one per controller; the leader's later)."""
+
+    def __init__(
+        self,
+        store: repo.Store,
+        ingest: ingest_mod.Ingest,
+        *,
+        policy: policy_mod.RemediationPolicy | None = None,
+        executors: Mapping[str, Callable[[actions.Action], Any]] | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        tick_interval_s: float = 2.0,
+    ) -> None:
+        """Bind to the store and the ingest; call `start()` inside the event loop."""
+        self.store = rstore.RemediationStore(store.engine)
+        self.ingest = ingest
+        self.policy = policy or policy_mod.RemediationPolicy()
+        self.catalog = xid_catalog.load_catalog()
+        self._executors = dict(executors or {})
+        self._clock = clock
+        self._tick_interval_s = tick_interval_s
+        self._lock = asyncio.Lock()
+        self.node_states: dict[str, escalation.RemediationState] = {}
+        self.correlation = correlate.CorrelationState()
+        self.budget = blast_radius.BudgetState()
+        self.stats = RemediationStats()
+        self._deferred: dict[str, actions.Action] = {}
+        self._event_times: dict[str, float] = {}
+        self._ticker: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load durable state, resume the outbox, start the tick loop."""
+        node_docs = await self.ingest.run_in_store(self.store.load_node_states)
+        self.node_states = {n: escalation.RemediationState.from_dict(d) for n, d in node_docs.items()}
+        corr = await self.ingest.run_in_store(self.store.load_doc, "correlation")
+        budget = await self.ingest.run_in_store(self.store.load_doc, "budget")
+        self.correlation = correlate.CorrelationState.from_dict(corr) if corr else correlate.CorrelationState()
+        self.budget = blast_radius.BudgetState.from_dict(budget) if budget else blast_radius.BudgetState()
+        unfinished = await self.ingest.run_in_store(lambda: self.store.commands(statuses=("pending", "dispatched")))
+        for record in unfinished:
+            action = actions.from_dict(record.payload)
+            if record.status == "pending":
+                self._deferred[record.command_id] = action
+        resend = [r for r in unfinished if r.status == "dispatched"]
+        self._ticker = asyncio.create_task(self._tick_forever(), name="rasd-remediation-tick")
+        log.info(
+            "remediation_started",
+            nodes_with_state=len(self.node_states),
+            pending=len(self._deferred),
+            dispatched_unanswered=len(resend),
+        )
+        self._resend = resend
+
+    async def stop(self) -> None:
+        """Stop the tick loop (state is already durable)."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+
+    async def node_connected(self, node_id: str) -> None:
+        """Re-send commands dispatched to this node before a restart or disconnect (same ids)."""
+        for record in [r for r in getattr(self, "_resend", []) if r.node_id == node_id]:
+            self._send(actions.from_dict(record.payload))
+
+    # -- inbound ---------------------------------------------------------------------------------------
+    async def on_events(self, node_id: str, events: Sequence[repo.StoredEvent], labels: Mapping[str, str]) -> None:
+        """Run newly stored events through the core, commit, dispatch."""
+        if not events:
+            return
+        async with self._lock:
+            now_ns = self._clock()
+            now = now_ns / 1e9
+            state = self.node_states.get(node_id) or escalation.RemediationState(node_id)
+            corr = self.correlation
+            new_actions: list[actions.Action] = []
+            change = rstore.Commit(now_unix_ns=now_ns)
+            for stored in events:
+                event = health_event(stored, nvlink_domain=labels.get("nvlink_domain", ""))
+                result = escalation.handle_event(corr, state, event, now=now, catalog=self.catalog, policy=self.policy)
+                corr = result.correlation.state
+                state = result.decision.state
+                self.stats.events += 1
+                if result.correlation.incident is not None:
+                    change.incidents.append(_incident_row(result.correlation.incident, now_ns))
+                if result.decision.actions:
+                    self.stats.decisions += 1
+                    for action in result.decision.actions:
+                        self._event_times.setdefault(action.command_id, stored.received_unix_ns / 1e9)
+                    new_actions.extend(result.decision.actions)
+                    log.info(
+                        "remediation_decided",
+                        node=node_id,
+                        seq=stored.seq,
+                        actions=[a.kind for a in result.decision.actions],
+                        reason=result.decision.reason,
+                    )
+                self._close(result.decision, change, now)
+            change.docs["correlation"] = corr.to_dict()
+            await self._commit(node_id, state, new_actions, change)
+            self.correlation = corr
+            await self._dispatch_locked()
+
+    async def on_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
+        """A command's result from an agent (or a controller-side executor): advance the ladder."""
+        async with self._lock:
+            await self._apply_result(node_id, result)
+            await self._dispatch_locked()
+
+    async def _apply_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
+        now_ns = self._clock()
+        state = self.node_states.get(node_id) or escalation.RemediationState(node_id)
+        failed = tuple(sorted({v.gpu_uuid for v in result.verdicts if v.verdict == "fail" and v.gpu_uuid}))
+        decision = escalation.on_result(
+            state,
+            escalation.ActionResult(
+                command_id=result.command_id,
+                outcome=escalation.Outcome(result.outcome),
+                message=result.message,
+                validation_verdict=result.validation_verdict,
+                failed_gpu_uuids=failed,
+            ),
+            now=now_ns / 1e9,
+            policy=self.policy.escalation,
+        )
+        change = rstore.Commit(now_unix_ns=now_ns)
+        change.command_updates.append(
+            (
+                result.command_id,
+                {
+                    "status": _OUTCOME_STATUS.get(result.outcome, "failed"),
+                    "finished_unix_ns": now_ns,
+                    "result": {
+                        "outcome": commands_pb.ActionOutcome.Name(result.outcome),
+                        "message": result.message,
+                        "validation_verdict": result.validation_verdict,
+                        "failed_gpu_uuids": list(failed),
+                        "replayed": result.replayed,
+                    },
+                },
+            )
+        )
+        if result.validation_verdict:
+            change.validations.append(
+                {
+                    "validation_id": result.command_id,
+                    "node_id": node_id,
+                    "verdict": result.validation_verdict,
+                    "finished_unix_ns": now_ns,
+                    "evidence": {
+                        "checks": [
+                            {"check": v.check, "gpu": v.gpu_uuid, "verdict": v.verdict, "evidence": v.evidence}
+                            for v in result.verdicts
+                        ]
+                    },
+                    "suite": "",
+                }
+            )
+        self.budget = blast_radius.complete(self.budget, result.command_id, now=now_ns / 1e9)
+        self._close(decision, change, now_ns / 1e9)
+        log.info(
+            "remediation_result",
+            node=node_id,
+            command_id=result.command_id,
+            outcome=commands_pb.ActionOutcome.Name(result.outcome),
+            verdict=result.validation_verdict,
+            reason=decision.reason,
+            next_actions=[a.kind for a in decision.actions],
+        )
+        await self._commit(node_id, decision.state, list(decision.actions), change)
+
+    # -- periodic --------------------------------------------------------------------------------------------
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick_interval_s)
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("remediation_tick_failed")
+
+    async def tick(self) -> None:
+        """Timeouts, watch windows and waiting tickets; then retry deferred actions."""
+        async with self._lock:
+            now_ns = self._clock()
+            for node_id, state in list(self.node_states.items()):
+                if not state.tickets:
+                    continue
+                decision = escalation.tick(state, now=now_ns / 1e9, policy=self.policy.escalation)
+                if decision.state == state and not decision.actions:
+                    continue
+                change = rstore.Commit(now_unix_ns=now_ns)
+                self._close(decision, change, now_ns / 1e9)
+                await self._commit(node_id, decision.state, list(decision.actions), change)
+            await self._dispatch_locked()
+
+    # -- operator --------------------------------------------------------------------------------------------
+    async def set_paused(self, paused: bool, *, reason: str, actor: str) -> blast_radius.BudgetState:
+        """Pause automation, or resume it (which also resets a tripped breaker)."""
+        async with self._lock:
+            now_ns = self._clock()
+            if paused:
+                self.budget = blast_radius.pause(self.budget, now=now_ns / 1e9, reason=reason)
+            else:
+                self.budget = blast_radius.resume(self.budget, now=now_ns / 1e9, policy=self.policy.disruption)
+            change = rstore.Commit(now_unix_ns=now_ns)
+            change.docs["budget"] = self.budget.to_dict()
+            change.audit.append(_audit(now_ns, actor, "pause" if paused else "resume", "", "", reason, "ok"))
+            await self.ingest.run_in_store(self.store.commit, change)
+            if not paused:
+                await self._dispatch_locked()
+            return self.budget
+
+    # -- internals --------------------------------------------------------------------------------------------
+    def _close(self, decision: escalation.Decision, change: rstore.Commit, now: float) -> None:
+        for command_id in decision.closed_command_ids:
+            self.budget = blast_radius.complete(self.budget, command_id, now=now)
+            if command_id in self._deferred:
+                del self._deferred[command_id]
+                change.command_updates.append((command_id, {"status": "cancelled"}))
+
+    async def _commit(
+        self, node_id: str, state: escalation.RemediationState, new_actions: list[actions.Action], change: rstore.Commit
+    ) -> None:
+        change.node_states[node_id] = state.to_dict()
+        change.tickets.extend(_ticket_row(t, change.now_unix_ns) for t in state.tickets)
+        for action in new_actions:
+            change.new_commands.append(
+                rstore.CommandRecord(
+                    command_id=action.command_id,
+                    node_id=action.node_id,
+                    gpu_uuid=getattr(action, "gpu_uuid", ""),
+                    ticket_id=action.ticket_id,
+                    kind=action.kind,
+                    payload=action.to_dict(),
+                    status="pending",
+                    reason=action.reason,
+                    created_unix_ns=change.now_unix_ns,
+                    dispatched_unix_ns=None,
+                    finished_unix_ns=None,
+                    result=None,
+                )
+            )
+        change.docs["budget"] = self.budget.to_dict()
+        fresh = set(await self.ingest.run_in_store(self.store.commit, change))
+        self.node_states[node_id] = state
+        for action in new_actions:
+            if action.command_id in fresh:
+                self._deferred[action.command_id] = action
+
+    async def _dispatch_locked(self) -> None:
+        """Admit what the budget allows, mark it dispatched durably, then carry it out."""
+        if not self._deferred:
+            return
+        now_ns = self._clock()
+        now = now_ns / 1e9
+        proposed = list(self._deferred.values())
+        fleet_view = blast_radius.FleetView(
+            node_labels={node: labels for node, labels in self.ingest.node_labels.items()}
+        )
+        admission = blast_radius.admit(self.budget, proposed, fleet_view, now=now, policy=self.policy.disruption)
+        self.budget = admission.state
+        self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
+        change = rstore.Commit(now_unix_ns=now_ns)
+        touched: dict[str, escalation.RemediationState] = {}
+        for action in admission.admitted:
+            self._deferred.pop(action.command_id, None)
+            change.command_updates.append((action.command_id, {"status": "dispatched", "dispatched_unix_ns": now_ns}))
+            if action.node_id in self.node_states:
+                state = touched.get(action.node_id, self.node_states[action.node_id])
+                touched[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now)
+            change.audit.append(
+                _audit(
+                    now_ns,
+                    "automation",
+                    action.kind,
+                    action.node_id,
+                    getattr(action, "gpu_uuid", ""),
+                    action.reason,
+                    "dispatched",
+                )
+            )
+            self.stats.actions_by_kind[action.kind] = self.stats.actions_by_kind.get(action.kind, 0) + 1
+            started = self._event_times.pop(action.command_id, None)
+            if started is not None:
+                self.stats.decision_latency_s.append(max(0.0, now - started))
+        for node_id, state in touched.items():
+            change.node_states[node_id] = state.to_dict()
+        change.docs["budget"] = self.budget.to_dict()
+        for action, reason in zip(admission.deferred, admission.reasons, strict=False):
+            log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
+        await self.ingest.run_in_store(self.store.commit, change)
+        self.node_states.update(touched)
+        for action in admission.admitted:
+            await self._execute(action, change)
+
+    async def _execute(self, action: actions.Action, change: rstore.Commit) -> None:
+        if action.kind in AGENT_KINDS:
+            if not self._send(action):
+                # No stream: the command stays dispatched; the ladder's timeout climbs if the node
+                # never comes back, and a reconnect re-sends it with the same id.
+                log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
+            return
+        outcome, message = await self._run_controller_side(action)
+        await self._apply_result(
+            action.node_id, commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message)
+        )
+
+    def _send(self, action: actions.Action) -> bool:
+        now_ns = self._clock()
+        timeout_s = self.policy.escalation.timeout_s(action.kind)
+        command = commands_pb.Command(
+            command_id=action.command_id,
+            issued_unix_ns=now_ns,
+            deadline_unix_ns=now_ns + int(timeout_s * 1e9),
+            reason=action.reason,
+        )
+        if isinstance(action, actions.RestartProcess):
+            command.restart_process.CopyFrom(
+                commands_pb.RestartProcess(gpu_uuid=action.gpu_uuid, grace_s=action.grace_s)
+            )
+        elif isinstance(action, actions.ResetGpu):
+            command.reset_gpu.CopyFrom(commands_pb.ResetGpu(gpu_uuid=action.gpu_uuid))
+        elif isinstance(action, actions.RebootNode):
+            command.reboot_node.CopyFrom(commands_pb.RebootNode())
+        elif isinstance(action, actions.RunValidation):
+            gpus = list(action.gpu_uuids)
+            if not gpus and action.exclude_gpu_uuids:
+                gpus = [g for g in self.ingest.node_gpus(action.node_id) if g not in action.exclude_gpu_uuids]
+            command.run_validation.CopyFrom(
+                commands_pb.RunValidation(suite=action.suite, gpu_uuids=gpus, seed=action.seed)
+            )
+        return self.ingest.dispatch(action.node_id, command)
+
+    async def _run_controller_side(self, action: actions.Action) -> tuple[int, str]:
+        """Quarantine, release, RMA, notify, power-cycle: recorded in the store, then the adapter."""
+        now_ns = self._clock()
+        change = rstore.Commit(now_unix_ns=now_ns)
+        gpu_uuid = getattr(action, "gpu_uuid", "")
+        if isinstance(action, actions.QuarantineNode | actions.QuarantineGpu | actions.QuarantinePort):
+            port = getattr(action, "ib_port", "")
+            change.quarantines.append(
+                {
+                    "node_id": action.node_id,
+                    "gpu_uuid": gpu_uuid,
+                    "port": port,
+                    "reason": action.reason,
+                    "source": "automation",
+                }
+            )
+            if isinstance(action, actions.QuarantineNode):
+                self.budget = dataclasses.replace(
+                    self.budget, quarantined_nodes=tuple(sorted({*self.budget.quarantined_nodes, action.node_id}))
+                )
+        elif isinstance(action, actions.Release):
+            change.releases.append(
+                {
+                    "node_id": action.node_id,
+                    "gpu_uuid": action.gpu_uuid,
+                    "port": action.ib_port,
+                    "reason": action.reason,
+                    "forced": action.forced,
+                }
+            )
+            if not action.gpu_uuid and not action.ib_port:
+                self.budget = dataclasses.replace(
+                    self.budget,
+                    quarantined_nodes=tuple(n for n in self.budget.quarantined_nodes if n != action.node_id),
+                )
+        elif isinstance(action, actions.OpenRma):
+            change.rmas.append(
+                {
+                    "rma_id": action.command_id,
+                    "node_id": action.node_id,
+                    "gpu_uuid": action.gpu_uuid,
+                    "state": "pending",
+                    "reason": action.reason,
+                    "evidence": {"history": list(action.evidence), "ticket_id": action.ticket_id},
+                    "opened_unix_ns": now_ns,
+                }
+            )
+        elif isinstance(action, actions.Notify):
+            log.warning("remediation_notice", node=action.node_id, severity=action.severity, summary=action.summary)
+        executor = self._executors.get(action.kind)
+        outcome, message = commands_pb.ACTION_OUTCOME_SUCCEEDED, f"{action.kind} recorded"
+        if executor is not None:
+            try:
+                message = str(await asyncio.to_thread(executor, action)) or message
+            except Exception as exc:  # an adapter failure is a failed action, never a crash
+                outcome, message = commands_pb.ACTION_OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
+        elif isinstance(action, actions.PowerCycleBmc):
+            outcome, message = commands_pb.ACTION_OUTCOME_NOT_SUPPORTED, "no BMC power-cycle hook configured"
+        change.audit.append(
+            _audit(
+                now_ns,
+                "automation",
+                action.kind,
+                action.node_id,
+                gpu_uuid,
+                action.reason,
+                commands_pb.ActionOutcome.Name(outcome),
+            )
+        )
+        change.docs["budget"] = self.budget.to_dict()
+        await self.ingest.run_in_store(self.store.commit, change)
+        return outcome, message
+
+
+def _audit(
+    now_ns: int, actor: str, action: str, node_id: str, gpu_uuid: str, reason: str, outcome: str
+) -> dict[str, Any]:
+    return {
+        "at_unix_ns": now_ns,
+        "actor": actor,
+        "action": action,
+        "node_id": node_id,
+        "gpu_uuid": gpu_uuid,
+        "reason": reason,
+        "outcome": outcome,
+        "details": {},
+    }
+
+
+def _incident_row(incident: correlate.Incident, now_ns: int) -> dict[str, Any]:
+    return {
+        "incident_id": incident.incident_id,
+        "node_id": incident.node_id,
+        "gpu_uuid": incident.gpu_uuid,
+        "cause": incident.fault_key[:128],
+        "component": str(incident.classification.component.value)[:32],
+        "severity": int(incident.classification.severity),
+        "state": "open",
+        "opened_unix_ns": int(incident.opened_at * 1e9),
+        "data": incident.to_dict(),
+    }
+
+
+def _ticket_row(ticket: escalation.Ticket, now_ns: int) -> dict[str, Any]:
+    return {
+        "ticket_id": ticket.ticket_id,
+        "node_id": ticket.node_id,
+        "gpu_uuid": ticket.gpu_uuid,
+        "incident_id": ticket.incident_ids[0] if ticket.incident_ids else "",
+        "state": ticket.state.value,
+        "rung": ticket.rung.word if ticket.rung else "",
+        "purpose": ticket.purpose.value,
+        "reason": ticket.reason,
+        "opened_unix_ns": int(ticket.opened_at * 1e9),
+        "updated_unix_ns": int(ticket.updated_at * 1e9),
+        "closed": False,
+        "steps": list(ticket.history),
+    }

@@ -1,0 +1,267 @@
+"""The remediation half of the store: durable ladder state, the command outbox, and the operator views.
+
+Every decision is committed in one transaction with its commands (DESIGN.md invariant 2): the new
+per-node ladder state, the fleet-wide correlation and budget documents, the outbox rows (insert-or-
+ignore by command id, so replaying a decision never duplicates a command), the incident and ticket
+projections operators query, quarantines, RMA tickets and audit records. A controller killed at any
+point restarts from these rows: decided-but-undispatched commands are still `pending`, dispatched
+ones are still awaited, and finished ones are never sent again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from rasd.controller.core import fleet
+from rasd.controller.store import schema
+
+# Command statuses: pending → dispatched → a final one; or cancelled before dispatch.
+FINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "refused", "not_supported", "dry_run", "cancelled"})
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandRecord:
+    """An outbox row as plain data."""
+
+    command_id: str
+    node_id: str
+    gpu_uuid: str
+    ticket_id: str
+    kind: str
+    payload: Mapping[str, Any]
+    status: str
+    reason: str
+    created_unix_ns: int
+    dispatched_unix_ns: int | None
+    finished_unix_ns: int | None
+    result: Mapping[str, Any] | None
+
+
+@dataclasses.dataclass
+class Commit:
+    """Everything one decision changes, written in one transaction."""
+
+    now_unix_ns: int
+    node_states: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    docs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    new_commands: list[CommandRecord] = dataclasses.field(default_factory=list)
+    command_updates: list[tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    incidents: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    tickets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    quarantines: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    releases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    rmas: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    validations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    audit: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+class RemediationStore:
+    """Typed access to the remediation tables (same engine as `rasd.controller.store.repo.Store`)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        """Bind to an engine whose tables already exist (the Store creates or migrates them)."""
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    # -- loading at start-up ---------------------------------------------------------------------------
+    def load_node_states(self) -> dict[str, dict[str, Any]]:
+        """Every node's ladder state document."""
+        with self._sessions() as session:
+            return {row.node_id: row.state for row in session.scalars(sa.select(schema.RemediationStateRow))}
+
+    def load_doc(self, name: str) -> dict[str, Any] | None:
+        """A fleet-wide state document ("correlation", "budget"), or None before the first save."""
+        with self._sessions() as session:
+            row = session.get(schema.ControllerStateRow, name)
+            return None if row is None else row.state
+
+    def commands(
+        self, *, statuses: Iterable[str] | None = None, node_id: str = "", limit: int = 10_000
+    ) -> list[CommandRecord]:
+        """Outbox rows, oldest first, optionally filtered."""
+        with self._sessions() as session:
+            query = sa.select(schema.CommandRow).order_by(
+                schema.CommandRow.created_unix_ns, schema.CommandRow.command_id
+            )
+            if statuses is not None:
+                query = query.where(schema.CommandRow.status.in_(list(statuses)))
+            if node_id:
+                query = query.where(schema.CommandRow.node_id == node_id)
+            return [_command(row) for row in session.scalars(query.limit(limit))]
+
+    # -- the one write path ------------------------------------------------------------------------------
+    def commit(self, change: Commit) -> list[str]:
+        """Write a decision's changes atomically; returns the command ids that were new."""
+        fresh: list[str] = []
+        with self._sessions.begin() as session:
+            for node_id, state in change.node_states.items():
+                _upsert(
+                    session,
+                    schema.RemediationStateRow,
+                    {"node_id": node_id},
+                    state=state,
+                    updated_unix_ns=change.now_unix_ns,
+                )
+            for name, doc in change.docs.items():
+                _upsert(
+                    session, schema.ControllerStateRow, {"name": name}, state=doc, updated_unix_ns=change.now_unix_ns
+                )
+            for record in change.new_commands:
+                if session.get(schema.CommandRow, record.command_id) is not None:
+                    continue  # a replayed decision: the command exists and keeps its status
+                session.add(schema.CommandRow(**dataclasses.asdict(record)))
+                fresh.append(record.command_id)
+            for command_id, values in change.command_updates:
+                row = session.get(schema.CommandRow, command_id)
+                if row is not None and row.status not in FINAL_STATUSES:
+                    for key, value in values.items():
+                        setattr(row, key, value)
+            for incident in change.incidents:
+                _upsert(
+                    session,
+                    schema.IncidentRow,
+                    {"incident_id": incident["incident_id"]},
+                    **{k: v for k, v in incident.items() if k != "incident_id"},
+                )
+            for ticket in change.tickets:
+                _upsert(
+                    session,
+                    schema.RepairTicketRow,
+                    {"ticket_id": ticket["ticket_id"]},
+                    **{k: v for k, v in ticket.items() if k != "ticket_id"},
+                )
+            for quarantine in change.quarantines:
+                _quarantine(session, quarantine, change.now_unix_ns)
+            for release in change.releases:
+                _release(session, release, change.now_unix_ns)
+            for rma in change.rmas:
+                if session.get(schema.RmaTicketRow, rma["rma_id"]) is None:
+                    session.add(schema.RmaTicketRow(**rma))
+            for validation in change.validations:
+                _upsert(
+                    session,
+                    schema.ValidationRow,
+                    {"validation_id": validation["validation_id"]},
+                    **{k: v for k, v in validation.items() if k != "validation_id"},
+                )
+            for record in change.audit:
+                session.add(schema.AuditRow(**record))
+        return fresh
+
+    # -- operator views ----------------------------------------------------------------------------------
+    def incidents(self, *, node_id: str = "", open_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
+        """Incidents, newest first."""
+        return self._rows(schema.IncidentRow, schema.IncidentRow.opened_unix_ns, node_id, limit,
+                          (schema.IncidentRow.state == "open") if open_only else None)  # fmt: skip
+
+    def tickets(self, *, node_id: str = "", open_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
+        """Repair tickets, most recently updated first."""
+        return self._rows(schema.RepairTicketRow, schema.RepairTicketRow.updated_unix_ns, node_id, limit,
+                          schema.RepairTicketRow.closed.is_(False) if open_only else None)  # fmt: skip
+
+    def quarantines(self, *, active_only: bool = True, node_id: str = "") -> list[dict[str, Any]]:
+        """Quarantines, newest first."""
+        return self._rows(schema.QuarantineRow, schema.QuarantineRow.since_unix_ns, node_id, 10_000,
+                          schema.QuarantineRow.released_unix_ns.is_(None) if active_only else None)  # fmt: skip
+
+    def rmas(self, *, pending_only: bool = False) -> list[dict[str, Any]]:
+        """RMA tickets, newest first."""
+        return self._rows(schema.RmaTicketRow, schema.RmaTicketRow.opened_unix_ns, "", 10_000,
+                          (schema.RmaTicketRow.state == "pending") if pending_only else None)  # fmt: skip
+
+    def validations(self, *, node_id: str = "", limit: int = 100) -> list[dict[str, Any]]:
+        """Validation runs, newest first."""
+        return self._rows(schema.ValidationRow, schema.ValidationRow.started_unix_ns, node_id, limit, None)
+
+    def audit(self, *, since_unix_ns: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        """Audit records, newest first."""
+        return self._rows(schema.AuditRow, schema.AuditRow.at_unix_ns, "", limit,
+                          schema.AuditRow.at_unix_ns >= since_unix_ns)  # fmt: skip
+
+    def approve_rma(self, rma_id: str, *, actor: str, now_unix_ns: int) -> dict[str, Any] | None:
+        """Mark a pending RMA approved; None when unknown. Raises ValueError when not pending."""
+        with self._sessions.begin() as session:
+            row = session.get(schema.RmaTicketRow, rma_id)
+            if row is None:
+                return None
+            if row.state != "pending":
+                raise ValueError(f"RMA {rma_id} is {row.state}, not pending")
+            row.state = "approved"
+            row.approved_by = actor
+            row.approved_unix_ns = now_unix_ns
+            return _as_dict(row)
+
+    def _rows(self, table: Any, order: Any, node_id: str, limit: int, condition: Any) -> list[dict[str, Any]]:
+        with self._sessions() as session:
+            query = sa.select(table)
+            if node_id:
+                query = query.where(table.node_id == node_id)
+            if condition is not None:
+                query = query.where(condition)
+            return [_as_dict(row) for row in session.scalars(query.order_by(order.desc()).limit(limit))]
+
+
+def _as_dict(row: Any) -> dict[str, Any]:
+    return {column.key: getattr(row, column.key) for column in sa.inspect(row).mapper.column_attrs}
+
+
+def _command(row: schema.CommandRow) -> CommandRecord:
+    return CommandRecord(**{f.name: getattr(row, f.name) for f in dataclasses.fields(CommandRecord)})
+
+
+def _upsert(session: Session, table: Any, key: Mapping[str, Any], **values: Any) -> None:
+    row = session.get(table, next(iter(key.values())))
+    if row is None:
+        session.add(table(**key, **values))
+    else:
+        for name, value in values.items():
+            setattr(row, name, value)
+
+
+def _set_state(session: Session, node_id: str, gpu_uuid: str, state: fleet.ComponentState) -> None:
+    if gpu_uuid:
+        gpu = session.get(schema.GpuRow, gpu_uuid)
+        if gpu is not None:
+            gpu.state = int(state)
+    else:
+        node = session.get(schema.NodeRow, node_id)
+        if node is not None:
+            node.state = int(state)
+
+
+def _quarantine(session: Session, q: Mapping[str, Any], now_unix_ns: int) -> None:
+    active = session.scalars(
+        sa.select(schema.QuarantineRow).where(
+            schema.QuarantineRow.node_id == q["node_id"],
+            schema.QuarantineRow.gpu_uuid == q.get("gpu_uuid", ""),
+            schema.QuarantineRow.port == q.get("port", ""),
+            schema.QuarantineRow.released_unix_ns.is_(None),
+        )
+    ).first()
+    if active is None:
+        session.add(schema.QuarantineRow(since_unix_ns=now_unix_ns, **q))
+    if not q.get("port"):
+        _set_state(session, q["node_id"], q.get("gpu_uuid", ""), fleet.ComponentState.QUARANTINED)
+
+
+def _release(session: Session, r: Mapping[str, Any], now_unix_ns: int) -> None:
+    query = sa.select(schema.QuarantineRow).where(
+        schema.QuarantineRow.node_id == r["node_id"], schema.QuarantineRow.released_unix_ns.is_(None)
+    )
+    if r.get("gpu_uuid"):
+        query = query.where(schema.QuarantineRow.gpu_uuid == r["gpu_uuid"])
+    elif r.get("port"):
+        query = query.where(schema.QuarantineRow.port == r["port"])
+    else:
+        query = query.where(schema.QuarantineRow.gpu_uuid == "", schema.QuarantineRow.port == "")
+    for row in session.scalars(query):
+        row.released_unix_ns = now_unix_ns
+        row.release_reason = r.get("reason", "")
+        row.forced = bool(r.get("forced", False))
+    if not r.get("port"):
+        _set_state(session, r["node_id"], r.get("gpu_uuid", ""), fleet.ComponentState.HEALTHY)
