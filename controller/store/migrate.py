@@ -19,6 +19,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -33,6 +34,12 @@ from alembic.script import ScriptDirectory
 from rasd.controller.store import schema
 
 VERSION_TABLE = "alembic_version"
+# Key of the PostgreSQL advisory lock env.py holds (to the end of the transaction) while migrating, so
+# that controller replicas starting at the same time upgrade one after the other.
+MIGRATION_LOCK_KEY = 0x72617364  # "rasd"
+# Alembic keeps the running migration in module globals (alembic.context, alembic.op): one at a time
+# per process, even if two threads open stores at once.
+_ALEMBIC = threading.RLock()
 
 
 def script_location() -> str:
@@ -95,7 +102,7 @@ def upgrade(engine: sa.Engine, revision: str = "head", *, script_dir: str | None
         revision: the target; head unless testing.
         script_dir: another migrations folder (tests); defaults to the packaged one.
     """
-    with engine.begin() as connection:
+    with _ALEMBIC, engine.begin() as connection:
         _adopt_unversioned(connection, script_dir)
         command.upgrade(alembic_config(connection=connection, script_dir=script_dir), revision)
 
@@ -175,7 +182,11 @@ def main(argv: Sequence[str] | None = None, *, script_dir: str | None = None) ->
     current.add_argument("--db", default="sqlite:///rasd.db", help="SQLAlchemy URL (default %(default)s)")
     commands.add_parser("history", help="list the revisions")
     args = parser.parse_args(argv)
+    with _ALEMBIC:
+        return _run(args, script_dir)
 
+
+def _run(args: argparse.Namespace, script_dir: str | None) -> int:
     if args.command == "history":
         command.history(alembic_config(script_dir=script_dir))
         return 0

@@ -8,6 +8,7 @@ WAL mode so admin reads do not block ingest. Methods take and return core values
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -49,8 +50,8 @@ def create_engine(url: str) -> sa.Engine:
     """An engine for url; SQLite files get WAL and a busy timeout."""
     try:
         parsed = sa.engine.make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise ValueError(f"--db {url!r} is not a SQLAlchemy URL: {exc}") from None
+    except (sa.exc.ArgumentError, ValueError) as exc:  # ValueError: e.g. a port that is not a number
+        raise ValueError(f"--db {_redact_unparsed(url)!r} is not a SQLAlchemy URL: {exc}") from None
     if parsed.get_backend_name() == "sqlite":
         engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -100,16 +101,16 @@ class Store:
             if node is None:
                 node = schema.NodeRow(node_id=hello.node_id, first_seen_unix_ns=now_unix_ns, acked_seq=0, spool_epoch=0)
                 session.add(node)
-            rebooted = bool(node.boot_id) and node.boot_id != hello.boot_id
+            rebooted = bool(node.boot_id) and node.boot_id != _text(hello.boot_id)
             spool_reset = hello.spool_head_seq < (node.acked_seq or 0)
             if spool_reset:
                 node.spool_epoch = (node.spool_epoch or 0) + 1
                 node.acked_seq = 0
-            node.hostname = hello.hostname
-            node.boot_id = hello.boot_id
-            node.agent_version = hello.agent_version
-            node.backend = hello.backend
-            node.labels = dict(hello.labels)
+            node.hostname = _text(hello.hostname)
+            node.boot_id = _text(hello.boot_id)
+            node.agent_version = _text(hello.agent_version)
+            node.backend = _text(hello.backend)
+            node.labels = _text_map(hello.labels)
             node.connected = True
             node.last_seen_unix_ns = now_unix_ns
             if node.state in (None, int(fleet.ComponentState.OFFLINE), int(fleet.ComponentState.UNSPECIFIED)):
@@ -120,16 +121,16 @@ class Store:
                     row = schema.GpuRow(uuid=record.uuid, state=int(fleet.ComponentState.HEALTHY))
                     session.add(row)
                 row.node_id = record.node_id
-                row.model = record.model
-                row.pci_bus_id = record.pci_bus_id
-                row.serial = record.serial
-                row.vbios_version = record.vbios_version
+                row.model = _text(record.model)
+                row.pci_bus_id = _text(record.pci_bus_id)
+                row.serial = _text(record.serial)
+                row.vbios_version = _text(record.vbios_version)
                 row.memory_total_mib = record.memory_total_mib
                 row.power_limit_min_w = record.power_limit_min_w
                 row.power_limit_max_w = record.power_limit_max_w
                 row.power_limit_default_w = record.power_limit_default_w
                 row.power_smoothing_supported = record.power_smoothing_supported
-                row.labels = dict(record.labels)
+                row.labels = _text_map(record.labels)
             return HelloOutcome(acked_seq=int(node.acked_seq or 0), spool_reset=spool_reset, rebooted=rebooted)
 
     def mark_disconnected(self, node_id: str, now_unix_ns: int) -> None:
@@ -235,11 +236,11 @@ class Store:
                         received_unix_ns=e.received_unix_ns,
                         kind=e.kind,
                         severity=e.severity,
-                        gpu_uuid=e.gpu_uuid,
+                        gpu_uuid=_text(e.gpu_uuid),
                         xid=e.xid,
-                        message=e.message,
-                        source=e.source,
-                        attributes=dict(e.attributes),
+                        message=_text(e.message),
+                        source=_text(e.source),
+                        attributes=_text_map(e.attributes),
                     )
                 )
             if fresh:
@@ -324,5 +325,26 @@ def redact_url(url: str) -> str:
     """The URL with any password hidden, for logs."""
     try:
         return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
+    except (sa.exc.ArgumentError, ValueError):
         return "<invalid url>"
+
+
+_USERINFO_PASSWORD = re.compile(r"(://[^:/@]*:).*@")  # greedy: a password may hold an unescaped @
+
+
+def _redact_unparsed(url: str) -> str:
+    """A URL that SQLAlchemy cannot parse, with whatever sits where a password would be hidden."""
+    return _USERINFO_PASSWORD.sub(r"\1***@", url)
+
+
+def _text(value: str) -> str:
+    """value storable in any backend's text column: PostgreSQL refuses NUL characters, so they become U+FFFD.
+
+    Agent strings (kernel log lines above all) are valid UTF-8 but may contain NUL; refusing the row
+    would refuse the whole batch, and the agent would resend it forever.
+    """
+    return value.replace("\x00", "\ufffd") if "\x00" in value else value
+
+
+def _text_map(values: Mapping[str, str]) -> dict[str, str]:
+    return {_text(key): _text(value) for key, value in values.items()}

@@ -11,11 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context
 
-from rasd.controller.store import schema
-
-# Key of the PostgreSQL advisory lock held while migrating, so that controller replicas starting at
-# the same time upgrade one after the other: the second finds the schema at head and does nothing.
-MIGRATION_LOCK_KEY = 0x72617364  # "rasd"
+from rasd.controller.store import migrate, schema
 
 
 def _options(dialect_name: str) -> dict[str, object]:
@@ -31,7 +27,8 @@ def _run_online(connection: sa.Connection) -> None:
     context.configure(connection=connection, **_options(connection.dialect.name))
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+            # Replicas starting together upgrade one after the other; the later ones find head.
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": migrate.MIGRATION_LOCK_KEY})
         context.run_migrations()
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+
 import pytest
+import sqlalchemy as sa
 
 from rasd.controller.core import fleet
-from rasd.controller.store import repo
+from rasd.controller.store import repo, schema
 
 GPU_A = "GPU-00000000-0000-4000-8000-00000000000a"
 
@@ -19,11 +23,7 @@ def _event(seq, node_id="node-1"):
     return repo.StoredEvent(node_id, seq, 10 + seq, 20 + seq, 1, 3, GPU_A, 13, f"xid {seq}", "kmsg", {"pid": "1"})
 
 
-@pytest.fixture
-def store(tmp_path):
-    opened = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
-    yield opened
-    opened.close()
+# `store` (conftest.py) is parametrized: every test runs on SQLite and on PostgreSQL.
 
 
 def test_hello_registers_node_and_gpus(store):
@@ -81,3 +81,165 @@ def test_events_for_an_unknown_node_are_refused(store):
 def test_bad_url_is_named():
     with pytest.raises(ValueError, match="not a SQLAlchemy URL"):
         repo.Store.open("definitely not a url")
+
+
+# -- backend behaviour (each test runs on SQLite and PostgreSQL unless it says otherwise) ----------------
+
+
+def _postgres_only(store):
+    if store.engine.dialect.name != "postgresql":
+        pytest.skip("PostgreSQL behaviour: SQLite serializes writers with its file lock (one writer thread)")
+
+
+def test_append_events_reads_the_acked_position_under_a_row_lock(store, store_url, postgres_url_with):
+    _postgres_only(store)
+    store.register_hello(_hello(), 100)
+    store.append_events("node-1", [_event(1)])
+    # A second replica whose statements give up after 200 ms of waiting for a lock.
+    impatient = repo.Store.open(postgres_url_with(store_url, lock_timeout="200ms"))
+    try:
+        with store.engine.connect() as holder:
+            holder.execute(sa.text("SELECT 1 FROM nodes WHERE node_id = 'node-1' FOR UPDATE"))
+            # Even a pure resend (nothing to write) waits: the acked position is read FOR UPDATE, so
+            # no other transaction can act on the same position at the same time.
+            with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
+                impatient.append_events("node-1", [_event(1)])
+            holder.rollback()
+        assert impatient.append_events("node-1", [_event(1), _event(2)]) == (2, 1)
+    finally:
+        impatient.close()
+
+
+def test_concurrent_appends_of_overlapping_batches_store_each_event_once(store):
+    # Without SELECT ... FOR UPDATE both transactions read the same acked_seq and the second
+    # insert of a seq violates uq_health_event_node_seq.
+    _postgres_only(store)
+    store.register_hello(_hello(), 100)
+    batches = [[_event(seq) for seq in range(start, start + 4)] for start in range(1, 60, 2)]
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def sender():
+        try:
+            barrier.wait(timeout=10)
+            for batch in batches:
+                store.append_events("node-1", batch)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=sender) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert store.count_events() == 62
+    assert sorted(e.seq for e in store.list_events(limit=1000)) == list(range(1, 63))
+    assert store.register_hello(_hello(spool_head_seq=62), 200).acked_seq == 62
+
+
+def test_json_columns_round_trip_nested_unicode_and_quotes(store):
+    labels = {"rack": "r1", "topology": "ünïcødé ☃ 机架", "quote": "a\"b'c\\d", "empty": "", "json": '{"x": [1]}'}
+    store.register_hello(fleet.NodeHello("node-1", "b", "0.1.0", "h", "simulated", labels, (), 0), 100)
+    attributes = {f"k{i}": "v" * i for i in range(40)} | {"emoji": "🔥", "newline": "a\nb"}
+    store.append_events("node-1", [dataclasses.replace(_event(1), attributes=attributes)])
+    (node,) = store.list_nodes()
+    assert node.labels == labels
+    (event,) = store.list_events()
+    assert event.attributes == attributes
+    if store.engine.dialect.name == "postgresql":
+        with store.engine.connect() as connection:
+            # Real json on the server, not text: its operators work.
+            assert connection.scalar(sa.text("SELECT labels->>'topology' FROM nodes")) == labels["topology"]
+            assert connection.scalar(sa.text("SELECT json_typeof(attributes) FROM health_events")) == "object"
+
+
+def test_nul_characters_are_stored_as_replacement_characters_on_every_backend(store):
+    # PostgreSQL refuses NUL in text; a batch holding one would be refused and resent forever.
+    hello = _hello(boot_id="boot\x00-1")
+    store.register_hello(hello, 100)
+    assert not store.register_hello(hello, 150).rebooted
+    nul = dataclasses.replace(_event(1), message="NVRM: Xid 79\x00\x00", attributes={"k\x00": "v\x00"})
+    assert store.append_events("node-1", [nul]) == (1, 1)
+    (event,) = store.list_events()
+    assert event.message == "NVRM: Xid 79\ufffd\ufffd"
+    assert event.attributes == {"k\ufffd": "v\ufffd"}
+    assert store.list_nodes()[0].boot_id == "boot\ufffd-1"
+
+
+def test_nanosecond_timestamps_and_seqs_keep_all_64_bits(store):
+    now_ns = 1_795_000_000_123_456_789  # 2026: above 2**53, so a float would lose the last digits
+    store.register_hello(_hello(), now_ns)
+    big = 2**63 - 1
+    event = dataclasses.replace(_event(2**53 + 1), observed_unix_ns=big, received_unix_ns=now_ns + 1)
+    assert store.append_events("node-1", [event]) == (2**53 + 1, 1)
+    store.save_latest(
+        {GPU_A: fleet.GpuLatest(power_sample_unix_ns=big - 1, counters_unix_ns=now_ns, clock_event_reasons=2**40)}
+    )
+    store.touch_nodes({"node-1": big - 2})
+    (stored,) = store.list_events(since_unix_ns=now_ns + 1)
+    assert (stored.seq, stored.observed_unix_ns, stored.received_unix_ns) == (2**53 + 1, big, now_ns + 1)
+    (node,) = store.list_nodes()
+    assert node.last_seen_unix_ns == big - 2
+    latest = node.gpus[0].latest
+    assert latest.power_sample_unix_ns == big - 1
+    assert (latest.counters_unix_ns, latest.clock_event_reasons) == (now_ns, 2**40)
+
+
+def test_every_unix_ns_column_is_a_64_bit_integer_in_the_database(store):
+    inspector = sa.inspect(store.engine)
+    for table in schema.Base.metadata.sorted_tables:
+        reflected = {column["name"]: column["type"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name.endswith("_unix_ns"):
+                assert isinstance(column.type, sa.BigInteger), f"{table.name}.{column.name}"
+                assert isinstance(reflected[column.name], sa.BigInteger), f"{table.name}.{column.name}"
+
+
+def test_bulk_updates_write_each_row_its_own_values_and_skip_unknown_ids(store):
+    gpus = [f"GPU-00000000-0000-4000-8000-0000000000{i:02d}" for i in range(8)]
+    for n in range(2):
+        records = tuple(
+            fleet.GpuRecord(uuid, f"node-{n}", "H100", f"00000000:{i:02x}:00.0", 200, 700, 700)
+            for i, uuid in enumerate(gpus[n * 4 : n * 4 + 4])
+        )
+        store.register_hello(fleet.NodeHello(f"node-{n}", "b", "0.1.0", f"node-{n}", "simulated", {}, records, 0), 100)
+    latest = {
+        uuid: fleet.GpuLatest(
+            power_w=100.0 + i + 0.25,
+            power_sample_unix_ns=1_000 + i,
+            enforced_power_limit_w=None if i % 2 else 600 + i,
+            temperature_c=40 + i,
+            utilization_gpu_pct=None if i == 3 else i,
+            clock_event_reasons=i,
+            counters_unix_ns=2_000 + i,
+        )
+        for i, uuid in enumerate(gpus)
+    }
+    store.save_latest(latest | {"GPU-ffffffff-0000-4000-8000-000000000000": fleet.GpuLatest(power_w=1.0)})
+    store.touch_nodes({"node-0": 5_000, "node-1": 6_000, "ghost": 7_000})
+    nodes = store.list_nodes()
+    assert [(n.node_id, n.last_seen_unix_ns) for n in nodes] == [("node-0", 5_000), ("node-1", 6_000)]
+    stored = {g.record.uuid: g.latest for n in nodes for g in n.gpus}
+    assert stored == latest
+    # Back to unknown: NULLs are written, not skipped.
+    store.save_latest({gpus[0]: fleet.GpuLatest()})
+    assert store.list_nodes(["node-0"])[0].gpus[0].latest == fleet.GpuLatest()
+
+
+def test_redact_url_hides_the_password(store_url):
+    assert ":***@" in repo.redact_url("postgresql+psycopg://rasd:s3cr3t-pw@db.example:5432/rasd")
+    assert "s3cr3t-pw" not in repo.redact_url("postgresql+psycopg://rasd:s3cr3t-pw@db.example:5432/rasd")
+    redacted = repo.redact_url(store_url)
+    password = sa.engine.make_url(store_url).password
+    if password:
+        assert f":{password}@" not in redacted and ":***@" in redacted
+    assert sa.engine.make_url(redacted).database == sa.engine.make_url(store_url).database
+
+
+def test_a_url_that_does_not_parse_is_named_without_its_password():
+    with pytest.raises(ValueError, match="not a SQLAlchemy URL") as raised:
+        repo.Store.open("postgresql+psycopg://rasd:s3cr3t@host:notaport/rasd")
+    assert "s3cr3t" not in str(raised.value)
+    assert "rasd:***@host" in str(raised.value)
+    assert repo.redact_url("postgresql+psycopg://rasd:s3cr3t@host:notaport/rasd") == "<invalid url>"
