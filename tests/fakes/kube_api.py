@@ -1,0 +1,268 @@
+"""A fake Kubernetes API server at the HTTP edge: just enough of core/v1 Nodes and Events.
+
+It serves, on 127.0.0.1 and a free port:
+
+- ``GET /api/v1/nodes/{name}`` and ``GET /api/v1/nodes``;
+- ``PATCH /api/v1/nodes/{name}`` and ``PATCH /api/v1/nodes/{name}/status`` with
+  ``application/strategic-merge-patch+json`` only (anything else → 415), applying the strategic-merge
+  rules the real server uses for the fields rasd touches: maps merge and ``null`` deletes a key,
+  ``spec.taints`` is replaced as a whole, ``status.conditions`` merges by ``type`` and honours
+  ``{"$patch": "delete"}``; the main resource ignores ``status`` and the status subresource ignores
+  everything else; a ``metadata.resourceVersion`` in the patch is a precondition (409 when stale);
+  taints are validated (label-value syntax, effect, duplicates → 422);
+- ``POST /api/v1/namespaces/{ns}/events`` (201).
+
+Every change bumps the node's ``resourceVersion``. Tests can inject a concurrent writer
+(`FakeKubeApi.race_next`), make the server answer 503 (``unavailable``), and read every request.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
+_NODE = re.compile(r"^/api/v1/nodes/([^/]+)(/status)?$")
+_EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+STRATEGIC = "application/strategic-merge-patch+json"
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any], path: str = "") -> None:
+    for key, value in patch.items():
+        here = f"{path}.{key}" if path else key
+        if value is None:
+            target.pop(key, None)
+        elif here == "status.conditions":
+            target[key] = _merge_conditions(target.get(key) or [], value)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value, here)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def _merge_conditions(current: list[dict[str, Any]], patch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = [dict(c) for c in current]
+    for item in patch:
+        kind = item.get("type")
+        existing = next((c for c in out if c.get("type") == kind), None)
+        if item.get("$patch") == "delete":
+            out = [c for c in out if c.get("type") != kind]
+        elif existing is not None:
+            existing.update(item)
+        else:
+            out.append(dict(item))
+    return out
+
+
+def _taint_errors(taints: list[dict[str, Any]]) -> list[str]:
+    errors, seen = [], set()
+    for i, taint in enumerate(taints):
+        if not taint.get("key"):
+            errors.append(f"spec.taints[{i}].key: Required value")
+        value = taint.get("value", "")
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            errors.append(f"spec.taints[{i}].value: Invalid value: {value!r}: a valid label must be ...")
+        if taint.get("effect") not in _EFFECTS:
+            errors.append(f"spec.taints[{i}].effect: Unsupported value: {taint.get('effect')!r}")
+        if (taint.get("key"), taint.get("effect")) in seen:
+            errors.append(f"spec.taints[{i}]: Duplicate value")
+        seen.add((taint.get("key"), taint.get("effect")))
+    return errors
+
+
+class FakeKubeApi:
+    """The fake server; `start` it, point ``kubernetes.client.Configuration(host=fake.url)`` at it."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str, str, Any]] = []  # (method, path, content-type, body)
+        self.unavailable = False
+        self._races: list[Callable[[dict[str, Any]], None]] = []
+        self._rv = 100
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- test API -------------------------------------------------------------------------
+
+    def add_node(
+        self, name: str, *, unschedulable: bool = False, gpus: int = 8, taints: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Register a Ready node with ``gpus`` ``nvidia.com/gpu`` capacity."""
+        with self._lock:
+            self._rv += 1
+            spec: dict[str, Any] = {}
+            if unschedulable:
+                spec["unschedulable"] = True
+            if taints:
+                spec["taints"] = list(taints)
+            self.nodes[name] = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": str(self._rv), "labels": {}},
+                "spec": spec,
+                "status": {
+                    "capacity": {"nvidia.com/gpu": str(gpus), "cpu": "64"},
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                },
+            }
+
+    def node(self, name: str) -> dict[str, Any]:
+        """A copy of the stored node."""
+        with self._lock:
+            return copy.deepcopy(self.nodes[name])
+
+    def race_next(self, mutate: Callable[[dict[str, Any]], None], times: int = 1) -> None:
+        """Before each of the next ``times`` guarded PATCHes, another writer changes the node."""
+        self._races.extend([mutate] * times)
+
+    def count(self, method: str, path_part: str = "") -> int:
+        """How many requests with this method (and path containing ``path_part``) arrived."""
+        return sum(1 for m, p, _c, _b in self.requests if m == method and path_part in p)
+
+    @property
+    def url(self) -> str:
+        """Base URL (``http://127.0.0.1:<port>``)."""
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> None:
+        """Serve on 127.0.0.1 and a free port in a daemon thread."""
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms stalls
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _body(self) -> Any:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                return json.loads(raw) if raw else None
+
+            def do_GET(self) -> None:
+                fake._handle(self, "GET")
+
+            def do_PATCH(self) -> None:
+                fake._handle(self, "PATCH")
+
+            def do_POST(self) -> None:
+                fake._handle(self, "POST")
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="fake-kube-api", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    # ---- request handling -----------------------------------------------------------------
+
+    def _handle(self, handler: Any, method: str) -> None:
+        path = handler.path.split("?", 1)[0]
+        content_type = handler.headers.get("Content-Type", "")
+        body = handler._body()
+        self.requests.append((method, path, content_type, body))
+        if self.unavailable:
+            handler._send(
+                503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the request")
+            )
+            return
+        code, answer = self._route(method, path, content_type, body)
+        handler._send(code, answer)
+
+    def _route(self, method: str, path: str, content_type: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if method == "GET" and path == "/api/v1/nodes":
+            with self._lock:
+                return 200, {"kind": "NodeList", "apiVersion": "v1", "items": copy.deepcopy(list(self.nodes.values()))}
+        events = _EVENTS.match(path)
+        if method == "POST" and events:
+            # Like the real server, a missing Content-Type means JSON.
+            if content_type.split(";")[0].strip() not in ("", "application/json"):
+                return 415, _status(415, "UnsupportedMediaType", f"unsupported content type {content_type!r}")
+            if not isinstance(body, dict) or (body.get("involvedObject") or {}).get("kind") != "Node":
+                return 422, _status(422, "Invalid", "involvedObject.kind: Required value")
+            stored = copy.deepcopy(body)
+            stored.setdefault("metadata", {})["namespace"] = events.group(1)
+            self.events.append(stored)
+            return 201, stored
+        match = _NODE.match(path)
+        if not match:
+            return 404, _status(404, "NotFound", f"the server could not find the requested resource {path}")
+        name, subresource = match.group(1), match.group(2)
+        with self._lock:
+            node = self.nodes.get(name)
+            if node is None:
+                return 404, _status(404, "NotFound", f'nodes "{name}" not found')
+            if method == "GET" and not subresource:
+                return 200, copy.deepcopy(node)
+            if method != "PATCH":
+                return 405, _status(405, "MethodNotAllowed", method)
+            if content_type.split(";")[0].strip() != STRATEGIC:
+                return 415, _status(415, "UnsupportedMediaType", f"this fake accepts only {STRATEGIC}")
+            if not isinstance(body, dict):
+                return 400, _status(400, "BadRequest", "patch body must be an object")
+            patch = copy.deepcopy(body)
+            wanted_rv = (patch.get("metadata") or {}).pop("resourceVersion", None)
+            if wanted_rv is not None and self._races:
+                self._races.pop(0)(node)
+                self._rv += 1
+                node["metadata"]["resourceVersion"] = str(self._rv)
+            if wanted_rv is not None and wanted_rv != node["metadata"]["resourceVersion"]:
+                return 409, _status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; '
+                    "please apply your changes to the latest version and try again",
+                )
+            updated = copy.deepcopy(node)
+            if subresource:
+                _merge(updated, {"status": patch.get("status") or {}})
+            else:
+                patch.pop("status", None)
+                _merge(updated, patch)
+                errors = _taint_errors((updated.get("spec") or {}).get("taints") or [])
+                if errors:
+                    return 422, _status(422, "Invalid", f'Node "{name}" is invalid: ' + "; ".join(errors))
+            if updated != node:
+                self._rv += 1
+                updated["metadata"]["resourceVersion"] = str(self._rv)
+                self.nodes[name] = updated
+            return 200, copy.deepcopy(self.nodes[name])
