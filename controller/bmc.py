@@ -157,7 +157,9 @@ class BmcSettings:
     request_timeout_s: float = 30.0
     """Timeout of each Redfish request."""
     server_side_retries: int = 2
-    """How often sushy tries a request that cannot connect or gets a 5xx, 3 s apart (0: sushy's 3)."""
+    """How often sushy tries a request that cannot connect or gets a 5xx (0: sushy's 3)."""
+    retry_delay_s: float = 3.0
+    """Seconds between those tries."""
     auth: str = "basic"
     """"basic" (HTTP basic auth per request: nothing to leak) or "session" (an X-Auth-Token session,
     deleted afterwards; for BMCs that disable basic auth)."""
@@ -199,7 +201,7 @@ class BmcSettings:
             )
             nodes[str(node_id)] = node
         settings = cls(nodes=nodes, **values)
-        for name in ("timeout_s", "transition_window_s", "poll_interval_s", "request_timeout_s"):
+        for name in ("timeout_s", "transition_window_s", "poll_interval_s", "request_timeout_s", "retry_delay_s"):
             _require(getattr(settings, name) > 0, f"{prefix}{name}", "must be > 0", getattr(settings, name))
         _require(settings.server_side_retries >= 0, f"{prefix}server_side_retries", "must be >= 0",
                  settings.server_side_retries)  # fmt: skip
@@ -309,7 +311,7 @@ class RedfishPowerCycler:
             node.url,
             verify=verify,
             server_side_retries=self._settings.server_side_retries,
-            server_side_retries_delay=3,
+            server_side_retries_delay=self._settings.retry_delay_s,
             default_request_timeout=self._settings.request_timeout_s,
             connect_timeout=min(10.0, self._settings.request_timeout_s),
         )

@@ -10,6 +10,7 @@ off. Nothing else about the emulator is changed.
 from __future__ import annotations
 
 import json
+import pathlib
 import socket
 import subprocess
 import sys
@@ -217,7 +218,7 @@ def test_node_that_does_not_come_back_times_out_with_what_was_seen(emulator):
 def test_unreachable_bmc_is_retryable():
     url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
     journal: dict[str, str] = {}
-    cycler = bmc.RedfishPowerCycler(_settings(url, request_timeout_s=2.0, server_side_retries=1), journal, environ=ENV)
+    cycler = bmc.RedfishPowerCycler(_settings(url, request_timeout_s=2.0, retry_delay_s=0.01), journal, environ=ENV)
 
     with pytest.raises(bmc.BmcUnavailableError, match="gpu-node-1"):
         cycler.power_cycle("gpu-node-1", reason="r", ticket_id="t-8")
@@ -259,3 +260,77 @@ def test_executor_carries_out_the_cores_action():
 
     assert outcome.status is bmc.BmcStatus.ALREADY_REQUESTED
     assert isinstance(bmc.open_power_cycler({}, {}), bmc.BmcPowerCycler)
+
+
+# ---- what the emulator cannot show: a stub BMC ----------------------------------------------
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "fakes"))
+import redfish_stub  # noqa: E402
+
+
+@pytest.fixture
+def stub_bmc():
+    stubs = []
+
+    def make(**kwargs):
+        stub = redfish_stub.StubRedfish(**kwargs)
+        stub.start()
+        stubs.append(stub)
+        return stub
+
+    yield make
+    for stub in stubs:
+        stub.stop()
+
+
+def _stub_cycler(url, journal, now):
+    settings = bmc.BmcSettings.from_mapping(
+        {
+            "nodes": {"n1": {"url": url, "username": "admin", "password_env": "BMC_PW"}},
+            "poll_interval_s": 1.0,
+            "transition_window_s": 3.0,
+            "timeout_s": 60.0,
+            "retry_delay_s": 0.01,
+        }
+    )
+    return bmc.RedfishPowerCycler(
+        settings, journal, environ=ENV, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+    )
+
+
+def test_power_cycle_is_preferred_and_a_reset_that_stays_on_is_reported_unobserved(stub_bmc):
+    stub = stub_bmc(allowed=["On", "ForceOff", "ForceRestart", "PowerCycle"])
+    journal: dict[str, str] = {}
+
+    outcome = _stub_cycler(stub.url, journal, [0.0]).power_cycle("n1", reason="r", ticket_id="t")
+
+    assert stub.resets == ["PowerCycle"]
+    assert outcome.status is bmc.BmcStatus.RESET_UNOBSERVED and outcome.observed == ("On",)
+    assert "new boot id" in outcome.detail
+    assert json.loads(journal["t"])["state"] == "reset_unobserved"
+
+
+def test_a_bmc_that_refuses_the_reset_leaves_no_journal_entry(stub_bmc):
+    stub = stub_bmc(allowed=["ForceRestart"], reset_status=400)
+    journal: dict[str, str] = {}
+
+    with pytest.raises(bmc.BmcRejectedError, match="reset ForceRestart"):
+        _stub_cycler(stub.url, journal, [0.0]).power_cycle("n1", reason="r", ticket_id="t")
+    assert journal == {}, "refused outright: nothing happened, so a retry may run"
+
+
+def test_a_bmc_that_fails_mid_reset_keeps_the_journal_entry(stub_bmc):
+    stub = stub_bmc(allowed=["ForceRestart"], reset_status=500)
+    journal: dict[str, str] = {}
+    cycler = _stub_cycler(stub.url, journal, [0.0])
+
+    with pytest.raises(bmc.BmcUnavailableError):
+        cycler.power_cycle("n1", reason="r", ticket_id="t")
+    assert json.loads(journal["t"])["state"] == "reset_failed", "ambiguous: never risk a second cycle"
+
+
+def test_no_usable_reset_type_is_rejected(stub_bmc):
+    stub = stub_bmc(allowed=["Nmi", "GracefulShutdown"])
+
+    with pytest.raises(bmc.BmcRejectedError, match="allows no usable reset"):
+        _stub_cycler(stub.url, {}, [0.0]).power_cycle("n1", reason="r", ticket_id="t")
