@@ -36,6 +36,7 @@ import enum
 import json
 import os
 import pathlib
+import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol, runtime_checkable
@@ -271,6 +272,8 @@ class RedfishPowerCycler:
         self._environ = os.environ if environ is None else environ
         self._clock = clock
         self._sleep = sleep
+        self._lock = threading.Lock()
+        self._in_flight: set[str] = set()
 
     def power_cycle(self, node_id: str, *, reason: str, ticket_id: str) -> BmcOutcome:
         """Power-cycle ``node_id`` once for ``ticket_id``.
@@ -290,11 +293,12 @@ class RedfishPowerCycler:
             BmcSystemNotFoundError: no such ComputerSystem.
             BmcTimeoutError: the node did not come back On within ``timeout_s``.
         """
-        import sushy  # optional extra: imported only when a power cycle runs
-        from sushy import auth as sushy_auth
-        from sushy import connector as sushy_connector
-
-        previous = self._journal.get(ticket_id)
+        with self._lock:  # executors run in threads: one call per ticket at a time
+            previous = self._journal.get(ticket_id)
+            if previous is None and ticket_id in self._in_flight:
+                previous = "in progress in another call"
+            if previous is None:
+                self._in_flight.add(ticket_id)
         if previous is not None:
             return BmcOutcome(
                 node_id,
@@ -302,6 +306,19 @@ class RedfishPowerCycler:
                 BmcStatus.ALREADY_REQUESTED,
                 f"this ticket's power cycle was already requested ({previous}); not repeated",
             )
+        try:
+            return self._power_cycle(node_id, reason, ticket_id)
+        finally:
+            with self._lock:
+                self._in_flight.discard(ticket_id)
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _power_cycle(self, node_id: str, reason: str, ticket_id: str) -> BmcOutcome:
+        import sushy  # optional extra: imported only when a power cycle runs
+        from sushy import auth as sushy_auth
+        from sushy import connector as sushy_connector
+
         node = self._settings.nodes.get(node_id)
         if node is None:
             raise BmcNotConfiguredError(f"no BMC configured for node {node_id}")
@@ -360,8 +377,6 @@ class RedfishPowerCycler:
             elapsed_s=round(outcome.elapsed_s, 1),
         )
         return outcome
-
-    # ---- internals ------------------------------------------------------------------------
 
     def _password(self, node_id: str, node: BmcNodeSettings) -> str:
         if node.password_env:

@@ -374,7 +374,8 @@ class KubernetesSettings:
     """How to reach the API server and what to write."""
 
     host: str = ""
-    """API server URL (e.g. "https://10.0.0.1:6443"); empty: in-cluster config, else ``kubeconfig``."""
+    """API server URL without credentials (``kubectl proxy``'s "http://127.0.0.1:8001", or a test
+    server); empty: the in-cluster service account, else ``kubeconfig``."""
     kubeconfig: str = ""
     """Kubeconfig file used when ``host`` is empty and the controller runs outside a cluster."""
     context: str = ""
@@ -1003,7 +1004,7 @@ class SlurmQuarantine:
         done = self._run(*argv)
         if done.returncode != 0:
             text = (done.stdout + done.stderr).strip()
-            if "invalid node state" in text.lower() or "invalid" in text.lower():
+            if any(word in text.lower() for word in ("invalid", "denied", "not authorized")):
                 raise QuarantineRejectedError(f"scontrol update {node_id} state={state} refused: {text}")
             raise QuarantineUnavailableError(
                 f"scontrol update {node_id} state={state} failed ({done.returncode}): {text}"
