@@ -102,9 +102,40 @@ def upgrade(engine: sa.Engine, revision: str = "head", *, script_dir: str | None
         revision: the target; head unless testing.
         script_dir: another migrations folder (tests); defaults to the packaged one.
     """
-    with _ALEMBIC, engine.begin() as connection:
+    with _ALEMBIC, engine.connect() as connection, _migration_transaction(connection):
         _adopt_unversioned(connection, script_dir)
         command.upgrade(alembic_config(connection=connection, script_dir=script_dir), revision)
+
+
+@contextmanager
+def _migration_transaction(connection: sa.Connection) -> Iterator[None]:
+    """One transaction around a whole migration, DDL included; rolled back entirely on failure.
+
+    PostgreSQL: a plain transaction (DDL is transactional). SQLite: pysqlite opens transactions
+    only before DML, so CREATE TABLEs would commit one by one and a failed upgrade would leave half a
+    schema. Here the driver's implicit transactions are switched off and the migration runs inside
+    BEGIN IMMEDIATE, which also takes the write lock, so two processes upgrading one file take turns.
+    Foreign keys are off while migrating (batch mode re-creates tables, and dropping a referenced
+    table would fail or cascade) and checked before committing.
+    """
+    if connection.dialect.name != "sqlite":
+        with connection.begin():
+            yield
+        return
+    driver = connection.connection.driver_connection
+    saved_isolation = driver.isolation_level
+    driver.isolation_level = None
+    try:
+        driver.execute("PRAGMA foreign_keys=OFF")  # a no-op inside a transaction: before BEGIN
+        with connection.begin():
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            yield
+            broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise RuntimeError(f"the migration broke foreign keys: {broken[:5]}")
+    finally:
+        driver.execute("PRAGMA foreign_keys=ON")
+        driver.isolation_level = saved_isolation
 
 
 def _adopt_unversioned(connection: sa.Connection, script_dir: str | None = None) -> None:
@@ -202,7 +233,7 @@ def _run(args: argparse.Namespace, script_dir: str | None) -> int:
             upgrade(engine, args.revision, script_dir=script_dir)
             return 0
         if args.command == "downgrade":
-            with engine.begin() as connection:
+            with engine.connect() as connection, _migration_transaction(connection):
                 command.downgrade(alembic_config(connection=connection, script_dir=script_dir), args.revision)
             return 0
         with engine.connect() as connection:

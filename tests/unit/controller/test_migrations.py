@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -126,6 +127,86 @@ def test_a_database_from_before_migrations_that_differs_is_refused(store_url):
         assert "alembic_version" not in _tables(engine)
     finally:
         engine.dispose()
+
+
+def _scripts_with(tmp_path, revision_0002: str) -> str:
+    scripts = tmp_path / "migrations"
+    shutil.copytree(migrate.script_location(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    header = '"""Test revision."""\n\nimport sqlalchemy as sa\nfrom alembic import op\n\n'
+    ids = 'revision = "0002"\ndown_revision = "0001"\nbranch_labels = None\ndepends_on = None\n\n'
+    (scripts / "versions" / "0002_test.py").write_text(header + ids + textwrap.dedent(revision_0002))
+    return str(scripts)
+
+
+def test_a_failed_upgrade_leaves_the_database_as_it_was(store_url, tmp_path):
+    # SQLite included: its DDL would otherwise commit table by table and leave half a schema.
+    scripts = _scripts_with(
+        tmp_path,
+        """
+        def upgrade():
+            op.create_table("partial", sa.Column("id", sa.Integer, primary_key=True))
+            raise RuntimeError("boom")
+
+
+        def downgrade():
+            pass
+        """,
+    )
+    engine = repo.create_engine(store_url)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            migrate.upgrade(engine, script_dir=scripts)
+        assert _tables(engine) == set()  # not even 0001, which ran in the same transaction
+        migrate.upgrade(engine)
+        assert "nodes" in _tables(engine)
+    finally:
+        engine.dispose()
+
+
+def test_a_batch_migration_of_a_referenced_table_keeps_every_row(store_url, tmp_path):
+    # On SQLite, changing a column type re-creates `nodes`, which gpus and health_events reference.
+    scripts = _scripts_with(
+        tmp_path,
+        """
+        def upgrade():
+            with op.batch_alter_table("nodes") as batch:
+                batch.alter_column("hostname", existing_type=sa.String(253), type_=sa.String(512))
+                batch.add_column(sa.Column("rack", sa.String(64), nullable=False, server_default=""))
+
+
+        def downgrade():
+            with op.batch_alter_table("nodes") as batch:
+                batch.drop_column("rack")
+                batch.alter_column("hostname", existing_type=sa.String(512), type_=sa.String(253))
+        """,
+    )
+    store = repo.Store.open(store_url)
+    try:
+        store.register_hello(_hello(), 100)
+        store.append_events("node-1", [repo.StoredEvent("node-1", 1, 1, 1, 1, 3, "", None, "m", "kmsg", {})])
+        migrate.upgrade(store.engine, script_dir=scripts)
+        with store.engine.connect() as connection:
+            assert migrate.current_revision(connection) == "0002"
+            assert connection.scalar(sa.text("SELECT rack FROM nodes WHERE node_id = 'node-1'")) == ""
+            if connection.dialect.name == "sqlite":
+                assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        (node,) = store.list_nodes()
+        assert [g.record.uuid for g in node.gpus] == [_hello().gpus[0].uuid]
+        assert store.count_events() == 1
+        # The foreign keys still hold after the copy.
+        with pytest.raises(sa.exc.IntegrityError):
+            _insert_orphan_gpu(store.engine)
+    finally:
+        store.close()
+
+
+def _insert_orphan_gpu(engine: sa.Engine) -> None:
+    gpus = schema.Base.metadata.tables["gpus"]
+    values = {c.name: 0 for c in gpus.columns if isinstance(c.type, sa.Integer | sa.Float)}
+    values |= {c.name: "" for c in gpus.columns if isinstance(c.type, sa.String)}
+    values |= {"uuid": "GPU-orphan", "node_id": "ghost", "labels": {}, "power_smoothing_supported": False}
+    with engine.begin() as connection:
+        connection.execute(sa.insert(gpus).values(values))
 
 
 def test_replicas_starting_together_migrate_one_after_the_other(store_url):
