@@ -243,3 +243,28 @@ def test_a_url_that_does_not_parse_is_named_without_its_password():
     assert "s3cr3t" not in str(raised.value)
     assert "rasd:***@host" in str(raised.value)
     assert repo.redact_url("postgresql+psycopg://rasd:s3cr3t@host:notaport/rasd") == "<invalid url>"
+
+
+def test_remediation_ids_built_from_real_node_names_fit(store, request):
+    # correlate builds "<node>/<gpu uuid>/<fault key>/<seq>" and escalation adds "@<n>": 80+ characters
+    # for an ordinary FQDN, in String(64) columns. SQLite ignores VARCHAR lengths; PostgreSQL refuses.
+    if store.engine.dialect.name == "postgresql":
+        request.applymarker(
+            pytest.mark.xfail(
+                raises=sa.exc.DataError,
+                strict=True,
+                reason="incident_id/ticket_id are String(64): widen them in schema.py with a migration",
+            )
+        )
+    from rasd.controller.store import remediation
+
+    node = "gpu-node-0001.cluster.example.com"
+    incident_id = f"{node}/GPU-12345678-1234-1234-1234-123456789abc/xid:79/12345"
+    remediation.RemediationStore(store.engine).commit(
+        remediation.Commit(
+            now_unix_ns=1,
+            incidents=[{"incident_id": incident_id, "node_id": node, "cause": "xid:79"}],
+            tickets=[{"ticket_id": f"{incident_id}@1", "node_id": node, "incident_id": incident_id, "state": "open"}],
+        )
+    )
+    assert [i["incident_id"] for i in remediation.RemediationStore(store.engine).incidents()] == [incident_id]
