@@ -111,15 +111,18 @@ def upgrade(engine: sa.Engine, revision: str = "head", *, script_dir: str | None
 def _migration_transaction(connection: sa.Connection) -> Iterator[None]:
     """One transaction around a whole migration, DDL included; rolled back entirely on failure.
 
-    PostgreSQL: a plain transaction (DDL is transactional). SQLite: pysqlite opens transactions
-    only before DML, so CREATE TABLEs would commit one by one and a failed upgrade would leave half a
-    schema. Here the driver's implicit transactions are switched off and the migration runs inside
-    BEGIN IMMEDIATE, which also takes the write lock, so two processes upgrading one file take turns.
+    PostgreSQL: a plain transaction (DDL is transactional) holding the migration advisory lock.
+    SQLite: pysqlite opens transactions only before DML, so CREATE TABLEs would commit one by one and
+    a failed upgrade would leave half a schema. Here the driver's implicit transactions are switched
+    off and the migration runs inside BEGIN IMMEDIATE, which also takes the write lock, so two
+    processes upgrading one file take turns.
     Foreign keys are off while migrating (batch mode re-creates tables, and dropping a referenced
     table would fail or cascade) and checked before committing.
     """
     if connection.dialect.name != "sqlite":
         with connection.begin():
+            if connection.dialect.name == "postgresql":  # env.py takes it too; held here before adopting
+                connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
             yield
         return
     driver = connection.connection.driver_connection
