@@ -1,7 +1,8 @@
 """rasctl: the operator CLI. Each subcommand is one AdminService call rendered as a table or JSON.
 
 The controller address comes from --controller or $RASD_CONTROLLER (default 127.0.0.1:7443).
-Exit codes: 0 success, 1 the controller answered with an error, 2 usage error, 3 unreachable.
+Targets are written NODE or NODE/GPU-UUID. Exit codes: 0 success, 1 the controller answered with
+an error, 2 usage error, 3 unreachable.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 import grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.cli import output, views
+from rasd.cli import remediation_views as rviews
 from rasd.common import VERSION, net
 
 EXIT_RPC_ERROR = 1
@@ -26,7 +28,7 @@ EXIT_UNREACHABLE = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """rasctl's command line."""
+    """The command line of rasctl."""
     parser = argparse.ArgumentParser(prog="rasctl", description="Operate a rasd-managed GPU fleet.")
     parser.add_argument(
         "--controller",
@@ -37,18 +39,60 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rasctl {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    nodes = commands.add_parser("nodes", help="the fleet: nodes, GPUs, state, last seen, power draw and cap")
-    nodes.add_argument("--json", action="store_true", help="machine-readable output")
+    def command(name: str, help_text: str, *, json: bool = True) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        if json:
+            sub.add_argument("--json", action="store_true", help="machine-readable output")
+        return sub
+
+    nodes = command("nodes", "the fleet: nodes, GPUs, state, last seen, power draw and cap")
     nodes.add_argument("-l", "--selector", action="append", default=[], metavar="KEY=VALUE", help="label filter")
-
-    node = commands.add_parser("node", help="one node: GPUs, telemetry and recent events")
-    node.add_argument("node_id")
-    node.add_argument("--json", action="store_true", help="machine-readable output")
-
-    events = commands.add_parser("events", help="stored health events, newest first")
-    events.add_argument("--node", default="", help="only this node")
+    command("node", "one node: GPUs, telemetry, ladder position with reasons, quarantines, events").add_argument(
+        "node_id"
+    )
+    events = command("events", "stored health events, newest first")
+    events.add_argument("--node", default="")
     events.add_argument("--limit", type=int, default=50)
-    events.add_argument("--json", action="store_true", help="machine-readable output")
+    incidents = command("incidents", "correlated incidents, newest first")
+    incidents.add_argument("--node", default="")
+    incidents.add_argument("--open", action="store_true", help="only open incidents")
+    repairs = command("repairs", "repair tickets: state, rung and why")
+    repairs.add_argument("--node", default="")
+    repairs.add_argument("--open", action="store_true", help="only open tickets")
+    quarantine = command("quarantine", "take NODE or NODE/GPU out of scheduling", json=False)
+    quarantine.add_argument("target", metavar="NODE[/GPU]")
+    quarantine.add_argument("--reason", required=True)
+    release = command(
+        "release", "return NODE or NODE/GPU to service (needs a passing validation, or --force)", json=False
+    )
+    release.add_argument("target", metavar="NODE[/GPU]")
+    release.add_argument("--reason", default="operator release")
+    release.add_argument("--force", action="store_true", help="release without validation (audited)")
+    validate = command("validate", "run a validation suite on NODE or NODE/GPU", json=False)
+    validate.add_argument("target", metavar="NODE[/GPU]")
+    validate.add_argument("--suite", default="quick", choices=("quick", "accusation", "post-repair"))
+    validate.add_argument("--seed", type=int, default=0)
+    validations = command("validations", "validation runs and verdicts")
+    validations.add_argument("--node", default="")
+    sdc = commands.add_parser("sdc", help="silent data corruption")
+    sdc_commands = sdc.add_subparsers(dest="sdc_command", required=True, metavar="SDC_COMMAND")
+    accuse = sdc_commands.add_parser("accuse", help="accuse NODE/GPU of SDC: quarantine and run the accusation suite")
+    accuse.add_argument("target", metavar="NODE/GPU")
+    accuse.add_argument("--reason", required=True)
+    rma = commands.add_parser("rma", help="RMA tickets")
+    rma_commands = rma.add_subparsers(dest="rma_command", required=True, metavar="RMA_COMMAND")
+    rma_list = rma_commands.add_parser("list", help="RMA tickets")
+    rma_list.add_argument("--pending", action="store_true")
+    rma_list.add_argument("--json", action="store_true")
+    rma_show = rma_commands.add_parser("show", help="one ticket with its evidence bundle (JSON)")
+    rma_show.add_argument("rma_id")
+    rma_approve = rma_commands.add_parser("approve", help="approve a pending ticket")
+    rma_approve.add_argument("rma_id")
+    automation = commands.add_parser("automation", help="pause or resume automated repairs")
+    automation.add_argument("action", choices=("pause", "resume"))
+    automation.add_argument("--reason", default="")
+    audit = command("audit", "who did what, when, to what, why, and how it ended")
+    audit.add_argument("--limit", type=int, default=50)
 
     kmsg = commands.add_parser("kmsg", help="kernel-log tools that need no controller")
     kmsg_commands = kmsg.add_subparsers(dest="kmsg_command", required=True, metavar="KMSG_COMMAND")
@@ -68,6 +112,13 @@ def _selector(pairs: Sequence[str]) -> dict[str, str]:
     return selector
 
 
+def _target(text: str) -> admin_pb.Target:
+    node_id, _, gpu_uuid = text.partition("/")
+    if not node_id:
+        raise ValueError(f"target {text!r} is not NODE or NODE/GPU")
+    return admin_pb.Target(node_id=node_id, gpu_uuid=gpu_uuid)
+
+
 def _channel(address: str) -> grpc.Channel:
     host, _port = net.split_host_port(address)
     if not net.is_loopback_host(host):
@@ -75,6 +126,93 @@ def _channel(address: str) -> grpc.Channel:
             f"refusing plaintext gRPC to non-loopback controller {host!r} (TLS arrives with the security issue)"
         )
     return grpc.insecure_channel(address)
+
+
+def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO) -> None:
+    now = time.time_ns()
+    timeout = args.timeout_s
+    as_json = getattr(args, "json", False)
+
+    def show(messages: Sequence[Any], table: Callable[[list[Any], int, TextIO], None]) -> None:
+        if as_json:
+            output.dump_json([output.message_json(m) for m in messages], out)
+        else:
+            table(list(messages), now, out)
+
+    if args.command == "nodes":
+        response = stub.ListNodes(admin_pb.ListNodesRequest(label_selector=_selector(args.selector)), timeout=timeout)
+        if as_json:
+            output.dump_json(views.nodes_json(list(response.nodes)), out)
+        else:
+            views.nodes_table(list(response.nodes), now, out)
+    elif args.command == "node":
+        detail = stub.GetNode(admin_pb.GetNodeRequest(node_id=args.node_id), timeout=timeout)
+        if as_json:
+            output.dump_json(output.message_json(detail), out)
+        else:
+            views.node_detail(detail, now, out)
+            if detail.quarantines:
+                print("quarantined:", file=out)
+                rviews.quarantines_table(list(detail.quarantines), now, out)
+            if detail.repairs:
+                print("repair ladder:", file=out)
+                rviews.repairs_table(list(detail.repairs), now, out)
+                rviews.repair_history(list(detail.repairs), out)
+    elif args.command == "events":
+        listed = stub.ListEvents(admin_pb.ListEventsRequest(node_id=args.node, limit=args.limit), timeout=timeout)
+        show(listed.events, views.events_table)
+    elif args.command == "incidents":
+        listed = stub.ListIncidents(
+            admin_pb.ListIncidentsRequest(node_id=args.node, open_only=args.open), timeout=timeout
+        )
+        show(listed.incidents, rviews.incidents_table)
+    elif args.command == "repairs":
+        listed = stub.ListRepairs(admin_pb.ListRepairsRequest(node_id=args.node, open_only=args.open), timeout=timeout)
+        show(listed.repairs, rviews.repairs_table)
+    elif args.command == "quarantine":
+        stub.Quarantine(admin_pb.QuarantineRequest(target=_target(args.target), reason=args.reason), timeout=timeout)
+        print(f"quarantined {args.target}", file=out)
+    elif args.command == "release":
+        released, call = stub.Release.with_call(
+            admin_pb.ReleaseRequest(target=_target(args.target), reason=args.reason, force=args.force), timeout=timeout
+        )
+        outcome = dict(call.trailing_metadata() or ()).get("rasd-outcome", "")
+        state = admin_pb.ComponentState.Name(released.state).removeprefix("COMPONENT_STATE_").lower()
+        print(f"{args.target}: {state}" + (f" ({outcome})" if outcome else ""), file=out)
+    elif args.command == "validate":
+        started = stub.Validate(
+            admin_pb.ValidateRequest(target=_target(args.target), suite=args.suite, seed=args.seed), timeout=timeout
+        )
+        print(f"validation {started.validation_id} started on {args.target}; see `rasctl validations`", file=out)
+    elif args.command == "validations":
+        listed = stub.ListValidations(admin_pb.ListValidationsRequest(node_id=args.node), timeout=timeout)
+        show(listed.validations, rviews.validations_table)
+    elif args.command == "sdc":
+        stub.AccuseSdc(
+            admin_pb.AccuseSdcRequest(target=_target(args.target), reason=args.reason, accuser="operator"),
+            timeout=timeout,
+        )
+        print(f"accused {args.target}: quarantined for the accusation suite", file=out)
+    elif args.command == "rma":
+        if args.rma_command == "list":
+            listed = stub.ListRma(admin_pb.ListRmaRequest(pending_only=args.pending), timeout=timeout)
+            show(listed.tickets, rviews.rma_table)
+        elif args.rma_command == "show":
+            output.dump_json(
+                output.message_json(stub.GetRma(admin_pb.GetRmaRequest(rma_id=args.rma_id), timeout=timeout)), out
+            )
+        else:
+            approved = stub.ApproveRma(admin_pb.ApproveRmaRequest(rma_id=args.rma_id), timeout=timeout)
+            print(f"RMA {approved.ticket.rma_id}: {approved.ticket.state}", file=out)
+    elif args.command == "automation":
+        status = stub.SetAutomationPaused(
+            admin_pb.SetAutomationPausedRequest(paused=args.action == "pause", reason=args.reason), timeout=timeout
+        )
+        word = "paused" if status.paused else "running"
+        print(f"automation {word}" + (f": {status.reason}" if status.paused and status.reason else ""), file=out)
+    elif args.command == "audit":
+        listed = stub.ListAudit(admin_pb.ListAuditRequest(limit=args.limit), timeout=timeout)
+        show(listed.records, rviews.audit_table)
 
 
 def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
@@ -88,33 +226,15 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
         return 0
     try:
         channel = _channel(args.controller)
-        selector = _selector(getattr(args, "selector", []))
+        for attribute in ("target",):
+            if hasattr(args, attribute):
+                _target(getattr(args, attribute))
+        _selector(getattr(args, "selector", []))
     except ValueError as exc:
         print(f"rasctl: {exc}", file=err)
         return EXIT_USAGE
-    stub = admin_grpc.AdminServiceStub(channel)
-    now = time.time_ns()
     try:
-        if args.command == "nodes":
-            response = stub.ListNodes(admin_pb.ListNodesRequest(label_selector=selector), timeout=args.timeout_s)
-            if args.json:
-                output.dump_json(views.nodes_json(list(response.nodes)), out)
-            else:
-                views.nodes_table(list(response.nodes), now, out)
-        elif args.command == "node":
-            detail = stub.GetNode(admin_pb.GetNodeRequest(node_id=args.node_id), timeout=args.timeout_s)
-            if args.json:
-                output.dump_json(output.message_json(detail), out)
-            else:
-                views.node_detail(detail, now, out)
-        elif args.command == "events":
-            listed = stub.ListEvents(
-                admin_pb.ListEventsRequest(node_id=args.node, limit=args.limit), timeout=args.timeout_s
-            )
-            if args.json:
-                output.dump_json([output.message_json(e) for e in listed.events], out)
-            else:
-                views.events_table(list(listed.events), now, out)
+        _run_command(args, admin_grpc.AdminServiceStub(channel), out)
     except grpc.RpcError as exc:
         code = exc.code()  # type: ignore[attr-defined]
         print(f"rasctl: {args.command}: {code.name}: {exc.details()}", file=err)  # type: ignore[attr-defined]

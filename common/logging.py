@@ -35,8 +35,22 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
     # Third-party libraries log through stdlib logging; keep them quiet unless debugging.
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr, force=True)
+
+
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is at the moment of writing.
+
+    Binding the stream object at configure time breaks when it is replaced later (pytest's capture
+    closes the one it handed out; a daemon may redirect stderr), and a log call must never raise.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()

@@ -129,6 +129,7 @@ class RemediationService:
         self._deferred: dict[str, actions.Action] = {}
         self._event_times: dict[str, float] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -312,6 +313,173 @@ class RemediationService:
                 await self._dispatch_locked()
             return self.budget
 
+    async def operator_quarantine(self, node_id: str, gpu_uuid: str, *, reason: str, actor: str) -> None:
+        """Take a node or GPU out of scheduling by hand (recorded, audited, through the adapter)."""
+        async with self._lock:
+            now_ns = self._clock()
+            action = (
+                actions.QuarantineGpu(
+                    ticket_id=f"operator/{now_ns}", step=0, node_id=node_id, gpu_uuid=gpu_uuid, reason=reason
+                )
+                if gpu_uuid
+                else actions.QuarantineNode(ticket_id=f"operator/{now_ns}", step=0, node_id=node_id, reason=reason)
+            )
+            await self._run_controller_side(action, source=actor)
+
+    async def operator_release(self, node_id: str, gpu_uuid: str, *, reason: str, force: bool, actor: str) -> str:
+        """Return a node or GPU to service: through its ticket's validation, or by force (audited).
+
+        Returns:
+            What happened, one sentence.
+
+        Raises:
+            LookupError: nothing is quarantined there.
+            PermissionError: no passing validation since the quarantine and force is not set.
+        """
+        async with self._lock:
+            now_ns = self._clock()
+            hold = f"gpu:{gpu_uuid}" if gpu_uuid else "node"
+            state = self.node_states.get(node_id)
+            ticket = next((t for t in (state.tickets if state else ()) if hold in t.held), None)
+            change = rstore.Commit(now_unix_ns=now_ns)
+            change.audit.append(
+                _audit(now_ns, actor, "release", node_id, gpu_uuid, reason, "forced" if force else "requested")
+            )
+            if ticket is not None and state is not None:
+                decision = escalation.operator_release(
+                    state, ticket.ticket_id, now=now_ns / 1e9, policy=self.policy.escalation, force=force
+                )
+                self._close(decision, change, now_ns / 1e9)
+                await self._commit(node_id, decision.state, list(decision.actions), change)
+                await self._dispatch_locked()
+                return decision.reason
+            active = await self.ingest.run_in_store(lambda: self.store.quarantines(node_id=node_id))
+            mine = [q for q in active if q["gpu_uuid"] == gpu_uuid and not q["port"]]
+            if not mine:
+                raise LookupError(f"{node_id}{'/' + gpu_uuid if gpu_uuid else ''} is not quarantined")
+            if not force:
+                since = min(q["since_unix_ns"] for q in mine)
+                runs = await self.ingest.run_in_store(lambda: self.store.validations(node_id=node_id))
+                passed = [
+                    v for v in runs if v["verdict"] == "pass" and (v["finished_unix_ns"] or 0) > since
+                    and (not v["gpu_uuid"] or v["gpu_uuid"] == gpu_uuid)
+                ]  # fmt: skip
+                if not passed:
+                    raise PermissionError(
+                        "no passing validation since the quarantine: run `rasctl validate` or --force"
+                    )
+            change.releases.append(
+                {"node_id": node_id, "gpu_uuid": gpu_uuid, "port": "", "reason": reason, "forced": force}
+            )
+            await self.ingest.run_in_store(self.store.commit, change)
+            if (executor := self._executors.get("release")) is not None:
+                await asyncio.to_thread(
+                    executor,
+                    actions.Release(
+                        ticket_id=f"operator/{now_ns}",
+                        step=0,
+                        node_id=node_id,
+                        gpu_uuid=gpu_uuid,
+                        reason=reason,
+                        forced=force,
+                    ),
+                )
+            return "released" + (" by force, without validation" if force else " after a passing validation")
+
+    async def operator_validate(self, node_id: str, gpu_uuid: str, *, suite: str, seed: int, actor: str) -> str:
+        """Start a validation run on a node or GPU; its verdict is stored when it comes back."""
+        now_ns = self._clock()
+        validation_id = f"manual-{now_ns}"
+        command = commands_pb.Command(
+            command_id=validation_id,
+            issued_unix_ns=now_ns,
+            deadline_unix_ns=now_ns + int(self.policy.escalation.validation_timeout_s * 1e9),
+            reason=f"operator {actor} asked for validation",
+            run_validation=commands_pb.RunValidation(suite=suite, gpu_uuids=[gpu_uuid] if gpu_uuid else [], seed=seed),
+        )
+        if node_id not in self.ingest.sessions:
+            raise ConnectionError(f"node {node_id!r} has no open agent stream")
+        change = rstore.Commit(now_unix_ns=now_ns)
+        change.validations.append(
+            {"validation_id": validation_id, "node_id": node_id, "gpu_uuid": gpu_uuid, "suite": suite,
+             "command_id": validation_id, "verdict": "running", "started_unix_ns": now_ns}
+        )  # fmt: skip
+        change.audit.append(_audit(now_ns, actor, "validate", node_id, gpu_uuid, suite, "started"))
+        await self.ingest.run_in_store(self.store.commit, change)
+
+        async def wait_for_verdict() -> None:
+            try:
+                result = await self.ingest.send_command(
+                    node_id, command, timeout_s=self.policy.escalation.validation_timeout_s
+                )
+                verdict, evidence = (
+                    result.validation_verdict or "error",
+                    {
+                        "message": result.message,
+                        "checks": [
+                            {"check": v.check, "gpu": v.gpu_uuid, "verdict": v.verdict} for v in result.verdicts
+                        ],
+                    },
+                )
+            except (TimeoutError, ConnectionError, LookupError) as exc:
+                verdict, evidence = "error", {"message": str(exc)}
+            done = rstore.Commit(now_unix_ns=self._clock())
+            done.validations.append(
+                {"validation_id": validation_id, "node_id": node_id, "gpu_uuid": gpu_uuid, "suite": suite,
+                 "command_id": validation_id, "verdict": verdict, "evidence": evidence,
+                 "started_unix_ns": now_ns, "finished_unix_ns": done.now_unix_ns}
+            )  # fmt: skip
+            await self.ingest.run_in_store(self.store.commit, done)
+
+        task = asyncio.create_task(wait_for_verdict())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return validation_id
+
+    async def accuse(self, node_id: str, gpu_uuid: str, *, reason: str, accuser: str) -> None:
+        """An SDC accusation (operator or training job): it enters the ladder like any health event."""
+        now_ns = self._clock()
+        event = repo.StoredEvent(
+            node_id=node_id,
+            seq=0,
+            observed_unix_ns=now_ns,
+            received_unix_ns=now_ns,
+            kind=int(health.EventKind.SDC_SUSPECT),
+            severity=int(health.Severity.ERROR),
+            gpu_uuid=gpu_uuid,
+            xid=None,
+            message=reason,
+            source="accusation",
+            attributes={"accuser": accuser},
+        )
+        await self.ingest.run_in_store(
+            self.store.commit,
+            rstore.Commit(
+                now_unix_ns=now_ns, audit=[_audit(now_ns, accuser, "accuse_sdc", node_id, gpu_uuid, reason, "accepted")]
+            ),
+        )
+        await self.on_events(node_id, [event], self.ingest.node_labels.get(node_id, {}))
+
+    async def approve_rma(self, rma_id: str, *, actor: str) -> dict[str, Any] | None:
+        """Approve a pending RMA ticket (audited)."""
+        now_ns = self._clock()
+        approved = await self.ingest.run_in_store(
+            lambda: self.store.approve_rma(rma_id, actor=actor, now_unix_ns=now_ns)
+        )
+        if approved is not None:
+            await self.ingest.run_in_store(
+                self.store.commit,
+                rstore.Commit(
+                    now_unix_ns=now_ns,
+                    audit=[
+                        _audit(
+                            now_ns, actor, "approve_rma", approved["node_id"], approved["gpu_uuid"], rma_id, "approved"
+                        )
+                    ],
+                ),
+            )
+        return approved
+
     # -- internals --------------------------------------------------------------------------------------------
     def _close(self, decision: escalation.Decision, change: rstore.Commit, now: float) -> None:
         for command_id in decision.closed_command_ids:
@@ -433,7 +601,7 @@ class RemediationService:
             )
         return self.ingest.dispatch(action.node_id, command)
 
-    async def _run_controller_side(self, action: actions.Action) -> tuple[int, str]:
+    async def _run_controller_side(self, action: actions.Action, *, source: str = "automation") -> tuple[int, str]:
         """Quarantine, release, RMA, notify, power-cycle: recorded in the store, then the adapter."""
         now_ns = self._clock()
         change = rstore.Commit(now_unix_ns=now_ns)
@@ -446,10 +614,10 @@ class RemediationService:
                     "gpu_uuid": gpu_uuid,
                     "port": port,
                     "reason": action.reason,
-                    "source": "automation",
+                    "source": source,
                 }
             )
-            if isinstance(action, actions.QuarantineNode):
+            if isinstance(action, actions.QuarantineNode) and source == "automation":
                 self.budget = dataclasses.replace(
                     self.budget, quarantined_nodes=tuple(sorted({*self.budget.quarantined_nodes, action.node_id}))
                 )
@@ -494,7 +662,7 @@ class RemediationService:
         change.audit.append(
             _audit(
                 now_ns,
-                "automation",
+                source,
                 action.kind,
                 action.node_id,
                 gpu_uuid,

@@ -97,7 +97,7 @@ class Controller:
             ]
         )
         agent_grpc.add_AgentServiceServicer_to_server(agent_service.AgentService(self.ingest), server)
-        admin_grpc.add_AdminServiceServicer_to_server(admin_service.AdminService(self.ingest), server)
+        admin_grpc.add_AdminServiceServicer_to_server(admin_service.AdminService(self.ingest, self.remediation), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.port = server.add_insecure_port(self.settings.listen)
         if self.port == 0:

@@ -7,6 +7,7 @@ each message is validated and applied on its own.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -237,3 +238,85 @@ def stored_event_to_wire(event: repo.StoredEvent) -> admin_pb.StoredEvent:
     if event.xid is not None:
         health_event.xid = event.xid
     return admin_pb.StoredEvent(node_id=event.node_id, event=health_event, received_unix_ns=event.received_unix_ns)
+
+
+# -- remediation views --------------------------------------------------------------------------------
+def _target(node_id: str, gpu_uuid: str) -> admin_pb.Target:
+    return admin_pb.Target(node_id=node_id, gpu_uuid=gpu_uuid or "")
+
+
+def incident_to_wire(row: dict) -> admin_pb.Incident:
+    """An incident row for rasctl."""
+    data = row.get("data") or {}
+    return admin_pb.Incident(
+        incident_id=row["incident_id"],
+        target=_target(row["node_id"], row["gpu_uuid"]),
+        cause=row["cause"],
+        severity=int(row["severity"]),
+        opened_unix_ns=int(row["opened_unix_ns"]),
+        closed_unix_ns=int(row["closed_unix_ns"] or 0),
+        state=f"{row['state']} ({data.get('event_count', 1)} events)",
+    )
+
+
+def repair_to_wire(row: dict) -> admin_pb.Repair:
+    """A repair ticket row for rasctl; its history lines become steps."""
+    return admin_pb.Repair(
+        ticket_id=row["ticket_id"],
+        target=_target(row["node_id"], row["gpu_uuid"]),
+        incident_id=row["incident_id"],
+        state=row["state"],
+        rung=row["rung"],
+        reason=row["reason"],
+        steps=[admin_pb.RepairStep(reason=str(line)) for line in row.get("steps") or []],
+        opened_unix_ns=int(row["opened_unix_ns"]),
+        updated_unix_ns=int(row["updated_unix_ns"]),
+    )
+
+
+def quarantine_to_wire(row: dict) -> admin_pb.QuarantineRecord:
+    """An active quarantine row."""
+    return admin_pb.QuarantineRecord(
+        target=_target(row["node_id"], row["gpu_uuid"]),
+        port=row["port"],
+        reason=row["reason"],
+        source=row["source"],
+        since_unix_ns=int(row["since_unix_ns"]),
+    )
+
+
+def validation_to_wire(row: dict) -> admin_pb.Validation:
+    """A validation run."""
+    return admin_pb.Validation(
+        validation_id=row["validation_id"],
+        target=_target(row["node_id"], row["gpu_uuid"]),
+        suite=row["suite"],
+        verdict=row["verdict"],
+        started_unix_ns=int(row["started_unix_ns"] or 0),
+        finished_unix_ns=int(row["finished_unix_ns"] or 0),
+        evidence_json=json.dumps(row.get("evidence") or {}, sort_keys=True),
+    )
+
+
+def rma_to_wire(row: dict) -> admin_pb.RmaTicket:
+    """An RMA ticket with its evidence bundle."""
+    return admin_pb.RmaTicket(
+        rma_id=row["rma_id"],
+        target=_target(row["node_id"], row["gpu_uuid"]),
+        state=row["state"],
+        reason=row["reason"],
+        evidence_json=json.dumps(row.get("evidence") or {}, sort_keys=True),
+        opened_unix_ns=int(row["opened_unix_ns"]),
+    )
+
+
+def audit_to_wire(row: dict) -> admin_pb.AuditRecord:
+    """An audit record."""
+    return admin_pb.AuditRecord(
+        at_unix_ns=int(row["at_unix_ns"]),
+        actor=row["actor"],
+        action=row["action"],
+        target=_target(row["node_id"], row["gpu_uuid"]),
+        reason=row["reason"],
+        outcome=row["outcome"],
+    )

@@ -266,6 +266,15 @@ async def _operate(
         if action.at_s >= settings.duration_s:
             continue
         await _at(started_ns, action.at_s, clock)
+        if action.action == "accuse_sdc":
+            agent = agents[action.node % len(agents)]
+            gpu_uuid = agent.backend.inventory()[action.gpu % settings.gpus_per_node].uuid
+            if controller.remediation is not None:
+                await controller.remediation.accuse(
+                    agent.identity.node_id, gpu_uuid, reason=action.reason, accuser="training-job"
+                )
+                log.info("sdc_accused", node=agent.identity.node_id, gpu_uuid=gpu_uuid)
+            continue
         marks.append(clock())
 
         reason = f"scenario operator action at {action.at_s:g} s"

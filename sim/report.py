@@ -81,6 +81,8 @@ EXPECTED_FIRST_ACTION: dict[str, frozenset[str] | None] = {
     "nvlink_crc_storm": frozenset({"reset_gpu"}),
     "ib_link_flap": frozenset({"quarantine_node", "quarantine_port"}),
     "recovery_action": frozenset({"reboot_node"}),
+    # Silent until accused: the accusation suite must fail it and open an RMA.
+    "sdc": frozenset({"open_rma"}),
 }
 REPAIR_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "power_cycle_bmc", "open_rma"})
 """Rungs of the ladder: the first of these after a fault is the action judged (holding a node or GPU
@@ -98,7 +100,7 @@ def judge_remediation(result: SimResult) -> dict[str, Any]:
     """Compare what the controller did for each injected fault with what it should have done."""
     per_fault = []
     for fault in sorted(result.injected, key=lambda f: f.fired.fired_unix_ns):
-        if fault.fired.fault.expected_event_kind is None:
+        if fault.fired.fault.expected_event_kind is None and _fault_key(fault) not in EXPECTED_FIRST_ACTION:
             continue
         gpu = fault.fired.gpu_uuid
         expected = EXPECTED_FIRST_ACTION.get(_fault_key(fault))

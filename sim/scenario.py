@@ -18,7 +18,7 @@ from typing import Any
 from rasd.agent.gpu import simulated
 from rasd.controller.core import policy
 
-OPERATOR_ACTIONS = ("set_power_cap",)
+OPERATOR_ACTIONS = ("set_power_cap", "accuse_sdc")
 
 
 class ScenarioError(ValueError):
@@ -45,11 +45,14 @@ class NodeFault:
 
 @dataclasses.dataclass(frozen=True)
 class OperatorAction:
-    """A scripted operator action (e.g. a fleet-wide power-cap change)."""
+    """A scripted operator action: a fleet-wide power-cap change, or an SDC accusation of one GPU."""
 
     at_s: float
     action: str
-    power_limit_w: int
+    power_limit_w: int = 0
+    node: int = 0
+    gpu: int = 0
+    reason: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,13 +120,24 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
         where = f"operator[{index}]"
         if action.get("action") not in OPERATOR_ACTIONS:
             raise ScenarioError(f"{where}.action: {action.get('action')!r} is not one of {', '.join(OPERATOR_ACTIONS)}")
-        operator.append(
-            OperatorAction(
-                at_s=_number(action, "at_s", where),
-                action=action["action"],
-                power_limit_w=int(_number(action, "power_limit_w", where, minimum=1)),
+        if action["action"] == "set_power_cap":
+            operator.append(
+                OperatorAction(
+                    at_s=_number(action, "at_s", where),
+                    action=action["action"],
+                    power_limit_w=int(_number(action, "power_limit_w", where, minimum=1)),
+                )
             )
-        )
+        else:
+            operator.append(
+                OperatorAction(
+                    at_s=_number(action, "at_s", where),
+                    action=action["action"],
+                    node=int(_number(action, "node", where)),
+                    gpu=int(_number(action, "gpu", where)),
+                    reason=str(action.get("reason", "loss spike")),
+                )
+            )
     try:
         remediation = policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
     except policy.PolicyError as exc:

@@ -1,8 +1,9 @@
 """AdminService servicer: the RPCs rasctl calls. Kept thin: validate, call the service, convert.
 
-RPCs whose capability has not been built yet (repairs, quarantine, validation, power policy,
-RMA, audit) are answered UNIMPLEMENTED by the generated base class, naming nothing that pretends
-to work. Each arrives with its issue.
+RPCs whose capability has not been built yet (power status, budgets and policy) are answered
+UNIMPLEMENTED by the generated base class, naming nothing that pretends to work. Each arrives with
+its issue. Every state-changing call is audited; callers are "operator" until authentication lands
+(issue #7).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import grpc
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.controller import ingest, wire
+from rasd.controller import remediation as remediation_mod
 
 MAX_LIST_LIMIT = 10_000
 
@@ -19,9 +21,193 @@ MAX_LIST_LIMIT = 10_000
 class AdminService(admin_grpc.AdminServiceServicer):
     """Serves the operator API."""
 
-    def __init__(self, service: ingest.Ingest) -> None:
-        """Bind to the ingest service."""
+    def __init__(self, service: ingest.Ingest, remediation: remediation_mod.RemediationService | None = None) -> None:
+        """Bind to the ingest service and (when automation runs) the remediation service."""
         self._ingest = service
+        self._remediation = remediation
+
+    async def _need_remediation(self, context: grpc.aio.ServicerContext) -> remediation_mod.RemediationService:
+        if self._remediation is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "remediation is disabled on this controller")
+        return self._remediation  # type: ignore[return-value]
+
+    async def _known_target(self, target: admin_pb.Target, context: grpc.aio.ServicerContext) -> None:
+        if not target.node_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.node_id: required")
+        nodes = {n.node_id: n for n in await self._ingest.list_nodes()}
+        node = nodes.get(target.node_id)
+        if node is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"target.node_id: {target.node_id!r} never connected")
+        if target.gpu_uuid and target.gpu_uuid not in {g.record.uuid for g in node.gpus}:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"target.gpu_uuid: {target.gpu_uuid!r} is not a GPU of {target.node_id}"
+            )
+
+    async def ListIncidents(
+        self, request: admin_pb.ListIncidentsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ListIncidentsResponse:
+        """Incidents, newest first."""
+        service = await self._need_remediation(context)
+        rows = await self._ingest.run_in_store(
+            lambda: service.store.incidents(
+                node_id=request.node_id, open_only=request.open_only, limit=request.limit or 100
+            )
+        )
+        return admin_pb.ListIncidentsResponse(incidents=[wire.incident_to_wire(r) for r in rows])
+
+    async def ListRepairs(
+        self, request: admin_pb.ListRepairsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ListRepairsResponse:
+        """Repair tickets, most recently updated first."""
+        service = await self._need_remediation(context)
+        rows = await self._ingest.run_in_store(
+            lambda: service.store.tickets(
+                node_id=request.node_id, open_only=request.open_only, limit=request.limit or 100
+            )
+        )
+        return admin_pb.ListRepairsResponse(repairs=[wire.repair_to_wire(r) for r in rows])
+
+    async def Quarantine(
+        self, request: admin_pb.QuarantineRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.QuarantineResponse:
+        """Take a node or GPU out of scheduling by hand."""
+        service = await self._need_remediation(context)
+        await self._known_target(request.target, context)
+        if not request.reason:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason: required (it goes to the audit log)")
+        active = await self._ingest.run_in_store(lambda: service.store.quarantines(node_id=request.target.node_id))
+        if any(q["gpu_uuid"] == request.target.gpu_uuid and not q["port"] for q in active):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "target: already quarantined")
+        await service.operator_quarantine(
+            request.target.node_id, request.target.gpu_uuid, reason=request.reason, actor="operator"
+        )
+        return admin_pb.QuarantineResponse(target=request.target, state=admin_pb.COMPONENT_STATE_QUARANTINED)
+
+    async def Release(
+        self, request: admin_pb.ReleaseRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ReleaseResponse:
+        """Return a node or GPU to service: after a passing validation, or by force (audited)."""
+        service = await self._need_remediation(context)
+        await self._known_target(request.target, context)
+        try:
+            outcome = await service.operator_release(
+                request.target.node_id,
+                request.target.gpu_uuid,
+                reason=request.reason or "operator release",
+                force=request.force,
+                actor="operator",
+            )
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"target: {exc}")
+        except PermissionError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        context.set_trailing_metadata((("rasd-outcome", outcome),))
+        state = (
+            admin_pb.COMPONENT_STATE_HEALTHY
+            if request.force or "released" in outcome
+            else admin_pb.COMPONENT_STATE_VALIDATING
+        )
+        return admin_pb.ReleaseResponse(target=request.target, state=state)
+
+    async def Validate(
+        self, request: admin_pb.ValidateRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ValidateResponse:
+        """Start a validation run; rasctl validations shows its verdict."""
+        service = await self._need_remediation(context)
+        await self._known_target(request.target, context)
+        if request.suite not in ("quick", "accusation", "post-repair"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "suite: one of quick, accusation, post-repair")
+        try:
+            validation_id = await service.operator_validate(
+                request.target.node_id,
+                request.target.gpu_uuid,
+                suite=request.suite,
+                seed=request.seed,
+                actor="operator",
+            )
+        except ConnectionError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return admin_pb.ValidateResponse(validation_id=validation_id, command_id=validation_id)
+
+    async def AccuseSdc(
+        self, request: admin_pb.AccuseSdcRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.AccuseSdcResponse:
+        """A GPU is accused of silent data corruption: quarantine it and run the accusation suite."""
+        service = await self._need_remediation(context)
+        await self._known_target(request.target, context)
+        if not request.target.gpu_uuid:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.gpu_uuid: an accusation names one GPU")
+        await service.accuse(
+            request.target.node_id,
+            request.target.gpu_uuid,
+            reason=request.reason or "SDC accusation",
+            accuser=request.accuser or "operator",
+        )
+        return admin_pb.AccuseSdcResponse()
+
+    async def ListValidations(
+        self, request: admin_pb.ListValidationsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ListValidationsResponse:
+        """Validation runs, newest first."""
+        service = await self._need_remediation(context)
+        rows = await self._ingest.run_in_store(
+            lambda: service.store.validations(node_id=request.node_id, limit=request.limit or 100)
+        )
+        return admin_pb.ListValidationsResponse(validations=[wire.validation_to_wire(r) for r in rows])
+
+    async def ListRma(
+        self, request: admin_pb.ListRmaRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ListRmaResponse:
+        """RMA tickets."""
+        service = await self._need_remediation(context)
+        rows = await self._ingest.run_in_store(lambda: service.store.rmas(pending_only=request.pending_only))
+        return admin_pb.ListRmaResponse(tickets=[wire.rma_to_wire(r) for r in rows])
+
+    async def GetRma(
+        self, request: admin_pb.GetRmaRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.GetRmaResponse:
+        """One RMA ticket with its evidence bundle."""
+        service = await self._need_remediation(context)
+        rows = await self._ingest.run_in_store(lambda: service.store.rmas())
+        row = next((r for r in rows if r["rma_id"] == request.rma_id), None)
+        if row is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"rma_id: {request.rma_id!r} unknown")
+        return admin_pb.GetRmaResponse(ticket=wire.rma_to_wire(row))
+
+    async def ApproveRma(
+        self, request: admin_pb.ApproveRmaRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ApproveRmaResponse:
+        """Approve a pending RMA ticket."""
+        service = await self._need_remediation(context)
+        try:
+            row = await service.approve_rma(request.rma_id, actor="operator")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if row is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"rma_id: {request.rma_id!r} unknown")
+        return admin_pb.ApproveRmaResponse(ticket=wire.rma_to_wire(row))
+
+    async def SetAutomationPaused(
+        self, request: admin_pb.SetAutomationPausedRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.AutomationStatus:
+        """Pause automation, or resume it (which also resets a tripped circuit breaker)."""
+        service = await self._need_remediation(context)
+        budget = await service.set_paused(request.paused, reason=request.reason or "operator", actor="operator")
+        return admin_pb.AutomationStatus(
+            paused=budget.paused or budget.breaker_tripped,
+            breaker_tripped=budget.breaker_tripped,
+            reason=budget.breaker_reason or budget.pause_reason,
+        )
+
+    async def ListAudit(
+        self, request: admin_pb.ListAuditRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ListAuditResponse:
+        """Audit records, newest first."""
+        service = await self._need_remediation(context)
+        rows = await self._ingest.run_in_store(
+            lambda: service.store.audit(since_unix_ns=request.since_unix_ns, limit=request.limit or 100)
+        )
+        return admin_pb.ListAuditResponse(records=[wire.audit_to_wire(r) for r in rows])
 
     async def ListNodes(
         self, request: admin_pb.ListNodesRequest, context: grpc.aio.ServicerContext
@@ -40,10 +226,17 @@ class AdminService(admin_grpc.AdminServiceServicer):
         if not nodes:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"node_id: {request.node_id!r} never connected")
         events = await self._ingest.list_events(node_id=request.node_id, since_unix_ns=0, limit=50)
-        return admin_pb.GetNodeResponse(
+        response = admin_pb.GetNodeResponse(
             node=wire.node_status_to_wire(nodes[0]),
             recent_events=[wire.stored_event_to_wire(e) for e in events],
         )
+        if self._remediation is not None:
+            store = self._remediation.store
+            tickets = await self._ingest.run_in_store(lambda: store.tickets(node_id=request.node_id, limit=20))
+            quarantines = await self._ingest.run_in_store(lambda: store.quarantines(node_id=request.node_id))
+            response.repairs.extend(wire.repair_to_wire(t) for t in tickets)
+            response.quarantines.extend(wire.quarantine_to_wire(q) for q in quarantines)
+        return response
 
     async def ListEvents(
         self, request: admin_pb.ListEventsRequest, context: grpc.aio.ServicerContext

@@ -154,7 +154,7 @@ class CommandRow(Base):
     command_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     node_id: Mapped[str] = mapped_column(String(253), index=True)
     gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
-    ticket_id: Mapped[str] = mapped_column(String(64), default="", index=True)
+    ticket_id: Mapped[str] = mapped_column(String(512), default="", index=True)
     kind: Mapped[str] = mapped_column(String(32))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), index=True, default="pending")
@@ -170,7 +170,7 @@ class IncidentRow(Base):
 
     __tablename__ = "incidents"
 
-    incident_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    incident_id: Mapped[str] = mapped_column(String(512), primary_key=True)
     node_id: Mapped[str] = mapped_column(String(253), index=True)
     gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
     cause: Mapped[str] = mapped_column(String(128))
@@ -187,10 +187,10 @@ class RepairTicketRow(Base):
 
     __tablename__ = "repair_tickets"
 
-    ticket_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    ticket_id: Mapped[str] = mapped_column(String(512), primary_key=True)
     node_id: Mapped[str] = mapped_column(String(253), index=True)
     gpu_uuid: Mapped[str] = mapped_column(String(96), default="")
-    incident_id: Mapped[str] = mapped_column(String(64), default="")
+    incident_id: Mapped[str] = mapped_column(String(512), default="")
     state: Mapped[str] = mapped_column(String(32), index=True)
     rung: Mapped[str] = mapped_column(String(32), default="")
     purpose: Mapped[str] = mapped_column(String(32), default="")

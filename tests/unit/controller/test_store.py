@@ -245,17 +245,9 @@ def test_a_url_that_does_not_parse_is_named_without_its_password():
     assert repo.redact_url("postgresql+psycopg://rasd:s3cr3t@host:notaport/rasd") == "<invalid url>"
 
 
-def test_remediation_ids_built_from_real_node_names_fit(store, request):
+def test_remediation_ids_built_from_real_node_names_fit(store):
     # correlate builds "<node>/<gpu uuid>/<fault key>/<seq>" and escalation adds "@<n>": 80+ characters
-    # for an ordinary FQDN, in String(64) columns. SQLite ignores VARCHAR lengths; PostgreSQL refuses.
-    if store.engine.dialect.name == "postgresql":
-        request.applymarker(
-            pytest.mark.xfail(
-                raises=sa.exc.DataError,
-                strict=True,
-                reason="incident_id/ticket_id are String(64): widen them in schema.py with a migration",
-            )
-        )
+    # for an ordinary FQDN. SQLite ignores VARCHAR lengths; PostgreSQL refuses what does not fit.
     from rasd.controller.store import remediation
 
     node = "gpu-node-0001.cluster.example.com"

@@ -42,7 +42,7 @@ def upgrade() -> None:
         sa.Column("command_id", sa.String(length=64), nullable=False),
         sa.Column("node_id", sa.String(length=253), nullable=False),
         sa.Column("gpu_uuid", sa.String(length=96), nullable=False),
-        sa.Column("ticket_id", sa.String(length=64), nullable=False),
+        sa.Column("ticket_id", sa.String(length=512), nullable=False),
         sa.Column("kind", sa.String(length=32), nullable=False),
         sa.Column("payload", sa.JSON(), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
@@ -65,7 +65,7 @@ def upgrade() -> None:
     )
     op.create_table(
         "incidents",
-        sa.Column("incident_id", sa.String(length=64), nullable=False),
+        sa.Column("incident_id", sa.String(length=512), nullable=False),
         sa.Column("node_id", sa.String(length=253), nullable=False),
         sa.Column("gpu_uuid", sa.String(length=96), nullable=False),
         sa.Column("cause", sa.String(length=128), nullable=False),
@@ -120,10 +120,10 @@ def upgrade() -> None:
     )
     op.create_table(
         "repair_tickets",
-        sa.Column("ticket_id", sa.String(length=64), nullable=False),
+        sa.Column("ticket_id", sa.String(length=512), nullable=False),
         sa.Column("node_id", sa.String(length=253), nullable=False),
         sa.Column("gpu_uuid", sa.String(length=96), nullable=False),
-        sa.Column("incident_id", sa.String(length=64), nullable=False),
+        sa.Column("incident_id", sa.String(length=512), nullable=False),
         sa.Column("state", sa.String(length=32), nullable=False),
         sa.Column("rung", sa.String(length=32), nullable=False),
         sa.Column("purpose", sa.String(length=32), nullable=False),

@@ -122,12 +122,30 @@ class GetNodeRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ...) -> None: ...
 
 class GetNodeResponse(_message.Message):
-    __slots__ = ("node", "recent_events")
+    __slots__ = ("node", "recent_events", "repairs", "quarantines")
     NODE_FIELD_NUMBER: _ClassVar[int]
     RECENT_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINES_FIELD_NUMBER: _ClassVar[int]
     node: NodeStatus
     recent_events: _containers.RepeatedCompositeFieldContainer[StoredEvent]
-    def __init__(self, node: _Optional[_Union[NodeStatus, _Mapping]] = ..., recent_events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ...) -> None: ...
+    repairs: _containers.RepeatedCompositeFieldContainer[Repair]
+    quarantines: _containers.RepeatedCompositeFieldContainer[QuarantineRecord]
+    def __init__(self, node: _Optional[_Union[NodeStatus, _Mapping]] = ..., recent_events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ..., repairs: _Optional[_Iterable[_Union[Repair, _Mapping]]] = ..., quarantines: _Optional[_Iterable[_Union[QuarantineRecord, _Mapping]]] = ...) -> None: ...
+
+class QuarantineRecord(_message.Message):
+    __slots__ = ("target", "port", "reason", "source", "since_unix_ns")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    port: str
+    reason: str
+    source: str
+    since_unix_ns: int
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., port: _Optional[str] = ..., reason: _Optional[str] = ..., source: _Optional[str] = ..., since_unix_ns: _Optional[int] = ...) -> None: ...
 
 class StoredEvent(_message.Message):
     __slots__ = ("node_id", "event", "received_unix_ns")
