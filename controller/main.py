@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pathlib
 import signal
 import sys
+import tomllib
 from collections.abc import Sequence
+from typing import Any
 
 from rasd.common import VERSION, net
 from rasd.common import logging as rasd_logging
-from rasd.controller import server
+from rasd.controller import bmc, quarantine, server
+from rasd.controller.core import policy
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,9 +34,37 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve plaintext gRPC; allowed only on a loopback address (TLS arrives with the security issue)",
     )
+    parser.add_argument(
+        "--config",
+        type=pathlib.Path,
+        help="controller.toml with [remediation], [quarantine] and [bmc] tables (see controller/packaging/)",
+    )
+    parser.add_argument("--no-remediation", action="store_true", help="record health events only; never act on them")
     parser.add_argument("--log-level", default="info", help="debug|info|warning|error (default %(default)s)")
     parser.add_argument("--version", action="version", version=f"rasd-controller {VERSION}")
     return parser
+
+
+def load_config(path: pathlib.Path) -> dict[str, Any]:
+    """Read and validate controller.toml; every error names the offending key.
+
+    Returns:
+        remediation_policy (a RemediationPolicy), quarantine (table), bmc (table or absent).
+    """
+    data = tomllib.loads(path.read_text())
+    unknown = set(data) - {"remediation", "quarantine", "bmc"}
+    if unknown:
+        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: remediation, quarantine, bmc)")
+    config: dict[str, Any] = {
+        "remediation_policy": policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
+    }
+    quarantine_table = data.get("quarantine", {})
+    quarantine.open_quarantine(quarantine_table).close()  # validates the table (names the bad key)
+    config["quarantine"] = quarantine_table
+    if "bmc" in data:
+        bmc.BmcSettings.from_mapping(data["bmc"])
+        config["bmc"] = data["bmc"]
+    return config
 
 
 async def _serve(settings: server.ControllerSettings) -> int:
@@ -63,12 +95,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--listen: refusing plaintext gRPC on non-loopback address {host!r}")
     if not -1 <= args.metrics_port <= 65535:
         parser.error(f"--metrics-port: {args.metrics_port} is not a port")
+    try:
+        config = load_config(args.config) if args.config else {}
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+        parser.error(f"--config {args.config}: {exc}")
     rasd_logging.configure(args.log_level)
     settings = server.ControllerSettings(
         listen=args.listen,
         db_url=args.db,
         metrics_port=None if args.metrics_port == -1 else args.metrics_port,
         metrics_addr=args.metrics_addr,
+        remediation=not args.no_remediation,
+        remediation_policy=config.get("remediation_policy", policy.RemediationPolicy()),
+        quarantine=config.get("quarantine", {}),
+        bmc=config.get("bmc"),
     )
     try:
         return asyncio.run(_serve(settings))

@@ -60,6 +60,46 @@ class ControllerMetrics:
             registry=registry,
         )
 
+        self.incidents = Counter(
+            "rasd_incidents",
+            "New incidents, by cause (fault key) and component.",
+            ["cause", "component"],
+            registry=registry,
+        )
+        self.remediation_actions = Counter(
+            "rasd_remediation_actions",
+            "Remediation actions that finished, by kind (ladder rung or executor) and outcome.",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.time_to_detect_seconds = Histogram(
+            "rasd_time_to_detect_seconds",
+            "From the agent observing a health event to the controller storing it.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=registry,
+        )
+        self.time_to_first_action_seconds = Histogram(
+            "rasd_time_to_first_action_seconds",
+            "From a health event stored to the first command it caused being dispatched.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30),
+            registry=registry,
+        )
+        self.time_to_repair_seconds = Histogram(
+            "rasd_time_to_repair_seconds",
+            "From a repair ticket opening to its parts returning to service after validation.",
+            buckets=(1, 10, 60, 300, 900, 1800, 3600, 7200, 21600, 86400),
+            registry=registry,
+        )
+        self.breaker_tripped = Gauge(
+            "rasd_breaker_tripped", "1 while the circuit breaker holds all automation.", registry=registry
+        )
+        self.automation_paused = Gauge(
+            "rasd_automation_paused", "1 while an operator has paused automation.", registry=registry
+        )
+        self.quarantined = Gauge(
+            "rasd_quarantined", "Active quarantines, by scope (node, gpu, port).", ["scope"], registry=registry
+        )
+
     def rejected(self, field: str) -> None:
         """Count a rejected message under its field with list indices stripped (bounded labels)."""
         self.wire_rejections.labels(field=_INDEX_RE.sub("[]", field)).inc()

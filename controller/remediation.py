@@ -130,6 +130,9 @@ class RemediationService:
         self._event_times: dict[str, float] = {}
         self._ticker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._kinds: dict[str, str] = {}
+        self._unanswered: dict[str, actions.Action] = {}
+        """Agent commands dispatched and not yet answered, re-sent when their node reconnects."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -145,15 +148,34 @@ class RemediationService:
             action = actions.from_dict(record.payload)
             if record.status == "pending":
                 self._deferred[record.command_id] = action
-        resend = [r for r in unfinished if r.status == "dispatched"]
+        resend = [r for r in unfinished if r.status == "dispatched" and r.kind in AGENT_KINDS]
+        # Controller-side actions that were dispatched but whose outcome never got committed: carry
+        # them out again now. Their executors are idempotent (a repeated quarantine is a no-op that
+        # says so), so "at least once" here is "exactly once" in effect.
+        redo = [
+            actions.from_dict(r.payload) for r in unfinished if r.status == "dispatched" and r.kind not in AGENT_KINDS
+        ]
         self._ticker = asyncio.create_task(self._tick_forever(), name="rasd-remediation-tick")
+        self._export_budget()
+        await self._export_quarantines()
+        for record in resend:
+            self._unanswered[record.command_id] = actions.from_dict(record.payload)
+        async with self._lock:
+            for action in redo:
+                await self._execute(action, rstore.Commit(now_unix_ns=self._clock()))
+        # Events stored before a crash but never run through the ladder: run them now, in order.
+        backlog = await self.ingest.run_in_store(self.store.unprocessed_events)
+        for node_id, (labels, events) in backlog.items():
+            log.info("remediation_replaying_events", node=node_id, events=len(events))
+            await self.on_events(node_id, events, labels)
         log.info(
             "remediation_started",
             nodes_with_state=len(self.node_states),
             pending=len(self._deferred),
             dispatched_unanswered=len(resend),
+            controller_side_redone=len(redo),
+            nodes_replayed=len(backlog),
         )
-        self._resend = resend
 
     async def stop(self) -> None:
         """Stop the tick loop (state is already durable)."""
@@ -162,9 +184,13 @@ class RemediationService:
             await asyncio.gather(self._ticker, return_exceptions=True)
 
     async def node_connected(self, node_id: str) -> None:
-        """Re-send commands dispatched to this node before a restart or disconnect (same ids)."""
-        for record in [r for r in getattr(self, "_resend", []) if r.node_id == node_id]:
-            self._send(actions.from_dict(record.payload))
+        """Re-send this node's dispatched, unanswered commands (same ids: the agent never runs one twice).
+
+        A command can be lost with a stream (or with a controller that died after dispatching it);
+        the agent answers a repeat from its journal.
+        """
+        for action in [a for a in self._unanswered.values() if a.node_id == node_id]:
+            self._send(action)
 
     # -- inbound ---------------------------------------------------------------------------------------
     async def on_events(self, node_id: str, events: Sequence[repo.StoredEvent], labels: Mapping[str, str]) -> None:
@@ -176,6 +202,7 @@ class RemediationService:
             now = now_ns / 1e9
             state = self.node_states.get(node_id) or escalation.RemediationState(node_id)
             corr = self.correlation
+            metrics = self.ingest.metrics
             new_actions: list[actions.Action] = []
             change = rstore.Commit(now_unix_ns=now_ns)
             for stored in events:
@@ -184,8 +211,16 @@ class RemediationService:
                 corr = result.correlation.state
                 state = result.decision.state
                 self.stats.events += 1
+                metrics.time_to_detect_seconds.observe(
+                    max(0.0, (stored.received_unix_ns - stored.observed_unix_ns) / 1e9)
+                )
                 if result.correlation.incident is not None:
                     change.incidents.append(_incident_row(result.correlation.incident, now_ns))
+                    if result.correlation.outcome is correlate.Outcome.NEW:
+                        metrics.incidents.labels(
+                            cause=result.correlation.incident.fault_key,
+                            component=str(result.correlation.incident.classification.component.value),
+                        ).inc()
                 if result.decision.actions:
                     self.stats.decisions += 1
                     for action in result.decision.actions:
@@ -200,6 +235,9 @@ class RemediationService:
                     )
                 self._close(result.decision, change, now)
             change.docs["correlation"] = corr.to_dict()
+            consumed = [e.seq for e in events if e.seq > 0]
+            if consumed:
+                change.processed_seq[node_id] = max(consumed)
             await self._commit(node_id, state, new_actions, change)
             self.correlation = corr
             await self._dispatch_locked()
@@ -261,6 +299,15 @@ class RemediationService:
             )
         self.budget = blast_radius.complete(self.budget, result.command_id, now=now_ns / 1e9)
         self._close(decision, change, now_ns / 1e9)
+        kind = self._kinds.pop(result.command_id, "unknown")
+        self._unanswered.pop(result.command_id, None)
+        self.ingest.metrics.remediation_actions.labels(
+            kind=kind, outcome=commands_pb.ActionOutcome.Name(result.outcome).removeprefix("ACTION_OUTCOME_").lower()
+        ).inc()
+        for action in decision.actions:
+            ticket = decision.state.ticket(action.ticket_id)
+            if isinstance(action, actions.Release) and ticket is not None and not action.forced:
+                self.ingest.metrics.time_to_repair_seconds.observe(max(0.0, now_ns / 1e9 - ticket.opened_at))
         log.info(
             "remediation_result",
             node=node_id,
@@ -306,6 +353,7 @@ class RemediationService:
             else:
                 self.budget = blast_radius.resume(self.budget, now=now_ns / 1e9, policy=self.policy.disruption)
             change = rstore.Commit(now_unix_ns=now_ns)
+            self._export_budget()
             change.docs["budget"] = self.budget.to_dict()
             change.audit.append(_audit(now_ns, actor, "pause" if paused else "resume", "", "", reason, "ok"))
             await self.ingest.run_in_store(self.store.commit, change)
@@ -372,6 +420,7 @@ class RemediationService:
                 {"node_id": node_id, "gpu_uuid": gpu_uuid, "port": "", "reason": reason, "forced": force}
             )
             await self.ingest.run_in_store(self.store.commit, change)
+            await self._export_quarantines()
             if (executor := self._executors.get("release")) is not None:
                 await asyncio.to_thread(
                     executor,
@@ -529,6 +578,7 @@ class RemediationService:
         )
         admission = blast_radius.admit(self.budget, proposed, fleet_view, now=now, policy=self.policy.disruption)
         self.budget = admission.state
+        self._export_budget()
         self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
         change = rstore.Commit(now_unix_ns=now_ns)
         touched: dict[str, escalation.RemediationState] = {}
@@ -553,6 +603,8 @@ class RemediationService:
             started = self._event_times.pop(action.command_id, None)
             if started is not None:
                 self.stats.decision_latency_s.append(max(0.0, now - started))
+                self.ingest.metrics.time_to_first_action_seconds.observe(max(0.0, now - started))
+            self._kinds[action.command_id] = action.kind
         for node_id, state in touched.items():
             change.node_states[node_id] = state.to_dict()
         change.docs["budget"] = self.budget.to_dict()
@@ -565,6 +617,7 @@ class RemediationService:
 
     async def _execute(self, action: actions.Action, change: rstore.Commit) -> None:
         if action.kind in AGENT_KINDS:
+            self._unanswered[action.command_id] = action
             if not self._send(action):
                 # No stream: the command stays dispatched; the ladder's timeout climbs if the node
                 # never comes back, and a reconnect re-sends it with the same id.
@@ -672,7 +725,21 @@ class RemediationService:
         )
         change.docs["budget"] = self.budget.to_dict()
         await self.ingest.run_in_store(self.store.commit, change)
+        if change.quarantines or change.releases:
+            await self._export_quarantines()
         return outcome, message
+
+    def _export_budget(self) -> None:
+        self.ingest.metrics.breaker_tripped.set(1 if self.budget.breaker_tripped else 0)
+        self.ingest.metrics.automation_paused.set(1 if self.budget.paused else 0)
+
+    async def _export_quarantines(self) -> None:
+        active = await self.ingest.run_in_store(self.store.quarantines)
+        counts = {"node": 0, "gpu": 0, "port": 0}
+        for row in active:
+            counts["port" if row["port"] else "gpu" if row["gpu_uuid"] else "node"] += 1
+        for scope, count in counts.items():
+            self.ingest.metrics.quarantined.labels(scope=scope).set(count)
 
 
 def _audit(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import grpc
 import structlog
@@ -16,10 +18,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import ingest, metrics
+from rasd.controller import bmc, ingest, metrics, quarantine
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
 from rasd.controller.rpc import admin_service, agent_service
+from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
 log = structlog.get_logger("rasd.controller")
@@ -47,6 +50,10 @@ class ControllerSettings:
     """Run the repair ladder on incoming health events (False: record events only)."""
     remediation_policy: policy_mod.RemediationPolicy = dataclasses.field(default_factory=policy_mod.RemediationPolicy)
     """Classification, correlation, ladder and disruption-budget settings."""
+    quarantine: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The `[quarantine]` table: adapter ("record", "kubernetes", "slurm") and its settings."""
+    bmc: Mapping[str, Any] | None = None
+    """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
 
 
 class Controller:
@@ -68,8 +75,13 @@ class Controller:
         )
         self.remediation: remediation_mod.RemediationService | None = None
         if settings.remediation:
+            adapter = quarantine.open_quarantine(settings.quarantine)
+            executors = dict(quarantine.executors(adapter))
+            if settings.bmc is not None:
+                journal = rstore.StoredJournal(rstore.RemediationStore(self.store.engine), "bmc_journal")
+                executors.update(bmc.executors(bmc.open_power_cycler(settings.bmc, journal)))
             self.remediation = remediation_mod.RemediationService(
-                self.store, self.ingest, policy=settings.remediation_policy
+                self.store, self.ingest, policy=settings.remediation_policy, executors=executors
             )
             self.ingest.events_hook = self.remediation.on_events
             self.ingest.command_result_hook = self.remediation.on_result

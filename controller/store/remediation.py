@@ -11,14 +11,15 @@ ones are still awaited, and finished ones are never sent again.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from rasd.controller.core import fleet
-from rasd.controller.store import schema
+from rasd.controller.store import repo, schema
 
 # Command statuses: pending → dispatched → a final one; or cancelled before dispatch.
 FINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "refused", "not_supported", "dry_run", "cancelled"})
@@ -47,6 +48,8 @@ class Commit:
     """Everything one decision changes, written in one transaction."""
 
     now_unix_ns: int
+    processed_seq: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Node → highest event seq this decision has consumed (the replay watermark, same transaction)."""
     node_states: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     docs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     new_commands: list[CommandRecord] = dataclasses.field(default_factory=list)
@@ -99,7 +102,16 @@ class RemediationStore:
         """Write a decision's changes atomically; returns the command ids that were new."""
         fresh: list[str] = []
         with self._sessions.begin() as session:
+            for node_id, seq in change.processed_seq.items():
+                node = session.get(schema.NodeRow, node_id)
+                epoch = int(node.spool_epoch or 0) if node is not None else 0
+                change.node_states.setdefault(node_id, dict(self._current_state(session, node_id)))
+                change.node_states[node_id] = {**change.node_states[node_id], WATERMARK: {"epoch": epoch, "seq": seq}}
             for node_id, state in change.node_states.items():
+                if WATERMARK not in state:
+                    # Decisions on results and ticks do not consume events: keep the watermark.
+                    previous = self._current_state(session, node_id).get(WATERMARK)
+                    state = {**state, WATERMARK: previous} if previous else state
                 _upsert(
                     session,
                     schema.RemediationStateRow,
@@ -153,6 +165,36 @@ class RemediationStore:
                 session.add(schema.AuditRow(**record))
         return fresh
 
+    def unprocessed_events(self) -> dict[str, tuple[dict[str, str], list[repo.StoredEvent]]]:
+        """Per node: its labels and the stored events remediation has not consumed yet, in seq order.
+
+        Events are stored and acked before remediation runs; a controller that dies in between
+        replays them from here at start-up, so no stored event is ever skipped by the ladder.
+        """
+        out: dict[str, tuple[dict[str, str], list[repo.StoredEvent]]] = {}
+        with self._sessions() as session:
+            for node in session.scalars(sa.select(schema.NodeRow)):
+                mark = self._current_state(session, node.node_id).get(WATERMARK) or {"epoch": -1, "seq": 0}
+                epoch = int(node.spool_epoch or 0)
+                after = int(mark["seq"]) if int(mark["epoch"]) == epoch else 0
+                rows = session.scalars(
+                    sa.select(schema.HealthEventRow)
+                    .where(
+                        schema.HealthEventRow.node_id == node.node_id,
+                        schema.HealthEventRow.spool_epoch == epoch,
+                        schema.HealthEventRow.seq > after,
+                    )
+                    .order_by(schema.HealthEventRow.seq)
+                ).all()
+                if rows:
+                    out[node.node_id] = (dict(node.labels or {}), [_stored_event(r) for r in rows])
+        return out
+
+    @staticmethod
+    def _current_state(session: Session, node_id: str) -> Mapping[str, Any]:
+        row = session.get(schema.RemediationStateRow, node_id)
+        return row.state if row is not None else {}
+
     # -- operator views ----------------------------------------------------------------------------------
     def incidents(self, *, node_id: str = "", open_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
         """Incidents, newest first."""
@@ -204,6 +246,26 @@ class RemediationStore:
             if condition is not None:
                 query = query.where(condition)
             return [_as_dict(row) for row in session.scalars(query.order_by(order.desc()).limit(limit))]
+
+
+WATERMARK = "_processed"
+"""Key of the replay watermark inside a node's remediation-state document."""
+
+
+def _stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
+    return repo.StoredEvent(
+        node_id=row.node_id,
+        seq=row.seq,
+        observed_unix_ns=row.observed_unix_ns,
+        received_unix_ns=row.received_unix_ns,
+        kind=row.kind,
+        severity=row.severity,
+        gpu_uuid=row.gpu_uuid,
+        xid=row.xid,
+        message=row.message,
+        source=row.source,
+        attributes=dict(row.attributes or {}),
+    )
 
 
 def _as_dict(row: Any) -> dict[str, Any]:
@@ -265,3 +327,38 @@ def _release(session: Session, r: Mapping[str, Any], now_unix_ns: int) -> None:
         row.forced = bool(r.get("forced", False))
     if not r.get("port"):
         _set_state(session, r["node_id"], r.get("gpu_uuid", ""), fleet.ComponentState.HEALTHY)
+
+
+class StoredJournal(MutableMapping[str, str]):
+    """A small string map kept as one controller_states document (the BMC power-cycle journal).
+
+    Every write commits at once: the journal records "about to power-cycle" *before* the BMC is
+    asked, so that a controller restart never cycles the same node twice for one ticket.
+    """
+
+    def __init__(self, store: RemediationStore, name: str) -> None:
+        """Back the map by the document called name."""
+        self._store = store
+        self._name = name
+        self._data: dict[str, str] = dict(store.load_doc(name) or {})
+
+    def __getitem__(self, key: str) -> str:
+        return self._data[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self._data[key] = value
+        self._save()
+
+    def __delitem__(self, key: str) -> None:
+        del self._data[key]
+        self._save()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(self._data))
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def _save(self) -> None:
+        now = time.time_ns()
+        self._store.commit(Commit(now_unix_ns=now, docs={self._name: dict(self._data)}))

@@ -1,0 +1,152 @@
+"""A controller killed at any step of a repair ladder resumes it: no command lost, none run twice.
+
+A real controller (gRPC on loopback, store on SQLite and on PostgreSQL) and one agent with simulated
+GPUs and real (simulated) repairs. An Xid 48 on a GPU walks the ladder: quarantine the GPU, reset it,
+validate, release. The controller "dies" at its Nth store commit, either just before the commit
+(the transaction never happens) or just after it (nothing after it in memory happens). A new
+controller then starts on the same database and port; the agent reconnects. Every case must end
+with the GPU back in service, every outbox command final, and the agent having executed each
+command id at most once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import pytest
+
+from rasd.agent import actions as agent_actions
+from rasd.agent import node_ops, runtime, spool
+from rasd.agent.gpu import simulated
+from rasd.controller import server
+from rasd.controller.store import remediation as rstore
+
+pytestmark = pytest.mark.slow
+
+LADDER_COMMITS = 9  # commits the happy path takes for one Xid 48 (events, dispatch, results, ...)
+
+
+class Crash(Exception):
+    """Stands in for SIGKILL at one commit."""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _until(predicate, timeout_s=20.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+async def _run_ladder(store_url: str, tmp_path, crash_at: int | None, when: str):
+    port = _free_port()
+    settings = server.ControllerSettings(listen=f"127.0.0.1:{port}", db_url=store_url, metrics_port=None)
+    backend = simulated.SimulatedBackend("node-d", 2, 0, workload=simulated.StepWorkload())
+    ops = node_ops.SimulatedNodeOps(backend)
+    journal = spool.Spool(str(tmp_path / "agent-spool.db"))
+    agent = runtime.Agent(
+        runtime.NodeIdentity("node-d", "boot", "node-d", {"rack": "r1"}),
+        backend,
+        journal,
+        runtime.LinkSettings(
+            controller_address=f"127.0.0.1:{port}", reconnect_initial_s=0.05, reconnect_max_s=0.2,
+            telemetry_send_interval_ms=200,
+        ),
+        ops=ops,
+        action_settings=agent_actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
+    )  # fmt: skip
+    executed: list[str] = []
+    original_execute = agent._executor.execute
+
+    def counting_execute(command):
+        result = original_execute(command)
+        if not result.replayed:
+            executed.append(command.command_id)
+        return result
+
+    agent._executor.execute = counting_execute
+
+    commits = {"n": 0}
+    dead = {"now": False}
+    original_commit = rstore.RemediationStore.commit
+
+    def crashing_commit(self, change):
+        if dead["now"]:
+            raise Crash("the process is gone: nothing it does reaches the database")
+        commits["n"] += 1
+        if crash_at is not None and commits["n"] == crash_at:
+            dead["now"] = True
+            if when == "before":
+                raise Crash(f"killed before commit {crash_at}")
+            original_commit(self, change)
+            raise Crash(f"killed after commit {crash_at}")
+        return original_commit(self, change)
+
+    rstore.RemediationStore.commit = crashing_commit
+    controller = server.Controller(settings)
+    stop = asyncio.Event()
+    agent_task = None
+    try:
+        await controller.start()
+        agent_task = asyncio.create_task(agent.run(stop))
+        await _until(lambda: "node-d" in controller.ingest.sessions)
+        backend.fire(simulated.ScriptedFault(at_s=0, kind="xid", gpu=0, xid=48), backend._epoch_ns or 0)
+
+        def finished(c: server.Controller) -> bool:
+            state = c.remediation.node_states.get("node-d") if c.remediation else None
+            if not (state and state.tickets and all(t.state.value == "watching" for t in state.tickets)):
+                return False
+            # The release is decided with the WATCHING state and carried out right after it.
+            return all(r.status in rstore.FINAL_STATUSES for r in c.remediation.store.commands())
+
+        with contextlib.suppress(AssertionError):
+            await _until(lambda: finished(controller) or commits["n"] >= (crash_at or 10**9), timeout_s=20)
+        if crash_at is not None and commits["n"] >= crash_at:
+            # The process died: nothing of it survives but the database. Start a new one.
+            await asyncio.sleep(0.2)
+            await controller.stop()
+            rstore.RemediationStore.commit = original_commit
+            controller = server.Controller(settings)
+            await controller.start()
+        await _until(lambda: finished(controller), timeout_s=30)
+        outbox = await controller.ingest.run_in_store(controller.remediation.store.commands)
+        quarantined = await controller.ingest.run_in_store(controller.remediation.store.quarantines)
+        return executed, outbox, quarantined
+    finally:
+        rstore.RemediationStore.commit = original_commit
+        stop.set()
+        if agent_task is not None:
+            await agent_task
+        await controller.stop()
+        journal.close()
+
+
+def test_the_ladder_completes_without_a_crash(store_url, tmp_path):
+    executed, outbox, quarantined = asyncio.run(_run_ladder(store_url, tmp_path, None, "before"))
+    kinds = sorted(c.kind for c in outbox)
+    assert kinds == ["quarantine_gpu", "release", "reset_gpu", "run_validation"]
+    assert all(c.status in rstore.FINAL_STATUSES for c in outbox)
+    assert quarantined == []
+    assert len(executed) == len(set(executed)) == sum(1 for c in outbox if c.kind in ("reset_gpu", "run_validation"))
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("crash_at", range(1, LADDER_COMMITS + 1))
+def test_a_crash_at_any_commit_loses_and_repeats_nothing(store_url, tmp_path, crash_at, when):
+    executed, outbox, quarantined = asyncio.run(_run_ladder(store_url, tmp_path, crash_at, when))
+    ids = [c.command_id for c in outbox]
+    assert len(ids) == len(set(ids)), "no command decided twice"
+    assert all(c.status in rstore.FINAL_STATUSES for c in outbox), [(c.kind, c.status) for c in outbox]
+    assert len(executed) == len(set(executed)), f"a command ran twice on the node: {executed}"
+    assert {c.kind for c in outbox} >= {"quarantine_gpu", "reset_gpu", "run_validation", "release"}
+    assert quarantined == [], "the GPU is back in service"
+    print(f"\ncrash {when} commit {crash_at}: commands {len(ids)}, executed on node {len(executed)}, duplicates 0")
