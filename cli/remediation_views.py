@@ -65,11 +65,13 @@ def validations_table(runs: list[admin_pb.Validation], now: int, out: TextIO) ->
 
 
 def rma_table(tickets: list[admin_pb.RmaTicket], now: int, out: TextIO) -> None:
-    """RMA tickets."""
+    """RMA tickets; pending ones in technician order (capacity returned per hour first)."""
     rows = [
-        [t.rma_id, target_text(t.target), t.state, output.age(now, t.opened_unix_ns), t.reason[:60]] for t in tickets
-    ]
-    output.table(["RMA", "TARGET", "STATE", "OPENED", "REASON"], rows, out)
+        [t.rma_id, target_text(t.target), t.state, f"{t.gpus_per_technician_hour:.2f}" if t.state == "pending" else "-",
+         output.age(now, t.opened_unix_ns), t.reason[:50]]
+        for t in tickets
+    ]  # fmt: skip
+    output.table(["RMA", "TARGET", "STATE", "GPUS/H", "OPENED", "REASON"], rows, out)
 
 
 def audit_table(records: list[admin_pb.AuditRecord], now: int, out: TextIO) -> None:

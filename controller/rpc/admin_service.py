@@ -14,6 +14,7 @@ from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.controller import ingest, wire
 from rasd.controller import remediation as remediation_mod
+from rasd.controller.core import repair_queue
 
 MAX_LIST_LIMIT = 10_000
 
@@ -161,7 +162,23 @@ class AdminService(admin_grpc.AdminServiceServicer):
         """RMA tickets."""
         service = await self._need_remediation(context)
         rows = await self._ingest.run_in_store(lambda: service.store.rmas(pending_only=request.pending_only))
-        return admin_pb.ListRmaResponse(tickets=[wire.rma_to_wire(r) for r in rows])
+        quarantined = await self._ingest.run_in_store(service.store.quarantines)
+        items = repair_queue.build_items(
+            [r for r in rows if r["state"] == "pending"],
+            node_gpu_counts={r["node_id"]: len(self._ingest.node_gpus(r["node_id"])) or 8 for r in rows},
+            quarantined_nodes={q["node_id"] for q in quarantined if not q["gpu_uuid"] and not q["port"]},
+        )
+        by_id = {r["rma_id"]: r for r in rows}
+        ordered = [(by_id[i.ticket_id], i) for i in repair_queue.order(items)]
+        ordered += [(r, None) for r in rows if r["state"] != "pending"]
+        tickets = []
+        for row, item in ordered:
+            ticket = wire.rma_to_wire(row)
+            if item is not None:
+                ticket.gpus_per_technician_hour = item.gpus_per_hour
+                ticket.gpus_returned = item.gpus_returned
+            tickets.append(ticket)
+        return admin_pb.ListRmaResponse(tickets=tickets)
 
     async def GetRma(
         self, request: admin_pb.GetRmaRequest, context: grpc.aio.ServicerContext

@@ -434,20 +434,24 @@ class SetPowerPolicyResponse(_message.Message):
     def __init__(self, policy_toml: _Optional[str] = ...) -> None: ...
 
 class RmaTicket(_message.Message):
-    __slots__ = ("rma_id", "target", "state", "reason", "evidence_json", "opened_unix_ns")
+    __slots__ = ("rma_id", "target", "state", "reason", "evidence_json", "opened_unix_ns", "gpus_per_technician_hour", "gpus_returned")
     RMA_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
     OPENED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_TECHNICIAN_HOUR_FIELD_NUMBER: _ClassVar[int]
+    GPUS_RETURNED_FIELD_NUMBER: _ClassVar[int]
     rma_id: str
     target: Target
     state: str
     reason: str
     evidence_json: str
     opened_unix_ns: int
-    def __init__(self, rma_id: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., evidence_json: _Optional[str] = ..., opened_unix_ns: _Optional[int] = ...) -> None: ...
+    gpus_per_technician_hour: float
+    gpus_returned: int
+    def __init__(self, rma_id: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., evidence_json: _Optional[str] = ..., opened_unix_ns: _Optional[int] = ..., gpus_per_technician_hour: _Optional[float] = ..., gpus_returned: _Optional[int] = ...) -> None: ...
 
 class ListRmaRequest(_message.Message):
     __slots__ = ("pending_only",)
