@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 demo: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,plots]'
 	$(BIN)/rasd-sim --scenario demo --nodes 8 --gpus-per-node 8 --duration-s 30 --seed 7 --out demo-out
 
 test: $(STAMP)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from rasd.common import VERSION
 from rasd.common import logging as rasd_logging
-from rasd.sim import fleet, report, scenario
+from rasd.sim import fleet, plots, report, scenario
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     built = report.build(result)
     json_path = args.report or args.out / "report.json"
     report.write(built, json_path, json_path.with_suffix(".md"))
+    if plots.available():
+        plots.power_png(result, args.out / "power.png")
+        plots.incidents_png(result, built, args.out / "incidents.png")
+        print(f"rasd-sim: wrote {args.out / 'power.png'} and {args.out / 'incidents.png'}")
+    else:
+        print("rasd-sim: pictures skipped: install the extra rasd[plots] (matplotlib)")
     print(f"\n{report.markdown(built)}")
     print(f"rasd-sim: wrote {json_path} and {json_path.with_suffix('.md')}")
     complete = (
