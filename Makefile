@@ -16,8 +16,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# The demo also draws its pictures: matplotlib comes with the plots extra.
+$(VENV)/.installed-plots: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,plots]'
+	touch $@
+
+demo: $(VENV)/.installed-plots
 	$(BIN)/rasd-sim --scenario demo --nodes 8 --gpus-per-node 8 --duration-s 30 --seed 7 --out demo-out
 
 test: $(STAMP)
