@@ -42,6 +42,8 @@ from rasd.controller.store import repo
 
 log = structlog.get_logger("rasd.controller")
 
+MAX_GROUP_EVENTS = 512
+"""Upper bound on the stored events decided together in one transaction."""
 AGENT_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "run_validation"})
 _OUTCOME_STATUS = {
     commands_pb.ACTION_OUTCOME_SUCCEEDED: "succeeded",
@@ -132,6 +134,8 @@ class RemediationService:
         self._background: set[asyncio.Task[None]] = set()
         self._kinds: dict[str, str] = {}
         self._unanswered: dict[str, actions.Action] = {}
+        self._inbox: list[tuple[str, list[repo.StoredEvent], dict[str, str], asyncio.Future[None]]] = []
+        self._decider: asyncio.Task[None] | None = None
         """Agent commands dispatched and not yet answered, re-sent when their node reconnects."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -194,17 +198,47 @@ class RemediationService:
 
     # -- inbound ---------------------------------------------------------------------------------------
     async def on_events(self, node_id: str, events: Sequence[repo.StoredEvent], labels: Mapping[str, str]) -> None:
-        """Run newly stored events through the core, commit, dispatch."""
+        """Run newly stored events through the core, commit, dispatch; returns once they are decided.
+
+        Calls from many streams are grouped: whatever is waiting when the decider is free is decided
+        together and committed in one transaction (group commit), so a burst costs one correlation
+        snapshot and one commit per group instead of per event.
+        """
         if not events:
             return
-        async with self._lock:
-            now_ns = self._clock()
-            now = now_ns / 1e9
-            state = self.node_states.get(node_id) or escalation.RemediationState(node_id)
-            corr = self.correlation
-            metrics = self.ingest.metrics
-            new_actions: list[actions.Action] = []
-            change = rstore.Commit(now_unix_ns=now_ns)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inbox.append((node_id, list(events), dict(labels), future))
+        if self._decider is None or self._decider.done():
+            self._decider = asyncio.create_task(self._decide_waiting(), name="rasd-remediation-decider")
+        await future
+
+    async def _decide_waiting(self) -> None:
+        while self._inbox:
+            group, self._inbox = self._inbox[:MAX_GROUP_EVENTS], self._inbox[MAX_GROUP_EVENTS:]
+            try:
+                async with self._lock:
+                    await self._decide_group(group)
+            except Exception as exc:  # the callers' streams see it; nothing of the group was committed
+                for *_, future in group:
+                    if not future.done():
+                        future.set_exception(exc)
+            else:
+                for *_, future in group:
+                    if not future.done():
+                        future.set_result(None)
+
+    async def _decide_group(
+        self, group: list[tuple[str, list[repo.StoredEvent], dict[str, str], asyncio.Future[None]]]
+    ) -> None:
+        now_ns = self._clock()
+        now = now_ns / 1e9
+        corr = self.correlation
+        metrics = self.ingest.metrics
+        states: dict[str, escalation.RemediationState] = {}
+        new_actions: list[actions.Action] = []
+        change = rstore.Commit(now_unix_ns=now_ns)
+        for node_id, events, labels, _future in group:
+            state = states.get(node_id) or self.node_states.get(node_id) or escalation.RemediationState(node_id)
             for stored in events:
                 event = health_event(stored, nvlink_domain=labels.get("nvlink_domain", ""))
                 result = escalation.handle_event(corr, state, event, now=now, catalog=self.catalog, policy=self.policy)
@@ -234,13 +268,15 @@ class RemediationService:
                         reason=result.decision.reason,
                     )
                 self._close(result.decision, change, now)
-            change.docs["correlation"] = corr.to_dict()
+            states[node_id] = state
             consumed = [e.seq for e in events if e.seq > 0]
             if consumed:
-                change.processed_seq[node_id] = max(consumed)
-            await self._commit(node_id, state, new_actions, change)
-            self.correlation = corr
-            await self._dispatch_locked()
+                change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
+        if corr is not self.correlation:
+            change.docs["correlation"] = corr.to_dict()
+        await self._commit_states(states, new_actions, change)
+        self.correlation = corr
+        await self._dispatch_locked()
 
     async def on_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
         """A command's result from an agent (or a controller-side executor): advance the ladder."""
@@ -540,8 +576,18 @@ class RemediationService:
     async def _commit(
         self, node_id: str, state: escalation.RemediationState, new_actions: list[actions.Action], change: rstore.Commit
     ) -> None:
-        change.node_states[node_id] = state.to_dict()
-        change.tickets.extend(_ticket_row(t, change.now_unix_ns) for t in state.tickets)
+        await self._commit_states({node_id: state}, new_actions, change)
+
+    async def _commit_states(
+        self,
+        states: Mapping[str, escalation.RemediationState],
+        new_actions: list[actions.Action],
+        change: rstore.Commit,
+    ) -> None:
+        """Commit the nodes' new ladder states, projections and the new outbox rows in one transaction."""
+        for node_id, state in states.items():
+            change.node_states[node_id] = state.to_dict()
+            change.tickets.extend(_ticket_row(t, change.now_unix_ns) for t in state.tickets)
         for action in new_actions:
             change.new_commands.append(
                 rstore.CommandRecord(
@@ -561,7 +607,7 @@ class RemediationService:
             )
         change.docs["budget"] = self.budget.to_dict()
         fresh = set(await self.ingest.run_in_store(self.store.commit, change))
-        self.node_states[node_id] = state
+        self.node_states.update(states)
         for action in new_actions:
             if action.command_id in fresh:
                 self._deferred[action.command_id] = action

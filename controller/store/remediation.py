@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -99,58 +99,64 @@ class RemediationStore:
 
     # -- the one write path ------------------------------------------------------------------------------
     def commit(self, change: Commit) -> list[str]:
-        """Write a decision's changes atomically; returns the command ids that were new."""
+        """Write a decision's changes atomically; returns the command ids that were new.
+
+        Upserts are single INSERT ... ON CONFLICT DO UPDATE statements (executemany), never a read
+        followed by a write: a group of hundreds of events commits in a handful of statements.
+        """
         fresh: list[str] = []
+        now = change.now_unix_ns
         with self._sessions.begin() as session:
-            for node_id, seq in change.processed_seq.items():
-                node = session.get(schema.NodeRow, node_id)
-                epoch = int(node.spool_epoch or 0) if node is not None else 0
-                change.node_states.setdefault(node_id, dict(self._current_state(session, node_id)))
-                change.node_states[node_id] = {**change.node_states[node_id], WATERMARK: {"epoch": epoch, "seq": seq}}
-            for node_id, state in change.node_states.items():
-                if WATERMARK not in state:
-                    # Decisions on results and ticks do not consume events: keep the watermark.
-                    previous = self._current_state(session, node_id).get(WATERMARK)
-                    state = {**state, WATERMARK: previous} if previous else state
-                _upsert(
-                    session,
-                    schema.RemediationStateRow,
-                    {"node_id": node_id},
-                    state=state,
-                    updated_unix_ns=change.now_unix_ns,
+            if change.processed_seq:
+                epochs = dict(
+                    session.execute(
+                        sa.select(schema.NodeRow.node_id, schema.NodeRow.spool_epoch).where(
+                            schema.NodeRow.node_id.in_(list(change.processed_seq))
+                        )
+                    ).all()
                 )
-            for name, doc in change.docs.items():
-                _upsert(
-                    session, schema.ControllerStateRow, {"name": name}, state=doc, updated_unix_ns=change.now_unix_ns
+                for node_id, seq in change.processed_seq.items():
+                    change.docs[WATERMARK_PREFIX + node_id] = {"epoch": int(epochs.get(node_id) or 0), "seq": seq}
+            _upsert_many(
+                session,
+                schema.RemediationStateRow,
+                "node_id",
+                [{"node_id": n, "state": s, "updated_unix_ns": now} for n, s in change.node_states.items()],
+            )
+            _upsert_many(
+                session,
+                schema.ControllerStateRow,
+                "name",
+                [{"name": n, "state": d, "updated_unix_ns": now} for n, d in change.docs.items()],
+            )
+            if change.new_commands:
+                ids = [r.command_id for r in change.new_commands]
+                existing = set(
+                    session.scalars(
+                        sa.select(schema.CommandRow.command_id).where(schema.CommandRow.command_id.in_(ids))
+                    )
                 )
-            for record in change.new_commands:
-                if session.get(schema.CommandRow, record.command_id) is not None:
-                    continue  # a replayed decision: the command exists and keeps its status
-                session.add(schema.CommandRow(**dataclasses.asdict(record)))
-                fresh.append(record.command_id)
+                for record in change.new_commands:
+                    if record.command_id in existing:
+                        continue  # a replayed decision: the command exists and keeps its status
+                    existing.add(record.command_id)
+                    session.add(schema.CommandRow(**dataclasses.asdict(record)))
+                    fresh.append(record.command_id)
             for command_id, values in change.command_updates:
-                row = session.get(schema.CommandRow, command_id)
-                if row is not None and row.status not in FINAL_STATUSES:
-                    for key, value in values.items():
-                        setattr(row, key, value)
-            for incident in change.incidents:
-                _upsert(
-                    session,
-                    schema.IncidentRow,
-                    {"incident_id": incident["incident_id"]},
-                    **{k: v for k, v in incident.items() if k != "incident_id"},
+                session.execute(
+                    sa.update(schema.CommandRow.__table__)
+                    .where(
+                        schema.CommandRow.__table__.c.command_id == command_id,
+                        schema.CommandRow.__table__.c.status.not_in(list(FINAL_STATUSES)),
+                    )
+                    .values(**values)
                 )
-            for ticket in change.tickets:
-                _upsert(
-                    session,
-                    schema.RepairTicketRow,
-                    {"ticket_id": ticket["ticket_id"]},
-                    **{k: v for k, v in ticket.items() if k != "ticket_id"},
-                )
+            _upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
+            _upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
             for quarantine in change.quarantines:
-                _quarantine(session, quarantine, change.now_unix_ns)
+                _quarantine(session, quarantine, now)
             for release in change.releases:
-                _release(session, release, change.now_unix_ns)
+                _release(session, release, now)
             for rma in change.rmas:
                 if session.get(schema.RmaTicketRow, rma["rma_id"]) is None:
                     session.add(schema.RmaTicketRow(**rma))
@@ -173,8 +179,16 @@ class RemediationStore:
         """
         out: dict[str, tuple[dict[str, str], list[repo.StoredEvent]]] = {}
         with self._sessions() as session:
+            marks = {
+                row.name.removeprefix(WATERMARK_PREFIX): row.state
+                for row in session.scalars(
+                    sa.select(schema.ControllerStateRow).where(
+                        schema.ControllerStateRow.name.startswith(WATERMARK_PREFIX)
+                    )
+                )
+            }
             for node in session.scalars(sa.select(schema.NodeRow)):
-                mark = self._current_state(session, node.node_id).get(WATERMARK) or {"epoch": -1, "seq": 0}
+                mark = marks.get(node.node_id) or {"epoch": -1, "seq": 0}
                 epoch = int(node.spool_epoch or 0)
                 after = int(mark["seq"]) if int(mark["epoch"]) == epoch else 0
                 rows = session.scalars(
@@ -189,11 +203,6 @@ class RemediationStore:
                 if rows:
                     out[node.node_id] = (dict(node.labels or {}), [_stored_event(r) for r in rows])
         return out
-
-    @staticmethod
-    def _current_state(session: Session, node_id: str) -> Mapping[str, Any]:
-        row = session.get(schema.RemediationStateRow, node_id)
-        return row.state if row is not None else {}
 
     # -- operator views ----------------------------------------------------------------------------------
     def incidents(self, *, node_id: str = "", open_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
@@ -248,8 +257,8 @@ class RemediationStore:
             return [_as_dict(row) for row in session.scalars(query.order_by(order.desc()).limit(limit))]
 
 
-WATERMARK = "_processed"
-"""Key of the replay watermark inside a node's remediation-state document."""
+WATERMARK_PREFIX = "watermark/"
+"""controller_states name prefix of each node's replay watermark: the last event seq the ladder consumed."""
 
 
 def _stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
@@ -270,6 +279,35 @@ def _stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
 
 def _as_dict(row: Any) -> dict[str, Any]:
     return {column.key: getattr(row, column.key) for column in sa.inspect(row).mapper.column_attrs}
+
+
+def _last_per_key(rows: Sequence[Mapping[str, Any]], key: str) -> list[dict[str, Any]]:
+    """One row per key (the last wins), so an executemany upsert never hits one key twice."""
+    return list({row[key]: dict(row) for row in rows}.values())
+
+
+def _upsert_many(session: Session, table_cls: Any, key: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """INSERT ... ON CONFLICT (key) DO UPDATE for rows of identical shape, in one executemany."""
+    if not rows:
+        return
+    table = table_cls.__table__
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    elif dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:  # any other SQLAlchemy backend: read, then write
+        for row in rows:
+            _upsert(session, table_cls, {key: row[key]}, **{k: v for k, v in row.items() if k != key})
+        return
+    statement = insert(table)
+    columns = [name for name in rows[0] if name != key]
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[key], set_={name: statement.excluded[name] for name in columns}
+        ),
+        [dict(row) for row in rows],
+    )
 
 
 def _command(row: schema.CommandRow) -> CommandRecord:
