@@ -459,7 +459,7 @@ async def measure(
                 await rig.ingest.run_in_store(store_profiler.disable)
                 store_profiler.dump_stats(f"{args.profile}.store")
             heavy.doc_bytes = {
-                "correlation": len(json.dumps(rig.service.correlation.to_dict())),
+                "correlation": len(json.dumps(rig.service.correlation.to_dict())),  # in memory; stored per scope
                 "budget": len(json.dumps(rig.service.budget.to_dict())),
                 "open incidents": len(rig.service.correlation.open_incidents()),
             }

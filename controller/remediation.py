@@ -143,9 +143,9 @@ class RemediationService:
         """Load durable state, resume the outbox, start the tick loop."""
         node_docs = await self.ingest.run_in_store(self.store.load_node_states)
         self.node_states = {n: escalation.RemediationState.from_dict(d) for n, d in node_docs.items()}
-        corr = await self.ingest.run_in_store(self.store.load_doc, "correlation")
+        corr_docs = await self.ingest.run_in_store(self.store.load_docs, CORRELATION_PREFIX)
         budget = await self.ingest.run_in_store(self.store.load_doc, "budget")
-        self.correlation = correlate.CorrelationState.from_dict(corr) if corr else correlate.CorrelationState()
+        self.correlation = correlation_from_docs(corr_docs)
         self.budget = blast_radius.BudgetState.from_dict(budget) if budget else blast_radius.BudgetState()
         unfinished = await self.ingest.run_in_store(lambda: self.store.commands(statuses=("pending", "dispatched")))
         for record in unfinished:
@@ -272,8 +272,7 @@ class RemediationService:
             consumed = [e.seq for e in events if e.seq > 0]
             if consumed:
                 change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
-        if corr is not self.correlation:
-            change.docs["correlation"] = corr.to_dict()
+        change.docs.update(correlation_docs(self.correlation, corr))
         await self._commit_states(states, new_actions, change)
         self.correlation = corr
         await self._dispatch_locked()
@@ -786,6 +785,53 @@ class RemediationService:
             counts["port" if row["port"] else "gpu" if row["gpu_uuid"] else "node"] += 1
         for scope, count in counts.items():
             self.ingest.metrics.quarantined.labels(scope=scope).set(count)
+
+
+CORRELATION_PREFIX = "correlation/"
+"""controller_states names of the correlation state: one document per scope ("correlation/incidents/<scope>")
+and per node's IB port history ("correlation/ports/<node>"), so a decision rewrites only what it changed."""
+
+
+def correlation_docs(before: correlate.CorrelationState, after: correlate.CorrelationState) -> dict[str, Any]:
+    """The per-scope documents that differ between two states (None: the scope is gone, delete it).
+
+    The core shares unchanged scope tuples between states, so identity tells what changed.
+    """
+    docs: dict[str, Any] = {}
+    for scope in set(before.incidents) | set(after.incidents):
+        incidents = after.incidents.get(scope)
+        if incidents is not before.incidents.get(scope):
+            docs[f"{CORRELATION_PREFIX}incidents/{scope}"] = (
+                {"items": [i.to_dict() for i in incidents]} if incidents else None
+            )
+    for node in set(before.ports) | set(after.ports):
+        ports = after.ports.get(node)
+        if ports is not before.ports.get(node):
+            docs[f"{CORRELATION_PREFIX}ports/{node}"] = (
+                {
+                    "items": [
+                        {"node_id": p.node_id, "ib_port": p.ib_port, "changed_at": list(p.changed_at)} for p in ports
+                    ]
+                }
+                if ports
+                else None
+            )
+    return docs
+
+
+def correlation_from_docs(docs: Mapping[str, Mapping[str, Any]]) -> correlate.CorrelationState:
+    """Rebuild the correlation state from its per-scope documents."""
+    incidents: dict[str, tuple[correlate.Incident, ...]] = {}
+    ports: dict[str, tuple[correlate.PortHistory, ...]] = {}
+    for name, doc in docs.items():
+        kind, _, key = name.removeprefix(CORRELATION_PREFIX).partition("/")
+        if kind == "incidents":
+            incidents[key] = tuple(correlate.Incident.from_dict(i) for i in doc["items"])
+        elif kind == "ports":
+            ports[key] = tuple(
+                correlate.PortHistory(p["node_id"], p["ib_port"], tuple(p["changed_at"])) for p in doc["items"]
+            )
+    return correlate.CorrelationState(incidents=incidents, ports=ports)
 
 
 def _audit(

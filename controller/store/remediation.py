@@ -51,7 +51,8 @@ class Commit:
     processed_seq: dict[str, int] = dataclasses.field(default_factory=dict)
     """Node → highest event seq this decision has consumed (the replay watermark, same transaction)."""
     node_states: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    docs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    docs: dict[str, dict[str, Any] | None] = dataclasses.field(default_factory=dict)
+    """controller_states documents to write; None deletes one."""
     new_commands: list[CommandRecord] = dataclasses.field(default_factory=list)
     command_updates: list[tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
     incidents: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -77,8 +78,16 @@ class RemediationStore:
         with self._sessions() as session:
             return {row.node_id: row.state for row in session.scalars(sa.select(schema.RemediationStateRow))}
 
+    def load_docs(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Every controller_states document whose name starts with prefix."""
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(schema.ControllerStateRow).where(schema.ControllerStateRow.name.startswith(prefix))
+            )
+            return {row.name: row.state for row in rows}
+
     def load_doc(self, name: str) -> dict[str, Any] | None:
-        """A fleet-wide state document ("correlation", "budget"), or None before the first save."""
+        """A fleet-wide state document (e.g. "budget"), or None before the first save."""
         with self._sessions() as session:
             row = session.get(schema.ControllerStateRow, name)
             return None if row is None else row.state
@@ -127,8 +136,11 @@ class RemediationStore:
                 session,
                 schema.ControllerStateRow,
                 "name",
-                [{"name": n, "state": d, "updated_unix_ns": now} for n, d in change.docs.items()],
+                [{"name": n, "state": d, "updated_unix_ns": now} for n, d in change.docs.items() if d is not None],
             )
+            gone = [n for n, d in change.docs.items() if d is None]
+            if gone:
+                session.execute(sa.delete(schema.ControllerStateRow).where(schema.ControllerStateRow.name.in_(gone)))
             if change.new_commands:
                 ids = [r.command_id for r in change.new_commands]
                 existing = set(

@@ -133,7 +133,7 @@ class RemediationStateRow(Base):
 
 
 class ControllerStateRow(Base):
-    """Fleet-wide pure-core state kept as one document each: "correlation", "budget"."""
+    """Fleet-wide pure-core state as named documents: "budget", "correlation/...", "watermark/..."."""
 
     __tablename__ = "controller_states"
 
