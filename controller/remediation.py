@@ -166,7 +166,8 @@ class RemediationService:
             self._unanswered[record.command_id] = actions.from_dict(record.payload)
         async with self._lock:
             for action in redo:
-                await self._execute(action, rstore.Commit(now_unix_ns=self._clock()))
+                self._deferred[action.command_id] = action  # re-admitted and carried out again
+            await self._dispatch_locked()
         # Events stored before a crash but never run through the ladder: run them now, in order.
         backlog = await self.ingest.run_in_store(self.store.unprocessed_events)
         for node_id, (labels, events) in backlog.items():
@@ -284,8 +285,21 @@ class RemediationService:
             await self._dispatch_locked()
 
     async def _apply_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
-        now_ns = self._clock()
-        state = self.node_states.get(node_id) or escalation.RemediationState(node_id)
+        change = rstore.Commit(now_unix_ns=self._clock())
+        states: dict[str, escalation.RemediationState] = {}
+        new_actions = self._result_into(node_id, result, change, states)
+        await self._commit_states(states, new_actions, change)
+
+    def _result_into(
+        self,
+        node_id: str,
+        result: commands_pb.ActionResult,
+        change: rstore.Commit,
+        states: dict[str, escalation.RemediationState],
+    ) -> list[actions.Action]:
+        """Advance the ladder on a result; record it in change and the new state in states."""
+        now_ns = change.now_unix_ns
+        state = states.get(node_id) or self.node_states.get(node_id) or escalation.RemediationState(node_id)
         failed = tuple(sorted({v.gpu_uuid for v in result.verdicts if v.verdict == "fail" and v.gpu_uuid}))
         decision = escalation.on_result(
             state,
@@ -299,7 +313,6 @@ class RemediationService:
             now=now_ns / 1e9,
             policy=self.policy.escalation,
         )
-        change = rstore.Commit(now_unix_ns=now_ns)
         change.command_updates.append(
             (
                 result.command_id,
@@ -352,7 +365,8 @@ class RemediationService:
             reason=decision.reason,
             next_actions=[a.kind for a in decision.actions],
         )
-        await self._commit(node_id, decision.state, list(decision.actions), change)
+        states[node_id] = decision.state
+        return list(decision.actions)
 
     # -- periodic --------------------------------------------------------------------------------------------
     async def _tick_forever(self) -> None:
@@ -612,66 +626,81 @@ class RemediationService:
                 self._deferred[action.command_id] = action
 
     async def _dispatch_locked(self) -> None:
-        """Admit what the budget allows, mark it dispatched durably, then carry it out."""
-        if not self._deferred:
-            return
-        now_ns = self._clock()
-        now = now_ns / 1e9
-        proposed = list(self._deferred.values())
-        fleet_view = blast_radius.FleetView(
-            node_labels={node: labels for node, labels in self.ingest.node_labels.items()}
-        )
-        admission = blast_radius.admit(self.budget, proposed, fleet_view, now=now, policy=self.policy.disruption)
-        self.budget = admission.state
-        self._export_budget()
-        self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
-        change = rstore.Commit(now_unix_ns=now_ns)
-        touched: dict[str, escalation.RemediationState] = {}
-        for action in admission.admitted:
-            self._deferred.pop(action.command_id, None)
-            change.command_updates.append((action.command_id, {"status": "dispatched", "dispatched_unix_ns": now_ns}))
-            if action.node_id in self.node_states:
-                state = touched.get(action.node_id, self.node_states[action.node_id])
-                touched[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now)
-            change.audit.append(
-                _audit(
-                    now_ns,
-                    "automation",
-                    action.kind,
-                    action.node_id,
-                    getattr(action, "gpu_uuid", ""),
-                    action.reason,
-                    "dispatched",
-                )
-            )
-            self.stats.actions_by_kind[action.kind] = self.stats.actions_by_kind.get(action.kind, 0) + 1
-            started = self._event_times.pop(action.command_id, None)
-            if started is not None:
-                self.stats.decision_latency_s.append(max(0.0, now - started))
-                self.ingest.metrics.time_to_first_action_seconds.observe(max(0.0, now - started))
-            self._kinds[action.command_id] = action.kind
-        for node_id, state in touched.items():
-            change.node_states[node_id] = state.to_dict()
-        change.docs["budget"] = self.budget.to_dict()
-        for action, reason in zip(admission.deferred, admission.reasons, strict=False):
-            log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
-        await self.ingest.run_in_store(self.store.commit, change)
-        self.node_states.update(touched)
-        for action in admission.admitted:
-            await self._execute(action, change)
+        """Admit what the budget allows, then carry it out.
 
-    async def _execute(self, action: actions.Action, change: rstore.Commit) -> None:
-        if action.kind in AGENT_KINDS:
-            self._unanswered[action.command_id] = action
-            if not self._send(action):
-                # No stream: the command stays dispatched; the ladder's timeout climbs if the node
-                # never comes back, and a reconnect re-sends it with the same id.
-                log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
-            return
-        outcome, message = await self._run_controller_side(action)
-        await self._apply_result(
-            action.node_id, commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message)
-        )
+        One transaction records the admitted commands as dispatched together with what the
+        controller-side ones (quarantine, release, RMA, notify, power cycle) did and the ladder's
+        answer to them; only after it commits are agent commands sent. A crash before that commit
+        leaves everything pending (executors are idempotent, so re-running them is harmless); after
+        it, agent commands are re-sent with the same ids on reconnect.
+        """
+        for _round in range(8):  # a result can admit follow-up actions; bounded, never a loop
+            if not self._deferred:
+                return
+            now_ns = self._clock()
+            now = now_ns / 1e9
+            fleet_view = blast_radius.FleetView(node_labels=dict(self.ingest.node_labels))
+            admission = blast_radius.admit(
+                self.budget, list(self._deferred.values()), fleet_view, now=now, policy=self.policy.disruption
+            )
+            self.budget = admission.state
+            self._export_budget()
+            self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
+            for action, reason in zip(admission.deferred, admission.reasons, strict=False):
+                log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
+            if not admission.admitted:
+                await self.ingest.run_in_store(
+                    self.store.commit, rstore.Commit(now_unix_ns=now_ns, docs={"budget": self.budget.to_dict()})
+                )
+                return
+            change = rstore.Commit(now_unix_ns=now_ns)
+            touched: dict[str, escalation.RemediationState] = {}
+            for action in admission.admitted:
+                self._deferred.pop(action.command_id, None)
+                change.command_updates.append(
+                    (action.command_id, {"status": "dispatched", "dispatched_unix_ns": now_ns})
+                )
+                if action.node_id in self.node_states or action.node_id in touched:
+                    state = touched.get(action.node_id) or self.node_states[action.node_id]
+                    touched[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now)
+                change.audit.append(
+                    _audit(
+                        now_ns,
+                        "automation",
+                        action.kind,
+                        action.node_id,
+                        getattr(action, "gpu_uuid", ""),
+                        action.reason,
+                        "dispatched",
+                    )
+                )
+                self.stats.actions_by_kind[action.kind] = self.stats.actions_by_kind.get(action.kind, 0) + 1
+                self._kinds[action.command_id] = action.kind
+                started = self._event_times.pop(action.command_id, None)
+                if started is not None:
+                    self.stats.decision_latency_s.append(max(0.0, now - started))
+                    self.ingest.metrics.time_to_first_action_seconds.observe(max(0.0, now - started))
+            follow_up: list[actions.Action] = []
+            for action in admission.admitted:
+                if action.kind in AGENT_KINDS:
+                    continue
+                outcome, message = await self._run_controller_side(action, change=change)
+                follow_up += self._result_into(
+                    action.node_id,
+                    commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message),
+                    change,
+                    touched,
+                )
+            await self._commit_states(touched, follow_up, change)
+            if change.quarantines or change.releases:
+                await self._export_quarantines()
+            for action in admission.admitted:
+                if action.kind in AGENT_KINDS:
+                    self._unanswered[action.command_id] = action
+                    if not self._send(action):
+                        # No stream: the command stays dispatched; a reconnect re-sends it with the
+                        # same id, and the ladder's timeout climbs if the node never comes back.
+                        log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
 
     def _send(self, action: actions.Action) -> bool:
         now_ns = self._clock()
@@ -699,10 +728,16 @@ class RemediationService:
             )
         return self.ingest.dispatch(action.node_id, command)
 
-    async def _run_controller_side(self, action: actions.Action, *, source: str = "automation") -> tuple[int, str]:
-        """Quarantine, release, RMA, notify, power-cycle: recorded in the store, then the adapter."""
-        now_ns = self._clock()
-        change = rstore.Commit(now_unix_ns=now_ns)
+    async def _run_controller_side(
+        self, action: actions.Action, *, source: str = "automation", change: rstore.Commit | None = None
+    ) -> tuple[int, str]:
+        """Quarantine, release, RMA, notify, power-cycle: the adapter, then the record.
+
+        With change, the records join that transaction; without, they are committed here.
+        """
+        own = change is None
+        change = change or rstore.Commit(now_unix_ns=self._clock())
+        now_ns = change.now_unix_ns
         gpu_uuid = getattr(action, "gpu_uuid", "")
         if isinstance(action, actions.QuarantineNode | actions.QuarantineGpu | actions.QuarantinePort):
             port = getattr(action, "ib_port", "")
@@ -768,10 +803,11 @@ class RemediationService:
                 commands_pb.ActionOutcome.Name(outcome),
             )
         )
-        change.docs["budget"] = self.budget.to_dict()
-        await self.ingest.run_in_store(self.store.commit, change)
-        if change.quarantines or change.releases:
-            await self._export_quarantines()
+        if own:
+            change.docs["budget"] = self.budget.to_dict()
+            await self.ingest.run_in_store(self.store.commit, change)
+            if change.quarantines or change.releases:
+                await self._export_quarantines()
         return outcome, message
 
     def _export_budget(self) -> None:

@@ -25,7 +25,7 @@ from rasd.controller.store import remediation as rstore
 
 pytestmark = pytest.mark.slow
 
-LADDER_COMMITS = 9  # commits the happy path takes for one Xid 48 (events, dispatch, results, ...)
+LADDER_COMMITS = 6  # commits the happy path takes for one Xid 48 (checked by the test without a crash)
 
 
 class Crash(Exception):
@@ -120,7 +120,7 @@ async def _run_ladder(store_url: str, tmp_path, crash_at: int | None, when: str)
         await _until(lambda: finished(controller), timeout_s=30)
         outbox = await controller.ingest.run_in_store(controller.remediation.store.commands)
         quarantined = await controller.ingest.run_in_store(controller.remediation.store.quarantines)
-        return executed, outbox, quarantined
+        return executed, outbox, quarantined, commits["n"], dead["now"]
     finally:
         rstore.RemediationStore.commit = original_commit
         stop.set()
@@ -131,7 +131,8 @@ async def _run_ladder(store_url: str, tmp_path, crash_at: int | None, when: str)
 
 
 def test_the_ladder_completes_without_a_crash(store_url, tmp_path):
-    executed, outbox, quarantined = asyncio.run(_run_ladder(store_url, tmp_path, None, "before"))
+    executed, outbox, quarantined, commits, _ = asyncio.run(_run_ladder(store_url, tmp_path, None, "before"))
+    assert commits == LADDER_COMMITS, "update LADDER_COMMITS so every commit of the ladder gets a crash case"
     kinds = sorted(c.kind for c in outbox)
     assert kinds == ["quarantine_gpu", "release", "reset_gpu", "run_validation"]
     assert all(c.status in rstore.FINAL_STATUSES for c in outbox)
@@ -142,7 +143,8 @@ def test_the_ladder_completes_without_a_crash(store_url, tmp_path):
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("crash_at", range(1, LADDER_COMMITS + 1))
 def test_a_crash_at_any_commit_loses_and_repeats_nothing(store_url, tmp_path, crash_at, when):
-    executed, outbox, quarantined = asyncio.run(_run_ladder(store_url, tmp_path, crash_at, when))
+    executed, outbox, quarantined, _, crashed = asyncio.run(_run_ladder(store_url, tmp_path, crash_at, when))
+    assert crashed, f"commit {crash_at} never happened: the crash case tested nothing"
     ids = [c.command_id for c in outbox]
     assert len(ids) == len(set(ids)), "no command decided twice"
     assert all(c.status in rstore.FINAL_STATUSES for c in outbox), [(c.kind, c.status) for c in outbox]
