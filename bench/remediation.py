@@ -514,8 +514,9 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
         lines.append(
             f"- {r.backend} burst dispatched: {kinds or 'nothing'}; still deferred at the end: {r.deferred_left}; "
             f"state after the burst: {r.doc_bytes.get('open incidents', 0):,} open incidents, correlation "
-            f"document {r.doc_bytes.get('correlation', 0):,} bytes, budget document "
-            f"{r.doc_bytes.get('budget', 0):,} bytes (each rewritten on every commit)"
+            f"state {r.doc_bytes.get('correlation', 0):,} bytes in all (stored per scope: a commit rewrites only "
+            f"the scopes it changed), budget document {r.doc_bytes.get('budget', 0):,} bytes (rewritten on every "
+            "commit)"
         )
     return "\n".join(lines)
 
