@@ -38,6 +38,18 @@ def _pump(tmp_path, journal, backend, deliver=None):
     )
 
 
+def _run_until(pump, delivered):
+    """Run the pump in a thread until it has delivered `delivered` events, then stop it."""
+    pump.follower.poll_s = 0.01
+    stop = threading.Event()
+    thread = threading.Thread(target=pump.run, args=(stop,))
+    thread.start()
+    while pump.events_delivered < delivered:
+        thread.join(0.01)
+    stop.set()
+    thread.join()
+
+
 @pytest.fixture
 def backend():
     return simulated.SimulatedBackend("n", 2, 0)
@@ -48,14 +60,7 @@ def test_events_are_spooled_with_their_gpu_and_classification(tmp_path, backend)
     _write(tmp_path / "kmsg", [1, 2])
     journal = spool.Spool(str(tmp_path / "spool.db"))
     pump = _pump(tmp_path, journal, backend)
-    stop = threading.Event()
-    pump.follower.poll_s = 0.01
-    thread = threading.Thread(target=pump.run, args=(stop,))
-    thread.start()
-    while pump.events_delivered < 2:
-        thread.join(0.01)
-    stop.set()
-    thread.join()
+    _run_until(pump, 2)
     events = journal.unacked()
     assert [e.observation.xid for e in events] == [13, 13]
     assert {e.observation.gpu_uuid for e in events} == {backend.inventory()[0].uuid}  # PCI 18:00 is GPU 0
@@ -84,14 +89,7 @@ def test_a_crash_between_spool_and_cursor_file_neither_loses_nor_repeats(tmp_pat
     # Restart: the spool's cursor wins, so record 2 is not read again and record 3 is.
     journal = spool.Spool(str(tmp_path / "spool.db"))
     restarted = _pump(tmp_path, journal, backend)
-    stop = threading.Event()
-    restarted.follower.poll_s = 0.01
-    thread = threading.Thread(target=restarted.run, args=(stop,))
-    thread.start()
-    while restarted.events_delivered < 1:
-        thread.join(0.01)
-    stop.set()
-    thread.join()
+    _run_until(restarted, 1)
     messages = [e.observation.attributes.get("pid") for e in journal.unacked()]
     assert [e.seq for e in journal.unacked()] == [1, 2, 3]
     assert len(set(messages)) == 3
@@ -101,26 +99,10 @@ def test_a_reboot_resets_the_kmsg_sequence_and_everything_is_new(tmp_path, backe
     (tmp_path / "boot_id").write_text("boot-a\n")
     _write(tmp_path / "kmsg", [5])
     journal = spool.Spool(str(tmp_path / "spool.db"))
-    first = _pump(tmp_path, journal, backend)
-    first.follower.poll_s = 0.01
-    stop = threading.Event()
-    thread = threading.Thread(target=first.run, args=(stop,))
-    thread.start()
-    while first.events_delivered < 1:
-        thread.join(0.01)
-    stop.set()
-    thread.join()
+    _run_until(_pump(tmp_path, journal, backend), 1)
     # New boot: the kernel numbers records from 0 again.
     (tmp_path / "boot_id").write_text("boot-b\n")
     (tmp_path / "kmsg").write_text("")
     _write(tmp_path / "kmsg", [0, 1])
-    second = _pump(tmp_path, journal, backend)
-    second.follower.poll_s = 0.01
-    stop = threading.Event()
-    thread = threading.Thread(target=second.run, args=(stop,))
-    thread.start()
-    while second.events_delivered < 2:
-        thread.join(0.01)
-    stop.set()
-    thread.join()
+    _run_until(_pump(tmp_path, journal, backend), 2)
     assert len(journal.unacked()) == 3
