@@ -297,7 +297,8 @@ class Rig:
         event = stored(arrival, seq, received_unix_ns)
         count = 1
         if append:
-            _acked, count = await self.ingest.run_in_store(self.store.append_events, arrival.node_id, [event])
+            _acked, new = await self.ingest.run_in_store(self.store.append_events, arrival.node_id, [event])
+            count = len(new)
         if count:
             await self.service.on_events(arrival.node_id, [event], self.ingest.node_labels[arrival.node_id])
 

@@ -251,11 +251,9 @@ class Ingest:
         now = self._clock()
         events = wire.events_from_wire(batch, session.known_gpus, now, session.node_id)
         acked_seq, stored = await self._store(self.store.append_events, session.node_id, events)
-        self.events_stored += stored
-        # The store skipped seqs at or below its previous ack: the new ones are the last `stored`
-        # distinct seqs of the batch that are now acked.
-        distinct = sorted({e.seq: e for e in events if e.seq <= acked_seq}.values(), key=lambda e: e.seq)
-        fresh = distinct[len(distinct) - stored :] if stored else []
+        self.events_stored += len(stored)
+        new_seqs = set(stored)
+        fresh = sorted({e.seq: e for e in events if e.seq in new_seqs}.values(), key=lambda e: e.seq)
         for event in events:
             kind = health_pb.EventKind.Name(event.kind)
             self.metrics.health_events.labels(kind=kind).inc()

@@ -209,28 +209,41 @@ class Store:
             return [_node_status(node, gpus_by_node.get(node.node_id, [])) for node in nodes]
 
     # -- health events ------------------------------------------------------------------------------
-    def append_events(self, node_id: str, events: Sequence[StoredEvent]) -> tuple[int, int]:
-        """Store a node's events once each and return (acked_seq, newly stored count).
+    def append_events(self, node_id: str, events: Sequence[StoredEvent]) -> tuple[int, list[int]]:
+        """Store a node's events once each; return (acked_seq, the seqs newly stored, ascending).
 
-        Events at or below the node's acked position are duplicates (a resend after a lost ack)
-        and are skipped; the acked position moves to the highest seq stored, in one transaction
-        with the rows, so an ack is never sent for an event that is not durable.
+        A seq already stored (a resend after a lost ack, a duplicated message) is skipped. The acked
+        position only moves over a gap-free run of stored seqs: an event that arrives ahead of a
+        missing one is stored but not yet acked, so a reordered or lossy sender is never told to
+        drop an event the controller does not have. All in one transaction with the rows, so an ack
+        never covers an event that is not durable.
         """
         with self._sessions.begin() as session:
             node = session.get(schema.NodeRow, node_id, with_for_update=True)
             if node is None:
                 raise KeyError(f"unknown node {node_id!r}")
             acked = int(node.acked_seq or 0)
-            fresh = sorted((e for e in events if e.seq > acked), key=lambda e: e.seq)
-            seen: set[int] = set()
-            for e in fresh:
-                if e.seq in seen:
+            epoch = node.spool_epoch or 0
+            # Seqs stored ahead of the acked position (normally none: agents send in order).
+            ahead = set(
+                session.scalars(
+                    sa.select(schema.HealthEventRow.seq).where(
+                        schema.HealthEventRow.node_id == node_id,
+                        schema.HealthEventRow.spool_epoch == epoch,
+                        schema.HealthEventRow.seq > acked,
+                    )
+                )
+            )
+            stored: list[int] = []
+            for e in sorted(events, key=lambda e: e.seq):
+                if e.seq <= acked or e.seq in ahead:
                     continue
-                seen.add(e.seq)
+                ahead.add(e.seq)
+                stored.append(e.seq)
                 session.add(
                     schema.HealthEventRow(
                         node_id=node_id,
-                        spool_epoch=node.spool_epoch or 0,
+                        spool_epoch=epoch,
                         seq=e.seq,
                         observed_unix_ns=e.observed_unix_ns,
                         received_unix_ns=e.received_unix_ns,
@@ -243,9 +256,10 @@ class Store:
                         attributes=_text_map(e.attributes),
                     )
                 )
-            if fresh:
-                node.acked_seq = fresh[-1].seq
-            return int(node.acked_seq or 0), len(seen)
+            while acked + 1 in ahead:
+                acked += 1
+            node.acked_seq = acked
+            return acked, stored
 
     def list_events(self, *, node_id: str = "", since_unix_ns: int = 0, limit: int = 100) -> list[StoredEvent]:
         """Stored events, newest first."""

@@ -36,9 +36,9 @@ def test_hello_registers_node_and_gpus(store):
 
 def test_events_are_stored_once_and_acked_in_the_same_transaction(store):
     store.register_hello(_hello(), 100)
-    assert store.append_events("node-1", [_event(1), _event(2)]) == (2, 2)
+    assert store.append_events("node-1", [_event(1), _event(2)]) == (2, [1, 2])
     # A resend after a lost ack, overlapping with a new event.
-    assert store.append_events("node-1", [_event(2), _event(3), _event(3)]) == (3, 1)
+    assert store.append_events("node-1", [_event(2), _event(3), _event(3)]) == (3, [3])
     assert [e.seq for e in store.list_events()] == [3, 2, 1]
     assert store.count_events() == 3
 
@@ -54,7 +54,7 @@ def test_a_wiped_agent_spool_starts_a_new_epoch_instead_of_dropping_events(store
     store.append_events("node-1", [_event(1), _event(2), _event(3)])
     outcome = store.register_hello(_hello(spool_head_seq=1), 200)
     assert outcome.spool_reset and outcome.acked_seq == 0
-    assert store.append_events("node-1", [_event(1)]) == (1, 1)
+    assert store.append_events("node-1", [_event(1)]) == (1, [1])
     assert store.count_events() == 4
 
 
@@ -105,7 +105,7 @@ def test_append_events_reads_the_acked_position_under_a_row_lock(store, store_ur
             with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
                 impatient.append_events("node-1", [_event(1)])
             holder.rollback()
-        assert impatient.append_events("node-1", [_event(1), _event(2)]) == (2, 1)
+        assert impatient.append_events("node-1", [_event(1), _event(2)]) == (2, [2])
     finally:
         impatient.close()
 
@@ -160,7 +160,7 @@ def test_nul_characters_are_stored_as_replacement_characters_on_every_backend(st
     store.register_hello(hello, 100)
     assert not store.register_hello(hello, 150).rebooted
     nul = dataclasses.replace(_event(1), message="NVRM: Xid 79\x00\x00", attributes={"k\x00": "v\x00"})
-    assert store.append_events("node-1", [nul]) == (1, 1)
+    assert store.append_events("node-1", [nul]) == (1, [1])
     (event,) = store.list_events()
     assert event.message == "NVRM: Xid 79\ufffd\ufffd"
     assert event.attributes == {"k\ufffd": "v\ufffd"}
@@ -172,7 +172,8 @@ def test_nanosecond_timestamps_and_seqs_keep_all_64_bits(store):
     store.register_hello(_hello(), now_ns)
     big = 2**63 - 1
     event = dataclasses.replace(_event(2**53 + 1), observed_unix_ns=big, received_unix_ns=now_ns + 1)
-    assert store.append_events("node-1", [event]) == (2**53 + 1, 1)
+    # Stored, but not acked: the seqs below it never arrived (the ack only covers a gap-free run).
+    assert store.append_events("node-1", [event]) == (0, [2**53 + 1])
     store.save_latest(
         {GPU_A: fleet.GpuLatest(power_sample_unix_ns=big - 1, counters_unix_ns=now_ns, clock_event_reasons=2**40)}
     )
@@ -260,3 +261,13 @@ def test_remediation_ids_built_from_real_node_names_fit(store):
         )
     )
     assert [i["incident_id"] for i in remediation.RemediationStore(store.engine).incidents()] == [incident_id]
+
+
+def test_an_event_ahead_of_a_gap_is_stored_but_not_acked_until_the_gap_fills(store):
+    store.register_hello(_hello(), 100)
+    assert store.append_events("node-1", [_event(1)]) == (1, [1])
+    # seq 3 arrives before seq 2 (a reordered or lossy sender): keep it, do not ack past the gap.
+    assert store.append_events("node-1", [_event(3)]) == (1, [3])
+    assert store.append_events("node-1", [_event(3)]) == (1, [])
+    assert store.append_events("node-1", [_event(2)]) == (3, [2])
+    assert sorted(e.seq for e in store.list_events()) == [1, 2, 3]
