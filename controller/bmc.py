@@ -43,6 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
+from rasd.common import settings as settings_check
 from rasd.controller.core import actions
 
 log = structlog.get_logger("rasd.controller")
@@ -211,36 +212,12 @@ class BmcSettings:
 
 
 def _require(ok: bool, path: str, message: str, value: Any) -> None:
-    if not ok:
-        raise BmcSettingsError(f"{path}: {message}, got {value!r}")
+    settings_check.require(ok, path, message, value, BmcSettingsError)
 
 
 def _typed(cls: type[Any], data: Any, prefix: str, skip: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
     """Check ``data``'s keys and scalar types against dataclass ``cls``'s fields and defaults."""
-    if not isinstance(data, Mapping):
-        raise BmcSettingsError(f"{prefix.rstrip('.')}: expected a table, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in fields:
-            raise BmcSettingsError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(fields))})")
-        if key in skip:
-            continue
-        default = fields[key].default
-        if isinstance(default, bool):
-            ok = isinstance(value, bool)
-        elif isinstance(default, int) and not isinstance(default, bool):
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif isinstance(default, float):
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            value = float(value) if ok else value
-        else:
-            ok = isinstance(value, str)
-        if not ok:
-            kind = type(default).__name__ if default is not dataclasses.MISSING else "str"
-            raise BmcSettingsError(f"{prefix}{key}: expected {kind}, got {value!r}")
-        values[key] = value
-    return values
+    return settings_check.typed_values(cls, data, prefix, BmcSettingsError, skip=skip)
 
 
 # --------------------------------------------------------------------------------------------

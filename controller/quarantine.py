@@ -106,6 +106,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import structlog
 
+from rasd.common import settings as settings_check
 from rasd.controller.core import actions
 
 if TYPE_CHECKING:
@@ -1050,33 +1051,12 @@ def _replace_holds(reason: str, holds: set[str]) -> str:
 
 
 def _require(ok: bool, path: str, message: str, value: Any) -> None:
-    if not ok:
-        raise QuarantineSettingsError(f"{path}: {message}, got {value!r}")
+    settings_check.require(ok, path, message, value, QuarantineSettingsError)
 
 
 def _build(cls: type[Any], data: Any, prefix: str) -> Any:
     """A settings dataclass from a mapping; unknown keys and wrong types name the key."""
-    if not isinstance(data, Mapping):
-        raise QuarantineSettingsError(f"{prefix.rstrip('.')}: expected a table, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in fields:
-            raise QuarantineSettingsError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(fields))})")
-        default = fields[key].default
-        if isinstance(default, bool):
-            ok = isinstance(value, bool)
-        elif isinstance(default, int):
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif isinstance(default, float):
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            value = float(value) if ok else value
-        else:
-            ok = isinstance(value, str)
-        if not ok:
-            raise QuarantineSettingsError(f"{prefix}{key}: expected {type(default).__name__}, got {value!r}")
-        values[key] = value
-    settings = cls(**values)
+    settings = cls(**settings_check.typed_values(cls, data, prefix, QuarantineSettingsError))
     settings.validate(prefix)
     return settings
 
