@@ -9,6 +9,7 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from rasd.sim import report as report_mod
 from rasd.sim.fleet import SimResult
 
 ACTION_COLOURS = {
@@ -88,32 +89,19 @@ def incidents_png(result: SimResult, report: dict[str, Any], path: pathlib.Path)
         ax.plot([max(x_s, 1e-3)], [y], marker=shape, ms=7, color=colour, label=None if kind in used_legend else kind)
         used_legend.add(kind)
 
+    detections = {id(f): e for f, e in report_mod.match_faults(result.injected, result.stored_events) if e}
     for y, fault in enumerate(rows):
         fired = fault.fired.fired_unix_ns
         gpu = fault.fired.gpu_uuid
-        at_s = fault.fired.fault.at_s if fault.fired.fault else 0.0
+        at_s = fault.fired.fault.at_s
         labels.append(f"{fault.fired.fault.kind} at {at_s:g} s  {fault.node_id} {gpu[:12] or '(node)'}")
-        detected = [
-            e
-            for e in result.stored_events
-            if e["node_id"] == fault.node_id
-            and int(e["observed_unix_ns"]) >= fired
-            and (not gpu or e["gpu_uuid"] == gpu)
-        ]
         end_s = 1e-3
-        if detected:
-            first = min(int(e["received_unix_ns"]) for e in detected)
-            mark((first - fired) / 1e9, y, "detected", "tab:red", "x")
-            end_s = max(end_s, (first - fired) / 1e9)
-        for command in result.outbox:
-            if not (
-                command["node_id"] == fault.node_id
-                and int(command["created_unix_ns"]) >= fired
-                and (
-                    not gpu or command["gpu_uuid"] in (gpu, "") or command["kind"] in ("reboot_node", "quarantine_node")
-                )
-            ):
-                continue
+        event = detections.get(id(fault))
+        if event is not None:
+            detected_s = (int(event["received_unix_ns"]) - fired) / 1e9
+            mark(detected_s, y, "detected", "tab:red", "x")
+            end_s = max(end_s, detected_s)
+        for command in report_mod.commands_after(fault, result.outbox):
             done_s = (int(command["finished_unix_ns"] or command["created_unix_ns"]) - fired) / 1e9
             end_s = max(end_s, done_s)
             kind = str(command["kind"])

@@ -96,6 +96,22 @@ def _fault_key(fault: InjectedFault) -> str:
     return f"xid:{scripted.xid}" if scripted.kind == "xid" else scripted.kind
 
 
+def commands_after(fault: InjectedFault, outbox: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Outbox commands decided for the fault's target after it fired, oldest first.
+
+    A GPU fault's commands name its GPU, or the node (node-level actions such as a reboot or a node
+    quarantine cover every GPU of it).
+    """
+    gpu = fault.fired.gpu_uuid
+    return [
+        c
+        for c in outbox
+        if c["node_id"] == fault.node_id
+        and int(c["created_unix_ns"]) >= fault.fired.fired_unix_ns
+        and (not gpu or c["gpu_uuid"] in (gpu, "") or c["kind"] in ("reboot_node", "quarantine_node"))
+    ]
+
+
 def judge_remediation(result: SimResult) -> dict[str, Any]:
     """Compare what the controller did for each injected fault with what it should have done."""
     per_fault = []
@@ -105,14 +121,7 @@ def judge_remediation(result: SimResult) -> dict[str, Any]:
         gpu = fault.fired.gpu_uuid
         expected = EXPECTED_FIRST_ACTION.get(_fault_key(fault))
         judged_kinds = REPAIR_KINDS | (ISOLATION_KINDS if expected and expected & ISOLATION_KINDS else frozenset())
-        after = [
-            c
-            for c in result.outbox
-            if c["node_id"] == fault.node_id
-            and int(c["created_unix_ns"]) >= fault.fired.fired_unix_ns
-            and c["kind"] in judged_kinds
-            and (not gpu or c["gpu_uuid"] in (gpu, "") or c["kind"] in ("reboot_node", "quarantine_node"))
-        ]
+        after = [c for c in commands_after(fault, result.outbox) if c["kind"] in judged_kinds]
         first = after[0] if after else None
         tickets = [
             t
