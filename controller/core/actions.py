@@ -131,6 +131,10 @@ class QuarantineGpu(_Action):
 class QuarantineNode(_Action):
     """Take the whole node out of scheduling (cordon/taint or Slurm drain)."""
 
+    planned: bool = False
+    """Planned maintenance (a rolling SDC sweep): it takes disruption budget like any other, but
+    is not breakage, so the circuit breaker does not count it as demand."""
+
     kind = "quarantine_node"
     node_disruptive = True
 

@@ -177,7 +177,8 @@ def admit(
     pol = policy
     in_flight = [f for f in state.in_flight if now - f.admitted_at < pol.in_flight_max_age_s]
     quarantined = list(state.quarantined_nodes)
-    proposed_nodes = {a.node_id for a in proposed if a.node_disruptive}
+    # Planned maintenance (sweeps) is not breakage: it never feeds the breaker.
+    proposed_nodes = {a.node_id for a in proposed if a.node_disruptive and not getattr(a, "planned", False)}
     demand = {node: at for node, at in state.demand if node in proposed_nodes or now - at <= pol.breaker_window_s}
     for node in sorted(proposed_nodes):
         demand.setdefault(node, now)
