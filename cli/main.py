@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     accuse = sdc_commands.add_parser("accuse", help="accuse NODE/GPU of SDC: quarantine and run the accusation suite")
     accuse.add_argument("target", metavar="NODE/GPU")
     accuse.add_argument("--reason", required=True)
+    sdc_list = sdc_commands.add_parser("list", help="GPUs with SDC history, most suspicious first")
+    sdc_list.add_argument("--limit", type=int, default=100)
+    sdc_list.add_argument("--json", action="store_true")
     rma = commands.add_parser("rma", help="RMA tickets")
     rma_commands = rma.add_subparsers(dest="rma_command", required=True, metavar="RMA_COMMAND")
     rma_list = rma_commands.add_parser("list", help="RMA tickets")
@@ -187,6 +190,9 @@ def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, ou
     elif args.command == "validations":
         listed = stub.ListValidations(admin_pb.ListValidationsRequest(node_id=args.node), timeout=timeout)
         show(listed.validations, rviews.validations_table)
+    elif args.command == "sdc" and args.sdc_command == "list":
+        listed = stub.ListSdc(admin_pb.ListSdcRequest(limit=args.limit), timeout=timeout)
+        show(listed.gpus, rviews.sdc_table)
     elif args.command == "sdc":
         stub.AccuseSdc(
             admin_pb.AccuseSdcRequest(target=_target(args.target), reason=args.reason, accuser="operator"),

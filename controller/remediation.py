@@ -35,7 +35,8 @@ import structlog
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.common import xid_catalog
 from rasd.controller import ingest as ingest_mod
-from rasd.controller.core import actions, blast_radius, correlate, escalation, health
+from rasd.controller import sdc_service
+from rasd.controller.core import actions, blast_radius, correlate, escalation, health, sdc
 from rasd.controller.core import policy as policy_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
@@ -136,6 +137,8 @@ class RemediationService:
         self._unanswered: dict[str, actions.Action] = {}
         self._inbox: list[tuple[str, list[repo.StoredEvent], dict[str, str], asyncio.Future[None]]] = []
         self._decider: asyncio.Task[None] | None = None
+        self.sdc = sdc_service.SdcLedger(self.policy.sdc)
+        self._sweeper: asyncio.Task[None] | None = None
         """Agent commands dispatched and not yet answered, re-sent when their node reconnects."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -159,7 +162,13 @@ class RemediationService:
         redo = [
             actions.from_dict(r.payload) for r in unfinished if r.status == "dispatched" and r.kind not in AGENT_KINDS
         ]
+        self.sdc.load(
+            await self.ingest.run_in_store(self.store.load_docs, sdc_service.GPU_PREFIX),
+            await self.ingest.run_in_store(self.store.load_docs, sdc_service.SWEEP_PREFIX),
+        )
         self._ticker = asyncio.create_task(self._tick_forever(), name="rasd-remediation-tick")
+        if self.policy.sdc.sweep_enabled:
+            self._sweeper = asyncio.create_task(self._sweep_forever(), name="rasd-sdc-sweep")
         self._export_budget()
         await self._export_quarantines()
         for record in resend:
@@ -184,9 +193,10 @@ class RemediationService:
 
     async def stop(self) -> None:
         """Stop the tick loop (state is already durable)."""
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
+        for task in (self._ticker, self._sweeper):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def node_connected(self, node_id: str) -> None:
         """Re-send this node's dispatched, unanswered commands (same ids: the agent never runs one twice).
@@ -300,6 +310,7 @@ class RemediationService:
         """Advance the ladder on a result; record it in change and the new state in states."""
         now_ns = change.now_unix_ns
         state = states.get(node_id) or self.node_states.get(node_id) or escalation.RemediationState(node_id)
+        sent = self._unanswered.get(result.command_id)
         failed = tuple(sorted({v.gpu_uuid for v in result.verdicts if v.verdict == "fail" and v.gpu_uuid}))
         decision = escalation.on_result(
             state,
@@ -342,8 +353,17 @@ class RemediationService:
                             for v in result.verdicts
                         ]
                     },
-                    "suite": "",
+                    "suite": sent.suite if isinstance(sent, actions.RunValidation) else "",
                 }
+            )
+            targets = sdc_service.validation_targets(sent, self.ingest.node_gpus(node_id))
+            change.docs.update(
+                self.sdc.verdicts(
+                    node_id,
+                    sdc_service.gpu_verdicts(result, targets),
+                    now=now_ns / 1e9,
+                    watch=dict(decision.state.sdc_watch),
+                )
             )
         self.budget = blast_radius.complete(self.budget, result.command_id, now=now_ns / 1e9)
         self._close(decision, change, now_ns / 1e9)
@@ -391,6 +411,74 @@ class RemediationService:
                 self._close(decision, change, now_ns / 1e9)
                 await self._commit(node_id, decision.state, list(decision.actions), change)
             await self._dispatch_locked()
+
+    # -- rolling SDC sweeps -----------------------------------------------------------------------------------
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.sdc.sweep_interval_s)
+            try:
+                await self.sweep_once()
+            except Exception:
+                log.exception("sdc_sweep_failed")
+
+    async def sweep_once(self) -> list[str]:
+        """One pass of the rolling SDC sweep: start the quick suite on due idle nodes; returns them.
+
+        The planner (``sdc.plan_sweep``) takes a share of the idle nodes, least recently swept
+        first, within the free disruption budget minus a reserve for repairs; each start is one
+        transaction (ladder state, outbox, last-swept document, audit) before anything is sent.
+        """
+        pol = self.policy.sdc
+        if not pol.sweep_enabled:
+            return []
+        async with self._lock:
+            now_ns = self._clock()
+            now = now_ns / 1e9
+            candidates = sdc_service.sweep_candidates(
+                connected=list(self.ingest.sessions),
+                node_gpus={n: self.ingest.node_gpus(n) for n in self.ingest.sessions},
+                latest=self.ingest.latest,
+                node_states=self.node_states,
+                budget=self.budget,
+                last_swept=self.sdc.last_swept,
+                now_unix_ns=now_ns,
+                stale_after_s=self.ingest.settings.power_stale_after_s,
+                policy=pol,
+            )
+            in_flight = sum(
+                1 for s in self.node_states.values() for t in s.tickets if t.purpose is escalation.Purpose.SWEEP
+            )
+            fleet_view = blast_radius.FleetView(node_labels=dict(self.ingest.node_labels))
+            free = blast_radius.free_node_slots(self.budget, fleet_view, now=now, policy=self.policy.disruption)
+            picks = sdc.plan_sweep(candidates, now=now, policy=pol, in_flight=in_flight, free_disruption_slots=free)
+            started = []
+            for pick in picks:
+                state = self.node_states.get(pick.node_id) or escalation.RemediationState(pick.node_id)
+                decision = escalation.start_sweep(
+                    state,
+                    sweep_id=pick.sweep_id,
+                    suite=pick.suite,
+                    seed=pick.seed,
+                    now=now,
+                    policy=self.policy.escalation,
+                )
+                if not decision.actions:
+                    continue
+                change = rstore.Commit(now_unix_ns=now_ns)
+                change.docs.update(self.sdc.swept(pick.node_id, now=now, seed=pick.seed, suite=pick.suite))
+                why = f"suite {pick.suite} seed {pick.seed}"
+                change.audit.append(_audit(now_ns, "rasd-controller", "sdc_sweep", pick.node_id, "", why, "started"))
+                await self._commit(pick.node_id, decision.state, list(decision.actions), change)
+                started.append(pick.node_id)
+                log.info("sdc_sweep_started", node=pick.node_id, suite=pick.suite, seed=pick.seed)
+            if started:
+                await self._dispatch_locked()
+            return started
+
+    def sdc_records(self) -> list[dict[str, Any]]:
+        """Every GPU with SDC history or under watch, most suspicious first (``rasctl sdc list``)."""
+        now = self._clock() / 1e9
+        return self.sdc.records(now=now, watch=sdc_service.watches(self.node_states, now=now))
 
     # -- operator --------------------------------------------------------------------------------------------
     async def set_paused(self, paused: bool, *, reason: str, actor: str) -> blast_radius.BudgetState:
@@ -550,12 +638,13 @@ class RemediationService:
             source="accusation",
             attributes={"accuser": accuser},
         )
-        await self.ingest.run_in_store(
-            self.store.commit,
-            rstore.Commit(
-                now_unix_ns=now_ns, audit=[_audit(now_ns, accuser, "accuse_sdc", node_id, gpu_uuid, reason, "accepted")]
-            ),
+        state = self.node_states.get(node_id) or escalation.RemediationState(node_id)
+        watched = sdc.watched_until(dict(state.sdc_watch), gpu_uuid, now=now_ns / 1e9)
+        change = rstore.Commit(
+            now_unix_ns=now_ns, audit=[_audit(now_ns, accuser, "accuse_sdc", node_id, gpu_uuid, reason, "accepted")]
         )
+        change.docs.update(self.sdc.accusation(node_id, gpu_uuid, now=now_ns / 1e9, watch_until=watched))
+        await self.ingest.run_in_store(self.store.commit, change)
         await self.on_events(node_id, [event], self.ingest.node_labels.get(node_id, {}))
 
     async def approve_rma(self, rma_id: str, *, actor: str) -> dict[str, Any] | None:

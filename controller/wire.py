@@ -298,6 +298,22 @@ def validation_to_wire(row: dict) -> admin_pb.Validation:
     )
 
 
+def sdc_gpu_to_wire(row: dict) -> admin_pb.SdcGpu:
+    """A GPU's SDC record (a ``sdc_service`` ledger row)."""
+    return admin_pb.SdcGpu(
+        target=_target(row["node_id"], row["gpu_uuid"]),
+        suspicion=float(row["suspicion"]),
+        accusations=int(row["accusations"]),
+        runs=int(row["runs"]),
+        fails=int(row["fails"]),
+        suspects=int(row["suspects"]),
+        passes=int(row["passes"]),
+        last_verdict=row["last_verdict"],
+        last_unix_ns=int((row["last_at"] or 0) * 1e9),
+        watch_until_unix_ns=int((row["watch_until"] or 0) * 1e9),
+    )
+
+
 def rma_to_wire(row: dict) -> admin_pb.RmaTicket:
     """An RMA ticket with its evidence bundle."""
     return admin_pb.RmaTicket(

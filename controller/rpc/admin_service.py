@@ -156,6 +156,14 @@ class AdminService(admin_grpc.AdminServiceServicer):
         )
         return admin_pb.ListValidationsResponse(validations=[wire.validation_to_wire(r) for r in rows])
 
+    async def ListSdc(
+        self, request: admin_pb.ListSdcRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ListSdcResponse:
+        """GPUs with SDC history or under watch, most suspicious first."""
+        service = await self._need_remediation(context)
+        rows = service.sdc_records()[: request.limit or 1000]
+        return admin_pb.ListSdcResponse(gpus=[wire.sdc_gpu_to_wire(r) for r in rows])
+
     async def ListRma(
         self, request: admin_pb.ListRmaRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListRmaResponse:

@@ -361,6 +361,42 @@ class ListValidationsResponse(_message.Message):
     validations: _containers.RepeatedCompositeFieldContainer[Validation]
     def __init__(self, validations: _Optional[_Iterable[_Union[Validation, _Mapping]]] = ...) -> None: ...
 
+class SdcGpu(_message.Message):
+    __slots__ = ("target", "suspicion", "accusations", "runs", "fails", "suspects", "passes", "last_verdict", "last_unix_ns", "watch_until_unix_ns")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SUSPICION_FIELD_NUMBER: _ClassVar[int]
+    ACCUSATIONS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    FAILS_FIELD_NUMBER: _ClassVar[int]
+    SUSPECTS_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    LAST_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    LAST_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    WATCH_UNTIL_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    suspicion: float
+    accusations: int
+    runs: int
+    fails: int
+    suspects: int
+    passes: int
+    last_verdict: str
+    last_unix_ns: int
+    watch_until_unix_ns: int
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., suspicion: _Optional[float] = ..., accusations: _Optional[int] = ..., runs: _Optional[int] = ..., fails: _Optional[int] = ..., suspects: _Optional[int] = ..., passes: _Optional[int] = ..., last_verdict: _Optional[str] = ..., last_unix_ns: _Optional[int] = ..., watch_until_unix_ns: _Optional[int] = ...) -> None: ...
+
+class ListSdcRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListSdcResponse(_message.Message):
+    __slots__ = ("gpus",)
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[SdcGpu]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[SdcGpu, _Mapping]]] = ...) -> None: ...
+
 class PowerDomain(_message.Message):
     __slots__ = ("domain_id", "level", "budget_w", "allocated_w", "drawn_w", "children")
     DOMAIN_ID_FIELD_NUMBER: _ClassVar[int]
