@@ -236,6 +236,7 @@ _PY_TO_JSON = {bool: "boolean", int: "integer", float: "number", str: "string"}
         (("remediation", "correlation"), policy.CorrelationPolicy),
         (("remediation", "escalation"), policy.EscalationPolicy),
         (("remediation", "disruption"), policy.DisruptionPolicy),
+        (("remediation", "sdc"), policy.SdcPolicy),
         (("quarantine", "kubernetes"), quarantine.KubernetesSettings),
         (("quarantine", "slurm"), quarantine.SlurmSettings),
         (("bmc",), bmc.BmcSettings),
