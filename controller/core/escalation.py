@@ -288,7 +288,9 @@ class RemediationState:
 
 
 def _ticket_to_dict(t: Ticket) -> dict[str, Any]:
-    out = dataclasses.asdict(t)
+    # Shallow (not dataclasses.asdict): fields are scalars, tuples of str and one Pending.
+    out = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+    out["pending"] = None if t.pending is None else dataclasses.asdict(t.pending)
     for name in ("rung", "floor", "waiting_rung"):
         value = getattr(t, name)
         out[name] = None if value is None else value.name
