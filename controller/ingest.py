@@ -374,8 +374,17 @@ class Ingest:
         )
 
     def node_states(self) -> dict[str, fleet.ComponentState]:
-        """Connected nodes of this replica are HEALTHY unless the store says otherwise (for metrics)."""
-        return {node_id: fleet.ComponentState.HEALTHY for node_id in self.sessions}
+        """The nodes whose stream this replica holds, in their effective state (for metrics).
+
+        Read from the store on each scrape (one query), so a quarantined or repairing node shows as
+        such, not as healthy; nodes with no stream on any replica are the store's business.
+        """
+        connected = list(self.sessions)
+        stored = self.store.node_component_states(connected)
+        return {
+            node_id: fleet.effective_node_state(stored.get(node_id, fleet.ComponentState.HEALTHY), connected=True)
+            for node_id in connected
+        }
 
     async def flush(self) -> None:
         """Write dirty latest telemetry and last-seen times to the store."""

@@ -193,6 +193,17 @@ class Store:
                 ],
             )
 
+    def node_component_states(self, node_ids: Iterable[str]) -> dict[str, fleet.ComponentState]:
+        """The stored lifecycle state of each of these nodes (one query; unknown ids are left out)."""
+        ids = list(node_ids)
+        if not ids:
+            return {}
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(schema.NodeRow.node_id, schema.NodeRow.state).where(schema.NodeRow.node_id.in_(ids))
+            )
+            return {node_id: fleet.ComponentState(int(state)) for node_id, state in rows}
+
     def list_nodes(self, node_ids: Iterable[str] | None = None) -> list[fleet.NodeStatus]:
         """Every node (or the named ones) with GPUs and stored latest telemetry, sorted by id."""
         with self._sessions() as session:
