@@ -18,10 +18,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import bmc, ingest, metrics, quarantine
+from rasd.common import tls
+from rasd.controller import audit, authn, bmc, ingest, metrics, quarantine
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
-from rasd.controller.rpc import admin_service, agent_service
+from rasd.controller.rpc import admin_service, agent_service, authz
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
@@ -54,6 +55,8 @@ class ControllerSettings:
     """The `[quarantine]` table: adapter ("record", "kubernetes", "slurm") and its settings."""
     bmc: Mapping[str, Any] | None = None
     """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
+    security: authn.SecuritySettings = dataclasses.field(default_factory=authn.SecuritySettings)
+    """mTLS files, bearer tokens, the plaintext role and per-stream input limits (issue #7)."""
 
 
 class Controller:
@@ -86,6 +89,14 @@ class Controller:
             self.ingest.events_hook = self.remediation.on_events
             self.ingest.command_result_hook = self.remediation.on_result
             self.ingest.connected_hook = self.remediation.node_connected
+        self.tokens = authn.TokenStore(settings.security.tokens_file)
+        self.audit = audit.AuditLog(self.ingest, clock=time.time_ns)
+        self.security = authz.SecurityMetrics(self.registry)
+        self.tls: tls.ReloadingServerCredentials | None = None
+        if settings.security.tls is not None:
+            self.tls = tls.ReloadingServerCredentials(
+                settings.security.tls, require_client_cert=settings.security.require_client_cert
+            )
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -98,6 +109,7 @@ class Controller:
         if self.remediation is not None:
             await self.remediation.start()
         server = grpc.aio.server(
+            interceptors=[authz.AuthInterceptor(self.settings.security, self.tokens, self.audit, self.security)],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -106,12 +118,20 @@ class Controller:
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
-            ]
+            ],
         )
-        agent_grpc.add_AgentServiceServicer_to_server(agent_service.AgentService(self.ingest), server)
+        agent_grpc.add_AgentServiceServicer_to_server(
+            agent_service.AgentService(
+                self.ingest, limits=self.settings.security.limits, security_metrics=self.security, audit_log=self.audit
+            ),
+            server,
+        )
         admin_grpc.add_AdminServiceServicer_to_server(admin_service.AdminService(self.ingest, self.remediation), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.port = server.add_insecure_port(self.settings.listen)
+        if self.tls is not None:
+            self.port = server.add_secure_port(self.settings.listen, self.tls.credentials)
+        else:
+            self.port = server.add_insecure_port(self.settings.listen)
         if self.port == 0:
             raise OSError(f"could not bind gRPC to {self.settings.listen}")
         await server.start()
@@ -127,6 +147,7 @@ class Controller:
             "controller_started",
             listen=self.settings.listen,
             port=self.port,
+            tls=self.tls is not None,
             metrics_port=self.metrics_port,
             db=repo.redact_url(self.settings.db_url),
         )

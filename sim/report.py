@@ -200,7 +200,9 @@ def build(result: SimResult) -> dict[str, Any]:
         "generated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "scenario": settings.scenario.name,
         "seed": settings.seed,
-        "tls": False,
+        # True only when the controller counted every agent stream of the run as mutually authenticated.
+        "tls": result.agent_streams > 0 and result.agent_streams_mtls == result.agent_streams,
+        "agent_streams": {"opened": result.agent_streams, "mutual_tls": result.agent_streams_mtls},
         "run": {
             "nodes": settings.nodes,
             "gpus_per_node": settings.gpus_per_node,
