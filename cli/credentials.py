@@ -4,9 +4,10 @@ Channel rules:
 
 * ``--tls-ca/--tls-cert/--tls-key`` (or ``$RASD_TLS_CA``, ``$RASD_TLS_CERT``, ``$RASD_TLS_KEY``):
   mutual TLS; the certificate's OU is the caller's role (viewer, operator, admin).
-* ``--tls-ca`` alone with ``--token``: TLS without a client certificate (the controller must run
-  ``--allow-token-only``), authenticated by the token.
-* ``--token`` (or ``$RASD_TOKEN``): sent as ``authorization: Bearer <token>`` on every call.
+* ``--token`` (or ``$RASD_TOKEN``): sent as ``authorization: Bearer <token>`` on every call; the
+  token's role then decides, not the certificate's (the controller still requires a client
+  certificate for the TLS handshake: a role-less one is enough, e.g. one shared by a team whose
+  members each hold a token).
 * none of the TLS flags: plaintext, to a loopback controller only (one started with ``--insecure``).
 
 ``rasctl certs init`` makes a dev PKI (``rasd.common.devcerts``); ``rasctl tokens new`` makes a
@@ -90,10 +91,7 @@ def channel(args: argparse.Namespace) -> grpc.Channel:
         files = tls.TlsFiles(pathlib.Path(args.tls_ca), pathlib.Path(args.tls_cert), pathlib.Path(args.tls_key))
         return tls.sync_channel(args.controller, files, server_name=args.tls_server_name)
     if args.tls_ca:
-        if not args.token:
-            raise ValueError("--tls-ca without a client certificate needs --token")
-        credentials = grpc.ssl_channel_credentials(root_certificates=pathlib.Path(args.tls_ca).read_bytes())
-        return grpc.secure_channel(args.controller, credentials, options=tls.channel_options(args.tls_server_name))
+        raise ValueError("--tls-ca needs --tls-cert and --tls-key (the controller requires a client certificate)")
     host, _port = net.split_host_port(args.controller)
     if not net.is_loopback_host(host):
         raise ValueError(

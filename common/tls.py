@@ -102,21 +102,14 @@ class TlsFiles:
 class ReloadingServerCredentials:
     """Server credentials that require a client certificate and follow the files on disk."""
 
-    def __init__(self, files: TlsFiles, *, require_client_cert: bool = True) -> None:
-        """Load the files once (raising on a bad pair: a controller must not start without TLS).
-
-        With require_client_cert False the handshake also admits callers without a certificate
-        (bearer-token rasctl users); the auth interceptor still demands a node certificate on
-        AgentService and a credential on every AdminService call.
-        """
+    def __init__(self, files: TlsFiles) -> None:
+        """Load the files once (raising on a bad pair: a controller must not start without TLS)."""
         self.files = files
         self.reloads = 0
         self._lock = threading.Lock()
         self._stamp = files.stamp()
         initial = self._configuration()
-        self.credentials = grpc.dynamic_ssl_server_credentials(
-            initial, self._fetch, require_client_authentication=require_client_cert
-        )
+        self.credentials = grpc.dynamic_ssl_server_credentials(initial, self._fetch, require_client_authentication=True)
 
     def _configuration(self) -> grpc.ServerCertificateConfiguration:
         ca, cert, key = self.files.read()

@@ -144,9 +144,6 @@ class SecuritySettings:
 
     tls: tls.TlsFiles | None = None
     """Server certificate, key and client CA; None serves plaintext (loopback only, `--insecure`)."""
-    require_client_cert: bool = True
-    """Refuse TLS handshakes without a client certificate. False admits bearer-token-only rasctl
-    callers; agent streams need a node certificate either way."""
     tokens_file: pathlib.Path | None = None
     """Bearer token file (see the module docstring); None: certificates only."""
     insecure_role: Role | None = Role.ADMIN

@@ -34,11 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokens-file", type=pathlib.Path, help="bearer tokens for rasctl: NAME ROLE sha256:HEX per line"
     )
     group.add_argument(
-        "--allow-token-only",
-        action="store_true",
-        help="admit TLS clients without a certificate (bearer-token rasctl); agents still need node certificates",
-    )
-    group.add_argument(
         "--insecure-role",
         choices=("viewer", "operator", "admin", "none"),
         default="admin",
@@ -74,7 +69,6 @@ def settings_from_args(args: argparse.Namespace) -> authn.SecuritySettings:
         ) from None
     return authn.SecuritySettings(
         tls=files,
-        require_client_cert=not args.allow_token_only,
         tokens_file=tokens_file,
         insecure_role=insecure_role,
     )

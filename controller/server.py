@@ -94,9 +94,7 @@ class Controller:
         self.security = authz.SecurityMetrics(self.registry)
         self.tls: tls.ReloadingServerCredentials | None = None
         if settings.security.tls is not None:
-            self.tls = tls.ReloadingServerCredentials(
-                settings.security.tls, require_client_cert=settings.security.require_client_cert
-            )
+            self.tls = tls.ReloadingServerCredentials(settings.security.tls)
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
