@@ -39,6 +39,9 @@ MAX_UNIX_NS = 4_102_444_800 * 1_000_000_000
 """2100-01-01: a later timestamp is a corrupt clock or a hostile sender."""
 MAX_POWER_W = wire.MAX_POWER_W
 MAX_GPUS = wire.MAX_GPUS_PER_NODE
+MAX_EVIDENCE_CHARS = 64 * 1024
+MAX_ATTRIBUTE_CHARS = 253
+MAX_SOURCE_CHARS = 32
 UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 TOKEN_RE = re.compile(r"^[A-Za-z0-9._:/+-]*$")
 """Identifier-like strings (backend names, check names, verdicts, sources)."""
@@ -121,8 +124,8 @@ def _count(field: str, items: Iterable[object] | int, limit: int) -> None:
 def _map(field: str, mapping: Mapping[str, str], *, max_entries: int = wire.MAX_LABELS) -> None:
     _count(field, len(mapping), max_entries)
     for key, value in mapping.items():
-        _text(f"{field}[{key[:40]!r}]", key, 253)
-        _text(f"{field}[{key[:40]!r}]", value, 1024)
+        _text(f"{field}[{key[:40]!r}]", key, MAX_ATTRIBUTE_CHARS)
+        _text(f"{field}[{key[:40]!r}]", value, MAX_ATTRIBUTE_CHARS)
 
 
 def _enum(field: str, value: int, enum_type: object, *, allow_unspecified: bool = False) -> None:
@@ -238,7 +241,7 @@ def check_events(batch: agent_pb.HealthEventBatch, identity: StreamIdentity, lim
         if event.HasField("xid"):
             _range(f"{field}.xid", event.xid, 1, 99_999)
         _text(f"{field}.message", event.message, wire.MAX_TEXT)
-        _text(f"{field}.source", event.source, 32, pattern=TOKEN_RE)
+        _text(f"{field}.source", event.source, MAX_SOURCE_CHARS, pattern=TOKEN_RE)
         _map(f"{field}.attributes", event.attributes)
 
 
@@ -264,7 +267,7 @@ def check_result(result: commands_pb.ActionResult, identity: StreamIdentity) -> 
         _gpu_uuid(f"{field}.gpu_uuid", verdict.gpu_uuid, required=False)
         _text(f"{field}.check", verdict.check, 64, pattern=TOKEN_RE)
         _text(f"{field}.verdict", verdict.verdict, 32, pattern=TOKEN_RE)
-        _text(f"{field}.evidence", verdict.evidence, 64 * 1024)
+        _text(f"{field}.evidence", verdict.evidence, MAX_EVIDENCE_CHARS)
         _range(f"{field}.duration_s", verdict.duration_s, 0.0, 7 * 86_400.0)
 
 
