@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve plaintext gRPC; allowed only on a loopback address (default: mutual TLS)",
     )
+    parser.add_argument(
+        "--health-listen",
+        help="extra plaintext address serving only grpc.health.v1, for kubelet probes (default: none)",
+    )
     security.add_arguments(parser)
     parser.add_argument(
         "--config",
@@ -90,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         host, _port = net.split_host_port(args.listen)
     except ValueError as exc:
         parser.error(f"--listen: {exc}")
+    if args.health_listen is not None:
+        try:
+            net.split_host_port(args.health_listen)
+        except ValueError as exc:
+            parser.error(f"--health-listen: {exc}")
     if args.insecure and not net.is_loopback_host(host):
         parser.error(f"--listen: refusing plaintext gRPC on non-loopback address {host!r}")
     try:
@@ -113,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         quarantine=config.get("quarantine", {}),
         bmc=config.get("bmc"),
         security=security_settings,
+        health_listen=args.health_listen,
     )
     try:
         return asyncio.run(_serve(settings))

@@ -57,6 +57,9 @@ class ControllerSettings:
     """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
     security: authn.SecuritySettings = dataclasses.field(default_factory=authn.SecuritySettings)
     """mTLS files, bearer tokens, the plaintext role and per-stream input limits (issue #7)."""
+    health_listen: str | None = None
+    """Extra plaintext address serving only grpc.health.v1 (kubelet probes cannot present a client
+    certificate); None: health is served on `listen` only."""
 
 
 class Controller:
@@ -98,6 +101,8 @@ class Controller:
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
         self._metrics_server = None
         self._health = health.aio.HealthServicer()
 
@@ -134,6 +139,15 @@ class Controller:
             raise OSError(f"could not bind gRPC to {self.settings.listen}")
         await server.start()
         self._server = server
+        if self.settings.health_listen is not None:
+            # Health only, no rasd service: safe in plaintext on the pod IP, and reachable by probes.
+            health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
+            self.health_port = health_server.add_insecure_port(self.settings.health_listen)
+            if self.health_port == 0:
+                raise OSError(f"could not bind the health port to {self.settings.health_listen}")
+            await health_server.start()
+            self._health_server = health_server
         if self.settings.metrics_port is not None:
             self._metrics_server, _thread = start_http_server(
                 self.settings.metrics_port, addr=self.settings.metrics_addr, registry=self.registry
@@ -158,6 +172,8 @@ class Controller:
         await self.ingest.stop()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s)
+        if self._health_server is not None:
+            await self._health_server.stop(None)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

@@ -11,11 +11,16 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import signal
 import socket
 import ssl
+import subprocess
+import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rasd.agent import runtime, spool
 from rasd.agent.gpu import simulated
@@ -350,3 +355,66 @@ def test_bearer_tokens_reload_when_the_file_changes(tmp_path):
     assert store.lookup(second).name == "bob"
     path.write_text("broken line\n")  # a bad edit keeps the last good entries
     assert store.lookup(second).name == "bob"
+
+
+def test_the_real_entry_points_over_mtls_with_dev_certificates(tmp_path, venv_bin, free_port):
+    """`rasctl certs init`, `rasd-controller --dev-certs`, `rasd-agent --tls-*`, rasctl with $RASD_TLS_*,
+    and a plaintext health-only port for kubelet probes."""
+    certs = tmp_path / "certs"
+    made = subprocess.run(
+        [str(venv_bin / "rasctl"), "certs", "init", "--dir", str(certs), "--nodes", "node-x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    assert "rasctl as viewer: RASD_TLS_CA=" in made.stdout
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        health_port = probe_socket.getsockname()[1]
+    address = f"127.0.0.1:{free_port}"
+    logs = [open(tmp_path / "controller.log", "w"), open(tmp_path / "agent.log", "w")]  # noqa: SIM115
+    controller = subprocess.Popen(
+        [str(venv_bin / "rasd-controller"), "--dev-certs", str(certs), "--listen", address, "--metrics-port", "-1",
+         "--health-listen", f"127.0.0.1:{health_port}", "--db", f"sqlite:///{tmp_path / 'rasd.db'}"],
+        stdout=logs[0], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    agent = subprocess.Popen(
+        [str(venv_bin / "rasd-agent"), "--backend", "simulated", "--gpus", "1", "--node-id", "node-x",
+         "--controller", address, "--state-dir", str(tmp_path / "agent"), "--metrics-port", "-1",
+         "--tls-ca", str(certs / "ca.crt"), "--tls-cert", str(certs / "nodes" / "node-x.crt"),
+         "--tls-key", str(certs / "nodes" / "node-x.key")],
+        stdout=logs[1], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    env = {
+        **os.environ,
+        "RASD_TLS_CA": str(certs / "ca.crt"),
+        "RASD_TLS_CERT": str(certs / "operators" / "viewer.crt"),
+        "RASD_TLS_KEY": str(certs / "operators" / "viewer.key"),
+    }
+    try:
+        deadline = time.monotonic() + 45
+        nodes = []
+        while time.monotonic() < deadline and not nodes:
+            listed = subprocess.run(
+                [str(venv_bin / "rasctl"), "--controller", address, "nodes", "--json"],
+                capture_output=True, text=True, timeout=30, env=env,
+            )  # fmt: skip
+            if listed.returncode == 0:
+                nodes = [n for n in json.loads(listed.stdout) if n["connected"]]
+            time.sleep(0.5)
+        assert [n["node_id"] for n in nodes] == ["node-x"], (tmp_path / "controller.log").read_text()[-2000:]
+        # Plaintext rasctl is refused by the mTLS port; the health-only port answers without credentials.
+        plain = subprocess.run(
+            [str(venv_bin / "rasctl"), "--controller", address, "nodes"], capture_output=True, text=True, timeout=30
+        )
+        assert plain.returncode == 3
+        with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        for process in (agent, controller):
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=20)
+        for log in logs:
+            log.close()
