@@ -323,3 +323,90 @@ def kernel_line(real_lines: list[str]) -> st.SearchStrategy[str]:
         real.map(str.encode),
     )
     return st.one_of(as_bytes.map(lambda b: b.decode("utf-8", errors="replace")), st.text(max_size=200))
+
+
+# -- cheap amplification -----------------------------------------------------------------------------
+# Hypothesis draws a few base messages and a seeded Random per example; these plain-Python mutations
+# then derive many more inputs from them. A failure still reproduces: the seed is part of the example.
+def _hostile_scalar(field: pb_descriptor.FieldDescriptor, rng) -> object:  # type: ignore[no-untyped-def]
+    kind = field.type
+    if kind in _INT_BOUNDS:
+        lo, hi = _INT_BOUNDS[kind]
+        edges = [v for v in INT_EDGES if lo <= v <= hi]
+        return rng.choice(edges) if rng.random() < 0.6 else rng.randint(lo, hi)
+    if kind == FD.TYPE_FLOAT:
+        return rng.choice([0.0, -0.0, math.nan, math.inf, -math.inf, 5000.5, -1.0, rng.uniform(-1e6, 1e6)])
+    if kind == FD.TYPE_DOUBLE:
+        return rng.choice([*FLOAT_EDGES, rng.uniform(-1e9, 1e9)])
+    if kind == FD.TYPE_BOOL:
+        return rng.random() < 0.5
+    if kind == FD.TYPE_STRING:
+        return rng.choice(HOSTILE_TEXT)
+    return bytes(rng.randrange(256) for _ in range(rng.randrange(8)))
+
+
+def mutate(instance: pb_message.Message, rng) -> pb_message.Message | None:  # type: ignore[no-untyped-def]
+    """One derived input: a hostile value in one field, or byte edits of the serialized message."""
+    if rng.random() < 0.5:
+        copy = type(instance)()
+        copy.CopyFrom(instance)
+        slots = _slots(copy)
+        if not slots:
+            return copy
+        container, field, index = rng.choice(slots)
+        if index == -1:
+            key_field = field.message_type.fields_by_name["key"]
+            value_field = field.message_type.fields_by_name["value"]
+            getattr(container, field.name)[_hostile_scalar(key_field, rng)] = _hostile_scalar(value_field, rng)
+        elif index is None:
+            setattr(container, field.name, _hostile_scalar(field, rng))
+        else:
+            getattr(container, field.name)[index] = _hostile_scalar(field, rng)
+        return copy
+    buffer = bytearray(instance.SerializeToString())
+    for _ in range(rng.randint(1, 4)):
+        at = rng.randrange(len(buffer) + 1)
+        op = rng.randrange(4)
+        if op == 0 and buffer:
+            buffer[min(at, len(buffer) - 1)] ^= 1 << rng.randrange(8)
+        elif op == 1:
+            buffer[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 4)))
+        elif op == 2:
+            del buffer[at : at + rng.randint(1, 4)]
+        else:
+            del buffer[at:]
+    parsed = type(instance)()
+    try:
+        parsed.ParseFromString(bytes(buffer))
+    except pb_message.DecodeError:
+        return None
+    return parsed
+
+
+def amplified(bases: list, rng, total: int) -> list:  # type: ignore[no-untyped-def]
+    """bases followed by derived inputs, `total` in all; mutations start from the parseable bases."""
+    seeds = [b for b in bases if b is not None]
+    derived = [mutate(rng.choice(seeds), rng) for _ in range(total - len(bases))] if seeds else []
+    out = list(bases) + derived
+    rng.shuffle(out)
+    return out
+
+
+def mutate_line(line: str, rng) -> str:  # type: ignore[no-untyped-def]
+    """A kernel log line with byte edits, decoded as the followers decode."""
+    buffer = bytearray(line.encode())
+    for _ in range(rng.randint(1, 4)):
+        at = rng.randrange(len(buffer) + 1)
+        op = rng.randrange(5)
+        if op == 0 and buffer:
+            buffer[min(at, len(buffer) - 1)] ^= 1 << rng.randrange(8)
+        elif op == 1:
+            buffer[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+        elif op == 2:
+            del buffer[at : at + rng.randint(1, 8)]
+        elif op == 3:
+            end = rng.randint(at, len(buffer))
+            buffer[at:at] = buffer[at:end]
+        else:
+            del buffer[at:]
+    return bytes(buffer).decode("utf-8", errors="replace")
