@@ -418,3 +418,45 @@ def test_the_real_entry_points_over_mtls_with_dev_certificates(tmp_path, venv_bi
             process.wait(timeout=20)
         for log in logs:
             log.close()
+
+
+def test_an_agent_rereads_its_certificate_files_on_reconnect(tmp_path, free_port, pki):
+    """A broken renewal (key of another certificate) keeps the agent out; fixing the files lets it in,
+    without restarting the agent."""
+    node = tmp_path / "node-a"
+    node.mkdir()
+    cert, key = node / "agent.crt", node / "agent.key"
+    cert.write_bytes(pki.nodes["node-a"].cert.read_bytes())
+    key.write_bytes(pki.nodes["node-b"].key.read_bytes())
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port, pki)
+        await controller.start()
+        agent = runtime.Agent(
+            runtime.NodeIdentity("node-a", "boot", "node-a"),
+            simulated.SimulatedBackend("node-a", 1, 1, workload=None),
+            spool.Spool(":memory:"),
+            runtime.LinkSettings(
+                controller_address=controller.address,
+                tls=tls.TlsFiles(pki.ca.cert, cert, key),
+                reconnect_initial_s=0.05,
+                reconnect_max_s=0.2,
+            ),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        await asyncio.sleep(1.0)
+        refused = (agent.stats.connected, agent.stats.connect_failures)
+        key.write_bytes(pki.nodes["node-a"].key.read_bytes())
+        deadline = asyncio.get_running_loop().time() + 20
+        while "node-a" not in controller.ingest.sessions and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        connected = "node-a" in controller.ingest.sessions
+        stop.set()
+        await task
+        await controller.stop()
+        return refused, connected
+
+    (was_connected, failures), connected = asyncio.run(scenario())
+    assert not was_connected and failures >= 2
+    assert connected
