@@ -10,7 +10,7 @@ method (rasd.api.v1.AdminService/...)               least role  audited
 ==================================================  ==========  ==========================
 ListNodes GetNode ListEvents ListIncidents          viewer      on denial
 ListRepairs ListValidations GetPowerStatus
-GetPowerPolicy ListRma GetRma ListAudit
+GetPowerPolicy ListRma GetRma ListAudit ListSdc
 Quarantine Validate AccuseSdc SetAutomationPaused   operator    always (with outcome)
 Release                                             operator;   always
                                                     admin with
@@ -80,6 +80,7 @@ METHOD_RULES: dict[str, Rule] = {
             "ListRma",
             "GetRma",
             "ListAudit",
+            "ListSdc",  # on main (SDC sweeps) and not yet on this branch: reads only
         )
     },
     **{
