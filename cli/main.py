@@ -183,7 +183,7 @@ def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, ou
         show(listed.validations, rviews.validations_table)
     elif args.command == "sdc":
         stub.AccuseSdc(
-            admin_pb.AccuseSdcRequest(target=_target(args.target), reason=args.reason, accuser="operator"),
+            admin_pb.AccuseSdcRequest(target=_target(args.target), reason=args.reason),
             timeout=timeout,
         )
         print(f"accused {args.target}: quarantined for the accusation suite", file=out)
