@@ -289,6 +289,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"| faults injected / detected / missed | {faults['injected']} / {faults['detected']} / {faults['missed']} |",
         f"| time to detect p50 / p99 | {faults['time_to_detect_s_p50']} s / {faults['time_to_detect_s_p99']} s |",
         f"| events lost | {report['events_lost']} |",
+        f"| agent streams over mutual TLS | {report['agent_streams']['mutual_tls']} of "
+        f"{report['agent_streams']['opened']} (tls: {str(report['tls']).lower()}) |",
         f"| faults remediated / wrong actions | {report['remediation']['remediated']} / "
         f"{report['remediation']['wrong_actions']} |",
         f"| decision latency p50 / p99 | {report['remediation']['decision_latency_ms_p50']} ms / "
