@@ -312,8 +312,7 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Not measured yet: managed power and swing reduction (issue #5) and TLS (issue #7); "
-        "this report will grow those fields with them.",
+        "Not measured yet: managed power and swing reduction (issue #5); this report will grow those fields with it.",
         "",
     ]
     return "\n".join(lines)
