@@ -56,7 +56,7 @@ class ControllerSettings:
     bmc: Mapping[str, Any] | None = None
     """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
     security: authn.SecuritySettings = dataclasses.field(default_factory=authn.SecuritySettings)
-    """mTLS files, bearer tokens, the plaintext role and per-stream input limits (issue #7)."""
+    """mTLS files, bearer tokens, the plaintext role and per-stream input limits."""
     health_listen: str | None = None
     """Extra plaintext address serving only grpc.health.v1 (kubelet probes cannot present a client
     certificate); None: health is served on `listen` only."""
