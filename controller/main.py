@@ -13,7 +13,7 @@ from typing import Any
 
 from rasd.common import VERSION, net
 from rasd.common import logging as rasd_logging
-from rasd.controller import bmc, quarantine, server
+from rasd.controller import bmc, quarantine, security, server
 from rasd.controller.core import policy
 
 
@@ -32,8 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--insecure",
         action="store_true",
-        help="serve plaintext gRPC; allowed only on a loopback address (TLS arrives with the security issue)",
+        help="serve plaintext gRPC; allowed only on a loopback address (default: mutual TLS)",
     )
+    parser.add_argument(
+        "--health-listen",
+        help="extra plaintext address serving only grpc.health.v1, for kubelet probes (default: none)",
+    )
+    security.add_arguments(parser)
     parser.add_argument(
         "--config",
         type=pathlib.Path,
@@ -89,10 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         host, _port = net.split_host_port(args.listen)
     except ValueError as exc:
         parser.error(f"--listen: {exc}")
-    if not args.insecure:
-        parser.error("TLS is not built yet (security issue #7): pass --insecure to serve plaintext on loopback")
-    if not net.is_loopback_host(host):
+    if args.health_listen is not None:
+        try:
+            net.split_host_port(args.health_listen)
+        except ValueError as exc:
+            parser.error(f"--health-listen: {exc}")
+    if args.insecure and not net.is_loopback_host(host):
         parser.error(f"--listen: refusing plaintext gRPC on non-loopback address {host!r}")
+    try:
+        security_settings = security.settings_from_args(args)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
     if not -1 <= args.metrics_port <= 65535:
         parser.error(f"--metrics-port: {args.metrics_port} is not a port")
     try:
@@ -109,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         remediation_policy=config.get("remediation_policy", policy.RemediationPolicy()),
         quarantine=config.get("quarantine", {}),
         bmc=config.get("bmc"),
+        security=security_settings,
+        health_listen=args.health_listen,
     )
     try:
         return asyncio.run(_serve(settings))

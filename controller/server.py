@@ -18,10 +18,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import bmc, ingest, metrics, quarantine
+from rasd.common import tls
+from rasd.controller import audit, authn, bmc, ingest, metrics, quarantine
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
-from rasd.controller.rpc import admin_service, agent_service
+from rasd.controller.rpc import admin_service, agent_service, authz
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
@@ -54,6 +55,11 @@ class ControllerSettings:
     """The `[quarantine]` table: adapter ("record", "kubernetes", "slurm") and its settings."""
     bmc: Mapping[str, Any] | None = None
     """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
+    security: authn.SecuritySettings = dataclasses.field(default_factory=authn.SecuritySettings)
+    """mTLS files, bearer tokens, the plaintext role and per-stream input limits."""
+    health_listen: str | None = None
+    """Extra plaintext address serving only grpc.health.v1 (kubelet probes cannot present a client
+    certificate); None: health is served on `listen` only."""
 
 
 class Controller:
@@ -86,9 +92,17 @@ class Controller:
             self.ingest.events_hook = self.remediation.on_events
             self.ingest.command_result_hook = self.remediation.on_result
             self.ingest.connected_hook = self.remediation.node_connected
+        self.tokens = authn.TokenStore(settings.security.tokens_file)
+        self.audit = audit.AuditLog(self.ingest, clock=time.time_ns)
+        self.security = authz.SecurityMetrics(self.registry)
+        self.tls: tls.ReloadingServerCredentials | None = None
+        if settings.security.tls is not None:
+            self.tls = tls.ReloadingServerCredentials(settings.security.tls)
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
         self._metrics_server = None
         self._health = health.aio.HealthServicer()
 
@@ -98,6 +112,7 @@ class Controller:
         if self.remediation is not None:
             await self.remediation.start()
         server = grpc.aio.server(
+            interceptors=[authz.AuthInterceptor(self.settings.security, self.tokens, self.audit, self.security)],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -106,16 +121,33 @@ class Controller:
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
-            ]
+            ],
         )
-        agent_grpc.add_AgentServiceServicer_to_server(agent_service.AgentService(self.ingest), server)
+        agent_grpc.add_AgentServiceServicer_to_server(
+            agent_service.AgentService(
+                self.ingest, limits=self.settings.security.limits, security_metrics=self.security, audit_log=self.audit
+            ),
+            server,
+        )
         admin_grpc.add_AdminServiceServicer_to_server(admin_service.AdminService(self.ingest, self.remediation), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.port = server.add_insecure_port(self.settings.listen)
+        if self.tls is not None:
+            self.port = server.add_secure_port(self.settings.listen, self.tls.credentials)
+        else:
+            self.port = server.add_insecure_port(self.settings.listen)
         if self.port == 0:
             raise OSError(f"could not bind gRPC to {self.settings.listen}")
         await server.start()
         self._server = server
+        if self.settings.health_listen is not None:
+            # Health only, no rasd service: safe in plaintext on the pod IP, and reachable by probes.
+            health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
+            self.health_port = health_server.add_insecure_port(self.settings.health_listen)
+            if self.health_port == 0:
+                raise OSError(f"could not bind the health port to {self.settings.health_listen}")
+            await health_server.start()
+            self._health_server = health_server
         if self.settings.metrics_port is not None:
             self._metrics_server, _thread = start_http_server(
                 self.settings.metrics_port, addr=self.settings.metrics_addr, registry=self.registry
@@ -127,6 +159,7 @@ class Controller:
             "controller_started",
             listen=self.settings.listen,
             port=self.port,
+            tls=self.tls is not None,
             metrics_port=self.metrics_port,
             db=repo.redact_url(self.settings.db_url),
         )
@@ -139,6 +172,8 @@ class Controller:
         await self.ingest.stop()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s)
+        if self._health_server is not None:
+            await self._health_server.stop(None)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

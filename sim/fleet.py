@@ -31,7 +31,8 @@ from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.cli import views
-from rasd.controller import server
+from rasd.common import devcerts, tls
+from rasd.controller import authn, server
 from rasd.controller.core import fleet
 from rasd.sim import scenario as scenario_mod
 
@@ -51,6 +52,8 @@ class SimSettings:
     table_interval_s: float = 5.0
     """How often the live fleet table is printed; 0 disables it."""
     nodes_per_rack: int = 4
+    tls: bool = True
+    """Run every agent stream and admin call over mutual TLS with dev certificates (OUT/certs)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +103,10 @@ class SimResult:
     decision_latency_s: list[float] = dataclasses.field(default_factory=list)
     max_disrupted_nodes: int = 0
     disruption_budget: int = 0
+    agent_streams: int = 0
+    """Agent streams the controller opened (counted by the controller, not by the sim)."""
+    agent_streams_mtls: int = 0
+    """Of those, streams whose agent presented a verified node certificate."""
 
 
 def _node_id(index: int) -> str:
@@ -120,12 +127,20 @@ async def run(
     db_path = settings.out_dir / "rasd.db"
     for stale in (db_path, db_path.with_suffix(".db-wal"), db_path.with_suffix(".db-shm")):
         stale.unlink(missing_ok=True)
+    pki = (
+        devcerts.init(settings.out_dir / "certs", [_node_id(i) for i in range(settings.nodes)])
+        if settings.tls
+        else None
+    )
     controller = server.Controller(
         server.ControllerSettings(
             listen="127.0.0.1:0",
             db_url=f"sqlite:///{db_path}",
             metrics_port=0,
             remediation_policy=settings.scenario.remediation,
+            security=authn.SecuritySettings(
+                tls=tls.TlsFiles(pki.ca.cert, pki.controller.cert, pki.controller.key) if pki else None
+            ),
         )
     )
     await controller.start()
@@ -157,7 +172,10 @@ async def run(
                 ),
                 backend,
                 spool.Spool(":memory:"),
-                runtime.LinkSettings(controller_address=controller.address),
+                runtime.LinkSettings(
+                    controller_address=controller.address,
+                    tls=tls.TlsFiles(pki.ca.cert, pki.nodes[node_id].cert, pki.nodes[node_id].key) if pki else None,
+                ),
                 # Simulated GPUs take real repairs: the controller's commands change their state.
                 ops=node_ops.SimulatedNodeOps(backend),
                 action_settings=actions.ActionSettings(destructive_enabled=True),
@@ -167,7 +185,9 @@ async def run(
     agent_tasks = [asyncio.create_task(a.run(stop_agents), name=f"agent-{a.identity.node_id}") for a in agents]
     commands: list[CommandOutcome] = []
     operator_marks: list[int] = []
-    channel = grpc.aio.insecure_channel(controller.address)
+    # The scripted operator only reads through AdminService: a viewer certificate is enough.
+    viewer = tls.TlsFiles(pki.ca.cert, pki.operators["viewer"].cert, pki.operators["viewer"].key) if pki else None
+    channel = tls.aio_channel(controller.address, viewer)
     admin = admin_grpc.AdminServiceStub(channel)
     print(
         f"rasd-sim: scenario {settings.scenario.name!r}: {settings.nodes} nodes × {settings.gpus_per_node} GPUs "
@@ -239,6 +259,8 @@ async def run(
         decision_latency_s=list(remediation.stats.decision_latency_s) if remediation else [],
         max_disrupted_nodes=remediation.stats.max_disrupted_nodes if remediation else 0,
         disruption_budget=_budget_nodes(settings),
+        agent_streams=controller.security.streams_total,
+        agent_streams_mtls=controller.security.streams_mtls,
     )
 
 

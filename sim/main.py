@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("sim-out"), help="output directory")
     parser.add_argument("--report", type=pathlib.Path, help="report.json path (default OUT/report.json)")
     parser.add_argument("--table-interval-s", type=float, default=5.0, help="live fleet table period; 0 = off")
+    parser.add_argument(
+        "--insecure", action="store_true", help="plaintext gRPC on loopback instead of mutual TLS with dev certs"
+    )
     parser.add_argument("--log-level", default="warning", help="debug|info|warning|error (default %(default)s)")
     parser.add_argument("--version", action="version", version=f"rasd-sim {VERSION}")
     return parser
@@ -58,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenario=chosen,
         out_dir=args.out,
         table_interval_s=args.table_interval_s,
+        tls=not args.insecure,
     )
     result = asyncio.run(fleet.run(settings))
     built = report.build(result)

@@ -2,8 +2,8 @@
 
 RPCs whose capability has not been built yet (power status, budgets and policy) are answered
 UNIMPLEMENTED by the generated base class, naming nothing that pretends to work. Each arrives with
-its issue. Every state-changing call is audited; callers are "operator" until authentication lands
-(issue #7).
+its issue. Every state-changing call is audited with the caller the auth interceptor authenticated
+(``authz.actor()``); who may call what is decided there, never here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.controller import ingest, wire
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import repair_queue
+from rasd.controller.rpc import authz
 
 MAX_LIST_LIMIT = 10_000
 
@@ -80,7 +81,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
         if any(q["gpu_uuid"] == request.target.gpu_uuid and not q["port"] for q in active):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "target: already quarantined")
         await service.operator_quarantine(
-            request.target.node_id, request.target.gpu_uuid, reason=request.reason, actor="operator"
+            request.target.node_id, request.target.gpu_uuid, reason=request.reason, actor=authz.actor()
         )
         return admin_pb.QuarantineResponse(target=request.target, state=admin_pb.COMPONENT_STATE_QUARANTINED)
 
@@ -96,7 +97,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
                 request.target.gpu_uuid,
                 reason=request.reason or "operator release",
                 force=request.force,
-                actor="operator",
+                actor=authz.actor(),
             )
         except LookupError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"target: {exc}")
@@ -124,7 +125,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
                 request.target.gpu_uuid,
                 suite=request.suite,
                 seed=request.seed,
-                actor="operator",
+                actor=authz.actor(),
             )
         except ConnectionError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -141,8 +142,9 @@ class AdminService(admin_grpc.AdminServiceServicer):
         await service.accuse(
             request.target.node_id,
             request.target.gpu_uuid,
-            reason=request.reason or "SDC accusation",
-            accuser=request.accuser or "operator",
+            reason=(request.reason or "SDC accusation")
+            + (f" (reported by {request.accuser})" if request.accuser else ""),
+            accuser=authz.actor(),
         )
         return admin_pb.AccuseSdcResponse()
 
@@ -205,7 +207,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
         """Approve a pending RMA ticket."""
         service = await self._need_remediation(context)
         try:
-            row = await service.approve_rma(request.rma_id, actor="operator")
+            row = await service.approve_rma(request.rma_id, actor=authz.actor())
         except ValueError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if row is None:
@@ -217,7 +219,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
     ) -> admin_pb.AutomationStatus:
         """Pause automation, or resume it (which also resets a tripped circuit breaker)."""
         service = await self._need_remediation(context)
-        budget = await service.set_paused(request.paused, reason=request.reason or "operator", actor="operator")
+        budget = await service.set_paused(request.paused, reason=request.reason or "operator", actor=authz.actor())
         return admin_pb.AutomationStatus(
             paused=budget.paused or budget.breaker_tripped,
             breaker_tripped=budget.breaker_tripped,

@@ -355,7 +355,12 @@ def test_controller_args_parse_with_the_controllers_parser(chart):
     assert args.metrics_port == 9464
     assert args.metrics_addr == "0.0.0.0"
     assert args.no_remediation is False
-    assert not args.insecure  # plaintext is refused off loopback: the blocker until issue #7 (README)
+    assert not args.insecure  # mutual TLS with the mounted Secret (cert-manager's key names)
+    assert (args.tls_ca, args.tls_cert, args.tls_key) == (
+        pathlib.Path("/etc/rasd/tls/ca.crt"),
+        pathlib.Path("/etc/rasd/tls/tls.crt"),
+        pathlib.Path("/etc/rasd/tls/tls.key"),
+    )
 
 
 def test_sqlite_store_lives_on_its_volume_and_remediation_can_be_off(chart):
@@ -373,18 +378,22 @@ def test_sqlite_store_lives_on_its_volume_and_remediation_can_be_off(chart):
     assert the(objects, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
-def test_probes_use_the_grpc_health_service_on_the_grpc_port(chart):
+def test_probes_use_the_grpc_health_service_on_the_health_only_port(chart):
+    """grpcPort requires a client certificate the kubelet cannot present: probes use the plaintext
+    health-only port the controller serves with --health-listen."""
     container = controller_container(render(chart))
-    grpc_port = next(port["containerPort"] for port in container["ports"] if port["name"] == "grpc")
+    health_port = next(port["containerPort"] for port in container["ports"] if port["name"] == "health")
+    args = controller_main.build_parser().parse_args(container["args"])
+    assert args.health_listen == f"0.0.0.0:{health_port}"
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container[probe]["grpc"] == {"port": grpc_port}, probe
+        assert container[probe]["grpc"] == {"port": health_port}, probe
 
 
 def test_probe_mode_tls_exists_only_from_kubernetes_1_37(chart):
     """GRPCAction.mode ("TLS": no certificate verification) is new in the 1.37 API; unset by default."""
     deployment = the(render(chart, {"controller": {"probes": {"mode": "TLS"}}}), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["livenessProbe"]["grpc"] == {"port": 7443, "mode": "TLS"}
+    assert container["livenessProbe"]["grpc"] == {"port": 7444, "mode": "TLS"}
     kubernetes_validate.validate(deployment, "1.37.0", strict=True)
     with pytest.raises(kubernetes_validate.ValidationError, match="'mode' was unexpected"):
         kubernetes_validate.validate(deployment, "1.36.0", strict=True)
@@ -514,7 +523,17 @@ def test_agent_toml_and_args_are_what_the_agent_accepts(chart, tmp_path):
     assert settings["failsafe_power_limit_w"] == 500
     assert settings["labels"] == {"row": "row-3"}
     assert settings["commands"]["reboot"][:3] == ["nsenter", "--target", "1"]
-    assert not settings["insecure"]  # plaintext to a non-loopback controller is refused until issue #7
+    assert not settings["insecure"]  # mutual TLS with this node's certificate from the host
+    assert settings["tls"] == {
+        "ca": "/etc/rasd/tls/ca.crt",
+        "cert": "/etc/rasd/tls/agent.crt",
+        "key": "/etc/rasd/tls/agent.key",
+        "server_name": "",
+    }
+    volumes = {
+        v["name"]: v for v in the(objects, "DaemonSet", f"{RELEASE}-agent")["spec"]["template"]["spec"]["volumes"]
+    }
+    assert volumes["tls"]["hostPath"] == {"path": "/etc/rasd/tls", "type": "Directory"}
 
 
 def test_agent_is_off_by_default(chart):
