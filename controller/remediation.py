@@ -137,6 +137,10 @@ class RemediationService:
         self._inbox: list[tuple[str, list[repo.StoredEvent], dict[str, str], asyncio.Future[None]]] = []
         self._decider: asyncio.Task[None] | None = None
         """Agent commands dispatched and not yet answered, re-sent when their node reconnects."""
+        self.decision_hook: Callable[[Sequence[actions.Action], int], None] | None = None
+        """Called with the actions each commit newly put in the outbox and the commit's time (recording)."""
+        self.accusation_hook: Callable[..., None] | None = None
+        """Called with (node_id, gpu_uuid, reason=, accuser=, at_unix_ns=) of each SDC accusation (recording)."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -556,6 +560,8 @@ class RemediationService:
                 now_unix_ns=now_ns, audit=[_audit(now_ns, accuser, "accuse_sdc", node_id, gpu_uuid, reason, "accepted")]
             ),
         )
+        if self.accusation_hook is not None:
+            self.accusation_hook(node_id, gpu_uuid, reason=reason, accuser=accuser, at_unix_ns=now_ns)
         await self.on_events(node_id, [event], self.ingest.node_labels.get(node_id, {}))
 
     async def approve_rma(self, rma_id: str, *, actor: str) -> dict[str, Any] | None:
@@ -621,6 +627,8 @@ class RemediationService:
         change.docs["budget"] = self.budget.to_dict()
         fresh = set(await self.ingest.run_in_store(self.store.commit, change))
         self.node_states.update(states)
+        if self.decision_hook is not None:
+            self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
         for action in new_actions:
             if action.command_id in fresh:
                 self._deferred[action.command_id] = action

@@ -7,6 +7,7 @@ runs the same wiring.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +19,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import bmc, ingest, metrics, quarantine
+from rasd.controller import bmc, ingest, metrics, quarantine, recording
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
 from rasd.controller.rpc import admin_service, agent_service
@@ -54,6 +55,8 @@ class ControllerSettings:
     """The `[quarantine]` table: adapter ("record", "kubernetes", "slurm") and its settings."""
     bmc: Mapping[str, Any] | None = None
     """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
+    record_path: pathlib.Path | None = None
+    """Record inbound agent streams, sent commands and decisions to this file (controller/recording.py)."""
 
 
 class Controller:
@@ -86,6 +89,12 @@ class Controller:
             self.ingest.events_hook = self.remediation.on_events
             self.ingest.command_result_hook = self.remediation.on_result
             self.ingest.connected_hook = self.remediation.node_connected
+        self.recorder: recording.Recorder | None = None
+        if settings.record_path is not None:
+            self.recorder = recording.Recorder(settings.record_path, policy=settings.remediation_policy)
+            if self.remediation is not None:
+                self.remediation.decision_hook = self.recorder.decisions
+                self.remediation.accusation_hook = self.recorder.accusation
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -108,7 +117,9 @@ class Controller:
                 ("grpc.keepalive_permit_without_calls", 1),
             ]
         )
-        agent_grpc.add_AgentServiceServicer_to_server(agent_service.AgentService(self.ingest), server)
+        agent_grpc.add_AgentServiceServicer_to_server(
+            agent_service.AgentService(self.ingest, recorder=self.recorder), server
+        )
         admin_grpc.add_AdminServiceServicer_to_server(admin_service.AdminService(self.ingest, self.remediation), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.port = server.add_insecure_port(self.settings.listen)
@@ -143,6 +154,8 @@ class Controller:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         self.store.close()
+        if self.recorder is not None:
+            self.recorder.close()
         log.info("controller_stopped")
 
     @property

@@ -51,6 +51,8 @@ class SimSettings:
     table_interval_s: float = 5.0
     """How often the live fleet table is printed; 0 disables it."""
     nodes_per_rack: int = 4
+    record_path: pathlib.Path | None = None
+    """Record the controller's inbound streams and decisions here (replay: rasd-sim --replay)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +128,7 @@ async def run(
             db_url=f"sqlite:///{db_path}",
             metrics_port=0,
             remediation_policy=settings.scenario.remediation,
+            record_path=settings.record_path,
         )
     )
     await controller.start()

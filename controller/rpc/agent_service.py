@@ -13,7 +13,7 @@ import structlog
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import ingest, wire
+from rasd.controller import ingest, recording, wire
 
 log = structlog.get_logger("rasd.controller")
 
@@ -21,9 +21,10 @@ log = structlog.get_logger("rasd.controller")
 class AgentService(agent_grpc.AgentServiceServicer):
     """Serves AgentService.Connect."""
 
-    def __init__(self, service: ingest.Ingest) -> None:
-        """Bind to the ingest service."""
+    def __init__(self, service: ingest.Ingest, *, recorder: recording.Recorder | None = None) -> None:
+        """Bind to the ingest service; with a recorder, every inbound message and sent command is recorded."""
         self._ingest = service
+        self._recorder = recorder
 
     async def Connect(self, request_iterator, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
         """Run one node's stream until either side ends it."""
@@ -39,6 +40,8 @@ class AgentService(agent_grpc.AgentServiceServicer):
         except wire.WireError as exc:
             self._ingest.metrics.rejected(exc.field)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if self._recorder is not None:
+            self._recorder.inbound(session.session_id, session.node_id, first)
         await context.write(welcome)
         writer = asyncio.create_task(self._write(session, context))
         reader = asyncio.create_task(self._read(session, context))
@@ -59,6 +62,8 @@ class AgentService(agent_grpc.AgentServiceServicer):
             if session.replaced:
                 await context.abort(grpc.StatusCode.ABORTED, "a newer stream for this node replaced this one")
         finally:
+            if self._recorder is not None:  # first, before any await a cancelled call may not survive
+                self._recorder.closed(session.session_id, session.node_id)
             for task in (writer, reader):
                 task.cancel()
             await asyncio.gather(writer, reader, return_exceptions=True)
@@ -70,6 +75,8 @@ class AgentService(agent_grpc.AgentServiceServicer):
             message: agent_pb.AgentMessage = await context.read()
             if message is grpc.aio.EOF:
                 return
+            if self._recorder is not None:
+                self._recorder.inbound(session.session_id, session.node_id, message)
             kind = message.WhichOneof("payload")
             metrics.agent_messages.labels(kind=kind or "empty").inc()
             if kind == "telemetry":
@@ -90,4 +97,6 @@ class AgentService(agent_grpc.AgentServiceServicer):
             message = await session.outbound.get()
             if message is None:
                 return
+            if self._recorder is not None and message.HasField("command"):
+                self._recorder.outbound_command(session.session_id, session.node_id, message.command)
             await context.write(message)
