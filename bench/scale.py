@@ -348,7 +348,8 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, machine: str, w
         SECTION,
         "",
         f"Command: `.venv/bin/python bench/scale.py --sizes {','.join(str(r['nodes']) for r in rows)} "
-        f"--measure-s {args.measure_s:g} --agent-procs {args.agent_procs} --connect-rate {args.connect_rate:g}`  ",
+        f"--measure-s {args.measure_s:g} --agent-procs {args.agent_procs} --connect-rate {args.connect_rate:g} "
+        f"--connect-timeout-s {args.connect_timeout_s:g}`  ",
         f"Machine: {machine}  ",
         f"Run: {when}; per size a fresh controller process (SQLite WAL store, remediation on, default policy, "
         f"JSON logs at info to /dev/null) and {args.agent_procs} agent processes of `rasd.sim.swarm` agents "

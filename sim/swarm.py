@@ -40,6 +40,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import grpc
 
@@ -74,8 +75,10 @@ class SwarmSettings:
     reconnect_max_s: float = 30.0
     welcome_timeout_s: float = 30.0
     """How long to wait for Welcome after Hello before giving up on the attempt."""
-    channel_options: Sequence[tuple[str, int]] = ()
-    """Extra gRPC channel options (e.g. TLS-related ones)."""
+    channel_options: Sequence[tuple[str, Any]] = ()
+    """Extra gRPC channel options (e.g. ``grpc.ssl_target_name_override`` with TLS)."""
+    channel_credentials: grpc.ChannelCredentials | None = None
+    """TLS credentials (``grpc.ssl_channel_credentials``); None: plaintext, loopback only."""
 
 
 @dataclasses.dataclass
@@ -195,7 +198,12 @@ class SwarmAgent:
         attempt = 0
         options = [("grpc.use_local_subchannel_pool", 1), *self.settings.channel_options]
         while not stop.is_set():
-            channel = grpc.aio.insecure_channel(self.settings.controller_address, options=options)
+            address = self.settings.controller_address
+            channel = (
+                grpc.aio.secure_channel(address, self.settings.channel_credentials, options=options)
+                if self.settings.channel_credentials is not None
+                else grpc.aio.insecure_channel(address, options=options)
+            )
             try:
                 if await self._session(channel, stop):
                     attempt = 0
