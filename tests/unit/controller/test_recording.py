@@ -101,3 +101,13 @@ def test_a_full_disk_stops_the_recording_and_nothing_else():
         recorder.inbound("s", "n", big)
     recorder.close()
     assert recorder.entries == 1
+
+
+def test_a_restart_with_the_same_path_keeps_the_earlier_recording(tmp_path):
+    path = tmp_path / "r.rasdrec"
+    _write_sample(path)
+    first = path.read_bytes()
+    recording.Recorder(path, policy=policy_mod.RemediationPolicy()).close()
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("r.rasdrec.")]
+    assert len(kept) == 1 and kept[0].read_bytes() == first
+    assert recording.read(path).entries == []
