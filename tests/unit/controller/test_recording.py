@@ -111,3 +111,9 @@ def test_a_restart_with_the_same_path_keeps_the_earlier_recording(tmp_path):
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("r.rasdrec.")]
     assert len(kept) == 1 and kept[0].read_bytes() == first
     assert recording.read(path).entries == []
+
+
+def test_rasd_controller_takes_record():
+    from rasd.controller import main
+
+    assert main.build_parser().parse_args(["--record", "run.rasdrec"]).record == pathlib.Path("run.rasdrec")
