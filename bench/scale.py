@@ -25,9 +25,12 @@ Per fleet size, in fresh processes:
 "event→dispatch" is the controller's own `RemediationStats.decision_latency_s`: event stored →
 dispatch, per action the event's decision dispatched (a reset is two: quarantine the GPU, reset
 it), for events that led to a dispatch (some actions are held by the disruption budget).
-"event→command at agent" is measured end to end on the agent
-side: the event's observed time → the first command that node receives after it (one clock: all
-processes share the host's).
+"event→command at agent" is measured end to end on the agent side: the event's observed time → the
+first command that node receives after it (one clock: all processes share the host's).
+
+Also reported: how much of the window the controller's single store thread spent flushing the
+latest telemetry (``rasd_store_flush_seconds``) and the mean health-event batch receive → ack time
+(``rasd_event_persist_seconds``); ``--profile PATH`` writes a cProfile of the controller's event loop.
 
 Figures go to the "## Scale" section of bench/RESULTS.md. The goal (issue #9): one replica
 carries 2,048 nodes × 8 GPUs on one core with decision p99 ≤ 50 ms.
