@@ -39,6 +39,11 @@ differently under the new policy (a GPU that was never reset still reports what 
 the replay answers "what would the controller have decided on this history", not "what would
 have happened".
 
+Not recorded, so not replayed: operator actions other than SDC accusations (``rasctl release``,
+``quarantine``, ``automation pause/resume``, ``validate``) and power commands. Where an operator
+acted during the recording, the replay diverges from that point on that node (or fleet-wide for a
+pause), and the diff shows it.
+
 Decisions are compared per repair ticket, in step order: the two action sequences are aligned
 (difflib), and each differing position is one row: ``changed`` (recorded action → replayed
 action), ``only_recorded`` or ``only_replayed``. Within a differing stretch a repair pairs with
