@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="controller.toml with [remediation], [quarantine] and [bmc] tables (see controller/packaging/)",
     )
     parser.add_argument("--no-remediation", action="store_true", help="record health events only; never act on them")
+    parser.add_argument(
+        "--record",
+        type=pathlib.Path,
+        metavar="PATH",
+        help="record every inbound agent message, sent command and decision to PATH (replay: rasd-sim --replay)",
+    )
     parser.add_argument("--log-level", default="info", help="debug|info|warning|error (default %(default)s)")
     parser.add_argument("--version", action="version", version=f"rasd-controller {VERSION}")
     return parser
@@ -123,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bmc=config.get("bmc"),
         security=security_settings,
         health_listen=args.health_listen,
+        record_path=args.record,
     )
     try:
         return asyncio.run(_serve(settings))

@@ -140,6 +140,10 @@ class RemediationService:
         self.sdc = sdc_service.SdcLedger(self.policy.sdc)
         self._sweeper: asyncio.Task[None] | None = None
         """Agent commands dispatched and not yet answered, re-sent when their node reconnects."""
+        self.decision_hook: Callable[[Sequence[actions.Action], int], None] | None = None
+        """Called with the actions each commit newly put in the outbox and the commit's time (recording)."""
+        self.accusation_hook: Callable[..., None] | None = None
+        """Called with (node_id, gpu_uuid, reason=, accuser=, at_unix_ns=) of each SDC accusation (recording)."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -645,6 +649,8 @@ class RemediationService:
         )
         change.docs.update(self.sdc.accusation(node_id, gpu_uuid, now=now_ns / 1e9, watch_until=watched))
         await self.ingest.run_in_store(self.store.commit, change)
+        if self.accusation_hook is not None:
+            self.accusation_hook(node_id, gpu_uuid, reason=reason, accuser=accuser, at_unix_ns=now_ns)
         await self.on_events(node_id, [event], self.ingest.node_labels.get(node_id, {}))
 
     async def approve_rma(self, rma_id: str, *, actor: str) -> dict[str, Any] | None:
@@ -710,6 +716,8 @@ class RemediationService:
         change.docs["budget"] = self.budget.to_dict()
         fresh = set(await self.ingest.run_in_store(self.store.commit, change))
         self.node_states.update(states)
+        if self.decision_hook is not None:
+            self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
         for action in new_actions:
             if action.command_id in fresh:
                 self._deferred[action.command_id] = action

@@ -7,6 +7,7 @@ runs the same wiring.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.common import tls
-from rasd.controller import audit, authn, bmc, ingest, metrics, quarantine
+from rasd.controller import audit, authn, bmc, ingest, metrics, quarantine, recording
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
 from rasd.controller.rpc import admin_service, agent_service, authz
@@ -60,6 +61,8 @@ class ControllerSettings:
     health_listen: str | None = None
     """Extra plaintext address serving only grpc.health.v1 (kubelet probes cannot present a client
     certificate); None: health is served on `listen` only."""
+    record_path: pathlib.Path | None = None
+    """Record inbound agent streams, sent commands and decisions to this file (controller/recording.py)."""
 
 
 class Controller:
@@ -98,6 +101,12 @@ class Controller:
         self.tls: tls.ReloadingServerCredentials | None = None
         if settings.security.tls is not None:
             self.tls = tls.ReloadingServerCredentials(settings.security.tls)
+        self.recorder: recording.Recorder | None = None
+        if settings.record_path is not None:
+            self.recorder = recording.Recorder(settings.record_path, policy=settings.remediation_policy)
+            if self.remediation is not None:
+                self.remediation.decision_hook = self.recorder.decisions
+                self.remediation.accusation_hook = self.recorder.accusation
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -125,7 +134,11 @@ class Controller:
         )
         agent_grpc.add_AgentServiceServicer_to_server(
             agent_service.AgentService(
-                self.ingest, limits=self.settings.security.limits, security_metrics=self.security, audit_log=self.audit
+                self.ingest,
+                limits=self.settings.security.limits,
+                security_metrics=self.security,
+                audit_log=self.audit,
+                recorder=self.recorder,
             ),
             server,
         )
@@ -178,6 +191,8 @@ class Controller:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         self.store.close()
+        if self.recorder is not None:
+            self.recorder.close()
         log.info("controller_stopped")
 
     @property

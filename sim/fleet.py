@@ -54,6 +54,8 @@ class SimSettings:
     nodes_per_rack: int = 4
     tls: bool = True
     """Run every agent stream and admin call over mutual TLS with dev certificates (OUT/certs)."""
+    record_path: pathlib.Path | None = None
+    """Record the controller's inbound streams and decisions here (replay: rasd-sim --replay)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +143,7 @@ async def run(
             security=authn.SecuritySettings(
                 tls=tls.TlsFiles(pki.ca.cert, pki.controller.cert, pki.controller.key) if pki else None
             ),
+            record_path=settings.record_path,
         )
     )
     await controller.start()

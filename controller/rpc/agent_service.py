@@ -11,14 +11,16 @@ controller its node certificate fixes which node the stream may speak for.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Callable
 
 import grpc
 import structlog
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import audit, ingest, validate_input, wire
+from rasd.controller import audit, ingest, recording, validate_input, wire
 from rasd.controller.rpc import authz
 
 log = structlog.get_logger("rasd.controller")
@@ -34,12 +36,17 @@ class AgentService(agent_grpc.AgentServiceServicer):
         limits: validate_input.InputLimits | None = None,
         security_metrics: authz.SecurityMetrics | None = None,
         audit_log: audit.AuditLog | None = None,
+        recorder: recording.Recorder | None = None,
     ) -> None:
-        """Bind to the ingest service, the input limits, and where denials are counted and audited."""
+        """Bind to the ingest, the input limits, and where denials are counted, audited and recorded.
+
+        With a recorder, every inbound message and sent command is recorded too.
+        """
         self._ingest = service
         self._limits = limits or validate_input.InputLimits()
         self._security = security_metrics
         self._audit = audit_log
+        self._recorder = recorder
 
     def identity(self) -> validate_input.StreamIdentity:
         """What the current stream may speak for (its node certificate; nothing on plaintext)."""
@@ -88,6 +95,8 @@ class AgentService(agent_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if self._security is not None:
             self._security.stream_opened(mutual_tls=identity.node_id is not None)
+        if self._recorder is not None:
+            self._recorder.inbound(session.session_id, session.node_id, first)
         await context.write(welcome)
         writer = asyncio.create_task(self._write(session, context))
         reader = asyncio.create_task(self._read(session, context, identity))
@@ -110,6 +119,8 @@ class AgentService(agent_grpc.AgentServiceServicer):
             if session.replaced:
                 await context.abort(grpc.StatusCode.ABORTED, "a newer stream for this node replaced this one")
         finally:
+            if self._recorder is not None:  # first, before any await a cancelled call may not survive
+                self._recorder.closed(session.session_id, session.node_id)
             for task in (writer, reader):
                 task.cancel()
             await asyncio.gather(writer, reader, return_exceptions=True)
@@ -120,6 +131,9 @@ class AgentService(agent_grpc.AgentServiceServicer):
     ) -> None:
         metrics = self._ingest.metrics
         bucket = validate_input.TokenBucket(self._limits.max_messages_per_s, self._limits.burst_messages)
+        accepted = None
+        if self._recorder is not None:
+            accepted = functools.partial(self._recorder.inbound, session.session_id, session.node_id)
         while True:
             wait_s = bucket.delay(time.monotonic())
             if wait_s > 0:
@@ -131,13 +145,15 @@ class AgentService(agent_grpc.AgentServiceServicer):
             if message is grpc.aio.EOF:
                 return
             metrics.agent_messages.labels(kind=message.WhichOneof("payload") or "empty").inc()
-            await deliver(self._ingest, session, message, identity, self._limits)
+            await deliver(self._ingest, session, message, identity, self._limits, accepted=accepted)
 
     async def _write(self, session: ingest.Session, context: grpc.aio.ServicerContext) -> None:
         while True:
             message = await session.outbound.get()
             if message is None:
                 return
+            if self._recorder is not None and message.HasField("command"):
+                self._recorder.outbound_command(session.session_id, session.node_id, message.command)
             await context.write(message)
 
 
@@ -147,16 +163,22 @@ async def deliver(
     message: agent_pb.AgentMessage,
     identity: validate_input.StreamIdentity,
     limits: validate_input.InputLimits,
+    *,
+    accepted: Callable[[agent_pb.AgentMessage], None] | None = None,
 ) -> None:
     """Check one non-first message of a stream at the edge, then hand it to the ingest.
 
     The fuzz tests drive this same function in process, so they exercise exactly what a stream does.
+    ``accepted`` (the recorder) sees each message that passed the edge, before the ingest acts on
+    it: a refused message is not part of what the controller decided on, so replay never sees it.
 
     Raises:
         wire.WireError: a malformed field (INVALID_ARGUMENT); nothing of this message was applied.
         validate_input.IdentityError: it speaks for another node (PERMISSION_DENIED).
     """
     kind = validate_input.check_message(message, identity, limits)
+    if accepted is not None:
+        accepted(message)
     if kind == "telemetry":
         service.on_telemetry(session, message.telemetry)
     elif kind == "events":
