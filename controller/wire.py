@@ -114,8 +114,9 @@ def check_telemetry(batch: health_pb.TelemetryBatch, known_gpus: frozenset[str])
             raise WireError(f"{field}.sample_interval_ms", f"{series.sample_interval_ms} is outside 1..60000")
         if len(series.power_w) > MAX_SAMPLES_PER_SERIES:
             raise WireError(f"{field}.power_w", f"more than {MAX_SAMPLES_PER_SERIES} samples")
-        for sample_index, watts in enumerate(series.power_w):
-            _finite(f"{field}.power_w[{sample_index}]", watts, 0.0, MAX_POWER_W)
+        if not all(0.0 <= watts <= MAX_POWER_W for watts in series.power_w):  # NaN and inf fail too
+            for sample_index, watts in enumerate(series.power_w):
+                _finite(f"{field}.power_w[{sample_index}]", watts, 0.0, MAX_POWER_W)
     for index, counters in enumerate(batch.counters):
         field = f"telemetry.counters[{index}]"
         if counters.gpu_uuid not in known_gpus:
@@ -127,25 +128,42 @@ def check_telemetry(batch: health_pb.TelemetryBatch, known_gpus: frozenset[str])
 
 
 def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.GpuLatest]:
-    """The freshest values per GPU in a (validated) batch."""
-    latest: dict[str, fleet.GpuLatest] = {}
+    """The freshest values per GPU in a (validated) batch: one `GpuLatest` per GPU.
+
+    The newest power series end and the newest counters sample of each GPU win (what
+    `fleet.merge_latest` would keep), gathered first so that only one value object is built per
+    GPU: this runs for every batch of every node.
+    """
+    power: dict[str, tuple[float, int]] = {}
     for series in batch.power:
-        if not series.power_w:
+        samples = series.power_w
+        if not samples:
             continue
-        last_ns = series.first_sample_unix_ns + (len(series.power_w) - 1) * series.sample_interval_ms * 1_000_000
-        update = fleet.GpuLatest(power_w=float(series.power_w[-1]), power_sample_unix_ns=last_ns)
-        latest[series.gpu_uuid] = fleet.merge_latest(latest.get(series.gpu_uuid), update)
+        last_ns = series.first_sample_unix_ns + (len(samples) - 1) * series.sample_interval_ms * 1_000_000
+        seen = power.get(series.gpu_uuid)
+        if seen is None or last_ns >= seen[1]:
+            power[series.gpu_uuid] = (float(samples[-1]), last_ns)
+    newest: dict[str, health_pb.GpuCounters] = {}
     for counters in batch.counters:
-        update = fleet.GpuLatest(
-            enforced_power_limit_w=(
-                counters.enforced_power_limit_w if counters.HasField("enforced_power_limit_w") else None
-            ),
-            temperature_c=counters.temperature_c if counters.HasField("temperature_c") else None,
-            utilization_gpu_pct=counters.utilization_gpu_pct if counters.HasField("utilization_gpu_pct") else None,
-            clock_event_reasons=counters.clock_event_reasons if counters.HasField("clock_event_reasons") else None,
-            counters_unix_ns=counters.sample_unix_ns,
+        seen_counters = newest.get(counters.gpu_uuid)
+        if seen_counters is None or counters.sample_unix_ns >= seen_counters.sample_unix_ns:
+            newest[counters.gpu_uuid] = counters
+    latest: dict[str, fleet.GpuLatest] = {}
+    for gpu_uuid in power.keys() | newest.keys():
+        watts, power_ns = power.get(gpu_uuid, (None, 0))
+        c = newest.get(gpu_uuid)
+        if c is None:
+            latest[gpu_uuid] = fleet.GpuLatest(power_w=watts, power_sample_unix_ns=power_ns)
+            continue
+        latest[gpu_uuid] = fleet.GpuLatest(
+            power_w=watts,
+            power_sample_unix_ns=power_ns,
+            enforced_power_limit_w=c.enforced_power_limit_w if c.HasField("enforced_power_limit_w") else None,
+            temperature_c=c.temperature_c if c.HasField("temperature_c") else None,
+            utilization_gpu_pct=c.utilization_gpu_pct if c.HasField("utilization_gpu_pct") else None,
+            clock_event_reasons=c.clock_event_reasons if c.HasField("clock_event_reasons") else None,
+            counters_unix_ns=c.sample_unix_ns,
         )
-        latest[counters.gpu_uuid] = fleet.merge_latest(latest.get(counters.gpu_uuid), update)
     return latest
 
 

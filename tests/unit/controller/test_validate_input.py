@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rasd.agent import wire as agent_wire
 from rasd.api.v1 import agent_service_pb2 as agent_pb
@@ -180,3 +183,71 @@ def test_the_agent_cuts_text_to_what_the_edge_accepts():
     assert agent_wire.MAX_SOURCE_CHARS <= validate_input.MAX_SOURCE_CHARS
     assert agent_wire.MAX_ATTRIBUTES <= wire.MAX_LABELS
     assert agent_wire.MAX_EVIDENCE_CHARS <= validate_input.MAX_EVIDENCE_CHARS
+
+
+# ---- the telemetry fast path never accepts what the field-by-field check refuses ----------------
+
+_BOUNDARY_INTS = (
+    -(2**40),
+    -51,
+    -1,
+    0,
+    1,
+    4,
+    5,
+    63,
+    64,
+    100,
+    101,
+    200,
+    201,
+    3000,
+    3001,
+    60_000,
+    60_001,
+    2**62,
+    2**63 - 1,
+)
+_BOUNDARY_FLOATS = (-1.0, -0.0, 0.0, 0.5, 700.0, 3000.0, 3000.5, math.inf, -math.inf, math.nan)
+_POWER_INT_FIELDS = ("first_sample_unix_ns", "sample_interval_ms")
+_COUNTER_INT_FIELDS = (
+    "sample_unix_ns",
+    "nvlink_sample_unix_ns",
+    *(name for name, _, _ in validate_input._COUNTER_RANGES),
+)
+
+
+@given(
+    power_edits=st.lists(
+        st.tuples(st.sampled_from(_POWER_INT_FIELDS), st.sampled_from((*_BOUNDARY_INTS, NOW, 100))), max_size=3
+    ),
+    samples=st.lists(st.sampled_from((*_BOUNDARY_FLOATS, 300.0, 650.5)), max_size=12),
+    counter_edits=st.lists(
+        st.tuples(st.sampled_from(_COUNTER_INT_FIELDS), st.sampled_from((*_BOUNDARY_INTS, NOW, 50))), max_size=4
+    ),
+    links=st.lists(st.tuples(st.sampled_from(_BOUNDARY_INTS), st.sampled_from(_BOUNDARY_INTS)), max_size=3),
+    gpu=st.sampled_from((GPU, OTHER, "GPU-nope", "")),
+    identity=st.sampled_from((MINE, PLAINTEXT)),
+)
+@settings(max_examples=1500, deadline=None)
+def test_the_telemetry_fast_path_implies_the_field_checks(power_edits, samples, counter_edits, links, gpu, identity):
+    series = health_pb.PowerSeries(gpu_uuid=gpu, first_sample_unix_ns=NOW, sample_interval_ms=100, power_w=samples)
+    counters = health_pb.GpuCounters(gpu_uuid=gpu, sample_unix_ns=NOW)
+    for name, value in power_edits:
+        with contextlib.suppress(ValueError):  # out of the proto field's own range: not representable
+            setattr(series, name, value)
+    for name, value in counter_edits:
+        with contextlib.suppress(ValueError):
+            setattr(counters, name, value)
+    for link, crc in links:
+        with contextlib.suppress(ValueError):
+            counters.nvlinks.add(link=link, crc_errors=crc)
+    batch = health_pb.TelemetryBatch(power=[series], counters=[counters])
+    try:
+        validate_input.check_telemetry_fields(batch, identity, LIMITS)
+        refused = None
+    except (wire.WireError, validate_input.IdentityError) as exc:
+        refused = exc
+    fast = validate_input.telemetry_certainly_valid(batch, identity, LIMITS)
+    assert not (fast and refused), f"the fast path accepted what the field check refuses: {refused}"
+    assert fast or refused is not None, "the fast path refused a valid batch (correct, but slow: keep them equal)"
