@@ -105,26 +105,39 @@ def _finite(field: str, value: float, lo: float, hi: float) -> float:
 
 
 def check_telemetry(batch: health_pb.TelemetryBatch, known_gpus: frozenset[str]) -> None:
-    """Reject a batch with a malformed field or a GPU the node did not announce in Hello."""
+    """Reject a batch with a malformed field or a GPU the node did not announce in Hello.
+
+    Field names are built only for the error (this runs for every batch of every node).
+    """
     for index, series in enumerate(batch.power):
-        field = f"telemetry.power[{index}]"
         if series.gpu_uuid not in known_gpus:
-            raise WireError(f"{field}.gpu_uuid", f"{series.gpu_uuid[:80]!r} is not one of this node's GPUs")
+            raise WireError(
+                f"telemetry.power[{index}].gpu_uuid", f"{series.gpu_uuid[:80]!r} is not one of this node's GPUs"
+            )
         if not 1 <= series.sample_interval_ms <= 60_000:
-            raise WireError(f"{field}.sample_interval_ms", f"{series.sample_interval_ms} is outside 1..60000")
-        if len(series.power_w) > MAX_SAMPLES_PER_SERIES:
-            raise WireError(f"{field}.power_w", f"more than {MAX_SAMPLES_PER_SERIES} samples")
-        if not all(0.0 <= watts <= MAX_POWER_W for watts in series.power_w):  # NaN and inf fail too
-            for sample_index, watts in enumerate(series.power_w):
-                _finite(f"{field}.power_w[{sample_index}]", watts, 0.0, MAX_POWER_W)
+            raise WireError(
+                f"telemetry.power[{index}].sample_interval_ms", f"{series.sample_interval_ms} is outside 1..60000"
+            )
+        samples = series.power_w
+        if len(samples) > MAX_SAMPLES_PER_SERIES:
+            raise WireError(f"telemetry.power[{index}].power_w", f"more than {MAX_SAMPLES_PER_SERIES} samples")
+        if not all(0.0 <= watts <= MAX_POWER_W for watts in samples):  # NaN and inf fail too
+            for sample_index, watts in enumerate(samples):
+                _finite(f"telemetry.power[{index}].power_w[{sample_index}]", watts, 0.0, MAX_POWER_W)
     for index, counters in enumerate(batch.counters):
-        field = f"telemetry.counters[{index}]"
         if counters.gpu_uuid not in known_gpus:
-            raise WireError(f"{field}.gpu_uuid", f"{counters.gpu_uuid[:80]!r} is not one of this node's GPUs")
+            raise WireError(
+                f"telemetry.counters[{index}].gpu_uuid", f"{counters.gpu_uuid[:80]!r} is not one of this node's GPUs"
+            )
         if counters.HasField("temperature_c") and not -50 <= counters.temperature_c <= 200:
-            raise WireError(f"{field}.temperature_c", f"{counters.temperature_c} is outside -50..200")
+            raise WireError(
+                f"telemetry.counters[{index}].temperature_c", f"{counters.temperature_c} is outside -50..200"
+            )
         if counters.HasField("enforced_power_limit_w") and counters.enforced_power_limit_w > MAX_POWER_W:
-            raise WireError(f"{field}.enforced_power_limit_w", f"{counters.enforced_power_limit_w} W is not sane")
+            raise WireError(
+                f"telemetry.counters[{index}].enforced_power_limit_w",
+                f"{counters.enforced_power_limit_w} W is not sane",
+            )
 
 
 def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.GpuLatest]:
