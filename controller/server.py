@@ -19,9 +19,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.controller import bmc, ingest, metrics, quarantine
+from rasd.controller import leader as leader_mod
+from rasd.controller import relay as relay_mod
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
-from rasd.controller.rpc import admin_service, agent_service
+from rasd.controller.rpc import admin_service, agent_service, leader_gate
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
@@ -54,6 +56,8 @@ class ControllerSettings:
     """The `[quarantine]` table: adapter ("record", "kubernetes", "slurm") and its settings."""
     bmc: Mapping[str, Any] | None = None
     """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
+    leader: leader_mod.LeaderSettings = dataclasses.field(default_factory=leader_mod.LeaderSettings)
+    """The `[leader]` table: election (lease on PostgreSQL), lease and renewal times, replica id."""
 
 
 class Controller:
@@ -86,6 +90,22 @@ class Controller:
             self.ingest.events_hook = self.remediation.on_events
             self.ingest.command_result_hook = self.remediation.on_result
             self.ingest.connected_hook = self.remediation.node_connected
+        # One leader runs the fleet-wide loops (DESIGN.md §8); its writes carry the fencing token.
+        self.leadership = leader_mod.Leadership(
+            self.store.engine, settings.leader, election=settings.leader.resolved_election(settings.db_url)
+        )
+        self.relay: relay_mod.Relay | None = None
+        if self.remediation is not None:
+            self.remediation.store.fence = self.leadership.fence
+            if self.leadership.election == "lease":
+                self.relay = relay_mod.Relay(
+                    self.ingest, self.remediation, self.leadership, poll_s=settings.leader.relay_poll_s
+                )
+                self.relay.attach()
+            else:
+                remediation = self.remediation
+                self.leadership.on_elected(lambda _token: remediation.start())
+                self.leadership.on_deposed(remediation.stop)
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -95,9 +115,15 @@ class Controller:
     async def start(self) -> None:
         """Start ingest, bind gRPC and metrics, and report SERVING."""
         await self.ingest.start()
-        if self.remediation is not None:
-            await self.remediation.start()
+        if self.relay is not None:
+            await self.relay.start()
+        await self.leadership.start()
         server = grpc.aio.server(
+            interceptors=[
+                leader_gate.LeaderGate(
+                    self.leadership.is_leader, lambda: f"leader: {self.leadership.leader_id or 'unknown'}"
+                )
+            ],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -106,7 +132,7 @@ class Controller:
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
-            ]
+            ],
         )
         agent_grpc.add_AgentServiceServicer_to_server(agent_service.AgentService(self.ingest), server)
         admin_grpc.add_AdminServiceServicer_to_server(admin_service.AdminService(self.ingest, self.remediation), server)
@@ -134,8 +160,9 @@ class Controller:
     async def stop(self) -> None:
         """Stop taking calls, let in-flight ones finish within the grace, flush the store."""
         await self._health.enter_graceful_shutdown()
-        if self.remediation is not None:
-            await self.remediation.stop()
+        await self.leadership.stop()  # stops the leader's loops and hands the lease over at once
+        if self.relay is not None:
+            await self.relay.stop()
         await self.ingest.stop()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s)

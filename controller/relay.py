@@ -1,0 +1,201 @@
+"""Several replicas, one controller: commands out through the outbox, events and results in to the leader.
+
+With `election = "lease"` each replica runs a `Relay`, which takes over the ingest's hooks:
+
+- **Courier** (every replica): the leader marks agent commands `dispatched` in the outbox
+  (`commands`); each replica looks for dispatched commands of the nodes whose streams it holds and
+  sends them, once per stream (a new stream of the node gets them again with the same ids: the agent
+  answers a repeat from its journal and never runs it twice, DESIGN.md invariant 2). The leader sends
+  to its own streams at once and the others find theirs within `relay_poll_s`.
+- **Results** (every replica): a command result is stored (`command_results`) by the replica that
+  received it; the leader applies stored results in arrival order and then forgets them. Applying a
+  result twice is harmless: the ladder calls a result nobody waits for stale.
+- **Intake** (the leader): events are stored by whichever replica holds the stream; the leader reads
+  each node's new, gap-free events past the ladder's watermark and decides them. It is the only way
+  events reach the ladder in this mode, so no event is decided twice, whichever replica received it.
+
+Every write the leader's ladder makes carries its fencing token (`Leadership.fence` on the
+remediation store), so once another replica has taken over, a late write of this one is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.controller import ingest as ingest_mod
+from rasd.controller import leader as leader_mod
+from rasd.controller import remediation as remediation_mod
+from rasd.controller.core import actions
+from rasd.controller.store import relay as relay_store
+from rasd.controller.store import repo
+
+log = structlog.get_logger("rasd.controller")
+
+
+class Relay:
+    """The courier, the result store and the leader's intake of one replica."""
+
+    def __init__(
+        self,
+        ingest: ingest_mod.Ingest,
+        remediation: remediation_mod.RemediationService,
+        leadership: leader_mod.Leadership,
+        *,
+        poll_s: float,
+    ) -> None:
+        """Bind to this replica's services; `attach()` wires the hooks, `start()` runs the loops."""
+        self.ingest = ingest
+        self.remediation = remediation
+        self.leadership = leadership
+        self.poll_s = poll_s
+        self.store = relay_store.RelayStore(ingest.store.engine)
+        self._sent: dict[str, str] = {}
+        """command id → the session it went out on (a new session of the node gets it again)."""
+        self._courier_wake = asyncio.Event()
+        self._intake_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._leading = False
+        self.commands_sent = 0
+        self.results_relayed = 0
+
+    def attach(self) -> None:
+        """Route the ingest's hooks and the ladder's sends through the relay."""
+        self.ingest.events_hook = self._on_events
+        self.ingest.command_result_hook = self._on_result
+        self.ingest.connected_hook = self._on_connected
+        self.remediation.send_hook = self._send
+        self.leadership.on_elected(self._elected)
+        self.leadership.on_deposed(self._deposed)
+
+    async def start(self) -> None:
+        """Start the courier (every replica) and the intake loop (acts only while this replica leads)."""
+        self._tasks = [
+            asyncio.create_task(self._courier_forever(), name="rasd-relay-courier"),
+            asyncio.create_task(self._intake_forever(), name="rasd-relay-intake"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop both loops."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # -- hooks -----------------------------------------------------------------------------------------
+    async def _on_events(self, node_id: str, events: list[repo.StoredEvent], labels: Mapping[str, str]) -> None:
+        # Stored and acked already; the leader reads them from the store (this one, if it leads).
+        self._intake_wake.set()
+
+    async def _on_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
+        await self.ingest.run_in_store(
+            lambda: self.store.save_result(
+                command_id=result.command_id,
+                node_id=node_id,
+                result=result.SerializeToString(),
+                replica_id=self.leadership.replica_id,
+                now_unix_ns=time.time_ns(),
+            )
+        )
+        self.results_relayed += 1
+        self._intake_wake.set()
+
+    async def _on_connected(self, node_id: str) -> None:
+        self._courier_wake.set()
+
+    async def _elected(self, token: int) -> None:
+        await self.remediation.start()
+        self._leading = True
+        self._intake_wake.set()
+
+    async def _deposed(self) -> None:
+        self._leading = False
+        await self.remediation.stop()
+
+    def _send(self, action: actions.Action) -> bool:
+        """The ladder dispatched an agent command: send it now if the stream is here, else a courier will."""
+        if action.node_id in self.ingest.sessions:
+            self._deliver(action)
+        else:
+            self._courier_wake.set()
+        return True  # it is in the outbox either way; whichever replica holds the stream delivers it
+
+    # -- courier -----------------------------------------------------------------------------------------
+    def _deliver(self, action: actions.Action) -> bool:
+        session = self.ingest.sessions.get(action.node_id)
+        if session is None or self._sent.get(action.command_id) == session.session_id:
+            return False
+        command = remediation_mod.agent_command(
+            action, self.remediation.policy.escalation, self.ingest.node_gpus(action.node_id), time.time_ns()
+        )
+        if not self.ingest.dispatch(action.node_id, command):
+            return False
+        self._sent[action.command_id] = session.session_id
+        self.commands_sent += 1
+        log.info("relay_command_sent", node=action.node_id, command_id=action.command_id, action=action.kind,
+                 replica=self.leadership.replica_id)  # fmt: skip
+        return True
+
+    async def deliver_pending(self) -> int:
+        """Send the dispatched outbox commands of this replica's streams not yet sent on them; returns how many."""
+        if not self.ingest.sessions:
+            self._sent.clear()
+            return 0
+        rows = await self.ingest.run_in_store(lambda: self.remediation.store.commands(statuses=("dispatched",)))
+        outstanding = {r.command_id for r in rows}
+        for command_id in [c for c in self._sent if c not in outstanding]:
+            del self._sent[command_id]  # answered (or cancelled): never sent again
+        sent = 0
+        for record in rows:
+            if record.kind in remediation_mod.AGENT_KINDS and record.node_id in self.ingest.sessions:
+                sent += self._deliver(actions.from_dict(record.payload))
+        return sent
+
+    async def _courier_forever(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._courier_wake.wait(), timeout=self.poll_s)
+            self._courier_wake.clear()
+            try:
+                await self.deliver_pending()
+            except Exception as exc:  # the store may be briefly unavailable; the next round retries
+                log.warning("relay_courier_failed", error=str(exc), error_type=type(exc).__name__)
+
+    # -- intake (leader) ----------------------------------------------------------------------------------
+    async def take_in(self) -> dict[str, Any]:
+        """Apply stored results, then decide new events of every node; returns what it handled."""
+        handled: dict[str, Any] = {"results": 0, "events": 0}
+        if not (self._leading and self.leadership.is_leader()):
+            return handled
+        stored = await self.ingest.run_in_store(self.store.results)
+        for command_id, node_id, payload in stored:
+            await self.remediation.on_result(node_id, commands_pb.ActionResult.FromString(payload))
+            await self.ingest.run_in_store(self.store.forget_results, [command_id])
+            handled["results"] += 1
+        dirty = await self.ingest.run_in_store(self.store.nodes_with_new_events)
+        if dirty:
+            fresh = await self.ingest.run_in_store(self.store.new_events, dirty)
+            for node_id, (labels, _events) in fresh.items():
+                if node_id not in self.ingest.sessions:  # blast radius needs every node's topology
+                    self.ingest.node_labels[node_id] = labels
+            await asyncio.gather(
+                *(self.remediation.on_events(node_id, events, labels) for node_id, (labels, events) in fresh.items())
+            )
+            handled["events"] = sum(len(events) for _labels, events in fresh.values())
+        return handled
+
+    async def _intake_forever(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._intake_wake.wait(), timeout=self.poll_s)
+            self._intake_wake.clear()
+            try:
+                await self.take_in()
+            except Exception as exc:  # e.g. NotLeaderError after a takeover; the election loop steps down
+                log.warning("relay_intake_failed", error=str(exc), error_type=type(exc).__name__)
