@@ -6,8 +6,9 @@ kernel-log file each) reach them through a small TCP front that stands in for th
 each agent prefers one replica and falls over to the other when it is gone. Two nodes stream to the
 leader, two to the follower.
 
-1. An Xid 13 (graphics engine exception: restart the process) on every node: the leader decides, and its commands reach the
-   nodes on the follower through the outbox; their results come back through the store.
+1. An Xid 13 (graphics engine exception: restart the process) on every node: the leader decides,
+   and its commands reach the nodes on the follower through the outbox; their results come back
+   through the store.
 2. Once every node's repair ticket is under way, the leader is SIGKILLed, and the same fault comes
    back on every node (a recurrence: the ladder must climb a rung on the same ticket, which only
    works if the new leader continues the old one's tickets).
@@ -164,7 +165,9 @@ class Cluster:
 
     def lease(self):
         try:
-            rows = self.query("SELECT holder, fencing_token, acquired_unix_ns FROM leader_lease WHERE name = 'controller'")
+            rows = self.query(
+                "SELECT holder, fencing_token, acquired_unix_ns FROM leader_lease WHERE name = 'controller'"
+            )
         except sa.exc.ProgrammingError:  # no table before the first replica has migrated the schema
             return None
         return rows[0] if rows else None
@@ -279,7 +282,9 @@ def test_sigkill_of_the_leader_mid_ladder_hands_over_within_the_lease_and_repeat
             finished = {r["node_id"] for r in rows if r["status"] == "succeeded" and r["kind"] == "reset_gpu"}
             return finished == set(NODES) and rows
 
-        after = wait_for("a GPU reset (the next rung) on every node, ordered by the new leader", climbed_everywhere, 120, cluster)
+        after = wait_for(
+            "a GPU reset (the next rung) on every node, ordered by the new leader", climbed_everywhere, 120, cluster
+        )
         continued = {r["ticket_id"] for r in after} & set(tickets_before)
         time.sleep(3 * RENEW_S)  # anything sent twice would arrive now
         commands = cluster.query("SELECT command_id, node_id, ticket_id, kind, status FROM commands")
@@ -301,8 +306,13 @@ def test_sigkill_of_the_leader_mid_ladder_hands_over_within_the_lease_and_repeat
         ]
         executed.update(ran)
     duplicates = {c: n for c, n in executed.items() if n > 1}
+    kind_of = {c["command_id"]: (c["node_id"], c["kind"]) for c in commands}
+    # Two leaders deciding the same fault would send the same repair under two ids: count per node and kind.
+    repeated_actions = {k: n for k, n in collections.Counter(kind_of[c] for c in executed).items() if n > 1}
     store_ids = {c["command_id"] for c in commands}
-    agent_kinds = [c for c in commands if c["kind"] in ("restart_process", "reset_gpu", "reboot_node", "run_validation")]
+    agent_kinds = [
+        c for c in commands if c["kind"] in ("restart_process", "reset_gpu", "reboot_node", "run_validation")
+    ]
     replayed = sum(
         1 for node_id in NODES for r in cluster.log_records(node_id, "command_executed") if r.get("replayed")
     )
@@ -311,11 +321,12 @@ def test_sigkill_of_the_leader_mid_ladder_hands_over_within_the_lease_and_repeat
         f"renew_s {RENEW_S:g}); fencing token {token_before} -> {lease['fencing_token']}\n"
         f"commands in the store {len(commands)} ({len(agent_kinds)} agent commands; {len(before_kill)} before the "
         f"kill), executed by agents {sum(executed.values())}, answered from the journal {replayed}, "
-        f"duplicates {len(duplicates)}\n"
+        f"duplicates {len(duplicates) + len(repeated_actions)}\n"
         f"tickets open at the kill {len(tickets_before)}, continued by the new leader {len(continued)}"
     )
     assert takeover_s <= LEASE_S + 1.0, f"takeover took {takeover_s:.2f} s (lease {LEASE_S:g} s)"
     assert duplicates == {}, f"commands run twice on an agent: {duplicates}"
     assert set(executed) <= store_ids, "every command an agent ran is in the outbox"
+    assert repeated_actions == {}, f"the same action ran twice on a node under different ids: {repeated_actions}"
     assert len(continued) == len(NODES), "the new leader climbed the rung on the tickets the old one opened"
     assert {c["node_id"] for c in agent_kinds if c["status"] == "succeeded"} == set(NODES)
