@@ -120,6 +120,7 @@ class Leadership:
         self._loop_task: asyncio.Task[None] | None = None
         self._term_task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self._abdicate = False
         self.terms = 0
         """Terms this replica has started (for tests and metrics)."""
 
@@ -191,6 +192,12 @@ class Leadership:
     _next_wait_s: float = 0.0
 
     async def _look(self) -> None:
+        if self._abdicate:
+            self._abdicate = False
+            await self._end("the leader's loops failed to start")
+            await asyncio.to_thread(self.store.release, self.replica_id)
+            self._next_wait_s = self.settings.renew_s
+            return
         started = time.monotonic()
         lease_s, renew_s = self.settings.lease_s, self.settings.renew_s
         try:
@@ -218,9 +225,11 @@ class Leadership:
         self._token = token
         self.terms += 1
         log.info("leader_elected", replica=self.replica_id, fencing_token=token, reason=reason)
-        self._term_task = asyncio.create_task(self._run_elected(token), name="rasd-leader-term")
-        if self.election == "static":
-            await self._term_task
+        if self.election == "static":  # start-up itself: a failing loop fails the controller's start
+            for callback in self._elected:
+                await callback(token)
+        else:
+            self._term_task = asyncio.create_task(self._run_elected(token), name="rasd-leader-term")
         self._changed.set()
 
     async def _run_elected(self, token: int) -> None:
@@ -228,7 +237,10 @@ class Leadership:
             try:
                 await callback(token)
             except Exception:
+                # A leader whose loops did not start must not sit on the lease: the next look hands it over.
                 log.exception("leader_elected_callback_failed", replica=self.replica_id, fencing_token=token)
+                self._abdicate = True
+                return
 
     async def _end(self, reason: str) -> None:
         if self._token is None:
