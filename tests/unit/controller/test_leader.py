@@ -206,3 +206,34 @@ def test_only_reads_run_on_a_follower():
         assert leader_gate.needs_leader(f"/rasd.api.v1.AdminService/{method}")
     assert not leader_gate.needs_leader("/rasd.api.v1.AgentService/Connect")
     assert not leader_gate.needs_leader("/grpc.health.v1.Health/Check")
+
+
+def test_a_leader_whose_loops_fail_to_start_hands_the_lease_over(store, store_url):
+    if not store_url.startswith("postgresql"):
+        pytest.skip("needs PostgreSQL: SQLite is one replica (static election)")
+
+    async def run():
+        broken = leader.Leadership(
+            store.engine, leader.LeaderSettings(replica_id="ctl-a", lease_s=5.0, renew_s=0.2), election="lease"
+        )
+        healthy = leader.Leadership(
+            store.engine, leader.LeaderSettings(replica_id="ctl-b", lease_s=5.0, renew_s=0.2), election="lease"
+        )
+
+        async def fail(_token):
+            raise RuntimeError("store unreadable")
+
+        broken.on_elected(fail)
+        await broken.start()
+        await healthy.start()
+        started = time.monotonic()
+        while not healthy.is_leader():
+            await asyncio.sleep(0.02)
+        waited_s = time.monotonic() - started
+        await broken.stop()
+        await healthy.stop()
+        return waited_s, broken.is_leader()
+
+    waited_s, broken_leads = asyncio.run(run())
+    assert not broken_leads
+    assert waited_s < 2.0, "handed over at the next look, long before the 5 s lease ran out"
