@@ -27,6 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import prometheus_client
 import sqlalchemy as sa
 import structlog
 from sqlalchemy.orm import Session
@@ -139,6 +140,19 @@ class Leadership:
     def fence(self, session: Session) -> None:
         """Refuse session's transaction unless this replica's term is still the lease's (store hook)."""
         lease_store.check_fence(session, self.fencing_token, role=self.store.role)
+
+    def register_metrics(self, registry: prometheus_client.CollectorRegistry) -> None:
+        """Export whether this replica leads and its term (the fencing token; 0 while it follows)."""
+        prometheus_client.Gauge(
+            "rasd_controller_leader",
+            "1 while this replica is the leader and runs the fleet-wide loops",
+            registry=registry,
+        ).set_function(lambda: 1.0 if self.is_leader() else 0.0)
+        prometheus_client.Gauge(
+            "rasd_controller_leader_term",
+            "Fencing token of this replica's term as leader; 0 while it follows",
+            registry=registry,
+        ).set_function(lambda: float(self.fencing_token or 0))
 
     def on_elected(self, callback: Elected) -> None:
         """Run callback(fencing_token) when a term starts (in registration order)."""

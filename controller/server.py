@@ -94,6 +94,7 @@ class Controller:
         self.leadership = leader_mod.Leadership(
             self.store.engine, settings.leader, election=settings.leader.resolved_election(settings.db_url)
         )
+        self.leadership.register_metrics(self.registry)
         self.relay: relay_mod.Relay | None = None
         if self.remediation is not None:
             self.remediation.store.fence = self.leadership.fence

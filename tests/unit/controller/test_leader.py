@@ -10,6 +10,7 @@ import asyncio
 import threading
 import time
 
+import prometheus_client
 import pytest
 import sqlalchemy as sa
 
@@ -120,11 +121,16 @@ def test_static_election_takes_a_new_term_at_each_start(store):
                 elected.append(token)
 
             leadership.on_elected(on_elected)
+            registry = prometheus_client.CollectorRegistry()
+            leadership.register_metrics(registry)
             await leadership.start()
             assert leadership.is_leader() and elected == [leadership.fencing_token]
+            assert registry.get_sample_value("rasd_controller_leader") == 1.0
+            assert registry.get_sample_value("rasd_controller_leader_term") == leadership.fencing_token
             terms.append(leadership.fencing_token)
             await leadership.stop()
             assert not leadership.is_leader() and leadership.fencing_token is None
+            assert registry.get_sample_value("rasd_controller_leader") == 0.0
         return terms
 
     assert asyncio.run(run()) == [1, 2]
