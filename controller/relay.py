@@ -10,6 +10,10 @@ With `election = "lease"` each replica runs a `Relay`, which takes over the inge
 - **Results** (every replica): a command result is stored (`command_results`) by the replica that
   received it; the leader applies stored results in arrival order and then forgets them. Applying a
   result twice is harmless: the ladder calls a result nobody waits for stale.
+- **Relayed commands** (any replica): `send_command` is `Ingest.send_command` for a node on any
+  replica. A loop outside the ladder's outbox (the power loop's caps) calls it on the leader; when
+  the stream is elsewhere the command goes through `relayed_commands`, the replica holding the
+  stream sends it, and its result comes back through `command_results` to the waiting sender.
 - **Intake** (the leader): events are stored by whichever replica holds the stream; the leader reads
   each node's new, gap-free events past the ladder's watermark and decides them. It is the only way
   events reach the ladder in this mode, so no event is decided twice, whichever replica received it.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,7 +50,7 @@ class Relay:
     def __init__(
         self,
         ingest: ingest_mod.Ingest,
-        remediation: remediation_mod.RemediationService,
+        remediation: remediation_mod.RemediationService | None,
         leadership: leader_mod.Leadership,
         *,
         poll_s: float,
@@ -58,6 +63,8 @@ class Relay:
         self.store = relay_store.RelayStore(ingest.store.engine)
         self._sent: dict[str, str] = {}
         """command id → the session it went out on (a new session of the node gets it again)."""
+        self._awaiting: dict[str, asyncio.Future[commands_pb.ActionResult]] = {}
+        """Relayed commands this replica sent and waits for, by command id."""
         self._courier_wake = asyncio.Event()
         self._intake_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -67,12 +74,13 @@ class Relay:
 
     def attach(self) -> None:
         """Route the ingest's hooks and the ladder's sends through the relay."""
-        self.ingest.events_hook = self._on_events
         self.ingest.command_result_hook = self._on_result
         self.ingest.connected_hook = self._on_connected
-        self.remediation.send_hook = self._send
-        self.leadership.on_elected(self._elected)
-        self.leadership.on_deposed(self._deposed)
+        if self.remediation is not None:
+            self.ingest.events_hook = self._on_events
+            self.remediation.send_hook = self._send
+            self.leadership.on_elected(self._elected)
+            self.leadership.on_deposed(self._deposed)
 
     async def start(self) -> None:
         """Start the courier (every replica) and the intake loop (acts only while this replica leads)."""
@@ -110,13 +118,15 @@ class Relay:
         self._courier_wake.set()
 
     async def _elected(self, token: int) -> None:
+        assert self.remediation is not None
         await self.remediation.start()
         self._leading = True
         self._intake_wake.set()
 
     async def _deposed(self) -> None:
         self._leading = False
-        await self.remediation.stop()
+        if self.remediation is not None:
+            await self.remediation.stop()
 
     def _send(self, action: actions.Action) -> bool:
         """The ladder dispatched an agent command: send it now if the stream is here, else a courier will."""
@@ -126,11 +136,55 @@ class Relay:
             self._courier_wake.set()
         return True  # it is in the outbox either way; whichever replica holds the stream delivers it
 
+    # -- relayed commands --------------------------------------------------------------------------------
+    async def send_command(
+        self, node_id: str, command: commands_pb.Command, *, timeout_s: float = 30.0
+    ) -> commands_pb.ActionResult:
+        """Send a command to a node on any replica and wait for its result (`Ingest.send_command` semantics).
+
+        Raises:
+            TimeoutError: no result within timeout_s (no replica holds the node's stream, or the agent
+                did not answer); the command is withdrawn.
+            ConnectionError: the node's stream on this replica closed before the result came back.
+        """
+        if node_id in self.ingest.sessions:
+            return await self.ingest.send_command(node_id, command, timeout_s=timeout_s)
+        if not command.command_id:
+            command.command_id = uuid.uuid4().hex
+        now = time.time_ns()
+        future: asyncio.Future[commands_pb.ActionResult] = asyncio.get_running_loop().create_future()
+        self._awaiting[command.command_id] = future
+        try:
+            await self.ingest.run_in_store(
+                lambda: self.store.relay_command(
+                    command_id=command.command_id,
+                    node_id=node_id,
+                    command=command.SerializeToString(),
+                    replica_id=self.leadership.replica_id,
+                    now_unix_ns=now,
+                    expires_unix_ns=now + int(timeout_s * 1e9),
+                )
+            )
+            return await asyncio.wait_for(future, timeout=timeout_s)
+        finally:
+            self._awaiting.pop(command.command_id, None)
+            await self.ingest.run_in_store(self.store.forget_relayed, [command.command_id])
+
+    async def _collect_awaited(self) -> None:
+        if not self._awaiting:
+            return
+        found = await self.ingest.run_in_store(self.store.results_of, list(self._awaiting))
+        for command_id, payload in found.items():
+            future = self._awaiting.get(command_id)
+            if future is not None and not future.done():
+                future.set_result(commands_pb.ActionResult.FromString(payload))
+
     # -- courier -----------------------------------------------------------------------------------------
     def _deliver(self, action: actions.Action) -> bool:
         session = self.ingest.sessions.get(action.node_id)
         if session is None or self._sent.get(action.command_id) == session.session_id:
             return False
+        assert self.remediation is not None
         command = remediation_mod.agent_command(
             action, self.remediation.policy.escalation, self.ingest.node_gpus(action.node_id), time.time_ns()
         )
@@ -143,18 +197,34 @@ class Relay:
         return True
 
     async def deliver_pending(self) -> int:
-        """Send the dispatched outbox commands of this replica's streams not yet sent on them; returns how many."""
+        """Send outbox and relayed commands of this replica's streams not yet sent on them; returns how many."""
         if not self.ingest.sessions:
             self._sent.clear()
             return 0
-        rows = await self.ingest.run_in_store(lambda: self.remediation.store.commands(statuses=("dispatched",)))
-        outstanding = {r.command_id for r in rows}
+        ladder = self.remediation
+        rows = (
+            []
+            if ladder is None
+            else await self.ingest.run_in_store(lambda: ladder.store.commands(statuses=("dispatched",)))
+        )
+        relayed = await self.ingest.run_in_store(self.store.relayed_commands, time.time_ns())
+        outstanding = {r.command_id for r in rows} | {command_id for command_id, _node, _payload in relayed}
         for command_id in [c for c in self._sent if c not in outstanding]:
-            del self._sent[command_id]  # answered (or cancelled): never sent again
+            del self._sent[command_id]  # answered, cancelled or given up: never sent again
         sent = 0
         for record in rows:
             if record.kind in remediation_mod.AGENT_KINDS and record.node_id in self.ingest.sessions:
                 sent += self._deliver(actions.from_dict(record.payload))
+        for command_id, node_id, payload in relayed:
+            session = self.ingest.sessions.get(node_id)
+            if session is None or self._sent.get(command_id) == session.session_id:
+                continue
+            if self.ingest.dispatch(node_id, commands_pb.Command.FromString(payload)):
+                self._sent[command_id] = session.session_id
+                self.commands_sent += 1
+                sent += 1
+                log.info("relay_command_sent", node=node_id, command_id=command_id, action="relayed",
+                         replica=self.leadership.replica_id)  # fmt: skip
         return sent
 
     async def _courier_forever(self) -> None:
@@ -169,9 +239,13 @@ class Relay:
 
     # -- intake (leader) ----------------------------------------------------------------------------------
     async def take_in(self) -> dict[str, Any]:
-        """Apply stored results, then decide new events of every node; returns what it handled."""
+        """Pass relayed commands' results to their senders; on the leader, apply results and decide events.
+
+        Returns what the leader handled (stored results applied, events decided).
+        """
         handled: dict[str, Any] = {"results": 0, "events": 0}
-        if not (self._leading and self.leadership.is_leader()):
+        await self._collect_awaited()
+        if self.remediation is None or not (self._leading and self.leadership.is_leader()):
             return handled
         stored = await self.ingest.run_in_store(self.store.results)
         for command_id, node_id, payload in stored:

@@ -96,14 +96,15 @@ class Controller:
         )
         self.leadership.register_metrics(self.registry)
         self.relay: relay_mod.Relay | None = None
+        """With several replicas: the outbox courier, the result relay and `relay.send_command` (any replica's node)."""
+        if self.leadership.election == "lease":
+            self.relay = relay_mod.Relay(
+                self.ingest, self.remediation, self.leadership, poll_s=settings.leader.relay_poll_s
+            )
+            self.relay.attach()
         if self.remediation is not None:
             self.remediation.store.fence = self.leadership.fence
-            if self.leadership.election == "lease":
-                self.relay = relay_mod.Relay(
-                    self.ingest, self.remediation, self.leadership, poll_s=settings.leader.relay_poll_s
-                )
-                self.relay.attach()
-            else:
+            if self.relay is None:
                 remediation = self.remediation
                 self.leadership.on_elected(lambda _token: remediation.start())
                 self.leadership.on_deposed(remediation.stop)

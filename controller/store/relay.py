@@ -47,12 +47,65 @@ class RelayStore:
             return True
 
     def results(self, limit: int = 1000) -> list[tuple[str, str, bytes]]:
-        """Kept results, oldest first: (command_id, node_id, serialized ActionResult)."""
+        """Kept results for the ladder, oldest first: (command_id, node_id, serialized ActionResult).
+
+        Results of relayed commands are left out: their sender collects them (`results_of`).
+        """
+        relayed = sa.select(schema.RelayedCommandRow.command_id)
         with self._sessions() as session:
             rows = session.scalars(
-                sa.select(schema.CommandResultRow).order_by(schema.CommandResultRow.received_unix_ns).limit(limit)
+                sa.select(schema.CommandResultRow)
+                .where(schema.CommandResultRow.command_id.not_in(relayed))
+                .order_by(schema.CommandResultRow.received_unix_ns)
+                .limit(limit)
             )
             return [(r.command_id, r.node_id, r.result) for r in rows]
+
+    def results_of(self, command_ids: Collection[str]) -> dict[str, bytes]:
+        """Kept results of these commands (serialized ActionResult by command id)."""
+        if not command_ids:
+            return {}
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(schema.CommandResultRow).where(schema.CommandResultRow.command_id.in_(list(command_ids)))
+            )
+            return {r.command_id: r.result for r in rows}
+
+    # -- relayed commands: any replica → the replica holding the node's stream --------------------------
+    def relay_command(
+        self, *, command_id: str, node_id: str, command: bytes, replica_id: str, now_unix_ns: int, expires_unix_ns: int
+    ) -> None:
+        """Leave a command for whichever replica holds the node's stream."""
+        with self._sessions.begin() as session:
+            session.add(
+                schema.RelayedCommandRow(
+                    command_id=command_id,
+                    node_id=node_id,
+                    command=command,
+                    created_unix_ns=now_unix_ns,
+                    expires_unix_ns=expires_unix_ns,
+                    replica_id=replica_id,
+                )
+            )
+
+    def relayed_commands(self, now_unix_ns: int) -> list[tuple[str, str, bytes]]:
+        """Relayed commands not yet expired, oldest first: (command_id, node_id, serialized Command)."""
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(schema.RelayedCommandRow)
+                .where(schema.RelayedCommandRow.expires_unix_ns > now_unix_ns)
+                .order_by(schema.RelayedCommandRow.created_unix_ns)
+            )
+            return [(r.command_id, r.node_id, r.command) for r in rows]
+
+    def forget_relayed(self, command_ids: Collection[str]) -> None:
+        """Drop relayed commands and their results (answered, or given up by the sender)."""
+        if not command_ids:
+            return
+        ids = list(command_ids)
+        with self._sessions.begin() as session:
+            session.execute(sa.delete(schema.RelayedCommandRow).where(schema.RelayedCommandRow.command_id.in_(ids)))
+            session.execute(sa.delete(schema.CommandResultRow).where(schema.CommandResultRow.command_id.in_(ids)))
 
     def forget_results(self, command_ids: Collection[str]) -> None:
         """Drop results the leader has applied."""

@@ -296,3 +296,18 @@ class CommandResultRow(Base):
     result: Mapped[bytes] = mapped_column(LargeBinary)
     received_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0, index=True)
     replica_id: Mapped[str] = mapped_column(String(253), default="")
+
+
+class RelayedCommandRow(Base):
+    """A command some replica sends to a node whose stream another replica holds (outside the ladder's outbox)."""
+
+    __tablename__ = "relayed_commands"
+
+    command_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253), index=True)
+    # The rasd.api.v1.Command as the sender built it (serialized protobuf).
+    command: Mapped[bytes] = mapped_column(LargeBinary)
+    created_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    # After this the sender has given up: no replica sends it any more.
+    expires_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    replica_id: Mapped[str] = mapped_column(String(253), default="")

@@ -322,7 +322,8 @@ def test_sigkill_of_the_leader_mid_ladder_hands_over_within_the_lease_and_repeat
         f"commands in the store {len(commands)} ({len(agent_kinds)} agent commands; {len(before_kill)} before the "
         f"kill), executed by agents {sum(executed.values())}, answered from the journal {replayed}, "
         f"duplicates {len(duplicates) + len(repeated_actions)}\n"
-        f"tickets open at the kill {len(tickets_before)}, continued by the new leader {len(continued)}"
+        f"tickets open at the kill {len(tickets_before)} ({', '.join(sorted(set(tickets_before.values())))}), "
+        f"continued by the new leader {len(continued)}"
     )
     assert takeover_s <= LEASE_S + 1.0, f"takeover took {takeover_s:.2f} s (lease {LEASE_S:g} s)"
     assert duplicates == {}, f"commands run twice on an agent: {duplicates}"

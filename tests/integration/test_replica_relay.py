@@ -1,0 +1,76 @@
+"""Two controller replicas in one process on PostgreSQL: a command from the leader to a node whose
+stream ends on the follower goes through the store and its result comes back (`Relay.send_command`).
+
+This is the path the fleet-wide loops outside the repair ladder (power caps) take with several
+replicas; the ladder's own commands go through the outbox (tests/integration/test_leader_failover.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rasd.agent import runtime, spool
+from rasd.agent.gpu import simulated
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.controller import leader, server
+
+pytestmark = pytest.mark.slow
+
+
+def _controller(db_url, port, name):
+    return server.Controller(
+        server.ControllerSettings(
+            listen=f"127.0.0.1:{port}",
+            db_url=db_url,
+            metrics_port=None,
+            leader=leader.LeaderSettings(replica_id=f"ctl-{name}", lease_s=3.0, renew_s=0.5, relay_poll_s=0.05),
+        )
+    )
+
+
+def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back(
+    postgres_schema_url, free_port, tmp_path
+):
+    async def scenario():
+        first = _controller(postgres_schema_url, free_port, "a")
+        await first.start()
+        second = _controller(postgres_schema_url, 0, "b")
+        await second.start()
+        backend = simulated.SimulatedBackend("node-r", 2, 0, workload=simulated.StepWorkload())
+        agent = runtime.Agent(
+            runtime.NodeIdentity(node_id="node-r", boot_id="boot-1", hostname="node-r"),
+            backend,
+            spool.Spool(str(tmp_path / "spool.db")),
+            runtime.LinkSettings(controller_address=second.address, telemetry_send_interval_ms=200),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        while "node-r" not in second.ingest.sessions:
+            await asyncio.sleep(0.05)
+        uuids = [g.uuid for g in backend.inventory()]
+        command = commands_pb.Command(
+            command_id="cap-relayed-1",
+            reason="power loop on the leader",
+            set_power_cap=commands_pb.SetPowerCap(
+                limits=[commands_pb.GpuPowerLimit(gpu_uuid=u, power_limit_w=450) for u in uuids]
+            ),
+        )
+        leads = (first.leadership.is_leader(), second.leadership.is_leader())
+        result = await first.relay.send_command("node-r", command, timeout_s=20)
+        with pytest.raises(TimeoutError):
+            await first.relay.send_command("node-nowhere", commands_pb.Command(command_id="lost"), timeout_s=0.5)
+        left = await first.ingest.run_in_store(first.relay.store.relayed_commands, 0)
+        stop.set()
+        await task
+        await second.stop()
+        await first.stop()
+        return leads, result, left, agent
+
+    leads, result, left, agent = asyncio.run(scenario())
+    assert leads == (True, False)
+    assert result.command_id == "cap-relayed-1" and result.outcome == commands_pb.ACTION_OUTCOME_SUCCEEDED
+    assert {limit.power_limit_w for limit in result.enforced_limits} == {450}
+    assert agent.stats.commands_executed == 1
+    assert left == [], "answered and given-up commands are withdrawn"
