@@ -103,7 +103,7 @@ class RemediationStats:
 
 
 class RemediationService:
-    """Drives the repair ladder for the whole fleet (one per controller; the leader's later)."""
+    """Drives the repair ladder for the whole fleet (runs on the leader replica: rasd.controller.leader)."""
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
+from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.controller import bmc, ingest, metrics, quarantine
 from rasd.controller import leader as leader_mod
 from rasd.controller import relay as relay_mod
@@ -173,6 +174,19 @@ class Controller:
             self._metrics_server.server_close()
         self.store.close()
         log.info("controller_stopped")
+
+    async def send_command(
+        self, node_id: str, command: commands_pb.Command, *, timeout_s: float = 30.0
+    ) -> commands_pb.ActionResult:
+        """Send a rasd.api.v1.Command to a node on any replica and wait for its ActionResult.
+
+        For fleet-wide loops outside the ladder's outbox (power caps): with several replicas the
+        command goes through the store to the replica holding the node's stream; otherwise it is
+        `Ingest.send_command` on this replica's stream. Raises as `Ingest.send_command` does.
+        """
+        if self.relay is not None:
+            return await self.relay.send_command(node_id, command, timeout_s=timeout_s)
+        return await self.ingest.send_command(node_id, command, timeout_s=timeout_s)
 
     @property
     def address(self) -> str:

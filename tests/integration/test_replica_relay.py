@@ -58,7 +58,7 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
             ),
         )
         leads = (first.leadership.is_leader(), second.leadership.is_leader())
-        result = await first.relay.send_command("node-r", command, timeout_s=20)
+        result = await first.send_command("node-r", command, timeout_s=20)
         with pytest.raises(TimeoutError):
             await first.relay.send_command("node-nowhere", commands_pb.Command(command_id="lost"), timeout_s=0.5)
         left = await first.ingest.run_in_store(first.relay.store.relayed_commands, 0)
