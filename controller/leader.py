@@ -122,6 +122,7 @@ class Leadership:
         self._term_task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
         self._abdicate = False
+        self._looking = asyncio.Lock()
         self.terms = 0
         """Terms this replica has started (for tests and metrics)."""
 
@@ -181,9 +182,10 @@ class Leadership:
 
     async def stop(self) -> None:
         """End this replica's term (deposed callbacks) and release the lease so a follower takes over at once."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            await asyncio.gather(self._loop_task, return_exceptions=True)
+        async with self._looking:  # a look in flight finishes first: it must not renew after the release
+            if self._loop_task is not None:
+                self._loop_task.cancel()
+                await asyncio.gather(self._loop_task, return_exceptions=True)
         was_leader = self._token is not None
         await self._end("shutting down")
         if was_leader and self.election == "lease":
@@ -201,7 +203,8 @@ class Leadership:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._next_wait_s)
-            await self._look()
+            async with self._looking:
+                await self._look()
 
     _next_wait_s: float = 0.0
 
