@@ -1,4 +1,4 @@
-"""Two controller replicas on one PostgreSQL: one leader, SIGKILL it mid-ladder, the other carries on.
+"""Two controller replicas on one PostgreSQL: one leader, stop it mid-ladder, the other carries on.
 
 The real programs: two `rasd-controller` processes share a PostgreSQL schema and elect a leader
 through the lease row; four `rasd-agent` processes (simulated GPUs, destructive actions enabled, a
@@ -9,11 +9,15 @@ leader, two to the follower.
 1. An Xid 13 (graphics engine exception: restart the process) on every node: the leader decides,
    and its commands reach the nodes on the follower through the outbox; their results come back
    through the store.
-2. Once every node's repair ticket is under way, the leader is SIGKILLed, and the same fault comes
+2. Once every node's repair ticket is under way, the leader is stopped, and the same fault comes
    back on every node (a recurrence: the ladder must climb a rung on the same ticket, which only
-   works if the new leader continues the old one's tickets).
+   works if the new leader continues the old one's tickets). SIGKILL: the leader is gone and its
+   agents move to the other replica. SIGSTOP: the leader freezes (a long pause, a partition) with
+   its agents' streams still open, and wakes up after the takeover believing it still leads: its
+   late writes are fenced off, it steps down, and it goes on delivering the new leader's commands
+   to its agents.
 3. The follower takes the lease after it expires; the ladder goes on; every agent command is
-   executed once (agent journals and logs), and the store holds no second command for any ticket step.
+   executed once (agent journals and logs), and no action runs twice on a node.
 
 PostgreSQL comes from RASD_TEST_POSTGRES_URL; without it the test is skipped with a message (it
 fails instead when RASD_TEST_POSTGRES_REQUIRED=1).
@@ -214,8 +218,9 @@ def _stop(process):
             process.wait()
 
 
-def test_sigkill_of_the_leader_mid_ladder_hands_over_within_the_lease_and_repeats_nothing(
-    tmp_path, venv_bin, postgres_schema_url, free_port
+@pytest.mark.parametrize("stop_signal", ["SIGKILL", "SIGSTOP"])
+def test_a_leader_stopped_mid_ladder_hands_over_within_the_lease_and_nothing_runs_twice(
+    tmp_path, venv_bin, postgres_schema_url, free_port, stop_signal
 ):
     ports = {"a": free_port, "b": free_port + 1 if free_port < 65535 else free_port - 1}
     cluster = Cluster(tmp_path, venv_bin, postgres_schema_url, ports)
@@ -256,11 +261,12 @@ def test_sigkill_of_the_leader_mid_ladder_hands_over_within_the_lease_and_repeat
         follower_sent = {r["node"] for r in cluster.log_records("controller-b", "relay_command_sent")}
         assert follower_sent >= {"node-b1", "node-b2"}, "the follower delivered the leader's commands to its nodes"
 
-        # 2. SIGKILL the leader mid-ladder; the fault comes back on every node at once.
+        # 2. Stop the leader mid-ladder; the fault comes back on every node at once.
         token_before = cluster.lease()["fencing_token"]
         killed_ns = time.time_ns()
-        processes["a"].send_signal(signal.SIGKILL)
-        processes["a"].wait()
+        processes["a"].send_signal(getattr(signal, stop_signal))
+        if stop_signal == "SIGKILL":
+            processes["a"].wait()
         for node_id in NODES:
             cluster.xid13(node_id)
 
@@ -273,10 +279,14 @@ def test_sigkill_of_the_leader_mid_ladder_hands_over_within_the_lease_and_repeat
         )
         takeover_s = (lease["acquired_unix_ns"] - killed_ns) / 1e9
         assert lease["fencing_token"] == token_before + 1
+        if stop_signal == "SIGSTOP":
+            time.sleep(2 * RENEW_S)  # the new leader decides for its own nodes meanwhile
+            processes["a"].send_signal(signal.SIGCONT)
+            wait_for("ctl-a to step down", lambda: cluster.log_records("controller-a", "leader_deposed"), 30, cluster)
 
         def climbed_everywhere():
             rows = cluster.query(
-                "SELECT node_id, ticket_id, kind, status FROM commands WHERE dispatched_unix_ns > :t",
+                "SELECT command_id, node_id, ticket_id, kind, status FROM commands WHERE dispatched_unix_ns > :t",
                 t=lease["acquired_unix_ns"],
             )
             finished = {r["node_id"] for r in rows if r["status"] == "succeeded" and r["kind"] == "reset_gpu"}
@@ -286,6 +296,10 @@ def test_sigkill_of_the_leader_mid_ladder_hands_over_within_the_lease_and_repeat
             "a GPU reset (the next rung) on every node, ordered by the new leader", climbed_everywhere, 120, cluster
         )
         continued = {r["ticket_id"] for r in after} & set(tickets_before)
+        after_ids = {r["command_id"] for r in after}
+        old_leader_delivered = {
+            r["node"] for r in cluster.log_records("controller-a", "relay_command_sent") if r["command_id"] in after_ids
+        }
         time.sleep(3 * RENEW_S)  # anything sent twice would arrive now
         commands = cluster.query("SELECT command_id, node_id, ticket_id, kind, status FROM commands")
     finally:
@@ -317,17 +331,20 @@ def test_sigkill_of_the_leader_mid_ladder_hands_over_within_the_lease_and_repeat
         1 for node_id in NODES for r in cluster.log_records(node_id, "command_executed") if r.get("replayed")
     )
     print(
-        f"\nleader ctl-a SIGKILLed; ctl-b took the lease {takeover_s:.2f} s later (lease_s {LEASE_S:g}, "
-        f"renew_s {RENEW_S:g}); fencing token {token_before} -> {lease['fencing_token']}\n"
+        f"\nleader ctl-a stopped with {stop_signal}; ctl-b took the lease {takeover_s:.2f} s later "
+        f"(lease_s {LEASE_S:g}, renew_s {RENEW_S:g}); fencing token {token_before} -> {lease['fencing_token']}\n"
         f"commands in the store {len(commands)} ({len(agent_kinds)} agent commands; {len(before_kill)} before the "
         f"kill), executed by agents {sum(executed.values())}, answered from the journal {replayed}, "
         f"duplicates {len(duplicates) + len(repeated_actions)}\n"
         f"tickets open at the kill {len(tickets_before)} ({', '.join(sorted(set(tickets_before.values())))}), "
-        f"continued by the new leader {len(continued)}"
+        f"continued by the new leader {len(continued)}; the new leader's commands delivered by the old one to "
+        f"{sorted(old_leader_delivered) or 'none'}"
     )
     assert takeover_s <= LEASE_S + 1.0, f"takeover took {takeover_s:.2f} s (lease {LEASE_S:g} s)"
     assert duplicates == {}, f"commands run twice on an agent: {duplicates}"
     assert set(executed) <= store_ids, "every command an agent ran is in the outbox"
     assert repeated_actions == {}, f"the same action ran twice on a node under different ids: {repeated_actions}"
     assert len(continued) == len(NODES), "the new leader climbed the rung on the tickets the old one opened"
+    if stop_signal == "SIGSTOP":
+        assert old_leader_delivered == {"node-a1", "node-a2"}, "the woken old leader delivers to its own agents"
     assert {c["node_id"] for c in agent_kinds if c["status"] == "succeeded"} == set(NODES)
