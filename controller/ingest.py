@@ -55,6 +55,8 @@ class IngestSettings:
         }
     )
     """AgentConfig fields sent in Welcome."""
+    mark_all_disconnected_at_start: bool = True
+    """False with several replicas: the other replicas' streams stay open while this one starts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +120,8 @@ class Ingest:
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Mark every node disconnected (no stream is open yet) and start the flush loop."""
-        await self._store(self.store.mark_all_disconnected)
+        if self.settings.mark_all_disconnected_at_start:
+            await self._store(self.store.mark_all_disconnected)
         self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
 
     async def stop(self) -> None:

@@ -70,7 +70,10 @@ class Controller:
         self.registry = registry or CollectorRegistry()
         self.store = repo.Store.open(settings.db_url)
         self.metrics = metrics.ControllerMetrics(self.registry)
-        self.ingest = ingest.Ingest(self.store, self.metrics, settings.ingest, clock=time.time_ns)
+        ingest_settings = settings.ingest
+        if settings.leader.resolved_election(settings.db_url) == "lease":  # other replicas hold streams too
+            ingest_settings = dataclasses.replace(ingest_settings, mark_all_disconnected_at_start=False)
+        self.ingest = ingest.Ingest(self.store, self.metrics, ingest_settings, clock=time.time_ns)
         self.registry.register(
             metrics.FleetCollector(
                 latest=lambda: self.ingest.latest,

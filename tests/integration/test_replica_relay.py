@@ -62,15 +62,20 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
         with pytest.raises(TimeoutError):
             await first.relay.send_command("node-nowhere", commands_pb.Command(command_id="lost"), timeout_s=0.5)
         left = await first.ingest.run_in_store(first.relay.store.relayed_commands, 0)
+        third = _controller(postgres_schema_url, 0, "c")  # a replica starting (a rolling update)
+        await third.start()
+        await third.stop()
+        (node,) = await first.ingest.list_nodes()
         stop.set()
         await task
         await second.stop()
         await first.stop()
-        return leads, result, left, agent
+        return leads, result, left, agent, node
 
-    leads, result, left, agent = asyncio.run(scenario())
+    leads, result, left, agent, node = asyncio.run(scenario())
     assert leads == (True, False)
     assert result.command_id == "cap-relayed-1" and result.outcome == commands_pb.ACTION_OUTCOME_SUCCEEDED
     assert {limit.power_limit_w for limit in result.enforced_limits} == {450}
     assert agent.stats.commands_executed == 1
     assert left == [], "answered and given-up commands are withdrawn"
+    assert node.connected, "a replica starting does not mark another replica's streams disconnected"
