@@ -3,16 +3,21 @@ stream ends on the follower goes through the store and its result comes back (`R
 
 This is the path the fleet-wide loops outside the repair ladder (power caps) take with several
 replicas; the ladder's own commands go through the outbox (tests/integration/test_leader_failover.py).
+The follower serves reads and refuses a fleet-changing admin call, naming the leader; a replica
+starting does not mark the other replicas' streams disconnected.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 
 from rasd.agent import runtime, spool
 from rasd.agent.gpu import simulated
+from rasd.api.v1 import admin_service_pb2 as admin_pb
+from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.controller import leader, server
 
@@ -62,6 +67,7 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
         with pytest.raises(TimeoutError):
             await first.relay.send_command("node-nowhere", commands_pb.Command(command_id="lost"), timeout_s=0.5)
         left = await first.ingest.run_in_store(first.relay.store.relayed_commands, 0)
+        refused, listed = await _admin_on_follower(second.address)
         third = _controller(postgres_schema_url, 0, "c")  # a replica starting (a rolling update)
         await third.start()
         await third.stop()
@@ -70,12 +76,31 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
         await task
         await second.stop()
         await first.stop()
-        return leads, result, left, agent, node
+        return leads, result, left, agent, node, refused, listed
 
-    leads, result, left, agent, node = asyncio.run(scenario())
+    leads, result, left, agent, node, refused, listed = asyncio.run(scenario())
     assert leads == (True, False)
     assert result.command_id == "cap-relayed-1" and result.outcome == commands_pb.ACTION_OUTCOME_SUCCEEDED
     assert {limit.power_limit_w for limit in result.enforced_limits} == {450}
     assert agent.stats.commands_executed == 1
     assert left == [], "answered and given-up commands are withdrawn"
     assert node.connected, "a replica starting does not mark another replica's streams disconnected"
+    assert refused.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "Quarantine changes the fleet and runs on the leader" in refused.details()
+    assert "leader: ctl-a" in refused.details()
+    assert listed == ["node-r"], "a follower serves reads"
+
+
+async def _admin_on_follower(address):
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = admin_grpc.AdminServiceStub(channel)
+        try:
+            await stub.Quarantine(
+                admin_pb.QuarantineRequest(target=admin_pb.Target(node_id="node-r"), reason="disk noise")
+            )
+        except grpc.aio.AioRpcError as exc:
+            refused = exc
+        else:
+            raise AssertionError("a follower quarantined")
+        nodes = await stub.ListNodes(admin_pb.ListNodesRequest())
+        return refused, [n.node_id for n in nodes.nodes]
