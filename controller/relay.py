@@ -18,6 +18,11 @@ With `election = "lease"` each replica runs a `Relay`, which takes over the inge
   each node's new, gap-free events past the ladder's watermark and decides them. It is the only way
   events reach the ladder in this mode, so no event is decided twice, whichever replica received it.
 
+Replicas find work by polling the store every `relay_poll_s` (cheap queries: dispatched commands,
+kept results, and per node its acked position against the ladder's watermark); a replica's own
+streams are served at once. PostgreSQL LISTEN/NOTIFY could replace the polling; it is not needed
+for correctness, only for latency.
+
 Every write the leader's ladder makes carries its fencing token (`Leadership.fence` on the
 remediation store), so once another replica has taken over, a late write of this one is refused.
 """
