@@ -277,6 +277,11 @@ WATERMARK_PREFIX = "watermark/"
 """controller_states name prefix of each node's replay watermark: the last event seq the ladder consumed."""
 
 
+def stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
+    """A stored event row as the ladder's StoredEvent (the replica relay reads events too)."""
+    return _stored_event(row)
+
+
 def _stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
     return repo.StoredEvent(
         node_id=row.node_id,
@@ -291,10 +296,6 @@ def _stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
         source=row.source,
         attributes=dict(row.attributes or {}),
     )
-
-
-stored_event = _stored_event
-"""The public name of the row → StoredEvent conversion (the replica relay reads events too)."""
 
 
 def _as_dict(row: Any) -> dict[str, Any]:
