@@ -145,6 +145,12 @@ class Ingest:
         """The GPU UUIDs a node announced in its last Hello."""
         return self._node_gpus.get(node_id, ())
 
+    def remember_remote_node(self, node_id: str, labels: Mapping[str, str], gpu_uuids: tuple[str, ...]) -> None:
+        """Know a node whose stream another replica holds (its Hello, from the store): the leader's view."""
+        if node_id not in self.sessions:
+            self.node_labels[node_id] = dict(labels)
+            self._node_gpus[node_id] = gpu_uuids
+
     def dispatch(self, node_id: str, command: commands_pb.Command) -> bool:
         """Queue a command on the node's stream without waiting; False when the node has no stream.
 

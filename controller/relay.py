@@ -48,6 +48,9 @@ from rasd.controller.store import repo
 
 log = structlog.get_logger("rasd.controller")
 
+INVENTORY_REFRESH_S = 10.0
+"""How often the leader re-reads which nodes other replicas hold, with their labels and GPUs."""
+
 
 class Relay:
     """The courier, the result store and the leader's intake of one replica."""
@@ -74,6 +77,7 @@ class Relay:
         self._intake_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._leading = False
+        self._inventory_at = 0.0
         self.commands_sent = 0
         self.results_relayed = 0
 
@@ -252,6 +256,8 @@ class Relay:
         await self._collect_awaited()
         if self.remediation is None or not (self._leading and self.leadership.is_leader()):
             return handled
+        if time.monotonic() - self._inventory_at >= INVENTORY_REFRESH_S:
+            await self.refresh_inventory()
         stored = await self.ingest.run_in_store(self.store.results)
         for command_id, node_id, payload in stored:
             await self.remediation.on_result(node_id, commands_pb.ActionResult.FromString(payload))
@@ -260,14 +266,22 @@ class Relay:
         dirty = await self.ingest.run_in_store(self.store.nodes_with_new_events)
         if dirty:
             fresh = await self.ingest.run_in_store(self.store.new_events, dirty)
-            for node_id, (labels, _events) in fresh.items():
-                if node_id not in self.ingest.sessions:  # blast radius needs every node's topology
-                    self.ingest.node_labels[node_id] = labels
+            if set(fresh) - set(self.ingest.sessions) - set(self.ingest.node_labels):
+                await self.refresh_inventory()  # a node the leader has not heard of yet
+            for node_id, (labels, _events) in fresh.items():  # blast radius needs every node's topology
+                self.ingest.remember_remote_node(node_id, labels, self.ingest.node_gpus(node_id))
             await asyncio.gather(
                 *(self.remediation.on_events(node_id, events, labels) for node_id, (labels, events) in fresh.items())
             )
             handled["events"] = sum(len(events) for _labels, events in fresh.values())
         return handled
+
+    async def refresh_inventory(self) -> None:
+        """Learn the labels and GPUs of nodes on other replicas: blast radius and validation need them."""
+        self._inventory_at = time.monotonic()
+        inventory = await self.ingest.run_in_store(self.store.connected_inventory)
+        for node_id, (labels, gpu_uuids) in inventory.items():
+            self.ingest.remember_remote_node(node_id, labels, gpu_uuids)
 
     async def _intake_forever(self) -> None:
         while True:

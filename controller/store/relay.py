@@ -171,14 +171,18 @@ class RelayStore:
                     out[node.node_id] = (dict(node.labels or {}), [rstore.stored_event(r) for r in rows])
         return out
 
-    def node_labels(self, node_ids: Collection[str]) -> dict[str, dict[str, str]]:
-        """Topology labels of nodes from their last Hello (to whichever replica)."""
-        if not node_ids:
-            return {}
+    def connected_inventory(self) -> dict[str, tuple[dict[str, str], tuple[str, ...]]]:
+        """Every node some replica holds a stream of: its topology labels and GPU UUIDs (last Hello)."""
         with self._sessions() as session:
-            rows = session.execute(
-                sa.select(schema.NodeRow.node_id, schema.NodeRow.labels).where(
-                    schema.NodeRow.node_id.in_(list(node_ids))
-                )
+            nodes = session.execute(
+                sa.select(schema.NodeRow.node_id, schema.NodeRow.labels).where(schema.NodeRow.connected.is_(True))
             ).all()
-            return {node_id: dict(labels or {}) for node_id, labels in rows}
+            gpus: dict[str, list[str]] = {}
+            for node_id, uuid in session.execute(
+                sa.select(schema.GpuRow.node_id, schema.GpuRow.uuid)
+                .join(schema.NodeRow, schema.NodeRow.node_id == schema.GpuRow.node_id)
+                .where(schema.NodeRow.connected.is_(True))
+                .order_by(schema.GpuRow.node_id, schema.GpuRow.uuid)
+            ):
+                gpus.setdefault(node_id, []).append(uuid)
+        return {node_id: (dict(labels or {}), tuple(gpus.get(node_id, ()))) for node_id, labels in nodes}

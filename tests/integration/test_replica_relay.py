@@ -3,8 +3,9 @@ stream ends on the follower goes through the store and its result comes back (`R
 
 This is the path the fleet-wide loops outside the repair ladder (power caps) take with several
 replicas; the ladder's own commands go through the outbox (tests/integration/test_leader_failover.py).
-The follower serves reads and refuses a fleet-changing admin call, naming the leader; a replica
-starting does not mark the other replicas' streams disconnected.
+The follower serves reads and refuses a fleet-changing admin call, naming the leader; the leader
+learns the GPUs and labels of the follower's nodes; a replica starting does not mark the other
+replicas' streams disconnected.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
             await first.relay.send_command("node-nowhere", commands_pb.Command(command_id="lost"), timeout_s=0.5)
         left = await first.ingest.run_in_store(first.relay.store.relayed_commands, 0)
         refused, listed = await _admin_on_follower(second.address)
+        await first.relay.refresh_inventory()
+        known = (first.ingest.node_gpus("node-r"), first.ingest.node_labels.get("node-r"))
         third = _controller(postgres_schema_url, 0, "c")  # a replica starting (a rolling update)
         await third.start()
         await third.stop()
@@ -76,9 +79,9 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
         await task
         await second.stop()
         await first.stop()
-        return leads, result, left, agent, node, refused, listed
+        return leads, result, left, agent, node, refused, listed, known, uuids
 
-    leads, result, left, agent, node, refused, listed = asyncio.run(scenario())
+    leads, result, left, agent, node, refused, listed, known, uuids = asyncio.run(scenario())
     assert leads == (True, False)
     assert result.command_id == "cap-relayed-1" and result.outcome == commands_pb.ACTION_OUTCOME_SUCCEEDED
     assert {limit.power_limit_w for limit in result.enforced_limits} == {450}
@@ -89,6 +92,7 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
     assert "Quarantine changes the fleet and runs on the leader" in refused.details()
     assert "leader: ctl-a" in refused.details()
     assert listed == ["node-r"], "a follower serves reads"
+    assert known == (tuple(sorted(uuids)), {}), "the leader knows the GPUs of a node on another replica"
 
 
 async def _admin_on_follower(address):
