@@ -55,6 +55,8 @@ class IngestSettings:
         }
     )
     """AgentConfig fields sent in Welcome."""
+    mark_all_disconnected_at_start: bool = True
+    """False with several replicas: the other replicas' streams stay open while this one starts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +120,8 @@ class Ingest:
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Mark every node disconnected (no stream is open yet) and start the flush loop."""
-        await self._store(self.store.mark_all_disconnected)
+        if self.settings.mark_all_disconnected_at_start:
+            await self._store(self.store.mark_all_disconnected)
         self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
 
     async def stop(self) -> None:
@@ -141,6 +144,12 @@ class Ingest:
     def node_gpus(self, node_id: str) -> tuple[str, ...]:
         """The GPU UUIDs a node announced in its last Hello."""
         return self._node_gpus.get(node_id, ())
+
+    def remember_remote_node(self, node_id: str, labels: Mapping[str, str], gpu_uuids: tuple[str, ...]) -> None:
+        """Know a node whose stream another replica holds (its Hello, from the store): the leader's view."""
+        if node_id not in self.sessions:
+            self.node_labels[node_id] = dict(labels)
+            self._node_gpus[node_id] = gpu_uuids
 
     def dispatch(self, node_id: str, command: commands_pb.Command) -> bool:
         """Queue a command on the node's stream without waiting; False when the node has no stream.

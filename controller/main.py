@@ -14,6 +14,7 @@ from typing import Any
 from rasd.common import VERSION, net
 from rasd.common import logging as rasd_logging
 from rasd.controller import bmc, quarantine, security, server
+from rasd.controller import leader as leader_mod
 from rasd.controller.core import policy
 
 
@@ -60,12 +61,13 @@ def load_config(path: pathlib.Path) -> dict[str, Any]:
     """Read and validate controller.toml; every error names the offending key.
 
     Returns:
-        remediation_policy (a RemediationPolicy), quarantine (table), bmc (table or absent).
+        remediation_policy (a RemediationPolicy), quarantine (table), bmc (table or absent),
+        leader (LeaderSettings or absent).
     """
     data = tomllib.loads(path.read_text())
-    unknown = set(data) - {"remediation", "quarantine", "bmc"}
+    unknown = set(data) - {"remediation", "quarantine", "bmc", "leader"}
     if unknown:
-        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: remediation, quarantine, bmc)")
+        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: remediation, quarantine, bmc, leader)")
     config: dict[str, Any] = {
         "remediation_policy": policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
     }
@@ -75,6 +77,8 @@ def load_config(path: pathlib.Path) -> dict[str, Any]:
     if "bmc" in data:
         bmc.BmcSettings.from_mapping(data["bmc"])
         config["bmc"] = data["bmc"]
+    if "leader" in data:
+        config["leader"] = leader_mod.LeaderSettings.from_mapping(data["leader"])
     return config
 
 
@@ -130,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         security=security_settings,
         health_listen=args.health_listen,
         record_path=args.record,
+        leader=config.get("leader", leader_mod.LeaderSettings()),
     )
     try:
         return asyncio.run(_serve(settings))

@@ -104,7 +104,7 @@ class RemediationStats:
 
 
 class RemediationService:
-    """Drives the repair ladder for the whole fleet (one per controller; the leader's later)."""
+    """Drives the repair ladder for the whole fleet (runs on the leader replica: rasd.controller.leader)."""
 
     def __init__(
         self,
@@ -144,10 +144,14 @@ class RemediationService:
         """Called with the actions each commit newly put in the outbox and the commit's time (recording)."""
         self.accusation_hook: Callable[..., None] | None = None
         """Called with (node_id, gpu_uuid, reason=, accuser=, at_unix_ns=) of each SDC accusation (recording)."""
+        self.send_hook: Callable[[actions.Action], bool] | None = None
+        """Where dispatched agent commands go instead of this replica's streams (rasd.controller.relay)."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Load durable state, resume the outbox, start the tick loop."""
+        """Load durable state, resume the outbox, start the tick loop (again at each leader term)."""
+        for transient in (self._deferred, self._unanswered, self._kinds, self._event_times):
+            transient.clear()  # a new term starts from the store alone
         node_docs = await self.ingest.run_in_store(self.store.load_node_states)
         self.node_states = {n: escalation.RemediationState.from_dict(d) for n, d in node_docs.items()}
         corr_docs = await self.ingest.run_in_store(self.store.load_docs, CORRELATION_PREFIX)
@@ -800,29 +804,9 @@ class RemediationService:
                         log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
 
     def _send(self, action: actions.Action) -> bool:
-        now_ns = self._clock()
-        timeout_s = self.policy.escalation.timeout_s(action.kind)
-        command = commands_pb.Command(
-            command_id=action.command_id,
-            issued_unix_ns=now_ns,
-            deadline_unix_ns=now_ns + int(timeout_s * 1e9),
-            reason=action.reason,
-        )
-        if isinstance(action, actions.RestartProcess):
-            command.restart_process.CopyFrom(
-                commands_pb.RestartProcess(gpu_uuid=action.gpu_uuid, grace_s=action.grace_s)
-            )
-        elif isinstance(action, actions.ResetGpu):
-            command.reset_gpu.CopyFrom(commands_pb.ResetGpu(gpu_uuid=action.gpu_uuid))
-        elif isinstance(action, actions.RebootNode):
-            command.reboot_node.CopyFrom(commands_pb.RebootNode())
-        elif isinstance(action, actions.RunValidation):
-            gpus = list(action.gpu_uuids)
-            if not gpus and action.exclude_gpu_uuids:
-                gpus = [g for g in self.ingest.node_gpus(action.node_id) if g not in action.exclude_gpu_uuids]
-            command.run_validation.CopyFrom(
-                commands_pb.RunValidation(suite=action.suite, gpu_uuids=gpus, seed=action.seed)
-            )
+        if self.send_hook is not None:  # several replicas: the one holding the node's stream sends it
+            return self.send_hook(action)
+        command = agent_command(action, self.policy.escalation, self.ingest.node_gpus(action.node_id), self._clock())
         return self.ingest.dispatch(action.node_id, command)
 
     async def _run_controller_side(
@@ -918,6 +902,31 @@ class RemediationService:
             counts["port" if row["port"] else "gpu" if row["gpu_uuid"] else "node"] += 1
         for scope, count in counts.items():
             self.ingest.metrics.quarantined.labels(scope=scope).set(count)
+
+
+def agent_command(
+    action: actions.Action, policy: policy_mod.EscalationPolicy, node_gpus: Sequence[str], now_unix_ns: int
+) -> commands_pb.Command:
+    """The wire command for an agent action; the deadline is the action kind's timeout from now."""
+    timeout_s = policy.timeout_s(action.kind)
+    command = commands_pb.Command(
+        command_id=action.command_id,
+        issued_unix_ns=now_unix_ns,
+        deadline_unix_ns=now_unix_ns + int(timeout_s * 1e9),
+        reason=action.reason,
+    )
+    if isinstance(action, actions.RestartProcess):
+        command.restart_process.CopyFrom(commands_pb.RestartProcess(gpu_uuid=action.gpu_uuid, grace_s=action.grace_s))
+    elif isinstance(action, actions.ResetGpu):
+        command.reset_gpu.CopyFrom(commands_pb.ResetGpu(gpu_uuid=action.gpu_uuid))
+    elif isinstance(action, actions.RebootNode):
+        command.reboot_node.CopyFrom(commands_pb.RebootNode())
+    elif isinstance(action, actions.RunValidation):
+        gpus = list(action.gpu_uuids)
+        if not gpus and action.exclude_gpu_uuids:
+            gpus = [g for g in node_gpus if g not in action.exclude_gpu_uuids]
+        command.run_validation.CopyFrom(commands_pb.RunValidation(suite=action.suite, gpu_uuids=gpus, seed=action.seed))
+    return command
 
 
 CORRELATION_PREFIX = "correlation/"

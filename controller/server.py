@@ -19,11 +19,14 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
+from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.common import tls
 from rasd.controller import audit, authn, bmc, ingest, metrics, quarantine, recording
+from rasd.controller import leader as leader_mod
+from rasd.controller import relay as relay_mod
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
-from rasd.controller.rpc import admin_service, agent_service, authz
+from rasd.controller.rpc import admin_service, agent_service, authz, leader_gate
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
@@ -63,6 +66,8 @@ class ControllerSettings:
     certificate); None: health is served on `listen` only."""
     record_path: pathlib.Path | None = None
     """Record inbound agent streams, sent commands and decisions to this file (controller/recording.py)."""
+    leader: leader_mod.LeaderSettings = dataclasses.field(default_factory=leader_mod.LeaderSettings)
+    """The `[leader]` table: election (lease on PostgreSQL), lease and renewal times, replica id."""
 
 
 class Controller:
@@ -74,7 +79,10 @@ class Controller:
         self.registry = registry or CollectorRegistry()
         self.store = repo.Store.open(settings.db_url)
         self.metrics = metrics.ControllerMetrics(self.registry)
-        self.ingest = ingest.Ingest(self.store, self.metrics, settings.ingest, clock=time.time_ns)
+        ingest_settings = settings.ingest
+        if settings.leader.resolved_election(settings.db_url) == "lease":  # other replicas hold streams too
+            ingest_settings = dataclasses.replace(ingest_settings, mark_all_disconnected_at_start=False)
+        self.ingest = ingest.Ingest(self.store, self.metrics, ingest_settings, clock=time.time_ns)
         self.registry.register(
             metrics.FleetCollector(
                 latest=lambda: self.ingest.latest,
@@ -107,6 +115,24 @@ class Controller:
             if self.remediation is not None:
                 self.remediation.decision_hook = self.recorder.decisions
                 self.remediation.accusation_hook = self.recorder.accusation
+        # One leader runs the fleet-wide loops (DESIGN.md §8); its writes carry the fencing token.
+        self.leadership = leader_mod.Leadership(
+            self.store.engine, settings.leader, election=settings.leader.resolved_election(settings.db_url)
+        )
+        self.leadership.register_metrics(self.registry)
+        self.relay: relay_mod.Relay | None = None
+        """With several replicas: the outbox courier, the result relay and `relay.send_command` (any replica's node)."""
+        if self.leadership.election == "lease":
+            self.relay = relay_mod.Relay(
+                self.ingest, self.remediation, self.leadership, poll_s=settings.leader.relay_poll_s
+            )
+            self.relay.attach()
+        if self.remediation is not None:
+            self.remediation.store.fence = self.leadership.fence
+            if self.relay is None:
+                remediation = self.remediation
+                self.leadership.on_elected(lambda _token: remediation.start())
+                self.leadership.on_deposed(remediation.stop)
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -118,10 +144,17 @@ class Controller:
     async def start(self) -> None:
         """Start ingest, bind gRPC and metrics, and report SERVING."""
         await self.ingest.start()
-        if self.remediation is not None:
-            await self.remediation.start()
+        if self.relay is not None:
+            await self.relay.start()
+        await self.leadership.start()
         server = grpc.aio.server(
-            interceptors=[authz.AuthInterceptor(self.settings.security, self.tokens, self.audit, self.security)],
+            # Authenticate first, then the leader gate: a refused caller learns nothing about leadership.
+            interceptors=[
+                authz.AuthInterceptor(self.settings.security, self.tokens, self.audit, self.security),
+                leader_gate.LeaderGate(
+                    self.leadership.is_leader, lambda: f"leader: {self.leadership.leader_id or 'unknown'}"
+                ),
+            ],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -180,8 +213,9 @@ class Controller:
     async def stop(self) -> None:
         """Stop taking calls, let in-flight ones finish within the grace, flush the store."""
         await self._health.enter_graceful_shutdown()
-        if self.remediation is not None:
-            await self.remediation.stop()
+        await self.leadership.stop()  # stops the leader's loops and hands the lease over at once
+        if self.relay is not None:
+            await self.relay.stop()
         await self.ingest.stop()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s)
@@ -194,6 +228,19 @@ class Controller:
         if self.recorder is not None:
             self.recorder.close()
         log.info("controller_stopped")
+
+    async def send_command(
+        self, node_id: str, command: commands_pb.Command, *, timeout_s: float = 30.0
+    ) -> commands_pb.ActionResult:
+        """Send a rasd.api.v1.Command to a node on any replica and wait for its ActionResult.
+
+        For fleet-wide loops outside the ladder's outbox (power caps): with several replicas the
+        command goes through the store to the replica holding the node's stream; otherwise it is
+        `Ingest.send_command` on this replica's stream. Raises as `Ingest.send_command` does.
+        """
+        if self.relay is not None:
+            return await self.relay.send_command(node_id, command, timeout_s=timeout_s)
+        return await self.ingest.send_command(node_id, command, timeout_s=timeout_s)
 
     @property
     def address(self) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -71,6 +71,8 @@ class RemediationStore:
         """Bind to an engine whose tables already exist (the Store creates or migrates them)."""
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self.fence: Callable[[Session], None] | None = None
+        """Called first in every `commit` transaction; raises to refuse it (the leader's fencing token check)."""
 
     # -- loading at start-up ---------------------------------------------------------------------------
     def load_node_states(self) -> dict[str, dict[str, Any]]:
@@ -116,6 +118,8 @@ class RemediationStore:
         fresh: list[str] = []
         now = change.now_unix_ns
         with self._sessions.begin() as session:
+            if self.fence is not None:
+                self.fence(session)
             if change.processed_seq:
                 epochs = dict(
                     session.execute(
@@ -273,6 +277,11 @@ class RemediationStore:
 
 WATERMARK_PREFIX = "watermark/"
 """controller_states name prefix of each node's replay watermark: the last event seq the ladder consumed."""
+
+
+def stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
+    """A stored event row as the ladder's StoredEvent (the replica relay reads events too)."""
+    return _stored_event(row)
 
 
 def _stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:

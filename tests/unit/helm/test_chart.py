@@ -26,7 +26,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from rasd.agent import main as agent_main
-from rasd.controller import bmc, quarantine
+from rasd.controller import bmc, leader, quarantine
 from rasd.controller import main as controller_main
 from rasd.controller import metrics as controller_metrics
 from rasd.controller.core import policy
@@ -69,8 +69,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "commonLabels": {"team": "gpu-infra"},
     },
     "sqlite-persistent-slurm": {
-        "controller": {"remediation": False},
-        "database": {"sqlite": {"persistence": {"enabled": True, "storageClassName": "fast"}}},
+        "controller": {"replicas": 1, "remediation": False},
+        "database": {
+            "urlSecret": {"name": ""},
+            "sqlite": {"persistence": {"enabled": True, "storageClassName": "fast"}},
+        },
         "config": {"quarantine": {"adapter": "slurm", "slurm": {"scontrol": "/usr/bin/scontrol"}}},
         "podDisruptionBudget": {"maxUnavailable": None, "minAvailable": "50%"},
         "tls": {"secretName": "rasd-tls-existing"},
@@ -163,7 +166,12 @@ def test_default_render_is_the_controller_alone(chart):
         ("Service", RELEASE),
         ("ServiceAccount", RELEASE),
     ]
-    assert the(objects, "Deployment")["spec"]["replicas"] == 1
+    deployment = the(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
 
 
 def test_everything_on_renders_every_optional_object(chart):
@@ -189,6 +197,9 @@ def test_everything_on_renders_every_optional_object(chart):
         ({"controller": {"grpcPort": 70000}}, "at '/controller/grpcPort'"),
         ({"agent": {"config": {"node_id": "gpu-1"}}}, "additional properties 'node_id' not allowed"),
         ({"servce": {"type": "ClusterIP"}}, "additional properties 'servce' not allowed"),
+        ({"config": {"leader": {"lease_s": 0}}}, "at '/config/leader/lease_s': minimum: got 0, want 0.5"),
+        ({"config": {"leader": {"election": "raft"}}}, "at '/config/leader/election'"),
+        ({"controller": {"replicas": -1}}, "at '/controller/replicas': minimum: got -1, want 0"),
     ],
 )
 def test_schema_rejects_a_bad_value_naming_it(chart, values, complaint):
@@ -204,13 +215,19 @@ def test_unknown_quarantine_adapter_lists_the_known_ones(chart):
 
 def test_more_than_one_replica_needs_postgresql(chart):
     with pytest.raises(helm.HelmRenderError, match=r"replicas > 1 needs PostgreSQL: set database\.urlSecret\.name"):
-        chart.render({"controller": {"replicas": 2}}, name=RELEASE, namespace=NAMESPACE)
+        chart.render({"database": {"urlSecret": {"name": ""}}}, name=RELEASE, namespace=NAMESPACE)
+    single = render(chart, {"controller": {"replicas": 1}, "database": {"urlSecret": {"name": ""}}})
+    assert the(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
-def test_more_than_one_replica_warns_about_the_missing_leader(chart):
-    assert "WARNING" not in notes(chart)
-    text = notes(chart, {"controller": {"replicas": 2}, "database": {"urlSecret": {"name": "db"}}})
-    assert "without leader election" in text
+def test_replicas_elect_a_leader_named_by_their_pod(chart):
+    text = notes(chart)
+    assert "2 replicas" in text and "leader" in text and "Secret rasd-db" in text
+    env = {e["name"]: e for e in controller_container(render(chart))["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["RASD_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "rasd-db", "key": "url"}
+    config = tomllib.loads(the(render(chart), "ConfigMap")["data"]["controller.toml"])
+    assert config["leader"] == {"election": "auto", "lease_s": 15.0, "renew_s": 5.0, "relay_poll_s": 0.5}
 
 
 def test_pdb_takes_exactly_one_bound(chart):
@@ -241,6 +258,7 @@ _PY_TO_JSON = {bool: "boolean", int: "integer", float: "number", str: "string"}
         (("quarantine", "slurm"), quarantine.SlurmSettings),
         (("bmc",), bmc.BmcSettings),
         (("bmc", "nodes", "*"), bmc.BmcNodeSettings),
+        (("leader",), leader.LeaderSettings),
     ],
 )
 def test_schema_of_config_matches_the_controller_settings(schema_path, settings_class):
