@@ -13,7 +13,7 @@ from typing import Any
 
 from rasd.common import VERSION, net
 from rasd.common import logging as rasd_logging
-from rasd.controller import bmc, quarantine, server
+from rasd.controller import bmc, power_loop, quarantine, server
 from rasd.controller.core import policy
 
 
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         type=pathlib.Path,
-        help="controller.toml with [remediation], [quarantine] and [bmc] tables (see controller/packaging/)",
+        help="controller.toml with [remediation], [quarantine], [bmc] and [power] tables (see controller/packaging/)",
     )
     parser.add_argument("--no-remediation", action="store_true", help="record health events only; never act on them")
     parser.add_argument("--log-level", default="info", help="debug|info|warning|error (default %(default)s)")
@@ -52,9 +52,9 @@ def load_config(path: pathlib.Path) -> dict[str, Any]:
         remediation_policy (a RemediationPolicy), quarantine (table), bmc (table or absent).
     """
     data = tomllib.loads(path.read_text())
-    unknown = set(data) - {"remediation", "quarantine", "bmc"}
+    unknown = set(data) - {"remediation", "quarantine", "bmc", "power"}
     if unknown:
-        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: remediation, quarantine, bmc)")
+        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: remediation, quarantine, bmc, power)")
     config: dict[str, Any] = {
         "remediation_policy": policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
     }
@@ -64,6 +64,9 @@ def load_config(path: pathlib.Path) -> dict[str, Any]:
     if "bmc" in data:
         bmc.BmcSettings.from_mapping(data["bmc"])
         config["bmc"] = data["bmc"]
+    if "power" in data:
+        power_loop.PowerSettings.from_mapping(data["power"])  # validates the table (names the bad key)
+        config["power"] = data["power"]
     return config
 
 
@@ -109,6 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         remediation_policy=config.get("remediation_policy", policy.RemediationPolicy()),
         quarantine=config.get("quarantine", {}),
         bmc=config.get("bmc"),
+        power=config.get("power"),
     )
     try:
         return asyncio.run(_serve(settings))

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import bmc, ingest, metrics, quarantine
+from rasd.controller import bmc, ingest, metrics, power_loop, quarantine
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
 from rasd.controller.rpc import admin_service, agent_service
@@ -54,6 +54,8 @@ class ControllerSettings:
     """The `[quarantine]` table: adapter ("record", "kubernetes", "slurm") and its settings."""
     bmc: Mapping[str, Any] | None = None
     """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
+    power: Mapping[str, Any] | None = None
+    """The `[power]` table (budget tree, policy); None: no power loop."""
 
 
 class Controller:
@@ -86,6 +88,12 @@ class Controller:
             self.ingest.events_hook = self.remediation.on_events
             self.ingest.command_result_hook = self.remediation.on_result
             self.ingest.connected_hook = self.remediation.node_connected
+        self.power: power_loop.PowerLoop | None = None
+        if settings.power is not None:
+            limiter = bmc.open_power_limiter(settings.bmc) if settings.bmc is not None else None
+            self.power = power_loop.PowerLoop(
+                self.ingest, power_loop.PowerSettings.from_mapping(settings.power), limiter=limiter
+            )
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -97,6 +105,8 @@ class Controller:
         await self.ingest.start()
         if self.remediation is not None:
             await self.remediation.start()
+        if self.power is not None:
+            await self.power.start()
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -109,7 +119,9 @@ class Controller:
             ]
         )
         agent_grpc.add_AgentServiceServicer_to_server(agent_service.AgentService(self.ingest), server)
-        admin_grpc.add_AdminServiceServicer_to_server(admin_service.AdminService(self.ingest, self.remediation), server)
+        admin_grpc.add_AdminServiceServicer_to_server(
+            admin_service.AdminService(self.ingest, self.remediation, power=self.power), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.port = server.add_insecure_port(self.settings.listen)
         if self.port == 0:
@@ -134,6 +146,8 @@ class Controller:
     async def stop(self) -> None:
         """Stop taking calls, let in-flight ones finish within the grace, flush the store."""
         await self._health.enter_graceful_shutdown()
+        if self.power is not None:
+            await self.power.stop()
         if self.remediation is not None:
             await self.remediation.stop()
         await self.ingest.stop()

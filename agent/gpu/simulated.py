@@ -344,7 +344,7 @@ class SimulatedBackend:
                     requested_power_limit_w=sim.enforced_limit_w,
                     total_energy_mj=int(sim.energy_mj),
                     temperature_c=int(32 + 48 * draw_w / self._model.power_limit_max_w),
-                    utilization_gpu_pct=0 if self._workload is None else (100 if demand_w > 400 else 35),
+                    utilization_gpu_pct=0 if not self._job_running(now_unix_ns) else (100 if demand_w > 400 else 35),
                     clock_event_reasons=int(reasons),
                     ecc_sbe_volatile=sim.ecc_sbe,
                     ecc_dbe_volatile=sim.ecc_dbe,
@@ -566,6 +566,9 @@ class SimulatedBackend:
         sim.enforced_limit_w = limit_w
         if self._job is not None and sim.rank >= 0:
             self._job.set_cap(sim.rank, limit_w)
+
+    def _job_running(self, now_unix_ns: int) -> bool:
+        return self._job is not None and self._job.running(now_unix_ns / NS_PER_S)
 
     @property
     def job(self) -> step_job.StepJob | None:

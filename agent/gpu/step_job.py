@@ -144,10 +144,10 @@ class StepJob:
         """Whether the job runs at t_s."""
         return self.start_s <= t_s < self.stop_s
 
-    def _next_step(self) -> Step:
+    def _next_step(self, first_start_s: float, first_index: int) -> Step:
         shape = self.shape
-        k = len(self.steps)
-        start = self.start_s if k == 0 else self.steps[-1].end_s
+        k = first_index + len(self.steps)
+        start = first_start_s if not self.steps else self.steps[-1].end_s
         lo, hi = shape.rank_jitter_s
         rng = np.random.default_rng([self._seed, k])
         cs = start + lo + (hi - lo) * rng.random(len(self.compute_w))
@@ -170,10 +170,16 @@ class StepJob:
 
     def _advance(self, t_s: float) -> None:
         self._frozen = True
+        first_start, first_index = self.start_s, 0
+        if not self.steps and t_s - self.start_s > 10 * self.shape.period_s:
+            # First read long after the start (e.g. an anchor at the epoch): begin at the nominal step
+            # grid instead of computing every step since; earlier times read as that step's trough.
+            first_index = int((t_s - self.start_s) // self.shape.period_s)
+            first_start = self.start_s + first_index * self.shape.period_s
         while (not self.steps or self.steps[-1].end_s <= t_s) and (
-            (self.steps[-1].end_s if self.steps else self.start_s) < self.stop_s
+            (self.steps[-1].end_s if self.steps else first_start) < self.stop_s
         ):
-            step = self._next_step()
+            step = self._next_step(first_start, first_index)
             self.steps.append(step)
             self._starts.append(step.start_s)
 
@@ -183,10 +189,11 @@ class StepJob:
             return None
         self._advance(t_s)
         k = bisect.bisect_right(self._starts, t_s) - 1
-        return self.steps[k] if k >= 0 else None
+        return self.steps[max(k, 0)] if self.steps else None
 
     def completed_steps(self, since_s: float, until_s: float) -> list[Step]:
         """Steps that started at or after since_s and ended by until_s."""
+        self._advance(max(since_s, self.start_s))
         self._advance(until_s)
         return [s for s in self.steps if s.start_s >= since_s and s.end_s <= until_s]
 
@@ -207,10 +214,11 @@ class StepJob:
             idle = np.maximum(self.shape.idle_w, self.floor_w[ranks])
             return np.minimum(idle, self.cap_w[ranks])
         level = _level(step, ranks, t_s)
-        if step.index > 0:
+        position = step.index - self.steps[0].index
+        if position > 0:
             before = t_s < step.compute_start_s[ranks]
             if before.any():
-                level = np.where(before, _level(self.steps[step.index - 1], ranks, t_s), level)
+                level = np.where(before, _level(self.steps[position - 1], ranks, t_s), level)
         return level
 
 
@@ -222,7 +230,5 @@ def _level(step: Step, ranks: np.ndarray | slice, t_s: float) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         rising = np.where(np.isfinite(up), np.minimum(peak, trough + up * np.maximum(t_s - cs, 0.0)), peak)
         reached = np.where(np.isfinite(up), np.minimum(peak, trough + up * (ce - cs)), peak)
-        falling = np.where(
-            np.isfinite(down), np.maximum(trough, reached - down * np.maximum(t_s - ce, 0.0)), trough
-        )
+        falling = np.where(np.isfinite(down), np.maximum(trough, reached - down * np.maximum(t_s - ce, 0.0)), trough)
     return np.where(t_s < cs, trough, np.where(t_s < ce, rising, falling))

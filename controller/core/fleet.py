@@ -211,6 +211,23 @@ class PowerWindow:
             rows.append((start_ns, sum(samples.values()), len(samples)))
         return rows
 
+    def gpu_max_w(self, since_unix_ns: int) -> dict[str, float]:
+        """Each GPU's highest sample in buckets starting at or after since_unix_ns, W.
+
+        The power loop's "recent draw": a GPU in a step-synchronous job spends part of every step near
+        idle, so its instant sample says little about the cap it needs; its peak over a control
+        period does.
+        """
+        first = since_unix_ns // self.bucket_ns
+        out: dict[str, float] = {}
+        for bucket, samples in self._buckets.items():
+            if bucket < first:
+                continue
+            for gpu_uuid, watts in samples.items():
+                if watts > out.get(gpu_uuid, -1.0):
+                    out[gpu_uuid] = watts
+        return out
+
     def _newest_bucket(self) -> int:
         return next(reversed(self._buckets)) if self._buckets else 0
 
