@@ -566,8 +566,7 @@ class RedfishPowerLimiter:
             ]
         if len(members) != 1:
             raise BmcSystemNotFoundError(
-                f"node {node_id}: BMC {node.url}: expected one chassis {node.system!r}, "
-                f"found {len(members)}"
+                f"node {node_id}: BMC {node.url}: expected one chassis {node.system!r}, found {len(members)}"
             )
         power = (connector.get(members[0]).json().get("Power") or {}).get("@odata.id")
         if not power:
