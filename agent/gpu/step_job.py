@@ -22,8 +22,9 @@ The model, step k (all times in seconds, one vector entry per rank):
 - before `start_after_s` and after `stop_after_s` the rank idles at `idle_w` (the job start and
   stop the controller's slew limits must handle).
 
-Caps are read when a step is computed (at the first reading inside it): a cap change lands at the
-next step boundary, which is at most one period late and the same for every rank.
+A new cap clamps the draw at once (power-capping firmware reacts within milliseconds); the step's
+timing reads the caps when the step is computed (at its first reading), so a cap's cost in time
+lands at the next step boundary, at most one period late and the same for every rank.
 """
 
 from __future__ import annotations
@@ -219,7 +220,8 @@ class StepJob:
             before = t_s < step.compute_start_s[ranks]
             if before.any():
                 level = np.where(before, _level(self.steps[position - 1], ranks, t_s), level)
-        return level
+        # The power-capping firmware clamps draw within milliseconds of a new limit, even mid-step.
+        return np.minimum(level, self.cap_w[ranks])
 
 
 def _level(step: Step, ranks: np.ndarray | slice, t_s: float) -> np.ndarray:
