@@ -227,6 +227,7 @@ class PowerLoop:
         self._boot_ids: dict[str, str] = {}
         self._rng = np.random.default_rng(settings.seed)
         self._wake = asyncio.Event()
+        self._step_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._sends: set[asyncio.Task[None]] = set()
         self._last_step_s = 0.0
@@ -318,7 +319,8 @@ class PowerLoop:
         )
         self.tree, self._budget_overrides = tree, overrides
         log.warning("power_budget_set", domain=domain, budget_w=tree.domain(domain).budget_w, reason=reason)
-        self._wake.set()
+        if self._task is not None:
+            await self.step()  # a cut is enforced now, not at the next period
         return tree.domain(domain)
 
     async def set_policy(
@@ -352,6 +354,10 @@ class PowerLoop:
     # -- one period ----------------------------------------------------------------------------------
     async def step(self) -> power_apply.CapPlan | None:
         """Run one control period now; returns the plan sent (None when there is nothing to manage)."""
+        async with self._step_lock:
+            return await self._step()
+
+    async def _step(self) -> power_apply.CapPlan | None:
         started = time.perf_counter()
         now = self._now()
         self._last_step_s = now

@@ -9,6 +9,8 @@ apply state (no command id reused, the operator's budget kept).
 from __future__ import annotations
 
 import asyncio
+import pathlib
+import sys
 
 import grpc
 import pytest
@@ -19,6 +21,9 @@ from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.controller import server
 from rasd.controller.core import power_apply
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fakes"))
+import redfish_stub  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -45,14 +50,15 @@ TREE = {
 POWER = {"tree": TREE, "policy": {"control_period_s": 0.5, "command_ttl_s": 2.0}, "detect_window_s": 5.0}
 
 
-def _controller(tmp_path, port):
+def _controller(tmp_path, port, *, power=POWER, bmc=None):
     return server.Controller(
         server.ControllerSettings(
             listen=f"127.0.0.1:{port}",
             db_url=f"sqlite:///{tmp_path / 'rasd.db'}",
             metrics_port=None,
             remediation=False,
-            power=POWER,
+            power=power,
+            bmc=bmc,
         )
     )
 
@@ -75,15 +81,27 @@ class Fleet:
             )
             for n, b in self.backends.items()
         ]
-        self.stop = asyncio.Event()
-        self.tasks = [asyncio.create_task(a.run(self.stop)) for a in self.agents]
+        self.stops = {a.identity.node_id: asyncio.Event() for a in self.agents}
+        self.tasks = {
+            a.identity.node_id: asyncio.create_task(a.run(self.stops[a.identity.node_id])) for a in self.agents
+        }
+
+    async def stop_agent(self, node_id: str) -> None:
+        self.stops[node_id].set()
+        await self.tasks[node_id]
+
+    def start_agent(self, node_id: str) -> None:
+        agent = next(a for a in self.agents if a.identity.node_id == node_id)
+        self.stops[node_id] = asyncio.Event()
+        self.tasks[node_id] = asyncio.create_task(agent.run(self.stops[node_id]))
 
     def caps_w(self, node_id: str) -> int:
         return sum(c.enforced_power_limit_w for c in self.backends[node_id].read_counters(1))
 
     async def close(self) -> None:
-        self.stop.set()
-        await asyncio.gather(*self.tasks)
+        for stop in self.stops.values():
+            stop.set()
+        await asyncio.gather(*self.tasks.values())
 
 
 async def _until(predicate, timeout_s=20.0):
@@ -204,3 +222,43 @@ def test_a_restarted_controller_continues_the_apply_state_and_keeps_the_operator
     assert [g.gpu_uuid for g in restored.gpus] == [g.gpu_uuid for g in before.gpus]
     assert after.next_seq >= before.next_seq  # ids continue: never an id an agent already executed
     assert budget == 1600 and caps_b <= 1600
+
+
+def test_an_unreachable_node_is_held_at_its_caps_until_its_bmc_confirms_a_limit(tmp_path, free_port, monkeypatch):
+    monkeypatch.setenv("RASD_TEST_BMC_PW", "secret")
+    stub = redfish_stub.StubRedfish()
+    stub.start()
+    bmc_table = {"nodes": {"node-a": {"url": stub.url, "username": "admin", "password_env": "RASD_TEST_BMC_PW"}}}
+    power = {**POWER, "bmc_fallback_after_s": 0.5}
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port, power=power, bmc=bmc_table)
+        await controller.start()
+        fleet = Fleet(controller.address)
+        loop = controller.power
+        try:
+            await _until(lambda: _settled(controller))
+            held = fleet.caps_w("node-a")
+            await fleet.stop_agent("node-a")
+            await _until(lambda: "node-a" not in controller.ingest.sessions)
+            await loop.set_budget("node-a", 1200, reason="feed maintenance")
+            # The agent cannot take the decrease: the node still counts at its caps...
+            await asyncio.sleep(0.3)
+            over_while_unreachable = loop.status.over_budget
+            # ...until the BMC confirms a node limit within the budget.
+            await _until(lambda: loop.stats.bmc_limits > 0 and not loop.status.over_budget, timeout_s=10)
+            node_a = loop.status.root.children[0].children[0].children[0]
+            limited = (stub.power_limit_w, node_a.allocated_w)
+            fleet.start_agent("node-a")
+            await _until(lambda: stub.power_limit_w is None and fleet.caps_w("node-a") <= 1200, timeout_s=15)
+            return held, over_while_unreachable, limited
+        finally:
+            await fleet.close()
+            await controller.stop()
+            stub.stop()
+
+    held, over_while_unreachable, (bmc_limit_w, allocated_w) = asyncio.run(scenario())
+    assert held > 1200
+    assert "node-a" in over_while_unreachable
+    assert bmc_limit_w is not None and bmc_limit_w <= 1200
+    assert allocated_w <= 1200
