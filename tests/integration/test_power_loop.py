@@ -23,7 +23,7 @@ from rasd.controller import server
 from rasd.controller.core import power_apply
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fakes"))
-import redfish_stub  # noqa: E402
+import redfish_stub
 
 pytestmark = pytest.mark.slow
 

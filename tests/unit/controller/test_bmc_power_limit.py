@@ -14,7 +14,7 @@ import pytest
 from rasd.controller import bmc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "fakes"))
-import redfish_stub  # noqa: E402
+import redfish_stub
 
 ENV = {"BMC_PW": "secret"}
 
