@@ -558,9 +558,10 @@ class PowerLoop:
         if not rows:
             return
         full = max(count for _, _, count in rows)
-        series = np.array([total for _, total, count in rows if count >= 0.95 * full])
+        series = _scaled_series(rows, full)
         sample_hz = 1e9 / self._ingest.power_window.bucket_ns
-        if len(series) < 0.8 * window * sample_hz or full < 0.9 * len(state.gpus):
+        if len(series) < 0.5 * window * sample_hz or full < 0.8 * len(state.gpus):
+            log.info("power_swing_window_incomplete", buckets=len(series), gpus_reporting=full)
             return
         report = swing.detect(series, sample_hz, policy=policy)
         tdp = float(np.median(state.max_w))
@@ -569,6 +570,7 @@ class PowerLoop:
         plan = swing.plan_smoothing(report, n_gpus=full, tdp_w=tdp, firmware_supported=supported, policy=policy)
         self._smoothing_unmanaged = report
         if not plan.active:
+            log.info("power_smoothing_not_needed", reason=plan.reason, p2p_w=round(report.p2p_w))
             return
         self._smoothing = plan
         self._smoothing_nodes = {}
@@ -591,9 +593,10 @@ class PowerLoop:
     def _send_smoothing(self, plan: swing.SmoothingPlan, *, only_new: bool) -> None:
         if plan.mode != "firmware":
             return  # emulated modes act through caps and the node-side hook, not this command
-        key = plan.reason
         records = self._ingest.gpu_records
-        for node_id in list(self._ingest.sessions):
+        for node_id, session in list(self._ingest.sessions.items()):
+            # Keyed by the stream: a node that reconnected may have rebooted, which clears the profile.
+            key = f"{plan.reason}/{session.session_id}"
             if only_new and self._smoothing_nodes.get(node_id) == key:
                 continue
             gpus = [u for u in self._ingest.node_gpus(node_id) if u in records and records[u].power_smoothing_supported]
@@ -751,8 +754,7 @@ class PowerLoop:
         recent = None
         rows = self._ingest.power_window.series(since_unix_ns=int((now - 10.0) * 1e9))
         if rows:
-            full = max(c for _, _, c in rows)
-            series = np.array([w for _, w, c in rows if c >= 0.95 * full])
+            series = _scaled_series(rows, max(c for _, _, c in rows))
             if len(series) >= 4:
                 recent = swing.detect(series, 1e9 / self._ingest.power_window.bucket_ns, policy=self.policy)
         self.status = PowerStatus(
@@ -766,6 +768,16 @@ class PowerLoop:
             reason=f"{plan.reason}; {allocation.reason}",
             periods=self.stats.periods + 1,
         )
+
+
+def _scaled_series(rows: Sequence[tuple[int, float, int]], full: int) -> np.ndarray:
+    """Aggregate power per bucket, each scaled up to the full GPU count.
+
+    A busy agent can miss a 100 ms bucket; dropping every incomplete bucket would leave nothing at
+    scale, and keeping it unscaled would show a dip that is not there. Buckets with fewer than half
+    the GPUs are dropped.
+    """
+    return np.array([total * full / count for _, total, count in rows if count >= 0.5 * full])
 
 
 def _audit(now_ns: int, actor: str, action: str, reason: str) -> dict[str, Any]:

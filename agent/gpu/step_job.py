@@ -68,6 +68,8 @@ class Step:
     ramp_up_w_per_s: np.ndarray
     ramp_down_w_per_s: np.ndarray
     checkpoint: bool
+    active: np.ndarray
+    """Ranks taking part in this step (the others were evicted and idle)."""
 
 
 class StepJob:
@@ -94,6 +96,7 @@ class StepJob:
         self.floor_w = np.zeros(0)
         self.ramp_up_w_per_s = np.zeros(0)
         self.ramp_down_w_per_s = np.zeros(0)
+        self.active = np.zeros(0, dtype=bool)
         self.steps: list[Step] = []
         self._starts: list[float] = []
 
@@ -117,7 +120,16 @@ class StepJob:
         self.floor_w = np.zeros(n)
         self.ramp_up_w_per_s = np.full(n, np.inf)
         self.ramp_down_w_per_s = np.full(n, np.inf)
+        self.active = np.ones(n, dtype=bool)
         return range(first, n)
+
+    def set_active(self, rank: int, active: bool) -> None:
+        """Take a rank out of the job (the scheduler evicted its GPU) or put it back; from the next step.
+
+        An evicted rank runs no work: the step no longer waits for it, and it idles at `idle_w`
+        (its smoothing profile went with the job).
+        """
+        self.active[rank] = active
 
     def set_cap(self, rank: int, cap_w: float) -> None:
         """The rank's enforced power limit, W (lands at the next step boundary)."""
@@ -161,13 +173,19 @@ class StepJob:
         with np.errstate(divide="ignore", invalid="ignore"):
             ramp_loss = np.where(np.isfinite(up) & (rise > 0), rise**2 / (2.0 * up * peak), 0.0)
         compute_s = c0 * np.maximum(self.compute_w / np.minimum(self.compute_w, cap), 1.0) + ramp_loss
-        ce = cs + compute_s
+        active = self.active.copy()
+        ce = np.where(active, cs + compute_s, start)
+        # An evicted rank idles for the whole step: no compute, trough at idle.
+        cs = np.where(active, cs, start)
+        idle = np.minimum(shape.idle_w, cap)
+        peak = np.where(active, peak, idle)
+        trough = np.where(active, trough, idle)
         every = shape.checkpoint_every_steps
         checkpoint = every > 0 and (k + 1) % every == 0
-        end = float(ce.max()) + (1.0 - shape.compute_fraction) * shape.period_s
+        end = float(ce.max() if active.any() else start) + (1.0 - shape.compute_fraction) * shape.period_s
         if checkpoint:
             end += shape.checkpoint_s
-        return Step(k, start, cs, ce, end, peak, trough, up.copy(), self.ramp_down_w_per_s.copy(), checkpoint)
+        return Step(k, start, cs, ce, end, peak, trough, up.copy(), self.ramp_down_w_per_s.copy(), checkpoint, active)
 
     def _advance(self, t_s: float) -> None:
         self._frozen = True
@@ -206,7 +224,8 @@ class StepJob:
         if step is None:
             return np.full(n, self.shape.idle_w)
         computing = (step.compute_start_s[ranks] <= t_s) & (t_s < step.compute_end_s[ranks])
-        return np.where(computing, self.compute_w[ranks], self.comm_w[ranks])
+        resting = np.where(step.active[ranks], self.comm_w[ranks], self.shape.idle_w)
+        return np.where(computing, self.compute_w[ranks], resting)
 
     def draw_w(self, ranks: np.ndarray | slice, t_s: float) -> np.ndarray:
         """Each rank's draw at t_s, W, before measurement noise."""
