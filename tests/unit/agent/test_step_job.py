@@ -103,3 +103,14 @@ def test_ranks_cannot_join_a_running_job():
     job.draw_w(slice(None), 101.0)
     with pytest.raises(RuntimeError, match="before its first reading"):
         job.add_ranks([600.0], [100.0], [700.0])
+
+
+def test_an_evicted_rank_no_longer_holds_the_step_back():
+    job = _job()
+    job.set_cap(3, 350.0)
+    slow = _mean_step_s(job, until_s=130.0)
+    job.set_active(3, False)  # the scheduler took the GPU out of the job
+    steps = job.completed_steps(135.0, 160.0)
+    assert slow > 1.6 and np.mean([s.end_s - s.start_s for s in steps]) < 1.03
+    mid = float(steps[2].compute_start_s[:3].max() + 0.3)
+    assert job.draw_w(np.array([3]), mid)[0] == 70.0
