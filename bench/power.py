@@ -33,6 +33,7 @@ from typing import Any
 
 import results
 
+from rasd.common import logging as rasd_logging
 from rasd.sim import fleet, power_sim, scenario
 
 SECTION = "## Power manager"
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = parser.parse_args(argv)
+    rasd_logging.configure("warning")
     info = results.machine()
     gpus = args.nodes * args.gpus_per_node
     with tempfile.TemporaryDirectory() as tmp_name:
