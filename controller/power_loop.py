@@ -380,8 +380,11 @@ class PowerLoop:
             reference, allocation.caps_w, policy.control_period_s, policy.ramp_limit_w_per_s
         ).astype(np.int64)
         new_state, plan = power_apply.plan(state, targets, self.tree, now=now, policy=policy)
-        # Durable before anything leaves: a restart must know every command that may still land.
-        await self._save({APPLY_DOC: new_state.to_mapping()})
+        if plan.decreases or plan.increases:
+            # Durable before anything leaves: a restart must know every command that may still land.
+            # (Read-backs alone are not saved every period: a restored state that misses some is only
+            # more cautious, and fresh read-backs settle it.)
+            await self._save({APPLY_DOC: new_state.to_mapping()})
         self.state, self._targets = new_state, targets
         self._waiting = plan.waiting
         self._send(plan, now)

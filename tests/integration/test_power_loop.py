@@ -240,7 +240,9 @@ def test_an_unreachable_node_is_held_at_its_caps_until_its_bmc_confirms_a_limit(
             await _until(lambda: _settled(controller))
             held = fleet.caps_w("node-a")
             await fleet.stop_agent("node-a")
-            await _until(lambda: "node-a" not in controller.ingest.sessions)
+            # The stream ends when the controller sees the agent's half-close (or, if that is lost, by
+            # the keepalive timeout).
+            await _until(lambda: "node-a" not in controller.ingest.sessions, timeout_s=60)
             await loop.set_budget("node-a", 1200, reason="feed maintenance")
             # The agent cannot take the decrease: the node still counts at its caps...
             await asyncio.sleep(0.3)
