@@ -235,6 +235,7 @@ class PowerLoop:
         self._smoothing: swing.SmoothingPlan | None = None
         self._smoothing_unmanaged: swing.SwingReport | None = None
         self._smoothing_nodes: dict[str, str] = {}
+        self._smoothing_sent_s: dict[str, float] = {}
         self._smoothing_off_since_s: float | None = None
         self._unreachable_since: dict[str, float] = {}
         self._bmc_limits: dict[str, int] = {}
@@ -491,11 +492,23 @@ class PowerLoop:
         return views, known, drawn
 
     async def _eligible(self, state: power_apply.ApplyState) -> np.ndarray:
-        """False for quarantined GPUs and GPUs of quarantined nodes: they release their share."""
+        """False for idle quarantined GPUs and idle GPUs of quarantined nodes: they release their share.
+
+        A quarantined GPU the job still runs on keeps its cap until the work has left it (utilisation
+        0): in a synchronous job, dropping one rank to its minimum cap stalls every rank's step.
+        """
         rows = await self._ingest.run_in_store(lambda: self._docs.quarantines(active_only=True))
         nodes = {q["node_id"] for q in rows if not q["gpu_uuid"] and not q["port"]}
         gpus = {q["gpu_uuid"] for q in rows if q["gpu_uuid"]}
-        return np.array([g.node_id not in nodes and g.gpu_uuid not in gpus for g in state.gpus], dtype=bool)
+        latest = self._ingest.latest
+
+        def busy(gpu_uuid: str) -> bool:
+            reading = latest.get(gpu_uuid)
+            return reading is not None and bool(reading.utilization_gpu_pct)
+
+        return np.array(
+            [(g.node_id not in nodes and g.gpu_uuid not in gpus) or busy(g.gpu_uuid) for g in state.gpus], dtype=bool
+        )
 
     # -- sending -------------------------------------------------------------------------------------
     def _send(self, plan: power_apply.CapPlan, now: float) -> None:
@@ -597,15 +610,25 @@ class PowerLoop:
         if plan.mode != "firmware":
             return  # emulated modes act through caps and the node-side hook, not this command
         records = self._ingest.gpu_records
+        latest = self._ingest.latest
         for node_id, session in list(self._ingest.sessions.items()):
             # Keyed by the stream: a node that reconnected may have rebooted, which clears the profile.
             key = f"{plan.reason}/{session.session_id}"
-            if only_new and self._smoothing_nodes.get(node_id) == key:
+            sent_at = self._smoothing_sent_s.get(node_id, 0.0)
+            # A GPU reset or reboot also clears it: telemetry says so (read after the profile was sent).
+            lost = any(
+                (r := latest.get(u)) is not None
+                and r.power_smoothing_enabled is False
+                and r.counters_unix_ns / 1e9 > sent_at + 1.0
+                for u in self._ingest.node_gpus(node_id)
+            )
+            if only_new and self._smoothing_nodes.get(node_id) == key and not lost:
                 continue
             gpus = [u for u in self._ingest.node_gpus(node_id) if u in records and records[u].power_smoothing_supported]
             if not gpus:
                 continue
             self._smoothing_nodes[node_id] = key
+            self._smoothing_sent_s[node_id] = self._now()
             command = commands_pb.Command(
                 command_id=uuid.uuid4().hex,
                 issued_unix_ns=self._clock(),

@@ -144,6 +144,9 @@ def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.Gp
             utilization_gpu_pct=counters.utilization_gpu_pct if counters.HasField("utilization_gpu_pct") else None,
             clock_event_reasons=counters.clock_event_reasons if counters.HasField("clock_event_reasons") else None,
             counters_unix_ns=counters.sample_unix_ns,
+            power_smoothing_enabled=(
+                counters.power_smoothing_enabled if counters.HasField("power_smoothing_enabled") else None
+            ),
         )
         latest[counters.gpu_uuid] = fleet.merge_latest(latest.get(counters.gpu_uuid), update)
     return latest

@@ -344,7 +344,9 @@ class SimulatedBackend:
                     requested_power_limit_w=sim.enforced_limit_w,
                     total_energy_mj=int(sim.energy_mj),
                     temperature_c=int(32 + 48 * draw_w / self._model.power_limit_max_w),
-                    utilization_gpu_pct=0 if not self._job_running(now_unix_ns) else (100 if demand_w > 400 else 35),
+                    utilization_gpu_pct=0
+                    if not self._job_running(now_unix_ns, sim)
+                    else (100 if demand_w > 400 else 35),
                     clock_event_reasons=int(reasons),
                     ecc_sbe_volatile=sim.ecc_sbe,
                     ecc_dbe_volatile=sim.ecc_dbe,
@@ -510,6 +512,8 @@ class SimulatedBackend:
         sim.ecc_dbe = sim.ecc_sbe = 0
         sim.recovery_action = 0
         self._set_limit(sim, self._model.power_limit_default_w)
+        if sim.smoothing_enabled:  # a reset restores the driver's defaults: the profile is gone
+            self.set_power_smoothing(gpu_uuid, enabled=False, floor_pct=0.0, ramp_up_w_per_s=0.0, ramp_down_w_per_s=0.0)
 
     def reboot(self) -> None:
         """What a node reboot clears: lost GPUs come back, volatile state is gone, caps return to default."""
@@ -567,8 +571,11 @@ class SimulatedBackend:
         if self._job is not None and sim.rank >= 0:
             self._job.set_cap(sim.rank, limit_w)
 
-    def _job_running(self, now_unix_ns: int) -> bool:
-        return self._job is not None and self._job.running(now_unix_ns / NS_PER_S)
+    def _job_running(self, now_unix_ns: int, sim: _SimGpu | None = None) -> bool:
+        """Whether the job runs (on this GPU, when given: an evicted GPU runs nothing)."""
+        if self._job is None or not self._job.running(now_unix_ns / NS_PER_S):
+            return False
+        return sim is None or sim.rank < 0 or bool(self._job.active[sim.rank])
 
     @property
     def job(self) -> step_job.StepJob | None:

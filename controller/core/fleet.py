@@ -90,6 +90,8 @@ class GpuLatest:
     utilization_gpu_pct: int | None = None
     clock_event_reasons: int | None = None
     counters_unix_ns: int = 0
+    power_smoothing_enabled: bool | None = None
+    """Whether the GPU's power-smoothing profile is on (None: no such hardware, or not reported)."""
 
 
 def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
@@ -110,6 +112,9 @@ def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
         utilization_gpu_pct=update.utilization_gpu_pct if counters_newer else previous.utilization_gpu_pct,
         clock_event_reasons=update.clock_event_reasons if counters_newer else previous.clock_event_reasons,
         counters_unix_ns=update.counters_unix_ns if counters_newer else previous.counters_unix_ns,
+        power_smoothing_enabled=(
+            update.power_smoothing_enabled if counters_newer else previous.power_smoothing_enabled
+        ),
     )
 
 
