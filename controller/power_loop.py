@@ -467,7 +467,10 @@ class PowerLoop:
             fresh = reading is not None and reading.power_w is not None and reading.power_sample_unix_ns >= stale_ns
             peak = peaks.get(g.gpu_uuid)
             if fresh and peak is not None:
-                draw[i] = peak
+                # An idle GPU (no utilisation: its job stopped or left) needs what it draws now; the
+                # window's peak would hold its watts for a whole window after a load change.
+                idle = reading.utilization_gpu_pct == 0  # type: ignore[union-attr]
+                draw[i] = reading.power_w if idle else peak  # type: ignore[union-attr]
                 known[i] = True
                 drawn[i] = reading.power_w or 0.0  # type: ignore[union-attr]
             else:
@@ -588,11 +591,38 @@ class PowerLoop:
         if not plan.active:
             log.info("power_smoothing_not_needed", reason=plan.reason, p2p_w=round(report.p2p_w))
             return
+        plan = self._ramp_for_the_straggler(plan, report, state, now)
         self._smoothing = plan
         self._smoothing_nodes = {}
         log.warning("power_smoothing_planned", reason=plan.reason, floor_w=round(plan.floor_w, 1),
                     ramp_w_per_s=round(plan.ramp_up_w_per_s, 1))  # fmt: skip
         self._send_smoothing(plan, only_new=False)
+
+    def _ramp_for_the_straggler(
+        self, plan: swing.SmoothingPlan, report: swing.SwingReport, state: power_apply.ApplyState, now: float
+    ) -> swing.SmoothingPlan:
+        """Size the ramp rate for the highest-drawing rank, not the mean one.
+
+        `plan_smoothing` sizes the ramp-up so the *mean* GPU loses at most `step_time_cost_max_pct` of
+        a step; but a synchronous step waits for its slowest rank, which is the one with the most to
+        climb from the floor. Same formula, with the 99th percentile of the GPUs' peak draw.
+        """
+        if plan.mode != "firmware" or plan.floor_w <= 0:
+            return plan
+        since_ns = int((now - self.settings.detect_window_s) * 1e9)
+        peaks = self._ingest.power_window.gpu_max_w(since_ns)
+        values = [peaks[g.gpu_uuid] for g in state.gpus if g.gpu_uuid in peaks]
+        if not values:
+            return plan
+        peak = float(np.percentile(values, 99))
+        kept = peak - plan.floor_w
+        cost = self.policy.step_time_cost_max_pct / 100.0
+        if kept <= 0 or cost <= 0:
+            return plan
+        ramp = kept**2 / (2.0 * cost * (report.period_s or 1.0) * peak)
+        if ramp <= plan.ramp_up_w_per_s:
+            return plan
+        return dataclasses.replace(plan, ramp_up_w_per_s=ramp, ramp_down_w_per_s=ramp)
 
     def _job_running(self, state: power_apply.ApplyState) -> bool:
         """At least half the managed GPUs report utilisation (the job runs)."""
