@@ -19,7 +19,7 @@ import grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
-from rasd.cli import credentials, output, views
+from rasd.cli import credentials, output, power_views, views
 from rasd.cli import remediation_views as rviews
 from rasd.common import VERSION
 
@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--limit", type=int, default=50)
 
     credentials.add_commands(commands)
+    power_views.add_parser(commands)
+
     kmsg = commands.add_parser("kmsg", help="kernel-log tools that need no controller")
     kmsg_commands = kmsg.add_subparsers(dest="kmsg_command", required=True, metavar="KMSG_COMMAND")
     kmsg_commands.add_parser(
@@ -210,6 +212,8 @@ def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, ou
         )
         word = "paused" if status.paused else "running"
         print(f"automation {word}" + (f": {status.reason}" if status.paused and status.reason else ""), file=out)
+    elif args.command == "power":
+        power_views.run(args, stub, out, timeout)
     elif args.command == "audit":
         listed = stub.ListAudit(admin_pb.ListAuditRequest(limit=args.limit), timeout=timeout)
         show(listed.records, rviews.audit_table)
@@ -232,6 +236,7 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
             if hasattr(args, attribute):
                 _target(getattr(args, attribute))
         _selector(getattr(args, "selector", []))
+        power_views.parse_changes(getattr(args, "changes", None) or [])
     except (OSError, ValueError) as exc:
         print(f"rasctl: {exc}", file=err)
         return EXIT_USAGE

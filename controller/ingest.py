@@ -110,6 +110,10 @@ class Ingest:
         self.events_stored = 0
         self.node_labels: dict[str, dict[str, str]] = {}
         self._node_gpus: dict[str, tuple[str, ...]] = {}
+        self.gpu_records: dict[str, fleet.GpuRecord] = {}
+        """Each GPU's inventory record (power-limit constraints) from its node's last Hello."""
+        self.boot_ids: dict[str, str] = {}
+        """Each node's boot id from its last Hello (a new one means caps reset to default)."""
         self.events_hook: Callable[[str, list[repo.StoredEvent], Mapping[str, str]], Awaitable[None]] | None = None
         """Called with a node's newly stored events (after they are durable and acked)."""
         self.command_result_hook: Callable[[str, commands_pb.ActionResult], Awaitable[None]] | None = None
@@ -191,6 +195,8 @@ class Ingest:
             self.gpu_nodes[gpu.uuid] = gpu.node_id
         self.node_labels[session.node_id] = dict(node_hello.labels)
         self._node_gpus[session.node_id] = tuple(g.uuid for g in node_hello.gpus)
+        self.gpu_records.update({g.uuid: g for g in node_hello.gpus})
+        self.boot_ids[session.node_id] = node_hello.boot_id
         self.metrics.agent_streams.set(len(self.sessions))
         if self.connected_hook is not None:
             await self.connected_hook(session.node_id)

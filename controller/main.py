@@ -13,7 +13,7 @@ from typing import Any
 
 from rasd.common import VERSION, net
 from rasd.common import logging as rasd_logging
-from rasd.controller import bmc, quarantine, security, server
+from rasd.controller import bmc, power_loop, quarantine, security, server
 from rasd.controller import leader as leader_mod
 from rasd.controller.core import policy
 
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         type=pathlib.Path,
-        help="controller.toml with [remediation], [quarantine] and [bmc] tables (see controller/packaging/)",
+        help="controller.toml with [remediation], [quarantine], [bmc] and [power] tables (see controller/packaging/)",
     )
     parser.add_argument("--no-remediation", action="store_true", help="record health events only; never act on them")
     parser.add_argument(
@@ -65,9 +65,10 @@ def load_config(path: pathlib.Path) -> dict[str, Any]:
         leader (LeaderSettings or absent).
     """
     data = tomllib.loads(path.read_text())
-    unknown = set(data) - {"remediation", "quarantine", "bmc", "leader"}
+    known = ("remediation", "quarantine", "bmc", "leader", "power")
+    unknown = set(data) - set(known)
     if unknown:
-        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: remediation, quarantine, bmc, leader)")
+        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: {', '.join(known)})")
     config: dict[str, Any] = {
         "remediation_policy": policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
     }
@@ -79,6 +80,9 @@ def load_config(path: pathlib.Path) -> dict[str, Any]:
         config["bmc"] = data["bmc"]
     if "leader" in data:
         config["leader"] = leader_mod.LeaderSettings.from_mapping(data["leader"])
+    if "power" in data:
+        power_loop.PowerSettings.from_mapping(data["power"])  # validates the table (names the bad key)
+        config["power"] = data["power"]
     return config
 
 
@@ -135,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         health_listen=args.health_listen,
         record_path=args.record,
         leader=config.get("leader", leader_mod.LeaderSettings()),
+        power=config.get("power"),
     )
     try:
         return asyncio.run(_serve(settings))

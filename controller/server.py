@@ -21,7 +21,7 @@ from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.common import tls
-from rasd.controller import audit, authn, bmc, ingest, metrics, quarantine, recording
+from rasd.controller import audit, authn, bmc, ingest, metrics, power_loop, quarantine, recording
 from rasd.controller import leader as leader_mod
 from rasd.controller import relay as relay_mod
 from rasd.controller import remediation as remediation_mod
@@ -68,6 +68,8 @@ class ControllerSettings:
     """Record inbound agent streams, sent commands and decisions to this file (controller/recording.py)."""
     leader: leader_mod.LeaderSettings = dataclasses.field(default_factory=leader_mod.LeaderSettings)
     """The `[leader]` table: election (lease on PostgreSQL), lease and renewal times, replica id."""
+    power: Mapping[str, Any] | None = None
+    """The `[power]` table (budget tree, policy); None: no power loop."""
 
 
 class Controller:
@@ -133,6 +135,22 @@ class Controller:
                 remediation = self.remediation
                 self.leadership.on_elected(lambda _token: remediation.start())
                 self.leadership.on_deposed(remediation.stop)
+        self.power: power_loop.PowerLoop | None = None
+        if settings.power is not None:
+            if self.leadership.election == "lease":
+                # The loop reads telemetry and sends caps through this replica's own streams; with
+                # several replicas it would take the other replicas' nodes for unreachable ones.
+                raise ValueError(
+                    "[power]: the power loop runs on a single controller replica (SQLite, or [leader] "
+                    'election = "static") until it reads telemetry across replicas'
+                )
+            limiter = bmc.open_power_limiter(settings.bmc) if settings.bmc is not None else None
+            self.power = power_loop.PowerLoop(
+                self.ingest, power_loop.PowerSettings.from_mapping(settings.power), limiter=limiter
+            )
+            power = self.power
+            self.leadership.on_elected(lambda _token: power.start())  # after remediation: registered later
+            self.leadership.on_deposed(power.stop)
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -175,7 +193,9 @@ class Controller:
             ),
             server,
         )
-        admin_grpc.add_AdminServiceServicer_to_server(admin_service.AdminService(self.ingest, self.remediation), server)
+        admin_grpc.add_AdminServiceServicer_to_server(
+            admin_service.AdminService(self.ingest, self.remediation, power=self.power), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if self.tls is not None:
             self.port = server.add_secure_port(self.settings.listen, self.tls.credentials)

@@ -176,6 +176,7 @@ def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.Gp
             utilization_gpu_pct=c.utilization_gpu_pct if c.HasField("utilization_gpu_pct") else None,
             clock_event_reasons=c.clock_event_reasons if c.HasField("clock_event_reasons") else None,
             counters_unix_ns=c.sample_unix_ns,
+            power_smoothing_enabled=c.power_smoothing_enabled if c.HasField("power_smoothing_enabled") else None,
         )
     return latest
 

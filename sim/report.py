@@ -16,6 +16,7 @@ from typing import Any
 
 from rasd.common import VERSION
 from rasd.controller.core import fleet
+from rasd.sim import power_sim
 from rasd.sim.fleet import InjectedFault, SimResult
 
 
@@ -206,6 +207,9 @@ def build(result: SimResult) -> dict[str, Any]:
         power["before_operator_cap"] = {k: _round(v, 1) for k, v in before.items()}
         power["after_operator_cap"] = {k: _round(v, 1) for k, v in after.items()}
 
+    if result.power_trace is not None and settings.scenario.power is not None:
+        power.update(power_sim.report_section(result.power_trace, settings.scenario.power.policy))
+
     judged = judge_remediation(result)
     first_action_delays = [
         f["time_to_first_action_s"] for f in judged["per_fault"] if f["time_to_first_action_s"] is not None
@@ -331,9 +335,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"| mean fleet power before / after the operator cap | {power['before_operator_cap'].get('mean_w')} W / "
             f"{power['after_operator_cap'].get('mean_w')} W |"
         )
+    lines += power_sim.markdown_rows(power)
     lines += [
         "",
-        "Not measured yet: managed power and swing reduction (issue #5); this report will grow those fields with it.",
         "",
     ]
     return "\n".join(lines)

@@ -90,6 +90,8 @@ class GpuLatest:
     utilization_gpu_pct: int | None = None
     clock_event_reasons: int | None = None
     counters_unix_ns: int = 0
+    power_smoothing_enabled: bool | None = None
+    """Whether the GPU's power-smoothing profile is on (None: no such hardware, or not reported)."""
 
 
 def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
@@ -110,6 +112,9 @@ def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
         utilization_gpu_pct=update.utilization_gpu_pct if counters_newer else previous.utilization_gpu_pct,
         clock_event_reasons=update.clock_event_reasons if counters_newer else previous.clock_event_reasons,
         counters_unix_ns=update.counters_unix_ns if counters_newer else previous.counters_unix_ns,
+        power_smoothing_enabled=(
+            update.power_smoothing_enabled if counters_newer else previous.power_smoothing_enabled
+        ),
     )
 
 
@@ -210,6 +215,23 @@ class PowerWindow:
             samples = self._buckets[bucket]
             rows.append((start_ns, sum(samples.values()), len(samples)))
         return rows
+
+    def gpu_max_w(self, since_unix_ns: int) -> dict[str, float]:
+        """Each GPU's highest sample in buckets starting at or after since_unix_ns, W.
+
+        The power loop's "recent draw": a GPU in a step-synchronous job spends part of every step near
+        idle, so its instant sample says little about the cap it needs; its peak over a control
+        period does.
+        """
+        first = since_unix_ns // self.bucket_ns
+        out: dict[str, float] = {}
+        for bucket, samples in self._buckets.items():
+            if bucket < first:
+                continue
+            for gpu_uuid, watts in samples.items():
+                if watts > out.get(gpu_uuid, -1.0):
+                    out[gpu_uuid] = watts
+        return out
 
     def _newest_bucket(self) -> int:
         return next(reversed(self._buckets)) if self._buckets else 0

@@ -1,8 +1,7 @@
 """AdminService servicer: the RPCs rasctl calls. Kept thin: validate, call the service, convert.
 
-RPCs whose capability has not been built yet (power status, budgets and policy) are answered
-UNIMPLEMENTED by the generated base class, naming nothing that pretends to work. Each arrives with
-its issue. Every state-changing call is audited with the caller the auth interceptor authenticated
+The power RPCs answer FAILED_PRECONDITION on a controller without a power loop (no `[power]` table).
+Every state-changing call is audited with the caller the auth interceptor authenticated
 (``authz.actor()``); who may call what is decided there, never here.
 """
 
@@ -12,10 +11,10 @@ import grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
-from rasd.controller import ingest, wire
+from rasd.controller import ingest, power_loop, wire
 from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import repair_queue
-from rasd.controller.rpc import authz
+from rasd.controller.core import power_policy, power_tree, repair_queue
+from rasd.controller.rpc import authz, power_wire
 
 MAX_LIST_LIMIT = 10_000
 
@@ -23,10 +22,76 @@ MAX_LIST_LIMIT = 10_000
 class AdminService(admin_grpc.AdminServiceServicer):
     """Serves the operator API."""
 
-    def __init__(self, service: ingest.Ingest, remediation: remediation_mod.RemediationService | None = None) -> None:
-        """Bind to the ingest service and (when automation runs) the remediation service."""
+    def __init__(
+        self,
+        service: ingest.Ingest,
+        remediation: remediation_mod.RemediationService | None = None,
+        *,
+        power: power_loop.PowerLoop | None = None,
+    ) -> None:
+        """Bind to the ingest service and (when they run) the remediation service and the power loop."""
         self._ingest = service
         self._remediation = remediation
+        self._power = power
+
+    async def _need_power(self, context: grpc.aio.ServicerContext) -> power_loop.PowerLoop:
+        if self._power is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no power loop: controller.toml has no [power]")
+        return self._power  # type: ignore[return-value]
+
+    async def GetPowerStatus(
+        self, request: admin_pb.GetPowerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.GetPowerStatusResponse:
+        """The budget tree with what may be in force, targets, draw, headroom and the swing now."""
+        loop = await self._need_power(context)
+        return power_wire.power_status_to_wire(loop.status)
+
+    async def SetPowerBudget(
+        self, request: admin_pb.SetPowerBudgetRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.SetPowerBudgetResponse:
+        """Change one domain's budget at run time (persisted, enforced at once)."""
+        loop = await self._need_power(context)
+        if not request.domain_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "domain_id: required")
+        if request.domain_id not in {d.name for d in loop.tree.domains}:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"domain_id: {request.domain_id!r} is not in the power tree")
+        reason = request.reason or "operator"
+        try:
+            domain = await loop.set_budget(
+                request.domain_id, None if request.clear else request.budget_w, reason=reason, actor=authz.actor()
+            )
+        except power_tree.PowerTreeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget_w: {exc}")
+        return admin_pb.SetPowerBudgetResponse(
+            domain=admin_pb.PowerDomain(
+                domain_id=domain.name,
+                level=domain.level,
+                budget_w=domain.budget_w or 0,
+                has_budget=domain.budget_w is not None,
+            )
+        )
+
+    async def GetPowerPolicy(
+        self, request: admin_pb.GetPowerPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.GetPowerPolicyResponse:
+        """The power policy in force as TOML."""
+        loop = await self._need_power(context)
+        return admin_pb.GetPowerPolicyResponse(policy_toml=loop.policy_toml())
+
+    async def SetPowerPolicy(
+        self, request: admin_pb.SetPowerPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.SetPowerPolicyResponse:
+        """Replace the power policy (persisted); the response is the policy as parsed."""
+        loop = await self._need_power(context)
+        try:
+            await loop.set_policy(
+                power_loop.policy_from_toml(request.policy_toml),
+                reason=request.reason or "operator",
+                actor=authz.actor(),
+            )
+        except power_policy.PolicyError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return admin_pb.SetPowerPolicyResponse(policy_toml=loop.policy_toml())
 
     async def _need_remediation(self, context: grpc.aio.ServicerContext) -> remediation_mod.RemediationService:
         if self._remediation is None:

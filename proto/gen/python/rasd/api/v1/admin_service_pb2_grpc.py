@@ -218,7 +218,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetPowerStatus(self, request, context):
-        """The power budget tree with allocation, draw and swing.
+        """The power budget tree with allocation, draw and swing. FAILED_PRECONDITION when this
+        controller runs no power loop (no [power] table).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
