@@ -187,6 +187,11 @@ class Agent:
         """Sample and stay connected until stop is set; then close the stream cleanly."""
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        # A boot returns every GPU to its default limit; the controller counts them at the caps it
+        # confirmed. Put those back before anything else (the agent only ever lowers on its own).
+        restored = await self._call(self._executor.restore_power_caps)
+        if restored:
+            self._log.warning("power_caps_restored", gpus=len(restored), limits_w=sorted(set(restored.values())))
         thread_stop = threading.Event()
         threads = [
             threading.Thread(target=self._keep_running, args=(name, target, thread_stop), name=name, daemon=True)

@@ -594,7 +594,7 @@ class PowerLoop:
         plan = self._ramp_for_the_straggler(plan, report, state, now)
         self._smoothing = plan
         self._smoothing_nodes = {}
-        log.warning("power_smoothing_planned", reason=plan.reason, floor_w=round(plan.floor_w, 1),
+        log.info("power_smoothing_planned", reason=plan.reason, floor_w=round(plan.floor_w, 1),
                     ramp_w_per_s=round(plan.ramp_up_w_per_s, 1))  # fmt: skip
         self._send_smoothing(plan, only_new=False)
 

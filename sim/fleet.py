@@ -224,10 +224,14 @@ async def run(
     agent_tasks = [asyncio.create_task(a.run(stop_agents), name=f"agent-{a.identity.node_id}") for a in agents]
     commands: list[CommandOutcome] = []
     operator_marks: list[int] = []
-    # The scripted operator only reads through AdminService: a viewer certificate is enough.
+    # Reads (the live table, the final fleet) go through a viewer certificate; the scripted budget
+    # changes are an admin's (SetPowerBudget needs the admin role), each with the least it needs.
     viewer = tls.TlsFiles(pki.ca.cert, pki.operators["viewer"].cert, pki.operators["viewer"].key) if pki else None
     channel = tls.aio_channel(controller.address, viewer)
     admin = admin_grpc.AdminServiceStub(channel)
+    admin_files = tls.TlsFiles(pki.ca.cert, pki.operators["admin"].cert, pki.operators["admin"].key) if pki else None
+    admin_channel = tls.aio_channel(controller.address, admin_files)
+    budget_admin = admin_grpc.AdminServiceStub(admin_channel)
     print(
         f"rasd-sim: scenario {settings.scenario.name!r}: {settings.nodes} nodes × {settings.gpus_per_node} GPUs "
         f"for {settings.duration_s:g} s; controller {controller.address}, metrics :{controller.metrics_port}",
@@ -240,7 +244,7 @@ async def run(
             _show_table(settings, admin, out, clock, started_ns),
             asyncio.sleep(settings.duration_s),
             *(
-                (probe.sample(settings.duration_s), probe.play_budget_changes(admin, settings.duration_s))
+                (probe.sample(settings.duration_s), probe.play_budget_changes(budget_admin, settings.duration_s))
                 if probe
                 else ()
             ),
@@ -255,6 +259,7 @@ async def run(
         stop_agents.set()
         await asyncio.gather(*agent_tasks, return_exceptions=True)
         await channel.close()
+        await admin_channel.close()
         finished_ns = clock()
         power_rows = controller.ingest.power_window.series(since_unix_ns=started_ns)
         samples = controller.ingest.samples_ingested
