@@ -38,8 +38,11 @@ Clock = Callable[[], int]
 class IngestSettings:
     """Pacing of the ingest and what agents are told in Welcome."""
 
-    flush_interval_s: float = 1.0
-    """How often the latest telemetry is written to the store."""
+    flush_interval_s: float = 5.0
+    """How often the latest telemetry is written to the store. That copy serves other replicas and
+    a restarted controller; this replica's own reads overlay its in-memory view, so a longer period
+    costs nothing here, while at 2,000 nodes a 1 s period kept the store thread busy most of the time
+    (bench/RESULTS.md, "Scale")."""
     outbound_queue_size: int = 1000
     """Commands and acks waiting for one agent before the stream is considered stuck."""
     power_window_span_s: float = 600.0
@@ -351,8 +354,11 @@ class Ingest:
 
     # -- reads and flushing -------------------------------------------------------------------------------
     async def list_nodes(self, selector: Mapping[str, str] | None = None) -> list[fleet.NodeStatus]:
-        """The fleet from the store, overlaid with this replica's fresher in-memory telemetry."""
-        await self.flush()
+        """The fleet from the store, overlaid with this replica's fresher in-memory telemetry.
+
+        No flush first: the overlay already shows this replica's latest values, and a read (the
+        simulator's live table, a dashboard's poll) must not cost a write of every GPU's telemetry.
+        """
         nodes = await self._store(self.store.list_nodes)
         result = []
         for node in nodes:
