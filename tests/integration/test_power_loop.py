@@ -226,7 +226,10 @@ def test_a_restarted_controller_continues_the_apply_state_and_keeps_the_operator
 
 def test_an_unreachable_node_is_held_at_its_caps_until_its_bmc_confirms_a_limit(tmp_path, free_port, monkeypatch):
     monkeypatch.setenv("RASD_TEST_BMC_PW", "secret")
-    stub = redfish_stub.StubRedfish()
+    # The BMC first ignores the limit it is sent (accepts the PATCH, reads back no limit), so the
+    # node's standing "over budget while unreachable" is observed however slow the machine is; then
+    # it honours it.
+    stub = redfish_stub.StubRedfish(honour_power_limit=False)
     stub.start()
     bmc_table = {"nodes": {"node-a": {"url": stub.url, "username": "admin", "password_env": "RASD_TEST_BMC_PW"}}}
     power = {**POWER, "bmc_fallback_after_s": 0.5}
@@ -245,10 +248,12 @@ def test_an_unreachable_node_is_held_at_its_caps_until_its_bmc_confirms_a_limit(
             await _until(lambda: "node-a" not in controller.ingest.sessions, timeout_s=60)
             await loop.set_budget("node-a", 1200, reason="feed maintenance")
             # The agent cannot take the decrease: the node still counts at its caps...
-            await asyncio.sleep(0.3)
+            await _until(lambda: "node-a" in loop.status.over_budget and stub.power_limit_patches, timeout_s=15)
             over_while_unreachable = loop.status.over_budget
+            assert loop.stats.bmc_limits == 0, "an unconfirmed BMC limit must not count"
             # ...until the BMC confirms a node limit within the budget.
-            await _until(lambda: loop.stats.bmc_limits > 0 and not loop.status.over_budget, timeout_s=10)
+            stub.honour_power_limit = True
+            await _until(lambda: loop.stats.bmc_limits > 0 and not loop.status.over_budget, timeout_s=15)
             node_a = loop.status.root.children[0].children[0].children[0]
             limited = (stub.power_limit_w, node_a.allocated_w)
             fleet.start_agent("node-a")
