@@ -375,7 +375,10 @@ class Agent:
             try:
                 if await self._session(channel, stop):
                     attempt = 0
-            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: grpc.aio's answer to a write on a call that has already ended
+                # (the controller died between our last read and this write). The stream is lost
+                # like any other: reconnect, never let it end the link for good.
                 self.stats.connect_failures += 1
                 code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
                 self._log.warning("controller_stream_lost", code=code, detail=_detail(exc))
