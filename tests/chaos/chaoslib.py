@@ -451,7 +451,7 @@ class LightFleet:
             try:
                 await self._session(chan, agent)
                 attempt = 0
-            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError):
+            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError, asyncio.InvalidStateError):
                 agent.failures += 1
             finally:
                 agent.connected = False
@@ -529,6 +529,18 @@ async def until(predicate: Callable[[], bool], timeout_s: float, what: str, poll
     started = time.monotonic()
     while not predicate():
         if time.monotonic() - started > timeout_s:
+            # Where every coroutine waits, for the failure report (captured output).
+            for task in asyncio.all_tasks():
+                task.print_stack(limit=8, file=sys.stdout)
             raise AssertionError(f"{what}: not within {timeout_s} s")
         await asyncio.sleep(poll_s)
     return time.monotonic() - started
+
+
+def agents_alive(tasks: Sequence[asyncio.Task[None]]) -> bool:
+    """True while every in-process agent runs; an agent that ended by itself fails the test with its error."""
+    for task in tasks:
+        if task.done():
+            error = None if task.cancelled() else task.exception()
+            raise AssertionError(f"an agent stopped by itself: {error!r}")
+    return True

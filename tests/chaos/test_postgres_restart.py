@@ -108,7 +108,9 @@ async def _run(pg: chaoslib.PrivatePostgres, tmp_path, figures):
         producing.clear()
         await producer
         recovered_s = await chaoslib.until(
-            lambda: all(j.depth() == 0 for _, _, j in fleet), 60, "every spooled event acked after the restart"
+            lambda: chaoslib.agents_alive(tasks) and all(j.depth() == 0 for _, _, j in fleet),
+            60,
+            "every spooled event acked after the restart",
         )
         try:
             await chaoslib.until(

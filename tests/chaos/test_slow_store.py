@@ -102,7 +102,9 @@ async def _run(tmp_path, figures):
         slow_statements = latency["statements"]
         latency["s"] = 0.0
         drained_s = await chaoslib.until(
-            lambda: all(j.depth() == 0 for _, _, j in fleet), 60, "spools drained once the store is fast again"
+            lambda: chaoslib.agents_alive(tasks) and all(j.depth() == 0 for _, _, j in fleet),
+            60,
+            "spools drained once the store is fast again",
         )
         stored = await controller.ingest.run_in_store(lambda: controller.store.list_events(limit=100_000))
         heads = {a.identity.node_id: j.head_seq() for a, _, j in fleet}
