@@ -79,7 +79,9 @@ class ActionExecutor:
             )
         action = command.action
         if isinstance(action, model.SetPowerCap):
-            return self._finish(command, started, self._set_power_cap(action))
+            outcome = self._set_power_cap(action)
+            self._journal.record_power_caps(outcome[2], started)
+            return self._finish(command, started, outcome)
         if isinstance(action, model.SetPowerSmoothing):
             return self._finish(command, started, self._set_power_smoothing(action))
         if not self.settings.destructive_enabled or self._ops is None:
@@ -95,6 +97,9 @@ class ActionExecutor:
                 # this answer, and a replay will not try again: a failed reboot command needs a
                 # person or the BMC rung, not a loop.
                 return dataclasses.replace(result, outcome=model.ActionOutcome.FAILED, message=str(exc))
+            # A real reboot never returns here (the agent's start restores the caps); a reboot that
+            # does return (simulated, or a soft reset of the node) is a new boot all the same.
+            self.restore_power_caps()
             return result
         if isinstance(action, model.RunValidation):
             return self._validate(command, started, action)
@@ -122,6 +127,33 @@ class ActionExecutor:
         )
         self._journal.record_result(result)
         return result
+
+    def restore_power_caps(self, gpu_uuids: list[str] | None = None) -> dict[str, int]:
+        """Put back the controller's last confirmed caps where a GPU now runs above them.
+
+        Called at agent start and after a reboot or reset (which return GPUs to their default
+        limit). It only ever lowers a limit: a cap the controller later raised is recorded too, and
+        the agent never raises on its own. Returns the limits now enforced on the GPUs it touched.
+        """
+        caps = self._journal.power_caps()
+        if gpu_uuids is not None:
+            caps = {uuid: watts for uuid, watts in caps.items() if uuid in gpu_uuids}
+        if not caps:
+            return {}
+        try:
+            current = {c.gpu_uuid: c.enforced_power_limit_w for c in self._backend.read_counters(self._clock())}
+        except gpu.BackendError:
+            current = {}
+        enforced: dict[str, int] = {}
+        for gpu_uuid, cap_w in caps.items():
+            now_w = current.get(gpu_uuid)
+            if now_w is not None and now_w <= cap_w:
+                continue
+            try:
+                enforced[gpu_uuid] = self._backend.set_power_limit(gpu_uuid, cap_w)
+            except gpu.BackendError:
+                continue  # a GPU that cannot be reached now is counted at its cap by the controller
+        return enforced
 
     def _set_power_cap(self, action: model.SetPowerCap) -> Outcome:
         enforced: dict[str, int] = {}
@@ -200,7 +232,8 @@ class ActionExecutor:
                 {},
             )
         self._ops.reset_gpu(action.gpu_uuid)
-        return model.ActionOutcome.SUCCEEDED, f"reset {action.gpu_uuid}", {}
+        restored = self.restore_power_caps([action.gpu_uuid])  # a reset returns the default limit
+        return model.ActionOutcome.SUCCEEDED, f"reset {action.gpu_uuid}", restored
 
     def _validate(self, command: model.Command, started: int, action: model.RunValidation) -> model.ActionResult:
         assert self._ops is not None

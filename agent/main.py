@@ -25,11 +25,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rasd.agent import actions, gpu, kmsg_source, node_ops, runtime, sources, spool, systemd
 from rasd.agent import metrics as agent_metrics
 from rasd.agent.gpu import simulated
-from rasd.common import VERSION, net
+from rasd.common import VERSION, net, tls
 from rasd.common import logging as rasd_logging
 
 DEFAULT_CONFIG = pathlib.Path("/etc/rasd/agent.toml")
 BOOT_ID_PATH = pathlib.Path("/proc/sys/kernel/random/boot_id")
+TLS_DEFAULTS = {"ca": "/etc/rasd/tls/ca.crt", "cert": "/etc/rasd/tls/agent.crt", "key": "/etc/rasd/tls/agent.key"}
+"""Where a systemd agent finds its certificate (README, "Certificates")."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,8 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--insecure",
         action="store_true",
-        help="plaintext gRPC; allowed only to a loopback controller (TLS arrives with the security issue)",
+        help="plaintext gRPC; allowed only to a loopback controller (default: mutual TLS with the [tls] files)",
     )
+    parser.add_argument(
+        "--tls-ca", help=f"CA bundle the controller's certificate must chain to (default {TLS_DEFAULTS['ca']})"
+    )
+    parser.add_argument("--tls-cert", help=f"this node's client certificate (default {TLS_DEFAULTS['cert']})")
+    parser.add_argument("--tls-key", help=f"its private key (default {TLS_DEFAULTS['key']})")
+    parser.add_argument("--tls-server-name", help="name to verify in the controller's certificate (default: its host)")
     parser.add_argument("--log-level", default=None, help="debug|info|warning|error (default info)")
     parser.add_argument("--version", action="version", version=f"rasd-agent {VERSION}")
     return parser
@@ -100,6 +108,7 @@ def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any])
         "node_id", "controller", "backend", "gpus", "seed", "sim_step_period_s", "state_dir",
         "labels", "insecure", "log_level", "metrics_port", "kernel_log", "kmsg_path", "ib_sysfs_root",
         "failsafe_power_limit_w", "failsafe_after_s", "sim_scenario", "destructive_actions", "commands",
+        "tls",
     }  # fmt: skip
     unknown = set(file_settings) - known
     if unknown:
@@ -124,13 +133,15 @@ def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any])
         "sim_scenario": None,
         "destructive_actions": False,
         "commands": {},
+        "tls": {},
     }
     settings.update(file_settings)
-    for key in known - {"labels"}:
+    for key in known - {"labels", "tls"}:
         value = getattr(args, key, None)
         if value not in (None, False):
             settings[key] = value
     settings["labels"] = {**dict(settings["labels"]), **_parse_labels(args.label)}
+    settings["tls"] = _tls_table(args, settings["tls"])
     if settings["kernel_log"] is None:
         settings["kernel_log"] = "kmsg" if settings["backend"] == "nvml" else "none"
     if settings["kernel_log"] not in ("kmsg", "journal", "none"):
@@ -153,6 +164,21 @@ def resolve_settings(args: argparse.Namespace, file_settings: Mapping[str, Any])
     if not settings["node_id"] or len(settings["node_id"]) > 253:
         raise ValueError("node_id must be 1..253 characters")
     return settings
+
+
+def _tls_table(args: argparse.Namespace, table: object) -> dict[str, str]:
+    """The [tls] table with defaults and --tls-* flags applied; unknown keys are named."""
+    if not isinstance(table, Mapping):
+        raise ValueError("tls: expected a table with ca, cert, key (and optionally server_name)")
+    unknown = set(table) - {"ca", "cert", "key", "server_name"}
+    if unknown:
+        raise ValueError(f"tls.{sorted(unknown)[0]}: unknown key (known: ca, cert, key, server_name)")
+    merged = {**TLS_DEFAULTS, "server_name": "", **{k: str(v) for k, v in table.items()}}
+    for key in ("ca", "cert", "key", "server_name"):
+        flag = getattr(args, f"tls_{key}", None)
+        if flag:
+            merged[key] = flag
+    return merged
 
 
 def _boot_id() -> str:
@@ -199,6 +225,8 @@ async def _serve(settings: Mapping[str, Any]) -> int:
             controller_address=settings["controller"],
             failsafe_power_limit_w=settings["failsafe_power_limit_w"],
             failsafe_after_s=float(settings["failsafe_after_s"]),
+            tls=None if settings["insecure"] else tls.TlsFiles.from_mapping(settings["tls"]),
+            tls_server_name=settings["tls"]["server_name"],
         ),
         ops=_node_ops(settings, backend),
         action_settings=actions.ActionSettings(destructive_enabled=bool(settings["destructive_actions"])),
@@ -276,12 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         host, _ = net.split_host_port(settings["controller"])
     except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
         parser.error(str(exc))
-    if not settings["insecure"]:
-        parser.error(
-            "TLS is not built yet (security issue #7): pass --insecure to use plaintext to a loopback controller"
-        )
-    if not net.is_loopback_host(host):
-        parser.error(f"refusing plaintext gRPC to non-loopback controller {host!r}")
+    if settings["insecure"]:
+        if not net.is_loopback_host(host):
+            parser.error(f"refusing plaintext gRPC to non-loopback controller {host!r}")
+    else:
+        try:
+            tls.TlsFiles.from_mapping(settings["tls"]).read()
+        except (OSError, ValueError) as exc:
+            parser.error(f"tls: {exc} (or pass --insecure for plaintext to a loopback controller)")
     rasd_logging.configure(settings["log_level"])
     return asyncio.run(_serve(settings))
 

@@ -33,7 +33,7 @@ from rasd.agent import actions, gpu, kmsg_source, node_ops, sources, spool, wire
 from rasd.agent.core import health, model
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.common import VERSION
+from rasd.common import VERSION, tls
 
 log = structlog.get_logger("rasd.agent")
 
@@ -74,6 +74,11 @@ class LinkSettings:
     """How often InfiniBand sysfs counters are read (when an IB poller is attached)."""
     health_thresholds: health.HealthThresholds = dataclasses.field(default_factory=health.HealthThresholds)
     """Rates above which rising GPU counters become health events."""
+    tls: tls.TlsFiles | None = None
+    """This node's client certificate and the CA the controller's must chain to; None: plaintext
+    (loopback only). The files are re-read at every reconnect, so a renewed certificate needs no restart."""
+    tls_server_name: str = ""
+    """Name to verify in the controller's certificate when it differs from the dialled host."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +187,11 @@ class Agent:
         """Sample and stay connected until stop is set; then close the stream cleanly."""
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        # A boot returns every GPU to its default limit; the controller counts them at the caps it
+        # confirmed. Put those back before anything else (the agent only ever lowers on its own).
+        restored = await self._call(self._executor.restore_power_caps)
+        if restored:
+            self._log.warning("power_caps_restored", gpus=len(restored), limits_w=sorted(set(restored.values())))
         thread_stop = threading.Event()
         threads = [
             threading.Thread(target=self._keep_running, args=(name, target, thread_stop), name=name, daemon=True)
@@ -371,9 +381,17 @@ class Agent:
     async def _link_forever(self, stop: asyncio.Event) -> None:
         attempt = 0
         while not stop.is_set():
-            channel = grpc.aio.insecure_channel(self.settings.controller_address)
             try:
-                if await self._session(channel, stop):
+                channel = tls.aio_channel(
+                    self.settings.controller_address, self.settings.tls, server_name=self.settings.tls_server_name
+                )
+            except (OSError, ValueError) as exc:
+                # Unreadable or mismatched certificate files (a renewal in progress): retry with backoff.
+                self.stats.connect_failures += 1
+                self._log.error("tls_files_unusable", error=str(exc))
+                channel = None
+            try:
+                if channel is not None and await self._session(channel, stop):
                     attempt = 0
             except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, asyncio.InvalidStateError) as exc:
                 # InvalidStateError: grpc.aio's answer to a write on a call that has already ended
@@ -386,7 +404,8 @@ class Agent:
                 if self.stats.connected:
                     self._disconnected_since = time.monotonic()
                 self.stats.connected = False
-                await channel.close(grace=None)
+                if channel is not None:
+                    await channel.close(grace=None)
             if stop.is_set():
                 break
             attempt += 1

@@ -53,6 +53,7 @@ class KernelLogPump:
         self._deliver = deliver
         self._clock = clock
         self._pci = pci_to_uuid(inventory)
+        self._known = frozenset(gpu.uuid for gpu in inventory)
         self._parser = kmsg.KmsgParser()
         self._reopen_s = reopen_s
         self.records_read = 0
@@ -85,9 +86,27 @@ class KernelLogPump:
         return {"source": "journal", "cursor": record.cursor}
 
     def _observation(self, event: kmsg.KernelEvent) -> model.Observation:
-        observation = kmsg.to_observation(event, self._clock(), kmsg.classify(event))
-        gpu_uuid = self._pci.get(event.pci or "", "")
-        return dataclasses.replace(observation, gpu_uuid=gpu_uuid) if gpu_uuid else observation
+        return observation_for(event, self._clock(), pci_map=self._pci, known_gpus=self._known)
+
+
+def observation_for(
+    event: kmsg.KernelEvent, observed_unix_ns: int, *, pci_map: dict[str, str], known_gpus: frozenset[str]
+) -> model.Observation:
+    """Classify a kernel event and name its GPU by this node's inventory.
+
+    The GPU is the one at the event's PCI address; failing that, the UUID the kernel printed if it is
+    one of this node's GPUs. Any other UUID (a GPU the backend does not show, or garbage in the log)
+    goes to ``attributes["kernel_gpu_uuid"]`` only: the controller refuses events about GPUs a node
+    did not announce, and one such event would block the spool behind it.
+    """
+    observation = kmsg.to_observation(event, observed_unix_ns, kmsg.classify(event))
+    gpu_uuid = pci_map.get(event.pci or "", "")
+    if gpu_uuid:
+        return dataclasses.replace(observation, gpu_uuid=gpu_uuid)
+    if observation.gpu_uuid and observation.gpu_uuid not in known_gpus:
+        attributes = {**observation.attributes, "kernel_gpu_uuid": observation.gpu_uuid}
+        return dataclasses.replace(observation, gpu_uuid="", attributes=attributes)
+    return observation
 
 
 class IbPoller:

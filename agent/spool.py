@@ -31,6 +31,11 @@ CREATE TABLE IF NOT EXISTS executed_commands (
     result TEXT NOT NULL,
     finished_unix_ns INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS power_caps (
+    gpu_uuid TEXT PRIMARY KEY,
+    limit_w INTEGER NOT NULL,
+    set_unix_ns INTEGER NOT NULL
+);
 """
 
 
@@ -206,6 +211,26 @@ class Spool:
                 "INSERT OR IGNORE INTO executed_commands (command_id, result, finished_unix_ns) VALUES (?, ?, ?)",
                 (result.command_id, _result_to_json(result), result.finished_unix_ns),
             )
+
+    def record_power_caps(self, limits_w: dict[str, int], set_unix_ns: int) -> None:
+        """Remember the caps the controller last had enforced, to put back after a reboot or reset.
+
+        A reboot or GPU reset returns a GPU to its default limit; the controller counts the GPU
+        at the cap it confirmed, so the agent restores that cap before anything else runs.
+        """
+        if not limits_w:
+            return
+        with self._lock:
+            self._db.executemany(
+                "INSERT INTO power_caps (gpu_uuid, limit_w, set_unix_ns) VALUES (?, ?, ?) "
+                "ON CONFLICT (gpu_uuid) DO UPDATE SET limit_w = excluded.limit_w, set_unix_ns = excluded.set_unix_ns",
+                [(gpu_uuid, int(watts), set_unix_ns) for gpu_uuid, watts in limits_w.items()],
+            )
+
+    def power_caps(self) -> dict[str, int]:
+        """The caps recorded by `record_power_caps`, per GPU."""
+        with self._lock:
+            return {row[0]: int(row[1]) for row in self._db.execute("SELECT gpu_uuid, limit_w FROM power_caps")}
 
     def close(self) -> None:
         """Close the database."""

@@ -107,18 +107,36 @@ def telemetry(
     )
 
 
+# The controller refuses longer text (rasd.controller.validate_input); a refused event would block the
+# spool behind it, so the agent cuts to these bounds before sending. A test checks they agree.
+MAX_MESSAGE_CHARS = 4096
+MAX_SOURCE_CHARS = 32
+MAX_ATTRIBUTES = 64
+MAX_ATTRIBUTE_CHARS = 253
+MAX_EVIDENCE_CHARS = 64 * 1024
+
+
+def _bounded(text: str, limit: int) -> str:
+    # NUL cannot be stored by PostgreSQL and is refused by the controller; kernel lines can carry it.
+    return text.replace("\x00", "\ufffd")[:limit]
+
+
 def event_to_wire(event: model.SpooledEvent) -> health_pb.HealthEvent:
-    """A spooled event with its sequence number."""
+    """A spooled event with its sequence number, its text cut to what the controller accepts."""
     obs = event.observation
+    attributes = {
+        _bounded(key, MAX_ATTRIBUTE_CHARS): _bounded(value, MAX_ATTRIBUTE_CHARS)
+        for key, value in list(obs.attributes.items())[:MAX_ATTRIBUTES]
+    }
     message = health_pb.HealthEvent(
         seq=event.seq,
         observed_unix_ns=obs.observed_unix_ns,
         kind=int(obs.kind),
         gpu_uuid=obs.gpu_uuid,
         severity=int(obs.severity),
-        message=obs.message,
-        source=obs.source,
-        attributes=dict(obs.attributes),
+        message=_bounded(obs.message, MAX_MESSAGE_CHARS),
+        source=_bounded(obs.source, MAX_SOURCE_CHARS),
+        attributes=attributes,
     )
     if obs.xid is not None:
         message.xid = obs.xid
@@ -141,7 +159,7 @@ def action_result(result: model.ActionResult) -> agent_pb.AgentMessage:
         action_result=commands_pb.ActionResult(
             command_id=result.command_id,
             outcome=int(result.outcome),
-            message=result.message,
+            message=_bounded(result.message, MAX_MESSAGE_CHARS),
             started_unix_ns=result.started_unix_ns,
             finished_unix_ns=result.finished_unix_ns,
             enforced_limits=[
@@ -151,7 +169,9 @@ def action_result(result: model.ActionResult) -> agent_pb.AgentMessage:
             replayed=result.replayed,
             validation_verdict=result.validation_verdict,
             verdicts=[
-                commands_pb.CheckVerdict(check=check, gpu_uuid=gpu, verdict=verdict, evidence=evidence)
+                commands_pb.CheckVerdict(
+                    check=check, gpu_uuid=gpu, verdict=verdict, evidence=_bounded(evidence, MAX_EVIDENCE_CHARS)
+                )
                 for check, gpu, verdict, evidence in result.check_verdicts
             ],
         )

@@ -1,6 +1,7 @@
 """rasctl: the operator CLI. Each subcommand is one AdminService call rendered as a table or JSON.
 
-The controller address comes from --controller or $RASD_CONTROLLER (default 127.0.0.1:7443).
+The controller address comes from --controller or $RASD_CONTROLLER (default 127.0.0.1:7443); how
+rasctl authenticates (mutual TLS, bearer token) is in ``rasd.cli.credentials``.
 Targets are written NODE or NODE/GPU-UUID. Exit codes: 0 success, 1 the controller answered with
 an error, 2 usage error, 3 unreachable.
 """
@@ -18,9 +19,9 @@ import grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
-from rasd.cli import output, views
+from rasd.cli import credentials, output, power_views, views
 from rasd.cli import remediation_views as rviews
-from rasd.common import VERSION, net
+from rasd.common import VERSION
 
 EXIT_RPC_ERROR = 1
 EXIT_USAGE = 2
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="controller address host:port (default $RASD_CONTROLLER or 127.0.0.1:7443)",
     )
     parser.add_argument("--timeout-s", type=float, default=10.0, help="RPC deadline (default %(default)s)")
+    credentials.add_global_arguments(parser)
     parser.add_argument("--version", action="version", version=f"rasctl {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -79,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     accuse = sdc_commands.add_parser("accuse", help="accuse NODE/GPU of SDC: quarantine and run the accusation suite")
     accuse.add_argument("target", metavar="NODE/GPU")
     accuse.add_argument("--reason", required=True)
+    sdc_list = sdc_commands.add_parser("list", help="GPUs with SDC history, most suspicious first")
+    sdc_list.add_argument("--limit", type=int, default=100)
+    sdc_list.add_argument("--json", action="store_true")
     rma = commands.add_parser("rma", help="RMA tickets")
     rma_commands = rma.add_subparsers(dest="rma_command", required=True, metavar="RMA_COMMAND")
     rma_list = rma_commands.add_parser("list", help="RMA tickets")
@@ -93,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     automation.add_argument("--reason", default="")
     audit = command("audit", "who did what, when, to what, why, and how it ended")
     audit.add_argument("--limit", type=int, default=50)
+
+    credentials.add_commands(commands)
+    power_views.add_parser(commands)
 
     kmsg = commands.add_parser("kmsg", help="kernel-log tools that need no controller")
     kmsg_commands = kmsg.add_subparsers(dest="kmsg_command", required=True, metavar="KMSG_COMMAND")
@@ -117,15 +125,6 @@ def _target(text: str) -> admin_pb.Target:
     if not node_id:
         raise ValueError(f"target {text!r} is not NODE or NODE/GPU")
     return admin_pb.Target(node_id=node_id, gpu_uuid=gpu_uuid)
-
-
-def _channel(address: str) -> grpc.Channel:
-    host, _port = net.split_host_port(address)
-    if not net.is_loopback_host(host):
-        raise ValueError(
-            f"refusing plaintext gRPC to non-loopback controller {host!r} (TLS arrives with the security issue)"
-        )
-    return grpc.insecure_channel(address)
 
 
 def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO) -> None:
@@ -187,9 +186,12 @@ def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, ou
     elif args.command == "validations":
         listed = stub.ListValidations(admin_pb.ListValidationsRequest(node_id=args.node), timeout=timeout)
         show(listed.validations, rviews.validations_table)
+    elif args.command == "sdc" and args.sdc_command == "list":
+        listed = stub.ListSdc(admin_pb.ListSdcRequest(limit=args.limit), timeout=timeout)
+        show(listed.gpus, rviews.sdc_table)
     elif args.command == "sdc":
         stub.AccuseSdc(
-            admin_pb.AccuseSdcRequest(target=_target(args.target), reason=args.reason, accuser="operator"),
+            admin_pb.AccuseSdcRequest(target=_target(args.target), reason=args.reason),
             timeout=timeout,
         )
         print(f"accused {args.target}: quarantined for the accusation suite", file=out)
@@ -210,6 +212,8 @@ def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, ou
         )
         word = "paused" if status.paused else "running"
         print(f"automation {word}" + (f": {status.reason}" if status.paused and status.reason else ""), file=out)
+    elif args.command == "power":
+        power_views.run(args, stub, out, timeout)
     elif args.command == "audit":
         listed = stub.ListAudit(admin_pb.ListAuditRequest(limit=args.limit), timeout=timeout)
         show(listed.records, rviews.audit_table)
@@ -225,16 +229,19 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
         kmsg.classify_stream(sys.stdin, out)
         return 0
     try:
-        channel = _channel(args.controller)
+        if credentials.run_offline(args, out):
+            return 0
+        channel = credentials.channel(args)
         for attribute in ("target",):
             if hasattr(args, attribute):
                 _target(getattr(args, attribute))
         _selector(getattr(args, "selector", []))
-    except ValueError as exc:
+        power_views.parse_changes(getattr(args, "changes", None) or [])
+    except (OSError, ValueError) as exc:
         print(f"rasctl: {exc}", file=err)
         return EXIT_USAGE
     try:
-        _run_command(args, admin_grpc.AdminServiceStub(channel), out)
+        _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out)
     except grpc.RpcError as exc:
         code = exc.code()  # type: ignore[attr-defined]
         print(f"rasctl: {args.command}: {code.name}: {exc.details()}", file=err)  # type: ignore[attr-defined]

@@ -64,6 +64,22 @@ def validations_table(runs: list[admin_pb.Validation], now: int, out: TextIO) ->
     output.table(["STARTED", "TARGET", "SUITE", "VERDICT", "ID"], rows, out)
 
 
+def sdc_table(gpus: list[admin_pb.SdcGpu], now: int, out: TextIO) -> None:
+    """GPUs with SDC history, most suspicious first, with their watch."""
+
+    def watch(until_unix_ns: int) -> str:
+        if until_unix_ns <= now:
+            return "-"
+        return f"{(until_unix_ns - now) / 86400e9:.1f}d left"
+
+    rows = [
+        [target_text(g.target), f"{g.suspicion:.2f}", g.accusations, f"{g.fails}/{g.runs}", g.suspects,
+         g.last_verdict or "-", output.age(now, g.last_unix_ns), watch(g.watch_until_unix_ns)]
+        for g in gpus
+    ]  # fmt: skip
+    output.table(["GPU", "SUSPICION", "ACCUSED", "FAILED/RUNS", "SUSPECT", "LAST", "WHEN", "WATCH"], rows, out)
+
+
 def rma_table(tickets: list[admin_pb.RmaTicket], now: int, out: TextIO) -> None:
     """RMA tickets; pending ones in technician order (capacity returned per hour first)."""
     rows = [

@@ -487,3 +487,93 @@ def executors(cycler: BmcPowerCycler) -> dict[str, Callable[[actions.Action], Bm
 def open_power_cycler(settings: Mapping[str, Any], journal: MutableMapping[str, str]) -> RedfishPowerCycler:
     """Build the Redfish power cycler from the ``[bmc]`` settings table (see `BmcSettings.from_mapping`)."""
     return RedfishPowerCycler(BmcSettings.from_mapping(settings), journal)
+
+
+# --------------------------------------------------------------------------------------------
+# Out-of-band power limits (the power loop's last line for nodes whose agent is unreachable)
+
+
+class RedfishPowerLimiter:
+    """Sets a node's power limit through Redfish ``Chassis → Power → PowerControl[0].PowerLimit``.
+
+    ``PATCH {"PowerControl": [{"PowerLimit": {"LimitInWatts": N}}]}`` on the chassis' Power resource,
+    then a fresh ``GET`` reads the limit back: only a read-back at or below the wanted limit counts
+    as confirmed (the power loop then treats the node as drawing at most that). ``None`` lifts the
+    limit (``LimitInWatts: null``). sushy models no PowerControl, so this uses sushy's connector for
+    the HTTP (auth, retries, TLS) and reads the documents itself. The chassis is the one named by the
+    node's ``system`` setting (its Id or ``@odata.id``), else the BMC's only chassis.
+    """
+
+    def __init__(self, settings: BmcSettings, *, environ: Mapping[str, str] | None = None) -> None:
+        self._settings = settings
+        self._environ = os.environ if environ is None else environ
+        self._cycler = RedfishPowerCycler(settings, {}, environ=self._environ)
+
+    def configured(self, node_id: str) -> bool:
+        """Whether the node has a BMC entry."""
+        return node_id in self._settings.nodes
+
+    def set_node_limit(self, node_id: str, limit_w: int | None) -> int | None:
+        """Set (None: lift) the node's limit; returns LimitInWatts read back (None: no limit).
+
+        Raises:
+            BmcNotConfiguredError, BmcUnavailableError, BmcRejectedError, BmcSystemNotFoundError: as
+                for a power cycle; BmcRejectedError also when the chassis has no PowerControl.
+        """
+        import sushy
+        from sushy import connector as sushy_connector
+
+        node = self._settings.nodes.get(node_id)
+        if node is None:
+            raise BmcNotConfiguredError(f"no BMC configured for node {node_id}")
+        password = self._cycler._password(node_id, node)
+        connector = sushy_connector.Connector(
+            node.url,
+            verify=node.ca_file or node.verify_tls,
+            server_side_retries=self._settings.server_side_retries,
+            server_side_retries_delay=self._settings.retry_delay_s,
+            default_request_timeout=self._settings.request_timeout_s,
+            connect_timeout=min(10.0, self._settings.request_timeout_s),
+        )
+        connector.set_http_basic_auth(node.username, password)
+        try:
+            power_path = self._power_path(connector, node, node_id)
+            body = {"PowerControl": [{"PowerLimit": {"LimitInWatts": limit_w}}]}
+            connector.patch(power_path, data=body)
+            document = connector.get(power_path).json()
+        except sushy.exceptions.SushyError as exc:
+            raise _map_error(exc, node_id, node.url, f"power limit {limit_w}") from exc
+        finally:
+            connector.close()
+        controls = document.get("PowerControl") or []
+        if not controls:
+            raise BmcRejectedError(f"node {node_id}: BMC {node.url}: {power_path} has no PowerControl")
+        value = (controls[0].get("PowerLimit") or {}).get("LimitInWatts")
+        log.warning("bmc_power_limit", node=node_id, bmc=node.url, wanted_w=limit_w, read_back_w=value)
+        return None if value is None else int(value)
+
+    def _power_path(self, connector: Any, node: BmcNodeSettings, node_id: str) -> str:
+        root = connector.get("/redfish/v1/").json()
+        chassis_link = (root.get("Chassis") or {}).get("@odata.id")
+        if not chassis_link:
+            raise BmcSystemNotFoundError(f"node {node_id}: BMC {node.url} lists no Chassis")
+        members = sorted(m["@odata.id"] for m in connector.get(chassis_link).json().get("Members", []))
+        if node.system:
+            members = [
+                m
+                for m in members
+                if m.rstrip("/") == node.system.rstrip("/") or m.rstrip("/").rsplit("/", 1)[-1] == node.system
+            ]
+        if len(members) != 1:
+            raise BmcSystemNotFoundError(
+                f"node {node_id}: BMC {node.url}: expected one chassis {node.system!r}, found {len(members)}"
+            )
+        power = (connector.get(members[0]).json().get("Power") or {}).get("@odata.id")
+        if not power:
+            raise BmcRejectedError(f"node {node_id}: BMC {node.url}: chassis {members[0]} has no Power resource")
+        return str(power)
+
+
+def open_power_limiter(settings: Mapping[str, Any]) -> RedfishPowerLimiter:
+    """Build the Redfish node power limiter from the ``[bmc]`` settings table."""
+    return RedfishPowerLimiter(BmcSettings.from_mapping(settings))

@@ -38,8 +38,11 @@ Clock = Callable[[], int]
 class IngestSettings:
     """Pacing of the ingest and what agents are told in Welcome."""
 
-    flush_interval_s: float = 1.0
-    """How often the latest telemetry is written to the store."""
+    flush_interval_s: float = 5.0
+    """How often the latest telemetry is written to the store. That copy serves other replicas and
+    a restarted controller; this replica's own reads overlay its in-memory view, so a longer period
+    costs nothing here, while at 2,000 nodes a 1 s period kept the store thread busy most of the time
+    (bench/RESULTS.md, "Scale")."""
     outbound_queue_size: int = 1000
     """Commands and acks waiting for one agent before the stream is considered stuck."""
     power_window_span_s: float = 600.0
@@ -55,6 +58,8 @@ class IngestSettings:
         }
     )
     """AgentConfig fields sent in Welcome."""
+    mark_all_disconnected_at_start: bool = True
+    """False with several replicas: the other replicas' streams stay open while this one starts."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +113,10 @@ class Ingest:
         self.events_stored = 0
         self.node_labels: dict[str, dict[str, str]] = {}
         self._node_gpus: dict[str, tuple[str, ...]] = {}
+        self.gpu_records: dict[str, fleet.GpuRecord] = {}
+        """Each GPU's inventory record (power-limit constraints) from its node's last Hello."""
+        self.boot_ids: dict[str, str] = {}
+        """Each node's boot id from its last Hello (a new one means caps reset to default)."""
         self.events_hook: Callable[[str, list[repo.StoredEvent], Mapping[str, str]], Awaitable[None]] | None = None
         """Called with a node's newly stored events (after they are durable and acked)."""
         self.command_result_hook: Callable[[str, commands_pb.ActionResult], Awaitable[None]] | None = None
@@ -118,7 +127,8 @@ class Ingest:
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Mark every node disconnected (no stream is open yet) and start the flush loop."""
-        await self._store(self.store.mark_all_disconnected)
+        if self.settings.mark_all_disconnected_at_start:
+            await self._store(self.store.mark_all_disconnected)
         self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
 
     async def stop(self) -> None:
@@ -141,6 +151,12 @@ class Ingest:
     def node_gpus(self, node_id: str) -> tuple[str, ...]:
         """The GPU UUIDs a node announced in its last Hello."""
         return self._node_gpus.get(node_id, ())
+
+    def remember_remote_node(self, node_id: str, labels: Mapping[str, str], gpu_uuids: tuple[str, ...]) -> None:
+        """Know a node whose stream another replica holds (its Hello, from the store): the leader's view."""
+        if node_id not in self.sessions:
+            self.node_labels[node_id] = dict(labels)
+            self._node_gpus[node_id] = gpu_uuids
 
     def dispatch(self, node_id: str, command: commands_pb.Command) -> bool:
         """Queue a command on the node's stream without waiting; False when the node has no stream.
@@ -182,6 +198,8 @@ class Ingest:
             self.gpu_nodes[gpu.uuid] = gpu.node_id
         self.node_labels[session.node_id] = dict(node_hello.labels)
         self._node_gpus[session.node_id] = tuple(g.uuid for g in node_hello.gpus)
+        self.gpu_records.update({g.uuid: g for g in node_hello.gpus})
+        self.boot_ids[session.node_id] = node_hello.boot_id
         self.metrics.agent_streams.set(len(self.sessions))
         if self.connected_hook is not None:
             await self.connected_hook(session.node_id)
@@ -336,8 +354,11 @@ class Ingest:
 
     # -- reads and flushing -------------------------------------------------------------------------------
     async def list_nodes(self, selector: Mapping[str, str] | None = None) -> list[fleet.NodeStatus]:
-        """The fleet from the store, overlaid with this replica's fresher in-memory telemetry."""
-        await self.flush()
+        """The fleet from the store, overlaid with this replica's fresher in-memory telemetry.
+
+        No flush first: the overlay already shows this replica's latest values, and a read (the
+        simulator's live table, a dashboard's poll) must not cost a write of every GPU's telemetry.
+        """
         nodes = await self._store(self.store.list_nodes)
         result = []
         for node in nodes:
@@ -374,8 +395,17 @@ class Ingest:
         )
 
     def node_states(self) -> dict[str, fleet.ComponentState]:
-        """Connected nodes of this replica are HEALTHY unless the store says otherwise (for metrics)."""
-        return {node_id: fleet.ComponentState.HEALTHY for node_id in self.sessions}
+        """The nodes whose stream this replica holds, in their effective state (for metrics).
+
+        Read from the store on each scrape (one query), so a quarantined or repairing node shows as
+        such, not as healthy; nodes with no stream on any replica are the store's business.
+        """
+        connected = list(self.sessions)
+        stored = self.store.node_component_states(connected)
+        return {
+            node_id: fleet.effective_node_state(stored.get(node_id, fleet.ComponentState.HEALTHY), connected=True)
+            for node_id in connected
+        }
 
     async def flush(self) -> None:
         """Write dirty latest telemetry and last-seen times to the store."""

@@ -13,7 +13,8 @@ from typing import Any
 
 from rasd.common import VERSION, net
 from rasd.common import logging as rasd_logging
-from rasd.controller import bmc, quarantine, server
+from rasd.controller import bmc, power_loop, quarantine, security, server
+from rasd.controller import leader as leader_mod
 from rasd.controller.core import policy
 
 
@@ -32,14 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--insecure",
         action="store_true",
-        help="serve plaintext gRPC; allowed only on a loopback address (TLS arrives with the security issue)",
+        help="serve plaintext gRPC; allowed only on a loopback address (default: mutual TLS)",
     )
+    parser.add_argument(
+        "--health-listen",
+        help="extra plaintext address serving only grpc.health.v1, for kubelet probes (default: none)",
+    )
+    security.add_arguments(parser)
     parser.add_argument(
         "--config",
         type=pathlib.Path,
-        help="controller.toml with [remediation], [quarantine] and [bmc] tables (see controller/packaging/)",
+        help="controller.toml with [remediation], [quarantine], [bmc] and [power] tables (see controller/packaging/)",
     )
     parser.add_argument("--no-remediation", action="store_true", help="record health events only; never act on them")
+    parser.add_argument(
+        "--record",
+        type=pathlib.Path,
+        metavar="PATH",
+        help="record every inbound agent message, sent command and decision to PATH (replay: rasd-sim --replay)",
+    )
     parser.add_argument("--log-level", default="info", help="debug|info|warning|error (default %(default)s)")
     parser.add_argument("--version", action="version", version=f"rasd-controller {VERSION}")
     return parser
@@ -49,12 +61,14 @@ def load_config(path: pathlib.Path) -> dict[str, Any]:
     """Read and validate controller.toml; every error names the offending key.
 
     Returns:
-        remediation_policy (a RemediationPolicy), quarantine (table), bmc (table or absent).
+        remediation_policy (a RemediationPolicy), quarantine (table), bmc (table or absent),
+        leader (LeaderSettings or absent).
     """
     data = tomllib.loads(path.read_text())
-    unknown = set(data) - {"remediation", "quarantine", "bmc"}
+    known = ("remediation", "quarantine", "bmc", "leader", "power")
+    unknown = set(data) - set(known)
     if unknown:
-        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: remediation, quarantine, bmc)")
+        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: {', '.join(known)})")
     config: dict[str, Any] = {
         "remediation_policy": policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
     }
@@ -64,6 +78,11 @@ def load_config(path: pathlib.Path) -> dict[str, Any]:
     if "bmc" in data:
         bmc.BmcSettings.from_mapping(data["bmc"])
         config["bmc"] = data["bmc"]
+    if "leader" in data:
+        config["leader"] = leader_mod.LeaderSettings.from_mapping(data["leader"])
+    if "power" in data:
+        power_loop.PowerSettings.from_mapping(data["power"])  # validates the table (names the bad key)
+        config["power"] = data["power"]
     return config
 
 
@@ -89,10 +108,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         host, _port = net.split_host_port(args.listen)
     except ValueError as exc:
         parser.error(f"--listen: {exc}")
-    if not args.insecure:
-        parser.error("TLS is not built yet (security issue #7): pass --insecure to serve plaintext on loopback")
-    if not net.is_loopback_host(host):
+    if args.health_listen is not None:
+        try:
+            net.split_host_port(args.health_listen)
+        except ValueError as exc:
+            parser.error(f"--health-listen: {exc}")
+    if args.insecure and not net.is_loopback_host(host):
         parser.error(f"--listen: refusing plaintext gRPC on non-loopback address {host!r}")
+    try:
+        security_settings = security.settings_from_args(args)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
     if not -1 <= args.metrics_port <= 65535:
         parser.error(f"--metrics-port: {args.metrics_port} is not a port")
     try:
@@ -109,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         remediation_policy=config.get("remediation_policy", policy.RemediationPolicy()),
         quarantine=config.get("quarantine", {}),
         bmc=config.get("bmc"),
+        security=security_settings,
+        health_listen=args.health_listen,
+        record_path=args.record,
+        leader=config.get("leader", leader_mod.LeaderSettings()),
+        power=config.get("power"),
     )
     try:
         return asyncio.run(_serve(settings))

@@ -35,7 +35,8 @@ import structlog
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.common import xid_catalog
 from rasd.controller import ingest as ingest_mod
-from rasd.controller.core import actions, blast_radius, correlate, escalation, health
+from rasd.controller import sdc_service
+from rasd.controller.core import actions, blast_radius, correlate, escalation, health, sdc
 from rasd.controller.core import policy as policy_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
@@ -105,7 +106,7 @@ class RemediationStats:
 
 
 class RemediationService:
-    """Drives the repair ladder for the whole fleet (one per controller; the leader's later)."""
+    """Drives the repair ladder for the whole fleet (runs on the leader replica: rasd.controller.leader)."""
 
     def __init__(
         self,
@@ -138,13 +139,23 @@ class RemediationService:
         self._unanswered: dict[str, actions.Action] = {}
         self._inbox: list[tuple[str, list[repo.StoredEvent], dict[str, str], asyncio.Future[None]]] = []
         self._decider: asyncio.Task[None] | None = None
+        self.sdc = sdc_service.SdcLedger(self.policy.sdc)
+        self._sweeper: asyncio.Task[None] | None = None
         """Agent commands dispatched and not yet answered, re-sent when their node reconnects."""
         self._results_owed: list[tuple[str, commands_pb.ActionResult]] = []
         """Results that arrived while the store was unavailable, applied by the next tick."""
+        self.decision_hook: Callable[[Sequence[actions.Action], int], None] | None = None
+        """Called with the actions each commit newly put in the outbox and the commit's time (recording)."""
+        self.accusation_hook: Callable[..., None] | None = None
+        """Called with (node_id, gpu_uuid, reason=, accuser=, at_unix_ns=) of each SDC accusation (recording)."""
+        self.send_hook: Callable[[actions.Action], bool] | None = None
+        """Where dispatched agent commands go instead of this replica's streams (rasd.controller.relay)."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Load durable state, resume the outbox, start the tick loop."""
+        """Load durable state, resume the outbox, start the tick loop (again at each leader term)."""
+        for transient in (self._deferred, self._unanswered, self._kinds, self._event_times):
+            transient.clear()  # a new term starts from the store alone
         node_docs = await self.ingest.run_in_store(self.store.load_node_states)
         self.node_states = {n: escalation.RemediationState.from_dict(d) for n, d in node_docs.items()}
         corr_docs = await self.ingest.run_in_store(self.store.load_docs, CORRELATION_PREFIX)
@@ -163,7 +174,13 @@ class RemediationService:
         redo = [
             actions.from_dict(r.payload) for r in unfinished if r.status == "dispatched" and r.kind not in AGENT_KINDS
         ]
+        self.sdc.load(
+            await self.ingest.run_in_store(self.store.load_docs, sdc_service.GPU_PREFIX),
+            await self.ingest.run_in_store(self.store.load_docs, sdc_service.SWEEP_PREFIX),
+        )
         self._ticker = asyncio.create_task(self._tick_forever(), name="rasd-remediation-tick")
+        if self.policy.sdc.sweep_enabled:
+            self._sweeper = asyncio.create_task(self._sweep_forever(), name="rasd-sdc-sweep")
         self._export_budget()
         await self._export_quarantines()
         for record in resend:
@@ -188,9 +205,10 @@ class RemediationService:
 
     async def stop(self) -> None:
         """Stop the tick loop (state is already durable)."""
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
+        for task in (self._ticker, self._sweeper):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def node_connected(self, node_id: str) -> None:
         """Re-send this node's dispatched, unanswered commands (same ids: the agent never runs one twice).
@@ -334,6 +352,7 @@ class RemediationService:
         """Advance the ladder on a result; record it in change and the new state in states."""
         now_ns = change.now_unix_ns
         state = states.get(node_id) or self.node_states.get(node_id) or escalation.RemediationState(node_id)
+        sent = self._unanswered.get(result.command_id)
         failed = tuple(sorted({v.gpu_uuid for v in result.verdicts if v.verdict == "fail" and v.gpu_uuid}))
         decision = escalation.on_result(
             state,
@@ -376,8 +395,17 @@ class RemediationService:
                             for v in result.verdicts
                         ]
                     },
-                    "suite": "",
+                    "suite": sent.suite if isinstance(sent, actions.RunValidation) else "",
                 }
+            )
+            targets = sdc_service.validation_targets(sent, self.ingest.node_gpus(node_id))
+            change.docs.update(
+                self.sdc.verdicts(
+                    node_id,
+                    sdc_service.gpu_verdicts(result, targets),
+                    now=now_ns / 1e9,
+                    watch=dict(decision.state.sdc_watch),
+                )
             )
         self.budget = blast_radius.complete(self.budget, result.command_id, now=now_ns / 1e9)
         self._close(decision, change, now_ns / 1e9)
@@ -432,6 +460,74 @@ class RemediationService:
                 self._close(decision, change, now_ns / 1e9)
                 await self._commit(node_id, decision.state, list(decision.actions), change)
             await self._dispatch_locked()
+
+    # -- rolling SDC sweeps -----------------------------------------------------------------------------------
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.sdc.sweep_interval_s)
+            try:
+                await self.sweep_once()
+            except Exception:
+                log.exception("sdc_sweep_failed")
+
+    async def sweep_once(self) -> list[str]:
+        """One pass of the rolling SDC sweep: start the quick suite on due idle nodes; returns them.
+
+        The planner (``sdc.plan_sweep``) takes a share of the idle nodes, least recently swept
+        first, within the free disruption budget minus a reserve for repairs; each start is one
+        transaction (ladder state, outbox, last-swept document, audit) before anything is sent.
+        """
+        pol = self.policy.sdc
+        if not pol.sweep_enabled:
+            return []
+        async with self._lock:
+            now_ns = self._clock()
+            now = now_ns / 1e9
+            candidates = sdc_service.sweep_candidates(
+                connected=list(self.ingest.sessions),
+                node_gpus={n: self.ingest.node_gpus(n) for n in self.ingest.sessions},
+                latest=self.ingest.latest,
+                node_states=self.node_states,
+                budget=self.budget,
+                last_swept=self.sdc.last_swept,
+                now_unix_ns=now_ns,
+                stale_after_s=self.ingest.settings.power_stale_after_s,
+                policy=pol,
+            )
+            in_flight = sum(
+                1 for s in self.node_states.values() for t in s.tickets if t.purpose is escalation.Purpose.SWEEP
+            )
+            fleet_view = blast_radius.FleetView(node_labels=dict(self.ingest.node_labels))
+            free = blast_radius.free_node_slots(self.budget, fleet_view, now=now, policy=self.policy.disruption)
+            picks = sdc.plan_sweep(candidates, now=now, policy=pol, in_flight=in_flight, free_disruption_slots=free)
+            started = []
+            for pick in picks:
+                state = self.node_states.get(pick.node_id) or escalation.RemediationState(pick.node_id)
+                decision = escalation.start_sweep(
+                    state,
+                    sweep_id=pick.sweep_id,
+                    suite=pick.suite,
+                    seed=pick.seed,
+                    now=now,
+                    policy=self.policy.escalation,
+                )
+                if not decision.actions:
+                    continue
+                change = rstore.Commit(now_unix_ns=now_ns)
+                change.docs.update(self.sdc.swept(pick.node_id, now=now, seed=pick.seed, suite=pick.suite))
+                why = f"suite {pick.suite} seed {pick.seed}"
+                change.audit.append(_audit(now_ns, "rasd-controller", "sdc_sweep", pick.node_id, "", why, "started"))
+                await self._commit(pick.node_id, decision.state, list(decision.actions), change)
+                started.append(pick.node_id)
+                log.info("sdc_sweep_started", node=pick.node_id, suite=pick.suite, seed=pick.seed)
+            if started:
+                await self._dispatch_locked()
+            return started
+
+    def sdc_records(self) -> list[dict[str, Any]]:
+        """Every GPU with SDC history or under watch, most suspicious first (``rasctl sdc list``)."""
+        now = self._clock() / 1e9
+        return self.sdc.records(now=now, watch=sdc_service.watches(self.node_states, now=now))
 
     # -- operator --------------------------------------------------------------------------------------------
     async def set_paused(self, paused: bool, *, reason: str, actor: str) -> blast_radius.BudgetState:
@@ -591,12 +687,15 @@ class RemediationService:
             source="accusation",
             attributes={"accuser": accuser},
         )
-        await self.ingest.run_in_store(
-            self.store.commit,
-            rstore.Commit(
-                now_unix_ns=now_ns, audit=[_audit(now_ns, accuser, "accuse_sdc", node_id, gpu_uuid, reason, "accepted")]
-            ),
+        state = self.node_states.get(node_id) or escalation.RemediationState(node_id)
+        watched = sdc.watched_until(dict(state.sdc_watch), gpu_uuid, now=now_ns / 1e9)
+        change = rstore.Commit(
+            now_unix_ns=now_ns, audit=[_audit(now_ns, accuser, "accuse_sdc", node_id, gpu_uuid, reason, "accepted")]
         )
+        change.docs.update(self.sdc.accusation(node_id, gpu_uuid, now=now_ns / 1e9, watch_until=watched))
+        await self.ingest.run_in_store(self.store.commit, change)
+        if self.accusation_hook is not None:
+            self.accusation_hook(node_id, gpu_uuid, reason=reason, accuser=accuser, at_unix_ns=now_ns)
         await self.on_events(node_id, [event], self.ingest.node_labels.get(node_id, {}))
 
     async def approve_rma(self, rma_id: str, *, actor: str) -> dict[str, Any] | None:
@@ -662,6 +761,8 @@ class RemediationService:
         change.docs["budget"] = self.budget.to_dict()
         fresh = set(await self.ingest.run_in_store(self.store.commit, change))
         self.node_states.update(states)
+        if self.decision_hook is not None:
+            self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
         for action in new_actions:
             if action.command_id in fresh:
                 self._deferred[action.command_id] = action
@@ -754,29 +855,9 @@ class RemediationService:
                         log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
 
     def _send(self, action: actions.Action) -> bool:
-        now_ns = self._clock()
-        timeout_s = self.policy.escalation.timeout_s(action.kind)
-        command = commands_pb.Command(
-            command_id=action.command_id,
-            issued_unix_ns=now_ns,
-            deadline_unix_ns=now_ns + int(timeout_s * 1e9),
-            reason=action.reason,
-        )
-        if isinstance(action, actions.RestartProcess):
-            command.restart_process.CopyFrom(
-                commands_pb.RestartProcess(gpu_uuid=action.gpu_uuid, grace_s=action.grace_s)
-            )
-        elif isinstance(action, actions.ResetGpu):
-            command.reset_gpu.CopyFrom(commands_pb.ResetGpu(gpu_uuid=action.gpu_uuid))
-        elif isinstance(action, actions.RebootNode):
-            command.reboot_node.CopyFrom(commands_pb.RebootNode())
-        elif isinstance(action, actions.RunValidation):
-            gpus = list(action.gpu_uuids)
-            if not gpus and action.exclude_gpu_uuids:
-                gpus = [g for g in self.ingest.node_gpus(action.node_id) if g not in action.exclude_gpu_uuids]
-            command.run_validation.CopyFrom(
-                commands_pb.RunValidation(suite=action.suite, gpu_uuids=gpus, seed=action.seed)
-            )
+        if self.send_hook is not None:  # several replicas: the one holding the node's stream sends it
+            return self.send_hook(action)
+        command = agent_command(action, self.policy.escalation, self.ingest.node_gpus(action.node_id), self._clock())
         return self.ingest.dispatch(action.node_id, command)
 
     async def _run_controller_side(
@@ -872,6 +953,31 @@ class RemediationService:
             counts["port" if row["port"] else "gpu" if row["gpu_uuid"] else "node"] += 1
         for scope, count in counts.items():
             self.ingest.metrics.quarantined.labels(scope=scope).set(count)
+
+
+def agent_command(
+    action: actions.Action, policy: policy_mod.EscalationPolicy, node_gpus: Sequence[str], now_unix_ns: int
+) -> commands_pb.Command:
+    """The wire command for an agent action; the deadline is the action kind's timeout from now."""
+    timeout_s = policy.timeout_s(action.kind)
+    command = commands_pb.Command(
+        command_id=action.command_id,
+        issued_unix_ns=now_unix_ns,
+        deadline_unix_ns=now_unix_ns + int(timeout_s * 1e9),
+        reason=action.reason,
+    )
+    if isinstance(action, actions.RestartProcess):
+        command.restart_process.CopyFrom(commands_pb.RestartProcess(gpu_uuid=action.gpu_uuid, grace_s=action.grace_s))
+    elif isinstance(action, actions.ResetGpu):
+        command.reset_gpu.CopyFrom(commands_pb.ResetGpu(gpu_uuid=action.gpu_uuid))
+    elif isinstance(action, actions.RebootNode):
+        command.reboot_node.CopyFrom(commands_pb.RebootNode())
+    elif isinstance(action, actions.RunValidation):
+        gpus = list(action.gpu_uuids)
+        if not gpus and action.exclude_gpu_uuids:
+            gpus = [g for g in node_gpus if g not in action.exclude_gpu_uuids]
+        command.run_validation.CopyFrom(commands_pb.RunValidation(suite=action.suite, gpu_uuids=gpus, seed=action.seed))
+    return command
 
 
 CORRELATION_PREFIX = "correlation/"

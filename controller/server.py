@@ -7,6 +7,7 @@ runs the same wiring.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,10 +19,14 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import bmc, ingest, metrics, quarantine
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.common import tls
+from rasd.controller import audit, authn, bmc, ingest, metrics, power_loop, quarantine, recording
+from rasd.controller import leader as leader_mod
+from rasd.controller import relay as relay_mod
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
-from rasd.controller.rpc import admin_service, agent_service
+from rasd.controller.rpc import admin_service, agent_service, authz, leader_gate
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
@@ -54,6 +59,17 @@ class ControllerSettings:
     """The `[quarantine]` table: adapter ("record", "kubernetes", "slurm") and its settings."""
     bmc: Mapping[str, Any] | None = None
     """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
+    security: authn.SecuritySettings = dataclasses.field(default_factory=authn.SecuritySettings)
+    """mTLS files, bearer tokens, the plaintext role and per-stream input limits."""
+    health_listen: str | None = None
+    """Extra plaintext address serving only grpc.health.v1 (kubelet probes cannot present a client
+    certificate); None: health is served on `listen` only."""
+    record_path: pathlib.Path | None = None
+    """Record inbound agent streams, sent commands and decisions to this file (controller/recording.py)."""
+    leader: leader_mod.LeaderSettings = dataclasses.field(default_factory=leader_mod.LeaderSettings)
+    """The `[leader]` table: election (lease on PostgreSQL), lease and renewal times, replica id."""
+    power: Mapping[str, Any] | None = None
+    """The `[power]` table (budget tree, policy); None: no power loop."""
 
 
 class Controller:
@@ -65,7 +81,10 @@ class Controller:
         self.registry = registry or CollectorRegistry()
         self.store = repo.Store.open(settings.db_url)
         self.metrics = metrics.ControllerMetrics(self.registry)
-        self.ingest = ingest.Ingest(self.store, self.metrics, settings.ingest, clock=time.time_ns)
+        ingest_settings = settings.ingest
+        if settings.leader.resolved_election(settings.db_url) == "lease":  # other replicas hold streams too
+            ingest_settings = dataclasses.replace(ingest_settings, mark_all_disconnected_at_start=False)
+        self.ingest = ingest.Ingest(self.store, self.metrics, ingest_settings, clock=time.time_ns)
         self.registry.register(
             metrics.FleetCollector(
                 latest=lambda: self.ingest.latest,
@@ -86,18 +105,74 @@ class Controller:
             self.ingest.events_hook = self.remediation.on_events
             self.ingest.command_result_hook = self.remediation.on_result
             self.ingest.connected_hook = self.remediation.node_connected
+        self.tokens = authn.TokenStore(settings.security.tokens_file)
+        self.audit = audit.AuditLog(self.ingest, clock=time.time_ns)
+        self.security = authz.SecurityMetrics(self.registry)
+        self.tls: tls.ReloadingServerCredentials | None = None
+        if settings.security.tls is not None:
+            self.tls = tls.ReloadingServerCredentials(settings.security.tls)
+        self.recorder: recording.Recorder | None = None
+        if settings.record_path is not None:
+            self.recorder = recording.Recorder(settings.record_path, policy=settings.remediation_policy)
+            if self.remediation is not None:
+                self.remediation.decision_hook = self.recorder.decisions
+                self.remediation.accusation_hook = self.recorder.accusation
+        # One leader runs the fleet-wide loops (DESIGN.md §8); its writes carry the fencing token.
+        self.leadership = leader_mod.Leadership(
+            self.store.engine, settings.leader, election=settings.leader.resolved_election(settings.db_url)
+        )
+        self.leadership.register_metrics(self.registry)
+        self.relay: relay_mod.Relay | None = None
+        """With several replicas: the outbox courier, the result relay and `relay.send_command` (any replica's node)."""
+        if self.leadership.election == "lease":
+            self.relay = relay_mod.Relay(
+                self.ingest, self.remediation, self.leadership, poll_s=settings.leader.relay_poll_s
+            )
+            self.relay.attach()
+        if self.remediation is not None:
+            self.remediation.store.fence = self.leadership.fence
+            if self.relay is None:
+                remediation = self.remediation
+                self.leadership.on_elected(lambda _token: remediation.start())
+                self.leadership.on_deposed(remediation.stop)
+        self.power: power_loop.PowerLoop | None = None
+        if settings.power is not None:
+            if self.leadership.election == "lease":
+                # The loop reads telemetry and sends caps through this replica's own streams; with
+                # several replicas it would take the other replicas' nodes for unreachable ones.
+                raise ValueError(
+                    "[power]: the power loop runs on a single controller replica (SQLite, or [leader] "
+                    'election = "static") until it reads telemetry across replicas'
+                )
+            limiter = bmc.open_power_limiter(settings.bmc) if settings.bmc is not None else None
+            self.power = power_loop.PowerLoop(
+                self.ingest, power_loop.PowerSettings.from_mapping(settings.power), limiter=limiter
+            )
+            power = self.power
+            self.leadership.on_elected(lambda _token: power.start())  # after remediation: registered later
+            self.leadership.on_deposed(power.stop)
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port: int | None = None
         self._metrics_server = None
         self._health = health.aio.HealthServicer()
 
     async def start(self) -> None:
         """Start ingest, bind gRPC and metrics, and report SERVING."""
         await self.ingest.start()
-        if self.remediation is not None:
-            await self.remediation.start()
+        if self.relay is not None:
+            await self.relay.start()
+        await self.leadership.start()
         server = grpc.aio.server(
+            # Authenticate first, then the leader gate: a refused caller learns nothing about leadership.
+            interceptors=[
+                authz.AuthInterceptor(self.settings.security, self.tokens, self.audit, self.security),
+                leader_gate.LeaderGate(
+                    self.leadership.is_leader, lambda: f"leader: {self.leadership.leader_id or 'unknown'}"
+                ),
+            ],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -106,16 +181,39 @@ class Controller:
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
-            ]
+            ],
         )
-        agent_grpc.add_AgentServiceServicer_to_server(agent_service.AgentService(self.ingest), server)
-        admin_grpc.add_AdminServiceServicer_to_server(admin_service.AdminService(self.ingest, self.remediation), server)
+        agent_grpc.add_AgentServiceServicer_to_server(
+            agent_service.AgentService(
+                self.ingest,
+                limits=self.settings.security.limits,
+                security_metrics=self.security,
+                audit_log=self.audit,
+                recorder=self.recorder,
+            ),
+            server,
+        )
+        admin_grpc.add_AdminServiceServicer_to_server(
+            admin_service.AdminService(self.ingest, self.remediation, power=self.power), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.port = server.add_insecure_port(self.settings.listen)
+        if self.tls is not None:
+            self.port = server.add_secure_port(self.settings.listen, self.tls.credentials)
+        else:
+            self.port = server.add_insecure_port(self.settings.listen)
         if self.port == 0:
             raise OSError(f"could not bind gRPC to {self.settings.listen}")
         await server.start()
         self._server = server
+        if self.settings.health_listen is not None:
+            # Health only, no rasd service: safe in plaintext on the pod IP, and reachable by probes.
+            health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, health_server)
+            self.health_port = health_server.add_insecure_port(self.settings.health_listen)
+            if self.health_port == 0:
+                raise OSError(f"could not bind the health port to {self.settings.health_listen}")
+            await health_server.start()
+            self._health_server = health_server
         if self.settings.metrics_port is not None:
             self._metrics_server, _thread = start_http_server(
                 self.settings.metrics_port, addr=self.settings.metrics_addr, registry=self.registry
@@ -127,6 +225,7 @@ class Controller:
             "controller_started",
             listen=self.settings.listen,
             port=self.port,
+            tls=self.tls is not None,
             metrics_port=self.metrics_port,
             db=repo.redact_url(self.settings.db_url),
         )
@@ -134,16 +233,34 @@ class Controller:
     async def stop(self) -> None:
         """Stop taking calls, let in-flight ones finish within the grace, flush the store."""
         await self._health.enter_graceful_shutdown()
-        if self.remediation is not None:
-            await self.remediation.stop()
+        await self.leadership.stop()  # stops the leader's loops and hands the lease over at once
+        if self.relay is not None:
+            await self.relay.stop()
         await self.ingest.stop()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s)
+        if self._health_server is not None:
+            await self._health_server.stop(None)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         self.store.close()
+        if self.recorder is not None:
+            self.recorder.close()
         log.info("controller_stopped")
+
+    async def send_command(
+        self, node_id: str, command: commands_pb.Command, *, timeout_s: float = 30.0
+    ) -> commands_pb.ActionResult:
+        """Send a rasd.api.v1.Command to a node on any replica and wait for its ActionResult.
+
+        For fleet-wide loops outside the ladder's outbox (power caps): with several replicas the
+        command goes through the store to the replica holding the node's stream; otherwise it is
+        `Ingest.send_command` on this replica's stream. Raises as `Ingest.send_command` does.
+        """
+        if self.relay is not None:
+            return await self.relay.send_command(node_id, command, timeout_s=timeout_s)
+        return await self.ingest.send_command(node_id, command, timeout_s=timeout_s)
 
     @property
     def address(self) -> str:

@@ -105,47 +105,79 @@ def _finite(field: str, value: float, lo: float, hi: float) -> float:
 
 
 def check_telemetry(batch: health_pb.TelemetryBatch, known_gpus: frozenset[str]) -> None:
-    """Reject a batch with a malformed field or a GPU the node did not announce in Hello."""
+    """Reject a batch with a malformed field or a GPU the node did not announce in Hello.
+
+    Field names are built only for the error (this runs for every batch of every node).
+    """
     for index, series in enumerate(batch.power):
-        field = f"telemetry.power[{index}]"
         if series.gpu_uuid not in known_gpus:
-            raise WireError(f"{field}.gpu_uuid", f"{series.gpu_uuid[:80]!r} is not one of this node's GPUs")
+            raise WireError(
+                f"telemetry.power[{index}].gpu_uuid", f"{series.gpu_uuid[:80]!r} is not one of this node's GPUs"
+            )
         if not 1 <= series.sample_interval_ms <= 60_000:
-            raise WireError(f"{field}.sample_interval_ms", f"{series.sample_interval_ms} is outside 1..60000")
-        if len(series.power_w) > MAX_SAMPLES_PER_SERIES:
-            raise WireError(f"{field}.power_w", f"more than {MAX_SAMPLES_PER_SERIES} samples")
-        for sample_index, watts in enumerate(series.power_w):
-            _finite(f"{field}.power_w[{sample_index}]", watts, 0.0, MAX_POWER_W)
+            raise WireError(
+                f"telemetry.power[{index}].sample_interval_ms", f"{series.sample_interval_ms} is outside 1..60000"
+            )
+        samples = series.power_w
+        if len(samples) > MAX_SAMPLES_PER_SERIES:
+            raise WireError(f"telemetry.power[{index}].power_w", f"more than {MAX_SAMPLES_PER_SERIES} samples")
+        if not all(0.0 <= watts <= MAX_POWER_W for watts in samples):  # NaN and inf fail too
+            for sample_index, watts in enumerate(samples):
+                _finite(f"telemetry.power[{index}].power_w[{sample_index}]", watts, 0.0, MAX_POWER_W)
     for index, counters in enumerate(batch.counters):
-        field = f"telemetry.counters[{index}]"
         if counters.gpu_uuid not in known_gpus:
-            raise WireError(f"{field}.gpu_uuid", f"{counters.gpu_uuid[:80]!r} is not one of this node's GPUs")
+            raise WireError(
+                f"telemetry.counters[{index}].gpu_uuid", f"{counters.gpu_uuid[:80]!r} is not one of this node's GPUs"
+            )
         if counters.HasField("temperature_c") and not -50 <= counters.temperature_c <= 200:
-            raise WireError(f"{field}.temperature_c", f"{counters.temperature_c} is outside -50..200")
+            raise WireError(
+                f"telemetry.counters[{index}].temperature_c", f"{counters.temperature_c} is outside -50..200"
+            )
         if counters.HasField("enforced_power_limit_w") and counters.enforced_power_limit_w > MAX_POWER_W:
-            raise WireError(f"{field}.enforced_power_limit_w", f"{counters.enforced_power_limit_w} W is not sane")
+            raise WireError(
+                f"telemetry.counters[{index}].enforced_power_limit_w",
+                f"{counters.enforced_power_limit_w} W is not sane",
+            )
 
 
 def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.GpuLatest]:
-    """The freshest values per GPU in a (validated) batch."""
-    latest: dict[str, fleet.GpuLatest] = {}
+    """The freshest values per GPU in a (validated) batch: one `GpuLatest` per GPU.
+
+    The newest power series end and the newest counters sample of each GPU win (what
+    `fleet.merge_latest` would keep), gathered first so that only one value object is built per
+    GPU: this runs for every batch of every node.
+    """
+    power: dict[str, tuple[float, int]] = {}
     for series in batch.power:
-        if not series.power_w:
+        samples = series.power_w
+        if not samples:
             continue
-        last_ns = series.first_sample_unix_ns + (len(series.power_w) - 1) * series.sample_interval_ms * 1_000_000
-        update = fleet.GpuLatest(power_w=float(series.power_w[-1]), power_sample_unix_ns=last_ns)
-        latest[series.gpu_uuid] = fleet.merge_latest(latest.get(series.gpu_uuid), update)
+        last_ns = series.first_sample_unix_ns + (len(samples) - 1) * series.sample_interval_ms * 1_000_000
+        seen = power.get(series.gpu_uuid)
+        if seen is None or last_ns >= seen[1]:
+            power[series.gpu_uuid] = (float(samples[-1]), last_ns)
+    newest: dict[str, health_pb.GpuCounters] = {}
     for counters in batch.counters:
-        update = fleet.GpuLatest(
-            enforced_power_limit_w=(
-                counters.enforced_power_limit_w if counters.HasField("enforced_power_limit_w") else None
-            ),
-            temperature_c=counters.temperature_c if counters.HasField("temperature_c") else None,
-            utilization_gpu_pct=counters.utilization_gpu_pct if counters.HasField("utilization_gpu_pct") else None,
-            clock_event_reasons=counters.clock_event_reasons if counters.HasField("clock_event_reasons") else None,
-            counters_unix_ns=counters.sample_unix_ns,
+        seen_counters = newest.get(counters.gpu_uuid)
+        if seen_counters is None or counters.sample_unix_ns >= seen_counters.sample_unix_ns:
+            newest[counters.gpu_uuid] = counters
+    latest: dict[str, fleet.GpuLatest] = {}
+    for gpu_uuid in power.keys() | newest.keys():
+        watts, power_ns = power.get(gpu_uuid, (None, 0))
+        c = newest.get(gpu_uuid)
+        if c is None:
+            latest[gpu_uuid] = fleet.GpuLatest(power_w=watts, power_sample_unix_ns=power_ns)
+            continue
+        latest[gpu_uuid] = fleet.GpuLatest(
+            power_w=watts,
+            power_sample_unix_ns=power_ns,
+            enforced_power_limit_w=c.enforced_power_limit_w if c.HasField("enforced_power_limit_w") else None,
+            temperature_c=c.temperature_c if c.HasField("temperature_c") else None,
+            utilization_gpu_pct=c.utilization_gpu_pct if c.HasField("utilization_gpu_pct") else None,
+            clock_event_reasons=c.clock_event_reasons if c.HasField("clock_event_reasons") else None,
+            counters_unix_ns=c.sample_unix_ns,
+            power_smoothing_enabled=c.power_smoothing_enabled if c.HasField("power_smoothing_enabled") else None,
         )
-        latest[counters.gpu_uuid] = fleet.merge_latest(latest.get(counters.gpu_uuid), update)
     return latest
 
 
@@ -295,6 +327,22 @@ def validation_to_wire(row: dict) -> admin_pb.Validation:
         started_unix_ns=int(row["started_unix_ns"] or 0),
         finished_unix_ns=int(row["finished_unix_ns"] or 0),
         evidence_json=json.dumps(row.get("evidence") or {}, sort_keys=True),
+    )
+
+
+def sdc_gpu_to_wire(row: dict) -> admin_pb.SdcGpu:
+    """A GPU's SDC record (a ``sdc_service`` ledger row)."""
+    return admin_pb.SdcGpu(
+        target=_target(row["node_id"], row["gpu_uuid"]),
+        suspicion=float(row["suspicion"]),
+        accusations=int(row["accusations"]),
+        runs=int(row["runs"]),
+        fails=int(row["fails"]),
+        suspects=int(row["suspects"]),
+        passes=int(row["passes"]),
+        last_verdict=row["last_verdict"],
+        last_unix_ns=int((row["last_at"] or 0) * 1e9),
+        watch_until_unix_ns=int((row["watch_until"] or 0) * 1e9),
     )
 
 

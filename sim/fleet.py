@@ -26,13 +26,15 @@ import grpc
 import structlog
 
 from rasd.agent import actions, node_ops, runtime, spool
-from rasd.agent.gpu import simulated
+from rasd.agent.gpu import simulated, step_job
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.cli import views
-from rasd.controller import server
+from rasd.common import devcerts, tls
+from rasd.controller import authn, server
 from rasd.controller.core import fleet
+from rasd.sim import power_sim
 from rasd.sim import scenario as scenario_mod
 
 log = structlog.get_logger("rasd.sim")
@@ -51,6 +53,10 @@ class SimSettings:
     table_interval_s: float = 5.0
     """How often the live fleet table is printed; 0 disables it."""
     nodes_per_rack: int = 4
+    tls: bool = True
+    """Run every agent stream and admin call over mutual TLS with dev certificates (OUT/certs)."""
+    record_path: pathlib.Path | None = None
+    """Record the controller's inbound streams and decisions here (replay: rasd-sim --replay)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +106,12 @@ class SimResult:
     decision_latency_s: list[float] = dataclasses.field(default_factory=list)
     max_disrupted_nodes: int = 0
     disruption_budget: int = 0
+    agent_streams: int = 0
+    """Agent streams the controller opened (counted by the controller, not by the sim)."""
+    agent_streams_mtls: int = 0
+    """Of those, streams whose agent presented a verified node certificate."""
+    power_trace: power_sim.PowerTrace | None = None
+    """Ground truth of the power loop's effect (scenarios with a `[power]` table)."""
 
 
 def _node_id(index: int) -> str:
@@ -120,31 +132,57 @@ async def run(
     db_path = settings.out_dir / "rasd.db"
     for stale in (db_path, db_path.with_suffix(".db-wal"), db_path.with_suffix(".db-shm")):
         stale.unlink(missing_ok=True)
+    pki = (
+        devcerts.init(settings.out_dir / "certs", [_node_id(i) for i in range(settings.nodes)])
+        if settings.tls
+        else None
+    )
+    power = settings.scenario.power
+    gpu_model = scenario_mod.GPU_MODELS[power.gpu_model] if power else simulated.H100_SXM
     controller = server.Controller(
         server.ControllerSettings(
             listen="127.0.0.1:0",
             db_url=f"sqlite:///{db_path}",
             metrics_port=0,
             remediation_policy=settings.scenario.remediation,
+            security=authn.SecuritySettings(
+                tls=tls.TlsFiles(pki.ca.cert, pki.controller.cert, pki.controller.key) if pki else None
+            ),
+            record_path=settings.record_path,
+            power=_power_table(settings, gpu_model) if power and power.managed else None,
         )
     )
     await controller.start()
     started_ns = clock()
+    job_spec = settings.scenario.workload
     workload = simulated.StepWorkload(
-        period_s=settings.scenario.workload.period_s,
-        compute_fraction=settings.scenario.workload.compute_fraction,
-        compute_w=settings.scenario.workload.compute_w,
-        comm_w=settings.scenario.workload.comm_w,
+        period_s=job_spec.period_s,
+        compute_fraction=job_spec.compute_fraction,
+        compute_w=job_spec.compute_w,
+        comm_w=job_spec.comm_w,
         # One phase anchor for the whole fleet: this is what makes the job step-synchronous.
         anchor_unix_s=started_ns / 1e9,
+        start_after_s=job_spec.start_after_s,
+        stop_after_s=job_spec.stop_after_s,
+        checkpoint_every_steps=job_spec.checkpoint_every_steps,
+        checkpoint_s=job_spec.checkpoint_s,
     )
+    # One job for the whole fleet: a step ends when its slowest rank on any node is done.
+    job = step_job.StepJob(workload.shape(gpu_model.idle_w), settings.seed)
     backends: list[simulated.SimulatedBackend] = []
     agents: list[runtime.Agent] = []
     for index in range(settings.nodes):
         node_id = _node_id(index)
         script = [nf.fault for nf in settings.scenario.faults if nf.node % settings.nodes == index]
         backend = simulated.SimulatedBackend(
-            node_id, settings.gpus_per_node, settings.seed, workload=workload, faults=script, epoch_unix_ns=started_ns
+            node_id,
+            settings.gpus_per_node,
+            settings.seed,
+            workload=workload,
+            faults=script,
+            epoch_unix_ns=started_ns,
+            gpu_model=gpu_model,
+            job=job,
         )
         backends.append(backend)
         agents.append(
@@ -157,18 +195,43 @@ async def run(
                 ),
                 backend,
                 spool.Spool(":memory:"),
-                runtime.LinkSettings(controller_address=controller.address),
+                runtime.LinkSettings(
+                    controller_address=controller.address,
+                    tls=tls.TlsFiles(pki.ca.cert, pki.nodes[node_id].cert, pki.nodes[node_id].key) if pki else None,
+                ),
                 # Simulated GPUs take real repairs: the controller's commands change their state.
                 ops=node_ops.SimulatedNodeOps(backend),
                 action_settings=actions.ActionSettings(destructive_enabled=True),
             )
         )
+    probe = None
+    if power is not None:
+        probe = power_sim.PowerProbe(
+            job,
+            settings.seed,
+            [_node_id(i) for i in range(settings.nodes) for _ in range(settings.gpus_per_node)],
+            [g.uuid for b in backends for g in b.inventory()],
+            gpu_model.power_limit_max_w,
+            power,
+            started_ns,
+            clock,
+        )
+        probe.loop = controller.power
+        if controller.remediation is not None:
+            store = controller.remediation.store
+            probe.quarantined = lambda: controller.ingest.run_in_store(store.quarantines)
     stop_agents = asyncio.Event()
     agent_tasks = [asyncio.create_task(a.run(stop_agents), name=f"agent-{a.identity.node_id}") for a in agents]
     commands: list[CommandOutcome] = []
     operator_marks: list[int] = []
-    channel = grpc.aio.insecure_channel(controller.address)
+    # Reads (the live table, the final fleet) go through a viewer certificate; the scripted budget
+    # changes are an admin's (SetPowerBudget needs the admin role), each with the least it needs.
+    viewer = tls.TlsFiles(pki.ca.cert, pki.operators["viewer"].cert, pki.operators["viewer"].key) if pki else None
+    channel = tls.aio_channel(controller.address, viewer)
     admin = admin_grpc.AdminServiceStub(channel)
+    admin_files = tls.TlsFiles(pki.ca.cert, pki.operators["admin"].cert, pki.operators["admin"].key) if pki else None
+    admin_channel = tls.aio_channel(controller.address, admin_files)
+    budget_admin = admin_grpc.AdminServiceStub(admin_channel)
     print(
         f"rasd-sim: scenario {settings.scenario.name!r}: {settings.nodes} nodes × {settings.gpus_per_node} GPUs "
         f"for {settings.duration_s:g} s; controller {controller.address}, metrics :{controller.metrics_port}",
@@ -180,6 +243,11 @@ async def run(
             _operate(settings, controller, agents, commands, operator_marks, clock, started_ns),
             _show_table(settings, admin, out, clock, started_ns),
             asyncio.sleep(settings.duration_s),
+            *(
+                (probe.sample(settings.duration_s), probe.play_budget_changes(budget_admin, settings.duration_s))
+                if probe
+                else ()
+            ),
         )
         # Let the last telemetry batch and event acks land before measuring.
         await asyncio.sleep(1.5)
@@ -191,6 +259,7 @@ async def run(
         stop_agents.set()
         await asyncio.gather(*agent_tasks, return_exceptions=True)
         await channel.close()
+        await admin_channel.close()
         finished_ns = clock()
         power_rows = controller.ingest.power_window.series(since_unix_ns=started_ns)
         samples = controller.ingest.samples_ingested
@@ -239,7 +308,19 @@ async def run(
         decision_latency_s=list(remediation.stats.decision_latency_s) if remediation else [],
         max_disrupted_nodes=remediation.stats.max_disrupted_nodes if remediation else 0,
         disruption_budget=_budget_nodes(settings),
+        agent_streams=controller.security.streams_total,
+        agent_streams_mtls=controller.security.streams_mtls,
+        power_trace=probe.trace(finished_ns) if probe else None,
     )
+
+
+def _power_table(settings: SimSettings, gpu_model: simulated.SimulatedGpuModel) -> dict[str, object]:
+    """The controller's `[power]` table: the scenario's budgets over the fleet's racks and rows."""
+    assert settings.scenario.power is not None
+    labels = [_labels(i, settings.nodes_per_rack) for i in range(settings.nodes)]
+    nodes = [(_node_id(i), lab["rack"], lab["row"]) for i, lab in enumerate(labels)]
+    tree = power_sim.tree_mapping(nodes, settings.gpus_per_node, gpu_model.power_limit_max_w, settings.scenario.power)
+    return power_sim.power_table(tree, settings.scenario.power)
 
 
 def _budget_nodes(settings: SimSettings) -> int:

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from rasd.common import VERSION
 from rasd.common import logging as rasd_logging
-from rasd.sim import fleet, plots, report, scenario
+from rasd.controller import recording
+from rasd.sim import fleet, plots, replay, report, scenario
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +31,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("sim-out"), help="output directory")
     parser.add_argument("--report", type=pathlib.Path, help="report.json path (default OUT/report.json)")
     parser.add_argument("--table-interval-s", type=float, default=5.0, help="live fleet table period; 0 = off")
+    parser.add_argument(
+        "--insecure", action="store_true", help="plaintext gRPC on loopback instead of mutual TLS with dev certs"
+    )
     parser.add_argument("--log-level", default="warning", help="debug|info|warning|error (default %(default)s)")
+    parser.add_argument(
+        "--record", type=pathlib.Path, metavar="PATH", help="record the controller's inbound streams and decisions"
+    )
+    parser.add_argument(
+        "--replay",
+        type=pathlib.Path,
+        metavar="PATH",
+        help="replay a recording into a fresh controller and report every decision that differs "
+        "(writes OUT/replay.json and OUT/replay.md); no fleet is simulated",
+    )
+    parser.add_argument(
+        "--policy",
+        type=pathlib.Path,
+        metavar="FILE",
+        help="with --replay: a TOML file whose [remediation] table is laid over the recorded policy",
+    )
     parser.add_argument("--version", action="version", version=f"rasd-sim {VERSION}")
     return parser
 
@@ -39,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one simulation and write its report."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.replay is not None:
+        return _replay(parser, args)
+    if args.policy is not None:
+        parser.error("--policy: only with --replay")
     if not 1 <= args.nodes <= 5000:
         parser.error(f"--nodes: {args.nodes} is outside 1..5000")
     if not 1 <= args.gpus_per_node <= 64:
@@ -58,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         scenario=chosen,
         out_dir=args.out,
         table_interval_s=args.table_interval_s,
+        tls=not args.insecure,
+        record_path=args.record,
     )
     result = asyncio.run(fleet.run(settings))
     built = report.build(result)
@@ -80,6 +106,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not complete:
         print("rasd-sim: FAILED: a node or GPU never reported, or a fault was missed or an event lost", file=sys.stderr)
     return 0 if complete else 1
+
+
+def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """rasd-sim --replay: feed a recording to a fresh controller and print the decision diff."""
+    if args.record is not None:
+        parser.error("--record: not with --replay (a replay records nothing)")
+    rasd_logging.configure(args.log_level)
+    try:
+        built = asyncio.run(replay.run_replay(args.replay, policy_file=args.policy, out_dir=args.out, out=sys.stdout))
+    except (OSError, recording.RecordingError) as exc:
+        parser.error(f"--replay {args.replay}: {exc}")
+    except replay.PolicyFileError as exc:
+        parser.error(f"--policy {exc}")
+    print(
+        f"rasd-sim: wrote {args.out / 'replay.json'} and {args.out / 'replay.md'} ({built['differences']} differences)"
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -46,7 +46,14 @@ def _pyplot() -> Any:
 
 
 def power_png(result: SimResult, path: pathlib.Path) -> None:
-    """Fleet power (complete 100 ms buckets) with the fleet cap and the operator's cap change."""
+    """Fleet power over time: managed against unmanaged with the budget, or the telemetry and the cap.
+
+    With a power loop the picture is `managed_power_png`; without one, fleet telemetry (complete 100 ms
+    buckets) with the fleet cap and the operator's cap change.
+    """
+    if result.power_trace is not None:
+        managed_power_png(result, path)
+        return
     plt = _pyplot()
     gpus = result.settings.nodes * result.settings.gpus_per_node
     rows = [(t, w) for t, w, n in result.power_rows if n >= 0.95 * gpus]
@@ -115,6 +122,35 @@ def incidents_png(result: SimResult, report: dict[str, Any], path: pathlib.Path)
     ax.set_title("every injected fault: detection, repair rung, validation, release or RMA")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7)
     ax.grid(axis="x", alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def managed_power_png(result: SimResult, path: pathlib.Path) -> None:
+    """Aggregate draw of the simulated GPUs, unmanaged twin against managed, with the cluster budget."""
+    plt = _pyplot()
+    trace = result.power_trace
+    assert trace is not None
+    fig, ax = plt.subplots(figsize=(11, 4.6), dpi=110)
+    ax.plot(trace.t_s, trace.unmanaged_w / 1000, lw=0.8, color="tab:gray", alpha=0.8, label="unmanaged (same seed)")
+    ax.plot(trace.t_s, trace.managed_w / 1000, lw=1.0, color="tab:blue", label="managed (what the GPUs drew)")
+    ax.step(trace.t_s, trace.cluster_budget_w / 1000, where="post", color="tab:red", ls="--", lw=1.2,
+            label="cluster budget")  # fmt: skip
+    if trace.smoothing_from_s is not None:
+        ax.axvline(trace.smoothing_from_s, color="tab:green", ls=":", lw=1)
+        ax.text(trace.smoothing_from_s, ax.get_ylim()[1] * 0.02, f" smoothing {trace.smoothing_mode}", fontsize=8)
+    for cut in trace.cuts:
+        ax.axvline(cut.at_s, color="tab:red", ls=":", lw=1)
+        ax.text(cut.at_s, ax.get_ylim()[1] * 0.1, f" {cut.domain} budget {cut.budget_w / 1000:.1f} kW", fontsize=8)
+    gpus = result.settings.nodes * result.settings.gpus_per_node
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel("aggregate power (kW)")
+    ax.set_title(f"{result.settings.nodes} nodes x {result.settings.gpus_per_node} GPUs ({gpus}): power loop on "
+                 "against the same job with power management off")  # fmt: skip
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

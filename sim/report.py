@@ -16,6 +16,7 @@ from typing import Any
 
 from rasd.common import VERSION
 from rasd.controller.core import fleet
+from rasd.sim import power_sim
 from rasd.sim.fleet import InjectedFault, SimResult
 
 
@@ -112,6 +113,18 @@ def commands_after(fault: InjectedFault, outbox: Sequence[dict[str, Any]]) -> li
     ]
 
 
+def validation_detection(fault: InjectedFault, outbox: Sequence[dict[str, Any]]) -> int | None:
+    """When a validation run first failed the fault's GPU (Unix ns), or None: how silent faults are found."""
+    times = [
+        int(c["finished_unix_ns"])
+        for c in commands_after(fault, outbox)
+        if c["kind"] == "run_validation"
+        and c.get("finished_unix_ns")
+        and fault.fired.gpu_uuid in ((c.get("result") or {}).get("failed_gpu_uuids") or ())
+    ]
+    return min(times, default=None)
+
+
 def judge_remediation(result: SimResult) -> dict[str, Any]:
     """Compare what the controller did for each injected fault with what it should have done."""
     per_fault = []
@@ -167,6 +180,13 @@ def build(result: SimResult) -> dict[str, Any]:
         entry["injected"] += 1
         entry["detected"] += event is not None
     silent = [f for f, _ in matches if f.fired.fault.expected_event_kind is None]
+    # A silent fault (SDC) shows no event: it is detected when a validation run fails that GPU.
+    silent_found = {id(f): found for f in silent if (found := validation_detection(f, result.outbox)) is not None}
+    detect_latencies += [(found - f.fired.fired_unix_ns) / 1e9 for f in silent if (found := silent_found.get(id(f)))]
+    for fault in silent:
+        entry = by_kind.setdefault(fault.fired.fault.kind, {"injected": 0, "detected": 0})
+        entry["injected"] += 1
+        entry["detected"] += id(fault) in silent_found
 
     final = result.final_nodes
     command_latencies = [c.latency_s for c in result.commands if c.latency_s is not None]
@@ -187,6 +207,9 @@ def build(result: SimResult) -> dict[str, Any]:
         power["before_operator_cap"] = {k: _round(v, 1) for k, v in before.items()}
         power["after_operator_cap"] = {k: _round(v, 1) for k, v in after.items()}
 
+    if result.power_trace is not None and settings.scenario.power is not None:
+        power.update(power_sim.report_section(result.power_trace, settings.scenario.power.policy))
+
     judged = judge_remediation(result)
     first_action_delays = [
         f["time_to_first_action_s"] for f in judged["per_fault"] if f["time_to_first_action_s"] is not None
@@ -200,7 +223,9 @@ def build(result: SimResult) -> dict[str, Any]:
         "generated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "scenario": settings.scenario.name,
         "seed": settings.seed,
-        "tls": False,
+        # True only when the controller counted every agent stream of the run as mutually authenticated.
+        "tls": result.agent_streams > 0 and result.agent_streams_mtls == result.agent_streams,
+        "agent_streams": {"opened": result.agent_streams, "mutual_tls": result.agent_streams_mtls},
         "run": {
             "nodes": settings.nodes,
             "gpus_per_node": settings.gpus_per_node,
@@ -217,12 +242,12 @@ def build(result: SimResult) -> dict[str, Any]:
             "power_cap_w": sum(n.power_cap_w for n in final),
         },
         "faults": {
-            "injected": len(detectable),
-            "detected": len(detectable) - missed,
-            "missed": missed,
+            "injected": len(detectable) + len(silent),
+            "detected": len(detectable) - missed + len(silent_found),
+            "missed": missed + len(silent) - len(silent_found),
             "by_kind": by_kind,
             "silent_injected": len(silent),
-            "silent_note": "SDC faults show no event; only validation (issue #6) can find them",
+            "silent_detected_by_validation": len(silent_found),
             "time_to_detect_s_p50": _round(percentile(detect_latencies, 50)),
             "time_to_detect_s_p99": _round(percentile(detect_latencies, 99)),
         },
@@ -285,8 +310,12 @@ def markdown(report: dict[str, Any]) -> str:
         f"| fleet draw / cap at the end | {fleet_['power_draw_w'] / 1000:.1f} kW / "
         f"{fleet_['power_cap_w'] / 1000:.1f} kW |",
         f"| faults injected / detected / missed | {faults['injected']} / {faults['detected']} / {faults['missed']} |",
+        f"| of them silent (SDC), found by validation | {faults['silent_detected_by_validation']} of "
+        f"{faults['silent_injected']} |",
         f"| time to detect p50 / p99 | {faults['time_to_detect_s_p50']} s / {faults['time_to_detect_s_p99']} s |",
         f"| events lost | {report['events_lost']} |",
+        f"| agent streams over mutual TLS | {report['agent_streams']['mutual_tls']} of "
+        f"{report['agent_streams']['opened']} (tls: {str(report['tls']).lower()}) |",
         f"| faults remediated / wrong actions | {report['remediation']['remediated']} / "
         f"{report['remediation']['wrong_actions']} |",
         f"| decision latency p50 / p99 | {report['remediation']['decision_latency_ms_p50']} ms / "
@@ -306,10 +335,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"| mean fleet power before / after the operator cap | {power['before_operator_cap'].get('mean_w')} W / "
             f"{power['after_operator_cap'].get('mean_w')} W |"
         )
+    lines += power_sim.markdown_rows(power)
     lines += [
         "",
-        "Not measured yet: managed power and swing reduction (issue #5) and TLS (issue #7); "
-        "this report will grow those fields with them.",
         "",
     ]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Scenario files for rasd-sim: the workload, the faults to inject and scripted operator actions.
+"""Scenario files for rasd-sim: the workload, the faults to inject, scripted operator actions and power.
 
 A scenario is TOML (see sim/scenarios/demo.toml). `load()` validates every field and names the
 offending key on bad input. Built-in scenarios ship inside the package; any other name is a path.
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rasd.agent.gpu import simulated
-from rasd.controller.core import policy
+from rasd.controller.core import policy, power_policy
 
 OPERATOR_ACTIONS = ("set_power_cap", "accuse_sdc")
 
@@ -33,6 +33,121 @@ class Workload:
     compute_fraction: float = 0.7
     compute_w: tuple[float, float] = (650.0, 700.0)
     comm_w: tuple[float, float] = (100.0, 150.0)
+    start_after_s: float = 0.0
+    """Job start, seconds after the fleet is up (idle before)."""
+    stop_after_s: float | None = None
+    """Job stop, seconds after the fleet is up; None: runs to the end."""
+    checkpoint_every_steps: int = 0
+    checkpoint_s: float = 0.0
+
+
+GPU_MODELS = {"h100": simulated.H100_SXM, "b200": simulated.B200}
+"""Simulated products a scenario may choose (b200 has power-smoothing hardware, h100 has not)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetChange:
+    """A scripted operator budget change (AdminService SetPowerBudget)."""
+
+    at_s: float
+    domain: str
+    """"cluster", "row-N", "rack-NN" or "node-NNN" (the names rasd-sim gives its fleet)."""
+    budget_w: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadChange:
+    """The job stops (or resumes) on the first `nodes` nodes: a load change for sloshing."""
+
+    at_s: float
+    nodes: int
+    running: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerScenario:
+    """The `[power]` table: run the controller's power loop over a budget tree built for the fleet."""
+
+    cluster_budget_w: float | None = None
+    """None: the sum of every GPU's maximum cap (a budget that never binds)."""
+    rack_budget_w: float | None = None
+    node_budget_w: float | None = None
+    gpu_model: str = "h100"
+    policy: power_policy.PowerPolicy = dataclasses.field(default_factory=power_policy.PowerPolicy)
+    loop: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Scalar settings of the loop (detect_window_s, draw_window_s, ...) passed to `[power]`."""
+    budget_changes: tuple[BudgetChange, ...] = ()
+    managed: bool = True
+    """False: run the same fleet without the power loop (caps and smoothing stay at default)."""
+    load_changes: tuple[LoadChange, ...] = ()
+
+
+POWER_LOOP_KEYS = frozenset(
+    {"telemetry_stale_s", "detect_window_s", "bmc_fallback_after_s", "min_step_interval_s", "draw_window_s", "seed"}
+)
+
+
+def parse_power(data: Any, source: str) -> PowerScenario:
+    """The `[power]` table of a scenario; errors name the key."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: power must be a table")
+    known = {
+        "cluster_budget_w",
+        "rack_budget_w",
+        "node_budget_w",
+        "gpu_model",
+        "policy",
+        "budget_changes",
+        "managed",
+        "load_changes",
+    }
+    unknown = set(data) - known - POWER_LOOP_KEYS
+    if unknown:
+        raise ScenarioError(f"{source}: power: unknown key(s) {', '.join(sorted(unknown))}")
+    budgets = {
+        key: _number(data, key, "power", minimum=1) if key in data else None
+        for key in ("cluster_budget_w", "rack_budget_w", "node_budget_w")
+    }
+    model = data.get("gpu_model", "h100")
+    if model not in GPU_MODELS:
+        raise ScenarioError(f"power.gpu_model: {model!r} is not one of {', '.join(GPU_MODELS)}")
+    try:
+        chosen_policy = power_policy.PowerPolicy.from_mapping(data.get("policy", {}))
+    except power_policy.PolicyError as exc:
+        raise ScenarioError(f"{source}: power.policy.{exc.key}: {exc}") from None
+    changes = []
+    for index, change in enumerate(data.get("budget_changes", [])):
+        where = f"power.budget_changes[{index}]"
+        if not isinstance(change, dict) or not isinstance(change.get("domain"), str) or not change["domain"]:
+            raise ScenarioError(f"{where}.domain: expected a domain name")
+        changes.append(
+            BudgetChange(
+                at_s=_number(change, "at_s", where),
+                domain=change["domain"],
+                budget_w=int(_number(change, "budget_w", where, minimum=1)),
+            )
+        )
+    loads = []
+    for index, change in enumerate(data.get("load_changes", [])):
+        where = f"power.load_changes[{index}]"
+        running = change.get("running", False) if isinstance(change, dict) else None
+        if not isinstance(running, bool):
+            raise ScenarioError(f"{where}.running: expected true or false, got {running!r}")
+        loads.append(
+            LoadChange(at_s=_number(change, "at_s", where), nodes=int(_number(change, "nodes", where)), running=running)
+        )
+    managed = data.get("managed", True)
+    if not isinstance(managed, bool):
+        raise ScenarioError(f"power.managed: expected true or false, got {managed!r}")
+    return PowerScenario(
+        **budgets,
+        gpu_model=model,
+        policy=chosen_policy,
+        loop={k: v for k, v in data.items() if k in POWER_LOOP_KEYS},
+        budget_changes=tuple(sorted(changes, key=lambda c: c.at_s)),
+        managed=managed,
+        load_changes=tuple(sorted(loads, key=lambda c: c.at_s)),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +181,8 @@ class Scenario:
     operator: tuple[OperatorAction, ...]
     remediation: policy.RemediationPolicy = dataclasses.field(default_factory=policy.RemediationPolicy)
     """The controller's remediation policy for this scenario (the `[remediation]` table)."""
+    power: PowerScenario | None = None
+    """The `[power]` table; None: no power loop (the fleet draws at its default caps)."""
 
 
 def _number(data: Mapping[str, Any], key: str, where: str, *, minimum: float = 0.0) -> float:
@@ -89,7 +206,7 @@ def _pair(data: Mapping[str, Any], key: str, where: str, default: tuple[float, f
 
 def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
     """Validate a parsed TOML mapping into a Scenario."""
-    unknown = set(data) - {"name", "description", "workload", "faults", "operator", "remediation"}
+    unknown = set(data) - {"name", "description", "workload", "faults", "operator", "remediation", "power"}
     if unknown:
         raise ScenarioError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
     workload_data = data.get("workload", {})
@@ -102,7 +219,18 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
         ),
         compute_w=_pair(workload_data, "compute_w", "workload", (650.0, 700.0)),
         comm_w=_pair(workload_data, "comm_w", "workload", (100.0, 150.0)),
+        start_after_s=_number(workload_data, "start_after_s", "workload") if "start_after_s" in workload_data else 0.0,
+        stop_after_s=_number(workload_data, "stop_after_s", "workload") if "stop_after_s" in workload_data else None,
+        checkpoint_every_steps=(
+            int(_number(workload_data, "checkpoint_every_steps", "workload"))
+            if "checkpoint_every_steps" in workload_data
+            else 0
+        ),
+        checkpoint_s=_number(workload_data, "checkpoint_s", "workload") if "checkpoint_s" in workload_data else 0.0,
     )
+    extra = set(workload_data) - {f.name for f in dataclasses.fields(Workload)}
+    if extra:
+        raise ScenarioError(f"{source}: workload: unknown key(s) {', '.join(sorted(extra))}")
     if not 0 < workload.compute_fraction < 1:
         raise ScenarioError(f"workload.compute_fraction: must be in (0, 1), got {workload.compute_fraction}")
     faults = []
@@ -143,6 +271,7 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
     except policy.PolicyError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
     return Scenario(
+        power=parse_power(data["power"], source) if "power" in data else None,
         remediation=remediation,
         name=str(data.get("name", source)),
         description=str(data.get("description", "")),

@@ -1,12 +1,23 @@
-"""Shared fixtures: a free loopback port and the venv's console scripts."""
+"""Shared fixtures: a free loopback port, the venv's console scripts, and the test PostgreSQL.
+
+PostgreSQL comes from RASD_TEST_POSTGRES_URL (`.ci/postgres.sh` starts one and prints the line to
+export). Unset or unreachable: tests that need it are skipped with a message saying so, unless
+RASD_TEST_POSTGRES_REQUIRED=1 (CI), where they fail instead. Each test gets its own schema
+(search_path set through the URL), dropped afterwards, so tests never see each other's rows.
+"""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import socket
 import sys
+import uuid
 
 import pytest
+import sqlalchemy as sa
+
+from rasd.controller.store import repo
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 VENV_BIN = pathlib.Path(sys.executable).parent
@@ -30,3 +41,65 @@ def venv_bin() -> pathlib.Path:
 def repo_root() -> pathlib.Path:
     """The repository checkout."""
     return REPO_ROOT
+
+
+POSTGRES_URL_ENV = "RASD_TEST_POSTGRES_URL"
+POSTGRES_REQUIRED_ENV = "RASD_TEST_POSTGRES_REQUIRED"
+
+
+def _postgres_url_with(url: str, schema: str | None = None, **settings: str) -> str:
+    """url with `-c name=value` server settings (search_path first when schema is given)."""
+    parsed = sa.engine.make_url(url)
+    options = [parsed.query.get("options", "")] if parsed.query.get("options") else []
+    if schema is not None:
+        options.append(f"-csearch_path={schema}")
+    options += [f"-c{name}={value}" for name, value in settings.items()]
+    return parsed.update_query_dict({"options": " ".join(options)}).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> str:
+    """The PostgreSQL URL from the environment, checked once per session (skip or fail when unusable)."""
+    url = os.environ.get(POSTGRES_URL_ENV, "")
+    problem = "" if url else f"{POSTGRES_URL_ENV} is unset"
+    if url:
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args={"connect_timeout": 5})
+        try:
+            with engine.connect() as connection:
+                connection.execute(sa.text("SELECT 1"))
+        except (sa.exc.SQLAlchemyError, ValueError) as exc:
+            problem = " ".join(str(getattr(exc, "orig", None) or exc).split())[:300]
+        finally:
+            engine.dispose()
+    if problem:
+        where = repo.redact_url(url) if url else "(no URL)"
+        message = (
+            f"PostgreSQL not reachable at {where}: set {POSTGRES_URL_ENV} (.ci/postgres.sh starts one) [{problem}]"
+        )
+        if os.environ.get(POSTGRES_REQUIRED_ENV) == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return url
+
+
+@pytest.fixture
+def postgres_schema_url(postgres_server_url):
+    """The URL of a fresh, empty schema in the test PostgreSQL, dropped after the test."""
+    schema = f"rasd_test_{uuid.uuid4().hex[:16]}"
+    admin = sa.create_engine(postgres_server_url, poolclass=sa.pool.NullPool)
+    with admin.begin() as connection:
+        connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield _postgres_url_with(postgres_server_url, schema)
+    finally:
+        with admin.begin() as connection:
+            # A connection a failed test left in a transaction must not hang the session.
+            connection.execute(sa.text("SET LOCAL lock_timeout = '10s'"))
+            connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def postgres_url_with():
+    """`(url, schema=None, **settings) -> url` adding PostgreSQL server settings, e.g. lock_timeout="200ms"."""
+    return _postgres_url_with

@@ -4,12 +4,15 @@ Product code, not a test helper: `rasd-sim`, `make demo`, the integration tests 
 run agents on it. Every reading is a pure function of (seed, node, GPU, time) plus the caps that
 were set, so two runs with the same seed and clock produce the same numbers.
 
-Workload model (step-synchronous data-parallel training, see shared/reference/power-anchors.md):
-every GPU of every node alternates between a compute phase (about TDP) and a communication phase
-(near idle) with the same period and phase anchor across the fleet, so the fleet's draw swings
-together. Each GPU ("rank") has its own fixed compute/communication levels and a 5–20 ms phase
-jitter. Draw never exceeds the enforced cap: a capped GPU is clock-throttled and reports the
-SW_POWER_CAP clock event reason.
+Workload model (step-synchronous data-parallel training, see shared/reference/power-anchors.md and
+`rasd.agent.gpu.step_job`): every GPU ("rank") alternates between a compute phase (about TDP) and a
+communication phase (near idle); a step ends only after its slowest rank, so the fleet's draw swings
+together. Each rank has its own fixed compute/communication levels and a 5–20 ms jitter per step; a
+cap below demand slows the rank's compute (simple DVFS model), a power-smoothing floor raises the
+trough and its ramp rates slow the transitions. Checkpoint stalls, job start and job stop are part
+of the workload. Draw never exceeds the enforced cap: a capped GPU is clock-throttled and reports
+the SW_POWER_CAP clock event reason. Agents that share one `step_job.StepJob` (as in `rasd-sim`)
+run one job across nodes.
 
 Faults are scripted (`ScriptedFault`, loadable from a TOML scenario with `load_faults()`) or injected
 directly (`inject()`). A fault changes the GPU the way the real one would show it: an XID or a
@@ -29,8 +32,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from rasd.agent import gpu
 from rasd.agent.core import model
+from rasd.agent.gpu import step_job
 
 NS_PER_S = 1_000_000_000
 
@@ -77,7 +83,29 @@ class StepWorkload:
     noise_w: float = 8.0
     """Peak amplitude of per-sample measurement noise."""
     anchor_unix_s: float = 0.0
-    """Phase anchor shared by the whole fleet; step k starts at anchor + k * period."""
+    """Time anchor shared by the whole fleet; the first step starts at anchor + start_after_s."""
+    start_after_s: float = 0.0
+    """Job start, seconds after the anchor (idle before)."""
+    stop_after_s: float | None = None
+    """Job stop, seconds after the anchor (idle after); None: runs forever."""
+    checkpoint_every_steps: int = 0
+    """Every this many steps the job stalls to write a checkpoint (0: never)."""
+    checkpoint_s: float = 0.0
+    """Length of a checkpoint stall (ranks idle at their communication level)."""
+
+    def shape(self, idle_w: float = 70.0) -> step_job.JobShape:
+        """The timing part, for a `step_job.StepJob`."""
+        return step_job.JobShape(
+            period_s=self.period_s,
+            compute_fraction=self.compute_fraction,
+            rank_jitter_s=self.rank_jitter_s,
+            anchor_unix_s=self.anchor_unix_s,
+            start_after_s=self.start_after_s,
+            stop_after_s=self.stop_after_s,
+            checkpoint_every_steps=self.checkpoint_every_steps,
+            checkpoint_s=self.checkpoint_s,
+            idle_w=idle_w,
+        )
 
     def __post_init__(self) -> None:
         if not self.period_s > 0:
@@ -169,9 +197,8 @@ class FiredFault:
 @dataclasses.dataclass
 class _SimGpu:
     info: model.GpuInfo
-    compute_w: float
-    comm_w: float
-    jitter_s: float
+    rank: int
+    """Index of this GPU's rank in the job (-1 without a workload)."""
     enforced_limit_w: int
     lost: bool = False
     energy_mj: float = 0.0
@@ -216,6 +243,7 @@ class SimulatedBackend:
         gpu_model: SimulatedGpuModel = H100_SXM,
         faults: Sequence[ScriptedFault] = (),
         epoch_unix_ns: int | None = None,
+        job: step_job.StepJob | None = None,
     ) -> None:
         """Create gpu_count simulated GPUs for node_id.
 
@@ -227,6 +255,8 @@ class SimulatedBackend:
             gpu_model: the simulated product.
             faults: scripted faults; at_s counts from epoch_unix_ns.
             epoch_unix_ns: time zero of the script; None means the first reading's time.
+            job: a job shared with other nodes' backends (rasd-sim); None: this node runs its own
+                job built from workload.
         """
         if not 1 <= gpu_count <= 64:
             raise ValueError(f"gpu_count must be in 1..64, got {gpu_count}")
@@ -241,6 +271,10 @@ class SimulatedBackend:
         self.fired: list[FiredFault] = []
         """Every scripted or injected fault that happened, in order (the simulator's ground truth)."""
         rng = random.Random(f"{seed}/{node_id}")
+        if workload is not None and job is None:
+            job = step_job.StepJob(workload.shape(gpu_model.idle_w), seed)
+        self._job = job
+        levels: list[tuple[float, float]] = []
         for index in range(gpu_count):
             info = model.GpuInfo(
                 uuid=simulated_gpu_uuid(seed, node_id, index),
@@ -257,14 +291,14 @@ class SimulatedBackend:
             )
             compute_lo, compute_hi = workload.compute_w if workload else (0.0, 0.0)
             comm_lo, comm_hi = workload.comm_w if workload else (0.0, 0.0)
-            jitter_lo, jitter_hi = workload.rank_jitter_s if workload else (0.0, 0.0)
-            self._gpus[info.uuid] = _SimGpu(
-                info=info,
-                compute_w=rng.uniform(compute_lo, compute_hi),
-                comm_w=rng.uniform(comm_lo, comm_hi),
-                jitter_s=rng.uniform(jitter_lo, jitter_hi),
-                enforced_limit_w=gpu_model.power_limit_default_w,
+            levels.append((rng.uniform(compute_lo, compute_hi), rng.uniform(comm_lo, comm_hi)))
+            self._gpus[info.uuid] = _SimGpu(info=info, rank=-1, enforced_limit_w=gpu_model.power_limit_default_w)
+        if job is not None:
+            ranks = job.add_ranks(
+                [c for c, _ in levels], [m for _, m in levels], [gpu_model.power_limit_default_w] * gpu_count
             )
+            for sim, rank in zip(self._gpus.values(), ranks, strict=True):
+                sim.rank = rank
 
     # -- GpuBackend -------------------------------------------------------------------------
     def inventory(self) -> Sequence[model.GpuInfo]:
@@ -275,10 +309,11 @@ class SimulatedBackend:
         """Instant draw of every GPU that is not lost; integrates energy as a side effect."""
         self._advance(now_unix_ns)
         readings = []
+        base = self._node_draw_w(now_unix_ns)
         for sim in self._gpus.values():
             if sim.lost:
                 continue
-            power_w = self._draw_w(sim, now_unix_ns)
+            power_w = self._draw_w(sim, now_unix_ns, base.get(sim.info.uuid))
             if sim.last_energy_ns is not None and now_unix_ns > sim.last_energy_ns:
                 sim.energy_mj += power_w * (now_unix_ns - sim.last_energy_ns) / 1e6
             sim.last_energy_ns = now_unix_ns
@@ -309,7 +344,9 @@ class SimulatedBackend:
                     requested_power_limit_w=sim.enforced_limit_w,
                     total_energy_mj=int(sim.energy_mj),
                     temperature_c=int(32 + 48 * draw_w / self._model.power_limit_max_w),
-                    utilization_gpu_pct=0 if self._workload is None else (100 if demand_w > 400 else 35),
+                    utilization_gpu_pct=0
+                    if not self._job_running(now_unix_ns, sim)
+                    else (100 if demand_w > 400 else 35),
                     clock_event_reasons=int(reasons),
                     ecc_sbe_volatile=sim.ecc_sbe,
                     ecc_dbe_volatile=sim.ecc_dbe,
@@ -352,16 +389,16 @@ class SimulatedBackend:
                 f"power limit {power_limit_w} W for {gpu_uuid} is outside "
                 f"[{info.power_limit_min_w}, {info.power_limit_max_w}] W"
             )
-        sim.enforced_limit_w = int(power_limit_w)
+        self._set_limit(sim, int(power_limit_w))
         return sim.enforced_limit_w
 
     def set_power_smoothing(
         self, gpu_uuid: str, *, enabled: bool, floor_pct: float, ramp_up_w_per_s: float, ramp_down_w_per_s: float
     ) -> None:
-        """Hold draw at or above floor_pct of the default limit while enabled (GPUs that support it).
+        """Hold draw at or above floor_pct of the default limit and slew at the ramp rates while enabled.
 
-        The ramp rates are kept and reported, not yet modelled in the draw: the swing model of the
-        power issue (#5) adds them.
+        Only GPUs that support it (Blackwell and newer); the floor and ramps shape the draw through
+        the job model (`step_job`).
         """
         sim = self._gpu(gpu_uuid)
         if not self._model.power_smoothing_supported:
@@ -370,6 +407,13 @@ class SimulatedBackend:
             raise gpu.InvalidValue(f"power-smoothing profile out of range: floor {floor_pct}%")
         sim.smoothing_floor_w = self._model.power_limit_default_w * floor_pct / 100 if enabled else 0.0
         sim.smoothing_enabled = enabled
+        if self._job is not None and sim.rank >= 0:
+            self._job.set_smoothing(
+                sim.rank,
+                floor_w=sim.smoothing_floor_w,
+                ramp_up_w_per_s=ramp_up_w_per_s if enabled else 0.0,
+                ramp_down_w_per_s=ramp_down_w_per_s if enabled else 0.0,
+            )
 
     def close(self) -> None:
         """Nothing to release."""
@@ -467,7 +511,9 @@ class SimulatedBackend:
             sim.remapped_correctable += 1
         sim.ecc_dbe = sim.ecc_sbe = 0
         sim.recovery_action = 0
-        sim.enforced_limit_w = self._model.power_limit_default_w
+        self._set_limit(sim, self._model.power_limit_default_w)
+        if sim.smoothing_enabled:  # a reset restores the driver's defaults: the profile is gone
+            self.set_power_smoothing(gpu_uuid, enabled=False, floor_pct=0.0, ramp_up_w_per_s=0.0, ramp_down_w_per_s=0.0)
 
     def reboot(self) -> None:
         """What a node reboot clears: lost GPUs come back, volatile state is gone, caps return to default."""
@@ -479,7 +525,11 @@ class SimulatedBackend:
             sim.ecc_dbe = sim.ecc_sbe = 0
             sim.recovery_action = 0
             sim.crc_storm_until_ns = sim.excursion_until_ns = sim.thermal_until_ns = 0
-            sim.enforced_limit_w = self._model.power_limit_default_w
+            self._set_limit(sim, self._model.power_limit_default_w)
+            if sim.smoothing_enabled:
+                self.set_power_smoothing(
+                    sim.info.uuid, enabled=False, floor_pct=0.0, ramp_up_w_per_s=0.0, ramp_down_w_per_s=0.0
+                )
 
     def workload_crashed(self, gpu_uuid: str) -> bool:
         """Whether the GPU's CUDA application died on its fault (uncorrectable errors, lost GPU).
@@ -516,16 +566,37 @@ class SimulatedBackend:
         except KeyError:
             raise gpu.GpuNotFound(f"no GPU {gpu_uuid} on this node") from None
 
+    def _set_limit(self, sim: _SimGpu, limit_w: int) -> None:
+        sim.enforced_limit_w = limit_w
+        if self._job is not None and sim.rank >= 0:
+            self._job.set_cap(sim.rank, limit_w)
+
+    def _job_running(self, now_unix_ns: int, sim: _SimGpu | None = None) -> bool:
+        """Whether the job runs (on this GPU, when given: an evicted GPU runs nothing)."""
+        if self._job is None or not self._job.running(now_unix_ns / NS_PER_S):
+            return False
+        return sim is None or sim.rank < 0 or bool(self._job.active[sim.rank])
+
+    @property
+    def job(self) -> step_job.StepJob | None:
+        """The training job these GPUs run (shared with other nodes in rasd-sim)."""
+        return self._job
+
     def _demand_w(self, sim: _SimGpu, now_unix_ns: int) -> float:
         """What the workload would draw uncapped at this instant."""
-        workload = self._workload
-        if workload is None:
+        if self._job is None or sim.rank < 0:
             return self._model.idle_w
-        t_s = now_unix_ns / NS_PER_S - workload.anchor_unix_s - sim.jitter_s
-        phase = (t_s / workload.period_s) % 1.0
-        return sim.compute_w if phase < workload.compute_fraction else sim.comm_w
+        return float(self._job.demand_w(np.array([sim.rank]), now_unix_ns / NS_PER_S)[0])
 
-    def _draw_w(self, sim: _SimGpu, now_unix_ns: int) -> float:
+    def _node_draw_w(self, now_unix_ns: int) -> dict[str, float]:
+        """Every rank's draw on this node at once (one vectorised job evaluation per reading)."""
+        if self._job is None:
+            return {}
+        ranked = [sim for sim in self._gpus.values() if sim.rank >= 0]
+        draws = self._job.draw_w(np.array([sim.rank for sim in ranked]), now_unix_ns / NS_PER_S)
+        return {sim.info.uuid: float(w) for sim, w in zip(ranked, draws, strict=True)}
+
+    def _draw_w(self, sim: _SimGpu, now_unix_ns: int, base_w: float | None = None) -> float:
         """Demand, throttled to the cap, plus deterministic measurement noise.
 
         During a power excursion the GPU ignores its cap (as a firmware fault would) and draws 30%
@@ -534,10 +605,14 @@ class SimulatedBackend:
         if now_unix_ns < sim.excursion_until_ns:
             base_w = sim.enforced_limit_w * 1.3
         else:
-            demand_w = max(self._demand_w(sim, now_unix_ns), sim.smoothing_floor_w)
-            base_w = min(demand_w, sim.enforced_limit_w)
+            base_w = self._base_draw_w(sim, now_unix_ns) if base_w is None else base_w
         noise_amplitude_w = self._workload.noise_w if self._workload else 1.0
         # Tuples of ints hash deterministically (no PYTHONHASHSEED salt), so noise is reproducible.
         bucket = now_unix_ns // 10_000_000
         unit = (hash((self._seed, bucket, sim.info.pci_bus_id)) % 20001) / 10000.0 - 1.0
         return max(0.0, round(base_w + noise_amplitude_w * unit, 2))
+
+    def _base_draw_w(self, sim: _SimGpu, now_unix_ns: int) -> float:
+        if self._job is None or sim.rank < 0:
+            return min(max(self._model.idle_w, sim.smoothing_floor_w), sim.enforced_limit_w)
+        return float(self._job.draw_w(np.array([sim.rank]), now_unix_ns / NS_PER_S)[0])

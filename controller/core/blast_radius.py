@@ -147,6 +147,21 @@ def _cap(count_cap: int | None, pct: float | None, size: int) -> int:
     return min(caps) if caps else size
 
 
+def free_node_slots(state: BudgetState, fleet: FleetView, *, now: float, policy: policy.DisruptionPolicy) -> int:
+    """How many more nodes automation could take out of service now under the cluster cap. Pure.
+
+    Zero while paused, tripped or cooling down. Per-domain caps are not counted here (``admit``
+    still applies them); planners use this to leave the budget to repairs.
+    """
+    cooling = state.cooldown_until is not None and now < state.cooldown_until
+    if state.paused or state.breaker_tripped_at is not None or cooling:
+        return 0
+    in_flight = {f.node_id for f in state.in_flight if now - f.admitted_at < policy.in_flight_max_age_s}
+    out = set(state.quarantined_nodes) | in_flight
+    cap = _cap(policy.max_disrupted_nodes, policy.max_disrupted_nodes_pct, fleet.total_nodes)
+    return max(0, cap - len(out))
+
+
 def admit(
     state: BudgetState,
     proposed: Sequence[actions.Action],
@@ -177,7 +192,8 @@ def admit(
     pol = policy
     in_flight = [f for f in state.in_flight if now - f.admitted_at < pol.in_flight_max_age_s]
     quarantined = list(state.quarantined_nodes)
-    proposed_nodes = {a.node_id for a in proposed if a.node_disruptive}
+    # Planned maintenance (sweeps) is not breakage: it never feeds the breaker.
+    proposed_nodes = {a.node_id for a in proposed if a.node_disruptive and not getattr(a, "planned", False)}
     demand = {node: at for node, at in state.demand if node in proposed_nodes or now - at <= pol.breaker_window_s}
     for node in sorted(proposed_nodes):
         demand.setdefault(node, now)

@@ -34,6 +34,9 @@ from               on                                              to           
 —                  fault, node busy with another node command      WAITING (or fold)  —
 —                  fault, required RMA                             RMA_PENDING        Quarantine + OpenRma + Notify
 —                  fault, SDC accusation ("validate")              VALIDATING         QuarantineGpu + RunValidation
+—                  SDC accusation of a GPU under its watch         RMA_PENDING        QuarantineGpu + OpenRma
+—                  ``start_sweep`` on an idle node                 VALIDATING         QuarantineNode(planned) +
+                                                                                      RunValidation(quick)
 —                  fault, quarantine node/port, or severe          AWAITING_OPERATOR  Quarantine* + Notify
                    contact_support/investigate
 —                  fault, mild investigate/contact_support         —                  Notify
@@ -47,7 +50,14 @@ VALIDATING         verdict pass / software_drift / DRY_RUN         WATCHING     
 VALIDATING         verdict suspect, or run failed/timed out,       VALIDATING         RunValidation (again)
                    within ``validation_retries``
 VALIDATING         verdict fail (or retries spent), repair         ACTING (rung+1)    next repair, or RMA
-VALIDATING         verdict fail, accusation                        RMA_PENDING        OpenRma + Notify
+VALIDATING         accusation: ``sdc.judge_accusation`` says       VALIDATING         RunValidation (accusation
+                   rerun (2 of 3 not yet decided) / hot retest                        suite / hot retest suite)
+VALIDATING         accusation: reproducible                        RMA_PENDING        OpenRma + Notify
+VALIDATING         accusation: cleared (first run passes, or a     WATCHING           Release; GPU watched for
+                   one-off that passes the hot retest)                                ``sdc_watch_s``
+VALIDATING         sweep: pass                                     — (closed)         Release(node)
+VALIDATING         sweep: fail/suspect                             VALIDATING         QuarantineGpu + Release(node)
+                                                                   (accusation)       when one GPU failed; rerun
 VALIDATING         verdict fail, operator release                  AWAITING_OPERATOR  Notify
 VALIDATING         fault on the target                             ACTING (rung+1)    next repair, or RMA
 WATCHING           fault on the target within the window           ACTING (rung+1)    next repair, or RMA
@@ -93,7 +103,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rasd.common import xid_catalog
-from rasd.controller.core import actions, classify, correlate, health, policy
+from rasd.controller.core import actions, classify, correlate, health, policy, sdc
 
 RecommendedAction = classify.RecommendedAction
 
@@ -138,6 +148,8 @@ class Purpose(enum.StrEnum):
     REPAIR = "repair"
     ACCUSATION = "accusation"
     ISOLATION = "isolation"
+    SWEEP = "sweep"
+    """A rolling SDC sweep of an idle node: a failure turns it into an accusation."""
 
 
 class Outcome(enum.IntEnum):
@@ -210,6 +222,8 @@ class Ticket:
     """Validation runs in the current VALIDATING phase."""
     history: tuple[str, ...] = ()
     """Evidence for RMA and ``rasctl node``: one line per fault, action and result (bounded)."""
+    sdc_verdicts: tuple[str, ...] = ()
+    """An accusation's validation verdicts in order, hot-retest ones prefixed (``sdc.judge_accusation``)."""
     reason: str = ""
     """The reason of the last decision that touched it."""
 
@@ -239,6 +253,8 @@ class RemediationState:
     """The node's reboot or power-cycle in flight; no GPU-disruptive action while it is set."""
     node_command_at: float | None = None
     """When that command was issued (or dispatched); it expires after its timeout."""
+    sdc_watch: tuple[tuple[str, float], ...] = ()
+    """(GPU uuid, until): cleared accused GPUs under watch; a second accusation quarantines at once."""
 
     def ticket(self, ticket_id: str) -> Ticket | None:
         """The ticket with this id, or None."""
@@ -255,6 +271,7 @@ class RemediationState:
             "attempts": [{"target": a.target, "rung": a.rung.name, "at": a.at} for a in self.attempts],
             "node_command_id": self.node_command_id,
             "node_command_at": self.node_command_at,
+            "sdc_watch": dict(self.sdc_watch),
         }
 
     @classmethod
@@ -266,17 +283,20 @@ class RemediationState:
             attempts=tuple(Attempt(a["target"], Rung[a["rung"]], a["at"]) for a in data["attempts"]),
             node_command_id=data.get("node_command_id", ""),
             node_command_at=data.get("node_command_at"),
+            sdc_watch=tuple(sorted((str(g), float(u)) for g, u in data.get("sdc_watch", {}).items())),
         )
 
 
 def _ticket_to_dict(t: Ticket) -> dict[str, Any]:
-    out = dataclasses.asdict(t)
+    # Shallow (not dataclasses.asdict): fields are scalars, tuples of str and one Pending.
+    out = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+    out["pending"] = None if t.pending is None else dataclasses.asdict(t.pending)
     for name in ("rung", "floor", "waiting_rung"):
         value = getattr(t, name)
         out[name] = None if value is None else value.name
     out["purpose"] = t.purpose.value
     out["state"] = t.state.value
-    for name in ("incident_ids", "held", "folded_gpu_uuids", "history"):
+    for name in ("incident_ids", "held", "folded_gpu_uuids", "history", "sdc_verdicts"):
         out[name] = list(getattr(t, name))
     return out
 
@@ -287,7 +307,7 @@ def _ticket_from_dict(data: Mapping[str, Any]) -> Ticket:
         fields[name] = None if fields.get(name) is None else Rung[fields[name]]
     fields["purpose"] = Purpose(fields["purpose"])
     fields["state"] = TicketState(fields["state"])
-    for name in ("incident_ids", "held", "folded_gpu_uuids", "history"):
+    for name in ("incident_ids", "held", "folded_gpu_uuids", "history", "sdc_verdicts"):
         fields[name] = tuple(fields.get(name, ()))
     pending = fields.get("pending")
     fields["pending"] = None if pending is None else Pending(**pending)
@@ -333,6 +353,7 @@ class _Work:
         self.attempts = [a for a in state.attempts if now - a.at <= pol.attempt_budget_window_s]
         self.node_command_id = state.node_command_id
         self.node_command_at = state.node_command_at
+        self.sdc_watch = {gpu: until for gpu, until in state.sdc_watch if until > now}
         self.actions: list[actions.Action] = []
         self.awaited_before = _awaited(state.tickets, state.node_command_id)
 
@@ -343,6 +364,7 @@ class _Work:
             attempts=tuple(self.attempts),
             node_command_id=self.node_command_id,
             node_command_at=self.node_command_at,
+            sdc_watch=tuple(sorted(self.sdc_watch.items())),
         )
 
     def decision(self, reason: str) -> Decision:
@@ -803,6 +825,10 @@ def _new_ticket(w: _Work, incident: correlate.Incident, required: Rung | None) -
     if required is not None:
         return _begin(w, tid, required, cls.reason)
     if purpose is Purpose.ACCUSATION:
+        until = sdc.watched_until(w.sdc_watch, incident.gpu_uuid, now=w.now)
+        if until is not None:
+            w.sdc_watch.pop(incident.gpu_uuid, None)
+            return _open_rma(w, tid, f"{cls.reason}: a second accusation while watched (until {until:.0f})")
         owner = w.node_owner()
         if owner is not None and owner.state is TicketState.ACTING:
             return _fold_into(w, tid, owner.ticket_id, cls.reason)
@@ -969,6 +995,10 @@ def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> 
         w.note(tid, line)
         return line
 
+    if t.purpose is Purpose.ACCUSATION:
+        return _judge_accused(w, tid, result, verdict, detail)
+    if t.purpose is Purpose.SWEEP:
+        return _sweep_result(w, tid, result, verdict, detail)
     finished = result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN)
     if finished and verdict in ("pass", "software_drift"):
         why = "validation passed" if verdict == "pass" else "validation found software drift, not a GPU fault"
@@ -989,18 +1019,154 @@ def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> 
     if unfinished and t.validation_runs <= w.pol.validation_retries:
         what = f"verdict {verdict}" if finished else f"validation {result.outcome.name.lower()}{detail}"
         suite = w.pol.accusation_suite if verdict == "suspect" else w.pol.post_repair_suite
-        if t.purpose is Purpose.ACCUSATION:
-            suite = w.pol.accusation_suite
         return _start_validation(w, tid, suite, f"{what}; retest")
     what = f"validation {verdict or result.outcome.name.lower()}{detail}"
     w.note(tid, what)
-    if t.purpose is Purpose.ACCUSATION:
-        return _open_rma(w, tid, f"{what}: a reproducible failure on an accused GPU")
     if t.purpose is Purpose.ISOLATION:
         w.emit(tid, actions.Notify, what, severity="error", summary=f"{w.node_id}: {what}; still isolated")
         w.update(tid, state=TicketState.AWAITING_OPERATOR)
         return f"{what}: the component stays isolated for the operator"
     return _climb(w, tid, what)
+
+
+def _accusation_rules(pol: policy.EscalationPolicy) -> sdc.AccusationRules:
+    return sdc.AccusationRules(pol.sdc_confirm_runs, pol.sdc_confirm_fails, pol.validation_retries)
+
+
+def _run_word(result: ActionResult, verdict: str) -> str:
+    """One run's verdict as ``sdc`` counts it: a run that did not finish is an "error"."""
+    finished = result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN)
+    return verdict if finished and verdict in sdc.VERDICTS else "error"
+
+
+def _judge_accused(w: _Work, tid: str, result: ActionResult, verdict: str, detail: str) -> str:
+    """An accused GPU's run came back: confirm (2 of 3), hot-retest a one-off, clear with a watch."""
+    t = w.tickets[tid]
+    rules = _accusation_rules(w.pol)
+    word = _run_word(result, verdict)
+    before, _ = sdc.judge_accusation(t.sdc_verdicts, rules)
+    mark = f"{sdc.HOT_PREFIX}{word}" if before is sdc.AccusationStep.HOT_RETEST else word
+    verdicts = (*t.sdc_verdicts, mark)
+    w.update(tid, sdc_verdicts=verdicts)
+    step, why = sdc.judge_accusation(verdicts, rules)
+    what = f"validation {mark}{detail if word == 'error' else ''}: {why}"
+    return _accusation_step(w, tid, step, what)
+
+
+def _accusation_step(w: _Work, tid: str, step: sdc.AccusationStep, what: str) -> str:
+    t = w.tickets[tid]
+    target = t.gpu_uuid or "node"
+    if step is sdc.AccusationStep.RERUN:
+        return _start_validation(w, tid, w.pol.accusation_suite, what)
+    if step is sdc.AccusationStep.HOT_RETEST:
+        return _start_validation(w, tid, w.pol.sdc_hot_retest_suite, what)
+    if step is sdc.AccusationStep.REPRODUCIBLE:
+        w.sdc_watch.pop(t.gpu_uuid, None)
+        return _open_rma(w, tid, what)
+    if step is sdc.AccusationStep.OPERATOR:
+        w.emit(tid, actions.Notify, what, severity="error", summary=f"{w.node_id}/{target}: {what}; still held")
+        w.update(tid, state=TicketState.AWAITING_OPERATOR)
+        w.note(tid, f"{what}: held for an operator")
+        return w.tickets[tid].reason
+    _release_holds(w, tid, what)
+    if step is sdc.AccusationStep.DRIFT:
+        w.emit(
+            tid,
+            actions.Notify,
+            what,
+            severity="warning",
+            summary=f"{w.node_id}: golden or software drift; check the validation goldens",
+        )
+        line = f"{what}: released"
+    else:
+        until = w.now + w.pol.sdc_watch_s
+        if t.gpu_uuid:
+            w.sdc_watch[t.gpu_uuid] = until
+        line = f"{what}: released, {target} watched until {until:.0f}"
+    w.update(tid, state=TicketState.WATCHING, watch_until=w.now + w.pol.recurrence_window_s)
+    w.note(tid, line)
+    return line
+
+
+def _sweep_result(w: _Work, tid: str, result: ActionResult, verdict: str, detail: str) -> str:
+    """A sweep's run came back: pass closes it; a failure becomes an accusation of what failed."""
+    t = w.tickets[tid]
+    word = _run_word(result, verdict)
+    if word in ("pass", "software_drift"):
+        _release_holds(w, tid, f"sweep validation {word}")
+        if word == "software_drift":
+            w.emit(
+                tid,
+                actions.Notify,
+                "sweep found software drift",
+                severity="warning",
+                summary=f"{w.node_id}: golden or software drift; check the validation goldens",
+            )
+        w.tickets.pop(tid)
+        return f"sweep of {w.node_id} {word}: node released, ticket {tid} closed"
+    if word == "error":
+        if t.validation_runs <= w.pol.validation_retries:
+            suite = t.fault_key.removeprefix("sdc_sweep:") or "quick"
+            return _start_validation(w, tid, suite, f"sweep run error{detail}")
+        line = f"sweep validation did not finish{detail}: the node is held for an operator"
+        w.emit(tid, actions.Notify, line, severity="error", summary=f"{w.node_id}: {line}")
+        w.update(tid, state=TicketState.AWAITING_OPERATOR)
+        w.note(tid, line)
+        return line
+    failed = tuple(result.failed_gpu_uuids)
+    why = f"sweep validation {word}" + (f" on {', '.join(failed)}" if failed else "")
+    if len(failed) == 1:
+        gpu = failed[0]
+        w.emit(tid, actions.QuarantineGpu, why, gpu_uuid=gpu)
+        w.update(tid, held=(*t.held, f"gpu:{gpu}"), gpu_uuid=gpu)
+        _release_holds(w, tid, f"{why}: only {gpu} stays out", keep=[f"gpu:{gpu}"])
+    w.update(tid, purpose=Purpose.ACCUSATION, sdc_verdicts=(word,))
+    w.note(tid, f"{why}: treated as an SDC accusation")
+    gpu = w.tickets[tid].gpu_uuid
+    until = sdc.watched_until(w.sdc_watch, gpu, now=w.now) if gpu else None
+    if until is not None:
+        w.sdc_watch.pop(gpu, None)
+        return _open_rma(w, tid, f"{why}: a second SDC signal while watched (until {until:.0f})")
+    step, judged = sdc.judge_accusation((word,), _accusation_rules(w.pol))
+    return _accusation_step(w, tid, step, f"{why}: {judged}")
+
+
+def start_sweep(
+    state: RemediationState,
+    *,
+    sweep_id: str,
+    suite: str,
+    seed: int,
+    now: float,
+    policy: policy.EscalationPolicy,
+) -> Decision:
+    """Start a rolling SDC sweep of an idle node: hold it (planned) and run ``suite``. Pure.
+
+    Refused (no actions) when the node has any ticket or a node command in flight: a sweep only
+    takes a node nothing else wants. Example: an idle node → ``(QuarantineNode(planned=True),
+    RunValidation("quick", seed))``; a pass → ``(Release(node),)`` and the ticket closes; a fail on
+    one GPU → that GPU quarantined, the node released, and the accusation ladder (2 of 3) runs.
+    """
+    w = _Work(state, now, policy)
+    if w.tickets or w.node_command_id:
+        return w.decision(f"{state.node_id} has tickets or a command in flight: no sweep now")
+    tid = f"{sweep_id}@1"
+    w.tickets[tid] = Ticket(
+        ticket_id=tid,
+        node_id=w.node_id,
+        gpu_uuid="",
+        fault_key=f"sdc_sweep:{suite}",
+        purpose=Purpose.SWEEP,
+        state=TicketState.VALIDATING,
+        opened_at=now,
+        updated_at=now,
+    )
+    reason = f"rolling SDC sweep of an idle node with suite {suite}"
+    w.emit(tid, actions.QuarantineNode, reason, planned=True)
+    run = w.emit(tid, actions.RunValidation, reason, suite=suite, seed=seed)
+    w.update(tid, held=("node",), pending=Pending(run.command_id, run.kind, now), validation_runs=1)
+    w.note(tid, f"{reason} (seed {seed})")
+    return w.decision(w.tickets[tid].reason)
 
 
 def mark_dispatched(state: RemediationState, command_id: str, *, now: float) -> RemediationState:

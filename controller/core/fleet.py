@@ -90,6 +90,8 @@ class GpuLatest:
     utilization_gpu_pct: int | None = None
     clock_event_reasons: int | None = None
     counters_unix_ns: int = 0
+    power_smoothing_enabled: bool | None = None
+    """Whether the GPU's power-smoothing profile is on (None: no such hardware, or not reported)."""
 
 
 def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
@@ -110,6 +112,9 @@ def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
         utilization_gpu_pct=update.utilization_gpu_pct if counters_newer else previous.utilization_gpu_pct,
         clock_event_reasons=update.clock_event_reasons if counters_newer else previous.clock_event_reasons,
         counters_unix_ns=update.counters_unix_ns if counters_newer else previous.counters_unix_ns,
+        power_smoothing_enabled=(
+            update.power_smoothing_enabled if counters_newer else previous.power_smoothing_enabled
+        ),
     )
 
 
@@ -170,57 +175,115 @@ def matches_selector(labels: Mapping[str, str], selector: Mapping[str, str]) -> 
 
 
 class PowerWindow:
-    """Fleet power in fixed buckets over a bounded span (a ring of the last `span_s` seconds).
+    """Fleet power in fixed buckets over a bounded span, and each GPU's recent peak.
 
-    Each GPU contributes at most one sample per bucket (its latest), so the bucket total is the
-    fleet's draw at that instant even when agents' sampling clocks drift against the grid.
-    Not thread-safe; the ingest owns one.
+    Memory is O(buckets + GPUs), not O(buckets × GPUs): a bucket keeps the fleet's sum and the
+    number of GPUs in it (16,384 GPUs at 10 Hz over 600 s would otherwise be 98 M entries).
+
+    Each GPU contributes at most one sample per bucket, its latest, so the bucket total is the
+    fleet's draw at that instant even when agents' sampling clocks drift against the grid. A GPU's
+    samples are taken in time order: one for a bucket before the GPU's newest (a duplicate after a
+    reconnect, or a reordered old batch) is dropped, so nothing is counted twice; a late sample is
+    lost from the aggregate, never misplaced. Per GPU, the peak of each series it sent is kept for
+    ``detail_s`` for `gpu_max_w`. Not thread-safe; the ingest owns one.
     """
 
-    def __init__(self, bucket_ms: int = 100, span_s: float = 600.0) -> None:
-        """Keep span_s seconds of bucket_ms buckets."""
-        if bucket_ms <= 0 or span_s <= 0:
-            raise ValueError("bucket_ms and span_s must be positive")
+    def __init__(self, bucket_ms: int = 100, span_s: float = 600.0, detail_s: float = 30.0) -> None:
+        """Keep span_s seconds of bucket_ms buckets, and detail_s seconds of per-GPU peaks."""
+        if bucket_ms <= 0 or span_s <= 0 or detail_s <= 0:
+            raise ValueError("bucket_ms, span_s and detail_s must be positive")
         self.bucket_ns = bucket_ms * 1_000_000
         self._max_buckets = int(span_s * 1000 / bucket_ms)
-        self._buckets: collections.OrderedDict[int, dict[str, float]] = collections.OrderedDict()
+        self._detail_buckets = max(1, int(detail_s * 1000 / bucket_ms))
+        self._sums: dict[int, list[float]] = {}
+        """bucket → [sum W, GPUs]"""
+        self._order: collections.deque[int] = collections.deque()
+        """Buckets in the order they first appeared (nearly time order), for trimming."""
+        self._newest = 0
+        self._last: dict[str, tuple[int, float]] = {}
+        """GPU → (its newest bucket, the watts it put there)."""
+        self._peaks: dict[str, collections.deque[tuple[int, float]]] = {}
+        """GPU → (last bucket of a series, the series' peak W), for ``detail_s``."""
 
     def add(self, gpu_uuid: str, first_sample_unix_ns: int, interval_ms: int, power_w: Sequence[float]) -> int:
         """Record one GPU's packed series; returns how many samples were kept."""
-        if interval_ms <= 0:
+        if interval_ms <= 0 or not power_w:
             return 0
+        step_ns = interval_ms * 1_000_000
+        bucket_ns = self.bucket_ns
+        sums = self._sums
+        last_bucket, last_w = self._last.get(gpu_uuid, (-1, 0.0))
+        oldest_allowed = self._newest - self._max_buckets
         kept = 0
-        oldest_allowed = self._newest_bucket() - self._max_buckets
-        for offset, watts in enumerate(power_w):
-            bucket = (first_sample_unix_ns + offset * interval_ms * 1_000_000) // self.bucket_ns
-            if bucket <= oldest_allowed:
+        peak = -1.0
+        t_ns = first_sample_unix_ns
+        for watts in power_w:
+            bucket = t_ns // bucket_ns
+            t_ns += step_ns
+            if bucket < last_bucket or bucket <= oldest_allowed:
                 continue
-            self._buckets.setdefault(bucket, {})[gpu_uuid] = watts
+            cell = sums.get(bucket)
+            if cell is None:
+                sums[bucket] = [watts, 1]
+                self._order.append(bucket)
+            elif bucket == last_bucket:
+                cell[0] += watts - last_w  # this GPU's newer sample replaces its older one
+            else:
+                cell[0] += watts
+                cell[1] += 1
+            last_bucket, last_w = bucket, watts
+            peak = max(peak, watts)
             kept += 1
-        self._trim()
+        if not kept:
+            return 0
+        self._last[gpu_uuid] = (last_bucket, last_w)
+        peaks = self._peaks.get(gpu_uuid)
+        if peaks is None:
+            peaks = self._peaks[gpu_uuid] = collections.deque()
+        peaks.append((last_bucket, peak))
+        while peaks[0][0] <= last_bucket - self._detail_buckets:
+            peaks.popleft()
+        if last_bucket > self._newest:
+            self._newest = last_bucket
+            self._trim()
         return kept
 
     def series(self, since_unix_ns: int = 0, until_unix_ns: int | None = None) -> list[tuple[int, float, int]]:
         """(bucket start unix ns, total watts, GPUs reporting) in time order."""
+        first = -(-since_unix_ns // self.bucket_ns)  # the first bucket starting at or after since
         rows = []
-        for bucket in sorted(self._buckets):
+        for bucket in sorted(b for b in self._sums if b >= first):
             start_ns = bucket * self.bucket_ns
-            if start_ns < since_unix_ns or (until_unix_ns is not None and start_ns >= until_unix_ns):
-                continue
-            samples = self._buckets[bucket]
-            rows.append((start_ns, sum(samples.values()), len(samples)))
+            if until_unix_ns is not None and start_ns >= until_unix_ns:
+                break
+            total_w, count = self._sums[bucket]
+            rows.append((start_ns, total_w, int(count)))
         return rows
 
-    def _newest_bucket(self) -> int:
-        return next(reversed(self._buckets)) if self._buckets else 0
+    def gpu_max_w(self, since_unix_ns: int) -> dict[str, float]:
+        """Each GPU's highest sample in series ending at or after since_unix_ns, W (up to ``detail_s`` back).
+
+        The power loop's "recent draw": a GPU in a step-synchronous job spends part of every step near
+        idle, so its instant sample says little about the cap it needs; its peak over a control
+        period does. A series (one batch, about a second) counts whole when its last sample is recent.
+        """
+        first = since_unix_ns // self.bucket_ns
+        out: dict[str, float] = {}
+        for gpu_uuid, peaks in self._peaks.items():
+            best = max((w for bucket, w in peaks if bucket >= first), default=None)
+            if best is not None:
+                out[gpu_uuid] = best
+        return out
 
     def _trim(self) -> None:
-        if len(self._buckets) <= self._max_buckets:
-            return
-        # Buckets normally arrive in order; re-sort only when trimming so the ring drops the oldest.
-        ordered = sorted(self._buckets)
-        for bucket in ordered[: len(ordered) - self._max_buckets]:
-            del self._buckets[bucket]
+        cutoff = self._newest - self._max_buckets
+        order = self._order
+        while order and order[0] <= cutoff:
+            self._sums.pop(order.popleft(), None)
+        if len(order) > 2 * self._max_buckets:  # out-of-order arrivals hid old buckets behind newer ones
+            for bucket in [b for b in self._sums if b <= cutoff]:
+                del self._sums[bucket]
+            self._order = collections.deque(sorted(self._sums))
 
 
 def summarize_power(rows: Iterable[tuple[int, float, int]], *, min_gpus: int) -> dict[str, float]:

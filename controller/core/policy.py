@@ -240,6 +240,14 @@ class EscalationPolicy:
     """Validation suite run after a reset or reboot, and before an operator release."""
     accusation_suite: str = "accusation"
     """Validation suite run when a GPU is accused of silent data corruption or a result is suspect."""
+    sdc_confirm_runs: int = 3
+    """An accused GPU's failure counts as reproducible when ``sdc_confirm_fails`` of this many
+    accusation-suite runs fail (``sdc.judge_accusation``)."""
+    sdc_confirm_fails: int = 2
+    sdc_hot_retest_suite: str = "post-repair"
+    """The longer, hot suite that decides a one-off failure (sustained and pulsed stress included)."""
+    sdc_watch_s: float = 14 * 86400.0
+    """After an accused GPU is cleared, a second accusation within this long quarantines it at once."""
 
     def max_attempts(self, rung_name: str) -> int:
         """The attempt budget of a rung by its action word ("reset_gpu", ...)."""
@@ -259,8 +267,15 @@ class EscalationPolicy:
                 _require(value > 0, f"{prefix}{f.name}", "must be > 0", value)
             elif f.name.startswith("max_attempts_") or f.name == "validation_retries":
                 _require(value >= 0, f"{prefix}{f.name}", "must be >= 0", value)
-        for name in ("post_repair_suite", "accusation_suite"):
+        for name in ("post_repair_suite", "accusation_suite", "sdc_hot_retest_suite"):
             _require(bool(getattr(self, name)), f"{prefix}{name}", "must not be empty", getattr(self, name))
+        _require(self.sdc_confirm_fails >= 1, f"{prefix}sdc_confirm_fails", "must be >= 1", self.sdc_confirm_fails)
+        _require(
+            self.sdc_confirm_runs >= self.sdc_confirm_fails,
+            f"{prefix}sdc_confirm_runs",
+            f"must be >= sdc_confirm_fails ({self.sdc_confirm_fails})",
+            self.sdc_confirm_runs,
+        )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "escalation.") -> Self:
@@ -327,6 +342,48 @@ class DisruptionPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class SdcPolicy:
+    """Rolling SDC sweeps of idle nodes and the suspicion score (``[remediation.sdc]``)."""
+
+    sweep_enabled: bool = False
+    """Whether idle nodes are swept at all."""
+    sweep_suite: str = "quick"
+    sweep_interval_s: float = 300.0
+    """How often the planner runs."""
+    sweep_share_pct: float = 2.0
+    """Share of the idle nodes started per pass (at least one when any is due)."""
+    sweep_max_concurrent: int = 2
+    """Sweeps in flight at once, fleet-wide."""
+    sweep_min_interval_s: float = 7 * 86400.0
+    """A node is swept at most this often."""
+    sweep_reserve_slots: int = 1
+    """Disruption-budget slots a sweep never takes: repairs always find room."""
+    idle_power_pct: float = 30.0
+    """A GPU drawing below this share of its power limit counts as idle."""
+    seed_rotation_s: float = 86400.0
+    """Sweep seeds change this often, so repeated sweeps test different data."""
+    suspicion_half_life_s: float = 30 * 86400.0
+
+    def validate(self, prefix: str = "") -> None:
+        """Check ranges; raise PolicyError naming the key."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_s"):
+                _require(value > 0, f"{prefix}{f.name}", "must be > 0", value)
+        for name in ("sweep_share_pct", "idle_power_pct"):
+            value = getattr(self, name)
+            _require(0 < value <= 100, f"{prefix}{name}", "must be in (0, 100]", value)
+        for name in ("sweep_max_concurrent", "sweep_reserve_slots"):
+            _require(getattr(self, name) >= 0, f"{prefix}{name}", "must be >= 0", getattr(self, name))
+        _require(bool(self.sweep_suite), f"{prefix}sweep_suite", "must not be empty", self.sweep_suite)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "sdc.") -> Self:
+        """Build from a dict (a TOML table); unknown keys and bad values raise PolicyError."""
+        return _build(cls, data, prefix)
+
+
+@dataclasses.dataclass(frozen=True)
 class RemediationPolicy:
     """All remediation settings; the ``[remediation]`` part of ``controller.toml``."""
 
@@ -334,10 +391,11 @@ class RemediationPolicy:
     correlation: CorrelationPolicy = CorrelationPolicy()
     escalation: EscalationPolicy = EscalationPolicy()
     disruption: DisruptionPolicy = DisruptionPolicy()
+    sdc: SdcPolicy = SdcPolicy()
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "") -> Self:
-        """Build from a dict with optional tables classification, correlation, escalation, disruption.
+        """Build from a dict with optional tables classification, correlation, escalation, disruption, sdc.
 
         Example: ``from_mapping({"escalation": {"reboot_node_timeout_s": 900}})`` keeps every other
         default; ``from_mapping({"escalaton": {}})`` raises ``PolicyError("escalaton: unknown
@@ -350,6 +408,7 @@ class RemediationPolicy:
             "correlation": CorrelationPolicy,
             "escalation": EscalationPolicy,
             "disruption": DisruptionPolicy,
+            "sdc": SdcPolicy,
         }
         values: dict[str, Any] = {}
         for key, value in data.items():

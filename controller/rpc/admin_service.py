@@ -1,9 +1,8 @@
 """AdminService servicer: the RPCs rasctl calls. Kept thin: validate, call the service, convert.
 
-RPCs whose capability has not been built yet (power status, budgets and policy) are answered
-UNIMPLEMENTED by the generated base class, naming nothing that pretends to work. Each arrives with
-its issue. Every state-changing call is audited; callers are "operator" until authentication lands
-(issue #7).
+The power RPCs answer FAILED_PRECONDITION on a controller without a power loop (no `[power]` table).
+Every state-changing call is audited with the caller the auth interceptor authenticated
+(``authz.actor()``); who may call what is decided there, never here.
 """
 
 from __future__ import annotations
@@ -12,9 +11,10 @@ import grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
-from rasd.controller import ingest, wire
+from rasd.controller import ingest, power_loop, wire
 from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import repair_queue
+from rasd.controller.core import power_policy, power_tree, repair_queue
+from rasd.controller.rpc import authz, power_wire
 
 MAX_LIST_LIMIT = 10_000
 
@@ -22,10 +22,76 @@ MAX_LIST_LIMIT = 10_000
 class AdminService(admin_grpc.AdminServiceServicer):
     """Serves the operator API."""
 
-    def __init__(self, service: ingest.Ingest, remediation: remediation_mod.RemediationService | None = None) -> None:
-        """Bind to the ingest service and (when automation runs) the remediation service."""
+    def __init__(
+        self,
+        service: ingest.Ingest,
+        remediation: remediation_mod.RemediationService | None = None,
+        *,
+        power: power_loop.PowerLoop | None = None,
+    ) -> None:
+        """Bind to the ingest service and (when they run) the remediation service and the power loop."""
         self._ingest = service
         self._remediation = remediation
+        self._power = power
+
+    async def _need_power(self, context: grpc.aio.ServicerContext) -> power_loop.PowerLoop:
+        if self._power is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no power loop: controller.toml has no [power]")
+        return self._power  # type: ignore[return-value]
+
+    async def GetPowerStatus(
+        self, request: admin_pb.GetPowerStatusRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.GetPowerStatusResponse:
+        """The budget tree with what may be in force, targets, draw, headroom and the swing now."""
+        loop = await self._need_power(context)
+        return power_wire.power_status_to_wire(loop.status)
+
+    async def SetPowerBudget(
+        self, request: admin_pb.SetPowerBudgetRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.SetPowerBudgetResponse:
+        """Change one domain's budget at run time (persisted, enforced at once)."""
+        loop = await self._need_power(context)
+        if not request.domain_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "domain_id: required")
+        if request.domain_id not in {d.name for d in loop.tree.domains}:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"domain_id: {request.domain_id!r} is not in the power tree")
+        reason = request.reason or "operator"
+        try:
+            domain = await loop.set_budget(
+                request.domain_id, None if request.clear else request.budget_w, reason=reason, actor=authz.actor()
+            )
+        except power_tree.PowerTreeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"budget_w: {exc}")
+        return admin_pb.SetPowerBudgetResponse(
+            domain=admin_pb.PowerDomain(
+                domain_id=domain.name,
+                level=domain.level,
+                budget_w=domain.budget_w or 0,
+                has_budget=domain.budget_w is not None,
+            )
+        )
+
+    async def GetPowerPolicy(
+        self, request: admin_pb.GetPowerPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.GetPowerPolicyResponse:
+        """The power policy in force as TOML."""
+        loop = await self._need_power(context)
+        return admin_pb.GetPowerPolicyResponse(policy_toml=loop.policy_toml())
+
+    async def SetPowerPolicy(
+        self, request: admin_pb.SetPowerPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.SetPowerPolicyResponse:
+        """Replace the power policy (persisted); the response is the policy as parsed."""
+        loop = await self._need_power(context)
+        try:
+            await loop.set_policy(
+                power_loop.policy_from_toml(request.policy_toml),
+                reason=request.reason or "operator",
+                actor=authz.actor(),
+            )
+        except power_policy.PolicyError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return admin_pb.SetPowerPolicyResponse(policy_toml=loop.policy_toml())
 
     async def _need_remediation(self, context: grpc.aio.ServicerContext) -> remediation_mod.RemediationService:
         if self._remediation is None:
@@ -80,7 +146,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
         if any(q["gpu_uuid"] == request.target.gpu_uuid and not q["port"] for q in active):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "target: already quarantined")
         await service.operator_quarantine(
-            request.target.node_id, request.target.gpu_uuid, reason=request.reason, actor="operator"
+            request.target.node_id, request.target.gpu_uuid, reason=request.reason, actor=authz.actor()
         )
         return admin_pb.QuarantineResponse(target=request.target, state=admin_pb.COMPONENT_STATE_QUARANTINED)
 
@@ -96,7 +162,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
                 request.target.gpu_uuid,
                 reason=request.reason or "operator release",
                 force=request.force,
-                actor="operator",
+                actor=authz.actor(),
             )
         except LookupError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"target: {exc}")
@@ -124,7 +190,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
                 request.target.gpu_uuid,
                 suite=request.suite,
                 seed=request.seed,
-                actor="operator",
+                actor=authz.actor(),
             )
         except ConnectionError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
@@ -141,8 +207,9 @@ class AdminService(admin_grpc.AdminServiceServicer):
         await service.accuse(
             request.target.node_id,
             request.target.gpu_uuid,
-            reason=request.reason or "SDC accusation",
-            accuser=request.accuser or "operator",
+            reason=(request.reason or "SDC accusation")
+            + (f" (reported by {request.accuser})" if request.accuser else ""),
+            accuser=authz.actor(),
         )
         return admin_pb.AccuseSdcResponse()
 
@@ -155,6 +222,14 @@ class AdminService(admin_grpc.AdminServiceServicer):
             lambda: service.store.validations(node_id=request.node_id, limit=request.limit or 100)
         )
         return admin_pb.ListValidationsResponse(validations=[wire.validation_to_wire(r) for r in rows])
+
+    async def ListSdc(
+        self, request: admin_pb.ListSdcRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ListSdcResponse:
+        """GPUs with SDC history or under watch, most suspicious first."""
+        service = await self._need_remediation(context)
+        rows = service.sdc_records()[: request.limit or 1000]
+        return admin_pb.ListSdcResponse(gpus=[wire.sdc_gpu_to_wire(r) for r in rows])
 
     async def ListRma(
         self, request: admin_pb.ListRmaRequest, context: grpc.aio.ServicerContext
@@ -197,7 +272,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
         """Approve a pending RMA ticket."""
         service = await self._need_remediation(context)
         try:
-            row = await service.approve_rma(request.rma_id, actor="operator")
+            row = await service.approve_rma(request.rma_id, actor=authz.actor())
         except ValueError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if row is None:
@@ -209,7 +284,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
     ) -> admin_pb.AutomationStatus:
         """Pause automation, or resume it (which also resets a tripped circuit breaker)."""
         service = await self._need_remediation(context)
-        budget = await service.set_paused(request.paused, reason=request.reason or "operator", actor="operator")
+        budget = await service.set_paused(request.paused, reason=request.reason or "operator", actor=authz.actor())
         return admin_pb.AutomationStatus(
             paused=budget.paused or budget.breaker_tripped,
             breaker_tripped=budget.breaker_tripped,

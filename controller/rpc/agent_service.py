@@ -1,19 +1,27 @@
 """AgentService servicer: one bidirectional stream per node, kept thin.
 
-Reads messages, hands each to the ingest service, and writes what the ingest queues for the node
-(Welcome, acks, commands). Status codes are documented on the RPC in agent_service.proto.
+Reads messages, checks each at the edge (``rasd.controller.validate_input``: fields, identity,
+pacing), hands it to the ingest service, and writes what the ingest queues for the node (Welcome,
+acks, commands). Status codes are documented on the RPC in agent_service.proto.
+
+The caller was authenticated by the auth interceptor (``rasd.controller.rpc.authz``); on a TLS
+controller its node certificate fixes which node the stream may speak for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import time
+from collections.abc import Callable
 
 import grpc
 import structlog
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import ingest, wire
+from rasd.controller import audit, ingest, recording, validate_input, wire
+from rasd.controller.rpc import authz
 
 log = structlog.get_logger("rasd.controller")
 
@@ -21,9 +29,47 @@ log = structlog.get_logger("rasd.controller")
 class AgentService(agent_grpc.AgentServiceServicer):
     """Serves AgentService.Connect."""
 
-    def __init__(self, service: ingest.Ingest) -> None:
-        """Bind to the ingest service."""
+    def __init__(
+        self,
+        service: ingest.Ingest,
+        *,
+        limits: validate_input.InputLimits | None = None,
+        security_metrics: authz.SecurityMetrics | None = None,
+        audit_log: audit.AuditLog | None = None,
+        recorder: recording.Recorder | None = None,
+    ) -> None:
+        """Bind to the ingest, the input limits, and where denials are counted, audited and recorded.
+
+        With a recorder, every inbound message and sent command is recorded too.
+        """
         self._ingest = service
+        self._limits = limits or validate_input.InputLimits()
+        self._security = security_metrics
+        self._audit = audit_log
+        self._recorder = recorder
+
+    def identity(self) -> validate_input.StreamIdentity:
+        """What the current stream may speak for (its node certificate; nothing on plaintext)."""
+        principal = authz.current_principal()
+        node_id = principal.node_id if principal is not None and principal.kind == "node" else None
+        return validate_input.StreamIdentity(node_id=node_id, gpu_owners=self._ingest.gpu_nodes)
+
+    async def _deny_identity(
+        self, context: grpc.aio.ServicerContext, error: validate_input.IdentityError, kind: str, claimed: str
+    ) -> None:
+        if self._security is not None:
+            self._security.identity_rejections.labels(kind=kind).inc()
+        if self._audit is not None:
+            await self._audit.record(
+                actor=authz.actor(),
+                action="AgentService.Connect",
+                node_id=claimed,
+                reason=str(error),
+                outcome=f"denied:{grpc.StatusCode.PERMISSION_DENIED.name}",
+                details={"kind": kind, "field": error.field},
+            )
+        log.warning("agent_identity_denied", actor=authz.actor(), kind=kind, field=error.field, error=str(error))
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
 
     async def Connect(self, request_iterator, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
         """Run one node's stream until either side ends it."""
@@ -34,14 +80,26 @@ class AgentService(agent_grpc.AgentServiceServicer):
             self._ingest.metrics.rejected("payload")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "payload: the first message must be Hello")
         self._ingest.metrics.agent_messages.labels(kind="hello").inc()
+        identity = self.identity()
+        try:
+            validate_input.check_hello(first.hello, identity, connected=self._ingest.sessions)
+        except validate_input.IdentityError as exc:
+            await self._deny_identity(context, exc, "hello", first.hello.node_id[:253])
+        except wire.WireError as exc:
+            self._ingest.metrics.rejected(exc.field)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             session, welcome = await self._ingest.open_session(first.hello)
         except wire.WireError as exc:
             self._ingest.metrics.rejected(exc.field)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if self._security is not None:
+            self._security.stream_opened(mutual_tls=identity.node_id is not None)
+        if self._recorder is not None:
+            self._recorder.inbound(session.session_id, session.node_id, first)
         await context.write(welcome)
         writer = asyncio.create_task(self._write(session, context))
-        reader = asyncio.create_task(self._read(session, context))
+        reader = asyncio.create_task(self._read(session, context, identity))
         try:
             done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
             if reader in done and reader.exception() is None:
@@ -50,6 +108,8 @@ class AgentService(agent_grpc.AgentServiceServicer):
                 await asyncio.wait_for(writer, timeout=5.0)
             for task in done:
                 error = task.exception()
+                if isinstance(error, validate_input.IdentityError):
+                    await self._deny_identity(context, error, error.field.split(".", 1)[0], session.node_id)
                 if isinstance(error, wire.WireError):
                     self._ingest.metrics.rejected(error.field)
                     log.warning("agent_message_rejected", node=session.node_id, field=error.field, error=str(error))
@@ -59,35 +119,71 @@ class AgentService(agent_grpc.AgentServiceServicer):
             if session.replaced:
                 await context.abort(grpc.StatusCode.ABORTED, "a newer stream for this node replaced this one")
         finally:
+            if self._recorder is not None:  # first, before any await a cancelled call may not survive
+                self._recorder.closed(session.session_id, session.node_id)
             for task in (writer, reader):
                 task.cancel()
             await asyncio.gather(writer, reader, return_exceptions=True)
             await self._ingest.close_session(session)
 
-    async def _read(self, session: ingest.Session, context: grpc.aio.ServicerContext) -> None:
+    async def _read(
+        self, session: ingest.Session, context: grpc.aio.ServicerContext, identity: validate_input.StreamIdentity
+    ) -> None:
         metrics = self._ingest.metrics
+        bucket = validate_input.TokenBucket(self._limits.max_messages_per_s, self._limits.burst_messages)
+        accepted = None
+        if self._recorder is not None:
+            accepted = functools.partial(self._recorder.inbound, session.session_id, session.node_id)
         while True:
+            wait_s = bucket.delay(time.monotonic())
+            if wait_s > 0:
+                # Over its rate: read later, so HTTP/2 flow control slows the sender; nothing is dropped.
+                if self._security is not None:
+                    self._security.throttled_seconds.inc(wait_s)
+                await asyncio.sleep(wait_s)
             message: agent_pb.AgentMessage = await context.read()
             if message is grpc.aio.EOF:
                 return
-            kind = message.WhichOneof("payload")
-            metrics.agent_messages.labels(kind=kind or "empty").inc()
-            if kind == "telemetry":
-                self._ingest.on_telemetry(session, message.telemetry)
-            elif kind == "events":
-                await self._ingest.on_events(session, message.events)
-            elif kind == "action_result":
-                self._ingest.on_result(session, message.action_result)
-            elif kind == "heartbeat":
-                self._ingest.on_heartbeat(session, message.heartbeat)
-            elif kind == "hello":
-                raise wire.WireError("hello", "Hello may only be the first message of a stream")
-            else:
-                raise wire.WireError("payload", "empty or unknown payload")
+            metrics.agent_messages.labels(kind=message.WhichOneof("payload") or "empty").inc()
+            await deliver(self._ingest, session, message, identity, self._limits, accepted=accepted)
 
     async def _write(self, session: ingest.Session, context: grpc.aio.ServicerContext) -> None:
         while True:
             message = await session.outbound.get()
             if message is None:
                 return
+            if self._recorder is not None and message.HasField("command"):
+                self._recorder.outbound_command(session.session_id, session.node_id, message.command)
             await context.write(message)
+
+
+async def deliver(
+    service: ingest.Ingest,
+    session: ingest.Session,
+    message: agent_pb.AgentMessage,
+    identity: validate_input.StreamIdentity,
+    limits: validate_input.InputLimits,
+    *,
+    accepted: Callable[[agent_pb.AgentMessage], None] | None = None,
+) -> None:
+    """Check one non-first message of a stream at the edge, then hand it to the ingest.
+
+    The fuzz tests drive this same function in process, so they exercise exactly what a stream does.
+    ``accepted`` (the recorder) sees each message that passed the edge, before the ingest acts on
+    it: a refused message is not part of what the controller decided on, so replay never sees it.
+
+    Raises:
+        wire.WireError: a malformed field (INVALID_ARGUMENT); nothing of this message was applied.
+        validate_input.IdentityError: it speaks for another node (PERMISSION_DENIED).
+    """
+    kind = validate_input.check_message(message, identity, limits)
+    if accepted is not None:
+        accepted(message)
+    if kind == "telemetry":
+        service.on_telemetry(session, message.telemetry)
+    elif kind == "events":
+        await service.on_events(session, message.events)
+    elif kind == "action_result":
+        service.on_result(session, message.action_result)
+    elif kind == "heartbeat":
+        service.on_heartbeat(session, message.heartbeat)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -71,6 +71,8 @@ class RemediationStore:
         """Bind to an engine whose tables already exist (the Store creates or migrates them)."""
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self.fence: Callable[[Session], None] | None = None
+        """Called first in every `commit` transaction; raises to refuse it (the leader's fencing token check)."""
 
     # -- loading at start-up ---------------------------------------------------------------------------
     def load_node_states(self) -> dict[str, dict[str, Any]]:
@@ -116,6 +118,8 @@ class RemediationStore:
         fresh: list[str] = []
         now = change.now_unix_ns
         with self._sessions.begin() as session:
+            if self.fence is not None:
+                self.fence(session)
             if change.processed_seq:
                 epochs = dict(
                     session.execute(
@@ -148,12 +152,15 @@ class RemediationStore:
                         sa.select(schema.CommandRow.command_id).where(schema.CommandRow.command_id.in_(ids))
                     )
                 )
+                rows = []
                 for record in change.new_commands:
                     if record.command_id in existing:
                         continue  # a replayed decision: the command exists and keeps its status
                     existing.add(record.command_id)
-                    session.add(schema.CommandRow(**dataclasses.asdict(record)))
+                    rows.append({f.name: getattr(record, f.name) for f in _COMMAND_FIELDS})
                     fresh.append(record.command_id)
+                if rows:  # one executemany INSERT, no ORM objects: a burst decides hundreds at once
+                    session.execute(sa.insert(schema.CommandRow.__table__), rows)
             for command_id, values in change.command_updates:
                 session.execute(
                     sa.update(schema.CommandRow.__table__)
@@ -165,8 +172,7 @@ class RemediationStore:
                 )
             _upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
             _upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
-            for quarantine in change.quarantines:
-                _quarantine(session, quarantine, now)
+            _quarantine_many(session, change.quarantines, now)
             for release in change.releases:
                 _release(session, release, now)
             for rma in change.rmas:
@@ -273,6 +279,11 @@ WATERMARK_PREFIX = "watermark/"
 """controller_states name prefix of each node's replay watermark: the last event seq the ladder consumed."""
 
 
+def stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
+    """A stored event row as the ladder's StoredEvent (the replica relay reads events too)."""
+    return _stored_event(row)
+
+
 def _stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
     return repo.StoredEvent(
         node_id=row.node_id,
@@ -287,6 +298,9 @@ def _stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
         source=row.source,
         attributes=dict(row.attributes or {}),
     )
+
+
+_COMMAND_FIELDS = dataclasses.fields(CommandRecord)
 
 
 def _as_dict(row: Any) -> dict[str, Any]:
@@ -346,19 +360,42 @@ def _set_state(session: Session, node_id: str, gpu_uuid: str, state: fleet.Compo
             node.state = int(state)
 
 
-def _quarantine(session: Session, q: Mapping[str, Any], now_unix_ns: int) -> None:
-    active = session.scalars(
-        sa.select(schema.QuarantineRow).where(
-            schema.QuarantineRow.node_id == q["node_id"],
-            schema.QuarantineRow.gpu_uuid == q.get("gpu_uuid", ""),
-            schema.QuarantineRow.port == q.get("port", ""),
-            schema.QuarantineRow.released_unix_ns.is_(None),
+def _quarantine_many(session: Session, quarantines: Sequence[Mapping[str, Any]], now_unix_ns: int) -> None:
+    """Record new quarantines (an active one for the same target is kept) and mark their targets.
+
+    A constant number of statements for any number of quarantines: one read of the active rows
+    of the nodes involved, one INSERT, one UPDATE per table whose state changes.
+    """
+    if not quarantines:
+        return
+    table = schema.QuarantineRow.__table__
+    nodes = sorted({q["node_id"] for q in quarantines})
+    active = {
+        (row.node_id, row.gpu_uuid, row.port)
+        for row in session.execute(
+            sa.select(table.c.node_id, table.c.gpu_uuid, table.c.port).where(
+                table.c.node_id.in_(nodes), table.c.released_unix_ns.is_(None)
+            )
         )
-    ).first()
-    if active is None:
-        session.add(schema.QuarantineRow(since_unix_ns=now_unix_ns, **q))
-    if not q.get("port"):
-        _set_state(session, q["node_id"], q.get("gpu_uuid", ""), fleet.ComponentState.QUARANTINED)
+    }
+    rows = []
+    for q in quarantines:
+        target = (q["node_id"], q.get("gpu_uuid", ""), q.get("port", ""))
+        if target not in active:
+            active.add(target)
+            rows.append({**q, "since_unix_ns": now_unix_ns})
+    for row_keys in {tuple(sorted(r)) for r in rows}:  # executemany needs rows of one shape
+        same = [r for r in rows if tuple(sorted(r)) == row_keys]
+        session.execute(sa.insert(table), same)
+    gpus = sorted({q["gpu_uuid"] for q in quarantines if q.get("gpu_uuid") and not q.get("port")})
+    whole = sorted({q["node_id"] for q in quarantines if not q.get("gpu_uuid") and not q.get("port")})
+    state = int(fleet.ComponentState.QUARANTINED)
+    if gpus:
+        session.execute(sa.update(schema.GpuRow.__table__).where(schema.GpuRow.uuid.in_(gpus)).values(state=state))
+    if whole:
+        session.execute(
+            sa.update(schema.NodeRow.__table__).where(schema.NodeRow.node_id.in_(whole)).values(state=state)
+        )
 
 
 def _release(session: Session, r: Mapping[str, Any], now_unix_ns: int) -> None:

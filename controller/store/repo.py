@@ -105,6 +105,7 @@ class Store:
             if node is None:
                 node = schema.NodeRow(node_id=hello.node_id, first_seen_unix_ns=now_unix_ns, acked_seq=0, spool_epoch=0)
                 session.add(node)
+                session.flush()  # the GPU rows reference it (no ORM relationship orders the inserts)
             rebooted = bool(node.boot_id) and node.boot_id != _text(hello.boot_id)
             spool_reset = hello.spool_head_seq < (node.acked_seq or 0)
             if spool_reset:
@@ -119,8 +120,20 @@ class Store:
             node.last_seen_unix_ns = now_unix_ns
             if node.state in (None, int(fleet.ComponentState.OFFLINE), int(fleet.ComponentState.UNSPECIFIED)):
                 node.state = int(fleet.ComponentState.HEALTHY)
+            # One read for all of the node's GPUs (not one per GPU, each behind an autoflush): a
+            # reconnect storm registers thousands of Hellos, and this runs on the store thread.
+            uuids = [record.uuid for record in hello.gpus]
+            with session.no_autoflush:
+                known = (
+                    {
+                        row.uuid: row
+                        for row in session.scalars(sa.select(schema.GpuRow).where(schema.GpuRow.uuid.in_(uuids)))
+                    }
+                    if uuids
+                    else {}
+                )
             for record in hello.gpus:
-                row = session.get(schema.GpuRow, record.uuid)
+                row = known.get(record.uuid)
                 if row is None:
                     row = schema.GpuRow(uuid=record.uuid, state=int(fleet.ComponentState.HEALTHY))
                     session.add(row)
@@ -196,6 +209,17 @@ class Store:
                     for uuid, value in latest.items()
                 ],
             )
+
+    def node_component_states(self, node_ids: Iterable[str]) -> dict[str, fleet.ComponentState]:
+        """The stored lifecycle state of each of these nodes (one query; unknown ids are left out)."""
+        ids = list(node_ids)
+        if not ids:
+            return {}
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(schema.NodeRow.node_id, schema.NodeRow.state).where(schema.NodeRow.node_id.in_(ids))
+            )
+            return {node_id: fleet.ComponentState(int(state)) for node_id, state in rows}
 
     def list_nodes(self, node_ids: Iterable[str] | None = None) -> list[fleet.NodeStatus]:
         """Every node (or the named ones) with GPUs and stored latest telemetry, sorted by id."""

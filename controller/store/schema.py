@@ -16,6 +16,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -264,3 +265,49 @@ class AuditRow(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     outcome: Mapped[str] = mapped_column(String(64), default="")
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+# -- replicas: leader election and the relay of results between replicas (DESIGN.md §8) ------------------
+
+
+class LeaderLeaseRow(Base):
+    """The leader's lease (rasd.controller.core.lease.Lease): one row per elected role ("controller")."""
+
+    __tablename__ = "leader_lease"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(253), default="")
+    # Grows by one per term; writes of the fleet-wide loops carry it and are refused once it moved on.
+    fencing_token: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Database clock: after this, any replica may take the lease.
+    expires_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    acquired_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    renewed_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class CommandResultRow(Base):
+    """A command result an agent sent to some replica, kept until the leader has applied it."""
+
+    __tablename__ = "command_results"
+
+    command_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253))
+    # The rasd.api.v1.ActionResult as sent (serialized protobuf): verdicts and read-backs survive as-is.
+    result: Mapped[bytes] = mapped_column(LargeBinary)
+    received_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0, index=True)
+    replica_id: Mapped[str] = mapped_column(String(253), default="")
+
+
+class RelayedCommandRow(Base):
+    """A command some replica sends to a node whose stream another replica holds (outside the ladder's outbox)."""
+
+    __tablename__ = "relayed_commands"
+
+    command_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(253), index=True)
+    # The rasd.api.v1.Command as the sender built it (serialized protobuf).
+    command: Mapped[bytes] = mapped_column(LargeBinary)
+    created_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    # After this the sender has given up: no replica sends it any more.
+    expires_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    replica_id: Mapped[str] = mapped_column(String(253), default="")

@@ -70,6 +70,8 @@ power_limit_w = 500
         "ecc_dbe": {"injected": 1, "detected": 1},
     }
     assert report["events_lost"] == 0 and report["agent_events_unacked_at_end"] == 0
+    # The sim runs over mutual TLS by default, and the controller counted every stream as such.
+    assert report["tls"] is True and report["agent_streams"]["opened"] >= 3
     # Remediation rebooted the node whose GPU fell off the bus (Xid 79 → reboot, never a reset), so by
     # the cap change at 2.5 s every GPU answers again and confirms its cap.
     assert report["commands"]["sent"] == 3 and report["commands"]["read_back_confirmed"] == 3

@@ -202,3 +202,48 @@ def test_a_command_deadline_is_a_span_from_arrival_on_the_agent_clock(agent_cloc
         ).deadline_unix_ns
         == 0
     )
+
+
+# ---- caps survive reboots and resets --------------------------------------------------------------
+
+
+def _limits(backend):
+    return {c.gpu_uuid: c.enforced_power_limit_w for c in backend.read_counters(0)}
+
+
+def test_a_reboot_or_reset_puts_back_the_last_confirmed_caps_and_never_raises():
+    backend, ops, executor = _armed()
+    uuids = [g.uuid for g in backend.inventory()]
+    executor.execute(_cmd(model.SetPowerCap(limits_w={uuids[0]: 400, uuids[1]: 450}), "cap-1"))
+    assert _limits(backend) == {uuids[0]: 400, uuids[1]: 450}
+
+    executor.execute(_cmd(model.RebootNode(), "boot-1"))
+    assert ops.reboots == 1
+    assert _limits(backend) == {uuids[0]: 400, uuids[1]: 450}, "the reboot's default limits did not stay"
+
+    for uuid in uuids:  # a reset needs the GPU free
+        executor.execute(_cmd(model.RestartProcess(uuid, grace_s=0.0), f"p-{uuid}"))
+    reset = executor.execute(_cmd(model.ResetGpu(uuids[1]), "r1"))
+    assert reset.outcome is model.ActionOutcome.SUCCEEDED
+    assert reset.enforced_limits_w == {uuids[1]: 450}
+    assert _limits(backend)[uuids[1]] == 450
+
+    # Lower by hand (a fail-safe, an operator): a restore never raises it back up.
+    backend.set_power_limit(uuids[0], 300)
+    assert executor.restore_power_caps() == {}
+    assert _limits(backend)[uuids[0]] == 300
+
+
+def test_caps_are_restored_from_the_spool_by_a_new_agent_process(tmp_path):
+    path = str(tmp_path / "spool.db")
+    backend = simulated.SimulatedBackend("n", 2, 0)
+    ticks = itertools.count(1_000)
+    executor = actions.ActionExecutor(backend, spool.Spool(path), clock=lambda: next(ticks))
+    uuids = [g.uuid for g in backend.inventory()]
+    executor.execute(_cmd(model.SetPowerCap(limits_w=dict.fromkeys(uuids, 500)), "cap-1"))
+
+    rebooted = simulated.SimulatedBackend("n", 2, 0)  # the machine came back: default limits
+    assert set(_limits(rebooted).values()) == {simulated.H100_SXM.power_limit_default_w}
+    fresh = actions.ActionExecutor(rebooted, spool.Spool(path), clock=lambda: next(ticks))
+    assert fresh.restore_power_caps() == dict.fromkeys(uuids, 500)
+    assert set(_limits(rebooted).values()) == {500}

@@ -78,3 +78,34 @@ def test_node_totals_count_unsampled_gpus_at_their_default_limit():
     )
     assert node.power_draw_w == 300.0
     assert node.power_cap_w == 1200
+
+
+def test_power_window_never_counts_a_resent_or_reordered_series_twice():
+    window = fleet.PowerWindow(bucket_ms=100, span_s=10)
+    window.add("a", 0, 100, [100.0, 200.0, 300.0])
+    assert window.add("a", 0, 100, [100.0, 200.0, 300.0]) == 1  # resent after a reconnect: only the newest bucket
+    assert window.add("a", 0, 100, [999.0]) == 0  # an old batch arriving late is dropped, not misplaced
+    assert window.series() == [(0, 100.0, 1), (100_000_000, 200.0, 1), (200_000_000, 300.0, 1)]
+    window.add("a", 250_000_000, 100, [310.0])  # the same bucket again: the GPU's latest sample wins
+    assert window.series()[-1] == (200_000_000, 310.0, 1)
+
+
+def test_power_window_memory_does_not_grow_with_gpus_times_buckets():
+    window = fleet.PowerWindow(bucket_ms=100, span_s=2, detail_s=1)
+    for second in range(30):
+        for gpu in range(200):
+            window.add(f"g{gpu}", second * 1_000_000_000, 100, [500.0 + gpu] * 10)
+    rows = window.series()
+    assert len(rows) == 20 and all(count == 200 for _, _, count in rows)
+    assert len(window._sums) <= 20
+    assert all(len(peaks) <= 1 for peaks in window._peaks.values())
+
+
+def test_gpu_max_w_is_each_gpus_peak_over_recent_series():
+    window = fleet.PowerWindow(bucket_ms=100, span_s=60, detail_s=10)
+    window.add("a", 0, 100, [100.0, 650.0, 120.0])
+    window.add("a", 1_000_000_000, 100, [110.0, 600.0])
+    window.add("b", 1_000_000_000, 100, [300.0])
+    assert window.gpu_max_w(0) == {"a": 650.0, "b": 300.0}
+    assert window.gpu_max_w(1_000_000_000) == {"a": 600.0, "b": 300.0}
+    assert window.gpu_max_w(5_000_000_000) == {}

@@ -129,12 +129,17 @@ def test_a_database_from_before_migrations_that_differs_is_refused(store_url):
         engine.dispose()
 
 
-def _scripts_with(tmp_path, revision_0002: str) -> str:
+# The revision a developer would add next, on top of the packaged head (whatever its number today).
+NEXT_REVISION = migrate.next_revision_id()
+
+
+def _scripts_with(tmp_path, next_revision: str) -> str:
     scripts = tmp_path / "migrations"
     shutil.copytree(migrate.script_location(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
     header = '"""Test revision."""\n\nimport sqlalchemy as sa\nfrom alembic import op\n\n'
-    ids = 'revision = "0002"\ndown_revision = "0001"\nbranch_labels = None\ndepends_on = None\n\n'
-    (scripts / "versions" / "0002_test.py").write_text(header + ids + textwrap.dedent(revision_0002))
+    ids = f'revision = "{NEXT_REVISION}"\ndown_revision = "{migrate.head_revision()}"\n'
+    ids += "branch_labels = None\ndepends_on = None\n\n"
+    (scripts / "versions" / f"{NEXT_REVISION}_test.py").write_text(header + ids + textwrap.dedent(next_revision))
     return str(scripts)
 
 
@@ -186,7 +191,7 @@ def test_a_batch_migration_of_a_referenced_table_keeps_every_row(store_url, tmp_
         store.append_events("node-1", [repo.StoredEvent("node-1", 1, 1, 1, 1, 3, "", None, "m", "kmsg", {})])
         migrate.upgrade(store.engine, script_dir=scripts)
         with store.engine.connect() as connection:
-            assert migrate.current_revision(connection) == "0002"
+            assert migrate.current_revision(connection) == NEXT_REVISION
             assert connection.scalar(sa.text("SELECT rack FROM nodes WHERE node_id = 'node-1'")) == ""
             if connection.dialect.name == "sqlite":
                 assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
@@ -302,9 +307,9 @@ def test_revision_command_autogenerates_the_next_migration(tmp_path, monkeypatch
         assert "add_table" in capsys.readouterr().out
         # ... and generates the migration the README describes.
         assert migrate.main(["revision", "-m", "add widgets"], script_dir=str(scripts)) == 0
-        written = scripts / "versions" / "0002_add_widgets.py"
+        written = scripts / "versions" / f"{NEXT_REVISION}_add_widgets.py"
         text = written.read_text()
-        assert 'down_revision = "0001"' in text and 'op.create_table(\n        "widgets"' in text
+        assert f'down_revision = "{migrate.head_revision()}"' in text and 'op.create_table(\n        "widgets"' in text
         assert 'op.drop_table("widgets")' in text
         assert migrate.main(["check"], script_dir=str(scripts)) == 0
         db = f"sqlite:///{tmp_path / 'rasd.db'}"

@@ -26,7 +26,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from rasd.agent import main as agent_main
-from rasd.controller import bmc, quarantine
+from rasd.controller import bmc, leader, quarantine
 from rasd.controller import main as controller_main
 from rasd.controller import metrics as controller_metrics
 from rasd.controller.core import policy
@@ -69,8 +69,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "commonLabels": {"team": "gpu-infra"},
     },
     "sqlite-persistent-slurm": {
-        "controller": {"remediation": False},
-        "database": {"sqlite": {"persistence": {"enabled": True, "storageClassName": "fast"}}},
+        "controller": {"replicas": 1, "remediation": False},
+        "database": {
+            "urlSecret": {"name": ""},
+            "sqlite": {"persistence": {"enabled": True, "storageClassName": "fast"}},
+        },
         "config": {"quarantine": {"adapter": "slurm", "slurm": {"scontrol": "/usr/bin/scontrol"}}},
         "podDisruptionBudget": {"maxUnavailable": None, "minAvailable": "50%"},
         "tls": {"secretName": "rasd-tls-existing"},
@@ -163,7 +166,12 @@ def test_default_render_is_the_controller_alone(chart):
         ("Service", RELEASE),
         ("ServiceAccount", RELEASE),
     ]
-    assert the(objects, "Deployment")["spec"]["replicas"] == 1
+    deployment = the(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
 
 
 def test_everything_on_renders_every_optional_object(chart):
@@ -189,6 +197,9 @@ def test_everything_on_renders_every_optional_object(chart):
         ({"controller": {"grpcPort": 70000}}, "at '/controller/grpcPort'"),
         ({"agent": {"config": {"node_id": "gpu-1"}}}, "additional properties 'node_id' not allowed"),
         ({"servce": {"type": "ClusterIP"}}, "additional properties 'servce' not allowed"),
+        ({"config": {"leader": {"lease_s": 0}}}, "at '/config/leader/lease_s': minimum: got 0, want 0.5"),
+        ({"config": {"leader": {"election": "raft"}}}, "at '/config/leader/election'"),
+        ({"controller": {"replicas": -1}}, "at '/controller/replicas': minimum: got -1, want 0"),
     ],
 )
 def test_schema_rejects_a_bad_value_naming_it(chart, values, complaint):
@@ -204,13 +215,19 @@ def test_unknown_quarantine_adapter_lists_the_known_ones(chart):
 
 def test_more_than_one_replica_needs_postgresql(chart):
     with pytest.raises(helm.HelmRenderError, match=r"replicas > 1 needs PostgreSQL: set database\.urlSecret\.name"):
-        chart.render({"controller": {"replicas": 2}}, name=RELEASE, namespace=NAMESPACE)
+        chart.render({"database": {"urlSecret": {"name": ""}}}, name=RELEASE, namespace=NAMESPACE)
+    single = render(chart, {"controller": {"replicas": 1}, "database": {"urlSecret": {"name": ""}}})
+    assert the(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
-def test_more_than_one_replica_warns_about_the_missing_leader(chart):
-    assert "WARNING" not in notes(chart)
-    text = notes(chart, {"controller": {"replicas": 2}, "database": {"urlSecret": {"name": "db"}}})
-    assert "without leader election" in text
+def test_replicas_elect_a_leader_named_by_their_pod(chart):
+    text = notes(chart)
+    assert "2 replicas" in text and "leader" in text and "Secret rasd-db" in text
+    env = {e["name"]: e for e in controller_container(render(chart))["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["RASD_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "rasd-db", "key": "url"}
+    config = tomllib.loads(the(render(chart), "ConfigMap")["data"]["controller.toml"])
+    assert config["leader"] == {"election": "auto", "lease_s": 15.0, "renew_s": 5.0, "relay_poll_s": 0.5}
 
 
 def test_pdb_takes_exactly_one_bound(chart):
@@ -236,10 +253,12 @@ _PY_TO_JSON = {bool: "boolean", int: "integer", float: "number", str: "string"}
         (("remediation", "correlation"), policy.CorrelationPolicy),
         (("remediation", "escalation"), policy.EscalationPolicy),
         (("remediation", "disruption"), policy.DisruptionPolicy),
+        (("remediation", "sdc"), policy.SdcPolicy),
         (("quarantine", "kubernetes"), quarantine.KubernetesSettings),
         (("quarantine", "slurm"), quarantine.SlurmSettings),
         (("bmc",), bmc.BmcSettings),
         (("bmc", "nodes", "*"), bmc.BmcNodeSettings),
+        (("leader",), leader.LeaderSettings),
     ],
 )
 def test_schema_of_config_matches_the_controller_settings(schema_path, settings_class):
@@ -354,7 +373,12 @@ def test_controller_args_parse_with_the_controllers_parser(chart):
     assert args.metrics_port == 9464
     assert args.metrics_addr == "0.0.0.0"
     assert args.no_remediation is False
-    assert not args.insecure  # plaintext is refused off loopback: the blocker until issue #7 (README)
+    assert not args.insecure  # mutual TLS with the mounted Secret (cert-manager's key names)
+    assert (args.tls_ca, args.tls_cert, args.tls_key) == (
+        pathlib.Path("/etc/rasd/tls/ca.crt"),
+        pathlib.Path("/etc/rasd/tls/tls.crt"),
+        pathlib.Path("/etc/rasd/tls/tls.key"),
+    )
 
 
 def test_sqlite_store_lives_on_its_volume_and_remediation_can_be_off(chart):
@@ -372,18 +396,22 @@ def test_sqlite_store_lives_on_its_volume_and_remediation_can_be_off(chart):
     assert the(objects, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
-def test_probes_use_the_grpc_health_service_on_the_grpc_port(chart):
+def test_probes_use_the_grpc_health_service_on_the_health_only_port(chart):
+    """grpcPort requires a client certificate the kubelet cannot present: probes use the plaintext
+    health-only port the controller serves with --health-listen."""
     container = controller_container(render(chart))
-    grpc_port = next(port["containerPort"] for port in container["ports"] if port["name"] == "grpc")
+    health_port = next(port["containerPort"] for port in container["ports"] if port["name"] == "health")
+    args = controller_main.build_parser().parse_args(container["args"])
+    assert args.health_listen == f"0.0.0.0:{health_port}"
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert container[probe]["grpc"] == {"port": grpc_port}, probe
+        assert container[probe]["grpc"] == {"port": health_port}, probe
 
 
 def test_probe_mode_tls_exists_only_from_kubernetes_1_37(chart):
     """GRPCAction.mode ("TLS": no certificate verification) is new in the 1.37 API; unset by default."""
     deployment = the(render(chart, {"controller": {"probes": {"mode": "TLS"}}}), "Deployment")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["livenessProbe"]["grpc"] == {"port": 7443, "mode": "TLS"}
+    assert container["livenessProbe"]["grpc"] == {"port": 7444, "mode": "TLS"}
     kubernetes_validate.validate(deployment, "1.37.0", strict=True)
     with pytest.raises(kubernetes_validate.ValidationError, match="'mode' was unexpected"):
         kubernetes_validate.validate(deployment, "1.36.0", strict=True)
@@ -513,7 +541,17 @@ def test_agent_toml_and_args_are_what_the_agent_accepts(chart, tmp_path):
     assert settings["failsafe_power_limit_w"] == 500
     assert settings["labels"] == {"row": "row-3"}
     assert settings["commands"]["reboot"][:3] == ["nsenter", "--target", "1"]
-    assert not settings["insecure"]  # plaintext to a non-loopback controller is refused until issue #7
+    assert not settings["insecure"]  # mutual TLS with this node's certificate from the host
+    assert settings["tls"] == {
+        "ca": "/etc/rasd/tls/ca.crt",
+        "cert": "/etc/rasd/tls/agent.crt",
+        "key": "/etc/rasd/tls/agent.key",
+        "server_name": "",
+    }
+    volumes = {
+        v["name"]: v for v in the(objects, "DaemonSet", f"{RELEASE}-agent")["spec"]["template"]["spec"]["volumes"]
+    }
+    assert volumes["tls"]["hostPath"] == {"path": "/etc/rasd/tls", "type": "Directory"}
 
 
 def test_agent_is_off_by_default(chart):

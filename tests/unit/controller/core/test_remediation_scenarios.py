@@ -57,13 +57,15 @@ class Node:
     def xid(self, xid: int, gpu: str = "GPU-1", **fields: object) -> escalation.Decision | None:
         return self.event(EventKind.XID, gpu, xid=xid, **fields)
 
-    def result(self, kind: str, outcome: Outcome, verdict: str = "") -> escalation.Decision:
+    def result(
+        self, kind: str, outcome: Outcome, verdict: str = "", failed: tuple[str, ...] = ()
+    ) -> escalation.Decision:
         """Answer the newest outstanding command of ``kind``."""
         cmd = self.pending(kind)
         return self._take(
             escalation.on_result(
                 self.state,
-                escalation.ActionResult(cmd, outcome, validation_verdict=verdict),
+                escalation.ActionResult(cmd, outcome, validation_verdict=verdict, failed_gpu_uuids=failed),
                 now=self.clock.now,
                 policy=self.policy.escalation,
             )
@@ -324,20 +326,145 @@ def test_retired_pages_within_capacity_take_no_action():
     assert node.outcomes == [correlate.Outcome.OBSERVED]
 
 
-def test_sdc_accusation_holds_the_gpu_and_a_failed_validation_goes_to_rma():
+def test_sdc_accusation_holds_the_gpu_and_a_reproducible_failure_goes_to_rma():
     node = Node()
     decision = node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
     assert node.kinds(decision) == ["quarantine_gpu", "run_validation"]
     assert decision.actions[1].suite == "accusation"
+    first = node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    assert node.kinds(first) == ["run_validation"], "one failure is not yet reproducible: rerun"
+    assert first.actions[0].suite == "accusation"
+    assert "1 of 1 runs failed" in first.reason
+    second = node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    assert node.kinds(second) == ["open_rma", "notify"]
+    assert "reproducible: 2 of 2 runs failed" in second.reason
+    assert node.ticket("GPU-6").sdc_verdicts == ("fail", "fail")
+
+
+def test_sdc_failure_two_of_three_with_a_pass_between_still_goes_to_rma():
+    node = Node()
+    node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    between = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert node.kinds(between) == ["run_validation"], "2 of 3 is still reachable"
+    third = node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    assert "open_rma" in node.kinds(third)
+
+
+def test_sdc_one_off_gets_a_hot_retest_then_a_watch_and_a_second_accusation_quarantines():
+    node = Node()
+    node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    hot = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert node.kinds(hot) == ["run_validation"]
+    assert hot.actions[0].suite == node.policy.escalation.sdc_hot_retest_suite == "post-repair"
+    assert "one-off" in hot.reason
+    cleared = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert [(a.kind, a.gpu_uuid) for a in cleared.actions] == [("release", "GPU-6")]
+    assert dict(node.state.sdc_watch) == {"GPU-6": node.clock.now + node.policy.escalation.sdc_watch_s}
+    assert node.ticket("GPU-6").sdc_verdicts == ("fail", "pass", "pass", "hot:pass")
+
+    # Days later (the repair watch is long over, the SDC watch is not): a second accusation.
+    node.clock.advance(3 * 86400)
+    node.tick()
+    again = node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    assert node.kinds(again) == ["quarantine_gpu", "open_rma", "notify"]
+    assert "second accusation while watched" in again.reason
+    assert node.state.sdc_watch == ()
+
+
+def test_sdc_hot_retest_failure_is_reproducible():
+    node = Node()
+    node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    node.result("run_validation", Outcome.SUCCEEDED, "suspect")
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")  # 0 fails + 1 left < 2: one-off
     failed = node.result("run_validation", Outcome.SUCCEEDED, "fail")
     assert "open_rma" in node.kinds(failed)
+    assert "failed again under the hot retest" in failed.reason
 
 
-def test_sdc_accusation_that_passes_releases_the_gpu():
+def test_sdc_accusation_that_passes_releases_the_gpu_and_watches_it():
     node = Node()
     node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
     passed = node.result("run_validation", Outcome.SUCCEEDED, "pass")
     assert [(a.kind, a.gpu_uuid) for a in passed.actions] == [("release", "GPU-6")]
+    assert "did not reproduce" in passed.reason
+    node.clock.advance(node.policy.escalation.sdc_watch_s + 1)
+    node.tick()
+    assert node.state.sdc_watch == ()
+    fresh = node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    assert node.kinds(fresh) == ["quarantine_gpu", "run_validation"], "the watch expired: a fresh accusation"
+
+
+def test_sdc_runs_that_never_finish_hold_the_gpu_for_an_operator():
+    node = Node()
+    node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    node.result("run_validation", Outcome.TIMED_OUT)
+    held = node.result("run_validation", Outcome.FAILED)
+    assert node.kinds(held) == ["notify"]
+    assert node.ticket("GPU-6").state is TicketState.AWAITING_OPERATOR
+
+
+def test_watch_state_survives_a_round_trip_through_the_store_format():
+    node = Node()
+    node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    again = escalation.RemediationState.from_dict(json.loads(json.dumps(node.state.to_dict())))
+    assert again == node.state
+
+
+# ---- rolling sweeps ----------------------------------------------------------------------------
+
+
+def sweep(node: Node, seed: int = 42) -> escalation.Decision:
+    return node._take(
+        escalation.start_sweep(
+            node.state,
+            sweep_id=f"sweep/{node.node_id}/1",
+            suite="quick",
+            seed=seed,
+            now=node.clock.now,
+            policy=node.policy.escalation,
+        )
+    )
+
+
+def test_a_sweep_that_passes_holds_the_node_only_while_it_runs():
+    node = Node()
+    started = sweep(node)
+    assert node.kinds(started) == ["quarantine_node", "run_validation"]
+    assert started.actions[0].planned is True
+    assert (started.actions[1].suite, started.actions[1].seed) == ("quick", 42)
+    passed = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert [(a.kind, a.gpu_uuid) for a in passed.actions] == [("release", "")]
+    assert node.state.tickets == ()
+
+
+def test_a_sweep_failure_on_one_gpu_becomes_an_accusation_of_that_gpu():
+    node = Node()
+    sweep(node)
+    failed = node.result("run_validation", Outcome.SUCCEEDED, "fail", failed=("GPU-3",))
+    assert node.kinds(failed) == ["quarantine_gpu", "release", "run_validation"]
+    assert (failed.actions[0].gpu_uuid, failed.actions[1].gpu_uuid) == ("GPU-3", ""), "GPU held before the node goes"
+    assert failed.actions[2].gpu_uuids == ("GPU-3",)
+    assert failed.actions[2].suite == "accusation"
+    ticket = node.ticket("GPU-3")
+    assert (ticket.purpose, ticket.held, ticket.sdc_verdicts) == (
+        escalation.Purpose.ACCUSATION,
+        ("gpu:GPU-3",),
+        ("fail",),
+    )
+    confirmed = node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    assert "open_rma" in node.kinds(confirmed)
+
+
+def test_a_sweep_is_refused_on_a_node_with_a_ticket():
+    node = Node()
+    node.xid(13)
+    refused = sweep(node)
+    assert refused.actions == ()
+    assert "no sweep" in refused.reason
 
 
 # ---- the node while it reboots ----------------------------------------------------------------

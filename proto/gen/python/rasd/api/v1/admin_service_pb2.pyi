@@ -361,47 +361,107 @@ class ListValidationsResponse(_message.Message):
     validations: _containers.RepeatedCompositeFieldContainer[Validation]
     def __init__(self, validations: _Optional[_Iterable[_Union[Validation, _Mapping]]] = ...) -> None: ...
 
+class SdcGpu(_message.Message):
+    __slots__ = ("target", "suspicion", "accusations", "runs", "fails", "suspects", "passes", "last_verdict", "last_unix_ns", "watch_until_unix_ns")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SUSPICION_FIELD_NUMBER: _ClassVar[int]
+    ACCUSATIONS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    FAILS_FIELD_NUMBER: _ClassVar[int]
+    SUSPECTS_FIELD_NUMBER: _ClassVar[int]
+    PASSES_FIELD_NUMBER: _ClassVar[int]
+    LAST_VERDICT_FIELD_NUMBER: _ClassVar[int]
+    LAST_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    WATCH_UNTIL_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    suspicion: float
+    accusations: int
+    runs: int
+    fails: int
+    suspects: int
+    passes: int
+    last_verdict: str
+    last_unix_ns: int
+    watch_until_unix_ns: int
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., suspicion: _Optional[float] = ..., accusations: _Optional[int] = ..., runs: _Optional[int] = ..., fails: _Optional[int] = ..., suspects: _Optional[int] = ..., passes: _Optional[int] = ..., last_verdict: _Optional[str] = ..., last_unix_ns: _Optional[int] = ..., watch_until_unix_ns: _Optional[int] = ...) -> None: ...
+
+class ListSdcRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListSdcResponse(_message.Message):
+    __slots__ = ("gpus",)
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[SdcGpu]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[SdcGpu, _Mapping]]] = ...) -> None: ...
+
 class PowerDomain(_message.Message):
-    __slots__ = ("domain_id", "level", "budget_w", "allocated_w", "drawn_w", "children")
+    __slots__ = ("domain_id", "level", "budget_w", "allocated_w", "drawn_w", "children", "headroom_w", "has_budget", "target_w")
     DOMAIN_ID_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     BUDGET_W_FIELD_NUMBER: _ClassVar[int]
     ALLOCATED_W_FIELD_NUMBER: _ClassVar[int]
     DRAWN_W_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    HEADROOM_W_FIELD_NUMBER: _ClassVar[int]
+    HAS_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_W_FIELD_NUMBER: _ClassVar[int]
     domain_id: str
     level: str
     budget_w: int
     allocated_w: int
     drawn_w: float
     children: _containers.RepeatedCompositeFieldContainer[PowerDomain]
-    def __init__(self, domain_id: _Optional[str] = ..., level: _Optional[str] = ..., budget_w: _Optional[int] = ..., allocated_w: _Optional[int] = ..., drawn_w: _Optional[float] = ..., children: _Optional[_Iterable[_Union[PowerDomain, _Mapping]]] = ...) -> None: ...
+    headroom_w: float
+    has_budget: bool
+    target_w: int
+    def __init__(self, domain_id: _Optional[str] = ..., level: _Optional[str] = ..., budget_w: _Optional[int] = ..., allocated_w: _Optional[int] = ..., drawn_w: _Optional[float] = ..., children: _Optional[_Iterable[_Union[PowerDomain, _Mapping]]] = ..., headroom_w: _Optional[float] = ..., has_budget: _Optional[bool] = ..., target_w: _Optional[int] = ...) -> None: ...
 
 class GetPowerStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class GetPowerStatusResponse(_message.Message):
-    __slots__ = ("root", "swing_p2p_w", "swing_period_s", "smoothing_active")
+    __slots__ = ("root", "swing_p2p_w", "swing_period_s", "smoothing_active", "max_ramp_w_per_s", "smoothing_mode", "smoothing_floor_w", "stranded_w", "over_budget", "updated_unix_ns", "periods", "reason")
     ROOT_FIELD_NUMBER: _ClassVar[int]
     SWING_P2P_W_FIELD_NUMBER: _ClassVar[int]
     SWING_PERIOD_S_FIELD_NUMBER: _ClassVar[int]
     SMOOTHING_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RAMP_W_PER_S_FIELD_NUMBER: _ClassVar[int]
+    SMOOTHING_MODE_FIELD_NUMBER: _ClassVar[int]
+    SMOOTHING_FLOOR_W_FIELD_NUMBER: _ClassVar[int]
+    STRANDED_W_FIELD_NUMBER: _ClassVar[int]
+    OVER_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    PERIODS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     root: PowerDomain
     swing_p2p_w: float
     swing_period_s: float
     smoothing_active: bool
-    def __init__(self, root: _Optional[_Union[PowerDomain, _Mapping]] = ..., swing_p2p_w: _Optional[float] = ..., swing_period_s: _Optional[float] = ..., smoothing_active: _Optional[bool] = ...) -> None: ...
+    max_ramp_w_per_s: float
+    smoothing_mode: str
+    smoothing_floor_w: float
+    stranded_w: float
+    over_budget: _containers.RepeatedScalarFieldContainer[str]
+    updated_unix_ns: int
+    periods: int
+    reason: str
+    def __init__(self, root: _Optional[_Union[PowerDomain, _Mapping]] = ..., swing_p2p_w: _Optional[float] = ..., swing_period_s: _Optional[float] = ..., smoothing_active: _Optional[bool] = ..., max_ramp_w_per_s: _Optional[float] = ..., smoothing_mode: _Optional[str] = ..., smoothing_floor_w: _Optional[float] = ..., stranded_w: _Optional[float] = ..., over_budget: _Optional[_Iterable[str]] = ..., updated_unix_ns: _Optional[int] = ..., periods: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SetPowerBudgetRequest(_message.Message):
-    __slots__ = ("domain_id", "budget_w", "reason")
+    __slots__ = ("domain_id", "budget_w", "reason", "clear")
     DOMAIN_ID_FIELD_NUMBER: _ClassVar[int]
     BUDGET_W_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
     domain_id: str
     budget_w: int
     reason: str
-    def __init__(self, domain_id: _Optional[str] = ..., budget_w: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    clear: bool
+    def __init__(self, domain_id: _Optional[str] = ..., budget_w: _Optional[int] = ..., reason: _Optional[str] = ..., clear: _Optional[bool] = ...) -> None: ...
 
 class SetPowerBudgetResponse(_message.Message):
     __slots__ = ("domain",)

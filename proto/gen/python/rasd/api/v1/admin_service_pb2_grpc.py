@@ -84,6 +84,11 @@ class AdminServiceStub:
                 request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListValidationsRequest.SerializeToString,
                 response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListValidationsResponse.FromString,
                 _registered_method=True)
+        self.ListSdc = channel.unary_unary(
+                '/rasd.api.v1.AdminService/ListSdc',
+                request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcRequest.SerializeToString,
+                response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcResponse.FromString,
+                _registered_method=True)
         self.GetPowerStatus = channel.unary_unary(
                 '/rasd.api.v1.AdminService/GetPowerStatus',
                 request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.GetPowerStatusRequest.SerializeToString,
@@ -205,8 +210,16 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSdc(self, request, context):
+        """GPUs with SDC history or under watch, most suspicious first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetPowerStatus(self, request, context):
-        """The power budget tree with allocation, draw and swing.
+        """The power budget tree with allocation, draw and swing. FAILED_PRECONDITION when this
+        controller runs no power loop (no [power] table).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -318,6 +331,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListValidations,
                     request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListValidationsRequest.FromString,
                     response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListValidationsResponse.SerializeToString,
+            ),
+            'ListSdc': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSdc,
+                    request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcRequest.FromString,
+                    response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcResponse.SerializeToString,
             ),
             'GetPowerStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPowerStatus,
@@ -635,6 +653,33 @@ class AdminService:
             '/rasd.api.v1.AdminService/ListValidations',
             rasd_dot_api_dot_v1_dot_admin__service__pb2.ListValidationsRequest.SerializeToString,
             rasd_dot_api_dot_v1_dot_admin__service__pb2.ListValidationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSdc(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rasd.api.v1.AdminService/ListSdc',
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcRequest.SerializeToString,
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcResponse.FromString,
             options,
             channel_credentials,
             insecure,

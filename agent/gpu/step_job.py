@@ -1,0 +1,255 @@
+"""The step-synchronous training job behind the simulated GPUs: steps, stragglers, caps and smoothing.
+
+Product code (it drives `rasd-sim`, the demo and the power benchmarks), not a test helper. One
+`StepJob` is one data-parallel job; every simulated GPU that runs it is one *rank*. In `rasd-sim`
+all agents share one job, so a capped rank on one node slows the whole fleet's step, as it would in
+a real synchronous job; a standalone simulated agent runs a job of its own ranks.
+
+The model, step k (all times in seconds, one vector entry per rank):
+
+- the step starts at S_k; rank r starts computing at cs = S_k + jitter (5-20 ms, redrawn every step
+  from a generator seeded by (seed, k), so two jobs with one seed see the same jitter);
+- compute needs c0 = compute_fraction x period seconds at full demand. DVFS model: work is done at a
+  rate proportional to power, so a rank drawing p < demand computes at p / demand of full speed.
+  With the cap below demand the compute phase lasts c0 x demand / cap. A power-smoothing ramp-up
+  from the trough to the peak at rate r loses (peak - trough)^2 / (2 r demand) seconds of work,
+  made up at the peak's speed: (peak - trough)^2 / (2 r peak) extra seconds;
+- the step ends after the slowest rank: E_k = max(ce) + (1 - compute_fraction) x period (the
+  all-reduce), plus `checkpoint_s` every `checkpoint_every_steps` steps (a checkpoint stall);
+- draw: during compute, min(demand, cap) reached from the trough at the ramp-up rate; after
+  compute, the trough level max(comm, floor) reached at the ramp-down rate. A floor raises the
+  trough: it costs energy, never time;
+- before `start_after_s` and after `stop_after_s` the rank idles at `idle_w` (the job start and
+  stop the controller's slew limits must handle).
+
+A new cap clamps the draw at once (power-capping firmware reacts within milliseconds); the step's
+timing reads the caps when the step is computed (at its first reading), so a cap's cost in time
+lands at the next step boundary, at most one period late and the same for every rank.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class JobShape:
+    """The timing of a job (a subset of `simulated.StepWorkload`, kept here to avoid a cycle)."""
+
+    period_s: float
+    compute_fraction: float
+    rank_jitter_s: tuple[float, float]
+    anchor_unix_s: float
+    start_after_s: float = 0.0
+    stop_after_s: float | None = None
+    checkpoint_every_steps: int = 0
+    checkpoint_s: float = 0.0
+    idle_w: float = 70.0
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Step:
+    """One computed step; arrays are per rank."""
+
+    index: int
+    start_s: float
+    compute_start_s: np.ndarray
+    compute_end_s: np.ndarray
+    end_s: float
+    peak_w: np.ndarray
+    """Compute-phase level: min(demand, cap) (at least the floor)."""
+    trough_w: np.ndarray
+    """Communication-phase level: max(comm, floor), at most the cap."""
+    ramp_up_w_per_s: np.ndarray
+    ramp_down_w_per_s: np.ndarray
+    checkpoint: bool
+    active: np.ndarray
+    """Ranks taking part in this step (the others were evicted and idle)."""
+
+
+class StepJob:
+    """A synchronous job over ranks added with `add_ranks`; evaluate draw with `draw_w`.
+
+    Not thread-safe; one event loop drives every simulated agent.
+    """
+
+    def __init__(self, shape: JobShape, seed: int) -> None:
+        """A job with no ranks yet; add them before the first reading."""
+        if not shape.period_s > 0 or not 0 < shape.compute_fraction < 1:
+            raise ValueError("JobShape: period_s must be > 0 and compute_fraction in (0, 1)")
+        if shape.checkpoint_every_steps < 0 or shape.checkpoint_s < 0:
+            raise ValueError("JobShape: checkpoint_every_steps and checkpoint_s must be >= 0")
+        self.shape = shape
+        self._seed = seed
+        self._compute: list[float] = []
+        self._comm: list[float] = []
+        self._max: list[float] = []
+        self._frozen = False
+        self.compute_w = np.zeros(0)
+        self.comm_w = np.zeros(0)
+        self.cap_w = np.zeros(0)
+        self.floor_w = np.zeros(0)
+        self.ramp_up_w_per_s = np.zeros(0)
+        self.ramp_down_w_per_s = np.zeros(0)
+        self.active = np.zeros(0, dtype=bool)
+        self.steps: list[Step] = []
+        self._starts: list[float] = []
+
+    # -- ranks and their settings ----------------------------------------------------------------
+    def add_ranks(self, compute_w: Sequence[float], comm_w: Sequence[float], max_w: Sequence[float]) -> range:
+        """Register ranks (uncapped at max_w); returns their indices.
+
+        Raises:
+            RuntimeError: the job has already run a step (ranks join before it starts).
+        """
+        if self._frozen:
+            raise RuntimeError("ranks must join a StepJob before its first reading")
+        first = len(self._compute)
+        self._compute.extend(compute_w)
+        self._comm.extend(comm_w)
+        self._max.extend(max_w)
+        n = len(self._compute)
+        self.compute_w = np.array(self._compute, dtype=np.float64)
+        self.comm_w = np.array(self._comm, dtype=np.float64)
+        self.cap_w = np.concatenate([self.cap_w, np.array(max_w, dtype=np.float64)])
+        self.floor_w = np.zeros(n)
+        self.ramp_up_w_per_s = np.full(n, np.inf)
+        self.ramp_down_w_per_s = np.full(n, np.inf)
+        self.active = np.ones(n, dtype=bool)
+        return range(first, n)
+
+    def set_active(self, rank: int, active: bool) -> None:
+        """Take a rank out of the job (the scheduler evicted its GPU) or put it back; from the next step.
+
+        An evicted rank runs no work: the step no longer waits for it, and it idles at `idle_w`
+        (its smoothing profile went with the job).
+        """
+        self.active[rank] = active
+
+    def set_cap(self, rank: int, cap_w: float) -> None:
+        """The rank's enforced power limit, W (lands at the next step boundary)."""
+        self.cap_w[rank] = cap_w
+
+    def set_smoothing(self, rank: int, *, floor_w: float, ramp_up_w_per_s: float, ramp_down_w_per_s: float) -> None:
+        """A power-smoothing profile: trough floor and ramp rates (0 or inf rate = unlimited)."""
+        self.floor_w[rank] = floor_w
+        self.ramp_up_w_per_s[rank] = ramp_up_w_per_s if ramp_up_w_per_s > 0 else np.inf
+        self.ramp_down_w_per_s[rank] = ramp_down_w_per_s if ramp_down_w_per_s > 0 else np.inf
+
+    # -- time ------------------------------------------------------------------------------------
+    @property
+    def start_s(self) -> float:
+        """Unix time the first step starts."""
+        return self.shape.anchor_unix_s + self.shape.start_after_s
+
+    @property
+    def stop_s(self) -> float:
+        """Unix time the job stops (inf: never)."""
+        stop = self.shape.stop_after_s
+        return math.inf if stop is None else self.shape.anchor_unix_s + stop
+
+    def running(self, t_s: float) -> bool:
+        """Whether the job runs at t_s."""
+        return self.start_s <= t_s < self.stop_s
+
+    def _next_step(self, first_start_s: float, first_index: int) -> Step:
+        shape = self.shape
+        k = first_index + len(self.steps)
+        start = first_start_s if not self.steps else self.steps[-1].end_s
+        lo, hi = shape.rank_jitter_s
+        rng = np.random.default_rng([self._seed, k])
+        cs = start + lo + (hi - lo) * rng.random(len(self.compute_w))
+        cap = np.maximum(self.cap_w, 1.0)
+        peak = np.maximum(np.minimum(self.compute_w, cap), np.minimum(self.floor_w, cap))
+        trough = np.minimum(np.maximum(self.comm_w, self.floor_w), cap)
+        up = self.ramp_up_w_per_s
+        c0 = shape.compute_fraction * shape.period_s
+        rise = np.maximum(peak - trough, 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ramp_loss = np.where(np.isfinite(up) & (rise > 0), rise**2 / (2.0 * up * peak), 0.0)
+        compute_s = c0 * np.maximum(self.compute_w / np.minimum(self.compute_w, cap), 1.0) + ramp_loss
+        active = self.active.copy()
+        ce = np.where(active, cs + compute_s, start)
+        # An evicted rank idles for the whole step: no compute, trough at idle.
+        cs = np.where(active, cs, start)
+        idle = np.minimum(shape.idle_w, cap)
+        peak = np.where(active, peak, idle)
+        trough = np.where(active, trough, idle)
+        every = shape.checkpoint_every_steps
+        checkpoint = every > 0 and (k + 1) % every == 0
+        end = float(ce.max() if active.any() else start) + (1.0 - shape.compute_fraction) * shape.period_s
+        if checkpoint:
+            end += shape.checkpoint_s
+        return Step(k, start, cs, ce, end, peak, trough, up.copy(), self.ramp_down_w_per_s.copy(), checkpoint, active)
+
+    def _advance(self, t_s: float) -> None:
+        self._frozen = True
+        first_start, first_index = self.start_s, 0
+        if not self.steps and t_s - self.start_s > 10 * self.shape.period_s:
+            # First read long after the start (e.g. an anchor at the epoch): begin at the nominal step
+            # grid instead of computing every step since; earlier times read as that step's trough.
+            first_index = int((t_s - self.start_s) // self.shape.period_s)
+            first_start = self.start_s + first_index * self.shape.period_s
+        while (not self.steps or self.steps[-1].end_s <= t_s) and (
+            (self.steps[-1].end_s if self.steps else first_start) < self.stop_s
+        ):
+            step = self._next_step(first_start, first_index)
+            self.steps.append(step)
+            self._starts.append(step.start_s)
+
+    def step_at(self, t_s: float) -> Step | None:
+        """The step running at t_s (None outside the job)."""
+        if not self.running(t_s):
+            return None
+        self._advance(t_s)
+        k = bisect.bisect_right(self._starts, t_s) - 1
+        return self.steps[max(k, 0)] if self.steps else None
+
+    def completed_steps(self, since_s: float, until_s: float) -> list[Step]:
+        """Steps that started at or after since_s and ended by until_s."""
+        self._advance(max(since_s, self.start_s))
+        self._advance(until_s)
+        return [s for s in self.steps if s.start_s >= since_s and s.end_s <= until_s]
+
+    # -- draw ------------------------------------------------------------------------------------
+    def demand_w(self, ranks: np.ndarray | slice, t_s: float) -> np.ndarray:
+        """What each rank would draw uncapped and unsmoothed at t_s, W."""
+        step = self.step_at(t_s)
+        n = len(self.compute_w[ranks])
+        if step is None:
+            return np.full(n, self.shape.idle_w)
+        computing = (step.compute_start_s[ranks] <= t_s) & (t_s < step.compute_end_s[ranks])
+        resting = np.where(step.active[ranks], self.comm_w[ranks], self.shape.idle_w)
+        return np.where(computing, self.compute_w[ranks], resting)
+
+    def draw_w(self, ranks: np.ndarray | slice, t_s: float) -> np.ndarray:
+        """Each rank's draw at t_s, W, before measurement noise."""
+        step = self.step_at(t_s)
+        if step is None:
+            idle = np.maximum(self.shape.idle_w, self.floor_w[ranks])
+            return np.minimum(idle, self.cap_w[ranks])
+        level = _level(step, ranks, t_s)
+        position = step.index - self.steps[0].index
+        if position > 0:
+            before = t_s < step.compute_start_s[ranks]
+            if before.any():
+                level = np.where(before, _level(self.steps[position - 1], ranks, t_s), level)
+        # The power-capping firmware clamps draw within milliseconds of a new limit, even mid-step.
+        return np.minimum(level, self.cap_w[ranks])
+
+
+def _level(step: Step, ranks: np.ndarray | slice, t_s: float) -> np.ndarray:
+    """Draw within (or just after) `step`: ramp up into compute, ramp down after it."""
+    cs, ce = step.compute_start_s[ranks], step.compute_end_s[ranks]
+    peak, trough = step.peak_w[ranks], step.trough_w[ranks]
+    up, down = step.ramp_up_w_per_s[ranks], step.ramp_down_w_per_s[ranks]
+    with np.errstate(invalid="ignore"):
+        rising = np.where(np.isfinite(up), np.minimum(peak, trough + up * np.maximum(t_s - cs, 0.0)), peak)
+        reached = np.where(np.isfinite(up), np.minimum(peak, trough + up * (ce - cs)), peak)
+        falling = np.where(np.isfinite(down), np.maximum(trough, reached - down * np.maximum(t_s - ce, 0.0)), trough)
+    return np.where(t_s < cs, trough, np.where(t_s < ce, rising, falling))

@@ -1,0 +1,456 @@
+"""Scale: one controller against 256 / 1,024 / 2,048 simulated nodes × 8 GPUs on loopback.
+
+Run: .venv/bin/python bench/scale.py [--sizes 256,1024,2048] [--measure-s 30] [--agent-procs 2] [--no-write]
+
+Per fleet size, in fresh processes:
+
+1. **Controller**: a real `rasd.controller.server.Controller` in its own process (gRPC on
+   127.0.0.1, SQLite file store in WAL mode, remediation on with the default production policy,
+   JSON logs at info to /dev/null as ``rasd-controller`` would write them). Its CPU seconds and
+   peak RSS are that process's own (``getrusage``), so the agents' cost is not in them.
+2. **Agents**: `rasd.sim.swarm` agents spread over ``--agent-procs`` processes. Every node has its
+   own gRPC channel, TCP connection and ``AgentService.Connect`` stream, 8 GPUs, and sends what a
+   real agent sends at the default rates: one telemetry batch per second with 10 power samples
+   per GPU (10 Hz) and one counter sample per GPU (1 Hz). The swarm's spool is in memory (see
+   sim/swarm.py). All agents start at once (a connect storm); "all connected" is the time from
+   their start to the last agent's first Welcome.
+3. **Steady window** (``--measure-s``, after ``--warmup-s``): telemetry samples ingested per second
+   (the controller's own count of power samples it kept), controller CPU seconds in the window.
+4. **Fault burst** in the middle of the window: ``max(16, nodes / 16)`` faults over
+   ``--burst-s`` seconds, each on a different random node, drawn from a mix shaped like the Llama 3
+   interruption causes (application Xid 13/31, HBM Xid 48 and ECC DBE, NVLink errors, GPUs off the
+   bus, row-remap failures). They travel the real path: agent spool → stream → store → ack →
+   classify → ladder → outbox → dispatch → command on the agent's stream.
+
+"event→dispatch" is the controller's own `RemediationStats.decision_latency_s`: event stored →
+dispatch, per action the event's decision dispatched (a reset is two: quarantine the GPU, reset
+it), for events that led to a dispatch (some actions are held by the disruption budget).
+"event→command at agent" is measured end to end on the agent side: the event's observed time → the
+first command that node receives after it (one clock: all processes share the host's).
+
+Also reported: how much of the window the controller's single store thread spent flushing the
+latest telemetry (``rasd_store_flush_seconds``) and the mean health-event batch receive → ack time
+(``rasd_event_persist_seconds``); ``--profile PATH`` writes a cProfile of the controller's event loop.
+
+Figures go to the "## Scale" section of bench/RESULTS.md. The goal (issue #9): one replica
+carries 2,048 nodes × 8 GPUs on one core with decision p99 ≤ 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import multiprocessing
+import multiprocessing.connection
+import os
+import pathlib
+import random
+import resource
+import sys
+import tempfile
+import time
+from typing import Any
+
+import results
+
+SECTION = "## Scale"
+GPUS_PER_NODE = 8
+NODES_PER_RACK = 16
+NODES_PER_NVLINK_DOMAIN = 8
+GOAL_P99_MS = 50.0
+# (weight, label, EventKind name, xid, attributes): the fault mix of the burst.
+MIX: tuple[tuple[float, str, str, int | None, dict[str, str]], ...] = (
+    (0.30, "xid13", "EVENT_KIND_XID", 13, {}),
+    (0.10, "xid31", "EVENT_KIND_XID", 31, {}),
+    (0.17, "xid48", "EVENT_KIND_XID", 48, {}),
+    (0.08, "ecc_dbe", "EVENT_KIND_ECC_DBE", None, {"remapped_rows_uncorrectable": "2"}),
+    (0.15, "nvlink_errors", "EVENT_KIND_NVLINK_ERRORS", None, {"link": "3", "nvlink_errors_per_s": "5000"}),
+    (0.15, "xid79", "EVENT_KIND_XID", 79, {}),
+    (0.05, "row_remap_failure", "EVENT_KIND_ROW_REMAP_FAILURE", None, {}),
+)
+
+
+def node_name(i: int) -> str:
+    """Node i's id."""
+    return f"node-{i:05d}"
+
+
+def labels(i: int) -> dict[str, str]:
+    """Node i's topology labels (16 nodes a rack, 8 an NVLink domain)."""
+    return {"rack": f"rack-{i // NODES_PER_RACK:04d}", "nvlink_domain": f"nvl-{i // NODES_PER_NVLINK_DOMAIN:04d}"}
+
+
+def _raise_fd_limit() -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _usage() -> tuple[float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
+
+
+# -- the controller process -----------------------------------------------------------------------
+def controller_process(conn: multiprocessing.connection.Connection, db_path: str, profile_path: str = "") -> None:
+    """Run one controller until told to stop; answer status requests on conn (profile_path: cProfile its loop)."""
+    _raise_fd_limit()
+    from rasd.common import logging as rasd_logging
+    from rasd.controller import server
+
+    rasd_logging.configure("info", json=True)
+    # The controller's JSON logs are written (their cost is part of the controller's), to /dev/null.
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the process's lifetime)
+
+    async def main() -> None:
+        controller = server.Controller(
+            server.ControllerSettings(listen="127.0.0.1:0", db_url=f"sqlite:///{db_path}", metrics_port=None)
+        )
+        await controller.start()
+        conn.send(("ready", controller.port))
+        profiler = cProfile.Profile() if profile_path else None
+        if profiler is not None:
+            profiler.enable()  # the event-loop thread only (the store thread is not in it)
+        try:
+            while True:
+                request = await asyncio.to_thread(conn.recv)
+                if request == "status":
+                    cpu_s, rss = _usage()
+                    conn.send(
+                        {
+                            "at_ns": time.time_ns(),
+                            "sessions": len(controller.ingest.sessions),
+                            "samples": controller.ingest.samples_ingested,
+                            "events": controller.ingest.events_stored,
+                            "decisions": len(controller.remediation.stats.decision_latency_s)
+                            if controller.remediation
+                            else 0,
+                            "cpu_s": cpu_s,
+                            "rss_mib": rss,
+                            # The single store thread: time spent writing the latest telemetry.
+                            "flush_s": controller.registry.get_sample_value("rasd_store_flush_seconds_sum") or 0.0,
+                            "flushes": controller.registry.get_sample_value("rasd_store_flush_seconds_count") or 0.0,
+                            "persist_s": controller.registry.get_sample_value("rasd_event_persist_seconds_sum") or 0.0,
+                            "persists": controller.registry.get_sample_value("rasd_event_persist_seconds_count") or 0.0,
+                        }
+                    )
+                elif request == "stop":
+                    break
+        finally:
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(profile_path)
+            stats = controller.remediation.stats if controller.remediation else None
+            await controller.stop()
+            cpu_s, rss = _usage()
+            conn.send(
+                {
+                    "decision_latency_s": list(stats.decision_latency_s) if stats else [],
+                    "actions_by_kind": dict(stats.actions_by_kind) if stats else {},
+                    "events_decided": stats.events if stats else 0,
+                    "cpu_s": cpu_s,
+                    "peak_rss_mib": rss,
+                }
+            )
+
+    asyncio.run(main())
+
+
+# -- an agent process -------------------------------------------------------------------------------
+def swarm_process(
+    conn: multiprocessing.connection.Connection, address: str, first: int, count: int, seed: int, spread_s: float
+) -> None:
+    """Run agents first..first+count-1 until told to stop; inject faults when told."""
+    _raise_fd_limit()
+    from rasd.api.v1 import health_pb2 as health_pb
+    from rasd.sim import swarm
+
+    async def main() -> None:
+        started_ns = time.time_ns()
+        fleet = swarm.Swarm(
+            [node_name(first + i) for i in range(count)],
+            swarm.SwarmSettings(controller_address=address, gpus_per_node=GPUS_PER_NODE, seed=seed),
+            labels=lambda i: labels(first + i),
+        )
+        stop = asyncio.Event()
+        runner = asyncio.create_task(fleet.run(stop, connect_spread_s=spread_s))
+        injected: dict[int, int] = {}  # local index -> event observed ns
+        pending: set[asyncio.Task[None]] = set()
+
+        async def inject_later(index: int, delay_s: float, kind: str, xid: int | None, attrs: dict[str, str]) -> None:
+            await asyncio.sleep(delay_s)
+            agent = fleet.agents[index]
+            event = agent.inject(
+                health_pb.EventKind.Value(kind),
+                gpu_index=random.Random(index).randrange(GPUS_PER_NODE),
+                xid=xid,
+                message=f"bench fault {kind} {xid or ''}",
+                attributes=attrs,
+            )
+            injected[index] = event.observed_unix_ns
+
+        while True:
+            request = await asyncio.to_thread(conn.recv)
+            if request == "status":
+                conn.send({"connected": fleet.connected})
+            elif isinstance(request, tuple) and request[0] == "burst":
+                for index, delay_s, kind, xid, attrs in request[1]:
+                    task = asyncio.create_task(inject_later(index, delay_s, kind, xid, attrs))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                conn.send("ok")
+            elif request == "stop":
+                break
+        connected_at_stop = fleet.connected
+        stop.set()
+        await runner
+        latencies = []
+        for index, observed_ns in injected.items():
+            after = [at for at, _cid, _kind in fleet.agents[index].stats.commands if at >= observed_ns]
+            if after:
+                latencies.append((min(after) - observed_ns) / 1e9)
+        conn.send(
+            {
+                "started_ns": started_ns,
+                "first_connected_ns": [a.stats.first_connected_unix_ns for a in fleet.agents],
+                "connect_failures": sum(a.stats.connect_failures for a in fleet.agents),
+                "connected_at_stop": connected_at_stop,
+                "samples_sent": sum(a.stats.power_samples_sent for a in fleet.agents),
+                "injected": len(injected),
+                "e2e_latency_s": latencies,
+                "unacked": sum(a.spool_depth for a in fleet.agents),
+                "cpu_s": _usage()[0],
+            }
+        )
+
+    asyncio.run(main())
+
+
+# -- the driver ---------------------------------------------------------------------------------------
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def _ask(conn: multiprocessing.connection.Connection, request: Any, timeout_s: float = 60.0) -> Any:
+    conn.send(request)
+    if not conn.poll(timeout_s):
+        raise TimeoutError(f"no answer to {request!r} within {timeout_s:g} s")
+    return conn.recv()
+
+
+def run_size(nodes: int, args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
+    """Measure one fleet size; returns its row."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    profile = str(args.profile.with_suffix(f".{nodes}.pstats")) if args.profile else ""
+    controller = ctx.Process(
+        target=controller_process, args=(child, str(work / f"scale-{nodes}.db"), profile), daemon=True
+    )
+    controller.start()
+    tag, port = parent.recv()
+    assert tag == "ready"
+    address = f"127.0.0.1:{port}"
+    procs = max(1, min(args.agent_procs, nodes))
+    per = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
+    swarms = []
+    first = 0
+    for count in per:
+        a, b = ctx.Pipe()
+        spread_s = nodes / args.connect_rate if args.connect_rate > 0 else 0.0
+        p = ctx.Process(target=swarm_process, args=(b, address, first, count, args.seed, spread_s), daemon=True)
+        p.start()
+        swarms.append((p, a, first, count))
+        first += count
+    try:
+        arrivals_s = nodes / args.connect_rate if args.connect_rate > 0 else 0.0
+        deadline = time.monotonic() + arrivals_s + args.connect_timeout_s
+        while time.monotonic() < deadline:
+            if _ask(parent, "status")["sessions"] >= nodes:
+                break
+            time.sleep(0.5)
+        time.sleep(args.warmup_s)
+        before = _ask(parent, "status")
+        rng = random.Random(args.seed * 7919 + nodes)
+        faults = max(16, nodes // 16)
+        targets = rng.sample(range(nodes), faults)
+        plans: list[list[tuple[int, float, str, int | None, dict[str, str]]]] = [[] for _ in swarms]
+        mix_counts: dict[str, int] = {}
+        for k, node in enumerate(targets):
+            _w, label, kind, xid, attrs = rng.choices(MIX, [m[0] for m in MIX])[0]
+            mix_counts[label] = mix_counts.get(label, 0) + 1
+            owner = next(i for i, (_p, _c, f, c) in enumerate(swarms) if f <= node < f + c)
+            plans[owner].append((node - swarms[owner][2], args.burst_s * k / faults, kind, xid, attrs))
+        time.sleep(args.measure_s / 3)
+        for (_p, conn, _f, _c), plan in zip(swarms, plans, strict=True):
+            _ask(conn, ("burst", plan))
+        time.sleep(args.measure_s * 2 / 3)
+        after = _ask(parent, "status")
+        time.sleep(args.drain_s)
+        agent_stats = []
+        for _p, conn, _f, _c in swarms:
+            agent_stats.append(_ask(conn, "stop", timeout_s=120))
+        final = _ask(parent, "stop", timeout_s=120)
+    finally:
+        for p, *_ in swarms:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        controller.join(timeout=30)
+        if controller.is_alive():
+            controller.kill()
+    window_s = (after["at_ns"] - before["at_ns"]) / 1e9
+    started = min(s["started_ns"] for s in agent_stats)
+    firsts = [t for s in agent_stats for t in s["first_connected_ns"]]
+    latency = final["decision_latency_s"]
+    e2e = [x for s in agent_stats for x in s["e2e_latency_s"]]
+    return {
+        "nodes": nodes,
+        "gpus": nodes * GPUS_PER_NODE,
+        "agents_connected": after["sessions"],
+        "all_connected_s": (max(firsts) - started) / 1e9 if firsts and all(firsts) else float("nan"),
+        "never_connected": sum(1 for t in firsts if not t),
+        "connect_failures": sum(s["connect_failures"] for s in agent_stats),
+        "window_s": window_s,
+        "samples_per_s": (after["samples"] - before["samples"]) / window_s,
+        "samples_offered_per_s": nodes * GPUS_PER_NODE * 1000 / 100,
+        "cpu_s_window": after["cpu_s"] - before["cpu_s"],
+        "cpu_s_total": final["cpu_s"],
+        "peak_rss_mib": final["peak_rss_mib"],
+        "faults": faults,
+        "mix": mix_counts,
+        "events_decided": final["events_decided"],
+        "decisions": len(latency),
+        "decision_p50_ms": _pct(latency, 50) * 1000,
+        "decision_p99_ms": _pct(latency, 99) * 1000,
+        "e2e_n": len(e2e),
+        "e2e_p50_ms": _pct(e2e, 50) * 1000,
+        "e2e_p99_ms": _pct(e2e, 99) * 1000,
+        "actions": final["actions_by_kind"],
+        "unacked_events": sum(s["unacked"] for s in agent_stats),
+        "agent_cpu_s": sum(s["cpu_s"] for s in agent_stats),
+        "flush_busy_pct": 100 * (after["flush_s"] - before["flush_s"]) / window_s,
+        "flush_mean_s": (after["flush_s"] - before["flush_s"]) / max(1.0, after["flushes"] - before["flushes"]),
+        "persist_mean_ms": 1000
+        * (after["persist_s"] - before["persist_s"])
+        / max(1.0, after["persists"] - before["persists"]),
+    }
+
+
+def _fmt(value: float, digits: int = 1) -> str:
+    return "–" if value != value else f"{value:,.{digits}f}"
+
+
+def render(rows: list[dict[str, Any]], args: argparse.Namespace, machine: str, when: str) -> str:
+    """The RESULTS.md section."""
+    lines = [
+        SECTION,
+        "",
+        f"Command: `.venv/bin/python bench/scale.py --sizes {','.join(str(r['nodes']) for r in rows)} "
+        f"--measure-s {args.measure_s:g} --agent-procs {args.agent_procs} --connect-rate {args.connect_rate:g} "
+        f"--connect-timeout-s {args.connect_timeout_s:g}`  ",
+        f"Machine: {machine}  ",
+        f"Run: {when}; per size a fresh controller process (SQLite WAL store, remediation on, default policy, "
+        f"JSON logs at info to /dev/null) and {args.agent_procs} agent processes of `rasd.sim.swarm` agents "
+        "(each its own gRPC channel, TCP connection and stream; in-memory spool; commands answered at once). "
+        f"Every node sends 8 GPUs × 10 Hz power + 1 Hz counters in one batch per second. "
+        + (
+            f"Agents start at {args.connect_rate:g} per second (all connected = first start → last Welcome); "
+            if args.connect_rate > 0
+            else "All agents start at once (all connected = start → last Welcome); "
+        )
+        + f"then {args.warmup_s:g} s warm-up and a {args.measure_s:g} s window with a fault burst "
+        f"(max(16, nodes/16) faults over {args.burst_s:g} s, one per node) at a third of it. "
+        "The agents share the machine's cores with the controller.",
+        "",
+        "| nodes | GPUs | agents connected | all connected s | samples/s ingested (offered) | "
+        "event→dispatch p50 ms | p99 ms | actions timed | event→command at agent p50 ms | p99 ms | "
+        "controller CPU s in window | CPU % of one core | peak RSS MiB |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['nodes']:,} | {r['gpus']:,} | {r['agents_connected']:,} | {_fmt(r['all_connected_s'])} | "
+            f"{r['samples_per_s']:,.0f} ({r['samples_offered_per_s']:,.0f}) | {_fmt(r['decision_p50_ms'])} | "
+            f"{_fmt(r['decision_p99_ms'])} | {r['decisions']} ({r['faults']} faults) | {_fmt(r['e2e_p50_ms'])} | "
+            f"{_fmt(r['e2e_p99_ms'])} | {r['cpu_s_window']:.1f} of {r['window_s']:.0f} s | "
+            f"{100 * r['cpu_s_window'] / r['window_s']:.0f} | {r['peak_rss_mib']:,.0f} |"
+        )
+    lines.append("")
+    for r in rows:
+        mix = ", ".join(f"{k} {v}" for k, v in sorted(r["mix"].items()))
+        actions = ", ".join(f"{k} {v}" for k, v in sorted(r["actions"].items())) or "none"
+        lines.append(
+            f"- {r['nodes']:,} nodes: faults {mix}; dispatched {actions}; events decided {r['events_decided']}; "
+            f"events unacked at the end {r['unacked_events']}; agents never connected {r['never_connected']}, "
+            f"connect failures {r['connect_failures']}; controller CPU {r['cpu_s_total']:.1f} s over its whole life "
+            f"(connect storm included); agent processes CPU {r['agent_cpu_s']:.1f} s; the store thread spent "
+            f"{r['flush_busy_pct']:.0f} % of the window writing the latest telemetry (mean flush "
+            f"{r['flush_mean_s']:.2f} s); health-event batch receive → ack mean {r['persist_mean_ms']:.0f} ms."
+        )
+    worst = max(rows, key=lambda r: r["nodes"])
+    one_core = 100 * worst["cpu_s_window"] / worst["window_s"]
+    met = worst["nodes"] >= 2048 and worst["decision_p99_ms"] <= GOAL_P99_MS and one_core <= 100
+    lines += [
+        "",
+        f"Goal: one replica carries 2,048 nodes × 8 GPUs on one core with decision p99 ≤ {GOAL_P99_MS:g} ms: "
+        + ("met" if met else "NOT met")
+        + f" ({worst['nodes']:,} nodes: CPU {one_core:.0f} % of one core, decision p99 "
+        f"{_fmt(worst['decision_p99_ms'])} ms, {worst['samples_per_s']:,.0f} of "
+        f"{worst['samples_offered_per_s']:,.0f} samples/s).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every size and write the section."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="256,1024,2048", help="node counts, comma-separated")
+    parser.add_argument("--measure-s", type=float, default=30.0)
+    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument("--burst-s", type=float, default=5.0)
+    parser.add_argument("--drain-s", type=float, default=3.0)
+    parser.add_argument(
+        "--connect-rate", type=float, default=25.0, help="agents starting per second (0: all at once, a storm)"
+    )
+    parser.add_argument(
+        "--connect-timeout-s", type=float, default=120.0, help="how long after the last start to wait for all"
+    )
+    parser.add_argument("--agent-procs", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=9)
+    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
+    parser.add_argument(
+        "--profile", type=pathlib.Path, help="cProfile the controller's event loop to PROFILE.<nodes>.pstats (slower)"
+    )
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    machine = results.machine(f"agent processes {args.agent_procs}")
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rasd-scale-") as scratch:
+        for nodes in sizes:
+            started = time.monotonic()
+            row = run_size(nodes, args, pathlib.Path(scratch))
+            rows.append(row)
+            print(
+                f"{nodes} nodes: connected {row['agents_connected']} in {_fmt(row['all_connected_s'])} s, "
+                f"{row['samples_per_s']:,.0f} samples/s, decision p50/p99 {_fmt(row['decision_p50_ms'])}/"
+                f"{_fmt(row['decision_p99_ms'])} ms ({row['decisions']}), CPU {row['cpu_s_window']:.1f} s "
+                f"in {row['window_s']:.0f} s, RSS {row['peak_rss_mib']:.0f} MiB ({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
+    text = render(rows, args, machine, when)
+    print(text)
+    if not args.no_write:
+        results.write_section(SECTION, text)
+        print(f"wrote the {SECTION!r} section of {results.RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""rasctl power: the budget tree (status), run-time budgets, and the power policy.
+
+rasctl power status [--json]                 the tree: budget, allocated, target, drawn, headroom; swing now
+rasctl power budget set DOMAIN WATTS         change one domain's budget (persisted, enforced at once)
+rasctl power budget clear DOMAIN             remove a domain's own budget (not the cluster's)
+rasctl power policy show [--json]            the policy in force, as TOML
+rasctl power policy set [--file F] [K=V ...] replace it: F's TOML (or the current policy) with K=V changes
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import tomllib
+from typing import Any, TextIO
+
+from rasd.api.v1 import admin_service_pb2 as admin_pb
+from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
+from rasd.cli import output
+
+
+def add_parser(commands: Any) -> None:
+    """Add `power` and its subcommands to rasctl's subparsers."""
+    power = commands.add_parser("power", help="power budget tree, budgets and policy")
+    sub = power.add_subparsers(dest="power_command", required=True, metavar="POWER_COMMAND")
+    status = sub.add_parser("status", help="the budget tree: budget, allocated, drawn, headroom; swing now")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    budget = sub.add_parser("budget", help="change a domain's budget")
+    budget_sub = budget.add_subparsers(dest="budget_command", required=True, metavar="BUDGET_COMMAND")
+    budget_set = budget_sub.add_parser("set", help="set DOMAIN's budget to WATTS")
+    budget_set.add_argument("domain")
+    budget_set.add_argument("watts", type=_watts)
+    budget_set.add_argument("--reason", default="operator")
+    budget_clear = budget_sub.add_parser("clear", help="remove DOMAIN's own budget")
+    budget_clear.add_argument("domain")
+    budget_clear.add_argument("--reason", default="operator")
+    policy = sub.add_parser("policy", help="show or replace the power policy")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="POLICY_COMMAND")
+    show = policy_sub.add_parser("show", help="the policy in force (TOML)")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    change = policy_sub.add_parser("set", help="replace the policy")
+    change.add_argument("--file", help="TOML file with the whole policy ('-' reads stdin)")
+    change.add_argument("changes", nargs="*", metavar="KEY=VALUE", help="changes on top (TOML values)")
+    change.add_argument("--reason", default="operator")
+
+
+def _watts(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"WATTS must be a whole number of watts, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"WATTS must be >= 0, got {value}")
+    return value
+
+
+def parse_changes(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs with TOML values ("control_period_s=2", "peak_cap_enabled=true").
+
+    Raises:
+        ValueError: a pair without "=", or a value that is not a TOML value.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"policy change {pair!r} is not KEY=VALUE")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            raise ValueError(f"policy change {pair!r}: {value!r} is not a TOML value (quote strings)") from None
+    return out
+
+
+def _toml(mapping: dict[str, Any]) -> str:
+    lines = []
+    for key, value in mapping.items():
+        lines.append(f"{key} = {'true' if value is True else 'false' if value is False else repr(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, timeout: float) -> None:
+    """Carry out one `rasctl power ...` command."""
+    if args.power_command == "status":
+        status = stub.GetPowerStatus(admin_pb.GetPowerStatusRequest(), timeout=timeout)
+        if args.json:
+            output.dump_json(output.message_json(status), out)
+        else:
+            status_table(status, out)
+    elif args.power_command == "budget":
+        clear = args.budget_command == "clear"
+        response = stub.SetPowerBudget(
+            admin_pb.SetPowerBudgetRequest(
+                domain_id=args.domain, budget_w=0 if clear else args.watts, clear=clear, reason=args.reason
+            ),
+            timeout=timeout,
+        )
+        domain = response.domain
+        budget = f"{domain.budget_w} W" if domain.has_budget else "no own budget"
+        print(f"{domain.level} {domain.domain_id}: {budget}", file=out)
+    elif args.policy_command == "show":
+        text = stub.GetPowerPolicy(admin_pb.GetPowerPolicyRequest(), timeout=timeout).policy_toml
+        if args.json:
+            output.dump_json(tomllib.loads(text), out)
+        else:
+            out.write(text)
+    else:
+        if args.file:
+            text = sys.stdin.read() if args.file == "-" else pathlib.Path(args.file).read_text()
+        else:
+            text = stub.GetPowerPolicy(admin_pb.GetPowerPolicyRequest(), timeout=timeout).policy_toml
+        policy = {**tomllib.loads(text), **parse_changes(args.changes)}
+        response = stub.SetPowerPolicy(
+            admin_pb.SetPowerPolicyRequest(policy_toml=_toml(policy), reason=args.reason), timeout=timeout
+        )
+        out.write(response.policy_toml)
+
+
+def _kw(watts: float) -> str:
+    return f"{watts / 1000:.1f}"
+
+
+def status_table(status: admin_pb.GetPowerStatusResponse, out: TextIO) -> None:
+    """The tree, indented by level, then one line on the swing and smoothing."""
+    rows: list[list[Any]] = []
+
+    def walk(domain: admin_pb.PowerDomain, depth: int) -> None:
+        rows.append(
+            [
+                "  " * depth + domain.domain_id,
+                domain.level,
+                _kw(domain.budget_w) if domain.has_budget else "-",
+                _kw(domain.allocated_w),
+                _kw(domain.target_w),
+                _kw(domain.drawn_w),
+                _kw(domain.headroom_w) if domain.has_budget else "-",
+            ]
+        )
+        for child in domain.children:
+            walk(child, depth + 1)
+
+    if status.HasField("root"):
+        walk(status.root, 0)
+    output.table(["DOMAIN", "LEVEL", "BUDGET kW", "ALLOCATED kW", "TARGET kW", "DRAWN kW", "HEADROOM kW"], rows, out)
+    smoothing = (
+        f"{status.smoothing_mode}, floor {status.smoothing_floor_w:.0f} W/GPU" if status.smoothing_active else "off"
+    )
+    period = f"{status.swing_period_s:.2f} s" if status.swing_period_s else "-"
+    print(
+        f"swing now: {_kw(status.swing_p2p_w)} kW peak-to-peak, period {period}, "
+        f"max ramp {_kw(status.max_ramp_w_per_s)} kW/s; smoothing {smoothing}; "
+        f"stranded {_kw(status.stranded_w)} kW; periods {status.periods}",
+        file=out,
+    )
+    if status.over_budget:
+        print(f"over budget until decreases are confirmed: {', '.join(status.over_budget)}", file=out)

@@ -1,0 +1,884 @@
+"""The controller's power loop: the I/O around the pure power core, one control period at a time.
+
+Owns the running power manager of this replica: the budget tree and policy in force (config, then
+the operator's run-time changes), the two-phase apply state (`core.power_apply.ApplyState`), the
+smoothing plan, and the status rasctl shows. Each period (`step`, with `now` from the injected clock):
+
+1. inventory: the GPUs of the tree's nodes as their agents announced them (a node that came back
+   with a new boot id is forgotten: its limits reset to default);
+2. fold in what came back: SetPowerCap results (acks with read-backs) and the enforced limits in
+   telemetry (`power_apply.record`);
+3. views: each GPU's draw is its peak over the last period (stale telemetry: drawing at the cap that
+   may be in force), SW-power-cap throttling, quarantined GPUs and nodes are ineligible (they
+   release their share), nodes without a stream are unreachable (held where they may be);
+4. `power.allocate`, then the aggregate ramp-rate limit on raises (`swing.limit_aggregate_raise`);
+5. `power_apply.plan`: decreases first; raises only into slack that counts unconfirmed decreases as
+   not applied; the new apply state is persisted **before** any command leaves, so a restart knows
+   every command that may land;
+6. send one SetPowerCap per node through the ingest; results come back as acks for the next period;
+7. smoothing: once a window of unmanaged aggregate power shows a coherent swing, `swing.plan_smoothing`
+   chooses a profile and SetPowerSmoothing goes to every GPU that supports it; it is switched off
+   when the job stops (utilisation gone) and re-planned after a policy change;
+8. nodes unreachable for `bmc_fallback_after_s` whose caps must come down get a node power limit
+   through the BMC (Redfish PowerLimit); once the BMC confirms it, the node counts at that limit.
+
+Start and stop live in `start()`/`stop()` only, so a leader-election gate wraps exactly these two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import structlog
+
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.common import settings as settings_check
+from rasd.controller import ingest as ingest_mod
+from rasd.controller.core import power, power_apply, power_policy, power_tree, swing
+from rasd.controller.store import remediation as rstore
+
+log = structlog.get_logger("rasd.controller.power")
+
+SW_POWER_CAP = 0x4
+"""NVML clock event reason: clocks held down by the software power cap."""
+
+APPLY_DOC = "power/apply"
+BUDGETS_DOC = "power/budgets"
+POLICY_DOC = "power/policy"
+NOT_EXECUTED = frozenset(
+    {
+        commands_pb.ACTION_OUTCOME_TIMED_OUT,
+        commands_pb.ACTION_OUTCOME_REFUSED,
+        commands_pb.ACTION_OUTCOME_DRY_RUN,
+        commands_pb.ACTION_OUTCOME_NOT_SUPPORTED,
+    }
+)
+"""Outcomes after which the agent did not and will not change the limit (an ack without read-back)."""
+
+
+class PowerSettingsError(ValueError):
+    """A bad `[power]` table; the message starts with the offending key's path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerSettings:
+    """The `[power]` table of controller.toml."""
+
+    tree: power_tree.PowerTree
+    """The budget tree from `[power.tree]`."""
+    policy: power_policy.PowerPolicy = dataclasses.field(default_factory=power_policy.PowerPolicy)
+    """From `[power.policy]`."""
+    telemetry_stale_s: float = 5.0
+    """A GPU whose last power sample is older than this is treated as drawing at its cap."""
+    detect_window_s: float = 20.0
+    """Unmanaged aggregate power the swing detector needs before it plans smoothing, s."""
+    bmc_fallback_after_s: float = 10.0
+    """A node without a stream this long whose caps must come down gets a BMC power limit."""
+    min_step_interval_s: float = 0.2
+    """Earliest next period after an early wake-up (a budget change, acks with raises waiting)."""
+    draw_window_s: float = 5.0
+    """A GPU's draw is its peak over this long (at least one control period): it must span whole
+    training steps, or a window that falls in a communication phase makes a busy GPU look idle."""
+    seed: int = 0
+    """Seed of the raise jitter."""
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "power.") -> PowerSettings:
+        """Validate the `[power]` table; errors name the key (e.g. `power.tree.rows[0].budget_w`).
+
+        Raises:
+            PowerSettingsError: any bad key or value.
+        """
+        scalars = {k: v for k, v in data.items() if k not in ("tree", "policy")}
+        values = settings_check.typed_values(_ScalarSettings, scalars, prefix, PowerSettingsError)
+        if "tree" not in data:
+            raise PowerSettingsError(f"{prefix}tree: required (the budget tree)")
+        try:
+            tree = power_tree.PowerTree.from_mapping(data["tree"])
+        except power_tree.PowerTreeError as exc:
+            raise PowerSettingsError(f"{prefix}tree.{exc.key}: {exc}") from None
+        try:
+            policy = power_policy.PowerPolicy.from_mapping(data.get("policy", {}))
+        except power_policy.PolicyError as exc:
+            raise PowerSettingsError(f"{prefix}policy.{exc.key}: {exc}") from None
+        settings = cls(tree=tree, policy=policy, **values)
+        for key in (
+            "telemetry_stale_s",
+            "detect_window_s",
+            "bmc_fallback_after_s",
+            "min_step_interval_s",
+            "draw_window_s",
+        ):
+            settings_check.require(getattr(settings, key) > 0, f"{prefix}{key}", "must be > 0",
+                                   getattr(settings, key), PowerSettingsError)  # fmt: skip
+        return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class _ScalarSettings:
+    """The scalar keys of `[power]`, for the shared settings checker."""
+
+    telemetry_stale_s: float = 5.0
+    detect_window_s: float = 20.0
+    bmc_fallback_after_s: float = 10.0
+    min_step_interval_s: float = 0.2
+    draw_window_s: float = 5.0
+    seed: int = 0
+
+
+class NodePowerLimiter(Protocol):
+    """Out-of-band node power limits (the BMC); calls block, the loop runs them in a thread."""
+
+    def configured(self, node_id: str) -> bool:
+        """Whether the node has a BMC to ask."""
+        ...
+
+    def set_node_limit(self, node_id: str, limit_w: int | None) -> int | None:
+        """Set (None: lift) the node's power limit; returns the limit read back, W (None: no limit)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainStatus:
+    """One domain of the tree as rasctl shows it."""
+
+    name: str
+    level: str
+    budget_w: int | None
+    allocated_w: float
+    """Sum of caps that may be in force below it (the invariant's left-hand side), W."""
+    target_w: float
+    """Sum of this period's target caps, W."""
+    drawn_w: float
+    """Sum of the latest draw, W."""
+    children: tuple[DomainStatus, ...]
+
+    @property
+    def headroom_w(self) -> float | None:
+        """budget - allocated; None without an own budget."""
+        return None if self.budget_w is None else self.budget_w - self.allocated_w
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerStatus:
+    """The latest period's picture."""
+
+    at_unix_s: float
+    root: DomainStatus | None
+    swing: swing.SwingReport | None
+    smoothing: swing.SmoothingPlan | None
+    stranded_w: float
+    unmet_w: float
+    over_budget: tuple[str, ...]
+    reason: str
+    periods: int
+
+
+@dataclasses.dataclass
+class PowerStats:
+    """Counters for tests, the simulator and metrics."""
+
+    periods: int = 0
+    commands_sent: int = 0
+    decreases_sent: int = 0
+    increases_sent: int = 0
+    acks: int = 0
+    smoothing_commands: int = 0
+    bmc_limits: int = 0
+    stranded_w: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    """(period time s, stranded W) for every period."""
+    step_ms: list[float] = dataclasses.field(default_factory=list)
+
+
+class PowerLoop:
+    """The running power manager of one replica. `await start()`, then `await stop()`."""
+
+    def __init__(
+        self,
+        ingest: ingest_mod.Ingest,
+        settings: PowerSettings,
+        *,
+        limiter: NodePowerLimiter | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        replica: str = "",
+    ) -> None:
+        """Bind to the ingest (telemetry, streams, store thread); nothing runs until start()."""
+        self._ingest = ingest
+        self.settings = settings
+        self._docs = rstore.RemediationStore(ingest.store.engine)
+        self._limiter = limiter
+        self._clock = clock
+        self._replica = replica or uuid.uuid4().hex[:6]
+        self._configured_tree = settings.tree
+        self.tree = settings.tree
+        self.policy = settings.policy
+        self._budget_overrides: dict[str, int | None] = {}
+        self.state: power_apply.ApplyState | None = None
+        self._targets: np.ndarray | None = None
+        self._acks: list[power_apply.CapAck] = []
+        self._boot_ids: dict[str, str] = {}
+        self._rng = np.random.default_rng(settings.seed)
+        self._wake = asyncio.Event()
+        self._step_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._sends: set[asyncio.Task[None]] = set()
+        self._last_step_s = 0.0
+        self._waiting = 0
+        self._smoothing: swing.SmoothingPlan | None = None
+        self._smoothing_unmanaged: swing.SwingReport | None = None
+        self._smoothing_nodes: dict[str, str] = {}
+        self._smoothing_sent_s: dict[str, float] = {}
+        self._smoothing_off_since_s: float | None = None
+        self._unreachable_since: dict[str, float] = {}
+        self._bmc_limits: dict[str, int] = {}
+        self._bmc_confirmed: dict[str, tuple[float, dict[str, int]]] = {}
+        """node -> (when the BMC confirmed its limit, the GPU targets that limit covers)."""
+        self._bmc_in_flight: set[str] = set()
+        self.status = PowerStatus(0.0, None, None, None, 0.0, 0.0, (), "not started", 0)
+        self.stats = PowerStats()
+        self.on_period: Callable[[float, power_apply.ApplyState, np.ndarray], None] | None = None
+        """Called after each period with (now s, state, targets): the simulator's probe."""
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the persisted state (budgets, policy, apply state) and start the control loop."""
+        docs = await self._ingest.run_in_store(lambda: self._docs.load_docs("power/"))
+        now = self._now()
+        budgets = docs.get(BUDGETS_DOC) or {}
+        for name, budget in budgets.items():
+            try:
+                self.tree = self.tree.with_budget(name, budget)
+                self._budget_overrides[name] = budget
+            except power_tree.PowerTreeError as exc:
+                log.error("power_budget_override_dropped", domain=name, error=str(exc))
+        if docs.get(POLICY_DOC):
+            try:
+                self.policy = power_policy.PowerPolicy.from_mapping(docs[POLICY_DOC])
+            except power_policy.PolicyError as exc:
+                log.error("power_policy_override_dropped", error=str(exc))
+        if docs.get(APPLY_DOC):
+            self.state = power_apply.ApplyState.from_mapping(docs[APPLY_DOC])
+            log.info("power_state_restored", gpus=len(self.state.gpus), next_seq=self.state.next_seq)
+        else:
+            self.state = power_apply.ApplyState.unknown(
+                (), now=now, policy=self.policy, epoch=f"{int(now * 1000):x}{self._replica}"
+            )
+        self._task = asyncio.create_task(self._run(), name="rasd-power-loop")
+        log.info("power_loop_started", period_s=self.policy.control_period_s, domains=len(self.tree.domains))
+
+    async def stop(self) -> None:
+        """Stop the loop and wait for commands in flight (their acks are dropped; read-backs settle them)."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for task in list(self._sends):
+            task.cancel()
+        await asyncio.gather(*self._sends, return_exceptions=True)
+        log.info("power_loop_stopped")
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except Exception as exc:  # one bad period must not end power management
+                log.exception("power_period_failed", error=str(exc))
+            period = self.policy.control_period_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=period)
+            self._wake.clear()
+            gap = self.settings.min_step_interval_s - (self._now() - self._last_step_s)
+            if gap > 0:
+                await asyncio.sleep(gap)
+
+    def _now(self) -> float:
+        return self._clock() / 1e9
+
+    # -- operator changes ----------------------------------------------------------------------------
+    async def set_budget(
+        self, domain: str, budget_w: float | None, *, reason: str, actor: str = "operator"
+    ) -> power_tree.Domain:
+        """Change a domain's budget now (persisted); the loop runs a period at once to enforce a cut.
+
+        Raises:
+            power_tree.PowerTreeError: unknown domain or a budget below the minimum caps under it.
+        """
+        tree = self.tree.with_budget(domain, budget_w)
+        overrides = {**self._budget_overrides, domain: tree.domain(domain).budget_w}
+        new_w = tree.domain(domain).budget_w
+        await self._save(
+            {BUDGETS_DOC: overrides},
+            audit=_audit(self._clock(), actor, "set_power_budget", f"{domain}={new_w} W: {reason}"),
+        )
+        self.tree, self._budget_overrides = tree, overrides
+        log.warning("power_budget_set", domain=domain, budget_w=tree.domain(domain).budget_w, reason=reason)
+        if self._task is not None:
+            await self.step()  # a cut is enforced now, not at the next period
+        return tree.domain(domain)
+
+    async def set_policy(
+        self, mapping: Mapping[str, Any], *, reason: str, actor: str = "operator"
+    ) -> power_policy.PowerPolicy:
+        """Replace the policy (persisted); smoothing is switched off and planned again from fresh data.
+
+        Raises:
+            power_policy.PolicyError: naming the offending key.
+        """
+        policy = power_policy.PowerPolicy.from_mapping(mapping)
+        await self._save(
+            {POLICY_DOC: policy.to_mapping()}, audit=_audit(self._clock(), actor, "set_power_policy", reason)
+        )
+        self.policy = policy
+        log.warning("power_policy_set", reason=reason)
+        if self._smoothing is not None:
+            await self._disable_smoothing("policy changed")
+        self._smoothing_off_since_s = self._now()
+        self._wake.set()
+        return policy
+
+    def policy_toml(self) -> str:
+        """The policy in force as TOML text (`set_policy` accepts it back)."""
+        return policy_to_toml(self.policy)
+
+    async def _save(self, docs: dict[str, dict[str, Any] | None], *, audit: dict[str, Any] | None = None) -> None:
+        commit = rstore.Commit(now_unix_ns=self._clock(), docs=docs, audit=[audit] if audit else [])
+        await self._ingest.run_in_store(self._docs.commit, commit)
+
+    # -- one period ----------------------------------------------------------------------------------
+    async def step(self) -> power_apply.CapPlan | None:
+        """Run one control period now; returns the plan sent (None when there is nothing to manage)."""
+        async with self._step_lock:
+            return await self._step()
+
+    async def _step(self) -> power_apply.CapPlan | None:
+        started = time.perf_counter()
+        now = self._now()
+        self._last_step_s = now
+        policy = self.policy
+        assert self.state is not None, "start() first"
+        gpus = self._inventory()
+        if not gpus:
+            self.status = dataclasses.replace(self.status, at_unix_s=now, reason="no GPUs in the power tree yet")
+            return None
+        state = self._sync_inventory(gpus, now)
+        acks, self._acks = self._acks, []
+        self.stats.acks += len(acks)
+        state = power_apply.record(state, acks=acks, readbacks=self._readbacks(state), policy=policy)
+        state = self._apply_bmc_confirmations(state)
+        views, draw_known, drawn = await self._views(state, now)
+        previous = self._targets if self._targets is not None and len(self._targets) == len(state.gpus) else None
+        allocation = power.allocate(self.tree, views, previous, policy=policy, rng=self._rng)
+        reference = previous if previous is not None else views.cap_w
+        targets = swing.limit_aggregate_raise(
+            reference, allocation.caps_w, policy.control_period_s, policy.ramp_limit_w_per_s
+        ).astype(np.int64)
+        new_state, plan = power_apply.plan(state, targets, self.tree, now=now, policy=policy)
+        if plan.decreases or plan.increases:
+            # Durable before anything leaves: a restart must know every command that may still land.
+            # (Read-backs alone are not saved every period: a restored state that misses some is only
+            # more cautious, and fresh read-backs settle it.)
+            await self._save({APPLY_DOC: new_state.to_mapping()})
+        self.state, self._targets = new_state, targets
+        self._waiting = plan.waiting
+        self._send(plan, now)
+        await self._smooth(now, state)
+        await self._bmc_fallback(new_state, targets, now)
+        self._status(now, new_state, targets, drawn, draw_known, allocation, plan)
+        self.stats.periods += 1
+        self.stats.stranded_w.append((now, allocation.stranded_w))
+        self.stats.step_ms.append((time.perf_counter() - started) * 1000)
+        if self.on_period is not None:
+            self.on_period(now, new_state, targets)
+        if plan.decreases or plan.increases or plan.over_budget:
+            log.info("power_period", reason=plan.reason, allocation=allocation.reason)
+        return plan
+
+    def _inventory(self) -> list[power_apply.GpuLimits]:
+        nodes = set(self.tree.index.node_names)
+        records = self._ingest.gpu_records
+        out = []
+        for gpu_uuid, record in records.items():
+            if record.node_id in nodes and self._ingest.gpu_nodes.get(gpu_uuid) == record.node_id:
+                out.append(
+                    power_apply.GpuLimits(
+                        gpu_uuid, record.node_id, int(record.power_limit_min_w), int(record.power_limit_max_w)
+                    )
+                )
+        return sorted(out, key=lambda g: (g.node_id, g.gpu_uuid))
+
+    def _sync_inventory(self, gpus: Sequence[power_apply.GpuLimits], now: float) -> power_apply.ApplyState:
+        state = self.state
+        assert state is not None
+        if tuple(gpus) != state.gpus:
+            state = state.with_gpus(gpus, now=now, policy=self.policy)
+            self._targets = None
+            mins: dict[str, float] = {}
+            for g in gpus:
+                mins[g.node_id] = mins.get(g.node_id, 0) + g.min_w
+            try:
+                self.tree = self.tree.with_node_mins(mins)
+            except power_tree.PowerTreeError as exc:
+                log.error("power_tree_minimums_rejected", error=str(exc))
+        for node_id, boot_id in self._ingest.boot_ids.items():
+            known = self._boot_ids.get(node_id)
+            if known is not None and known != boot_id:
+                # NVML limits do not survive a reboot: the node's caps are unknown again.
+                state = power_apply.forget_node(state, node_id, now=now, policy=self.policy)
+                self._smoothing_nodes.pop(node_id, None)
+                log.info("power_node_rebooted", node=node_id)
+            self._boot_ids[node_id] = boot_id
+        return state
+
+    def _readbacks(self, state: power_apply.ApplyState) -> list[power_apply.CapReadback]:
+        latest = self._ingest.latest
+        out = []
+        for g in state.gpus:
+            reading = latest.get(g.gpu_uuid)
+            if reading is not None and reading.enforced_power_limit_w is not None and reading.counters_unix_ns:
+                out.append(
+                    power_apply.CapReadback(
+                        g.gpu_uuid, float(reading.enforced_power_limit_w), reading.counters_unix_ns / 1e9
+                    )
+                )
+        return out
+
+    async def _views(self, state: power_apply.ApplyState, now: float) -> tuple[power.GpuViews, np.ndarray, np.ndarray]:
+        policy = self.policy
+        bound = power_apply.may_be_in_force_w(state)
+        since_ns = int((now - max(policy.control_period_s, self.settings.draw_window_s)) * 1e9)
+        peaks = self._ingest.power_window.gpu_max_w(since_ns)
+        latest = self._ingest.latest
+        stale_ns = int((now - self.settings.telemetry_stale_s) * 1e9)
+        n = len(state.gpus)
+        draw = np.empty(n)
+        drawn = np.zeros(n)
+        known = np.zeros(n, dtype=bool)
+        throttled = np.zeros(n, dtype=bool)
+        for i, g in enumerate(state.gpus):
+            reading = latest.get(g.gpu_uuid)
+            fresh = reading is not None and reading.power_w is not None and reading.power_sample_unix_ns >= stale_ns
+            peak = peaks.get(g.gpu_uuid)
+            if fresh and peak is not None:
+                # An idle GPU (no utilisation: its job stopped or left) needs what it draws now; the
+                # window's peak would hold its watts for a whole window after a load change.
+                idle = reading.utilization_gpu_pct == 0  # type: ignore[union-attr]
+                draw[i] = reading.power_w if idle else peak  # type: ignore[union-attr]
+                known[i] = True
+                drawn[i] = reading.power_w or 0.0  # type: ignore[union-attr]
+            else:
+                draw[i] = bound[i]  # stale telemetry: drawing at the cap that may be in force
+            if reading is not None and reading.clock_event_reasons is not None:
+                throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
+        reachable = np.array([g.node_id in self._ingest.sessions for g in state.gpus], dtype=bool)
+        eligible = await self._eligible(state)
+        views = power.GpuViews(
+            gpu_uuids=tuple(g.gpu_uuid for g in state.gpus),
+            node_idx=np.array([self.tree.index.node_of_name[g.node_id] for g in state.gpus], dtype=np.intp),
+            priority=np.array([_priority(self._ingest.node_labels.get(g.node_id, {})) for g in state.gpus]),
+            draw_w=draw,
+            cap_w=bound,
+            min_w=state.min_w,
+            max_w=state.max_w,
+            throttled=throttled,
+            eligible=eligible,
+            marginal=np.zeros(n, dtype=bool),
+            reachable=reachable,
+        )
+        return views, known, drawn
+
+    async def _eligible(self, state: power_apply.ApplyState) -> np.ndarray:
+        """False for idle quarantined GPUs and idle GPUs of quarantined nodes: they release their share.
+
+        A quarantined GPU the job still runs on keeps its cap until the work has left it (utilisation
+        0): in a synchronous job, dropping one rank to its minimum cap stalls every rank's step.
+        """
+        rows = await self._ingest.run_in_store(lambda: self._docs.quarantines(active_only=True))
+        nodes = {q["node_id"] for q in rows if not q["gpu_uuid"] and not q["port"]}
+        gpus = {q["gpu_uuid"] for q in rows if q["gpu_uuid"]}
+        latest = self._ingest.latest
+
+        def busy(gpu_uuid: str) -> bool:
+            reading = latest.get(gpu_uuid)
+            return reading is not None and bool(reading.utilization_gpu_pct)
+
+        return np.array(
+            [(g.node_id not in nodes and g.gpu_uuid not in gpus) or busy(g.gpu_uuid) for g in state.gpus], dtype=bool
+        )
+
+    # -- sending -------------------------------------------------------------------------------------
+    def _send(self, plan: power_apply.CapPlan, now: float) -> None:
+        groups: dict[str, list[power_apply.CapCommand]] = {}
+        # Decreases first on the wire too (they were admitted first).
+        for command in (*plan.decreases, *plan.increases):
+            groups.setdefault(command.node_id, []).append(command)
+        self.stats.decreases_sent += len(plan.decreases)
+        self.stats.increases_sent += len(plan.increases)
+        for node_id, commands in groups.items():
+            wire = commands_pb.Command(
+                command_id=commands[0].command_id,
+                issued_unix_ns=int(now * 1e9),
+                deadline_unix_ns=int(commands[0].deadline_s * 1e9),
+                reason=plan.reason,
+                set_power_cap=commands_pb.SetPowerCap(
+                    limits=[commands_pb.GpuPowerLimit(gpu_uuid=c.gpu_uuid, power_limit_w=c.limit_w) for c in commands]
+                ),
+            )
+            self.stats.commands_sent += 1
+            self._spawn(self._send_caps(node_id, wire, commands))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send_caps(self, node_id: str, wire: commands_pb.Command, commands: list[power_apply.CapCommand]) -> None:
+        try:
+            result = await self._ingest.send_command(node_id, wire, timeout_s=self.policy.command_ttl_s + 1.0)
+        except (LookupError, TimeoutError, ConnectionError) as exc:
+            # No answer: the command stays pending until a read-back newer than its deadline.
+            log.info("power_cap_unanswered", node=node_id, command_id=wire.command_id, error=str(exc))
+            return
+        read = {limit.gpu_uuid: limit.power_limit_w for limit in result.enforced_limits}
+        at_s = (result.finished_unix_ns or self._clock()) / 1e9
+        for c in commands:
+            if c.gpu_uuid in read:
+                self._acks.append(power_apply.CapAck(c.command_id, c.gpu_uuid, float(read[c.gpu_uuid]), at_s))
+            elif result.outcome in NOT_EXECUTED:
+                self._acks.append(power_apply.CapAck(c.command_id, c.gpu_uuid, None, at_s))
+        if self._waiting:
+            self._wake.set()  # raises wait on these confirmations: do not make them wait a period
+
+    # -- smoothing -----------------------------------------------------------------------------------
+    async def _smooth(self, now: float, state: power_apply.ApplyState) -> None:
+        policy = self.policy
+        running = self._job_running(state)
+        if self._smoothing is not None:
+            if not running:
+                await self._disable_smoothing("the job stopped")
+                self._smoothing_off_since_s = now
+                return
+            self._send_smoothing(self._smoothing, only_new=True)
+            return
+        if not running:
+            return
+        window = self.settings.detect_window_s
+        since = now - window
+        if self._smoothing_off_since_s is not None:
+            since = max(since, self._smoothing_off_since_s + 1.0)
+        rows = self._ingest.power_window.series(since_unix_ns=int(since * 1e9))
+        if not rows:
+            return
+        full = max(count for _, _, count in rows)
+        series = _scaled_series(rows, full)
+        sample_hz = 1e9 / self._ingest.power_window.bucket_ns
+        if len(series) < 0.5 * window * sample_hz or full < 0.8 * len(state.gpus):
+            log.info("power_swing_window_incomplete", buckets=len(series), gpus_reporting=full)
+            return
+        report = swing.detect(series, sample_hz, policy=policy)
+        tdp = float(np.median(state.max_w))
+        records = self._ingest.gpu_records
+        supported = all(records[g.gpu_uuid].power_smoothing_supported for g in state.gpus if g.gpu_uuid in records)
+        plan = swing.plan_smoothing(report, n_gpus=full, tdp_w=tdp, firmware_supported=supported, policy=policy)
+        self._smoothing_unmanaged = report
+        if not plan.active:
+            log.info("power_smoothing_not_needed", reason=plan.reason, p2p_w=round(report.p2p_w))
+            return
+        plan = self._ramp_for_the_straggler(plan, report, state, now)
+        self._smoothing = plan
+        self._smoothing_nodes = {}
+        log.info("power_smoothing_planned", reason=plan.reason, floor_w=round(plan.floor_w, 1),
+                    ramp_w_per_s=round(plan.ramp_up_w_per_s, 1))  # fmt: skip
+        self._send_smoothing(plan, only_new=False)
+
+    def _ramp_for_the_straggler(
+        self, plan: swing.SmoothingPlan, report: swing.SwingReport, state: power_apply.ApplyState, now: float
+    ) -> swing.SmoothingPlan:
+        """Size the ramp rate for the highest-drawing rank, not the mean one.
+
+        `plan_smoothing` sizes the ramp-up so the *mean* GPU loses at most `step_time_cost_max_pct` of
+        a step; but a synchronous step waits for its slowest rank, which is the one with the most to
+        climb from the floor. Same formula, with the 99th percentile of the GPUs' peak draw.
+        """
+        if plan.mode != "firmware" or plan.floor_w <= 0:
+            return plan
+        since_ns = int((now - self.settings.detect_window_s) * 1e9)
+        peaks = self._ingest.power_window.gpu_max_w(since_ns)
+        values = [peaks[g.gpu_uuid] for g in state.gpus if g.gpu_uuid in peaks]
+        if not values:
+            return plan
+        peak = float(np.percentile(values, 99))
+        kept = peak - plan.floor_w
+        cost = self.policy.step_time_cost_max_pct / 100.0
+        if kept <= 0 or cost <= 0:
+            return plan
+        ramp = kept**2 / (2.0 * cost * (report.period_s or 1.0) * peak)
+        if ramp <= plan.ramp_up_w_per_s:
+            return plan
+        return dataclasses.replace(plan, ramp_up_w_per_s=ramp, ramp_down_w_per_s=ramp)
+
+    def _job_running(self, state: power_apply.ApplyState) -> bool:
+        """At least half the managed GPUs report utilisation (the job runs)."""
+        latest = self._ingest.latest
+        busy = sum(
+            1
+            for g in state.gpus
+            if (r := latest.get(g.gpu_uuid)) is not None
+            and r.utilization_gpu_pct is not None
+            and r.utilization_gpu_pct > 0
+        )
+        return busy >= 0.5 * len(state.gpus)
+
+    def _send_smoothing(self, plan: swing.SmoothingPlan, *, only_new: bool) -> None:
+        if plan.mode != "firmware":
+            return  # emulated modes act through caps and the node-side hook, not this command
+        records = self._ingest.gpu_records
+        latest = self._ingest.latest
+        for node_id, session in list(self._ingest.sessions.items()):
+            # Keyed by the stream: a node that reconnected may have rebooted, which clears the profile.
+            key = f"{plan.reason}/{session.session_id}"
+            sent_at = self._smoothing_sent_s.get(node_id, 0.0)
+            # A GPU reset or reboot also clears it: telemetry says so (read after the profile was sent).
+            lost = any(
+                (r := latest.get(u)) is not None
+                and r.power_smoothing_enabled is False
+                and r.counters_unix_ns / 1e9 > sent_at + 1.0
+                for u in self._ingest.node_gpus(node_id)
+            )
+            if only_new and self._smoothing_nodes.get(node_id) == key and not lost:
+                continue
+            gpus = [u for u in self._ingest.node_gpus(node_id) if u in records and records[u].power_smoothing_supported]
+            if not gpus:
+                continue
+            self._smoothing_nodes[node_id] = key
+            self._smoothing_sent_s[node_id] = self._now()
+            command = commands_pb.Command(
+                command_id=uuid.uuid4().hex,
+                issued_unix_ns=self._clock(),
+                deadline_unix_ns=self._clock() + int(self.policy.command_ttl_s * 1e9),
+                reason=plan.reason,
+                set_power_smoothing=commands_pb.SetPowerSmoothing(
+                    gpu_uuids=gpus,
+                    enabled=True,
+                    floor_pct=plan.floor_pct,
+                    ramp_up_w_per_s=plan.ramp_up_w_per_s,
+                    ramp_down_w_per_s=plan.ramp_down_w_per_s,
+                ),
+            )
+            self.stats.smoothing_commands += 1
+            self._spawn(self._send_smoothing_to(node_id, command))
+
+    async def _send_smoothing_to(self, node_id: str, command: commands_pb.Command) -> None:
+        try:
+            result = await self._ingest.send_command(node_id, command, timeout_s=self.policy.command_ttl_s + 1.0)
+        except (LookupError, TimeoutError, ConnectionError) as exc:
+            self._smoothing_nodes.pop(node_id, None)  # try again next period
+            log.info("power_smoothing_unanswered", node=node_id, error=str(exc))
+            return
+        if result.outcome != commands_pb.ACTION_OUTCOME_SUCCEEDED:
+            log.warning("power_smoothing_not_applied", node=node_id, outcome=result.outcome, message=result.message)
+
+    async def _disable_smoothing(self, why: str) -> None:
+        log.warning("power_smoothing_off", reason=why)
+        self._smoothing = None
+        records = self._ingest.gpu_records
+        for node_id in list(self._smoothing_nodes):
+            gpus = [u for u in self._ingest.node_gpus(node_id) if u in records and records[u].power_smoothing_supported]
+            command = commands_pb.Command(
+                command_id=uuid.uuid4().hex,
+                issued_unix_ns=self._clock(),
+                deadline_unix_ns=self._clock() + int(self.policy.command_ttl_s * 1e9),
+                reason=why,
+                set_power_smoothing=commands_pb.SetPowerSmoothing(gpu_uuids=gpus, enabled=False),
+            )
+            self._spawn(self._send_smoothing_to(node_id, command))
+        self._smoothing_nodes = {}
+
+    # -- out of band ---------------------------------------------------------------------------------
+    def _apply_bmc_confirmations(self, state: power_apply.ApplyState) -> power_apply.ApplyState:
+        """A node whose BMC confirmed a limit counts at that limit while its agent is away.
+
+        The limit caps the node's total draw, and budgets stop at the node level, so the node's GPUs
+        are recorded at their targets (which sum to at most the limit) as read-backs at the time the
+        BMC confirmed it. The agent's own read-backs, once it is back, are newer and replace them.
+        """
+        readbacks = []
+        for node_id, (at_s, targets) in self._bmc_confirmed.items():
+            if node_id in self._ingest.sessions:
+                continue
+            for gpu_uuid, target in targets.items():
+                readbacks.append(power_apply.CapReadback(gpu_uuid, float(target), at_s))
+        return power_apply.record(state, readbacks=readbacks, policy=self.policy) if readbacks else state
+
+    async def _bmc_fallback(self, state: power_apply.ApplyState, targets: np.ndarray, now: float) -> None:
+        if self._limiter is None:
+            return
+        bound = power_apply.may_be_in_force_w(state)
+        by_node: dict[str, list[int]] = {}
+        for i, g in enumerate(state.gpus):
+            by_node.setdefault(g.node_id, []).append(i)
+        for node_id, idx in by_node.items():
+            if node_id in self._ingest.sessions:
+                self._unreachable_since.pop(node_id, None)
+                if node_id in self._bmc_limits and node_id not in self._bmc_in_flight:
+                    # The agent is back and holds the caps: lift the out-of-band limit.
+                    self._bmc_in_flight.add(node_id)
+                    self._spawn(self._bmc_set(node_id, None, {}))
+                continue
+            since = self._unreachable_since.setdefault(node_id, now)
+            if now - since < self.settings.bmc_fallback_after_s or node_id in self._bmc_in_flight:
+                continue
+            want = int(sum(int(targets[i]) for i in idx))
+            if bound[idx].sum() <= want or self._bmc_limits.get(node_id) == want:
+                continue
+            if not self._limiter.configured(node_id):
+                continue
+            self._bmc_in_flight.add(node_id)
+            self._spawn(self._bmc_set(node_id, want, {state.gpus[i].gpu_uuid: int(targets[i]) for i in idx}))
+
+    async def _bmc_set(self, node_id: str, limit_w: int | None, targets: dict[str, int]) -> None:
+        assert self._limiter is not None
+        try:
+            confirmed = await asyncio.to_thread(self._limiter.set_node_limit, node_id, limit_w)
+        except Exception as exc:  # an unreachable BMC: the node keeps counting at its last known caps
+            log.error("power_bmc_limit_failed", node=node_id, limit_w=limit_w, error=str(exc))
+            return
+        finally:
+            self._bmc_in_flight.discard(node_id)
+        if limit_w is None:
+            self._bmc_limits.pop(node_id, None)
+            self._bmc_confirmed.pop(node_id, None)
+            log.info("power_bmc_limit_lifted", node=node_id)
+            return
+        if confirmed is not None and confirmed <= limit_w:
+            self._bmc_limits[node_id] = limit_w
+            self._bmc_confirmed[node_id] = (self._now(), targets)
+            self.stats.bmc_limits += 1
+            log.warning("power_bmc_limit_confirmed", node=node_id, limit_w=confirmed)
+            self._wake.set()
+        else:
+            log.error("power_bmc_limit_not_confirmed", node=node_id, wanted_w=limit_w, read_back_w=confirmed)
+
+    # -- status --------------------------------------------------------------------------------------
+    def _status(
+        self,
+        now: float,
+        state: power_apply.ApplyState,
+        targets: np.ndarray,
+        drawn: np.ndarray,
+        draw_known: np.ndarray,
+        allocation: power.Allocation,
+        plan: power_apply.CapPlan,
+    ) -> None:
+        idx = self.tree.index
+        node_idx = np.array([idx.node_of_name[g.node_id] for g in state.gpus], dtype=np.intp)
+        sums = {
+            "allocated": idx.sums(node_idx, power_apply.may_be_in_force_w(state)),
+            "target": idx.sums(node_idx, targets.astype(np.float64)),
+            "drawn": idx.sums(node_idx, np.where(draw_known, drawn, 0.0)),
+        }
+        position = {
+            "node": {n: i for i, n in enumerate(idx.node_names)},
+            "rack": {n: i for i, n in enumerate(idx.rack_names)},
+            "row": {n: i for i, n in enumerate(idx.row_names)},
+            "cluster": {idx.cluster_name: 0},
+        }
+        level_no = {"node": 0, "rack": 1, "row": 2, "cluster": 3}
+        children: dict[str | None, list[power_tree.Domain]] = {}
+        for d in self.tree.domains:
+            children.setdefault(d.parent, []).append(d)
+
+        def build(d: power_tree.Domain) -> DomainStatus:
+            k, i = level_no[d.level], position[d.level][d.name]
+            return DomainStatus(
+                name=d.name,
+                level=d.level,
+                budget_w=d.budget_w,
+                allocated_w=float(sums["allocated"][k][i]),
+                target_w=float(sums["target"][k][i]),
+                drawn_w=float(sums["drawn"][k][i]),
+                children=tuple(build(c) for c in children.get(d.name, [])),
+            )
+
+        recent = None
+        rows = self._ingest.power_window.series(since_unix_ns=int((now - 10.0) * 1e9))
+        if rows:
+            series = _scaled_series(rows, max(c for _, _, c in rows))
+            if len(series) >= 4:
+                recent = swing.detect(series, 1e9 / self._ingest.power_window.bucket_ns, policy=self.policy)
+        self.status = PowerStatus(
+            at_unix_s=now,
+            root=build(self.tree.domains[0]),
+            swing=recent,
+            smoothing=self._smoothing,
+            stranded_w=allocation.stranded_w,
+            unmet_w=allocation.unmet_w,
+            over_budget=plan.over_budget,
+            reason=f"{plan.reason}; {allocation.reason}",
+            periods=self.stats.periods + 1,
+        )
+
+
+def _scaled_series(rows: Sequence[tuple[int, float, int]], full: int) -> np.ndarray:
+    """Aggregate power per bucket, each scaled up to the full GPU count.
+
+    A busy agent can miss a 100 ms bucket; dropping every incomplete bucket would leave nothing at
+    scale, and keeping it unscaled would show a dip that is not there. Buckets with fewer than half
+    the GPUs are dropped.
+    """
+    return np.array([total * full / count for _, total, count in rows if count >= 0.5 * full])
+
+
+def _audit(now_ns: int, actor: str, action: str, reason: str) -> dict[str, Any]:
+    """An audit row (same shape as the remediation service's), written with the change it records."""
+    return {
+        "at_unix_ns": now_ns,
+        "actor": actor,
+        "action": action,
+        "node_id": "",
+        "gpu_uuid": "",
+        "reason": reason[:1000],
+        "outcome": "ok",
+        "details": {},
+    }
+
+
+def _priority(labels: Mapping[str, str]) -> int:
+    """A node's priority class from its `power-priority` label (default 0)."""
+    try:
+        return int(labels.get("power-priority", "0"))
+    except ValueError:
+        return 0
+
+
+def policy_to_toml(policy: power_policy.PowerPolicy) -> str:
+    """A policy as TOML text, one `key = value` per line (`PowerPolicy.from_mapping` reads it back)."""
+    lines = []
+    for key, value in policy.to_mapping().items():
+        if isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        else:
+            lines.append(f"{key} = {value!r}")
+    return "\n".join(lines) + "\n"
+
+
+def policy_from_toml(text: str) -> dict[str, Any]:
+    """Parse policy TOML text (a bare table, or one under `[power.policy]`).
+
+    Raises:
+        power_policy.PolicyError: not valid TOML.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise power_policy.PolicyError("<toml>", str(exc)) from None
+    if set(data) == {"power"} and isinstance(data["power"], dict) and set(data["power"]) == {"policy"}:
+        data = data["power"]["policy"]
+    return data

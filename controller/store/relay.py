@@ -1,0 +1,188 @@
+"""What replicas hand each other through the store: new events and command results for the leader.
+
+With several replicas, an agent's stream ends at any of them, but only the leader runs the ladder.
+The replica that holds a stream stores what arrives on it (events through `Store.append_events`,
+results here); the leader reads both from here. Commands go the other way through the outbox
+(`commands` rows the leader marked dispatched), which every replica reads for its own streams.
+
+New events are found without scanning them: a node has unread events when its acked position (the
+gap-free run of stored seqs) is past the ladder's watermark for it, or its spool epoch moved on.
+Only the gap-free run is handed over, so the ladder sees each node's events once and in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import sqlalchemy as sa
+from sqlalchemy.orm import sessionmaker
+
+from rasd.controller.store import remediation as rstore
+from rasd.controller.store import repo, schema
+
+
+class RelayStore:
+    """Reads and writes of the relay between replicas (same engine as the Store)."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        """Bind to an engine whose schema is at head."""
+        self.engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    # -- results: any replica → the leader -----------------------------------------------------------
+    def save_result(self, *, command_id: str, node_id: str, result: bytes, replica_id: str, now_unix_ns: int) -> bool:
+        """Keep a result until the leader applies it; a repeat of a kept one is ignored. True if new."""
+        with self._sessions.begin() as session:
+            if session.get(schema.CommandResultRow, command_id) is not None:
+                return False
+            session.add(
+                schema.CommandResultRow(
+                    command_id=command_id,
+                    node_id=node_id,
+                    result=result,
+                    received_unix_ns=now_unix_ns,
+                    replica_id=replica_id,
+                )
+            )
+            return True
+
+    def results(self, limit: int = 1000) -> list[tuple[str, str, bytes]]:
+        """Kept results for the ladder, oldest first: (command_id, node_id, serialized ActionResult).
+
+        Results of relayed commands are left out: their sender collects them (`results_of`).
+        """
+        relayed = sa.select(schema.RelayedCommandRow.command_id)
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(schema.CommandResultRow)
+                .where(schema.CommandResultRow.command_id.not_in(relayed))
+                .order_by(schema.CommandResultRow.received_unix_ns)
+                .limit(limit)
+            )
+            return [(r.command_id, r.node_id, r.result) for r in rows]
+
+    def results_of(self, command_ids: Collection[str]) -> dict[str, bytes]:
+        """Kept results of these commands (serialized ActionResult by command id)."""
+        if not command_ids:
+            return {}
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(schema.CommandResultRow).where(schema.CommandResultRow.command_id.in_(list(command_ids)))
+            )
+            return {r.command_id: r.result for r in rows}
+
+    # -- relayed commands: any replica → the replica holding the node's stream --------------------------
+    def relay_command(
+        self, *, command_id: str, node_id: str, command: bytes, replica_id: str, now_unix_ns: int, expires_unix_ns: int
+    ) -> None:
+        """Leave a command for whichever replica holds the node's stream."""
+        with self._sessions.begin() as session:
+            session.add(
+                schema.RelayedCommandRow(
+                    command_id=command_id,
+                    node_id=node_id,
+                    command=command,
+                    created_unix_ns=now_unix_ns,
+                    expires_unix_ns=expires_unix_ns,
+                    replica_id=replica_id,
+                )
+            )
+
+    def relayed_commands(self, now_unix_ns: int) -> list[tuple[str, str, bytes]]:
+        """Relayed commands not yet expired, oldest first: (command_id, node_id, serialized Command)."""
+        with self._sessions() as session:
+            rows = session.scalars(
+                sa.select(schema.RelayedCommandRow)
+                .where(schema.RelayedCommandRow.expires_unix_ns > now_unix_ns)
+                .order_by(schema.RelayedCommandRow.created_unix_ns)
+            )
+            return [(r.command_id, r.node_id, r.command) for r in rows]
+
+    def forget_relayed(self, command_ids: Collection[str]) -> None:
+        """Drop relayed commands and their results (answered, or given up by the sender)."""
+        if not command_ids:
+            return
+        ids = list(command_ids)
+        with self._sessions.begin() as session:
+            session.execute(sa.delete(schema.RelayedCommandRow).where(schema.RelayedCommandRow.command_id.in_(ids)))
+            session.execute(sa.delete(schema.CommandResultRow).where(schema.CommandResultRow.command_id.in_(ids)))
+
+    def forget_results(self, command_ids: Collection[str]) -> None:
+        """Drop results the leader has applied."""
+        if not command_ids:
+            return
+        with self._sessions.begin() as session:
+            session.execute(
+                sa.delete(schema.CommandResultRow).where(schema.CommandResultRow.command_id.in_(list(command_ids)))
+            )
+
+    # -- events: found by acked position vs. watermark ------------------------------------------------
+    def nodes_with_new_events(self) -> list[str]:
+        """Nodes whose gap-free stored events go past what the ladder has consumed."""
+        with self._sessions() as session:
+            marks = {
+                row.name.removeprefix(rstore.WATERMARK_PREFIX): row.state
+                for row in session.scalars(
+                    sa.select(schema.ControllerStateRow).where(
+                        schema.ControllerStateRow.name.startswith(rstore.WATERMARK_PREFIX)
+                    )
+                )
+            }
+            nodes = session.execute(
+                sa.select(schema.NodeRow.node_id, schema.NodeRow.spool_epoch, schema.NodeRow.acked_seq).where(
+                    schema.NodeRow.acked_seq > 0
+                )
+            ).all()
+        dirty = []
+        for node_id, epoch, acked in nodes:
+            mark = marks.get(node_id)
+            if mark is None or int(mark["epoch"]) != int(epoch or 0) or int(acked) > int(mark["seq"]):
+                dirty.append(node_id)
+        return sorted(dirty)
+
+    def new_events(self, node_ids: Sequence[str]) -> dict[str, tuple[dict[str, str], list[repo.StoredEvent]]]:
+        """Per node: its labels and its stored, acked events past the ladder's watermark, in seq order."""
+        out: dict[str, tuple[dict[str, str], list[repo.StoredEvent]]] = {}
+        if not node_ids:
+            return out
+        with self._sessions() as session:
+            names = [rstore.WATERMARK_PREFIX + n for n in node_ids]
+            marks = {
+                row.name.removeprefix(rstore.WATERMARK_PREFIX): row.state
+                for row in session.scalars(
+                    sa.select(schema.ControllerStateRow).where(schema.ControllerStateRow.name.in_(names))
+                )
+            }
+            for node in session.scalars(sa.select(schema.NodeRow).where(schema.NodeRow.node_id.in_(list(node_ids)))):
+                mark = marks.get(node.node_id) or {"epoch": -1, "seq": 0}
+                epoch = int(node.spool_epoch or 0)
+                after = int(mark["seq"]) if int(mark["epoch"]) == epoch else 0
+                rows = session.scalars(
+                    sa.select(schema.HealthEventRow)
+                    .where(
+                        schema.HealthEventRow.node_id == node.node_id,
+                        schema.HealthEventRow.spool_epoch == epoch,
+                        schema.HealthEventRow.seq > after,
+                        schema.HealthEventRow.seq <= int(node.acked_seq or 0),
+                    )
+                    .order_by(schema.HealthEventRow.seq)
+                ).all()
+                if rows:
+                    out[node.node_id] = (dict(node.labels or {}), [rstore.stored_event(r) for r in rows])
+        return out
+
+    def connected_inventory(self) -> dict[str, tuple[dict[str, str], tuple[str, ...]]]:
+        """Every node some replica holds a stream of: its topology labels and GPU UUIDs (last Hello)."""
+        with self._sessions() as session:
+            nodes = session.execute(
+                sa.select(schema.NodeRow.node_id, schema.NodeRow.labels).where(schema.NodeRow.connected.is_(True))
+            ).all()
+            gpus: dict[str, list[str]] = {}
+            for node_id, uuid in session.execute(
+                sa.select(schema.GpuRow.node_id, schema.GpuRow.uuid)
+                .join(schema.NodeRow, schema.NodeRow.node_id == schema.GpuRow.node_id)
+                .where(schema.NodeRow.connected.is_(True))
+                .order_by(schema.GpuRow.node_id, schema.GpuRow.uuid)
+            ):
+                gpus.setdefault(node_id, []).append(uuid)
+        return {node_id: (dict(labels or {}), tuple(gpus.get(node_id, ()))) for node_id, labels in nodes}

@@ -1,0 +1,428 @@
+"""The power half of rasd-sim: the fleet's budget tree, the ground-truth probe, report.json's power figures.
+
+Ground truth comes from the simulated GPUs themselves, not from the controller's telemetry: the
+probe samples the shared training job (`rasd.agent.gpu.step_job.StepJob`) at 10 Hz, i.e. what every
+GPU drew and which limit it enforced, as the controller's commands left them. The *unmanaged*
+reference is a second job with the same seed and the same ranks that nobody caps or smooths, run in
+the same process over the same instants: the same scenario with power management off, in the same run.
+
+Figures (all over the measurement window, from the moment smoothing was active plus a settling time,
+to the end; unmanaged figures over the same instants):
+
+- swing_p2p_w_*: max - min of aggregate draw; swing_reduction_pct = 1 - managed / unmanaged;
+- band_power_attenuation_db: 10 log10 of unmanaged over managed aggregate power in 0.1-2 Hz (Welch);
+- max_ramp_w_per_s: largest |P(t + 1 s) - P(t)| of the managed aggregate over the whole run;
+- step_time_cost_pct: mean managed step time over mean unmanaged step time, minus 1;
+- energy_overhead_pct: managed energy per step over unmanaged energy per step, minus 1; the analytic
+  minimum for the chosen floor is `swing.floor_energy_overhead_pct` over the unmanaged per-GPU draw;
+- stranded_power_pct: the allocator's stranded watts (headroom held by uncapped GPUs while some GPU
+  is capped), mean over the window's control periods, as % of the cluster budget;
+- budget_violations: samples where the limits the GPUs enforce exceed a domain's budget, outside the
+  enforcement time of a budget cut (reported per cut as budget_cuts[].enforced_s, measured by polling
+  the GPUs every 10 ms after the SetPowerBudget call), counted from the first instant every budget
+  held (budgets_first_enforced_s: GPUs boot at their default limits, which may exceed the budgets).
+
+GPUs the controller quarantines leave the job in both twins (the scheduler evicts them), so a GPU
+held at its minimum cap does not stall the synchronous step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from rasd.agent.gpu import step_job
+from rasd.api.v1 import admin_service_pb2 as admin_pb
+from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
+from rasd.controller import power_loop
+from rasd.controller.core import power_tree, swing
+from rasd.sim import scenario as scenario_mod
+
+SAMPLE_HZ = 10.0
+SETTLE_S = 3.0
+"""Seconds after smoothing starts before the measurement window opens (profiles land, ramps settle)."""
+CUT_GRACE_S = 3.0
+"""After a budget cut, the limits may exceed the new budget this long (the enforcement time, measured)."""
+
+
+def tree_mapping(
+    nodes: Sequence[tuple[str, str, str]], gpus_per_node: int, max_w: int, power: scenario_mod.PowerScenario
+) -> dict[str, Any]:
+    """The `[power.tree]` for the fleet: (node, rack, row) triples from the nodes' labels."""
+    rows: dict[str, dict[str, list[str]]] = {}
+    for node, rack, row in nodes:
+        rows.setdefault(row, {}).setdefault(rack, []).append(node)
+    cluster = power.cluster_budget_w or len(nodes) * gpus_per_node * max_w
+
+    def budget(value: float | None) -> dict[str, int]:
+        return {} if value is None else {"budget_w": int(value)}
+
+    return {
+        "name": "cluster",
+        "budget_w": int(cluster),
+        "rows": [
+            {
+                "name": row,
+                "racks": [
+                    {
+                        "name": rack,
+                        **budget(power.rack_budget_w),
+                        "nodes": [{"name": n, **budget(power.node_budget_w)} for n in names],
+                    }
+                    for rack, names in racks.items()
+                ],
+            }
+            for row, racks in rows.items()
+        ],
+    }
+
+
+def power_table(tree: dict[str, Any], power: scenario_mod.PowerScenario) -> dict[str, Any]:
+    """The controller's `[power]` table for this scenario."""
+    return {"tree": tree, "policy": power.policy.to_mapping(), **power.loop}
+
+
+@dataclasses.dataclass
+class BudgetCut:
+    """A scripted budget change and how long the GPUs took to enforce it."""
+
+    at_s: float
+    domain: str
+    level: str
+    budget_w: int
+    enforced_s: float | None = None
+    error: str = ""
+
+
+@dataclasses.dataclass
+class PowerTrace:
+    """What the probe recorded (arrays aligned with `t_s`)."""
+
+    t_s: np.ndarray
+    managed_w: np.ndarray
+    unmanaged_w: np.ndarray
+    unmanaged_per_gpu_w: np.ndarray
+    """(samples, gpus), float32: for the analytic energy minimum of a floor."""
+    cluster_budget_w: np.ndarray
+    violations: int
+    violation_domains: list[str]
+    violation_times_s: list[float]
+    cuts: list[BudgetCut]
+    smoothing_from_s: float | None
+    floor_w: float | None
+    managed_steps_s: list[tuple[float, float]]
+    unmanaged_steps_s: list[tuple[float, float]]
+    stranded_w: list[tuple[float, float]]
+    loop_step_ms: list[float]
+    periods: int
+    smoothing_mode: str
+    managed: bool
+    initial_enforced_s: float | None = None
+    load_changes_s: list[float] = dataclasses.field(default_factory=list)
+
+
+class PowerProbe:
+    """Samples the managed job and its unmanaged twin; plays the scenario's budget changes."""
+
+    def __init__(
+        self,
+        job: step_job.StepJob,
+        seed: int,
+        rank_nodes: Sequence[str],
+        rank_gpus: Sequence[str],
+        max_w: float,
+        power: scenario_mod.PowerScenario,
+        started_ns: int,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        """Build the unmanaged twin of `job` (same seed, same ranks); call after every rank joined."""
+        self.job = job
+        self.shadow = step_job.StepJob(job.shape, seed)
+        self.shadow.add_ranks(job.compute_w.tolist(), job.comm_w.tolist(), [max_w] * len(job.compute_w))
+        self.rank_nodes = list(rank_nodes)
+        self.rank_gpus = list(rank_gpus)
+        self.quarantined: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
+        """Reads the controller's active quarantines: their GPUs leave the job (the scheduler evicts them)."""
+        self.initial_enforced_s: float | None = None
+        self._loads = list(power.load_changes)
+        self.stopped_nodes: set[str] = set()
+        self.load_changes_s: list[float] = []
+        self.power = power
+        self.started_ns = started_ns
+        self.clock = clock
+        self.loop: power_loop.PowerLoop | None = None
+        self._t: list[float] = []
+        self._managed: list[float] = []
+        self._unmanaged: list[float] = []
+        self._per_gpu: list[np.ndarray] = []
+        self._budget: list[float] = []
+        self.violations = 0
+        self.violation_domains: set[str] = set()
+        self.violation_times_s: list[float] = []
+        self.cuts: list[BudgetCut] = []
+        self.smoothing_from_s: float | None = None
+        self.floor_w: float | None = None
+        self.smoothing_mode = "off"
+
+    def _elapsed_s(self) -> float:
+        return (self.clock() - self.started_ns) / 1e9
+
+    def _over(self, tree: power_tree.PowerTree) -> list[str]:
+        idx = tree.index
+        node_idx = np.array([idx.node_of_name.get(n, -1) for n in self.rank_nodes], dtype=np.intp)
+        known = node_idx >= 0
+        return idx.over_budget(node_idx[known], self.job.cap_w[known])
+
+    async def sample(self, duration_s: float) -> None:
+        """Sample both jobs on a uniform 10 Hz grid until duration_s after the start.
+
+        The job keeps every step it computed, so grid instants the event loop was too busy to visit
+        on time are evaluated when it wakes (the spectrum needs uniform samples); the limits in force
+        are read at the wake-up.
+        """
+        period = 1.0 / SAMPLE_HZ
+        n = wakes = 0
+        start_s = self.started_ns / 1e9
+        while n * period <= duration_s:
+            await asyncio.sleep(max(0.0, n * period - self._elapsed_s()))
+            wakes += 1
+            if self._loads and self._loads[0].at_s <= self._elapsed_s():
+                self._apply_load_changes()
+            if self.quarantined is not None and wakes % int(SAMPLE_HZ) == 1:
+                await self._evict_quarantined()
+            elapsed = min(self._elapsed_s(), duration_s)
+            loop = self.loop
+            budget = float(loop.tree.domains[0].budget_w or math.nan) if loop is not None else math.nan
+            due = []
+            while n * period <= elapsed:
+                due.append(n * period)
+                n += 1
+            for at in due:
+                managed = self.job.draw_w(slice(None), start_s + at)
+                unmanaged = self.shadow.draw_w(slice(None), start_s + at)
+                self._t.append(at)
+                self._managed.append(float(managed.sum()))
+                self._unmanaged.append(float(unmanaged.sum()))
+                self._per_gpu.append(unmanaged.astype(np.float32))
+                self._budget.append(budget)
+            if loop is None or not due:
+                continue
+            smoothing = loop.status.smoothing
+            if smoothing is not None and smoothing.active and self.smoothing_from_s is None:
+                self.smoothing_from_s = self._t[-1]
+                self.floor_w = smoothing.floor_w
+                self.smoothing_mode = smoothing.mode
+            in_grace = any(c.at_s <= self._t[-1] < c.at_s + CUT_GRACE_S for c in self.cuts)
+            over = self._over(loop.tree)
+            if self.initial_enforced_s is None:
+                # GPUs boot at their default limits: the first enforcement is a cut from "no budget".
+                if not over:
+                    self.initial_enforced_s = self._t[-1]
+                continue
+            if over and not in_grace:
+                self.violations += len(due)
+                self.violation_domains.update(over)
+                self.violation_times_s.append(round(due[0], 1))
+
+    def _apply_load_changes(self) -> None:
+        now = self._elapsed_s()
+        while self._loads and self._loads[0].at_s <= now:
+            change = self._loads.pop(0)
+            names = list(dict.fromkeys(self.rank_nodes))[: change.nodes]
+            if change.running:
+                self.stopped_nodes.difference_update(names)
+            else:
+                self.stopped_nodes.update(names)
+            self.load_changes_s.append(now)
+        self._set_active(set(), set())
+
+    def _set_active(self, nodes: set[str], gpus: set[str]) -> None:
+        for rank, (node, gpu) in enumerate(zip(self.rank_nodes, self.rank_gpus, strict=True)):
+            active = node not in nodes and gpu not in gpus and node not in self.stopped_nodes
+            self.job.set_active(rank, active)
+            self.shadow.set_active(rank, active)
+
+    async def _evict_quarantined(self) -> None:
+        assert self.quarantined is not None
+        rows = await self.quarantined()
+        nodes = {q["node_id"] for q in rows if not q["gpu_uuid"] and not q["port"]}
+        gpus = {q["gpu_uuid"] for q in rows if q["gpu_uuid"]}
+        self._set_active(nodes, gpus)
+
+    async def play_budget_changes(self, admin: admin_grpc.AdminServiceStub, duration_s: float) -> None:
+        """Send each scripted budget change through AdminService and time its enforcement on the GPUs."""
+        for change in self.power.budget_changes:
+            if change.at_s >= duration_s or self.loop is None:
+                continue
+            await asyncio.sleep(max(0.0, change.at_s - self._elapsed_s()))
+            names = {d.name: d.level for d in self.loop.tree.domains}
+            level = names.get(change.domain, "?")
+            cut = BudgetCut(self._elapsed_s(), change.domain, level, change.budget_w)
+            self.cuts.append(cut)
+            sent = time.perf_counter()
+            try:
+                await admin.SetPowerBudget(
+                    admin_pb.SetPowerBudgetRequest(
+                        domain_id=change.domain, budget_w=change.budget_w, reason="scenario budget change"
+                    ),
+                    timeout=10,
+                )
+            except grpc.aio.AioRpcError as exc:  # a refused change is part of the report, not a crash
+                cut.error = f"{exc.code().name}: {exc.details()}"
+                continue
+            while time.perf_counter() - sent < 30.0:
+                if change.domain not in self._over(self.loop.tree):
+                    cut.enforced_s = time.perf_counter() - sent
+                    break
+                await asyncio.sleep(0.01)
+
+    def trace(self, until_ns: int) -> PowerTrace:
+        """Everything recorded, with both jobs' steps up to until_ns."""
+        loop = self.loop
+        since = self.job.start_s
+        until = until_ns / 1e9
+
+        def steps(job: step_job.StepJob) -> list[tuple[float, float]]:
+            return [(s.start_s - self.started_ns / 1e9, s.end_s - s.start_s) for s in job.completed_steps(since, until)]
+
+        return PowerTrace(
+            t_s=np.array(self._t),
+            managed_w=np.array(self._managed),
+            unmanaged_w=np.array(self._unmanaged),
+            unmanaged_per_gpu_w=np.array(self._per_gpu, dtype=np.float32),
+            cluster_budget_w=np.array(self._budget),
+            violations=self.violations,
+            violation_domains=sorted(self.violation_domains),
+            violation_times_s=self.violation_times_s[:50],
+            cuts=self.cuts,
+            smoothing_from_s=self.smoothing_from_s,
+            floor_w=self.floor_w,
+            managed_steps_s=steps(self.job),
+            unmanaged_steps_s=steps(self.shadow),
+            stranded_w=[(t - self.started_ns / 1e9, w) for t, w in loop.stats.stranded_w] if loop else [],
+            loop_step_ms=list(loop.stats.step_ms) if loop else [],
+            periods=loop.stats.periods if loop else 0,
+            smoothing_mode=self.smoothing_mode,
+            managed=loop is not None,
+            initial_enforced_s=self.initial_enforced_s,
+            load_changes_s=self.load_changes_s,
+        )
+
+
+def _r(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+def report_section(
+    trace: PowerTrace, policy: Any, *, measure_from_s: float | None = None, measure_until_s: float | None = None
+) -> dict[str, Any]:
+    """The managed-power figures of report.json (see the module docstring for each definition)."""
+    t = trace.t_s
+    if len(t) < 8:
+        return {"managed": trace.managed, "note": "too few samples to measure"}
+    start = measure_from_s
+    if start is None:
+        start = (trace.smoothing_from_s + SETTLE_S) if trace.smoothing_from_s is not None else float(t[len(t) // 3])
+    window = (t >= start) & (t < (measure_until_s if measure_until_s is not None else math.inf))
+    # Budget cuts change the managed level on purpose; they stay in the window (they are part of the
+    # run), but a window with fewer than 10 s cannot say much about a 0.1 Hz band.
+    if window.sum() < 8:
+        window = t >= t[len(t) // 2]
+    managed, unmanaged = trace.managed_w[window], trace.unmanaged_w[window]
+    p2p_m = float(managed.max() - managed.min())
+    p2p_u = float(unmanaged.max() - unmanaged.min())
+    band_m = swing.band_power(managed, SAMPLE_HZ, policy.band_low_hz, policy.band_high_hz)
+    band_u = swing.band_power(unmanaged, SAMPLE_HZ, policy.band_low_hz, policy.band_high_hz)
+    win_from, win_to = float(t[window][0]), float(t[window][-1])
+
+    def mean_step(steps: list[tuple[float, float]]) -> float | None:
+        inside = [d for s, d in steps if s >= win_from and s + d <= win_to]
+        return float(np.mean(inside)) if inside else None
+
+    step_m, step_u = mean_step(trace.managed_steps_s), mean_step(trace.unmanaged_steps_s)
+    step_cost = 100.0 * (step_m / step_u - 1.0) if step_m and step_u else None
+    energy = None
+    if step_m and step_u and unmanaged.mean() > 0:
+        energy = 100.0 * ((managed.mean() * step_m) / (unmanaged.mean() * step_u) - 1.0)
+    analytic = None
+    if trace.floor_w:
+        per_gpu = trace.unmanaged_per_gpu_w[window].T
+        # Only GPUs running the job carry the floor (evicted ones idle without a profile).
+        running = per_gpu.max(axis=1) > trace.floor_w
+        analytic = swing.floor_energy_overhead_pct(per_gpu[running], trace.floor_w, SAMPLE_HZ)
+    budget = float(np.nanmax(trace.cluster_budget_w)) if np.isfinite(trace.cluster_budget_w).any() else None
+    stranded = [w for s, w in trace.stranded_w if s >= start]
+    ramp = swing.max_ramp_w_per_s(trace.managed_w, SAMPLE_HZ, 1.0)
+    ramp_u = swing.max_ramp_w_per_s(trace.unmanaged_w, SAMPLE_HZ, 1.0)
+    return {
+        "managed": trace.managed,
+        "budget_violations": trace.violations,
+        "budgets_first_enforced_s": _r(trace.initial_enforced_s, 2),
+        "budget_violation_domains": trace.violation_domains,
+        "budget_violation_times_s": trace.violation_times_s,
+        "swing_p2p_w_unmanaged": _r(p2p_u),
+        "swing_p2p_w_managed": _r(p2p_m),
+        "swing_reduction_pct": _r(100.0 * (1.0 - p2p_m / p2p_u), 2) if p2p_u > 0 else None,
+        "band_power_attenuation_db": _r(swing.attenuation_db(band_u, band_m), 2),
+        "band_hz": [policy.band_low_hz, policy.band_high_hz],
+        "max_ramp_w_per_s": _r(ramp),
+        "max_ramp_w_per_s_unmanaged": _r(ramp_u),
+        "step_time_cost_pct": _r(step_cost, 3),
+        "step_s_managed": _r(step_m, 4),
+        "step_s_unmanaged": _r(step_u, 4),
+        "energy_overhead_pct": _r(energy, 2),
+        "energy_overhead_analytic_min_pct": _r(analytic, 2),
+        "energy_overhead_ratio_to_min": _r(energy / analytic, 3) if energy is not None and analytic else None,
+        "stranded_power_pct": _r(100.0 * float(np.mean(stranded)) / budget, 3) if stranded and budget else None,
+        "stranded_power_pct_max": _r(100.0 * float(np.max(stranded)) / budget, 3) if stranded and budget else None,
+        "smoothing_mode": trace.smoothing_mode,
+        "smoothing_from_s": _r(trace.smoothing_from_s, 2),
+        "floor_w_per_gpu": _r(trace.floor_w),
+        "window_s": [_r(win_from, 2), _r(win_to, 2)],
+        "control_periods": trace.periods,
+        "control_period_ms_p99": _r(float(np.percentile(trace.loop_step_ms, 99)), 2) if trace.loop_step_ms else None,
+        "budget_cuts": [
+            {
+                "at_s": round(c.at_s, 2),
+                "domain": c.domain,
+                "level": c.level,
+                "budget_w": c.budget_w,
+                "enforced_s": _r(c.enforced_s, 3),
+                **({"error": c.error} if c.error else {}),
+            }
+            for c in trace.cuts
+        ],
+    }
+
+
+def markdown_rows(power: dict[str, Any]) -> list[str]:
+    """Rows for report.md's table: the managed-power figures, or why there are none."""
+    if "swing_p2p_w_managed" not in power:
+        return ["", "Power management was not run in this scenario (no `[power]` table): no managed figures."]
+    cuts = "; ".join(
+        f"{c['domain']} to {c['budget_w']} W in {c['enforced_s']} s" if c.get("enforced_s") is not None
+        else f"{c['domain']} to {c['budget_w']} W: {c.get('error') or 'not enforced'}"
+        for c in power.get("budget_cuts", [])
+    ) or "none"  # fmt: skip
+    return [
+        f"| swing peak-to-peak unmanaged / managed | {power['swing_p2p_w_unmanaged']} W / "
+        f"{power['swing_p2p_w_managed']} W ({power['swing_reduction_pct']} % less) |",
+        f"| in-band (0.1-2 Hz) power attenuation | {power['band_power_attenuation_db']} dB |",
+        f"| max ramp managed / unmanaged | {power['max_ramp_w_per_s']} W/s / "
+        f"{power['max_ramp_w_per_s_unmanaged']} W/s |",
+        f"| step-time cost / energy overhead | {power['step_time_cost_pct']} % / {power['energy_overhead_pct']} % "
+        f"(analytic minimum for the floor {power['energy_overhead_analytic_min_pct']} %) |",
+        f"| smoothing | {power['smoothing_mode']} from {power['smoothing_from_s']} s, "
+        f"floor {power['floor_w_per_gpu']} W/GPU |",
+        f"| stranded power (mean / max of budget) | {power['stranded_power_pct']} % / "
+        f"{power['stranded_power_pct_max']} % |",
+        f"| budget violations (limits in force over a budget) | {power['budget_violations']} |",
+        f"| budget cuts enforced on the GPUs | {cuts} |",
+    ]

@@ -1,0 +1,266 @@
+"""The power loop end to end: a real controller and simulated agents over loopback gRPC.
+
+The invariant is checked on the simulated GPUs themselves (the limits they enforce), sampled every
+few milliseconds while the loop works: a budget cut is enforced on the GPUs, the watts it frees go
+elsewhere only after the decreases are confirmed, and a restarted controller continues the same
+apply state (no command id reused, the operator's budget kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import sys
+
+import grpc
+import pytest
+
+from rasd.agent import runtime, spool
+from rasd.agent.gpu import simulated, step_job
+from rasd.api.v1 import admin_service_pb2 as admin_pb
+from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
+from rasd.controller import server
+from rasd.controller.core import power_apply
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fakes"))
+import redfish_stub
+
+pytestmark = pytest.mark.slow
+
+FAST_LINK = {
+    "telemetry_send_interval_ms": 200,
+    "counter_interval_ms": 200,
+    "reconnect_initial_s": 0.05,
+    "reconnect_max_s": 0.3,
+    "heartbeat_interval_ms": 500,
+}
+TREE = {
+    "name": "cluster",
+    "budget_w": 4400,
+    "rows": [
+        {
+            "name": "row-0",
+            "racks": [
+                {"name": "rack-a", "budget_w": 2800, "nodes": [{"name": "node-a"}]},
+                {"name": "rack-b", "budget_w": 2800, "nodes": [{"name": "node-b"}]},
+            ],
+        }
+    ],
+}
+POWER = {"tree": TREE, "policy": {"control_period_s": 0.5, "command_ttl_s": 2.0}, "detect_window_s": 5.0}
+
+
+def _controller(tmp_path, port, *, power=POWER, bmc=None):
+    return server.Controller(
+        server.ControllerSettings(
+            listen=f"127.0.0.1:{port}",
+            db_url=f"sqlite:///{tmp_path / 'rasd.db'}",
+            metrics_port=None,
+            remediation=False,
+            power=power,
+            bmc=bmc,
+        )
+    )
+
+
+class Fleet:
+    """Two simulated nodes of 4 H100s running one synchronous job."""
+
+    def __init__(self, address: str) -> None:
+        workload = simulated.StepWorkload(period_s=1.0)
+        self.job = step_job.StepJob(workload.shape(), seed=1)
+        self.backends = {
+            n: simulated.SimulatedBackend(n, 4, 1, workload=workload, job=self.job) for n in ("node-a", "node-b")
+        }
+        self.agents = [
+            runtime.Agent(
+                runtime.NodeIdentity(node_id=n, boot_id=f"boot-{n}", hostname=n),
+                b,
+                spool.Spool(":memory:"),
+                runtime.LinkSettings(controller_address=address, **FAST_LINK),
+            )
+            for n, b in self.backends.items()
+        ]
+        self.stops = {a.identity.node_id: asyncio.Event() for a in self.agents}
+        self.tasks = {
+            a.identity.node_id: asyncio.create_task(a.run(self.stops[a.identity.node_id])) for a in self.agents
+        }
+
+    async def stop_agent(self, node_id: str) -> None:
+        self.stops[node_id].set()
+        await self.tasks[node_id]
+
+    def start_agent(self, node_id: str) -> None:
+        agent = next(a for a in self.agents if a.identity.node_id == node_id)
+        self.stops[node_id] = asyncio.Event()
+        self.tasks[node_id] = asyncio.create_task(agent.run(self.stops[node_id]))
+
+    def caps_w(self, node_id: str) -> int:
+        return sum(c.enforced_power_limit_w for c in self.backends[node_id].read_counters(1))
+
+    async def close(self) -> None:
+        for stop in self.stops.values():
+            stop.set()
+        await asyncio.gather(*self.tasks.values())
+
+
+async def _until(predicate, timeout_s=20.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+def _settled(controller) -> bool:
+    state = controller.power.state
+    return (
+        state is not None
+        and len(state.gpus) == 8
+        and bool((state.pending_seq == power_apply.NO_COMMAND).all())
+        and not (state.confirmed_w != state.confirmed_w).any()  # no NaN: every GPU read back
+    )
+
+
+def test_budget_cut_is_enforced_on_the_gpus_and_freed_watts_move_only_after_confirmation(tmp_path, free_port):
+    async def scenario():
+        controller = _controller(tmp_path, free_port)
+        await controller.start()
+        fleet = Fleet(controller.address)
+        channel = grpc.aio.insecure_channel(controller.address)
+        admin = admin_grpc.AdminServiceStub(channel)
+        violations: list[str] = []
+        budgets = {"cluster": 4400, "node-a": None}
+        sampling = True
+
+        async def watch():
+            # The invariant on the GPUs themselves, every 2 ms.
+            while sampling:
+                a, b = fleet.caps_w("node-a"), fleet.caps_w("node-b")
+                if a + b > budgets["cluster"]:
+                    violations.append(f"cluster {a + b} W > {budgets['cluster']} W")
+                if budgets["node-a"] is not None and a > budgets["node-a"]:
+                    violations.append(f"node-a {a} W > {budgets['node-a']} W after its cut was enforced")
+                await asyncio.sleep(0.002)
+
+        try:
+            # From the default 700 W caps (5,600 W > 4,400 W) down to the cluster budget.
+            await _until(lambda: _settled(controller) and fleet.caps_w("node-a") + fleet.caps_w("node-b") <= 4400)
+            watcher = asyncio.create_task(watch())
+            status = await admin.GetPowerStatus(admin_pb.GetPowerStatusRequest(), timeout=5)
+            assert status.root.domain_id == "cluster" and status.root.budget_w == 4400
+            assert status.root.allocated_w <= 4400
+            before_b = fleet.caps_w("node-b")
+            increases_before = controller.power.stats.increases_sent
+
+            cut_at = asyncio.get_running_loop().time()
+            await admin.SetPowerBudget(
+                admin_pb.SetPowerBudgetRequest(domain_id="node-a", budget_w=1200, reason="test"), timeout=5
+            )
+            await _until(lambda: fleet.caps_w("node-a") <= 1200, timeout_s=5)
+            enforced_s = asyncio.get_running_loop().time() - cut_at
+            budgets["node-a"] = 1200
+            # node-b is capped (its GPUs want ~675 W): it gets the freed watts, within the cluster budget.
+            await _until(lambda: fleet.caps_w("node-b") > before_b + 200, timeout_s=10)
+            await asyncio.sleep(1.0)
+            sampling = False
+            await watcher
+            status = await admin.GetPowerStatus(admin_pb.GetPowerStatusRequest(), timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as not_found:
+                await admin.SetPowerBudget(admin_pb.SetPowerBudgetRequest(domain_id="nope", budget_w=1), timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as too_low:
+                await admin.SetPowerBudget(admin_pb.SetPowerBudgetRequest(domain_id="node-a", budget_w=100), timeout=5)
+            return (
+                enforced_s,
+                controller.power.stats.increases_sent - increases_before,
+                violations,
+                status,
+                not_found.value.code(),
+                too_low.value.details(),
+            )
+        finally:
+            await channel.close()
+            await fleet.close()
+            await controller.stop()
+
+    enforced_s, increases, violations, status, not_found, too_low = asyncio.run(scenario())
+    assert enforced_s < 1.0
+    assert increases > 0
+    assert violations == []
+    node_a = status.root.children[0].children[0].children[0]
+    assert node_a.domain_id == "node-a" and node_a.budget_w == 1200 and node_a.allocated_w <= 1200
+    assert status.root.allocated_w <= 4400 and status.periods > 0
+    assert not_found == grpc.StatusCode.NOT_FOUND
+    assert "minimum caps" in too_low
+
+
+def test_a_restarted_controller_continues_the_apply_state_and_keeps_the_operator_budget(tmp_path, free_port):
+    async def scenario():
+        controller = _controller(tmp_path, free_port)
+        await controller.start()
+        fleet = Fleet(controller.address)
+        try:
+            await _until(lambda: _settled(controller))
+            await controller.power.set_budget("rack-b", 1600, reason="test")
+            await _until(lambda: fleet.caps_w("node-b") <= 1600 and _settled(controller))
+            before = controller.power.state
+            await controller.stop()
+
+            controller = _controller(tmp_path, free_port)
+            await controller.start()
+            restored = controller.power.state
+            await _until(lambda: _settled(controller))
+            after = controller.power.state
+            budget = controller.power.tree.domain("rack-b").budget_w
+            return before, restored, after, budget, fleet.caps_w("node-b")
+        finally:
+            await fleet.close()
+            await controller.stop()
+
+    before, restored, after, budget, caps_b = asyncio.run(scenario())
+    assert restored.epoch == before.epoch and restored.next_seq == before.next_seq
+    assert [g.gpu_uuid for g in restored.gpus] == [g.gpu_uuid for g in before.gpus]
+    assert after.next_seq >= before.next_seq  # ids continue: never an id an agent already executed
+    assert budget == 1600 and caps_b <= 1600
+
+
+def test_an_unreachable_node_is_held_at_its_caps_until_its_bmc_confirms_a_limit(tmp_path, free_port, monkeypatch):
+    monkeypatch.setenv("RASD_TEST_BMC_PW", "secret")
+    stub = redfish_stub.StubRedfish()
+    stub.start()
+    bmc_table = {"nodes": {"node-a": {"url": stub.url, "username": "admin", "password_env": "RASD_TEST_BMC_PW"}}}
+    power = {**POWER, "bmc_fallback_after_s": 0.5}
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port, power=power, bmc=bmc_table)
+        await controller.start()
+        fleet = Fleet(controller.address)
+        loop = controller.power
+        try:
+            await _until(lambda: _settled(controller))
+            held = fleet.caps_w("node-a")
+            await fleet.stop_agent("node-a")
+            # The stream ends when the controller sees the agent's half-close (or, if that is lost, by
+            # the keepalive timeout).
+            await _until(lambda: "node-a" not in controller.ingest.sessions, timeout_s=60)
+            await loop.set_budget("node-a", 1200, reason="feed maintenance")
+            # The agent cannot take the decrease: the node still counts at its caps...
+            await asyncio.sleep(0.3)
+            over_while_unreachable = loop.status.over_budget
+            # ...until the BMC confirms a node limit within the budget.
+            await _until(lambda: loop.stats.bmc_limits > 0 and not loop.status.over_budget, timeout_s=10)
+            node_a = loop.status.root.children[0].children[0].children[0]
+            limited = (stub.power_limit_w, node_a.allocated_w)
+            fleet.start_agent("node-a")
+            await _until(lambda: stub.power_limit_w is None and fleet.caps_w("node-a") <= 1200, timeout_s=15)
+            return held, over_while_unreachable, limited
+        finally:
+            await fleet.close()
+            await controller.stop()
+            stub.stop()
+
+    held, over_while_unreachable, (bmc_limit_w, allocated_w) = asyncio.run(scenario())
+    assert held > 1200
+    assert "node-a" in over_while_unreachable
+    assert bmc_limit_w is not None and bmc_limit_w <= 1200
+    assert allocated_w <= 1200

@@ -1,0 +1,116 @@
+"""The simulated training job: stragglers set the pace, caps cost time, floors cost energy only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rasd.agent.gpu import simulated, step_job
+
+
+def _job(**shape) -> step_job.StepJob:
+    base = {"period_s": 1.0, "compute_fraction": 0.7, "rank_jitter_s": (0.005, 0.020), "anchor_unix_s": 100.0}
+    job = step_job.StepJob(step_job.JobShape(**{**base, **shape}), seed=5)
+    job.add_ranks([675.0, 690.0, 660.0, 700.0], [125.0, 110.0, 140.0, 100.0], [700.0] * 4)
+    return job
+
+
+def _mean_step_s(job: step_job.StepJob, until_s: float = 160.0) -> float:
+    steps = job.completed_steps(100.0, until_s)
+    return float(np.mean([s.end_s - s.start_s for s in steps]))
+
+
+def test_a_step_ends_only_after_its_slowest_rank():
+    job = _job()
+    for step in job.completed_steps(100.0, 120.0):
+        assert step.end_s == pytest.approx(step.compute_end_s.max() + 0.3)
+        assert np.all(step.compute_end_s <= step.end_s)
+    # 5-20 ms of jitter: the straggler adds at most 20 ms to the 1 s step.
+    assert 1.005 <= _mean_step_s(job) <= 1.020
+
+
+def test_draw_follows_compute_and_communication_phases():
+    job = _job()
+    step = job.completed_steps(100.0, 110.0)[3]
+    mid_compute = float(step.compute_start_s.max() + 0.3)
+    mid_comm = float(step.compute_end_s.max() + 0.1)
+    assert list(job.draw_w(slice(None), mid_compute)) == [675.0, 690.0, 660.0, 700.0]
+    assert list(job.draw_w(slice(None), mid_comm)) == [125.0, 110.0, 140.0, 100.0]
+
+
+def test_a_cap_below_demand_slows_the_whole_step_by_the_dvfs_model():
+    free = _mean_step_s(_job())
+    capped = _job()
+    capped.set_cap(3, 350.0)  # one rank at half its 700 W demand computes at half speed
+    slow = _mean_step_s(capped)
+    # Its 0.7 s compute takes 1.4 s; the step waits for it.
+    assert slow - free == pytest.approx(0.7, abs=0.02)
+    step = capped.completed_steps(100.0, 110.0)[2]
+    assert capped.draw_w(slice(None), float(step.compute_start_s.max() + 0.2))[3] == 350.0
+
+
+def test_a_floor_costs_energy_not_time():
+    free, floored = _job(), _job()
+    for rank in range(4):
+        floored.set_smoothing(rank, floor_w=500.0, ramp_up_w_per_s=0.0, ramp_down_w_per_s=0.0)
+    assert _mean_step_s(floored) == pytest.approx(_mean_step_s(free), abs=1e-9)
+    times = np.arange(100.0, 130.0, 0.01)
+    energy = [sum(job.draw_w(slice(None), t).sum() for t in times) for job in (free, floored)]
+    assert energy[1] > energy[0]
+    assert min(floored.draw_w(slice(None), t).min() for t in times) >= 500.0
+
+
+def test_a_ramp_up_limit_costs_the_documented_time_and_slews_the_draw():
+    free, ramped = _job(), _job()
+    for rank in range(4):
+        ramped.set_smoothing(rank, floor_w=500.0, ramp_up_w_per_s=1000.0, ramp_down_w_per_s=1000.0)
+    # Slowest rank (700 W): (700 - 500)^2 / (2 x 1000 x 700) = 28.6 ms of extra compute per step.
+    extra = _mean_step_s(ramped) - _mean_step_s(free)
+    assert 0.015 <= extra <= 0.035
+    step = ramped.completed_steps(100.0, 110.0)[2]
+    t = float(step.compute_start_s[3] + 0.05)
+    assert ramped.draw_w(np.array([3]), t)[0] == pytest.approx(550.0)
+
+
+def test_checkpoint_stalls_lengthen_every_nth_step():
+    job = _job(checkpoint_every_steps=5, checkpoint_s=2.0)
+    steps = job.completed_steps(100.0, 130.0)
+    long = [s.index for s in steps if s.end_s - s.start_s > 2.5]
+    assert long and all((i + 1) % 5 == 0 for i in long)
+
+
+def test_job_start_and_stop_idle_the_ranks():
+    job = _job(start_after_s=5.0, stop_after_s=20.0)
+    assert list(job.draw_w(slice(None), 102.0)) == [70.0] * 4
+    assert list(job.draw_w(slice(None), 125.0)) == [70.0] * 4
+    assert job.draw_w(slice(None), 105.3).max() > 600.0
+    assert job.completed_steps(100.0, 200.0)[-1].end_s <= 121.1
+
+
+def test_simulated_nodes_sharing_a_job_wait_for_a_capped_rank_on_another_node():
+    workload = simulated.StepWorkload(period_s=1.0, anchor_unix_s=0.0)
+    job = step_job.StepJob(workload.shape(), seed=1)
+    a = simulated.SimulatedBackend("a", 2, 1, workload=workload, job=job)
+    b = simulated.SimulatedBackend("b", 2, 1, workload=workload, job=job)
+    b.set_power_limit(b.inventory()[0].uuid, 300)
+    steps = job.completed_steps(0.0, 30.0)
+    assert np.mean([s.end_s - s.start_s for s in steps[2:]]) > 1.5
+    assert len(a.read_power(int(10e9))) == 2
+
+
+def test_ranks_cannot_join_a_running_job():
+    job = _job()
+    job.draw_w(slice(None), 101.0)
+    with pytest.raises(RuntimeError, match="before its first reading"):
+        job.add_ranks([600.0], [100.0], [700.0])
+
+
+def test_an_evicted_rank_no_longer_holds_the_step_back():
+    job = _job()
+    job.set_cap(3, 350.0)
+    slow = _mean_step_s(job, until_s=130.0)
+    job.set_active(3, False)  # the scheduler took the GPU out of the job
+    steps = job.completed_steps(135.0, 160.0)
+    assert slow > 1.6 and np.mean([s.end_s - s.start_s for s in steps]) < 1.03
+    mid = float(steps[2].compute_start_s[:3].max() + 0.3)
+    assert job.draw_w(np.array([3]), mid)[0] == 70.0

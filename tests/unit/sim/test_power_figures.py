@@ -1,0 +1,67 @@
+"""The report's power figures, computed from two real simulated jobs: one smoothed, one left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rasd.agent.gpu import step_job
+from rasd.controller.core import power_policy, swing
+from rasd.sim import power_sim
+
+SHAPE = step_job.JobShape(period_s=1.0, compute_fraction=0.7, rank_jitter_s=(0.005, 0.02), anchor_unix_s=0.0)
+
+
+def _job() -> step_job.StepJob:
+    job = step_job.StepJob(SHAPE, seed=3)
+    rng = np.random.default_rng(0)
+    job.add_ranks(rng.uniform(650, 700, 64).tolist(), rng.uniform(100, 150, 64).tolist(), [1000.0] * 64)
+    return job
+
+
+def _trace(floor_w: float, ramp_w_per_s: float) -> power_sim.PowerTrace:
+    managed, unmanaged = _job(), _job()
+    for rank in range(64):
+        managed.set_smoothing(rank, floor_w=floor_w, ramp_up_w_per_s=ramp_w_per_s, ramp_down_w_per_s=ramp_w_per_s)
+    t = np.arange(0.0, 60.0, 0.1)
+    per_gpu = np.array([unmanaged.draw_w(slice(None), x) for x in t])
+    return power_sim.PowerTrace(
+        t_s=t,
+        managed_w=np.array([managed.draw_w(slice(None), x).sum() for x in t]),
+        unmanaged_w=per_gpu.sum(axis=1),
+        unmanaged_per_gpu_w=per_gpu.astype(np.float32),
+        cluster_budget_w=np.full(len(t), 64_000.0),
+        violations=0,
+        violation_domains=[],
+        violation_times_s=[],
+        cuts=[],
+        smoothing_from_s=0.0,
+        floor_w=floor_w,
+        managed_steps_s=[(s.start_s, s.end_s - s.start_s) for s in managed.completed_steps(0.0, 60.0)],
+        unmanaged_steps_s=[(s.start_s, s.end_s - s.start_s) for s in unmanaged.completed_steps(0.0, 60.0)],
+        stranded_w=[(float(x), 0.0) for x in range(0, 60, 3)],
+        loop_step_ms=[1.0],
+        periods=20,
+        smoothing_mode="firmware",
+        managed=True,
+    )
+
+
+def test_a_floor_near_the_peak_cuts_the_swing_and_costs_about_the_analytic_energy():
+    policy = power_policy.PowerPolicy()
+    figures = power_sim.report_section(_trace(floor_w=620.0, ramp_w_per_s=300.0), policy, measure_from_s=5.0)
+    assert figures["swing_reduction_pct"] > 80
+    assert figures["band_power_attenuation_db"] > 15
+    # Ramps cost (peak - floor)^2 / (2 r peak): about 8 ms of a 1 s step; the floor costs none.
+    assert 0.2 < figures["step_time_cost_pct"] < 1.5
+    assert 0.95 < figures["energy_overhead_ratio_to_min"] < 1.1
+    assert figures["budget_violations"] == 0 and figures["stranded_power_pct"] == 0.0
+
+
+def test_no_smoothing_means_no_reduction_and_no_cost():
+    policy = power_policy.PowerPolicy()
+    trace = _trace(floor_w=0.0, ramp_w_per_s=0.0)
+    trace.floor_w = None
+    figures = power_sim.report_section(trace, policy, measure_from_s=5.0)
+    assert figures["swing_reduction_pct"] == 0.0 and figures["step_time_cost_pct"] == 0.0
+    assert abs(figures["energy_overhead_pct"]) < 0.01
+    assert figures["max_ramp_w_per_s"] == round(swing.max_ramp_w_per_s(trace.unmanaged_w, 10.0, 1.0), 1)
