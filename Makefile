@@ -27,7 +27,10 @@ demo: $(VENV)/.installed-plots
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --ignore=tests/chaos
+	# The fault-injection suite (issue #9) runs in its own process: it SIGKILLs servers under
+	# in-process gRPC clients and holds thousands of streams, state that must not leak into the rest.
+	$(BIN)/python -m pytest tests/chaos
 	@echo "make test: all checks passed"
 
 lint: $(STAMP)

@@ -393,7 +393,10 @@ class Agent:
             try:
                 if channel is not None and await self._session(channel, stop):
                     attempt = 0
-            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError) as exc:
+            except (grpc.aio.AioRpcError, TimeoutError, ConnectionError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: grpc.aio's answer to a write on a call that has already ended
+                # (the controller died between our last read and this write). The stream is lost
+                # like any other: reconnect, never let it end the link for good.
                 self.stats.connect_failures += 1
                 code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
                 self._log.warning("controller_stream_lost", code=code, detail=_detail(exc))
@@ -531,6 +534,7 @@ class Agent:
                         )
                     )
                     continue
+                command = on_local_clock(command, self._clock())
                 result = await asyncio.to_thread(self._executor.execute, command)
                 self.stats.commands_executed += 1
                 self._log.info(
@@ -545,6 +549,20 @@ class Agent:
                 await outbox.put(wire.action_result(result))
             else:
                 self._log.warning("controller_message_unexpected", payload=which)
+
+
+def on_local_clock(command: model.Command, received_unix_ns: int) -> model.Command:
+    """command with its deadline moved onto this node's clock, counted from when it arrived.
+
+    The controller stamps issued and deadline times with its own clock, and a node's clock may be
+    off by any amount: compared with the local clock, a node running ahead would refuse every
+    command as late, and one running behind would run a long-stale one. What a command grants is
+    the span between the two stamps; it starts when the command reaches the agent.
+    """
+    if not command.deadline_unix_ns or not command.issued_unix_ns:
+        return command
+    span_ns = max(0, command.deadline_unix_ns - command.issued_unix_ns)
+    return dataclasses.replace(command, deadline_unix_ns=received_unix_ns + span_ns)
 
 
 def _next_tick(previous_s: float, interval_ms: int, now_s: float) -> float:

@@ -45,6 +45,8 @@ log = structlog.get_logger("rasd.controller")
 
 MAX_GROUP_EVENTS = 512
 """Upper bound on the stored events decided together in one transaction."""
+STORE_RETRY_S = 1.0
+"""Pause before deciding a group again after the store was unavailable."""
 AGENT_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "run_validation"})
 _OUTCOME_STATUS = {
     commands_pb.ACTION_OUTCOME_SUCCEEDED: "succeeded",
@@ -140,6 +142,8 @@ class RemediationService:
         self.sdc = sdc_service.SdcLedger(self.policy.sdc)
         self._sweeper: asyncio.Task[None] | None = None
         """Agent commands dispatched and not yet answered, re-sent when their node reconnects."""
+        self._results_owed: list[tuple[str, commands_pb.ActionResult]] = []
+        """Results that arrived while the store was unavailable, applied by the next tick."""
         self.decision_hook: Callable[[Sequence[actions.Action], int], None] | None = None
         """Called with the actions each commit newly put in the outbox and the commit's time (recording)."""
         self.accusation_hook: Callable[..., None] | None = None
@@ -237,6 +241,13 @@ class RemediationService:
             try:
                 async with self._lock:
                     await self._decide_group(group)
+            except repo.STORE_UNAVAILABLE as exc:
+                # The events are stored and acked already, so their decision is owed: keep the group
+                # first in line and try again. Its callers wait (their streams stop reading, so the
+                # agents spool) rather than fail, which would leave the events undecided until restart.
+                log.warning("remediation_store_unavailable", events=sum(len(g[1]) for g in group), error=str(exc))
+                self._inbox[:0] = group
+                await asyncio.sleep(STORE_RETRY_S)
             except Exception as exc:  # the callers' streams see it; nothing of the group was committed
                 for *_, future in group:
                     if not future.done():
@@ -256,6 +267,10 @@ class RemediationService:
         states: dict[str, escalation.RemediationState] = {}
         new_actions: list[actions.Action] = []
         change = rstore.Commit(now_unix_ns=now_ns)
+        # Counted only once the decision is committed: a group retried after a store failure is not counted twice.
+        detect_s: list[float] = []
+        new_incidents: list[correlate.Incident] = []
+        decisions = 0
         for node_id, events, labels, _future in group:
             state = states.get(node_id) or self.node_states.get(node_id) or escalation.RemediationState(node_id)
             for stored in events:
@@ -263,19 +278,13 @@ class RemediationService:
                 result = escalation.handle_event(corr, state, event, now=now, catalog=self.catalog, policy=self.policy)
                 corr = result.correlation.state
                 state = result.decision.state
-                self.stats.events += 1
-                metrics.time_to_detect_seconds.observe(
-                    max(0.0, (stored.received_unix_ns - stored.observed_unix_ns) / 1e9)
-                )
+                detect_s.append(max(0.0, (stored.received_unix_ns - stored.observed_unix_ns) / 1e9))
                 if result.correlation.incident is not None:
                     change.incidents.append(_incident_row(result.correlation.incident, now_ns))
                     if result.correlation.outcome is correlate.Outcome.NEW:
-                        metrics.incidents.labels(
-                            cause=result.correlation.incident.fault_key,
-                            component=str(result.correlation.incident.classification.component.value),
-                        ).inc()
+                        new_incidents.append(result.correlation.incident)
                 if result.decision.actions:
-                    self.stats.decisions += 1
+                    decisions += 1
                     for action in result.decision.actions:
                         self._event_times.setdefault(action.command_id, stored.received_unix_ns / 1e9)
                     new_actions.extend(result.decision.actions)
@@ -294,13 +303,38 @@ class RemediationService:
         change.docs.update(correlation_docs(self.correlation, corr))
         await self._commit_states(states, new_actions, change)
         self.correlation = corr
-        await self._dispatch_locked()
+        self.stats.events += len(detect_s)
+        self.stats.decisions += decisions
+        for seconds in detect_s:
+            metrics.time_to_detect_seconds.observe(seconds)
+        for incident in new_incidents:
+            metrics.incidents.labels(
+                cause=incident.fault_key, component=str(incident.classification.component.value)
+            ).inc()
+        await self._dispatch_after_commit()
+
+    async def _dispatch_after_commit(self) -> None:
+        """Dispatch once a decision is durable; if the store fails now, the next tick dispatches."""
+        try:
+            await self._dispatch_locked()
+        except repo.STORE_UNAVAILABLE as exc:
+            log.warning("remediation_dispatch_deferred", error=str(exc))
 
     async def on_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
-        """A command's result from an agent (or a controller-side executor): advance the ladder."""
+        """A command's result from an agent (or a controller-side executor): advance the ladder.
+
+        If the store cannot take it, the result is kept and applied by the next tick: the agent has
+        answered and will not answer again unless asked, so dropping it would stall the ladder until
+        its timeout climbed a rung for a repair that worked.
+        """
         async with self._lock:
-            await self._apply_result(node_id, result)
-            await self._dispatch_locked()
+            try:
+                await self._apply_result(node_id, result)
+            except repo.STORE_UNAVAILABLE as exc:
+                self._results_owed.append((node_id, result))
+                log.warning("remediation_result_deferred", node=node_id, command_id=result.command_id, error=str(exc))
+                return
+            await self._dispatch_after_commit()
 
     async def _apply_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
         change = rstore.Commit(now_unix_ns=self._clock())
@@ -406,8 +440,15 @@ class RemediationService:
                 log.exception("remediation_tick_failed")
 
     async def tick(self) -> None:
-        """Timeouts, watch windows and waiting tickets; then retry deferred actions."""
+        """Results the store could not take earlier, timeouts, watch windows, waiting tickets; then deferred actions."""
         async with self._lock:
+            owed, self._results_owed = self._results_owed, []
+            for index, (node_id, result) in enumerate(owed):
+                try:
+                    await self._apply_result(node_id, result)
+                except repo.STORE_UNAVAILABLE:
+                    self._results_owed[:0] = owed[index:]
+                    raise
             now_ns = self._clock()
             for node_id, state in list(self.node_states.items()):
                 if not state.tickets:
@@ -740,6 +781,7 @@ class RemediationService:
                 return
             now_ns = self._clock()
             now = now_ns / 1e9
+            budget_before = self.budget
             fleet_view = blast_radius.FleetView(node_labels=dict(self.ingest.node_labels))
             admission = blast_radius.admit(
                 self.budget, list(self._deferred.values()), fleet_view, now=now, policy=self.policy.disruption
@@ -792,7 +834,16 @@ class RemediationService:
                     change,
                     touched,
                 )
-            await self._commit_states(touched, follow_up, change)
+            try:
+                await self._commit_states(touched, follow_up, change)
+            except Exception:
+                # Nothing of this round is durable: the admitted actions are still pending in the
+                # store, so they stay pending here (the next tick admits them again; controller-side
+                # executors are idempotent) and the budget they took is given back.
+                for action in admission.admitted:
+                    self._deferred.setdefault(action.command_id, action)
+                self.budget = budget_before
+                raise
             if change.quarantines or change.releases:
                 await self._export_quarantines()
             for action in admission.admitted:

@@ -29,10 +29,11 @@ Secondary rules (each within ``secondary_window_s`` of the root's last event):
 - Xid 74 on a peer GPU of the same NVLink domain (``HealthEvent.nvlink_domain``), after an
   NVLink incident on another GPU: the peer is recorded in ``peer_gpu_uuids``, sympathetic.
 
-IB link flaps: every IB_LINK_STATE event is remembered per port for ``ib_flap_window_s``; the
-count goes to ``classify``. A storm opens one incident per node (fault_key "ib_flap", or one per
-port when ``ib_flap_isolation = "port"``) and later flaps, on any port of that node, are
-duplicates of it while it is open.
+IB link flaps: every IB_LINK_STATE event is remembered per port for ``ib_flap_window_s``, at the
+controller's ``now`` (the window is pruned with ``now`` too: an agent clock that is hours off must
+neither hide a storm nor keep old flaps counting forever); the count goes to ``classify``. A storm
+opens one incident per node (fault_key "ib_flap", or one per port when ``ib_flap_isolation =
+"port"``) and later flaps, on any port of that node, are duplicates of it while it is open.
 
 State is grouped by correlation scope (the NVLink domain when known, else the node) so peer Xid
 74 can fold across the nodes of one NVL72 domain, and only the event's scope is rebuilt per
@@ -269,13 +270,13 @@ def _count_port_changes(
     for hist in histories:
         times = tuple(t for t in hist.changed_at if now - t <= window_s)
         if hist.ib_port == port:
-            times = (*times, event.observed_at)
+            times = (*times, now)
             count = len(times)
             found = True
         if times:
             kept.append(PortHistory(hist.node_id, hist.ib_port, times))
     if not found:
-        kept.append(PortHistory(event.node_id, port, (event.observed_at,)))
+        kept.append(PortHistory(event.node_id, port, (now,)))
         count = 1
     return tuple(kept), count
 

@@ -19,6 +19,10 @@ from sqlalchemy.orm import sessionmaker
 from rasd.controller.core import fleet
 from rasd.controller.store import migrate, schema
 
+STORE_UNAVAILABLE: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError)
+"""What a store call raises while the database is unreachable, restarting or locked: nothing of the
+call was committed, and the same call can succeed later (the pool's pre-ping replaces dead connections)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class StoredEvent:

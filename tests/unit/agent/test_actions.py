@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rasd.agent import actions, node_ops, spool
+from rasd.agent import actions, node_ops, runtime, spool
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 
@@ -187,6 +187,21 @@ def test_power_smoothing_is_applied_where_supported_and_refused_where_not():
     _, _, h100_executor = _armed()
     refused = h100_executor.execute(_cmd(profile, "s2"))
     assert refused.outcome is model.ActionOutcome.NOT_SUPPORTED
+
+
+@pytest.mark.parametrize("agent_clock_off_s", [-7200, 0, 7200])
+def test_a_command_deadline_is_a_span_from_arrival_on_the_agent_clock(agent_clock_off_s):
+    issued = 1_800_000_000 * 10**9  # controller clock
+    command = model.Command("c", issued, issued + 30 * 10**9, "test", model.RebootNode())
+    arrived = issued + agent_clock_off_s * 10**9 + 5 * 10**6  # agent clock, 5 ms in transit
+    local = runtime.on_local_clock(command, arrived)
+    assert local.deadline_unix_ns == arrived + 30 * 10**9
+    assert (
+        runtime.on_local_clock(
+            model.Command("d", issued, 0, "no deadline", model.RebootNode()), arrived
+        ).deadline_unix_ns
+        == 0
+    )
 
 
 # ---- caps survive reboots and resets --------------------------------------------------------------

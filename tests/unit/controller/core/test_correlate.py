@@ -187,3 +187,31 @@ def test_a_secondary_that_proves_the_memory_exhausted_upgrades_the_root_to_rma()
     assert up.incident.incident_id == root.incident.incident_id
     assert up.incident.classification.action.value == "rma"
     assert up.incident.fault_key == "xid:48"
+
+
+@pytest.mark.parametrize("agent_clock_off_s", [-7200.0, 7200.0])
+def test_the_flap_window_runs_on_the_controller_clock_however_far_off_the_agent_clock_is(agent_clock_off_s):
+    state = correlate.CorrelationState()
+    now = T0
+    outcomes = []
+    for _ in range(6):  # three down/up flaps, 20 s apart
+        now += 20
+        event = health.HealthEvent(
+            node_id="n1",
+            kind=EventKind.IB_LINK_STATE,
+            observed_at=now + agent_clock_off_s,
+            attributes={"ib_device": "mlx5_0", "ib_port": "1"},
+        )
+        result = correlate.correlate(state, event, now=now, catalog=CATALOG, policy=POLICY)
+        state = result.state
+        outcomes.append(result.outcome)
+    assert outcomes == [Outcome.OBSERVED] * 5 + [Outcome.NEW], "the storm is seen whatever the agent's clock says"
+    now += POLICY.classification.ib_flap_window_s + 1
+    later = health.HealthEvent(
+        node_id="n1",
+        kind=EventKind.IB_LINK_STATE,
+        observed_at=now + agent_clock_off_s,
+        attributes={"ib_device": "mlx5_0", "ib_port": "1"},
+    )
+    state = correlate.correlate(state, later, now=now, catalog=CATALOG, policy=POLICY).state
+    assert state.ports["n1"][0].changed_at == (now,), "old changes age out on the controller's clock"
