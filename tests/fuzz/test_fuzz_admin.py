@@ -9,6 +9,7 @@ answer must be OK or one of the status codes the API documents for bad input; UN
 from __future__ import annotations
 
 import asyncio
+import math
 
 import grpc
 import pytest
@@ -127,7 +128,7 @@ def _valid(method, gpus):
 
 
 @settings(
-    max_examples=max(20, FUZZ_INPUTS // 20),
+    max_examples=max(24, math.ceil(1.2 * FUZZ_INPUTS / 20)),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
     database=None,

@@ -214,7 +214,9 @@ FUZZ_SETTINGS = settings(
 )
 
 
-@settings(FUZZ_SETTINGS, max_examples=max(1, math.ceil(FUZZ_INPUTS / PER_EXAMPLE)))
+# 20 % more examples than the count needs: hypothesis discards examples whose data overruns its
+# buffer (a CI run once tried 9,820 of 10,000), and the count below is a promise, not a target.
+@settings(FUZZ_SETTINGS, max_examples=max(1, math.ceil(1.2 * FUZZ_INPUTS / PER_EXAMPLE)))
 @given(data=st.data(), authenticated=st.booleans())
 def test_fuzzed_agent_messages_in_process(harness, data, authenticated):
     index = next(harness.nodes)
@@ -237,7 +239,7 @@ def test_in_process_counts(harness, record_property):
     assert len(fuzz_nodes) >= FUZZ_INPUTS // PER_EXAMPLE and not any(n.connected for n in fuzz_nodes)
 
 
-@settings(FUZZ_SETTINGS, max_examples=max(5, FUZZ_INPUTS // 200))
+@settings(FUZZ_SETTINGS, max_examples=max(6, math.ceil(1.2 * FUZZ_INPUTS / 200)))
 @given(data=st.data())
 def test_fuzzed_agent_messages_over_live_mtls(live, data):
     gpus = _gpus(10**6)
