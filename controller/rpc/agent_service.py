@@ -47,6 +47,8 @@ class AgentService(agent_grpc.AgentServiceServicer):
         self._security = security_metrics
         self._audit = audit_log
         self._recorder = recorder
+        self._closing: set[asyncio.Future[None]] = set()
+        """Session clean-ups in flight (held so that a cancelled call's clean-up is not collected)."""
 
     def identity(self) -> validate_input.StreamIdentity:
         """What the current stream may speak for (its node certificate; nothing on plaintext)."""
@@ -123,8 +125,18 @@ class AgentService(agent_grpc.AgentServiceServicer):
                 self._recorder.closed(session.session_id, session.node_id)
             for task in (writer, reader):
                 task.cancel()
-            await asyncio.gather(writer, reader, return_exceptions=True)
-            await self._ingest.close_session(session)
+            # The call can be cancelled again while this block awaits (the client went away, then the
+            # server shuts the call down): the session must be closed all the same, or the node stays
+            # "connected" forever and its power and commands go nowhere. So the clean-up runs as its
+            # own task, shielded from this one's cancellation.
+            cleanup = asyncio.ensure_future(self._close(session, writer, reader))
+            self._closing.add(cleanup)
+            cleanup.add_done_callback(self._closing.discard)
+            await asyncio.shield(cleanup)
+
+    async def _close(self, session: ingest.Session, *tasks: asyncio.Task[None]) -> None:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._ingest.close_session(session)
 
     async def _read(
         self, session: ingest.Session, context: grpc.aio.ServicerContext, identity: validate_input.StreamIdentity
