@@ -130,6 +130,8 @@ class RemediationService:
         self.node_states: dict[str, escalation.RemediationState] = {}
         self.correlation = correlate.CorrelationState()
         self.budget = blast_radius.BudgetState()
+        self._budget_stored: blast_radius.BudgetState | None = None
+        """The budget as the store holds it (None: never written); only a changed budget is written."""
         self.stats = RemediationStats()
         self._deferred: dict[str, actions.Action] = {}
         self._event_times: dict[str, float] = {}
@@ -159,9 +161,11 @@ class RemediationService:
         node_docs = await self.ingest.run_in_store(self.store.load_node_states)
         self.node_states = {n: escalation.RemediationState.from_dict(d) for n, d in node_docs.items()}
         corr_docs = await self.ingest.run_in_store(self.store.load_docs, CORRELATION_PREFIX)
+        incident_data = await self.ingest.run_in_store(self.store.incident_data, correlation_incident_ids(corr_docs))
         budget = await self.ingest.run_in_store(self.store.load_doc, "budget")
-        self.correlation = correlation_from_docs(corr_docs)
+        self.correlation = correlation_from_docs(corr_docs, incident_data)
         self.budget = blast_radius.BudgetState.from_dict(budget) if budget else blast_radius.BudgetState()
+        self._budget_stored = self.budget if budget else None
         unfinished = await self.ingest.run_in_store(lambda: self.store.commands(statuses=("pending", "dispatched")))
         for record in unfinished:
             action = actions.from_dict(record.payload)
@@ -279,10 +283,8 @@ class RemediationService:
                 corr = result.correlation.state
                 state = result.decision.state
                 detect_s.append(max(0.0, (stored.received_unix_ns - stored.observed_unix_ns) / 1e9))
-                if result.correlation.incident is not None:
-                    change.incidents.append(_incident_row(result.correlation.incident, now_ns))
-                    if result.correlation.outcome is correlate.Outcome.NEW:
-                        new_incidents.append(result.correlation.incident)
+                if result.correlation.incident is not None and result.correlation.outcome is correlate.Outcome.NEW:
+                    new_incidents.append(result.correlation.incident)
                 if result.decision.actions:
                     decisions += 1
                     for action in result.decision.actions:
@@ -296,11 +298,14 @@ class RemediationService:
                         reason=result.decision.reason,
                     )
                 self._close(result.decision, change, now)
-            states[node_id] = state
+            if state is not (states.get(node_id) or self.node_states.get(node_id)):
+                states[node_id] = state  # a duplicate or secondary leaves the node's state as it was: not rewritten
             consumed = [e.seq for e in events if e.seq > 0]
             if consumed:
                 change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
-        change.docs.update(correlation_docs(self.correlation, corr))
+        docs, changed = correlation_changes(self.correlation, corr)
+        change.docs.update(docs)
+        change.incidents.extend(_incident_row(incident, now_ns) for incident in changed)
         await self._commit_states(states, new_actions, change)
         self.correlation = corr
         self.stats.events += len(detect_s)
@@ -540,9 +545,10 @@ class RemediationService:
                 self.budget = blast_radius.resume(self.budget, now=now_ns / 1e9, policy=self.policy.disruption)
             change = rstore.Commit(now_unix_ns=now_ns)
             self._export_budget()
-            change.docs["budget"] = self.budget.to_dict()
+            budget = self._stage_budget(change)
             change.audit.append(_audit(now_ns, actor, "pause" if paused else "resume", "", "", reason, "ok"))
             await self.ingest.run_in_store(self.store.commit, change)
+            self._budget_stored = budget
             if not paused:
                 await self._dispatch_locked()
             return self.budget
@@ -740,7 +746,10 @@ class RemediationService:
         """Commit the nodes' new ladder states, projections and the new outbox rows in one transaction."""
         for node_id, state in states.items():
             change.node_states[node_id] = state.to_dict()
-            change.tickets.extend(_ticket_row(t, change.now_unix_ns) for t in state.tickets)
+            # Only tickets this commit changed: the core shares unchanged Ticket values between states.
+            before = self.node_states.get(node_id)
+            unchanged = {id(t) for t in before.tickets} if before is not None else set()
+            change.tickets.extend(_ticket_row(t, change.now_unix_ns) for t in state.tickets if id(t) not in unchanged)
         for action in new_actions:
             change.new_commands.append(
                 rstore.CommandRecord(
@@ -758,8 +767,9 @@ class RemediationService:
                     result=None,
                 )
             )
-        change.docs["budget"] = self.budget.to_dict()
+        budget = self._stage_budget(change)
         fresh = set(await self.ingest.run_in_store(self.store.commit, change))
+        self._budget_stored = budget
         self.node_states.update(states)
         if self.decision_hook is not None:
             self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
@@ -792,9 +802,11 @@ class RemediationService:
             for action, reason in zip(admission.deferred, admission.reasons, strict=False):
                 log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
             if not admission.admitted:
-                await self.ingest.run_in_store(
-                    self.store.commit, rstore.Commit(now_unix_ns=now_ns, docs={"budget": self.budget.to_dict()})
-                )
+                change = rstore.Commit(now_unix_ns=now_ns)
+                budget = self._stage_budget(change)
+                if change.docs:
+                    await self.ingest.run_in_store(self.store.commit, change)
+                    self._budget_stored = budget
                 return
             change = rstore.Commit(now_unix_ns=now_ns)
             touched: dict[str, escalation.RemediationState] = {}
@@ -936,21 +948,31 @@ class RemediationService:
             )
         )
         if own:
-            change.docs["budget"] = self.budget.to_dict()
+            budget = self._stage_budget(change)
             await self.ingest.run_in_store(self.store.commit, change)
+            self._budget_stored = budget
             if change.quarantines or change.releases:
                 await self._export_quarantines()
         return outcome, message
+
+    def _stage_budget(self, change: rstore.Commit) -> blast_radius.BudgetState:
+        """Put the budget document into change when it differs from the stored one; returns what is staged.
+
+        The document grows with the nodes in flight (about 18 KB in a 2,000-node burst), and most
+        commits leave it as it was. The caller records the returned state as stored once its commit
+        succeeded, never before: a failed commit leaves the stored copy as it was.
+        """
+        budget = self.budget
+        if budget is not self._budget_stored and budget != self._budget_stored:
+            change.docs["budget"] = budget.to_dict()
+        return budget
 
     def _export_budget(self) -> None:
         self.ingest.metrics.breaker_tripped.set(1 if self.budget.breaker_tripped else 0)
         self.ingest.metrics.automation_paused.set(1 if self.budget.paused else 0)
 
     async def _export_quarantines(self) -> None:
-        active = await self.ingest.run_in_store(self.store.quarantines)
-        counts = {"node": 0, "gpu": 0, "port": 0}
-        for row in active:
-            counts["port" if row["port"] else "gpu" if row["gpu_uuid"] else "node"] += 1
+        counts = await self.ingest.run_in_store(self.store.quarantine_counts)
         for scope, count in counts.items():
             self.ingest.metrics.quarantined.labels(scope=scope).set(count)
 
@@ -985,18 +1007,31 @@ CORRELATION_PREFIX = "correlation/"
 and per node's IB port history ("correlation/ports/<node>"), so a decision rewrites only what it changed."""
 
 
-def correlation_docs(before: correlate.CorrelationState, after: correlate.CorrelationState) -> dict[str, Any]:
-    """The per-scope documents that differ between two states (None: the scope is gone, delete it).
+def correlation_changes(
+    before: correlate.CorrelationState, after: correlate.CorrelationState
+) -> tuple[dict[str, Any], list[correlate.Incident]]:
+    """What a decision must write for its correlation state: documents, and incidents for their rows.
 
-    The core shares unchanged scope tuples between states, so identity tells what changed.
+    A scope's document lists its incidents' ids in order (``{"ids": [...]}``), written only when
+    that list changes (an incident opened or expired; None: the scope is gone, delete it). Each
+    incident's data lives in its row of the incidents table, which operators query anyway: every
+    incident that differs from before is returned for that row, in the same transaction. So a
+    duplicate, the most common event in a burst, rewrites one incident row, not its whole scope.
+    The core shares unchanged scope tuples and incidents between states, so identity tells what
+    changed.
     """
     docs: dict[str, Any] = {}
+    changed: list[correlate.Incident] = []
     for scope in set(before.incidents) | set(after.incidents):
-        incidents = after.incidents.get(scope)
-        if incidents is not before.incidents.get(scope):
-            docs[f"{CORRELATION_PREFIX}incidents/{scope}"] = (
-                {"items": [i.to_dict() for i in incidents]} if incidents else None
-            )
+        incidents = after.incidents.get(scope, ())
+        old = before.incidents.get(scope, ())
+        if incidents is old:
+            continue
+        kept = {id(i) for i in old}
+        changed.extend(i for i in incidents if id(i) not in kept)
+        ids = [i.incident_id for i in incidents]
+        if ids != [i.incident_id for i in old]:
+            docs[f"{CORRELATION_PREFIX}incidents/{scope}"] = {"ids": ids} if ids else None
     for node in set(before.ports) | set(after.ports):
         ports = after.ports.get(node)
         if ports is not before.ports.get(node):
@@ -1009,22 +1044,39 @@ def correlation_docs(before: correlate.CorrelationState, after: correlate.Correl
                 if ports
                 else None
             )
-    return docs
+    return docs, changed
 
 
-def correlation_from_docs(docs: Mapping[str, Mapping[str, Any]]) -> correlate.CorrelationState:
-    """Rebuild the correlation state from its per-scope documents."""
+def correlation_incident_ids(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The incident ids the scope documents name (their data is read from the incidents table)."""
+    prefix = f"{CORRELATION_PREFIX}incidents/"
+    return [i for name, doc in docs.items() if name.startswith(prefix) for i in doc.get("ids", ())]
+
+
+def correlation_from_docs(
+    docs: Mapping[str, Mapping[str, Any]], incident_data: Mapping[str, Mapping[str, Any]] | None = None
+) -> correlate.CorrelationState:
+    """Rebuild the correlation state from its per-scope documents and the incidents' stored data.
+
+    Args:
+        docs: the ``correlation/`` documents.
+        incident_data: incident id → the ``data`` of its incidents-table row, for the ids the
+            documents name. A scope document written before ids were stored carries its
+            incidents inline (``{"items": [...]}``) and needs none.
+    """
+    data = incident_data or {}
     incidents: dict[str, tuple[correlate.Incident, ...]] = {}
     ports: dict[str, tuple[correlate.PortHistory, ...]] = {}
     for name, doc in docs.items():
         kind, _, key = name.removeprefix(CORRELATION_PREFIX).partition("/")
         if kind == "incidents":
-            incidents[key] = tuple(correlate.Incident.from_dict(i) for i in doc["items"])
+            items = doc["items"] if "items" in doc else [data[i] for i in doc["ids"] if i in data]
+            incidents[key] = tuple(correlate.Incident.from_dict(i) for i in items)
         elif kind == "ports":
             ports[key] = tuple(
                 correlate.PortHistory(p["node_id"], p["ib_port"], tuple(p["changed_at"])) for p in doc["items"]
             )
-    return correlate.CorrelationState(incidents=incidents, ports=ports)
+    return correlate.CorrelationState(incidents={k: v for k, v in incidents.items() if v}, ports=ports)
 
 
 def _audit(

@@ -107,8 +107,12 @@ class BudgetState:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict; `from_dict` reverses it."""
-        out = dataclasses.asdict(self)
-        out["in_flight"] = [dataclasses.asdict(f) for f in self.in_flight]
+        # Shallow, not dataclasses.asdict: every other field is a scalar (asdict deep-copies each leaf).
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["in_flight"] = [
+            {"command_id": f.command_id, "node_id": f.node_id, "kind": f.kind, "admitted_at": f.admitted_at}
+            for f in self.in_flight
+        ]
         out["quarantined_nodes"] = list(self.quarantined_nodes)
         out["demand"] = [list(d) for d in self.demand]
         return out

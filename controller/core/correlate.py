@@ -101,8 +101,12 @@ class Incident:
         return self.classification.fault_key
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly dict; `from_dict` reverses it."""
-        out = dataclasses.asdict(self)
+        """A JSON-friendly dict; `from_dict` reverses it.
+
+        Shallow, not ``dataclasses.asdict``: every field but the classification is a scalar or a
+        tuple of str, and a burst serialises thousands of incidents (asdict deep-copied each leaf).
+        """
+        out = {f.name: getattr(self, f.name) for f in _INCIDENT_FIELDS}
         out["classification"] = self.classification.to_dict()
         out["secondary_keys"] = list(self.secondary_keys)
         out["peer_gpu_uuids"] = list(self.peer_gpu_uuids)
@@ -116,6 +120,9 @@ class Incident:
         fields["secondary_keys"] = tuple(fields.get("secondary_keys", ()))
         fields["peer_gpu_uuids"] = tuple(fields.get("peer_gpu_uuids", ()))
         return cls(**fields)
+
+
+_INCIDENT_FIELDS = dataclasses.fields(Incident)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +225,9 @@ def _keep_for_s(incident: Incident, pol: policy.CorrelationPolicy) -> float:
 
 
 def _prune(incidents: tuple[Incident, ...], now: float, pol: policy.CorrelationPolicy) -> tuple[Incident, ...]:
-    return tuple(i for i in incidents if now - i.last_seen_at <= _keep_for_s(i, pol))
+    kept = tuple(i for i in incidents if now - i.last_seen_at <= _keep_for_s(i, pol))
+    # The same tuple when nothing expired: the service writes a scope only when its tuple changed.
+    return incidents if len(kept) == len(incidents) else kept
 
 
 def _secondary_root(
@@ -325,6 +334,8 @@ def correlate(
     cls = classify.classify(event, catalog=catalog, policy=policy.classification, ib_state_changes_in_window=changes)
 
     def answer(new_incidents: tuple[Incident, ...], outcome: Outcome, inc: Incident | None, why: str) -> Correlation:
+        if new_incidents is state.incidents.get(scope, ()) and ports is state.ports:
+            return Correlation(state, outcome, inc, cls, why)  # nothing changed: share the whole state
         scoped = dict(state.incidents)
         if new_incidents:
             scoped[scope] = new_incidents

@@ -287,10 +287,23 @@ class RemediationState:
         )
 
 
+_TICKET_FIELDS = dataclasses.fields(Ticket)
+
+
 def _ticket_to_dict(t: Ticket) -> dict[str, Any]:
     # Shallow (not dataclasses.asdict): fields are scalars, tuples of str and one Pending.
-    out = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
-    out["pending"] = None if t.pending is None else dataclasses.asdict(t.pending)
+    out = {f.name: getattr(t, f.name) for f in _TICKET_FIELDS}
+    pending = t.pending
+    out["pending"] = (
+        None
+        if pending is None
+        else {
+            "command_id": pending.command_id,
+            "kind": pending.kind,
+            "issued_at": pending.issued_at,
+            "dispatched_at": pending.dispatched_at,
+        }
+    )
     for name in ("rung", "floor", "waiting_rung"):
         value = getattr(t, name)
         out[name] = None if value is None else value.name

@@ -23,6 +23,7 @@ from rasd.controller.store import repo, schema
 
 # Command statuses: pending → dispatched → a final one; or cancelled before dispatch.
 FINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "refused", "not_supported", "dry_run", "cancelled"})
+_FINAL_ORDER = tuple(sorted(FINAL_STATUSES))  # one SQL text per shape, so the statement cache hits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,17 @@ class RemediationStore:
             row = session.get(schema.ControllerStateRow, name)
             return None if row is None else row.state
 
+    def incident_data(self, incident_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Incident id → the ``data`` document of its row, for those of the ids that exist."""
+        out: dict[str, dict[str, Any]] = {}
+        table = schema.IncidentRow.__table__
+        with self._sessions() as session:
+            for start in range(0, len(incident_ids), 500):  # bounded IN lists
+                chunk = list(incident_ids[start : start + 500])
+                query = sa.select(table.c.incident_id, table.c.data).where(table.c.incident_id.in_(chunk))
+                out.update({incident_id: data for incident_id, data in session.execute(query)})
+        return out
+
     def commands(
         self, *, statuses: Iterable[str] | None = None, node_id: str = "", limit: int = 10_000
     ) -> list[CommandRecord]:
@@ -161,15 +173,7 @@ class RemediationStore:
                     fresh.append(record.command_id)
                 if rows:  # one executemany INSERT, no ORM objects: a burst decides hundreds at once
                     session.execute(sa.insert(schema.CommandRow.__table__), rows)
-            for command_id, values in change.command_updates:
-                session.execute(
-                    sa.update(schema.CommandRow.__table__)
-                    .where(
-                        schema.CommandRow.__table__.c.command_id == command_id,
-                        schema.CommandRow.__table__.c.status.not_in(list(FINAL_STATUSES)),
-                    )
-                    .values(**values)
-                )
+            _update_commands(session, change.command_updates)
             _upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
             _upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
             _quarantine_many(session, change.quarantines, now)
@@ -185,8 +189,8 @@ class RemediationStore:
                     {"validation_id": validation["validation_id"]},
                     **{k: v for k, v in validation.items() if k != "validation_id"},
                 )
-            for record in change.audit:
-                session.add(schema.AuditRow(**record))
+            for rows in _runs_of_one_shape(change.audit):  # in order: audit ids follow the decision's order
+                session.execute(sa.insert(schema.AuditRow.__table__), rows)
         return fresh
 
     def unprocessed_events(self) -> dict[str, tuple[dict[str, str], list[repo.StoredEvent]]]:
@@ -237,6 +241,17 @@ class RemediationStore:
         """Quarantines, newest first."""
         return self._rows(schema.QuarantineRow, schema.QuarantineRow.since_unix_ns, node_id, 10_000,
                           schema.QuarantineRow.released_unix_ns.is_(None) if active_only else None)  # fmt: skip
+
+    def quarantine_counts(self) -> dict[str, int]:
+        """Active quarantines per scope ("node", "gpu", "port"), counted in SQL (for the gauge)."""
+        table = schema.QuarantineRow.__table__
+        scope = sa.case((table.c.port != "", "port"), (table.c.gpu_uuid != "", "gpu"), else_="node")
+        counts = {"node": 0, "gpu": 0, "port": 0}
+        with self._sessions() as session:
+            query = sa.select(scope, sa.func.count()).where(table.c.released_unix_ns.is_(None)).group_by(scope)
+            for name, count in session.execute(query):
+                counts[name] = int(count)
+        return counts
 
     def rmas(self, *, pending_only: bool = False) -> list[dict[str, Any]]:
         """RMA tickets, newest first."""
@@ -332,8 +347,48 @@ def _upsert_many(session: Session, table_cls: Any, key: str, rows: Sequence[Mapp
         statement.on_conflict_do_update(
             index_elements=[key], set_={name: statement.excluded[name] for name in columns}
         ),
-        [dict(row) for row in rows],
+        list(rows),
     )
+
+
+def _update_commands(session: Session, updates: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    """Apply outbox updates in order, as one executemany UPDATE per set of columns.
+
+    An update never touches a command that is already final. Several updates of one command in
+    one commit (dispatched, then the controller-side result) are folded first with that same
+    rule, so the outcome equals applying them one by one, at a statement per shape, not per row.
+    """
+    folded: dict[str, dict[str, Any]] = {}
+    for command_id, values in updates:
+        merged = folded.setdefault(command_id, {})
+        if merged.get("status") not in FINAL_STATUSES:
+            merged.update(values)
+    by_shape: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for command_id, values in folded.items():
+        by_shape.setdefault(tuple(sorted(values)), []).append(
+            {"b_command_id": command_id, **{f"b_{k}": v for k, v in values.items()}}
+        )
+    table = schema.CommandRow.__table__
+    for shape, rows in by_shape.items():
+        statement = (
+            sa.update(table)
+            # != per status, not NOT IN: an expanding IN parameter cannot be used with executemany
+            .where(table.c.command_id == sa.bindparam("b_command_id"), *(table.c.status != f for f in _FINAL_ORDER))
+            .values({name: sa.bindparam(f"b_{name}") for name in shape})
+        )
+        session.execute(statement, rows)
+
+
+def _runs_of_one_shape(rows: Sequence[Mapping[str, Any]]) -> Iterator[list[Mapping[str, Any]]]:
+    """Consecutive rows with the same keys, in order (an executemany needs one shape)."""
+    run: list[Mapping[str, Any]] = []
+    for row in rows:
+        if run and row.keys() != run[0].keys():
+            yield run
+            run = []
+        run.append(row)
+    if run:
+        yield run
 
 
 def _command(row: schema.CommandRow) -> CommandRecord:

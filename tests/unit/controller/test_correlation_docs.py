@@ -7,8 +7,8 @@ from rasd.controller import remediation
 from rasd.controller.core import correlate, health, policy
 
 
-def _event(node, gpu, xid, at):
-    return health.HealthEvent(node_id=node, kind=health.EventKind.XID, observed_at=at, gpu_uuid=gpu, xid=xid, seq=1)
+def _event(node, gpu, xid, at, seq=1):
+    return health.HealthEvent(node_id=node, kind=health.EventKind.XID, observed_at=at, gpu_uuid=gpu, xid=xid, seq=seq)
 
 
 def _step(state, event, now):
@@ -17,17 +17,83 @@ def _step(state, event, now):
     ).state
 
 
+def _rows(changed):
+    """What the incidents table holds for the changed incidents (their `data` column)."""
+    return {i.incident_id: i.to_dict() for i in changed}
+
+
 def test_only_changed_scopes_are_written_and_the_state_rebuilds():
     empty = correlate.CorrelationState()
     one = _step(empty, _event("n1", "GPU-a", 13, 100.0), 100.0)
-    docs = remediation.correlation_docs(empty, one)
+    docs, changed = remediation.correlation_changes(empty, one)
     assert list(docs) == ["correlation/incidents/node:n1"]
+    assert [i.incident_id for i in changed] == [i.incident_id for i in one.open_incidents()]
     two = _step(one, _event("n2", "GPU-b", 48, 101.0), 101.0)
-    assert list(remediation.correlation_docs(one, two)) == ["correlation/incidents/node:n2"]
-    rebuilt = remediation.correlation_from_docs({**docs, **remediation.correlation_docs(one, two)})
+    docs_two, changed_two = remediation.correlation_changes(one, two)
+    assert list(docs_two) == ["correlation/incidents/node:n2"]
+    assert [i.node_id for i in changed_two] == ["n2"]
+    rows = {**_rows(changed), **_rows(changed_two)}
+    rebuilt = remediation.correlation_from_docs({**docs, **docs_two}, rows)
     assert rebuilt.to_dict() == two.to_dict()
+
+
+def test_a_duplicate_rewrites_its_incident_row_not_its_scope():
+    one = _step(correlate.CorrelationState(), _event("n1", "GPU-a", 13, 100.0), 100.0)
+    docs, changed = remediation.correlation_changes(correlate.CorrelationState(), one)
+    again = _step(one, _event("n1", "GPU-a", 13, 110.0, seq=2), 110.0)
+    docs_again, changed_again = remediation.correlation_changes(one, again)
+    assert docs_again == {}, "the scope's incident list did not change"
+    assert [(i.incident_id, i.event_count) for i in changed_again] == [(changed[0].incident_id, 2)]
+    rebuilt = remediation.correlation_from_docs(docs, {**_rows(changed), **_rows(changed_again)})
+    assert rebuilt.to_dict() == again.to_dict()
+
+
+def test_an_event_that_changes_nothing_shares_the_state_and_writes_nothing():
+    one = _step(correlate.CorrelationState(), _event("n1", "GPU-a", 13, 100.0), 100.0)
+    observed = _step(one, _event("n1", "GPU-b", 92, 101.0, seq=2), 101.0)  # Xid 92: observed, nothing to act on
+    assert observed is one
+    assert remediation.correlation_changes(one, observed) == ({}, [])
 
 
 def test_a_scope_that_empties_is_deleted():
     one = _step(correlate.CorrelationState(), _event("n1", "GPU-a", 13, 100.0), 100.0)
-    assert remediation.correlation_docs(one, correlate.CorrelationState()) == {"correlation/incidents/node:n1": None}
+    docs, changed = remediation.correlation_changes(one, correlate.CorrelationState())
+    assert docs == {"correlation/incidents/node:n1": None}
+    assert changed == []
+
+
+def test_scope_documents_of_the_earlier_format_still_load():
+    one = _step(correlate.CorrelationState(), _event("n1", "GPU-a", 13, 100.0), 100.0)
+    inline = {"correlation/incidents/node:n1": {"items": [i.to_dict() for i in one.incidents["node:n1"]]}}
+    assert remediation.correlation_from_docs(inline).to_dict() == one.to_dict()
+
+
+def test_stored_documents_keep_the_format_of_a_deep_asdict():
+    """The shallow to_dict methods (a burst serialises thousands) write what dataclasses.asdict wrote."""
+    import dataclasses
+
+    from rasd.controller.core import blast_radius, escalation
+
+    one = _step(correlate.CorrelationState(), _event("n1", "GPU-a", 48, 100.0), 100.0)
+    (incident,) = one.incidents["node:n1"]
+    incident = dataclasses.replace(incident, secondary_keys=("xid:45",), peer_gpu_uuids=("GPU-b",))
+    reference = dataclasses.asdict(incident)
+    reference.update(
+        classification=incident.classification.to_dict(), secondary_keys=["xid:45"], peer_gpu_uuids=["GPU-b"]
+    )
+    assert incident.to_dict() == reference
+
+    state = escalation.decide(escalation.RemediationState("n1"), incident, now=100.0, policy=policy.EscalationPolicy())
+    (ticket,) = state.state.tickets
+    assert ticket.pending is not None
+    assert escalation.RemediationState.from_dict(state.state.to_dict()) == state.state
+    assert state.state.to_dict()["tickets"][0]["pending"] == dataclasses.asdict(ticket.pending)
+
+    budget = blast_radius.BudgetState(
+        in_flight=(blast_radius.InFlight("c1", "n1", "reboot_node", 5.0),), quarantined_nodes=("n1",),
+        demand=(("n1", 5.0),), paused=True, pause_reason="why",
+    )  # fmt: skip
+    reference = dataclasses.asdict(budget)
+    reference.update(in_flight=list(reference["in_flight"]), quarantined_nodes=["n1"], demand=[["n1", 5.0]])
+    assert budget.to_dict() == reference
+    assert blast_radius.BudgetState.from_dict(budget.to_dict()) == budget
