@@ -130,6 +130,8 @@ class RemediationService:
         self.node_states: dict[str, escalation.RemediationState] = {}
         self.correlation = correlate.CorrelationState()
         self.budget = blast_radius.BudgetState()
+        self._fleet: blast_radius.FleetView | None = None
+        self._fleet_source: dict[str, Mapping[str, str]] = {}
         self._budget_stored: blast_radius.BudgetState | None = None
         """The budget as the store holds it (None: never written); only a changed budget is written."""
         self.stats = RemediationStats()
@@ -502,7 +504,7 @@ class RemediationService:
             in_flight = sum(
                 1 for s in self.node_states.values() for t in s.tickets if t.purpose is escalation.Purpose.SWEEP
             )
-            fleet_view = blast_radius.FleetView(node_labels=dict(self.ingest.node_labels))
+            fleet_view = self._fleet_view()
             free = blast_radius.free_node_slots(self.budget, fleet_view, now=now, policy=self.policy.disruption)
             picks = sdc.plan_sweep(candidates, now=now, policy=pol, in_flight=in_flight, free_disruption_slots=free)
             started = []
@@ -792,7 +794,7 @@ class RemediationService:
             now_ns = self._clock()
             now = now_ns / 1e9
             budget_before = self.budget
-            fleet_view = blast_radius.FleetView(node_labels=dict(self.ingest.node_labels))
+            fleet_view = self._fleet_view()
             admission = blast_radius.admit(
                 self.budget, list(self._deferred.values()), fleet_view, now=now, policy=self.policy.disruption
             )
@@ -954,6 +956,20 @@ class RemediationService:
             if change.quarantines or change.releases:
                 await self._export_quarantines()
         return outcome, message
+
+    def _fleet_view(self) -> blast_radius.FleetView:
+        """The fleet as the budget sees it; rebuilt only when a node's labels changed.
+
+        Kept between passes so that its per-domain node counts are computed once, not on every
+        admission (a 2,000-node count took ~5 ms per pass).
+        """
+        labels = self.ingest.node_labels
+        seen = self._fleet_source
+        # The ingest replaces a node's labels dict when they change, so identity tells (cheaper than ==).
+        if self._fleet is None or len(seen) != len(labels) or any(seen.get(n) is not v for n, v in labels.items()):
+            self._fleet_source = dict(labels)
+            self._fleet = blast_radius.FleetView(node_labels={n: dict(v) for n, v in labels.items()})
+        return self._fleet
 
     def _stage_budget(self, change: rstore.Commit) -> blast_radius.BudgetState:
         """Put the budget document into change when it differs from the stored one; returns what is staged.

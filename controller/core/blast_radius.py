@@ -59,6 +59,23 @@ class FleetView:
 
     node_labels: Mapping[str, Mapping[str, str]]
     """Node id → labels (e.g. {"rack": "r12", "nvlink_domain": "nvl-3", "power_feed": "pdu-a"})."""
+    _sizes: dict[tuple[str, ...], Mapping[tuple[str, str], int]] = dataclasses.field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """Memo of `domain_sizes` (the view is immutable, so a service that keeps it counts once)."""
+
+    def domain_sizes(self, labels: Sequence[str]) -> Mapping[tuple[str, str], int]:
+        """(label, value) → how many nodes carry it, for the given labels (counted once per view)."""
+        key = tuple(labels)
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            sizes = self._sizes[key] = collections.Counter(
+                (label, node_labels[label])
+                for node_labels in self.node_labels.values()
+                for label in key
+                if label in node_labels
+            )
+        return sizes
 
     @property
     def total_nodes(self) -> int:
@@ -226,12 +243,7 @@ def admit(
         trip_reason = f"circuit breaker tripped: {breaker_reason}"
 
     labels = sorted(set(pol.domain_max_nodes) | set(pol.domain_max_pct))
-    domain_size = collections.Counter(
-        (label, node_labels[label])
-        for node_labels in fleet.node_labels.values()
-        for label in labels
-        if label in node_labels
-    )
+    domain_size = fleet.domain_sizes(labels)
     cluster_cap = _cap(pol.max_disrupted_nodes, pol.max_disrupted_nodes_pct, total)
     blocked_tickets: set[str] = set()
     budget_waits = False

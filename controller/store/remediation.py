@@ -132,9 +132,11 @@ class RemediationStore:
         with self._sessions.begin() as session:
             if self.fence is not None:
                 self.fence(session)
+            # Core statements go to the connection: the ORM session's execute adds ~0.3 ms per statement.
+            conn = session.connection()
             if change.processed_seq:
                 epochs = dict(
-                    session.execute(
+                    conn.execute(
                         sa.select(schema.NodeRow.node_id, schema.NodeRow.spool_epoch).where(
                             schema.NodeRow.node_id.in_(list(change.processed_seq))
                         )
@@ -160,9 +162,7 @@ class RemediationStore:
             if change.new_commands:
                 ids = [r.command_id for r in change.new_commands]
                 existing = set(
-                    session.scalars(
-                        sa.select(schema.CommandRow.command_id).where(schema.CommandRow.command_id.in_(ids))
-                    )
+                    conn.scalars(sa.select(schema.CommandRow.command_id).where(schema.CommandRow.command_id.in_(ids)))
                 )
                 rows = []
                 for record in change.new_commands:
@@ -172,7 +172,7 @@ class RemediationStore:
                     rows.append({f.name: getattr(record, f.name) for f in _COMMAND_FIELDS})
                     fresh.append(record.command_id)
                 if rows:  # one executemany INSERT, no ORM objects: a burst decides hundreds at once
-                    session.execute(sa.insert(schema.CommandRow.__table__), rows)
+                    conn.execute(sa.insert(schema.CommandRow.__table__), rows)
             _update_commands(session, change.command_updates)
             _upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
             _upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
@@ -190,7 +190,7 @@ class RemediationStore:
                     **{k: v for k, v in validation.items() if k != "validation_id"},
                 )
             for rows in _runs_of_one_shape(change.audit):  # in order: audit ids follow the decision's order
-                session.execute(sa.insert(schema.AuditRow.__table__), rows)
+                conn.execute(sa.insert(schema.AuditRow.__table__), rows)
         return fresh
 
     def unprocessed_events(self) -> dict[str, tuple[dict[str, str], list[repo.StoredEvent]]]:
@@ -333,22 +333,29 @@ def _upsert_many(session: Session, table_cls: Any, key: str, rows: Sequence[Mapp
         return
     table = table_cls.__table__
     dialect = session.get_bind().dialect.name
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    elif dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:  # any other SQLAlchemy backend: read, then write
-        for row in rows:
-            _upsert(session, table_cls, {key: row[key]}, **{k: v for k, v in row.items() if k != key})
-        return
-    statement = insert(table)
-    columns = [name for name in rows[0] if name != key]
-    session.execute(
-        statement.on_conflict_do_update(
-            index_elements=[key], set_={name: statement.excluded[name] for name in columns}
-        ),
-        list(rows),
-    )
+    columns = tuple(name for name in rows[0] if name != key)
+    cache_key = (dialect, table.name, key, columns)
+    statement = _UPSERTS.get(cache_key)
+    if statement is None:
+        if dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        elif dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:  # any other SQLAlchemy backend: read, then write
+            for row in rows:
+                _upsert(session, table_cls, {key: row[key]}, **{k: v for k, v in row.items() if k != key})
+            return
+        base = insert(table)
+        statement = base.on_conflict_do_update(
+            index_elements=[key], set_={name: base.excluded[name] for name in columns}
+        )
+        _UPSERTS[cache_key] = statement
+    session.connection().execute(statement, list(rows))
+
+
+_UPSERTS: dict[tuple[str, str, str, tuple[str, ...]], Any] = {}
+"""Upsert statements by (dialect, table, key, columns): building one (its "excluded" columns) cost
+more than executing it, at several per commit."""
 
 
 def _update_commands(session: Session, updates: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
@@ -370,13 +377,19 @@ def _update_commands(session: Session, updates: Sequence[tuple[str, Mapping[str,
         )
     table = schema.CommandRow.__table__
     for shape, rows in by_shape.items():
-        statement = (
-            sa.update(table)
-            # != per status, not NOT IN: an expanding IN parameter cannot be used with executemany
-            .where(table.c.command_id == sa.bindparam("b_command_id"), *(table.c.status != f for f in _FINAL_ORDER))
-            .values({name: sa.bindparam(f"b_{name}") for name in shape})
-        )
-        session.execute(statement, rows)
+        statement = _COMMAND_UPDATES.get(shape)
+        if statement is None:
+            statement = _COMMAND_UPDATES[shape] = (
+                sa.update(table)
+                # != per status, not NOT IN: an expanding IN parameter cannot be used with executemany
+                .where(table.c.command_id == sa.bindparam("b_command_id"), *(table.c.status != f for f in _FINAL_ORDER))
+                .values({name: sa.bindparam(f"b_{name}") for name in shape})
+            )
+        session.connection().execute(statement, rows)
+
+
+_COMMAND_UPDATES: dict[tuple[str, ...], Any] = {}
+"""Outbox UPDATE statements by the columns they set (a handful of shapes), built once."""
 
 
 def _runs_of_one_shape(rows: Sequence[Mapping[str, Any]]) -> Iterator[list[Mapping[str, Any]]]:
