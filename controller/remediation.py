@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -69,12 +70,15 @@ def health_event(event: repo.StoredEvent, *, nvlink_domain: str = "") -> health.
     """The core's view of a stored event; numeric signals come from the agent's attributes."""
     attributes = dict(event.attributes)
     signals: dict[str, Any] = {}
+    # Membership first: most events carry none of these, and a suppress() block per key is not free.
     for key, field in _FLOAT_SIGNALS.items():
-        with contextlib.suppress(KeyError, ValueError):
-            signals[field] = float(attributes[key])
+        if key in attributes:
+            with contextlib.suppress(ValueError):
+                signals[field] = float(attributes[key])
     for key in _INT_SIGNALS:
-        with contextlib.suppress(KeyError, ValueError):
-            signals[key] = int(attributes[key])
+        if key in attributes:
+            with contextlib.suppress(ValueError):
+                signals[key] = int(attributes[key])
     if "retired_pages_pending" in attributes:
         signals["retired_pages_pending"] = attributes["retired_pages_pending"].lower() == "true"
     return health.HealthEvent(
@@ -131,7 +135,8 @@ class RemediationService:
         self.correlation = correlate.CorrelationState()
         self.budget = blast_radius.BudgetState()
         self._fleet: blast_radius.FleetView | None = None
-        self._fleet_source: dict[str, Mapping[str, str]] = {}
+        self._fleet_source: tuple[list[str], list[Mapping[str, str]]] = ([], [])
+        self._quarantine_gauge_stale = False
         self._budget_stored: blast_radius.BudgetState | None = None
         """The budget as the store holds it (None: never written); only a changed budget is written."""
         self.stats = RemediationStats()
@@ -467,6 +472,9 @@ class RemediationService:
                 self._close(decision, change, now_ns / 1e9)
                 await self._commit(node_id, decision.state, list(decision.actions), change)
             await self._dispatch_locked()
+            if self._quarantine_gauge_stale:
+                self._quarantine_gauge_stale = False
+                await self._export_quarantines()
 
     # -- rolling SDC sweeps -----------------------------------------------------------------------------------
     async def _sweep_forever(self) -> None:
@@ -859,7 +867,9 @@ class RemediationService:
                 self.budget = budget_before
                 raise
             if change.quarantines or change.releases:
-                await self._export_quarantines()
+                # The gauge is refreshed by the next tick, not here: counting is a query, and a
+                # burst dispatches many times a second while Prometheus scrapes every few seconds.
+                self._quarantine_gauge_stale = True
             for action in admission.admitted:
                 if action.kind in AGENT_KINDS:
                     self._unanswered[action.command_id] = action
@@ -964,10 +974,16 @@ class RemediationService:
         admission (a 2,000-node count took ~5 ms per pass).
         """
         labels = self.ingest.node_labels
-        seen = self._fleet_source
-        # The ingest replaces a node's labels dict when they change, so identity tells (cheaper than ==).
-        if self._fleet is None or len(seen) != len(labels) or any(seen.get(n) is not v for n, v in labels.items()):
-            self._fleet_source = dict(labels)
+        nodes, values = self._fleet_source
+        # The ingest replaces a node's labels dict when they change, so the same keys in the same
+        # order with the very same dicts mean nothing changed (compared in C: ~0.1 ms for 2,000 nodes).
+        if (
+            self._fleet is None
+            or len(nodes) != len(labels)
+            or not all(map(operator.is_, values, labels.values()))
+            or nodes != list(labels)
+        ):
+            self._fleet_source = (list(labels), list(labels.values()))
             self._fleet = blast_radius.FleetView(node_labels={n: dict(v) for n, v in labels.items()})
         return self._fleet
 

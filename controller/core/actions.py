@@ -28,6 +28,12 @@ _COMMAND_NAMESPACE = uuid.UUID("6f1d3c2e-6a8b-5b1e-9a57-7261736400c1")
 """Namespace for command ids (fixed forever: changing it changes every id)."""
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names, looked up once per class (``dataclasses.fields`` filters every call)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def command_id_for(ticket_id: str, step: int, kind: str) -> str:
     """The deterministic command id of step ``step`` of ticket ``ticket_id``.
 
@@ -81,7 +87,7 @@ class _Action:
         Shallow on purpose: every field is a str, number, bool or tuple of str, so there is nothing
         to deep-copy (``dataclasses.asdict`` was a measurable share of a burst's CPU).
         """
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {name: getattr(self, name) for name in _field_names(type(self))}
         out["kind"] = self.kind
         return out
 

@@ -106,7 +106,7 @@ class Incident:
         Shallow, not ``dataclasses.asdict``: every field but the classification is a scalar or a
         tuple of str, and a burst serialises thousands of incidents (asdict deep-copied each leaf).
         """
-        out = {f.name: getattr(self, f.name) for f in _INCIDENT_FIELDS}
+        out = {name: getattr(self, name) for name in _INCIDENT_FIELDS}
         out["classification"] = self.classification.to_dict()
         out["secondary_keys"] = list(self.secondary_keys)
         out["peer_gpu_uuids"] = list(self.peer_gpu_uuids)
@@ -122,7 +122,7 @@ class Incident:
         return cls(**fields)
 
 
-_INCIDENT_FIELDS = dataclasses.fields(Incident)
+_INCIDENT_FIELDS = tuple(f.name for f in dataclasses.fields(Incident))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,14 +218,10 @@ def _incident_id(event: health.HealthEvent, fault_key: str) -> str:
     return f"{event.node_id}/{event.gpu_uuid or '-'}/{fault_key}/{tail}"
 
 
-def _keep_for_s(incident: Incident, pol: policy.CorrelationPolicy) -> float:
-    if incident.sticky:
-        return pol.sticky_window_s
-    return max(pol.dedupe_window_s, pol.secondary_window_s)
-
-
 def _prune(incidents: tuple[Incident, ...], now: float, pol: policy.CorrelationPolicy) -> tuple[Incident, ...]:
-    kept = tuple(i for i in incidents if now - i.last_seen_at <= _keep_for_s(i, pol))
+    """The incidents still remembered at now (sticky: the sticky window; others: dedupe or secondary)."""
+    plain_s = max(pol.dedupe_window_s, pol.secondary_window_s)  # once per call: this runs for every event
+    kept = tuple(i for i in incidents if now - i.last_seen_at <= (pol.sticky_window_s if i.sticky else plain_s))
     # The same tuple when nothing expired: the service writes a scope only when its tuple changed.
     return incidents if len(kept) == len(incidents) else kept
 

@@ -287,12 +287,12 @@ class RemediationState:
         )
 
 
-_TICKET_FIELDS = dataclasses.fields(Ticket)
+_TICKET_FIELDS = tuple(f.name for f in dataclasses.fields(Ticket))
 
 
 def _ticket_to_dict(t: Ticket) -> dict[str, Any]:
     # Shallow (not dataclasses.asdict): fields are scalars, tuples of str and one Pending.
-    out = {f.name: getattr(t, f.name) for f in _TICKET_FIELDS}
+    out = {name: getattr(t, name) for name in _TICKET_FIELDS}
     pending = t.pending
     out["pending"] = (
         None
