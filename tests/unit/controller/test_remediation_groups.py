@@ -1,0 +1,166 @@
+"""Group commit: events waiting together are decided in one pass and committed in one transaction.
+
+A burst must not change what is decided: the same events decided in one pass give the same ladder
+as one call at a time, and a pass whose commit fails loses no event and dispatches nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
+
+from rasd.controller import ingest as ingest_mod
+from rasd.controller import metrics
+from rasd.controller import remediation as remediation_mod
+from rasd.controller.core import fleet, health
+from rasd.controller.store import remediation as rstore
+from rasd.controller.store import repo
+
+NOW_NS = 1_800_000_000 * 10**9
+GPUS = [f"GPU-00000000-0000-4000-8000-00000000000{i}" for i in range(2)]
+
+
+def _hello(node_id: str) -> fleet.NodeHello:
+    gpus = tuple(
+        fleet.GpuRecord(g, node_id, "H100", f"0000:{0x18 + i:02x}:00.0", 200, 700, 700) for i, g in enumerate(GPUS)
+    )
+    return fleet.NodeHello(node_id, "boot-1", "0.1.0", node_id, "simulated", {"rack": "r1"}, gpus, 0)
+
+
+def _event(node_id: str, seq: int, xid: int, gpu: str = GPUS[0]) -> repo.StoredEvent:
+    return repo.StoredEvent(
+        node_id=node_id, seq=seq, observed_unix_ns=NOW_NS - 10**6, received_unix_ns=NOW_NS,
+        kind=int(health.EventKind.XID), severity=int(health.Severity.ERROR), gpu_uuid=gpu, xid=xid,
+        message=f"NVRM: Xid (PCI:0000:18:00): {xid}", source="kmsg", attributes={},
+    )  # fmt: skip
+
+
+# The same GPU: a restart, its duplicate, a DBE that needs a reset (supersedes the restart), its
+# Xid 45 cleanup (secondary), and a fault on the node's other GPU.
+EVENTS = [(1, 13, GPUS[0]), (2, 13, GPUS[0]), (3, 48, GPUS[0]), (4, 45, GPUS[0]), (5, 31, GPUS[1])]
+
+
+class _Rig:
+    def __init__(self, url: str) -> None:
+        self.store = repo.Store.open(url)
+        self.ingest = ingest_mod.Ingest(
+            self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=lambda: NOW_NS
+        )
+        self.service = remediation_mod.RemediationService(self.store, self.ingest, clock=lambda: NOW_NS)
+        self.store.register_hello(_hello("node-1"), NOW_NS)
+        self.ingest.node_labels["node-1"] = {"rack": "r1"}
+        self.commits = 0
+        commit = self.service.store.commit
+
+        def counting(change: rstore.Commit) -> list[str]:
+            self.commits += 1
+            return commit(change)
+
+        self.service.store.commit = counting  # type: ignore[method-assign]
+
+    async def start(self) -> None:
+        await self.ingest.start()
+        await self.service.start()
+
+    async def stop(self) -> None:
+        await self.service.stop()
+        await self.ingest.stop()
+        self.store.close()
+
+    def ladder(self) -> tuple:
+        """What was decided: tickets (ids, state, rung, step, history, reason) and every outbox command."""
+        state = self.service.node_states["node-1"]
+        tickets = [(t.ticket_id, t.state, t.rung, t.step, t.history, t.reason, t.held) for t in state.tickets]
+        commands = [(c.command_id, c.kind, c.reason) for c in self.service.store.commands()]
+        incidents = sorted((i["incident_id"], i["data"]["event_count"]) for i in self.service.store.incidents())
+        return tickets, sorted(commands), incidents
+
+
+@pytest.fixture
+def rig(store_url):
+    return _Rig(store_url)
+
+
+def test_a_pass_of_one_gpus_events_decides_the_ladder_that_one_call_at_a_time_decides(tmp_path):
+    async def run(together: bool) -> tuple:
+        rig = _Rig(f"sqlite:///{tmp_path / ('together.db' if together else 'apart.db')}")
+        await rig.start()
+        try:
+            events = [_event("node-1", seq, xid, gpu) for seq, xid, gpu in EVENTS]
+            if together:  # all waiting before the decider runs: one pass
+                before = rig.commits
+                await asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events))
+                assert rig.commits - before <= 2, "one decision commit and one dispatch commit for the whole group"
+            else:
+                for event in events:
+                    await rig.service.on_events("node-1", [event], {"rack": "r1"})
+            return rig.ladder()
+        finally:
+            await rig.stop()
+
+    apart, together = asyncio.run(run(False)), asyncio.run(run(True))
+    assert together == apart
+    tickets, commands, incidents = together
+    assert len(tickets) == 2 and len(commands) >= 3, "both GPUs got a ticket; restart, quarantine and reset decided"
+    assert [count for _id, count in incidents if "xid:13" in _id] == [2], "the duplicate folded into its incident"
+
+
+def test_a_failed_group_commit_loses_no_event_and_dispatches_nothing(rig, monkeypatch):
+    async def run() -> None:
+        await rig.start()
+        sent: list[str] = []
+        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
+        monkeypatch.setattr(remediation_mod, "STORE_RETRY_S", 0.05)
+        commit = rig.service.store.commit
+        failures = {"left": 2}
+
+        def flaky(change: rstore.Commit) -> list[str]:
+            if failures["left"]:
+                failures["left"] -= 1
+                assert not sent, "nothing is dispatched before its decision is durable"
+                raise sa.exc.OperationalError("COMMIT", {}, Exception("database is locked"))
+            return commit(change)
+
+        rig.service.store.commit = flaky  # type: ignore[method-assign]
+        events = [_event("node-1", seq, xid, gpu) for seq, xid, gpu in EVENTS]
+        await asyncio.wait_for(
+            asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events)), timeout=10
+        )
+        assert failures["left"] == 0
+        commands = rig.service.store.commands()
+        assert len({c.command_id for c in commands}) == len(commands), "each decided command is in the outbox once"
+        assert sorted(sent) == sorted(c.command_id for c in commands if c.status == "dispatched" and c.kind in
+                                      remediation_mod.AGENT_KINDS)  # fmt: skip
+        assert rig.service.stats.events == len(events), "every event decided, and counted once"
+        assert rig.service.store.unprocessed_events() == {}, "the replay watermark covers every event"
+        await rig.stop()
+
+    asyncio.run(run())
+
+
+def test_a_group_whose_commit_is_refused_leaves_its_events_for_the_replay(rig):
+    async def run() -> None:
+        await rig.start()
+        sent: list[str] = []
+        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
+
+        def refused(change: rstore.Commit) -> list[str]:
+            raise RuntimeError("fenced: another replica leads")
+
+        rig.service.store.commit = refused  # type: ignore[method-assign]
+        stored = [_event("node-1", seq, xid, gpu) for seq, xid, gpu in EVENTS]
+        rig.store.append_events("node-1", stored)
+        results = await asyncio.gather(
+            *(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in stored), return_exceptions=True
+        )
+        assert all(isinstance(r, RuntimeError) for r in results), "every caller of the group hears of the failure"
+        assert sent == [] and rig.service.store.commands() == []
+        assert rig.service.node_states == {} and rig.service.correlation.incidents == {}, "memory follows the store"
+        backlog = rig.service.store.unprocessed_events()
+        assert [e.seq for e in backlog["node-1"][1]] == [seq for seq, _xid, _gpu in EVENTS]
+        await rig.stop()
+
+    asyncio.run(run())
