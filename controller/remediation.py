@@ -46,6 +46,8 @@ log = structlog.get_logger("rasd.controller")
 
 MAX_GROUP_EVENTS = 512
 """Upper bound on the stored events decided together in one transaction."""
+TICK_CHUNK_NODES = 200
+"""Nodes ticked per hold of the decision lock (a few milliseconds), so a tick never stalls events for long."""
 STORE_RETRY_S = 1.0
 """Pause before deciding a group again after the store was unavailable."""
 AGENT_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "run_validation"})
@@ -452,7 +454,12 @@ class RemediationService:
                 log.exception("remediation_tick_failed")
 
     async def tick(self) -> None:
-        """Results the store could not take earlier, timeouts, watch windows, waiting tickets; then deferred actions."""
+        """Results the store could not take earlier, timeouts, watch windows, waiting tickets; then deferred actions.
+
+        Nodes are ticked in chunks of ``TICK_CHUNK_NODES``, each under the lock on its own: ticking
+        every node with a ticket at once held the lock ~40 ms at 1,600 such nodes, and every event
+        arriving meanwhile waited for it. Each node's tick is independent of the others'.
+        """
         async with self._lock:
             owed, self._results_owed = self._results_owed, []
             for index, (node_id, result) in enumerate(owed):
@@ -461,16 +468,21 @@ class RemediationService:
                 except repo.STORE_UNAVAILABLE:
                     self._results_owed[:0] = owed[index:]
                     raise
-            now_ns = self._clock()
-            for node_id, state in list(self.node_states.items()):
-                if not state.tickets:
-                    continue
-                decision = escalation.tick(state, now=now_ns / 1e9, policy=self.policy.escalation)
-                if decision.state == state and not decision.actions:
-                    continue
-                change = rstore.Commit(now_unix_ns=now_ns)
-                self._close(decision, change, now_ns / 1e9)
-                await self._commit(node_id, decision.state, list(decision.actions), change)
+        nodes = [node_id for node_id, state in self.node_states.items() if state.tickets]
+        for start in range(0, len(nodes), TICK_CHUNK_NODES):
+            async with self._lock:
+                now_ns = self._clock()
+                for node_id in nodes[start : start + TICK_CHUNK_NODES]:
+                    state = self.node_states.get(node_id)
+                    if state is None or not state.tickets:
+                        continue
+                    decision = escalation.tick(state, now=now_ns / 1e9, policy=self.policy.escalation)
+                    if decision.state == state and not decision.actions:
+                        continue
+                    change = rstore.Commit(now_unix_ns=now_ns)
+                    self._close(decision, change, now_ns / 1e9)
+                    await self._commit(node_id, decision.state, list(decision.actions), change)
+        async with self._lock:
             await self._dispatch_locked()
             if self._quarantine_gauge_stale:
                 self._quarantine_gauge_stale = False
