@@ -4,9 +4,10 @@ Edges only; every decision is made by `rasd.controller.core` (classify → corre
 blast radius). This module owns the I/O around it:
 
 1. **Events**: after the ingest has durably stored a node's new health events, each is converted
-   to the core's `HealthEvent` and run through `escalation.handle_event`. The new ladder state,
-   correlation document and the decision's actions (the outbox) are committed in one transaction
-   before anything is sent.
+   to the core's `HealthEvent` and run through `escalation.handle_event`. Calls that arrive while
+   a pass runs are decided together in the next one (group commit, at most ``MAX_GROUP_EVENTS``
+   calls). The changed ladder states, correlation documents and incidents and the decisions'
+   actions (the outbox) are committed in one transaction before anything is sent.
 2. **Dispatch**: undispatched actions go through `blast_radius.admit`; admitted ones are marked
    dispatched (durably) and then carried out: repairs and validations as id-keyed commands on the
    node's agent stream; quarantines, releases, RMA tickets, notifications and BMC power cycles by

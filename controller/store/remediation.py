@@ -1,9 +1,11 @@
 """The remediation half of the store: durable ladder state, the command outbox, and the operator views.
 
 Every decision is committed in one transaction with its commands (DESIGN.md invariant 2): the new
-per-node ladder state, the fleet-wide correlation and budget documents, the outbox rows (insert-or-
-ignore by command id, so replaying a decision never duplicates a command), the incident and ticket
-projections operators query, quarantines, RMA tickets and audit records. A controller killed at any
+per-node ladder state, the correlation documents (per scope, its incidents' ids; each incident's
+data is its row in the incidents table) and the budget document when it changed, the outbox rows
+(insert-or-ignore by command id, so replaying a decision never duplicates a command), the incident
+and ticket projections operators query, quarantines, RMA tickets and audit records. Only what a
+decision changed is written. A controller killed at any
 point restarts from these rows: decided-but-undispatched commands are still `pending`, dispatched
 ones are still awaited, and finished ones are never sent again.
 """
