@@ -271,3 +271,19 @@ def test_an_event_ahead_of_a_gap_is_stored_but_not_acked_until_the_gap_fills(sto
     assert store.append_events("node-1", [_event(3)]) == (1, [])
     assert store.append_events("node-1", [_event(2)]) == (3, [2])
     assert sorted(e.seq for e in store.list_events()) == [1, 2, 3]
+
+
+def test_sqlite_commits_leave_the_wal_checkpoint_to_the_store_thread(tmp_path):
+    """No commit checkpoints the WAL (a stall on the event → dispatch path); the checkpointer does."""
+    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+    with store.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+    store.register_hello(_hello(), 100)
+    store.append_events("node-1", [_event(seq) for seq in range(1, 200)])
+    store.close()  # a last checkpoint: everything in the WAL is in the database file
+    check = sa.create_engine(f"sqlite:///{tmp_path / 'rasd.db'}")
+    with check.connect() as connection:
+        busy, frames, checkpointed = connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
+        assert busy == 0 and frames == checkpointed
+        assert connection.exec_driver_sql("SELECT count(*) FROM health_events").scalar() == 199
+    check.dispose()
