@@ -179,7 +179,9 @@ class Controller:
                 # Detect dead agent connections within about a minute.
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
-                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                # The ping's own timeout (default 60 s) bounds an unanswered keepalive; see tls.channel_options.
+                ("grpc.http2.ping_timeout_ms", 10_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", tls.SERVER_MIN_PING_INTERVAL_MS),
                 ("grpc.keepalive_permit_without_calls", 1),
             ],
         )
