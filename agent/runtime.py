@@ -108,6 +108,8 @@ class AgentStats:
     connects: int = 0
     connect_failures: int = 0
     connected: bool = False
+    stream_lost_by_code: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Why streams ended, by gRPC status code (or exception type): UNAVAILABLE means retry, UNKNOWN a bug."""
     failsafe_applied: int = 0
     last_cycle_ok_monotonic: float = 0.0
 
@@ -408,6 +410,7 @@ class Agent:
                 # like any other: reconnect, never let it end the link for good.
                 self.stats.connect_failures += 1
                 code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
+                self.stats.stream_lost_by_code[code] = self.stats.stream_lost_by_code.get(code, 0) + 1
                 self._log.warning("controller_stream_lost", code=code, detail=_detail(exc))
             finally:
                 if self.stats.connected:
