@@ -26,7 +26,7 @@ from rasd.controller import leader as leader_mod
 from rasd.controller import relay as relay_mod
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
-from rasd.controller.rpc import admin_service, agent_service, authz, leader_gate
+from rasd.controller.rpc import admin_service, agent_service, authz, leader_gate, store_outage
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
@@ -168,6 +168,8 @@ class Controller:
         server = grpc.aio.server(
             # Authenticate first, then the leader gate: a refused caller learns nothing about leadership.
             interceptors=[
+                # Outermost, so a store outage met by the audit write of an authorized call maps too.
+                store_outage.StoreOutageInterceptor(),
                 authz.AuthInterceptor(self.settings.security, self.tokens, self.audit, self.security),
                 leader_gate.LeaderGate(
                     self.leadership.is_leader, lambda: f"leader: {self.leadership.leader_id or 'unknown'}"

@@ -21,7 +21,7 @@ import structlog
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.controller import audit, ingest, recording, validate_input, wire
-from rasd.controller.rpc import authz
+from rasd.controller.rpc import authz, store_outage
 from rasd.controller.store import repo
 
 log = structlog.get_logger("rasd.controller")
@@ -144,7 +144,7 @@ class AgentService(agent_grpc.AgentServiceServicer):
         # spool and retries. UNAVAILABLE is the code that means "retry"; the database's own error text
         # (host names, SQL) belongs in our log, not on the wire, where it used to travel as UNKNOWN.
         log.warning("store_unavailable_stream_ended", node=node_id, error=str(error).splitlines()[0][:300])
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "controller store unavailable; retry later")
+        await context.abort(grpc.StatusCode.UNAVAILABLE, store_outage.STORE_UNAVAILABLE_DETAIL)
 
     async def _close(self, session: ingest.Session, *tasks: asyncio.Task[None]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
