@@ -195,6 +195,8 @@ class PowerStats:
     bmc_limits: int = 0
     stranded_w: list[tuple[float, float]] = dataclasses.field(default_factory=list)
     """(period time s, stranded W) for every period."""
+    settling_w: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    """(period time s, W granted by a raise and not yet drawn) for every period."""
     step_ms: list[float] = dataclasses.field(default_factory=list)
 
 
@@ -242,6 +244,8 @@ class PowerLoop:
         self._bmc_confirmed: dict[str, tuple[float, dict[str, int]]] = {}
         """node -> (when the BMC confirmed its limit, the GPU targets that limit covers)."""
         self._bmc_in_flight: set[str] = set()
+        self._raised_at_s: dict[str, float] = {}
+        """GPU -> when its may-be-in-force cap last went up (it settles until a step ran under it)."""
         self.status = PowerStatus(0.0, None, None, None, 0.0, 0.0, (), "not started", 0)
         self.stats = PowerStats()
         self.on_period: Callable[[float, power_apply.ApplyState, np.ndarray], None] | None = None
@@ -381,6 +385,9 @@ class PowerLoop:
             reference, allocation.caps_w, policy.control_period_s, policy.ramp_limit_w_per_s
         ).astype(np.int64)
         new_state, plan = power_apply.plan(state, targets, self.tree, now=now, policy=policy)
+        raised = power_apply.may_be_in_force_w(new_state) > power_apply.may_be_in_force_w(state)
+        for i in np.flatnonzero(raised):
+            self._raised_at_s[new_state.gpus[i].gpu_uuid] = now
         if plan.decreases or plan.increases:
             # Durable before anything leaves: a restart must know every command that may still land.
             # (Read-backs alone are not saved every period: a restored state that misses some is only
@@ -394,6 +401,7 @@ class PowerLoop:
         self._status(now, new_state, targets, drawn, draw_known, allocation, plan)
         self.stats.periods += 1
         self.stats.stranded_w.append((now, allocation.stranded_w))
+        self.stats.settling_w.append((now, allocation.settling_w))
         self.stats.step_ms.append((time.perf_counter() - started) * 1000)
         if self.on_period is not None:
             self.on_period(now, new_state, targets)
@@ -478,6 +486,17 @@ class PowerLoop:
             if reading is not None and reading.clock_event_reasons is not None:
                 throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
         reachable = np.array([g.node_id in self._ingest.sessions for g in state.gpus], dtype=bool)
+        # The step period as the detector measured it on unmanaged power (a recent window that holds a
+        # load change reads the change as a long period), at most the draw window, which is configured
+        # to span whole steps.
+        detected = self._smoothing_unmanaged
+        step_s = detected.period_s if detected is not None else None
+        settle = power.settle_s(
+            min(step_s, self.settings.draw_window_s) if step_s is not None else None,
+            policy.control_period_s,
+            self._ingest.settings.agent_config.get("telemetry_send_interval_ms", 1000) / 1000.0,
+        )
+        settling = np.array([now - self._raised_at_s.get(g.gpu_uuid, -np.inf) < settle for g in state.gpus])
         eligible = await self._eligible(state)
         views = power.GpuViews(
             gpu_uuids=tuple(g.gpu_uuid for g in state.gpus),
@@ -491,6 +510,7 @@ class PowerLoop:
             eligible=eligible,
             marginal=np.zeros(n, dtype=bool),
             reachable=reachable,
+            settling=settling,
         )
         return views, known, drawn
 
