@@ -17,8 +17,11 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    every command that may land;
 6. send one SetPowerCap per node through the ingest; results come back as acks for the next period;
 7. smoothing: once a window of unmanaged aggregate power shows a coherent swing, `swing.plan_smoothing`
-   chooses a profile and SetPowerSmoothing goes to every GPU that supports it; it is switched off
-   when the job stops (utilisation gone) and re-planned after a policy change;
+   chooses a profile and SetPowerSmoothing goes to every GPU that supports it; where the GPUs have
+   no smoothing hardware the plan is emulated: SetTroughFiller asks every node's trough-filler hook
+   to hold the floor, and a peak cap (when the policy allows one) lowers the targets of step 4;
+   either is switched off when the job stops (utilisation gone; the filler ramps its floor down at
+   the job ramp) and re-planned after a policy change;
 8. nodes unreachable for `bmc_fallback_after_s` whose caps must come down get a node power limit
    through the BMC (Redfish PowerLimit); once the BMC confirms it, the node counts at that limit.
 
@@ -384,6 +387,10 @@ class PowerLoop:
         targets = swing.limit_aggregate_raise(
             reference, allocation.caps_w, policy.control_period_s, policy.ramp_limit_w_per_s
         ).astype(np.int64)
+        if self._smoothing is not None and self._smoothing.peak_cap_w is not None:
+            # Emulated smoothing's peak cap rides on the caps: it only lowers targets, so every
+            # budget still holds, and the two-phase apply carries it like any decrease.
+            targets = swing.apply_peak_cap(targets, self._smoothing.peak_cap_w, state.min_w)
         new_state, plan = power_apply.plan(state, targets, self.tree, now=now, policy=policy)
         raised = power_apply.may_be_in_force_w(new_state) > power_apply.may_be_in_force_w(state)
         for i in np.flatnonzero(raised):
@@ -656,10 +663,59 @@ class PowerLoop:
         )
         return busy >= 0.5 * len(state.gpus)
 
-    def _send_smoothing(self, plan: swing.SmoothingPlan, *, only_new: bool) -> None:
-        if plan.mode != "firmware":
-            return  # emulated modes act through caps and the node-side hook, not this command
+    def _smoothing_command(
+        self, plan: swing.SmoothingPlan, gpus: list[str], *, enabled: bool, reason: str
+    ) -> commands_pb.Command:
+        """The wire command that switches `plan`'s node-side smoothing on (or off) on some GPUs.
+
+        Firmware: the GPUs' power-smoothing profile. Emulated: the node's trough-filler hook (off, it
+        lowers its floor at the job ramp, a soft landing). A peak cap needs no command: it rides on
+        the caps (`_step`).
+        """
+        action: dict[str, Any]
+        if plan.mode == "firmware":
+            profile = (
+                commands_pb.SetPowerSmoothing(
+                    gpu_uuids=gpus,
+                    enabled=True,
+                    floor_pct=plan.floor_pct,
+                    ramp_up_w_per_s=plan.ramp_up_w_per_s,
+                    ramp_down_w_per_s=plan.ramp_down_w_per_s,
+                )
+                if enabled
+                else commands_pb.SetPowerSmoothing(gpu_uuids=gpus, enabled=False)
+            )
+            action = {"set_power_smoothing": profile}
+        else:
+            action = {
+                "set_trough_filler": commands_pb.SetTroughFiller(
+                    gpu_uuids=gpus,
+                    enabled=enabled,
+                    floor_w=plan.trough_filler_w or 0.0,
+                    ramp_down_w_per_s=plan.job_ramp_w_per_s,
+                )
+            }
+        return commands_pb.Command(
+            command_id=uuid.uuid4().hex,
+            issued_unix_ns=self._clock(),
+            deadline_unix_ns=self._clock() + int(self.policy.command_ttl_s * 1e9),
+            reason=reason,
+            **action,
+        )
+
+    def _smoothing_gpus(self, plan: swing.SmoothingPlan, node_id: str) -> list[str]:
+        """The node's GPUs the plan's command goes to.
+
+        Firmware profiles only where the GPU has the hardware; the trough filler on every GPU; none
+        for a peak cap alone.
+        """
         records = self._ingest.gpu_records
+        gpus = [u for u in self._ingest.node_gpus(node_id) if u in records]
+        if plan.mode == "firmware":
+            return [u for u in gpus if records[u].power_smoothing_supported]
+        return gpus if plan.trough_filler_w else []
+
+    def _send_smoothing(self, plan: swing.SmoothingPlan, *, only_new: bool) -> None:
         latest = self._ingest.latest
         for node_id, session in list(self._ingest.sessions.items()):
             # Keyed by the stream: a node that reconnected may have rebooted, which clears the profile.
@@ -674,24 +730,12 @@ class PowerLoop:
             )
             if only_new and self._smoothing_nodes.get(node_id) == key and not lost:
                 continue
-            gpus = [u for u in self._ingest.node_gpus(node_id) if u in records and records[u].power_smoothing_supported]
+            gpus = self._smoothing_gpus(plan, node_id)
             if not gpus:
                 continue
             self._smoothing_nodes[node_id] = key
             self._smoothing_sent_s[node_id] = self._now()
-            command = commands_pb.Command(
-                command_id=uuid.uuid4().hex,
-                issued_unix_ns=self._clock(),
-                deadline_unix_ns=self._clock() + int(self.policy.command_ttl_s * 1e9),
-                reason=plan.reason,
-                set_power_smoothing=commands_pb.SetPowerSmoothing(
-                    gpu_uuids=gpus,
-                    enabled=True,
-                    floor_pct=plan.floor_pct,
-                    ramp_up_w_per_s=plan.ramp_up_w_per_s,
-                    ramp_down_w_per_s=plan.ramp_down_w_per_s,
-                ),
-            )
+            command = self._smoothing_command(plan, gpus, enabled=True, reason=plan.reason)
             self.stats.smoothing_commands += 1
             self._spawn(self._send_smoothing_to(node_id, command))
 
@@ -707,17 +751,12 @@ class PowerLoop:
 
     async def _disable_smoothing(self, why: str) -> None:
         log.warning("power_smoothing_off", reason=why)
-        self._smoothing = None
-        records = self._ingest.gpu_records
+        plan, self._smoothing = self._smoothing, None
+        if plan is None:
+            return
         for node_id in list(self._smoothing_nodes):
-            gpus = [u for u in self._ingest.node_gpus(node_id) if u in records and records[u].power_smoothing_supported]
-            command = commands_pb.Command(
-                command_id=uuid.uuid4().hex,
-                issued_unix_ns=self._clock(),
-                deadline_unix_ns=self._clock() + int(self.policy.command_ttl_s * 1e9),
-                reason=why,
-                set_power_smoothing=commands_pb.SetPowerSmoothing(gpu_uuids=gpus, enabled=False),
-            )
+            gpus = self._smoothing_gpus(plan, node_id)
+            command = self._smoothing_command(plan, gpus, enabled=False, reason=why)
             self._spawn(self._send_smoothing_to(node_id, command))
         self._smoothing_nodes = {}
 
