@@ -183,6 +183,8 @@ class PowerStatus:
     over_budget: tuple[str, ...]
     reason: str
     periods: int
+    unconfirmed_decreases: int = 0
+    """GPUs with a cap decrease not confirmed yet (counted at the old cap)."""
 
 
 @dataclasses.dataclass
@@ -410,6 +412,7 @@ class PowerLoop:
         self.stats.stranded_w.append((now, allocation.stranded_w))
         self.stats.settling_w.append((now, allocation.settling_w))
         self.stats.step_ms.append((time.perf_counter() - started) * 1000)
+        self._ingest.metrics.power_period_seconds.observe(time.perf_counter() - started)
         if self.on_period is not None:
             self.on_period(now, new_state, targets)
         if plan.decreases or plan.increases or plan.over_budget:
@@ -808,6 +811,8 @@ class PowerLoop:
             confirmed = await asyncio.to_thread(self._limiter.set_node_limit, node_id, limit_w)
         except Exception as exc:  # an unreachable BMC: the node keeps counting at its last known caps
             log.error("power_bmc_limit_failed", node=node_id, limit_w=limit_w, error=str(exc))
+            if limit_w is not None:
+                self._ingest.metrics.power_bmc_limits.labels(outcome="failed").inc()
             return
         finally:
             self._bmc_in_flight.discard(node_id)
@@ -820,9 +825,11 @@ class PowerLoop:
             self._bmc_limits[node_id] = limit_w
             self._bmc_confirmed[node_id] = (self._now(), targets)
             self.stats.bmc_limits += 1
+            self._ingest.metrics.power_bmc_limits.labels(outcome="confirmed").inc()
             log.warning("power_bmc_limit_confirmed", node=node_id, limit_w=confirmed)
             self._wake.set()
         else:
+            self._ingest.metrics.power_bmc_limits.labels(outcome="not_confirmed").inc()
             log.error("power_bmc_limit_not_confirmed", node=node_id, wanted_w=limit_w, read_back_w=confirmed)
 
     # -- status --------------------------------------------------------------------------------------
@@ -882,6 +889,7 @@ class PowerLoop:
             over_budget=plan.over_budget,
             reason=f"{plan.reason}; {allocation.reason}",
             periods=self.stats.periods + 1,
+            unconfirmed_decreases=power_apply.unconfirmed_decreases(state),
         )
 
 
