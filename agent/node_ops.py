@@ -258,7 +258,7 @@ class SimulatedNodeOps:
         """The simulated hook: each GPU's draw is held at floor_w during communication phases."""
         try:
             for gpu_uuid in gpu_uuids:
-                self.backend.fill_troughs(gpu_uuid, floor_w)
+                self.backend.fill_troughs(gpu_uuid, floor_w, ramp_down_w_per_s)
         except Exception as exc:
             raise NodeOpError(str(exc)) from None
 

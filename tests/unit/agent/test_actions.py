@@ -195,7 +195,7 @@ def test_the_trough_filler_hook_holds_the_floor_on_gpus_without_smoothing_hardwa
     result = executor.execute(_cmd(model.SetTroughFiller((), True, 550.0, 10.0), "f1"))
     assert result.outcome is model.ActionOutcome.SUCCEEDED, result.message
     assert min(r.power_w for t in range(20) for r in h100.read_power(t * 100_000_000)) >= 540
-    off = executor.execute(_cmd(model.SetTroughFiller((), False, 550.0, 10.0), "f2"))
+    off = executor.execute(_cmd(model.SetTroughFiller((), False, 550.0, 0.0), "f2"))  # at once (no ramp)
     assert off.outcome is model.ActionOutcome.SUCCEEDED
     # From the next steps on (the ones already run keep their floor) the troughs are back.
     assert min(r.power_w for t in range(100, 120) for r in h100.read_power(t * 100_000_000)) < 200
