@@ -10,7 +10,9 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    telemetry (`power_apply.record`);
 3. views: each GPU's draw is its peak over the last period (stale telemetry: drawing at the cap that
    may be in force), SW-power-cap throttling, quarantined GPUs and nodes are ineligible (they
-   release their share), nodes without a stream are unreachable (held where they may be);
+   release their share), nodes without a stream are unreachable (held where they may be), GPUs
+   whose cap went up less than one detected step plus one telemetry batch ago are settling (their
+   draw cannot show the raise yet: `power.settle_s`);
 4. `power.allocate`, then the aggregate ramp-rate limit on raises (`swing.limit_aggregate_raise`);
 5. `power_apply.plan`: decreases first; raises only into slack that counts unconfirmed decreases as
    not applied; the new apply state is persisted **before** any command leaves, so a restart knows
