@@ -33,6 +33,7 @@ Start and stop live in `start()`/`stop()` only, so a leader-election gate wraps 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import time
@@ -189,6 +190,14 @@ class PowerStatus:
     """GPUs with a cap decrease not confirmed yet (counted at the old cap)."""
 
 
+STATS_HISTORY = 100_000
+"""Periods of history `PowerStats` keeps (about 2.3 days at a 2 s period)."""
+
+
+def _history() -> collections.deque[Any]:
+    return collections.deque(maxlen=STATS_HISTORY)
+
+
 @dataclasses.dataclass
 class PowerStats:
     """Counters for tests, the simulator and metrics."""
@@ -200,11 +209,12 @@ class PowerStats:
     acks: int = 0
     smoothing_commands: int = 0
     bmc_limits: int = 0
-    stranded_w: list[tuple[float, float]] = dataclasses.field(default_factory=list)
-    """(period time s, stranded W) for every period."""
-    settling_w: list[tuple[float, float]] = dataclasses.field(default_factory=list)
-    """(period time s, W granted by a raise and not yet drawn) for every period."""
-    step_ms: list[float] = dataclasses.field(default_factory=list)
+    # Bounded: a controller runs for months, a period every few seconds.
+    stranded_w: collections.deque[tuple[float, float]] = dataclasses.field(default_factory=_history)
+    """(period time s, stranded W) for the latest periods."""
+    settling_w: collections.deque[tuple[float, float]] = dataclasses.field(default_factory=_history)
+    """(period time s, W granted by a raise and not yet drawn) for the latest periods."""
+    step_ms: collections.deque[float] = dataclasses.field(default_factory=_history)
 
 
 class PowerLoop:
