@@ -92,6 +92,7 @@ class Controller:
                 node_states=self.ingest.node_states,
             )
         )
+        self.registry.register(metrics.PowerCollector(lambda: self.power.status if self.power is not None else None))
         self.remediation: remediation_mod.RemediationService | None = None
         if settings.remediation:
             adapter = quarantine.open_quarantine(settings.quarantine)
