@@ -300,8 +300,8 @@ class NvmlBackend:
     ) -> None:
         """Write floor and ramp rates into rasd's preset profile, activate it, and switch smoothing on/off.
 
-        rasd owns preset profile 0. Ramp rates go to NVML in mW/s. Blackwell and newer only; setters
-        need root.
+        rasd owns preset profile 0. Ramp rates go to NVML in W/s (its read-back fields report mW/s).
+        Blackwell and newer only; setters need root.
 
         Raises:
             GpuNotFound, GpuLost, NotSupported, NoPermission, InvalidValue: as for set_power_limit.
@@ -320,8 +320,10 @@ class NvmlBackend:
             profile.profileId = _SMOOTHING_PROFILE
             for param, value in (
                 (n.NVML_POWER_SMOOTHING_PROFILE_PARAM_PERCENT_TMP_FLOOR, float(floor_pct)),
-                (n.NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_UP_RATE, float(ramp_up_w_per_s) * 1000),
-                (n.NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_DOWN_RATE, float(ramp_down_w_per_s) * 1000),
+                # The set call takes W/s (NVML's nvmlDevicePowerSmoothingUpdatePresetProfileParam); only the
+                # read-back fields (NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_*_RATE) are in mW/s.
+                (n.NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_UP_RATE, float(ramp_up_w_per_s)),
+                (n.NVML_POWER_SMOOTHING_PROFILE_PARAM_RAMP_DOWN_RATE, float(ramp_down_w_per_s)),
             ):
                 profile.paramId = param
                 profile.value = value

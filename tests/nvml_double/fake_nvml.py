@@ -660,7 +660,9 @@ class FakeNvml:
                  2: pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_DOWN_RATE}.get(profile.paramId)  # fmt: skip
         if field is None:
             return INVALID_ARGUMENT
-        self.gpus[gpu_id].set_field(field, profile.value, scope=profile.profileId, value_type=DOUBLE)
+        # As the driver does: ramp rates are set in W/s and read back through the fields in mW/s.
+        value = profile.value * 1000 if profile.paramId in (1, 2) else profile.value
+        self.gpus[gpu_id].set_field(field, value, scope=profile.profileId, value_type=DOUBLE)
         return SUCCESS
 
     def _sym_nvmlDevicePowerSmoothingActivatePresetProfile(self, handle: Any, ref: Any) -> int:
