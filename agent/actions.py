@@ -22,6 +22,7 @@ replay after the reboot must not reboot again.
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 import time
 from collections.abc import Callable
@@ -84,6 +85,9 @@ class ActionExecutor:
             return self._finish(command, started, outcome)
         if isinstance(action, model.SetPowerSmoothing):
             return self._finish(command, started, self._set_power_smoothing(action))
+        if isinstance(action, model.SetTroughFiller):
+            # Not destructive (it only adds load in the troughs), so it runs without destructive_enabled.
+            return self._finish(command, started, self._set_trough_filler(action))
         if not self.settings.destructive_enabled or self._ops is None:
             return self._finish(
                 command, started, (model.ActionOutcome.DRY_RUN, f"dry-run: would {_describe(action)}", {})
@@ -201,6 +205,26 @@ class ActionExecutor:
         if unsupported == len(targets):
             return model.ActionOutcome.NOT_SUPPORTED, "; ".join(failures), {}
         return model.ActionOutcome.FAILED, "; ".join(failures), {}
+
+    def _set_trough_filler(self, action: model.SetTroughFiller) -> Outcome:
+        """Run the node's trough-filler hook; NOT_SUPPORTED where the node has none configured."""
+        for name in ("floor_w", "ramp_down_w_per_s"):
+            value = getattr(action, name)
+            if not math.isfinite(value) or value < 0:
+                message = f"set_trough_filler.{name}: must be a finite number >= 0, got {value}"
+                return model.ActionOutcome.FAILED, message, {}
+        if self._ops is None:
+            return model.ActionOutcome.NOT_SUPPORTED, "no node operations: no trough-filler hook", {}
+        targets = action.gpu_uuids or tuple(g.uuid for g in self._backend.inventory())
+        floor_w = action.floor_w if action.enabled else 0.0
+        try:
+            self._ops.fill_troughs(targets, floor_w, action.ramp_down_w_per_s)
+        except node_ops.NotConfigured as exc:
+            return model.ActionOutcome.NOT_SUPPORTED, str(exc), {}
+        except node_ops.NodeOpError as exc:
+            return model.ActionOutcome.FAILED, str(exc), {}
+        state = f"holding {floor_w:.0f} W" if action.enabled else "off"
+        return model.ActionOutcome.SUCCEEDED, f"trough filler {state} on {len(targets)} GPU(s)", {}
 
     def _restart(self, action: model.RestartProcess) -> Outcome:
         assert self._ops is not None

@@ -24,6 +24,10 @@ class NodeOpError(Exception):
     """A node operation failed; the message says what ran and what it answered."""
 
 
+class NotConfigured(NodeOpError):
+    """The node has no command for this operation (an optional hook the operator did not set up)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ValidationRun:
     """What a rasd-validate run concluded."""
@@ -66,6 +70,14 @@ class NodeOps(Protocol):
         """Run the validation suite and report its verdict."""
         ...
 
+    def fill_troughs(self, gpu_uuids: Sequence[str], floor_w: float, ramp_down_w_per_s: float) -> None:
+        """Hold the GPUs' draw at floor_w while the job communicates.
+
+        0 W stops it, lowering the floor at ramp_down_w_per_s (0 W/s: at once). Raises NotConfigured
+        where the node has no such hook.
+        """
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class HostCommands:
@@ -80,6 +92,12 @@ class HostCommands:
     restart_unit: tuple[str, ...] = ("systemctl", "restart", "{unit}")
     reboot: tuple[str, ...] = ("systemctl", "reboot")
     validate: tuple[str, ...] = ("rasd-validate", "--device", "cuda", "--json")
+    trough_filler: tuple[str, ...] = ()
+    """The site's trough-filler hook (emulated power smoothing on GPUs without firmware smoothing);
+    empty: none. "{gpu_uuids}" (comma-separated), "{floor_w}" and "{ramp_down_w_per_s}" are
+    substituted; floor 0 means stop. The hook must return at once and keep the filler running in the
+    background (e.g. a low-priority MPS kernel that only runs while the job's kernels do not); see
+    README, "Power"."""
     timeout_s: float = 120.0
     """Limit for every command except validation, which has its own."""
 
@@ -141,6 +159,13 @@ class HostNodeOps:
         """systemctl reboot (or the configured command)."""
         _run(self.commands.reboot, self.commands.timeout_s)
 
+    def fill_troughs(self, gpu_uuids: Sequence[str], floor_w: float, ramp_down_w_per_s: float) -> None:
+        """Run the configured trough-filler hook."""
+        if not self.commands.trough_filler:
+            raise NotConfigured("no trough-filler hook configured (commands.trough_filler in agent.toml)")
+        argv = _fill_troughs_argv(self.commands.trough_filler, gpu_uuids, floor_w, ramp_down_w_per_s)
+        _run(argv, self.commands.timeout_s)
+
     def run_validation(self, suite: str, gpu_uuids: Sequence[str], seed: int, timeout_s: float) -> ValidationRun:
         """Run rasd-validate and read its JSON report (exit 1 and 2 still carry a report)."""
         argv = [*self.commands.validate, "--suite", suite, "--seed", str(seed)]
@@ -159,6 +184,11 @@ class HostNodeOps:
                 f"rasd-validate exit {done.returncode} without a JSON report: {done.stderr[-300:]}"
             ) from None
         return parse_validation_report(report)
+
+
+def _fill_troughs_argv(argv: Sequence[str], gpu_uuids: Sequence[str], floor_w: float, ramp_w_per_s: float) -> list[str]:
+    values = {"gpu_uuids": ",".join(gpu_uuids), "floor_w": f"{floor_w:.0f}", "ramp_down_w_per_s": f"{ramp_w_per_s:.1f}"}
+    return [a.format(**values) for a in argv]
 
 
 def parse_validation_report(report: dict) -> ValidationRun:
@@ -223,6 +253,14 @@ class SimulatedNodeOps:
         self.backend.reboot()
         self._alive = set(self._pids.values())
         self.reboots += 1
+
+    def fill_troughs(self, gpu_uuids: Sequence[str], floor_w: float, ramp_down_w_per_s: float) -> None:
+        """The simulated hook: each GPU's draw is held at floor_w during communication phases."""
+        try:
+            for gpu_uuid in gpu_uuids:
+                self.backend.fill_troughs(gpu_uuid, floor_w, ramp_down_w_per_s)
+        except Exception as exc:
+            raise NodeOpError(str(exc)) from None
 
     def run_validation(self, suite: str, gpu_uuids: Sequence[str], seed: int, timeout_s: float) -> ValidationRun:
         """A simulated GPU with silent data corruption fails the known-answer GEMM; others pass."""

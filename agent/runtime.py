@@ -62,6 +62,11 @@ class LinkSettings:
     """Upper bound of the reconnect delay."""
     welcome_timeout_s: float = 10.0
     """How long to wait for Welcome after Hello before reconnecting."""
+    keepalive_time_s: float = tls.CLIENT_KEEPALIVE_TIME_MS / 1000
+    """Ping the controller after this long without a frame: finds a controller gone silent (crash,
+    partition, SIGSTOP) in keepalive_time_s + keepalive_timeout_s instead of TCP's many minutes."""
+    keepalive_timeout_s: float = tls.CLIENT_KEEPALIVE_TIMEOUT_MS / 1000
+    """How long an unanswered ping may wait before the stream is declared dead and the agent reconnects."""
     buffer_s: float = 60.0
     """Seconds of power samples kept per GPU while the stream is down."""
     max_events_per_message: int = 500
@@ -103,6 +108,8 @@ class AgentStats:
     connects: int = 0
     connect_failures: int = 0
     connected: bool = False
+    stream_lost_by_code: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Why streams ended, by gRPC status code (or exception type): UNAVAILABLE means retry, UNKNOWN a bug."""
     failsafe_applied: int = 0
     last_cycle_ok_monotonic: float = 0.0
 
@@ -383,7 +390,11 @@ class Agent:
         while not stop.is_set():
             try:
                 channel = tls.aio_channel(
-                    self.settings.controller_address, self.settings.tls, server_name=self.settings.tls_server_name
+                    self.settings.controller_address,
+                    self.settings.tls,
+                    server_name=self.settings.tls_server_name,
+                    keepalive_time_ms=round(self.settings.keepalive_time_s * 1000),
+                    keepalive_timeout_ms=round(self.settings.keepalive_timeout_s * 1000),
                 )
             except (OSError, ValueError) as exc:
                 # Unreadable or mismatched certificate files (a renewal in progress): retry with backoff.
@@ -399,6 +410,7 @@ class Agent:
                 # like any other: reconnect, never let it end the link for good.
                 self.stats.connect_failures += 1
                 code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
+                self.stats.stream_lost_by_code[code] = self.stats.stream_lost_by_code.get(code, 0) + 1
                 self._log.warning("controller_stream_lost", code=code, detail=_detail(exc))
             finally:
                 if self.stats.connected:

@@ -199,6 +199,14 @@ def command_from_wire(message: commands_pb.Command) -> model.Command:
             ramp_up_w_per_s=smoothing.ramp_up_w_per_s,
             ramp_down_w_per_s=smoothing.ramp_down_w_per_s,
         )
+    elif which == "set_trough_filler":
+        filler = message.set_trough_filler
+        action = model.SetTroughFiller(
+            gpu_uuids=tuple(filler.gpu_uuids),
+            enabled=filler.enabled,
+            floor_w=filler.floor_w,
+            ramp_down_w_per_s=filler.ramp_down_w_per_s,
+        )
     elif which == "restart_process":
         restart = message.restart_process
         action = model.RestartProcess(

@@ -1,9 +1,11 @@
 """Agent CPU overhead per node: 8 GPUs at 10 Hz power and 1 Hz counters, streaming to a real controller.
 
 Measured once with the simulated backend and once with the NVML backend over the pynvml test double
-(the real pynvml.py against a fake libnvidia-ml).
+(the real pynvml.py against a fake libnvidia-ml). On a GPU node, `--backends nvml-real` measures the
+NVML backend against the real driver (all the node's GPUs; --gpus is then ignored) and writes its own
+section, "## Agent overhead on a real GPU", so the two machines' figures never overwrite each other.
 
-Run: .venv/bin/python bench/agent_overhead.py [--duration-s 30] [--gpus 8]
+Run: .venv/bin/python bench/agent_overhead.py [--duration-s 30] [--gpus 8] [--backends simulated,nvml-double]
 
 Each agent runs alone in a child process so its CPU time (user + system, all threads) is its own;
 the controller runs in a third process. Figures go to the "## Agent overhead" section of
@@ -27,6 +29,8 @@ import results
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SECTION = "## Agent overhead"
+REAL_GPU_SECTION = "## Agent overhead on a real GPU"
+BACKENDS = ("simulated", "nvml-double", "nvml-real")
 GOAL_PCT = 1.0
 
 
@@ -40,6 +44,10 @@ def _open_backend(name: str, gpus: int):  # type: ignore[no-untyped-def]
         from rasd.agent.gpu import simulated
 
         return simulated.SimulatedBackend("bench-node", gpus, 0, workload=simulated.StepWorkload())
+    if name == "nvml-real":
+        from rasd.agent.gpu import nvml
+
+        return nvml.open_nvml_backend()
     sys.path.insert(0, str(REPO / "tests" / "nvml_double"))
     import fake_nvml
 
@@ -53,6 +61,7 @@ async def _child(backend_name: str, controller: str, gpus: int, duration_s: floa
     from rasd.agent import runtime, spool
 
     backend = _open_backend(backend_name, gpus)
+    gpus = len(backend.inventory())
     agent = runtime.Agent(
         runtime.NodeIdentity("bench-node", "boot", "bench-node"),
         backend,
@@ -98,10 +107,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=30.0)
     parser.add_argument("--warmup-s", type=float, default=3.0)
     parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument(
+        "--backends",
+        default="simulated,nvml-double",
+        help=f"comma-separated, from {', '.join(BACKENDS)} (nvml-real needs a GPU node's driver)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--controller", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown or not backends:
+        parser.error(f"--backends: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(BACKENDS)}")
+    section = REAL_GPU_SECTION if "nvml-real" in backends else SECTION
     if args.child:
         report = asyncio.run(_child(args.child, args.controller, args.gpus, args.duration_s, args.warmup_s))
         print(json.dumps(report))
@@ -120,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             time.sleep(2.0)
             rows = []
-            for backend in ("simulated", "nvml-double"):
+            for backend in backends:
                 child = subprocess.run(
                     [sys.executable, __file__, "--child", backend, "--controller", address, "--gpus", str(args.gpus),
                      "--duration-s", str(args.duration_s), "--warmup-s", str(args.warmup_s)],
@@ -147,18 +166,25 @@ def main(argv: list[str] | None = None) -> int:
             f"{1000 * row['cpu_s'] / ticks:.3f} |"
         )
     met = "met" if worst <= GOAL_PCT else "NOT met"
+    gpu_names = ""
+    if "nvml-real" in backends:
+        from rasd.agent.gpu import nvml
+
+        real = nvml.open_nvml_backend()
+        gpu_names = ", GPUs: " + ", ".join(sorted({info.model for info in real.inventory()}))
+        real.close()
     text = "\n".join(
         [
-            SECTION,
+            section,
             "",
             f"Command: `.venv/bin/python bench/agent_overhead.py --duration-s {args.duration_s:g} "
-            f"--gpus {args.gpus}`  ",
-            f"Machine: {header}  ",
+            f"--gpus {args.gpus} --backends {','.join(backends)}`  ",
+            f"Machine: {header}{gpu_names}  ",
             f"Run: {started}; each agent alone in its own process for {args.duration_s:g} s after "
             f"{args.warmup_s:g} s warm-up, streaming to a real controller in another process. CPU = user + system "
             "of the agent process, all threads. `nvml-double` is the NVML backend running the real pynvml.py "
-            "against the test double's fake libnvidia-ml (no GPU here), so it measures our code and pynvml, not the "
-            "driver.",
+            "against the test double's fake libnvidia-ml (no GPU), so it measures our code and pynvml, not the "
+            "driver; `nvml-real` is the same backend against the real driver, on all the node's GPUs.",
             "",
             *lines,
             "",
@@ -168,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     if not args.no_write:
-        results.write_section(SECTION, text)
+        results.write_section(section, text)
     return 0 if worst <= GOAL_PCT else 1
 
 

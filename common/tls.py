@@ -142,22 +142,53 @@ def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 
-def channel_options(server_name: str = "") -> list[tuple[str, object]]:
-    """Options every rasd client channel uses: message size bounds, and an optional TLS name override."""
+CLIENT_KEEPALIVE_TIME_MS = 20_000
+CLIENT_KEEPALIVE_TIMEOUT_MS = 10_000
+SERVER_MIN_PING_INTERVAL_MS = 10_000
+"""The least time between client pings the controller accepts (grpc.http2.min_ping_interval_without_data_ms)."""
+
+
+def channel_options(
+    server_name: str = "",
+    *,
+    keepalive_time_ms: int = CLIENT_KEEPALIVE_TIME_MS,
+    keepalive_timeout_ms: int = CLIENT_KEEPALIVE_TIMEOUT_MS,
+) -> list[tuple[str, object]]:
+    """Options every rasd client channel uses: message size bounds, keepalive pings, an optional TLS name override."""
     options: list[tuple[str, object]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # An agent's stream to a controller that vanished without a FIN (node crash, silent partition)
+        # would otherwise hang until TCP gives up, many minutes; pings find it within about 30 s and the
+        # agent reconnects, to another replica if need be. Never more often than the server's
+        # min_ping_interval_without_data (CLIENT_KEEPALIVE_TIME_MS >= it), or it answers with GOAWAY.
+        # grpcio 1.85 bounds an unanswered ping by grpc.http2.ping_timeout_ms (default 60 s), not by
+        # keepalive_timeout_ms alone: measured, a stopped controller went unnoticed for over 60 s until
+        # both were set (tests/integration/test_agent_keepalive.py).
+        ("grpc.keepalive_time_ms", keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
+        ("grpc.http2.ping_timeout_ms", keepalive_timeout_ms),
     ]
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))
     return options
 
 
-def aio_channel(address: str, files: TlsFiles | None, *, server_name: str = "") -> grpc.aio.Channel:
+def aio_channel(
+    address: str,
+    files: TlsFiles | None,
+    *,
+    server_name: str = "",
+    keepalive_time_ms: int = CLIENT_KEEPALIVE_TIME_MS,
+    keepalive_timeout_ms: int = CLIENT_KEEPALIVE_TIMEOUT_MS,
+) -> grpc.aio.Channel:
     """An asyncio channel: mutual TLS with `files`, plaintext when None (callers enforce loopback)."""
+    keepalive = {"keepalive_time_ms": keepalive_time_ms, "keepalive_timeout_ms": keepalive_timeout_ms}
     if files is None:
-        return grpc.aio.insecure_channel(address, options=channel_options())
-    return grpc.aio.secure_channel(address, channel_credentials(files), options=channel_options(server_name))
+        return grpc.aio.insecure_channel(address, options=channel_options(**keepalive))
+    return grpc.aio.secure_channel(
+        address, channel_credentials(files), options=channel_options(server_name, **keepalive)
+    )
 
 
 def sync_channel(address: str, files: TlsFiles | None, *, server_name: str = "") -> grpc.Channel:

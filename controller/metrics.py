@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rasd.controller.core import fleet
+
+if TYPE_CHECKING:
+    from rasd.controller import power_loop
 
 _INDEX_RE = re.compile(r"\[[^\]]*\]")
 
@@ -99,6 +103,18 @@ class ControllerMetrics:
         self.quarantined = Gauge(
             "rasd_quarantined", "Active quarantines, by scope (node, gpu, port).", ["scope"], registry=registry
         )
+        self.power_period_seconds = Histogram(
+            "rasd_power_period_seconds",
+            "Time one power control period took (allocate, plan, persist, send).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=registry,
+        )
+        self.power_bmc_limits = Counter(
+            "rasd_power_bmc_limits",
+            "Node power limits asked of a BMC for an unreachable node (the fallback), by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
 
     def rejected(self, field: str) -> None:
         """Count a rejected message under its field with list indices stripped (bounded labels)."""
@@ -142,3 +158,77 @@ class FleetCollector(Collector):
         for state_name, count in counts.items():
             nodes.add_metric([state_name], count)
         yield nodes
+
+
+SMOOTHING_MODES = ("off", "firmware", "emulated")
+
+POWER_LEVELS = ("cluster", "row", "rack")
+"""Levels of the budget tree the power gauges cover; nodes are left out (thousands of series, and
+rasd_gpu_power_watts already has each GPU)."""
+
+
+class PowerCollector(Collector):
+    """Scrape-time gauges over the power loop's latest period (nothing is paid per period)."""
+
+    def __init__(self, status: Callable[[], power_loop.PowerStatus | None]) -> None:
+        """Read the latest `PowerStatus` through a callable (None: no power loop on this replica)."""
+        self._status = status
+
+    def collect(self) -> Iterable[Metric]:
+        """Yield budget, allocated, target and drawn watts per domain, swing, smoothing and apply gauges."""
+        status = self._status()
+        if status is None:
+            return
+        labels = ["domain", "level"]
+        budget = GaugeMetricFamily(
+            "rasd_power_budget_watts", "Power budget of a domain (domains with one).", labels=labels
+        )
+        allocated = GaugeMetricFamily(
+            "rasd_power_allocated_watts", "Sum of the caps that may be in force in a domain.", labels=labels
+        )
+        target = GaugeMetricFamily(
+            "rasd_power_target_watts", "Sum of this period's target caps in a domain.", labels=labels
+        )
+        drawn = GaugeMetricFamily("rasd_power_drawn_watts", "Sum of the latest GPU draws in a domain.", labels=labels)
+        pending = [status.root] if status.root is not None else []
+        while pending:
+            domain = pending.pop()
+            pending.extend(domain.children)
+            if domain.level not in POWER_LEVELS:
+                continue
+            key = [domain.name, domain.level]
+            if domain.budget_w is not None:
+                budget.add_metric(key, domain.budget_w)
+            allocated.add_metric(key, domain.allocated_w)
+            target.add_metric(key, domain.target_w)
+            drawn.add_metric(key, domain.drawn_w)
+        yield from (budget, allocated, target, drawn)
+        if status.swing is not None:
+            yield GaugeMetricFamily(
+                "rasd_power_swing_p2p_watts",
+                "Peak-to-peak swing of aggregate power over the last 10 s.",
+                value=status.swing.p2p_w,
+            )
+        mode = status.smoothing.mode if status.smoothing is not None and status.smoothing.active else "off"
+        smoothing = GaugeMetricFamily(
+            "rasd_power_smoothing_mode", "1 for the smoothing mode in force (off, firmware, emulated).", labels=["mode"]
+        )
+        for name in SMOOTHING_MODES:
+            smoothing.add_metric([name], 1.0 if name == mode else 0.0)
+        yield smoothing
+        yield GaugeMetricFamily(
+            "rasd_power_stranded_watts",
+            "Headroom held by uncapped GPUs while some GPU is capped (sloshing should move it).",
+            value=status.stranded_w,
+        )
+        yield GaugeMetricFamily(
+            "rasd_power_unconfirmed_decreases",
+            "GPUs whose cap decrease is not confirmed yet (counted at the old cap).",
+            value=status.unconfirmed_decreases,
+        )
+        yield GaugeMetricFamily(
+            "rasd_power_over_budget_domains",
+            "Domains whose caps that may be in force exceed the budget (only while a cut is enforced).",
+            value=len(status.over_budget),
+        )
+        yield GaugeMetricFamily("rasd_power_periods", "Power control periods run since start.", value=status.periods)

@@ -10,15 +10,20 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    telemetry (`power_apply.record`);
 3. views: each GPU's draw is its peak over the last period (stale telemetry: drawing at the cap that
    may be in force), SW-power-cap throttling, quarantined GPUs and nodes are ineligible (they
-   release their share), nodes without a stream are unreachable (held where they may be);
+   release their share), nodes without a stream are unreachable (held where they may be), GPUs
+   whose cap went up less than one detected step plus one telemetry batch ago are settling (their
+   draw cannot show the raise yet: `power.settle_s`);
 4. `power.allocate`, then the aggregate ramp-rate limit on raises (`swing.limit_aggregate_raise`);
 5. `power_apply.plan`: decreases first; raises only into slack that counts unconfirmed decreases as
    not applied; the new apply state is persisted **before** any command leaves, so a restart knows
    every command that may land;
 6. send one SetPowerCap per node through the ingest; results come back as acks for the next period;
 7. smoothing: once a window of unmanaged aggregate power shows a coherent swing, `swing.plan_smoothing`
-   chooses a profile and SetPowerSmoothing goes to every GPU that supports it; it is switched off
-   when the job stops (utilisation gone) and re-planned after a policy change;
+   chooses a profile and SetPowerSmoothing goes to every GPU that supports it; where the GPUs have
+   no smoothing hardware the plan is emulated: SetTroughFiller asks every node's trough-filler hook
+   to hold the floor, and a peak cap (when the policy allows one) lowers the targets of step 4;
+   either is switched off when the job stops (utilisation gone; the filler ramps its floor down at
+   the job ramp) and re-planned after a policy change;
 8. nodes unreachable for `bmc_fallback_after_s` whose caps must come down get a node power limit
    through the BMC (Redfish PowerLimit); once the BMC confirms it, the node counts at that limit.
 
@@ -28,6 +33,7 @@ Start and stop live in `start()`/`stop()` only, so a leader-election gate wraps 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import time
@@ -180,6 +186,16 @@ class PowerStatus:
     over_budget: tuple[str, ...]
     reason: str
     periods: int
+    unconfirmed_decreases: int = 0
+    """GPUs with a cap decrease not confirmed yet (counted at the old cap)."""
+
+
+STATS_HISTORY = 100_000
+"""Periods of history `PowerStats` keeps (about 2.3 days at a 2 s period)."""
+
+
+def _history() -> collections.deque[Any]:
+    return collections.deque(maxlen=STATS_HISTORY)
 
 
 @dataclasses.dataclass
@@ -193,9 +209,12 @@ class PowerStats:
     acks: int = 0
     smoothing_commands: int = 0
     bmc_limits: int = 0
-    stranded_w: list[tuple[float, float]] = dataclasses.field(default_factory=list)
-    """(period time s, stranded W) for every period."""
-    step_ms: list[float] = dataclasses.field(default_factory=list)
+    # Bounded: a controller runs for months, a period every few seconds.
+    stranded_w: collections.deque[tuple[float, float]] = dataclasses.field(default_factory=_history)
+    """(period time s, stranded W) for the latest periods."""
+    settling_w: collections.deque[tuple[float, float]] = dataclasses.field(default_factory=_history)
+    """(period time s, W granted by a raise and not yet drawn) for the latest periods."""
+    step_ms: collections.deque[float] = dataclasses.field(default_factory=_history)
 
 
 class PowerLoop:
@@ -242,6 +261,8 @@ class PowerLoop:
         self._bmc_confirmed: dict[str, tuple[float, dict[str, int]]] = {}
         """node -> (when the BMC confirmed its limit, the GPU targets that limit covers)."""
         self._bmc_in_flight: set[str] = set()
+        self._raised_at_s: dict[str, float] = {}
+        """GPU -> when its may-be-in-force cap last went up (it settles until a step ran under it)."""
         self.status = PowerStatus(0.0, None, None, None, 0.0, 0.0, (), "not started", 0)
         self.stats = PowerStats()
         self.on_period: Callable[[float, power_apply.ApplyState, np.ndarray], None] | None = None
@@ -380,7 +401,14 @@ class PowerLoop:
         targets = swing.limit_aggregate_raise(
             reference, allocation.caps_w, policy.control_period_s, policy.ramp_limit_w_per_s
         ).astype(np.int64)
+        if self._smoothing is not None and self._smoothing.peak_cap_w is not None:
+            # Emulated smoothing's peak cap rides on the caps: it only lowers targets, so every
+            # budget still holds, and the two-phase apply carries it like any decrease.
+            targets = swing.apply_peak_cap(targets, self._smoothing.peak_cap_w, state.min_w)
         new_state, plan = power_apply.plan(state, targets, self.tree, now=now, policy=policy)
+        raised = power_apply.may_be_in_force_w(new_state) > power_apply.may_be_in_force_w(state)
+        for i in np.flatnonzero(raised):
+            self._raised_at_s[new_state.gpus[i].gpu_uuid] = now
         if plan.decreases or plan.increases:
             # Durable before anything leaves: a restart must know every command that may still land.
             # (Read-backs alone are not saved every period: a restored state that misses some is only
@@ -394,7 +422,9 @@ class PowerLoop:
         self._status(now, new_state, targets, drawn, draw_known, allocation, plan)
         self.stats.periods += 1
         self.stats.stranded_w.append((now, allocation.stranded_w))
+        self.stats.settling_w.append((now, allocation.settling_w))
         self.stats.step_ms.append((time.perf_counter() - started) * 1000)
+        self._ingest.metrics.power_period_seconds.observe(time.perf_counter() - started)
         if self.on_period is not None:
             self.on_period(now, new_state, targets)
         if plan.decreases or plan.increases or plan.over_budget:
@@ -478,6 +508,17 @@ class PowerLoop:
             if reading is not None and reading.clock_event_reasons is not None:
                 throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
         reachable = np.array([g.node_id in self._ingest.sessions for g in state.gpus], dtype=bool)
+        # The step period as the detector measured it on unmanaged power (a recent window that holds a
+        # load change reads the change as a long period), at most the draw window, which is configured
+        # to span whole steps.
+        detected = self._smoothing_unmanaged
+        step_s = detected.period_s if detected is not None else None
+        settle = power.settle_s(
+            min(step_s, self.settings.draw_window_s) if step_s is not None else None,
+            policy.control_period_s,
+            self._ingest.settings.agent_config.get("telemetry_send_interval_ms", 1000) / 1000.0,
+        )
+        settling = np.array([now - self._raised_at_s.get(g.gpu_uuid, -np.inf) < settle for g in state.gpus])
         eligible = await self._eligible(state)
         views = power.GpuViews(
             gpu_uuids=tuple(g.gpu_uuid for g in state.gpus),
@@ -491,6 +532,7 @@ class PowerLoop:
             eligible=eligible,
             marginal=np.zeros(n, dtype=bool),
             reachable=reachable,
+            settling=settling,
         )
         return views, known, drawn
 
@@ -636,10 +678,59 @@ class PowerLoop:
         )
         return busy >= 0.5 * len(state.gpus)
 
-    def _send_smoothing(self, plan: swing.SmoothingPlan, *, only_new: bool) -> None:
-        if plan.mode != "firmware":
-            return  # emulated modes act through caps and the node-side hook, not this command
+    def _smoothing_command(
+        self, plan: swing.SmoothingPlan, gpus: list[str], *, enabled: bool, reason: str
+    ) -> commands_pb.Command:
+        """The wire command that switches `plan`'s node-side smoothing on (or off) on some GPUs.
+
+        Firmware: the GPUs' power-smoothing profile. Emulated: the node's trough-filler hook (off, it
+        lowers its floor at the job ramp, a soft landing). A peak cap needs no command: it rides on
+        the caps (`_step`).
+        """
+        action: dict[str, Any]
+        if plan.mode == "firmware":
+            profile = (
+                commands_pb.SetPowerSmoothing(
+                    gpu_uuids=gpus,
+                    enabled=True,
+                    floor_pct=plan.floor_pct,
+                    ramp_up_w_per_s=plan.ramp_up_w_per_s,
+                    ramp_down_w_per_s=plan.ramp_down_w_per_s,
+                )
+                if enabled
+                else commands_pb.SetPowerSmoothing(gpu_uuids=gpus, enabled=False)
+            )
+            action = {"set_power_smoothing": profile}
+        else:
+            action = {
+                "set_trough_filler": commands_pb.SetTroughFiller(
+                    gpu_uuids=gpus,
+                    enabled=enabled,
+                    floor_w=plan.trough_filler_w or 0.0,
+                    ramp_down_w_per_s=plan.job_ramp_w_per_s,
+                )
+            }
+        return commands_pb.Command(
+            command_id=uuid.uuid4().hex,
+            issued_unix_ns=self._clock(),
+            deadline_unix_ns=self._clock() + int(self.policy.command_ttl_s * 1e9),
+            reason=reason,
+            **action,
+        )
+
+    def _smoothing_gpus(self, plan: swing.SmoothingPlan, node_id: str) -> list[str]:
+        """The node's GPUs the plan's command goes to.
+
+        Firmware profiles only where the GPU has the hardware; the trough filler on every GPU; none
+        for a peak cap alone.
+        """
         records = self._ingest.gpu_records
+        gpus = [u for u in self._ingest.node_gpus(node_id) if u in records]
+        if plan.mode == "firmware":
+            return [u for u in gpus if records[u].power_smoothing_supported]
+        return gpus if plan.trough_filler_w else []
+
+    def _send_smoothing(self, plan: swing.SmoothingPlan, *, only_new: bool) -> None:
         latest = self._ingest.latest
         for node_id, session in list(self._ingest.sessions.items()):
             # Keyed by the stream: a node that reconnected may have rebooted, which clears the profile.
@@ -654,24 +745,12 @@ class PowerLoop:
             )
             if only_new and self._smoothing_nodes.get(node_id) == key and not lost:
                 continue
-            gpus = [u for u in self._ingest.node_gpus(node_id) if u in records and records[u].power_smoothing_supported]
+            gpus = self._smoothing_gpus(plan, node_id)
             if not gpus:
                 continue
             self._smoothing_nodes[node_id] = key
             self._smoothing_sent_s[node_id] = self._now()
-            command = commands_pb.Command(
-                command_id=uuid.uuid4().hex,
-                issued_unix_ns=self._clock(),
-                deadline_unix_ns=self._clock() + int(self.policy.command_ttl_s * 1e9),
-                reason=plan.reason,
-                set_power_smoothing=commands_pb.SetPowerSmoothing(
-                    gpu_uuids=gpus,
-                    enabled=True,
-                    floor_pct=plan.floor_pct,
-                    ramp_up_w_per_s=plan.ramp_up_w_per_s,
-                    ramp_down_w_per_s=plan.ramp_down_w_per_s,
-                ),
-            )
+            command = self._smoothing_command(plan, gpus, enabled=True, reason=plan.reason)
             self.stats.smoothing_commands += 1
             self._spawn(self._send_smoothing_to(node_id, command))
 
@@ -687,17 +766,12 @@ class PowerLoop:
 
     async def _disable_smoothing(self, why: str) -> None:
         log.warning("power_smoothing_off", reason=why)
-        self._smoothing = None
-        records = self._ingest.gpu_records
+        plan, self._smoothing = self._smoothing, None
+        if plan is None:
+            return
         for node_id in list(self._smoothing_nodes):
-            gpus = [u for u in self._ingest.node_gpus(node_id) if u in records and records[u].power_smoothing_supported]
-            command = commands_pb.Command(
-                command_id=uuid.uuid4().hex,
-                issued_unix_ns=self._clock(),
-                deadline_unix_ns=self._clock() + int(self.policy.command_ttl_s * 1e9),
-                reason=why,
-                set_power_smoothing=commands_pb.SetPowerSmoothing(gpu_uuids=gpus, enabled=False),
-            )
+            gpus = self._smoothing_gpus(plan, node_id)
+            command = self._smoothing_command(plan, gpus, enabled=False, reason=why)
             self._spawn(self._send_smoothing_to(node_id, command))
         self._smoothing_nodes = {}
 
@@ -749,6 +823,8 @@ class PowerLoop:
             confirmed = await asyncio.to_thread(self._limiter.set_node_limit, node_id, limit_w)
         except Exception as exc:  # an unreachable BMC: the node keeps counting at its last known caps
             log.error("power_bmc_limit_failed", node=node_id, limit_w=limit_w, error=str(exc))
+            if limit_w is not None:
+                self._ingest.metrics.power_bmc_limits.labels(outcome="failed").inc()
             return
         finally:
             self._bmc_in_flight.discard(node_id)
@@ -761,9 +837,11 @@ class PowerLoop:
             self._bmc_limits[node_id] = limit_w
             self._bmc_confirmed[node_id] = (self._now(), targets)
             self.stats.bmc_limits += 1
+            self._ingest.metrics.power_bmc_limits.labels(outcome="confirmed").inc()
             log.warning("power_bmc_limit_confirmed", node=node_id, limit_w=confirmed)
             self._wake.set()
         else:
+            self._ingest.metrics.power_bmc_limits.labels(outcome="not_confirmed").inc()
             log.error("power_bmc_limit_not_confirmed", node=node_id, wanted_w=limit_w, read_back_w=confirmed)
 
     # -- status --------------------------------------------------------------------------------------
@@ -823,6 +901,7 @@ class PowerLoop:
             over_budget=plan.over_budget,
             reason=f"{plan.reason}; {allocation.reason}",
             periods=self.stats.periods + 1,
+            unconfirmed_decreases=power_apply.unconfirmed_decreases(state),
         )
 
 

@@ -26,7 +26,7 @@ from rasd.controller import leader as leader_mod
 from rasd.controller import relay as relay_mod
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import policy as policy_mod
-from rasd.controller.rpc import admin_service, agent_service, authz, leader_gate
+from rasd.controller.rpc import admin_service, agent_service, authz, leader_gate, store_outage
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
@@ -92,6 +92,7 @@ class Controller:
                 node_states=self.ingest.node_states,
             )
         )
+        self.registry.register(metrics.PowerCollector(lambda: self.power.status if self.power is not None else None))
         self.remediation: remediation_mod.RemediationService | None = None
         if settings.remediation:
             adapter = quarantine.open_quarantine(settings.quarantine)
@@ -168,6 +169,8 @@ class Controller:
         server = grpc.aio.server(
             # Authenticate first, then the leader gate: a refused caller learns nothing about leadership.
             interceptors=[
+                # Outermost, so a store outage met by the audit write of an authorized call maps too.
+                store_outage.StoreOutageInterceptor(),
                 authz.AuthInterceptor(self.settings.security, self.tokens, self.audit, self.security),
                 leader_gate.LeaderGate(
                     self.leadership.is_leader, lambda: f"leader: {self.leadership.leader_id or 'unknown'}"
@@ -179,7 +182,9 @@ class Controller:
                 # Detect dead agent connections within about a minute.
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.keepalive_timeout_ms", 10_000),
-                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                # The ping's own timeout (default 60 s) bounds an unanswered keepalive; see tls.channel_options.
+                ("grpc.http2.ping_timeout_ms", 10_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", tls.SERVER_MIN_PING_INTERVAL_MS),
                 ("grpc.keepalive_permit_without_calls", 1),
             ],
         )

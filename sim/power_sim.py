@@ -120,6 +120,8 @@ class PowerTrace:
     managed_steps_s: list[tuple[float, float]]
     unmanaged_steps_s: list[tuple[float, float]]
     stranded_w: list[tuple[float, float]]
+    settling_w: list[tuple[float, float]]
+    """(s since start, W a raise granted and the draw has not shown yet) per control period."""
     loop_step_ms: list[float]
     periods: int
     smoothing_mode: str
@@ -307,6 +309,7 @@ class PowerProbe:
             managed_steps_s=steps(self.job),
             unmanaged_steps_s=steps(self.shadow),
             stranded_w=[(t - self.started_ns / 1e9, w) for t, w in loop.stats.stranded_w] if loop else [],
+            settling_w=[(t - self.started_ns / 1e9, w) for t, w in loop.stats.settling_w] if loop else [],
             loop_step_ms=list(loop.stats.step_ms) if loop else [],
             periods=loop.stats.periods if loop else 0,
             smoothing_mode=self.smoothing_mode,

@@ -44,12 +44,13 @@ from typing import Any
 
 import grpc
 
+from rasd.agent import runtime
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
-from rasd.common import VERSION
+from rasd.common import VERSION, tls
 
 Clock = Callable[[], int]
 
@@ -61,18 +62,20 @@ class SwarmSettings:
     controller_address: str
     """host:port of the controller's gRPC endpoint."""
     gpus_per_node: int = 8
-    power_sample_interval_ms: int = 100
+    # The rates and the backoff default to a real agent's (runtime.LinkSettings), so a swarm offers
+    # the load a fleet of rasd-agents would.
+    power_sample_interval_ms: int = runtime.LinkSettings.power_sample_interval_ms
     """Power samples per series are send_interval_ms / power_sample_interval_ms (10 Hz: 10 per second)."""
-    counter_interval_ms: int = 1000
+    counter_interval_ms: int = runtime.LinkSettings.counter_interval_ms
     """One GpuCounters per GPU per counter interval."""
-    send_interval_ms: int = 1000
+    send_interval_ms: int = runtime.LinkSettings.telemetry_send_interval_ms
     """How often each agent sends a telemetry batch."""
-    heartbeat_interval_ms: int = 5000
+    heartbeat_interval_ms: int = runtime.LinkSettings.heartbeat_interval_ms
     """Heartbeat when telemetry is off (send_interval_ms = 0)."""
     seed: int = 0
     """GPU UUIDs and phases derive from it (the same seed gives the same fleet)."""
-    reconnect_initial_s: float = 0.5
-    reconnect_max_s: float = 30.0
+    reconnect_initial_s: float = runtime.LinkSettings.reconnect_initial_s
+    reconnect_max_s: float = runtime.LinkSettings.reconnect_max_s
     welcome_timeout_s: float = 30.0
     """How long to wait for Welcome after Hello before giving up on the attempt."""
     channel_options: Sequence[tuple[str, Any]] = ()
@@ -196,7 +199,8 @@ class SwarmAgent:
     async def run(self, stop: asyncio.Event) -> None:
         """Stay connected (reconnecting with backoff and full jitter) until stop is set."""
         attempt = 0
-        options = [("grpc.use_local_subchannel_pool", 1), *self.settings.channel_options]
+        # The same client options as a real agent (message bounds, keepalive), each on its own subchannel.
+        options = [("grpc.use_local_subchannel_pool", 1), *tls.channel_options(), *self.settings.channel_options]
         while not stop.is_set():
             address = self.settings.controller_address
             channel = (

@@ -180,6 +180,18 @@ class SetPowerSmoothing:
 
 
 @dataclasses.dataclass(frozen=True)
+class SetTroughFiller:
+    """Emulated smoothing: the node-side trough-filler hook holds some GPUs' draw at a floor."""
+
+    gpu_uuids: tuple[str, ...]
+    enabled: bool
+    floor_w: float
+    """The draw held during communication phases, W per GPU."""
+    ramp_down_w_per_s: float
+    """Switched off, the floor falls at this rate (0: at once)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class RestartProcess:
     """Restart the workload on one GPU: SIGTERM, then SIGKILL after grace_s."""
 
@@ -210,7 +222,7 @@ class RunValidation:
     seed: int = 0
 
 
-Action = SetPowerCap | SetPowerSmoothing | RestartProcess | ResetGpu | RebootNode | RunValidation
+Action = SetPowerCap | SetPowerSmoothing | SetTroughFiller | RestartProcess | ResetGpu | RebootNode | RunValidation
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ only validation can catch it. `reset_gpu()` and `reboot()` clear what a reset or
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 import random
 import tomllib
@@ -215,6 +216,13 @@ class _SimGpu:
     sdc: bool = False
     smoothing_enabled: bool = False
     smoothing_floor_w: float = 0.0
+    filler_floor_w: float = 0.0
+    """The node-side trough filler's floor (emulated smoothing), W; 0: off."""
+    filler_release: tuple[float, float, int | None] | None = None
+    """A trough filler being switched off slowly: (floor it started from W, W/s, start ns or None
+    until the next reading)."""
+    ramp_w_per_s: tuple[float, float] = (0.0, 0.0)
+    """The firmware profile's ramp-up and ramp-down rates while enabled (0: unlimited)."""
     nvlink_crc: int = 0
     crc_storm_until_ns: int = 0
     crc_storm_from_ns: int = 0
@@ -308,6 +316,7 @@ class SimulatedBackend:
     def read_power(self, now_unix_ns: int) -> Sequence[model.PowerReading]:
         """Instant draw of every GPU that is not lost; integrates energy as a side effect."""
         self._advance(now_unix_ns)
+        self._release_fillers(now_unix_ns)
         readings = []
         base = self._node_draw_w(now_unix_ns)
         for sim in self._gpus.values():
@@ -407,12 +416,51 @@ class SimulatedBackend:
             raise gpu.InvalidValue(f"power-smoothing profile out of range: floor {floor_pct}%")
         sim.smoothing_floor_w = self._model.power_limit_default_w * floor_pct / 100 if enabled else 0.0
         sim.smoothing_enabled = enabled
+        sim.ramp_w_per_s = (ramp_up_w_per_s, ramp_down_w_per_s) if enabled else (0.0, 0.0)
+        self._shape_draw(sim)
+
+    def fill_troughs(self, gpu_uuid: str, floor_w: float, ramp_down_w_per_s: float = 0.0) -> None:
+        """The simulated trough-filler hook: filler work holds the draw at floor_w (0: off).
+
+        It acts during communication phases (and while the job is stopped). Any GPU can run it; like
+        a firmware floor it costs energy, not step time. Switched off with a ramp, the floor falls at
+        ramp_down_w_per_s from the next reading on (the soft landing at job end), until the idle draw.
+        """
+        for name, value in (("floor_w", floor_w), ("ramp_down_w_per_s", ramp_down_w_per_s)):
+            if not math.isfinite(value) or value < 0:
+                raise gpu.InvalidValue(f"trough filler {name} out of range: {value}")
+        sim = self._gpu(gpu_uuid)
+        if floor_w == 0 and ramp_down_w_per_s > 0 and sim.filler_floor_w > 0:
+            sim.filler_release = (sim.filler_floor_w, float(ramp_down_w_per_s), None)
+            return
+        sim.filler_release = None
+        sim.filler_floor_w = min(float(floor_w), float(self._model.power_limit_max_w))
+        self._shape_draw(sim)
+
+    def _release_fillers(self, now_unix_ns: int) -> None:
+        """Lower the floor of every trough filler that is being switched off with a ramp."""
+        for sim in self._gpus.values():
+            if sim.filler_release is None:
+                continue
+            from_w, rate, start_ns = sim.filler_release
+            if start_ns is None:
+                sim.filler_release = (from_w, rate, now_unix_ns)
+                continue
+            floor = from_w - rate * max(now_unix_ns - start_ns, 0) / NS_PER_S
+            if floor <= self._model.idle_w:
+                floor, sim.filler_release = 0.0, None
+            sim.filler_floor_w = floor
+            self._shape_draw(sim)
+
+    def _shape_draw(self, sim: _SimGpu) -> None:
+        """Hand the job the GPU's floor (the higher of firmware profile and trough filler) and ramps."""
         if self._job is not None and sim.rank >= 0:
+            up, down = sim.ramp_w_per_s
             self._job.set_smoothing(
                 sim.rank,
-                floor_w=sim.smoothing_floor_w,
-                ramp_up_w_per_s=ramp_up_w_per_s if enabled else 0.0,
-                ramp_down_w_per_s=ramp_down_w_per_s if enabled else 0.0,
+                floor_w=max(sim.smoothing_floor_w, sim.filler_floor_w),
+                ramp_up_w_per_s=up,
+                ramp_down_w_per_s=down,
             )
 
     def close(self) -> None:
@@ -525,6 +573,8 @@ class SimulatedBackend:
             sim.ecc_dbe = sim.ecc_sbe = 0
             sim.recovery_action = 0
             sim.crc_storm_until_ns = sim.excursion_until_ns = sim.thermal_until_ns = 0
+            if sim.filler_floor_w or sim.filler_release:  # the hook's filler processes died with the node
+                self.fill_troughs(sim.info.uuid, 0.0)
             self._set_limit(sim, self._model.power_limit_default_w)
             if sim.smoothing_enabled:
                 self.set_power_smoothing(
@@ -614,5 +664,5 @@ class SimulatedBackend:
 
     def _base_draw_w(self, sim: _SimGpu, now_unix_ns: int) -> float:
         if self._job is None or sim.rank < 0:
-            return min(max(self._model.idle_w, sim.smoothing_floor_w), sim.enforced_limit_w)
+            return min(max(self._model.idle_w, sim.smoothing_floor_w, sim.filler_floor_w), sim.enforced_limit_w)
         return float(self._job.draw_w(np.array([sim.rank]), now_unix_ns / NS_PER_S)[0])

@@ -8,6 +8,10 @@ Each period, per GPU (vectorised over all GPUs at once):
 
 1. Classify against the enforced cap: *capped* (SW power cap clock reason, or draw within
    `capped_threshold_pct` of the cap), *donor* (draw below `lower_band_pct` of the cap), or in band.
+   A *settling* GPU (its cap was raised so recently that no whole training step has been measured
+   under the new cap) is neither donor nor stranded unless its draw already shows it capped: its draw
+   is still the one the old cap allowed, and judging it against the new cap would hand back next
+   period the watts it was just given (an oscillation of the controller's own).
 2. Demand: a capped GPU asks for one step more; a donor offers its cap down to
    draw / `donor_target_pct` (at most one step per period); an in-band GPU keeps its cap
    (hysteresis). Ineligible GPUs (quarantined, drained) ask for their minimum, releasing the rest to
@@ -64,6 +68,9 @@ class GpuView:
     reachable: bool = True
     """False while the node's agent is unreachable: its cap is held where it may be (no raise is
     planned for it, and its watts are not handed to anyone else), except to meet a budget."""
+    settling: bool = False
+    """Its cap was raised and no whole step has been measured under the new cap yet (the edge
+    decides how long that takes: about one training step plus the telemetry delay)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -83,12 +90,16 @@ class GpuViews:
     marginal: np.ndarray
     reachable: np.ndarray | None = None
     """None means every GPU is reachable."""
+    settling: np.ndarray | None = None
+    """None means no GPU is settling after a raise."""
 
     def __post_init__(self) -> None:
         n = len(self.gpu_uuids)
         for f in dataclasses.fields(self):
             if f.name == "reachable" and self.reachable is None:
                 object.__setattr__(self, "reachable", np.ones(n, dtype=bool))
+            if f.name == "settling" and self.settling is None:
+                object.__setattr__(self, "settling", np.zeros(n, dtype=bool))
             if f.name != "gpu_uuids" and np.shape(getattr(self, f.name)) != (n,):
                 raise ValueError(f"GpuViews.{f.name} must have shape ({n},)")
         if np.any(self.min_w > self.max_w):
@@ -121,6 +132,7 @@ class GpuViews:
             eligible=np.array([v.eligible for v in views], dtype=bool),
             marginal=np.array([v.marginal for v in views], dtype=bool),
             reachable=np.array([v.reachable for v in views], dtype=bool),
+            settling=np.array([v.settling for v in views], dtype=bool),
         )
 
     def replace(self, **changes: object) -> GpuViews:
@@ -141,25 +153,47 @@ class Allocation:
     unmet_w: float
     """Sum of demand not granted, W (0 when every request fit)."""
     stranded_w: float
-    """Headroom held by uncapped GPUs while some GPU is capped, W, measured on the input."""
+    """Headroom held by uncapped GPUs while some GPU is capped, W, measured on the input (settling
+    GPUs excluded: their headroom was just granted to a measured need)."""
+    settling_w: float
+    """Headroom held by settling GPUs while some GPU is capped, W: granted, not yet drawn."""
     infeasible: tuple[str, ...]
     """Domains whose minimum caps alone exceed their budget (caps there are held at minimum)."""
     reason: str
     """One sentence for the edge to log."""
 
 
-def stranded_w(views: GpuViews, capped_threshold_pct: float = 97.0) -> float:
+def stranded_w(views: GpuViews, capped_threshold_pct: float = 97.0, *, settling: bool = False) -> float:
     """Power held but not drawn by uncapped GPUs while some eligible GPU is capped, W.
 
     This is the watts sloshing should have moved: sum of max(cap - draw, 0) over eligible GPUs not at
     their cap, counted only when at least one GPU is (throttled, or drawing at least
-    `capped_threshold_pct` of its cap).
+    `capped_threshold_pct` of its cap). Settling GPUs are left out: the watts they hold were granted
+    to a need measured under their previous cap, and the draw that uses them cannot show before the
+    next training step. `settling=True` returns those watts instead (what is in transit).
     """
     capped = views.eligible & (views.throttled | (views.draw_w >= views.cap_w * (capped_threshold_pct / 100.0)))
     if not capped.any():
         return 0.0
     free = np.maximum(views.cap_w - views.draw_w, 0.0)
-    return float(free[views.eligible & ~capped].sum())
+    held = views.eligible & ~capped
+    assert views.settling is not None
+    which = held & views.settling if settling else held & ~views.settling
+    return float(free[which].sum())
+
+
+def settle_s(step_period_s: float | None, control_period_s: float, telemetry_interval_s: float) -> float:
+    """How long a raised GPU is settling: one training step plus the telemetry delay, s.
+
+    A raise shows in the draw only once a compute phase has run under it (the next step, in a
+    synchronous job) and its samples have reached the controller (one telemetry batch). Without a
+    detected step period, one control period stands in for it.
+
+    Example: 2 s steps, 1 s telemetry batches -> 3 s, i.e. the period after a raise (2 s later)
+    does not yet judge the raised GPUs against their new caps; the one after does.
+    """
+    step = step_period_s if step_period_s is not None and step_period_s > 0 else control_period_s
+    return float(step + max(telemetry_interval_s, 0.0))
 
 
 def allocate(
@@ -194,7 +228,7 @@ def allocate(
     n = len(views)
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return Allocation(empty, np.zeros(0, bool), np.zeros(0), 0.0, 0.0, (), "no GPUs to allocate")
+        return Allocation(empty, np.zeros(0, bool), np.zeros(0), 0.0, 0.0, 0.0, (), "no GPUs to allocate")
     cap = views.cap_w
     ref = cap if previous_caps is None else np.asarray(previous_caps, dtype=np.float64)
     draw = views.draw_w
@@ -213,7 +247,9 @@ def allocate(
     reachable = views.reachable
     active = eligible & reachable
     capped = active & (views.throttled | (draw >= cap * (policy.capped_threshold_pct / 100.0)))
-    donor = active & ~capped & (draw < cap * (policy.lower_band_pct / 100.0))
+    # A settling GPU's draw was measured under its previous, lower cap: it is not a donor yet.
+    assert views.settling is not None
+    donor = active & ~capped & ~views.settling & (draw < cap * (policy.lower_band_pct / 100.0))
 
     # 2. Demand. A capped GPU asks one step above its enforced cap (not above a raise still in
     # flight, so raises never compound); a donor releases at most one step per period.
@@ -282,6 +318,7 @@ def allocate(
         demand_w=demand,
         unmet_w=unmet,
         stranded_w=stranded_w(views, policy.capped_threshold_pct),
+        settling_w=stranded_w(views, policy.capped_threshold_pct, settling=True),
         infeasible=infeasible,
         reason=reason,
     )

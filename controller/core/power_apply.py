@@ -304,6 +304,15 @@ def may_be_in_force_w(state: ApplyState) -> np.ndarray:
     return np.fmax(confirmed, state.pending_w)
 
 
+def unconfirmed_decreases(state: ApplyState) -> int:
+    """GPUs with a decrease in flight that no ack or read-back has confirmed yet.
+
+    They count at the higher, confirmed value until one does.
+    """
+    confirmed = np.where(np.isnan(state.confirmed_w), state.max_w, state.confirmed_w)
+    return int(np.count_nonzero(~np.isnan(state.pending_w) & (state.pending_w < confirmed)))
+
+
 def may_be_in_force(state: ApplyState, gpu_uuid: str) -> float:
     """The may-be-in-force bound of one GPU, W (see `may_be_in_force_w`)."""
     i = state.position()[gpu_uuid]

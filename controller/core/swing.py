@@ -313,6 +313,17 @@ def limit_aggregate_raise(
     return np.where(rise > 0, scaled, new)
 
 
+def apply_peak_cap(targets_w: np.ndarray, peak_cap_w: float, min_w: np.ndarray) -> np.ndarray:
+    """Emulated smoothing's peak cap on a period's targets: min(target, peak cap), whole watts.
+
+    Never below a GPU's minimum limit. It only lowers targets, so a result within every budget stays so.
+
+    Example: targets (600, 450) W, peak cap 500 W, minimums 200 W -> (500, 450).
+    """
+    cap = np.maximum(np.floor(peak_cap_w), np.ceil(np.asarray(min_w, dtype=np.float64)))
+    return np.minimum(np.asarray(targets_w), cap).astype(np.int64)
+
+
 # Policy -------------------------------------------------------------------------------------------
 
 

@@ -134,6 +134,10 @@ async def _run(pg: chaoslib.PrivatePostgres, tmp_path, figures):
         with controller.store.engine.connect() as connection:
             rows = connection.execute(sa.select(schema.HealthEventRow.node_id, schema.HealthEventRow.seq)).all()
         heads = {a.identity.node_id: j.head_seq() for a, _, j in fleet}
+        stream_ends: dict[str, int] = {}
+        for agent, _, _ in fleet:
+            for code, count in agent.stats.stream_lost_by_code.items():
+                stream_ends[code] = stream_ends.get(code, 0) + count
     finally:
         producing.clear()
         stop.set()
@@ -154,13 +158,15 @@ async def _run(pg: chaoslib.PrivatePostgres, tmp_path, figures):
         f"undecided {sum(len(e) for _, e in backlog.values())}, ladders {len(fired)} released, "
         f"commands {len(outbox)} unfinished {len(unfinished)}, "
         f"all acked {recovered_s + restarted_at - outage_started:.1f} s after the outage began; "
-        f"controller never restarted"
+        f"controller never restarted; agents' streams ended {stream_ends or 'never'}"
     )
-    return lost, duplicates, backlog, unfinished, fired
+    return lost, duplicates, backlog, unfinished, fired, stream_ends
 
 
 def test_postgres_restart_mid_run_the_controller_recovers_by_itself(private_postgres, tmp_path, figures):
-    lost, duplicates, backlog, unfinished, fired = asyncio.run(_run(private_postgres, tmp_path, figures))
+    lost, duplicates, backlog, unfinished, fired, stream_ends = asyncio.run(_run(private_postgres, tmp_path, figures))
+    # A stream the outage ends must say "retry" (UNAVAILABLE), never UNKNOWN with the database's error text.
+    assert "UNKNOWN" not in stream_ends, stream_ends
     assert len(set(fired)) == AGENTS * LADDER_GPUS
     assert lost == 0
     assert duplicates == 0

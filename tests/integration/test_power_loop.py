@@ -269,3 +269,46 @@ def test_an_unreachable_node_is_held_at_its_caps_until_its_bmc_confirms_a_limit(
     assert "node-a" in over_while_unreachable
     assert bmc_limit_w is not None and bmc_limit_w <= 1200
     assert allocated_w <= 1200
+
+
+def test_the_power_loop_metrics_pass_promtool(tmp_path, free_port):
+    import shutil
+    import subprocess
+    import urllib.request
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus; .ci/run installs it)")
+
+    async def scrape() -> str:
+        controller = server.Controller(
+            server.ControllerSettings(
+                listen=f"127.0.0.1:{free_port}",
+                db_url=f"sqlite:///{tmp_path / 'rasd.db'}",
+                metrics_port=0,
+                metrics_addr="127.0.0.1",
+                remediation=False,
+                power=POWER,
+            )
+        )
+        await controller.start()
+        fleet = Fleet(controller.address)
+        try:
+            await _until(lambda: controller.power.stats.periods >= 3 and _settled(controller))
+            url = f"http://127.0.0.1:{controller.metrics_port}/metrics"
+            return (await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())).decode()
+        finally:
+            await fleet.close()
+            await controller.stop()
+
+    text = asyncio.run(scrape())
+    assert 'rasd_power_budget_watts{domain="cluster",level="cluster"} 4400.0' in text
+    assert 'rasd_power_budget_watts{domain="rack-a",level="rack"} 2800.0' in text
+    assert 'rasd_power_allocated_watts{domain="cluster",level="cluster"}' in text
+    assert 'rasd_power_drawn_watts{domain="row-0",level="row"}' in text
+    assert 'level="node"' not in text, "nodes are left out (rasd_gpu_power_watts covers them)"
+    assert 'rasd_power_smoothing_mode{mode="off"}' in text
+    assert "rasd_power_unconfirmed_decreases 0.0" in text
+    assert "rasd_power_period_seconds_count" in text
+    result = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()

@@ -8,108 +8,46 @@ an RMA candidate while its node's other GPUs return to service. `rasctl sdc list
 
 from __future__ import annotations
 
-import asyncio
-import io
+import functools
 import json
-import threading
 import time
 
+import fleetlib
 import pytest
 
-from rasd.agent import actions, node_ops, runtime, spool
 from rasd.agent.gpu import simulated
-from rasd.cli import main as rasctl
-from rasd.controller import server
 from rasd.controller.core import policy
 
 pytestmark = pytest.mark.slow
 
 NODES = ("sweep-a", "sweep-b", "sweep-c")
+wait_for = functools.partial(fleetlib.wait_for, timeout_s=45.0, poll_s=0.3)
 
 
-class Fleet:
-    """A controller with sweeps on and three idle agents, on one event loop in a thread."""
-
-    def __init__(self, tmp_path, port):
-        self.address = f"127.0.0.1:{port}"
-        pol = policy.RemediationPolicy.from_mapping(
-            {
-                "sdc": {
-                    "sweep_enabled": True,
-                    "sweep_interval_s": 0.3,
-                    "sweep_share_pct": 100.0,
-                    "sweep_max_concurrent": 3,
-                    "sweep_reserve_slots": 0,
-                    "sweep_min_interval_s": 86400.0,
-                },
-                "disruption": {"storm_cooldown_s": 0.1},
-            }
-        )
-        self.settings = server.ControllerSettings(
-            listen=self.address,
-            db_url=f"sqlite:///{tmp_path / 'rasd.db'}",
-            metrics_port=None,
-            remediation_policy=pol,
-        )
-        self.backends = {n: simulated.SimulatedBackend(n, 4, i + 1) for i, n in enumerate(NODES)}
-        self.ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    async def _main(self):
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        self.controller = server.Controller(self.settings)
-        await self.controller.start()
-        tasks = []
-        for node_id, backend in self.backends.items():
-            agent = runtime.Agent(
-                runtime.NodeIdentity(node_id, "boot", node_id, {"rack": f"r-{node_id}"}),
-                backend,
-                spool.Spool(":memory:"),
-                runtime.LinkSettings(controller_address=self.address, telemetry_send_interval_ms=200),
-                ops=node_ops.SimulatedNodeOps(backend),
-                action_settings=actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
-            )
-            tasks.append(asyncio.create_task(agent.run(self._stop)))
-        while len(self.controller.ingest.sessions) < len(NODES):
-            await asyncio.sleep(0.05)
-        self.ready.set()
-        await self._stop.wait()
-        await asyncio.gather(*tasks)
-        await self.controller.stop()
-
-    def __enter__(self):
-        # The SDC GPU corrupts data from the start; nothing in its telemetry says so.
-        self.backends["sweep-b"].fire(simulated.ScriptedFault(at_s=0, kind="sdc", gpu=1), time.time_ns())
-        self._thread.start()
-        assert self.ready.wait(30)
-        return self
-
-    def __exit__(self, *exc):
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-
-    def rasctl(self, *argv):
-        out, err = io.StringIO(), io.StringIO()
-        code = rasctl.run(["--controller", self.address, *argv], out, err)
-        return code, out.getvalue(), err.getvalue()
-
-
-def wait_for(predicate, timeout_s=45.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError("condition not met in time")
+def sweep_fleet(tmp_path, port) -> fleetlib.ThreadedFleet:
+    """A controller with sweeps on and three idle agents; sweep-b's GPU 1 corrupts data from the start."""
+    pol = policy.RemediationPolicy.from_mapping(
+        {
+            "sdc": {
+                "sweep_enabled": True,
+                "sweep_interval_s": 0.3,
+                "sweep_share_pct": 100.0,
+                "sweep_max_concurrent": 3,
+                "sweep_reserve_slots": 0,
+                "sweep_min_interval_s": 86400.0,
+            },
+            "disruption": {"storm_cooldown_s": 0.1},
+        }
+    )
+    nodes = {n: fleetlib.Node(simulated.SimulatedBackend(n, 4, i + 1), {"rack": f"r-{n}"}) for i, n in enumerate(NODES)}
+    # Nothing in its telemetry says so: only a validation run can find it.
+    nodes["sweep-b"].backend.fire(simulated.ScriptedFault(at_s=0, kind="sdc", gpu=1), time.time_ns())
+    return fleetlib.ThreadedFleet(fleetlib.sqlite_settings(tmp_path, port, remediation_policy=pol), nodes)
 
 
 def test_rolling_sweep_finds_the_sdc_gpu_and_returns_the_rest(tmp_path, free_port):
-    with Fleet(tmp_path, free_port) as fleet:
-        bad_gpu = fleet.backends["sweep-b"].inventory()[1].uuid
+    with sweep_fleet(tmp_path, free_port) as fleet:
+        bad_gpu = fleet.nodes["sweep-b"].backend.inventory()[1].uuid
 
         def rma_opened():
             code, out, _ = fleet.rasctl("rma", "list", "--json")

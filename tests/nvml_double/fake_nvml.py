@@ -118,6 +118,11 @@ class FakeGpu:
     fields: dict[tuple[int, int], tuple[int, int, Any]] = dataclasses.field(default_factory=dict)
     requested_limit_mw: int = 0
     oob_limit_mw: int | None = None
+    # The real limiter takes a new limit a little after the set returns (an H200 showed the old enforced
+    # limit for 10-12 ms). After a set, this many reads of the enforced limit still return the old one.
+    enforce_lag_reads: int = 0
+    lagging_enforced_mw: int | None = None
+    lagging_reads_left: int = 0
     energy_mj: int = 0
     base_clock_reasons: int = 0
     power_instant_field: bool = True
@@ -132,6 +137,13 @@ class FakeGpu:
         if self.oob_limit_mw is None:
             return self.requested_limit_mw
         return min(self.requested_limit_mw, self.oob_limit_mw)
+
+    def read_enforced_limit_mw(self) -> int:
+        """What nvmlDeviceGetEnforcedPowerLimit returns: the old limit for enforce_lag_reads reads after a set."""
+        if self.lagging_reads_left > 0 and self.lagging_enforced_mw is not None:
+            self.lagging_reads_left -= 1
+            return self.lagging_enforced_mw
+        return self.enforced_limit_mw()
 
     def power_mw(self) -> int:
         # The power limiter holds draw at the enforced limit; that is what sets SwPowerCap.
@@ -420,7 +432,7 @@ class FakeNvml:
         values = {
             "PowerUsage": gpu.power_mw,
             "PowerManagementLimit": lambda: gpu.requested_limit_mw,
-            "EnforcedPowerLimit": gpu.enforced_limit_mw,
+            "EnforcedPowerLimit": gpu.read_enforced_limit_mw,
             "PowerManagementDefaultLimit": lambda: gpu.power_default_mw,
             "PowerManagementLimitConstraints": lambda: (gpu.power_min_mw, gpu.power_max_mw),
             "TotalEnergyConsumption": lambda: gpu.energy_mj,
@@ -602,6 +614,8 @@ class FakeNvml:
         gpu = self.gpus[gpu_id]
         if not gpu.power_min_mw <= limit_mw <= gpu.power_max_mw:
             return INVALID_ARGUMENT
+        if gpu.enforce_lag_reads:
+            gpu.lagging_enforced_mw, gpu.lagging_reads_left = gpu.enforced_limit_mw(), gpu.enforce_lag_reads
         gpu.requested_limit_mw = limit_mw
         return SUCCESS
 
@@ -646,7 +660,9 @@ class FakeNvml:
                  2: pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_DOWN_RATE}.get(profile.paramId)  # fmt: skip
         if field is None:
             return INVALID_ARGUMENT
-        self.gpus[gpu_id].set_field(field, profile.value, scope=profile.profileId, value_type=DOUBLE)
+        # As the driver does: ramp rates are set in W/s and read back through the fields in mW/s.
+        value = profile.value * 1000 if profile.paramId in (1, 2) else profile.value
+        self.gpus[gpu_id].set_field(field, value, scope=profile.profileId, value_type=DOUBLE)
         return SUCCESS
 
     def _sym_nvmlDevicePowerSmoothingActivatePresetProfile(self, handle: Any, ref: Any) -> int:

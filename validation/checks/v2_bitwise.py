@@ -266,8 +266,19 @@ def judge(raw: Mapping[str, Any], spec: Spec) -> CheckResult:
                 elif gold is not None and own == gold["digest"]:
                     ref, ref_name = own, "golden"
                 elif gold is not None and len(members) == 1:
-                    # One GPU against a golden cannot separate a hardware fault from a drifted stack.
+                    # One GPU against a golden cannot separate a hardware fault from a drifted stack; the
+                    # place it differs is still evidence the operator needs for the accusation that follows.
                     flags[gpu].append(f"{name}: differs from the golden and there is no peer to tell drift")
+                    loc, exp, got = locate(gold, sums_for(own), width)
+                    evidence[gpu].append(
+                        Evidence(
+                            name,
+                            loc,
+                            f"golden {gold['digest'][:16]} {exp}".strip(),
+                            f"{own[:16]} {got}".strip(),
+                            "differs from the golden; no peer GPU to tell a hardware fault from drift",
+                        )
+                    )
                     ref, ref_name = own, "own repeats"
                 elif gold is not None and own == majority:
                     flags[gpu].append(

@@ -189,6 +189,49 @@ def test_power_smoothing_is_applied_where_supported_and_refused_where_not():
     assert refused.outcome is model.ActionOutcome.NOT_SUPPORTED
 
 
+def test_the_trough_filler_hook_holds_the_floor_on_gpus_without_smoothing_hardware():
+    # Not destructive: it runs with destructive actions off.
+    h100, _, executor = _armed(destructive=False)
+    result = executor.execute(_cmd(model.SetTroughFiller((), True, 550.0, 10.0), "f1"))
+    assert result.outcome is model.ActionOutcome.SUCCEEDED, result.message
+    assert min(r.power_w for t in range(20) for r in h100.read_power(t * 100_000_000)) >= 540
+    off = executor.execute(_cmd(model.SetTroughFiller((), False, 550.0, 0.0), "f2"))  # at once (no ramp)
+    assert off.outcome is model.ActionOutcome.SUCCEEDED
+    # From the next steps on (the ones already run keep their floor) the troughs are back.
+    assert min(r.power_w for t in range(100, 120) for r in h100.read_power(t * 100_000_000)) < 200
+
+
+def test_a_bad_trough_filler_floor_is_refused_naming_the_field():
+    _, _, executor = _armed()
+    result = executor.execute(_cmd(model.SetTroughFiller((), True, float("nan"), 10.0)))
+    assert result.outcome is model.ActionOutcome.FAILED
+    assert "set_trough_filler.floor_w" in result.message
+
+
+def test_without_a_hook_the_trough_filler_is_not_supported():
+    backend = simulated.SimulatedBackend("n", 1, 0, workload=simulated.StepWorkload())
+    ticks = itertools.count(1_000)
+    bare = actions.ActionExecutor(backend, spool.Spool(":memory:"), clock=lambda: next(ticks))
+    assert bare.execute(_cmd(model.SetTroughFiller((), True, 500.0, 0.0))).outcome is model.ActionOutcome.NOT_SUPPORTED
+    host = actions.ActionExecutor(
+        backend, spool.Spool(":memory:"), clock=lambda: next(ticks), ops=node_ops.HostNodeOps()
+    )
+    result = host.execute(_cmd(model.SetTroughFiller((), True, 500.0, 0.0), "h"))
+    assert result.outcome is model.ActionOutcome.NOT_SUPPORTED
+    assert "commands.trough_filler" in result.message
+
+
+def test_host_ops_run_the_configured_trough_filler_hook_with_its_arguments(tmp_path):
+    out = tmp_path / "hook.txt"
+    code = f"import sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:]))"
+    ops = node_ops.HostNodeOps(
+        node_ops.HostCommands(trough_filler=(*_python(code), "--gpus", "{gpu_uuids}", "--floor-w", "{floor_w}",
+                                             "--ramp-down-w-per-s", "{ramp_down_w_per_s}"))
+    )  # fmt: skip
+    ops.fill_troughs(["GPU-a", "GPU-b"], 512.4, 9.76)
+    assert out.read_text() == "--gpus GPU-a,GPU-b --floor-w 512 --ramp-down-w-per-s 9.8"
+
+
 @pytest.mark.parametrize("agent_clock_off_s", [-7200, 0, 7200])
 def test_a_command_deadline_is_a_span_from_arrival_on_the_agent_clock(agent_clock_off_s):
     issued = 1_800_000_000 * 10**9  # controller clock

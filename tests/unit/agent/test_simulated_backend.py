@@ -148,3 +148,18 @@ def test_fault_file_errors_name_the_key(tmp_path):
     bad.write_text('[[faults]]\nat_s = 1\nkind = "xid"\ncolour = 3\n')
     with pytest.raises(ValueError, match="colour"):
         simulated.load_faults(bad)
+
+
+def test_the_trough_filler_holds_the_floor_and_lands_softly_when_switched_off():
+    # No workload: the GPU idles (70 W), so the filler's floor is what it draws.
+    backend = simulated.SimulatedBackend("node-x", 1, 3)
+    (info,) = backend.inventory()
+    backend.fill_troughs(info.uuid, 600.0)
+    assert backend.read_power(1 * NS)[0].power_w == pytest.approx(600, abs=2)
+    backend.fill_troughs(info.uuid, 0.0, ramp_down_w_per_s=100.0)
+    assert backend.read_power(2 * NS)[0].power_w == pytest.approx(600, abs=2), "the ramp starts at this reading"
+    assert backend.read_power(4 * NS)[0].power_w == pytest.approx(400, abs=2)
+    assert backend.read_power(9 * NS)[0].power_w == pytest.approx(70, abs=2), "down to idle, then off"
+    assert backend.read_power(10 * NS)[0].power_w == pytest.approx(70, abs=2)
+    with pytest.raises(gpu.InvalidValue, match="ramp_down_w_per_s"):
+        backend.fill_troughs(info.uuid, 0.0, ramp_down_w_per_s=-1.0)

@@ -39,6 +39,7 @@ def _trace(floor_w: float, ramp_w_per_s: float) -> power_sim.PowerTrace:
         managed_steps_s=[(s.start_s, s.end_s - s.start_s) for s in managed.completed_steps(0.0, 60.0)],
         unmanaged_steps_s=[(s.start_s, s.end_s - s.start_s) for s in unmanaged.completed_steps(0.0, 60.0)],
         stranded_w=[(float(x), 0.0) for x in range(0, 60, 3)],
+        settling_w=[(float(x), 0.0) for x in range(0, 60, 3)],
         loop_step_ms=[1.0],
         periods=20,
         smoothing_mode="firmware",

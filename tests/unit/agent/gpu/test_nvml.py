@@ -249,6 +249,32 @@ def test_set_power_limit_sends_milliwatts_and_returns_the_enforced_limit_read_ba
     assert [r.power_w for r in backend.read_power(NOW) if r.gpu_uuid == H100_A] == [350.0]
 
 
+@pytest.mark.parametrize("watts", [450, 700, 200])
+def test_set_power_limit_waits_for_the_limiter_to_take_the_new_limit(fake, open_backend, watts):
+    # Seen on a real H200: the enforced limit still read the old value at once and followed 10-12 ms
+    # after the set. The first read must not be reported as the outcome, or a decrease that was applied
+    # looks unconfirmed to the power manager.
+    fake.gpu(0).requested_limit_mw = 600_000
+    fake.gpu(0).enforce_lag_reads = 3
+    backend = open_backend()
+    assert backend.set_power_limit(H100_A, watts) == watts
+
+
+def test_set_power_limit_under_a_lower_out_of_band_limit_returns_that_limit(fake, open_backend):
+    g = fake.gpu(0)
+    g.oob_limit_mw, g.enforce_lag_reads = 400_000, 2
+    backend = open_backend()
+    # The decrease to 500 W lands under the BMC's 400 W, which stays in force: the answer is the truth.
+    assert backend.set_power_limit(H100_A, 500) == 400
+    assert backend.set_power_limit(H100_A, 300) == 300
+
+
+def test_set_power_limit_reports_a_limit_the_limiter_never_takes_as_it_stands(fake, open_backend):
+    fake.gpu(0).enforce_lag_reads = 10**9  # a limiter that never follows: unconfirmed, after the settle time
+    backend = open_backend()
+    assert backend.set_power_limit(H100_A, 450) == 700
+
+
 def test_set_power_limit_without_root_raises_no_permission_and_changes_nothing(fake, open_backend):
     fake.is_root = False
     backend = open_backend()

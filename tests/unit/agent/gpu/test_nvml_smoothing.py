@@ -23,6 +23,7 @@ def test_profile_is_written_activated_and_enabled(install_fake, open_backend):
     backend.set_power_smoothing(info.uuid, enabled=True, floor_pct=60.0, ramp_up_w_per_s=250.0, ramp_down_w_per_s=100.0)
     fields = fake.gpus[0].fields
     assert fields[(pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_PERCENT_TMP_FLOOR, 0)][2] == 60.0
+    # Set in W/s (NVML's setter), read back in mW/s: a setter given mW/s would ask for 1,000x the ramp.
     assert fields[(pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_UP_RATE, 0)][2] == 250_000.0  # mW/s
     assert fields[(pynvml.NVML_FI_PWR_SMOOTHING_PROFILE_RAMP_DOWN_RATE, 0)][2] == 100_000.0
     assert fields[(pynvml.NVML_FI_PWR_SMOOTHING_ACTIVE_PRESET_PROFILE, 0)][2] == 0

@@ -276,6 +276,39 @@ def test_stranded_power_counts_only_while_someone_is_capped():
     assert power.stranded_w(mixed) == 200.0
 
 
+def test_a_settling_gpu_keeps_a_fresh_raise_and_is_not_stranded():
+    # The load change of bench/power.py's sloshing run: two GPUs were capped at 580 W drawing 588 W
+    # (the cap's own overshoot), one was raised to 640 W last period; the next compute phase under the
+    # new cap has not run yet, so it still draws 588 W (92 % of 640: in band) and a bigger raise
+    # (to 680 W, 86 %) would make it a donor that hands the raise straight back.
+    tree = fleet_tree(1, 1, 1, cluster_w=5_000)
+    views = views_for(tree, 3, draw=588.0, cap=np.array([580.0, 640.0, 680.0]))
+    previous = np.array([580.0, 640.0, 680.0])
+    unsettled = power.allocate(tree, views, previous, policy=POLICY, rng=np.random.default_rng(3))
+    assert unsettled.caps_w[2] < 680, "judged against the new cap, the fresh raise is released"
+    assert unsettled.stranded_w == pytest.approx((640 - 588) + (680 - 588))
+
+    settling = views.replace(settling=np.array([False, True, True]))
+    alloc = power.allocate(tree, settling, previous, policy=POLICY, rng=np.random.default_rng(3))
+    assert list(alloc.caps_w[1:]) == [640, 680], "held until a step ran under the raise"
+    assert alloc.stranded_w == 0.0, "watts granted to a measured need are not stranded"
+    assert alloc.settling_w == pytest.approx((640 - 588) + (680 - 588)), "but they are reported as in transit"
+    assert alloc.caps_w[0] > 580, "the capped GPU still asks for more"
+
+
+def test_a_settling_gpu_that_draws_its_new_cap_is_capped_again():
+    tree = fleet_tree(1, 1, 1, cluster_w=5_000)
+    views = views_for(tree, 1, draw=640.0, cap=640.0).replace(settling=np.array([True]))
+    alloc = power.allocate(tree, views, np.array([640.0]), policy=POLICY, rng=np.random.default_rng(3))
+    assert alloc.capped[0] and alloc.caps_w[0] > 640
+
+
+def test_settle_time_is_one_step_plus_the_telemetry_delay():
+    assert power.settle_s(2.0, 3.0, 1.0) == 3.0
+    assert power.settle_s(None, 3.0, 1.0) == 4.0, "no detected step: one control period"
+    assert power.settle_s(0.0, 2.0, -1.0) == 2.0
+
+
 def test_views_reject_misaligned_columns_and_inverted_limits():
     tree = fleet_tree(1, 1, 1, cluster_w=5_000)
     views = views_for(tree, 2, draw=100.0, cap=300.0)

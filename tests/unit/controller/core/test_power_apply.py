@@ -57,6 +57,17 @@ def test_docstring_example_raises_only_after_the_decrease_is_confirmed():
     assert list(power_apply.may_be_in_force_w(state)) == [400, 600]
 
 
+def test_unconfirmed_decreases_are_counted_until_acked_and_raises_are_not():
+    tree = one_rack_tree(1_000)
+    state = two_gpu_state()
+    assert power_apply.unconfirmed_decreases(state) == 0
+    state, _ = power_apply.plan(state, np.array([400, 600]), tree, now=10.0, policy=POLICY)
+    assert power_apply.unconfirmed_decreases(state) == 1, "a's decrease is in flight; b's raise waits"
+    state = power_apply.record(state, acks=[power_apply.CapAck("cap-e1-0", "a", 400.0, 11.5)], policy=POLICY)
+    state, plan = power_apply.plan(state, np.array([400, 600]), tree, now=12.0, policy=POLICY)
+    assert plan.increases and power_apply.unconfirmed_decreases(state) == 0
+
+
 def test_strict_two_phase_holds_every_raise_while_any_decrease_is_unconfirmed():
     tree = one_rack_tree(5_000)  # plenty of slack: only strictness holds b back
     strict = power_policy.PowerPolicy(command_ttl_s=5.0, clock_skew_margin_s=0.0, strict_two_phase=True)

@@ -180,3 +180,10 @@ def test_welch_psd_integrates_to_the_variance():
     x = rng.normal(0, 30, 6000)
     freqs, psd = swing.welch_psd(x, FS)
     assert psd.sum() * (freqs[1] - freqs[0]) == pytest.approx(x.var(), rel=0.1)
+
+
+def test_a_peak_cap_only_lowers_targets_and_never_below_the_minimum():
+    targets = np.array([600, 450, 700], dtype=np.int64)
+    capped = swing.apply_peak_cap(targets, 500.7, np.array([200.0, 200.0, 550.0]))
+    assert list(capped) == [500, 450, 550]
+    assert np.all(capped <= targets), "a peak cap never raises a target (the budgets still hold)"

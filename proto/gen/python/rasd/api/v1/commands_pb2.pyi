@@ -53,6 +53,18 @@ class SetPowerSmoothing(_message.Message):
     ramp_down_w_per_s: float
     def __init__(self, gpu_uuids: _Optional[_Iterable[str]] = ..., enabled: _Optional[bool] = ..., floor_pct: _Optional[float] = ..., ramp_up_w_per_s: _Optional[float] = ..., ramp_down_w_per_s: _Optional[float] = ...) -> None: ...
 
+class SetTroughFiller(_message.Message):
+    __slots__ = ("gpu_uuids", "enabled", "floor_w", "ramp_down_w_per_s")
+    GPU_UUIDS_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_W_FIELD_NUMBER: _ClassVar[int]
+    RAMP_DOWN_W_PER_S_FIELD_NUMBER: _ClassVar[int]
+    gpu_uuids: _containers.RepeatedScalarFieldContainer[str]
+    enabled: bool
+    floor_w: float
+    ramp_down_w_per_s: float
+    def __init__(self, gpu_uuids: _Optional[_Iterable[str]] = ..., enabled: _Optional[bool] = ..., floor_w: _Optional[float] = ..., ramp_down_w_per_s: _Optional[float] = ...) -> None: ...
+
 class RestartProcess(_message.Message):
     __slots__ = ("gpu_uuid", "pids", "systemd_unit", "grace_s")
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
@@ -86,7 +98,7 @@ class RunValidation(_message.Message):
     def __init__(self, suite: _Optional[str] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("command_id", "issued_unix_ns", "deadline_unix_ns", "reason", "set_power_cap", "set_power_smoothing", "restart_process", "reset_gpu", "reboot_node", "run_validation")
+    __slots__ = ("command_id", "issued_unix_ns", "deadline_unix_ns", "reason", "set_power_cap", "set_power_smoothing", "restart_process", "reset_gpu", "reboot_node", "run_validation", "set_trough_filler")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     ISSUED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +109,7 @@ class Command(_message.Message):
     RESET_GPU_FIELD_NUMBER: _ClassVar[int]
     REBOOT_NODE_FIELD_NUMBER: _ClassVar[int]
     RUN_VALIDATION_FIELD_NUMBER: _ClassVar[int]
+    SET_TROUGH_FILLER_FIELD_NUMBER: _ClassVar[int]
     command_id: str
     issued_unix_ns: int
     deadline_unix_ns: int
@@ -107,7 +120,8 @@ class Command(_message.Message):
     reset_gpu: ResetGpu
     reboot_node: RebootNode
     run_validation: RunValidation
-    def __init__(self, command_id: _Optional[str] = ..., issued_unix_ns: _Optional[int] = ..., deadline_unix_ns: _Optional[int] = ..., reason: _Optional[str] = ..., set_power_cap: _Optional[_Union[SetPowerCap, _Mapping]] = ..., set_power_smoothing: _Optional[_Union[SetPowerSmoothing, _Mapping]] = ..., restart_process: _Optional[_Union[RestartProcess, _Mapping]] = ..., reset_gpu: _Optional[_Union[ResetGpu, _Mapping]] = ..., reboot_node: _Optional[_Union[RebootNode, _Mapping]] = ..., run_validation: _Optional[_Union[RunValidation, _Mapping]] = ...) -> None: ...
+    set_trough_filler: SetTroughFiller
+    def __init__(self, command_id: _Optional[str] = ..., issued_unix_ns: _Optional[int] = ..., deadline_unix_ns: _Optional[int] = ..., reason: _Optional[str] = ..., set_power_cap: _Optional[_Union[SetPowerCap, _Mapping]] = ..., set_power_smoothing: _Optional[_Union[SetPowerSmoothing, _Mapping]] = ..., restart_process: _Optional[_Union[RestartProcess, _Mapping]] = ..., reset_gpu: _Optional[_Union[ResetGpu, _Mapping]] = ..., reboot_node: _Optional[_Union[RebootNode, _Mapping]] = ..., run_validation: _Optional[_Union[RunValidation, _Mapping]] = ..., set_trough_filler: _Optional[_Union[SetTroughFiller, _Mapping]] = ...) -> None: ...
 
 class CheckVerdict(_message.Message):
     __slots__ = ("check", "gpu_uuid", "verdict", "evidence", "duration_s")

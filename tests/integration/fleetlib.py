@@ -1,0 +1,127 @@
+"""A live controller and simulated agents on their own event loop in a thread, driven by rasctl.
+
+The operator-facing integration tests (rasctl against a real controller over loopback gRPC) all need
+the same harness: start a `server.Controller`, connect agents with simulated GPUs, wait until every
+node has a session, then call `rasctl.run` from the test thread and poll for outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from rasd.agent import actions, node_ops, runtime, spool
+from rasd.agent.gpu import simulated
+from rasd.cli import main as rasctl
+from rasd.controller import server
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class Node:
+    """One simulated node: its backend, labels, and whether destructive actions really run (simulated)."""
+
+    backend: simulated.SimulatedBackend
+    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    node_ops: bool = True
+
+
+class ThreadedFleet:
+    """`with ThreadedFleet(settings, nodes) as fleet:` runs a controller and one agent per node."""
+
+    def __init__(self, settings: server.ControllerSettings, nodes: Mapping[str, Node]) -> None:
+        self.settings = settings
+        self.address = settings.listen
+        self.nodes = dict(nodes)
+        self.controller: server.Controller
+        self.ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # surfaced by __enter__/__exit__, never swallowed
+            self._error = exc
+            self.ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self.controller = server.Controller(self.settings)
+        await self.controller.start()
+        tasks = []
+        for node_id, node in self.nodes.items():
+            agent = runtime.Agent(
+                runtime.NodeIdentity(node_id, "boot", node_id, dict(node.labels)),
+                node.backend,
+                spool.Spool(":memory:"),
+                runtime.LinkSettings(controller_address=self.address, telemetry_send_interval_ms=200),
+                ops=node_ops.SimulatedNodeOps(node.backend) if node.node_ops else None,
+                action_settings=actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0)
+                if node.node_ops
+                else None,
+            )
+            tasks.append(asyncio.create_task(agent.run(self._stop)))
+        while len(self.controller.ingest.sessions) < len(self.nodes):
+            await asyncio.sleep(0.05)
+        self.ready.set()
+        await self._stop.wait()
+        await asyncio.gather(*tasks)
+        await self.controller.stop()
+
+    def __enter__(self) -> ThreadedFleet:
+        self._thread.start()
+        assert self.ready.wait(30), "agents did not connect within 30 s"
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    @property
+    def backend(self) -> simulated.SimulatedBackend:
+        """The only node's backend (for one-node fleets)."""
+        (node,) = self.nodes.values()
+        return node.backend
+
+    def fire(self, fault: simulated.ScriptedFault, node_id: str | None = None) -> None:
+        """Inject a fault on the fleet's event loop (on the only node unless node_id says which)."""
+        backend = self.nodes[node_id].backend if node_id is not None else self.backend
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(backend.fire, fault, time.time_ns())
+
+    def rasctl(self, *argv: str) -> tuple[int, str, str]:
+        """Run rasctl against this controller: (exit code, stdout, stderr)."""
+        out, err = io.StringIO(), io.StringIO()
+        code = rasctl.run(["--controller", self.address, *argv], out, err)
+        return code, out.getvalue(), err.getvalue()
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float = 20.0, poll_s: float = 0.2) -> T:
+    """Poll until predicate() is truthy and return its value; fail after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"condition not met within {timeout_s} s")
+
+
+def sqlite_settings(tmp_path: Any, port: int, **overrides: Any) -> server.ControllerSettings:
+    """Controller settings on loopback with a SQLite store in tmp_path and no metrics port."""
+    return server.ControllerSettings(
+        listen=f"127.0.0.1:{port}", db_url=f"sqlite:///{tmp_path / 'rasd.db'}", metrics_port=None, **overrides
+    )
