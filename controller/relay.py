@@ -145,6 +145,12 @@ class Relay:
             self._courier_wake.set()
         return True  # it is in the outbox either way; whichever replica holds the stream delivers it
 
+    async def node_reachable(self, node_id: str) -> bool:
+        """Whether this or another replica holds the node's stream (another's: its connected row)."""
+        if node_id in self.ingest.sessions:
+            return True
+        return bool(await self.ingest.run_in_store(self.store.node_connected, node_id))
+
     # -- relayed commands --------------------------------------------------------------------------------
     async def send_command(
         self, node_id: str, command: commands_pb.Command, *, timeout_s: float = 30.0

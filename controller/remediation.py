@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 import operator
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -147,6 +147,11 @@ class RemediationService:
         self._event_times: dict[str, float] = {}
         self._ticker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        # Operator-started commands (validation runs) go to a node's stream through these. One replica:
+        # this replica's streams. Several: the server points them at the relay, so a node whose stream
+        # another replica holds is reached too (its command and result travel through the store).
+        self.command_sender: Callable[..., Awaitable[commands_pb.ActionResult]] = ingest.send_command
+        self.node_reachable: Callable[[str], Awaitable[bool]] = self._local_stream
         self._kinds: dict[str, str] = {}
         self._unanswered: dict[str, actions.Action] = {}
         self._inbox: list[tuple[str, list[repo.StoredEvent], dict[str, str], asyncio.Future[None]]] = []
@@ -650,6 +655,9 @@ class RemediationService:
                 )
             return "released" + (" by force, without validation" if force else " after a passing validation")
 
+    async def _local_stream(self, node_id: str) -> bool:
+        return node_id in self.ingest.sessions
+
     async def operator_validate(self, node_id: str, gpu_uuid: str, *, suite: str, seed: int, actor: str) -> str:
         """Start a validation run on a node or GPU; its verdict is stored when it comes back."""
         now_ns = self._clock()
@@ -661,7 +669,7 @@ class RemediationService:
             reason=f"operator {actor} asked for validation",
             run_validation=commands_pb.RunValidation(suite=suite, gpu_uuids=[gpu_uuid] if gpu_uuid else [], seed=seed),
         )
-        if node_id not in self.ingest.sessions:
+        if not await self.node_reachable(node_id):
             raise ConnectionError(f"node {node_id!r} has no open agent stream")
         change = rstore.Commit(now_unix_ns=now_ns)
         change.validations.append(
@@ -673,7 +681,7 @@ class RemediationService:
 
         async def wait_for_verdict() -> None:
             try:
-                result = await self.ingest.send_command(
+                result = await self.command_sender(
                     node_id, command, timeout_s=self.policy.escalation.validation_timeout_s
                 )
                 verdict, evidence = (

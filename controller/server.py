@@ -130,6 +130,10 @@ class Controller:
                 self.ingest, self.remediation, self.leadership, poll_s=settings.leader.relay_poll_s
             )
             self.relay.attach()
+            if self.remediation is not None:
+                # `rasctl validate` reaches a node whichever replica holds its stream.
+                self.remediation.command_sender = self.relay.send_command
+                self.remediation.node_reachable = self.relay.node_reachable
         if self.remediation is not None:
             self.remediation.store.fence = self.leadership.fence
             if self.relay is None:

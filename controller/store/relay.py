@@ -171,6 +171,15 @@ class RelayStore:
                     out[node.node_id] = (dict(node.labels or {}), [rstore.stored_event(r) for r in rows])
         return out
 
+    def node_connected(self, node_id: str) -> bool:
+        """Whether some replica holds a stream of the node now (its row's connected flag)."""
+        with self._sessions() as session:
+            return bool(
+                session.execute(
+                    sa.select(schema.NodeRow.connected).where(schema.NodeRow.node_id == node_id)
+                ).scalar_one_or_none()
+            )
+
     def connected_inventory(self) -> dict[str, tuple[dict[str, str], tuple[str, ...]]]:
         """Every node some replica holds a stream of: its topology labels and GPU UUIDs (last Hello)."""
         with self._sessions() as session:

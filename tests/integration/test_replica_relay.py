@@ -15,7 +15,7 @@ import asyncio
 import grpc
 import pytest
 
-from rasd.agent import runtime, spool
+from rasd.agent import actions, node_ops, runtime, spool
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
@@ -50,6 +50,8 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
             backend,
             spool.Spool(str(tmp_path / "spool.db")),
             runtime.LinkSettings(controller_address=second.address, telemetry_send_interval_ms=200),
+            ops=node_ops.SimulatedNodeOps(backend),
+            action_settings=actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
         )
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
@@ -67,6 +69,17 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
         result = await first.send_command("node-r", command, timeout_s=20)
         with pytest.raises(TimeoutError):
             await first.relay.send_command("node-nowhere", commands_pb.Command(command_id="lost"), timeout_s=0.5)
+        # `rasctl validate` lands on the leader; the node's stream is on the follower.
+        await first.remediation.operator_validate("node-r", "", suite="quick", seed=1, actor="test")
+        verdicts: list = []
+        for _ in range(400):
+            rows = await first.ingest.run_in_store(lambda: first.remediation.store.validations(node_id="node-r"))
+            verdicts = [r["verdict"] for r in rows]
+            if verdicts and "running" not in verdicts:
+                break
+            await asyncio.sleep(0.05)
+        with pytest.raises(ConnectionError):
+            await first.remediation.operator_validate("node-nowhere", "", suite="quick", seed=1, actor="test")
         left = await first.ingest.run_in_store(first.relay.store.relayed_commands, 0)
         refused, listed = await _admin_on_follower(second.address)
         await first.relay.refresh_inventory()
@@ -79,13 +92,14 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
         await task
         await second.stop()
         await first.stop()
-        return leads, result, left, agent, node, refused, listed, known, uuids
+        return leads, result, left, agent, node, refused, listed, known, uuids, verdicts
 
-    leads, result, left, agent, node, refused, listed, known, uuids = asyncio.run(scenario())
+    leads, result, left, agent, node, refused, listed, known, uuids, verdicts = asyncio.run(scenario())
     assert leads == (True, False)
     assert result.command_id == "cap-relayed-1" and result.outcome == commands_pb.ACTION_OUTCOME_SUCCEEDED
     assert {limit.power_limit_w for limit in result.enforced_limits} == {450}
-    assert agent.stats.commands_executed == 1
+    assert agent.stats.commands_executed == 2
+    assert verdicts == ["pass"], "an operator's validation reaches a node on the other replica"
     assert left == [], "answered and given-up commands are withdrawn"
     assert node.connected, "a replica starting does not mark another replica's streams disconnected"
     assert refused.code() is grpc.StatusCode.FAILED_PRECONDITION
