@@ -255,6 +255,9 @@ class RemediationState:
     """When that command was issued (or dispatched); it expires after its timeout."""
     sdc_watch: tuple[tuple[str, float], ...] = ()
     """(GPU uuid, until): cleared accused GPUs under watch; a second accusation quarantines at once."""
+    closed_tickets: tuple[tuple[str, float], ...] = ()
+    """(ticket id, closed at) for the attempt-budget window: a ticket opened again for the same incident
+    occurrence (e.g. after a forced release) gets a new id, so its command ids never repeat an old one's."""
 
     def ticket(self, ticket_id: str) -> Ticket | None:
         """The ticket with this id, or None."""
@@ -272,6 +275,7 @@ class RemediationState:
             "node_command_id": self.node_command_id,
             "node_command_at": self.node_command_at,
             "sdc_watch": dict(self.sdc_watch),
+            "closed_tickets": dict(self.closed_tickets),
         }
 
     @classmethod
@@ -284,6 +288,7 @@ class RemediationState:
             node_command_id=data.get("node_command_id", ""),
             node_command_at=data.get("node_command_at"),
             sdc_watch=tuple(sorted((str(g), float(u)) for g, u in data.get("sdc_watch", {}).items())),
+            closed_tickets=tuple(sorted((str(t), float(at)) for t, at in data.get("closed_tickets", {}).items())),
         )
 
 
@@ -367,10 +372,14 @@ class _Work:
         self.node_command_id = state.node_command_id
         self.node_command_at = state.node_command_at
         self.sdc_watch = {gpu: until for gpu, until in state.sdc_watch if until > now}
+        self.closed = {tid: at for tid, at in state.closed_tickets if now - at <= pol.attempt_budget_window_s}
+        self.opened_before = frozenset(self.tickets)
         self.actions: list[actions.Action] = []
         self.awaited_before = _awaited(state.tickets, state.node_command_id)
 
     def freeze(self) -> RemediationState:
+        closed = dict(self.closed)
+        closed.update((tid, self.now) for tid in self.opened_before if tid not in self.tickets)
         return RemediationState(
             node_id=self.node_id,
             tickets=tuple(self.tickets.values()),
@@ -378,7 +387,17 @@ class _Work:
             node_command_id=self.node_command_id,
             node_command_at=self.node_command_at,
             sdc_watch=tuple(sorted(self.sdc_watch.items())),
+            closed_tickets=tuple(sorted(closed.items())),
         )
+
+    def unused_ticket_id(self, base: str) -> str:
+        """`base`, or `base+N` when a ticket of that id was closed within the window (or in this call)."""
+        used = self.closed.keys() | (self.opened_before - self.tickets.keys())
+        tid, n = base, 1
+        while tid in used:
+            n += 1
+            tid = f"{base}+{n}"
+        return tid
 
     def decision(self, reason: str) -> Decision:
         state = self.freeze()
@@ -801,7 +820,7 @@ def _split_folded(w: _Work, owner_id: str, incident: correlate.Incident, require
 
 def _new_ticket(w: _Work, incident: correlate.Incident, required: Rung | None) -> str:
     cls = incident.classification
-    tid = _ticket_id(incident)
+    tid = w.unused_ticket_id(_ticket_id(incident))
     purpose = Purpose.REPAIR
     if cls.action is RecommendedAction.VALIDATE:
         purpose = Purpose.ACCUSATION
@@ -1281,4 +1300,7 @@ def operator_close(state: RemediationState, ticket_id: str, *, now: float) -> De
     tickets = tuple(t for t in state.tickets if t.ticket_id != ticket_id)
     if len(tickets) == len(state.tickets):
         return Decision(state, (), f"no ticket {ticket_id} on {state.node_id}")
-    return Decision(dataclasses.replace(state, tickets=tickets), (), f"operator closed ticket {ticket_id}")
+    closed = tuple(sorted({**dict(state.closed_tickets), ticket_id: now}.items()))
+    return Decision(
+        dataclasses.replace(state, tickets=tickets, closed_tickets=closed), (), f"operator closed ticket {ticket_id}"
+    )

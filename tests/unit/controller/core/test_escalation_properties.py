@@ -201,3 +201,14 @@ def test_the_same_sequence_replays_to_the_same_actions(sequence):
         return out
 
     assert actions_of(sequence) == actions_of(sequence)
+
+
+def test_a_ticket_reopened_for_the_same_occurrence_gets_new_command_ids():
+    # Found by hypothesis: a recovery-action fault, a forced release (the ticket closes), the same
+    # fault again at the same instant (the incident occurrence is unchanged), and a second forced
+    # release. The reopened ticket had the closed one's id, so its Quarantine and Release repeated the
+    # old command ids, and an executor that deduplicates by id would have skipped the new quarantine.
+    _run([("event", 7, "GPU-0"), ("release", 0, True), ("event", 6, "GPU-0"), ("release", 0, True)], POLICIES["bmc"])
+    _run(
+        [("event", 7, "GPU-0"), ("release", 0, True), ("event", 7, "GPU-0"), ("release", 0, True)], POLICIES["default"]
+    )
