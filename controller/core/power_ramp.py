@@ -7,14 +7,18 @@ job start and stop, applied on top of the allocator's targets (`min(target, ceil
   start cap: `job_start_cap_w`, or its minimum limit when unset, never below that minimum. Parking
   only lowers a target, so the two-phase apply carries it like any other decrease.
 - **Ramp.** When a parked GPU turns busy (its job started), its ceiling rises every period by
-  `ramp_limit_w_per_s / n x dt x u`, where n is the number of GPUs ramping together (they share
-  the aggregate limit), dt the time since the last period (at most `RAMP_WINDOW_S`: the caps move
-  in one step per period, and G3 measures |dP/dt| over 1 s windows, so a period may add no more
-  than one window's worth) and u a seeded random factor in [1 - raise_jitter_pct, 1] per GPU, so
-  the ramp never moves every GPU by the same amount (G11). The ceiling is dropped once it reaches
-  the GPU's maximum limit: from then on the allocator alone decides. (Not once it meets this
-  period's target: the allocator's raises are themselves slew-limited, so a target can trail the
-  ceiling mid-ramp, and dropping the ceiling there would end the ramp early.)
+  `budget / n x u`, where n is the number of GPUs ramping together (they share the aggregate
+  limit) and u a seeded random factor in [1 - raise_jitter_pct, 1] per GPU, so the ramp never
+  moves every GPU by the same amount (G11). The budget is `ramp_limit_w_per_s x dt` (dt: time since
+  the last period), less what the rises of the trailing `RAMP_WINDOW_S` already used: the caps move
+  in one step per period and G3 measures |dP/dt| over 1 s windows, so no 1 s window may hold more
+  than one window's worth of rises, however often the loop runs. The period that first sees a
+  parked GPU busy does not raise it: its draw has just jumped from idle to the start cap (a jump no
+  cap can limit, since a cap cannot go below the GPU's minimum), and the first rise waits a period.
+  The ceiling is dropped once it reaches the GPU's maximum limit: from then on the allocator alone
+  decides. (Not once it meets this period's target: the allocator's raises are themselves
+  slew-limited, so a target can trail the ceiling mid-ramp, and dropping the ceiling there would
+  end the ramp early.)
 
 The ceiling never raises a target: the result is `min(target, ceiling)`, so every budget that held
 for the targets holds for the result, and never below the GPU's minimum limit.
@@ -45,6 +49,8 @@ class RampState:
     """GPU -> its ceiling: parked at the start cap, or rising after its job started."""
     last_s: float | None = None
     """When the previous period ran."""
+    recent_rises: tuple[tuple[float, float], ...] = ()
+    """(when, summed ceiling rise W) of the periods within the trailing `RAMP_WINDOW_S`."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -59,7 +65,7 @@ class RampDecision:
     ramping: int
     """GPUs whose ceiling rose this period (their job started)."""
     rise_w: float
-    """Summed rise of the ceilings this period, W (at most ramp_limit x min(dt, 1 s))."""
+    """Summed rise of the ceilings this period, W (with the trailing 1 s's, at most ramp_limit x 1 s)."""
 
 
 def start_cap_w(min_w: np.ndarray, policy: power_policy.PowerPolicy) -> np.ndarray:
@@ -116,16 +122,22 @@ def job_start_ramp(
     for i, gpu in enumerate(gpu_uuids):
         if idle[i] and now_s - idle_since[gpu] >= policy.job_start_idle_s:
             ceiling[i] = parked_at[i]  # parked (again): the next job starts from here
-    ramping = ~np.asarray(idle, dtype=bool) & np.isfinite(ceiling)
+    just_started = np.array([gpu in state.idle_since_s for gpu in gpu_uuids], dtype=bool)
+    ramping = ~np.asarray(idle, dtype=bool) & np.isfinite(ceiling) & ~just_started
     n = int(ramping.sum())
     rise_w = 0.0
+    recent = tuple((t, w) for t, w in state.recent_rises if now_s - t < RAMP_WINDOW_S)
     if n and state.last_s is not None:
-        dt = min(max(now_s - state.last_s, 0.0), RAMP_WINDOW_S)
+        dt = max(now_s - state.last_s, 0.0)
+        window_left_w = policy.ramp_limit_w_per_s * RAMP_WINDOW_S - sum(w for _, w in recent)
+        budget_w = max(min(policy.ramp_limit_w_per_s * dt, window_left_w), 0.0)
         jitter = policy.raise_jitter_pct / 100.0
         factor = 1.0 - jitter * rng.random(n)
-        rise = policy.ramp_limit_w_per_s / n * dt * factor
+        rise = budget_w / n * factor
         ceiling[ramping] += rise
         rise_w = float(rise.sum())
+        if rise_w > 0:
+            recent = (*recent, (now_s, rise_w))
     # A ceiling at the maximum limit can hold nothing back: the ramp of that GPU is done.
     done = ramping & (ceiling >= np.asarray(max_w, dtype=np.float64))
     ceiling[done] = np.inf
@@ -135,7 +147,7 @@ def job_start_ramp(
     out[limited] = np.minimum(targets[limited], bound)
     kept = {gpu: float(ceiling[i]) for i, gpu in enumerate(gpu_uuids) if limited[i]}
     return RampDecision(
-        state=RampState(idle_since_s=idle_since, ceiling_w=kept, last_s=now_s),
+        state=RampState(idle_since_s=idle_since, ceiling_w=kept, last_s=now_s, recent_rises=recent),
         targets_w=out,
         parked=int((limited & np.asarray(idle, dtype=bool)).sum()),
         ramping=n,

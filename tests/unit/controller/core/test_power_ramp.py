@@ -77,8 +77,12 @@ def test_the_start_cap_is_configurable_but_never_below_the_minimum():
 def test_the_ramp_shares_the_aggregate_limit_across_the_gpus_starting_together():
     policy = _policy()  # 400 W/s over 4 GPUs: 100 W/s each
     state, _ = _parked(policy)
+    # The period that first sees the job holds the start cap (the draw just jumped to it).
+    decision = _step(state, [False] * N, [1000] * N, 11.5, policy)
+    assert decision.targets_w.tolist() == [200] * N and decision.rise_w == 0
+    state = decision.state
     caps = []
-    now = 11.0
+    now = 11.5
     for _ in range(5):
         now += 1.0
         decision = _step(state, [False] * N, [1000] * N, now, policy)
@@ -88,22 +92,43 @@ def test_the_ramp_shares_the_aggregate_limit_across_the_gpus_starting_together()
     assert [c[0] for c in caps] == [300, 400, 500, 600, 700]
     # Two GPUs start alone: they share the same 400 W/s, 200 W/s each.
     state, _ = _parked(policy)
-    decision = _step(state, [False, False, True, True], [1000] * N, 12.0, policy)
+    state = _step(state, [False, False, True, True], [1000] * N, 11.5, policy).state
+    decision = _step(state, [False, False, True, True], [1000] * N, 12.5, policy)
     assert decision.targets_w.tolist() == [400, 400, 200, 200]
+
+
+def _started(policy):
+    state, _ = _parked(policy)
+    return _step(state, [False] * N, [1000] * N, 11.0, policy).state
 
 
 def test_a_long_period_adds_no_more_than_one_window_of_ramp():
     policy = _policy()
-    state, _ = _parked(policy)
-    decision = _step(state, [False] * N, [1000] * N, 11.0 + 3.0, policy)
+    decision = _step(_started(policy), [False] * N, [1000] * N, 11.0 + 3.0, policy)
     assert decision.rise_w == pytest.approx(400.0 * power_ramp.RAMP_WINDOW_S)
+
+
+def test_early_periods_share_one_window_of_ramp():
+    # The loop wakes early (acks, budget changes): no 1 s window may hold more than 1 s of ramp.
+    policy = _policy()
+    state = _step(_started(policy), [False] * N, [1000] * N, 13.0, policy).state  # 400 W at 13.0
+    rises = []
+    for now in (13.2, 13.4, 13.6, 13.8, 14.0, 14.2):
+        decision = _step(state, [False] * N, [1000] * N, now, policy)
+        state = decision.state
+        rises.append((now, decision.rise_w))
+    assert [w for _, w in rises[:4]] == [0.0] * 4, "13.0's rise used the window"
+    times = [13.0] + [t for t, _ in rises]
+    amounts = [400.0] + [w for _, w in rises]
+    for start in times:
+        inside = sum(w for t, w in zip(times, amounts, strict=True) if start <= t < start + 1.0)
+        assert inside <= 400.0 + 1e-6
 
 
 def test_never_above_the_target_and_never_below_the_minimum():
     policy = _policy(ramp_limit_w_per_s=100_000.0)
-    state, _ = _parked(policy)
     targets = [250, 600, 150, 1000]  # 150 W: a target under the minimum stays the allocator's word
-    decision = _step(state, [False] * N, targets, 12.0, policy)
+    decision = _step(_started(policy), [False] * N, targets, 12.0, policy)
     assert (decision.targets_w <= np.array(targets)).all()
     state, _ = _parked(policy)
     decision = _step(state, [True] * N, [1000] * N, 12.0, policy)
@@ -112,8 +137,7 @@ def test_never_above_the_target_and_never_below_the_minimum():
 
 def test_the_ramp_ends_at_the_maximum_limit_and_the_allocator_decides_again():
     policy = _policy(ramp_limit_w_per_s=4000.0)  # 1,000 W/s each: 200 -> 1000 W in one second
-    state, _ = _parked(policy)
-    decision = _step(state, [False] * N, [1000] * N, 12.0, policy)
+    decision = _step(_started(policy), [False] * N, [1000] * N, 12.0, policy)
     assert decision.state.ceiling_w == {}
     decision = _step(decision.state, [False] * N, [1000] * N, 13.0, policy)
     assert decision.targets_w.tolist() == [1000] * N and decision.ramping == 0
@@ -126,12 +150,12 @@ def test_jitter_spreads_the_rises_and_keeps_the_sum_within_the_limit():
     rng = np.random.default_rng(7)
     kw = {"gpu_uuids": uuids, "min_w": np.full(n, 200.0), "max_w": np.full(n, 1000.0), "policy": policy, "rng": rng}
     state = power_ramp.RampState()
-    for now in (0.0, 10.0):
+    for now, idle in ((0.0, True), (10.0, True), (11.0, False)):
         state = power_ramp.job_start_ramp(
-            state, idle=np.ones(n, dtype=bool), targets_w=np.full(n, 1000), now_s=now, **kw
+            state, idle=np.full(n, idle), targets_w=np.full(n, 1000), now_s=now, **kw
         ).state
     decision = power_ramp.job_start_ramp(
-        state, idle=np.zeros(n, dtype=bool), targets_w=np.full(n, 1000), now_s=11.0, **kw
+        state, idle=np.zeros(n, dtype=bool), targets_w=np.full(n, 1000), now_s=12.0, **kw
     )
     rises = np.array([decision.state.ceiling_w[u] for u in uuids]) - 200.0
     per_gpu = 4000.0 / n
