@@ -26,7 +26,8 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    no smoothing hardware the plan is emulated: SetTroughFiller asks every node's trough-filler hook
    to hold the floor, and a peak cap (when the policy allows one) lowers the targets of step 4;
    either is switched off when the job stops (utilisation gone; the filler ramps its floor down at
-   the job ramp) and re-planned after a policy change;
+   the job ramp) and re-planned after a policy change; the detector's window starts after the last
+   job-start ceiling rise (power under the start ramp is not the unmanaged swing);
 8. nodes unreachable for `bmc_fallback_after_s` whose caps must come down get a node power limit
    through the BMC (Redfish PowerLimit); once the BMC confirms it, the node counts at that limit.
 
@@ -270,6 +271,8 @@ class PowerLoop:
         self._bmc_in_flight: set[str] = set()
         self._raised_at_s: dict[str, float] = {}
         self._ramp = power_ramp.RampState()
+        self._ramped_at_s: float | None = None
+        """When a job-start ceiling last rose: the swing detector's window starts after it."""
         self._ramp_rng = np.random.default_rng([settings.seed, 1])
         """GPU -> when its may-be-in-force cap last went up (it settles until a step ran under it)."""
         self.status = PowerStatus(0.0, None, None, None, 0.0, 0.0, (), "not started", 0)
@@ -424,6 +427,8 @@ class PowerLoop:
         # Parking and the start ramp only lower targets: every budget that held still holds.
         self._ramp, targets = ramp.state, ramp.targets_w
         self.stats.ramp_parked, self.stats.ramp_ramping = ramp.parked, ramp.ramping
+        if ramp.ramping:
+            self._ramped_at_s = now
         if self._smoothing is not None and self._smoothing.peak_cap_w is not None:
             # Emulated smoothing's peak cap rides on the caps: it only lowers targets, so every
             # budget still holds, and the two-phase apply carries it like any decrease.
@@ -638,6 +643,9 @@ class PowerLoop:
         since = now - window
         if self._smoothing_off_since_s is not None:
             since = max(since, self._smoothing_off_since_s + 1.0)
+        if self._ramped_at_s is not None:
+            # Power under a rising start ramp is not the unmanaged swing the plan must be sized from.
+            since = max(since, self._ramped_at_s + 1.0)
         rows = self._ingest.power_window.series(since_unix_ns=int(since * 1e9))
         if not rows:
             return
