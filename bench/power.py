@@ -27,6 +27,8 @@ and step), each with an unmanaged twin of the same seed evaluated over the same 
    to the minimum limit is 1,024 x 130 W = 133 kW within the first second and no cap goes lower.
    Reported: the 1 s aggregate ramp over the start (raw, and over the one-step average), managed
    and unmanaged, and what the ramp costs in step time (`power_sim.job_start_section`).
+5. **job start, steady load**: run 4 with a job that draws its compute power in the communication
+   phase too (no step swing), so the 1 s figure measures the start alone.
 
 Writes the `## Power manager` section of bench/RESULTS.md. Every figure is measured; a goal not met
 is printed as NOT met.
@@ -196,11 +198,18 @@ def sloshing(args: argparse.Namespace, tmp: pathlib.Path) -> dict[str, Any]:
     }
 
 
-def job_start(args: argparse.Namespace, tmp: pathlib.Path) -> dict[str, Any]:
-    """Run 4: the job starts on parked GPUs; the 1 s aggregate ramp over the start and its cost."""
+def job_start(args: argparse.Namespace, tmp: pathlib.Path, *, steady: bool = False) -> dict[str, Any]:
+    """Runs 4 and 5: the job starts on parked GPUs; the 1 s aggregate ramp over the start and its cost.
+
+    steady: the job draws its compute power in the communication phase too (no step swing), so the
+    1 s figure measures the start alone.
+    """
     gpus = args.nodes * args.gpus_per_node
+    workload: dict[str, Any] = {"start_after_s": JOB_START_AT_S}
+    if steady:
+        workload["comm_w"] = [650.0, 700.0]
     scen = _scenario(
-        "power-job-start",
+        "power-job-start-steady" if steady else "power-job-start",
         {
             "cluster_budget_w": gpus * 1000,
             "policy": {
@@ -212,9 +221,9 @@ def job_start(args: argparse.Namespace, tmp: pathlib.Path) -> dict[str, Any]:
                 "ramp_limit_w_per_s": JOB_START_RAMP_W_PER_S,
             },
         },
-        start_after_s=JOB_START_AT_S,
+        **workload,
     )
-    result = _run(scen, args, tmp / "job-start", duration_s=min(args.duration_s, JOB_START_AT_S + 25.0))
+    result = _run(scen, args, tmp / scen.name, duration_s=min(args.duration_s, JOB_START_AT_S + 25.0))
     trace = result.power_trace
     assert trace is not None
     figures = power_sim.job_start_section(trace, period_s=2.0)
@@ -254,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         emu = emulated(args, tmp)
         slosh = sloshing(args, tmp)
         start = job_start(args, tmp)
+        steady = job_start(args, tmp, steady=True)
     cuts = {c["level"]: c for c in swing.get("budget_cuts", [])}
     node_cut = cuts.get("node", {}).get("enforced_s")
     rack_cut = cuts.get("rack", {}).get("enforced_s")
@@ -289,16 +299,17 @@ def main(argv: list[str] | None = None) -> int:
          f"{start.get('job_start_ramp_1s_w_per_s_managed')} W/s (unmanaged "
          f"{start.get('job_start_ramp_1s_w_per_s_unmanaged')} W/s)", f"<= ramp_limit {JOB_START_RAMP_W_PER_S:,.0f} W/s",
          _le(start.get("job_start_ramp_1s_w_per_s_managed"), JOB_START_RAMP_W_PER_S)),
-        ("aggregate ramp over 1 s at job start, one-step average (the start without the step's swing)",
-         f"{start.get('job_start_envelope_ramp_1s_w_per_s_managed')} W/s (unmanaged "
-         f"{start.get('job_start_envelope_ramp_1s_w_per_s_unmanaged')} W/s)",
+        ("aggregate ramp over 1 s at job start, steady load (no step swing: the start alone)",
+         f"{steady.get('job_start_ramp_1s_w_per_s_managed')} W/s (unmanaged "
+         f"{steady.get('job_start_ramp_1s_w_per_s_unmanaged')} W/s)",
          f"<= ramp_limit {JOB_START_RAMP_W_PER_S:,.0f} W/s",
-         _le(start.get("job_start_envelope_ramp_1s_w_per_s_managed"), JOB_START_RAMP_W_PER_S)),
+         _le(steady.get("job_start_ramp_1s_w_per_s_managed"), JOB_START_RAMP_W_PER_S)),
         ("budget violations (limits in force over a budget, outside cut windows)",
          f"{swing.get('budget_violations')} + {emu.get('budget_violations')} + {slosh['budget_violations']} + "
-         f"{start.get('budget_violations')}", "0",
+         f"{start.get('budget_violations')} + {steady.get('budget_violations')}", "0",
          (swing.get("budget_violations") == 0 and emu.get("budget_violations") == 0
-          and slosh["budget_violations"] == 0 and start.get("budget_violations") == 0)),
+          and slosh["budget_violations"] == 0 and start.get("budget_violations") == 0
+          and steady.get("budget_violations") == 0)),
     ]  # fmt: skip
     table = "\n".join(
         [
@@ -350,10 +361,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{start.get('job_start_jump_w')} W (idle draw to the minimum limit: no cap goes lower, so no ramp limit "
         "below that jump per second can hold at job start). The raw 1 s figure holds the step's own "
         "compute/communication swing under the rising cap (smoothing starts only once the swing has been "
-        "detected, after the ramp); the one-step average removes it and shows the start itself. Cost: "
+        "detected, after the ramp): the cap can only shape the envelope. Over the one-step (2 s) average, "
+        f"which removes the step's swing, the start ramps {start.get('job_start_envelope_ramp_1s_w_per_s_managed')} "
+        f"W/s (unmanaged {start.get('job_start_envelope_ramp_1s_w_per_s_unmanaged')} W/s; a 2 s average of rises "
+        "that each fit 1 s can still show up to 1.5 x the limit, so this is a picture, not a goal). Cost: "
         f"full speed (a step no more than 1 % longer than its unmanaged twin) from {start.get('full_speed_after_s')} s "
         f"after the start, {start.get('job_start_delay_s')} s behind the unmanaged job from then on; run wall "
-        f"{start.get('wall_s')} s.\n"
+        f"{start.get('wall_s')} s.  \n"
+        f"Job-start run, steady load: the same, but the job draws 650-700 W in its communication phase too; "
+        f"{steady.get('job_start_parked_gpus')} GPUs parked, ramp until {steady.get('job_start_ramp_end_s')} s, start "
+        f"jump {steady.get('job_start_jump_w')} W; full speed {steady.get('full_speed_after_s')} s after the start, "
+        f"{steady.get('job_start_delay_s')} s behind the unmanaged job; run wall {steady.get('wall_s')} s.\n"
     )
     print(section)
     if not args.no_write:
