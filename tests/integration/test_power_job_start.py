@@ -83,4 +83,3 @@ def test_the_job_start_ramp_keeps_the_1s_aggregate_ramp_under_the_limit(tmp_path
     # The ramp ends: the managed job draws what the unmanaged one does by the end of the run.
     assert trace.managed_w[-1] >= 0.98 * trace.unmanaged_w[-1]
     assert start["full_speed_after_s"] is not None and start["job_start_delay_s"] >= 0
-
