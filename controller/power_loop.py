@@ -27,7 +27,8 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    to hold the floor, and a peak cap (when the policy allows one) lowers the targets of step 4;
    either is switched off when the job stops (utilisation gone; the filler ramps its floor down at
    the job ramp) and re-planned after a policy change; the detector's window starts after the last
-   job-start ceiling rise (power under the start ramp is not the unmanaged swing);
+   period a busy GPU was under a job-start ceiling (power under the start ramp is not the unmanaged
+   swing);
 8. nodes unreachable for `bmc_fallback_after_s` whose caps must come down get a node power limit
    through the BMC (Redfish PowerLimit); once the BMC confirms it, the node counts at that limit.
 
@@ -272,7 +273,7 @@ class PowerLoop:
         self._raised_at_s: dict[str, float] = {}
         self._ramp = power_ramp.RampState()
         self._ramped_at_s: float | None = None
-        """When a job-start ceiling last rose: the swing detector's window starts after it."""
+        """When a busy GPU was last under a job-start ceiling: the swing detector's window starts after it."""
         self._ramp_rng = np.random.default_rng([settings.seed, 1])
         """GPU -> when its may-be-in-force cap last went up (it settles until a step ran under it)."""
         self.status = PowerStatus(0.0, None, None, None, 0.0, 0.0, (), "not started", 0)
@@ -427,7 +428,7 @@ class PowerLoop:
         # Parking and the start ramp only lower targets: every budget that held still holds.
         self._ramp, targets = ramp.state, ramp.targets_w
         self.stats.ramp_parked, self.stats.ramp_ramping = ramp.parked, ramp.ramping
-        if ramp.ramping:
+        if ramp.starting:
             self._ramped_at_s = now
         if self._smoothing is not None and self._smoothing.peak_cap_w is not None:
             # Emulated smoothing's peak cap rides on the caps: it only lowers targets, so every

@@ -14,11 +14,14 @@ job start and stop, applied on top of the allocator's targets (`min(target, ceil
   in one step per period and G3 measures |dP/dt| over 1 s windows, so no 1 s window may hold more
   than one window's worth of rises, however often the loop runs. The period that first sees a
   parked GPU busy does not raise it: its draw has just jumped from idle to the start cap (a jump no
-  cap can limit, since a cap cannot go below the GPU's minimum), and the first rise waits a period.
-  The ceiling is dropped once it reaches the GPU's maximum limit: from then on the allocator alone
-  decides. (Not once it meets this period's target: the allocator's raises are themselves
-  slew-limited, so a target can trail the ceiling mid-ramp, and dropping the ceiling there would
-  end the ramp early.)
+  cap can limit, since a cap cannot go below the GPU's minimum); that jump is counted in the
+  trailing window at the start cap (idle draw unknown here: an over-estimate, so it errs slow), and
+  the first rise waits a period. A ceiling rises from the target delivered last period when that
+  is lower (the allocator's own raises are slew-limited and jittered, so a target can trail the
+  ceiling): a target that caught up with a ceiling run ahead would land more than one period's
+  rise at once. A GPU's ramp ends when the allocator no longer raises its target (its demand is
+  met, or no budget is left) or its ceiling reaches its maximum limit: from then on the allocator
+  alone decides.
 
 The ceiling never raises a target: the result is `min(target, ceiling)`, so every budget that held
 for the targets holds for the result, and never below the GPU's minimum limit.
@@ -51,6 +54,8 @@ class RampState:
     """When the previous period ran."""
     recent_rises: tuple[tuple[float, float], ...] = ()
     """(when, summed ceiling rise W) of the periods within the trailing `RAMP_WINDOW_S`."""
+    last_target_w: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """GPU -> the target the ceiling let through last period (GPUs with a ceiling only)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -66,6 +71,8 @@ class RampDecision:
     """GPUs whose ceiling rose this period (their job started)."""
     rise_w: float
     """Summed rise of the ceilings this period, W (with the trailing 1 s's, at most ramp_limit x 1 s)."""
+    starting: int = 0
+    """Busy GPUs still under a ceiling (just started or ramping): their draw is not the job's own."""
 
 
 def start_cap_w(min_w: np.ndarray, policy: power_policy.PowerPolicy) -> np.ndarray:
@@ -122,11 +129,17 @@ def job_start_ramp(
     for i, gpu in enumerate(gpu_uuids):
         if idle[i] and now_s - idle_since[gpu] >= policy.job_start_idle_s:
             ceiling[i] = parked_at[i]  # parked (again): the next job starts from here
+    busy = ~np.asarray(idle, dtype=bool)
     just_started = np.array([gpu in state.idle_since_s for gpu in gpu_uuids], dtype=bool)
-    ramping = ~np.asarray(idle, dtype=bool) & np.isfinite(ceiling) & ~just_started
+    ramping = busy & np.isfinite(ceiling) & ~just_started
+    delivered = np.array([state.last_target_w.get(gpu, np.inf) for gpu in gpu_uuids])
+    ceiling = np.where(ramping, np.minimum(ceiling, delivered), ceiling)
     n = int(ramping.sum())
     rise_w = 0.0
     recent = tuple((t, w) for t, w in state.recent_rises if now_s - t < RAMP_WINDOW_S)
+    started = busy & just_started & np.isfinite(ceiling)
+    if started.any():
+        recent = (*recent, (now_s, float(ceiling[started].sum())))
     if n and state.last_s is not None:
         dt = max(now_s - state.last_s, 0.0)
         window_left_w = policy.ramp_limit_w_per_s * RAMP_WINDOW_S - sum(w for _, w in recent)
@@ -138,18 +151,23 @@ def job_start_ramp(
         rise_w = float(rise.sum())
         if rise_w > 0:
             recent = (*recent, (now_s, rise_w))
-    # A ceiling at the maximum limit can hold nothing back: the ramp of that GPU is done.
-    done = ramping & (ceiling >= np.asarray(max_w, dtype=np.float64))
+    # The allocator asks no more (demand met, or no budget left), or a ceiling at the maximum limit
+    # can hold nothing back: the ramp of that GPU is done.
+    done = ramping & ((targets <= delivered) | (ceiling >= np.asarray(max_w, dtype=np.float64)))
     ceiling[done] = np.inf
     limited = np.isfinite(ceiling)
     out = targets.copy()
     bound = np.maximum(np.floor(ceiling[limited]), np.ceil(mins[limited])).astype(np.int64)
     out[limited] = np.minimum(targets[limited], bound)
     kept = {gpu: float(ceiling[i]) for i, gpu in enumerate(gpu_uuids) if limited[i]}
+    last_target = {gpu: float(out[i]) for i, gpu in enumerate(gpu_uuids) if limited[i]}
     return RampDecision(
-        state=RampState(idle_since_s=idle_since, ceiling_w=kept, last_s=now_s, recent_rises=recent),
+        state=RampState(
+            idle_since_s=idle_since, ceiling_w=kept, last_s=now_s, recent_rises=recent, last_target_w=last_target
+        ),
         targets_w=out,
         parked=int((limited & np.asarray(idle, dtype=bool)).sum()),
         ramping=n,
         rise_w=rise_w,
+        starting=int((limited & busy).sum()),
     )

@@ -80,6 +80,7 @@ def test_the_ramp_shares_the_aggregate_limit_across_the_gpus_starting_together()
     # The period that first sees the job holds the start cap (the draw just jumped to it).
     decision = _step(state, [False] * N, [1000] * N, 11.5, policy)
     assert decision.targets_w.tolist() == [200] * N and decision.rise_w == 0
+    assert decision.starting == N and decision.ramping == 0
     state = decision.state
     caps = []
     now = 11.5
@@ -173,3 +174,31 @@ def test_policy_fields_are_validated_by_name():
         power_policy.PowerPolicy.from_mapping({"job_start_ramp_enabled": 1})
     policy = power_policy.PowerPolicy.from_mapping({"job_start_ramp_enabled": True, "job_start_cap_w": 300})
     assert power_policy.PowerPolicy.from_mapping(policy.to_mapping()) == policy
+
+
+def test_a_ceiling_rises_from_the_delivered_target_when_the_allocator_trails():
+    policy = _policy()  # 100 W/s each
+    state = _step(_started(policy), [False] * N, [1000] * N, 12.0, policy).state  # ceilings 300 W
+    # The allocator raised GPU-0 only to 350 W this time (its own slew limit): 350 is delivered.
+    decision = _step(state, [False] * N, [350, 1000, 1000, 1000], 13.0, policy)
+    assert decision.targets_w.tolist() == [350, 400, 400, 400]
+    decision = _step(decision.state, [False] * N, [1000] * N, 14.0, policy)
+    assert decision.targets_w.tolist() == [450, 500, 500, 500], "GPU-0 rises 100 W from 350, not 150 W at once"
+
+
+def test_the_ramp_ends_when_the_allocator_asks_no_more():
+    policy = _policy()
+    state = _step(_started(policy), [False] * N, [1000] * N, 12.0, policy).state  # 300 W delivered
+    decision = _step(state, [False] * N, [300, 1000, 1000, 1000], 13.0, policy)
+    assert "GPU-0" not in decision.state.ceiling_w and decision.targets_w[0] == 300
+    decision = _step(decision.state, [False] * N, [900, 1000, 1000, 1000], 14.0, policy)
+    assert decision.targets_w[0] == 900, "the allocator alone decides for GPU-0 now"
+
+
+def test_the_start_jump_counts_in_the_window():
+    # 4 GPUs parked at 200 W start: their draw jumps by up to 800 W, counted against the 1 s window.
+    policy = _policy(ramp_limit_w_per_s=1000.0)
+    state, _ = _parked(policy)
+    state = _step(state, [False] * N, [1000] * N, 11.0, policy).state
+    decision = _step(state, [False] * N, [1000] * N, 11.5, policy)
+    assert decision.rise_w == pytest.approx(200.0), "1,000 W of window less 800 W of jump"
