@@ -136,6 +136,16 @@ def test_a_cap_raised_mid_compute_lets_the_draw_rise_and_the_compute_finish_soon
     assert step.end_s == pytest.approx(float(step.compute_end_s.max()) + 0.3)
 
 
+def test_a_cap_lowered_mid_compute_costs_its_time_from_the_next_step():
+    job = _job()
+    step = job.step_at(100.05)
+    assert step is not None
+    ce = float(step.compute_end_s[3])
+    job.set_cap(3, 350.0)
+    assert job.draw_w(slice(None), ce - 0.1)[3] == 350.0, "the draw is clamped at once"
+    assert float(job.step_at(ce - 0.1).compute_end_s[3]) == ce
+
+
 def test_a_cap_changed_in_the_communication_phase_waits_for_the_next_step():
     job = _job()
     step = job.step_at(100.05)
