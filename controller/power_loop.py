@@ -13,7 +13,10 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    release their share), nodes without a stream are unreachable (held where they may be), GPUs
    whose cap went up less than one detected step plus one telemetry batch ago are settling (their
    draw cannot show the raise yet: `power.settle_s`);
-4. `power.allocate`, then the aggregate ramp-rate limit on raises (`swing.limit_aggregate_raise`);
+4. `power.allocate`, then the aggregate ramp-rate limit on raises (`swing.limit_aggregate_raise`),
+   then (policy `job_start_ramp_enabled`) the job-start ceiling (`power_ramp.job_start_ramp`): GPUs
+   idle for `job_start_idle_s` are parked at the start cap, and when their job starts their caps
+   rise at the aggregate ramp limit shared among them; it only lowers targets;
 5. `power_apply.plan`: decreases first; raises only into slack that counts unconfirmed decreases as
    not applied; the new apply state is persisted **before** any command leaves, so a restart knows
    every command that may land;
@@ -23,7 +26,9 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    no smoothing hardware the plan is emulated: SetTroughFiller asks every node's trough-filler hook
    to hold the floor, and a peak cap (when the policy allows one) lowers the targets of step 4;
    either is switched off when the job stops (utilisation gone; the filler ramps its floor down at
-   the job ramp) and re-planned after a policy change;
+   the job ramp) and re-planned after a policy change; the detector's window starts after the last
+   period a busy GPU was under a job-start ceiling (power under the start ramp is not the unmanaged
+   swing);
 8. nodes unreachable for `bmc_fallback_after_s` whose caps must come down get a node power limit
    through the BMC (Redfish PowerLimit); once the BMC confirms it, the node counts at that limit.
 
@@ -48,7 +53,7 @@ import structlog
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.common import settings as settings_check
 from rasd.controller import ingest as ingest_mod
-from rasd.controller.core import power, power_apply, power_policy, power_tree, swing
+from rasd.controller.core import power, power_apply, power_policy, power_ramp, power_tree, swing
 from rasd.controller.store import remediation as rstore
 
 log = structlog.get_logger("rasd.controller.power")
@@ -209,6 +214,10 @@ class PowerStats:
     acks: int = 0
     smoothing_commands: int = 0
     bmc_limits: int = 0
+    ramp_parked: int = 0
+    """GPUs parked at the job-start cap in the latest period."""
+    ramp_ramping: int = 0
+    """GPUs whose job-start ceiling rose in the latest period."""
     # Bounded: a controller runs for months, a period every few seconds.
     stranded_w: collections.deque[tuple[float, float]] = dataclasses.field(default_factory=_history)
     """(period time s, stranded W) for the latest periods."""
@@ -262,6 +271,10 @@ class PowerLoop:
         """node -> (when the BMC confirmed its limit, the GPU targets that limit covers)."""
         self._bmc_in_flight: set[str] = set()
         self._raised_at_s: dict[str, float] = {}
+        self._ramp = power_ramp.RampState()
+        self._ramped_at_s: float | None = None
+        """When a busy GPU was last under a job-start ceiling: the swing detector's window starts after it."""
+        self._ramp_rng = np.random.default_rng([settings.seed, 1])
         """GPU -> when its may-be-in-force cap last went up (it settles until a step ran under it)."""
         self.status = PowerStatus(0.0, None, None, None, 0.0, 0.0, (), "not started", 0)
         self.stats = PowerStats()
@@ -401,6 +414,22 @@ class PowerLoop:
         targets = swing.limit_aggregate_raise(
             reference, allocation.caps_w, policy.control_period_s, policy.ramp_limit_w_per_s
         ).astype(np.int64)
+        ramp = power_ramp.job_start_ramp(
+            self._ramp,
+            gpu_uuids=[g.gpu_uuid for g in state.gpus],
+            idle=self._idle(state),
+            targets_w=targets,
+            min_w=state.min_w,
+            max_w=state.max_w,
+            now_s=now,
+            policy=policy,
+            rng=self._ramp_rng,
+        )
+        # Parking and the start ramp only lower targets: every budget that held still holds.
+        self._ramp, targets = ramp.state, ramp.targets_w
+        self.stats.ramp_parked, self.stats.ramp_ramping = ramp.parked, ramp.ramping
+        if ramp.starting:
+            self._ramped_at_s = now
         if self._smoothing is not None and self._smoothing.peak_cap_w is not None:
             # Emulated smoothing's peak cap rides on the caps: it only lowers targets, so every
             # budget still holds, and the two-phase apply carries it like any decrease.
@@ -615,6 +644,9 @@ class PowerLoop:
         since = now - window
         if self._smoothing_off_since_s is not None:
             since = max(since, self._smoothing_off_since_s + 1.0)
+        if self._ramped_at_s is not None:
+            # Power under a rising start ramp is not the unmanaged swing the plan must be sized from.
+            since = max(since, self._ramped_at_s + 1.0)
         rows = self._ingest.power_window.series(since_unix_ns=int(since * 1e9))
         if not rows:
             return
@@ -665,6 +697,13 @@ class PowerLoop:
         if ramp <= plan.ramp_up_w_per_s:
             return plan
         return dataclasses.replace(plan, ramp_up_w_per_s=ramp, ramp_down_w_per_s=ramp)
+
+    def _idle(self, state: power_apply.ApplyState) -> np.ndarray:
+        """True for each GPU whose latest reading shows no utilisation (no job runs on it)."""
+        latest = self._ingest.latest
+        return np.array(
+            [(r := latest.get(g.gpu_uuid)) is not None and r.utilization_gpu_pct == 0 for g in state.gpus], dtype=bool
+        )
 
     def _job_running(self, state: power_apply.ApplyState) -> bool:
         """At least half the managed GPUs report utilisation (the job runs)."""

@@ -128,6 +128,10 @@ class PowerTrace:
     managed: bool
     initial_enforced_s: float | None = None
     load_changes_s: list[float] = dataclasses.field(default_factory=list)
+    job_start_s: float | None = None
+    """Seconds after the run's start at which the job's first step began."""
+    ramp_gpus: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)
+    """(s since start, GPUs parked, GPUs ramping) as the power loop last reported, per sample."""
 
 
 class PowerProbe:
@@ -172,6 +176,7 @@ class PowerProbe:
         self.smoothing_from_s: float | None = None
         self.floor_w: float | None = None
         self.smoothing_mode = "off"
+        self._ramp_gpus: list[tuple[float, int, int]] = []
 
     def _elapsed_s(self) -> float:
         return (self.clock() - self.started_ns) / 1e9
@@ -216,6 +221,7 @@ class PowerProbe:
                 self._budget.append(budget)
             if loop is None or not due:
                 continue
+            self._ramp_gpus.append((self._t[-1], loop.stats.ramp_parked, loop.stats.ramp_ramping))
             smoothing = loop.status.smoothing
             if smoothing is not None and smoothing.active and self.smoothing_from_s is None:
                 self.smoothing_from_s = self._t[-1]
@@ -316,6 +322,8 @@ class PowerProbe:
             managed=loop is not None,
             initial_enforced_s=self.initial_enforced_s,
             load_changes_s=self.load_changes_s,
+            job_start_s=self.job.start_s - self.started_ns / 1e9,
+            ramp_gpus=self._ramp_gpus,
         )
 
 
@@ -402,6 +410,70 @@ def report_section(
             }
             for c in trace.cuts
         ],
+    }
+
+
+def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float = 2.0) -> dict[str, Any]:
+    """Job-start figures: the aggregate ramp over 1 s while the job starts, and what the start ramp costs.
+
+    The window runs from 1 s before the job's first step to `after_ramp_s` after the last period in
+    which the power loop raised a job-start ceiling (or `after_ramp_s` after the start without a
+    ramp). Over it, managed and unmanaged (same instants):
+
+    - job_start_ramp_1s_w_per_s_*: largest |P(t + 1 s) - P(t)| of the aggregate draw (G3's measure);
+      in a step-synchronous job it holds the step's own compute/communication swing under the
+      rising cap as well as the start;
+    - job_start_envelope_ramp_1s_w_per_s_*: the same over the aggregate averaged over one step
+      (`period_s`), i.e. the start ramp without the step's swing;
+    - job_start_jump_w: the managed aggregate's rise in the first 1 s of the job: idle draw to the
+      start cap (no cap can go below a GPU's minimum limit).
+
+    Cost: step k of both twins starts from the same instant; full_speed_after_s is when the first
+    managed step no more than 1 % longer than its unmanaged twin began (seconds after the job
+    start), and job_start_delay_s how far the managed job was behind the unmanaged one then (the
+    extra seconds the first steps took).
+    """
+    t = trace.t_s
+    start = trace.job_start_s
+    if start is None or len(t) < 8 or start < 1.0:
+        return {"job_start_note": "the job starts with the run: no parked start to measure"}
+    ramping = [at for at, _, n in trace.ramp_gpus if n > 0 and at >= start]
+    ramp_end = max(ramping) if ramping else None
+    until = (ramp_end if ramp_end is not None else start) + after_ramp_s
+    window = (t >= start - 1.0) & (t <= until)
+    lag = max(1, round(period_s * SAMPLE_HZ))
+
+    def envelope(series: np.ndarray) -> np.ndarray:
+        return np.convolve(series, np.ones(lag) / lag, mode="valid")
+
+    env_window = window[lag - 1 :]
+    first_s = (t >= start) & (t <= start + 1.0)
+    before = t < start
+    managed_steps = trace.managed_steps_s
+    unmanaged_steps = trace.unmanaged_steps_s
+    full_speed = delay = None
+    for (m_start, m_len), (u_start, u_len) in zip(managed_steps, unmanaged_steps, strict=False):
+        if m_len <= 1.01 * u_len:
+            full_speed, delay = m_start - start, m_start - u_start
+            break
+    return {
+        "job_start_s": _r(start, 2),
+        "job_start_ramp_end_s": _r(ramp_end, 2),
+        "job_start_window_s": [_r(start - 1.0, 2), _r(until, 2)],
+        "job_start_ramp_1s_w_per_s_managed": _r(swing.max_ramp_w_per_s(trace.managed_w[window], SAMPLE_HZ, 1.0)),
+        "job_start_ramp_1s_w_per_s_unmanaged": _r(swing.max_ramp_w_per_s(trace.unmanaged_w[window], SAMPLE_HZ, 1.0)),
+        "job_start_envelope_ramp_1s_w_per_s_managed": _r(
+            swing.max_ramp_w_per_s(envelope(trace.managed_w)[env_window], SAMPLE_HZ, 1.0)
+        ),
+        "job_start_envelope_ramp_1s_w_per_s_unmanaged": _r(
+            swing.max_ramp_w_per_s(envelope(trace.unmanaged_w)[env_window], SAMPLE_HZ, 1.0)
+        ),
+        "job_start_jump_w": _r(float(trace.managed_w[first_s].max() - trace.managed_w[before][-1]))
+        if first_s.any() and before.any()
+        else None,
+        "job_start_parked_gpus": max((p for _, p, _ in trace.ramp_gpus), default=0),
+        "full_speed_after_s": _r(full_speed, 2),
+        "job_start_delay_s": _r(delay, 2),
     }
 
 

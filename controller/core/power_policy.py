@@ -99,6 +99,18 @@ class PowerPolicy:
     ramp_limit_w_per_s: float = 10_000.0
     """Aggregate ramp-rate limit of the managed cluster, W/s, for job start and end."""
 
+    job_start_ramp_enabled: bool = False
+    """Park the caps of idle GPUs at `job_start_cap_w` and, when a job starts on them, raise the caps
+    at `ramp_limit_w_per_s` shared by the GPUs starting together (`core.power_ramp`). Off by default:
+    the compute under a low cap runs slower until the ramp ends (bench/RESULTS.md has the cost)."""
+
+    job_start_cap_w: float | None = None
+    """Cap an idle GPU is parked at, W per GPU; None: the GPU's minimum limit (never below it)."""
+
+    job_start_idle_s: float = 10.0
+    """A GPU is parked after reporting no utilisation this long (longer than a training step, so a
+    communication phase does not count as idle)."""
+
     step_time_cost_max_pct: float = 0.5
     """Step-time cost the smoothing ramp-up rate may add, % of the step period."""
 
@@ -157,7 +169,13 @@ class PowerPolicy:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise PolicyError(key, "must be > 0")
-        non_negative = ("min_change_w", "clock_skew_margin_s", "ramp_down_hysteresis_ms", "band_low_hz")
+        non_negative = (
+            "min_change_w",
+            "clock_skew_margin_s",
+            "ramp_down_hysteresis_ms",
+            "band_low_hz",
+            "job_start_idle_s",
+        )
         for key in non_negative:
             if getattr(self, key) < 0:
                 raise PolicyError(key, "must be >= 0")
@@ -191,6 +209,8 @@ class PowerPolicy:
             raise PolicyError("min_coherence", "must be within 0..1")
         if self.swing_target_w is not None and self.swing_target_w < 0:
             raise PolicyError("swing_target_w", "must be >= 0")
+        if self.job_start_cap_w is not None and self.job_start_cap_w <= 0:
+            raise PolicyError("job_start_cap_w", "must be > 0 W (a GPU's minimum limit applies when it is lower)")
 
     def to_mapping(self) -> dict[str, Any]:
         """Return the policy as a plain mapping (`from_mapping` round-trips it); None entries are left out."""

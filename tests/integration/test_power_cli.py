@@ -71,6 +71,10 @@ def test_power_status_budget_and_policy_through_rasctl(tmp_path, free_port):
         assert json.loads(out)["swing_target_pct"] == 10.0
         code, _, err = fleet.rasctl("power", "policy", "set", "control_period_z=1")
         assert code == 1 and "control_period_z" in err
+        code, out, _ = fleet.rasctl("power", "policy", "set", "job_start_ramp_enabled=true", "job_start_cap_w=250")
+        assert code == 0 and "job_start_ramp_enabled = true" in out and "job_start_cap_w = 250.0" in out
+        code, _, err = fleet.rasctl("power", "policy", "set", "job_start_cap_w=0")
+        assert code == 1 and "job_start_cap_w" in err
         code, _, err = fleet.rasctl("power", "policy", "set", "oops")
         assert code == 2 and "KEY=VALUE" in err
 

@@ -114,3 +114,45 @@ def test_an_evicted_rank_no_longer_holds_the_step_back():
     assert slow > 1.6 and np.mean([s.end_s - s.start_s for s in steps]) < 1.03
     mid = float(steps[2].compute_start_s[:3].max() + 0.3)
     assert job.draw_w(np.array([3]), mid)[0] == 70.0
+
+
+def test_a_cap_raised_mid_compute_lets_the_draw_rise_and_the_compute_finish_sooner():
+    # A job-start ramp raises caps while the ranks compute: the rest of the phase runs at the new level.
+    job = _job()
+    for rank in range(4):
+        job.set_cap(rank, 350.0)
+    step = job.step_at(100.05)
+    assert step is not None
+    slow_end = float(step.compute_end_s[3])  # 0.7 s of work at half speed: 1.4 s
+    cs = float(step.compute_start_s[3])
+    assert slow_end - cs == pytest.approx(1.4, abs=1e-9)
+    raise_at = cs + 0.4  # 0.2 s of work done, 0.5 s left: at full speed it ends 0.5 s later
+    for rank in range(4):
+        job.set_cap(rank, 700.0)
+    assert job.draw_w(slice(None), raise_at)[3] == 700.0
+    step = job.step_at(raise_at)
+    assert step is not None
+    assert float(step.compute_end_s[3]) == pytest.approx(raise_at + 0.5, abs=1e-9)
+    assert step.end_s == pytest.approx(float(step.compute_end_s.max()) + 0.3)
+
+
+def test_a_cap_lowered_mid_compute_costs_its_time_from_the_next_step():
+    job = _job()
+    step = job.step_at(100.05)
+    assert step is not None
+    ce = float(step.compute_end_s[3])
+    job.set_cap(3, 350.0)
+    assert job.draw_w(slice(None), ce - 0.1)[3] == 350.0, "the draw is clamped at once"
+    assert float(job.step_at(ce - 0.1).compute_end_s[3]) == ce
+
+
+def test_a_cap_changed_in_the_communication_phase_waits_for_the_next_step():
+    job = _job()
+    step = job.step_at(100.05)
+    assert step is not None
+    in_comm = float(step.compute_end_s.max()) + 0.1
+    end = step.end_s
+    job.set_cap(3, 350.0)
+    assert job.step_at(in_comm).end_s == end
+    nxt = job.step_at(end + 0.05)
+    assert nxt is not None and float(nxt.compute_end_s[3] - nxt.compute_start_s[3]) == pytest.approx(1.4, abs=1e-9)

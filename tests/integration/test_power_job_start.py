@@ -1,0 +1,85 @@
+"""The job-start cap ramp end to end (issue #5, G3): real controller and agents on loopback (`rasd-sim`).
+
+The GPUs idle before the job starts; the controller parks their caps at the start cap (their
+minimum limit) and, when the job starts, raises them at the aggregate ramp limit shared by all of
+them. Ground truth comes from the simulated GPUs against an unmanaged twin of the same seeded job
+(`rasd.sim.power_sim`), which jumps from idle to full power at once.
+
+The job here draws the same in compute and communication (a steady load), so that the 1 s
+aggregate ramp measures the start alone; with a step-synchronous swing the step's own swing under
+the rising cap dominates that measure (bench/power.py reports both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+
+from rasd.sim import fleet, power_sim, scenario
+
+pytestmark = pytest.mark.slow
+
+NODES, GPUS = 4, 8
+START_S = 10.0
+LIMIT_W_PER_S = 10_000.0
+
+
+def _run(tmp_path, policy: dict, *, duration_s: float = 22.0):
+    scen = scenario.parse(
+        {
+            "name": "job-start",
+            "workload": {
+                "period_s": 2.0,
+                "compute_fraction": 0.7,
+                "compute_w": [650.0, 700.0],
+                "comm_w": [650.0, 700.0],
+                "start_after_s": START_S,
+            },
+            "power": {
+                "gpu_model": "h100",
+                "cluster_budget_w": NODES * GPUS * 700,
+                "detect_window_s": 8.0,
+                "draw_window_s": 4.0,
+                "policy": {
+                    "control_period_s": 1.0,
+                    "command_ttl_s": 3.0,
+                    "ramp_limit_w_per_s": LIMIT_W_PER_S,
+                    "job_start_idle_s": 3.0,
+                    **policy,
+                },
+            },
+        },
+        source="test",
+    )
+    settings = fleet.SimSettings(
+        nodes=NODES,
+        gpus_per_node=GPUS,
+        duration_s=duration_s,
+        seed=5,
+        scenario=scen,
+        out_dir=tmp_path,
+        table_interval_s=0,
+        tls=False,
+    )
+    result = asyncio.run(fleet.run(settings, out=io.StringIO()))
+    trace = result.power_trace
+    assert trace is not None and scen.power is not None
+    return trace, power_sim.job_start_section(trace, period_s=2.0), power_sim.report_section(trace, scen.power.policy)
+
+
+def test_the_job_start_ramp_keeps_the_1s_aggregate_ramp_under_the_limit(tmp_path):
+    trace, start, figures = _run(tmp_path, {"job_start_ramp_enabled": True})
+    n = NODES * GPUS
+    assert start["job_start_parked_gpus"] == n, start
+    assert start["job_start_ramp_end_s"] is not None, "the ramp ran"
+    # Unmanaged: idle to full power within one sample; managed: within the limit over every 1 s.
+    assert start["job_start_ramp_1s_w_per_s_unmanaged"] > 1.5 * LIMIT_W_PER_S, start
+    assert start["job_start_ramp_1s_w_per_s_managed"] <= LIMIT_W_PER_S, start
+    # Over the whole run too (nothing else moves this steady load).
+    assert figures["max_ramp_w_per_s"] <= LIMIT_W_PER_S, figures
+    assert figures["budget_violations"] == 0
+    # The ramp ends: the managed job draws what the unmanaged one does by the end of the run.
+    assert trace.managed_w[-1] >= 0.98 * trace.unmanaged_w[-1]
+    assert start["full_speed_after_s"] is not None and start["job_start_delay_s"] >= 0

@@ -1,0 +1,204 @@
+"""The job-start cap ramp (`core.power_ramp`): parking, a ramp shared across GPUs, never above a target."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rasd.controller.core import power_policy, power_ramp
+
+N = 4
+UUIDS = [f"GPU-{i}" for i in range(N)]
+MIN_W = np.full(N, 200.0)
+MAX_W = np.full(N, 1000.0)
+
+
+def _policy(**changes) -> power_policy.PowerPolicy:
+    base = {"job_start_ramp_enabled": True, "ramp_limit_w_per_s": 400.0, "raise_jitter_pct": 0.0}
+    return power_policy.PowerPolicy.from_mapping({**base, **changes})
+
+
+def _step(state, idle, targets, now_s, policy, rng=None):
+    return power_ramp.job_start_ramp(
+        state,
+        gpu_uuids=UUIDS,
+        idle=np.asarray(idle, dtype=bool),
+        targets_w=np.asarray(targets, dtype=np.int64),
+        min_w=MIN_W,
+        max_w=MAX_W,
+        now_s=now_s,
+        policy=policy,
+        rng=rng or np.random.default_rng(0),
+    )
+
+
+def _parked(policy, *, idle_s=10.0):
+    """Idle GPUs at their boot limit (1,000 W) until they are parked."""
+    state = power_ramp.RampState()
+    for now in np.arange(0.0, idle_s + 1.0, 1.0):
+        decision = _step(state, [True] * N, [1000] * N, float(now), policy)
+        state = decision.state
+    return state, decision
+
+
+def test_disabled_leaves_the_targets_alone():
+    policy = power_policy.PowerPolicy()
+    assert policy.job_start_ramp_enabled is False
+    decision = _step(power_ramp.RampState(), [True] * N, [900] * N, 100.0, policy)
+    assert decision.targets_w.tolist() == [900] * N and decision.parked == 0
+
+
+def test_idle_gpus_are_parked_at_their_minimum_only_after_the_idle_time():
+    policy = _policy()
+    state = power_ramp.RampState()
+    decision = _step(state, [True] * N, [1000] * N, 0.0, policy)
+    assert decision.targets_w.tolist() == [1000] * N, "not idle long enough yet"
+    decision = _step(decision.state, [True] * N, [1000] * N, 9.0, policy)
+    assert decision.parked == 0
+    decision = _step(decision.state, [True] * N, [1000] * N, 10.0, policy)
+    assert decision.targets_w.tolist() == [200] * N and decision.parked == N
+
+
+def test_a_busy_reading_restarts_the_idle_time():
+    policy = _policy()
+    state = _step(power_ramp.RampState(), [True] * N, [1000] * N, 0.0, policy).state
+    state = _step(state, [False] * N, [1000] * N, 5.0, policy).state
+    decision = _step(state, [True] * N, [1000] * N, 12.0, policy)
+    assert decision.parked == 0, "idle since 12 s, not since 0 s"
+
+
+def test_the_start_cap_is_configurable_but_never_below_the_minimum():
+    _, decision = _parked(_policy(job_start_cap_w=350.0))
+    assert decision.targets_w.tolist() == [350] * N
+    _, decision = _parked(_policy(job_start_cap_w=50.0))
+    assert decision.targets_w.tolist() == [200] * N
+
+
+def test_the_ramp_shares_the_aggregate_limit_across_the_gpus_starting_together():
+    policy = _policy()  # 400 W/s over 4 GPUs: 100 W/s each
+    state, _ = _parked(policy)
+    # The period that first sees the job holds the start cap (the draw just jumped to it).
+    decision = _step(state, [False] * N, [1000] * N, 11.5, policy)
+    assert decision.targets_w.tolist() == [200] * N and decision.rise_w == 0
+    assert decision.starting == N and decision.ramping == 0
+    state = decision.state
+    caps = []
+    now = 11.5
+    for _ in range(5):
+        now += 1.0
+        decision = _step(state, [False] * N, [1000] * N, now, policy)
+        state = decision.state
+        caps.append(decision.targets_w.tolist())
+        assert decision.rise_w == pytest.approx(400.0)
+    assert [c[0] for c in caps] == [300, 400, 500, 600, 700]
+    # Two GPUs start alone: they share the same 400 W/s, 200 W/s each.
+    state, _ = _parked(policy)
+    state = _step(state, [False, False, True, True], [1000] * N, 11.5, policy).state
+    decision = _step(state, [False, False, True, True], [1000] * N, 12.5, policy)
+    assert decision.targets_w.tolist() == [400, 400, 200, 200]
+
+
+def _started(policy):
+    state, _ = _parked(policy)
+    return _step(state, [False] * N, [1000] * N, 11.0, policy).state
+
+
+def test_a_long_period_adds_no_more_than_one_window_of_ramp():
+    policy = _policy()
+    decision = _step(_started(policy), [False] * N, [1000] * N, 11.0 + 3.0, policy)
+    assert decision.rise_w == pytest.approx(400.0 * power_ramp.RAMP_WINDOW_S)
+
+
+def test_early_periods_share_one_window_of_ramp():
+    # The loop wakes early (acks, budget changes): no 1 s window may hold more than 1 s of ramp.
+    policy = _policy()
+    state = _step(_started(policy), [False] * N, [1000] * N, 13.0, policy).state  # 400 W at 13.0
+    rises = []
+    for now in (13.2, 13.4, 13.6, 13.8, 14.0, 14.2):
+        decision = _step(state, [False] * N, [1000] * N, now, policy)
+        state = decision.state
+        rises.append((now, decision.rise_w))
+    assert [w for _, w in rises[:4]] == [0.0] * 4, "13.0's rise used the window"
+    times = [13.0] + [t for t, _ in rises]
+    amounts = [400.0] + [w for _, w in rises]
+    for start in times:
+        inside = sum(w for t, w in zip(times, amounts, strict=True) if start <= t < start + 1.0)
+        assert inside <= 400.0 + 1e-6
+
+
+def test_never_above_the_target_and_never_below_the_minimum():
+    policy = _policy(ramp_limit_w_per_s=100_000.0)
+    targets = [250, 600, 150, 1000]  # 150 W: a target under the minimum stays the allocator's word
+    decision = _step(_started(policy), [False] * N, targets, 12.0, policy)
+    assert (decision.targets_w <= np.array(targets)).all()
+    state, _ = _parked(policy)
+    decision = _step(state, [True] * N, [1000] * N, 12.0, policy)
+    assert (decision.targets_w >= MIN_W).all()
+
+
+def test_the_ramp_ends_at_the_maximum_limit_and_the_allocator_decides_again():
+    policy = _policy(ramp_limit_w_per_s=4000.0)  # 1,000 W/s each: 200 -> 1000 W in one second
+    decision = _step(_started(policy), [False] * N, [1000] * N, 12.0, policy)
+    assert decision.state.ceiling_w == {}
+    decision = _step(decision.state, [False] * N, [1000] * N, 13.0, policy)
+    assert decision.targets_w.tolist() == [1000] * N and decision.ramping == 0
+
+
+def test_jitter_spreads_the_rises_and_keeps_the_sum_within_the_limit():
+    policy = _policy(raise_jitter_pct=20.0, ramp_limit_w_per_s=4000.0)
+    n = 64
+    uuids = [f"GPU-{i}" for i in range(n)]
+    rng = np.random.default_rng(7)
+    kw = {"gpu_uuids": uuids, "min_w": np.full(n, 200.0), "max_w": np.full(n, 1000.0), "policy": policy, "rng": rng}
+    state = power_ramp.RampState()
+    for now, idle in ((0.0, True), (10.0, True), (11.0, False)):
+        state = power_ramp.job_start_ramp(
+            state, idle=np.full(n, idle), targets_w=np.full(n, 1000), now_s=now, **kw
+        ).state
+    decision = power_ramp.job_start_ramp(
+        state, idle=np.zeros(n, dtype=bool), targets_w=np.full(n, 1000), now_s=12.0, **kw
+    )
+    rises = np.array([decision.state.ceiling_w[u] for u in uuids]) - 200.0
+    per_gpu = 4000.0 / n
+    assert rises.max() <= per_gpu + 1e-9 and rises.min() >= 0.8 * per_gpu - 1e-9
+    assert len(np.unique(np.round(rises, 6))) > n // 2, "no lock-step: the rises differ"
+    assert 0.8 * 4000.0 <= decision.rise_w <= 4000.0
+
+
+def test_policy_fields_are_validated_by_name():
+    with pytest.raises(power_policy.PolicyError, match="job_start_cap_w"):
+        power_policy.PowerPolicy.from_mapping({"job_start_cap_w": 0})
+    with pytest.raises(power_policy.PolicyError, match="job_start_idle_s"):
+        power_policy.PowerPolicy.from_mapping({"job_start_idle_s": -1})
+    with pytest.raises(power_policy.PolicyError, match="job_start_ramp_enabled"):
+        power_policy.PowerPolicy.from_mapping({"job_start_ramp_enabled": 1})
+    policy = power_policy.PowerPolicy.from_mapping({"job_start_ramp_enabled": True, "job_start_cap_w": 300})
+    assert power_policy.PowerPolicy.from_mapping(policy.to_mapping()) == policy
+
+
+def test_a_ceiling_rises_from_the_delivered_target_when_the_allocator_trails():
+    policy = _policy()  # 100 W/s each
+    state = _step(_started(policy), [False] * N, [1000] * N, 12.0, policy).state  # ceilings 300 W
+    # The allocator raised GPU-0 only to 350 W this time (its own slew limit): 350 is delivered.
+    decision = _step(state, [False] * N, [350, 1000, 1000, 1000], 13.0, policy)
+    assert decision.targets_w.tolist() == [350, 400, 400, 400]
+    decision = _step(decision.state, [False] * N, [1000] * N, 14.0, policy)
+    assert decision.targets_w.tolist() == [450, 500, 500, 500], "GPU-0 rises 100 W from 350, not 150 W at once"
+
+
+def test_the_ramp_ends_when_the_allocator_asks_no_more():
+    policy = _policy()
+    state = _step(_started(policy), [False] * N, [1000] * N, 12.0, policy).state  # 300 W delivered
+    decision = _step(state, [False] * N, [300, 1000, 1000, 1000], 13.0, policy)
+    assert "GPU-0" not in decision.state.ceiling_w and decision.targets_w[0] == 300
+    decision = _step(decision.state, [False] * N, [900, 1000, 1000, 1000], 14.0, policy)
+    assert decision.targets_w[0] == 900, "the allocator alone decides for GPU-0 now"
+
+
+def test_the_start_jump_counts_in_the_window():
+    # 4 GPUs parked at 200 W start: their draw jumps by up to 800 W, counted against the 1 s window.
+    policy = _policy(ramp_limit_w_per_s=1000.0)
+    state, _ = _parked(policy)
+    state = _step(state, [False] * N, [1000] * N, 11.0, policy).state
+    decision = _step(state, [False] * N, [1000] * N, 11.5, policy)
+    assert decision.rise_w == pytest.approx(200.0), "1,000 W of window less 800 W of jump"
