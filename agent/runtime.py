@@ -96,6 +96,10 @@ class NodeIdentity:
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
+SESSION_CLEANUP_S = 5.0
+"""How long a stream's tasks get to finish after it ends before the agent moves on without them."""
+
+
 @dataclasses.dataclass
 class AgentStats:
     """Counters the agent keeps about itself (exported as metrics and used by tests)."""
@@ -456,11 +460,12 @@ class Agent:
 
         outbox: asyncio.Queue[agent_pb.AgentMessage | None] = asyncio.Queue(maxsize=1000)
         sent_through = [welcome.acked_seq]  # highest event seq written on this stream
+        session_over = asyncio.Event()
         self._events_ready.set()  # resend whatever is unacked right away
         tasks = [
             asyncio.create_task(self._writer(call, outbox)),
             asyncio.create_task(self._reader(call, outbox)),
-            asyncio.create_task(self._producer(outbox, sent_through)),
+            asyncio.create_task(self._producer(outbox, sent_through, session_over)),
             asyncio.create_task(stop.wait()),
         ]
         try:
@@ -474,10 +479,20 @@ class Agent:
                 await asyncio.wait_for(tasks[0], timeout=5.0)
             return True
         finally:
+            # End the RPC first, so a read or write still blocked on it returns; then stop the tasks.
+            # A task that survives its cancel (grpc.aio can turn a cancelled write into a normal
+            # return, and the writer then waits on its queue forever) must not hold this stream's
+            # clean-up, or the agent never reconnects and never sees stop: bounded wait.
+            session_over.set()
+            call.cancel()
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            call.cancel()
+            done, stuck = await asyncio.wait(tasks, timeout=SESSION_CLEANUP_S)
+            for task in done:
+                if not task.cancelled():
+                    task.exception()  # retrieved: the stream's end was reported above
+            if stuck:
+                self._log.warning("session_tasks_stuck", tasks=len(stuck))
 
     def _apply_config(self, config: agent_pb.AgentConfig) -> None:
         # Zero means "controller has no opinion": keep the local setting.
@@ -494,13 +509,21 @@ class Agent:
                 return
             await call.write(message)
 
-    async def _producer(self, outbox: asyncio.Queue, sent_through: list[int]) -> None:  # type: ignore[no-untyped-def]
+    async def _producer(  # type: ignore[no-untyped-def]
+        self, outbox: asyncio.Queue, sent_through: list[int], session_over: asyncio.Event
+    ) -> None:
         loop = asyncio.get_running_loop()
         next_send = loop.time() + self._send_interval_ms / 1000
         last_write = loop.time()
-        while True:
+        # Python 3.11's wait_for can swallow a cancel that lands as the event fires (gh-86296): seen in
+        # the SIGKILL chaos test, an old stream's producer lived on and took the agent-wide
+        # _events_ready from the new stream's, whose spooled events then never went out. So the loop
+        # also ends on the stream's own flag, checked before it takes the event.
+        while not session_over.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._events_ready.wait(), timeout=max(0.0, next_send - loop.time()))
+            if session_over.is_set():
+                return
             if self._events_ready.is_set():
                 self._events_ready.clear()
                 pending = [e for e in self.spool.unacked(limit=100_000) if e.seq > sent_through[0]]
