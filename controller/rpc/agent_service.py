@@ -97,7 +97,9 @@ class AgentService(agent_grpc.AgentServiceServicer):
             self._ingest.metrics.rejected(exc.field)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except repo.STORE_UNAVAILABLE as exc:
-            await self._abort_store_unavailable(context, first.hello.node_id[:253], exc)
+            await store_outage.abort_unavailable(
+                context, exc, "store_unavailable_stream_ended", node=first.hello.node_id[:253]
+            )
         if self._security is not None:
             self._security.stream_opened(mutual_tls=identity.node_id is not None)
         if self._recorder is not None:
@@ -120,7 +122,9 @@ class AgentService(agent_grpc.AgentServiceServicer):
                     log.warning("agent_message_rejected", node=session.node_id, field=error.field, error=str(error))
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
                 if isinstance(error, repo.STORE_UNAVAILABLE):
-                    await self._abort_store_unavailable(context, session.node_id, error)
+                    await store_outage.abort_unavailable(
+                        context, error, "store_unavailable_stream_ended", node=session.node_id
+                    )
                 if error is not None:
                     raise error
             if session.replaced:
@@ -138,13 +142,6 @@ class AgentService(agent_grpc.AgentServiceServicer):
             self._closing.add(cleanup)
             cleanup.add_done_callback(self._closing.discard)
             await asyncio.shield(cleanup)
-
-    async def _abort_store_unavailable(self, context: grpc.aio.ServicerContext, node_id: str, error: Exception) -> None:
-        # The store is down or restarting: nothing of the message was acked, so the agent keeps it in its
-        # spool and retries. UNAVAILABLE is the code that means "retry"; the database's own error text
-        # (host names, SQL) belongs in our log, not on the wire, where it used to travel as UNKNOWN.
-        log.warning("store_unavailable_stream_ended", node=node_id, error=str(error).splitlines()[0][:300])
-        await context.abort(grpc.StatusCode.UNAVAILABLE, store_outage.STORE_UNAVAILABLE_DETAIL)
 
     async def _close(self, session: ingest.Session, *tasks: asyncio.Task[None]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -21,6 +21,16 @@ log = structlog.get_logger("rasd.controller.rpc")
 STORE_UNAVAILABLE_DETAIL = "controller store unavailable; retry later"
 
 
+async def abort_unavailable(context: grpc.aio.ServicerContext, error: Exception, what: str, **where: str) -> None:
+    """Log the store error (first line) under `what` and end the call with UNAVAILABLE and a generic detail.
+
+    Nothing of the call was committed, so the caller retries (an agent keeps the messages in its spool).
+    The database's own text (host names, SQL) belongs in our log, not on the wire.
+    """
+    log.warning(what, **where, error=str(error).splitlines()[0][:300])
+    await context.abort(grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE_DETAIL)
+
+
 class StoreOutageInterceptor(grpc.aio.ServerInterceptor):
     """Map repo.STORE_UNAVAILABLE raised by a unary call to StatusCode.UNAVAILABLE, logging the cause."""
 
@@ -40,8 +50,7 @@ class StoreOutageInterceptor(grpc.aio.ServerInterceptor):
             try:
                 return await behavior(request, context)
             except repo.STORE_UNAVAILABLE as exc:
-                log.warning("store_unavailable_call_refused", method=method, error=str(exc).splitlines()[0][:300])
-                await context.abort(grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE_DETAIL)
+                await abort_unavailable(context, exc, "store_unavailable_call_refused", method=method)
 
         return grpc.unary_unary_rpc_method_handler(
             unary,
