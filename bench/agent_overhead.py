@@ -61,7 +61,7 @@ async def _child(backend_name: str, controller: str, gpus: int, duration_s: floa
     from rasd.agent import runtime, spool
 
     backend = _open_backend(backend_name, gpus)
-    gpus = len(backend.inventory())
+    inventory = backend.inventory()
     agent = runtime.Agent(
         runtime.NodeIdentity("bench-node", "boot", "bench-node"),
         backend,
@@ -86,7 +86,8 @@ async def _child(backend_name: str, controller: str, gpus: int, duration_s: floa
     backend.close()
     return {
         "backend": backend_name,
-        "gpus": gpus,
+        "gpus": len(inventory),
+        "models": sorted({info.model for info in inventory}),
         "cpu_s": cpu1 - cpu0,
         "wall_s": wall1 - wall0,
         "power_samples": samples,
@@ -166,13 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{1000 * row['cpu_s'] / ticks:.3f} |"
         )
     met = "met" if worst <= GOAL_PCT else "NOT met"
-    gpu_names = ""
-    if "nvml-real" in backends:
-        from rasd.agent.gpu import nvml
-
-        real = nvml.open_nvml_backend()
-        gpu_names = ", GPUs: " + ", ".join(sorted({info.model for info in real.inventory()}))
-        real.close()
+    # The real GPUs' models, as the agent measured saw them (no second NVML session here).
+    real_models = sorted({m for row in rows if row["backend"] == "nvml-real" for m in row["models"]})
+    gpu_names = ", GPUs: " + ", ".join(real_models) if real_models else ""
     text = "\n".join(
         [
             section,
