@@ -164,7 +164,7 @@ def channel_options(
         # min_ping_interval_without_data (CLIENT_KEEPALIVE_TIME_MS >= it), or it answers with GOAWAY.
         # grpcio 1.85 bounds an unanswered ping by grpc.http2.ping_timeout_ms (default 60 s), not by
         # keepalive_timeout_ms alone: measured, a stopped controller went unnoticed for over 60 s until
-        # both were set (tests/integration/test_agent_keepalive.py).
+        # both were set (tests/chaos/test_controller_silent.py).
         ("grpc.keepalive_time_ms", keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
         ("grpc.http2.ping_timeout_ms", keepalive_timeout_ms),

@@ -64,3 +64,12 @@ def test_the_reloading_credentials_keep_the_last_good_pair(tmp_path):
     assert reloading._fetch() is not None and reloading.reloads == 1
     pki.controller.key.write_text("half-written")
     assert reloading._fetch() is None and reloading.reloads == 1
+
+
+def test_client_keepalive_respects_the_controllers_ping_floor():
+    # Pings more often than the server allows without data earn a GOAWAY ("too_many_pings").
+    from rasd.agent import runtime
+
+    options = dict(tls.channel_options())
+    assert options["grpc.keepalive_time_ms"] >= tls.SERVER_MIN_PING_INTERVAL_MS
+    assert runtime.LinkSettings(controller_address="x").keepalive_time_s * 1000 == options["grpc.keepalive_time_ms"]
