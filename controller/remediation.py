@@ -318,9 +318,7 @@ class RemediationService:
             consumed = [e.seq for e in events if e.seq > 0]
             if consumed:
                 change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
-        docs, changed = correlation_changes(self.correlation, corr)
-        change.docs.update(docs)
-        change.incidents.extend(_incident_row(incident, now_ns) for incident in changed)
+        self._correlation_into(change, corr, changed_incidents=True)
         await self._commit_states(states, new_actions, change)
         self.correlation = corr
         self.stats.events += len(detect_s)
@@ -474,6 +472,8 @@ class RemediationService:
                 except repo.STORE_UNAVAILABLE:
                     self._results_owed[:0] = owed[index:]
                     raise
+        async with self._lock:
+            await self._expire_incidents()
         nodes = [node_id for node_id, state in self.node_states.items() if state.tickets]
         for start in range(0, len(nodes), TICK_CHUNK_NODES):
             async with self._lock:
@@ -493,6 +493,17 @@ class RemediationService:
             if self._quarantine_gauge_stale:
                 self._quarantine_gauge_stale = False
                 await self._export_quarantines()
+
+    async def _expire_incidents(self) -> None:
+        """Close the incidents whose correlation window ended in scopes no event has touched since."""
+        now_ns = self._clock()
+        corr = correlate.expire(self.correlation, now_ns / 1e9, self.policy)
+        if corr is self.correlation:
+            return
+        change = rstore.Commit(now_unix_ns=now_ns)
+        self._correlation_into(change, corr, changed_incidents=False)
+        await self.ingest.run_in_store(self.store.commit, change)
+        self.correlation = corr
 
     # -- rolling SDC sweeps -----------------------------------------------------------------------------------
     async def _sweep_forever(self) -> None:
@@ -763,6 +774,22 @@ class RemediationService:
                 del self._deferred[command_id]
                 change.command_updates.append((command_id, {"status": "cancelled"}))
 
+    def _correlation_into(
+        self, change: rstore.Commit, after: correlate.CorrelationState, *, changed_incidents: bool
+    ) -> None:
+        """Add what moving the correlation state from `self.correlation` to after writes.
+
+        That is its documents, the rows of the incidents that changed, and the expired incidents' rows closed.
+        """
+        docs, changed = correlation_changes(self.correlation, after)
+        change.docs.update(docs)
+        now_ns = change.now_unix_ns
+        if changed_incidents:
+            change.incidents.extend(_incident_row(incident, now_ns) for incident in changed)
+        change.incidents.extend(
+            _incident_row(incident, now_ns, closed=True) for incident in expired_incidents(self.correlation, after)
+        )
+
     async def _commit(
         self, node_id: str, state: escalation.RemediationState, new_actions: list[actions.Action], change: rstore.Commit
     ) -> None:
@@ -781,6 +808,13 @@ class RemediationService:
             before = self.node_states.get(node_id)
             unchanged = {id(t) for t in before.tickets} if before is not None else set()
             change.tickets.extend(_ticket_row(t, change.now_unix_ns) for t in state.tickets if id(t) not in unchanged)
+            if before is not None and before.tickets:
+                # A ticket the ladder let go of (released, watch ended, folded, force-released, closed by
+                # an operator): its row is closed, or `rasctl repairs --open` would list it for ever.
+                still = {t.ticket_id for t in state.tickets}
+                change.tickets.extend(
+                    _ticket_row(t, change.now_unix_ns, closed=True) for t in before.tickets if t.ticket_id not in still
+                )
         for action in new_actions:
             change.new_commands.append(
                 rstore.CommandRecord(
@@ -1147,7 +1181,24 @@ def _audit(
     }
 
 
-def _incident_row(incident: correlate.Incident, now_ns: int) -> dict[str, Any]:
+def expired_incidents(
+    before: correlate.CorrelationState, after: correlate.CorrelationState
+) -> list[correlate.Incident]:
+    """Incidents before remembers and after no longer does: their window ended, so their rows close."""
+    gone: dict[str, correlate.Incident] = {}
+    for scope, old in before.incidents.items():
+        if after.incidents.get(scope) is old:
+            continue
+        gone.update((i.incident_id, i) for i in old)
+    if gone:
+        for incidents in after.incidents.values():
+            for incident in incidents:
+                gone.pop(incident.incident_id, None)
+    return list(gone.values())
+
+
+def _incident_row(incident: correlate.Incident, now_ns: int, *, closed: bool = False) -> dict[str, Any]:
+    """The incidents-table row; closed once the correlation window forgot the incident."""
     return {
         "incident_id": incident.incident_id,
         "node_id": incident.node_id,
@@ -1155,13 +1206,15 @@ def _incident_row(incident: correlate.Incident, now_ns: int) -> dict[str, Any]:
         "cause": incident.fault_key[:128],
         "component": str(incident.classification.component.value)[:32],
         "severity": int(incident.classification.severity),
-        "state": "open",
+        "state": "closed" if closed else "open",
         "opened_unix_ns": int(incident.opened_at * 1e9),
+        "closed_unix_ns": now_ns if closed else None,
         "data": incident.to_dict(),
     }
 
 
-def _ticket_row(ticket: escalation.Ticket, now_ns: int) -> dict[str, Any]:
+def _ticket_row(ticket: escalation.Ticket, now_ns: int, *, closed: bool = False) -> dict[str, Any]:
+    """The repair_tickets row (a projection of the ticket in the node's ladder state)."""
     return {
         "ticket_id": ticket.ticket_id,
         "node_id": ticket.node_id,
@@ -1172,7 +1225,7 @@ def _ticket_row(ticket: escalation.Ticket, now_ns: int) -> dict[str, Any]:
         "purpose": ticket.purpose.value,
         "reason": ticket.reason,
         "opened_unix_ns": int(ticket.opened_at * 1e9),
-        "updated_unix_ns": int(ticket.updated_at * 1e9),
-        "closed": False,
-        "steps": list(ticket.history),
+        "updated_unix_ns": now_ns if closed else int(ticket.updated_at * 1e9),
+        "closed": closed,
+        "steps": [*ticket.history, f"{now_ns / 1e9:.0f} ticket closed"] if closed else list(ticket.history),
     }
