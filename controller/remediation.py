@@ -319,7 +319,13 @@ class RemediationService:
             if consumed:
                 change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
         self._correlation_into(change, corr, changed_incidents=True)
-        await self._commit_states(states, new_actions, change)
+        budget_before = self.budget
+        dispatched = self._admit_with_decision(new_actions, states, change)
+        try:
+            sent = await self._commit_states(states, new_actions, change, dispatched=dispatched)
+        except BaseException:
+            self.budget = budget_before  # nothing of the pass is durable: nothing was admitted
+            raise
         self.correlation = corr
         self.stats.events += len(detect_s)
         self.stats.decisions += decisions
@@ -329,7 +335,82 @@ class RemediationService:
             metrics.incidents.labels(
                 cause=incident.fault_key, component=str(incident.classification.component.value)
             ).inc()
+        self._send_dispatched(sent)
         await self._dispatch_after_commit()
+
+    def _admit_with_decision(
+        self,
+        new_actions: Sequence[actions.Action],
+        states: dict[str, escalation.RemediationState],
+        change: rstore.Commit,
+    ) -> dict[str, actions.Action]:
+        """Admit a pass's agent commands into its own transaction; returns them by command id.
+
+        Most decisions are one agent command (restart, reset, reboot). Admitting it before the
+        decision commits, and recording it as dispatched in that commit, saves the second
+        transaction and its wait on every such decision. The outbox rule is unchanged: nothing is
+        sent before the transaction that says it was dispatched has committed.
+
+        Taken only when it cannot change what is admitted or in which order: nothing is waiting for
+        the budget (it is admitted first, by `_dispatch_locked`), and every action the pass decided
+        for the node is an agent command (a quarantine's executor runs before its node's repair is
+        sent, so such a node goes the two-step way). An admission that answers with anything
+        controller-side (the breaker's notice) is dropped, and the two-step way decides it.
+        """
+        if self._deferred or not new_actions:
+            return {}
+        controller_side = {a.node_id for a in new_actions if a.kind not in AGENT_KINDS}
+        candidates = [a for a in new_actions if a.node_id not in controller_side]
+        if not candidates:
+            return {}
+        now_ns = change.now_unix_ns
+        now = now_ns / 1e9
+        admission = blast_radius.admit(
+            self.budget, candidates, self._fleet_view(), now=now, policy=self.policy.disruption
+        )
+        if not admission.admitted or any(a.kind not in AGENT_KINDS for a in admission.admitted):
+            return {}
+        self.budget = admission.state
+        self._export_budget()
+        self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
+        for action, reason in zip(admission.deferred, admission.reasons, strict=False):
+            log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
+        admitted: dict[str, actions.Action] = {}
+        for action in admission.admitted:
+            state = states.get(action.node_id) or self.node_states.get(action.node_id)
+            if state is not None:
+                states[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now)
+            change.audit.append(
+                _audit(
+                    now_ns,
+                    "automation",
+                    action.kind,
+                    action.node_id,
+                    getattr(action, "gpu_uuid", ""),
+                    action.reason,
+                    "dispatched",
+                )
+            )
+            admitted[action.command_id] = action
+        return admitted
+
+    def _note_dispatched(self, action: actions.Action, now: float) -> None:
+        """Count a dispatched action and its decision latency (event stored → dispatched)."""
+        self.stats.actions_by_kind[action.kind] = self.stats.actions_by_kind.get(action.kind, 0) + 1
+        self._kinds[action.command_id] = action.kind
+        started = self._event_times.pop(action.command_id, None)
+        if started is not None:
+            self.stats.decision_latency_s.append(max(0.0, now - started))
+            self.ingest.metrics.time_to_first_action_seconds.observe(max(0.0, now - started))
+
+    def _send_dispatched(self, dispatched: Sequence[actions.Action]) -> None:
+        """Send agent commands whose dispatch has committed (same ids again on reconnect if lost)."""
+        for action in dispatched:
+            self._unanswered[action.command_id] = action
+            if not self._send(action):
+                # No stream: the command stays dispatched; a reconnect re-sends it with the
+                # same id, and the ladder's timeout climbs if the node never comes back.
+                log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
 
     async def _dispatch_after_commit(self) -> None:
         """Dispatch once a decision is durable; if the store fails now, the next tick dispatches."""
@@ -800,8 +881,17 @@ class RemediationService:
         states: Mapping[str, escalation.RemediationState],
         new_actions: list[actions.Action],
         change: rstore.Commit,
-    ) -> None:
-        """Commit the nodes' new ladder states, projections and the new outbox rows in one transaction."""
+        *,
+        dispatched: Mapping[str, actions.Action] | None = None,
+    ) -> list[actions.Action]:
+        """Commit the nodes' new ladder states, projections and the new outbox rows in one transaction.
+
+        New actions go into the outbox pending (admitted later by `_dispatch_locked`), except those in
+        dispatched, admitted with the decision, which go in dispatched. Returns those of them to send
+        now: new in the outbox or pending there before (a decision made again after a crash). One the
+        outbox already had further on is not sent twice; its hold on the budget is given back.
+        """
+        dispatched = dispatched or {}
         for node_id, state in states.items():
             change.node_states[node_id] = state.to_dict()
             # Only tickets this commit changed: the core shares unchanged Ticket values between states.
@@ -824,10 +914,10 @@ class RemediationService:
                     ticket_id=action.ticket_id,
                     kind=action.kind,
                     payload=action.to_dict(),
-                    status="pending",
+                    status="dispatched" if action.command_id in dispatched else "pending",
                     reason=action.reason,
                     created_unix_ns=change.now_unix_ns,
-                    dispatched_unix_ns=None,
+                    dispatched_unix_ns=change.now_unix_ns if action.command_id in dispatched else None,
                     finished_unix_ns=None,
                     result=None,
                 )
@@ -838,9 +928,19 @@ class RemediationService:
         self.node_states.update(states)
         if self.decision_hook is not None:
             self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
+        sent: list[actions.Action] = []
+        now = change.now_unix_ns / 1e9
         for action in new_actions:
-            if action.command_id in fresh:
-                self._deferred[action.command_id] = action
+            if action.command_id not in dispatched:
+                if action.command_id in fresh:
+                    self._deferred[action.command_id] = action
+            elif action.command_id in fresh:
+                self._note_dispatched(action, now)
+                sent.append(action)
+            else:
+                log.info("remediation_command_exists", node=action.node_id, command_id=action.command_id)
+                self.budget = blast_radius.complete(self.budget, action.command_id, now=now)
+        return sent
 
     async def _dispatch_locked(self) -> None:
         """Admit what the budget allows, then carry it out.
@@ -894,12 +994,7 @@ class RemediationService:
                         "dispatched",
                     )
                 )
-                self.stats.actions_by_kind[action.kind] = self.stats.actions_by_kind.get(action.kind, 0) + 1
-                self._kinds[action.command_id] = action.kind
-                started = self._event_times.pop(action.command_id, None)
-                if started is not None:
-                    self.stats.decision_latency_s.append(max(0.0, now - started))
-                    self.ingest.metrics.time_to_first_action_seconds.observe(max(0.0, now - started))
+                self._note_dispatched(action, now)
             follow_up: list[actions.Action] = []
             for action in admission.admitted:
                 if action.kind in AGENT_KINDS:
@@ -925,13 +1020,7 @@ class RemediationService:
                 # The gauge is refreshed by the next tick, not here: counting is a query, and a
                 # burst dispatches many times a second while Prometheus scrapes every few seconds.
                 self._quarantine_gauge_stale = True
-            for action in admission.admitted:
-                if action.kind in AGENT_KINDS:
-                    self._unanswered[action.command_id] = action
-                    if not self._send(action):
-                        # No stream: the command stays dispatched; a reconnect re-sends it with the
-                        # same id, and the ladder's timeout climbs if the node never comes back.
-                        log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
+            self._send_dispatched([a for a in admission.admitted if a.kind in AGENT_KINDS])
 
     def _send(self, action: actions.Action) -> bool:
         if self.send_hook is not None:  # several replicas: the one holding the node's stream sends it
