@@ -271,6 +271,8 @@ class PowerLoop:
         """node -> (when the BMC confirmed its limit, the GPU targets that limit covers)."""
         self._bmc_in_flight: set[str] = set()
         self._raised_at_s: dict[str, float] = {}
+        self._idle_since_s: dict[str, float] = {}
+        """GPU -> when the counters sample that began its current run of 0 % utilisation was taken."""
         self._ramp = power_ramp.RampState()
         self._ramped_at_s: float | None = None
         """When a busy GPU was last under a job-start ceiling: the swing detector's window starts after it."""
@@ -548,7 +550,9 @@ class PowerLoop:
             self._ingest.settings.agent_config.get("telemetry_send_interval_ms", 1000) / 1000.0,
         )
         settling = np.array([now - self._raised_at_s.get(g.gpu_uuid, -np.inf) < settle for g in state.gpus])
-        eligible = await self._eligible(state)
+        # A quarantined GPU releases its share once it has read idle for as long as a raise settles:
+        # one step plus the telemetry delay (the scheduler takes a rank out at a step boundary).
+        eligible = await self._eligible(state, now, hold_s=settle)
         views = power.GpuViews(
             gpu_uuids=tuple(g.gpu_uuid for g in state.gpus),
             node_idx=np.array([self.tree.index.node_of_name[g.node_id] for g in state.gpus], dtype=np.intp),
@@ -565,24 +569,35 @@ class PowerLoop:
         )
         return views, known, drawn
 
-    async def _eligible(self, state: power_apply.ApplyState) -> np.ndarray:
-        """False for idle quarantined GPUs and idle GPUs of quarantined nodes: they release their share.
+    async def _eligible(self, state: power_apply.ApplyState, now: float, *, hold_s: float) -> np.ndarray:
+        """False for quarantined GPUs (or GPUs of quarantined nodes) the work has left: they release their share.
 
-        A quarantined GPU the job still runs on keeps its cap until the work has left it (utilisation
-        0): in a synchronous job, dropping one rank to its minimum cap stalls every rank's step.
+        A quarantined GPU the job still runs on keeps its cap until its utilisation has read 0 for
+        `hold_s` (`power.released`): in a synchronous job, dropping one rank to its minimum cap while
+        it still computes stalls every rank's step, and one idle sample does not say the step is done
+        with it.
         """
         rows = await self._ingest.run_in_store(lambda: self._docs.quarantines(active_only=True))
         nodes = {q["node_id"] for q in rows if not q["gpu_uuid"] and not q["port"]}
         gpus = {q["gpu_uuid"] for q in rows if q["gpu_uuid"]}
+        idle_for = self._idle_for_s(state, now)
+        quarantined = np.array([g.node_id in nodes or g.gpu_uuid in gpus for g in state.gpus], dtype=bool)
+        return ~power.released(quarantined, idle_for, hold_s)
+
+    def _idle_for_s(self, state: power_apply.ApplyState, now: float) -> np.ndarray:
+        """How long each GPU's utilisation has read 0 (or not been reported), s; nan while it reads busy."""
         latest = self._ingest.latest
-
-        def busy(gpu_uuid: str) -> bool:
-            reading = latest.get(gpu_uuid)
-            return reading is not None and bool(reading.utilization_gpu_pct)
-
-        return np.array(
-            [(g.node_id not in nodes and g.gpu_uuid not in gpus) or busy(g.gpu_uuid) for g in state.gpus], dtype=bool
-        )
+        since: dict[str, float] = {}
+        out = np.full(len(state.gpus), np.nan)
+        for i, g in enumerate(state.gpus):
+            reading = latest.get(g.gpu_uuid)
+            if reading is not None and reading.utilization_gpu_pct:
+                continue
+            sampled = reading.counters_unix_ns / 1e9 if reading is not None and reading.counters_unix_ns else now
+            since[g.gpu_uuid] = self._idle_since_s.get(g.gpu_uuid, min(sampled, now))
+            out[i] = now - since[g.gpu_uuid]
+        self._idle_since_s = since
+        return out
 
     # -- sending -------------------------------------------------------------------------------------
     def _send(self, plan: power_apply.CapPlan, now: float) -> None:

@@ -147,6 +147,33 @@ def test_quarantined_gpus_drop_to_minimum_and_their_share_goes_to_capped_peers()
     assert alloc.caps_w.sum() <= 2_400
 
 
+def test_one_idle_sample_does_not_take_a_quarantined_gpus_watts_while_it_may_still_compute():
+    # The demo's defect, traced: GPU 0 is quarantined and its utilisation has just read 0 (the
+    # scheduler is taking it out of the job at the next step boundary), but the current step still
+    # waits on its 680 W compute. Dropped to its 200 W minimum now, it would compute at 200/680 of
+    # full speed and stall every rank; it releases its share only after a step plus a telemetry batch.
+    tree = fleet_tree(1, 1, 2, cluster_w=2_800)
+    hold_s = power.settle_s(2.0, 1.0, 1.0)  # 2 s steps, 1 s telemetry: 3 s
+    quarantined = np.array([True, False, False, False])
+    views = views_for(tree, 2, draw=680.0, cap=700.0)
+    just_idle = np.array([1.0, np.nan, np.nan, np.nan])
+    views = views.replace(eligible=~power.released(quarantined, just_idle, hold_s))
+    alloc = power.allocate(tree, views, None, policy=POLICY, rng=np.random.default_rng(1))
+    assert alloc.caps_w[0] >= 680, "a GPU that may still be computing keeps a cap at or above its draw"
+
+    left = np.array([hold_s, np.nan, np.nan, np.nan])  # idle for a whole step and a batch: the work has left it
+    eligible = ~power.released(quarantined, left, hold_s)
+    views = views.replace(draw_w=np.array([70.0, 680.0, 680.0, 680.0]), eligible=eligible)
+    alloc = power.allocate(tree, views, None, policy=POLICY, rng=np.random.default_rng(1))
+    assert alloc.caps_w[0] == 200
+
+
+def test_only_quarantined_gpus_idle_for_the_whole_hold_are_released():
+    quarantined = np.array([True, True, True, False])
+    idle_for_s = np.array([np.nan, 2.9, 3.0, 60.0])
+    assert list(power.released(quarantined, idle_for_s, 3.0)) == [False, False, True, False]
+
+
 def test_higher_priority_is_served_first_when_power_is_short():
     tree = fleet_tree(1, 1, 1, cluster_w=1_000)
     views = views_for(tree, 2, draw=500.0, cap=500.0, throttled=True)
