@@ -8,11 +8,14 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    with a new boot id is forgotten: its limits reset to default);
 2. fold in what came back: SetPowerCap results (acks with read-backs) and the enforced limits in
    telemetry (`power_apply.record`);
-3. views: each GPU's draw is its peak over the last period (stale telemetry: drawing at the cap that
-   may be in force), SW-power-cap throttling, quarantined GPUs and nodes are ineligible (they
-   release their share), nodes without a stream are unreachable (held where they may be), GPUs
-   whose cap went up less than one detected step plus one telemetry batch ago are settling (their
-   draw cannot show the raise yet: `power.settle_s`);
+3. views: each GPU's draw is its peak over a window of at least one control period, the configured
+   draw window and one detected step plus a telemetry batch (`power.draw_window_s`: a window inside
+   a communication trough would read a busy GPU at its trough; an idle GPU counts its latest draw;
+   stale telemetry: drawing at the cap that may be in force), SW-power-cap throttling, quarantined
+   GPUs and nodes that have read idle for a step plus a telemetry batch are ineligible (they
+   release their share: `power.released`), nodes without a stream are unreachable (held where they
+   may be), GPUs whose cap went up less than one detected step plus one telemetry batch ago are
+   settling (their draw cannot show the raise yet: `power.settle_s`);
 4. `power.allocate`, then the aggregate ramp-rate limit on raises (`swing.limit_aggregate_raise`),
    then (policy `job_start_ramp_enabled`) the job-start ceiling (`power_ramp.job_start_ramp`): GPUs
    idle for `job_start_idle_s` are parked at the start cap, and when their job starts their caps
@@ -96,8 +99,9 @@ class PowerSettings:
     min_step_interval_s: float = 0.2
     """Earliest next period after an early wake-up (a budget change, acks with raises waiting)."""
     draw_window_s: float = 5.0
-    """A GPU's draw is its peak over this long (at least one control period): it must span whole
-    training steps, or a window that falls in a communication phase makes a busy GPU look idle."""
+    """A GPU's draw is its peak over this long (at least one control period, and stretched to one
+    detected step plus a telemetry batch, `power.draw_window_s`): it must span whole training steps,
+    or a window that falls in a communication phase makes a busy GPU look idle."""
     seed: int = 0
     """Seed of the raise jitter."""
 
@@ -514,8 +518,19 @@ class PowerLoop:
     async def _views(self, state: power_apply.ApplyState, now: float) -> tuple[power.GpuViews, np.ndarray, np.ndarray]:
         policy = self.policy
         bound = power_apply.may_be_in_force_w(state)
-        since_ns = int((now - max(policy.control_period_s, self.settings.draw_window_s)) * 1e9)
-        peaks = self._ingest.power_window.gpu_max_w(since_ns)
+        # The step period as the detector measured it on unmanaged power (a recent window that holds a
+        # load change reads the change as a long period).
+        detected = self._smoothing_unmanaged
+        step_s = detected.period_s if detected is not None else None
+        telemetry_s = self._ingest.settings.agent_config.get("telemetry_send_interval_ms", 1000) / 1000.0
+        window_s = power.draw_window_s(
+            self.settings.draw_window_s,
+            policy.control_period_s,
+            step_s,
+            telemetry_s,
+            longest_s=self.settings.detect_window_s,
+        )
+        peaks = self._ingest.power_window.gpu_max_w(int((now - window_s) * 1e9))
         latest = self._ingest.latest
         stale_ns = int((now - self.settings.telemetry_stale_s) * 1e9)
         n = len(state.gpus)
@@ -539,15 +554,11 @@ class PowerLoop:
             if reading is not None and reading.clock_event_reasons is not None:
                 throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
         reachable = np.array([g.node_id in self._ingest.sessions for g in state.gpus], dtype=bool)
-        # The step period as the detector measured it on unmanaged power (a recent window that holds a
-        # load change reads the change as a long period), at most the draw window, which is configured
-        # to span whole steps.
-        detected = self._smoothing_unmanaged
-        step_s = detected.period_s if detected is not None else None
+        # Settling: the step, at most the configured draw window.
         settle = power.settle_s(
             min(step_s, self.settings.draw_window_s) if step_s is not None else None,
             policy.control_period_s,
-            self._ingest.settings.agent_config.get("telemetry_send_interval_ms", 1000) / 1000.0,
+            telemetry_s,
         )
         settling = np.array([now - self._raised_at_s.get(g.gpu_uuid, -np.inf) < settle for g in state.gpus])
         # A quarantined GPU releases its share once it has read idle for as long as a raise settles:

@@ -196,6 +196,31 @@ def settle_s(step_period_s: float | None, control_period_s: float, telemetry_int
     return float(step + max(telemetry_interval_s, 0.0))
 
 
+def draw_window_s(
+    configured_s: float,
+    control_period_s: float,
+    step_period_s: float | None,
+    telemetry_interval_s: float,
+    *,
+    longest_s: float,
+) -> float:
+    """How far back a GPU's draw (the peak the allocator judges it by) looks, s.
+
+    At least the configured window and one control period, and at least one detected training step
+    plus one telemetry batch (the newest samples are that old), so the window always holds a compute
+    phase: a window that fits inside a communication trough reads a busy GPU at its trough draw, and
+    the donor rule would hand away the watts its next compute phase needs. The step term is limited
+    to `longest_s` (the detector's window: one that straddles a load change can read it as a long
+    period).
+
+    Example: 5 s configured, 1 s control period, 1 s telemetry: 2 s steps -> 5 s; 10 s steps -> 11 s.
+    """
+    window = max(configured_s, control_period_s)
+    if step_period_s is not None and step_period_s > 0:
+        window = max(window, min(step_period_s + max(telemetry_interval_s, 0.0), longest_s))
+    return float(window)
+
+
 def released(quarantined: np.ndarray, idle_for_s: np.ndarray, hold_s: float) -> np.ndarray:
     """Which GPUs release their share to the pool: quarantined ones the work has left, per GPU.
 
