@@ -149,10 +149,12 @@ class StepJob:
         It clamps the draw at once and re-times the rest of the rank's compute phase from at_s (the
         DVFS model in the module docstring). Before the job's first reading the cap simply applies from the first step.
         """
-        self.cap_w[rank] = cap_w
         if self._frozen and self.running(at_s):
-            self._advance(at_s)
+            self._advance(at_s)  # steps that began before at_s ran under the old cap
+            self.cap_w[rank] = cap_w
             self._retime(rank, at_s)
+        else:
+            self.cap_w[rank] = cap_w
 
     def set_smoothing(self, rank: int, *, floor_w: float, ramp_up_w_per_s: float, ramp_down_w_per_s: float) -> None:
         """A power-smoothing profile: trough floor and ramp rates (0 or inf rate = unlimited)."""

@@ -160,6 +160,19 @@ def test_a_cap_lowered_mid_compute_slows_the_rest_of_the_phase_from_that_instant
     assert float(step.compute_end_s[3]) - ce == pytest.approx(0.1, abs=1e-9), "0.2 s at half speed cost 0.1 s"
 
 
+def test_a_cap_set_in_a_step_nobody_has_read_yet_applies_only_from_its_instant():
+    # Steps are computed lazily: the step the cut lands in is computed at the cut, under the cap
+    # in force when it started, and only the rest of its compute runs at the new cap.
+    twin, job = _job(), _job()
+    assert job.step_at(100.05) is not None
+    second = twin.completed_steps(100.0, 103.0)[1]
+    cs = float(second.compute_start_s[3])
+    job.set_cap(3, 350.0, cs + 0.3)
+    step = job.step_at(cs + 0.4)
+    assert step is not None and step.index == second.index
+    assert float(step.compute_end_s[3]) == pytest.approx(cs + 0.3 + 0.8, abs=1e-9)
+
+
 def test_a_cap_lowered_through_the_backend_is_stamped_by_its_clock():
     now_ns = [0]
     workload = simulated.StepWorkload(period_s=1.0, anchor_unix_s=100.0)
