@@ -132,6 +132,8 @@ class PowerTrace:
     """Seconds after the run's start at which the job's first step began."""
     ramp_gpus: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)
     """(s since start, GPUs parked, GPUs ramping) as the power loop last reported, per sample."""
+    managed_cap_w: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    """The summed limits the managed GPUs enforce, read at each wake-up of the sampler (W)."""
 
 
 class PowerProbe:
@@ -169,6 +171,7 @@ class PowerProbe:
         self._unmanaged: list[float] = []
         self._per_gpu: list[np.ndarray] = []
         self._budget: list[float] = []
+        self._caps: list[float] = []
         self.violations = 0
         self.violation_domains: set[str] = set()
         self.violation_times_s: list[float] = []
@@ -207,6 +210,7 @@ class PowerProbe:
             elapsed = min(self._elapsed_s(), duration_s)
             loop = self.loop
             budget = float(loop.tree.domains[0].budget_w or math.nan) if loop is not None else math.nan
+            caps = float(self.job.cap_w.sum())
             due = []
             while n * period <= elapsed:
                 due.append(n * period)
@@ -219,6 +223,7 @@ class PowerProbe:
                 self._unmanaged.append(float(unmanaged.sum()))
                 self._per_gpu.append(unmanaged.astype(np.float32))
                 self._budget.append(budget)
+                self._caps.append(caps)
             if loop is None or not due:
                 continue
             self._ramp_gpus.append((self._t[-1], loop.stats.ramp_parked, loop.stats.ramp_ramping))
@@ -306,6 +311,7 @@ class PowerProbe:
             unmanaged_w=np.array(self._unmanaged),
             unmanaged_per_gpu_w=np.array(self._per_gpu, dtype=np.float32),
             cluster_budget_w=np.array(self._budget),
+            managed_cap_w=np.array(self._caps),
             violations=self.violations,
             violation_domains=sorted(self.violation_domains),
             violation_times_s=self.violation_times_s[:50],
@@ -413,6 +419,16 @@ def report_section(
     }
 
 
+def _max_rise_1s(series: np.ndarray) -> float:
+    """Largest P(t + dt) - P(t) with 0 < dt <= 1 s on the 10 Hz grid, W (0 when it never rises)."""
+    lag = round(SAMPLE_HZ)
+    rise = 0.0
+    for k in range(1, lag + 1):
+        if len(series) > k:
+            rise = max(rise, float(np.max(series[k:] - series[:-k])))
+    return rise
+
+
 def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float = 2.0) -> dict[str, Any]:
     """Job-start figures: the aggregate ramp over 1 s while the job starts, and what the start ramp costs.
 
@@ -426,7 +442,9 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
     - job_start_envelope_ramp_1s_w_per_s_*: the same over the aggregate averaged over one step
       (`period_s`), i.e. the start ramp without the step's swing;
     - job_start_jump_w: the managed aggregate's rise in the first 1 s of the job: idle draw to the
-      start cap (no cap can go below a GPU's minimum limit).
+      start cap (no cap can go below a GPU's minimum limit);
+    - job_start_cap_ramp_1s_w_per_s: largest rise over 1 s of the summed limits the GPUs enforce
+      (the landed cap changes alone, without the start jump or the job's own draw).
 
     Cost: step k of both twins starts from the same instant; full_speed_after_s is when the first
     managed step no more than 1 % longer than its unmanaged twin began (seconds after the job
@@ -468,6 +486,9 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
         "job_start_envelope_ramp_1s_w_per_s_unmanaged": _r(
             swing.max_ramp_w_per_s(envelope(trace.unmanaged_w)[env_window], SAMPLE_HZ, 1.0)
         ),
+        "job_start_cap_ramp_1s_w_per_s": _r(_max_rise_1s(trace.managed_cap_w[window]))
+        if len(trace.managed_cap_w) == len(t)
+        else None,
         "job_start_jump_w": _r(float(trace.managed_w[first_s].max() - trace.managed_w[before][-1]))
         if first_s.any() and before.any()
         else None,
