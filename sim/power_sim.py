@@ -132,8 +132,9 @@ class PowerTrace:
     """Seconds after the run's start at which the job's first step began."""
     ramp_gpus: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)
     """(s since start, GPUs parked, GPUs ramping) as the power loop last reported, per sample."""
-    managed_cap_w: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
-    """The summed limits the managed GPUs enforce, read at each wake-up of the sampler (W)."""
+    managed_cap_w: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 2)))
+    """(s since start, summed limits the managed GPUs enforce, W), read at each wake-up of the sampler
+    (about 10 Hz; later when the event loop is busy, so not on the grid of `t_s`)."""
 
 
 class PowerProbe:
@@ -171,7 +172,7 @@ class PowerProbe:
         self._unmanaged: list[float] = []
         self._per_gpu: list[np.ndarray] = []
         self._budget: list[float] = []
-        self._caps: list[float] = []
+        self._caps: list[tuple[float, float]] = []
         self.violations = 0
         self.violation_domains: set[str] = set()
         self.violation_times_s: list[float] = []
@@ -210,7 +211,8 @@ class PowerProbe:
             elapsed = min(self._elapsed_s(), duration_s)
             loop = self.loop
             budget = float(loop.tree.domains[0].budget_w or math.nan) if loop is not None else math.nan
-            caps = float(self.job.cap_w.sum())
+            # The limits are read at the wake-up, which a busy loop delays: kept with the time they were read.
+            self._caps.append((self._elapsed_s(), float(self.job.cap_w.sum())))
             due = []
             while n * period <= elapsed:
                 due.append(n * period)
@@ -223,7 +225,6 @@ class PowerProbe:
                 self._unmanaged.append(float(unmanaged.sum()))
                 self._per_gpu.append(unmanaged.astype(np.float32))
                 self._budget.append(budget)
-                self._caps.append(caps)
             if loop is None or not due:
                 continue
             self._ramp_gpus.append((self._t[-1], loop.stats.ramp_parked, loop.stats.ramp_ramping))
@@ -311,7 +312,7 @@ class PowerProbe:
             unmanaged_w=np.array(self._unmanaged),
             unmanaged_per_gpu_w=np.array(self._per_gpu, dtype=np.float32),
             cluster_budget_w=np.array(self._budget),
-            managed_cap_w=np.array(self._caps),
+            managed_cap_w=np.array(self._caps).reshape(-1, 2),
             violations=self.violations,
             violation_domains=sorted(self.violation_domains),
             violation_times_s=self.violation_times_s[:50],
@@ -419,13 +420,17 @@ def report_section(
     }
 
 
-def _max_rise_1s(series: np.ndarray) -> float:
-    """Largest P(t + dt) - P(t) with 0 < dt <= 1 s on the 10 Hz grid, W (0 when it never rises)."""
-    lag = round(SAMPLE_HZ)
+def _max_rise_1s(t_s: np.ndarray, watts: np.ndarray) -> float:
+    """Largest P(t2) - P(t1) over samples with 0 < t2 - t1 <= 1 s, in their own times, W (0: no rise).
+
+    The samples' own read times, not a grid: a reading the busy event loop delayed by 0.2 s, put on
+    the grid instant it was due, would stretch a "1 s" window to 1.2 s of landed raises.
+    """
     rise = 0.0
-    for k in range(1, lag + 1):
-        if len(series) > k:
-            rise = max(rise, float(np.max(series[k:] - series[:-k])))
+    for i in range(len(t_s)):
+        later = (t_s > t_s[i]) & (t_s <= t_s[i] + 1.0)
+        if later.any():
+            rise = max(rise, float(watts[later].max() - watts[i]))
     return rise
 
 
@@ -443,8 +448,9 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
       (`period_s`), i.e. the start ramp without the step's swing;
     - job_start_jump_w: the managed aggregate's rise in the first 1 s of the job: idle draw to the
       start cap (no cap can go below a GPU's minimum limit);
-    - job_start_cap_ramp_1s_w_per_s: largest rise over 1 s of the summed limits the GPUs enforce
-      (the landed cap changes alone, without the start jump or the job's own draw).
+    - job_start_cap_ramp_1s_w_per_s: largest rise over 1 s of the summed limits the GPUs enforce,
+      in the times they were read (the landed cap changes alone, without the start jump or the
+      job's own draw).
 
     Cost: step k of both twins starts from the same instant; full_speed_after_s is when the first
     managed step no more than 1 % longer than its unmanaged twin began (seconds after the job
@@ -465,6 +471,8 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
         return np.convolve(series, np.ones(lag) / lag, mode="valid")
 
     env_window = window[lag - 1 :]
+    caps = trace.managed_cap_w
+    in_window = (caps[:, 0] >= start - 1.0) & (caps[:, 0] <= until)
     first_s = (t >= start) & (t <= start + 1.0)
     before = t < start
     managed_steps = trace.managed_steps_s
@@ -486,8 +494,8 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
         "job_start_envelope_ramp_1s_w_per_s_unmanaged": _r(
             swing.max_ramp_w_per_s(envelope(trace.unmanaged_w)[env_window], SAMPLE_HZ, 1.0)
         ),
-        "job_start_cap_ramp_1s_w_per_s": _r(_max_rise_1s(trace.managed_cap_w[window]))
-        if len(trace.managed_cap_w) == len(t)
+        "job_start_cap_ramp_1s_w_per_s": _r(_max_rise_1s(caps[:, 0][in_window], caps[:, 1][in_window]))
+        if in_window.any()
         else None,
         "job_start_jump_w": _r(float(trace.managed_w[first_s].max() - trace.managed_w[before][-1]))
         if first_s.any() and before.any()
