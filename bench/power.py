@@ -387,10 +387,12 @@ def main(argv: list[str] | None = None) -> int:
         f"Job-start run, steady load: the same, but the job draws 650-700 W in its communication phase too; "
         f"{steady.get('job_start_parked_gpus')} GPUs parked, ramp until {steady.get('job_start_ramp_end_s')} s, start "
         f"jump {steady.get('job_start_jump_w')} W, the limits the GPUs enforce rose at most "
-        f"{steady.get('job_start_cap_ramp_1s_w_per_s')} W in any 1 s (the job-start run: "
-        f"{start.get('job_start_cap_ramp_1s_w_per_s')} W); the draw can show a raise later than its limit lands "
-        "(the simulated job reads its communication-phase level from the limit in force when the step began), "
-        f"so its 1 s figure can exceed the caps'; full speed {steady.get('full_speed_after_s')} s after the start, "
+        f"{steady.get('job_start_cap_ramp_1s_w_per_s')} W in any 1 s of the times they were read (the job-start "
+        f"run: {start.get('job_start_cap_ramp_1s_w_per_s')} W). The draw's 1 s figure can exceed the caps': the "
+        "simulated job reads its communication-phase level from the limit in force when the step began, so raises "
+        "landed during that phase show together at the next compute phase, and each 10 Hz grid instant is "
+        "evaluated with the limits read at the sampler's wake-up, which a busy event loop delays; full speed "
+        f"{steady.get('full_speed_after_s')} s after the start, "
         f"{steady.get('job_start_delay_s')} s behind the unmanaged job; run wall {steady.get('wall_s')} s.\n"
     )
     print(section)
