@@ -523,6 +523,7 @@ class PowerLoop:
         drawn = np.zeros(n)
         known = np.zeros(n, dtype=bool)
         throttled = np.zeros(n, dtype=bool)
+        ramping = self._ramp.ramping_gpus()
         for i, g in enumerate(state.gpus):
             reading = latest.get(g.gpu_uuid)
             fresh = reading is not None and reading.power_w is not None and reading.power_sample_unix_ns >= stale_ns
@@ -538,6 +539,11 @@ class PowerLoop:
                 draw[i] = bound[i]  # stale telemetry: drawing at the cap that may be in force
             if reading is not None and reading.clock_event_reasons is not None:
                 throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
+            # A GPU whose job-start ramp is still rising is held by its ceiling, and its limit lags
+            # what the budget counts (the agent slews it): by the draw it would look uncapped and
+            # get no raise, stalling its ramp.
+            if g.gpu_uuid in ramping:
+                throttled[i] = True
         reachable = np.array([g.node_id in self._ingest.sessions for g in state.gpus], dtype=bool)
         # The step period as the detector measured it on unmanaged power (a recent window that holds a
         # load change reads the change as a long period), at most the draw window, which is configured

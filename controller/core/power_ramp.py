@@ -75,6 +75,10 @@ class RampState:
     """GPU -> when its ramp ended: its last raise may still be moving at its rate for
     `RAMP_WINDOW_S + RAMP_LEAD_S`, so it keeps its share that long."""
 
+    def ramping_gpus(self) -> frozenset[str]:
+        """GPUs whose start ramp was rising last period (a ceiling, busy, past the start jump)."""
+        return frozenset(g for g in self.ceiling_w if g not in self.idle_since_s)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RampDecision:

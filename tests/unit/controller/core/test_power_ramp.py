@@ -100,6 +100,7 @@ def test_the_ramp_shares_the_aggregate_limit_across_the_gpus_starting_together()
     state = _step(state, [False, False, True, True], [1000] * N, 11.5, policy).state
     decision = _step(state, [False, False, True, True], [1000] * N, 12.5, policy)
     assert decision.targets_w.tolist() == [500, 500, 200, 200]
+    assert decision.state.ramping_gpus() == {"GPU-0", "GPU-1"}, "parked GPUs are not ramping"
 
 
 def _started(policy):
