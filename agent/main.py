@@ -195,7 +195,12 @@ def open_backend(settings: Mapping[str, Any]) -> gpu.GpuBackend:
         workload = simulated.StepWorkload(period_s=period_s) if period_s > 0 else None
         faults = simulated.load_faults(settings["sim_scenario"]) if settings["sim_scenario"] else ()
         return simulated.SimulatedBackend(
-            settings["node_id"], settings["gpus"], settings["seed"], workload=workload, faults=faults
+            settings["node_id"],
+            settings["gpus"],
+            settings["seed"],
+            workload=workload,
+            faults=faults,
+            clock=time.time_ns,  # the agent's readings use the wall clock too
         )
     # Imported here so that machines without libnvidia-ml never load pynvml.
     from rasd.agent.gpu import nvml

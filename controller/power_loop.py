@@ -8,11 +8,14 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    with a new boot id is forgotten: its limits reset to default);
 2. fold in what came back: SetPowerCap results (acks with read-backs) and the enforced limits in
    telemetry (`power_apply.record`);
-3. views: each GPU's draw is its peak over the last period (stale telemetry: drawing at the cap that
-   may be in force), SW-power-cap throttling, quarantined GPUs and nodes are ineligible (they
-   release their share), nodes without a stream are unreachable (held where they may be), GPUs
-   whose cap went up less than one detected step plus one telemetry batch ago are settling (their
-   draw cannot show the raise yet: `power.settle_s`);
+3. views: each GPU's draw is its peak over a window of at least one control period, the configured
+   draw window and one detected step plus a telemetry batch (`power.draw_window_s`: a window inside
+   a communication trough would read a busy GPU at its trough; an idle GPU counts its latest draw;
+   stale telemetry: drawing at the cap that may be in force), SW-power-cap throttling, quarantined
+   GPUs and nodes that have read idle for a step plus a telemetry batch are ineligible (they
+   release their share: `power.released`), nodes without a stream are unreachable (held where they
+   may be), GPUs whose cap went up less than one detected step plus one telemetry batch ago are
+   settling (their draw cannot show the raise yet: `power.settle_s`);
 4. `power.allocate`, then the aggregate ramp-rate limit on raises (`swing.limit_aggregate_raise`),
    then (policy `job_start_ramp_enabled`) the job-start ceiling (`power_ramp.job_start_ramp`): GPUs
    idle for `job_start_idle_s` are parked at the start cap, and when their job starts their caps
@@ -97,8 +100,9 @@ class PowerSettings:
     min_step_interval_s: float = 0.2
     """Earliest next period after an early wake-up (a budget change, acks with raises waiting)."""
     draw_window_s: float = 5.0
-    """A GPU's draw is its peak over this long (at least one control period): it must span whole
-    training steps, or a window that falls in a communication phase makes a busy GPU look idle."""
+    """A GPU's draw is its peak over this long (at least one control period, and stretched to one
+    detected step plus a telemetry batch, `power.draw_window_s`): it must span whole training steps,
+    or a window that falls in a communication phase makes a busy GPU look idle."""
     seed: int = 0
     """Seed of the raise jitter."""
 
@@ -272,6 +276,8 @@ class PowerLoop:
         """node -> (when the BMC confirmed its limit, the GPU targets that limit covers)."""
         self._bmc_in_flight: set[str] = set()
         self._raised_at_s: dict[str, float] = {}
+        self._idle_since_s: dict[str, float] = {}
+        """GPU -> when the counters sample that began its current run of 0 % utilisation was taken."""
         self._ramp = power_ramp.RampState()
         self._ramped_at_s: float | None = None
         """When a busy GPU was last under a job-start ceiling: the swing detector's window starts after it."""
@@ -514,8 +520,19 @@ class PowerLoop:
     async def _views(self, state: power_apply.ApplyState, now: float) -> tuple[power.GpuViews, np.ndarray, np.ndarray]:
         policy = self.policy
         bound = power_apply.may_be_in_force_w(state)
-        since_ns = int((now - max(policy.control_period_s, self.settings.draw_window_s)) * 1e9)
-        peaks = self._ingest.power_window.gpu_max_w(since_ns)
+        # The step period as the detector measured it on unmanaged power (a recent window that holds a
+        # load change reads the change as a long period).
+        detected = self._smoothing_unmanaged
+        step_s = detected.period_s if detected is not None else None
+        telemetry_s = self._ingest.settings.agent_config.get("telemetry_send_interval_ms", 1000) / 1000.0
+        window_s = power.draw_window_s(
+            self.settings.draw_window_s,
+            policy.control_period_s,
+            step_s,
+            telemetry_s,
+            longest_s=self.settings.detect_window_s,
+        )
+        peaks = self._ingest.power_window.gpu_max_w(int((now - window_s) * 1e9))
         latest = self._ingest.latest
         stale_ns = int((now - self.settings.telemetry_stale_s) * 1e9)
         n = len(state.gpus)
@@ -545,18 +562,16 @@ class PowerLoop:
             if g.gpu_uuid in ramping:
                 throttled[i] = True
         reachable = np.array([g.node_id in self._ingest.sessions for g in state.gpus], dtype=bool)
-        # The step period as the detector measured it on unmanaged power (a recent window that holds a
-        # load change reads the change as a long period), at most the draw window, which is configured
-        # to span whole steps.
-        detected = self._smoothing_unmanaged
-        step_s = detected.period_s if detected is not None else None
+        # Settling: the step, at most the configured draw window.
         settle = power.settle_s(
             min(step_s, self.settings.draw_window_s) if step_s is not None else None,
             policy.control_period_s,
-            self._ingest.settings.agent_config.get("telemetry_send_interval_ms", 1000) / 1000.0,
+            telemetry_s,
         )
         settling = np.array([now - self._raised_at_s.get(g.gpu_uuid, -np.inf) < settle for g in state.gpus])
-        eligible = await self._eligible(state)
+        # A quarantined GPU releases its share once it has read idle for as long as a raise settles:
+        # one step plus the telemetry delay (the scheduler takes a rank out at a step boundary).
+        eligible = await self._eligible(state, now, hold_s=settle)
         views = power.GpuViews(
             gpu_uuids=tuple(g.gpu_uuid for g in state.gpus),
             node_idx=np.array([self.tree.index.node_of_name[g.node_id] for g in state.gpus], dtype=np.intp),
@@ -573,24 +588,35 @@ class PowerLoop:
         )
         return views, known, drawn
 
-    async def _eligible(self, state: power_apply.ApplyState) -> np.ndarray:
-        """False for idle quarantined GPUs and idle GPUs of quarantined nodes: they release their share.
+    async def _eligible(self, state: power_apply.ApplyState, now: float, *, hold_s: float) -> np.ndarray:
+        """False for quarantined GPUs (or GPUs of quarantined nodes) the work has left: they release their share.
 
-        A quarantined GPU the job still runs on keeps its cap until the work has left it (utilisation
-        0): in a synchronous job, dropping one rank to its minimum cap stalls every rank's step.
+        A quarantined GPU the job still runs on keeps its cap until its utilisation has read 0 for
+        `hold_s` (`power.released`): in a synchronous job, dropping one rank to its minimum cap while
+        it still computes stalls every rank's step, and one idle sample does not say the step is done
+        with it.
         """
         rows = await self._ingest.run_in_store(lambda: self._docs.quarantines(active_only=True))
         nodes = {q["node_id"] for q in rows if not q["gpu_uuid"] and not q["port"]}
         gpus = {q["gpu_uuid"] for q in rows if q["gpu_uuid"]}
+        idle_for = self._idle_for_s(state, now)
+        quarantined = np.array([g.node_id in nodes or g.gpu_uuid in gpus for g in state.gpus], dtype=bool)
+        return ~power.released(quarantined, idle_for, hold_s)
+
+    def _idle_for_s(self, state: power_apply.ApplyState, now: float) -> np.ndarray:
+        """How long each GPU's utilisation has read 0 (or not been reported), s; nan while it reads busy."""
         latest = self._ingest.latest
-
-        def busy(gpu_uuid: str) -> bool:
-            reading = latest.get(gpu_uuid)
-            return reading is not None and bool(reading.utilization_gpu_pct)
-
-        return np.array(
-            [(g.node_id not in nodes and g.gpu_uuid not in gpus) or busy(g.gpu_uuid) for g in state.gpus], dtype=bool
-        )
+        since: dict[str, float] = {}
+        out = np.full(len(state.gpus), np.nan)
+        for i, g in enumerate(state.gpus):
+            reading = latest.get(g.gpu_uuid)
+            if reading is not None and reading.utilization_gpu_pct:
+                continue
+            sampled = reading.counters_unix_ns / 1e9 if reading is not None and reading.counters_unix_ns else now
+            since[g.gpu_uuid] = self._idle_since_s.get(g.gpu_uuid, min(sampled, now))
+            out[i] = now - since[g.gpu_uuid]
+        self._idle_since_s = since
+        return out
 
     # -- sending -------------------------------------------------------------------------------------
     def _send(self, plan: power_apply.CapPlan, now: float) -> None:

@@ -318,10 +318,14 @@ class RemediationService:
             consumed = [e.seq for e in events if e.seq > 0]
             if consumed:
                 change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
-        docs, changed = correlation_changes(self.correlation, corr)
-        change.docs.update(docs)
-        change.incidents.extend(_incident_row(incident, now_ns) for incident in changed)
-        await self._commit_states(states, new_actions, change)
+        self._correlation_into(change, corr, changed_incidents=True)
+        budget_before = self.budget
+        dispatched = self._admit_with_decision(new_actions, states, change)
+        try:
+            sent = await self._commit_states(states, new_actions, change, dispatched=dispatched)
+        except BaseException:
+            self.budget = budget_before  # nothing of the pass is durable: nothing was admitted
+            raise
         self.correlation = corr
         self.stats.events += len(detect_s)
         self.stats.decisions += decisions
@@ -331,7 +335,82 @@ class RemediationService:
             metrics.incidents.labels(
                 cause=incident.fault_key, component=str(incident.classification.component.value)
             ).inc()
+        self._send_dispatched(sent)
         await self._dispatch_after_commit()
+
+    def _admit_with_decision(
+        self,
+        new_actions: Sequence[actions.Action],
+        states: dict[str, escalation.RemediationState],
+        change: rstore.Commit,
+    ) -> dict[str, actions.Action]:
+        """Admit a pass's agent commands into its own transaction; returns them by command id.
+
+        Most decisions are one agent command (restart, reset, reboot). Admitting it before the
+        decision commits, and recording it as dispatched in that commit, saves the second
+        transaction and its wait on every such decision. The outbox rule is unchanged: nothing is
+        sent before the transaction that says it was dispatched has committed.
+
+        Taken only when it cannot change what is admitted or in which order: nothing is waiting for
+        the budget (it is admitted first, by `_dispatch_locked`), and every action the pass decided
+        for the node is an agent command (a quarantine's executor runs before its node's repair is
+        sent, so such a node goes the two-step way). An admission that answers with anything
+        controller-side (the breaker's notice) is dropped, and the two-step way decides it.
+        """
+        if self._deferred or not new_actions:
+            return {}
+        controller_side = {a.node_id for a in new_actions if a.kind not in AGENT_KINDS}
+        candidates = [a for a in new_actions if a.node_id not in controller_side]
+        if not candidates:
+            return {}
+        now_ns = change.now_unix_ns
+        now = now_ns / 1e9
+        admission = blast_radius.admit(
+            self.budget, candidates, self._fleet_view(), now=now, policy=self.policy.disruption
+        )
+        if not admission.admitted or any(a.kind not in AGENT_KINDS for a in admission.admitted):
+            return {}
+        self.budget = admission.state
+        self._export_budget()
+        self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
+        for action, reason in zip(admission.deferred, admission.reasons, strict=False):
+            log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
+        admitted: dict[str, actions.Action] = {}
+        for action in admission.admitted:
+            state = states.get(action.node_id) or self.node_states.get(action.node_id)
+            if state is not None:
+                states[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now)
+            change.audit.append(
+                _audit(
+                    now_ns,
+                    "automation",
+                    action.kind,
+                    action.node_id,
+                    getattr(action, "gpu_uuid", ""),
+                    action.reason,
+                    "dispatched",
+                )
+            )
+            admitted[action.command_id] = action
+        return admitted
+
+    def _note_dispatched(self, action: actions.Action, now: float) -> None:
+        """Count a dispatched action and its decision latency (event stored → dispatched)."""
+        self.stats.actions_by_kind[action.kind] = self.stats.actions_by_kind.get(action.kind, 0) + 1
+        self._kinds[action.command_id] = action.kind
+        started = self._event_times.pop(action.command_id, None)
+        if started is not None:
+            self.stats.decision_latency_s.append(max(0.0, now - started))
+            self.ingest.metrics.time_to_first_action_seconds.observe(max(0.0, now - started))
+
+    def _send_dispatched(self, dispatched: Sequence[actions.Action]) -> None:
+        """Send agent commands whose dispatch has committed (same ids again on reconnect if lost)."""
+        for action in dispatched:
+            self._unanswered[action.command_id] = action
+            if not self._send(action):
+                # No stream: the command stays dispatched; a reconnect re-sends it with the
+                # same id, and the ladder's timeout climbs if the node never comes back.
+                log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
 
     async def _dispatch_after_commit(self) -> None:
         """Dispatch once a decision is durable; if the store fails now, the next tick dispatches."""
@@ -474,6 +553,8 @@ class RemediationService:
                 except repo.STORE_UNAVAILABLE:
                     self._results_owed[:0] = owed[index:]
                     raise
+        async with self._lock:
+            await self._expire_incidents()
         nodes = [node_id for node_id, state in self.node_states.items() if state.tickets]
         for start in range(0, len(nodes), TICK_CHUNK_NODES):
             async with self._lock:
@@ -493,6 +574,17 @@ class RemediationService:
             if self._quarantine_gauge_stale:
                 self._quarantine_gauge_stale = False
                 await self._export_quarantines()
+
+    async def _expire_incidents(self) -> None:
+        """Close the incidents whose correlation window ended in scopes no event has touched since."""
+        now_ns = self._clock()
+        corr = correlate.expire(self.correlation, now_ns / 1e9, self.policy)
+        if corr is self.correlation:
+            return
+        change = rstore.Commit(now_unix_ns=now_ns)
+        self._correlation_into(change, corr, changed_incidents=False)
+        await self.ingest.run_in_store(self.store.commit, change)
+        self.correlation = corr
 
     # -- rolling SDC sweeps -----------------------------------------------------------------------------------
     async def _sweep_forever(self) -> None:
@@ -763,6 +855,22 @@ class RemediationService:
                 del self._deferred[command_id]
                 change.command_updates.append((command_id, {"status": "cancelled"}))
 
+    def _correlation_into(
+        self, change: rstore.Commit, after: correlate.CorrelationState, *, changed_incidents: bool
+    ) -> None:
+        """Add what moving the correlation state from `self.correlation` to after writes.
+
+        That is its documents, the rows of the incidents that changed, and the expired incidents' rows closed.
+        """
+        docs, changed = correlation_changes(self.correlation, after)
+        change.docs.update(docs)
+        now_ns = change.now_unix_ns
+        if changed_incidents:
+            change.incidents.extend(_incident_row(incident, now_ns) for incident in changed)
+        change.incidents.extend(
+            _incident_row(incident, now_ns, closed=True) for incident in expired_incidents(self.correlation, after)
+        )
+
     async def _commit(
         self, node_id: str, state: escalation.RemediationState, new_actions: list[actions.Action], change: rstore.Commit
     ) -> None:
@@ -773,14 +881,30 @@ class RemediationService:
         states: Mapping[str, escalation.RemediationState],
         new_actions: list[actions.Action],
         change: rstore.Commit,
-    ) -> None:
-        """Commit the nodes' new ladder states, projections and the new outbox rows in one transaction."""
+        *,
+        dispatched: Mapping[str, actions.Action] | None = None,
+    ) -> list[actions.Action]:
+        """Commit the nodes' new ladder states, projections and the new outbox rows in one transaction.
+
+        New actions go into the outbox pending (admitted later by `_dispatch_locked`), except those in
+        dispatched, admitted with the decision, which go in dispatched. Returns those of them to send
+        now: new in the outbox or pending there before (a decision made again after a crash). One the
+        outbox already had further on is not sent twice; its hold on the budget is given back.
+        """
+        dispatched = dispatched or {}
         for node_id, state in states.items():
             change.node_states[node_id] = state.to_dict()
             # Only tickets this commit changed: the core shares unchanged Ticket values between states.
             before = self.node_states.get(node_id)
             unchanged = {id(t) for t in before.tickets} if before is not None else set()
             change.tickets.extend(_ticket_row(t, change.now_unix_ns) for t in state.tickets if id(t) not in unchanged)
+            if before is not None and before.tickets:
+                # A ticket the ladder let go of (released, watch ended, folded, force-released, closed by
+                # an operator): its row is closed, or `rasctl repairs --open` would list it for ever.
+                still = {t.ticket_id for t in state.tickets}
+                change.tickets.extend(
+                    _ticket_row(t, change.now_unix_ns, closed=True) for t in before.tickets if t.ticket_id not in still
+                )
         for action in new_actions:
             change.new_commands.append(
                 rstore.CommandRecord(
@@ -790,10 +914,10 @@ class RemediationService:
                     ticket_id=action.ticket_id,
                     kind=action.kind,
                     payload=action.to_dict(),
-                    status="pending",
+                    status="dispatched" if action.command_id in dispatched else "pending",
                     reason=action.reason,
                     created_unix_ns=change.now_unix_ns,
-                    dispatched_unix_ns=None,
+                    dispatched_unix_ns=change.now_unix_ns if action.command_id in dispatched else None,
                     finished_unix_ns=None,
                     result=None,
                 )
@@ -804,9 +928,19 @@ class RemediationService:
         self.node_states.update(states)
         if self.decision_hook is not None:
             self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
+        sent: list[actions.Action] = []
+        now = change.now_unix_ns / 1e9
         for action in new_actions:
-            if action.command_id in fresh:
-                self._deferred[action.command_id] = action
+            if action.command_id not in dispatched:
+                if action.command_id in fresh:
+                    self._deferred[action.command_id] = action
+            elif action.command_id in fresh:
+                self._note_dispatched(action, now)
+                sent.append(action)
+            else:
+                log.info("remediation_command_exists", node=action.node_id, command_id=action.command_id)
+                self.budget = blast_radius.complete(self.budget, action.command_id, now=now)
+        return sent
 
     async def _dispatch_locked(self) -> None:
         """Admit what the budget allows, then carry it out.
@@ -860,12 +994,7 @@ class RemediationService:
                         "dispatched",
                     )
                 )
-                self.stats.actions_by_kind[action.kind] = self.stats.actions_by_kind.get(action.kind, 0) + 1
-                self._kinds[action.command_id] = action.kind
-                started = self._event_times.pop(action.command_id, None)
-                if started is not None:
-                    self.stats.decision_latency_s.append(max(0.0, now - started))
-                    self.ingest.metrics.time_to_first_action_seconds.observe(max(0.0, now - started))
+                self._note_dispatched(action, now)
             follow_up: list[actions.Action] = []
             for action in admission.admitted:
                 if action.kind in AGENT_KINDS:
@@ -891,13 +1020,7 @@ class RemediationService:
                 # The gauge is refreshed by the next tick, not here: counting is a query, and a
                 # burst dispatches many times a second while Prometheus scrapes every few seconds.
                 self._quarantine_gauge_stale = True
-            for action in admission.admitted:
-                if action.kind in AGENT_KINDS:
-                    self._unanswered[action.command_id] = action
-                    if not self._send(action):
-                        # No stream: the command stays dispatched; a reconnect re-sends it with the
-                        # same id, and the ladder's timeout climbs if the node never comes back.
-                        log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
+            self._send_dispatched([a for a in admission.admitted if a.kind in AGENT_KINDS])
 
     def _send(self, action: actions.Action) -> bool:
         if self.send_hook is not None:  # several replicas: the one holding the node's stream sends it
@@ -1147,7 +1270,24 @@ def _audit(
     }
 
 
-def _incident_row(incident: correlate.Incident, now_ns: int) -> dict[str, Any]:
+def expired_incidents(
+    before: correlate.CorrelationState, after: correlate.CorrelationState
+) -> list[correlate.Incident]:
+    """Incidents before remembers and after no longer does: their window ended, so their rows close."""
+    gone: dict[str, correlate.Incident] = {}
+    for scope, old in before.incidents.items():
+        if after.incidents.get(scope) is old:
+            continue
+        gone.update((i.incident_id, i) for i in old)
+    if gone:
+        for incidents in after.incidents.values():
+            for incident in incidents:
+                gone.pop(incident.incident_id, None)
+    return list(gone.values())
+
+
+def _incident_row(incident: correlate.Incident, now_ns: int, *, closed: bool = False) -> dict[str, Any]:
+    """The incidents-table row; closed once the correlation window forgot the incident."""
     return {
         "incident_id": incident.incident_id,
         "node_id": incident.node_id,
@@ -1155,13 +1295,15 @@ def _incident_row(incident: correlate.Incident, now_ns: int) -> dict[str, Any]:
         "cause": incident.fault_key[:128],
         "component": str(incident.classification.component.value)[:32],
         "severity": int(incident.classification.severity),
-        "state": "open",
+        "state": "closed" if closed else "open",
         "opened_unix_ns": int(incident.opened_at * 1e9),
+        "closed_unix_ns": now_ns if closed else None,
         "data": incident.to_dict(),
     }
 
 
-def _ticket_row(ticket: escalation.Ticket, now_ns: int) -> dict[str, Any]:
+def _ticket_row(ticket: escalation.Ticket, now_ns: int, *, closed: bool = False) -> dict[str, Any]:
+    """The repair_tickets row (a projection of the ticket in the node's ladder state)."""
     return {
         "ticket_id": ticket.ticket_id,
         "node_id": ticket.node_id,
@@ -1172,7 +1314,7 @@ def _ticket_row(ticket: escalation.Ticket, now_ns: int) -> dict[str, Any]:
         "purpose": ticket.purpose.value,
         "reason": ticket.reason,
         "opened_unix_ns": int(ticket.opened_at * 1e9),
-        "updated_unix_ns": int(ticket.updated_at * 1e9),
-        "closed": False,
-        "steps": list(ticket.history),
+        "updated_unix_ns": now_ns if closed else int(ticket.updated_at * 1e9),
+        "closed": closed,
+        "steps": [*ticket.history, f"{now_ns / 1e9:.0f} ticket closed"] if closed else list(ticket.history),
     }

@@ -191,6 +191,7 @@ async def run(
             epoch_unix_ns=started_ns,
             gpu_model=gpu_model,
             job=job,
+            clock=clock,
         )
         backends.append(backend)
         agents.append(

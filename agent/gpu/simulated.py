@@ -8,7 +8,8 @@ Workload model (step-synchronous data-parallel training, see shared/reference/po
 `rasd.agent.gpu.step_job`): every GPU ("rank") alternates between a compute phase (about TDP) and a
 communication phase (near idle); a step ends only after its slowest rank, so the fleet's draw swings
 together. Each rank has its own fixed compute/communication levels and a 5–20 ms jitter per step; a
-cap below demand slows the rank's compute (simple DVFS model), a power-smoothing floor raises the
+cap below demand slows the rank's compute (simple DVFS model; a cap set mid-compute re-times the
+rest of the phase from the instant the injected clock gives it), a power-smoothing floor raises the
 trough and its ramp rates slow the transitions. Checkpoint stalls, job start and job stop are part
 of the workload. Draw never exceeds the enforced cap: a capped GPU is clock-throttled and reports
 the SW_POWER_CAP clock event reason. Agents that share one `step_job.StepJob` (as in `rasd-sim`)
@@ -30,7 +31,7 @@ import pathlib
 import random
 import tomllib
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -252,6 +253,7 @@ class SimulatedBackend:
         faults: Sequence[ScriptedFault] = (),
         epoch_unix_ns: int | None = None,
         job: step_job.StepJob | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         """Create gpu_count simulated GPUs for node_id.
 
@@ -265,6 +267,10 @@ class SimulatedBackend:
             epoch_unix_ns: time zero of the script; None means the first reading's time.
             job: a job shared with other nodes' backends (rasd-sim); None: this node runs its own
                 job built from workload.
+            clock: unix ns, the clock the readings use; it stamps a cap change, which re-times the
+                job's compute from that instant (the setters take no time, as NVML's do not). None:
+                the time of the latest reading (deterministic for callers that pass reading times,
+                at most one reading interval early).
         """
         if not 1 <= gpu_count <= 64:
             raise ValueError(f"gpu_count must be in 1..64, got {gpu_count}")
@@ -275,6 +281,8 @@ class SimulatedBackend:
         self._gpus: dict[str, _SimGpu] = {}
         self._script = sorted(faults, key=lambda f: f.at_s)
         self._epoch_ns = epoch_unix_ns
+        self._clock = clock
+        self._last_reading_ns = 0
         self._delayed: list[tuple[int, model.Observation]] = []
         self.fired: list[FiredFault] = []
         """Every scripted or injected fault that happened, in order (the simulator's ground truth)."""
@@ -596,6 +604,7 @@ class SimulatedBackend:
 
     def _advance(self, now_unix_ns: int) -> None:
         """Fire every scripted fault that is due."""
+        self._last_reading_ns = max(self._last_reading_ns, now_unix_ns)
         if self._epoch_ns is None:
             self._epoch_ns = now_unix_ns
         while self._script and self._epoch_ns + int(self._script[0].at_s * NS_PER_S) <= now_unix_ns:
@@ -619,7 +628,8 @@ class SimulatedBackend:
     def _set_limit(self, sim: _SimGpu, limit_w: int) -> None:
         sim.enforced_limit_w = limit_w
         if self._job is not None and sim.rank >= 0:
-            self._job.set_cap(sim.rank, limit_w)
+            now_ns = self._clock() if self._clock is not None else self._last_reading_ns
+            self._job.set_cap(sim.rank, limit_w, now_ns / NS_PER_S)
 
     def _job_running(self, now_unix_ns: int, sim: _SimGpu | None = None) -> bool:
         """Whether the job runs (on this GPU, when given: an evicted GPU runs nothing)."""

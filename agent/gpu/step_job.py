@@ -22,16 +22,18 @@ The model, step k (all times in seconds, one vector entry per rank):
 - before `start_after_s` and after `stop_after_s` the rank idles at `idle_w` (the job start and
   stop the controller's slew limits must handle).
 
-A new cap clamps the draw at once (power-capping firmware reacts within milliseconds). The step's
-timing reads the caps when the step is computed (at its first reading). A cap *raised* while a rank
-is still computing re-times the rest of that rank's compute phase at the first reading after the
-raise (at most one 10 Hz sample late): the work left, remaining x old level / demand, is done at
-the new level, so the draw rises and the compute finishes sooner within the step (a job-start ramp
-raises caps every control period, and a 200 W compute phase of a 675 W job would otherwise last
-4.7 s before any raise showed). A cap *lowered* mid-compute still costs its time only from the next
-step boundary: optimistic (the draw is clamped at once, the work is not slowed), kept because
-re-timing decreases too raised the demo's step-time cost from 0.29 % to 4.5 % through mid-compute
-cap decreases that have not been analysed yet.
+A cap change (raised or lowered) takes effect at the instant it is set, `set_cap(rank, cap, at_s)`:
+the draw is clamped at once (power-capping firmware reacts within milliseconds), and if the rank is
+still computing (or has yet to start computing in this step), the rest of its compute phase is
+re-timed from at_s by the same DVFS model: the work left, (compute_end - at_s) x old rate, is done
+at the new rate, rate = min(demand, cap) / demand. A raise lets the compute finish sooner (a
+job-start ramp raises caps every control period, and a 200 W compute phase of a 675 W job would
+otherwise last 4.7 s before any raise showed); a decrease makes it finish later, and the step waits
+for it. A change in the communication phase costs nothing in this step; the next step reads the
+caps in force when it starts. Re-timing scales what is left of the phase, including any ramp-up
+loss, by the rate ratio (the ramp itself is not re-solved: a small error, only with smoothing ramps).
+Steps are computed lazily, at the first reading or cap change that falls in them, so every step's
+timing comes from the caps in force at its start.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class Step:
     """Compute-phase level: min(demand, cap) (at least the floor)."""
     trough_w: np.ndarray
     """Communication-phase level: max(comm, floor), at most the cap."""
+    work_w: np.ndarray
+    """The level that sets the compute speed, min(demand, cap): work runs at work_w / demand of full
+    speed (a floor above demand raises the draw, not the speed)."""
     ramp_up_w_per_s: np.ndarray
     ramp_down_w_per_s: np.ndarray
     checkpoint: bool
@@ -106,7 +111,6 @@ class StepJob:
         self.active = np.zeros(0, dtype=bool)
         self.steps: list[Step] = []
         self._starts: list[float] = []
-        self._cap_changed: set[int] = set()
 
     # -- ranks and their settings ----------------------------------------------------------------
     def add_ranks(self, compute_w: Sequence[float], comm_w: Sequence[float], max_w: Sequence[float]) -> range:
@@ -139,11 +143,18 @@ class StepJob:
         """
         self.active[rank] = active
 
-    def set_cap(self, rank: int, cap_w: float) -> None:
-        """The rank's enforced power limit, W: clamps the draw at once; a raise re-times the compute."""
-        if self.cap_w[rank] != cap_w:
-            self._cap_changed.add(rank)
-        self.cap_w[rank] = cap_w
+    def set_cap(self, rank: int, cap_w: float, at_s: float) -> None:
+        """The rank's enforced power limit, W, from unix time at_s on.
+
+        It clamps the draw at once and re-times the rest of the rank's compute phase from at_s (the
+        DVFS model in the module docstring). Before the job's first reading the cap simply applies from the first step.
+        """
+        if self._frozen and self.running(at_s):
+            self._advance(at_s)  # steps that began before at_s ran under the old cap
+            self.cap_w[rank] = cap_w
+            self._retime(rank, at_s)
+        else:
+            self.cap_w[rank] = cap_w
 
     def set_smoothing(self, rank: int, *, floor_w: float, ramp_up_w_per_s: float, ramp_down_w_per_s: float) -> None:
         """A power-smoothing profile: trough floor and ramp rates (0 or inf rate = unlimited)."""
@@ -195,7 +206,10 @@ class StepJob:
         end = float(ce.max() if active.any() else start) + (1.0 - shape.compute_fraction) * shape.period_s
         if checkpoint:
             end += shape.checkpoint_s
-        return Step(k, start, cs, ce, end, peak, trough, up.copy(), self.ramp_down_w_per_s.copy(), checkpoint, active)
+        work = np.minimum(self.compute_w, cap)
+        return Step(
+            k, start, cs, ce, end, peak, trough, work, up.copy(), self.ramp_down_w_per_s.copy(), checkpoint, active
+        )
 
     def _advance(self, t_s: float) -> None:
         self._frozen = True
@@ -212,41 +226,37 @@ class StepJob:
             self.steps.append(step)
             self._starts.append(step.start_s)
 
-    def _retime(self, t_s: float) -> None:
-        """Re-time the compute left in the current step of ranks whose cap changed (at t_s)."""
-        changed, self._cap_changed = self._cap_changed, set()
-        if not changed or not self.steps:
+    def _retime(self, rank: int, t_s: float) -> None:
+        """Re-time the compute `rank` has left in the latest step for the cap it has from t_s."""
+        if not self.steps:
             return
         step = self.steps[-1]
-        if not step.start_s <= t_s < step.end_s:
+        if t_s >= step.end_s:
             return  # the change lands in the next step, which reads the caps when it is computed
-        moved = False
-        for rank in changed:
-            cap = max(float(self.cap_w[rank]), 1.0)
-            ce = float(step.compute_end_s[rank])
-            if not step.active[rank] or t_s >= ce:
-                continue
-            new_peak = max(min(self.compute_w[rank], cap), min(self.floor_w[rank], cap))
-            old_peak = float(step.peak_w[rank])
-            step.trough_w[rank] = min(max(self.comm_w[rank], self.floor_w[rank]), cap)
-            if new_peak <= old_peak or new_peak <= 0:  # decreases: see the module docstring
-                continue
-            since = max(t_s, float(step.compute_start_s[rank]))
-            step.compute_end_s[rank] = since + (ce - since) * old_peak / new_peak
-            step.peak_w[rank] = new_peak
-            moved = True
-        if moved:
-            shape = self.shape
-            end = float(step.compute_end_s[step.active].max()) + (1.0 - shape.compute_fraction) * shape.period_s
-            if step.checkpoint:
-                end += shape.checkpoint_s
-            self.steps[-1] = dataclasses.replace(step, end_s=max(end, t_s))
+        cap = max(float(self.cap_w[rank]), 1.0)
+        step.trough_w[rank] = min(max(self.comm_w[rank], self.floor_w[rank]), cap)
+        ce = float(step.compute_end_s[rank])
+        if not step.active[rank] or t_s >= ce:
+            return  # communicating (or evicted): nothing left to compute in this step
+        new_work = min(float(self.compute_w[rank]), cap)
+        old_work = float(step.work_w[rank])
+        step.peak_w[rank] = max(new_work, min(float(self.floor_w[rank]), cap))
+        if new_work == old_work:
+            return
+        # A change before the rank starts computing (its jitter) re-times the whole phase.
+        since = max(t_s, float(step.compute_start_s[rank]))
+        step.compute_end_s[rank] = since + (ce - since) * old_work / new_work
+        step.work_w[rank] = new_work
+        shape = self.shape
+        end = float(step.compute_end_s[step.active].max()) + (1.0 - shape.compute_fraction) * shape.period_s
+        if step.checkpoint:
+            end += shape.checkpoint_s
+        self.steps[-1] = dataclasses.replace(step, end_s=max(end, t_s))
 
     def step_at(self, t_s: float) -> Step | None:
         """The step running at t_s (None outside the job)."""
         if not self.running(t_s):
             return None
-        self._retime(t_s)
         self._advance(t_s)
         k = bisect.bisect_right(self._starts, t_s) - 1
         return self.steps[max(k, 0)] if self.steps else None

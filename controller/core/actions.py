@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 _COMMAND_NAMESPACE = uuid.UUID("6f1d3c2e-6a8b-5b1e-9a57-7261736400c1")
 """Namespace for command ids (fixed forever: changing it changes every id)."""
+_COMMAND_NAMESPACE_BYTES = _COMMAND_NAMESPACE.bytes
 
 
 @functools.cache
@@ -48,7 +50,13 @@ def command_id_for(ticket_id: str, step: int, kind: str) -> str:
     Returns:
         UUID text, the form the wire's ``Command.command_id`` uses.
     """
-    return str(uuid.uuid5(_COMMAND_NAMESPACE, f"{ticket_id}/{step}/{kind}"))
+    # ``str(uuid.uuid5(...))`` spelt out: the same SHA-1, version and variant bits and text, without
+    # building two UUID objects (a burst makes thousands of ids; uuid5 was 5 % of its CPU).
+    digest = bytearray(hashlib.sha1(_COMMAND_NAMESPACE_BYTES + f"{ticket_id}/{step}/{kind}".encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    text = digest.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

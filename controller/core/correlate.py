@@ -72,7 +72,10 @@ class Incident:
     """One fault on one target and everything folded into it."""
 
     incident_id: str
-    """Deterministic: ``<node>/<gpu or ->/<fault_key>/<seq or ms>`` of the root event."""
+    """Deterministic: ``<node>/<gpu or ->/<fault_key>/<seq>t<ms>`` of the root event (``t<ms>`` alone
+    without a seq). The observed time is part of it because an agent whose spool was reset numbers
+    its events from 1 again: seq alone would give a new fault an old incident's id, and the ticket and
+    command ids derived from it would name commands that already ran."""
     node_id: str
     gpu_uuid: str
     """"" for node-level faults (IB flaps, SXID)."""
@@ -214,7 +217,8 @@ def scope_of(event: health.HealthEvent) -> str:
 
 
 def _incident_id(event: health.HealthEvent, fault_key: str) -> str:
-    tail = str(event.seq) if event.seq else f"t{round(event.observed_at * 1000)}"
+    observed_ms = round(event.observed_at * 1000)
+    tail = f"{event.seq}t{observed_ms}" if event.seq else f"t{observed_ms}"
     return f"{event.node_id}/{event.gpu_uuid or '-'}/{fault_key}/{tail}"
 
 
@@ -224,6 +228,26 @@ def _prune(incidents: tuple[Incident, ...], now: float, pol: policy.CorrelationP
     kept = tuple(i for i in incidents if now - i.last_seen_at <= (pol.sticky_window_s if i.sticky else plain_s))
     # The same tuple when nothing expired: the service writes a scope only when its tuple changed.
     return incidents if len(kept) == len(incidents) else kept
+
+
+def expire(state: CorrelationState, now: float, policy: policy.RemediationPolicy) -> CorrelationState:
+    """The state at now with every scope's expired incidents forgotten (the same object when none expired).
+
+    `correlate` prunes a scope only when an event arrives in it; the service calls this on its tick
+    so that an incident of a quiet scope also closes when its window ends.
+    """
+    corr_pol = policy.correlation
+    scoped = dict(state.incidents)
+    changed = False
+    for scope, incidents in state.incidents.items():
+        kept = _prune(incidents, now, corr_pol)
+        if kept is not incidents:
+            changed = True
+            if kept:
+                scoped[scope] = kept
+            else:
+                del scoped[scope]
+    return CorrelationState(scoped, state.ports) if changed else state
 
 
 def _secondary_root(

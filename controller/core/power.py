@@ -196,6 +196,52 @@ def settle_s(step_period_s: float | None, control_period_s: float, telemetry_int
     return float(step + max(telemetry_interval_s, 0.0))
 
 
+def draw_window_s(
+    configured_s: float,
+    control_period_s: float,
+    step_period_s: float | None,
+    telemetry_interval_s: float,
+    *,
+    longest_s: float,
+) -> float:
+    """How far back a GPU's draw (the peak the allocator judges it by) looks, s.
+
+    At least the configured window and one control period, and at least one detected training step
+    plus one telemetry batch (the newest samples are that old), so the window always holds a compute
+    phase: a window that fits inside a communication trough reads a busy GPU at its trough draw, and
+    the donor rule would hand away the watts its next compute phase needs. The step term is limited
+    to `longest_s` (the detector's window: one that straddles a load change can read it as a long
+    period).
+
+    Example: 5 s configured, 1 s control period, 1 s telemetry: 2 s steps -> 5 s; 10 s steps -> 11 s.
+    """
+    window = max(configured_s, control_period_s)
+    if step_period_s is not None and step_period_s > 0:
+        window = max(window, min(step_period_s + max(telemetry_interval_s, 0.0), longest_s))
+    return float(window)
+
+
+def released(quarantined: np.ndarray, idle_for_s: np.ndarray, hold_s: float) -> np.ndarray:
+    """Which GPUs release their share to the pool: quarantined ones the work has left, per GPU.
+
+    The work has left a GPU once its utilisation has read 0 for at least `hold_s` (`settle_s`: one
+    training step plus the telemetry delay), not at the first idle sample: a scheduler takes a rank
+    out of a synchronous job at a step boundary, so a GPU that reads idle for a moment may still owe
+    the current step its compute, and a rank dropped to its minimum cap mid-compute stalls every rank
+    of the job (in the demo one such cut stretched a 2.02 s step to 2.88 s).
+
+    Example: hold 3 s (2 s steps, 1 s telemetry); a quarantined GPU idle for 1 s keeps its share,
+    one idle for 3 s releases it; a GPU that is not quarantined never does, idle or not.
+
+    Args:
+        quarantined: The GPU, or its node, is quarantined.
+        idle_for_s: How long each GPU's utilisation has read 0, s; nan while it reads busy.
+        hold_s: How long a quarantined GPU must read idle before it releases its share, s.
+    """
+    with np.errstate(invalid="ignore"):
+        return np.asarray(quarantined, dtype=bool) & (np.asarray(idle_for_s, dtype=np.float64) >= hold_s)
+
+
 def allocate(
     tree: power_tree.PowerTree,
     views: GpuViews,

@@ -124,13 +124,14 @@ class RemediationStore:
 
     # -- the one write path ------------------------------------------------------------------------------
     def commit(self, change: Commit) -> list[str]:
-        """Write a decision's changes atomically; returns the command ids that were new.
+        """Write a decision's changes atomically; returns the command ids that were new (or promoted).
 
         Upserts are single INSERT ... ON CONFLICT DO UPDATE statements (executemany), never a read
         followed by a write: a group of hundreds of events commits in a handful of statements.
         """
         fresh: list[str] = []
         now = change.now_unix_ns
+        command_updates = list(change.command_updates)
         with self._sessions.begin() as session:
             if self.fence is not None:
                 self.fence(session)
@@ -163,19 +164,34 @@ class RemediationStore:
                 session.execute(sa.delete(schema.ControllerStateRow).where(schema.ControllerStateRow.name.in_(gone)))
             if change.new_commands:
                 ids = [r.command_id for r in change.new_commands]
-                existing = set(
-                    conn.scalars(sa.select(schema.CommandRow.command_id).where(schema.CommandRow.command_id.in_(ids)))
+                existing = dict(
+                    conn.execute(
+                        sa.select(schema.CommandRow.command_id, schema.CommandRow.status).where(
+                            schema.CommandRow.command_id.in_(ids)
+                        )
+                    ).all()
                 )
                 rows = []
                 for record in change.new_commands:
                     if record.command_id in existing:
-                        continue  # a replayed decision: the command exists and keeps its status
-                    existing.add(record.command_id)
+                        # A replayed decision: the command exists and keeps its status, except that one
+                        # still pending is dispatched by a decision that admitted it (and counts as new).
+                        if existing[record.command_id] == "pending" and record.status == "dispatched":
+                            existing[record.command_id] = "dispatched"
+                            command_updates.append(
+                                (
+                                    record.command_id,
+                                    {"status": "dispatched", "dispatched_unix_ns": record.dispatched_unix_ns},
+                                )
+                            )
+                            fresh.append(record.command_id)
+                        continue
+                    existing[record.command_id] = record.status
                     rows.append({f.name: getattr(record, f.name) for f in _COMMAND_FIELDS})
                     fresh.append(record.command_id)
                 if rows:  # one executemany INSERT, no ORM objects: a burst decides hundreds at once
                     conn.execute(sa.insert(schema.CommandRow.__table__), rows)
-            _update_commands(session, change.command_updates)
+            _update_commands(session, command_updates)
             _upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
             _upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
             _quarantine_many(session, change.quarantines, now)

@@ -41,7 +41,7 @@ def test_draw_follows_compute_and_communication_phases():
 def test_a_cap_below_demand_slows_the_whole_step_by_the_dvfs_model():
     free = _mean_step_s(_job())
     capped = _job()
-    capped.set_cap(3, 350.0)  # one rank at half its 700 W demand computes at half speed
+    capped.set_cap(3, 350.0, 100.0)  # one rank at half its 700 W demand computes at half speed
     slow = _mean_step_s(capped)
     # Its 0.7 s compute takes 1.4 s; the step waits for it.
     assert slow - free == pytest.approx(0.7, abs=0.02)
@@ -107,7 +107,7 @@ def test_ranks_cannot_join_a_running_job():
 
 def test_an_evicted_rank_no_longer_holds_the_step_back():
     job = _job()
-    job.set_cap(3, 350.0)
+    job.set_cap(3, 350.0, 100.0)
     slow = _mean_step_s(job, until_s=130.0)
     job.set_active(3, False)  # the scheduler took the GPU out of the job
     steps = job.completed_steps(135.0, 160.0)
@@ -120,7 +120,7 @@ def test_a_cap_raised_mid_compute_lets_the_draw_rise_and_the_compute_finish_soon
     # A job-start ramp raises caps while the ranks compute: the rest of the phase runs at the new level.
     job = _job()
     for rank in range(4):
-        job.set_cap(rank, 350.0)
+        job.set_cap(rank, 350.0, 100.0)
     step = job.step_at(100.05)
     assert step is not None
     slow_end = float(step.compute_end_s[3])  # 0.7 s of work at half speed: 1.4 s
@@ -128,7 +128,7 @@ def test_a_cap_raised_mid_compute_lets_the_draw_rise_and_the_compute_finish_soon
     assert slow_end - cs == pytest.approx(1.4, abs=1e-9)
     raise_at = cs + 0.4  # 0.2 s of work done, 0.5 s left: at full speed it ends 0.5 s later
     for rank in range(4):
-        job.set_cap(rank, 700.0)
+        job.set_cap(rank, 700.0, raise_at)
     assert job.draw_w(slice(None), raise_at)[3] == 700.0
     step = job.step_at(raise_at)
     assert step is not None
@@ -136,14 +136,69 @@ def test_a_cap_raised_mid_compute_lets_the_draw_rise_and_the_compute_finish_soon
     assert step.end_s == pytest.approx(float(step.compute_end_s.max()) + 0.3)
 
 
-def test_a_cap_lowered_mid_compute_costs_its_time_from_the_next_step():
+def test_a_cap_lowered_mid_compute_slows_the_rest_of_the_phase_from_that_instant():
+    # The clock is the test's: the cut lands 0.3 s into rank 3's 0.7 s compute phase, long before
+    # any reading, and is costed from the instant it was set, not from the next reading or step.
     job = _job()
     step = job.step_at(100.05)
     assert step is not None
-    ce = float(step.compute_end_s[3])
-    job.set_cap(3, 350.0)
-    assert job.draw_w(slice(None), ce - 0.1)[3] == 350.0, "the draw is clamped at once"
-    assert float(job.step_at(ce - 0.1).compute_end_s[3]) == ce
+    cs, ce = float(step.compute_start_s[3]), float(step.compute_end_s[3])
+    assert ce - cs == pytest.approx(0.7, abs=1e-9)
+    cut_at = cs + 0.3
+    job.set_cap(3, 350.0, cut_at)  # half of its 700 W demand: the 0.4 s of work left takes 0.8 s
+    step = job.step_at(cut_at + 0.5)
+    assert step is not None
+    assert float(step.compute_end_s[3]) == pytest.approx(cut_at + 0.8, abs=1e-9)
+    assert step.end_s == pytest.approx(cut_at + 0.8 + 0.3, abs=1e-9), "the step waits for the slowed rank"
+    assert job.draw_w(slice(None), cut_at + 0.5)[3] == 350.0, "the draw is clamped at once"
+    assert job.draw_w(slice(None), cut_at + 0.79)[3] == 350.0, "still computing where it would have finished"
+    # Raised back 0.2 s later (0.1 s of full-speed work done in it): the 0.3 s left runs at full speed.
+    job.set_cap(3, 700.0, cut_at + 0.2)
+    step = job.step_at(cut_at + 0.3)
+    assert step is not None
+    assert float(step.compute_end_s[3]) == pytest.approx(cut_at + 0.2 + 0.3, abs=1e-9)
+    assert float(step.compute_end_s[3]) - ce == pytest.approx(0.1, abs=1e-9), "0.2 s at half speed cost 0.1 s"
+
+
+def test_a_cap_set_in_a_step_nobody_has_read_yet_applies_only_from_its_instant():
+    # Steps are computed lazily: the step the cut lands in is computed at the cut, under the cap
+    # in force when it started, and only the rest of its compute runs at the new cap.
+    twin, job = _job(), _job()
+    assert job.step_at(100.05) is not None
+    second = twin.completed_steps(100.0, 103.0)[1]
+    cs = float(second.compute_start_s[3])
+    job.set_cap(3, 350.0, cs + 0.3)
+    step = job.step_at(cs + 0.4)
+    assert step is not None and step.index == second.index
+    assert float(step.compute_end_s[3]) == pytest.approx(cs + 0.3 + 0.8, abs=1e-9)
+
+
+def test_a_cap_lowered_through_the_backend_is_stamped_by_its_clock():
+    now_ns = [0]
+    workload = simulated.StepWorkload(period_s=1.0, anchor_unix_s=100.0)
+    job = step_job.StepJob(workload.shape(), seed=5)
+    backend = simulated.SimulatedBackend("n", 1, 0, workload=workload, job=job, clock=lambda: now_ns[0])
+    step = job.step_at(100.05)
+    assert step is not None
+    cs, ce = float(step.compute_start_s[0]), float(step.compute_end_s[0])
+    demand = float(job.compute_w[0])
+    now_ns[0] = int((cs + 0.2) * 1e9)
+    backend.set_power_limit(backend.inventory()[0].uuid, 300)
+    step = job.step_at(cs + 0.25)
+    assert step is not None
+    left_s = ce - (cs + 0.2)
+    assert float(step.compute_end_s[0]) == pytest.approx(cs + 0.2 + left_s * demand / 300.0, abs=1e-6)
+
+
+def test_a_floor_above_demand_raises_the_draw_not_the_speed_after_a_cut():
+    job = _job()
+    job.set_smoothing(2, floor_w=680.0, ramp_up_w_per_s=0.0, ramp_down_w_per_s=0.0)  # rank 2 demands 660 W
+    step = job.step_at(100.05)
+    assert step is not None
+    cs, ce = float(step.compute_start_s[2]), float(step.compute_end_s[2])
+    job.set_cap(2, 670.0, cs + 0.1)  # still above the 660 W demand: no slower
+    assert float(job.step_at(cs + 0.2).compute_end_s[2]) == pytest.approx(ce, abs=1e-9)
+    assert job.draw_w(np.array([2]), cs + 0.2)[0] == 670.0
 
 
 def test_a_cap_changed_in_the_communication_phase_waits_for_the_next_step():
@@ -152,7 +207,7 @@ def test_a_cap_changed_in_the_communication_phase_waits_for_the_next_step():
     assert step is not None
     in_comm = float(step.compute_end_s.max()) + 0.1
     end = step.end_s
-    job.set_cap(3, 350.0)
+    job.set_cap(3, 350.0, in_comm)
     assert job.step_at(in_comm).end_s == end
     nxt = job.step_at(end + 0.05)
     assert nxt is not None and float(nxt.compute_end_s[3] - nxt.compute_start_s[3]) == pytest.approx(1.4, abs=1e-9)

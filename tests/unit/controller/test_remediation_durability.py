@@ -26,6 +26,7 @@ from rasd.controller.store import remediation as rstore
 pytestmark = pytest.mark.slow
 
 LADDER_COMMITS = 6  # commits the happy path takes for one Xid 48 (checked by the test without a crash)
+RESTART_COMMITS = 2  # for one Xid 13: the decision with its dispatch, then the result
 
 
 class Crash(Exception):
@@ -47,7 +48,7 @@ async def _until(predicate, timeout_s=20.0):
         await asyncio.sleep(0.05)
 
 
-async def _run_ladder(store_url: str, tmp_path, crash_at: int | None, when: str):
+async def _run_ladder(store_url: str, tmp_path, crash_at: int | None, when: str, *, xid: int = 48):
     port = _free_port()
     settings = server.ControllerSettings(listen=f"127.0.0.1:{port}", db_url=store_url, metrics_port=None)
     backend = simulated.SimulatedBackend("node-d", 2, 0, workload=simulated.StepWorkload())
@@ -99,7 +100,7 @@ async def _run_ladder(store_url: str, tmp_path, crash_at: int | None, when: str)
         await controller.start()
         agent_task = asyncio.create_task(agent.run(stop))
         await _until(lambda: "node-d" in controller.ingest.sessions)
-        backend.fire(simulated.ScriptedFault(at_s=0, kind="xid", gpu=0, xid=48), backend._epoch_ns or 0)
+        backend.fire(simulated.ScriptedFault(at_s=0, kind="xid", gpu=0, xid=xid), backend._epoch_ns or 0)
 
         def finished(c: server.Controller) -> bool:
             state = c.remediation.node_states.get("node-d") if c.remediation else None
@@ -157,3 +158,22 @@ def test_a_crash_at_any_commit_loses_and_repeats_nothing(store_url, tmp_path, cr
     assert {c.kind for c in outbox} >= {"quarantine_gpu", "reset_gpu", "run_validation", "release"}
     assert quarantined == [], "the GPU is back in service"
     print(f"\ncrash {when} commit {crash_at}: commands {len(ids)}, executed on node {len(executed)}, duplicates 0")
+
+
+def test_an_agent_only_repair_is_dispatched_in_its_decision_commit(store_url, tmp_path):
+    """Xid 13 → restart_process: the decision and its dispatch are one transaction, the result another."""
+    executed, outbox, quarantined, commits, _ = asyncio.run(_run_ladder(store_url, tmp_path, None, "before", xid=13))
+    assert commits == RESTART_COMMITS
+    assert [(c.kind, c.status) for c in outbox] == [("restart_process", "succeeded")]
+    assert outbox[0].dispatched_unix_ns == outbox[0].created_unix_ns
+    assert executed == [outbox[0].command_id]
+    assert quarantined == []
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("crash_at", range(1, RESTART_COMMITS + 1))
+def test_a_crash_at_any_commit_of_an_agent_only_repair_loses_and_repeats_nothing(store_url, tmp_path, crash_at, when):
+    executed, outbox, _, _, crashed = asyncio.run(_run_ladder(store_url, tmp_path, crash_at, when, xid=13))
+    assert crashed, f"commit {crash_at} never happened: the crash case tested nothing"
+    assert [(c.kind, c.status) for c in outbox] == [("restart_process", "succeeded")]
+    assert executed == [outbox[0].command_id], f"the restart ran {len(executed)} times on the node"

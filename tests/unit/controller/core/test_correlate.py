@@ -215,3 +215,24 @@ def test_the_flap_window_runs_on_the_controller_clock_however_far_off_the_agent_
     )
     state = correlate.correlate(state, later, now=now, catalog=CATALOG, policy=POLICY).state
     assert state.ports["n1"][0].changed_at == (now,), "old changes age out on the controller's clock"
+
+
+def test_expire_forgets_the_incidents_of_quiet_scopes_and_shares_the_state_when_none_expired():
+    feed = Feed()
+    feed.xid(13, node="n1", gpu="GPU-1")
+    feed.xid(79, node="n2", gpu="GPU-9")  # sticky: remembered for 3 h
+    assert correlate.expire(feed.state, T0 + 180, POLICY) is feed.state
+    later = correlate.expire(feed.state, T0 + 181, POLICY)
+    assert [i.fault_key for i in later.open_incidents()] == ["xid:79"]
+    assert correlate.expire(later, T0 + 3 * 3600 + 1, POLICY).incidents == {}
+
+
+def test_the_same_seq_at_another_time_is_another_incident_id():
+    """An agent whose spool was reset numbers its events from 1 again: the ids must still differ."""
+    feed = Feed()
+    first = feed.xid(79, seq=1)
+    feed.now += 4 * 3600  # past the sticky window: a new incident
+    again = feed.xid(79, seq=1)
+    assert again.outcome is Outcome.NEW
+    assert again.incident.incident_id != first.incident.incident_id
+    assert first.incident.incident_id.startswith("n1/GPU-1/xid:79/1t")

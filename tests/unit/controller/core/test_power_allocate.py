@@ -147,6 +147,62 @@ def test_quarantined_gpus_drop_to_minimum_and_their_share_goes_to_capped_peers()
     assert alloc.caps_w.sum() <= 2_400
 
 
+def test_a_communication_trough_does_not_take_a_computing_gpus_watts():
+    # A 10 s step: 4 s of compute at 680 W, then 6 s of communication at 120 W, sampled at 10 Hz;
+    # the newest samples the controller holds are one 1 s telemetry batch old. Four control periods
+    # into the trough, the configured 5 s window holds only trough samples: judged by it the GPU is a
+    # donor and its cap falls to 450 W, under which the next compute phase runs at 450/680 of full
+    # speed. A window of one detected step plus the batch always holds the compute peak.
+    t = np.arange(0.0, 30.0, 0.1)
+    draw = np.where((t % 10.0) < 4.0, 680.0, 120.0)
+    now, lag_s = 29.0, 1.0
+    tree = fleet_tree(1, 1, 1, cluster_w=2_800)
+
+    def cap_after(window_s):
+        seen = (t >= now - window_s) & (t <= now - lag_s)
+        views = views_for(tree, 2, draw=float(draw[seen].max()), cap=700.0)
+        return power.allocate(tree, views, None, policy=POLICY, rng=np.random.default_rng(1)).caps_w
+
+    assert np.all(cap_after(5.0) == 450), "the trough-only window hands the compute watts away"
+    window_s = power.draw_window_s(5.0, 1.0, 10.0, lag_s, longest_s=20.0)
+    assert window_s == 11.0
+    assert np.all(cap_after(window_s) >= 680), "the step-long window keeps the compute phase's watts"
+
+
+def test_the_draw_window_spans_a_step_only_as_far_as_the_detector_can_see():
+    assert power.draw_window_s(5.0, 1.0, 2.0, 1.0, longest_s=20.0) == 5.0
+    assert power.draw_window_s(5.0, 1.0, None, 1.0, longest_s=20.0) == 5.0
+    assert power.draw_window_s(0.5, 3.0, None, 1.0, longest_s=20.0) == 3.0
+    assert power.draw_window_s(5.0, 1.0, 40.0, 1.0, longest_s=20.0) == 20.0
+
+
+def test_one_idle_sample_does_not_take_a_quarantined_gpus_watts_while_it_may_still_compute():
+    # The demo's defect, traced: GPU 0 is quarantined and its utilisation has just read 0 (the
+    # scheduler is taking it out of the job at the next step boundary), but the current step still
+    # waits on its 680 W compute. Dropped to its 200 W minimum now, it would compute at 200/680 of
+    # full speed and stall every rank; it releases its share only after a step plus a telemetry batch.
+    tree = fleet_tree(1, 1, 2, cluster_w=2_800)
+    hold_s = power.settle_s(2.0, 1.0, 1.0)  # 2 s steps, 1 s telemetry: 3 s
+    quarantined = np.array([True, False, False, False])
+    views = views_for(tree, 2, draw=680.0, cap=700.0)
+    just_idle = np.array([1.0, np.nan, np.nan, np.nan])
+    views = views.replace(eligible=~power.released(quarantined, just_idle, hold_s))
+    alloc = power.allocate(tree, views, None, policy=POLICY, rng=np.random.default_rng(1))
+    assert alloc.caps_w[0] >= 680, "a GPU that may still be computing keeps a cap at or above its draw"
+
+    left = np.array([hold_s, np.nan, np.nan, np.nan])  # idle for a whole step and a batch: the work has left it
+    eligible = ~power.released(quarantined, left, hold_s)
+    views = views.replace(draw_w=np.array([70.0, 680.0, 680.0, 680.0]), eligible=eligible)
+    alloc = power.allocate(tree, views, None, policy=POLICY, rng=np.random.default_rng(1))
+    assert alloc.caps_w[0] == 200
+
+
+def test_only_quarantined_gpus_idle_for_the_whole_hold_are_released():
+    quarantined = np.array([True, True, True, False])
+    idle_for_s = np.array([np.nan, 2.9, 3.0, 60.0])
+    assert list(power.released(quarantined, idle_for_s, 3.0)) == [False, False, True, False]
+
+
 def test_higher_priority_is_served_first_when_power_is_short():
     tree = fleet_tree(1, 1, 1, cluster_w=1_000)
     views = views_for(tree, 2, draw=500.0, cap=500.0, throttled=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+import hypothesis
 import pytest
 
 from rasd.controller.core import actions
@@ -59,3 +60,14 @@ def test_unknown_kinds_are_rejected():
 def test_validation_seeds_are_deterministic_and_non_negative():
     assert actions.seed_for("t", 3) == actions.seed_for("t", 3) >= 0
     assert actions.seed_for("t", 3) != actions.seed_for("t", 4)
+
+
+@hypothesis.given(
+    ticket_id=hypothesis.strategies.text(max_size=120),
+    step=hypothesis.strategies.integers(min_value=0, max_value=10**9),
+    kind=hypothesis.strategies.sampled_from(["restart_process", "reset_gpu", "reboot_node", "run_validation"]),
+)
+def test_command_ids_are_exactly_uuid5_of_the_key(ticket_id, step, kind):
+    """The hand-written uuid5 must give the ids earlier releases stored: a restart re-sends by them."""
+    expected = str(uuid.uuid5(uuid.UUID("6f1d3c2e-6a8b-5b1e-9a57-7261736400c1"), f"{ticket_id}/{step}/{kind}"))
+    assert actions.command_id_for(ticket_id, step, kind) == expected

@@ -695,3 +695,20 @@ def test_an_incident_for_another_node_changes_nothing():
     incident = other.corr.open_incidents()[0]
     decision = escalation.decide(node.state, incident, now=node.clock.now, policy=node.policy.escalation)
     assert decision.actions == () and decision.state == node.state
+
+
+def test_a_ticket_update_is_dataclasses_replace_and_never_reuses_the_old_values_dict():
+    ticket = escalation.Ticket(
+        ticket_id="n1/GPU-1/xid:13/1t5@1", node_id="n1", gpu_uuid="GPU-1", fault_key="xid:13",
+        purpose=escalation.Purpose.REPAIR, state=escalation.TicketState.ACTING, opened_at=1.0, updated_at=1.0,
+        history=("1 fault xid:13",),
+    )  # fmt: skip
+    before = escalation._ticket_to_dict(ticket)
+    assert escalation._ticket_to_dict(ticket) is before  # made once per value
+    changes = {"state": escalation.TicketState.WATCHING, "updated_at": 2.0, "history": ("1 a", "2 b")}
+    evolved = escalation._evolve(ticket, **changes)
+    assert evolved == dataclasses.replace(ticket, **changes)
+    assert escalation._ticket_to_dict(evolved) == escalation._ticket_as_dict(evolved)
+    assert escalation._ticket_to_dict(evolved)["state"] == "watching" and before["state"] == "acting"
+    with pytest.raises(TypeError, match="statee"):
+        escalation._evolve(ticket, statee=escalation.TicketState.WATCHING)

@@ -1,0 +1,141 @@
+"""Incident and repair-ticket rows close when the ladder lets go of them; ids stay unique across spool resets.
+
+Operators read open incidents and open repairs from these rows (`rasctl incidents --open`,
+`rasctl repairs --open`): a row that never closes lists a fault for ever. And an agent whose spool
+was reset numbers its events from 1 again, which must not give a new fault an old fault's ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.controller import ingest as ingest_mod
+from rasd.controller import metrics
+from rasd.controller import remediation as remediation_mod
+from rasd.controller.core import fleet, health
+from rasd.controller.store import repo
+
+T0_NS = 1_800_000_000 * 10**9
+GPU = "GPU-00000000-0000-4000-8000-000000000001"
+NODE = "node-1"
+
+
+def _hello() -> fleet.NodeHello:
+    gpus = (fleet.GpuRecord(GPU, NODE, "H100", "0000:18:00.0", 200, 700, 700),)
+    return fleet.NodeHello(NODE, "boot-1", "0.1.0", NODE, "simulated", {"rack": "r1"}, gpus, 0)
+
+
+def _xid(seq: int, xid: int, at_ns: int) -> repo.StoredEvent:
+    return repo.StoredEvent(
+        node_id=NODE, seq=seq, observed_unix_ns=at_ns - 10**6, received_unix_ns=at_ns,
+        kind=int(health.EventKind.XID), severity=int(health.Severity.ERROR), gpu_uuid=GPU, xid=xid,
+        message=f"NVRM: Xid (PCI:0000:18:00): {xid}", source="kmsg", attributes={},
+    )  # fmt: skip
+
+
+class _Rig:
+    def __init__(self, url: str) -> None:
+        self.now_ns = T0_NS
+        self.store = repo.Store.open(url)
+        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=self.clock)
+        self.service = remediation_mod.RemediationService(self.store, self.ingest, clock=self.clock)
+        self.store.register_hello(_hello(), T0_NS)
+        self.ingest.node_labels[NODE] = {"rack": "r1"}
+
+    def run(self, scenario) -> None:
+        """Run scenario() with the ingest started and stopped in the same event loop."""
+
+        async def whole() -> None:
+            await self.ingest.start()
+            try:
+                await scenario()
+            finally:
+                await self.ingest.stop()
+
+        asyncio.run(whole())
+
+    def clock(self) -> int:
+        return self.now_ns
+
+    async def event(self, seq: int, xid: int) -> None:
+        await self.service.on_events(NODE, [_xid(seq, xid, self.now_ns)], {"rack": "r1"})
+
+    async def succeed(self, kind: str) -> None:
+        command = next(
+            c for c in self.service.store.commands(node_id=NODE) if c.kind == kind and c.status != "succeeded"
+        )
+        await self.service.on_result(
+            NODE, commands_pb.ActionResult(command_id=command.command_id, outcome=commands_pb.ACTION_OUTCOME_SUCCEEDED)
+        )
+
+
+@pytest.fixture
+def rig(tmp_path):
+    rig = _Rig(f"sqlite:///{tmp_path / 'rasd.db'}")
+    yield rig
+    rig.store.close()
+
+
+def test_an_incident_row_closes_on_the_tick_after_its_window_ends(rig):
+    store = rig.service.store
+
+    async def scenario() -> None:
+        await rig.event(1, 13)
+        assert [i["state"] for i in store.incidents(open_only=True)] == ["open"]
+        rig.now_ns += 179 * 10**9  # still inside the 180 s dedupe window
+        await rig.service.tick()
+        assert len(store.incidents(open_only=True)) == 1
+        rig.now_ns += 2 * 10**9
+        await rig.service.tick()
+
+    rig.run(scenario)
+    assert store.incidents(open_only=True) == []
+    (row,) = store.incidents()
+    assert row["state"] == "closed"
+    assert row["closed_unix_ns"] == rig.now_ns
+    assert rig.service.correlation.open_incidents() == ()
+
+
+def test_a_ticket_row_closes_when_its_watch_window_ends(rig):
+    store = rig.service.store
+    watch_s = rig.service.policy.escalation.recurrence_window_s
+
+    async def scenario() -> None:
+        await rig.event(1, 13)
+        await rig.succeed("restart_process")
+        (ticket,) = store.tickets(open_only=True)
+        assert ticket["state"] == "watching"
+        rig.now_ns += int((watch_s + 1) * 1e9)
+        await rig.service.tick()
+
+    rig.run(scenario)
+    assert store.tickets(open_only=True) == []
+    (row,) = store.tickets()
+    assert row["closed"] is True
+    assert row["updated_unix_ns"] == rig.now_ns
+    assert row["steps"][-1].endswith("ticket closed")
+    assert rig.service.node_states[NODE].tickets == ()
+
+
+def test_a_fault_after_a_spool_reset_gets_its_own_incident_ticket_and_command(rig):
+    """Seq 1 again, 8 days later (past every window): a new repair, not the old one's command id."""
+    store = rig.service.store
+
+    async def scenario() -> None:
+        await rig.event(1, 13)
+        await rig.succeed("restart_process")
+        rig.now_ns += 8 * 86400 * 10**9
+        await rig.service.tick()
+        await rig.event(1, 13)  # the agent's spool was reset: its events are numbered from 1 again
+
+    rig.run(scenario)
+    restarts = [c for c in store.commands(node_id=NODE) if c.kind == "restart_process"]
+    assert len({c.command_id for c in restarts}) == 2
+    assert [c.status for c in restarts] == ["succeeded", "dispatched"]
+    incidents = store.incidents()
+    assert len({i["incident_id"] for i in incidents}) == 2
+    assert sorted(i["state"] for i in incidents) == ["closed", "open"]
