@@ -5,6 +5,18 @@ stored result (`replayed=True`) and never run twice (DESIGN.md invariant 2). A c
 deadline is not started. Power caps go through the GPU backend and are confirmed by reading the
 enforced limit back, which the controller's two-phase power apply relies on.
 
+A raise that comes with a rate (`SetPowerCap.max_raise_w_per_s`, the GPU's share of the aggregate
+ramp limit) is slewed: the executor keeps the raise (`core.cap_slew`) and `step_slews`, called
+about every `cap_slew_step_s` by the agent, moves the limit up no faster than the rate. What
+"confirmed" means for such a raise: the result answers at once, with the limit read back now and
+the raise's target in `slew_targets_w`, and telemetry carries the target too
+(`GpuCounters.power_limit_slew_target_w`) until the limit gets there. The controller counts the GPU
+at the higher of the two: the target is the most that may come into force from what the agent has
+accepted, so the budget holds (DESIGN.md §2.1), and the raise is settled, not resent. A later
+command for the same GPU replaces the slew in progress; a decrease is set at once. A slew in
+progress is dropped when the agent falls back to its safe cap or restores caps after a reboot or
+reset: the agent never raises on its own (invariant 6).
+
 Destructive actions (restart process, reset GPU, reboot, validation) need `destructive_enabled`;
 by default the agent answers DRY_RUN with what it would have done. When enabled:
 
@@ -24,11 +36,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import signal
+import threading
 import time
 from collections.abc import Callable
 
 from rasd.agent import gpu, node_ops, spool
-from rasd.agent.core import model
+from rasd.agent.core import cap_slew, model
 
 Clock = Callable[[], int]
 Outcome = tuple[model.ActionOutcome, str, dict[str, int]]
@@ -44,6 +57,8 @@ class ActionSettings:
     """Upper bound for one rasd-validate run (the suites enforce their own budgets below this)."""
     kill_poll_s: float = 0.2
     """How often a process is checked for exit during the SIGTERM grace period."""
+    cap_slew_step_s: float = 0.1
+    """How often a slewing raise moves the limit (`step_slews`); each step at most rate x this."""
 
 
 class ActionExecutor:
@@ -66,6 +81,11 @@ class ActionExecutor:
         self._ops = ops
         self.settings = settings
         self._sleep = sleep
+        self._slews: dict[str, cap_slew.Slew] = {}
+        self._constraints: dict[str, tuple[int, int]] | None = None
+        # Commands run in a worker thread while the sampler steps the slews and reads the limits:
+        # one lock makes a command, a step and a read of limits with their slew targets atomic.
+        self._slew_lock = threading.Lock()
 
     def execute(self, command: model.Command) -> model.ActionResult:
         """Run a command once; a repeated id returns the stored result marked replayed."""
@@ -80,9 +100,11 @@ class ActionExecutor:
             )
         action = command.action
         if isinstance(action, model.SetPowerCap):
-            outcome = self._set_power_cap(action)
-            self._journal.record_power_caps(outcome[2], started)
-            return self._finish(command, started, outcome)
+            outcome, slewing = self._set_power_cap(action)
+            # The slews' targets are the caps the controller counts: restored after a reboot, they
+            # only ever lower a limit.
+            self._journal.record_power_caps({**outcome[2], **slewing}, started)
+            return self._finish(command, started, outcome, slew_targets_w=slewing)
         if isinstance(action, model.SetPowerSmoothing):
             return self._finish(command, started, self._set_power_smoothing(action))
         if isinstance(action, model.SetTroughFiller):
@@ -139,6 +161,7 @@ class ActionExecutor:
         limit). It only ever lowers a limit: a cap the controller later raised is recorded too, and
         the agent never raises on its own. Returns the limits now enforced on the GPUs it touched.
         """
+        self.cancel_slews(gpu_uuids)
         caps = self._journal.power_caps()
         if gpu_uuids is not None:
             caps = {uuid: watts for uuid, watts in caps.items() if uuid in gpu_uuids}
@@ -159,24 +182,105 @@ class ActionExecutor:
                 continue  # a GPU that cannot be reached now is counted at its cap by the controller
         return enforced
 
-    def _set_power_cap(self, action: model.SetPowerCap) -> Outcome:
+    # -- slewing raises ----------------------------------------------------------------------------
+    def step_slews(self) -> list[str]:
+        """Move every slewing raise to where its rate allows now; returns the failures (slew dropped).
+
+        A GPU whose set fails keeps the limit it had: lower than the target the controller counts,
+        so the budget still holds, and its read-back shows where it stopped.
+        """
+        with self._slew_lock:
+            if not self._slews:
+                return []
+            self._slews, to_set = cap_slew.step(self._slews, self._clock() / 1e9)
+            failures = []
+            for gpu_uuid, watts in to_set.items():
+                try:
+                    self._backend.set_power_limit(gpu_uuid, watts)
+                except gpu.BackendError as exc:
+                    self._slews.pop(gpu_uuid, None)
+                    failures.append(f"{gpu_uuid}: {type(exc).__name__}: {exc}")
+            return failures
+
+    def slew_targets(self) -> dict[str, int]:
+        """GPU -> the target of its raise in progress."""
+        with self._slew_lock:
+            return {gpu_uuid: slew.target_w for gpu_uuid, slew in self._slews.items()}
+
+    def cancel_slews(self, gpu_uuids: list[str] | None = None) -> None:
+        """Stop raises in progress where they are (all, or the listed GPUs')."""
+        with self._slew_lock:
+            for gpu_uuid in list(self._slews) if gpu_uuids is None else gpu_uuids:
+                self._slews.pop(gpu_uuid, None)
+
+    def read_counters(self, now_unix_ns: int) -> list[model.GpuCounters]:
+        """The backend's counters, each slewing GPU's with the target of its raise in progress.
+
+        Read under the slew lock, so a read-back never misses the target of a raise it could be
+        overtaken by: a command that starts a slew either finished before (the target is here) or
+        starts after (and answers with a later time).
+        """
+        with self._slew_lock:
+            counters = self._backend.read_counters(now_unix_ns)
+            targets = {gpu_uuid: slew.target_w for gpu_uuid, slew in self._slews.items()}
+        if not targets:
+            return list(counters)
+        return [
+            dataclasses.replace(c, power_limit_slew_target_w=targets[c.gpu_uuid]) if c.gpu_uuid in targets else c
+            for c in counters
+        ]
+
+    def _set_power_cap(self, action: model.SetPowerCap) -> tuple[Outcome, dict[str, int]]:
         enforced: dict[str, int] = {}
+        slewing: dict[str, int] = {}
         failures: list[str] = []
         not_supported = False
-        for gpu_uuid, watts in action.limits_w.items():
-            try:
-                enforced[gpu_uuid] = self._backend.set_power_limit(gpu_uuid, watts)
-            except gpu.NotSupported as exc:
-                not_supported = True
-                failures.append(f"{gpu_uuid}: {exc}")
-            except gpu.BackendError as exc:
-                failures.append(f"{gpu_uuid}: {type(exc).__name__}: {exc}")
+        with self._slew_lock:
+            rates = {g: r for g, r in action.max_raise_w_per_s.items() if r > 0 and g in action.limits_w}
+            current = self._limits_now() if rates else {}
+            now_s = self._clock() / 1e9
+            for gpu_uuid, watts in action.limits_w.items():
+                self._slews.pop(gpu_uuid, None)  # a new command replaces the raise in progress
+                now_w = current.get(gpu_uuid)
+                slew = None
+                if now_w is not None and self._within_constraints(gpu_uuid, watts):
+                    slew = cap_slew.begin(now_w, watts, rates.get(gpu_uuid, 0.0), now_s)
+                if slew is not None:
+                    self._slews[gpu_uuid] = slew
+                    enforced[gpu_uuid] = now_w  # type: ignore[assignment]  # not None: a slew began
+                    slewing[gpu_uuid] = slew.target_w
+                    continue
+                try:
+                    enforced[gpu_uuid] = self._backend.set_power_limit(gpu_uuid, watts)
+                except gpu.NotSupported as exc:
+                    not_supported = True
+                    failures.append(f"{gpu_uuid}: {exc}")
+                except gpu.BackendError as exc:
+                    failures.append(f"{gpu_uuid}: {type(exc).__name__}: {exc}")
         if not failures:
-            return model.ActionOutcome.SUCCEEDED, f"set {len(enforced)} power limit(s)", enforced
+            message = f"set {len(enforced) - len(slewing)} power limit(s)"
+            if slewing:
+                message += f", raising {len(slewing)} at their rate"
+            return (model.ActionOutcome.SUCCEEDED, message, enforced), slewing
         outcome = model.ActionOutcome.NOT_SUPPORTED if not_supported and not enforced else model.ActionOutcome.FAILED
         # Partial success still reports what was enforced: the controller must know which caps
         # are in force to keep the budget invariant.
-        return outcome, "; ".join(failures), enforced
+        return (outcome, "; ".join(failures), enforced), slewing
+
+    def _limits_now(self) -> dict[str, int]:
+        """GPU -> its enforced limit read back now; empty when the backend cannot say (set at once)."""
+        try:
+            counters = self._backend.read_counters(self._clock())
+        except gpu.BackendError:
+            return {}
+        return {c.gpu_uuid: c.enforced_power_limit_w for c in counters if c.enforced_power_limit_w is not None}
+
+    def _within_constraints(self, gpu_uuid: str, watts: int) -> bool:
+        """Whether the backend would take `watts` for this GPU (otherwise the set at once reports why)."""
+        if self._constraints is None:
+            self._constraints = {g.uuid: (g.power_limit_min_w, g.power_limit_max_w) for g in self._backend.inventory()}
+        limits = self._constraints.get(gpu_uuid)
+        return limits is not None and limits[0] <= watts <= limits[1]
 
     def _set_power_smoothing(self, action: model.SetPowerSmoothing) -> Outcome:
         """Apply the profile GPU by GPU; NOT_SUPPORTED only when no listed GPU has the hardware."""

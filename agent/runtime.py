@@ -229,7 +229,8 @@ class Agent:
 
     async def _sample_forever(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
-        next_power = next_counters = next_events = loop.time()
+        next_power = next_counters = next_events = next_slew = loop.time()
+        slew_step_s = self._executor.settings.cap_slew_step_s
         while not stop.is_set():
             now_loop = loop.time()
             now_ns = self._clock()
@@ -242,7 +243,8 @@ class Agent:
                     next_power = _next_tick(next_power, self._power_interval_ms, now_loop)
                 if now_loop >= next_counters:
                     findings: list[model.Observation] = []
-                    for counters in await self._call(self.backend.read_counters, now_ns):
+                    # Through the executor: a slewing GPU's counters carry its raise's target.
+                    for counters in await self._call(self._executor.read_counters, now_ns):
                         uuid = counters.gpu_uuid
                         reading = self._latest_power.get(uuid)
                         power_w = reading.power_w if reading else None
@@ -266,6 +268,10 @@ class Agent:
                     if observations:
                         self.observe(observations)
                     next_events = _next_tick(next_events, self.settings.event_poll_interval_ms, now_loop)
+                if now_loop >= next_slew:
+                    for failure in await self._call(self._executor.step_slews):
+                        self._log.warning("cap_slew_step_failed", error=failure)
+                    next_slew = _next_tick(next_slew, round(slew_step_s * 1000), now_loop)
                 self.stats.last_cycle_ok_monotonic = time.monotonic()
             except gpu.BackendError as exc:
                 # A failing read must not kill sampling; lost GPUs surface as observations.
@@ -275,7 +281,7 @@ class Agent:
                 # systemd the watchdog stops being petted and the agent is restarted.
                 self._log.exception("sampling_cycle_failed")
             await self._maybe_failsafe()
-            await asyncio.sleep(max(0.0, min(next_power, next_counters, next_events) - loop.time()))
+            await asyncio.sleep(max(0.0, min(next_power, next_counters, next_events, next_slew) - loop.time()))
 
     def _keep_running(self, name: str, target: Callable[[threading.Event], None], stop: threading.Event) -> None:
         """Run a source thread; if it fails (e.g. /dev/kmsg unreadable), log it and start it again."""
@@ -310,6 +316,8 @@ class Agent:
         if time.monotonic() - self._disconnected_since < self.settings.failsafe_after_s:
             return
         self._failsafe_done = True
+        # A raise still moving would lift a limit after the fall-back: stop it where it is first.
+        self._executor.cancel_slews()
         counters = {c.gpu_uuid: c for c in await self._call(self.backend.read_counters, self._clock())}
         for info in self._inventory:
             current = counters.get(info.uuid)

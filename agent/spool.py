@@ -78,6 +78,7 @@ def _result_to_json(result: model.ActionResult) -> str:
             "started_unix_ns": result.started_unix_ns,
             "finished_unix_ns": result.finished_unix_ns,
             "enforced_limits_w": dict(result.enforced_limits_w),
+            "slew_targets_w": dict(result.slew_targets_w),
             "validation_verdict": result.validation_verdict,
             "check_verdicts": [list(v) for v in result.check_verdicts],
         },
@@ -94,6 +95,7 @@ def _result_from_json(text: str) -> model.ActionResult:
         started_unix_ns=data["started_unix_ns"],
         finished_unix_ns=data["finished_unix_ns"],
         enforced_limits_w=data["enforced_limits_w"],
+        slew_targets_w=data.get("slew_targets_w", {}),
         validation_verdict=data.get("validation_verdict", ""),
         check_verdicts=tuple(tuple(v) for v in data.get("check_verdicts", [])),  # type: ignore[misc]
     )

@@ -163,7 +163,9 @@ def action_result(result: model.ActionResult) -> agent_pb.AgentMessage:
             started_unix_ns=result.started_unix_ns,
             finished_unix_ns=result.finished_unix_ns,
             enforced_limits=[
-                commands_pb.GpuPowerLimit(gpu_uuid=uuid, power_limit_w=watts)
+                commands_pb.GpuPowerLimit(
+                    gpu_uuid=uuid, power_limit_w=watts, slew_target_w=result.slew_targets_w.get(uuid, 0)
+                )
                 for uuid, watts in result.enforced_limits_w.items()
             ],
             replayed=result.replayed,
@@ -187,8 +189,10 @@ def command_from_wire(message: commands_pb.Command) -> model.Command:
     which = message.WhichOneof("action")
     action: model.Action
     if which == "set_power_cap":
+        limits = message.set_power_cap.limits
         action = model.SetPowerCap(
-            limits_w={limit.gpu_uuid: limit.power_limit_w for limit in message.set_power_cap.limits}
+            limits_w={limit.gpu_uuid: limit.power_limit_w for limit in limits},
+            max_raise_w_per_s={limit.gpu_uuid: limit.max_raise_w_per_s for limit in limits if limit.max_raise_w_per_s},
         )
     elif which == "set_power_smoothing":
         smoothing = message.set_power_smoothing

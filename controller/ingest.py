@@ -310,10 +310,12 @@ class Ingest:
         for limit in result.enforced_limits:
             if limit.gpu_uuid in session.known_gpus:
                 previous = self.latest.get(limit.gpu_uuid) or fleet.GpuLatest()
-                # The agent's read-back is the newest word on the enforced limit.
+                # The agent's read-back is the newest word on the enforced limit, and on the target
+                # of a raise it is still moving there (0: none).
                 confirmed = dataclasses.replace(
                     previous,
                     enforced_power_limit_w=limit.power_limit_w,
+                    power_limit_slew_target_w=limit.slew_target_w or None,
                     counters_unix_ns=max(previous.counters_unix_ns, result.finished_unix_ns),
                 )
                 self.latest[limit.gpu_uuid] = confirmed

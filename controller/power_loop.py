@@ -19,7 +19,8 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
 4. `power.allocate`, then the aggregate ramp-rate limit on raises (`swing.limit_aggregate_raise`),
    then (policy `job_start_ramp_enabled`) the job-start ceiling (`power_ramp.job_start_ramp`): GPUs
    idle for `job_start_idle_s` are parked at the start cap, and when their job starts their caps
-   rise at the aggregate ramp limit shared among them; it only lowers targets;
+   rise at the aggregate ramp limit shared among them; it only lowers targets, and each ramping
+   GPU's raise goes out with its share of the limit as a rate the agent slews at;
 5. `power_apply.plan`: decreases first; raises only into slack that counts unconfirmed decreases as
    not applied; the new apply state is persisted **before** any command leaves, so a restart knows
    every command that may land;
@@ -440,7 +441,9 @@ class PowerLoop:
             # Emulated smoothing's peak cap rides on the caps: it only lowers targets, so every
             # budget still holds, and the two-phase apply carries it like any decrease.
             targets = swing.apply_peak_cap(targets, self._smoothing.peak_cap_w, state.min_w)
-        new_state, plan = power_apply.plan(state, targets, self.tree, now=now, policy=policy)
+        new_state, plan = power_apply.plan(
+            state, targets, self.tree, now=now, policy=policy, raise_rates_w_per_s=ramp.raise_rates_w_per_s
+        )
         raised = power_apply.may_be_in_force_w(new_state) > power_apply.may_be_in_force_w(state)
         for i in np.flatnonzero(raised):
             self._raised_at_s[new_state.gpus[i].gpu_uuid] = now
@@ -508,11 +511,10 @@ class PowerLoop:
         for g in state.gpus:
             reading = latest.get(g.gpu_uuid)
             if reading is not None and reading.enforced_power_limit_w is not None and reading.counters_unix_ns:
-                out.append(
-                    power_apply.CapReadback(
-                        g.gpu_uuid, float(reading.enforced_power_limit_w), reading.counters_unix_ns / 1e9
-                    )
-                )
+                # A raise the agent is still slewing gets to its target without another command:
+                # that is the most that may be in force (power_apply's module doc).
+                in_force_w = power_apply.in_force_w(reading.enforced_power_limit_w, reading.power_limit_slew_target_w)
+                out.append(power_apply.CapReadback(g.gpu_uuid, in_force_w, reading.counters_unix_ns / 1e9))
         return out
 
     async def _views(self, state: power_apply.ApplyState, now: float) -> tuple[power.GpuViews, np.ndarray, np.ndarray]:
@@ -538,6 +540,7 @@ class PowerLoop:
         drawn = np.zeros(n)
         known = np.zeros(n, dtype=bool)
         throttled = np.zeros(n, dtype=bool)
+        ramping = self._ramp.ramping_gpus()
         for i, g in enumerate(state.gpus):
             reading = latest.get(g.gpu_uuid)
             fresh = reading is not None and reading.power_w is not None and reading.power_sample_unix_ns >= stale_ns
@@ -553,6 +556,11 @@ class PowerLoop:
                 draw[i] = bound[i]  # stale telemetry: drawing at the cap that may be in force
             if reading is not None and reading.clock_event_reasons is not None:
                 throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
+            # A GPU whose job-start ramp is still rising is held by its ceiling, and its limit lags
+            # what the budget counts (the agent slews it): by the draw it would look uncapped and
+            # get no raise, stalling its ramp.
+            if g.gpu_uuid in ramping:
+                throttled[i] = True
         reachable = np.array([g.node_id in self._ingest.sessions for g in state.gpus], dtype=bool)
         # Settling: the step, at most the configured draw window.
         settle = power.settle_s(
@@ -625,7 +633,12 @@ class PowerLoop:
                 deadline_unix_ns=int(commands[0].deadline_s * 1e9),
                 reason=plan.reason,
                 set_power_cap=commands_pb.SetPowerCap(
-                    limits=[commands_pb.GpuPowerLimit(gpu_uuid=c.gpu_uuid, power_limit_w=c.limit_w) for c in commands]
+                    limits=[
+                        commands_pb.GpuPowerLimit(
+                            gpu_uuid=c.gpu_uuid, power_limit_w=c.limit_w, max_raise_w_per_s=c.max_raise_w_per_s
+                        )
+                        for c in commands
+                    ]
                 ),
             )
             self.stats.commands_sent += 1
@@ -643,7 +656,11 @@ class PowerLoop:
             # No answer: the command stays pending until a read-back newer than its deadline.
             log.info("power_cap_unanswered", node=node_id, command_id=wire.command_id, error=str(exc))
             return
-        read = {limit.gpu_uuid: limit.power_limit_w for limit in result.enforced_limits}
+        # A slewing raise is confirmed at its target (see power_apply): the agent has taken it.
+        read = {
+            limit.gpu_uuid: power_apply.in_force_w(limit.power_limit_w, limit.slew_target_w)
+            for limit in result.enforced_limits
+        }
         at_s = (result.finished_unix_ns or self._clock()) / 1e9
         for c in commands:
             if c.gpu_uuid in read:

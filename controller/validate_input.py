@@ -187,6 +187,7 @@ def check_hello(hello: agent_pb.Hello, identity: StreamIdentity, *, connected: I
 _COUNTER_RANGES = (
     ("enforced_power_limit_w", 0, MAX_POWER_W),
     ("requested_power_limit_w", 0, MAX_POWER_W),
+    ("power_limit_slew_target_w", 0, MAX_POWER_W),
     ("temperature_c", -50, 200),
     ("utilization_gpu_pct", 0, 100),
     ("total_energy_mj", 0, INT63),
@@ -274,7 +275,7 @@ def check_telemetry_fields(batch: health_pb.TelemetryBatch, identity: StreamIden
         _gpu_uuid(f"{field}.gpu_uuid", counters.gpu_uuid)
         _time(f"{field}.sample_unix_ns", counters.sample_unix_ns)
         _time(f"{field}.nvlink_sample_unix_ns", counters.nvlink_sample_unix_ns)
-        for name in ("enforced_power_limit_w", "requested_power_limit_w"):
+        for name in ("enforced_power_limit_w", "requested_power_limit_w", "power_limit_slew_target_w"):
             if counters.HasField(name):
                 _range(f"{field}.{name}", getattr(counters, name), 0, MAX_POWER_W)
         if counters.HasField("temperature_c"):

@@ -177,6 +177,9 @@ def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.Gp
             clock_event_reasons=c.clock_event_reasons if c.HasField("clock_event_reasons") else None,
             counters_unix_ns=c.sample_unix_ns,
             power_smoothing_enabled=c.power_smoothing_enabled if c.HasField("power_smoothing_enabled") else None,
+            power_limit_slew_target_w=(
+                c.power_limit_slew_target_w if c.HasField("power_limit_slew_target_w") else None
+            ),
         )
     return latest
 

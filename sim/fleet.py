@@ -34,7 +34,7 @@ from rasd.cli import views
 from rasd.common import devcerts, tls
 from rasd.controller import authn, server
 from rasd.controller.core import fleet
-from rasd.sim import power_sim
+from rasd.sim import netdelay, power_sim
 from rasd.sim import scenario as scenario_mod
 
 log = structlog.get_logger("rasd.sim")
@@ -57,6 +57,9 @@ class SimSettings:
     """Run every agent stream and admin call over mutual TLS with dev certificates (OUT/certs)."""
     record_path: pathlib.Path | None = None
     """Record the controller's inbound streams and decisions here (replay: rasd-sim --replay)."""
+    downlink_delay_s: tuple[float, float] | None = None
+    """Deliver what the controller sends to the agents late by U(lo, hi) s per chunk, in order
+    (`sim.netdelay`): delivery jitter. None: the agents connect straight to the controller."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +156,11 @@ async def run(
         )
     )
     await controller.start()
+    agent_address = controller.address
+    proxy = None
+    if settings.downlink_delay_s is not None:
+        proxy = netdelay.DelayProxy(controller.address, settings.downlink_delay_s, settings.seed)
+        agent_address = await proxy.start()
     started_ns = clock()
     job_spec = settings.scenario.workload
     workload = simulated.StepWorkload(
@@ -197,7 +205,7 @@ async def run(
                 backend,
                 spool.Spool(":memory:"),
                 runtime.LinkSettings(
-                    controller_address=controller.address,
+                    controller_address=agent_address,
                     tls=tls.TlsFiles(pki.ca.cert, pki.nodes[node_id].cert, pki.nodes[node_id].key) if pki else None,
                 ),
                 # Simulated GPUs take real repairs: the controller's commands change their state.
@@ -259,6 +267,8 @@ async def run(
     finally:
         stop_agents.set()
         await asyncio.gather(*agent_tasks, return_exceptions=True)
+        if proxy is not None:
+            await proxy.close()
         await channel.close()
         await admin_channel.close()
         finished_ns = clock()

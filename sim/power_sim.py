@@ -132,6 +132,9 @@ class PowerTrace:
     """Seconds after the run's start at which the job's first step began."""
     ramp_gpus: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)
     """(s since start, GPUs parked, GPUs ramping) as the power loop last reported, per sample."""
+    managed_cap_w: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 2)))
+    """(s since start, summed limits the managed GPUs enforce, W), read at each wake-up of the sampler
+    (about 10 Hz; later when the event loop is busy, so not on the grid of `t_s`)."""
 
 
 class PowerProbe:
@@ -169,6 +172,7 @@ class PowerProbe:
         self._unmanaged: list[float] = []
         self._per_gpu: list[np.ndarray] = []
         self._budget: list[float] = []
+        self._caps: list[tuple[float, float]] = []
         self.violations = 0
         self.violation_domains: set[str] = set()
         self.violation_times_s: list[float] = []
@@ -207,6 +211,8 @@ class PowerProbe:
             elapsed = min(self._elapsed_s(), duration_s)
             loop = self.loop
             budget = float(loop.tree.domains[0].budget_w or math.nan) if loop is not None else math.nan
+            # The limits are read at the wake-up, which a busy loop delays: kept with the time they were read.
+            self._caps.append((self._elapsed_s(), float(self.job.cap_w.sum())))
             due = []
             while n * period <= elapsed:
                 due.append(n * period)
@@ -306,6 +312,7 @@ class PowerProbe:
             unmanaged_w=np.array(self._unmanaged),
             unmanaged_per_gpu_w=np.array(self._per_gpu, dtype=np.float32),
             cluster_budget_w=np.array(self._budget),
+            managed_cap_w=np.array(self._caps).reshape(-1, 2),
             violations=self.violations,
             violation_domains=sorted(self.violation_domains),
             violation_times_s=self.violation_times_s[:50],
@@ -413,6 +420,20 @@ def report_section(
     }
 
 
+def _max_rise_1s(t_s: np.ndarray, watts: np.ndarray) -> float:
+    """Largest P(t2) - P(t1) over samples with 0 < t2 - t1 <= 1 s, in their own times, W (0: no rise).
+
+    The samples' own read times, not a grid: a reading the busy event loop delayed by 0.2 s, put on
+    the grid instant it was due, would stretch a "1 s" window to 1.2 s of landed raises.
+    """
+    rise = 0.0
+    for i in range(len(t_s)):
+        later = (t_s > t_s[i]) & (t_s <= t_s[i] + 1.0)
+        if later.any():
+            rise = max(rise, float(watts[later].max() - watts[i]))
+    return rise
+
+
 def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float = 2.0) -> dict[str, Any]:
     """Job-start figures: the aggregate ramp over 1 s while the job starts, and what the start ramp costs.
 
@@ -426,7 +447,10 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
     - job_start_envelope_ramp_1s_w_per_s_*: the same over the aggregate averaged over one step
       (`period_s`), i.e. the start ramp without the step's swing;
     - job_start_jump_w: the managed aggregate's rise in the first 1 s of the job: idle draw to the
-      start cap (no cap can go below a GPU's minimum limit).
+      start cap (no cap can go below a GPU's minimum limit);
+    - job_start_cap_ramp_1s_w_per_s: largest rise over 1 s of the summed limits the GPUs enforce,
+      in the times they were read (the landed cap changes alone, without the start jump or the
+      job's own draw).
 
     Cost: step k of both twins starts from the same instant; full_speed_after_s is when the first
     managed step no more than 1 % longer than its unmanaged twin began (seconds after the job
@@ -447,6 +471,8 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
         return np.convolve(series, np.ones(lag) / lag, mode="valid")
 
     env_window = window[lag - 1 :]
+    caps = trace.managed_cap_w
+    in_window = (caps[:, 0] >= start - 1.0) & (caps[:, 0] <= until)
     first_s = (t >= start) & (t <= start + 1.0)
     before = t < start
     managed_steps = trace.managed_steps_s
@@ -468,6 +494,9 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
         "job_start_envelope_ramp_1s_w_per_s_unmanaged": _r(
             swing.max_ramp_w_per_s(envelope(trace.unmanaged_w)[env_window], SAMPLE_HZ, 1.0)
         ),
+        "job_start_cap_ramp_1s_w_per_s": _r(_max_rise_1s(caps[:, 0][in_window], caps[:, 1][in_window]))
+        if in_window.any()
+        else None,
         "job_start_jump_w": _r(float(trace.managed_w[first_s].max() - trace.managed_w[before][-1]))
         if first_s.any() and before.any()
         else None,

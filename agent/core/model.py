@@ -125,6 +125,9 @@ class GpuCounters:
     power_smoothing_enabled: bool | None = None
     nvlink_sample_unix_ns: int | None = None
     """When nvlinks was read, if earlier than sample_unix_ns (backends may read links less often)."""
+    power_limit_slew_target_w: int | None = None
+    """The target of a raise the agent is still moving (`core.cap_slew`); None when none. Set by the
+    agent's executor, not by a backend: enforced_power_limit_w stays the limit read back."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +169,9 @@ class SetPowerCap:
     """Set each listed GPU's power limit, in watts."""
 
     limits_w: Mapping[str, int]
+    max_raise_w_per_s: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """GPU -> the fastest its limit may rise to the new value, W/s (`core.cap_slew`); absent or 0:
+    at once. Decreases are always set at once."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +253,9 @@ class ActionResult:
     finished_unix_ns: int
     enforced_limits_w: Mapping[str, int] = dataclasses.field(default_factory=dict)
     replayed: bool = False
+    slew_targets_w: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """For SetPowerCap: GPU -> the target of a raise still moving (`core.cap_slew`); the limit gets
+    there without another command, so the controller counts it as in force."""
     validation_verdict: str = ""
     """For RunValidation: "pass", "fail", "suspect" or "software_drift"."""
     check_verdicts: tuple[tuple[str, str, str, str], ...] = ()

@@ -92,6 +92,9 @@ class GpuLatest:
     counters_unix_ns: int = 0
     power_smoothing_enabled: bool | None = None
     """Whether the GPU's power-smoothing profile is on (None: no such hardware, or not reported)."""
+    power_limit_slew_target_w: int | None = None
+    """The target of a raise the agent was still moving when the counters were read (None: none):
+    the limit gets there without another command (`rasd.agent.core.cap_slew`)."""
 
 
 def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
@@ -114,6 +117,9 @@ def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
         counters_unix_ns=update.counters_unix_ns if counters_newer else previous.counters_unix_ns,
         power_smoothing_enabled=(
             update.power_smoothing_enabled if counters_newer else previous.power_smoothing_enabled
+        ),
+        power_limit_slew_target_w=(
+            update.power_limit_slew_target_w if counters_newer else previous.power_limit_slew_target_w
         ),
     )
 

@@ -29,7 +29,16 @@ Transitions of one GPU (sample times are in controller time; the edge converts a
     | ack of an older id (reordered or replayed)        | v if t newer     | -        |
 
 The agent refuses a command after its deadline and executes each id once, which is what lets a
-read-back newer than the deadline settle a command whose ack was lost. After a controller restart
+read-back newer than the deadline settle a command whose ack was lost.
+
+A raise may carry a rate (`plan(..., raise_rates_w_per_s=)`, the job-start ramp's per-GPU share of
+the aggregate limit): the agent then moves the limit up no faster than that (`rasd.agent.core.
+cap_slew`) and answers at once with the limit read back now *and* the raise's target, which
+telemetry repeats until the limit gets there. The edge hands this module max(read-back, slew
+target) as the read-back: the most that may be in force from what the agent has accepted. So a
+slewing raise is confirmed (and settled, not resent) as soon as the agent has taken it, at its
+target, exactly as a raise set at once; the budget counted that target from the moment it was
+sent, so the invariant does not depend on when the limit gets there. After a controller restart
 the persisted state (`to_mapping`/`from_mapping`, plain data) continues as before; if it was lost,
 `ApplyState.unknown` starts every GPU at its maximum with a synthetic pending entry that only a
 read-back newer than one command lifetime can settle, which covers commands sent before the crash.
@@ -105,6 +114,8 @@ class CapCommand(NamedTuple):
     deadline_s: float
     phase: int
     """1 for a decrease, 2 for an increase."""
+    max_raise_w_per_s: float = 0.0
+    """For an increase: the fastest the agent may move the limit up to `limit_w`, W/s (0: at once)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +309,16 @@ def forget_node(state: ApplyState, node_id: str, *, now: float, policy: power_po
     )
 
 
+def in_force_w(enforced_w: float, slew_target_w: float | None) -> float:
+    """The read-back to record for a GPU whose agent may be slewing a raise, W.
+
+    The higher of the limit read back now and the target of the raise the agent is still moving
+    (None or 0: none): the limit gets to that target without another command, so it is the most
+    that may be in force. A slewing raise is thus confirmed at its target, like a raise set at once.
+    """
+    return max(float(enforced_w), float(slew_target_w or 0.0))
+
+
 def may_be_in_force_w(state: ApplyState) -> np.ndarray:
     """Upper bound of each GPU's enforced limit, W: max(confirmed or max_w if unknown, pending target)."""
     confirmed = np.where(np.isnan(state.confirmed_w), state.max_w, state.confirmed_w)
@@ -389,6 +410,7 @@ def plan(
     *,
     now: float,
     policy: power_policy.PowerPolicy,
+    raise_rates_w_per_s: np.ndarray | None = None,
 ) -> tuple[ApplyState, CapPlan]:
     """Choose the commands to send now towards `targets_w`, keeping every budget.
 
@@ -404,6 +426,8 @@ def plan(
         tree: The budget tree in force.
         now: Controller time, seconds; commands get deadline now + `policy.command_ttl_s`.
         policy: Command lifetime and hysteresis step.
+        raise_rates_w_per_s: Per GPU, the rate an increase may land at (0: at once); decreases are
+            always sent without one. None: every increase at once.
 
     Returns:
         (new state with the sent commands pending, the plan).
@@ -446,6 +470,8 @@ def plan(
     sent = np.flatnonzero(send)
     prefix = state.command_id(0)[:-1]
     gpus = state.gpus
+    rates = np.zeros(n) if raise_rates_w_per_s is None else np.asarray(raise_rates_w_per_s, dtype=np.float64)
+    rates = np.where(lower, 0.0, rates)
     commands = [
         CapCommand(
             command_id=f"{prefix}{seq}",
@@ -454,12 +480,14 @@ def plan(
             limit_w=limit,
             deadline_s=deadline,
             phase=1 if is_decrease else 2,
+            max_raise_w_per_s=rate,
         )
-        for i, seq, limit, is_decrease in zip(
+        for i, seq, limit, is_decrease, rate in zip(
             sent.tolist(),
             seqs[sent].tolist(),
             new_limit[sent].astype(np.int64).tolist(),
             lower[sent].tolist(),
+            rates[sent].tolist(),
             strict=True,
         )
     ]

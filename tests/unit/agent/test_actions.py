@@ -290,3 +290,99 @@ def test_caps_are_restored_from_the_spool_by_a_new_agent_process(tmp_path):
     fresh = actions.ActionExecutor(rebooted, spool.Spool(path), clock=lambda: next(ticks))
     assert fresh.restore_power_caps() == dict.fromkeys(uuids, 500)
     assert set(_limits(rebooted).values()) == {500}
+
+
+# -- slewing raises ---------------------------------------------------------------------------------
+
+
+class _Clock:
+    """The agent's unix-ns clock, moved by the test."""
+
+    def __init__(self, now_s: float) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> int:
+        return int(self.now_s * 1e9)
+
+
+def _slewing():
+    backend = simulated.SimulatedBackend("n", 2, 0, workload=simulated.StepWorkload())
+    clock = _Clock(100.0)
+    executor = actions.ActionExecutor(backend, spool.Spool(":memory:"), clock=clock)
+    gpus = [g.uuid for g in backend.inventory()]
+    executor.execute(model.Command("low", 0, 0, "t", model.SetPowerCap(limits_w=dict.fromkeys(gpus, 200))))
+    return backend, executor, clock, gpus
+
+
+def _enforced(backend):
+    return [c.enforced_power_limit_w for c in backend.read_counters(0)]
+
+
+def test_a_raise_with_a_rate_is_answered_at_once_with_its_target_and_slewed():
+    backend, executor, clock, gpus = _slewing()
+    raise_ = model.SetPowerCap(limits_w=dict.fromkeys(gpus, 400), max_raise_w_per_s=dict.fromkeys(gpus, 100.0))
+    result = executor.execute(model.Command("up", 0, 0, "t", raise_))
+    assert result.outcome is model.ActionOutcome.SUCCEEDED
+    assert result.enforced_limits_w == dict.fromkeys(gpus, 200), "the limit read back now"
+    assert result.slew_targets_w == dict.fromkeys(gpus, 400), "and where it is going"
+    assert _enforced(backend) == [200, 200]
+    assert [c.power_limit_slew_target_w for c in executor.read_counters(0)] == [400, 400]
+    observed = []
+    for _ in range(20):
+        clock.now_s += 0.1
+        assert executor.step_slews() == []
+        observed.append(_enforced(backend)[0])
+    assert observed[:3] == [210, 220, 230] and observed[-1] == 400
+    assert max(b - a for a, b in zip([200, *observed], observed, strict=False)) <= 10, "10 W per 0.1 s"
+    assert [c.power_limit_slew_target_w for c in executor.read_counters(0)] == [None, None], "arrived"
+
+
+def test_a_new_command_replaces_the_slew_and_a_decrease_goes_at_once():
+    backend, executor, clock, gpus = _slewing()
+    rate = dict.fromkeys(gpus, 100.0)
+    executor.execute(model.Command("up", 0, 0, "t", model.SetPowerCap(dict.fromkeys(gpus, 600), rate)))
+    clock.now_s += 0.5
+    executor.step_slews()
+    assert _enforced(backend) == [250, 250]
+    # A raise at a new rate starts from where the limit is: no stacking of the two raises.
+    executor.execute(
+        model.Command("up2", 0, 0, "t", model.SetPowerCap(dict.fromkeys(gpus, 700), dict.fromkeys(gpus, 20.0)))
+    )
+    clock.now_s += 0.5
+    executor.step_slews()
+    assert _enforced(backend) == [260, 260]
+    # A decrease (even one with a rate) is set at once and ends the slew.
+    result = executor.execute(model.Command("down", 0, 0, "t", model.SetPowerCap(dict.fromkeys(gpus, 230), rate)))
+    assert result.enforced_limits_w == dict.fromkeys(gpus, 230) and result.slew_targets_w == {}
+    clock.now_s += 1.0
+    executor.step_slews()
+    assert _enforced(backend) == [230, 230]
+
+
+def test_without_a_rate_a_raise_is_set_at_once_as_before():
+    backend, executor, _, gpus = _slewing()
+    result = executor.execute(model.Command("up", 0, 0, "t", model.SetPowerCap(dict.fromkeys(gpus, 500))))
+    assert result.enforced_limits_w == dict.fromkeys(gpus, 500) and result.slew_targets_w == {}
+    assert _enforced(backend) == [500, 500]
+
+
+def test_a_slew_stops_where_it_is_when_cancelled_and_the_journal_keeps_its_target():
+    backend, executor, clock, gpus = _slewing()
+    executor.execute(
+        model.Command("up", 0, 0, "t", model.SetPowerCap(dict.fromkeys(gpus, 600), dict.fromkeys(gpus, 100.0)))
+    )
+    clock.now_s += 0.3
+    executor.step_slews()
+    executor.cancel_slews()  # the fail-safe: the agent never raises on its own
+    clock.now_s += 1.0
+    executor.step_slews()
+    assert _enforced(backend) == [230, 230]
+    assert executor._journal.power_caps() == dict.fromkeys(gpus, 600), "restores only ever lower"
+
+
+def test_a_replayed_slewing_raise_reports_its_target_again():
+    _, executor, _, gpus = _slewing()
+    command = model.Command("up", 0, 0, "t", model.SetPowerCap(dict.fromkeys(gpus, 600), dict.fromkeys(gpus, 100.0)))
+    first = executor.execute(command)
+    again = executor.execute(command)
+    assert again.replayed and again.slew_targets_w == first.slew_targets_w == dict.fromkeys(gpus, 600)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from rasd.agent.gpu import step_job
@@ -66,3 +68,16 @@ def test_no_smoothing_means_no_reduction_and_no_cost():
     assert figures["swing_reduction_pct"] == 0.0 and figures["step_time_cost_pct"] == 0.0
     assert abs(figures["energy_overhead_pct"]) < 0.01
     assert figures["max_ramp_w_per_s"] == round(swing.max_ramp_w_per_s(trace.unmanaged_w, 10.0, 1.0), 1)
+
+
+def test_the_landed_cap_ramp_is_measured_in_the_times_the_limits_were_read():
+    # Limits rising at 1,000 W/s from 5 s, read every 0.1 s except for a 0.3 s stall of the sampler
+    # at 6.0 s: a reading put back on its grid instant would show 1,300 W within "1 s".
+    trace = dataclasses.replace(_trace(floor_w=0.0, ramp_w_per_s=0.0), job_start_s=4.0)
+    read_s = np.array([*np.arange(3.0, 6.0, 0.1), 6.3, *np.arange(6.4, 9.0, 0.1)])
+    caps = 12_800.0 + 1_000.0 * np.clip(read_s - 5.0, 0.0, 3.0)
+    trace = dataclasses.replace(trace, managed_cap_w=np.column_stack([read_s, caps]), ramp_gpus=[(8.0, 0, 64)])
+    figures = power_sim.job_start_section(trace, period_s=1.0)
+    assert figures["job_start_cap_ramp_1s_w_per_s"] == 1_000.0
+    flat = dataclasses.replace(trace, managed_cap_w=np.column_stack([read_s, np.full(len(read_s), 12_800.0)]))
+    assert power_sim.job_start_section(flat, period_s=1.0)["job_start_cap_ramp_1s_w_per_s"] == 0.0

@@ -57,6 +57,37 @@ def test_docstring_example_raises_only_after_the_decrease_is_confirmed():
     assert list(power_apply.may_be_in_force_w(state)) == [400, 600]
 
 
+def test_a_raise_carries_its_rate_and_a_decrease_never_does():
+    tree = one_rack_tree(2_000)
+    rates = np.array([150.0, 150.0])
+    _, plan = power_apply.plan(
+        two_gpu_state(), np.array([500, 450]), tree, now=10.0, policy=POLICY, raise_rates_w_per_s=rates
+    )
+    assert [(c.gpu_uuid, c.phase, c.max_raise_w_per_s) for c in plan.decreases] == [("a", 1, 0.0)]
+    assert [(c.gpu_uuid, c.limit_w, c.max_raise_w_per_s) for c in plan.increases] == [("b", 450, 150.0)]
+    _, plan = power_apply.plan(two_gpu_state(), np.array([600, 450]), tree, now=10.0, policy=POLICY)
+    assert [c.max_raise_w_per_s for c in plan.increases] == [0.0], "no rates: at once, as before"
+
+
+def test_a_slewing_raise_is_confirmed_at_its_target_and_not_resent():
+    # The agent answers a slewing raise at once: limit read back 400 W, moving to 600 W. The edge
+    # records in_force_w of the two; telemetry says the same until the limit arrives.
+    tree = one_rack_tree(1_000)
+    state = two_gpu_state(confirmed=(400.0, 400.0))
+    targets = np.array([400, 600])
+    state, plan = power_apply.plan(state, targets, tree, now=10.0, policy=POLICY, raise_rates_w_per_s=np.full(2, 150.0))
+    (raise_,) = plan.increases
+    ack = power_apply.CapAck(raise_.command_id, "b", power_apply.in_force_w(400, 600), 10.2)
+    state = power_apply.record(state, acks=[ack], policy=POLICY)
+    slewing = power_apply.CapReadback("b", power_apply.in_force_w(490, 600), 10.8)
+    state = power_apply.record(state, readbacks=[slewing], policy=POLICY)
+    assert power_apply.may_be_in_force(state, "b") == 600, "counted at its target while it moves"
+    assert state.pending_seq[1] == power_apply.NO_COMMAND, "confirmed: nothing in flight"
+    state, plan = power_apply.plan(state, targets, tree, now=11.0, policy=POLICY, raise_rates_w_per_s=np.full(2, 150.0))
+    assert plan.increases == () and plan.waiting == 0, "not resent, and no climb above the target"
+    assert power_apply.in_force_w(700, None) == 700 and power_apply.in_force_w(550, 0) == 550
+
+
 def test_unconfirmed_decreases_are_counted_until_acked_and_raises_are_not():
     tree = one_rack_tree(1_000)
     state = two_gpu_state()

@@ -90,12 +90,17 @@ def test_the_ramp_shares_the_aggregate_limit_across_the_gpus_starting_together()
         state = decision.state
         caps.append(decision.targets_w.tolist())
         assert decision.rise_w == pytest.approx(400.0)
-    assert [c[0] for c in caps] == [300, 400, 500, 600, 700]
+    # Ceilings 300, 400 ... W; each command aims RAMP_LEAD_S (0.5 s x 100 W/s) past its ceiling, and
+    # the agent slews at 100 W/s until the next command replaces it.
+    assert power_ramp.RAMP_LEAD_S == 0.5
+    assert [c[0] for c in caps] == [350, 450, 550, 650, 750]
+    assert state.ceiling_w["GPU-0"] == pytest.approx(700.0)
     # Two GPUs start alone: they share the same 400 W/s, 200 W/s each.
     state, _ = _parked(policy)
     state = _step(state, [False, False, True, True], [1000] * N, 11.5, policy).state
     decision = _step(state, [False, False, True, True], [1000] * N, 12.5, policy)
-    assert decision.targets_w.tolist() == [400, 400, 200, 200]
+    assert decision.targets_w.tolist() == [500, 500, 200, 200]
+    assert decision.state.ramping_gpus() == {"GPU-0", "GPU-1"}, "parked GPUs are not ramping"
 
 
 def _started(policy):
@@ -109,21 +114,40 @@ def test_a_long_period_adds_no_more_than_one_window_of_ramp():
     assert decision.rise_w == pytest.approx(400.0 * power_ramp.RAMP_WINDOW_S)
 
 
-def test_early_periods_share_one_window_of_ramp():
-    # The loop wakes early (acks, budget changes): no 1 s window may hold more than 1 s of ramp.
+def test_early_periods_rise_by_their_time_at_the_same_rate():
+    # The loop wakes early (acks, budget changes): each period's rise is its own time at the rate,
+    # and the rate (what the agents slew at) never sums above the limit, however often it runs.
     policy = _policy()
-    state = _step(_started(policy), [False] * N, [1000] * N, 13.0, policy).state  # 400 W at 13.0
-    rises = []
-    for now in (13.2, 13.4, 13.6, 13.8, 14.0, 14.2):
+    state = _step(_started(policy), [False] * N, [1000] * N, 13.0, policy).state  # 300 W at 13.0
+    for now in (13.2, 13.4, 13.6, 13.8, 14.0):
         decision = _step(state, [False] * N, [1000] * N, now, policy)
         state = decision.state
-        rises.append((now, decision.rise_w))
-    assert [w for _, w in rises[:4]] == [0.0] * 4, "13.0's rise used the window"
-    times = [13.0] + [t for t, _ in rises]
-    amounts = [400.0] + [w for _, w in rises]
-    for start in times:
-        inside = sum(w for t, w in zip(times, amounts, strict=True) if start <= t < start + 1.0)
-        assert inside <= 400.0 + 1e-6
+        assert decision.rise_w == pytest.approx(400.0 * 0.2)
+        assert decision.raise_rates_w_per_s.tolist() == pytest.approx([100.0] * N)
+    assert decision.state.ceiling_w["GPU-0"] == pytest.approx(400.0), "1 s of ramp at 100 W/s each from 300 W"
+    assert decision.targets_w.tolist() == [450] * N, "aiming 0.5 s ahead"
+
+
+def test_the_rates_go_with_the_ramping_gpus_only():
+    policy = _policy()
+    state, decision = _parked(policy)
+    assert decision.raise_rates_w_per_s.tolist() == [0.0] * N, "parked: no raise"
+    state = _step(state, [False, False, True, True], [1000] * N, 11.5, policy).state
+    decision = _step(state, [False, False, True, True], [1000] * N, 12.5, policy)
+    assert decision.raise_rates_w_per_s.tolist() == [200.0, 200.0, 0.0, 0.0]
+
+
+def test_a_gpu_whose_ramp_just_ended_keeps_its_share_a_while():
+    # GPU-0's last raise may still be moving at 100 W/s (for up to 1 s + the lead): the other three
+    # do not take its share yet.
+    policy = _policy()
+    state = _step(_started(policy), [False] * N, [1000] * N, 12.0, policy).state  # 300 W delivered
+    decision = _step(state, [False] * N, [300, 1000, 1000, 1000], 13.0, policy)
+    assert decision.state.finishing_since_s == {"GPU-0": 13.0}
+    decision = _step(decision.state, [False] * N, [300, 1000, 1000, 1000], 14.0, policy)
+    assert decision.raise_rates_w_per_s.tolist() == [0.0, 100.0, 100.0, 100.0]
+    decision = _step(decision.state, [False] * N, [300, 1000, 1000, 1000], 15.0, policy)
+    assert decision.raise_rates_w_per_s.tolist() == pytest.approx([0.0] + [400.0 / 3] * 3)
 
 
 def test_never_above_the_target_and_never_below_the_minimum():
@@ -163,6 +187,7 @@ def test_jitter_spreads_the_rises_and_keeps_the_sum_within_the_limit():
     assert rises.max() <= per_gpu + 1e-9 and rises.min() >= 0.8 * per_gpu - 1e-9
     assert len(np.unique(np.round(rises, 6))) > n // 2, "no lock-step: the rises differ"
     assert 0.8 * 4000.0 <= decision.rise_w <= 4000.0
+    assert decision.raise_rates_w_per_s.sum() <= 4000.0 + 1e-9, "the agents' slews sum to at most the limit"
 
 
 def test_policy_fields_are_validated_by_name():
@@ -181,9 +206,10 @@ def test_a_ceiling_rises_from_the_delivered_target_when_the_allocator_trails():
     state = _step(_started(policy), [False] * N, [1000] * N, 12.0, policy).state  # ceilings 300 W
     # The allocator raised GPU-0 only to 350 W this time (its own slew limit): 350 is delivered.
     decision = _step(state, [False] * N, [350, 1000, 1000, 1000], 13.0, policy)
-    assert decision.targets_w.tolist() == [350, 400, 400, 400]
+    assert decision.targets_w.tolist() == [350, 450, 450, 450], "ceilings 400 W, aiming 50 W ahead"
     decision = _step(decision.state, [False] * N, [1000] * N, 14.0, policy)
-    assert decision.targets_w.tolist() == [450, 500, 500, 500], "GPU-0 rises 100 W from 350, not 150 W at once"
+    assert decision.state.ceiling_w["GPU-0"] == pytest.approx(450.0), "100 W from 350, not 150 W at once"
+    assert decision.targets_w.tolist() == [500, 550, 550, 550]
 
 
 def test_the_ramp_ends_when_the_allocator_asks_no_more():
@@ -201,4 +227,17 @@ def test_the_start_jump_counts_in_the_window():
     state, _ = _parked(policy)
     state = _step(state, [False] * N, [1000] * N, 11.0, policy).state
     decision = _step(state, [False] * N, [1000] * N, 11.5, policy)
-    assert decision.rise_w == pytest.approx(200.0), "1,000 W of window less 800 W of jump"
+    assert decision.raise_rates_w_per_s.sum() == pytest.approx(200.0), "1,000 W/s less 800 W of jump per 1 s"
+    assert decision.rise_w == pytest.approx(100.0), "0.5 s at 200 W/s"
+    decision = _step(decision.state, [False] * N, [1000] * N, 12.0, policy)
+    assert decision.raise_rates_w_per_s.sum() == pytest.approx(1000.0), "the jump left the window"
+
+
+def test_a_jump_above_the_limit_holds_the_ramp_for_one_window():
+    policy = _policy(ramp_limit_w_per_s=400.0)  # the 800 W jump alone is over 400 W per 1 s
+    state, _ = _parked(policy)
+    state = _step(state, [False] * N, [1000] * N, 11.0, policy).state
+    decision = _step(state, [False] * N, [1000] * N, 11.9, policy)
+    assert decision.raise_rates_w_per_s.tolist() == [0.0] * N and decision.targets_w.tolist() == [200] * N
+    decision = _step(decision.state, [False] * N, [1000] * N, 12.0, policy)
+    assert decision.raise_rates_w_per_s.tolist() == [100.0] * N

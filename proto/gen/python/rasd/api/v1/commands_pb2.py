@@ -25,35 +25,35 @@ _sym_db = _symbol_database.Default()
 from rasd.api.v1 import health_pb2 as rasd_dot_api_dot_v1_dot_health__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arasd/api/v1/commands.proto\x12\x0brasd.api.v1\x1a\x18rasd/api/v1/health.proto\"8\n\rGpuPowerLimit\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x15\n\rpower_limit_w\x18\x02 \x01(\r\"9\n\x0bSetPowerCap\x12*\n\x06limits\x18\x01 \x03(\x0b\x32\x1a.rasd.api.v1.GpuPowerLimit\"~\n\x11SetPowerSmoothing\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x11\n\tfloor_pct\x18\x03 \x01(\x02\x12\x17\n\x0framp_up_w_per_s\x18\x04 \x01(\x02\x12\x19\n\x11ramp_down_w_per_s\x18\x05 \x01(\x02\"a\n\x0fSetTroughFiller\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x0f\n\x07\x66loor_w\x18\x03 \x01(\x02\x12\x19\n\x11ramp_down_w_per_s\x18\x04 \x01(\x02\"W\n\x0eRestartProcess\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0c\n\x04pids\x18\x02 \x03(\r\x12\x14\n\x0csystemd_unit\x18\x03 \x01(\t\x12\x0f\n\x07grace_s\x18\x04 \x01(\x02\"\x1c\n\x08ResetGpu\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\"\x0c\n\nRebootNode\"?\n\rRunValidation\x12\r\n\x05suite\x18\x01 \x01(\t\x12\x11\n\tgpu_uuids\x18\x02 \x03(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"\xe0\x03\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x16\n\x0eissued_unix_ns\x18\x02 \x01(\x03\x12\x18\n\x10\x64\x65\x61\x64line_unix_ns\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x31\n\rset_power_cap\x18\n \x01(\x0b\x32\x18.rasd.api.v1.SetPowerCapH\x00\x12=\n\x13set_power_smoothing\x18\x0b \x01(\x0b\x32\x1e.rasd.api.v1.SetPowerSmoothingH\x00\x12\x36\n\x0frestart_process\x18\x0c \x01(\x0b\x32\x1b.rasd.api.v1.RestartProcessH\x00\x12*\n\treset_gpu\x18\r \x01(\x0b\x32\x15.rasd.api.v1.ResetGpuH\x00\x12.\n\x0breboot_node\x18\x0e \x01(\x0b\x32\x17.rasd.api.v1.RebootNodeH\x00\x12\x34\n\x0erun_validation\x18\x0f \x01(\x0b\x32\x1a.rasd.api.v1.RunValidationH\x00\x12\x39\n\x11set_trough_filler\x18\x10 \x01(\x0b\x32\x1c.rasd.api.v1.SetTroughFillerH\x00\x42\x08\n\x06\x61\x63tion\"f\n\x0c\x43heckVerdict\x12\r\n\x05\x63heck\x18\x01 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x0f\n\x07verdict\x18\x03 \x01(\t\x12\x10\n\x08\x65vidence\x18\x04 \x01(\t\x12\x12\n\nduration_s\x18\x05 \x01(\x01\"\xcc\x02\n\x0c\x41\x63tionResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12+\n\x07outcome\x18\x02 \x01(\x0e\x32\x1a.rasd.api.v1.ActionOutcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x17\n\x0fstarted_unix_ns\x18\x04 \x01(\x03\x12\x18\n\x10\x66inished_unix_ns\x18\x05 \x01(\x03\x12\x33\n\x0f\x65nforced_limits\x18\x06 \x03(\x0b\x32\x1a.rasd.api.v1.GpuPowerLimit\x12+\n\x08verdicts\x18\x07 \x03(\x0b\x32\x19.rasd.api.v1.CheckVerdict\x12\x1a\n\x12validation_verdict\x18\x08 \x01(\t\x12\x10\n\x08replayed\x18\t \x01(\x08\x12\'\n\x08severity\x18\n \x01(\x0e\x32\x15.rasd.api.v1.Severity*\xe0\x01\n\rActionOutcome\x12\x1e\n\x1a\x41\x43TION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41\x43TION_OUTCOME_SUCCEEDED\x10\x01\x12\x19\n\x15\x41\x43TION_OUTCOME_FAILED\x10\x02\x12\x1a\n\x16\x41\x43TION_OUTCOME_REFUSED\x10\x03\x12 \n\x1c\x41\x43TION_OUTCOME_NOT_SUPPORTED\x10\x04\x12\x1c\n\x18\x41\x43TION_OUTCOME_TIMED_OUT\x10\x05\x12\x1a\n\x16\x41\x43TION_OUTCOME_DRY_RUN\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1arasd/api/v1/commands.proto\x12\x0brasd.api.v1\x1a\x18rasd/api/v1/health.proto\"j\n\rGpuPowerLimit\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x15\n\rpower_limit_w\x18\x02 \x01(\r\x12\x19\n\x11max_raise_w_per_s\x18\x03 \x01(\x02\x12\x15\n\rslew_target_w\x18\x04 \x01(\r\"9\n\x0bSetPowerCap\x12*\n\x06limits\x18\x01 \x03(\x0b\x32\x1a.rasd.api.v1.GpuPowerLimit\"~\n\x11SetPowerSmoothing\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x11\n\tfloor_pct\x18\x03 \x01(\x02\x12\x17\n\x0framp_up_w_per_s\x18\x04 \x01(\x02\x12\x19\n\x11ramp_down_w_per_s\x18\x05 \x01(\x02\"a\n\x0fSetTroughFiller\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x0f\n\x07\x66loor_w\x18\x03 \x01(\x02\x12\x19\n\x11ramp_down_w_per_s\x18\x04 \x01(\x02\"W\n\x0eRestartProcess\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0c\n\x04pids\x18\x02 \x03(\r\x12\x14\n\x0csystemd_unit\x18\x03 \x01(\t\x12\x0f\n\x07grace_s\x18\x04 \x01(\x02\"\x1c\n\x08ResetGpu\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\"\x0c\n\nRebootNode\"?\n\rRunValidation\x12\r\n\x05suite\x18\x01 \x01(\t\x12\x11\n\tgpu_uuids\x18\x02 \x03(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"\xe0\x03\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x16\n\x0eissued_unix_ns\x18\x02 \x01(\x03\x12\x18\n\x10\x64\x65\x61\x64line_unix_ns\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x31\n\rset_power_cap\x18\n \x01(\x0b\x32\x18.rasd.api.v1.SetPowerCapH\x00\x12=\n\x13set_power_smoothing\x18\x0b \x01(\x0b\x32\x1e.rasd.api.v1.SetPowerSmoothingH\x00\x12\x36\n\x0frestart_process\x18\x0c \x01(\x0b\x32\x1b.rasd.api.v1.RestartProcessH\x00\x12*\n\treset_gpu\x18\r \x01(\x0b\x32\x15.rasd.api.v1.ResetGpuH\x00\x12.\n\x0breboot_node\x18\x0e \x01(\x0b\x32\x17.rasd.api.v1.RebootNodeH\x00\x12\x34\n\x0erun_validation\x18\x0f \x01(\x0b\x32\x1a.rasd.api.v1.RunValidationH\x00\x12\x39\n\x11set_trough_filler\x18\x10 \x01(\x0b\x32\x1c.rasd.api.v1.SetTroughFillerH\x00\x42\x08\n\x06\x61\x63tion\"f\n\x0c\x43heckVerdict\x12\r\n\x05\x63heck\x18\x01 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x02 \x01(\t\x12\x0f\n\x07verdict\x18\x03 \x01(\t\x12\x10\n\x08\x65vidence\x18\x04 \x01(\t\x12\x12\n\nduration_s\x18\x05 \x01(\x01\"\xcc\x02\n\x0c\x41\x63tionResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12+\n\x07outcome\x18\x02 \x01(\x0e\x32\x1a.rasd.api.v1.ActionOutcome\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x17\n\x0fstarted_unix_ns\x18\x04 \x01(\x03\x12\x18\n\x10\x66inished_unix_ns\x18\x05 \x01(\x03\x12\x33\n\x0f\x65nforced_limits\x18\x06 \x03(\x0b\x32\x1a.rasd.api.v1.GpuPowerLimit\x12+\n\x08verdicts\x18\x07 \x03(\x0b\x32\x19.rasd.api.v1.CheckVerdict\x12\x1a\n\x12validation_verdict\x18\x08 \x01(\t\x12\x10\n\x08replayed\x18\t \x01(\x08\x12\'\n\x08severity\x18\n \x01(\x0e\x32\x15.rasd.api.v1.Severity*\xe0\x01\n\rActionOutcome\x12\x1e\n\x1a\x41\x43TION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41\x43TION_OUTCOME_SUCCEEDED\x10\x01\x12\x19\n\x15\x41\x43TION_OUTCOME_FAILED\x10\x02\x12\x1a\n\x16\x41\x43TION_OUTCOME_REFUSED\x10\x03\x12 \n\x1c\x41\x43TION_OUTCOME_NOT_SUPPORTED\x10\x04\x12\x1c\n\x18\x41\x43TION_OUTCOME_TIMED_OUT\x10\x05\x12\x1a\n\x16\x41\x43TION_OUTCOME_DRY_RUN\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rasd.api.v1.commands_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ACTIONOUTCOME']._serialized_start=1534
-  _globals['_ACTIONOUTCOME']._serialized_end=1758
+  _globals['_ACTIONOUTCOME']._serialized_start=1584
+  _globals['_ACTIONOUTCOME']._serialized_end=1808
   _globals['_GPUPOWERLIMIT']._serialized_start=69
-  _globals['_GPUPOWERLIMIT']._serialized_end=125
-  _globals['_SETPOWERCAP']._serialized_start=127
-  _globals['_SETPOWERCAP']._serialized_end=184
-  _globals['_SETPOWERSMOOTHING']._serialized_start=186
-  _globals['_SETPOWERSMOOTHING']._serialized_end=312
-  _globals['_SETTROUGHFILLER']._serialized_start=314
-  _globals['_SETTROUGHFILLER']._serialized_end=411
-  _globals['_RESTARTPROCESS']._serialized_start=413
-  _globals['_RESTARTPROCESS']._serialized_end=500
-  _globals['_RESETGPU']._serialized_start=502
-  _globals['_RESETGPU']._serialized_end=530
-  _globals['_REBOOTNODE']._serialized_start=532
-  _globals['_REBOOTNODE']._serialized_end=544
-  _globals['_RUNVALIDATION']._serialized_start=546
-  _globals['_RUNVALIDATION']._serialized_end=609
-  _globals['_COMMAND']._serialized_start=612
-  _globals['_COMMAND']._serialized_end=1092
-  _globals['_CHECKVERDICT']._serialized_start=1094
-  _globals['_CHECKVERDICT']._serialized_end=1196
-  _globals['_ACTIONRESULT']._serialized_start=1199
-  _globals['_ACTIONRESULT']._serialized_end=1531
+  _globals['_GPUPOWERLIMIT']._serialized_end=175
+  _globals['_SETPOWERCAP']._serialized_start=177
+  _globals['_SETPOWERCAP']._serialized_end=234
+  _globals['_SETPOWERSMOOTHING']._serialized_start=236
+  _globals['_SETPOWERSMOOTHING']._serialized_end=362
+  _globals['_SETTROUGHFILLER']._serialized_start=364
+  _globals['_SETTROUGHFILLER']._serialized_end=461
+  _globals['_RESTARTPROCESS']._serialized_start=463
+  _globals['_RESTARTPROCESS']._serialized_end=550
+  _globals['_RESETGPU']._serialized_start=552
+  _globals['_RESETGPU']._serialized_end=580
+  _globals['_REBOOTNODE']._serialized_start=582
+  _globals['_REBOOTNODE']._serialized_end=594
+  _globals['_RUNVALIDATION']._serialized_start=596
+  _globals['_RUNVALIDATION']._serialized_end=659
+  _globals['_COMMAND']._serialized_start=662
+  _globals['_COMMAND']._serialized_end=1142
+  _globals['_CHECKVERDICT']._serialized_start=1144
+  _globals['_CHECKVERDICT']._serialized_end=1246
+  _globals['_ACTIONRESULT']._serialized_start=1249
+  _globals['_ACTIONRESULT']._serialized_end=1581
 # @@protoc_insertion_point(module_scope)

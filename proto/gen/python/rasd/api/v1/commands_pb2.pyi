@@ -26,12 +26,16 @@ ACTION_OUTCOME_TIMED_OUT: ActionOutcome
 ACTION_OUTCOME_DRY_RUN: ActionOutcome
 
 class GpuPowerLimit(_message.Message):
-    __slots__ = ("gpu_uuid", "power_limit_w")
+    __slots__ = ("gpu_uuid", "power_limit_w", "max_raise_w_per_s", "slew_target_w")
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    MAX_RAISE_W_PER_S_FIELD_NUMBER: _ClassVar[int]
+    SLEW_TARGET_W_FIELD_NUMBER: _ClassVar[int]
     gpu_uuid: str
     power_limit_w: int
-    def __init__(self, gpu_uuid: _Optional[str] = ..., power_limit_w: _Optional[int] = ...) -> None: ...
+    max_raise_w_per_s: float
+    slew_target_w: int
+    def __init__(self, gpu_uuid: _Optional[str] = ..., power_limit_w: _Optional[int] = ..., max_raise_w_per_s: _Optional[float] = ..., slew_target_w: _Optional[int] = ...) -> None: ...
 
 class SetPowerCap(_message.Message):
     __slots__ = ("limits",)
