@@ -428,6 +428,10 @@ class Agent:
                 if self.stats.connected:
                     self._disconnected_since = time.monotonic()
                 self.stats.connected = False
+                # A raise still moving was ordered by a controller this agent no longer hears: stop it
+                # where it is (DESIGN.md invariant 6: the agent never raises a cap on its own). The
+                # controller that takes over counts the limit it reads, not a target it never sent.
+                self._executor.cancel_slews()
                 if channel is not None:
                     await channel.close(grace=None)
             if stop.is_set():

@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import socket
 import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -14,6 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from rasd.agent import metrics, runtime, spool, systemd
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.controller import server
 
 pytestmark = pytest.mark.slow
 
@@ -134,3 +137,51 @@ def test_observations_are_counted_per_kind(free_port):
     agent = _agent(f"127.0.0.1:{free_port}")
     agent.observe([model.Observation(model.EventKind.ECC_DBE, 1, "dbe", "test", gpu_uuid="GPU-x")])
     assert agent.event_counts() == {("ECC_DBE", ""): 1}
+
+
+def test_a_cap_raise_still_slewing_stops_where_it_is_when_the_controller_goes(free_port, tmp_path):
+    """Invariant 6: the agent never raises a cap on its own, so a raise ordered by a controller it no
+    longer hears stops moving; the controller that takes over reads the limit, not a target it never sent."""
+
+    async def run():
+        controller = server.Controller(
+            server.ControllerSettings(
+                listen=f"127.0.0.1:{free_port}", db_url=f"sqlite:///{tmp_path / 'c.db'}", metrics_port=None
+            )
+        )
+        await controller.start()
+        agent = _agent(f"127.0.0.1:{free_port}")
+        gpu = agent.backend.inventory()[0].uuid
+        agent.backend.set_power_limit(gpu, 300)
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        try:
+            while "node-d" not in controller.ingest.sessions:
+                await asyncio.sleep(0.05)
+            raise_cap = commands_pb.Command(
+                command_id="raise-1",
+                issued_unix_ns=time.time_ns(),
+                deadline_unix_ns=time.time_ns() + 30 * 10**9,
+                set_power_cap=commands_pb.SetPowerCap(
+                    limits=[commands_pb.GpuPowerLimit(gpu_uuid=gpu, power_limit_w=700, max_raise_w_per_s=40.0)]
+                ),
+            )
+            result = await controller.ingest.send_command("node-d", raise_cap, timeout_s=10)
+            assert result.outcome == commands_pb.ACTION_OUTCOME_SUCCEEDED
+            assert agent._executor.slew_targets() == {gpu: 700}
+            await asyncio.sleep(0.5)  # the limit is moving up at 40 W/s
+        finally:
+            await controller.stop()
+        while agent.stats.connected:
+            await asyncio.sleep(0.05)
+        stopped_at = agent.backend.read_counters(0)[0].enforced_power_limit_w
+        await asyncio.sleep(0.6)  # six slew steps: none may move it
+        after = agent.backend.read_counters(0)[0].enforced_power_limit_w
+        targets = agent._executor.slew_targets()
+        stop.set()
+        await task
+        return stopped_at, after, targets
+
+    stopped_at, after, targets = asyncio.run(run())
+    assert targets == {}
+    assert 300 < stopped_at < 700 and after == stopped_at
