@@ -117,8 +117,9 @@ class PowerTrace:
     cuts: list[BudgetCut]
     smoothing_from_s: float | None
     floor_w: float | None
-    managed_steps_s: list[tuple[float, float]]
-    unmanaged_steps_s: list[tuple[float, float]]
+    managed_steps_s: list[tuple[float, float, int]]
+    """(start s, length s, step index) of each completed step of the managed job."""
+    unmanaged_steps_s: list[tuple[float, float, int]]
     stranded_w: list[tuple[float, float]]
     settling_w: list[tuple[float, float]]
     """(s since start, W a raise granted and the draw has not shown yet) per control period."""
@@ -303,8 +304,11 @@ class PowerProbe:
         since = self.job.start_s
         until = until_ns / 1e9
 
-        def steps(job: step_job.StepJob) -> list[tuple[float, float]]:
-            return [(s.start_s - self.started_ns / 1e9, s.end_s - s.start_s) for s in job.completed_steps(since, until)]
+        def steps(job: step_job.StepJob) -> list[tuple[float, float, int]]:
+            return [
+                (s.start_s - self.started_ns / 1e9, s.end_s - s.start_s, s.index)
+                for s in job.completed_steps(since, until)
+            ]
 
         return PowerTrace(
             t_s=np.array(self._t),
@@ -360,8 +364,8 @@ def report_section(
     band_u = swing.band_power(unmanaged, SAMPLE_HZ, policy.band_low_hz, policy.band_high_hz)
     win_from, win_to = float(t[window][0]), float(t[window][-1])
 
-    def mean_step(steps: list[tuple[float, float]]) -> float | None:
-        inside = [d for s, d in steps if s >= win_from and s + d <= win_to]
+    def mean_step(steps: list[tuple[float, float, int]]) -> float | None:
+        inside = [d for s, d, _ in steps if s >= win_from and s + d <= win_to]
         return float(np.mean(inside)) if inside else None
 
     step_m, step_u = mean_step(trace.managed_steps_s), mean_step(trace.unmanaged_steps_s)
@@ -478,9 +482,14 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
     managed_steps = trace.managed_steps_s
     unmanaged_steps = trace.unmanaged_steps_s
     full_speed = delay = None
-    for (m_start, m_len), (u_start, u_len) in zip(managed_steps, unmanaged_steps, strict=False):
-        if m_len <= 1.01 * u_len:
-            full_speed, delay = m_start - start, m_start - u_start
+    # Twins are paired by step index, not by position: a list can lack a first step the other has
+    # (one that began a hair before the job's recorded start), and a shift of one pairs step k with
+    # step k + 1 (seen as a negative delay).
+    unmanaged_by_index = {index: (u_start, u_len) for u_start, u_len, index in unmanaged_steps}
+    for m_start, m_len, index in managed_steps:
+        twin = unmanaged_by_index.get(index)
+        if twin is not None and m_len <= 1.01 * twin[1]:
+            full_speed, delay = m_start - start, m_start - twin[0]
             break
     return {
         "job_start_s": _r(start, 2),

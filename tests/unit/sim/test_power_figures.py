@@ -38,8 +38,8 @@ def _trace(floor_w: float, ramp_w_per_s: float) -> power_sim.PowerTrace:
         cuts=[],
         smoothing_from_s=0.0,
         floor_w=floor_w,
-        managed_steps_s=[(s.start_s, s.end_s - s.start_s) for s in managed.completed_steps(0.0, 60.0)],
-        unmanaged_steps_s=[(s.start_s, s.end_s - s.start_s) for s in unmanaged.completed_steps(0.0, 60.0)],
+        managed_steps_s=[(s.start_s, s.end_s - s.start_s, s.index) for s in managed.completed_steps(0.0, 60.0)],
+        unmanaged_steps_s=[(s.start_s, s.end_s - s.start_s, s.index) for s in unmanaged.completed_steps(0.0, 60.0)],
         stranded_w=[(float(x), 0.0) for x in range(0, 60, 3)],
         settling_w=[(float(x), 0.0) for x in range(0, 60, 3)],
         loop_step_ms=[1.0],
@@ -81,3 +81,21 @@ def test_the_landed_cap_ramp_is_measured_in_the_times_the_limits_were_read():
     assert figures["job_start_cap_ramp_1s_w_per_s"] == 1_000.0
     flat = dataclasses.replace(trace, managed_cap_w=np.column_stack([read_s, np.full(len(read_s), 12_800.0)]))
     assert power_sim.job_start_section(flat, period_s=1.0)["job_start_cap_ramp_1s_w_per_s"] == 0.0
+
+
+def test_the_start_delay_pairs_twin_steps_by_index_even_when_one_list_lacks_the_first_step():
+    # The managed job's first three steps are 0.5 s longer each (its ramp), then it runs at full
+    # speed 1.5 s behind; the unmanaged list lacks step 0 (begun a hair before the recorded start).
+    managed = [(4.0, 1.5, 0), (5.5, 1.5, 1), (7.0, 1.5, 2), (8.5, 1.0, 3), (9.5, 1.0, 4)]
+    unmanaged = [(5.0, 1.0, 1), (6.0, 1.0, 2), (7.0, 1.0, 3), (8.0, 1.0, 4)]
+    trace = dataclasses.replace(
+        _trace(floor_w=0.0, ramp_w_per_s=0.0),
+        job_start_s=4.0,
+        managed_steps_s=managed,
+        unmanaged_steps_s=unmanaged,
+        managed_cap_w=np.zeros((0, 2)),
+        ramp_gpus=[(6.0, 0, 64)],
+    )
+    figures = power_sim.job_start_section(trace, period_s=1.0)
+    assert figures["full_speed_after_s"] == 4.5
+    assert figures["job_start_delay_s"] == 1.5  # by position step 3 would pair with step 4: 0.5 s
