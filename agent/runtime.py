@@ -33,7 +33,7 @@ from rasd.agent import actions, gpu, kmsg_source, node_ops, sources, spool, wire
 from rasd.agent.core import health, model
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.common import VERSION, tls
+from rasd.common import VERSION, aio, tls
 
 log = structlog.get_logger("rasd.agent")
 
@@ -532,8 +532,7 @@ class Agent:
         # _events_ready from the new stream's, whose spooled events then never went out. So the loop
         # also ends on the stream's own flag, checked before it takes the event.
         while not session_over.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._events_ready.wait(), timeout=max(0.0, next_send - loop.time()))
+            await aio.wait_event(self._events_ready, next_send - loop.time())
             if session_over.is_set():
                 return
             if self._events_ready.is_set():

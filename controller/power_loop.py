@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import time
 import tomllib
@@ -55,6 +54,7 @@ import numpy as np
 import structlog
 
 from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.common import aio
 from rasd.common import settings as settings_check
 from rasd.controller import ingest as ingest_mod
 from rasd.controller.core import power, power_apply, power_policy, power_ramp, power_tree, swing
@@ -333,8 +333,7 @@ class PowerLoop:
             except Exception as exc:  # one bad period must not end power management
                 log.exception("power_period_failed", error=str(exc))
             period = self.policy.control_period_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=period)
+            await aio.wait_event(self._wake, period)
             self._wake.clear()
             gap = self.settings.min_step_interval_s - (self._now() - self._last_step_s)
             if gap > 0:

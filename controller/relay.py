@@ -30,7 +30,6 @@ remediation store), so once another replica has taken over, a late write of this
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Mapping
@@ -39,6 +38,7 @@ from typing import Any
 import structlog
 
 from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.common import aio
 from rasd.controller import ingest as ingest_mod
 from rasd.controller import leader as leader_mod
 from rasd.controller import remediation as remediation_mod
@@ -244,8 +244,7 @@ class Relay:
 
     async def _courier_forever(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._courier_wake.wait(), timeout=self.poll_s)
+            await aio.wait_event(self._courier_wake, self.poll_s)
             self._courier_wake.clear()
             try:
                 await self.deliver_pending()
@@ -291,8 +290,7 @@ class Relay:
 
     async def _intake_forever(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._intake_wake.wait(), timeout=self.poll_s)
+            await aio.wait_event(self._intake_wake, self.poll_s)
             self._intake_wake.clear()
             try:
                 await self.take_in()
