@@ -377,22 +377,29 @@ class RemediationService:
             log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
         admitted: dict[str, actions.Action] = {}
         for action in admission.admitted:
-            state = states.get(action.node_id) or self.node_states.get(action.node_id)
-            if state is not None:
-                states[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now)
-            change.audit.append(
-                _audit(
-                    now_ns,
-                    "automation",
-                    action.kind,
-                    action.node_id,
-                    getattr(action, "gpu_uuid", ""),
-                    action.reason,
-                    "dispatched",
-                )
-            )
+            self._record_dispatch(action, states, change)
             admitted[action.command_id] = action
         return admitted
+
+    def _record_dispatch(
+        self, action: actions.Action, states: dict[str, escalation.RemediationState], change: rstore.Commit
+    ) -> None:
+        """Put an admitted action's dispatch into change: its ticket's dispatch time (in states) and the audit row."""
+        now_ns = change.now_unix_ns
+        state = states.get(action.node_id) or self.node_states.get(action.node_id)
+        if state is not None:
+            states[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now_ns / 1e9)
+        change.audit.append(
+            _audit(
+                now_ns,
+                "automation",
+                action.kind,
+                action.node_id,
+                getattr(action, "gpu_uuid", ""),
+                action.reason,
+                "dispatched",
+            )
+        )
 
     def _note_dispatched(self, action: actions.Action, now: float) -> None:
         """Count a dispatched action and its decision latency (event stored → dispatched)."""
@@ -980,20 +987,7 @@ class RemediationService:
                 change.command_updates.append(
                     (action.command_id, {"status": "dispatched", "dispatched_unix_ns": now_ns})
                 )
-                if action.node_id in self.node_states or action.node_id in touched:
-                    state = touched.get(action.node_id) or self.node_states[action.node_id]
-                    touched[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now)
-                change.audit.append(
-                    _audit(
-                        now_ns,
-                        "automation",
-                        action.kind,
-                        action.node_id,
-                        getattr(action, "gpu_uuid", ""),
-                        action.reason,
-                        "dispatched",
-                    )
-                )
+                self._record_dispatch(action, touched, change)
                 self._note_dispatched(action, now)
             follow_up: list[actions.Action] = []
             for action in admission.admitted:
@@ -1280,7 +1274,11 @@ def expired_incidents(
             continue
         gone.update((i.incident_id, i) for i in old)
     if gone:
-        for incidents in after.incidents.values():
+        # An incident still remembered sits in a scope whose tuple changed too (it was pruned from one
+        # or moved into another), so the unchanged scopes, most of them, need no look.
+        for scope, incidents in after.incidents.items():
+            if before.incidents.get(scope) is incidents:
+                continue
             for incident in incidents:
                 gone.pop(incident.incident_id, None)
     return list(gone.values())
