@@ -28,7 +28,8 @@ their labels are given to the ingest as a Hello would. No agent stream is open, 
 ``Ingest.dispatch`` returns False and agent commands stay ``dispatched`` in the outbox: the
 measured path ends where the command would be queued on the stream. The controller's logging
 is configured as ``rasd-controller`` configures it (JSON at ``--log-level``, default info) and
-written to /dev/null, so its cost is included.
+written to /dev/null, so its cost is included; so is the garbage collector (``rasd.common.gc_policy``:
+its thresholds, and the start-up heap frozen once the service has started).
 
 Disruption policy (so the burst is admitted, not held by the budget): breaker_quarantine_pct 100,
 max_disrupted_nodes_pct 100, max_disrupted_nodes 100000, rack and nvlink_domain caps 100000
@@ -64,6 +65,7 @@ import results
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
+from rasd.common import gc_policy
 from rasd.common import logging as rasd_logging
 from rasd.controller import ingest as ingest_mod
 from rasd.controller import metrics
@@ -282,9 +284,13 @@ class Rig:
         self.seq: dict[str, int] = {}
 
     async def start(self) -> None:
-        """Start the ingest and the service (its tick loop runs during the measurement, as in production)."""
+        """Start the ingest and the service (its tick loop runs during the measurement, as in production).
+
+        Then freeze the start-up heap, as `rasd-controller` does once it has started (rasd.common.gc_policy).
+        """
         await self.ingest.start()
         await self.service.start()
+        gc_policy.freeze_startup_heap()
 
     async def stop(self) -> None:
         """Stop both and close the store."""
@@ -555,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = results.machine(f"SQLAlchemy {sa.__version__}")
     rasd_logging.configure(args.log_level, json=True)
+    gc_policy.configure()  # as rasd-controller does
     real_stderr = sys.stderr
     feeds: list[Row] = []
     bursts: list[Row] = []

@@ -11,7 +11,7 @@ import tomllib
 from collections.abc import Sequence
 from typing import Any
 
-from rasd.common import VERSION, net
+from rasd.common import VERSION, gc_policy, net
 from rasd.common import logging as rasd_logging
 from rasd.controller import bmc, power_loop, quarantine, security, server
 from rasd.controller import leader as leader_mod
@@ -93,6 +93,7 @@ async def _serve(settings: server.ControllerSettings) -> int:
         loop.add_signal_handler(signum, stop.set)
     controller = server.Controller(settings)
     await controller.start()
+    gc_policy.freeze_startup_heap()  # modules, compiled statements, loaded state: never walked again
     try:
         await stop.wait()
     finally:
@@ -126,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
         parser.error(f"--config {args.config}: {exc}")
     rasd_logging.configure(args.log_level)
+    gc_policy.configure()
     settings = server.ControllerSettings(
         listen=args.listen,
         db_url=args.db,

@@ -8,7 +8,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from rasd.common import VERSION
+from rasd.common import VERSION, gc_policy
 from rasd.common import logging as rasd_logging
 from rasd.controller import recording
 from rasd.sim import fleet, plots, replay, report, scenario
@@ -74,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except scenario.ScenarioError as exc:
         parser.error(str(exc))
     rasd_logging.configure(args.log_level)
+    gc_policy.configure()  # the simulated fleet hosts a controller: same collector settings
     settings = fleet.SimSettings(
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
