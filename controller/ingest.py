@@ -131,10 +131,18 @@ class Ingest:
             await self._store(self.store.mark_all_disconnected)
         self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
 
-    async def stop(self) -> None:
-        """End every session, flush, and stop the writer thread."""
+    def end_sessions(self) -> None:
+        """End every open agent stream (its agent reconnects, to another replica if there is one)."""
         for session in list(self.sessions.values()):
             session.outbound.put_nowait(None)
+
+    async def stop(self) -> None:
+        """End every session, flush, and stop the writer thread.
+
+        The store thread is gone afterwards: stop the gRPC server first, or a call it still takes
+        would find no store (the Controller does).
+        """
+        self.end_sessions()
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)

@@ -240,16 +240,25 @@ class Controller:
         )
 
     async def stop(self) -> None:
-        """Stop taking calls, let in-flight ones finish within the grace, flush the store."""
+        """Stop taking calls, let in-flight ones finish within the grace, flush the store.
+
+        The order matters: the agents' streams end first (so the grace is not spent waiting on
+        streams that never end by themselves), then the server refuses new calls and lets the
+        in-flight ones finish, and only then does the ingest flush and stop its store thread. Stopped
+        the other way round, a call that arrived in between found the store thread gone and failed
+        with an internal error instead of UNAVAILABLE (an agent reconnecting at that moment saw
+        "cannot schedule new futures after shutdown").
+        """
         await self._health.enter_graceful_shutdown()
         await self.leadership.stop()  # stops the leader's loops and hands the lease over at once
         if self.relay is not None:
             await self.relay.stop()
-        await self.ingest.stop()
+        self.ingest.end_sessions()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace_s)
         if self._health_server is not None:
             await self._health_server.stop(None)
+        await self.ingest.stop()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

@@ -217,3 +217,57 @@ def test_a_newer_stream_for_the_same_node_replaces_the_older(tmp_path, free_port
     error, still_connected = asyncio.run(scenario())
     assert error.code() == grpc.StatusCode.ABORTED
     assert still_connected
+
+
+def test_agents_connecting_while_the_controller_stops_are_refused_as_unavailable(tmp_path, free_port):
+    """Streams opened during shutdown get UNAVAILABLE (reconnect elsewhere), never an internal error.
+
+    The ingest's store thread stops only after the gRPC server has stopped taking calls: the other
+    way round, a Hello that arrived in between found no store thread and failed with UNKNOWN.
+    """
+
+    def hello(n: int) -> agent_pb.AgentMessage:
+        uuid = f"GPU-00000000-0000-4000-8000-{n:012d}"
+        return agent_pb.AgentMessage(
+            hello=agent_pb.Hello(
+                node_id=f"node-{n}",
+                boot_id="b",
+                gpus=[health_pb.GpuInfo(uuid=uuid, power_limit_min_w=200, power_limit_max_w=700)],
+            )
+        )
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port)
+        await controller.start()
+        outcomes: list[str] = []
+        stopped = asyncio.Event()
+
+        async def storm(offset: int) -> None:
+            n = offset
+            async with grpc.aio.insecure_channel(controller.address) as channel:
+                stub = agent_grpc.AgentServiceStub(channel)
+                while not stopped.is_set():
+                    n += 8
+                    call = stub.Connect()
+                    try:
+                        await call.write(hello(n))
+                        reply = await call.read()
+                        outcomes.append("welcome" if reply is not grpc.aio.EOF and reply.HasField("welcome") else "eof")
+                    except grpc.aio.AioRpcError as exc:
+                        outcomes.append(exc.code().name)
+                    except (grpc.aio.UsageError, asyncio.InvalidStateError):
+                        outcomes.append("closed")
+                    finally:
+                        call.cancel()
+
+        storms = [asyncio.create_task(storm(i)) for i in range(8)]
+        await _until(lambda: outcomes.count("welcome") >= 20)
+        await controller.stop()
+        stopped.set()
+        await asyncio.gather(*storms)
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    refused = {o for o in outcomes if o != "welcome"}
+    assert refused <= {"UNAVAILABLE", "CANCELLED", "eof", "closed"}, refused
+    assert outcomes.count("welcome") >= 20
