@@ -27,9 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import operator
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -138,7 +137,8 @@ class RemediationService:
         self.correlation = correlate.CorrelationState()
         self.budget = blast_radius.BudgetState()
         self._fleet: blast_radius.FleetView | None = None
-        self._fleet_source: tuple[list[str], list[Mapping[str, str]]] = ([], [])
+        self._fleet_version = -1
+        """The ingest's labels version the fleet view was built from."""
         self._quarantine_gauge_stale = False
         self._budget_stored: blast_radius.BudgetState | None = None
         """The budget as the store holds it (None: never written); only a changed budget is written."""
@@ -290,10 +290,14 @@ class RemediationService:
         detect_s: list[float] = []
         new_incidents: list[correlate.Incident] = []
         decisions = 0
+        scopes: set[str] = set()  # the correlation scopes and nodes the events touched: nothing else changes
+        port_nodes: set[str] = set()
         for node_id, events, labels, _future in group:
             state = states.get(node_id) or self.node_states.get(node_id) or escalation.RemediationState(node_id)
             for stored in events:
                 event = health_event(stored, nvlink_domain=labels.get("nvlink_domain", ""))
+                scopes.add(correlate.scope_of(event))
+                port_nodes.add(event.node_id)
                 result = escalation.handle_event(corr, state, event, now=now, catalog=self.catalog, policy=self.policy)
                 corr = result.correlation.state
                 state = result.decision.state
@@ -318,7 +322,7 @@ class RemediationService:
             consumed = [e.seq for e in events if e.seq > 0]
             if consumed:
                 change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
-        self._correlation_into(change, corr, changed_incidents=True)
+        self._correlation_into(change, corr, changed_incidents=True, scopes=scopes, port_nodes=port_nodes)
         budget_before = self.budget
         dispatched = self._admit_with_decision(new_actions, states, change)
         try:
@@ -863,19 +867,27 @@ class RemediationService:
                 change.command_updates.append((command_id, {"status": "cancelled"}))
 
     def _correlation_into(
-        self, change: rstore.Commit, after: correlate.CorrelationState, *, changed_incidents: bool
+        self,
+        change: rstore.Commit,
+        after: correlate.CorrelationState,
+        *,
+        changed_incidents: bool,
+        scopes: Collection[str] | None = None,
+        port_nodes: Collection[str] | None = None,
     ) -> None:
         """Add what moving the correlation state from `self.correlation` to after writes.
 
-        That is its documents, the rows of the incidents that changed, and the expired incidents' rows closed.
+        That is its documents, the rows of the incidents that changed, and the expired incidents' rows
+        closed. scopes and port_nodes: see `correlation_changes` (None: look at all of them).
         """
-        docs, changed = correlation_changes(self.correlation, after)
+        docs, changed = correlation_changes(self.correlation, after, scopes=scopes, port_nodes=port_nodes)
         change.docs.update(docs)
         now_ns = change.now_unix_ns
         if changed_incidents:
             change.incidents.extend(_incident_row(incident, now_ns) for incident in changed)
         change.incidents.extend(
-            _incident_row(incident, now_ns, closed=True) for incident in expired_incidents(self.correlation, after)
+            _incident_row(incident, now_ns, closed=True)
+            for incident in expired_incidents(self.correlation, after, scopes=scopes)
         )
 
     async def _commit(
@@ -1109,19 +1121,12 @@ class RemediationService:
         """The fleet as the budget sees it; rebuilt only when a node's labels changed.
 
         Kept between passes so that its per-domain node counts are computed once, not on every
-        admission (a 2,000-node count took ~5 ms per pass).
+        admission (a 2,000-node count took ~5 ms per pass); the ingest counts label changes, so
+        telling whether anything changed is one compare.
         """
         labels = self.ingest.node_labels
-        nodes, values = self._fleet_source
-        # The ingest replaces a node's labels dict when they change, so the same keys in the same
-        # order with the very same dicts mean nothing changed (compared in C: ~0.1 ms for 2,000 nodes).
-        if (
-            self._fleet is None
-            or len(nodes) != len(labels)
-            or not all(map(operator.is_, values, labels.values()))
-            or nodes != list(labels)
-        ):
-            self._fleet_source = (list(labels), list(labels.values()))
+        if self._fleet is None or self._fleet_version != labels.version:
+            self._fleet_version = labels.version
             self._fleet = blast_radius.FleetView(node_labels={n: dict(v) for n, v in labels.items()})
         return self._fleet
 
@@ -1178,7 +1183,11 @@ and per node's IB port history ("correlation/ports/<node>"), so a decision rewri
 
 
 def correlation_changes(
-    before: correlate.CorrelationState, after: correlate.CorrelationState
+    before: correlate.CorrelationState,
+    after: correlate.CorrelationState,
+    *,
+    scopes: Collection[str] | None = None,
+    port_nodes: Collection[str] | None = None,
 ) -> tuple[dict[str, Any], list[correlate.Incident]]:
     """What a decision must write for its correlation state: documents, and incidents for their rows.
 
@@ -1189,10 +1198,14 @@ def correlation_changes(
     duplicate, the most common event in a burst, rewrites one incident row, not its whole scope.
     The core shares unchanged scope tuples and incidents between states, so identity tells what
     changed.
+
+    scopes and port_nodes, when given, are the only scopes and nodes whose entries can differ
+    (those of the events that moved before to after: `correlate.correlate` touches the event's scope
+    and node alone), so a small pass does not walk every scope in the fleet.
     """
     docs: dict[str, Any] = {}
     changed: list[correlate.Incident] = []
-    for scope in set(before.incidents) | set(after.incidents):
+    for scope in set(before.incidents) | set(after.incidents) if scopes is None else scopes:
         incidents = after.incidents.get(scope, ())
         old = before.incidents.get(scope, ())
         if incidents is old:
@@ -1202,7 +1215,7 @@ def correlation_changes(
         ids = [i.incident_id for i in incidents]
         if ids != [i.incident_id for i in old]:
             docs[f"{CORRELATION_PREFIX}incidents/{scope}"] = {"ids": ids} if ids else None
-    for node in set(before.ports) | set(after.ports):
+    for node in set(before.ports) | set(after.ports) if port_nodes is None else port_nodes:
         ports = after.ports.get(node)
         if ports is not before.ports.get(node):
             docs[f"{CORRELATION_PREFIX}ports/{node}"] = (
@@ -1265,19 +1278,27 @@ def _audit(
 
 
 def expired_incidents(
-    before: correlate.CorrelationState, after: correlate.CorrelationState
+    before: correlate.CorrelationState,
+    after: correlate.CorrelationState,
+    *,
+    scopes: Collection[str] | None = None,
 ) -> list[correlate.Incident]:
-    """Incidents before remembers and after no longer does: their window ended, so their rows close."""
+    """Incidents before remembers and after no longer does: their window ended, so their rows close.
+
+    scopes, when given, are the only scopes that can differ (see `correlation_changes`).
+    """
     gone: dict[str, correlate.Incident] = {}
-    for scope, old in before.incidents.items():
-        if after.incidents.get(scope) is old:
+    for scope in before.incidents if scopes is None else scopes:
+        old = before.incidents.get(scope, ())
+        if after.incidents.get(scope, ()) is old:
             continue
         gone.update((i.incident_id, i) for i in old)
     if gone:
         # An incident still remembered sits in a scope whose tuple changed too (it was pruned from one
         # or moved into another), so the unchanged scopes, most of them, need no look.
-        for scope, incidents in after.incidents.items():
-            if before.incidents.get(scope) is incidents:
+        for scope in after.incidents if scopes is None else scopes:
+            incidents = after.incidents.get(scope, ())
+            if before.incidents.get(scope, ()) is incidents:
                 continue
             for incident in incidents:
                 gone.pop(incident.incident_id, None)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hypothesis
+from hypothesis import strategies as st
+
 from rasd.common import xid_catalog
 from rasd.controller import remediation
 from rasd.controller.core import correlate, health, policy
@@ -97,3 +100,47 @@ def test_stored_documents_keep_the_format_of_a_deep_asdict():
     reference.update(in_flight=list(reference["in_flight"]), quarantined_nodes=["n1"], demand=[["n1", 5.0]])
     assert budget.to_dict() == reference
     assert blast_radius.BudgetState.from_dict(budget.to_dict()) == budget
+
+
+_NODES = ("n1", "n2", "n3", "n4")
+_EVENTS = st.lists(
+    st.tuples(
+        st.sampled_from(_NODES),
+        st.sampled_from(("GPU-a", "GPU-b")),
+        st.sampled_from((13, 31, 43, 45, 48, 74, 79, 94, "ib")),
+        st.sampled_from(("", "nvl-0", "nvl-1")),
+        st.floats(min_value=0.0, max_value=400.0),
+        st.sampled_from(("DOWN", "ACTIVE")),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.given(_EVENTS)
+def test_the_events_scopes_and_nodes_name_everything_that_changed(events):
+    """A decision pass writes only its events' scopes and nodes: the same as looking at every one of them."""
+    catalog, pol = xid_catalog.load_catalog(), policy.RemediationPolicy()
+    state, now = correlate.CorrelationState(), 1_000.0
+    for seq, (node, gpu, what, domain, gap_s, ib_state) in enumerate(events, start=1):
+        now += gap_s
+        if what == "ib":
+            event = health.HealthEvent(
+                node_id=node, kind=health.EventKind.IB_LINK_STATE, observed_at=now, seq=seq, nvlink_domain=domain,
+                attributes={"ib_device": "mlx5_0", "ib_port": "1", "ib_state": ib_state},
+            )  # fmt: skip
+        else:
+            event = health.HealthEvent(
+                node_id=node, kind=health.EventKind.XID, observed_at=now, gpu_uuid=gpu, xid=what, seq=seq,
+                nvlink_domain=domain,
+            )  # fmt: skip
+        after = correlate.correlate(state, event, now=now, catalog=catalog, policy=pol).state
+        scopes, nodes = {correlate.scope_of(event)}, {event.node_id}
+        docs, changed = remediation.correlation_changes(state, after)
+        hinted_docs, hinted_changed = remediation.correlation_changes(state, after, scopes=scopes, port_nodes=nodes)
+        assert hinted_docs == docs
+        assert _rows(hinted_changed) == _rows(changed)
+        expired = remediation.expired_incidents(state, after)
+        assert _rows(remediation.expired_incidents(state, after, scopes=scopes)) == _rows(expired)
+        state = after
