@@ -324,9 +324,13 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['remediation']['disruption_budget']} nodes |",
         f"| telemetry samples ingested | {ctl['telemetry_samples']} ({ctl['samples_per_s']}/s) |",
         f"| CPU (whole process) / peak RSS | {ctl['cpu_s']} s / {ctl['peak_rss_mib']} MiB |",
-        f"| commands sent / succeeded / read-back confirmed | {cmds['sent']} / {cmds['succeeded']} / "
+        f"| operator cap commands sent / succeeded / read-back confirmed | {cmds['sent']} / {cmds['succeeded']} / "
         f"{cmds['read_back_confirmed']} |",
-        f"| command round trip p50 / p99 | {cmds['latency_s_p50']} s / {cmds['latency_s_p99']} s |",
+        (
+            f"| operator cap command round trip p50 / p99 | {cmds['latency_s_p50']} s / {cmds['latency_s_p99']} s |"
+            if cmds["sent"]
+            else "| operator cap command round trip p50 / p99 | – (the scenario sends none) |"
+        ),
         f"| fleet power mean / peak-to-peak swing | {power['fleet_power_w_mean']} W / "
         f"{power['swing_p2p_w_observed']} W |",
     ]
