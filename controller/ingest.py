@@ -33,6 +33,9 @@ log = structlog.get_logger("rasd.controller")
 
 Clock = Callable[[], int]
 
+MAX_HELLO_GROUP = 256
+"""Hellos registered in one store transaction at most (a reconnect storm is cut into such groups)."""
+
 
 class LabelsByNode(dict[str, dict[str, str]]):
     """Node id → its labels from its last Hello, with a count of changes.
@@ -158,6 +161,8 @@ class Ingest:
         self._pending_results: dict[str, _PendingCommand] = {}
         self._hook_tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
+        self._hello_inbox: list[tuple[fleet.NodeHello, int, asyncio.Future[repo.HelloOutcome]]] = []
+        self._registrar: asyncio.Task[None] | None = None
         self.samples_ingested = 0
         self.events_stored = 0
         self.node_labels: LabelsByNode = LabelsByNode()
@@ -197,6 +202,44 @@ class Ingest:
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self.flush()
         self._writer.shutdown(wait=True)
+
+    async def register_hello(self, node_hello: fleet.NodeHello, now_unix_ns: int) -> repo.HelloOutcome:
+        """Register a Hello on the store thread, together with every other Hello waiting then.
+
+        After a controller restart or a failover every agent reconnects at once; Hellos registered
+        in groups cost ~0.35 ms a node on the store thread against ~1.5 ms one by one (bench/scale.py,
+        connect storm), so agents are welcomed before their Welcome timeouts make them retry.
+        """
+        future: asyncio.Future[repo.HelloOutcome] = asyncio.get_running_loop().create_future()
+        self._hello_inbox.append((node_hello, now_unix_ns, future))
+        if self._registrar is None or self._registrar.done():
+            self._registrar = asyncio.create_task(self._register_waiting(), name="rasd-hello-registrar")
+        return await future
+
+    async def _register_waiting(self) -> None:
+        while self._hello_inbox:
+            group, self._hello_inbox = self._hello_inbox[:MAX_HELLO_GROUP], self._hello_inbox[MAX_HELLO_GROUP:]
+            try:
+                outcomes = await self._store(self.store.register_hellos, [(hello, now) for hello, now, _f in group])
+            except Exception as exc:
+                if len(group) == 1:
+                    _settle(group[0][2], exc)
+                    continue
+                # One Hello the store refuses must not refuse the others: each on its own, so that only
+                # its own stream fails (a store that is down fails each of them alike).
+                for hello, now, future in group:
+                    try:
+                        _settle(future, await self._store(self.store.register_hello, hello, now))
+                    except Exception as one_exc:
+                        _settle(future, one_exc)
+                continue
+            except BaseException:  # cancelled (shutdown): nobody waits for ever
+                for *_rest, future in [*group, *self._hello_inbox]:
+                    future.cancel()
+                self._hello_inbox = []
+                raise
+            for (_hello, _now, future), outcome in zip(group, outcomes, strict=True):
+                _settle(future, outcome)
 
     async def _store(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
@@ -238,7 +281,7 @@ class Ingest:
         """
         node_hello = wire.hello_from_wire(hello)
         now = self._clock()
-        outcome = await self._store(self.store.register_hello, node_hello, now)
+        outcome = await self.register_hello(node_hello, now)
         previous = self.sessions.get(node_hello.node_id)
         if previous is not None:
             previous.replaced = True
@@ -492,3 +535,13 @@ class Ingest:
                 await self.flush()
             except Exception as exc:  # the store may be briefly unavailable; retry next period
                 log.error("telemetry_flush_failed", error=str(exc), error_type=type(exc).__name__)
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    """Give a waiting caller its result or exception, unless it stopped waiting (its stream ended)."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -147,13 +147,13 @@ class RemediationStore:
                 )
                 for node_id, seq in change.processed_seq.items():
                     change.docs[WATERMARK_PREFIX + node_id] = {"epoch": int(epochs.get(node_id) or 0), "seq": seq}
-            _upsert_many(
+            repo.upsert_many(
                 session,
                 schema.RemediationStateRow,
                 "node_id",
                 [{"node_id": n, "state": s, "updated_unix_ns": now} for n, s in change.node_states.items()],
             )
-            _upsert_many(
+            repo.upsert_many(
                 session,
                 schema.ControllerStateRow,
                 "name",
@@ -192,8 +192,8 @@ class RemediationStore:
                 if rows:  # one executemany INSERT, no ORM objects: a burst decides hundreds at once
                     conn.execute(sa.insert(schema.CommandRow.__table__), rows)
             _update_commands(session, command_updates)
-            _upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
-            _upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
+            repo.upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
+            repo.upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
             _quarantine_many(session, change.quarantines, now)
             for release in change.releases:
                 _release(session, release, now)
@@ -201,7 +201,7 @@ class RemediationStore:
                 if session.get(schema.RmaTicketRow, rma["rma_id"]) is None:
                     session.add(schema.RmaTicketRow(**rma))
             for validation in change.validations:
-                _upsert(
+                repo.upsert_row(
                     session,
                     schema.ValidationRow,
                     {"validation_id": validation["validation_id"]},
@@ -345,37 +345,6 @@ def _last_per_key(rows: Sequence[Mapping[str, Any]], key: str) -> list[dict[str,
     return list({row[key]: dict(row) for row in rows}.values())
 
 
-def _upsert_many(session: Session, table_cls: Any, key: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """INSERT ... ON CONFLICT (key) DO UPDATE for rows of identical shape, in one executemany."""
-    if not rows:
-        return
-    table = table_cls.__table__
-    dialect = session.get_bind().dialect.name
-    columns = tuple(name for name in rows[0] if name != key)
-    cache_key = (dialect, table.name, key, columns)
-    statement = _UPSERTS.get(cache_key)
-    if statement is None:
-        if dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        elif dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:  # any other SQLAlchemy backend: read, then write
-            for row in rows:
-                _upsert(session, table_cls, {key: row[key]}, **{k: v for k, v in row.items() if k != key})
-            return
-        base = insert(table)
-        statement = base.on_conflict_do_update(
-            index_elements=[key], set_={name: base.excluded[name] for name in columns}
-        )
-        _UPSERTS[cache_key] = statement
-    session.connection().execute(statement, list(rows))
-
-
-_UPSERTS: dict[tuple[str, str, str, tuple[str, ...]], Any] = {}
-"""Upsert statements by (dialect, table, key, columns): building one (its "excluded" columns) cost
-more than executing it, at several per commit."""
-
-
 def _update_commands(session: Session, updates: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
     """Apply outbox updates in order, as one executemany UPDATE per set of columns.
 
@@ -424,15 +393,6 @@ def _runs_of_one_shape(rows: Sequence[Mapping[str, Any]]) -> Iterator[list[Mappi
 
 def _command(row: schema.CommandRow) -> CommandRecord:
     return CommandRecord(**{f.name: getattr(row, f.name) for f in dataclasses.fields(CommandRecord)})
-
-
-def _upsert(session: Session, table: Any, key: Mapping[str, Any], **values: Any) -> None:
-    row = session.get(table, next(iter(key.values())))
-    if row is None:
-        session.add(table(**key, **values))
-    else:
-        for name, value in values.items():
-            setattr(row, name, value)
 
 
 def _set_state(session: Session, node_id: str, gpu_uuid: str, state: fleet.ComponentState) -> None:

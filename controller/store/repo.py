@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from rasd.controller.core import fleet
 from rasd.controller.store import migrate, schema
@@ -160,55 +160,103 @@ class Store:
         If the agent's spool head is behind what we acked, its spool started over (state dir lost):
         begin a new epoch at 0 so its new events are stored rather than dropped as duplicates.
         """
+        return self.register_hellos([(hello, now_unix_ns)])[0]
+
+    def register_hellos(self, hellos: Sequence[tuple[fleet.NodeHello, int]]) -> list[HelloOutcome]:
+        """`register_hello` for many (Hello, arrival time) pairs in one transaction, in order.
+
+        A reconnect storm (a controller restart, a failover) brings thousands of Hellos at once: one
+        read of their nodes, one of their GPUs and one upsert of each, instead of an ORM round for
+        every node (~2 ms per known node, ~5 ms per new one). A node that appears twice is
+        registered twice, in order, as one by one would.
+        """
+        if not hellos:
+            return []
+        nodes_t = schema.NodeRow.__table__
         with self._sessions.begin() as session:
-            node = session.get(schema.NodeRow, hello.node_id)
-            if node is None:
-                node = schema.NodeRow(node_id=hello.node_id, first_seen_unix_ns=now_unix_ns, acked_seq=0, spool_epoch=0)
-                session.add(node)
-                session.flush()  # the GPU rows reference it (no ORM relationship orders the inserts)
-            rebooted = bool(node.boot_id) and node.boot_id != _text(hello.boot_id)
-            spool_reset = hello.spool_head_seq < (node.acked_seq or 0)
-            if spool_reset:
-                node.spool_epoch = (node.spool_epoch or 0) + 1
-                node.acked_seq = 0
-            node.hostname = _text(hello.hostname)
-            node.boot_id = _text(hello.boot_id)
-            node.agent_version = _text(hello.agent_version)
-            node.backend = _text(hello.backend)
-            node.labels = _text_map(hello.labels)
-            node.connected = True
-            node.last_seen_unix_ns = now_unix_ns
-            if node.state in (None, int(fleet.ComponentState.OFFLINE), int(fleet.ComponentState.UNSPECIFIED)):
-                node.state = int(fleet.ComponentState.HEALTHY)
-            # One read for all of the node's GPUs (not one per GPU, each behind an autoflush): a
-            # reconnect storm registers thousands of Hellos, and this runs on the store thread.
-            uuids = [record.uuid for record in hello.gpus]
-            with session.no_autoflush:
-                known = (
-                    {
-                        row.uuid: row
-                        for row in session.scalars(sa.select(schema.GpuRow).where(schema.GpuRow.uuid.in_(uuids)))
+            conn = session.connection()
+            node_ids = list(dict.fromkeys(hello.node_id for hello, _now in hellos))
+            known: dict[str, dict[str, Any]] = {}
+            for start in range(0, len(node_ids), 500):  # bounded IN lists
+                query = sa.select(
+                    nodes_t.c.node_id,
+                    nodes_t.c.boot_id,
+                    nodes_t.c.state,
+                    nodes_t.c.first_seen_unix_ns,
+                    nodes_t.c.spool_epoch,
+                    nodes_t.c.acked_seq,
+                ).where(nodes_t.c.node_id.in_(node_ids[start : start + 500]))
+                known.update({row.node_id: dict(row._mapping) for row in conn.execute(query)})
+            outcomes: list[HelloOutcome] = []
+            node_rows: dict[str, dict[str, Any]] = {}
+            gpu_rows: dict[str, dict[str, Any]] = {}
+            spool_resets: set[str] = set()
+            for hello, now in hellos:
+                node = node_rows.get(hello.node_id) or known.get(hello.node_id)
+                boot_id = _text(hello.boot_id)
+                acked_seq = int(node["acked_seq"] or 0) if node else 0
+                epoch = int(node["spool_epoch"] or 0) if node else 0
+                rebooted = bool(node and node["boot_id"]) and node["boot_id"] != boot_id  # type: ignore[index]
+                spool_reset = hello.spool_head_seq < acked_seq
+                if spool_reset:
+                    epoch, acked_seq = epoch + 1, 0
+                    spool_resets.add(hello.node_id)
+                state = node["state"] if node else None
+                if state in (None, int(fleet.ComponentState.OFFLINE), int(fleet.ComponentState.UNSPECIFIED)):
+                    state = int(fleet.ComponentState.HEALTHY)
+                node_rows[hello.node_id] = {
+                    "node_id": hello.node_id,
+                    "hostname": _text(hello.hostname),
+                    "boot_id": boot_id,
+                    "agent_version": _text(hello.agent_version),
+                    "backend": _text(hello.backend),
+                    "labels": _text_map(hello.labels),
+                    "state": state,
+                    "connected": True,
+                    "first_seen_unix_ns": node["first_seen_unix_ns"] if node else now,
+                    "last_seen_unix_ns": now,
+                    "spool_epoch": epoch,
+                    "acked_seq": acked_seq,
+                }
+                outcomes.append(HelloOutcome(acked_seq=acked_seq, spool_reset=spool_reset, rebooted=rebooted))
+                for record in hello.gpus:
+                    gpu_rows[record.uuid] = {
+                        "uuid": record.uuid,
+                        "node_id": record.node_id,
+                        "model": _text(record.model),
+                        "pci_bus_id": _text(record.pci_bus_id),
+                        "serial": _text(record.serial),
+                        "vbios_version": _text(record.vbios_version),
+                        "memory_total_mib": record.memory_total_mib,
+                        "power_limit_min_w": record.power_limit_min_w,
+                        "power_limit_max_w": record.power_limit_max_w,
+                        "power_limit_default_w": record.power_limit_default_w,
+                        "power_smoothing_supported": record.power_smoothing_supported,
+                        "labels": _text_map(record.labels),
+                        "state": int(fleet.ComponentState.HEALTHY),  # a new GPU's; a known one keeps its own
+                        "power_sample_unix_ns": 0,
+                        "counters_unix_ns": 0,
                     }
-                    if uuids
-                    else {}
-                )
-            for record in hello.gpus:
-                row = known.get(record.uuid)
-                if row is None:
-                    row = schema.GpuRow(uuid=record.uuid, state=int(fleet.ComponentState.HEALTHY))
-                    session.add(row)
-                row.node_id = record.node_id
-                row.model = _text(record.model)
-                row.pci_bus_id = _text(record.pci_bus_id)
-                row.serial = _text(record.serial)
-                row.vbios_version = _text(record.vbios_version)
-                row.memory_total_mib = record.memory_total_mib
-                row.power_limit_min_w = record.power_limit_min_w
-                row.power_limit_max_w = record.power_limit_max_w
-                row.power_limit_default_w = record.power_limit_default_w
-                row.power_smoothing_supported = record.power_smoothing_supported
-                row.labels = _text_map(record.labels)
-            return HelloOutcome(acked_seq=int(node.acked_seq or 0), spool_reset=spool_reset, rebooted=rebooted)
+            # Nodes first: the GPU rows reference them. The spool position is written only where a
+            # reset moved it: another replica may be acking this node's old stream meanwhile.
+            reset = [row for node_id, row in node_rows.items() if node_id in spool_resets]
+            kept = [row for node_id, row in node_rows.items() if node_id not in spool_resets]
+            upsert_many(session, schema.NodeRow, "node_id", reset, insert_only=("first_seen_unix_ns",))
+            upsert_many(
+                session,
+                schema.NodeRow,
+                "node_id",
+                kept,
+                insert_only=("first_seen_unix_ns", "spool_epoch", "acked_seq"),
+            )
+            upsert_many(
+                session,
+                schema.GpuRow,
+                "uuid",
+                list(gpu_rows.values()),
+                insert_only=("state", "power_sample_unix_ns", "counters_unix_ns"),
+            )
+            return outcomes
 
     def mark_disconnected(self, node_id: str, now_unix_ns: int) -> None:
         """Record that a node's stream ended."""
@@ -450,3 +498,56 @@ def _text(value: str) -> str:
 
 def _text_map(values: Mapping[str, str]) -> dict[str, str]:
     return {_text(key): _text(value) for key, value in values.items()}
+
+
+def upsert_many(
+    session: Session,
+    table_cls: Any,
+    key: str,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    insert_only: Iterable[str] = (),
+) -> None:
+    """INSERT ... ON CONFLICT (key) DO UPDATE for rows of identical shape, in one executemany.
+
+    Columns in insert_only are written when the row is new and left alone when it exists (a GPU's
+    health state, which Hello never changes).
+    """
+    if not rows:
+        return
+    table = table_cls.__table__
+    dialect = session.get_bind().dialect.name
+    kept = frozenset(insert_only)
+    columns = tuple(name for name in rows[0] if name != key and name not in kept)
+    cache_key = (dialect, table.name, key, tuple(rows[0]), columns)
+    statement = _UPSERTS.get(cache_key)
+    if statement is None:
+        if dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        elif dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:  # any other SQLAlchemy backend: read, then write
+            for row in rows:
+                upsert_row(session, table_cls, {key: row[key]}, **{k: v for k, v in row.items() if k != key})
+            return
+        base = insert(table)
+        statement = base.on_conflict_do_update(
+            index_elements=[key], set_={name: base.excluded[name] for name in columns}
+        )
+        _UPSERTS[cache_key] = statement
+    session.connection().execute(statement, list(rows))
+
+
+_UPSERTS: dict[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], Any] = {}
+"""Upsert statements by (dialect, table, key, row columns, updated columns): building one (its
+"excluded" columns) cost more than executing it, at several per commit."""
+
+
+def upsert_row(session: Session, table: Any, key: Mapping[str, Any], **values: Any) -> None:
+    """Read, then insert or update one ORM row (for backends without ON CONFLICT, and one-off rows)."""
+    row = session.get(table, next(iter(key.values())))
+    if row is None:
+        session.add(table(**key, **values))
+    else:
+        for name, value in values.items():
+            setattr(row, name, value)

@@ -63,6 +63,48 @@ def test_new_boot_id_is_reported_as_reboot(store):
     assert store.register_hello(_hello(boot_id="boot-2"), 200).rebooted
 
 
+def test_hellos_registered_in_one_group_decide_what_one_by_one_would(store):
+    """A reconnect storm's group: the same outcomes, rows and order as registering each Hello alone."""
+    store.register_hello(_hello(), 100)
+    store.append_events("node-1", [_event(1), _event(2), _event(3)])
+    group = [
+        (_hello(spool_head_seq=9), 200),  # reconnects: welcomed at its acked position
+        (_hello(node_id="node-2"), 210),  # new
+        (_hello(boot_id="boot-2", spool_head_seq=1), 220),  # the same node again: rebooted, spool wiped
+        (_hello(node_id="node-2", boot_id="boot-9"), 230),
+    ]
+    outcomes = store.register_hellos(group)
+    assert outcomes == [
+        repo.HelloOutcome(acked_seq=3, spool_reset=False, rebooted=False),
+        repo.HelloOutcome(acked_seq=0, spool_reset=False, rebooted=False),
+        repo.HelloOutcome(acked_seq=0, spool_reset=True, rebooted=True),
+        repo.HelloOutcome(acked_seq=0, spool_reset=False, rebooted=True),
+    ]
+    assert store.append_events("node-1", [_event(1)]) == (1, [1])  # the new epoch stores seq 1 again
+    nodes = {n.node_id: n for n in store.list_nodes()}
+    assert nodes["node-1"].boot_id == "boot-2" and nodes["node-2"].boot_id == "boot-9"
+    assert nodes["node-2"].last_seen_unix_ns == 230
+    with store.engine.connect() as conn:
+        first_seen = dict(conn.execute(sa.select(schema.NodeRow.node_id, schema.NodeRow.first_seen_unix_ns)).all())
+    assert first_seen == {"node-1": 100, "node-2": 210}
+
+
+def test_a_hello_keeps_the_gpu_state_and_telemetry_the_controller_recorded(store):
+    store.register_hello(_hello(), 100)
+    store.save_latest({GPU_A: fleet.GpuLatest(power_w=512.5, power_sample_unix_ns=150, enforced_power_limit_w=650)})
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.update(schema.GpuRow)
+            .where(schema.GpuRow.uuid == GPU_A)
+            .values(state=int(fleet.ComponentState.QUARANTINED))
+        )
+    store.register_hellos([(_hello(boot_id="boot-2"), 200)])
+    (node,) = store.list_nodes()
+    (gpu,) = node.gpus
+    assert gpu.state is fleet.ComponentState.QUARANTINED
+    assert gpu.latest.power_w == 512.5 and gpu.latest.enforced_power_limit_w == 650
+
+
 def test_latest_telemetry_and_disconnect_are_persisted(store):
     store.register_hello(_hello(), 100)
     store.save_latest({GPU_A: fleet.GpuLatest(power_w=512.5, power_sample_unix_ns=150, enforced_power_limit_w=650)})
