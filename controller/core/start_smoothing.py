@@ -35,6 +35,14 @@ period that closes the gap, with the GPUs' power-smoothing firmware (GB200-class
 A profile never raises a cap: the firmware's floor is clamped by the enforced limit, so every
 budget the caps keep still holds (DESIGN.md §2.1).
 
+**Without smoothing hardware** (H100-class, emulated smoothing) no start profile engages, and the
+swing under the rising cap is not held until the detected plan's trough filler is in force. The
+node-side trough-filler hook holds a floor but has no ramp rate, so every compute phase still
+starts with a step change; to keep that within a GPU's share the floor would have to sit within
+share x 1 s of the step's peak, and the peak is not known at the start (under the cap ramp it is the
+rising cap; after it, the job's demand, which only the detector measures). A floor tracking the cap
+would also move with every raise, adding its own rise to the cap's in the same window.
+
 Pure: no I/O, no logging, no clock reads; `now_s` comes in, commands go out as data.
 """
 
