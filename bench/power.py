@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python bench/power.py [--nodes 16 --gpus-per-node 64 --duration-s 60]`
 
-Three `rasd-sim` runs of one step-synchronous job (B200-class simulated GPUs, which have power-smoothing
+Five `rasd-sim` runs of one step-synchronous job (B200-class simulated GPUs, which have power-smoothing
 hardware; 650-700 W compute for 70 % of a 2 s step, 100-150 W communication; 5-20 ms jitter per rank
 and step), each with an unmanaged twin of the same seed evaluated over the same instants:
 
@@ -28,12 +28,19 @@ and step), each with an unmanaged twin of the same seed evaluated over the same 
    limit is 150 kW/s: the smallest a cap ramp can honour here, since the jump from idle draw (70 W)
    to the minimum limit is 1,024 x 130 W = 133 kW within the first second and no cap goes lower
    (the ramp waits 1 s after the controller sees the start, so the jump's window holds no raise).
-   Reported: the 1 s aggregate ramp of the draw over the start, jump included (raw, and over the
-   one-step average), managed and unmanaged; the 1 s rise of the summed limits the GPUs enforce
-   (the landed cap changes alone); and what the ramp costs in step time
+   The cap ramp shapes only the envelope: the step's own swing (all ranks in phase) rides under the
+   rising cap. So the GPUs that start also get a power-smoothing profile at once (policy
+   `job_start_smoothing_enabled`, `rasd.controller.core.start_smoothing`): ramp-up and ramp-down
+   rate = their share of the limit, the firmware's lowest floor; 8 canary GPUs keep no profile so
+   the detector sees the unmanaged swing through them, and once it has, the swing plan's profile
+   replaces the start profiles. Reported: the 1 s aggregate ramp of the draw over the start, jump
+   included (raw, and over the one-step average), managed and unmanaged, and the raw one from the
+   start to the end of the run (the hand-over included); the 1 s rise of the summed limits the GPUs
+   enforce (the landed cap changes alone); and what the start costs in step time
    (`power_sim.job_start_section`).
 5. **job start, steady load**: run 4 with a job that draws its compute power in the communication
-   phase too (no step swing), so the 1 s figure measures the start alone.
+   phase too (no step swing), so the 1 s figure measures the start alone; no swing shows up, so the
+   start profiles are released `job_start_smoothing_release_s` (8 s) after the cap ramp.
 
 Writes the `## Power manager` section of bench/RESULTS.md. Every figure is measured; a goal not met
 is printed as NOT met.
@@ -68,6 +75,7 @@ GOALS = {
 }
 JOB_START_AT_S = 15.0
 JOB_START_RAMP_W_PER_S = 150_000.0
+JOB_START_RELEASE_S = 8.0
 
 
 def _scenario(name: str, power: dict[str, Any], **workload: float) -> scenario.Scenario:
@@ -224,6 +232,7 @@ def job_start(args: argparse.Namespace, tmp: pathlib.Path, *, steady: bool = Fal
                 "job_start_ramp_enabled": True,
                 "job_start_idle_s": 5.0,
                 "ramp_limit_w_per_s": JOB_START_RAMP_W_PER_S,
+                "job_start_smoothing_release_s": JOB_START_RELEASE_S,
             },
         },
         **workload,
@@ -307,10 +316,15 @@ def main(argv: list[str] | None = None) -> int:
          _le(slosh["converge_periods"], GOALS["converge_periods"])),
         ("node budget cut enforced on the GPUs", f"{node_cut} s", "<= 1 s", _le(node_cut, GOALS["node_cut_s"])),
         ("rack budget cut enforced on the GPUs", f"{rack_cut} s", "<= 3 s", _le(rack_cut, GOALS["rack_cut_s"])),
-        ("aggregate ramp over 1 s at job start (job-start run, raw 10 Hz aggregate)",
+        ("aggregate ramp over 1 s at job start, step swing (job-start run, raw 10 Hz aggregate, start "
+         "jump and the swing under the rising cap included)",
          f"{start.get('job_start_ramp_1s_w_per_s_managed')} W/s (unmanaged "
          f"{start.get('job_start_ramp_1s_w_per_s_unmanaged')} W/s)", f"<= ramp_limit {JOB_START_RAMP_W_PER_S:,.0f} W/s",
          _le(start.get("job_start_ramp_1s_w_per_s_managed"), JOB_START_RAMP_W_PER_S)),
+        ("the same from the start to the end of the run (hand-over to the swing plan included)",
+         f"{start.get('job_start_ramp_1s_w_per_s_to_end_managed')} W/s",
+         f"<= ramp_limit {JOB_START_RAMP_W_PER_S:,.0f} W/s",
+         _le(start.get("job_start_ramp_1s_w_per_s_to_end_managed"), JOB_START_RAMP_W_PER_S)),
         ("aggregate ramp over 1 s at job start, steady load (no step swing: the start alone)",
          f"{steady.get('job_start_ramp_1s_w_per_s_managed')} W/s (unmanaged "
          f"{steady.get('job_start_ramp_1s_w_per_s_unmanaged')} W/s)",
@@ -350,8 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         f"W over t = {swing.get('window_s')} s; smoothing {swing.get('smoothing_mode')} from "
         f"{swing.get('smoothing_from_s')} s, floor {swing.get('floor_w_per_gpu')} W per GPU; step "
         f"{swing.get('step_s_unmanaged')} s -> {swing.get('step_s_managed')} s; max ramp (1 s) managed "
-        f"{swing.get('max_ramp_w_per_s')} W/s, unmanaged {swing.get('max_ramp_w_per_s_unmanaged')} W/s (the whole "
-        f"run, including the time before smoothing); budgets first held at {swing.get('budgets_first_enforced_s')} s "
+        f"{swing.get('max_ramp_w_per_s')} W/s, unmanaged {swing.get('max_ramp_w_per_s_unmanaged')} W/s over the "
+        "whole run: the GPUs boot into the running job (it starts with the run, so the controller never "
+        "sees them parked and no start profile engages: start profiles need the job-start ramp and a start "
+        "it can see), and until the detector has seen the swing and the plan's profile has landed the swing "
+        "runs unmanaged; over the measurement window, with the plan in force, "
+        f"{swing.get('max_ramp_w_per_s_window')} W/s; budgets first held at {swing.get('budgets_first_enforced_s')} s "
         f"(GPUs boot at their 1,000 W default limits); control period p99 {swing.get('control_period_ms_p99')} ms.  \n"
         f"Emulated run: the same job on {gpus:,} H100-class GPUs (no smoothing hardware; cluster budget 700 W "
         "per GPU, not binding; policy `trough_filler_enabled = true`): the controller sends SetTroughFiller and "
@@ -376,16 +394,24 @@ def main(argv: list[str] | None = None) -> int:
         f"(the last ceiling rise at {start.get('job_start_ramp_end_s')} s, plus 2 s). The first second jumps "
         f"{start.get('job_start_jump_w')} W (idle draw to the minimum limit: no cap goes lower, so no ramp limit "
         "below that jump per second can hold at job start). The raw 1 s figure holds the step's own "
-        "compute/communication swing under the rising cap (smoothing starts only once the swing has been "
-        "detected, after the ramp): the cap can only shape the envelope. Over the one-step (2 s) average, "
+        "compute/communication swing under the rising cap: start profiles on "
+        f"{start.get('job_start_smoothing_gpus')} GPUs from {start.get('job_start_smoothing_from_s')} s (ramp "
+        "rates = each GPU's share of the limit less the canaries' reserve, floor the firmware's lowest: the "
+        "ramp-down rate alone fills the trough) hold it, the canaries show the detector the unmanaged swing, "
+        f"and the swing plan's profile replaced the start profiles at {start.get('swing_plan_from_s')} s (the "
+        f"last start profile seen at {start.get('job_start_smoothing_until_s')} s). Over the one-step (2 s) average, "
         f"which removes the step's swing, the start ramps {start.get('job_start_envelope_ramp_1s_w_per_s_managed')} "
         f"W/s (unmanaged {start.get('job_start_envelope_ramp_1s_w_per_s_unmanaged')} W/s; a 2 s average of rises "
         "that each fit 1 s can still show up to 1.5 x the limit, so this is a picture, not a goal). Cost: "
         f"full speed (a step no more than 1 % longer than its unmanaged twin) from {start.get('full_speed_after_s')} s "
-        f"after the start, {start.get('job_start_delay_s')} s behind the unmanaged job from then on; run wall "
+        f"after the start, {start.get('job_start_delay_s')} s behind the unmanaged job from then on (steps under "
+        "a start profile lose the rise from where their ramp-down got to, about 2 % here, so full speed comes "
+        "with the hand-over); run wall "
         f"{start.get('wall_s')} s.  \n"
         f"Job-start run, steady load: the same, but the job draws 650-700 W in its communication phase too; "
         f"{steady.get('job_start_parked_gpus')} GPUs parked, ramp until {steady.get('job_start_ramp_end_s')} s, start "
+        f"profiles on {steady.get('job_start_smoothing_gpus')} GPUs from {steady.get('job_start_smoothing_from_s')} s "
+        f"until {steady.get('job_start_smoothing_until_s')} s (released: no swing showed up), start "
         f"jump {steady.get('job_start_jump_w')} W, the limits the GPUs enforce rose at most "
         f"{steady.get('job_start_cap_ramp_1s_w_per_s')} W in any 1 s of the times they were read (the job-start "
         f"run: {start.get('job_start_cap_ramp_1s_w_per_s')} W). The draw's 1 s figure can read a little above the "

@@ -19,8 +19,9 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
 4. `power.allocate`, then the aggregate ramp-rate limit on raises (`swing.limit_aggregate_raise`),
    then (policy `job_start_ramp_enabled`) the job-start ceiling (`power_ramp.job_start_ramp`): GPUs
    idle for `job_start_idle_s` are parked at the start cap, and when their job starts their caps
-   rise at the aggregate ramp limit shared among them; it only lowers targets, and each ramping
-   GPU's raise goes out with its share of the limit as a rate the agent slews at;
+   rise at the aggregate ramp limit shared among them (less what the start profiles of step 7
+   reserve); it only lowers targets, and each ramping GPU's raise goes out with its share of the
+   limit as a rate the agent slews at;
 5. `power_apply.plan`: decreases first; raises only into slack that counts unconfirmed decreases as
    not applied; the new apply state is persisted **before** any command leaves, so a restart knows
    every command that may land;
@@ -32,7 +33,13 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    either is switched off when the job stops (utilisation gone; the filler ramps its floor down at
    the job ramp) and re-planned after a policy change; the detector's window starts after the last
    period a busy GPU was under a job-start ceiling (power under the start ramp is not the unmanaged
-   swing);
+   swing). Job-start smoothing (`core.start_smoothing`, with the job-start ramp): GPUs with smoothing
+   hardware that start a job get a start profile at once (ramp rates = their share of the ramp
+   limit, the firmware's lowest floor), except a few canaries; while start profiles are in force the
+   detector reads the canaries' sum (`PowerWindow.track`), scaled to the job, since the profiles
+   mask the swing everywhere else; the plan's profile then replaces the start profiles (no command
+   switches them off first), or they are switched off `job_start_smoothing_release_s` after the cap
+   ramp when no swing showed up;
 8. nodes unreachable for `bmc_fallback_after_s` whose caps must come down get a node power limit
    through the BMC (Redfish PowerLimit); once the BMC confirms it, the node counts at that limit.
 
@@ -57,7 +64,7 @@ from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.common import aio
 from rasd.common import settings as settings_check
 from rasd.controller import ingest as ingest_mod
-from rasd.controller.core import power, power_apply, power_policy, power_ramp, power_tree, swing
+from rasd.controller.core import power, power_apply, power_policy, power_ramp, power_tree, start_smoothing, swing
 from rasd.controller.store import remediation as rstore
 
 log = structlog.get_logger("rasd.controller.power")
@@ -223,6 +230,10 @@ class PowerStats:
     """GPUs parked at the job-start cap in the latest period."""
     ramp_ramping: int = 0
     """GPUs whose job-start ceiling rose in the latest period."""
+    start_smoothed: int = 0
+    """GPUs under a job-start smoothing profile after the latest period."""
+    start_smoothing_commands: int = 0
+    """SetPowerSmoothing commands sent for start profiles (on and off)."""
     # Bounded: a controller runs for months, a period every few seconds.
     stranded_w: collections.deque[tuple[float, float]] = dataclasses.field(default_factory=_history)
     """(period time s, stranded W) for the latest periods."""
@@ -283,6 +294,11 @@ class PowerLoop:
         """When a busy GPU was last under a job-start ceiling: the swing detector's window starts after it."""
         self._ramp_rng = np.random.default_rng([settings.seed, 1])
         """GPU -> when its may-be-in-force cap last went up (it settles until a step ran under it)."""
+        self._start = start_smoothing.StartState()
+        self._start_unsent: set[str] = set()
+        """GPUs whose start-profile command went unanswered: sent again next period."""
+        self._start_p2p_w: float | None = None
+        """The unmanaged swing the detector last estimated from the canaries, W."""
         self.status = PowerStatus(0.0, None, None, None, 0.0, 0.0, (), "not started", 0)
         self.stats = PowerStats()
         self.on_period: Callable[[float, power_apply.ApplyState, np.ndarray], None] | None = None
@@ -430,6 +446,7 @@ class PowerLoop:
             now_s=now,
             policy=policy,
             rng=self._ramp_rng,
+            reserved_w_per_s=start_smoothing.reserved_w_per_s(self._start, self._ramp.ramping_gpus()),
         )
         # Parking and the start ramp only lower targets: every budget that held still holds.
         self._ramp, targets = ramp.state, ramp.targets_w
@@ -455,6 +472,7 @@ class PowerLoop:
         self._waiting = plan.waiting
         self._send(plan, now)
         await self._smooth(now, state)
+        self._start_smoothing(now, state, ramp)
         await self._bmc_fallback(new_state, targets, now)
         self._status(now, new_state, targets, drawn, draw_known, allocation, plan)
         self.stats.periods += 1
@@ -689,21 +707,31 @@ class PowerLoop:
         if self._ramped_at_s is not None:
             # Power under a rising start ramp is not the unmanaged swing the plan must be sized from.
             since = max(since, self._ramped_at_s + 1.0)
-        rows = self._ingest.power_window.series(since_unix_ns=int(since * 1e9))
+        # Under start profiles the aggregate is masked (the profiles' ramp rates hold the swing
+        # down): the canaries, kept without one, show the unmanaged swing, scaled to the job.
+        masked = self._start.active()
+        if masked and not self._start.canaries:
+            log.info("power_swing_masked", reason="start profiles and no canary GPUs: the plan waits for their release")
+            return
+        rows = self._ingest.power_window.series(since_unix_ns=int(since * 1e9), tracked=masked)
         if not rows:
             return
         full = max(count for _, _, count in rows)
-        series = _scaled_series(rows, full)
+        expected = len(self._start.canaries) if masked else len(state.gpus)
+        n_gpus = len(self._start.rate_w_per_s) + len(self._start.canaries) if masked else full
+        series = _scaled_series(rows, full) * (n_gpus / full)
         sample_hz = 1e9 / self._ingest.power_window.bucket_ns
-        if len(series) < 0.5 * window * sample_hz or full < 0.8 * len(state.gpus):
-            log.info("power_swing_window_incomplete", buckets=len(series), gpus_reporting=full)
+        if len(series) < 0.5 * window * sample_hz or full < 0.8 * expected:
+            log.info("power_swing_window_incomplete", buckets=len(series), gpus_reporting=full, canaries=masked)
             return
         report = swing.detect(series, sample_hz, policy=policy)
         tdp = float(np.median(state.max_w))
         records = self._ingest.gpu_records
         supported = all(records[g.gpu_uuid].power_smoothing_supported for g in state.gpus if g.gpu_uuid in records)
-        plan = swing.plan_smoothing(report, n_gpus=full, tdp_w=tdp, firmware_supported=supported, policy=policy)
+        plan = swing.plan_smoothing(report, n_gpus=n_gpus, tdp_w=tdp, firmware_supported=supported, policy=policy)
         self._smoothing_unmanaged = report
+        if masked:
+            self._start_p2p_w = report.p2p_w
         if not plan.active:
             log.info("power_smoothing_not_needed", reason=plan.reason, p2p_w=round(report.p2p_w))
             return
@@ -713,6 +741,91 @@ class PowerLoop:
         log.info("power_smoothing_planned", reason=plan.reason, floor_w=round(plan.floor_w, 1),
                     ramp_w_per_s=round(plan.ramp_up_w_per_s, 1))  # fmt: skip
         self._send_smoothing(plan, only_new=False)
+
+    def _start_smoothing(self, now: float, state: power_apply.ApplyState, ramp: power_ramp.RampDecision) -> None:
+        """Start profiles (`core.start_smoothing`): on at once for GPUs that start a job.
+
+        Handed over to the swing plan (no command: its profile replaces them), off after the release time.
+        """
+        none = np.zeros(len(state.gpus), dtype=bool)
+        records = self._ingest.gpu_records
+        decision = start_smoothing.decide(
+            self._start,
+            gpu_uuids=[g.gpu_uuid for g in state.gpus],
+            supported=np.array(
+                [(r := records.get(g.gpu_uuid)) is not None and r.power_smoothing_supported for g in state.gpus],
+                dtype=bool,
+            ),
+            started=ramp.started if ramp.started is not None else none,
+            starting=ramp.under_ceiling if ramp.under_ceiling is not None else none,
+            parked=ramp.parked_mask if ramp.parked_mask is not None else none,
+            max_w=state.max_w,
+            detected_active=self._smoothing is not None,
+            unmanaged_p2p_w=self._start_p2p_w,
+            now_s=now,
+            policy=self.policy,
+        )
+        held = decision.state.rate_w_per_s
+        apply = dict(decision.apply_w_per_s)
+        release = set(decision.release)
+        for gpu in self._start_unsent:  # unanswered last time: again, in whichever state it should be now
+            if gpu in held:
+                apply.setdefault(gpu, held[gpu])
+            elif decision.handed_over == 0 and gpu not in decision.state.canaries:
+                release.add(gpu)
+        self._start_unsent = set()
+        self._start = decision.state
+        if not decision.state.active():
+            self._start_p2p_w = None
+        self._ingest.power_window.track(decision.state.canaries)
+        self.stats.start_smoothed = len(held)
+        if decision.handed_over:
+            log.info("power_start_smoothing_handed_over", gpus=decision.handed_over)
+        node_of = {g.gpu_uuid: g.node_id for g in state.gpus}
+        groups: dict[tuple[str, float | None], list[str]] = {}
+        for gpu, rate in apply.items():
+            groups.setdefault((node_of[gpu], rate), []).append(gpu)
+        for gpu in sorted(release):
+            if gpu in node_of:
+                groups.setdefault((node_of[gpu], None), []).append(gpu)
+        if groups:
+            log.info("power_start_smoothing", reason=decision.reason, on=len(apply), off=len(release))
+        for (node_id, rate), gpus in groups.items():
+            profile = (
+                commands_pb.SetPowerSmoothing(gpu_uuids=gpus, enabled=False)
+                if rate is None
+                else commands_pb.SetPowerSmoothing(
+                    gpu_uuids=gpus,
+                    enabled=True,
+                    floor_pct=self.policy.floor_min_pct,
+                    ramp_up_w_per_s=rate,
+                    ramp_down_w_per_s=rate,
+                )
+            )
+            command = commands_pb.Command(
+                command_id=uuid.uuid4().hex,
+                issued_unix_ns=self._clock(),
+                deadline_unix_ns=self._clock() + int(self.policy.command_ttl_s * 1e9),
+                reason="job-start smoothing" if rate is not None else "job-start smoothing released",
+                set_power_smoothing=profile,
+            )
+            self.stats.start_smoothing_commands += 1
+            self._spawn(self._send_start_profile(node_id, command, gpus))
+
+    async def _send_start_profile(self, node_id: str, command: commands_pb.Command, gpus: list[str]) -> None:
+        try:
+            result = await self._ingest.send_command(node_id, command, timeout_s=self.policy.command_ttl_s + 1.0)
+        except (LookupError, TimeoutError, ConnectionError) as exc:
+            self._start_unsent.update(gpus)
+            log.info("power_start_smoothing_unanswered", node=node_id, error=str(exc))
+            return
+        if result.outcome != commands_pb.ACTION_OUTCOME_SUCCEEDED:
+            log.warning("power_start_smoothing_not_applied", node=node_id, outcome=result.outcome,
+                        message=result.message)  # fmt: skip
+        if self._smoothing is not None:
+            # The swing plan took over while this start profile was in flight: it may have landed
+            # after the plan's profile, so the plan goes to this node again next period.
+            self._smoothing_nodes.pop(node_id, None)
 
     def _ramp_for_the_straggler(
         self, plan: swing.SmoothingPlan, report: swing.SwingReport, state: power_apply.ApplyState, now: float

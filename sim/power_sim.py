@@ -11,7 +11,9 @@ to the end; unmanaged figures over the same instants):
 
 - swing_p2p_w_*: max - min of aggregate draw; swing_reduction_pct = 1 - managed / unmanaged;
 - band_power_attenuation_db: 10 log10 of unmanaged over managed aggregate power in 0.1-2 Hz (Welch);
-- max_ramp_w_per_s: largest |P(t + 1 s) - P(t)| of the managed aggregate over the whole run;
+- max_ramp_w_per_s: largest |P(t + 1 s) - P(t)| of the managed aggregate over the whole run (a job
+  that runs before the controller has seen it, or before the detector has, swings unmanaged until
+  then); max_ramp_w_per_s_window: the same over the measurement window;
 - step_time_cost_pct: mean managed step time over mean unmanaged step time, minus 1;
 - energy_overhead_pct: managed energy per step over unmanaged energy per step, minus 1; the analytic
   minimum for the chosen floor is `swing.floor_energy_overhead_pct` over the unmanaged per-GPU draw;
@@ -133,6 +135,8 @@ class PowerTrace:
     """Seconds after the run's start at which the job's first step began."""
     ramp_gpus: list[tuple[float, int, int]] = dataclasses.field(default_factory=list)
     """(s since start, GPUs parked, GPUs ramping) as the power loop last reported, per sample."""
+    start_smoothed: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    """(s since start, GPUs under a job-start smoothing profile) as the power loop last reported, per sample."""
     managed_cap_w: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 2)))
     """(s since start, summed limits the managed GPUs enforce, W), read at each wake-up of the sampler
     (about 10 Hz; later when the event loop is busy, so not on the grid of `t_s`)."""
@@ -182,6 +186,7 @@ class PowerProbe:
         self.floor_w: float | None = None
         self.smoothing_mode = "off"
         self._ramp_gpus: list[tuple[float, int, int]] = []
+        self._start_smoothed: list[tuple[float, int]] = []
 
     def _elapsed_s(self) -> float:
         return (self.clock() - self.started_ns) / 1e9
@@ -229,6 +234,7 @@ class PowerProbe:
             if loop is None or not due:
                 continue
             self._ramp_gpus.append((self._t[-1], loop.stats.ramp_parked, loop.stats.ramp_ramping))
+            self._start_smoothed.append((self._t[-1], loop.stats.start_smoothed))
             smoothing = loop.status.smoothing
             if smoothing is not None and smoothing.active and self.smoothing_from_s is None:
                 self.smoothing_from_s = self._t[-1]
@@ -335,6 +341,7 @@ class PowerProbe:
             load_changes_s=self.load_changes_s,
             job_start_s=self.job.start_s - self.started_ns / 1e9,
             ramp_gpus=self._ramp_gpus,
+            start_smoothed=self._start_smoothed,
         )
 
 
@@ -396,6 +403,7 @@ def report_section(
         "band_hz": [policy.band_low_hz, policy.band_high_hz],
         "max_ramp_w_per_s": _r(ramp),
         "max_ramp_w_per_s_unmanaged": _r(ramp_u),
+        "max_ramp_w_per_s_window": _r(swing.max_ramp_w_per_s(managed, SAMPLE_HZ, 1.0)),
         "step_time_cost_pct": _r(step_cost, 3),
         "step_s_managed": _r(step_m, 4),
         "step_s_unmanaged": _r(step_u, 4),
@@ -447,7 +455,13 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
 
     - job_start_ramp_1s_w_per_s_*: largest |P(t + 1 s) - P(t)| of the aggregate draw (G3's measure);
       in a step-synchronous job it holds the step's own compute/communication swing under the
-      rising cap as well as the start;
+      rising cap as well as the start (which the start profiles' ramp rates hold, where the GPUs
+      have smoothing hardware: `rasd.controller.core.start_smoothing`);
+    - job_start_ramp_1s_w_per_s_to_end_managed: the same from 1 s before the start to the end of the
+      run (the hand-over to the swing plan, or the release of the start profiles, included);
+    - job_start_smoothing_from_s / _until_s / _gpus: when GPUs first and last carried a start
+      profile (seconds since the run's start) and the most that did at once; swing_plan_from_s:
+      when the detected-swing plan was first in force;
     - job_start_envelope_ramp_1s_w_per_s_*: the same over the aggregate averaged over one step
       (`period_s`), i.e. the start ramp without the step's swing;
     - job_start_jump_w: the managed aggregate's rise in the first 1 s of the job: idle draw to the
@@ -466,6 +480,7 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
     if start is None or len(t) < 8 or start < 1.0:
         return {"job_start_note": "the job starts with the run: no parked start to measure"}
     ramping = [at for at, _, n in trace.ramp_gpus if n > 0 and at >= start]
+    profiled = [at for at, n in trace.start_smoothed if n > 0 and at >= start]
     ramp_end = max(ramping) if ramping else None
     until = (ramp_end if ramp_end is not None else start) + after_ramp_s
     window = (t >= start - 1.0) & (t <= until)
@@ -509,6 +524,13 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
         "job_start_jump_w": _r(float(trace.managed_w[first_s].max() - trace.managed_w[before][-1]))
         if first_s.any() and before.any()
         else None,
+        "job_start_ramp_1s_w_per_s_to_end_managed": _r(
+            swing.max_ramp_w_per_s(trace.managed_w[t >= start - 1.0], SAMPLE_HZ, 1.0)
+        ),
+        "job_start_smoothing_from_s": _r(min(profiled), 2) if profiled else None,
+        "job_start_smoothing_until_s": _r(max(profiled), 2) if profiled else None,
+        "job_start_smoothing_gpus": max((n for _, n in trace.start_smoothed), default=0),
+        "swing_plan_from_s": _r(trace.smoothing_from_s, 2),
         "job_start_parked_gpus": max((p for _, p, _ in trace.ramp_gpus), default=0),
         "full_speed_after_s": _r(full_speed, 2),
         "job_start_delay_s": _r(delay, 2),

@@ -464,11 +464,13 @@ class SimulatedBackend:
         """Hand the job the GPU's floor (the higher of firmware profile and trough filler) and ramps."""
         if self._job is not None and sim.rank >= 0:
             up, down = sim.ramp_w_per_s
+            now_ns = self._clock() if self._clock is not None else self._last_reading_ns
             self._job.set_smoothing(
                 sim.rank,
                 floor_w=max(sim.smoothing_floor_w, sim.filler_floor_w),
                 ramp_up_w_per_s=up,
                 ramp_down_w_per_s=down,
+                at_s=now_ns / NS_PER_S,
             )
 
     def close(self) -> None:

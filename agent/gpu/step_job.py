@@ -16,9 +16,13 @@ The model, step k (all times in seconds, one vector entry per rank):
   made up at the peak's speed: (peak - trough)^2 / (2 r peak) extra seconds;
 - the step ends after the slowest rank: E_k = max(ce) + (1 - compute_fraction) x period (the
   all-reduce), plus `checkpoint_s` every `checkpoint_every_steps` steps (a checkpoint stall);
-- draw: during compute, min(demand, cap) reached from the trough at the ramp-up rate; after
-  compute, the trough level max(comm, floor) reached at the ramp-down rate. A floor raises the
-  trough: it costs energy, never time;
+- draw: during compute, min(demand, cap) reached at the ramp-up rate from where the draw is when
+  the compute starts; after compute, the trough level max(comm, floor) reached at the ramp-down
+  rate. A floor raises the trough: it costs energy, never time. The draw is continuous across a
+  step boundary: a ramp-down too slow to reach the trough within the communication phase (a start
+  profile's rate, `rasd.controller.core.start_smoothing`) leaves the draw where it got to, and the
+  next ramp-up starts from there, not from the trough (so the ramp-up loss counts only the rise
+  from there);
 - before `start_after_s` and after `stop_after_s` the rank idles at `idle_w` (the job start and
   stop the controller's slew limits must handle).
 
@@ -72,6 +76,9 @@ class Step:
     end_s: float
     peak_w: np.ndarray
     """Compute-phase level: min(demand, cap) (at least the floor)."""
+    rise_from_w: np.ndarray
+    """Where the draw is when the compute starts (the previous step's ramp-down, at least the trough):
+    the ramp-up starts from here."""
     trough_w: np.ndarray
     """Communication-phase level: max(comm, floor), at most the cap."""
     work_w: np.ndarray
@@ -156,11 +163,36 @@ class StepJob:
         else:
             self.cap_w[rank] = cap_w
 
-    def set_smoothing(self, rank: int, *, floor_w: float, ramp_up_w_per_s: float, ramp_down_w_per_s: float) -> None:
-        """A power-smoothing profile: trough floor and ramp rates (0 or inf rate = unlimited)."""
+    def set_smoothing(
+        self,
+        rank: int,
+        *,
+        floor_w: float,
+        ramp_up_w_per_s: float,
+        ramp_down_w_per_s: float,
+        at_s: float | None = None,
+    ) -> None:
+        """A power-smoothing profile: trough floor and ramp rates (0 or inf rate = unlimited).
+
+        With `at_s` (unix s) the firmware has the profile from that instant: the floor holds the
+        trough of the step running then, and the ramp-down rate limits its fall when the rank has
+        not finished its compute yet (a profile that lands during a job's first, long compute phase
+        must already soften the fall that ends it; a faster ramp-down landing without its floor
+        would dig one deeper trough). The ramp-up rate applies from the next step (the compute time
+        is set when a step starts). Without `at_s`, all of it from the next step.
+        """
         self.floor_w[rank] = floor_w
         self.ramp_up_w_per_s[rank] = ramp_up_w_per_s if ramp_up_w_per_s > 0 else np.inf
         self.ramp_down_w_per_s[rank] = ramp_down_w_per_s if ramp_down_w_per_s > 0 else np.inf
+        if at_s is not None and self._frozen and self.running(at_s):
+            self._advance(at_s)
+            step = self.steps[-1]
+            if not step.active[rank]:
+                return
+            cap = max(float(self.cap_w[rank]), 1.0)
+            step.trough_w[rank] = min(max(self.comm_w[rank], floor_w), cap)
+            if at_s < step.compute_end_s[rank]:
+                step.ramp_down_w_per_s[rank] = self.ramp_down_w_per_s[rank]
 
     # -- time ------------------------------------------------------------------------------------
     @property
@@ -188,9 +220,13 @@ class StepJob:
         cap = np.maximum(self.cap_w, 1.0)
         peak = np.maximum(np.minimum(self.compute_w, cap), np.minimum(self.floor_w, cap))
         trough = np.minimum(np.maximum(self.comm_w, self.floor_w), cap)
+        rise_from = trough
+        if self.steps and self.steps[-1].index == k - 1:
+            # Continuous draw: a ramp-down that has not reached the trough goes on from where it is.
+            rise_from = np.minimum(np.maximum(_level(self.steps[-1], slice(None), cs), trough), cap)
         up = self.ramp_up_w_per_s
         c0 = shape.compute_fraction * shape.period_s
-        rise = np.maximum(peak - trough, 0.0)
+        rise = np.maximum(peak - rise_from, 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             ramp_loss = np.where(np.isfinite(up) & (rise > 0), rise**2 / (2.0 * up * peak), 0.0)
         compute_s = c0 * np.maximum(self.compute_w / np.minimum(self.compute_w, cap), 1.0) + ramp_loss
@@ -201,6 +237,7 @@ class StepJob:
         idle = np.minimum(shape.idle_w, cap)
         peak = np.where(active, peak, idle)
         trough = np.where(active, trough, idle)
+        rise_from = np.where(active, rise_from, idle)
         every = shape.checkpoint_every_steps
         checkpoint = every > 0 and (k + 1) % every == 0
         end = float(ce.max() if active.any() else start) + (1.0 - shape.compute_fraction) * shape.period_s
@@ -208,7 +245,19 @@ class StepJob:
             end += shape.checkpoint_s
         work = np.minimum(self.compute_w, cap)
         return Step(
-            k, start, cs, ce, end, peak, trough, work, up.copy(), self.ramp_down_w_per_s.copy(), checkpoint, active
+            k,
+            start,
+            cs,
+            ce,
+            end,
+            peak,
+            rise_from,
+            trough,
+            work,
+            up.copy(),
+            self.ramp_down_w_per_s.copy(),
+            checkpoint,
+            active,
         )
 
     def _advance(self, t_s: float) -> None:
@@ -297,10 +346,10 @@ class StepJob:
 def _level(step: Step, ranks: np.ndarray | slice, t_s: float) -> np.ndarray:
     """Draw within (or just after) `step`: ramp up into compute, ramp down after it."""
     cs, ce = step.compute_start_s[ranks], step.compute_end_s[ranks]
-    peak, trough = step.peak_w[ranks], step.trough_w[ranks]
+    peak, trough, rise_from = step.peak_w[ranks], step.trough_w[ranks], step.rise_from_w[ranks]
     up, down = step.ramp_up_w_per_s[ranks], step.ramp_down_w_per_s[ranks]
     with np.errstate(invalid="ignore"):
-        rising = np.where(np.isfinite(up), np.minimum(peak, trough + up * np.maximum(t_s - cs, 0.0)), peak)
-        reached = np.where(np.isfinite(up), np.minimum(peak, trough + up * (ce - cs)), peak)
+        rising = np.where(np.isfinite(up), np.minimum(peak, rise_from + up * np.maximum(t_s - cs, 0.0)), peak)
+        reached = np.where(np.isfinite(up), np.minimum(peak, rise_from + up * (ce - cs)), peak)
         falling = np.where(np.isfinite(down), np.maximum(trough, reached - down * np.maximum(t_s - ce, 0.0)), trough)
     return np.where(t_s < cs, trough, np.where(t_s < ce, rising, falling))

@@ -191,7 +191,9 @@ class PowerWindow:
     samples are taken in time order: one for a bucket before the GPU's newest (a duplicate after a
     reconnect, or a reordered old batch) is dropped, so nothing is counted twice; a late sample is
     lost from the aggregate, never misplaced. Per GPU, the peak of each series it sent is kept for
-    ``detail_s`` for `gpu_max_w`. Not thread-safe; the ingest owns one.
+    ``detail_s`` for `gpu_max_w`. A small set of GPUs can also be summed on their own (`track`,
+    `series(tracked=True)`): the power loop's canaries, whose draw shows the swing that smoothing
+    profiles mask on every other GPU. Not thread-safe; the ingest owns one.
     """
 
     def __init__(self, bucket_ms: int = 100, span_s: float = 600.0, detail_s: float = 30.0) -> None:
@@ -210,6 +212,15 @@ class PowerWindow:
         """GPU → (its newest bucket, the watts it put there)."""
         self._peaks: dict[str, collections.deque[tuple[int, float]]] = {}
         """GPU → (last bucket of a series, the series' peak W), for ``detail_s``."""
+        self._tracked: frozenset[str] = frozenset()
+        self._tracked_sums: dict[int, list[float]] = {}
+        """bucket → [sum W, GPUs] of the tracked GPUs alone."""
+
+    def track(self, gpu_uuids: Iterable[str]) -> None:
+        """Sum these GPUs on their own from now on (`series(tracked=True)`), forgetting any set tracked before."""
+        tracked = frozenset(gpu_uuids)
+        if tracked != self._tracked:
+            self._tracked, self._tracked_sums = tracked, {}
 
     def add(self, gpu_uuid: str, first_sample_unix_ns: int, interval_ms: int, power_w: Sequence[float]) -> int:
         """Record one GPU's packed series; returns how many samples were kept."""
@@ -220,6 +231,7 @@ class PowerWindow:
         sums = self._sums
         last_bucket, last_w = self._last.get(gpu_uuid, (-1, 0.0))
         oldest_allowed = self._newest - self._max_buckets
+        tracked = self._tracked_sums if gpu_uuid in self._tracked else None
         kept = 0
         peak = -1.0
         t_ns = first_sample_unix_ns
@@ -228,15 +240,10 @@ class PowerWindow:
             t_ns += step_ns
             if bucket < last_bucket or bucket <= oldest_allowed:
                 continue
-            cell = sums.get(bucket)
-            if cell is None:
-                sums[bucket] = [watts, 1]
+            if _accumulate(sums, bucket, watts, last_w if bucket == last_bucket else None):
                 self._order.append(bucket)
-            elif bucket == last_bucket:
-                cell[0] += watts - last_w  # this GPU's newer sample replaces its older one
-            else:
-                cell[0] += watts
-                cell[1] += 1
+            if tracked is not None:
+                _accumulate(tracked, bucket, watts, last_w if bucket == last_bucket else None)
             last_bucket, last_w = bucket, watts
             peak = max(peak, watts)
             kept += 1
@@ -254,15 +261,21 @@ class PowerWindow:
             self._trim()
         return kept
 
-    def series(self, since_unix_ns: int = 0, until_unix_ns: int | None = None) -> list[tuple[int, float, int]]:
-        """(bucket start unix ns, total watts, GPUs reporting) in time order."""
+    def series(
+        self, since_unix_ns: int = 0, until_unix_ns: int | None = None, *, tracked: bool = False
+    ) -> list[tuple[int, float, int]]:
+        """(bucket start unix ns, total watts, GPUs reporting) in time order.
+
+        With `tracked`, of the tracked GPUs alone (from when `track` named them).
+        """
         first = -(-since_unix_ns // self.bucket_ns)  # the first bucket starting at or after since
+        sums = self._tracked_sums if tracked else self._sums
         rows = []
-        for bucket in sorted(b for b in self._sums if b >= first):
+        for bucket in sorted(b for b in sums if b >= first):
             start_ns = bucket * self.bucket_ns
             if until_unix_ns is not None and start_ns >= until_unix_ns:
                 break
-            total_w, count = self._sums[bucket]
+            total_w, count = sums[bucket]
             rows.append((start_ns, total_w, int(count)))
         return rows
 
@@ -286,10 +299,30 @@ class PowerWindow:
         order = self._order
         while order and order[0] <= cutoff:
             self._sums.pop(order.popleft(), None)
+        tracked = self._tracked_sums
+        while tracked and (oldest := next(iter(tracked))) <= cutoff:  # insertion order: nearly time order
+            del tracked[oldest]
         if len(order) > 2 * self._max_buckets:  # out-of-order arrivals hid old buckets behind newer ones
             for bucket in [b for b in self._sums if b <= cutoff]:
                 del self._sums[bucket]
             self._order = collections.deque(sorted(self._sums))
+
+
+def _accumulate(sums: dict[int, list[float]], bucket: int, watts: float, replaces_w: float | None) -> bool:
+    """Add one GPU's sample to a bucket's [sum W, GPUs]; True when the bucket is new.
+
+    `replaces_w`: that GPU's older sample in the same bucket, which the new one replaces.
+    """
+    cell = sums.get(bucket)
+    if cell is None:
+        sums[bucket] = [watts, 1]
+        return True
+    if replaces_w is not None:
+        cell[0] += watts - replaces_w  # this GPU's newer sample replaces its older one
+    else:
+        cell[0] += watts
+        cell[1] += 1
+    return False
 
 
 def summarize_power(rows: Iterable[tuple[int, float, int]], *, min_gpus: int) -> dict[str, float]:

@@ -111,6 +111,21 @@ class PowerPolicy:
     """A GPU is parked after reporting no utilisation this long (longer than a training step, so a
     communication phase does not count as idle)."""
 
+    job_start_smoothing_enabled: bool = True
+    """With the job-start ramp on: GPUs that start a job get a power-smoothing profile at once (ramp
+    rates = their share of `ramp_limit_w_per_s`, the firmware's lowest floor) until the swing plan
+    takes over or `job_start_smoothing_release_s` passes (`core.start_smoothing`). GPUs without
+    smoothing hardware get none."""
+
+    job_start_canary_gpus: float = 8.0
+    """GPUs of a job start kept without a start profile (at most half of them, each reserving its
+    maximum limit of the ramp limit, at most half the limit in all), so that the swing detector sees
+    the unmanaged swing through them; 0: none (the swing plan then waits for the release)."""
+
+    job_start_smoothing_release_s: float = 30.0
+    """A start profile is switched off this long after its GPU's cap ramp ended unless the swing plan
+    took over (or the canaries show a swing above the ramp limit), s."""
+
     step_time_cost_max_pct: float = 0.5
     """Step-time cost the smoothing ramp-up rate may add, % of the step period."""
 
@@ -165,7 +180,13 @@ class PowerPolicy:
         Raises:
             PolicyError: The first violated rule, naming its key.
         """
-        positive = ("control_period_s", "command_ttl_s", "ramp_limit_w_per_s", "band_high_hz")
+        positive = (
+            "control_period_s",
+            "command_ttl_s",
+            "ramp_limit_w_per_s",
+            "band_high_hz",
+            "job_start_smoothing_release_s",
+        )
         for key in positive:
             if getattr(self, key) <= 0:
                 raise PolicyError(key, "must be > 0")
@@ -175,6 +196,7 @@ class PowerPolicy:
             "ramp_down_hysteresis_ms",
             "band_low_hz",
             "job_start_idle_s",
+            "job_start_canary_gpus",
         )
         for key in non_negative:
             if getattr(self, key) < 0:
@@ -209,6 +231,8 @@ class PowerPolicy:
             raise PolicyError("min_coherence", "must be within 0..1")
         if self.swing_target_w is not None and self.swing_target_w < 0:
             raise PolicyError("swing_target_w", "must be >= 0")
+        if not float(self.job_start_canary_gpus).is_integer():
+            raise PolicyError("job_start_canary_gpus", "must be a whole number of GPUs")
         if self.job_start_cap_w is not None and self.job_start_cap_w <= 0:
             raise PolicyError("job_start_cap_w", "must be > 0 W (a GPU's minimum limit applies when it is lower)")
 

@@ -33,6 +33,13 @@ The ceiling never raises a target: the result is `min(target, ceiling + rate x R
 rate is 0 where the GPU is not ramping), so every budget that held for the targets holds for the
 result, and never below the GPU's minimum limit.
 
+The cap ramp shapes only the envelope: in a step-synchronous job the step's own swing rides under
+the rising cap. Where the GPUs have smoothing hardware, `core.start_smoothing` holds that swing from
+the job's first moment with a power-smoothing profile on the GPUs this module reports as started
+(`RampDecision.started`); the ramp leaves it its part of the aggregate limit (`reserved_w_per_s`:
+the canary GPUs it keeps unprofiled, and the start profiles of GPUs whose cap ramp is over), so a
+GPU's cap rises no faster than its firmware lets its draw move.
+
 Pure: no I/O, no logging, no clock reads; `now_s` and a seeded `numpy.random.Generator` come in.
 """
 
@@ -97,7 +104,13 @@ class RampDecision:
     """Busy GPUs still under a ceiling (just started or ramping): their draw is not the job's own."""
     raise_rates_w_per_s: np.ndarray | None = None
     """Per GPU, the rate its raise may land at (its share of the limit; 0 where not ramping), W/s,
-    aligned with the input; they sum to at most `ramp_limit_w_per_s`. None when disabled."""
+    aligned with the input; they sum to at most `ramp_limit_w_per_s - reserved_w_per_s`. None when disabled."""
+    started: np.ndarray | None = None
+    """Per GPU, True where this period first saw it busy after it was parked (its job started)."""
+    under_ceiling: np.ndarray | None = None
+    """Per GPU, True where it is busy and still under a job-start ceiling (its cap ramp runs)."""
+    parked_mask: np.ndarray | None = None
+    """Per GPU, True where it is idle and parked at the start cap."""
 
 
 def start_cap_w(min_w: np.ndarray, policy: power_policy.PowerPolicy) -> np.ndarray:
@@ -119,6 +132,7 @@ def job_start_ramp(
     now_s: float,
     policy: power_policy.PowerPolicy,
     rng: np.random.Generator,
+    reserved_w_per_s: float = 0.0,
 ) -> RampDecision:
     """Apply the job-start ceiling to one period's targets.
 
@@ -136,6 +150,9 @@ def job_start_ramp(
         now_s: The period's time.
         policy: `ramp_limit_w_per_s`, `raise_jitter_pct`, `job_start_cap_w`, `job_start_idle_s`.
         rng: Seeded generator for the jitter.
+        reserved_w_per_s: Part of the aggregate limit the ramp must leave to draw that moves on its
+            own (`core.start_smoothing.reserved_w_per_s`: canary GPUs, start profiles of GPUs whose
+            ramp is over), W/s.
 
     Returns:
         The decision; with `job_start_ramp_enabled` false, the targets unchanged and an empty state.
@@ -152,9 +169,11 @@ def job_start_ramp(
             idle_since[gpu] = state.idle_since_s.get(gpu, now_s)
         if gpu in state.ceiling_w:
             ceiling[i] = state.ceiling_w[gpu]
+    parked = np.zeros(len(gpu_uuids), dtype=bool)
     for i, gpu in enumerate(gpu_uuids):
         if idle[i] and now_s - idle_since[gpu] >= policy.job_start_idle_s:
             ceiling[i] = parked_at[i]  # parked (again): the next job starts from here
+            parked[i] = True
     busy = ~np.asarray(idle, dtype=bool)
     just_started = np.array([gpu in state.idle_since_s for gpu in gpu_uuids], dtype=bool)
     ramping = busy & np.isfinite(ceiling) & ~just_started
@@ -172,7 +191,9 @@ def job_start_ramp(
     if n and state.last_s is not None:
         dt = min(max(now_s - state.last_s, 0.0), RAMP_WINDOW_S)
         # A start jump still inside the window leaves only the rest of `limit x 1 s` for raises.
-        aggregate_w_per_s = max(policy.ramp_limit_w_per_s - sum(w for _, w in jumps) / RAMP_WINDOW_S, 0.0)
+        aggregate_w_per_s = max(
+            policy.ramp_limit_w_per_s - reserved_w_per_s - sum(w for _, w in jumps) / RAMP_WINDOW_S, 0.0
+        )
         sharing = n + sum(1 for i, gpu in enumerate(gpu_uuids) if gpu in finishing and not ramping[i])
         jitter = policy.raise_jitter_pct / 100.0
         factor = 1.0 - jitter * rng.random(n)
@@ -207,4 +228,7 @@ def job_start_ramp(
         rise_w=rise_w,
         starting=int((limited & busy).sum()),
         raise_rates_w_per_s=rates,
+        started=started,
+        under_ceiling=limited & busy,
+        parked_mask=parked,
     )

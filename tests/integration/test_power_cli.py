@@ -75,6 +75,13 @@ def test_power_status_budget_and_policy_through_rasctl(tmp_path, free_port):
         assert code == 0 and "job_start_ramp_enabled = true" in out and "job_start_cap_w = 250.0" in out
         code, _, err = fleet.rasctl("power", "policy", "set", "job_start_cap_w=0")
         assert code == 1 and "job_start_cap_w" in err
+        # The start-smoothing knobs show and set like any other (the CLI iterates the policy).
+        code, out, _ = fleet.rasctl("power", "policy", "set", "job_start_canary_gpus=4",
+                                    "job_start_smoothing_release_s=12")  # fmt: skip
+        assert code == 0 and "job_start_canary_gpus = 4.0" in out and "job_start_smoothing_release_s = 12.0" in out
+        assert "job_start_smoothing_enabled = true" in out
+        code, _, err = fleet.rasctl("power", "policy", "set", "job_start_canary_gpus=2.5")
+        assert code == 1 and "job_start_canary_gpus" in err
         code, _, err = fleet.rasctl("power", "policy", "set", "oops")
         assert code == 2 and "KEY=VALUE" in err
 

@@ -72,6 +72,40 @@ def test_a_ramp_up_limit_costs_the_documented_time_and_slews_the_draw():
     assert ramped.draw_w(np.array([3]), t)[0] == pytest.approx(550.0)
 
 
+def test_a_ramp_down_too_slow_for_the_trough_leaves_the_draw_continuous():
+    job = _job()
+    for rank in range(4):
+        job.set_smoothing(rank, floor_w=0.0, ramp_up_w_per_s=200.0, ramp_down_w_per_s=200.0)
+    # 0.3 s of communication at 200 W/s: the draw falls 60 W, never to the trough, and the next
+    # compute rises from where it got to: no jump anywhere.
+    times = np.arange(105.0, 115.0, 0.005)
+    draws = np.array([job.draw_w(slice(None), t) for t in times])
+    assert np.abs(np.diff(draws, axis=0)).max() <= 200.0 * 0.005 + 1e-6
+    steps = job.completed_steps(105.0, 115.0)
+    # (A rank that finishes its compute early communicates a little longer: up to 0.4 s here.)
+    assert np.all(steps[-1].rise_from_w >= steps[-1].peak_w - 200.0 * 0.4)
+    # Only the rise from there costs compute time: (80 W)^2 / (2 x 200 x 660) = 24 ms at the most (only
+    # the job's first step rises from the trough: 550 W at 200 W/s, over a second).
+    assert all(1.0 < s.end_s - s.start_s <= 1.020 + 0.024 for s in steps)
+
+
+def test_a_profile_landing_mid_compute_limits_the_fall_that_ends_it():
+    def landing(floor_w, rate):
+        job = _job(period_s=2.0)
+        step = job.step_at(105.0)  # the step computing at 105 s (steps are computed as time goes)
+        assert step is not None and step.compute_start_s.max() < 105.0 < step.compute_end_s.min()
+        for rank in range(4):
+            job.set_smoothing(rank, floor_w=floor_w, ramp_up_w_per_s=rate, ramp_down_w_per_s=rate, at_s=105.0)
+        return job, float(job.steps[-1].compute_end_s[0])
+
+    # The fall that ends this compute is already limited: 30 W in 0.3 s.
+    job, end = landing(0.0, 100.0)
+    assert job.draw_w(np.array([0]), end + 0.3)[0] == pytest.approx(675.0 - 30.0)
+    # A floor with no ramp limit holds this step's trough at once (not only the next step's).
+    job, end = landing(300.0, 0.0)
+    assert job.draw_w(np.array([0]), end + 0.3)[0] == pytest.approx(300.0)
+
+
 def test_checkpoint_stalls_lengthen_every_nth_step():
     job = _job(checkpoint_every_steps=5, checkpoint_s=2.0)
     steps = job.completed_steps(100.0, 130.0)

@@ -109,3 +109,18 @@ def test_gpu_max_w_is_each_gpus_peak_over_recent_series():
     assert window.gpu_max_w(0) == {"a": 650.0, "b": 300.0}
     assert window.gpu_max_w(1_000_000_000) == {"a": 600.0, "b": 300.0}
     assert window.gpu_max_w(5_000_000_000) == {}
+
+
+def test_tracked_gpus_are_summed_on_their_own():
+    window = fleet.PowerWindow(bucket_ms=100, span_s=1)
+    window.add("a", 0, 100, [100.0])
+    window.track({"b"})
+    window.add("a", 100_000_000, 100, [100.0, 100.0])
+    window.add("b", 100_000_000, 100, [600.0, 150.0])
+    window.add("b", 250_000_000, 100, [170.0])  # a newer sample in the same bucket replaces the older
+    assert window.series(tracked=True) == [(100_000_000, 600.0, 1), (200_000_000, 170.0, 1)]
+    assert window.series()[1:] == [(100_000_000, 700.0, 2), (200_000_000, 270.0, 2)]
+    window.add("b", 300_000_000, 100, [500.0] * 20)  # the span trims the tracked sums too
+    assert len(window.series(tracked=True)) <= 11
+    window.track({"a"})
+    assert window.series(tracked=True) == [], "a new set starts afresh"

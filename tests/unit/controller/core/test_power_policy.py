@@ -33,6 +33,10 @@ def test_from_mapping_reads_numbers_and_flags():
         ({"min_coherence": 1.5}, "min_coherence"),
         ({"ramp_limit_w_per_s": float("inf")}, "ramp_limit_w_per_s"),
         ({"marginal_cap_pct": 120}, "marginal_cap_pct"),
+        ({"job_start_canary_gpus": 2.5}, "job_start_canary_gpus"),
+        ({"job_start_canary_gpus": -1}, "job_start_canary_gpus"),
+        ({"job_start_smoothing_release_s": 0}, "job_start_smoothing_release_s"),
+        ({"job_start_smoothing_enabled": 1}, "job_start_smoothing_enabled"),
     ],
 )
 def test_from_mapping_names_the_bad_key(mapping, key):

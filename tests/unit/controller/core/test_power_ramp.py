@@ -241,3 +241,26 @@ def test_a_jump_above_the_limit_holds_the_ramp_for_one_window():
     assert decision.raise_rates_w_per_s.tolist() == [0.0] * N and decision.targets_w.tolist() == [200] * N
     decision = _step(decision.state, [False] * N, [1000] * N, 12.0, policy)
     assert decision.raise_rates_w_per_s.tolist() == [100.0] * N
+
+
+def test_a_reserve_leaves_part_of_the_limit_and_the_masks_say_who_started():
+    policy = _policy()  # 400 W/s
+    state, parked = _parked(policy)
+    assert parked.parked_mask.tolist() == [True] * N and not parked.started.any()
+    started = _step(state, [False] * N, [1000] * N, 11.0, policy)
+    assert started.started.tolist() == [True] * N and started.under_ceiling.all()
+    # 2 s later the start jump is out of the window: 400 - 200 reserved over 4 GPUs.
+    decision = power_ramp.job_start_ramp(
+        started.state,
+        gpu_uuids=UUIDS,
+        idle=np.zeros(N, dtype=bool),
+        targets_w=np.full(N, 1000, dtype=np.int64),
+        min_w=MIN_W,
+        max_w=MAX_W,
+        now_s=13.0,
+        policy=policy,
+        rng=np.random.default_rng(0),
+        reserved_w_per_s=200.0,
+    )
+    assert decision.raise_rates_w_per_s.tolist() == [50.0] * N
+    assert not decision.started.any() and not decision.parked_mask.any()
