@@ -245,3 +245,41 @@ def test_a_cap_changed_in_the_communication_phase_waits_for_the_next_step():
     assert job.step_at(in_comm).end_s == end
     nxt = job.step_at(end + 0.05)
     assert nxt is not None and float(nxt.compute_end_s[3] - nxt.compute_start_s[3]) == pytest.approx(1.4, abs=1e-9)
+
+
+def test_readings_and_cap_changes_from_different_threads_keep_one_step_per_index():
+    """The agents read the job on the event loop and set caps in worker threads: steps stay a chain.
+
+    Unlocked, two threads computed the same next step and both appended it; a reading then took the
+    wrong step for the previous one and the fleet's draw fell to the trough in an instant.
+    """
+    import random
+    import threading
+    import time
+
+    job = step_job.StepJob(
+        step_job.JobShape(period_s=0.05, compute_fraction=0.7, rank_jitter_s=(0.001, 0.002), anchor_unix_s=0.0), 1
+    )
+    job.add_ranks([675.0] * 64, [125.0] * 64, [1000.0] * 64)
+    started = time.monotonic()
+    until = started + 1.0
+
+    def read() -> None:
+        while time.monotonic() < until:
+            job.draw_w(slice(None), time.monotonic() - started)
+
+    def cap() -> None:
+        rng = random.Random(2)
+        while time.monotonic() < until:
+            job.set_cap(rng.randrange(64), rng.uniform(300, 1000), time.monotonic() - started)
+
+    threads = [threading.Thread(target=t) for t in (read, cap, read)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    indices = [s.index for s in job.steps]
+    assert len(indices) >= 5
+    assert indices == list(range(indices[0], indices[0] + len(indices)))
+    starts = [s.start_s for s in job.steps]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)
