@@ -201,6 +201,10 @@ def sloshing(args: argparse.Namespace, tmp: pathlib.Path) -> dict[str, Any]:
         "stranded_pct_before": round(100 * sum(before) / len(before) / budget, 2) if before else None,
         "stranded_pct_after_peak": round(100 * max(w for _, w in after) / budget, 2) if after else None,
         "stranded_pct_steady_after": round(100 * sum(steady) / len(steady) / budget, 2) if steady else None,
+        "control_period_s": period,
+        # The goal counts control periods, a time (control_period_s each); the loop also runs early
+        # when acks let waiting raises go, and `converge_periods` counts those runs too (stricter).
+        "converge_control_periods": None if seconds is None else max(1, math.ceil(seconds / period - 1e-9)),
         "converge_periods": periods,
         "converge_s": seconds,
         "converge_periods_with_in_transit": periods_raw,
@@ -312,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         ("stranded power at steady state (sloshing run, before the change)",
          f"{slosh['stranded_pct_before']} % of budget", "<= 5 %",
          _le(slosh["stranded_pct_before"], GOALS["stranded_pct"])),
-        ("control periods until stranded <= 5 % after the load change", f"{slosh['converge_periods']}", "<= 3",
-         _le(slosh["converge_periods"], GOALS["converge_periods"])),
+        (f"control periods ({slosh['control_period_s']:g} s) until stranded <= 5 % after the load change",
+         f"{slosh['converge_control_periods']} ({slosh['converge_s']} s; {slosh['converge_periods']} runs of the "
+         "loop, counting its early runs)", "<= 3",
+         _le(slosh["converge_control_periods"], GOALS["converge_periods"])),
         ("node budget cut enforced on the GPUs", f"{node_cut} s", "<= 1 s", _le(node_cut, GOALS["node_cut_s"])),
         ("rack budget cut enforced on the GPUs", f"{rack_cut} s", "<= 3 s", _le(rack_cut, GOALS["rack_cut_s"])),
         ("aggregate ramp over 1 s at job start, step swing (job-start run, raw 10 Hz aggregate, start "
@@ -380,11 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{emu.get('step_s_unmanaged')} s -> {emu.get('step_s_managed')} s; run wall {emu.get('wall_s')} s.  \n"
         f"Sloshing run: budget {slosh['budget_w']:,} W; stranded {slosh['stranded_pct_before']} % before the load "
         f"change, peak {slosh['stranded_pct_after_peak']} % after it, {slosh['stranded_pct_steady_after']} % from the "
-        f"4th period on; converged {slosh['converge_s']} s after the change (periods count every run of the "
-        "loop, including the early ones that acks with raises waiting start). Watts a raise granted "
+        f"4th period on; converged {slosh['converge_s']} s after the change: {slosh['converge_control_periods']} "
+        f"control periods of {slosh['control_period_s']:g} s (the goal's unit), {slosh['converge_periods']} runs of "
+        "the loop (it also runs early when acks let raises that wait go). Watts a raise granted "
         "but the draw does not show yet (the GPU is *settling*: no step has run under its new cap) are not "
         f"counted as stranded; they peaked at {slosh['in_transit_pct_peak']} % of the budget, and counted as "
-        f"stranded the run converges in {slosh['converge_periods_with_in_transit']} periods "
+        f"stranded the run converges in {slosh['converge_periods_with_in_transit']} runs of the loop "
         f"({slosh['converge_s_with_in_transit']} s). Stranded power cannot fall below (minimum cap - idle draw) x "
         "the idle GPUs: here (200 - 70) W on each GPU of the 2 stopped nodes.  \n"
         f"Job-start run: the same job starts at {start.get('job_start_s')} s on {start.get('job_start_parked_gpus')} "
