@@ -73,6 +73,9 @@ SW_POWER_CAP = 0x4
 """NVML clock event reason: clocks held down by the software power cap."""
 
 APPLY_DOC = "power/apply"
+START_DOC = "power/start_smoothing"
+"""The job-start smoothing profiles the GPUs carry (`start_smoothing.StartState`): saved before any
+start-profile command leaves, so a restarted controller releases or hands over the profiles it left on."""
 BUDGETS_DOC = "power/budgets"
 POLICY_DOC = "power/policy"
 NOT_EXECUTED = frozenset(
@@ -304,6 +307,11 @@ class PowerLoop:
         self.on_period: Callable[[float, power_apply.ApplyState, np.ndarray], None] | None = None
         """Called after each period with (now s, state, targets): the simulator's probe."""
 
+    @property
+    def start_smoothing_state(self) -> start_smoothing.StartState:
+        """The job-start smoothing profiles the loop believes are on the GPUs (`core.start_smoothing`)."""
+        return self._start
+
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the persisted state (budgets, policy, apply state) and start the control loop."""
@@ -328,6 +336,14 @@ class PowerLoop:
             self.state = power_apply.ApplyState.unknown(
                 (), now=now, policy=self.policy, epoch=f"{int(now * 1000):x}{self._replica}"
             )
+        if docs.get(START_DOC):
+            try:
+                self._start = start_smoothing.StartState.from_mapping(docs[START_DOC])
+            except ValueError as exc:
+                log.error("power_start_smoothing_state_dropped", error=str(exc))
+            else:
+                log.info("power_start_smoothing_restored", gpus=len(self._start.rate_w_per_s),
+                         canaries=len(self._start.canaries))  # fmt: skip
         self._task = asyncio.create_task(self._run(), name="rasd-power-loop")
         log.info("power_loop_started", period_s=self.policy.control_period_s, domains=len(self.tree.domains))
 
@@ -472,7 +488,7 @@ class PowerLoop:
         self._waiting = plan.waiting
         self._send(plan, now)
         await self._smooth(now, state)
-        self._start_smoothing(now, state, ramp)
+        await self._start_smoothing(now, state, ramp)
         await self._bmc_fallback(new_state, targets, now)
         self._status(now, new_state, targets, drawn, draw_known, allocation, plan)
         self.stats.periods += 1
@@ -742,7 +758,7 @@ class PowerLoop:
                     ramp_w_per_s=round(plan.ramp_up_w_per_s, 1))  # fmt: skip
         self._send_smoothing(plan, only_new=False)
 
-    def _start_smoothing(self, now: float, state: power_apply.ApplyState, ramp: power_ramp.RampDecision) -> None:
+    async def _start_smoothing(self, now: float, state: power_apply.ApplyState, ramp: power_ramp.RampDecision) -> None:
         """Start profiles (`core.start_smoothing`): on at once for GPUs that start a job.
 
         Handed over to the swing plan (no command: its profile replaces them), off after the release time.
@@ -774,6 +790,10 @@ class PowerLoop:
             elif decision.handed_over == 0 and gpu not in decision.state.canaries:
                 release.add(gpu)
         self._start_unsent = set()
+        if decision.state != self._start:
+            # Durable before anything leaves: a restart must know which GPUs carry a start profile, or
+            # it would leave them on (filling troughs, an energy cost) until the next job start.
+            await self._save({START_DOC: decision.state.to_mapping()})
         self._start = decision.state
         if not decision.state.active():
             self._start_p2p_w = None

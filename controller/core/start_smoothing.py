@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +82,46 @@ class StartState:
     def active(self) -> bool:
         """True while any GPU carries a start profile."""
         return bool(self.rate_w_per_s)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """A JSON-friendly form (the power loop persists it: a restarted controller knows the profiles it left on)."""
+        return {
+            "rate_w_per_s": {gpu: float(rate) for gpu, rate in self.rate_w_per_s.items()},
+            "settled_since_s": {gpu: float(at) for gpu, at in self.settled_since_s.items()},
+            "canaries": sorted(self.canaries),
+            "canary_reserve_w_per_s": float(self.canary_reserve_w_per_s),
+        }
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> StartState:
+        """Rebuild from `to_mapping` output.
+
+        Raises:
+            ValueError: a field is missing or not of its type (naming the field).
+        """
+
+        def rates(name: str) -> dict[str, float]:
+            value = data.get(name, {})
+            if not isinstance(value, Mapping):
+                raise ValueError(f"start smoothing state: {name} is not a mapping")
+            try:
+                return {str(gpu): float(rate) for gpu, rate in value.items()}
+            except (TypeError, ValueError):
+                raise ValueError(f"start smoothing state: {name} holds a value that is not a number") from None
+
+        canaries = data.get("canaries", [])
+        if not isinstance(canaries, list | tuple):
+            raise ValueError("start smoothing state: canaries is not a list")
+        try:
+            reserve = float(data.get("canary_reserve_w_per_s", 0.0))
+        except (TypeError, ValueError):
+            raise ValueError("start smoothing state: canary_reserve_w_per_s is not a number") from None
+        return cls(
+            rate_w_per_s=rates("rate_w_per_s"),
+            settled_since_s=rates("settled_since_s"),
+            canaries=frozenset(str(gpu) for gpu in canaries),
+            canary_reserve_w_per_s=reserve,
+        )
 
 
 @dataclasses.dataclass(frozen=True)

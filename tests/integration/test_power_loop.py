@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import sys
+import time
 
 import grpc
 import pytest
@@ -19,8 +20,9 @@ from rasd.agent import runtime, spool
 from rasd.agent.gpu import simulated, step_job
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
-from rasd.controller import server
-from rasd.controller.core import power_apply
+from rasd.controller import power_loop, server
+from rasd.controller.core import power_apply, start_smoothing
+from rasd.controller.store import remediation as rstore
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fakes"))
 import redfish_stub
@@ -66,11 +68,12 @@ def _controller(tmp_path, port, *, power=POWER, bmc=None):
 class Fleet:
     """Two simulated nodes of 4 H100s running one synchronous job."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, gpu_model: simulated.SimulatedGpuModel = simulated.H100_SXM) -> None:
         workload = simulated.StepWorkload(period_s=1.0)
         self.job = step_job.StepJob(workload.shape(), seed=1)
         self.backends = {
-            n: simulated.SimulatedBackend(n, 4, 1, workload=workload, job=self.job) for n in ("node-a", "node-b")
+            n: simulated.SimulatedBackend(n, 4, 1, workload=workload, job=self.job, gpu_model=gpu_model)
+            for n in ("node-a", "node-b")
         }
         self.agents = [
             runtime.Agent(
@@ -312,3 +315,50 @@ def test_the_power_loop_metrics_pass_promtool(tmp_path, free_port):
     assert "rasd_power_period_seconds_count" in text
     result = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_a_restarted_controller_releases_the_start_profiles_its_predecessor_left_on(tmp_path, free_port):
+    """Start profiles are durable state: a controller that took over mid-start still switches them off.
+
+    Here the predecessor stopped while node-a's GPUs carried start profiles (left on the simulated
+    GPUs, and in its saved state); no swing shows up, so the new controller releases them after
+    `job_start_smoothing_release_s`. Without the saved state it would never know they were on.
+    """
+    policy = {**POWER["policy"], "job_start_ramp_enabled": True, "job_start_smoothing_release_s": 1.0}
+    power = {**POWER, "policy": policy}
+
+    def profiled(fleet: Fleet) -> int:
+        return sum(bool(c.power_smoothing_enabled) for c in fleet.backends["node-a"].read_counters(1))
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port, power=power)
+        await controller.start()
+        fleet = Fleet(controller.address, gpu_model=simulated.B200)
+        try:
+            await _until(lambda: _settled(controller))
+            gpus = [g.uuid for g in fleet.backends["node-a"].inventory()]
+            for gpu in gpus:  # what the predecessor's start profiles left on the GPUs
+                fleet.backends["node-a"].set_power_smoothing(
+                    gpu, enabled=True, floor_pct=20.0, ramp_up_w_per_s=100.0, ramp_down_w_per_s=100.0
+                )
+            left = start_smoothing.StartState(rate_w_per_s=dict.fromkeys(gpus, 100.0))
+            docs = rstore.RemediationStore(controller.store.engine)
+            await controller.ingest.run_in_store(
+                docs.commit, rstore.Commit(now_unix_ns=time.time_ns(), docs={power_loop.START_DOC: left.to_mapping()})
+            )
+            await controller.stop()
+            on_at_handover = profiled(fleet)
+
+            controller = _controller(tmp_path, free_port, power=power)
+            await controller.start()
+            restored = controller.power.start_smoothing_state
+            await _until(lambda: profiled(fleet) == 0)
+            return on_at_handover, restored, controller.power.start_smoothing_state
+        finally:
+            await fleet.close()
+            await controller.stop()
+
+    on_at_handover, restored, final = asyncio.run(scenario())
+    assert on_at_handover == 4
+    assert len(restored.rate_w_per_s) == 4  # the new controller knew what was on
+    assert not final.active()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -194,3 +195,28 @@ def test_rates_in_force_never_sum_above_the_limit_and_the_handover_leaves_no_gap
         assert state.canary_reserve_w_per_s <= 0.5 * LIMIT
         assert not state.canaries & set(in_force), "a canary carries no profile"
         assert all(g not in in_force for g in np.asarray(UUIDS)[sorted(parked)])
+
+
+def test_the_state_survives_a_round_trip_through_its_stored_form():
+    state = start_smoothing.StartState(
+        rate_w_per_s={"GPU-a": 139.8, "GPU-b": 139.8},
+        settled_since_s={"GPU-a": 1_000.5},
+        canaries=frozenset({"GPU-c"}),
+        canary_reserve_w_per_s=1_000.0,
+    )
+    assert start_smoothing.StartState.from_mapping(state.to_mapping()) == state
+    assert start_smoothing.StartState.from_mapping({}) == start_smoothing.StartState()
+
+
+@pytest.mark.parametrize(
+    ("stored", "field"),
+    [
+        ({"rate_w_per_s": ["GPU-a"]}, "rate_w_per_s"),
+        ({"settled_since_s": {"GPU-a": "soon"}}, "settled_since_s"),
+        ({"canaries": "GPU-c"}, "canaries"),
+        ({"canary_reserve_w_per_s": None}, "canary_reserve_w_per_s"),
+    ],
+)
+def test_a_damaged_stored_state_is_refused_naming_the_field(stored, field):
+    with pytest.raises(ValueError, match=field):
+        start_smoothing.StartState.from_mapping(stored)
