@@ -240,6 +240,7 @@ def test_agents_connecting_while_the_controller_stops_are_refused_as_unavailable
         controller = _controller(tmp_path, free_port)
         await controller.start()
         outcomes: list[str] = []
+        details: list[str] = []
         stopped = asyncio.Event()
 
         async def storm(offset: int) -> None:
@@ -255,6 +256,7 @@ def test_agents_connecting_while_the_controller_stops_are_refused_as_unavailable
                         outcomes.append("welcome" if reply is not grpc.aio.EOF and reply.HasField("welcome") else "eof")
                     except grpc.aio.AioRpcError as exc:
                         outcomes.append(exc.code().name)
+                        details.append(exc.details() or "")
                     except (grpc.aio.UsageError, asyncio.InvalidStateError):
                         outcomes.append("closed")
                     finally:
@@ -265,9 +267,14 @@ def test_agents_connecting_while_the_controller_stops_are_refused_as_unavailable
         await controller.stop()
         stopped.set()
         await asyncio.gather(*storms)
-        return outcomes
+        return outcomes, details
 
-    outcomes = asyncio.run(scenario())
+    outcomes, details = asyncio.run(scenario())
+    # UNKNOWN is what a handler that raised gives (it was "cannot schedule new futures after
+    # shutdown"). The transport's own ends of a call cut by the server's stop are allowed:
+    # UNAVAILABLE, CANCELLED, and now and then INTERNAL (a stream reset as the connection closes).
+    assert "UNKNOWN" not in outcomes, [d for d in details if d]
+    assert not [d for d in details if "cannot schedule new futures" in d]
     refused = {o for o in outcomes if o != "welcome"}
-    assert refused <= {"UNAVAILABLE", "CANCELLED", "eof", "closed"}, refused
+    assert refused <= {"UNAVAILABLE", "CANCELLED", "INTERNAL", "eof", "closed"}, refused
     assert outcomes.count("welcome") >= 20
