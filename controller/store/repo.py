@@ -528,7 +528,9 @@ def upsert_many(
             from sqlalchemy.dialects.postgresql import insert
         else:  # any other SQLAlchemy backend: read, then write
             for row in rows:
-                upsert_row(session, table_cls, {key: row[key]}, **{k: v for k, v in row.items() if k != key})
+                upsert_row(
+                    session, table_cls, {key: row[key]}, insert_only=kept, **{k: v for k, v in row.items() if k != key}
+                )
             return
         base = insert(table)
         statement = base.on_conflict_do_update(
@@ -543,11 +545,19 @@ _UPSERTS: dict[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], Any] = {}
 "excluded" columns) cost more than executing it, at several per commit."""
 
 
-def upsert_row(session: Session, table: Any, key: Mapping[str, Any], **values: Any) -> None:
-    """Read, then insert or update one ORM row (for backends without ON CONFLICT, and one-off rows)."""
+def upsert_row(
+    session: Session, table: Any, key: Mapping[str, Any], /, *, insert_only: Iterable[str] = (), **values: Any
+) -> None:
+    """Read, then insert or update one ORM row (for backends without ON CONFLICT, and one-off rows).
+
+    Columns in insert_only are written when the row is new and left alone when it exists (as in
+    `upsert_many`).
+    """
     row = session.get(table, next(iter(key.values())))
     if row is None:
         session.add(table(**key, **values))
     else:
+        kept = frozenset(insert_only)
         for name, value in values.items():
-            setattr(row, name, value)
+            if name not in kept:
+                setattr(row, name, value)

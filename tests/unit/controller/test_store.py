@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy import orm
 
 from rasd.controller.core import fleet
 from rasd.controller.store import repo, schema
@@ -329,3 +330,18 @@ def test_sqlite_commits_leave_the_wal_checkpoint_to_the_store_thread(tmp_path):
         assert busy == 0 and frames == checkpointed
         assert connection.exec_driver_sql("SELECT count(*) FROM health_events").scalar() == 199
     check.dispose()
+
+
+def test_a_read_then_write_upsert_leaves_insert_only_columns_of_an_existing_row_alone(store):
+    """The path for backends without ON CONFLICT keeps `upsert_many`'s insert-only rule."""
+    store.register_hello(_hello(), 100)
+    rma, healthy = int(fleet.ComponentState.RMA), int(fleet.ComponentState.HEALTHY)
+    with orm.Session(store.engine) as session, session.begin():
+        repo.upsert_row(session, schema.GpuRow, {"uuid": GPU_A}, insert_only=("state",), model="B200", state=rma)
+        repo.upsert_row(
+            session, schema.GpuRow, {"uuid": "GPU-new"}, insert_only=("state",), node_id="node-1", state=healthy
+        )
+    (node,) = store.list_nodes()
+    gpus = {g.record.uuid: g for g in node.gpus}
+    assert gpus[GPU_A].record.model == "B200" and gpus[GPU_A].state is fleet.ComponentState.HEALTHY
+    assert gpus["GPU-new"].state is fleet.ComponentState.HEALTHY
