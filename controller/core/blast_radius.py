@@ -361,9 +361,11 @@ def complete(state: BudgetState, command_id: str, *, now: float) -> BudgetState:
         now: current time, Unix seconds (unused today; kept for a uniform signature).
 
     Returns:
-        The new state.
+        The new state; state itself when command_id was not in flight.
     """
     del now
+    if all(f.command_id != command_id for f in state.in_flight):
+        return state  # not a node-level command (most are not): the same state, so callers can tell nothing changed
     return dataclasses.replace(state, in_flight=tuple(f for f in state.in_flight if f.command_id != command_id))
 
 

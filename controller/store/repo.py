@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import orjson
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 from sqlalchemy.orm import Session, sessionmaker
@@ -52,14 +53,41 @@ class HelloOutcome:
     rebooted: bool
 
 
+def json_text(value: Any) -> str:
+    """The JSON text the store writes for a JSON column (the engines' serializer).
+
+    orjson, not the standard library: a remediation burst writes tens of megabytes of ladder
+    states, incidents and outbox payloads, and the standard encoder was a quarter of the store
+    thread's time (and holds the GIL the decision thread needs). Keys that are not strings become
+    strings, as the standard encoder makes them. Non-finite floats become null (valid JSON on both
+    backends; PostgreSQL refuses the standard encoder's NaN); the wire and telemetry checks refuse
+    them before they get here.
+    """
+    return orjson.dumps(value, default=_json_default, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def _json_default(value: Any) -> Any:
+    """Numbers orjson does not take as they are (numpy scalars, int and float subclasses)."""
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, int):
+        return int(value)
+    item = getattr(value, "item", None)  # a numpy scalar
+    if callable(item) and type(value).__module__ == "numpy":
+        return item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def create_engine(url: str) -> sa.Engine:
-    """An engine for url; SQLite files get WAL and a busy timeout."""
+    """An engine for url; SQLite files get WAL and a busy timeout; JSON columns are written by `json_text`."""
     try:
         parsed = sa.engine.make_url(url)
     except (sa.exc.ArgumentError, ValueError) as exc:  # ValueError: e.g. a port that is not a number
         raise ValueError(f"--db {_redact_unparsed(url)!r} is not a SQLAlchemy URL: {exc}") from None
     if parsed.get_backend_name() == "sqlite":
-        engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = sa.create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}, json_serializer=json_text
+        )
 
         @sa_event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -71,7 +99,7 @@ def create_engine(url: str) -> sa.Engine:
             cursor.close()
 
         return engine
-    return sa.create_engine(url, pool_pre_ping=True)
+    return sa.create_engine(url, pool_pre_ping=True, json_serializer=json_text)
 
 
 class WalCheckpointer:

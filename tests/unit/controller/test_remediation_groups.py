@@ -7,6 +7,7 @@ as one call at a time, and a pass whose commit fails loses no event and dispatch
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -161,6 +162,93 @@ def test_a_group_whose_commit_is_refused_leaves_its_events_for_the_replay(rig):
         assert rig.service.node_states == {} and rig.service.correlation.incidents == {}, "memory follows the store"
         backlog = rig.service.store.unprocessed_events()
         assert [e.seq for e in backlog["node-1"][1]] == [seq for seq, _xid, _gpu in EVENTS]
+        await rig.stop()
+
+    asyncio.run(run())
+
+
+class _CommitWatch:
+    """Watches the service's commits: slows each, fails the first few, counts groups decided while one is in flight."""
+
+    def __init__(self, rig: _Rig, *, fail_first: int = 0) -> None:
+        self.in_flight = 0
+        self.decided_during_commit = 0
+        self.fail_left = fail_first
+        commit = rig.service.store.commit
+
+        def slow(change: rstore.Commit) -> list[str]:
+            time.sleep(0.03)  # long enough that the next group is decided while this one commits
+            if self.fail_left:
+                self.fail_left -= 1
+                raise sa.exc.OperationalError("COMMIT", {}, Exception("database is locked"))
+            return commit(change)
+
+        rig.service.store.commit = slow  # type: ignore[method-assign]
+        submit = rig.ingest.submit_to_store
+
+        def submitted(fn, *args):  # type: ignore[no-untyped-def]
+            future = submit(fn, *args)
+            self.in_flight += 1
+            future.add_done_callback(lambda _f: setattr(self, "in_flight", self.in_flight - 1))
+            return future
+
+        rig.ingest.submit_to_store = submitted  # type: ignore[method-assign]
+        decide = rig.service._decide_pass
+
+        def counting(group, base):  # type: ignore[no-untyped-def]
+            if self.in_flight:
+                self.decided_during_commit += 1
+            return decide(group, base)
+
+        rig.service._decide_pass = counting  # type: ignore[method-assign]
+
+
+def test_groups_decided_during_the_commit_before_them_decide_what_one_call_at_a_time_decides(tmp_path, monkeypatch):
+    # One call per group: five groups, each decided while the one before it commits.
+    monkeypatch.setattr(remediation_mod, "MAX_GROUP_EVENTS", 1)
+
+    async def run(pipelined: bool) -> tuple:
+        rig = _Rig(f"sqlite:///{tmp_path / ('pipelined.db' if pipelined else 'apart.db')}")
+        await rig.start()
+        try:
+            events = [_event("node-1", seq, xid, gpu) for seq, xid, gpu in EVENTS]
+            if pipelined:
+                watch = _CommitWatch(rig)
+                await asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events))
+                assert watch.decided_during_commit >= 2, "the next group was decided while a commit ran"
+            else:
+                for event in events:
+                    await rig.service.on_events("node-1", [event], {"rack": "r1"})
+            assert rig.service.stats.events == len(events)
+            return rig.ladder()
+        finally:
+            await rig.stop()
+
+    assert asyncio.run(run(True)) == asyncio.run(run(False))
+
+
+def test_a_failed_commit_discards_the_group_decided_during_it_and_loses_no_event(rig, monkeypatch):
+    monkeypatch.setattr(remediation_mod, "MAX_GROUP_EVENTS", 1)
+    monkeypatch.setattr(remediation_mod, "STORE_RETRY_S", 0.05)
+
+    async def run() -> None:
+        await rig.start()
+        sent: list[str] = []
+        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
+        watch = _CommitWatch(rig, fail_first=1)
+        events = [_event("node-1", seq, xid, gpu) for seq, xid, gpu in EVENTS]
+        await asyncio.wait_for(
+            asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events)), timeout=10
+        )
+        assert watch.fail_left == 0 and watch.decided_during_commit >= 1, "a group was decided during the failed commit"
+        commands = rig.service.store.commands()
+        assert len({c.command_id for c in commands}) == len(commands), "each decided command is in the outbox once"
+        assert sorted(sent) == sorted(c.command_id for c in commands if c.status == "dispatched" and c.kind in
+                                      remediation_mod.AGENT_KINDS)  # fmt: skip
+        assert rig.service.stats.events == len(events), "every event decided, and counted once"
+        assert rig.service.store.unprocessed_events() == {}, "the replay watermark covers every event"
+        incidents = {i["incident_id"]: i["data"]["event_count"] for i in rig.service.store.incidents()}
+        assert [n for i, n in incidents.items() if "xid:13" in i] == [2], "no event counted twice in its incident"
         await rig.stop()
 
     asyncio.run(run())
