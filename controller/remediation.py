@@ -5,11 +5,14 @@ blast radius). This module owns the I/O around it:
 
 1. **Events**: after the ingest has durably stored a node's new health events, each is converted
    to the core's `HealthEvent` and run through `escalation.handle_event`. Calls that arrive while
-   a pass runs are decided together in the next one (group commit, at most ``MAX_GROUP_EVENTS``
+   a pass runs are decided together in a later one (group commit, at most ``MAX_GROUP_EVENTS``
    calls). The changed ladder states, correlation documents and incidents and the decisions'
-   actions (the outbox) are committed in one transaction before anything is sent.
-2. **Dispatch**: undispatched actions go through `blast_radius.admit`; admitted ones are marked
-   dispatched (durably) and then carried out: repairs and validations as id-keyed commands on the
+   actions (the outbox) are committed in one transaction before anything is sent. Each group is
+   decided while the one before it commits (`_decide_pipelined`): from the state that commit
+   will make durable, and published only if that is the state it finds.
+2. **Dispatch**: undispatched actions go through `blast_radius.admit` (in a dispatch pass between
+   event passes, or once the passes are done); admitted ones are marked dispatched (durably) and
+   then carried out: repairs and validations as id-keyed commands on the
    node's agent stream; quarantines, releases, RMA tickets, notifications and BMC power cycles by
    controller-side executors. Deferred ones wait for the next pass.
 3. **Results** come back by command id and go through `escalation.on_result`; the same commit
@@ -47,7 +50,8 @@ log = structlog.get_logger("rasd.controller")
 MAX_GROUP_EVENTS = 512
 """Upper bound on the stored-event calls decided together in one transaction."""
 MAX_PIPELINED_PASSES = 4
-ARRIVAL_TURNS = 3
+ARRIVAL_WAIT_S = 0.001
+"""How long the decider lets calls arrive during a commit before it decides the next group."""
 """Groups decided back to back, each during the commit of the one before, per hold of the decision lock."""
 TICK_CHUNK_NODES = 200
 """Nodes ticked per hold of the decision lock (a few milliseconds), so a tick never stalls events for long."""
@@ -152,17 +156,27 @@ class _Pass:
     event_times: dict[str, float] = dataclasses.field(default_factory=dict)
     detect_s: list[float] = dataclasses.field(default_factory=list)
     new_incidents: list[correlate.Incident] = dataclasses.field(default_factory=list)
+    admitted: list[actions.Action] = dataclasses.field(default_factory=list)
+    """A dispatch pass's admitted waiting actions (an event pass's are in dispatched)."""
+    results: list[tuple[actions.Action, int, escalation.Decision]] = dataclasses.field(default_factory=list)
+    """A dispatch pass's controller-side actions: their outcome and the ladder's answer to it."""
     # Set by `_publish`:
     commit: asyncio.Future[list[str]] | None = None
     budget_before: blast_radius.BudgetState | None = None
     budget_staged: blast_radius.BudgetState | None = None
     cancelled: dict[str, actions.Action] = dataclasses.field(default_factory=dict)
+    """Waiting actions the pass took out of the waiting list (cancelled or admitted); put back if it fails."""
+
+    @property
+    def dispatches(self) -> bool:
+        """A dispatch pass (waiting actions admitted), not an event pass."""
+        return not self.group
 
     def state_before(self, node_id: str) -> escalation.RemediationState | None:
-        """A node's state before this pass."""
-        if node_id in self.before:
-            return self.before[node_id]
-        return self.base.states.get(node_id) or self.base.committed.get(node_id)
+        """A node's state before this pass (remembered for `_still_valid`)."""
+        if node_id not in self.before:
+            self.before[node_id] = self.base.states.get(node_id) or self.base.committed.get(node_id)
+        return self.before[node_id]
 
 
 class RemediationService:
@@ -294,7 +308,10 @@ class RemediationService:
 
     # -- inbound ---------------------------------------------------------------------------------------
     async def on_events(self, node_id: str, events: Sequence[repo.StoredEvent], labels: Mapping[str, str]) -> None:
-        """Run newly stored events through the core, commit, dispatch; returns once they are decided.
+        """Run newly stored events through the core, commit, dispatch; returns once their decision is durable.
+
+        Actions admitted with the decision are sent by then; those that wait for admission are
+        dispatched by the pass after (`settled` waits for that too).
 
         Calls from many streams are grouped: whatever is waiting when the decider is free is decided
         together and committed in one transaction (group commit), so a burst costs one correlation
@@ -307,6 +324,15 @@ class RemediationService:
         if self._decider is None or self._decider.done():
             self._decider = asyncio.create_task(self._decide_waiting(), name="rasd-remediation-decider")
         await future
+
+    async def settled(self) -> None:
+        """Wait until every call made so far is decided and what its decisions admitted is dispatched.
+
+        `on_events` returns once its decision is durable; the dispatch of actions that waited for
+        admission (two-step actions: quarantines with their repairs) can still be running then.
+        """
+        while self._decider is not None and not self._decider.done():
+            await asyncio.wait((self._decider,))
 
     async def _decide_waiting(self) -> None:
         while self._inbox:
@@ -369,11 +395,18 @@ class RemediationService:
         passes = 1
         while True:
             ahead: _Pass | None = None
-            # Let the calls that arrived while this thread decided reach the inbox: a caller's wake-up
-            # (timer or socket, then its task, then its call) takes a few turns of the loop.
-            for _turn in range(ARRIVAL_TURNS):
-                await asyncio.sleep(0)
-            if self._inbox and passes < MAX_PIPELINED_PASSES:
+            # Let the calls that arrived while this thread decided reach the inbox (a caller's wake-up,
+            # its task, then its call take a few turns of the loop). The commit runs meanwhile, so the
+            # wait costs nothing unless the commit ends first, and then it ends the wait.
+            assert current.commit is not None  # set by _publish
+            await asyncio.wait((current.commit,), timeout=ARRIVAL_WAIT_S)
+            if passes < MAX_PIPELINED_PASSES and not current.dispatches and self._deferred:
+                # Waiting actions whose decisions are durable: admit them now, alternating with events.
+                try:
+                    ahead = await self._decide_dispatch(self._base_after(current))
+                except Exception:  # left waiting: the dispatch after the pipeline tries them again
+                    log.exception("remediation_dispatch_pass_failed")
+            if ahead is None and self._inbox and passes < MAX_PIPELINED_PASSES:
                 group = self._take_group()
                 try:
                     ahead = self._decide_pass(group, self._base_after(current))
@@ -381,26 +414,27 @@ class RemediationService:
                 except Exception:  # decided again on its own, where its callers hear of the error
                     self._inbox[:0] = group
             try:
-                assert current.commit is not None  # set by _publish
                 fresh = set(await current.commit)
             except BaseException as exc:
                 self._unpublish(current)
                 if ahead is not None:
-                    self._inbox[:0] = owned.pop(id(ahead)).group  # nothing of it was published: decided later
+                    self._inbox[:0] = owned.pop(id(ahead), ahead).group  # nothing of it was published: decided later
                 if isinstance(exc, repo.STORE_UNAVAILABLE):
-                    self._inbox[:0] = owned.pop(id(current)).group
+                    self._inbox[:0] = owned.pop(id(current), current).group
                     raise
-                for *_, future in owned.pop(id(current)).group:
+                for *_, future in owned.pop(id(current), current).group:
                     if not future.done():
                         future.set_exception(exc)
                 if not isinstance(exc, Exception):
                     raise
                 return
             self._finish(current, fresh)
-            del owned[id(current)]
+            owned.pop(id(current), None)  # a dispatch pass has no callers: never owned
             if ahead is None:
                 break
             if not self._still_valid(ahead):
+                if ahead.dispatches:
+                    break  # its actions are still waiting: the dispatch after the pipeline takes them
                 del owned[id(ahead)]
                 ahead = self._decide_or_fail(ahead.group, self._committed_base())
                 if ahead is None:
@@ -447,16 +481,13 @@ class RemediationService:
         change = rstore.Commit(now_unix_ns=now_ns)
         decision_pass = _Pass(group=group, base=base, change=change)
         states = decision_pass.states
-        before = decision_pass.before
         new_actions = decision_pass.new_actions
         scopes: set[str] = set()  # the correlation scopes and nodes the events touched: nothing else changes
         port_nodes: set[str] = set()
         for node_id, events, labels, _future in group:
             state = states.get(node_id)
             if state is None:
-                if node_id not in before:
-                    before[node_id] = base.states.get(node_id) or base.committed.get(node_id)
-                state = before[node_id] or escalation.RemediationState(node_id)
+                state = decision_pass.state_before(node_id) or escalation.RemediationState(node_id)
             start_state = state
             for stored in events:
                 event = health_event(stored, nvlink_domain=labels.get("nvlink_domain", ""))
@@ -492,6 +523,88 @@ class RemediationService:
         )
         return decision_pass
 
+    async def _decide_dispatch(self, base: _Base) -> _Pass | None:
+        """One round of `_dispatch_locked` as a pass decided from base: None when it would change nothing.
+
+        Only waiting actions whose decisions are committed are admitted (the waiting list holds no
+        other: a pass's new ones join it once its commit succeeded), so the controller-side
+        adapters run here act on durable decisions only, as in `_dispatch_locked`. If the pass is
+        never published (the commit before it failed, or the state moved), its actions stay waiting
+        and are admitted again later; the adapters are idempotent.
+        """
+        now_ns = self._clock()
+        now = now_ns / 1e9
+        change = rstore.Commit(now_unix_ns=now_ns)
+        dispatch = _Pass(group=[], base=base, change=change, correlation=base.correlation)
+        admission = blast_radius.admit(
+            base.budget, list(self._deferred.values()), self._fleet_view(), now=now, policy=self.policy.disruption
+        )
+        dispatch.deferred_reasons.extend(zip(admission.deferred, admission.reasons, strict=False))
+        budget = admission.state
+        if not admission.admitted and budget == base.budget:
+            return None
+        for action in admission.admitted:
+            change.command_updates.append((action.command_id, {"status": "dispatched", "dispatched_unix_ns": now_ns}))
+            self._record_dispatch(action, dispatch.states, change, before=dispatch.state_before)
+            dispatch.admitted.append(action)
+        for action in admission.admitted:
+            if action.kind in AGENT_KINDS:
+                continue
+            outcome, message, budget = await self._controller_side_into(action, change, budget, source="automation")
+            budget = self._controller_result_into(dispatch, action, outcome, message, budget)
+        dispatch.budget = budget
+        self._stage_states(dispatch.states, dispatch.new_actions, change, before=dispatch.state_before)
+        return dispatch
+
+    def _controller_result_into(
+        self, dispatch: _Pass, action: actions.Action, outcome: int, message: str, budget: blast_radius.BudgetState
+    ) -> blast_radius.BudgetState:
+        """`_result_into` for a controller-side action's outcome in a dispatch pass; returns the budget.
+
+        The same ladder step and records; what `_result_into` changes in the service is kept in the
+        pass and applied by `_finish` (counters, logs) or `_publish` (waiting actions it closed).
+        """
+        now_ns = dispatch.change.now_unix_ns
+        now = now_ns / 1e9
+        node_id = action.node_id
+        state = dispatch.states.get(node_id) or dispatch.state_before(node_id) or escalation.RemediationState(node_id)
+        decision = escalation.on_result(
+            state,
+            escalation.ActionResult(
+                command_id=action.command_id,
+                outcome=escalation.Outcome(outcome),
+                message=message,
+                validation_verdict="",
+                failed_gpu_uuids=(),
+            ),
+            now=now,
+            policy=self.policy.escalation,
+        )
+        dispatch.change.command_updates.append(
+            (
+                action.command_id,
+                {
+                    "status": _OUTCOME_STATUS.get(outcome, "failed"),
+                    "finished_unix_ns": now_ns,
+                    "result": {
+                        "outcome": commands_pb.ActionOutcome.Name(outcome),
+                        "message": message,
+                        "validation_verdict": "",
+                        "failed_gpu_uuids": [],
+                        "replayed": False,
+                    },
+                },
+            )
+        )
+        budget = blast_radius.complete(budget, action.command_id, now=now)
+        for command_id in decision.closed_command_ids:
+            budget = blast_radius.complete(budget, command_id, now=now)
+            dispatch.closed_ids.append(command_id)
+        dispatch.results.append((action, outcome, decision))
+        dispatch.states[node_id] = decision.state
+        dispatch.new_actions.extend(decision.actions)
+        return budget
+
     def _publish(self, decision_pass: _Pass) -> None:
         """Make a decided pass the controller's (uncommitted) state and start its commit on the store thread.
 
@@ -501,13 +614,15 @@ class RemediationService:
         """
         change = decision_pass.change
         decision_pass.budget_before = self.budget
+        for action in decision_pass.admitted:
+            decision_pass.cancelled[action.command_id] = self._deferred.pop(action.command_id, action)
         for command_id in decision_pass.closed_ids:
             waiting = self._deferred.pop(command_id, None)
             if waiting is not None:
                 decision_pass.cancelled[command_id] = waiting
                 change.command_updates.append((command_id, {"status": "cancelled"}))
         self.budget = decision_pass.budget
-        if decision_pass.dispatched:
+        if decision_pass.dispatched or decision_pass.admitted:
             self._export_budget()
             self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
         for command_id, received_s in decision_pass.event_times.items():
@@ -539,6 +654,9 @@ class RemediationService:
     def _finish(self, decision_pass: _Pass, fresh: set[str]) -> None:
         """A pass's commit succeeded: apply its state, count it, send its commands, answer its callers."""
         self._budget_stored = decision_pass.budget_staged
+        if decision_pass.dispatches:
+            self._finish_dispatch(decision_pass, fresh)
+            return
         self.correlation = decision_pass.correlation
         sent = self._after_commit(
             decision_pass.states, decision_pass.new_actions, decision_pass.change, fresh, decision_pass.dispatched
@@ -556,6 +674,18 @@ class RemediationService:
         for *_, future in decision_pass.group:
             if not future.done():
                 future.set_result(None)
+
+    def _finish_dispatch(self, dispatch: _Pass, fresh: set[str]) -> None:
+        """`_finish` for a dispatch pass: what `_dispatch_locked` does after its commit."""
+        now_ns = dispatch.change.now_unix_ns
+        self._after_commit(dispatch.states, dispatch.new_actions, dispatch.change, fresh)
+        for action in dispatch.admitted:
+            self._note_dispatched(action, now_ns / 1e9)
+        for action, outcome, decision in dispatch.results:
+            self._result_noted(action.node_id, action.command_id, outcome, "", decision, now_ns)
+        if dispatch.change.quarantines or dispatch.change.releases:
+            self._quarantine_gauge_stale = True
+        self._send_dispatched([a for a in dispatch.admitted if a.kind in AGENT_KINDS])
 
     def _admit_with_decision(
         self, decision_pass: _Pass, budget: blast_radius.BudgetState, waiting: Collection[str]
@@ -732,10 +862,18 @@ class RemediationService:
             )
         self.budget = blast_radius.complete(self.budget, result.command_id, now=now_ns / 1e9)
         self._close(decision, change, now_ns / 1e9)
-        kind = self._kinds.pop(result.command_id, "unknown")
-        self._unanswered.pop(result.command_id, None)
+        self._result_noted(node_id, result.command_id, result.outcome, result.validation_verdict, decision, now_ns)
+        states[node_id] = decision.state
+        return list(decision.actions)
+
+    def _result_noted(
+        self, node_id: str, command_id: str, outcome: int, verdict: str, decision: escalation.Decision, now_ns: int
+    ) -> None:
+        """Count and log a command's result: it is answered, by outcome, and the repairs it finished."""
+        kind = self._kinds.pop(command_id, "unknown")
+        self._unanswered.pop(command_id, None)
         self.ingest.metrics.remediation_actions.labels(
-            kind=kind, outcome=commands_pb.ActionOutcome.Name(result.outcome).removeprefix("ACTION_OUTCOME_").lower()
+            kind=kind, outcome=commands_pb.ActionOutcome.Name(outcome).removeprefix("ACTION_OUTCOME_").lower()
         ).inc()
         for action in decision.actions:
             ticket = decision.state.ticket(action.ticket_id)
@@ -744,14 +882,12 @@ class RemediationService:
         log.info(
             "remediation_result",
             node=node_id,
-            command_id=result.command_id,
-            outcome=commands_pb.ActionOutcome.Name(result.outcome),
-            verdict=result.validation_verdict,
+            command_id=command_id,
+            outcome=commands_pb.ActionOutcome.Name(outcome),
+            verdict=verdict,
             reason=decision.reason,
             next_actions=[a.kind for a in decision.actions],
         )
-        states[node_id] = decision.state
-        return list(decision.actions)
 
     # -- periodic --------------------------------------------------------------------------------------------
     async def _tick_forever(self) -> None:
@@ -1290,6 +1426,22 @@ class RemediationService:
         """
         own = change is None
         change = change or rstore.Commit(now_unix_ns=self._clock())
+        outcome, message, self.budget = await self._controller_side_into(action, change, self.budget, source=source)
+        if own:
+            budget = self._stage_budget(change)
+            await self.ingest.run_in_store(self.store.commit, change)
+            self._budget_stored = budget
+            if change.quarantines or change.releases:
+                await self._export_quarantines()
+        return outcome, message
+
+    async def _controller_side_into(
+        self, action: actions.Action, change: rstore.Commit, budget: blast_radius.BudgetState, *, source: str
+    ) -> tuple[int, str, blast_radius.BudgetState]:
+        """Run a controller-side action's adapter and put its records into change; returns outcome, message, budget.
+
+        The budget counts a node the automation quarantined (and forgets one released) from here on.
+        """
         now_ns = change.now_unix_ns
         gpu_uuid = getattr(action, "gpu_uuid", "")
         if isinstance(action, actions.QuarantineNode | actions.QuarantineGpu | actions.QuarantinePort):
@@ -1304,8 +1456,8 @@ class RemediationService:
                 }
             )
             if isinstance(action, actions.QuarantineNode) and source == "automation":
-                self.budget = dataclasses.replace(
-                    self.budget, quarantined_nodes=tuple(sorted({*self.budget.quarantined_nodes, action.node_id}))
+                budget = dataclasses.replace(
+                    budget, quarantined_nodes=tuple(sorted({*budget.quarantined_nodes, action.node_id}))
                 )
         elif isinstance(action, actions.Release):
             change.releases.append(
@@ -1318,9 +1470,8 @@ class RemediationService:
                 }
             )
             if not action.gpu_uuid and not action.ib_port:
-                self.budget = dataclasses.replace(
-                    self.budget,
-                    quarantined_nodes=tuple(n for n in self.budget.quarantined_nodes if n != action.node_id),
+                budget = dataclasses.replace(
+                    budget, quarantined_nodes=tuple(n for n in budget.quarantined_nodes if n != action.node_id)
                 )
         elif isinstance(action, actions.OpenRma):
             change.rmas.append(
@@ -1356,13 +1507,7 @@ class RemediationService:
                 commands_pb.ActionOutcome.Name(outcome),
             )
         )
-        if own:
-            budget = self._stage_budget(change)
-            await self.ingest.run_in_store(self.store.commit, change)
-            self._budget_stored = budget
-            if change.quarantines or change.releases:
-                await self._export_quarantines()
-        return outcome, message
+        return outcome, message, budget
 
     def _fleet_view(self) -> blast_radius.FleetView:
         """The fleet as the budget sees it; rebuilt only when a node's labels changed.

@@ -71,10 +71,12 @@ class _Rig:
         await self.ingest.stop()
         self.store.close()
 
-    def ladder(self) -> tuple:
-        """What was decided: tickets (ids, state, rung, step, history, reason) and every outbox command."""
+    def ladder(self) -> tuple:  # after `service.settled()`
+        """What was decided: tickets (ids, state, rung, step, history, reason, held, pending command) and the outbox."""
         state = self.service.node_states["node-1"]
-        tickets = [(t.ticket_id, t.state, t.rung, t.step, t.history, t.reason, t.held) for t in state.tickets]
+        tickets = [
+            (t.ticket_id, t.state, t.rung, t.step, t.history, t.reason, t.held, t.pending) for t in state.tickets
+        ]
         commands = [(c.command_id, c.kind, c.reason) for c in self.service.store.commands()]
         incidents = sorted((i["incident_id"], i["data"]["event_count"]) for i in self.service.store.incidents())
         return tickets, sorted(commands), incidents
@@ -94,10 +96,12 @@ def test_a_pass_of_one_gpus_events_decides_the_ladder_that_one_call_at_a_time_de
             if together:  # all waiting before the decider runs: one pass
                 before = rig.commits
                 await asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events))
+                await rig.service.settled()
                 assert rig.commits - before <= 2, "one decision commit and one dispatch commit for the whole group"
             else:
                 for event in events:
                     await rig.service.on_events("node-1", [event], {"rack": "r1"})
+                    await rig.service.settled()
             return rig.ladder()
         finally:
             await rig.stop()
@@ -130,6 +134,7 @@ def test_a_failed_group_commit_loses_no_event_and_dispatches_nothing(rig, monkey
         await asyncio.wait_for(
             asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events)), timeout=10
         )
+        await rig.service.settled()
         assert failures["left"] == 0
         commands = rig.service.store.commands()
         assert len({c.command_id for c in commands}) == len(commands), "each decided command is in the outbox once"
@@ -215,10 +220,12 @@ def test_groups_decided_during_the_commit_before_them_decide_what_one_call_at_a_
             if pipelined:
                 watch = _CommitWatch(rig)
                 await asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events))
+                await rig.service.settled()
                 assert watch.decided_during_commit >= 2, "the next group was decided while a commit ran"
             else:
                 for event in events:
                     await rig.service.on_events("node-1", [event], {"rack": "r1"})
+                    await rig.service.settled()
             assert rig.service.stats.events == len(events)
             return rig.ladder()
         finally:
@@ -240,6 +247,7 @@ def test_a_failed_commit_discards_the_group_decided_during_it_and_loses_no_event
         await asyncio.wait_for(
             asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events)), timeout=10
         )
+        await rig.service.settled()
         assert watch.fail_left == 0 and watch.decided_during_commit >= 1, "a group was decided during the failed commit"
         commands = rig.service.store.commands()
         assert len({c.command_id for c in commands}) == len(commands), "each decided command is in the outbox once"
@@ -252,3 +260,41 @@ def test_a_failed_commit_discards_the_group_decided_during_it_and_loses_no_event
         await rig.stop()
 
     asyncio.run(run())
+
+
+def test_waiting_actions_are_admitted_between_groups_and_decide_what_one_call_at_a_time_decides(tmp_path, monkeypatch):
+    # Xid 48 first: its quarantine and reset wait for admission (two steps) while later groups are
+    # decided, so a dispatch pass runs inside the pipeline, during the commit of the group before it.
+    events_spec = [(1, 48, GPUS[0]), (2, 45, GPUS[0]), (3, 13, GPUS[1]), (4, 13, GPUS[1]), (5, 31, GPUS[1])]
+    monkeypatch.setattr(remediation_mod, "MAX_GROUP_EVENTS", 1)
+
+    async def run(pipelined: bool) -> tuple:
+        rig = _Rig(f"sqlite:///{tmp_path / ('pipelined.db' if pipelined else 'apart.db')}")
+        await rig.start()
+        dispatch_passes: list[int] = []
+        decide_dispatch = rig.service._decide_dispatch
+
+        async def counting(base):  # type: ignore[no-untyped-def]
+            dispatch = await decide_dispatch(base)
+            if dispatch is not None:
+                dispatch_passes.append(len(dispatch.admitted))
+            return dispatch
+
+        rig.service._decide_dispatch = counting  # type: ignore[method-assign]
+        try:
+            events = [_event("node-1", seq, xid, gpu) for seq, xid, gpu in events_spec]
+            if pipelined:
+                _CommitWatch(rig)
+                await asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events))
+                await rig.service.settled()
+                assert dispatch_passes and dispatch_passes[0] >= 2, "the quarantine and reset went in a dispatch pass"
+            else:
+                for event in events:
+                    await rig.service.on_events("node-1", [event], {"rack": "r1"})
+                    await rig.service.settled()
+            quarantined = rig.service.store.quarantines(node_id="node-1")
+            return rig.ladder(), sorted((q["gpu_uuid"], q["reason"]) for q in quarantined)
+        finally:
+            await rig.stop()
+
+    assert asyncio.run(run(True)) == asyncio.run(run(False))
