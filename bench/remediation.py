@@ -13,17 +13,15 @@ in a fresh schema dropped afterwards), in this order on one database:
 2. **Paced run** well below capacity (default 10 events/s): the per-event latency without a queue.
 3. **Burst**: events arrive on a fixed schedule (default 2,000 events/s across 2,000 nodes for
    5 s). Each arrival starts its own task and its own ``on_events`` call, as concurrent agent
-   streams do; calls that arrive while a pass runs wait and are decided together in a later pass
-   (group commit: one decision transaction per group of at most ``MAX_GROUP_EVENTS`` calls; each
-   group is decided while the one before it commits, and passes that admit the actions waiting for
-   admission run between them). An event's arrival time is its scheduled time, so a service that falls behind
+   streams do; calls that arrive while a pass runs wait and are decided together in the next pass
+   (group commit: one decision transaction and one dispatch transaction per group of at most
+   ``MAX_GROUP_EVENTS`` calls). An event's arrival time is its scheduled time, so a service that falls behind
    pays for the queue (no coordinated omission); what is still queued when the drain timeout ends
    is cut off and counted as at least that old. ``--append-in-burst`` adds ``Store.append_events``.
 
 ``decision latency`` is the service's own ``stats.decision_latency_s`` (arrival → first command
 dispatched, for events that led to a dispatch); ``arrival → return`` is measured here for every
-event (arrival → ``on_events`` returned: the decision is durable, and actions admitted with it are
-sent; two-step ones, a quarantine with its repair, are dispatched by a later pass).
+event (arrival → ``on_events`` returned).
 
 Nodes are registered with ``Store.register_hello`` (8 GPUs, labels rack and nvlink_domain) and
 their labels are given to the ingest as a Hello would. No agent stream is open, so
@@ -365,7 +363,6 @@ async def throughput(rig: Rig, arrivals: list[Arrival], seconds: float, row: Row
         done += 1
         if time.perf_counter() - wall0 >= seconds:
             break
-    await rig.service.settled()  # the dispatch of what the last decision left waiting is part of the work
     row.throughput_wall_s = time.perf_counter() - wall0
     row.throughput_cpu_s = _cpu_s() - cpu0
     row.throughput_db_cpu_s = _db_delta(row.backend, db0)
@@ -408,10 +405,6 @@ async def burst(
         for task in still:
             task.cancel()
         await asyncio.gather(*still, return_exceptions=True)
-    if row.drained:
-        # Callers are answered once their decision is durable; actions that waited for admission
-        # are dispatched by the pass after, and their decision latency counts.
-        await asyncio.wait_for(rig.service.settled(), timeout=drain_timeout_s)
     row.burst_wall_s = (time.time_ns() - start_ns) / 1e9
     row.burst_cpu_s = _cpu_s() - cpu0
     row.burst_db_cpu_s = _db_delta(row.backend, db0)
@@ -619,10 +612,8 @@ def main(argv: list[str] | None = None) -> int:
             "with `Store.append_events` on the store thread, as `Ingest.on_events` does. Outside: the gRPC "
             "stream, wire validation, the ack to the agent. Each scheduled event is its own task and its own "
             "`on_events` call (concurrent streams); calls that wait while a pass runs are decided together in "
-            f"a later pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
-            "escalation pass, one decision transaction). Each group is decided while the one before it commits "
-            f"(up to {remediation_mod.MAX_PIPELINED_PASSES} passes per hold of the decision lock), and passes "
-            "that admit the actions waiting for admission (quarantines with their repairs) run between them. "
+            f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
+            "escalation pass, one decision transaction, then one dispatch transaction). "
             "No agent is connected, so `Ingest.dispatch` returns False and agent commands stay `dispatched`. "
             "Controller logs: JSON at info, to /dev/null. Disruption policy lifted so the burst is admitted: "
             "breaker 100 %, cluster 100 % / 100,000 nodes, rack and nvlink_domain 100 % / 100,000, storm "

@@ -249,14 +249,6 @@ class Ingest:
         """Run a blocking store call on the single store thread (serialised with every other write)."""
         return await self._store(fn, *args)
 
-    def submit_to_store(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        """Queue a blocking store call on the store thread now; await the returned future for its result.
-
-        Unlike `run_in_store`, the call is queued before this returns, so the caller can do other
-        work while it runs (the remediation pipeline decides the next group during a commit).
-        """
-        return asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
-
     def node_gpus(self, node_id: str) -> tuple[str, ...]:
         """The GPU UUIDs a node announced in its last Hello."""
         return self._node_gpus.get(node_id, ())

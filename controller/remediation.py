@@ -5,14 +5,11 @@ blast radius). This module owns the I/O around it:
 
 1. **Events**: after the ingest has durably stored a node's new health events, each is converted
    to the core's `HealthEvent` and run through `escalation.handle_event`. Calls that arrive while
-   a pass runs are decided together in a later one (group commit, at most ``MAX_GROUP_EVENTS``
+   a pass runs are decided together in the next one (group commit, at most ``MAX_GROUP_EVENTS``
    calls). The changed ladder states, correlation documents and incidents and the decisions'
-   actions (the outbox) are committed in one transaction before anything is sent. Each group is
-   decided while the one before it commits (`_decide_pipelined`): from the state that commit
-   will make durable, and published only if that is the state it finds.
-2. **Dispatch**: undispatched actions go through `blast_radius.admit` (in a dispatch pass between
-   event passes, or once the passes are done); admitted ones are marked dispatched (durably) and
-   then carried out: repairs and validations as id-keyed commands on the
+   actions (the outbox) are committed in one transaction before anything is sent.
+2. **Dispatch**: undispatched actions go through `blast_radius.admit`; admitted ones are marked
+   dispatched (durably) and then carried out: repairs and validations as id-keyed commands on the
    node's agent stream; quarantines, releases, RMA tickets, notifications and BMC power cycles by
    controller-side executors. Deferred ones wait for the next pass.
 3. **Results** come back by command id and go through `escalation.on_result`; the same commit
@@ -48,11 +45,7 @@ from rasd.controller.store import repo
 log = structlog.get_logger("rasd.controller")
 
 MAX_GROUP_EVENTS = 512
-"""Upper bound on the stored-event calls decided together in one transaction."""
-MAX_PIPELINED_PASSES = 4
-ARRIVAL_WAIT_S = 0.001
-"""How long the decider lets calls arrive during a commit before it decides the next group."""
-"""Groups decided back to back, each during the commit of the one before, per hold of the decision lock."""
+"""Upper bound on the stored events decided together in one transaction."""
 TICK_CHUNK_NODES = 200
 """Nodes ticked per hold of the decision lock (a few milliseconds), so a tick never stalls events for long."""
 STORE_RETRY_S = 1.0
@@ -118,67 +111,6 @@ class RemediationStats:
     max_disrupted_nodes: int = 0
 
 
-_Call = tuple[str, list[repo.StoredEvent], dict[str, str], "asyncio.Future[None]"]
-"""One waiting `on_events` call: node, its stored events, its labels, and the future its caller awaits."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Base:
-    """The state a pass is decided from: the committed one, or the one the pass before it will commit."""
-
-    states: Mapping[str, escalation.RemediationState]
-    """Ladder states that differ from the committed ones (the pass before's)."""
-    committed: Mapping[str, escalation.RemediationState]
-    """The committed ladder states (the service's own map)."""
-    correlation: correlate.CorrelationState
-    budget: blast_radius.BudgetState
-    deferred_ids: frozenset[str]
-    """The actions waiting for the budget when the pass is published."""
-
-
-@dataclasses.dataclass(eq=False)
-class _Pass:
-    """One group's decision, from decided through published (commit started) to finished."""
-
-    group: list[_Call]
-    base: _Base
-    change: rstore.Commit
-    states: dict[str, escalation.RemediationState] = dataclasses.field(default_factory=dict)
-    before: dict[str, escalation.RemediationState | None] = dataclasses.field(default_factory=dict)
-    """Each node's state the pass started from (None: no state yet); what `_still_valid` checks."""
-    correlation: correlate.CorrelationState = dataclasses.field(default_factory=correlate.CorrelationState)
-    budget: blast_radius.BudgetState = dataclasses.field(default_factory=blast_radius.BudgetState)
-    new_actions: list[actions.Action] = dataclasses.field(default_factory=list)
-    dispatched: dict[str, actions.Action] = dataclasses.field(default_factory=dict)
-    closed_ids: list[str] = dataclasses.field(default_factory=list)
-    decided: list[tuple[str, int, escalation.Decision]] = dataclasses.field(default_factory=list)
-    deferred_reasons: list[tuple[actions.Action, str]] = dataclasses.field(default_factory=list)
-    event_times: dict[str, float] = dataclasses.field(default_factory=dict)
-    detect_s: list[float] = dataclasses.field(default_factory=list)
-    new_incidents: list[correlate.Incident] = dataclasses.field(default_factory=list)
-    admitted: list[actions.Action] = dataclasses.field(default_factory=list)
-    """A dispatch pass's admitted waiting actions (an event pass's are in dispatched)."""
-    results: list[tuple[actions.Action, int, escalation.Decision]] = dataclasses.field(default_factory=list)
-    """A dispatch pass's controller-side actions: their outcome and the ladder's answer to it."""
-    # Set by `_publish`:
-    commit: asyncio.Future[list[str]] | None = None
-    budget_before: blast_radius.BudgetState | None = None
-    budget_staged: blast_radius.BudgetState | None = None
-    cancelled: dict[str, actions.Action] = dataclasses.field(default_factory=dict)
-    """Waiting actions the pass took out of the waiting list (cancelled or admitted); put back if it fails."""
-
-    @property
-    def dispatches(self) -> bool:
-        """A dispatch pass (waiting actions admitted), not an event pass."""
-        return not self.group
-
-    def state_before(self, node_id: str) -> escalation.RemediationState | None:
-        """A node's state before this pass (remembered for `_still_valid`)."""
-        if node_id not in self.before:
-            self.before[node_id] = self.base.states.get(node_id) or self.base.committed.get(node_id)
-        return self.before[node_id]
-
-
 class RemediationService:
     """Drives the repair ladder for the whole fleet (runs on the leader replica: rasd.controller.leader)."""
 
@@ -222,7 +154,7 @@ class RemediationService:
         self.node_reachable: Callable[[str], Awaitable[bool]] = self._local_stream
         self._kinds: dict[str, str] = {}
         self._unanswered: dict[str, actions.Action] = {}
-        self._inbox: list[_Call] = []
+        self._inbox: list[tuple[str, list[repo.StoredEvent], dict[str, str], asyncio.Future[None]]] = []
         self._decider: asyncio.Task[None] | None = None
         self.sdc = sdc_service.SdcLedger(self.policy.sdc)
         self._sweeper: asyncio.Task[None] | None = None
@@ -308,10 +240,7 @@ class RemediationService:
 
     # -- inbound ---------------------------------------------------------------------------------------
     async def on_events(self, node_id: str, events: Sequence[repo.StoredEvent], labels: Mapping[str, str]) -> None:
-        """Run newly stored events through the core, commit, dispatch; returns once their decision is durable.
-
-        Actions admitted with the decision are sent by then; those that wait for admission are
-        dispatched by the pass after (`settled` waits for that too).
+        """Run newly stored events through the core, commit, dispatch; returns once they are decided.
 
         Calls from many streams are grouped: whatever is waiting when the decider is free is decided
         together and committed in one transaction (group commit), so a burst costs one correlation
@@ -325,170 +254,46 @@ class RemediationService:
             self._decider = asyncio.create_task(self._decide_waiting(), name="rasd-remediation-decider")
         await future
 
-    async def settled(self) -> None:
-        """Wait until every call made so far is decided and what its decisions admitted is dispatched.
-
-        `on_events` returns once its decision is durable; the dispatch of actions that waited for
-        admission (two-step actions: quarantines with their repairs) can still be running then.
-        """
-        while self._decider is not None and not self._decider.done():
-            await asyncio.wait((self._decider,))
-
     async def _decide_waiting(self) -> None:
         while self._inbox:
+            group, self._inbox = self._inbox[:MAX_GROUP_EVENTS], self._inbox[MAX_GROUP_EVENTS:]
             try:
                 async with self._lock:
-                    await self._decide_pipelined()
+                    await self._decide_group(group)
             except repo.STORE_UNAVAILABLE as exc:
-                # The events are stored and acked already, so their decision is owed: the groups went
-                # back first in line, to be tried again. Their callers wait (their streams stop reading,
-                # so the agents spool) rather than fail, which would leave the events undecided until restart.
-                log.warning("remediation_store_unavailable", events=self._inbox_events(), error=str(exc))
+                # The events are stored and acked already, so their decision is owed: keep the group
+                # first in line and try again. Its callers wait (their streams stop reading, so the
+                # agents spool) rather than fail, which would leave the events undecided until restart.
+                log.warning("remediation_store_unavailable", events=sum(len(g[1]) for g in group), error=str(exc))
+                self._inbox[:0] = group
                 await asyncio.sleep(STORE_RETRY_S)
-            except Exception:
-                # Every group's callers have their answer (`_decide_pipelined` settles them); what failed
-                # is the dispatch after the decisions, which the next tick runs again. Go on deciding.
-                log.exception("remediation_pass_failed", waiting_events=self._inbox_events())
-
-    def _inbox_events(self) -> int:
-        return sum(len(call[1]) for call in self._inbox)
-
-    def _take_group(self) -> list[_Call]:
-        group, self._inbox = self._inbox[:MAX_GROUP_EVENTS], self._inbox[MAX_GROUP_EVENTS:]
-        return group
-
-    async def _decide_pipelined(self) -> None:
-        """Decide the waiting groups, each while the group before it commits; then dispatch what waits.
-
-        The decision core runs on this thread and the commit on the store thread, so deciding group
-        k+1 during group k's commit overlaps the two instead of doing one after the other. Group k+1
-        is decided from the state group k's commit will make durable (its ladder states, correlation,
-        budget and outbox), and is published (its commit started) only once that commit has
-        succeeded and the state is still what k+1 was decided from (`_still_valid`); otherwise it is
-        decided again from the committed state. So every published decision is the one a pass run
-        after the commit would make, and nothing of k+1 is sent or written before k is durable.
-
-        If group k's commit fails, nothing of k or k+1 was applied: both groups go back first in line
-        (store unavailable) or k's callers hear of the failure and k+1 is decided again later. The
-        lock is held for at most ``MAX_PIPELINED_PASSES`` passes, so a tick or an operator waiting
-        for it gets in, and the dispatch of waiting actions (`_dispatch_locked`) runs once the
-        pipeline is empty: it runs controller-side executors, which must act on durable decisions only.
-        """
-        current = self._decide_or_fail(self._take_group(), self._committed_base())
-        if current is None:
-            return
-        # The passes whose callers this pipeline has to answer (not answered yet, not put back in line).
-        owned: dict[int, _Pass] = {id(current): current}
-        try:
-            await self._run_pipeline(current, owned)
-        finally:
-            # Whatever went wrong (a bug, a cancellation), no caller waits for ever.
-            for abandoned in owned.values():
-                for *_, future in abandoned.group:
-                    if not future.done():
-                        future.set_exception(RuntimeError("remediation pass abandoned"))
-        await self._dispatch_after_commit()
-
-    async def _run_pipeline(self, current: _Pass, owned: dict[int, _Pass]) -> None:
-        """The loop of `_decide_pipelined`, from its first decided pass; owned as there."""
-        self._publish(current)
-        passes = 1
-        while True:
-            ahead: _Pass | None = None
-            # Let the calls that arrived while this thread decided reach the inbox (a caller's wake-up,
-            # its task, then its call take a few turns of the loop). The commit runs meanwhile, so the
-            # wait costs nothing unless the commit ends first, and then it ends the wait.
-            assert current.commit is not None  # set by _publish
-            await asyncio.wait((current.commit,), timeout=ARRIVAL_WAIT_S)
-            if passes < MAX_PIPELINED_PASSES and not current.dispatches and self._deferred:
-                # Waiting actions whose decisions are durable: admit them now, alternating with events.
-                try:
-                    ahead = await self._decide_dispatch(self._base_after(current))
-                except Exception:  # left waiting: the dispatch after the pipeline tries them again
-                    log.exception("remediation_dispatch_pass_failed")
-            if ahead is None and self._inbox and passes < MAX_PIPELINED_PASSES:
-                group = self._take_group()
-                try:
-                    ahead = self._decide_pass(group, self._base_after(current))
-                    owned[id(ahead)] = ahead
-                except Exception:  # decided again on its own, where its callers hear of the error
-                    self._inbox[:0] = group
-            try:
-                fresh = set(await current.commit)
-            except BaseException as exc:
-                self._unpublish(current)
-                if ahead is not None:
-                    self._inbox[:0] = owned.pop(id(ahead), ahead).group  # nothing of it was published: decided later
-                if isinstance(exc, repo.STORE_UNAVAILABLE):
-                    self._inbox[:0] = owned.pop(id(current), current).group
-                    raise
-                for *_, future in owned.pop(id(current), current).group:
+            except Exception as exc:  # the callers' streams see it; nothing of the group was committed
+                for *_, future in group:
                     if not future.done():
                         future.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            self._finish(current, fresh)
-            owned.pop(id(current), None)  # a dispatch pass has no callers: never owned
-            if ahead is None:
-                break
-            if not self._still_valid(ahead):
-                if ahead.dispatches:
-                    break  # its actions are still waiting: the dispatch after the pipeline takes them
-                del owned[id(ahead)]
-                ahead = self._decide_or_fail(ahead.group, self._committed_base())
-                if ahead is None:
-                    break
-                owned[id(ahead)] = ahead
-            self._publish(ahead)
-            current = ahead
-            passes += 1
+            else:
+                for *_, future in group:
+                    if not future.done():
+                        future.set_result(None)
 
-    def _decide_or_fail(self, group: list[_Call], base: _Base) -> _Pass | None:
-        """Decide group from base; on an error in the core, its callers hear of it and None is returned."""
-        try:
-            return self._decide_pass(group, base)
-        except Exception as exc:  # the callers' streams see it; nothing of the group was committed
-            for *_, future in group:
-                if not future.done():
-                    future.set_exception(exc)
-            return None
-
-    def _committed_base(self) -> _Base:
-        return _Base({}, self.node_states, self.correlation, self.budget, frozenset(self._deferred))
-
-    def _base_after(self, current: _Pass) -> _Base:
-        """The state once current's commit has succeeded and `_finish` has applied it."""
-        pending = {a.command_id for a in current.new_actions if a.command_id not in current.dispatched}
-        waiting = frozenset(self._deferred.keys() | pending)
-        return _Base(current.states, self.node_states, current.correlation, current.budget, waiting)
-
-    def _still_valid(self, ahead: _Pass) -> bool:
-        """Whether the state ahead was decided from is the committed one (the prediction held)."""
-        return (
-            self.correlation is ahead.base.correlation
-            and self.budget is ahead.base.budget
-            and all(self.node_states.get(node_id) is state for node_id, state in ahead.before.items())
-            and self._deferred.keys() == ahead.base.deferred_ids
-        )
-
-    def _decide_pass(self, group: list[_Call], base: _Base) -> _Pass:
-        """Run a group's events through the core from base; changes nothing outside the returned pass."""
+    async def _decide_group(
+        self, group: list[tuple[str, list[repo.StoredEvent], dict[str, str], asyncio.Future[None]]]
+    ) -> None:
         now_ns = self._clock()
         now = now_ns / 1e9
-        corr = base.correlation
-        budget = base.budget
+        corr = self.correlation
+        metrics = self.ingest.metrics
+        states: dict[str, escalation.RemediationState] = {}
+        new_actions: list[actions.Action] = []
         change = rstore.Commit(now_unix_ns=now_ns)
-        decision_pass = _Pass(group=group, base=base, change=change)
-        states = decision_pass.states
-        new_actions = decision_pass.new_actions
+        # Counted only once the decision is committed: a group retried after a store failure is not counted twice.
+        detect_s: list[float] = []
+        new_incidents: list[correlate.Incident] = []
+        decisions = 0
         scopes: set[str] = set()  # the correlation scopes and nodes the events touched: nothing else changes
         port_nodes: set[str] = set()
         for node_id, events, labels, _future in group:
-            state = states.get(node_id)
-            if state is None:
-                state = decision_pass.state_before(node_id) or escalation.RemediationState(node_id)
-            start_state = state
+            state = states.get(node_id) or self.node_states.get(node_id) or escalation.RemediationState(node_id)
             for stored in events:
                 event = health_event(stored, nvlink_domain=labels.get("nvlink_domain", ""))
                 scopes.add(correlate.scope_of(event))
@@ -496,201 +301,54 @@ class RemediationService:
                 result = escalation.handle_event(corr, state, event, now=now, catalog=self.catalog, policy=self.policy)
                 corr = result.correlation.state
                 state = result.decision.state
-                decision_pass.detect_s.append(max(0.0, (stored.received_unix_ns - stored.observed_unix_ns) / 1e9))
+                detect_s.append(max(0.0, (stored.received_unix_ns - stored.observed_unix_ns) / 1e9))
                 if result.correlation.incident is not None and result.correlation.outcome is correlate.Outcome.NEW:
-                    decision_pass.new_incidents.append(result.correlation.incident)
+                    new_incidents.append(result.correlation.incident)
                 if result.decision.actions:
+                    decisions += 1
                     for action in result.decision.actions:
-                        decision_pass.event_times.setdefault(action.command_id, stored.received_unix_ns / 1e9)
+                        self._event_times.setdefault(action.command_id, stored.received_unix_ns / 1e9)
                     new_actions.extend(result.decision.actions)
-                    decision_pass.decided.append((node_id, stored.seq, result.decision))
-                for command_id in result.decision.closed_command_ids:
-                    budget = blast_radius.complete(budget, command_id, now=now)
-                    decision_pass.closed_ids.append(command_id)
-            if state is not start_state:
+                    log.info(
+                        "remediation_decided",
+                        node=node_id,
+                        seq=stored.seq,
+                        actions=[a.kind for a in result.decision.actions],
+                        reason=result.decision.reason,
+                    )
+                self._close(result.decision, change, now)
+            if state is not (states.get(node_id) or self.node_states.get(node_id)):
                 states[node_id] = state  # a duplicate or secondary leaves the node's state as it was: not rewritten
             consumed = [e.seq for e in events if e.seq > 0]
             if consumed:
                 change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
-        decision_pass.correlation = corr
-        self._correlation_into(
-            change, corr, changed_incidents=True, scopes=scopes, port_nodes=port_nodes, before=base.correlation
-        )
-        waiting = base.deferred_ids.difference(decision_pass.closed_ids)
-        decision_pass.budget = self._admit_with_decision(decision_pass, budget, waiting)
-        self._stage_states(
-            states, new_actions, change, dispatched=decision_pass.dispatched, before=decision_pass.state_before
-        )
-        return decision_pass
-
-    async def _decide_dispatch(self, base: _Base) -> _Pass | None:
-        """One round of `_dispatch_locked` as a pass decided from base: None when it would change nothing.
-
-        Only waiting actions whose decisions are committed are admitted (the waiting list holds no
-        other: a pass's new ones join it once its commit succeeded), so the controller-side
-        adapters run here act on durable decisions only, as in `_dispatch_locked`. If the pass is
-        never published (the commit before it failed, or the state moved), its actions stay waiting
-        and are admitted again later; the adapters are idempotent.
-        """
-        now_ns = self._clock()
-        now = now_ns / 1e9
-        change = rstore.Commit(now_unix_ns=now_ns)
-        dispatch = _Pass(group=[], base=base, change=change, correlation=base.correlation)
-        admission = blast_radius.admit(
-            base.budget, list(self._deferred.values()), self._fleet_view(), now=now, policy=self.policy.disruption
-        )
-        dispatch.deferred_reasons.extend(zip(admission.deferred, admission.reasons, strict=False))
-        budget = admission.state
-        if not admission.admitted and budget == base.budget:
-            return None
-        for action in admission.admitted:
-            change.command_updates.append((action.command_id, {"status": "dispatched", "dispatched_unix_ns": now_ns}))
-            self._record_dispatch(action, dispatch.states, change, before=dispatch.state_before)
-            dispatch.admitted.append(action)
-        for action in admission.admitted:
-            if action.kind in AGENT_KINDS:
-                continue
-            outcome, message, budget = await self._controller_side_into(action, change, budget, source="automation")
-            budget = self._controller_result_into(dispatch, action, outcome, message, budget)
-        dispatch.budget = budget
-        self._stage_states(dispatch.states, dispatch.new_actions, change, before=dispatch.state_before)
-        return dispatch
-
-    def _controller_result_into(
-        self, dispatch: _Pass, action: actions.Action, outcome: int, message: str, budget: blast_radius.BudgetState
-    ) -> blast_radius.BudgetState:
-        """`_result_into` for a controller-side action's outcome in a dispatch pass; returns the budget.
-
-        The same ladder step and records; what `_result_into` changes in the service is kept in the
-        pass and applied by `_finish` (counters, logs) or `_publish` (waiting actions it closed).
-        """
-        now_ns = dispatch.change.now_unix_ns
-        now = now_ns / 1e9
-        node_id = action.node_id
-        state = dispatch.states.get(node_id) or dispatch.state_before(node_id) or escalation.RemediationState(node_id)
-        decision = escalation.on_result(
-            state,
-            escalation.ActionResult(
-                command_id=action.command_id,
-                outcome=escalation.Outcome(outcome),
-                message=message,
-                validation_verdict="",
-                failed_gpu_uuids=(),
-            ),
-            now=now,
-            policy=self.policy.escalation,
-        )
-        dispatch.change.command_updates.append(
-            (
-                action.command_id,
-                {
-                    "status": _OUTCOME_STATUS.get(outcome, "failed"),
-                    "finished_unix_ns": now_ns,
-                    "result": {
-                        "outcome": commands_pb.ActionOutcome.Name(outcome),
-                        "message": message,
-                        "validation_verdict": "",
-                        "failed_gpu_uuids": [],
-                        "replayed": False,
-                    },
-                },
-            )
-        )
-        budget = blast_radius.complete(budget, action.command_id, now=now)
-        for command_id in decision.closed_command_ids:
-            budget = blast_radius.complete(budget, command_id, now=now)
-            dispatch.closed_ids.append(command_id)
-        dispatch.results.append((action, outcome, decision))
-        dispatch.states[node_id] = decision.state
-        dispatch.new_actions.extend(decision.actions)
-        return budget
-
-    def _publish(self, decision_pass: _Pass) -> None:
-        """Make a decided pass the controller's (uncommitted) state and start its commit on the store thread.
-
-        What the pass changes in memory before its commit is the budget (its admissions and
-        completions) and the cancelled waiting actions; `_unpublish` puts both back if the commit fails.
-        Ladder states and correlation change only once the commit has succeeded (`_finish`).
-        """
-        change = decision_pass.change
-        decision_pass.budget_before = self.budget
-        for action in decision_pass.admitted:
-            decision_pass.cancelled[action.command_id] = self._deferred.pop(action.command_id, action)
-        for command_id in decision_pass.closed_ids:
-            waiting = self._deferred.pop(command_id, None)
-            if waiting is not None:
-                decision_pass.cancelled[command_id] = waiting
-                change.command_updates.append((command_id, {"status": "cancelled"}))
-        self.budget = decision_pass.budget
-        if decision_pass.dispatched or decision_pass.admitted:
-            self._export_budget()
-            self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
-        for command_id, received_s in decision_pass.event_times.items():
-            self._event_times.setdefault(command_id, received_s)
-        for node_id, seq, decision in decision_pass.decided:
-            log.info(
-                "remediation_decided",
-                node=node_id,
-                seq=seq,
-                actions=[a.kind for a in decision.actions],
-                reason=decision.reason,
-            )
-        for action, reason in decision_pass.deferred_reasons:
-            log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
-        decision_pass.budget_staged = self._stage_budget(change)
+        self._correlation_into(change, corr, changed_incidents=True, scopes=scopes, port_nodes=port_nodes)
+        budget_before = self.budget
+        dispatched = self._admit_with_decision(new_actions, states, change)
         try:
-            decision_pass.commit = self.ingest.submit_to_store(self.store.commit, change)
-        except Exception as exc:  # e.g. the store thread is shut down: the commit fails like any other
-            decision_pass.commit = asyncio.get_running_loop().create_future()
-            decision_pass.commit.set_exception(exc)
-
-    def _unpublish(self, decision_pass: _Pass) -> None:
-        """A published pass's commit failed: put back what `_publish` changed (nothing of it is durable)."""
-        self.budget = decision_pass.budget_before
-        self._deferred.update(decision_pass.cancelled)
-        for command_id in decision_pass.event_times:
-            self._event_times.pop(command_id, None)
-
-    def _finish(self, decision_pass: _Pass, fresh: set[str]) -> None:
-        """A pass's commit succeeded: apply its state, count it, send its commands, answer its callers."""
-        self._budget_stored = decision_pass.budget_staged
-        if decision_pass.dispatches:
-            self._finish_dispatch(decision_pass, fresh)
-            return
-        self.correlation = decision_pass.correlation
-        sent = self._after_commit(
-            decision_pass.states, decision_pass.new_actions, decision_pass.change, fresh, decision_pass.dispatched
-        )
-        metrics = self.ingest.metrics
-        self.stats.events += len(decision_pass.detect_s)
-        self.stats.decisions += len(decision_pass.decided)
-        for seconds in decision_pass.detect_s:
+            sent = await self._commit_states(states, new_actions, change, dispatched=dispatched)
+        except BaseException:
+            self.budget = budget_before  # nothing of the pass is durable: nothing was admitted
+            raise
+        self.correlation = corr
+        self.stats.events += len(detect_s)
+        self.stats.decisions += decisions
+        for seconds in detect_s:
             metrics.time_to_detect_seconds.observe(seconds)
-        for incident in decision_pass.new_incidents:
+        for incident in new_incidents:
             metrics.incidents.labels(
                 cause=incident.fault_key, component=str(incident.classification.component.value)
             ).inc()
         self._send_dispatched(sent)
-        for *_, future in decision_pass.group:
-            if not future.done():
-                future.set_result(None)
-
-    def _finish_dispatch(self, dispatch: _Pass, fresh: set[str]) -> None:
-        """`_finish` for a dispatch pass: what `_dispatch_locked` does after its commit."""
-        now_ns = dispatch.change.now_unix_ns
-        self._after_commit(dispatch.states, dispatch.new_actions, dispatch.change, fresh)
-        for action in dispatch.admitted:
-            self._note_dispatched(action, now_ns / 1e9)
-        for action, outcome, decision in dispatch.results:
-            self._result_noted(action.node_id, action.command_id, outcome, "", decision, now_ns)
-        if dispatch.change.quarantines or dispatch.change.releases:
-            self._quarantine_gauge_stale = True
-        self._send_dispatched([a for a in dispatch.admitted if a.kind in AGENT_KINDS])
+        await self._dispatch_after_commit()
 
     def _admit_with_decision(
-        self, decision_pass: _Pass, budget: blast_radius.BudgetState, waiting: Collection[str]
-    ) -> blast_radius.BudgetState:
-        """Admit a pass's agent commands into its own transaction (into decision_pass.dispatched); returns the budget.
+        self,
+        new_actions: Sequence[actions.Action],
+        states: dict[str, escalation.RemediationState],
+        change: rstore.Commit,
+    ) -> dict[str, actions.Action]:
+        """Admit a pass's agent commands into its own transaction; returns them by command id.
 
         Most decisions are one agent command (restart, reset, reboot). Admitting it before the
         decision commits, and recording it as dispatched in that commit, saves the second
@@ -698,42 +356,42 @@ class RemediationService:
         sent before the transaction that says it was dispatched has committed.
 
         Taken only when it cannot change what is admitted or in which order: nothing is waiting for
-        the budget (waiting: the actions `_dispatch_locked` would admit first), and every action the
-        pass decided for the node is an agent command (a quarantine's executor runs before its
-        node's repair is sent, so such a node goes the two-step way). An admission that answers with
-        anything controller-side (the breaker's notice) is dropped, and the two-step way decides it.
+        the budget (it is admitted first, by `_dispatch_locked`), and every action the pass decided
+        for the node is an agent command (a quarantine's executor runs before its node's repair is
+        sent, so such a node goes the two-step way). An admission that answers with anything
+        controller-side (the breaker's notice) is dropped, and the two-step way decides it.
         """
-        new_actions = decision_pass.new_actions
-        if waiting or not new_actions:
-            return budget
+        cancelled = {command_id for command_id, update in change.command_updates if update.get("status") == "cancelled"}
+        if self._deferred.keys() - cancelled or not new_actions:
+            return {}
         controller_side = {a.node_id for a in new_actions if a.kind not in AGENT_KINDS}
         candidates = [a for a in new_actions if a.node_id not in controller_side]
         if not candidates:
-            return budget
-        now = decision_pass.change.now_unix_ns / 1e9
-        admission = blast_radius.admit(budget, candidates, self._fleet_view(), now=now, policy=self.policy.disruption)
+            return {}
+        now_ns = change.now_unix_ns
+        now = now_ns / 1e9
+        admission = blast_radius.admit(
+            self.budget, candidates, self._fleet_view(), now=now, policy=self.policy.disruption
+        )
         if not admission.admitted or any(a.kind not in AGENT_KINDS for a in admission.admitted):
-            return budget
-        decision_pass.deferred_reasons.extend(zip(admission.deferred, admission.reasons, strict=False))
+            return {}
+        self.budget = admission.state
+        self._export_budget()
+        self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
+        for action, reason in zip(admission.deferred, admission.reasons, strict=False):
+            log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
+        admitted: dict[str, actions.Action] = {}
         for action in admission.admitted:
-            self._record_dispatch(action, decision_pass.states, decision_pass.change, before=decision_pass.state_before)
-            decision_pass.dispatched[action.command_id] = action
-        return admission.state
+            self._record_dispatch(action, states, change)
+            admitted[action.command_id] = action
+        return admitted
 
     def _record_dispatch(
-        self,
-        action: actions.Action,
-        states: dict[str, escalation.RemediationState],
-        change: rstore.Commit,
-        *,
-        before: Callable[[str], escalation.RemediationState | None] | None = None,
+        self, action: actions.Action, states: dict[str, escalation.RemediationState], change: rstore.Commit
     ) -> None:
-        """Put an admitted action's dispatch into change: its ticket's dispatch time (in states) and the audit row.
-
-        before: a node's state before this change (default: the committed one).
-        """
+        """Put an admitted action's dispatch into change: its ticket's dispatch time (in states) and the audit row."""
         now_ns = change.now_unix_ns
-        state = states.get(action.node_id) or (before or self.node_states.get)(action.node_id)
+        state = states.get(action.node_id) or self.node_states.get(action.node_id)
         if state is not None:
             states[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now_ns / 1e9)
         change.audit.append(
@@ -862,18 +520,10 @@ class RemediationService:
             )
         self.budget = blast_radius.complete(self.budget, result.command_id, now=now_ns / 1e9)
         self._close(decision, change, now_ns / 1e9)
-        self._result_noted(node_id, result.command_id, result.outcome, result.validation_verdict, decision, now_ns)
-        states[node_id] = decision.state
-        return list(decision.actions)
-
-    def _result_noted(
-        self, node_id: str, command_id: str, outcome: int, verdict: str, decision: escalation.Decision, now_ns: int
-    ) -> None:
-        """Count and log a command's result: it is answered, by outcome, and the repairs it finished."""
-        kind = self._kinds.pop(command_id, "unknown")
-        self._unanswered.pop(command_id, None)
+        kind = self._kinds.pop(result.command_id, "unknown")
+        self._unanswered.pop(result.command_id, None)
         self.ingest.metrics.remediation_actions.labels(
-            kind=kind, outcome=commands_pb.ActionOutcome.Name(outcome).removeprefix("ACTION_OUTCOME_").lower()
+            kind=kind, outcome=commands_pb.ActionOutcome.Name(result.outcome).removeprefix("ACTION_OUTCOME_").lower()
         ).inc()
         for action in decision.actions:
             ticket = decision.state.ticket(action.ticket_id)
@@ -882,12 +532,14 @@ class RemediationService:
         log.info(
             "remediation_result",
             node=node_id,
-            command_id=command_id,
-            outcome=commands_pb.ActionOutcome.Name(outcome),
-            verdict=verdict,
+            command_id=result.command_id,
+            outcome=commands_pb.ActionOutcome.Name(result.outcome),
+            verdict=result.validation_verdict,
             reason=decision.reason,
             next_actions=[a.kind for a in decision.actions],
         )
+        states[node_id] = decision.state
+        return list(decision.actions)
 
     # -- periodic --------------------------------------------------------------------------------------------
     async def _tick_forever(self) -> None:
@@ -1209,10 +861,14 @@ class RemediationService:
 
     # -- internals --------------------------------------------------------------------------------------------
     def _close(self, decision: escalation.Decision, change: rstore.Commit, now: float) -> None:
+        """Give back the budget of the commands a decision closed; cancel those still waiting for admission.
+
+        A waiting one leaves the waiting list only once change has committed (`_commit_states`): a
+        commit that fails leaves it waiting, and the decision made again cancels it again.
+        """
         for command_id in decision.closed_command_ids:
             self.budget = blast_radius.complete(self.budget, command_id, now=now)
             if command_id in self._deferred:
-                del self._deferred[command_id]
                 change.command_updates.append((command_id, {"status": "cancelled"}))
 
     def _correlation_into(
@@ -1223,21 +879,20 @@ class RemediationService:
         changed_incidents: bool,
         scopes: Collection[str] | None = None,
         port_nodes: Collection[str] | None = None,
-        before: correlate.CorrelationState | None = None,
     ) -> None:
-        """Add what moving the correlation state from before (default `self.correlation`) to after writes.
+        """Add what moving the correlation state from `self.correlation` to after writes.
 
         That is its documents, the rows of the incidents that changed, and the expired incidents' rows
         closed. scopes and port_nodes: see `correlation_changes` (None: look at all of them).
         """
-        before = self.correlation if before is None else before
-        docs, changed = correlation_changes(before, after, scopes=scopes, port_nodes=port_nodes)
+        docs, changed = correlation_changes(self.correlation, after, scopes=scopes, port_nodes=port_nodes)
         change.docs.update(docs)
         now_ns = change.now_unix_ns
         if changed_incidents:
             change.incidents.extend(_incident_row(incident, now_ns) for incident in changed)
         change.incidents.extend(
-            _incident_row(incident, now_ns, closed=True) for incident in expired_incidents(before, after, scopes=scopes)
+            _incident_row(incident, now_ns, closed=True)
+            for incident in expired_incidents(self.correlation, after, scopes=scopes)
         )
 
     async def _commit(
@@ -1250,48 +905,29 @@ class RemediationService:
         states: Mapping[str, escalation.RemediationState],
         new_actions: list[actions.Action],
         change: rstore.Commit,
-    ) -> None:
-        """Commit the nodes' new ladder states, projections and the new outbox rows in one transaction.
-
-        New actions go into the outbox pending, to be admitted by `_dispatch_locked`.
-        """
-        self._stage_states(states, new_actions, change)
-        budget = self._stage_budget(change)
-        fresh = set(await self.ingest.run_in_store(self.store.commit, change))
-        self._budget_stored = budget
-        self._after_commit(states, new_actions, change, fresh)
-
-    def _stage_states(
-        self,
-        states: Mapping[str, escalation.RemediationState],
-        new_actions: Sequence[actions.Action],
-        change: rstore.Commit,
         *,
         dispatched: Mapping[str, actions.Action] | None = None,
-        before: Callable[[str], escalation.RemediationState | None] | None = None,
-    ) -> None:
-        """Put the nodes' new ladder states, their ticket rows and the new outbox rows into change.
+    ) -> list[actions.Action]:
+        """Commit the nodes' new ladder states, projections and the new outbox rows in one transaction.
 
-        New actions go into the outbox pending, except those in dispatched (admitted with the
-        decision), which go in dispatched. before: a node's state before change (default: the
-        committed one); only tickets that differ from it are rewritten.
+        New actions go into the outbox pending (admitted later by `_dispatch_locked`), except those in
+        dispatched, admitted with the decision, which go in dispatched. Returns those of them to send
+        now: new in the outbox or pending there before (a decision made again after a crash). One the
+        outbox already had further on is not sent twice; its hold on the budget is given back.
         """
         dispatched = dispatched or {}
-        before = before or self.node_states.get
         for node_id, state in states.items():
             change.node_states[node_id] = state.to_dict()
             # Only tickets this commit changed: the core shares unchanged Ticket values between states.
-            previous = before(node_id)
-            unchanged = {id(t) for t in previous.tickets} if previous is not None else set()
+            before = self.node_states.get(node_id)
+            unchanged = {id(t) for t in before.tickets} if before is not None else set()
             change.tickets.extend(_ticket_row(t, change.now_unix_ns) for t in state.tickets if id(t) not in unchanged)
-            if previous is not None and previous.tickets:
+            if before is not None and before.tickets:
                 # A ticket the ladder let go of (released, watch ended, folded, force-released, closed by
                 # an operator): its row is closed, or `rasctl repairs --open` would list it for ever.
                 still = {t.ticket_id for t in state.tickets}
                 change.tickets.extend(
-                    _ticket_row(t, change.now_unix_ns, closed=True)
-                    for t in previous.tickets
-                    if t.ticket_id not in still
+                    _ticket_row(t, change.now_unix_ns, closed=True) for t in before.tickets if t.ticket_id not in still
                 )
         for action in new_actions:
             change.new_commands.append(
@@ -1310,23 +946,12 @@ class RemediationService:
                     result=None,
                 )
             )
-
-    def _after_commit(
-        self,
-        states: Mapping[str, escalation.RemediationState],
-        new_actions: Sequence[actions.Action],
-        change: rstore.Commit,
-        fresh: set[str],
-        dispatched: Mapping[str, actions.Action] | None = None,
-    ) -> list[actions.Action]:
-        """Apply a committed change's states and new actions; returns the admitted ones to send now.
-
-        fresh: the command ids the commit found new in the outbox (or promoted from pending). A
-        pending one waits for `_dispatch_locked`; an admitted one is sent. One the outbox already had
-        further on (a decision made again after a crash) is not sent twice; its hold on the budget
-        is given back.
-        """
-        dispatched = dispatched or {}
+        budget = self._stage_budget(change)
+        fresh = set(await self.ingest.run_in_store(self.store.commit, change))
+        self._budget_stored = budget
+        for command_id, update in change.command_updates:
+            if update.get("status") == "cancelled":
+                self._deferred.pop(command_id, None)
         self.node_states.update(states)
         if self.decision_hook is not None:
             self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
@@ -1426,22 +1051,6 @@ class RemediationService:
         """
         own = change is None
         change = change or rstore.Commit(now_unix_ns=self._clock())
-        outcome, message, self.budget = await self._controller_side_into(action, change, self.budget, source=source)
-        if own:
-            budget = self._stage_budget(change)
-            await self.ingest.run_in_store(self.store.commit, change)
-            self._budget_stored = budget
-            if change.quarantines or change.releases:
-                await self._export_quarantines()
-        return outcome, message
-
-    async def _controller_side_into(
-        self, action: actions.Action, change: rstore.Commit, budget: blast_radius.BudgetState, *, source: str
-    ) -> tuple[int, str, blast_radius.BudgetState]:
-        """Run a controller-side action's adapter and put its records into change; returns outcome, message, budget.
-
-        The budget counts a node the automation quarantined (and forgets one released) from here on.
-        """
         now_ns = change.now_unix_ns
         gpu_uuid = getattr(action, "gpu_uuid", "")
         if isinstance(action, actions.QuarantineNode | actions.QuarantineGpu | actions.QuarantinePort):
@@ -1456,8 +1065,8 @@ class RemediationService:
                 }
             )
             if isinstance(action, actions.QuarantineNode) and source == "automation":
-                budget = dataclasses.replace(
-                    budget, quarantined_nodes=tuple(sorted({*budget.quarantined_nodes, action.node_id}))
+                self.budget = dataclasses.replace(
+                    self.budget, quarantined_nodes=tuple(sorted({*self.budget.quarantined_nodes, action.node_id}))
                 )
         elif isinstance(action, actions.Release):
             change.releases.append(
@@ -1470,8 +1079,9 @@ class RemediationService:
                 }
             )
             if not action.gpu_uuid and not action.ib_port:
-                budget = dataclasses.replace(
-                    budget, quarantined_nodes=tuple(n for n in budget.quarantined_nodes if n != action.node_id)
+                self.budget = dataclasses.replace(
+                    self.budget,
+                    quarantined_nodes=tuple(n for n in self.budget.quarantined_nodes if n != action.node_id),
                 )
         elif isinstance(action, actions.OpenRma):
             change.rmas.append(
@@ -1507,7 +1117,13 @@ class RemediationService:
                 commands_pb.ActionOutcome.Name(outcome),
             )
         )
-        return outcome, message, budget
+        if own:
+            budget = self._stage_budget(change)
+            await self.ingest.run_in_store(self.store.commit, change)
+            self._budget_stored = budget
+            if change.quarantines or change.releases:
+                await self._export_quarantines()
+        return outcome, message
 
     def _fleet_view(self) -> blast_radius.FleetView:
         """The fleet as the budget sees it; rebuilt only when a node's labels changed.

@@ -7,7 +7,6 @@ as one call at a time, and a pass whose commit fails loses no event and dispatch
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 import sqlalchemy as sa
@@ -71,7 +70,7 @@ class _Rig:
         await self.ingest.stop()
         self.store.close()
 
-    def ladder(self) -> tuple:  # after `service.settled()`
+    def ladder(self) -> tuple:
         """What was decided: tickets (ids, state, rung, step, history, reason, held, pending command) and the outbox."""
         state = self.service.node_states["node-1"]
         tickets = [
@@ -96,12 +95,10 @@ def test_a_pass_of_one_gpus_events_decides_the_ladder_that_one_call_at_a_time_de
             if together:  # all waiting before the decider runs: one pass
                 before = rig.commits
                 await asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events))
-                await rig.service.settled()
                 assert rig.commits - before <= 2, "one decision commit and one dispatch commit for the whole group"
             else:
                 for event in events:
                     await rig.service.on_events("node-1", [event], {"rack": "r1"})
-                    await rig.service.settled()
             return rig.ladder()
         finally:
             await rig.stop()
@@ -134,7 +131,6 @@ def test_a_failed_group_commit_loses_no_event_and_dispatches_nothing(rig, monkey
         await asyncio.wait_for(
             asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events)), timeout=10
         )
-        await rig.service.settled()
         assert failures["left"] == 0
         commands = rig.service.store.commands()
         assert len({c.command_id for c in commands}) == len(commands), "each decided command is in the outbox once"
@@ -172,129 +168,33 @@ def test_a_group_whose_commit_is_refused_leaves_its_events_for_the_replay(rig):
     asyncio.run(run())
 
 
-class _CommitWatch:
-    """Watches the service's commits: slows each, fails the first few, counts groups decided while one is in flight."""
-
-    def __init__(self, rig: _Rig, *, fail_first: int = 0) -> None:
-        self.in_flight = 0
-        self.decided_during_commit = 0
-        self.fail_left = fail_first
-        commit = rig.service.store.commit
-
-        def slow(change: rstore.Commit) -> list[str]:
-            time.sleep(0.03)  # long enough that the next group is decided while this one commits
-            if self.fail_left:
-                self.fail_left -= 1
-                raise sa.exc.OperationalError("COMMIT", {}, Exception("database is locked"))
-            return commit(change)
-
-        rig.service.store.commit = slow  # type: ignore[method-assign]
-        submit = rig.ingest.submit_to_store
-
-        def submitted(fn, *args):  # type: ignore[no-untyped-def]
-            future = submit(fn, *args)
-            self.in_flight += 1
-            future.add_done_callback(lambda _f: setattr(self, "in_flight", self.in_flight - 1))
-            return future
-
-        rig.ingest.submit_to_store = submitted  # type: ignore[method-assign]
-        decide = rig.service._decide_pass
-
-        def counting(group, base):  # type: ignore[no-untyped-def]
-            if self.in_flight:
-                self.decided_during_commit += 1
-            return decide(group, base)
-
-        rig.service._decide_pass = counting  # type: ignore[method-assign]
-
-
-def test_groups_decided_during_the_commit_before_them_decide_what_one_call_at_a_time_decides(tmp_path, monkeypatch):
-    # One call per group: five groups, each decided while the one before it commits.
-    monkeypatch.setattr(remediation_mod, "MAX_GROUP_EVENTS", 1)
-
-    async def run(pipelined: bool) -> tuple:
-        rig = _Rig(f"sqlite:///{tmp_path / ('pipelined.db' if pipelined else 'apart.db')}")
-        await rig.start()
-        try:
-            events = [_event("node-1", seq, xid, gpu) for seq, xid, gpu in EVENTS]
-            if pipelined:
-                watch = _CommitWatch(rig)
-                await asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events))
-                await rig.service.settled()
-                assert watch.decided_during_commit >= 2, "the next group was decided while a commit ran"
-            else:
-                for event in events:
-                    await rig.service.on_events("node-1", [event], {"rack": "r1"})
-                    await rig.service.settled()
-            assert rig.service.stats.events == len(events)
-            return rig.ladder()
-        finally:
-            await rig.stop()
-
-    assert asyncio.run(run(True)) == asyncio.run(run(False))
-
-
-def test_a_failed_commit_discards_the_group_decided_during_it_and_loses_no_event(rig, monkeypatch):
-    monkeypatch.setattr(remediation_mod, "MAX_GROUP_EVENTS", 1)
+def test_a_waiting_command_a_failed_commit_superseded_is_cancelled_when_the_decision_commits(rig, monkeypatch):
+    # Automation paused: the Xid 13 restart waits for admission. The Xid 48 on the same GPU supersedes
+    # it (a reset); that decision's first commit fails. Decided again, it must still cancel the
+    # restart: left pending, the restart would be admitted at the next start or resume.
     monkeypatch.setattr(remediation_mod, "STORE_RETRY_S", 0.05)
 
     async def run() -> None:
         await rig.start()
-        sent: list[str] = []
-        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
-        watch = _CommitWatch(rig, fail_first=1)
-        events = [_event("node-1", seq, xid, gpu) for seq, xid, gpu in EVENTS]
-        await asyncio.wait_for(
-            asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events)), timeout=10
-        )
-        await rig.service.settled()
-        assert watch.fail_left == 0 and watch.decided_during_commit >= 1, "a group was decided during the failed commit"
-        commands = rig.service.store.commands()
-        assert len({c.command_id for c in commands}) == len(commands), "each decided command is in the outbox once"
-        assert sorted(sent) == sorted(c.command_id for c in commands if c.status == "dispatched" and c.kind in
-                                      remediation_mod.AGENT_KINDS)  # fmt: skip
-        assert rig.service.stats.events == len(events), "every event decided, and counted once"
-        assert rig.service.store.unprocessed_events() == {}, "the replay watermark covers every event"
-        incidents = {i["incident_id"]: i["data"]["event_count"] for i in rig.service.store.incidents()}
-        assert [n for i, n in incidents.items() if "xid:13" in i] == [2], "no event counted twice in its incident"
+        await rig.service.set_paused(True, reason="test", actor="test")
+        await rig.service.on_events("node-1", [_event("node-1", 1, 13)], {"rack": "r1"})
+        (restart,) = [c for c in rig.service.store.commands() if c.kind == "restart_process"]
+        assert restart.status == "pending"
+        commit = rig.service.store.commit
+        failures = {"left": 1}
+
+        def flaky(change: rstore.Commit) -> list[str]:
+            if failures["left"]:
+                failures["left"] -= 1
+                raise sa.exc.OperationalError("COMMIT", {}, Exception("database is locked"))
+            return commit(change)
+
+        rig.service.store.commit = flaky  # type: ignore[method-assign]
+        await asyncio.wait_for(rig.service.on_events("node-1", [_event("node-1", 2, 48)], {"rack": "r1"}), timeout=10)
+        assert failures["left"] == 0
+        statuses = {c.command_id: c.status for c in rig.service.store.commands()}
+        assert statuses[restart.command_id] == "cancelled", "the superseded restart is cancelled in the outbox"
+        assert restart.command_id not in rig.service._deferred, "and no longer waits"
         await rig.stop()
 
     asyncio.run(run())
-
-
-def test_waiting_actions_are_admitted_between_groups_and_decide_what_one_call_at_a_time_decides(tmp_path, monkeypatch):
-    # Xid 48 first: its quarantine and reset wait for admission (two steps) while later groups are
-    # decided, so a dispatch pass runs inside the pipeline, during the commit of the group before it.
-    events_spec = [(1, 48, GPUS[0]), (2, 45, GPUS[0]), (3, 13, GPUS[1]), (4, 13, GPUS[1]), (5, 31, GPUS[1])]
-    monkeypatch.setattr(remediation_mod, "MAX_GROUP_EVENTS", 1)
-
-    async def run(pipelined: bool) -> tuple:
-        rig = _Rig(f"sqlite:///{tmp_path / ('pipelined.db' if pipelined else 'apart.db')}")
-        await rig.start()
-        dispatch_passes: list[int] = []
-        decide_dispatch = rig.service._decide_dispatch
-
-        async def counting(base):  # type: ignore[no-untyped-def]
-            dispatch = await decide_dispatch(base)
-            if dispatch is not None:
-                dispatch_passes.append(len(dispatch.admitted))
-            return dispatch
-
-        rig.service._decide_dispatch = counting  # type: ignore[method-assign]
-        try:
-            events = [_event("node-1", seq, xid, gpu) for seq, xid, gpu in events_spec]
-            if pipelined:
-                _CommitWatch(rig)
-                await asyncio.gather(*(rig.service.on_events("node-1", [e], {"rack": "r1"}) for e in events))
-                await rig.service.settled()
-                assert dispatch_passes and dispatch_passes[0] >= 2, "the quarantine and reset went in a dispatch pass"
-            else:
-                for event in events:
-                    await rig.service.on_events("node-1", [event], {"rack": "r1"})
-                    await rig.service.settled()
-            quarantined = rig.service.store.quarantines(node_id="node-1")
-            return rig.ladder(), sorted((q["gpu_uuid"], q["reason"]) for q in quarantined)
-        finally:
-            await rig.stop()
-
-    assert asyncio.run(run(True)) == asyncio.run(run(False))
