@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -427,7 +428,21 @@ class Ingest:
         elif self.command_result_hook is not None:
             task = asyncio.get_running_loop().create_task(self.command_result_hook(session.node_id, result))
             self._hook_tasks.add(task)
-            task.add_done_callback(self._hook_tasks.discard)
+            task.add_done_callback(functools.partial(self._result_hook_done, session.node_id, result.command_id))
+
+    def _result_hook_done(self, node_id: str, command_id: str, task: asyncio.Task[None]) -> None:
+        """Log a result the hook could not take (a replica that lost the lead, a store shut down at stop).
+
+        Without this its error was only asyncio's "Task exception was never retrieved", unstructured
+        and at garbage collection.
+        """
+        self._hook_tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.warning(
+            "command_result_not_applied", node=node_id, command_id=command_id, error=f"{type(error).__name__}: {error}"
+        )
 
     # -- outbound ------------------------------------------------------------------------------------------
     async def send_command(
