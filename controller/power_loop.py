@@ -31,7 +31,9 @@ smoothing plan, and the status rasctl shows. Each period (`step`, with `now` fro
    no smoothing hardware the plan is emulated: SetTroughFiller asks every node's trough-filler hook
    to hold the floor, and a peak cap (when the policy allows one) lowers the targets of step 4;
    either is switched off when the job stops (utilisation gone; the filler ramps its floor down at
-   the job ramp) and re-planned after a policy change; the detector's window starts after the last
+   the job ramp) and re-planned after a policy change; the plan is saved (`SMOOTHING_DOC`) before its
+   first command leaves, so a restarted controller keeps it while the job runs and switches it off
+   when the job stops; the detector's window starts after the last
    period a busy GPU was under a job-start ceiling (power under the start ramp is not the unmanaged
    swing). Job-start smoothing (`core.start_smoothing`, with the job-start ramp): GPUs with smoothing
    hardware that start a job get a start profile at once (ramp rates = their share of the ramp
@@ -66,6 +68,7 @@ from rasd.common import settings as settings_check
 from rasd.controller import ingest as ingest_mod
 from rasd.controller.core import power, power_apply, power_policy, power_ramp, power_tree, start_smoothing, swing
 from rasd.controller.store import remediation as rstore
+from rasd.controller.store import repo
 
 log = structlog.get_logger("rasd.controller.power")
 
@@ -76,6 +79,13 @@ APPLY_DOC = "power/apply"
 START_DOC = "power/start_smoothing"
 """The job-start smoothing profiles the GPUs carry (`start_smoothing.StartState`): saved before any
 start-profile command leaves, so a restarted controller releases or hands over the profiles it left on."""
+SMOOTHING_DOC = "power/smoothing"
+"""The detected swing's smoothing plan in force (`swing.SmoothingPlan`, with the `SwingReport` it was
+sized from): saved before its first command leaves and deleted once its "off" commands have gone,
+so a restarted controller switches off, at job end, the profiles its predecessor put on."""
+SMOOTHING_RESTORE_COVERAGE = 0.8
+"""Share of the managed GPUs whose telemetry must be in before a restored plan is judged (job running
+or stopped): right after a restart, GPUs without telemetry yet would read as idle."""
 BUDGETS_DOC = "power/budgets"
 POLICY_DOC = "power/policy"
 NOT_EXECUTED = frozenset(
@@ -284,6 +294,8 @@ class PowerLoop:
         self._smoothing_nodes: dict[str, str] = {}
         self._smoothing_sent_s: dict[str, float] = {}
         self._smoothing_off_since_s: float | None = None
+        self._smoothing_restored = False
+        """The plan came from the store: which nodes carry it is not known until telemetry is in."""
         self._unreachable_since: dict[str, float] = {}
         self._bmc_limits: dict[str, int] = {}
         self._bmc_confirmed: dict[str, tuple[float, dict[str, int]]] = {}
@@ -344,6 +356,16 @@ class PowerLoop:
             else:
                 log.info("power_start_smoothing_restored", gpus=len(self._start.rate_w_per_s),
                          canaries=len(self._start.canaries))  # fmt: skip
+        if docs.get(SMOOTHING_DOC):
+            try:
+                self._smoothing = swing.SmoothingPlan(**docs[SMOOTHING_DOC]["plan"])
+                self._smoothing_unmanaged = swing.SwingReport(**docs[SMOOTHING_DOC]["report"])
+            except (KeyError, TypeError) as exc:
+                self._smoothing = self._smoothing_unmanaged = None
+                log.error("power_smoothing_plan_dropped", error=str(exc))
+            else:
+                self._smoothing_restored = True
+                log.info("power_smoothing_restored", mode=self._smoothing.mode, reason=self._smoothing.reason)
         self._task = asyncio.create_task(self._run(), name="rasd-power-loop")
         log.info("power_loop_started", period_s=self.policy.control_period_s, domains=len(self.tree.domains))
 
@@ -706,6 +728,15 @@ class PowerLoop:
     # -- smoothing -----------------------------------------------------------------------------------
     async def _smooth(self, now: float, state: power_apply.ApplyState) -> None:
         policy = self.policy
+        if self._smoothing_restored:
+            latest = self._ingest.latest
+            reporting = sum(1 for g in state.gpus if g.gpu_uuid in latest)
+            if reporting < SMOOTHING_RESTORE_COVERAGE * len(state.gpus):
+                return  # judged once the fleet's telemetry is back, or reconnecting GPUs read as idle
+            # The predecessor's nodes are not known: every node now connected gets the plan again
+            # (the same profile, harmless) or, if the job stopped, its "off".
+            self._smoothing_restored = False
+            self._smoothing_nodes = dict.fromkeys(self._ingest.sessions, "restored")
         running = self._job_running(state)
         if self._smoothing is not None:
             if not running:
@@ -752,6 +783,8 @@ class PowerLoop:
             log.info("power_smoothing_not_needed", reason=plan.reason, p2p_w=round(report.p2p_w))
             return
         plan = self._ramp_for_the_straggler(plan, report, state, now)
+        # Durable before any profile leaves: a successor must be able to switch it off.
+        await self._save({SMOOTHING_DOC: {"plan": dataclasses.asdict(plan), "report": dataclasses.asdict(report)}})
         self._smoothing = plan
         self._smoothing_nodes = {}
         log.info("power_smoothing_planned", reason=plan.reason, floor_w=round(plan.floor_w, 1),
@@ -981,13 +1014,24 @@ class PowerLoop:
     async def _disable_smoothing(self, why: str) -> None:
         log.warning("power_smoothing_off", reason=why)
         plan, self._smoothing = self._smoothing, None
+        self._smoothing_restored = False
         if plan is None:
             return
+        if not self._smoothing_nodes:  # restored and never judged: every connected node
+            self._smoothing_nodes = dict.fromkeys(self._ingest.sessions, "restored")
         for node_id in list(self._smoothing_nodes):
             gpus = self._smoothing_gpus(plan, node_id)
+            if not gpus:
+                continue
             command = self._smoothing_command(plan, gpus, enabled=False, reason=why)
             self._spawn(self._send_smoothing_to(node_id, command))
         self._smoothing_nodes = {}
+        # Deleted after the "off" commands left: a controller killed before this still has the plan,
+        # and switches it off again (the same command, harmless). So is one whose store refused this.
+        try:
+            await self._save({SMOOTHING_DOC: None})
+        except repo.STORE_UNAVAILABLE as exc:
+            log.warning("power_smoothing_plan_not_deleted", error=str(exc))
 
     # -- out of band ---------------------------------------------------------------------------------
     def _apply_bmc_confirmations(self, state: power_apply.ApplyState) -> power_apply.ApplyState:
