@@ -366,6 +366,40 @@ def test_a_restarted_controller_releases_the_start_profiles_its_predecessor_left
     assert not final.active()
 
 
+PREDECESSOR_PLAN = swing.SmoothingPlan(
+    active=True, mode="firmware", floor_w=300.0, floor_pct=30.0, ramp_up_w_per_s=500.0,
+    ramp_down_w_per_s=500.0, ramp_down_hysteresis_ms=0.0, job_ramp_w_per_s=100.0, trough_filler_w=None,
+    peak_cap_w=None, expected_p2p_w=500.0, expected_attenuation_db=10.0, expected_energy_overhead_pct=2.0,
+    reason="the predecessor's plan",
+)  # fmt: skip
+PREDECESSOR_REPORT = swing.SwingReport(
+    sample_hz=10.0, duration_s=5.0, mean_w=4000.0, p2p_w=3000.0, peak_w=5000.0, trough_w=2000.0,
+    trough_fraction=0.4, dominant_freq_hz=1.0, period_s=1.0, coherence=0.9, max_ramp_1s_w_per_s=3000.0,
+    max_ramp_60s_w_per_s=None, band_power_w2=1e5,
+)  # fmt: skip
+
+
+def _profiled(fleet: Fleet) -> int:
+    """GPUs whose power-smoothing profile is on."""
+    return sum(bool(c.power_smoothing_enabled) for b in fleet.backends.values() for c in b.read_counters(1))
+
+
+async def _leave_the_predecessors_plan_on(controller: server.Controller, fleet: Fleet) -> rstore.RemediationStore:
+    """What a predecessor whose swing plan was in force leaves: the profiles on every GPU, the plan saved."""
+    await _until(lambda: _settled(controller))
+    for backend in fleet.backends.values():
+        for gpu in backend.inventory():
+            backend.set_power_smoothing(
+                gpu.uuid, enabled=True, floor_pct=30.0, ramp_up_w_per_s=500.0, ramp_down_w_per_s=500.0
+            )
+    saved = {"plan": dataclasses.asdict(PREDECESSOR_PLAN), "report": dataclasses.asdict(PREDECESSOR_REPORT)}
+    docs = rstore.RemediationStore(controller.store.engine)
+    await controller.ingest.run_in_store(
+        docs.commit, rstore.Commit(now_unix_ns=time.time_ns(), docs={power_loop.SMOOTHING_DOC: saved})
+    )
+    return docs
+
+
 def test_a_restarted_controller_switches_off_at_job_end_the_swing_plan_its_predecessor_left_on(tmp_path, free_port):
     """The detected swing's plan is durable state too: its profiles come off at job end after a restart.
 
@@ -376,48 +410,23 @@ def test_a_restarted_controller_switches_off_at_job_end_the_swing_plan_its_prede
     hold the profile's floor through the idle time that follows.
     """
 
-    def profiled(fleet: Fleet) -> int:
-        return sum(bool(c.power_smoothing_enabled) for b in fleet.backends.values() for c in b.read_counters(1))
-
-    plan = swing.SmoothingPlan(
-        active=True, mode="firmware", floor_w=300.0, floor_pct=30.0, ramp_up_w_per_s=500.0,
-        ramp_down_w_per_s=500.0, ramp_down_hysteresis_ms=0.0, job_ramp_w_per_s=100.0, trough_filler_w=None,
-        peak_cap_w=None, expected_p2p_w=500.0, expected_attenuation_db=10.0, expected_energy_overhead_pct=2.0,
-        reason="the predecessor's plan",
-    )  # fmt: skip
-    report = swing.SwingReport(
-        sample_hz=10.0, duration_s=5.0, mean_w=4000.0, p2p_w=3000.0, peak_w=5000.0, trough_w=2000.0,
-        trough_fraction=0.4, dominant_freq_hz=1.0, period_s=1.0, coherence=0.9, max_ramp_1s_w_per_s=3000.0,
-        max_ramp_60s_w_per_s=None, band_power_w2=1e5,
-    )  # fmt: skip
-
     async def scenario():
         controller = _controller(tmp_path, free_port)
         await controller.start()
         fleet = Fleet(controller.address, gpu_model=simulated.B200)
         try:
-            await _until(lambda: _settled(controller))
-            for backend in fleet.backends.values():  # what the predecessor's plan left on the GPUs
-                for gpu in backend.inventory():
-                    backend.set_power_smoothing(
-                        gpu.uuid, enabled=True, floor_pct=30.0, ramp_up_w_per_s=500.0, ramp_down_w_per_s=500.0
-                    )
-            saved = {"plan": dataclasses.asdict(plan), "report": dataclasses.asdict(report)}
-            docs = rstore.RemediationStore(controller.store.engine)
-            await controller.ingest.run_in_store(
-                docs.commit, rstore.Commit(now_unix_ns=time.time_ns(), docs={power_loop.SMOOTHING_DOC: saved})
-            )
+            docs = await _leave_the_predecessors_plan_on(controller, fleet)
             await controller.stop()
-            on_at_handover = profiled(fleet)
+            on_at_handover = _profiled(fleet)
 
             controller = _controller(tmp_path, free_port)
             await controller.start()
             await asyncio.sleep(2.0)  # a few periods with the job running: the plan stays on
-            during_job = profiled(fleet)
+            during_job = _profiled(fleet)
             in_force = controller.power.status.smoothing
             for rank in range(len(fleet.job.active)):  # the job ends: every rank leaves it
                 fleet.job.set_active(rank, False)
-            await _until(lambda: profiled(fleet) == 0)
+            await _until(lambda: _profiled(fleet) == 0)
             left = await controller.ingest.run_in_store(docs.load_docs, power_loop.SMOOTHING_DOC)
             return on_at_handover, during_job, in_force, left
         finally:
@@ -427,52 +436,27 @@ def test_a_restarted_controller_switches_off_at_job_end_the_swing_plan_its_prede
     on_at_handover, during_job, in_force, left = asyncio.run(scenario())
     assert on_at_handover == 8
     assert during_job == 8, "while the job runs the restored plan stays on"
-    assert in_force is not None and in_force.reason == plan.reason, "the predecessor's plan, not a new one"
+    assert in_force is not None and in_force.reason == PREDECESSOR_PLAN.reason, "the predecessor's plan, not a new one"
     assert left == {}, "the plan is deleted once it is off"
 
 
 def test_a_controller_that_starts_after_the_job_ended_switches_off_its_predecessors_swing_plan(tmp_path, free_port):
     """The job ended while no controller ran: the successor sees no swing, only the saved plan shows the profiles."""
 
-    def profiled(fleet: Fleet) -> int:
-        return sum(bool(c.power_smoothing_enabled) for b in fleet.backends.values() for c in b.read_counters(1))
-
-    plan = swing.SmoothingPlan(
-        active=True, mode="firmware", floor_w=300.0, floor_pct=30.0, ramp_up_w_per_s=500.0,
-        ramp_down_w_per_s=500.0, ramp_down_hysteresis_ms=0.0, job_ramp_w_per_s=100.0, trough_filler_w=None,
-        peak_cap_w=None, expected_p2p_w=500.0, expected_attenuation_db=10.0, expected_energy_overhead_pct=2.0,
-        reason="the predecessor's plan",
-    )  # fmt: skip
-    report = swing.SwingReport(
-        sample_hz=10.0, duration_s=5.0, mean_w=4000.0, p2p_w=3000.0, peak_w=5000.0, trough_w=2000.0,
-        trough_fraction=0.4, dominant_freq_hz=1.0, period_s=1.0, coherence=0.9, max_ramp_1s_w_per_s=3000.0,
-        max_ramp_60s_w_per_s=None, band_power_w2=1e5,
-    )  # fmt: skip
-
     async def scenario():
         controller = _controller(tmp_path, free_port)
         await controller.start()
         fleet = Fleet(controller.address, gpu_model=simulated.B200)
         try:
-            await _until(lambda: _settled(controller))
-            for backend in fleet.backends.values():  # what the predecessor's plan left on the GPUs
-                for gpu in backend.inventory():
-                    backend.set_power_smoothing(
-                        gpu.uuid, enabled=True, floor_pct=30.0, ramp_up_w_per_s=500.0, ramp_down_w_per_s=500.0
-                    )
-            saved = {"plan": dataclasses.asdict(plan), "report": dataclasses.asdict(report)}
-            docs = rstore.RemediationStore(controller.store.engine)
-            await controller.ingest.run_in_store(
-                docs.commit, rstore.Commit(now_unix_ns=time.time_ns(), docs={power_loop.SMOOTHING_DOC: saved})
-            )
+            docs = await _leave_the_predecessors_plan_on(controller, fleet)
             await controller.stop()
-            on_at_handover = profiled(fleet)
+            on_at_handover = _profiled(fleet)
             for rank in range(len(fleet.job.active)):  # the job ends between the two controllers
                 fleet.job.set_active(rank, False)
 
             controller = _controller(tmp_path, free_port)
             await controller.start()
-            await _until(lambda: profiled(fleet) == 0)
+            await _until(lambda: _profiled(fleet) == 0)
             left = await controller.ingest.run_in_store(docs.load_docs, power_loop.SMOOTHING_DOC)
             return on_at_handover, left
         finally:
