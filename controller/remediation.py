@@ -361,8 +361,7 @@ class RemediationService:
         sent, so such a node goes the two-step way). An admission that answers with anything
         controller-side (the breaker's notice) is dropped, and the two-step way decides it.
         """
-        cancelled = {command_id for command_id, update in change.command_updates if update.get("status") == "cancelled"}
-        if self._deferred.keys() - cancelled or not new_actions:
+        if self._deferred.keys() - _cancelled_ids(change) or not new_actions:
             return {}
         controller_side = {a.node_id for a in new_actions if a.kind not in AGENT_KINDS}
         candidates = [a for a in new_actions if a.node_id not in controller_side]
@@ -949,9 +948,8 @@ class RemediationService:
         budget = self._stage_budget(change)
         fresh = set(await self.ingest.run_in_store(self.store.commit, change))
         self._budget_stored = budget
-        for command_id, update in change.command_updates:
-            if update.get("status") == "cancelled":
-                self._deferred.pop(command_id, None)
+        for command_id in _cancelled_ids(change):
+            self._deferred.pop(command_id, None)
         self.node_states.update(states)
         if self.decision_hook is not None:
             self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
@@ -1268,6 +1266,11 @@ def correlation_from_docs(
                 correlate.PortHistory(p["node_id"], p["ib_port"], tuple(p["changed_at"])) for p in doc["items"]
             )
     return correlate.CorrelationState(incidents={k: v for k, v in incidents.items() if v}, ports=ports)
+
+
+def _cancelled_ids(change: rstore.Commit) -> set[str]:
+    """The waiting commands change cancels (`RemediationService._close`): they stop waiting once it commits."""
+    return {command_id for command_id, update in change.command_updates if update.get("status") == "cancelled"}
 
 
 def _audit(
