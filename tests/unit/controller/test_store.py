@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -330,6 +331,65 @@ def test_sqlite_commits_leave_the_wal_checkpoint_to_the_store_thread(tmp_path):
         assert busy == 0 and frames == checkpointed
         assert connection.exec_driver_sql("SELECT count(*) FROM health_events").scalar() == 199
     check.dispose()
+
+
+def _wal_database(path):
+    """A SQLite file in WAL mode whose commits never checkpoint, with one table to write to."""
+    engine = repo.create_engine(f"sqlite:///{path}")
+
+    @sa.event.listens_for(engine, "connect")
+    def _no_autocheckpoint(dbapi_connection, _record):
+        dbapi_connection.execute("PRAGMA wal_autocheckpoint=0")
+
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    return engine
+
+
+def _write_rows(engine, first, count, size=3000):
+    with engine.begin() as connection:
+        for row in range(first, first + count):
+            connection.exec_driver_sql("INSERT INTO t VALUES (?, ?)", (row, "x" * size))
+
+
+def test_wal_bytes_pending_reads_what_a_checkpoint_would_copy_from_the_wal_index(tmp_path):
+    """The -shm header offsets are SQLite's: checked against what PRAGMA wal_checkpoint reports."""
+    path = str(tmp_path / "wal.db")
+    assert repo.wal_bytes_pending(path) is None  # no database, no WAL index
+    engine = _wal_database(path)
+    _write_rows(engine, 0, 300)
+    with engine.connect() as connection:
+        page_size = connection.exec_driver_sql("PRAGMA page_size").scalar()
+        pending = repo.wal_bytes_pending(path)
+        busy, frames, checkpointed = connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
+    assert busy == 0 and frames == checkpointed > 300  # nothing had been copied before: all of it was pending
+    assert pending == frames * page_size
+    assert repo.wal_bytes_pending(path) == 0
+    _write_rows(engine, 1000, 10)  # the next commit restarts the log from its start
+    with engine.connect() as connection:
+        pending = repo.wal_bytes_pending(path)
+        _busy, frames, _checkpointed = connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
+    assert 0 < pending == frames * page_size < 300 * page_size
+    engine.dispose()
+
+
+def test_the_checkpointer_waits_for_the_wal_to_gather_before_it_checkpoints(tmp_path):
+    """A quiet store's log is not checkpointed every round: each catch-up costs the next commit a sync."""
+    path = str(tmp_path / "wal.db")
+    engine = _wal_database(path)
+    checkpointer = repo.WalCheckpointer(engine, interval_s=0.01, checkpoint_after_bytes=1024 * 1024)
+    try:
+        _write_rows(engine, 0, 20)  # about 80 KiB
+        time.sleep(0.2)  # twenty rounds
+        assert checkpointer.checkpoints == 0 and 0 < repo.wal_bytes_pending(path) < 1024 * 1024
+        _write_rows(engine, 100, 400)  # past 1 MiB
+        deadline = time.monotonic() + 5
+        while checkpointer.checkpoints == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert checkpointer.checkpoints >= 1 and repo.wal_bytes_pending(path) == 0
+    finally:
+        checkpointer.stop()
+        engine.dispose()
 
 
 def test_a_read_then_write_upsert_leaves_insert_only_columns_of_an_existing_row_alone(store):
