@@ -384,8 +384,13 @@ def _profiled(fleet: Fleet) -> int:
     return sum(bool(c.power_smoothing_enabled) for b in fleet.backends.values() for c in b.read_counters(1))
 
 
-async def _leave_the_predecessors_plan_on(controller: server.Controller, fleet: Fleet) -> rstore.RemediationStore:
-    """What a predecessor whose swing plan was in force leaves: the profiles on every GPU, the plan saved."""
+async def _leave_the_predecessors_plan_on(
+    controller: server.Controller, fleet: Fleet
+) -> tuple[rstore.RemediationStore, int]:
+    """A predecessor stops while its swing plan is in force: the profiles on every GPU, the plan saved.
+
+    Returns the store's documents and how many GPUs carry a profile once it has stopped.
+    """
     await _until(lambda: _settled(controller))
     for backend in fleet.backends.values():
         for gpu in backend.inventory():
@@ -397,7 +402,14 @@ async def _leave_the_predecessors_plan_on(controller: server.Controller, fleet: 
     await controller.ingest.run_in_store(
         docs.commit, rstore.Commit(now_unix_ns=time.time_ns(), docs={power_loop.SMOOTHING_DOC: saved})
     )
-    return docs
+    await controller.stop()
+    return docs, _profiled(fleet)
+
+
+def _end_the_job(fleet: Fleet) -> None:
+    """Every rank leaves the job."""
+    for rank in range(len(fleet.job.active)):
+        fleet.job.set_active(rank, False)
 
 
 def test_a_restarted_controller_switches_off_at_job_end_the_swing_plan_its_predecessor_left_on(tmp_path, free_port):
@@ -415,17 +427,14 @@ def test_a_restarted_controller_switches_off_at_job_end_the_swing_plan_its_prede
         await controller.start()
         fleet = Fleet(controller.address, gpu_model=simulated.B200)
         try:
-            docs = await _leave_the_predecessors_plan_on(controller, fleet)
-            await controller.stop()
-            on_at_handover = _profiled(fleet)
+            docs, on_at_handover = await _leave_the_predecessors_plan_on(controller, fleet)
 
             controller = _controller(tmp_path, free_port)
             await controller.start()
             await asyncio.sleep(2.0)  # a few periods with the job running: the plan stays on
             during_job = _profiled(fleet)
             in_force = controller.power.status.smoothing
-            for rank in range(len(fleet.job.active)):  # the job ends: every rank leaves it
-                fleet.job.set_active(rank, False)
+            _end_the_job(fleet)
             await _until(lambda: _profiled(fleet) == 0)
             left = await controller.ingest.run_in_store(docs.load_docs, power_loop.SMOOTHING_DOC)
             return on_at_handover, during_job, in_force, left
@@ -448,11 +457,8 @@ def test_a_controller_that_starts_after_the_job_ended_switches_off_its_predecess
         await controller.start()
         fleet = Fleet(controller.address, gpu_model=simulated.B200)
         try:
-            docs = await _leave_the_predecessors_plan_on(controller, fleet)
-            await controller.stop()
-            on_at_handover = _profiled(fleet)
-            for rank in range(len(fleet.job.active)):  # the job ends between the two controllers
-                fleet.job.set_active(rank, False)
+            docs, on_at_handover = await _leave_the_predecessors_plan_on(controller, fleet)
+            _end_the_job(fleet)  # between the two controllers
 
             controller = _controller(tmp_path, free_port)
             await controller.start()
