@@ -169,7 +169,7 @@ class WalCheckpointer:
         self._thread.start()
 
     @classmethod
-    def for_engine(cls, engine: sa.Engine, **kwargs: Any) -> WalCheckpointer | None:
+    def for_engine(cls, engine: sa.Engine) -> WalCheckpointer | None:
         """A checkpointer for a SQLite file engine (its connections stop checkpointing); else None."""
         url = engine.url
         if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
@@ -182,7 +182,7 @@ class WalCheckpointer:
             cursor.close()
 
         engine.dispose()  # connections opened before (the migration's) are replaced by ones without it
-        return cls(engine, **kwargs)
+        return cls(engine)
 
     def stop(self) -> None:
         """Stop the thread after a last checkpoint of everything in the log."""
