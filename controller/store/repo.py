@@ -115,26 +115,49 @@ _SHM_MAX_FRAME_AT = 16  # WalIndexHdr.mxFrame, u32: frames in the log
 _SHM_BACKFILL_AT = 96  # WalCkptInfo.nBackfill, u32: frames already copied into the database
 
 
-def wal_bytes_pending(database_path: str) -> int | None:
-    """Bytes of SQLite's write-ahead log not yet checkpointed into database_path.
+class WalIndex:
+    """Reads how much of a SQLite file's write-ahead log is not yet checkpointed, from its wal-index.
 
-    Read from the wal-index header in the ``-shm`` file, without a lock and without touching the
-    database (the only other way to learn it, ``PRAGMA wal_checkpoint``, checkpoints). None when
-    there is no readable header (no WAL yet, or the two copies differ because a writer is updating
-    it): the caller should checkpoint, which is always safe.
+    The wal-index header in the ``-shm`` file says it without a lock and without touching the
+    database (the only other way to learn it, ``PRAGMA wal_checkpoint``, checkpoints).
+
+    The ``-shm`` file stays open until `close`, read with ``pread``: closing any descriptor of a
+    file drops every POSIX lock this process holds on it, SQLite's own included (its write lock
+    and its claim on the shared index). Opening and closing the file for each read let another
+    process write while this one held the write lock (seen with the commit writer process, found
+    by its tests). Close it only once this process's connections to the database are closed.
     """
-    try:
-        with open(f"{database_path}-shm", "rb") as shm:
-            header = shm.read(_SHM_HEADER_BYTES)
-    except OSError:
-        return None
-    if len(header) < _SHM_HEADER_BYTES or header[:48] != header[48:96]:
-        return None
-    page_size = int.from_bytes(header[_SHM_PAGE_SIZE_AT : _SHM_PAGE_SIZE_AT + 2], sys.byteorder)
-    max_frame = int.from_bytes(header[_SHM_MAX_FRAME_AT : _SHM_MAX_FRAME_AT + 4], sys.byteorder)
-    backfilled = int.from_bytes(header[_SHM_BACKFILL_AT : _SHM_BACKFILL_AT + 4], sys.byteorder)
-    page_size = 65536 if page_size == 1 else page_size
-    return max(0, max_frame - backfilled) * page_size
+
+    def __init__(self, database_path: str) -> None:
+        """Nothing is opened until the first read (the ``-shm`` file appears with the first connection)."""
+        self._path = f"{database_path}-shm"
+        self._fd: int | None = None
+
+    def pending_bytes(self) -> int | None:
+        """Bytes of the log not yet copied into the database.
+
+        None when there is no readable header (no WAL yet, or the two copies differ because a writer
+        is updating it): the caller should checkpoint, which is always safe.
+        """
+        try:
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_RDONLY)
+            header = os.pread(self._fd, _SHM_HEADER_BYTES, 0)
+        except OSError:
+            return None
+        if len(header) < _SHM_HEADER_BYTES or header[:48] != header[48:96]:
+            return None
+        page_size = int.from_bytes(header[_SHM_PAGE_SIZE_AT : _SHM_PAGE_SIZE_AT + 2], sys.byteorder)
+        max_frame = int.from_bytes(header[_SHM_MAX_FRAME_AT : _SHM_MAX_FRAME_AT + 4], sys.byteorder)
+        backfilled = int.from_bytes(header[_SHM_BACKFILL_AT : _SHM_BACKFILL_AT + 4], sys.byteorder)
+        page_size = 65536 if page_size == 1 else page_size
+        return max(0, max_frame - backfilled) * page_size
+
+    def close(self) -> None:
+        """Close the ``-shm`` descriptor (after this process's connections to the database are closed)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class WalCheckpointer:
@@ -162,6 +185,7 @@ class WalCheckpointer:
         self._engine = engine
         self._interval_s = interval_s
         self._checkpoint_after_bytes = checkpoint_after_bytes
+        self._index = WalIndex(engine.url.database or "")
         self.checkpoints = 0
         """Checkpoints run so far (for tests and diagnostics)."""
         self._stopped = threading.Event()
@@ -185,15 +209,18 @@ class WalCheckpointer:
         return cls(engine)
 
     def stop(self) -> None:
-        """Stop the thread after a last checkpoint of everything in the log."""
+        """Stop the thread after a last checkpoint of everything in the log (then `close`)."""
         self._stopped.set()
         self._thread.join(timeout=10)
         self._checkpoint()
 
+    def close(self) -> None:
+        """Close the wal-index (`WalIndex.close`): after the engine's connections are closed."""
+        self._index.close()
+
     def _run(self) -> None:
-        database = self._engine.url.database or ""
         while not self._stopped.wait(self._interval_s):
-            pending = wal_bytes_pending(database)
+            pending = self._index.pending_bytes()
             if pending is None or pending >= self._checkpoint_after_bytes:
                 self._checkpoint()
 
@@ -232,6 +259,8 @@ class Store:
         if self._checkpointer is not None:
             self._checkpointer.stop()
         self.engine.dispose()
+        if self._checkpointer is not None:
+            self._checkpointer.close()
 
     # -- nodes and GPUs -----------------------------------------------------------------------------
     def register_hello(self, hello: fleet.NodeHello, now_unix_ns: int) -> HelloOutcome:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -355,22 +358,24 @@ def _write_rows(engine, first, count, size=3000):
 def test_wal_bytes_pending_reads_what_a_checkpoint_would_copy_from_the_wal_index(tmp_path):
     """The -shm header offsets are SQLite's: checked against what PRAGMA wal_checkpoint reports."""
     path = str(tmp_path / "wal.db")
-    assert repo.wal_bytes_pending(path) is None  # no database, no WAL index
+    index = repo.WalIndex(path)
+    assert index.pending_bytes() is None  # no database, no WAL index
     engine = _wal_database(path)
     _write_rows(engine, 0, 300)
     with engine.connect() as connection:
         page_size = connection.exec_driver_sql("PRAGMA page_size").scalar()
-        pending = repo.wal_bytes_pending(path)
+        pending = index.pending_bytes()
         busy, frames, checkpointed = connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
     assert busy == 0 and frames == checkpointed > 300  # nothing had been copied before: all of it was pending
     assert pending == frames * page_size
-    assert repo.wal_bytes_pending(path) == 0
+    assert index.pending_bytes() == 0
     _write_rows(engine, 1000, 10)  # the next commit restarts the log from its start
     with engine.connect() as connection:
-        pending = repo.wal_bytes_pending(path)
+        pending = index.pending_bytes()
         _busy, frames, _checkpointed = connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
     assert 0 < pending == frames * page_size < 300 * page_size
     engine.dispose()
+    index.close()
 
 
 def test_the_checkpointer_waits_for_the_wal_to_gather_before_it_checkpoints(tmp_path):
@@ -378,18 +383,61 @@ def test_the_checkpointer_waits_for_the_wal_to_gather_before_it_checkpoints(tmp_
     path = str(tmp_path / "wal.db")
     engine = _wal_database(path)
     checkpointer = repo.WalCheckpointer(engine, interval_s=0.01, checkpoint_after_bytes=1024 * 1024)
+    index = repo.WalIndex(path)
     try:
         _write_rows(engine, 0, 20)  # about 80 KiB
         time.sleep(0.2)  # twenty rounds
-        assert checkpointer.checkpoints == 0 and 0 < repo.wal_bytes_pending(path) < 1024 * 1024
+        assert checkpointer.checkpoints == 0 and 0 < index.pending_bytes() < 1024 * 1024
         _write_rows(engine, 100, 400)  # past 1 MiB
         deadline = time.monotonic() + 5
         while checkpointer.checkpoints == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert checkpointer.checkpoints >= 1 and repo.wal_bytes_pending(path) == 0
+        assert checkpointer.checkpoints >= 1 and index.pending_bytes() == 0
     finally:
         checkpointer.stop()
         engine.dispose()
+        checkpointer.close()
+        index.close()
+
+
+def test_watching_the_wal_never_drops_this_processs_sqlite_locks(tmp_path):
+    """Closing any descriptor of a file drops all of a process's POSIX locks on it, SQLite's too.
+
+    The checkpointer reads the -shm file many times while this process holds SQLite's write lock;
+    a writer in another process must still wait for it (it did not when each read opened and
+    closed the file: two writers at once).
+    """
+    path = tmp_path / "wal.db"
+    engine = _wal_database(str(path))
+    _write_rows(engine, 0, 5)
+    checkpointer = repo.WalCheckpointer(engine, interval_s=0.01, checkpoint_after_bytes=1 << 30)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        holder.execute("INSERT INTO t VALUES (9999, 'held')")
+        time.sleep(0.2)  # twenty reads of the wal-index
+        other = subprocess.run(
+            [sys.executable, "-c", _OTHER_PROCESS_WRITES, str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert other.stdout.strip() == "locked", other.stdout + other.stderr
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        checkpointer.stop()
+        engine.dispose()
+        checkpointer.close()
+
+
+_OTHER_PROCESS_WRITES = """
+import sqlite3, sys
+connection = sqlite3.connect(sys.argv[1], timeout=0.5)
+try:
+    connection.execute("INSERT INTO t VALUES (-1, 'other')")
+    connection.commit()
+    print("wrote")
+except sqlite3.OperationalError as exc:
+    print("locked" if "locked" in str(exc) else exc)
+"""
 
 
 def test_a_read_then_write_upsert_leaves_insert_only_columns_of_an_existing_row_alone(store):
