@@ -140,7 +140,11 @@ class Leadership:
 
     def fence(self, session: Session) -> None:
         """Refuse session's transaction unless this replica's term is still the lease's (store hook)."""
-        lease_store.check_fence(session, self.fencing_token, role=self.store.role)
+        self.current_fence()(session)
+
+    def current_fence(self) -> lease_store.Fence:
+        """The fence of this replica's term now, as a value (for a store writer process)."""
+        return lease_store.Fence(self.fencing_token, role=self.store.role)
 
     def register_metrics(self, registry: prometheus_client.CollectorRegistry) -> None:
         """Export whether this replica leads and its term (the fencing token; 0 while it follows)."""

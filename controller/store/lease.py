@@ -12,6 +12,7 @@ token and is refused. Every write is thus ordered before the takeover or refused
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import sqlalchemy as sa
@@ -48,6 +49,21 @@ def _lease(row: schema.LeaderLeaseRow) -> lease_core.Lease:
 def _locked_row(session: Session, role: str, *, shared: bool = False) -> schema.LeaderLeaseRow | None:
     query = sa.select(schema.LeaderLeaseRow).where(schema.LeaderLeaseRow.name == role)
     return session.scalars(query.with_for_update(read=shared)).one_or_none()
+
+
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    """A term's fencing token as a value: `check_fence` for it on a session.
+
+    Picklable, so a writer process (`rasd.controller.store.writer`) can check it in its own transaction.
+    """
+
+    token: int | None
+    role: str = ROLE
+
+    def __call__(self, session: Session) -> None:
+        """`check_fence(session, token, role=role)`."""
+        check_fence(session, self.token, role=self.role)
 
 
 def check_fence(session: Session, token: int | None, *, role: str = ROLE) -> None:

@@ -76,6 +76,9 @@ class RemediationStore:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self.fence: Callable[[Session], None] | None = None
         """Called first in every `commit` transaction; raises to refuse it (the leader's fencing token check)."""
+        self.writer: Any = None
+        """A `rasd.controller.store.writer.CommitProcess` that runs `commit` in its own process (it
+        checks its own fence there); None: commit here."""
 
     # -- loading at start-up ---------------------------------------------------------------------------
     def load_node_states(self) -> dict[str, dict[str, Any]]:
@@ -129,6 +132,8 @@ class RemediationStore:
         Upserts are single INSERT ... ON CONFLICT DO UPDATE statements (executemany), never a read
         followed by a write: a group of hundreds of events commits in a handful of statements.
         """
+        if self.writer is not None:
+            return self.writer.commit(change)
         fresh: list[str] = []
         now = change.now_unix_ns
         command_updates = list(change.command_updates)

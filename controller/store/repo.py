@@ -23,7 +23,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from rasd.controller.core import fleet
 from rasd.controller.store import migrate, schema
 
-STORE_UNAVAILABLE: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError)
+
+class WriterLost(Exception):
+    """The store writer process (`rasd.controller.store.writer`) died during a call: a store outage."""
+
+
+STORE_UNAVAILABLE: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError, WriterLost)
 """What a store call raises while the database is unreachable, restarting or locked: nothing of the
 call was committed, and the same call can succeed later (the pool's pre-ping replaces dead connections)."""
 
@@ -160,6 +165,24 @@ class WalIndex:
             self._fd = None
 
 
+def without_autocheckpoint(engine: sa.Engine) -> bool:
+    """Turn off checkpointing on commit for engine's new connections, if it is a SQLite file; returns whether it is.
+
+    The file is then checkpointed by a `WalCheckpointer` (one per file: the controller's).
+    """
+    url = engine.url
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return False
+
+    @sa_event.listens_for(engine, "connect")
+    def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA wal_autocheckpoint=0")
+        cursor.close()
+
+    return True
+
+
 class WalCheckpointer:
     """Checkpoints a SQLite file's write-ahead log from its own thread, so that no commit has to.
 
@@ -195,16 +218,8 @@ class WalCheckpointer:
     @classmethod
     def for_engine(cls, engine: sa.Engine) -> WalCheckpointer | None:
         """A checkpointer for a SQLite file engine (its connections stop checkpointing); else None."""
-        url = engine.url
-        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        if not without_autocheckpoint(engine):
             return None
-
-        @sa_event.listens_for(engine, "connect")
-        def _no_autocheckpoint(dbapi_connection: Any, _record: Any) -> None:
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA wal_autocheckpoint=0")
-            cursor.close()
-
         engine.dispose()  # connections opened before (the migration's) are replaced by ones without it
         return cls(engine)
 
