@@ -3,7 +3,9 @@
 Run: .venv/bin/python bench/remediation.py [--quick] [--no-write] [--duration-s 5] [--profile FILE]
 
 What is timed, per backend (SQLite file in WAL mode; PostgreSQL when RASD_TEST_POSTGRES_URL is set,
-in a fresh schema dropped afterwards), in this order on one database:
+in a fresh schema dropped afterwards) and per commit writer (``--commit-writer``: a writer process,
+as ``rasd-controller`` runs, with the next pass decided while one commits; or the store thread, one
+pass at a time), in this order on one database:
 
 1. **Sustained throughput**: events fed one by one, as fast as the service takes them, to
    ``RemediationService.on_events`` with a real ``Store`` and ``Ingest``; once without and once
@@ -14,8 +16,9 @@ in a fresh schema dropped afterwards), in this order on one database:
 3. **Burst**: events arrive on a fixed schedule (default 2,000 events/s across 2,000 nodes for
    5 s). Each arrival starts its own task and its own ``on_events`` call, as concurrent agent
    streams do; calls that arrive while a pass runs wait and are decided together in the next pass
-   (group commit: one decision transaction and one dispatch transaction per group of at most
-   ``MAX_GROUP_EVENTS`` calls). An event's arrival time is its scheduled time, so a service that falls behind
+   (group commit: one transaction per group of at most ``MAX_GROUP_EVENTS`` calls, which also
+   carries the dispatch of the waiting actions the pass before it left). An event's arrival time
+   is its scheduled time, so a service that falls behind
    pays for the queue (no coordinated omission); what is still queued when the drain timeout ends
    is cut off and counted as at least that old. ``--append-in-burst`` adds ``Store.append_events``.
 
@@ -35,7 +38,8 @@ Disruption policy (so the burst is admitted, not held by the budget): breaker_qu
 max_disrupted_nodes_pct 100, max_disrupted_nodes 100000, rack and nvlink_domain caps 100000
 nodes and 100 %, storm_cooldown_s 0. Everything else is the default policy.
 
-CPU seconds are this process's (the service, its store thread, the event generator); for
+CPU seconds are the controller's: this process (the service, its store thread, the event generator)
+and its commit writer process if it has one; for
 PostgreSQL the server processes' CPU is read from /proc and shown separately. The goal from the
 remediation issue: p99 decision latency ≤ 50 ms at 2,000 events/s; the process exits 1 when it
 is missed on SQLite. Figures go to the "## Remediation" section of bench/RESULTS.md.
@@ -73,6 +77,7 @@ from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import fleet, health
 from rasd.controller.core import policy as policy_mod
 from rasd.controller.store import repo
+from rasd.controller.store import writer as store_writer
 
 SECTION = "## Remediation"
 GOAL_P99_MS = 50.0
@@ -217,25 +222,33 @@ def stored(arrival: Arrival, seq: int, received_unix_ns: int) -> repo.StoredEven
     )  # fmt: skip
 
 
-def _cpu_s() -> float:
+def _cpu_s(rig: Rig) -> float:
+    """CPU seconds of this process and of its commit writer process, if it has one."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    writer_pid = rig.writer.pid if rig.writer is not None else None
+    writer_s = _proc_cpu_s(pathlib.Path(f"/proc/{writer_pid}")) if writer_pid is not None else 0.0
+    return usage.ru_utime + usage.ru_stime + writer_s
 
 
 def _postgres_cpu_s() -> float:
     """CPU seconds of every live process named postgres (the server and its backends), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for proc in pathlib.Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            stat = (proc / "stat").read_text()
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            if comm.startswith("postgres"):
-                fields = stat[stat.rindex(")") + 2 :].split()
-                total += int(fields[11]) + int(fields[12])
-    return total / tick
+    return sum(_proc_cpu_s(proc) for proc in pathlib.Path("/proc").iterdir() if _proc_named(proc, "postgres"))
+
+
+def _proc_named(proc: pathlib.Path, prefix: str) -> bool:
+    with contextlib.suppress(OSError):
+        stat = (proc / "stat").read_text()
+        return proc.name.isdigit() and stat[stat.index("(") + 1 : stat.rindex(")")].startswith(prefix)
+    return False
+
+
+def _proc_cpu_s(proc: pathlib.Path) -> float:
+    """User + system CPU seconds of a live process (/proc/PID), 0 if it is gone."""
+    with contextlib.suppress(OSError):
+        stat = (proc / "stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -270,12 +283,18 @@ def database(backend: str, tmp: str) -> Iterator[str]:
 class Rig:
     """A real Store, Ingest and RemediationService on one database, with the nodes registered."""
 
-    def __init__(self, url: str, nodes: int) -> None:
-        """Open the store and register `nodes` nodes (not timed)."""
+    def __init__(self, url: str, nodes: int, *, commit_writer: str = "process") -> None:
+        """Open the store and register `nodes` nodes (not timed).
+
+        commit_writer: "process" (a `CommitProcess`, as `rasd-controller` runs) or "thread".
+        """
         self.store = repo.Store.open(url)
         self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()))
         policy = policy_mod.RemediationPolicy.from_mapping(POLICY)
         self.service = remediation_mod.RemediationService(self.store, self.ingest, policy=policy)
+        self.writer = store_writer.CommitProcess(url) if commit_writer == "process" else None
+        if self.writer is not None:
+            self.service.use_writer(self.writer)
         now = time.time_ns()
         for i in range(nodes):
             node_hello = hello(i)
@@ -296,6 +315,8 @@ class Rig:
         """Stop both and close the store."""
         await self.service.stop()
         await self.ingest.stop()
+        if self.writer is not None:
+            self.writer.close()
         self.store.close()
 
     async def deliver(self, arrival: Arrival, received_unix_ns: int, *, append: bool) -> None:
@@ -318,6 +339,8 @@ class Row:
     backend: str
     nodes: int
     phase: str = ""
+    writer: str = "process"
+    """Where the commits ran: "process" (a `CommitProcess`) or "thread" (the store thread)."""
     throughput_events: int = 0
     throughput_wall_s: float = 0.0
     throughput_cpu_s: float = 0.0
@@ -356,7 +379,7 @@ class Row:
 
 async def throughput(rig: Rig, arrivals: list[Arrival], seconds: float, row: Row, *, append: bool) -> None:
     """Feed events back to back for `seconds` (or until the list ends) and count them."""
-    cpu0, db0, wall0 = _cpu_s(), _db_cpu(row.backend), time.perf_counter()
+    cpu0, db0, wall0 = _cpu_s(rig), _db_cpu(row.backend), time.perf_counter()
     done = 0
     for arrival in arrivals:
         await rig.deliver(arrival, time.time_ns(), append=append)
@@ -364,7 +387,7 @@ async def throughput(rig: Rig, arrivals: list[Arrival], seconds: float, row: Row
         if time.perf_counter() - wall0 >= seconds:
             break
     row.throughput_wall_s = time.perf_counter() - wall0
-    row.throughput_cpu_s = _cpu_s() - cpu0
+    row.throughput_cpu_s = _cpu_s(rig) - cpu0
     row.throughput_db_cpu_s = _db_delta(row.backend, db0)
     row.throughput_events = done
 
@@ -382,7 +405,7 @@ async def burst(
 
     before = len(rig.service.stats.decision_latency_s)
     kinds_before = dict(rig.service.stats.actions_by_kind)
-    cpu0, db0 = _cpu_s(), _db_cpu(row.backend)
+    cpu0, db0 = _cpu_s(rig), _db_cpu(row.backend)
     start_ns = time.time_ns() + 50_000_000
     index = 0
     while index < len(arrivals):
@@ -406,7 +429,7 @@ async def burst(
             task.cancel()
         await asyncio.gather(*still, return_exceptions=True)
     row.burst_wall_s = (time.time_ns() - start_ns) / 1e9
-    row.burst_cpu_s = _cpu_s() - cpu0
+    row.burst_cpu_s = _cpu_s(rig) - cpu0
     row.burst_db_cpu_s = _db_delta(row.backend, db0)
     row.burst_offered, row.burst_rate, row.burst_done = len(arrivals), rate, len(return_s)
     row.return_ms = [1000 * s for s in return_s]
@@ -430,7 +453,7 @@ def _db_delta(backend: str, before: float | None) -> float | None:
 
 
 async def measure(
-    backend: str, args: argparse.Namespace, tmp: str, profiler: cProfile.Profile | None
+    backend: str, writer: str, args: argparse.Namespace, tmp: str, profiler: cProfile.Profile | None
 ) -> tuple[list[Row], list[Row]]:
     """Throughput (with and without the append), a light paced run, then the burst, on one database.
 
@@ -440,22 +463,23 @@ async def measure(
     feeds: list[Row] = []
     bursts: list[Row] = []
     with database(backend, tmp) as url:
-        rig = Rig(url, args.nodes)
+        rig = Rig(url, args.nodes, commit_writer=writer)
         await rig.start()
         try:
             events = schedule(args.seed + 1, args.nodes, 2000.0, args.throughput_s * 8 + 1)
             half = len(events) // 2
             for append, chunk in ((False, events[:half]), (True, events[half:])):
-                row = Row(backend, args.nodes, "append_events + on_events" if append else "on_events only")
+                row = Row(backend, args.nodes, "append_events + on_events" if append else "on_events only", writer)
                 await throughput(rig, chunk, args.throughput_s, row, append=append)
                 feeds.append(row)
-            light = Row(backend, args.nodes, f"paced {args.light_rate:g}/s (on_events only)")
+            light = Row(backend, args.nodes, f"paced {args.light_rate:g}/s (on_events only)", writer)
             arrivals = schedule(args.seed + 2, args.nodes, args.light_rate, args.duration_s)
             await burst(rig, arrivals, args.light_rate, args.drain_timeout_s, light, append=False)
             heavy = Row(
                 backend,
                 args.nodes,
                 f"burst {args.rate:,.0f}/s ({'append_events + ' if args.append_in_burst else ''}on_events)",
+                writer,
             )
             arrivals = schedule(args.seed, args.nodes, args.rate, args.duration_s)
             store_profiler = cProfile.Profile() if profiler is not None else None
@@ -487,12 +511,13 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
     lines = [
         "Sustained throughput (events fed back to back, one per call):",
         "",
-        "| backend | path | events | wall s | events/s | ms/event | CPU s (this process) | CPU s (PostgreSQL) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| backend | commits | path | events | wall s | events/s | ms/event | CPU s (controller) "
+        "| CPU s (PostgreSQL) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in feeds:
         lines.append(
-            f"| {r.backend} | {r.phase} | {r.throughput_events:,} | {r.throughput_wall_s:.1f} | "
+            f"| {r.backend} | {r.writer} | {r.phase} | {r.throughput_events:,} | {r.throughput_wall_s:.1f} | "
             f"{r.throughput_events / max(r.throughput_wall_s, 1e-9):,.0f} | "
             f"{1000 * r.throughput_wall_s / max(r.throughput_events, 1):.1f} | {r.throughput_cpu_s:.1f} | "
             f"{_fmt(r.throughput_db_cpu_s)} |"
@@ -502,13 +527,14 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
         "Scheduled arrivals (latency from the scheduled arrival; events still queued when the drain timeout "
         "ends are counted as cut off, at least that old):",
         "",
-        "| backend | run | offered | done | events/s achieved | decision p50 ms | decision p99 ms | decisions "
-        "| arrival→return p50 ms | arrival→return p99 ms | max in flight | CPU s (this process) | CPU s (PostgreSQL) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| backend | commits | run | offered | done | events/s achieved | decision p50 ms | decision p99 ms "
+        "| decisions | arrival→return p50 ms | arrival→return p99 ms | max in flight | CPU s (controller) "
+        "| CPU s (PostgreSQL) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in bursts:
         lines.append(
-            f"| {r.backend} | {r.phase} | {r.burst_offered:,} | {r.burst_done:,}"
+            f"| {r.backend} | {r.writer} | {r.phase} | {r.burst_offered:,} | {r.burst_done:,}"
             f"{'' if r.drained else ' (drain timed out)'} | {r.burst_done / max(r.burst_wall_s, 1e-9):,.0f} | "
             f"{r.percentile(r.decision_ms, 50, r.decision_share)} | "
             f"{r.percentile(r.decision_ms, 99, r.decision_share)} | {len(r.decision_ms):,} | "
@@ -521,7 +547,8 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             continue
         kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(r.dispatched.items()))
         lines.append(
-            f"- {r.backend} burst dispatched: {kinds or 'nothing'}; still deferred at the end: {r.deferred_left}; "
+            f"- {r.backend}, commits in a {r.writer}: burst dispatched {kinds or 'nothing'}; "
+            f"still deferred at the end: {r.deferred_left}; "
             f"state after the burst: {r.doc_bytes.get('open incidents', 0):,} open incidents, correlation "
             f"state {r.doc_bytes.get('correlation', 0):,} bytes in all (stored as one id list per scope, written "
             "when an incident opens or expires, and each changed incident's row), budget document "
@@ -547,6 +574,12 @@ def main(argv: list[str] | None = None) -> int:
         help="persist each burst event with Store.append_events first (its own task, as Ingest does)",
     )
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
+    parser.add_argument(
+        "--commit-writer",
+        choices=("process", "thread", "both"),
+        default="both",
+        help="where the commits run: a writer process (as rasd-controller runs), the store thread, or each in turn",
+    )
     parser.add_argument("--log-level", default="info", help="the controller's log level (output to /dev/null)")
     parser.add_argument("--profile", help="cProfile the SQLite burst into this file and print the top functions")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
@@ -558,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
         print("RASD_TEST_POSTGRES_URL is unset: PostgreSQL skipped (.ci/postgres.sh starts one)", file=sys.stderr)
         backends.remove("postgresql")
 
+    writers = ["process", "thread"] if args.commit_writer == "both" else [args.commit_writer]
+    profiled = ("sqlite", writers[0])
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = results.machine(f"SQLAlchemy {sa.__version__}")
     rasd_logging.configure(args.log_level, json=True)
@@ -567,11 +602,11 @@ def main(argv: list[str] | None = None) -> int:
     bursts: list[Row] = []
     profiler = cProfile.Profile() if args.profile else None
     with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as devnull:
-        for backend in backends:
+        for backend, writer in [(b, w) for b in backends for w in writers]:
             sys.stderr = devnull
             try:
                 backend_feeds, backend_bursts = asyncio.run(
-                    measure(backend, args, tmp, profiler if backend == "sqlite" else None)
+                    measure(backend, writer, args, tmp, profiler if (backend, writer) == profiled else None)
                 )
                 feeds += backend_feeds
                 bursts += backend_bursts
@@ -585,12 +620,13 @@ def main(argv: list[str] | None = None) -> int:
 
     load_end = os.getloadavg()[0]  # the machine is shared: the load says what else ran
     body = table(feeds, bursts)
-    sqlite = next((r for r in bursts if r.backend == "sqlite" and r.doc_bytes), None)
+    sqlite = next((r for r in bursts if r.backend == "sqlite" and r.writer == writers[0] and r.doc_bytes), None)
     p99 = _pct(sqlite.censored(sqlite.decision_ms, sqlite.decision_share), 99) if sqlite else float("nan")
     met = sqlite is not None and sqlite.drained and p99 <= GOAL_P99_MS
     argv_text = " ".join(sys.argv[1:] if argv is None else argv)
     verdict = (
-        f"Goal: decision latency p99 ≤ {GOAL_P99_MS:g} ms at {args.rate:,.0f} events/s on SQLite: "
+        f"Goal: decision latency p99 ≤ {GOAL_P99_MS:g} ms at {args.rate:,.0f} events/s on SQLite "
+        f"(commits in a {writers[0]}): "
         f"{'met' if met else 'NOT met'} (p99 "
         f"{sqlite.percentile(sqlite.decision_ms, 99, sqlite.decision_share) if sqlite else 'not measured'} ms)."
     )
@@ -607,13 +643,16 @@ def main(argv: list[str] | None = None) -> int:
             "phases start with earlier phases' incidents open.",
             "",
             "Path: `RemediationService.on_events` with a real `Store` and `Ingest` (classify → correlate → "
-            "escalate → one outbox transaction → blast-radius admission → dispatch transaction → "
-            "`Ingest.dispatch`); rows marked `append_events +` first persist the event in `health_events` "
+            "escalate → blast-radius admission → outbox transaction → `Ingest.dispatch`; actions that "
+            "wait for admission, a quarantine with its repair, are dispatched by a round committed with "
+            "the next pass). Commits: `process` runs them in a `CommitProcess` (rasd-controller's "
+            "default) while the next pass is decided; `thread` runs them on the store thread, one pass at "
+            "a time. Rows marked `append_events +` first persist the event in `health_events` "
             "with `Store.append_events` on the store thread, as `Ingest.on_events` does. Outside: the gRPC "
             "stream, wire validation, the ack to the agent. Each scheduled event is its own task and its own "
             "`on_events` call (concurrent streams); calls that wait while a pass runs are decided together in "
             f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
-            "escalation pass, one decision transaction, then one dispatch transaction). "
+            "escalation pass, one transaction). "
             "No agent is connected, so `Ingest.dispatch` returns False and agent commands stay `dispatched`. "
             "Controller logs: JSON at info, to /dev/null. Disruption policy lifted so the burst is admitted: "
             "breaker 100 %, cluster 100 % / 100,000 nodes, rack and nvlink_domain 100 % / 100,000, storm "

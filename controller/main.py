@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-remediation", action="store_true", help="record health events only; never act on them")
     parser.add_argument(
+        "--commit-writer",
+        choices=("process", "thread"),
+        default="process",
+        help="where the repair ladder's commits run: a writer process (default; deciding and committing use "
+        "two cores) or the store thread (an in-memory SQLite store needs thread)",
+    )
+    parser.add_argument(
         "--record",
         type=pathlib.Path,
         metavar="PATH",
@@ -142,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         record_path=args.record,
         leader=config.get("leader", leader_mod.LeaderSettings()),
         power=config.get("power"),
+        commit_writer=args.commit_writer,
     )
     try:
         return asyncio.run(_serve(settings))

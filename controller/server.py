@@ -6,6 +6,7 @@ runs the same wiring.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import pathlib
 import time
@@ -29,6 +30,7 @@ from rasd.controller.core import policy as policy_mod
 from rasd.controller.rpc import admin_service, agent_service, authz, leader_gate, store_outage
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
+from rasd.controller.store import writer as store_writer
 
 log = structlog.get_logger("rasd.controller")
 
@@ -70,6 +72,9 @@ class ControllerSettings:
     """The `[leader]` table: election (lease on PostgreSQL), lease and renewal times, replica id."""
     power: Mapping[str, Any] | None = None
     """The `[power]` table (budget tree, policy); None: no power loop."""
+    commit_writer: str = "thread"
+    """Where the repair ladder's commits run: "process" (a writer process, `store.writer`: deciding
+    and committing use two cores; what `rasd-controller` runs) or "thread" (the store thread)."""
 
 
 class Controller:
@@ -134,8 +139,14 @@ class Controller:
                 # `rasctl validate` reaches a node whichever replica holds its stream.
                 self.remediation.command_sender = self.relay.send_command
                 self.remediation.node_reachable = self.relay.node_reachable
+        self.commit_writer: store_writer.CommitProcess | None = None
         if self.remediation is not None:
             self.remediation.store.fence = self.leadership.fence
+            if settings.commit_writer == "process":
+                self.commit_writer = store_writer.CommitProcess(settings.db_url, fence=self.leadership.current_fence)
+                self.remediation.use_writer(self.commit_writer)
+            elif settings.commit_writer != "thread":
+                raise ValueError(f"commit_writer must be process or thread, got {settings.commit_writer!r}")
             if self.relay is None:
                 remediation = self.remediation
                 self.leadership.on_elected(lambda _token: remediation.start())
@@ -259,6 +270,8 @@ class Controller:
         if self._health_server is not None:
             await self._health_server.stop(None)
         await self.ingest.stop()
+        if self.commit_writer is not None:
+            await asyncio.to_thread(self.commit_writer.close)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

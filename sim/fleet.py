@@ -153,6 +153,7 @@ async def run(
             ),
             record_path=settings.record_path,
             power=_power_table(settings, gpu_model) if power and power.managed else None,
+            commit_writer="process",  # as rasd-controller runs
         )
     )
     await controller.start()

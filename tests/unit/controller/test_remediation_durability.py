@@ -48,9 +48,13 @@ async def _until(predicate, timeout_s=20.0):
         await asyncio.sleep(0.05)
 
 
-async def _run_ladder(store_url: str, tmp_path, crash_at: int | None, when: str, *, xid: int = 48):
+async def _run_ladder(
+    store_url: str, tmp_path, crash_at: int | None, when: str, *, xid: int = 48, commit_writer: str = "thread"
+):
     port = _free_port()
-    settings = server.ControllerSettings(listen=f"127.0.0.1:{port}", db_url=store_url, metrics_port=None)
+    settings = server.ControllerSettings(
+        listen=f"127.0.0.1:{port}", db_url=store_url, metrics_port=None, commit_writer=commit_writer
+    )
     backend = simulated.SimulatedBackend("node-d", 2, 0, workload=simulated.StepWorkload())
     ops = node_ops.SimulatedNodeOps(backend)
     journal = spool.Spool(str(tmp_path / "agent-spool.db"))
@@ -131,8 +135,11 @@ async def _run_ladder(store_url: str, tmp_path, crash_at: int | None, when: str,
         journal.close()
 
 
-def test_the_ladder_completes_without_a_crash(store_url, tmp_path):
-    executed, outbox, quarantined, commits, _ = asyncio.run(_run_ladder(store_url, tmp_path, None, "before"))
+@pytest.mark.parametrize("commit_writer", ["thread", "process"])
+def test_the_ladder_completes_without_a_crash(store_url, tmp_path, commit_writer):
+    executed, outbox, quarantined, commits, _ = asyncio.run(
+        _run_ladder(store_url, tmp_path, None, "before", commit_writer=commit_writer)
+    )
     # An Xid 48 comes with its ECC DBE counter event. With group commit the two are decided in one
     # pass or in two, depending on when each reaches the controller (seen: 7 commits in a CI run, 6 in
     # most). The extra commit is another event decision, the same kind as the commits tested below.
@@ -146,10 +153,14 @@ def test_the_ladder_completes_without_a_crash(store_url, tmp_path):
     assert len(executed) == len(set(executed)) == sum(1 for c in outbox if c.kind in ("reset_gpu", "run_validation"))
 
 
+@pytest.mark.parametrize("commit_writer", ["thread", "process"])
 @pytest.mark.parametrize("when", ["before", "after"])
 @pytest.mark.parametrize("crash_at", range(1, LADDER_COMMITS + 1))
-def test_a_crash_at_any_commit_loses_and_repeats_nothing(store_url, tmp_path, crash_at, when):
-    executed, outbox, quarantined, _, crashed = asyncio.run(_run_ladder(store_url, tmp_path, crash_at, when))
+def test_a_crash_at_any_commit_loses_and_repeats_nothing(store_url, tmp_path, crash_at, when, commit_writer):
+    """With commits in the store thread or in the writer process (a crash kills both)."""
+    executed, outbox, quarantined, _, crashed = asyncio.run(
+        _run_ladder(store_url, tmp_path, crash_at, when, commit_writer=commit_writer)
+    )
     assert crashed, f"commit {crash_at} never happened: the crash case tested nothing"
     ids = [c.command_id for c in outbox]
     assert len(ids) == len(set(ids)), "no command decided twice"

@@ -7,6 +7,8 @@ as one call at a time, and a pass whose commit fails loses no event and dispatch
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 import sqlalchemy as sa
@@ -18,6 +20,7 @@ from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import fleet, health
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
+from rasd.controller.store import writer as store_writer
 
 NOW_NS = 1_800_000_000 * 10**9
 GPUS = [f"GPU-00000000-0000-4000-8000-00000000000{i}" for i in range(2)]
@@ -198,3 +201,127 @@ def test_a_waiting_command_a_failed_commit_superseded_is_cancelled_when_the_deci
         await rig.stop()
 
     asyncio.run(run())
+
+
+# -- pipelined passes with the commit writer process ---------------------------------------------------------
+NODES = [f"node-{i}" for i in range(12)]
+# Per node: a restart, its duplicate, a DBE (quarantine + reset, superseding the restart), its Xid 45
+# cleanup, and a fault on the node's other GPU: every kind of pass, including dispatch rounds.
+WAVES = [[(node, seq, xid, gpu) for node in NODES] for seq, xid, gpu in EVENTS]
+
+
+def _burst_rig(url: str, *, writer: bool) -> tuple[_Rig, list[str]]:
+    rig = _Rig(url)
+    for node in NODES[1:]:
+        rig.store.register_hello(_hello(node), NOW_NS)
+        rig.ingest.node_labels[node] = {"rack": "r1"}
+    if writer:
+        rig.service.use_writer(store_writer.CommitProcess(url))
+    sent: list[str] = []
+    rig.service.send_hook = lambda action: sent.append(action.command_id) or True
+    return rig, sent
+
+
+def _outcome(rig: _Rig) -> tuple:
+    tickets = sorted(
+        (t.ticket_id, t.state, t.rung, t.step, t.history, t.held, t.pending)
+        for node in NODES
+        for t in rig.service.node_states[node].tickets
+    )
+    commands = sorted((c.command_id, c.kind, c.status) for c in rig.service.store.commands(limit=10_000))
+    return tickets, commands
+
+
+async def _feed_in_waves(rig: _Rig, pause_s: float) -> None:
+    """Each wave's calls arrive together; the next wave while the passes before it may still commit."""
+    calls = []
+    for wave in WAVES:
+        for node, seq, xid, gpu in wave:
+            calls.append(
+                asyncio.ensure_future(rig.service.on_events(node, [_event(node, seq, xid, gpu)], {"rack": "r1"}))
+            )
+        await asyncio.sleep(pause_s)
+    await asyncio.wait_for(asyncio.gather(*calls), timeout=60)
+
+
+def test_pipelined_passes_decide_what_one_call_at_a_time_decides(tmp_path):
+    async def run(pipelined: bool) -> tuple:
+        url = f"sqlite:///{tmp_path / ('pipelined.db' if pipelined else 'serial.db')}"
+        rig, sent = _burst_rig(url, writer=pipelined)
+        await rig.start()
+        try:
+            if pipelined:
+                await _feed_in_waves(rig, pause_s=0.002)
+            else:
+                for wave in WAVES:
+                    for node, seq, xid, gpu in wave:
+                        await rig.service.on_events(node, [_event(node, seq, xid, gpu)], {"rack": "r1"})
+            assert rig.service.stats.events == sum(len(w) for w in WAVES), "every event decided once"
+            assert rig.service.store.unprocessed_events() == {}
+            dispatched = [c for c in rig.service.store.commands(limit=10_000) if c.status == "dispatched"]
+            assert sorted(sent) == sorted(c.command_id for c in dispatched), "sent once each, after its commit"
+            if pipelined:
+                assert rig.service.stats.passes_overlapped > 0, "some pass was decided while another committed"
+            else:
+                assert rig.service.stats.passes_overlapped == 0
+            return _outcome(rig)
+        finally:
+            await rig.stop()
+            if rig.service.store.writer is not None:
+                rig.service.store.writer.close()
+
+    serial, pipelined = asyncio.run(run(False)), asyncio.run(run(True))
+    assert pipelined == serial
+    tickets, commands = pipelined
+    assert len(tickets) == 2 * len(NODES) and {kind for _id, kind, _s in commands} >= {"quarantine_gpu", "reset_gpu"}
+
+
+def test_a_writer_killed_mid_burst_loses_no_event_and_repeats_no_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(remediation_mod, "STORE_RETRY_S", 0.05)
+
+    async def run() -> None:
+        rig, sent = _burst_rig(f"sqlite:///{tmp_path / 'rasd.db'}", writer=True)
+        await rig.start()
+        writer = rig.service.store.writer
+        try:
+
+            async def kill_after_the_first_commit() -> None:
+                while rig.service.stats.events == 0:
+                    await asyncio.sleep(0.001)
+                os.kill(writer.pid, signal.SIGKILL)
+
+            killer = asyncio.ensure_future(kill_after_the_first_commit())
+            await _feed_in_waves(rig, pause_s=0.01)
+            await killer
+            assert writer.started == 2, "the killed writer was replaced"
+            assert rig.service.stats.events == sum(len(w) for w in WAVES), "every event decided once"
+            assert rig.service.store.unprocessed_events() == {}, "the replay watermark covers every event"
+            commands = rig.service.store.commands(limit=10_000)
+            assert len({c.command_id for c in commands}) == len(commands)
+            dispatched = [c.command_id for c in commands if c.status == "dispatched"]
+            assert sorted(sent) == sorted(dispatched), "each dispatched command sent once, none undispatched"
+            assert {c.status for c in commands} <= {"dispatched", "succeeded", "cancelled"}, "none left pending"
+        finally:
+            await rig.stop()
+            writer.close()
+
+    asyncio.run(run())
+
+
+def test_a_commit_chain_refuses_every_commit_behind_a_failed_one():
+    """Each pipelined pass was decided on the ones before it: none may commit after one failed."""
+    ran: list[int] = []
+
+    def commit(change: rstore.Commit) -> list[str]:
+        ran.append(change.now_unix_ns)
+        if change.now_unix_ns == 2:
+            raise sa.exc.OperationalError("COMMIT", {}, Exception("database is locked"))
+        return []
+
+    chain = remediation_mod._CommitChain(commit)
+    assert chain(rstore.Commit(now_unix_ns=1)) == []
+    with pytest.raises(sa.exc.OperationalError):
+        chain(rstore.Commit(now_unix_ns=2))
+    with pytest.raises(RuntimeError, match="an earlier commit of this pipeline failed"):
+        chain(rstore.Commit(now_unix_ns=3))
+    assert ran == [1, 2], "the commit behind the failed one never ran"
