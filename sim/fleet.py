@@ -101,6 +101,7 @@ class SimResult:
     power_rows: list[tuple[int, float, int]]
     operator_marks_unix_ns: list[int]
     cpu_s: float
+    """User + system CPU seconds of this process and of its reaped children (the commit writer)."""
     peak_rss_mib: float
     fleet_power: dict[str, float] = dataclasses.field(default_factory=dict)
     outbox: list[dict[str, object]] = dataclasses.field(default_factory=list)
@@ -282,6 +283,7 @@ async def run(
             tickets = await controller.ingest.run_in_store(lambda: remediation.store.tickets(limit=10_000))
         await controller.stop()
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    writer = resource.getrusage(resource.RUSAGE_CHILDREN)  # the controller's commit writer, reaped at stop
     return SimResult(
         settings=settings,
         started_unix_ns=started_ns,
@@ -312,7 +314,7 @@ async def run(
         agent_events_unacked=sum(a.spool.depth() for a in agents),
         power_rows=power_rows,
         operator_marks_unix_ns=operator_marks,
-        cpu_s=usage.ru_utime + usage.ru_stime,
+        cpu_s=usage.ru_utime + usage.ru_stime + writer.ru_utime + writer.ru_stime,
         peak_rss_mib=usage.ru_maxrss / 1024,
         fleet_power=fleet.summarize_power(power_rows, min_gpus=int(0.95 * settings.nodes * settings.gpus_per_node)),
         outbox=outbox,

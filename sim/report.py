@@ -323,7 +323,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"| max concurrent disruptions / budget | {report['remediation']['max_concurrent_disruptions']} / "
         f"{report['remediation']['disruption_budget']} nodes |",
         f"| telemetry samples ingested | {ctl['telemetry_samples']} ({ctl['samples_per_s']}/s) |",
-        f"| CPU (whole process) / peak RSS | {ctl['cpu_s']} s / {ctl['peak_rss_mib']} MiB |",
+        f"| CPU (sim process and the controller's commit writer) / peak RSS | {ctl['cpu_s']} s / "
+        f"{ctl['peak_rss_mib']} MiB |",
         f"| operator cap commands sent / succeeded / read-back confirmed | {cmds['sent']} / {cmds['succeeded']} / "
         f"{cmds['read_back_confirmed']} |",
         (
