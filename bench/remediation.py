@@ -592,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         backends.remove("postgresql")
 
     writers = ["process", "thread"] if args.commit_writer == "both" else [args.commit_writer]
+    default_switch_interval_s = sys.getswitchinterval()
     profiled = ("sqlite", writers[0])
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = results.machine(f"SQLAlchemy {sa.__version__}")
@@ -604,6 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as devnull:
         for backend, writer in [(b, w) for b in backends for w in writers]:
             sys.stderr = devnull
+            # Each measurement starts as its own controller would: a writer process shortens the
+            # switch interval when it starts (rasd.controller.store.writer), the store thread does not.
+            sys.setswitchinterval(default_switch_interval_s)
             try:
                 backend_feeds, backend_bursts = asyncio.run(
                     measure(backend, writer, args, tmp, profiler if (backend, writer) == profiled else None)
