@@ -55,7 +55,6 @@ MAX_DISPATCH_ROUNDS = 8
 """Dispatch rounds in a row: a controller-side result can admit follow-ups; bounded, never a loop."""
 MAX_WAITING_CHECKED = 256
 """Waiting actions checked against the budget for a decision's own admission (`_admit_with_decision`)."""
-"""Dispatch rounds in a row: a controller-side result can admit follow-ups; bounded, never a loop."""
 MAX_PIPELINED_PASSES = 8
 """Passes decided in one hold of the decision lock; a result, a tick or an operator waits for no more."""
 PIPELINE_DEPTH = 2
