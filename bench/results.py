@@ -6,6 +6,7 @@ import contextlib
 import os
 import platform
 import re
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -21,8 +22,31 @@ def machine(*extra: str) -> str:
                 break
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    parts = [f"nproc {cpus}", model, f"Python {platform.python_version()}", *extra, f"load average {load:.2f} at start"]
+    parts = [
+        f"nproc {cpus}",
+        model,
+        f"Python {platform.python_version()}",
+        *extra,
+        f"load average {load:.2f} at start",
+        f"speed gauge {python_speed_s():.2f} s",
+    ]
     return ", ".join(parts)
+
+
+def python_speed_s(additions: int = 2_000_000, tries: int = 3) -> float:
+    """Seconds this interpreter takes for 10 million additions in a loop (best of tries, scaled).
+
+    The shared machines' speed drifts from one hour to the next (other tenants), which moves every
+    figure near a capacity limit; this puts a number on it, so that runs can be compared.
+    """
+    best = float("inf")
+    for _ in range(tries):
+        started = time.perf_counter()
+        total = 0
+        for i in range(additions):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return best * 10_000_000 / additions
 
 
 def write_section(heading: str, text: str) -> None:
