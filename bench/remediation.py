@@ -27,9 +27,11 @@ dispatched, for events that led to a dispatch); ``arrival → return`` is measur
 event (arrival → ``on_events`` returned).
 
 Nodes are registered with ``Store.register_hello`` (8 GPUs, labels rack and nvlink_domain) and
-their labels are given to the ingest as a Hello would. No agent stream is open, so
-``Ingest.dispatch`` returns False and agent commands stay ``dispatched`` in the outbox: the
-measured path ends where the command would be queued on the stream. The controller's logging
+each gets what ``Ingest.open_session`` leaves for a connected agent: its labels and an
+``ingest.Session`` whose outbound queue a task per node empties, serializing each message as the
+stream's writer (``AgentService._write``) does before ``context.write``. The events of a burst come
+from connected agents, so their commands are queued on those streams (``Ingest.dispatch``); no
+agent answers, so agent commands stay ``dispatched`` in the outbox. The controller's logging
 is configured as ``rasd-controller`` configures it (JSON at ``--log-level``, default info) and
 written to /dev/null, so its cost is included; so is the garbage collector (``rasd.common.gc_policy``:
 its thresholds, and the start-up heap frozen once the service has started).
@@ -296,11 +298,13 @@ class Rig:
         if self.writer is not None:
             self.service.use_writer(self.writer)
         now = time.time_ns()
-        for i in range(nodes):
-            node_hello = hello(i)
+        self.hellos = [hello(i) for i in range(nodes)]
+        for node_hello in self.hellos:
             self.store.register_hello(node_hello, now)
             self.ingest.node_labels[node_hello.node_id] = dict(node_hello.labels)  # what open_session records
         self.seq: dict[str, int] = {}
+        self.commands_sent = 0
+        self._stream_writers: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         """Start the ingest and the service (its tick loop runs during the measurement, as in production).
@@ -308,12 +312,32 @@ class Rig:
         Then freeze the start-up heap, as `rasd-controller` does once it has started (rasd.common.gc_policy).
         """
         await self.ingest.start()
+        for node_hello in self.hellos:
+            node_id = node_hello.node_id
+            session = ingest_mod.Session(
+                session_id=uuid.uuid4().hex,
+                node_id=node_id,
+                known_gpus=frozenset(g.uuid for g in node_hello.gpus),
+                outbound=asyncio.Queue(maxsize=self.ingest.settings.outbound_queue_size),
+                opened_unix_ns=time.time_ns(),
+            )
+            self.ingest.sessions[node_id] = session
+            self._stream_writers.append(asyncio.create_task(self._write(session)))
         await self.service.start()
         gc_policy.freeze_startup_heap()
+
+    async def _write(self, session: ingest_mod.Session) -> None:
+        """The stream's writer, up to the socket: take each message and serialize it."""
+        while (message := await session.outbound.get()) is not None:
+            message.SerializeToString()
+            self.commands_sent += 1
 
     async def stop(self) -> None:
         """Stop both and close the store."""
         await self.service.stop()
+        for writer in self._stream_writers:
+            writer.cancel()
+        await asyncio.gather(*self._stream_writers, return_exceptions=True)
         await self.ingest.stop()
         if self.writer is not None:
             self.writer.close()
@@ -358,6 +382,8 @@ class Row:
     max_backlog: int = 0
     dispatched: dict[str, int] = dataclasses.field(default_factory=dict)
     deferred_left: int = 0
+    commands_sent: int = 0
+    """Agent commands the burst queued on the nodes' streams (and their writers serialized)."""
     drained: bool = True
     doc_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     undone_bound_ms: float = float("inf")
@@ -407,6 +433,7 @@ async def burst(
 
     before = len(rig.service.stats.decision_latency_s)
     kinds_before = dict(rig.service.stats.actions_by_kind)
+    sent_before = rig.commands_sent
     cpu0, db0 = _cpu_s(rig), _db_cpu(row.backend)
     start_ns = time.time_ns() + 50_000_000
     index = 0
@@ -442,6 +469,7 @@ async def burst(
         for kind, count in rig.service.stats.actions_by_kind.items()
         if count > kinds_before.get(kind, 0)
     }
+    row.commands_sent = rig.commands_sent - sent_before
     row.deferred_left = len(rig.service._deferred)  # read-only look at what still waits
 
 
@@ -552,7 +580,8 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             continue
         kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(r.dispatched.items()))
         lines.append(
-            f"- round {r.round}, {r.backend}, commits in a {r.writer}: burst dispatched {kinds or 'nothing'}; "
+            f"- round {r.round}, {r.backend}, commits in a {r.writer}: burst dispatched {kinds or 'nothing'} "
+            f"(agent commands written to streams: {r.commands_sent:,}); "
             f"still deferred at the end: {r.deferred_left}; "
             f"state after the burst: {r.doc_bytes.get('open incidents', 0):,} open incidents, correlation "
             f"state {r.doc_bytes.get('correlation', 0):,} bytes in all (stored as one id list per scope, written "
@@ -686,7 +715,9 @@ def main(argv: list[str] | None = None) -> int:
             "`on_events` call (concurrent streams); calls that wait while a pass runs are decided together in "
             f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
             "escalation pass, one transaction). "
-            "No agent is connected, so `Ingest.dispatch` returns False and agent commands stay `dispatched`. "
+            "Every node has an open stream (an `ingest.Session` whose queue a task empties, serializing each "
+            "message as the stream's writer does), so agent commands are queued on it; no agent answers, so "
+            "they stay `dispatched`. "
             "Controller logs: JSON at info, to /dev/null. Disruption policy lifted so the burst is admitted: "
             "breaker 100 %, cluster 100 % / 100,000 nodes, rack and nvlink_domain 100 % / 100,000, storm "
             "cooldown 0. Event mix: Xid 13/31/43/45/48/79/94/119, ECC DBE, row-remap pending, NVLink errors, "
