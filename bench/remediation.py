@@ -22,9 +22,10 @@ pass at a time), in this order on one database:
    pays for the queue (no coordinated omission); what is still queued when the drain timeout ends
    is cut off and counted as at least that old. ``--append-in-burst`` adds ``Store.append_events``.
 
-``decision latency`` is the service's own ``stats.decision_latency_s`` (arrival → first command
-dispatched, for events that led to a dispatch); ``arrival → return`` is measured here for every
-event (arrival → ``on_events`` returned).
+``decision latency`` is the service's own ``stats.decision_latency_s``: arrival → each command
+the event led to leaving the decision path (an agent command queued on its node's stream, after
+the commit that records it dispatched; a quarantine as its adapter is called); ``arrival →
+return`` is measured here for every event (arrival → ``on_events`` returned).
 
 Nodes are registered with ``Store.register_hello`` (8 GPUs, labels rack and nvlink_domain) and
 each gets what ``Ingest.open_session`` leaves for a connected agent: its labels and an

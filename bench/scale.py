@@ -23,7 +23,8 @@ Per fleet size, in fresh processes:
    classify → ladder → outbox → dispatch → command on the agent's stream.
 
 "event→dispatch" is the controller's own `RemediationStats.decision_latency_s`: event stored →
-dispatch, per action the event's decision dispatched (a reset is two: quarantine the GPU, reset
+the action leaving the decision path (put on the node's stream after its commit, or handed to
+its adapter), per action the event's decision dispatched (a reset is two: quarantine the GPU, reset
 it), for events that led to a dispatch (some actions are held by the disruption budget).
 "event→command at agent" is measured end to end on the agent side: the event's observed time → the
 first command that node receives after it (one clock: all processes share the host's).

@@ -122,7 +122,7 @@ class RemediationStats:
     decisions: int = 0
     actions_by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
     decision_latency_s: list[float] = dataclasses.field(default_factory=list)
-    """Event stored → its first command dispatched, per event that led to a dispatch."""
+    """Event stored → each action it led to handed to its executor, per such action (`_note_handed_over`)."""
     max_disrupted_nodes: int = 0
     passes: int = 0
     """Decision passes committed."""
@@ -287,6 +287,8 @@ class RemediationService:
             transient.clear()  # a new term starts from the store alone
         if self.store.writer is not None:
             await asyncio.to_thread(self.store.writer.start)  # before the first decision waits for it
+        else:
+            await self.ingest.run_in_store(self.store.warm_up)  # the writer process warms itself
         node_docs = await self.ingest.run_in_store(self.store.load_node_states)
         self.node_states = {n: escalation.RemediationState.from_dict(d) for n, d in node_docs.items()}
         corr_docs = await self.ingest.run_in_store(self.store.load_docs, CORRELATION_PREFIX)
@@ -703,20 +705,32 @@ class RemediationService:
             )
         )
 
-    def _note_dispatched(self, action: actions.Action, now: float) -> None:
-        """Count a dispatched action and its decision latency (event stored → dispatched)."""
+    def _note_dispatched(self, action: actions.Action) -> None:
+        """Count an action admitted and recorded as dispatched."""
         self.stats.actions_by_kind[action.kind] = self.stats.actions_by_kind.get(action.kind, 0) + 1
         self._kinds[action.command_id] = action.kind
+
+    def _note_handed_over(self, action: actions.Action) -> None:
+        """The decision latency of an action an event led to: event stored → now.
+
+        Now is when it leaves the decision path for its executor: an agent command put on its
+        node's stream (after the commit that records it dispatched), a controller-side action
+        (quarantine, RMA, notice) as its adapter is called. Not the decision's own clock reading,
+        taken before deciding and committing, which would leave both out of the figure.
+        """
         started = self._event_times.pop(action.command_id, None)
         if started is not None:
-            self.stats.decision_latency_s.append(max(0.0, now - started))
-            self.ingest.metrics.time_to_first_action_seconds.observe(max(0.0, now - started))
+            latency_s = max(0.0, self._clock() / 1e9 - started)
+            self.stats.decision_latency_s.append(latency_s)
+            self.ingest.metrics.time_to_first_action_seconds.observe(latency_s)
 
     def _send_dispatched(self, dispatched: Sequence[actions.Action]) -> None:
         """Send agent commands whose dispatch has committed (same ids again on reconnect if lost)."""
         for action in dispatched:
             self._unanswered[action.command_id] = action
-            if not self._send(action):
+            sent = self._send(action)
+            self._note_handed_over(action)
+            if not sent:
                 # No stream: the command stays dispatched; a reconnect re-sends it with the
                 # same id, and the ladder's timeout climbs if the node never comes back.
                 log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
@@ -1282,7 +1296,7 @@ class RemediationService:
                 if action.command_id in fresh:
                     self._deferred[action.command_id] = action
             elif action.command_id in fresh:
-                self._note_dispatched(action, now)
+                self._note_dispatched(action)
                 sent.append(action)
             else:
                 log.info("remediation_command_exists", node=action.node_id, command_id=action.command_id)
@@ -1341,11 +1355,12 @@ class RemediationService:
             self._deferred.pop(action.command_id, None)
             change.command_updates.append((action.command_id, {"status": "dispatched", "dispatched_unix_ns": now_ns}))
             self._record_dispatch(action, touched, change)
-            self._note_dispatched(action, now)
+            self._note_dispatched(action)
         follow_up: list[actions.Action] = []
         for action in admission.admitted:
             if action.kind in AGENT_KINDS:
                 continue
+            self._note_handed_over(action)
             outcome, message = await self._run_controller_side(action, change=change)
             follow_up += self._result_into(
                 action.node_id,

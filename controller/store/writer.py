@@ -180,8 +180,7 @@ def serve(conn: multiprocessing.connection.Connection) -> None:
         engine = repo.create_engine(url)
         repo.without_autocheckpoint(engine)  # the parent's WalCheckpointer checkpoints the file
         store = rstore.RemediationStore(engine)
-        with engine.connect():
-            pass
+        store.warm_up()  # before "ready": the first decision's commit need not compile its statements
     except (EOFError, OSError):
         return
     except Exception as exc:

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import sqlalchemy as sa
 
 from rasd.controller.store import lease, repo, writer
 from rasd.controller.store import remediation as rstore
@@ -140,3 +141,26 @@ def test_starting_the_writer_shortens_the_thread_switch_interval(commit_process)
         assert sys.getswitchinterval() == pytest.approx(writer.SWITCH_INTERVAL_S)
     finally:
         sys.setswitchinterval(before)
+
+
+def _row_counts(store: repo.Store) -> dict[str, int]:
+    tables = ("commands", "incidents", "repair_tickets", "remediation_states", "controller_states")
+    with store.engine.connect() as connection:
+        return {t: connection.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one() for t in tables}
+
+
+def test_warming_up_runs_the_write_path_and_writes_nothing(store):
+    ours = rstore.RemediationStore(store.engine)
+    ours.commit(_change())
+    before = _row_counts(store)
+    assert before["commands"] == 1 and before["controller_states"] == 1, "the commit before it is there"
+    ours.warm_up()
+    ours.warm_up()  # and again: its made-up rows were rolled back, so nothing conflicts
+    assert _row_counts(store) == before, "the made-up rows were rolled back"
+    assert ours.commit(_change("cmd-2")) == ["cmd-2"], "a commit after it works as before"
+
+
+def test_the_writer_warms_up_before_it_answers_ready_and_writes_nothing(store, commit_process):
+    commit_process.start()  # a warm-up that raised would fail the start (the child reports the error)
+    assert _row_counts(store) == dict.fromkeys(_row_counts(store), 0), "its warm-up wrote nothing"
+    assert commit_process.commit(_change()) == ["cmd-1"]
