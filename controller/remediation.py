@@ -158,7 +158,6 @@ class _Pass:
     """Calls answered once it commits: a dispatch round answers those whose actions it dispatched."""
     rounds: int = 0
     """Dispatch rounds in a row up to this one (a result can admit follow-ups; bounded)."""
-    budget_staged: blast_radius.BudgetState | None = None
     overlapped: bool = False
     """Decided while a pass ahead of it was committing."""
     commit: asyncio.Future[list[str]] = dataclasses.field(init=False)
@@ -495,9 +494,7 @@ class RemediationService:
         # Anything else (a fenced replica's refusal, a bug): the head's callers hear of it, and
         # the passes behind it, never run, are decided again.
         self._inbox[:0] = later_groups
-        for *_, future in head.group:
-            if not future.done():
-                future.set_exception(exc)
+        _answer(head.group, exc)
 
     def _decide_or_fail(self, group: list[_Call], waiting_ahead: Sequence[actions.Action]) -> _Pass | None:
         """`_decide_pass`, or None when the core failed on the group: its callers hear of it."""
@@ -506,9 +503,7 @@ class RemediationService:
             return self._decide_pass(group, waiting_ahead)
         except Exception as exc:  # the callers' streams see it; nothing of the group was applied
             self.budget = budget
-            for *_, future in group:
-                if not future.done():
-                    future.set_exception(exc)
+            _answer(group, exc)
             return None
 
     def _decide_pass(self, group: list[_Call], waiting_ahead: Sequence[actions.Action]) -> _Pass:
@@ -1380,7 +1375,7 @@ class RemediationService:
             budget_before=budget_before,
             budget_stored_before=budget_stored_before,
         )
-        dispatch.budget_staged = self._budget_stored = self._stage_commit(touched, follow_up, change, {})
+        self._budget_stored = self._stage_commit(touched, follow_up, change, {})
         self.node_states.update(touched)
         return dispatch
 
@@ -1671,7 +1666,6 @@ def _merged(first: _Pass, second: _Pass) -> _Pass:
         decisions=second.decisions,
         admitted=[*first.admitted, *second.admitted],
         answers=[*first.answers, *second.answers],
-        budget_staged=second.budget_staged,
         overlapped=second.overlapped,
     )
 
