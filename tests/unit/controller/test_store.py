@@ -355,7 +355,7 @@ def _write_rows(engine, first, count, size=3000):
             connection.exec_driver_sql("INSERT INTO t VALUES (?, ?)", (row, "x" * size))
 
 
-def test_wal_bytes_pending_reads_what_a_checkpoint_would_copy_from_the_wal_index(tmp_path):
+def test_the_wal_index_reads_what_a_checkpoint_would_copy(tmp_path):
     """The -shm header offsets are SQLite's: checked against what PRAGMA wal_checkpoint reports."""
     path = str(tmp_path / "wal.db")
     index = repo.WalIndex(path)
