@@ -139,3 +139,48 @@ def test_a_fault_after_a_spool_reset_gets_its_own_incident_ticket_and_command(ri
     incidents = store.incidents()
     assert len({i["incident_id"] for i in incidents}) == 2
     assert sorted(i["state"] for i in incidents) == ["closed", "open"]
+
+
+def test_a_tick_takes_the_decision_lock_only_for_work_there_is(rig):
+    """Each hold of the lock ends a burst's pipeline: a tick with nothing due must not take it.
+
+    The lock is held here by someone else: a tick that finds nothing due finishes regardless, and
+    one with a timeout due waits for the lock and climbs once it is free.
+    """
+    service = rig.service
+
+    async def scenario() -> None:
+        await rig.event(1, 13)  # a restart, dispatched: the ticket waits for its result
+        assert [c.kind for c in service.store.commands(node_id=NODE)] == ["restart_process"]
+        async with service._lock:
+            await asyncio.wait_for(service.tick(), timeout=5)  # nothing due: done without the lock
+            rig.now_ns += 3600 * 10**9  # the restart's result is long overdue
+            late = asyncio.ensure_future(service.tick())
+            await asyncio.sleep(0.05)
+            assert not late.done() and service._lock.waiting == 1, "a tick with work waits for the lock"
+        await asyncio.wait_for(late, timeout=5)
+        assert service._lock.waiting == 0
+        kinds = [c.kind for c in service.store.commands(node_id=NODE)]
+        assert kinds[0] == "restart_process" and "reset_gpu" in kinds, "the overdue restart climbed to a reset"
+
+    rig.run(scenario)
+
+
+def test_the_decision_lock_counts_who_waits_for_it():
+    async def scenario() -> None:
+        lock = remediation_mod._DecisionLock()
+        order: list[str] = []
+
+        async def take(name: str) -> None:
+            async with lock:
+                order.append(name)
+
+        async with lock:
+            assert lock.locked() and lock.waiting == 0, "the holder is not waiting"
+            waiters = [asyncio.ensure_future(take(name)) for name in ("tick", "result")]
+            await asyncio.sleep(0)
+            assert lock.waiting == 2
+        await asyncio.gather(*waiters)
+        assert order == ["tick", "result"] and lock.waiting == 0 and not lock.locked()
+
+    asyncio.run(scenario())
