@@ -206,7 +206,7 @@ class RemediationStore:
                 rows.append({f.name: getattr(record, f.name) for f in _COMMAND_FIELDS})
                 fresh.append(record.command_id)
             if rows:  # one executemany INSERT, no ORM objects: a burst decides hundreds at once
-                conn.execute(sa.insert(schema.CommandRow.__table__), rows)
+                repo.insert_many(conn, schema.CommandRow.__table__, rows)
         _update_commands(session, command_updates)
         repo.upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
         repo.upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
@@ -224,7 +224,7 @@ class RemediationStore:
                 **{k: v for k, v in validation.items() if k != "validation_id"},
             )
         for rows in _runs_of_one_shape(change.audit):  # in order: audit ids follow the decision's order
-            conn.execute(sa.insert(schema.AuditRow.__table__), rows)
+            repo.insert_many(conn, schema.AuditRow.__table__, rows)
         return fresh
 
     def unprocessed_events(self) -> dict[str, tuple[dict[str, str], list[repo.StoredEvent]]]:
@@ -416,16 +416,19 @@ def _update_commands(session: Session, updates: Sequence[tuple[str, Mapping[str,
             {"b_command_id": command_id, **{f"b_{k}": v for k, v in values.items()}}
         )
     table = schema.CommandRow.__table__
+    connection = session.connection()
     for shape, rows in by_shape.items():
-        statement = _COMMAND_UPDATES.get(shape)
+        cache_key = (connection.dialect.name, connection.dialect.driver, shape)
+        statement = _COMMAND_UPDATES.get(cache_key)
         if statement is None:
-            statement = _COMMAND_UPDATES[shape] = (
+            statement = _COMMAND_UPDATES[cache_key] = repo.Prepared(
                 sa.update(table)
                 # != per status, not NOT IN: an expanding IN parameter cannot be used with executemany
                 .where(table.c.command_id == sa.bindparam("b_command_id"), *(table.c.status != f for f in _FINAL_ORDER))
-                .values({name: sa.bindparam(f"b_{name}") for name in shape})
+                .values({name: sa.bindparam(f"b_{name}") for name in shape}),
+                connection.dialect,
             )
-        session.connection().execute(statement, rows)
+        statement.executemany(connection, rows)
 
 
 _SPOOL_EPOCHS = sa.select(schema.NodeRow.node_id, schema.NodeRow.spool_epoch).where(
@@ -440,8 +443,8 @@ _ACTIVE_QUARANTINES = sa.select(
     schema.QuarantineRow.released_unix_ns.is_(None),
 )
 """The nodes' quarantines still in force (`_quarantine_many` keeps one per target)."""
-_COMMAND_UPDATES: dict[tuple[str, ...], Any] = {}
-"""Outbox UPDATE statements by the columns they set (a handful of shapes), built once."""
+_COMMAND_UPDATES: dict[tuple[str, str, tuple[str, ...]], repo.Prepared] = {}
+"""Outbox UPDATE statements by dialect, driver and the columns they set (a handful of shapes), compiled once."""
 
 
 def _runs_of_one_shape(rows: Sequence[Mapping[str, Any]]) -> Iterator[list[Mapping[str, Any]]]:

@@ -640,15 +640,15 @@ def upsert_many(
     if not rows:
         return
     table = table_cls.__table__
-    dialect = session.get_bind().dialect.name
+    dialect = session.get_bind().dialect
     kept = frozenset(insert_only)
     columns = tuple(name for name in rows[0] if name != key and name not in kept)
-    cache_key = (dialect, table.name, key, tuple(rows[0]), columns)
+    cache_key = (dialect.name, dialect.driver, table.name, key, tuple(rows[0]), columns)
     statement = _UPSERTS.get(cache_key)
     if statement is None:
-        if dialect == "sqlite":
+        if dialect.name == "sqlite":
             from sqlalchemy.dialects.sqlite import insert
-        elif dialect == "postgresql":
+        elif dialect.name == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
         else:  # any other SQLAlchemy backend: read, then write
             for row in rows:
@@ -657,16 +657,96 @@ def upsert_many(
                 )
             return
         base = insert(table)
-        statement = base.on_conflict_do_update(
-            index_elements=[key], set_={name: base.excluded[name] for name in columns}
+        statement = Prepared(
+            base.on_conflict_do_update(index_elements=[key], set_={name: base.excluded[name] for name in columns}),
+            dialect,
+            tuple(rows[0]),
         )
         _UPSERTS[cache_key] = statement
-    session.connection().execute(statement, list(rows))
+    statement.executemany(session.connection(), rows)
 
 
-_UPSERTS: dict[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], Any] = {}
-"""Upsert statements by (dialect, table, key, row columns, updated columns): building one (its
-"excluded" columns) cost more than executing it, at several per commit."""
+def insert_many(connection: sa.Connection, table: sa.Table, rows: Sequence[Mapping[str, Any]]) -> None:
+    """INSERT rows of identical shape into table, in one executemany (`Prepared`)."""
+    if not rows:
+        return
+    dialect = connection.dialect
+    cache_key = (dialect.name, dialect.driver, table.name, tuple(rows[0]))
+    statement = _INSERTS.get(cache_key)
+    if statement is None:
+        statement = _INSERTS[cache_key] = Prepared(sa.insert(table), dialect, tuple(rows[0]))
+    statement.executemany(connection, rows)
+
+
+_INSERTS: dict[tuple[str, str, str, tuple[str, ...]], Prepared] = {}
+"""Insert statements by (dialect, driver, table, row columns), compiled once."""
+_UPSERTS: dict[tuple[str, str, str, str, tuple[str, ...], tuple[str, ...]], Prepared] = {}
+"""Upsert statements by (dialect, driver, table, key, row columns, updated columns): building one
+(its "excluded" columns) cost more than executing it, at several per commit."""
+
+
+class Prepared:
+    """A statement compiled once for one dialect and one row shape, run as the driver's own executemany.
+
+    For the remediation commit's bulk writes (upserts, outbox and audit inserts): a burst commits
+    a few hundred transactions a second, each of about ten statements, and SQLAlchemy's execution
+    path (compiling, the cache key, parameters built per row) took a seventh to a fifth of the
+    commit writer's CPU. Measured by replaying the 805 commits of a 2,000 events/s burst from
+    `bench/remediation.py` into fresh SQLite files, alternating: 3.7 s through SQLAlchemy and 3.2 s
+    prepared (best of 5 each), medians 4.6 s and 3.8 s.
+
+    The SQL text, the parameter order and the bind processors (JSON columns are written by
+    `json_text`) are those SQLAlchemy compiled for the dialect, so the rows written are the same;
+    the statement runs through the connection's `exec_driver_sql`, in the caller's transaction.
+
+    A statement whose missing columns have Python-side defaults (computed per row by SQLAlchemy's
+    execution) is not prepared: `direct` is False and `executemany` hands it to SQLAlchemy.
+    """
+
+    def __init__(self, statement: Any, dialect: sa.Dialect, column_keys: Sequence[str] | None = None) -> None:
+        """Compile statement for dialect with the rows' keys (column_keys; None: the statement's own binds)."""
+        self.statement = statement
+        compiled = statement.compile(
+            dialect=dialect,
+            column_keys=None if column_keys is None else list(column_keys),
+            for_executemany=True,  # as SQLAlchemy compiles it for many rows: no RETURNING of generated keys
+        )
+        self.sql = compiled.string
+        self.direct = not (compiled.insert_prefetch or compiled.update_prefetch)
+        self._positions: tuple[str, ...] | None = tuple(compiled.positiontup) if compiled.positiontup else None
+        processors = {}
+        fixed = {}  # parameters the statement carries its own value for (a WHERE's constants)
+        for bind, name in compiled.bind_names.items():
+            processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if processor is not None:
+                processors[name] = processor
+            if not bind.required:
+                fixed[name] = bind.effective_value
+        self._processors = processors
+        self._fixed = fixed
+
+    def executemany(self, connection: sa.Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run it once per row (every row with the statement's keys), in connection's transaction."""
+        if not self.direct:
+            connection.execute(self.statement, list(rows))
+            return
+        processors, fixed = self._processors, self._fixed
+        if processors or fixed:
+            rows = [
+                {
+                    name: (processors[name](value) if name in processors else value)
+                    for name, value in (({**fixed, **row}) if fixed else row).items()
+                }
+                for row in rows
+            ]
+        positions = self._positions
+        params: list[Any] = (
+            [tuple(row[name] for name in positions) for row in rows] if positions is not None else list(rows)
+        )
+        # The driver's SQL as it is: no compiling, no cache key, no parameters built per row; a
+        # driver error still becomes SQLAlchemy's (IntegrityError, OperationalError; a lost
+        # connection is invalidated), as the callers and the store-outage handling expect.
+        connection.exec_driver_sql(self.sql, params)
 
 
 def upsert_row(
