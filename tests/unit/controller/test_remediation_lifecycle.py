@@ -184,3 +184,38 @@ def test_the_decision_lock_counts_who_waits_for_it():
         assert order == ["tick", "result"] and lock.waiting == 0 and not lock.locked()
 
     asyncio.run(scenario())
+
+
+def test_a_tick_climbs_the_overdue_nodes_of_a_chunk_in_one_transaction(rig):
+    """After a partition every node's command times out at once: one commit per chunk, not per node."""
+    service = rig.service
+    gpus = {NODE: GPU}
+    for n in (2, 3):
+        node, gpu = f"node-{n}", f"GPU-00000000-0000-4000-8000-00000000000{n}"
+        gpus[node] = gpu
+        record = fleet.GpuRecord(gpu, node, "H100", "0000:18:00.0", 200, 700, 700)
+        hello = fleet.NodeHello(node, "boot-1", "0.1.0", node, "simulated", {"rack": "r1"}, (record,), 0)
+        rig.store.register_hello(hello, T0_NS)
+        rig.ingest.node_labels[node] = {"rack": "r1"}
+    commits: list = []
+    commit = service.store.commit
+    service.store.commit = lambda change: commits.append(change) or commit(change)  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        for node, gpu in gpus.items():
+            event = repo.StoredEvent(
+                node_id=node, seq=1, observed_unix_ns=rig.now_ns - 10**6, received_unix_ns=rig.now_ns,
+                kind=int(health.EventKind.XID), severity=int(health.Severity.ERROR), gpu_uuid=gpu, xid=13,
+                message="NVRM: Xid (PCI:0000:18:00): 13", source="kmsg", attributes={},
+            )  # fmt: skip
+            await service.on_events(node, [event], {"rack": "r1"})
+        rig.now_ns += 3600 * 10**9  # every restart's result is long overdue
+        before = len(commits)
+        await service.tick()
+        first_ladder_commit = next(c for c in commits[before:] if c.node_states)
+        assert set(first_ladder_commit.node_states) == set(gpus), "the three nodes climbed in one transaction"
+        for node in gpus:
+            kinds = [c.kind for c in service.store.commands(node_id=node)]
+            assert kinds[0] == "restart_process" and "reset_gpu" in kinds, f"{node} climbed to a reset"
+
+    rig.run(scenario)
