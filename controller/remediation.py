@@ -919,11 +919,8 @@ class RemediationService:
                 states: dict[str, escalation.RemediationState] = {}
                 new_actions: list[actions.Action] = []
                 for node_id in due[start : start + TICK_CHUNK_NODES]:
-                    state = self.node_states.get(node_id)
-                    if state is None or not state.tickets:
-                        continue
-                    decision = escalation.tick(state, now=now_ns / 1e9, policy=self.policy.escalation)
-                    if decision.state == state and not decision.actions:
+                    decision = self._tick_decision(node_id, now_ns / 1e9)
+                    if decision is None:
                         continue
                     self._close(decision, change, now_ns / 1e9)
                     states[node_id] = decision.state
@@ -945,14 +942,20 @@ class RemediationService:
             if start:
                 await asyncio.sleep(0)  # events decided in between: the look is not a pause
             now = self._clock() / 1e9
-            for node_id in nodes[start : start + TICK_CHUNK_NODES]:
-                state = self.node_states.get(node_id)
-                if state is None or not state.tickets:
-                    continue
-                decision = escalation.tick(state, now=now, policy=self.policy.escalation)
-                if decision.state != state or decision.actions:
-                    due.append(node_id)
+            due += [
+                node_id
+                for node_id in nodes[start : start + TICK_CHUNK_NODES]
+                if self._tick_decision(node_id, now) is not None
+            ]
         return due
+
+    def _tick_decision(self, node_id: str, now: float) -> escalation.Decision | None:
+        """The node's tick at now, or None when it would change nothing (no ticket, nothing due)."""
+        state = self.node_states.get(node_id)
+        if state is None or not state.tickets:
+            return None
+        decision = escalation.tick(state, now=now, policy=self.policy.escalation)
+        return None if decision.state == state and not decision.actions else decision
 
     async def _expire_incidents(self) -> None:
         """Close the incidents whose correlation window ended in scopes no event has touched since."""
