@@ -77,6 +77,7 @@ _OUTCOME_STATUS = {
     commands_pb.ACTION_OUTCOME_TIMED_OUT: "timed_out",
     commands_pb.ACTION_OUTCOME_DRY_RUN: "dry_run",
 }
+_STATUS_OUTCOME = {status: commands_pb.ActionOutcome.Name(outcome) for outcome, status in _OUTCOME_STATUS.items()}
 # Attributes the agent puts on events, mapped onto the core's typed signal fields.
 _FLOAT_SIGNALS = {
     "ecc_sbe_rate_per_s": "ecc_sbe_rate_per_s",
@@ -378,8 +379,16 @@ class RemediationService:
         A command can be lost with a stream (or with a controller that died after dispatching it);
         the agent answers a repeat from its journal.
         """
+        awaited = escalation.awaited_in_time(
+            self.node_states.get(node_id), now=self._clock() / 1e9, policy=self.policy.escalation
+        )
         for action in [a for a in self._unanswered.values() if a.node_id == node_id]:
-            self._send(action)
+            if action.command_id not in awaited:
+                # Its wait ran out while the node was away (or this replica was down): the tick
+                # closes it and climbs. Sent now, it would run after the rung above it.
+                continue
+            if self._send(action):
+                self._note_handed_over(action)  # counted once: only a command never sent before is still timed
 
     # -- inbound ---------------------------------------------------------------------------------------
     async def on_events(self, node_id: str, events: Sequence[repo.StoredEvent], labels: Mapping[str, str]) -> None:
@@ -678,7 +687,7 @@ class RemediationService:
         if len(waiting) > MAX_WAITING_CHECKED:
             return {}
         held = {a.node_id for a in waiting} | {a.node_id for a in new_actions if a.kind not in AGENT_KINDS}
-        candidates = [a for a in new_actions if a.node_id not in held]
+        candidates = [a for a in new_actions if a.node_id not in held and a.command_id not in cancelled]
         if not candidates:
             return {}
         if waiting:
@@ -752,11 +761,12 @@ class RemediationService:
         """Send agent commands whose dispatch has committed (same ids again on reconnect if lost)."""
         for action in dispatched:
             self._unanswered[action.command_id] = action
-            sent = self._send(action)
-            self._note_handed_over(action)
-            if not sent:
+            if self._send(action):
+                self._note_handed_over(action)
+            else:
                 # No stream: the command stays dispatched; a reconnect re-sends it with the
-                # same id, and the ladder's timeout climbs if the node never comes back.
+                # same id, and the ladder's timeout climbs if the node never comes back. It has
+                # not left, so its latency is counted when it does (`node_connected`).
                 log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
 
     async def _dispatch_after_commit(self) -> None:
@@ -854,9 +864,10 @@ class RemediationService:
                 )
             )
         self.budget = blast_radius.complete(self.budget, result.command_id, now=now_ns / 1e9)
-        self._close(decision, change, now_ns / 1e9)
+        self._close(decision, change, now_ns / 1e9, answered=result.command_id)
         kind = self._kinds.pop(result.command_id, "unknown")
         self._unanswered.pop(result.command_id, None)
+        self._event_times.pop(result.command_id, None)  # answered (or timed out) without ever leaving
         self.ingest.metrics.remediation_actions.labels(
             kind=kind, outcome=commands_pb.ActionOutcome.Name(result.outcome).removeprefix("ACTION_OUTCOME_").lower()
         ).inc()
@@ -922,7 +933,8 @@ class RemediationService:
                     decision = self._tick_decision(node_id, now_ns / 1e9)
                     if decision is None:
                         continue
-                    self._close(decision, change, now_ns / 1e9)
+                    # A tick closes a dispatched command only when its wait ran out.
+                    self._close(decision, change, now_ns / 1e9, unanswered_status="timed_out")
                     states[node_id] = decision.state
                     new_actions.extend(decision.actions)
                 if states:
@@ -1230,16 +1242,46 @@ class RemediationService:
         return approved
 
     # -- internals --------------------------------------------------------------------------------------------
-    def _close(self, decision: escalation.Decision, change: rstore.Commit, now: float) -> None:
-        """Give back the budget of the commands a decision closed; cancel those still waiting for admission.
+    def _close(
+        self,
+        decision: escalation.Decision,
+        change: rstore.Commit,
+        now: float,
+        *,
+        answered: str = "",
+        unanswered_status: str = "cancelled",
+    ) -> None:
+        """Give back the budget of the commands a decision closed, and finish their outbox rows.
 
-        A waiting one leaves the waiting list only once change has committed (`_commit_states`): a
-        commit that fails leaves it waiting, and the decision made again cancels it again.
+        One still waiting for admission is cancelled. One dispatched and not answered (its timeout
+        passed, or its ticket was folded or closed) is finished with unanswered_status: left
+        "dispatched", it would be sent again when its node reconnects, or by the next controller
+        term, and a reset or reboot the ladder gave up on would run after the rungs above it. The
+        answered command (a result's own) is finished by its result. Either leaves the service's
+        lists only once change has committed (`_after_commit`): a commit that fails leaves it
+        there, and the decision made again closes it again.
         """
         for command_id in decision.closed_command_ids:
             self.budget = blast_radius.complete(self.budget, command_id, now=now)
             if command_id in self._deferred:
                 change.command_updates.append((command_id, {"status": "cancelled"}))
+            elif command_id != answered:
+                # Dispatched, or admitted in a pass still committing (not yet sent: the pipeline
+                # commits in order, so this update lands after its "dispatched"); a final row is
+                # left as it is (`_update_commands`).
+                change.command_updates.append(
+                    (
+                        command_id,
+                        {
+                            "status": unanswered_status,
+                            "finished_unix_ns": change.now_unix_ns,
+                            "result": {
+                                "outcome": _STATUS_OUTCOME.get(unanswered_status, ""),
+                                "message": f"no longer awaited: {decision.reason}",
+                            },
+                        },
+                    )
+                )
 
     def _correlation_into(
         self,
@@ -1344,15 +1386,23 @@ class RemediationService:
         crash). One the outbox already had further on is not sent twice; its hold on the budget is
         given back. New pending ones start waiting for admission, and cancelled ones stop.
         """
-        for command_id in _cancelled_ids(change):
+        cancelled = _cancelled_ids(change)
+        for command_id in cancelled:
             self._deferred.pop(command_id, None)
+        for command_id, update in change.command_updates:
+            # Still unanswered here: finished by `_close` without a result (a result's own command left already).
+            if update.get("status") in rstore.FINAL_STATUSES and self._unanswered.pop(command_id, None) is not None:
+                self._event_times.pop(command_id, None)
+                kind = self._kinds.pop(command_id, "unknown")
+                self.ingest.metrics.remediation_actions.labels(kind=kind, outcome=update["status"]).inc()
         if self.decision_hook is not None:
             self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
         sent: list[actions.Action] = []
         now = change.now_unix_ns / 1e9
         for action in new_actions:
             if action.command_id not in dispatched:
-                if action.command_id in fresh:
+                # One a later event of the same pass superseded is in the outbox cancelled: it never waits.
+                if action.command_id in fresh and action.command_id not in cancelled:
                     self._deferred[action.command_id] = action
             elif action.command_id in fresh:
                 self._note_dispatched(action)

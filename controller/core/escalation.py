@@ -1292,6 +1292,30 @@ def tick(state: RemediationState, *, now: float, policy: policy.EscalationPolicy
     return w.decision(f"{len(reasons)} tickets changed: {reasons[0]}; and more")
 
 
+def awaited_in_time(state: RemediationState | None, *, now: float, policy: policy.EscalationPolicy) -> frozenset[str]:
+    """The command ids the node's ladder still waits for at now: the wait of none of them has run out. Pure.
+
+    A command not among them is one `tick` would time out (or one no ticket waits for): sending
+    it again, on a reconnect, would run it after the rung the ladder climbs to.
+
+    Example: a reset dispatched at t=0 with ``reset_gpu_timeout_s`` 600 is awaited at t=599, not at
+    t=600.
+    """
+    if state is None:
+        return frozenset()
+    awaited = {
+        t.pending.command_id
+        for t in state.tickets
+        if t.pending is not None
+        and (t.pending.dispatched_at is None or now - t.pending.dispatched_at < policy.timeout_s(t.pending.kind))
+    }
+    owned = any(t.pending is not None and t.pending.command_id == state.node_command_id for t in state.tickets)
+    since = state.node_command_at
+    if state.node_command_id and not owned and (since is None or now - since < policy.reboot_node_timeout_s):
+        awaited.add(state.node_command_id)  # an orphaned reboot still runs its course (`tick`)
+    return frozenset(awaited)
+
+
 def operator_release(
     state: RemediationState,
     ticket_id: str,

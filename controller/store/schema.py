@@ -147,7 +147,9 @@ class CommandRow(Base):
     """The outbox: every action a decision produced, keyed by its idempotency id.
 
     status: pending (decided, not admitted) → dispatched → succeeded | failed | timed_out |
-    refused | not_supported | dry_run; or cancelled (superseded before dispatch).
+    refused | not_supported | dry_run; or cancelled (superseded). A dispatched command the ladder
+    stops waiting for without a result is finished too, so that it is never sent again: timed_out
+    when its wait ran out, cancelled when a later decision superseded it; its result says so.
     """
 
     __tablename__ = "commands"

@@ -12,7 +12,9 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
+from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller import ingest as ingest_mod
 from rasd.controller import metrics
 from rasd.controller import remediation as remediation_mod
@@ -217,5 +219,92 @@ def test_a_tick_climbs_the_overdue_nodes_of_a_chunk_in_one_transaction(rig):
         for node in gpus:
             kinds = [c.kind for c in service.store.commands(node_id=node)]
             assert kinds[0] == "restart_process" and "reset_gpu" in kinds, f"{node} climbed to a reset"
+
+    rig.run(scenario)
+
+
+async def _open_stream(rig: _Rig) -> asyncio.Queue:
+    """The node's agent says Hello and its stream opens; returns the queue the node's commands go out on."""
+    info = health_pb.GpuInfo(uuid=GPU, model="H100", power_limit_min_w=200, power_limit_max_w=700)
+    session, _welcome = await rig.ingest.open_session(agent_pb.Hello(node_id=NODE, boot_id="boot-1", gpus=[info]))
+    await rig.service.node_connected(NODE)  # what the server's connected hook does
+    return session.outbound
+
+
+def _sent_kinds(queue: asyncio.Queue) -> list[str]:
+    kinds = []
+    while not queue.empty():
+        message = queue.get_nowait()
+        if message is not None and message.HasField("command"):
+            kinds.append(message.command.WhichOneof("action"))
+    return kinds
+
+
+def test_a_command_to_a_node_without_a_stream_counts_its_latency_when_it_is_sent(rig):
+    """The decision latency ends when the command leaves; one that waits for its node has not left."""
+    service = rig.service
+
+    async def scenario() -> None:
+        await rig.event(1, 13)
+        assert [(c.kind, c.status) for c in service.store.commands(node_id=NODE)] == [("restart_process", "dispatched")]
+        assert service.stats.decision_latency_s == [], "no stream: the restart has not left"
+        rig.now_ns += 5 * 10**9  # the node reconnects 5 s later
+        queue = await _open_stream(rig)
+        assert _sent_kinds(queue) == ["restart_process"]
+        assert service.stats.decision_latency_s == [pytest.approx(5.0)]
+        await service.node_connected(NODE)  # a second reconnect re-sends it, but it left once
+        assert _sent_kinds(queue) == ["restart_process"]
+        assert service.stats.decision_latency_s == [pytest.approx(5.0)]
+
+    rig.run(scenario)
+
+
+def test_a_command_that_timed_out_is_never_sent_again(rig):
+    """After a partition the ladder climbs past an unanswered restart: the reconnect sends only the reset.
+
+    The restart's row is finished as timed out, so neither the reconnect nor the next controller
+    term sends it: a restart (or a reboot) that the ladder gave up on would otherwise run after
+    the rung above it.
+    """
+    service = rig.service
+
+    async def scenario() -> None:
+        await rig.event(1, 13)  # restart dispatched; the node has no stream
+        rig.now_ns += 3600 * 10**9
+        await service.tick()  # the restart timed out: climb to a reset
+        rows = {c.kind: c for c in service.store.commands(node_id=NODE)}
+        assert rows["restart_process"].status == "timed_out"
+        assert rows["restart_process"].result["outcome"] == "ACTION_OUTCOME_TIMED_OUT"
+        assert rows["reset_gpu"].status == "dispatched"
+        queue = await _open_stream(rig)
+        assert _sent_kinds(queue) == ["reset_gpu"]
+        timed_out = rig.ingest.metrics.remediation_actions.labels(kind="restart_process", outcome="timed_out")
+        assert timed_out._value.get() == 1
+
+    rig.run(scenario)
+    rig.ingest = ingest_mod.Ingest(rig.store, metrics.ControllerMetrics(CollectorRegistry()), clock=rig.clock)
+    rig.service = remediation_mod.RemediationService(rig.store, rig.ingest, clock=rig.clock)
+
+    async def next_term() -> None:
+        await rig.service.start()
+        await rig.service.stop()
+        assert _sent_kinds(await _open_stream(rig)) == ["reset_gpu"], "the next term re-sends only the reset"
+
+    rig.run(next_term)
+
+
+def test_a_command_whose_wait_ran_out_while_its_node_was_away_is_not_sent_on_reconnect(rig):
+    """The node returns before the tick has timed its restart out: the restart stays unsent, the tick climbs."""
+    service = rig.service
+
+    async def scenario() -> None:
+        await rig.event(1, 13)  # restart dispatched; the node has no stream
+        rig.now_ns += 3600 * 10**9
+        queue = await _open_stream(rig)  # before any tick
+        assert _sent_kinds(queue) == [], "the restart's wait ran out: not sent again"
+        await service.tick()
+        assert _sent_kinds(queue) == ["reset_gpu"], "the tick climbed, and the reset goes out on the open stream"
+        rows = {c.kind: c.status for c in service.store.commands(node_id=NODE)}
+        assert rows["restart_process"] == "timed_out" and rows["reset_gpu"] == "dispatched"
 
     rig.run(scenario)
