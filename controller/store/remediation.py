@@ -243,21 +243,30 @@ class RemediationStore:
                     )
                 )
             }
-            for node in session.scalars(sa.select(schema.NodeRow)):
-                mark = marks.get(node.node_id) or {"epoch": -1, "seq": 0}
-                epoch = int(node.spool_epoch or 0)
-                after = int(mark["seq"]) if int(mark["epoch"]) == epoch else 0
-                rows = session.scalars(
-                    sa.select(schema.HealthEventRow)
-                    .where(
-                        schema.HealthEventRow.node_id == node.node_id,
-                        schema.HealthEventRow.spool_epoch == epoch,
-                        schema.HealthEventRow.seq > after,
-                    )
-                    .order_by(schema.HealthEventRow.seq)
-                ).all()
-                if rows:
-                    out[node.node_id] = (dict(node.labels or {}), [_stored_event(r) for r in rows])
+            nodes = session.execute(
+                sa.select(schema.NodeRow.node_id, schema.NodeRow.spool_epoch, schema.NodeRow.labels)
+            ).all()
+            wanted: list[tuple[str, int, int]] = []  # (node, its spool epoch, the last seq consumed in it)
+            labels: dict[str, dict[str, str]] = {}
+            for node_id, spool_epoch, node_labels in nodes:
+                mark = marks.get(node_id) or {"epoch": -1, "seq": 0}
+                epoch = int(spool_epoch or 0)
+                wanted.append((node_id, epoch, int(mark["seq"]) if int(mark["epoch"]) == epoch else 0))
+                labels[node_id] = dict(node_labels or {})
+            events = schema.HealthEventRow
+            by_node: dict[str, list[repo.StoredEvent]] = {}
+            # Many nodes per query, each its own (node, epoch, seq >) term on the unique index: a
+            # query per node took ~1 s at start-up for 2,000 nodes on SQLite, 1.6 s on PostgreSQL.
+            for start in range(0, len(wanted), UNPROCESSED_NODES_PER_QUERY):
+                terms = [
+                    sa.and_(events.node_id == node_id, events.spool_epoch == epoch, events.seq > after)
+                    for node_id, epoch, after in wanted[start : start + UNPROCESSED_NODES_PER_QUERY]
+                ]
+                for row in session.scalars(sa.select(events).where(sa.or_(*terms)).order_by(events.seq)):
+                    by_node.setdefault(row.node_id, []).append(_stored_event(row))
+            for node_id, _epoch, _after in wanted:
+                if node_id in by_node:
+                    out[node_id] = (labels[node_id], by_node[node_id])
         return out
 
     # -- operator views ----------------------------------------------------------------------------------
@@ -431,6 +440,9 @@ def _update_commands(session: Session, updates: Sequence[tuple[str, Mapping[str,
         statement.executemany(connection, rows)
 
 
+UNPROCESSED_NODES_PER_QUERY = 200
+"""Nodes whose unconsumed events one start-up query reads: 3 parameters each, within SQLite's
+999-variable limit of old builds, and an OR of this many terms stays within its expression depth."""
 _SPOOL_EPOCHS = sa.select(schema.NodeRow.node_id, schema.NodeRow.spool_epoch).where(
     schema.NodeRow.node_id.in_(sa.bindparam("node_ids", expanding=True))
 )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from rasd.controller.core import fleet, health
 from rasd.controller.store import remediation as rstore
+from rasd.controller.store import repo
 
 
 def _record(command_id: str) -> rstore.CommandRecord:
@@ -74,3 +76,50 @@ def test_incident_data_is_read_back_by_id(store):
            "data": {"event_count": 2}}  # fmt: skip
     remediation.commit(rstore.Commit(now_unix_ns=1, incidents=[row]))
     assert remediation.incident_data(["n1/GPU-a/xid:13/1", "missing"]) == {"n1/GPU-a/xid:13/1": {"event_count": 2}}
+
+
+def test_the_events_left_to_replay_are_read_many_nodes_per_query_and_per_node_in_seq_order(store):
+    """Start-up reads each node's events after its watermark, in its current spool epoch, many nodes per query."""
+    now = 1_800_000_000 * 10**9
+    nodes = 2 * rstore.UNPROCESSED_NODES_PER_QUERY + 50
+
+    def hello(n: int, spool_head_seq: int) -> fleet.NodeHello:
+        gpu = fleet.GpuRecord(f"GPU-{n:08d}-0000-4000-8000-000000000001", f"node-{n}", "H100", "0000:18:00.0",
+                              200, 700, 700)  # fmt: skip
+        return fleet.NodeHello(f"node-{n}", "boot-1", "0.1.0", f"node-{n}", "simulated", {"rack": f"r{n % 7}"},
+                               (gpu,), spool_head_seq)  # fmt: skip
+
+    def events(n: int, seqs: range) -> list[repo.StoredEvent]:
+        stored = [
+            repo.StoredEvent(node_id=f"node-{n}", seq=seq, observed_unix_ns=now, received_unix_ns=now + seq,
+                             kind=int(health.EventKind.XID), severity=int(health.Severity.ERROR), gpu_uuid="",
+                             xid=13, message=f"seq {seq}", source="kmsg", attributes={})
+            for seq in seqs
+        ]  # fmt: skip
+        return stored
+
+    expected: dict[str, list[int]] = {}
+    marks: dict[str, int] = {}
+    for n in range(nodes):
+        store.register_hello(hello(n, 0), now)
+        store.append_events(f"node-{n}", events(n, range(1, 5)))
+        case = n % 4
+        if case == 0:  # nothing consumed yet: all four
+            expected[f"node-{n}"] = [1, 2, 3, 4]
+        elif case == 1:  # consumed up to 2
+            marks[f"node-{n}"], expected[f"node-{n}"] = 2, [3, 4]
+        elif case == 2:  # all consumed
+            marks[f"node-{n}"] = 4
+        else:  # consumed up to 4, then the spool was reset: the new epoch's events, from 1
+            marks[f"node-{n}"] = 4
+    remediation = rstore.RemediationStore(store.engine)
+    remediation.commit(rstore.Commit(now_unix_ns=now, processed_seq=marks))
+    for n in range(3, nodes, 4):
+        assert store.register_hello(hello(n, 0), now).spool_reset
+        store.append_events(f"node-{n}", events(n, range(1, 3)))
+        expected[f"node-{n}"] = [1, 2]
+
+    backlog = remediation.unprocessed_events()
+    assert {node: [e.seq for e in stored] for node, (_labels, stored) in backlog.items()} == expected
+    assert all(labels == {"rack": f"r{int(node.split('-')[1]) % 7}"} for node, (labels, _) in backlog.items())
+    assert all(e.node_id == node for node, (_labels, stored) in backlog.items() for e in stored)
