@@ -493,7 +493,8 @@ class RemediationService:
                 _answer(waiting)
                 continue
             try:
-                dispatch = await self._stage_dispatch()
+                # Not what a pass still committing cancels: it waits only until that commit is done.
+                dispatch = await self._stage_dispatch(closing={c for p in inflight for c in _cancelled_ids(p.change)})
             except Exception as exc:  # a bug: nothing of the round is committed; the next tick tries again
                 log.exception("remediation_dispatch_failed")
                 _answer(waiting, exc)
@@ -1439,20 +1440,23 @@ class RemediationService:
             if not dispatch.admitted:
                 return
 
-    async def _stage_dispatch(self) -> _Pass:
+    async def _stage_dispatch(self, closing: Collection[str] = ()) -> _Pass:
         """Admit what waits and carry out its controller-side part; returns the round staged, not committed.
 
         Its state is applied in memory (`_undo_pass` puts it back): the admitted actions leave the
         waiting list, the budget holds them, and the ladder has the controller-side results. Agent
         commands are sent once its commit is done (`_finish_pass`). Only called when every decision
         the waiting actions come from has committed: the adapters act on durable decisions only.
+
+        closing: waiting commands that a later decision, still committing, cancels. They stay on the
+        waiting list until that commit is done (`_close`), and are not admitted meanwhile: sent,
+        they would run although their outbox row ends cancelled.
         """
         now_ns = self._clock()
         now = now_ns / 1e9
         budget_before, budget_stored_before = self.budget, self._budget_stored
-        admission = blast_radius.admit(
-            self.budget, list(self._deferred.values()), self._fleet_view(), now=now, policy=self.policy.disruption
-        )
+        waiting = [a for a in self._deferred.values() if a.command_id not in closing]
+        admission = blast_radius.admit(self.budget, waiting, self._fleet_view(), now=now, policy=self.policy.disruption)
         self.budget = admission.state
         self._export_budget()
         self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))

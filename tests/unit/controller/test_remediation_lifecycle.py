@@ -18,7 +18,7 @@ from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller import ingest as ingest_mod
 from rasd.controller import metrics
 from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import fleet, health
+from rasd.controller.core import actions, fleet, health
 from rasd.controller.store import repo
 
 T0_NS = 1_800_000_000 * 10**9
@@ -306,5 +306,25 @@ def test_a_command_whose_wait_ran_out_while_its_node_was_away_is_not_sent_on_rec
         assert _sent_kinds(queue) == ["reset_gpu"], "the tick climbed, and the reset goes out on the open stream"
         rows = {c.kind: c.status for c in service.store.commands(node_id=NODE)}
         assert rows["restart_process"] == "timed_out" and rows["reset_gpu"] == "dispatched"
+
+    rig.run(scenario)
+
+
+def test_a_dispatch_round_leaves_alone_what_a_pass_still_committing_cancels(rig):
+    """The pipeline stages a dispatch round while later passes commit: a command one of them cancels waits.
+
+    It leaves the waiting list once that commit is done; admitted meanwhile, it would be sent
+    although its outbox row ends cancelled.
+    """
+    service = rig.service
+    restart = actions.RestartProcess(ticket_id="t1", step=0, node_id=NODE, reason="test", gpu_uuid=GPU)
+
+    async def scenario() -> None:
+        service._deferred[restart.command_id] = restart
+        async with service._lock:
+            held = await service._stage_dispatch(closing={restart.command_id})
+            assert held.admitted == [] and restart.command_id in service._deferred
+            admitted = await service._stage_dispatch()
+            assert [a.command_id for a in admitted.admitted] == [restart.command_id]
 
     rig.run(scenario)
