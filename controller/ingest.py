@@ -181,9 +181,10 @@ class Ingest:
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Mark every node disconnected (no stream is open yet) and start the flush loop."""
+        """Mark every node disconnected (no stream is open yet), warm the event path up, start the flush loop."""
         if self.settings.mark_all_disconnected_at_start:
             await self._store(self.store.mark_all_disconnected)
+        await self._store(self.store.warm_up_events)  # the first fault's event is stored without compiling
         self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
 
     def end_sessions(self) -> None:

@@ -139,17 +139,20 @@ class RemediationStore:
                 self.fence(session)
             return self._write(session, change)
 
-    def warm_up(self) -> None:
+    def warm_up(self, fence: Callable[[Session], None] | None = None) -> None:
         """Run the write path once on made-up rows, then roll it back: nothing is written.
 
         A process's first commit otherwise configures the ORM mappers and compiles each statement:
         29 ms on a quiet machine, 55 ms in `make demo`, where it delayed the first decision's
-        command by as much (a writer process starts with none of them compiled).
+        command by as much (a writer process starts with none of them compiled). With fence, its
+        check runs too, after the writes (a made-up fence may refuse: that raises, as it would).
         """
         with self._sessions() as session:
             session.begin()
             try:
                 self._write(session, _warm_up_change())
+                if fence is not None:
+                    fence(session)
             finally:
                 session.rollback()
 

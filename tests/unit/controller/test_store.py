@@ -48,6 +48,15 @@ def test_events_are_stored_once_and_acked_in_the_same_transaction(store):
     assert store.count_events() == 3
 
 
+def test_warming_up_the_event_path_writes_nothing(store):
+    store.warm_up_events()
+    with orm.Session(store.engine) as session:
+        assert session.scalars(sa.select(schema.NodeRow)).all() == []
+        assert session.scalars(sa.select(schema.HealthEventRow)).all() == []
+    store.register_hello(_hello(), 100)
+    assert store.append_events("node-1", [_event(1)]) == (1, [1]), "and events are stored as before"
+
+
 def test_reconnect_welcomes_with_the_acked_position(store):
     store.register_hello(_hello(), 100)
     store.append_events("node-1", [_event(1), _event(2)])

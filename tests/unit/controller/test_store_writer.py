@@ -81,6 +81,19 @@ def test_a_fenced_commit_is_refused_in_the_child_and_writes_nothing(store_url, s
         process.close()
 
 
+def test_a_writer_starts_on_a_store_whose_lease_refuses_its_warm_up_fence(store_url, store):
+    """The child warms its fence check up with a term-0 fence: refused where a lease was taken, and it starts anyway."""
+    term = lease.LeaseStore(store.engine).take("replica-a").fencing_token
+    assert term > 0
+    process = writer.CommitProcess(store_url, fence=lambda: lease.Fence(term))
+    try:
+        process.start()
+        assert process.commit(_change("cmd-fenced")) == ["cmd-fenced"], "the real term's commit is accepted"
+        assert [c.command_id for c in rstore.RemediationStore(store.engine).commands()] == ["cmd-fenced"]
+    finally:
+        process.close()
+
+
 def test_a_writer_killed_during_a_commit_is_a_store_outage_and_the_next_commit_starts_another(tmp_path):
     url = f"sqlite:///{tmp_path / 'rasd.db'}"
     store = repo.Store.open(url)
