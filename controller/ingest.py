@@ -184,7 +184,10 @@ class Ingest:
         """Mark every node disconnected (no stream is open yet), warm the event path up, start the flush loop."""
         if self.settings.mark_all_disconnected_at_start:
             await self._store(self.store.mark_all_disconnected)
-        await self._store(self.store.warm_up_events)  # the first fault's event is stored without compiling
+        try:  # so that the first fault's event is stored without compiling; worth no failed start
+            await self._store(self.store.warm_up_events)
+        except repo.STORE_UNAVAILABLE as exc:
+            log.warning("ingest_warm_up_skipped", error=str(exc))
         self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
 
     def end_sessions(self) -> None:
