@@ -195,13 +195,21 @@ class Relay:
                 future.set_result(commands_pb.ActionResult.FromString(payload))
 
     # -- courier -----------------------------------------------------------------------------------------
-    def _deliver(self, action: actions.Action) -> bool:
+    def _deliver(self, action: actions.Action, dispatched_unix_ns: int | None = None) -> bool:
         session = self.ingest.sessions.get(action.node_id)
         if session is None or self._sent.get(action.command_id) == session.session_id:
             return False
         assert self.remediation is not None
+        escalation_policy = self.remediation.policy.escalation
         command = remediation_mod.agent_command(
-            action, self.remediation.policy.escalation, self.ingest.node_gpus(action.node_id), time.time_ns()
+            action,
+            escalation_policy,
+            self.ingest.node_gpus(action.node_id),
+            time.time_ns(),
+            # The ladder's wait counts from the dispatch: a late delivery gets only what is left of it.
+            deadline_unix_ns=None
+            if dispatched_unix_ns is None
+            else dispatched_unix_ns + int(escalation_policy.timeout_s(action.kind) * 1e9),
         )
         if not self.ingest.dispatch(action.node_id, command):
             return False
@@ -229,7 +237,7 @@ class Relay:
         sent = 0
         for record in rows:
             if record.kind in remediation_mod.AGENT_KINDS and record.node_id in self.ingest.sessions:
-                sent += self._deliver(actions.from_dict(record.payload))
+                sent += self._deliver(actions.from_dict(record.payload), record.dispatched_unix_ns)
         for command_id, node_id, payload in relayed:
             session = self.ingest.sessions.get(node_id)
             if session is None or self._sent.get(command_id) == session.session_id:

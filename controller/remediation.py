@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -379,15 +380,16 @@ class RemediationService:
         A command can be lost with a stream (or with a controller that died after dispatching it);
         the agent answers a repeat from its journal.
         """
-        awaited = escalation.awaited_in_time(
+        awaited = escalation.awaited_until(
             self.node_states.get(node_id), now=self._clock() / 1e9, policy=self.policy.escalation
         )
         for action in [a for a in self._unanswered.values() if a.node_id == node_id]:
-            if action.command_id not in awaited:
+            until = awaited.get(action.command_id)
+            if until is None:
                 # Its wait ran out while the node was away (or this replica was down): the tick
                 # closes it and climbs. Sent now, it would run after the rung above it.
                 continue
-            if self._send(action):
+            if self._send(action, deadline_unix_ns=None if math.isinf(until) else int(until * 1e9)):
                 self._note_handed_over(action)  # counted once: only a command never sent before is still timed
 
     # -- inbound ---------------------------------------------------------------------------------------
@@ -1497,10 +1499,20 @@ class RemediationService:
         self.node_states.update(touched)
         return dispatch
 
-    def _send(self, action: actions.Action) -> bool:
+    def _send(self, action: actions.Action, *, deadline_unix_ns: int | None = None) -> bool:
+        """Put an agent command on its node's stream; False when the node has none.
+
+        deadline_unix_ns: when the ladder stops waiting for it (None: its kind's timeout from now).
+        """
         if self.send_hook is not None:  # several replicas: the one holding the node's stream sends it
             return self.send_hook(action)
-        command = agent_command(action, self.policy.escalation, self.ingest.node_gpus(action.node_id), self._clock())
+        command = agent_command(
+            action,
+            self.policy.escalation,
+            self.ingest.node_gpus(action.node_id),
+            self._clock(),
+            deadline_unix_ns=deadline_unix_ns,
+        )
         return self.ingest.dispatch(action.node_id, command)
 
     async def _run_controller_side(
@@ -1622,14 +1634,25 @@ class RemediationService:
 
 
 def agent_command(
-    action: actions.Action, policy: policy_mod.EscalationPolicy, node_gpus: Sequence[str], now_unix_ns: int
+    action: actions.Action,
+    policy: policy_mod.EscalationPolicy,
+    node_gpus: Sequence[str],
+    now_unix_ns: int,
+    *,
+    deadline_unix_ns: int | None = None,
 ) -> commands_pb.Command:
-    """The wire command for an agent action; the deadline is the action kind's timeout from now."""
+    """The wire command for an agent action.
+
+    Its deadline is deadline_unix_ns, by default the action kind's timeout from now. A command sent
+    again passes when the ladder's wait for it runs out: the agent grants it the span between the
+    two stamps (`rasd.agent.runtime.on_local_clock`), so it refuses to start one the ladder has
+    given up on meanwhile.
+    """
     timeout_s = policy.timeout_s(action.kind)
     command = commands_pb.Command(
         command_id=action.command_id,
         issued_unix_ns=now_unix_ns,
-        deadline_unix_ns=now_unix_ns + int(timeout_s * 1e9),
+        deadline_unix_ns=now_unix_ns + int(timeout_s * 1e9) if deadline_unix_ns is None else deadline_unix_ns,
         reason=action.reason,
     )
     if isinstance(action, actions.RestartProcess):

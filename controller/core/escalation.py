@@ -99,6 +99,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -1292,28 +1293,35 @@ def tick(state: RemediationState, *, now: float, policy: policy.EscalationPolicy
     return w.decision(f"{len(reasons)} tickets changed: {reasons[0]}; and more")
 
 
-def awaited_in_time(state: RemediationState | None, *, now: float, policy: policy.EscalationPolicy) -> frozenset[str]:
-    """The command ids the node's ladder still waits for at now: the wait of none of them has run out. Pure.
+def awaited_until(state: RemediationState | None, *, now: float, policy: policy.EscalationPolicy) -> dict[str, float]:
+    """The commands the node's ladder still waits for at now, each with when its wait runs out. Pure.
 
-    A command not among them is one `tick` would time out (or one no ticket waits for): sending
-    it again, on a reconnect, would run it after the rung the ladder climbs to.
+    Unix seconds, ``math.inf`` for one held back by the budget (its wait has not started). A
+    command not among them is one `tick` would time out (or one no ticket waits for): sending it
+    again, on a reconnect, would run it after the rung the ladder climbs to. One sent again gets
+    what is left of its wait as its deadline, so the agent does not start it after the ladder has
+    given up on it.
 
-    Example: a reset dispatched at t=0 with ``reset_gpu_timeout_s`` 600 is awaited at t=599, not at
-    t=600.
+    Example: a reset dispatched at t=0 with ``reset_gpu_timeout_s`` 600 is awaited until t=600: at
+    t=599 the result is {reset: 600.0}, at t=600 it is {}.
     """
     if state is None:
-        return frozenset()
-    awaited = {
-        t.pending.command_id
-        for t in state.tickets
-        if t.pending is not None
-        and (t.pending.dispatched_at is None or now - t.pending.dispatched_at < policy.timeout_s(t.pending.kind))
-    }
+        return {}
+    until: dict[str, float] = {}
+    for t in state.tickets:
+        p = t.pending
+        if p is None:
+            continue
+        ends = math.inf if p.dispatched_at is None else p.dispatched_at + policy.timeout_s(p.kind)
+        if now < ends:
+            until[p.command_id] = ends
     owned = any(t.pending is not None and t.pending.command_id == state.node_command_id for t in state.tickets)
     since = state.node_command_at
-    if state.node_command_id and not owned and (since is None or now - since < policy.reboot_node_timeout_s):
-        awaited.add(state.node_command_id)  # an orphaned reboot still runs its course (`tick`)
-    return frozenset(awaited)
+    if state.node_command_id and not owned:  # an orphaned reboot still runs its course (`tick`)
+        ends = math.inf if since is None else since + policy.reboot_node_timeout_s
+        if now < ends:
+            until[state.node_command_id] = ends
+    return until
 
 
 def operator_release(

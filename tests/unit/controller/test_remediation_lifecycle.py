@@ -231,13 +231,17 @@ async def _open_stream(rig: _Rig) -> asyncio.Queue:
     return session.outbound
 
 
-def _sent_kinds(queue: asyncio.Queue) -> list[str]:
-    kinds = []
+def _sent_commands(queue: asyncio.Queue) -> list[commands_pb.Command]:
+    commands = []
     while not queue.empty():
         message = queue.get_nowait()
         if message is not None and message.HasField("command"):
-            kinds.append(message.command.WhichOneof("action"))
-    return kinds
+            commands.append(message.command)
+    return commands
+
+
+def _sent_kinds(queue: asyncio.Queue) -> list[str]:
+    return [command.WhichOneof("action") for command in _sent_commands(queue)]
 
 
 def test_a_command_to_a_node_without_a_stream_counts_its_latency_when_it_is_sent(rig):
@@ -250,7 +254,12 @@ def test_a_command_to_a_node_without_a_stream_counts_its_latency_when_it_is_sent
         assert service.stats.decision_latency_s == [], "no stream: the restart has not left"
         rig.now_ns += 5 * 10**9  # the node reconnects 5 s later
         queue = await _open_stream(rig)
-        assert _sent_kinds(queue) == ["restart_process"]
+        (restart,) = _sent_commands(queue)
+        assert restart.WhichOneof("action") == "restart_process"
+        timeout_ns = int(service.policy.escalation.restart_process_timeout_s * 1e9)
+        assert restart.deadline_unix_ns - restart.issued_unix_ns == timeout_ns - 5 * 10**9, (
+            "what is left of the ladder's wait, not a new one"
+        )
         assert service.stats.decision_latency_s == [pytest.approx(5.0)]
         await service.node_connected(NODE)  # a second reconnect re-sends it, but it left once
         assert _sent_kinds(queue) == ["restart_process"]

@@ -263,21 +263,24 @@ def test_a_reset_that_times_out_climbs_to_reboot_on_tick():
     assert "timed_out" in climbed.reason
 
 
-def test_a_command_is_awaited_in_time_exactly_until_the_tick_would_time_it_out():
-    """What a reconnect may send again: nothing the tick would already have given up on."""
+def test_a_command_is_awaited_exactly_until_the_tick_would_time_it_out():
+    """What a reconnect may send again, and its deadline: nothing the tick would already have given up on."""
     node = Node()
     node.xid(95)  # RESET_GPU bucket: a reset, dispatched now
     reset = node.pending("reset_gpu")
     timeout_s = node.policy.escalation.reset_gpu_timeout_s
-    awaited = escalation.awaited_in_time
-    assert awaited(node.state, now=node.clock.now + timeout_s - 1, policy=node.policy.escalation) == {reset}
-    assert awaited(node.state, now=node.clock.now + timeout_s, policy=node.policy.escalation) == frozenset()
+    ends = node.clock.now + timeout_s
+    awaited = escalation.awaited_until
+    assert awaited(node.state, now=ends - 1, policy=node.policy.escalation) == {reset: ends}
+    assert awaited(node.state, now=ends, policy=node.policy.escalation) == {}
     node.clock.advance(timeout_s)
     climbed = node.tick()  # the same instant: the tick times it out and climbs to a reboot
     assert node.kinds(climbed) == ["quarantine_node", "reboot_node"]
     reboot = node.pending("reboot_node")
-    assert awaited(node.state, now=node.clock.now, policy=node.policy.escalation) == {reboot}
-    assert awaited(None, now=node.clock.now, policy=node.policy.escalation) == frozenset()
+    assert awaited(node.state, now=node.clock.now, policy=node.policy.escalation) == {
+        reboot: node.clock.now + node.policy.escalation.reboot_node_timeout_s
+    }
+    assert awaited(None, now=node.clock.now, policy=node.policy.escalation) == {}
 
 
 def test_a_command_held_back_by_the_budget_never_times_out():
