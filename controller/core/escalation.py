@@ -1270,7 +1270,7 @@ def tick(state: RemediationState, *, now: float, policy: policy.EscalationPolicy
         if t.ticket_id not in w.tickets:
             continue
         p = t.pending
-        if p is not None and p.dispatched_at is not None and now - p.dispatched_at >= policy.timeout_s(p.kind):
+        if p is not None and _wait_ran_out(p, now, policy):
             if p.command_id == w.node_command_id:
                 w.node_command_id = ""
                 w.node_command_at = None
@@ -1281,7 +1281,7 @@ def tick(state: RemediationState, *, now: float, policy: policy.EscalationPolicy
             reasons.append(f"ticket {t.ticket_id} closed: no recurrence within the watch window")
     since = w.node_command_at
     orphaned = bool(w.node_command_id) and w.node_owner() is None
-    if orphaned and since is not None and now - since >= policy.reboot_node_timeout_s:
+    if orphaned and _node_command_expired(since, now, policy):
         reasons.append(f"node command {w.node_command_id} is no longer awaited and expired")
         w.node_command_id = ""
         w.node_command_at = None
@@ -1308,20 +1308,26 @@ def awaited_until(state: RemediationState | None, *, now: float, policy: policy.
     if state is None:
         return {}
     until: dict[str, float] = {}
+    # The same tests as `tick`'s, so that what is sent again is exactly what a tick now would keep.
     for t in state.tickets:
         p = t.pending
-        if p is None:
-            continue
-        ends = math.inf if p.dispatched_at is None else p.dispatched_at + policy.timeout_s(p.kind)
-        if now < ends:
-            until[p.command_id] = ends
-    owned = any(t.pending is not None and t.pending.command_id == state.node_command_id for t in state.tickets)
+        if p is not None and not _wait_ran_out(p, now, policy):
+            until[p.command_id] = math.inf if p.dispatched_at is None else p.dispatched_at + policy.timeout_s(p.kind)
     since = state.node_command_at
-    if state.node_command_id and not owned:  # an orphaned reboot still runs its course (`tick`)
-        ends = math.inf if since is None else since + policy.reboot_node_timeout_s
-        if now < ends:
-            until[state.node_command_id] = ends
+    orphaned = bool(state.node_command_id) and _Work(state, now, policy).node_owner() is None
+    if orphaned and not _node_command_expired(since, now, policy):  # an orphaned reboot still runs its course
+        until[state.node_command_id] = math.inf if since is None else since + policy.reboot_node_timeout_s
     return until
+
+
+def _wait_ran_out(pending: Pending, now: float, policy: policy.EscalationPolicy) -> bool:
+    """Whether a dispatched command's timeout has passed (one held back by the budget has not started waiting)."""
+    return pending.dispatched_at is not None and now - pending.dispatched_at >= policy.timeout_s(pending.kind)
+
+
+def _node_command_expired(since: float | None, now: float, policy: policy.EscalationPolicy) -> bool:
+    """Whether a node command no ticket waits for any more has had its reboot's time to finish."""
+    return since is not None and now - since >= policy.reboot_node_timeout_s
 
 
 def operator_release(
