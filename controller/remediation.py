@@ -760,6 +760,16 @@ class RemediationService:
             self.stats.decision_latency_s.append(latency_s)
             self.ingest.metrics.time_to_first_action_seconds.observe(latency_s)
 
+    def _forget_command(self, command_id: str, outcome: str) -> None:
+        """A command is finished (answered, or no longer awaited): count it by kind and outcome, stop tracking it.
+
+        One that never left has no decision latency (`_note_handed_over`), so its arrival time goes too.
+        """
+        kind = self._kinds.pop(command_id, "unknown")
+        self._unanswered.pop(command_id, None)
+        self._event_times.pop(command_id, None)
+        self.ingest.metrics.remediation_actions.labels(kind=kind, outcome=outcome).inc()
+
     def _send_dispatched(self, dispatched: Sequence[actions.Action]) -> None:
         """Send agent commands whose dispatch has committed (same ids again on reconnect if lost)."""
         for action in dispatched:
@@ -868,12 +878,9 @@ class RemediationService:
             )
         self.budget = blast_radius.complete(self.budget, result.command_id, now=now_ns / 1e9)
         self._close(decision, change, now_ns / 1e9, answered=result.command_id)
-        kind = self._kinds.pop(result.command_id, "unknown")
-        self._unanswered.pop(result.command_id, None)
-        self._event_times.pop(result.command_id, None)  # answered (or timed out) without ever leaving
-        self.ingest.metrics.remediation_actions.labels(
-            kind=kind, outcome=commands_pb.ActionOutcome.Name(result.outcome).removeprefix("ACTION_OUTCOME_").lower()
-        ).inc()
+        self._forget_command(
+            result.command_id, commands_pb.ActionOutcome.Name(result.outcome).removeprefix("ACTION_OUTCOME_").lower()
+        )
         for action in decision.actions:
             ticket = decision.state.ticket(action.ticket_id)
             if isinstance(action, actions.Release) and ticket is not None and not action.forced:
@@ -1394,10 +1401,8 @@ class RemediationService:
             self._deferred.pop(command_id, None)
         for command_id, update in change.command_updates:
             # Still unanswered here: finished by `_close` without a result (a result's own command left already).
-            if update.get("status") in rstore.FINAL_STATUSES and self._unanswered.pop(command_id, None) is not None:
-                self._event_times.pop(command_id, None)
-                kind = self._kinds.pop(command_id, "unknown")
-                self.ingest.metrics.remediation_actions.labels(kind=kind, outcome=update["status"]).inc()
+            if update.get("status") in rstore.FINAL_STATUSES and command_id in self._unanswered:
+                self._forget_command(command_id, update["status"])
         if self.decision_hook is not None:
             self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
         sent: list[actions.Action] = []
