@@ -147,14 +147,10 @@ class RemediationStore:
         command by as much (a writer process starts with none of them compiled). With fence, its
         check runs too, after the writes (a made-up fence may refuse: that raises, as it would).
         """
-        with self._sessions() as session:
-            session.begin()
-            try:
-                self._write(session, _warm_up_change())
-                if fence is not None:
-                    fence(session)
-            finally:
-                session.rollback()
+        with repo.rolled_back(self._sessions) as session:
+            self._write(session, _warm_up_change())
+            if fence is not None:
+                fence(session)
 
     def _write(self, session: Session, change: Commit) -> list[str]:
         fresh: list[str] = []

@@ -7,12 +7,13 @@ WAL mode so admin reads do not block ingest. Methods take and return core values
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -489,16 +490,11 @@ class Store:
         much (its latency counts from the event's arrival).
         """
         node_id = "rasd-warm-up"
-        with self._sessions() as session:
-            session.begin()
-            try:
-                session.add(schema.NodeRow(node_id=node_id))
-                session.flush()
-                event = StoredEvent(node_id, 1, 0, 0, 0, 0, "", None, "", "", {})
-                self._append_events(session, node_id, [event])
-                session.flush()
-            finally:
-                session.rollback()
+        with rolled_back(self._sessions) as session:
+            session.add(schema.NodeRow(node_id=node_id))
+            session.flush()
+            self._append_events(session, node_id, [StoredEvent(node_id, 1, 0, 0, 0, 0, "", None, "", "", {})])
+            session.flush()
 
     def _append_events(self, session: Session, node_id: str, events: Sequence[StoredEvent]) -> tuple[int, list[int]]:
         node = session.get(schema.NodeRow, node_id, with_for_update=True)
@@ -769,6 +765,17 @@ class Prepared:
         # driver error still becomes SQLAlchemy's (IntegrityError, OperationalError; a lost
         # connection is invalidated), as the callers and the store-outage handling expect.
         connection.exec_driver_sql(self.sql, params)
+
+
+@contextlib.contextmanager
+def rolled_back(sessions: sessionmaker[Session]) -> Iterator[Session]:
+    """A session in a transaction that is always rolled back: a warm-up runs a write path and keeps nothing."""
+    with sessions() as session:
+        session.begin()
+        try:
+            yield session
+        finally:
+            session.rollback()
 
 
 def upsert_row(
