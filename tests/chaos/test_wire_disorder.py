@@ -64,10 +64,18 @@ class HandStream:
         self.welcome: agent_pb.Welcome | None = None
         self.results_sent: list[str] = []
         self._reader: asyncio.Task[None] | None = None
+        # One write at a time on the call, as the real agent's single sender does: the reader task
+        # answers commands while the test sends batches, and gRPC refuses a second write in flight
+        # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS) when a command lands during a batch.
+        self._writing = asyncio.Lock()
+
+    async def write(self, message: agent_pb.AgentMessage) -> None:
+        async with self._writing:
+            await self.call.write(message)
 
     async def open(self, already_sent: set[int]) -> None:
         self.sent = set(already_sent)
-        await self.call.write(self.agent.hello())
+        await self.write(self.agent.hello())
         first = await asyncio.wait_for(self.call.read(), timeout=10)
         assert first.HasField("welcome"), first
         self.welcome = first.welcome
@@ -85,13 +93,13 @@ class HandStream:
                 self.agent.commands.append(message.command)
                 result = self.agent.answer(message.command)
                 for _duplicate in range(2):
-                    await self.call.write(agent_pb.AgentMessage(action_result=result))
+                    await self.write(agent_pb.AgentMessage(action_result=result))
                     self.results_sent.append(result.command_id)
 
     async def send_events(self, seqs) -> None:  # type: ignore[no-untyped-def]
         self.sent |= set(seqs)
         events = [self.agent.spool[s] for s in seqs]
-        await self.call.write(agent_pb.AgentMessage(events=agent_pb.HealthEventBatch(events=events)))
+        await self.write(agent_pb.AgentMessage(events=agent_pb.HealthEventBatch(events=events)))
 
     async def close(self) -> None:
         self.call.cancel()
@@ -186,7 +194,7 @@ async def _run(tmp_path, figures):
         await second.send_events([LATE[1], LATE[0]])
         await second.send_events(list(range(1, EVENTS + 1)))
         for result in late_results:  # answers the controller already has, arriving once more, late
-            await second.call.write(agent_pb.AgentMessage(action_result=result))
+            await second.write(agent_pb.AgentMessage(action_result=result))
         await chaoslib.until(lambda: behind.acked_seq == EVENTS, 20, "every event acked on the second stream")
 
         # The skewed full agent's ladder: an Xid 48 on its GPU 0.
