@@ -270,6 +270,8 @@ class RemediationService:
         self._fleet_version = -1
         """The ingest's labels version the fleet view was built from."""
         self._quarantine_gauge_stale = False
+        self._tick_due: dict[str, tuple[escalation.RemediationState, policy_mod.EscalationPolicy, float]] = {}
+        """Node → (its state, the ladder policy, `escalation.tick_due_at` of them), for `_nodes_due`."""
         self._budget_stored: blast_radius.BudgetState | None = None
         """The budget as the store holds it (None: never written); only a changed budget is written."""
         self.stats = RemediationStats()
@@ -312,7 +314,7 @@ class RemediationService:
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load durable state, resume the outbox, start the tick loop (again at each leader term)."""
-        for transient in (self._deferred, self._unanswered, self._kinds, self._event_times):
+        for transient in (self._deferred, self._unanswered, self._kinds, self._event_times, self._tick_due):
             transient.clear()  # a new term starts from the store alone
         if self.store.writer is not None:
             await asyncio.to_thread(self.store.writer.start)  # before the first decision waits for it
@@ -957,8 +959,16 @@ class RemediationService:
                     await self._export_quarantines()
 
     async def _nodes_due(self) -> list[str]:
-        """The nodes whose tick would change something now: a look without the lock, `TICK_CHUNK_NODES` at a time."""
-        nodes = [node_id for node_id, state in self.node_states.items() if state.tickets]
+        """The nodes whose tick would change something now: a look without the lock.
+
+        Only the nodes whose due time (`escalation.tick_due_at`) has come are ticked to see, in
+        chunks of `TICK_CHUNK_NODES`. A node's due time is kept with the state it was computed
+        from, so a node whose state did not change since the last tick costs a lookup: ticking
+        every node with a ticket, as this did before, took 25-35 ms of the event loop per tick at
+        2,000 such nodes in a burst, and would take ten times that at 16,000.
+        """
+        now = self._clock() / 1e9
+        nodes = [node_id for node_id, state in self.node_states.items() if self._tick_due_at(node_id, state) <= now]
         due: list[str] = []
         for start in range(0, len(nodes), TICK_CHUNK_NODES):
             if start:
@@ -970,6 +980,22 @@ class RemediationService:
                 if self._tick_decision(node_id, now) is not None
             ]
         return due
+
+    def _tick_due_at(self, node_id: str, state: escalation.RemediationState) -> float:
+        """When the node's tick may next change something (`escalation.tick_due_at`); inf for a node with no ticket.
+
+        Remembered with the state and policy it was computed for: states are immutable and
+        replaced whole, so a different state object is a different node state.
+        """
+        if not state.tickets:
+            return math.inf  # as before: a node without tickets is left to its next event
+        remembered = self._tick_due.get(node_id)
+        policy = self.policy.escalation
+        if remembered is not None and remembered[0] is state and remembered[1] is policy:
+            return remembered[2]
+        due_at = escalation.tick_due_at(state, policy=policy)
+        self._tick_due[node_id] = (state, policy, due_at)
+        return due_at
 
     def _tick_decision(self, node_id: str, now: float) -> escalation.Decision | None:
         """The node's tick at now, or None when it would change nothing (no ticket, nothing due)."""

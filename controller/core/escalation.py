@@ -1293,6 +1293,47 @@ def tick(state: RemediationState, *, now: float, policy: policy.EscalationPolicy
     return w.decision(f"{len(reasons)} tickets changed: {reasons[0]}; and more")
 
 
+def tick_due_at(state: RemediationState, *, policy: policy.EscalationPolicy) -> float:
+    """The earliest time at which `tick` may change the node's state or act (Unix seconds). Pure.
+
+    ``-math.inf`` when it may at any time (a waiting ticket and no node command in flight);
+    ``math.inf`` when nothing in it is driven by time. Before the returned time, `tick` returns the
+    state unchanged and no action. It is a bound, not a promise: at that time tick may still find
+    nothing to do (an owned node command's expiry is counted, as if orphaned).
+
+    Lets the service look at only the nodes due rather than tick every node with a ticket at every
+    tick: at 2,000 such nodes that look took 25-35 ms of the event loop every 2 s, in a burst.
+
+    Example: a reset dispatched at t=0 with ``reset_gpu_timeout_s`` 600 → 600.0; the same ticket
+    still held by the budget (not dispatched) → ``math.inf``.
+    """
+    due = math.inf
+    wakes = False
+    for t in state.tickets:
+        p = t.pending
+        if p is not None and p.dispatched_at is not None:  # `_wait_ran_out`
+            due = min(due, p.dispatched_at + policy.timeout_s(p.kind))
+        if t.state is TicketState.WATCHING and t.watch_until is not None:
+            due = min(due, t.watch_until)
+        if t.state is TicketState.WAITING and t.waiting_rung is not None:  # `_wake_waiting`
+            wakes = True
+        elif t.state is TicketState.RMA_PENDING and t.gpu_uuid and "node" in t.held:
+            wakes = wakes or (t.pending is None and t.validation_runs == 0)
+    if wakes and not state.node_command_id:
+        return -math.inf
+    if state.node_command_id and state.node_command_at is not None:  # `_node_command_expired`
+        due = min(due, state.node_command_at + policy.reboot_node_timeout_s)
+    # What `_Work` forgets once it is older than its window.
+    window_s = policy.attempt_budget_window_s
+    for attempt in state.attempts:
+        due = min(due, attempt.at + window_s)
+    for _ticket_id, closed_at in state.closed_tickets:
+        due = min(due, closed_at + window_s)
+    for _gpu_uuid, until in state.sdc_watch:
+        due = min(due, until)
+    return due
+
+
 def awaited_until(state: RemediationState | None, *, now: float, policy: policy.EscalationPolicy) -> dict[str, float]:
     """The commands the node's ladder still waits for at now, each with when its wait runs out. Pure.
 

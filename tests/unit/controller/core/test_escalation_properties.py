@@ -8,13 +8,15 @@ Invariants, for every sequence:
    commands that were awaited;
 5. ticket invariants: ACTING has a pending command, WAITING has a rung to start, and the rung never
    goes down;
-6. the state survives a JSON round trip unchanged.
+6. the state survives a JSON round trip unchanged;
+7. before `tick_due_at`, a tick changes nothing (the service ticks only the nodes due).
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import math
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -65,6 +67,21 @@ POLICIES = {
 }
 
 
+PROBE_OFFSETS_S = (0.0, 1.0, 59.0, 60.0, 399.0, 600.0, 1799.0, 1800.0, 3600.0, 4000.0, 6 * 3600.0, 7 * 3600.0, 86400.0)
+
+
+def _nothing_due_before(state: escalation.RemediationState, now: float, esc: policy.EscalationPolicy) -> None:
+    """Invariant 7: a tick at any probed time before the state's due time returns it unchanged, with no action."""
+    due = escalation.tick_due_at(state, policy=esc)
+    probes = [now + offset for offset in PROBE_OFFSETS_S]
+    if now <= due - 0.001 < math.inf:
+        probes.append(due - 0.001)
+    for at in probes:
+        if at < due:
+            decision = escalation.tick(state, now=at, policy=esc)
+            assert decision.state == state and not decision.actions, (at - now, due - now, decision.reason)
+
+
 def _run(sequence, pol: policy.RemediationPolicy) -> None:
     now = T0
     corr = correlate.CorrelationState()
@@ -111,6 +128,7 @@ def _run(sequence, pol: policy.RemediationPolicy) -> None:
                 assert t.rung >= last_rung.get(t.ticket_id, 0)
                 last_rung[t.ticket_id] = t.rung
         assert escalation.RemediationState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+        _nothing_due_before(state, now, esc)
         return state
 
     for op in sequence:
