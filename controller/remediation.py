@@ -951,12 +951,16 @@ class RemediationService:
                     new_actions.extend(decision.actions)
                 if states:
                     await self._commit_states(states, new_actions, change)
-        if self._deferred or self._quarantine_gauge_stale:
+        if self._deferred:
             async with self._lock:
                 await self._dispatch_locked()
-                if self._quarantine_gauge_stale:
-                    self._quarantine_gauge_stale = False
-                    await self._export_quarantines()
+        if self._quarantine_gauge_stale:
+            # Without the lock: the gauge counts what is committed, and no decision waits for it.
+            # Taken for it, the lock drained a burst's pipeline at every tick that followed a
+            # quarantine, and events queued behind the drain for ~60 ms. A pass that commits
+            # quarantines meanwhile marks the gauge stale again, for the next tick.
+            self._quarantine_gauge_stale = False
+            await self._export_quarantines()
 
     async def _nodes_due(self) -> list[str]:
         """The nodes whose tick would change something now: a look without the lock.

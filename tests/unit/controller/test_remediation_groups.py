@@ -333,3 +333,23 @@ def test_a_commit_chain_refuses_every_commit_behind_a_failed_one():
     with pytest.raises(RuntimeError, match="an earlier commit of this pipeline failed"):
         chain(rstore.Commit(now_unix_ns=3))
     assert ran == [1, 2], "the commit behind the failed one never ran"
+
+
+def test_a_tick_refreshes_the_quarantine_gauge_without_waiting_for_the_decision_lock(rig):
+    """The gauge reads what is committed: a tick must not stall a burst's pipeline for it."""
+
+    async def run() -> None:
+        await rig.start()
+        try:
+            for seq, xid, gpu in EVENTS:
+                await rig.service.on_events("node-1", [_event("node-1", seq, xid, gpu)], {"rack": "r1"})
+            gauge = rig.ingest.metrics.quarantined.labels(scope="gpu")
+            assert rig.service._quarantine_gauge_stale, "the DBE's GPU quarantine left the gauge to the next tick"
+            async with rig.service._lock:  # a pipeline holds it
+                await asyncio.wait_for(rig.service.tick(), timeout=10)
+            assert gauge._value.get() == 1, "one GPU quarantined, counted while the lock was held"
+            assert not rig.service._quarantine_gauge_stale
+        finally:
+            await rig.stop()
+
+    asyncio.run(run())
