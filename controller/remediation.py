@@ -658,7 +658,18 @@ class RemediationService:
             # The gauge is refreshed by the next tick, not here: counting is a query, and a
             # burst dispatches many times a second while Prometheus scrapes every few seconds.
             self._quarantine_gauge_stale = True
-        self._send_dispatched([*sent, *(a for a in done.admitted if a.kind in AGENT_KINDS)])
+        # A command a dispatch round admitted and the pass committed with it finished (`_merged`: the
+        # pass superseded it) is final in the outbox: it never leaves.
+        finished = {
+            command_id: update["status"]
+            for command_id, update in done.change.command_updates
+            if update.get("status") in rstore.FINAL_STATUSES
+        }
+        admitted = [a for a in done.admitted if a.kind in AGENT_KINDS]
+        for action in admitted:
+            if action.command_id in finished:
+                self._forget_command(action.command_id, finished[action.command_id])
+        self._send_dispatched([*sent, *(a for a in admitted if a.command_id not in finished)])
 
     def _admit_with_decision(
         self,

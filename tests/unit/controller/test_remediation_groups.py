@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 
 import pytest
 import sqlalchemy as sa
@@ -351,5 +352,46 @@ def test_a_tick_refreshes_the_quarantine_gauge_without_waiting_for_the_decision_
             assert not rig.service._quarantine_gauge_stale
         finally:
             await rig.stop()
+
+    asyncio.run(run())
+
+
+def test_a_command_a_dispatch_round_admits_and_the_pass_committed_with_it_cancels_is_never_sent(rig):
+    """A dispatch round shares its transaction with the next pass; if that pass supersedes what the round admitted,
+    the command ends cancelled in the same commit and must not be sent (the agent would run a repair the ladder
+    had dropped).
+
+    The Xid 48's reset waits for its GPU's quarantine (two steps). While the Xid 48's decision commits, an Xid 79
+    on the same GPU arrives: it is decided in the pass after the dispatch round that admits the reset, which it
+    supersedes with a reboot.
+    """
+
+    async def run() -> None:
+        await rig.start()
+        sent: list[str] = []
+        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
+        commit = rig.service.store.commit
+        first_commit_started, release_first_commit = threading.Event(), threading.Event()
+
+        def gated(change: rstore.Commit) -> list[str]:
+            if not first_commit_started.is_set():
+                first_commit_started.set()
+                assert release_first_commit.wait(10), "the test let the first commit go on"
+            return commit(change)
+
+        rig.service.store.commit = gated  # type: ignore[method-assign]
+        dbe = asyncio.ensure_future(rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"}))
+        assert await asyncio.to_thread(first_commit_started.wait, 10), "the Xid 48's decision commits"
+        fell_off = asyncio.ensure_future(rig.service.on_events("node-1", [_event("node-1", 2, 79)], {"rack": "r1"}))
+        await asyncio.sleep(0.05)  # the Xid 79 call waits in the inbox
+        release_first_commit.set()
+        await asyncio.wait_for(asyncio.gather(dbe, fell_off), timeout=10)
+        commands = {c.command_id: c for c in rig.service.store.commands()}
+        (reset,) = [c for c in commands.values() if c.kind == "reset_gpu"]
+        assert reset.status == "cancelled", "the reboot superseded the reset in the round's own transaction"
+        assert reset.command_id not in sent, "so the reset never left"
+        assert [commands[c].kind for c in sent] == ["reboot_node"], "the reboot did"
+        assert reset.command_id not in rig.service._unanswered and reset.command_id not in rig.service._kinds
+        await rig.stop()
 
     asyncio.run(run())
