@@ -925,11 +925,12 @@ class RemediationService:
         The lock is taken only for work there is: each hold ends a burst's pipeline (its commits
         drained first, then the decider starts again with what arrived meanwhile), and a tick that
         took it for every chunk of nodes cost the events of a 2,000 events/s burst 40-60 ms more
-        each time. So every node with a ticket is first looked at without the lock (a look that
-        finds nothing due changes nothing, and state a pass has not committed yet is only ever
-        looked at), and only the nodes due are ticked under it, looked at again there, in chunks of
-        ``TICK_CHUNK_NODES``, each chunk one transaction: ticking every node with a ticket at once
-        held the lock ~40 ms at 1,600 such nodes. Each node's tick is independent of the others'.
+        each time. So the nodes whose due time has come (`_nodes_due`) are first looked at without
+        the lock (a look that finds nothing due changes nothing, and state a pass has not committed
+        yet is only ever looked at), and only the nodes due are ticked under it, looked at again
+        there, in chunks of ``TICK_CHUNK_NODES``, each chunk one transaction: ticking every node
+        with a ticket at once held the lock ~40 ms at 1,600 such nodes. Each node's tick is
+        independent of the others'. The quarantine gauge is refreshed without the lock.
         """
         if self._results_owed:
             async with self._lock:
