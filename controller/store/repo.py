@@ -748,19 +748,25 @@ class Prepared:
         if not self.direct:
             connection.execute(self.statement, list(rows))
             return
-        processors, fixed = self._processors, self._fixed
-        if processors or fixed:
-            rows = [
-                {
-                    name: (processors[name](value) if name in processors else value)
-                    for name, value in (({**fixed, **row}) if fixed else row).items()
-                }
+        processors, fixed, positions = self._processors, self._fixed, self._positions
+        if fixed:
+            rows = [{**fixed, **row} for row in rows]
+        params: list[Any]
+        # One pass per row, a bind processor only where a column has one (the JSON columns): the
+        # rows of a burst's commits are tens of thousands a second, and building each twice (a
+        # processed dict, then the tuple) was a tenth of the writer's CPU.
+        if positions is not None:
+            plan = [(name, processors.get(name)) for name in positions]
+            params = [
+                tuple(row[name] if process is None else process(row[name]) for name, process in plan) for row in rows
+            ]
+        elif processors:
+            params = [
+                {name: (value if name not in processors else processors[name](value)) for name, value in row.items()}
                 for row in rows
             ]
-        positions = self._positions
-        params: list[Any] = (
-            [tuple(row[name] for name in positions) for row in rows] if positions is not None else list(rows)
-        )
+        else:
+            params = list(rows)
         # The driver's SQL as it is: no compiling, no cache key, no parameters built per row; a
         # driver error still becomes SQLAlchemy's (IntegrityError, OperationalError; a lost
         # connection is invalidated), as the callers and the store-outage handling expect.
