@@ -454,6 +454,18 @@ _ACTIVE_QUARANTINES = sa.select(
     schema.QuarantineRow.released_unix_ns.is_(None),
 )
 """The nodes' quarantines still in force (`_quarantine_many` keeps one per target)."""
+_MARK_GPUS = (
+    sa.update(schema.GpuRow.__table__)
+    .where(schema.GpuRow.uuid.in_(sa.bindparam("uuids", expanding=True)))
+    .values(state=sa.bindparam("state"))
+)
+"""Set the state of the GPUs named (a quarantine marks its GPUs)."""
+_MARK_NODES = (
+    sa.update(schema.NodeRow.__table__)
+    .where(schema.NodeRow.node_id.in_(sa.bindparam("node_ids", expanding=True)))
+    .values(state=sa.bindparam("state"))
+)
+"""Set the state of the nodes named (a node quarantine marks its node)."""
 _COMMAND_UPDATES: dict[tuple[str, str, tuple[str, ...]], repo.Prepared] = {}
 """Outbox UPDATE statements by dialect, driver and the columns they set (a handful of shapes), compiled once."""
 
@@ -506,14 +518,16 @@ def _quarantine_many(session: Session, quarantines: Sequence[Mapping[str, Any]],
             rows.append({**q, "since_unix_ns": now_unix_ns})
     for row_keys in {tuple(sorted(r)) for r in rows}:  # executemany needs rows of one shape
         same = [r for r in rows if tuple(sorted(r)) == row_keys]
-        conn.execute(sa.insert(table), same)
+        repo.insert_many(conn, table, [{k: r[k] for k in row_keys} for r in same])
     gpus = sorted({q["gpu_uuid"] for q in quarantines if q.get("gpu_uuid") and not q.get("port")})
     whole = sorted({q["node_id"] for q in quarantines if not q.get("gpu_uuid") and not q.get("port")})
     state = int(fleet.ComponentState.QUARANTINED)
+    # Statements built once (module level): most commits of a burst quarantine something, and
+    # building these per commit cost more than running them.
     if gpus:
-        conn.execute(sa.update(schema.GpuRow.__table__).where(schema.GpuRow.uuid.in_(gpus)).values(state=state))
+        conn.execute(_MARK_GPUS, {"uuids": gpus, "state": state})
     if whole:
-        conn.execute(sa.update(schema.NodeRow.__table__).where(schema.NodeRow.node_id.in_(whole)).values(state=state))
+        conn.execute(_MARK_NODES, {"node_ids": whole, "state": state})
 
 
 def _release(session: Session, r: Mapping[str, Any], now_unix_ns: int) -> None:
