@@ -179,13 +179,7 @@ class RemediationStore:
             session.execute(sa.delete(schema.ControllerStateRow).where(schema.ControllerStateRow.name.in_(gone)))
         if change.new_commands:
             ids = [r.command_id for r in change.new_commands]
-            existing = dict(
-                conn.execute(
-                    sa.select(schema.CommandRow.command_id, schema.CommandRow.status).where(
-                        schema.CommandRow.command_id.in_(ids)
-                    )
-                ).all()
-            )
+            existing = dict(conn.execute(_COMMAND_STATUSES, {"command_ids": ids}).all())
             rows = []
             for record in change.new_commands:
                 if record.command_id in existing:
@@ -454,6 +448,10 @@ _ACTIVE_QUARANTINES = sa.select(
     schema.QuarantineRow.released_unix_ns.is_(None),
 )
 """The nodes' quarantines still in force (`_quarantine_many` keeps one per target)."""
+_COMMAND_STATUSES = sa.select(schema.CommandRow.command_id, schema.CommandRow.status).where(
+    schema.CommandRow.command_id.in_(sa.bindparam("command_ids", expanding=True))
+)
+"""The outbox status of the commands named (a decision made again finds its commands there)."""
 _MARK_GPUS = (
     sa.update(schema.GpuRow.__table__)
     .where(schema.GpuRow.uuid.in_(sa.bindparam("uuids", expanding=True)))
