@@ -1311,8 +1311,8 @@ def tick_due_at(state: RemediationState, *, policy: policy.EscalationPolicy) -> 
     wakes = False
     for t in state.tickets:
         p = t.pending
-        if p is not None and p.dispatched_at is not None:  # `_wait_ran_out`
-            due = min(due, p.dispatched_at + policy.timeout_s(p.kind))
+        if p is not None:  # `_wait_ran_out`
+            due = min(due, _wait_ends_at(p, policy))
         if t.state is TicketState.WATCHING and t.watch_until is not None:
             due = min(due, t.watch_until)
         if t.state is TicketState.WAITING and t.waiting_rung is not None:  # `_wake_waiting`
@@ -1321,8 +1321,8 @@ def tick_due_at(state: RemediationState, *, policy: policy.EscalationPolicy) -> 
             wakes = wakes or (t.pending is None and t.validation_runs == 0)
     if wakes and not state.node_command_id:
         return -math.inf
-    if state.node_command_id and state.node_command_at is not None:  # `_node_command_expired`
-        due = min(due, state.node_command_at + policy.reboot_node_timeout_s)
+    if state.node_command_id:  # `_node_command_expired`
+        due = min(due, _node_command_ends_at(state.node_command_at, policy))
     # What `_Work` forgets once it is older than its window.
     window_s = policy.attempt_budget_window_s
     for attempt in state.attempts:
@@ -1353,12 +1353,22 @@ def awaited_until(state: RemediationState | None, *, now: float, policy: policy.
     for t in state.tickets:
         p = t.pending
         if p is not None and not _wait_ran_out(p, now, policy):
-            until[p.command_id] = math.inf if p.dispatched_at is None else p.dispatched_at + policy.timeout_s(p.kind)
+            until[p.command_id] = _wait_ends_at(p, policy)
     since = state.node_command_at
     orphaned = bool(state.node_command_id) and _Work(state, now, policy).node_owner() is None
     if orphaned and not _node_command_expired(since, now, policy):  # an orphaned reboot still runs its course
-        until[state.node_command_id] = math.inf if since is None else since + policy.reboot_node_timeout_s
+        until[state.node_command_id] = _node_command_ends_at(since, policy)
     return until
+
+
+def _wait_ends_at(pending: Pending, policy: policy.EscalationPolicy) -> float:
+    """When the ladder's wait for a command ends (its timeout from its dispatch); inf while the budget holds it."""
+    return math.inf if pending.dispatched_at is None else pending.dispatched_at + policy.timeout_s(pending.kind)
+
+
+def _node_command_ends_at(since: float | None, policy: policy.EscalationPolicy) -> float:
+    """When a node command has had its reboot's time to finish; inf when its start is not known."""
+    return math.inf if since is None else since + policy.reboot_node_timeout_s
 
 
 def _wait_ran_out(pending: Pending, now: float, policy: policy.EscalationPolicy) -> bool:
