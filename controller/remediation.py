@@ -637,7 +637,7 @@ class RemediationService:
         later: the passes decided after it, still in flight; a hold on the budget given back here
         stays given back should one of them be undone.
         """
-        sent = self._after_commit(done.new_actions, done.change, done.dispatched, fresh)
+        sent = self._after_commit(done.new_actions, done.change, done.dispatched, fresh, done.admitted)
         now = done.change.now_unix_ns / 1e9
         for command_id in done.dispatched.keys() - fresh:
             for undoable in later:
@@ -658,18 +658,7 @@ class RemediationService:
             # The gauge is refreshed by the next tick, not here: counting is a query, and a
             # burst dispatches many times a second while Prometheus scrapes every few seconds.
             self._quarantine_gauge_stale = True
-        # A command a dispatch round admitted and the pass committed with it finished (`_merged`: the
-        # pass superseded it) is final in the outbox: it never leaves.
-        finished = {
-            command_id: update["status"]
-            for command_id, update in done.change.command_updates
-            if update.get("status") in rstore.FINAL_STATUSES
-        }
-        admitted = [a for a in done.admitted if a.kind in AGENT_KINDS]
-        for action in admitted:
-            if action.command_id in finished:
-                self._forget_command(action.command_id, finished[action.command_id])
-        self._send_dispatched([*sent, *(a for a in admitted if a.command_id not in finished)])
+        self._send_dispatched(sent)
 
     def _admit_with_decision(
         self,
@@ -1431,19 +1420,29 @@ class RemediationService:
         change: rstore.Commit,
         dispatched: Mapping[str, actions.Action],
         fresh: set[str],
+        admitted: Sequence[actions.Action] = (),
     ) -> list[actions.Action]:
         """What follows a commit of `_stage_commit`'s rows; returns the dispatched commands to send now.
 
         Those are the ones new in the outbox (or pending there before: a decision made again after a
-        crash). One the outbox already had further on is not sent twice; its hold on the budget is
-        given back. New pending ones start waiting for admission, and cancelled ones stop.
+        crash), then the agent commands a dispatch round in the commit admitted (admitted). One the
+        outbox already had further on is not sent twice; its hold on the budget is given back. New
+        pending ones start waiting for admission, and cancelled ones stop.
         """
         cancelled = _cancelled_ids(change)
         for command_id in cancelled:
             self._deferred.pop(command_id, None)
+        admitted_agent = [a for a in admitted if a.kind in AGENT_KINDS]
+        unsent = {a.command_id for a in admitted_agent}
+        finished: set[str] = set()
         for command_id, update in change.command_updates:
-            # Still unanswered here: finished by `_close` without a result (a result's own command left already).
-            if update.get("status") in rstore.FINAL_STATUSES and command_id in self._unanswered:
+            # Finished by `_close` without a result (a result's own command left already): one sent
+            # and unanswered, or one the round admitted and the pass committed with it superseded
+            # (`_merged`), which so never leaves.
+            if update.get("status") in rstore.FINAL_STATUSES and (
+                command_id in self._unanswered or (command_id in unsent and command_id not in finished)
+            ):
+                finished.add(command_id)
                 self._forget_command(command_id, update["status"])
         if self.decision_hook is not None:
             self.decision_hook([a for a in new_actions if a.command_id in fresh], change.now_unix_ns)
@@ -1460,6 +1459,7 @@ class RemediationService:
             else:
                 log.info("remediation_command_exists", node=action.node_id, command_id=action.command_id)
                 self.budget = blast_radius.complete(self.budget, action.command_id, now=now)
+        sent.extend(a for a in admitted_agent if a.command_id not in finished)
         return sent
 
     async def _dispatch_locked(self) -> None:
