@@ -514,9 +514,8 @@ def _quarantine_many(session: Session, quarantines: Sequence[Mapping[str, Any]],
         if target not in active:
             active.add(target)
             rows.append({**q, "since_unix_ns": now_unix_ns})
-    for row_keys in {tuple(sorted(r)) for r in rows}:  # executemany needs rows of one shape
-        same = [r for r in rows if tuple(sorted(r)) == row_keys]
-        repo.insert_many(conn, table, [{k: r[k] for k in row_keys} for r in same])
+    for run in _runs_of_one_shape(rows):  # in order; an executemany needs rows of one shape
+        repo.insert_many(conn, table, run)
     gpus = sorted({q["gpu_uuid"] for q in quarantines if q.get("gpu_uuid") and not q.get("port")})
     whole = sorted({q["node_id"] for q in quarantines if not q.get("gpu_uuid") and not q.get("port")})
     state = int(fleet.ComponentState.QUARANTINED)
