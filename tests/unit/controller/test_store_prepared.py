@@ -93,3 +93,108 @@ def test_a_rolled_back_transaction_keeps_nothing_a_prepared_statement_wrote(stor
         repo.insert_many(session.connection(), AUDIT, [_audit(1)])
         session.rollback()
     assert _rows(store, AUDIT, AUDIT.c.id) == []
+
+
+# -- PostgreSQL: many rows as one INSERT ... SELECT FROM unnest(arrays) --------------------------------
+# The same tests run on SQLite, where the rows go through executemany: both must land the rows as
+# SQLAlchemy's own execute, one row after another, would.
+
+
+def test_an_upsert_that_names_a_key_twice_lands_as_one_row_after_another_would(store):
+    """PostgreSQL refuses to update one row twice in a statement; a repeated key starts the next one."""
+    table = schema.RemediationStateRow
+    rows = [
+        {"node_id": "node-1", "state": {"v": "a"}, "updated_unix_ns": 1},
+        {"node_id": "node-2", "state": {"v": "b"}, "updated_unix_ns": 2},
+        {"node_id": "node-1", "state": {"v": "c"}, "updated_unix_ns": 3},
+        {"node_id": "node-1", "state": {"v": "d"}, "updated_unix_ns": 4},
+    ]
+    with orm.Session(store.engine) as session, session.begin():
+        # updated_unix_ns insert-only: kept from the first row, as a second statement for the key keeps it
+        repo.upsert_many(session, table, "node_id", rows, insert_only=("updated_unix_ns",))
+    assert _rows(store, table.__table__, table.node_id) == [("node-1", {"v": "d"}, 1), ("node-2", {"v": "b"}, 2)]
+
+
+def test_more_rows_than_a_statement_takes_land_in_order(store, monkeypatch):
+    monkeypatch.setattr(repo, "ROWS_PER_STATEMENT", 2)
+    rows = [_audit(n) for n in range(5)]
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda _c, _cur, sql, *_: statements.append(sql))
+    with orm.Session(store.engine) as session, session.begin():
+        repo.insert_many(session.connection(), AUDIT, rows)
+    written = _rows(store, AUDIT, AUDIT.c.id)
+    assert [row[1] for row in written] == [NOW_NS + n for n in range(5)], "ids follow the rows' order"
+    inserts = [sql for sql in statements if sql.startswith("INSERT")]
+    if store.engine.dialect.name == "postgresql":
+        assert len(inserts) == 3 and all("FROM unnest(" in sql for sql in inserts), "2 + 2 + 1 rows, over arrays"
+    else:
+        assert len(inserts) == 1, "one executemany"
+
+
+_SCRATCH = sa.Table(
+    "prepared_scratch",
+    sa.MetaData(),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("watts", sa.Float, nullable=True),
+    sa.Column("flag", sa.Boolean, nullable=True),
+    sa.Column("label", sa.String(32), nullable=True),
+    sa.Column("doc", sa.JSON, nullable=True),
+    sa.Column("big", sa.BigInteger, nullable=True),
+)
+
+
+def test_every_column_type_lands_as_sqlalchemy_writes_it_even_when_the_python_types_mix(store):
+    """An array has one element type: ints in a float column are made floats; other mixes go row by row."""
+    _SCRATCH.create(store.engine)
+    try:
+        batches = [
+            [  # one Python type per column, but for the float column's int
+                {"id": 1, "watts": 350, "flag": True, "label": "a'b\"c\\", "doc": {"k": [1, None]}, "big": 2**40},
+                {"id": 2, "watts": 351.5, "flag": None, "label": None, "doc": None, "big": None},
+                {"id": 3, "watts": None, "flag": False, "label": "é", "doc": sa.JSON.NULL, "big": -1},
+            ],
+            [  # an int among the labels: not one array type, so executemany
+                {"id": 4, "watts": 1.0, "flag": True, "label": "x", "doc": [], "big": 0},
+                {"id": 5, "watts": 2.0, "flag": True, "label": 7, "doc": "text", "big": 1},
+            ],
+        ]
+        with orm.Session(store.engine) as session, session.begin():
+            for rows in batches:
+                repo.insert_many(session.connection(), _SCRATCH, rows)
+        prepared = _rows(store, _SCRATCH, _SCRATCH.c.id)
+        with store.engine.begin() as connection:
+            connection.execute(sa.delete(_SCRATCH))
+            for rows in batches:
+                connection.execute(sa.insert(_SCRATCH), rows)
+        assert prepared == _rows(store, _SCRATCH, _SCRATCH.c.id)
+        assert prepared[0][1:3] == (350.0, True) and prepared[1][4] is None and prepared[2][4] is None
+    finally:
+        _SCRATCH.drop(store.engine)
+
+
+def test_on_postgresql_an_insert_becomes_one_statement_over_arrays_and_anything_else_stays_executemany():
+    from sqlalchemy.dialects import postgresql
+
+    dialect = postgresql.psycopg.dialect()
+    state = schema.ControllerStateRow.__table__
+    upsert = postgresql.insert(state)
+    upsert = upsert.on_conflict_do_update(index_elements=["name"], set_={"state": upsert.excluded.state})
+    prepared = repo.Prepared(upsert, dialect, ("name", "state", "updated_unix_ns"), conflict_key="name")
+    assert prepared._rows_sql is not None
+    sql, plan, json_columns = prepared._rows_sql
+    assert sql == (
+        "INSERT INTO controller_states (name, state, updated_unix_ns) SELECT c0, c1, c2 FROM "
+        "unnest(%b::TEXT[], %b::JSON[], %b::BIGINT[]) WITH ORDINALITY AS r(c0, c1, c2, n) ORDER BY n "
+        "ON CONFLICT (name) DO UPDATE SET state = excluded.state"
+    )
+    assert plan == [("name", str), ("state", str), ("updated_unix_ns", int)] and set(json_columns) == {"state"}
+    # An UPDATE, and an upsert that binds a value outside its row, keep executemany.
+    update = sa.update(state).where(state.c.name == sa.bindparam("n")).values(updated_unix_ns=sa.bindparam("t"))
+    assert repo.Prepared(update, dialect, ("n", "t"))._rows_sql is None
+    bound = postgresql.insert(state)
+    bound = bound.on_conflict_do_update(index_elements=["name"], set_={"updated_unix_ns": sa.bindparam("t")})
+    assert repo.Prepared(bound, dialect, ("name", "state", "updated_unix_ns", "t"))._rows_sql is None
+    # SQLite keeps executemany: its driver's loop is in C.
+    from sqlalchemy.dialects import sqlite
+
+    assert repo.Prepared(sa.insert(state), sqlite.dialect(), ("name", "state", "updated_unix_ns"))._rows_sql is None
