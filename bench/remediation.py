@@ -379,6 +379,7 @@ class Row:
     burst_cpu_s: float = 0.0
     burst_db_cpu_s: float | None = None
     decision_ms: list[float] = dataclasses.field(default_factory=list)
+    decision_ms_by_kind: dict[str, list[float]] = dataclasses.field(default_factory=dict)
     return_ms: list[float] = dataclasses.field(default_factory=list)
     max_backlog: int = 0
     dispatched: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -432,7 +433,9 @@ async def burst(
         await rig.deliver(arrival, due_ns, append=append)
         return_s.append((time.time_ns() - due_ns) / 1e9)
 
-    before = len(rig.service.stats.decision_latency_s)
+    stats = rig.service.stats
+    stats.decision_latency_s.clear()  # bounded deques: this run's entries alone
+    stats.decision_latency_kinds.clear()
     kinds_before = dict(rig.service.stats.actions_by_kind)
     sent_before = rig.commands_sent
     cpu0, db0 = _cpu_s(rig), _db_cpu(row.backend)
@@ -463,7 +466,9 @@ async def burst(
     row.burst_db_cpu_s = _db_delta(row.backend, db0)
     row.burst_offered, row.burst_rate, row.burst_done = len(arrivals), rate, len(return_s)
     row.return_ms = [1000 * s for s in return_s]
-    row.decision_ms = [1000 * s for s in rig.service.stats.decision_latency_s[before:]]
+    row.decision_ms = [1000 * s for s in stats.decision_latency_s]
+    for kind, seconds in zip(stats.decision_latency_kinds, stats.decision_latency_s, strict=True):
+        row.decision_ms_by_kind.setdefault(kind, []).append(1000 * seconds)
     row.undone_bound_ms = undone_bound_ms
     row.dispatched = {
         kind: count - kinds_before.get(kind, 0)
@@ -580,6 +585,10 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
         if not r.doc_bytes:
             continue
         kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(r.dispatched.items()))
+        by_kind = "; ".join(
+            f"{kind} {_pct(ms, 50):,.1f}/{_pct(ms, 99):,.1f}"
+            for kind, ms in sorted(r.decision_ms_by_kind.items(), key=lambda item: -len(item[1]))
+        )
         lines.append(
             f"- round {r.round}, {r.backend}, commits in a {r.writer}: burst dispatched {kinds or 'nothing'} "
             f"(agent commands written to streams: {r.commands_sent:,}); "
@@ -587,7 +596,9 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             f"state after the burst: {r.doc_bytes.get('open incidents', 0):,} open incidents, correlation "
             f"state {r.doc_bytes.get('correlation', 0):,} bytes in all (stored as one id list per scope, written "
             "when an incident opens or expires, and each changed incident's row), budget document "
-            f"{r.doc_bytes.get('budget', 0):,} bytes (written only when it changed)"
+            f"{r.doc_bytes.get('budget', 0):,} bytes (written only when it changed); "
+            f"decision p50/p99 ms by command: {by_kind or 'none'} (a reset or reboot follows its quarantine: "
+            "it leaves after the dispatch round's commit, the second)"
         )
     return "\n".join(lines)
 

@@ -25,6 +25,7 @@ All of it runs on one asyncio lock: decisions are serialised, as the pure core a
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import math
@@ -46,6 +47,8 @@ from rasd.controller.store import writer as store_writer
 
 log = structlog.get_logger("rasd.controller")
 
+DECISION_LATENCIES_KEPT = 100_000
+"""Decision latencies `RemediationStats` keeps (the latest): the simulator's report and the benchmark read them."""
 MAX_GROUP_EVENTS = 512
 """Upper bound on the stored events decided together in one transaction."""
 TICK_CHUNK_NODES = 200
@@ -126,8 +129,16 @@ class RemediationStats:
     events: int = 0
     decisions: int = 0
     actions_by_kind: dict[str, int] = dataclasses.field(default_factory=dict)
-    decision_latency_s: list[float] = dataclasses.field(default_factory=list)
-    """Event stored → each action it led to handed to its executor, per such action (`_note_handed_over`)."""
+    decision_latency_s: collections.deque[float] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=DECISION_LATENCIES_KEPT)
+    )
+    """Event stored → each action it led to handed to its executor, per such action (`_note_handed_over`);
+    the latest `DECISION_LATENCIES_KEPT` (the controller runs for months; Prometheus has the histogram)."""
+    decision_latency_kinds: collections.deque[str] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=DECISION_LATENCIES_KEPT)
+    )
+    """The action kind of each entry of decision_latency_s, at the same position: a repair that follows a
+    quarantine leaves after two commits, the quarantine's and the dispatch round's."""
     max_disrupted_nodes: int = 0
     passes: int = 0
     """Decision passes committed."""
@@ -760,6 +771,7 @@ class RemediationService:
         if started is not None:
             latency_s = max(0.0, self._clock() / 1e9 - started)
             self.stats.decision_latency_s.append(latency_s)
+            self.stats.decision_latency_kinds.append(action.kind)
             self.ingest.metrics.time_to_first_action_seconds.observe(latency_s)
 
     def _forget_command(self, command_id: str, outcome: str) -> None:

@@ -251,7 +251,7 @@ def test_a_command_to_a_node_without_a_stream_counts_its_latency_when_it_is_sent
     async def scenario() -> None:
         await rig.event(1, 13)
         assert [(c.kind, c.status) for c in service.store.commands(node_id=NODE)] == [("restart_process", "dispatched")]
-        assert service.stats.decision_latency_s == [], "no stream: the restart has not left"
+        assert list(service.stats.decision_latency_s) == [], "no stream: the restart has not left"
         rig.now_ns += 5 * 10**9  # the node reconnects 5 s later
         queue = await _open_stream(rig)
         (restart,) = _sent_commands(queue)
@@ -260,10 +260,11 @@ def test_a_command_to_a_node_without_a_stream_counts_its_latency_when_it_is_sent
         assert restart.deadline_unix_ns - restart.issued_unix_ns == timeout_ns - 5 * 10**9, (
             "what is left of the ladder's wait, not a new one"
         )
-        assert service.stats.decision_latency_s == [pytest.approx(5.0)]
+        assert list(service.stats.decision_latency_s) == [pytest.approx(5.0)]
+        assert list(service.stats.decision_latency_kinds) == ["restart_process"]
         await service.node_connected(NODE)  # a second reconnect re-sends it, but it left once
         assert _sent_kinds(queue) == ["restart_process"]
-        assert service.stats.decision_latency_s == [pytest.approx(5.0)]
+        assert list(service.stats.decision_latency_s) == [pytest.approx(5.0)]
 
     rig.run(scenario)
 
@@ -337,3 +338,14 @@ def test_a_dispatch_round_leaves_alone_what_a_pass_still_committing_cancels(rig)
             assert [a.command_id for a in admitted.admitted] == [restart.command_id]
 
     rig.run(scenario)
+
+
+def test_the_stats_keep_the_latest_decision_latencies_only(monkeypatch):
+    """A controller runs for months: its in-memory record is bounded (Prometheus keeps the histogram)."""
+    monkeypatch.setattr(remediation_mod, "DECISION_LATENCIES_KEPT", 3)
+    stats = remediation_mod.RemediationStats()
+    for n in range(5):
+        stats.decision_latency_s.append(float(n))
+        stats.decision_latency_kinds.append(f"kind-{n}")
+    assert list(stats.decision_latency_s) == [2.0, 3.0, 4.0]
+    assert list(stats.decision_latency_kinds) == ["kind-2", "kind-3", "kind-4"]
