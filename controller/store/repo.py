@@ -758,7 +758,11 @@ class Prepared:
         self._processors = processors
         self._fixed = fixed
         self._rows_sql = (
-            _rows_template(self.sql, {name: bind.type for bind, name in compiled.bind_names.items()})
+            _rows_template(
+                self.sql,
+                {name: bind.type for bind, name in compiled.bind_names.items()},
+                getattr(dialect, "_json_serializer", None) or json_text,
+            )
             if self.direct and (dialect.name, dialect.driver) == ("postgresql", "psycopg")  # %b: psycopg's binary bind
             else None
         )
@@ -840,9 +844,10 @@ class Prepared:
 
 ROWS_PER_STATEMENT = 1000
 """Rows per INSERT ... FROM unnest on PostgreSQL (`Prepared`)."""
-_ROW_BIND = re.compile(r"%\(([^)]+)\)s(?:::[A-Z][A-Z0-9_ ]*)?")
+_ROW_BIND = re.compile(r"%\(([^)]+)\)s(?:::([A-Z][A-Z0-9_ ]*))?")
 _ARRAY_TYPES: tuple[tuple[type[Any], str, type[Any]], ...] = (
-    # (SQLAlchemy type, PostgreSQL element type, the one Python type of its values); first match wins
+    # (SQLAlchemy type, PostgreSQL element type where the bind has no cast, the one Python type of its
+    # values); first match wins
     (sa.Boolean, "BOOLEAN", bool),
     (sa.Float, "DOUBLE PRECISION", float),
     (sa.BigInteger, "BIGINT", int),
@@ -853,8 +858,11 @@ _ARRAY_TYPES: tuple[tuple[type[Any], str, type[Any]], ...] = (
 )
 
 
-def _json_text_of(json_type: sa.JSON) -> Any:
-    """What a JSON column's value is written as, as text: SQL NULL (None) for the null sentinels, else `json_text`."""
+def _json_text_of(json_type: sa.JSON, serializer: Any) -> Any:
+    """What a JSON column's value is written as, as text: SQL NULL (None) for the null sentinels, else serialized.
+
+    serializer: the engine's (`json_text` for ours), as SQLAlchemy's own bind processor uses it.
+    """
 
     def process(value: Any) -> str | None:
         if (
@@ -863,7 +871,7 @@ def _json_text_of(json_type: sa.JSON) -> Any:
             or (value is None and json_type.none_as_null)
         ):
             return None
-        return json_text(value)
+        return serializer(value)
 
     return process
 
@@ -872,11 +880,14 @@ _RowsSql = tuple[str, list[tuple[str, type[Any]]], dict[str, Any]]
 """`Prepared`'s unnest form: the SQL, each bind's name and Python type in order, the JSON columns' processors."""
 
 
-def _rows_template(sql: str, types: Mapping[str, Any]) -> _RowsSql | None:
+def _rows_template(sql: str, types: Mapping[str, Any], json_serializer: Any) -> _RowsSql | None:
     """An INSERT's SQL with its VALUES row made ``SELECT ... FROM unnest(%b::T[], ...)``, and each bind's Python type.
 
-    None when the statement is not of that form (each bind a plain column value of a type in
-    `_ARRAY_TYPES`), or binds anything outside its row: it then runs through executemany.
+    Each array has the type of its bind's cast in the SQL SQLAlchemy compiled (VARCHAR, JSON,
+    BIGINT, ...), or for a bind without one (a boolean, a float) that of `_ARRAY_TYPES`. None when
+    the statement is not of that form (each bind a plain column value of a type in `_ARRAY_TYPES`,
+    with an upper-case cast or none), or binds anything outside its row: it then runs through
+    executemany.
     """
     at = sql.find(" VALUES (")
     if not sql.startswith("INSERT ") or at < 0:
@@ -905,11 +916,13 @@ def _rows_template(sql: str, types: Mapping[str, Any]) -> _RowsSql | None:
         kind = next(((pg, py) for cls, pg, py in _ARRAY_TYPES if isinstance(sql_type, cls)), None)
         if kind is None:
             return None
-        arrays.append(f"%b::{kind[0]}[]")
+        arrays.append(f"%b::{match.group(2) or kind[0]}[]")
         plan.append((match.group(1), kind[1]))
     names = ", ".join(f"c{i}" for i in range(len(plan)))
     select = f"SELECT {names} FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS r({names}, n) ORDER BY n"
-    json_columns = {name: _json_text_of(types[name]) for name, _ in plan if isinstance(types[name], sa.JSON)}
+    json_columns = {
+        name: _json_text_of(types[name], json_serializer) for name, _ in plan if isinstance(types[name], sa.JSON)
+    }
     return f"{head} {select}{tail}", plan, json_columns
 
 

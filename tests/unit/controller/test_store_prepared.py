@@ -184,7 +184,7 @@ def test_on_postgresql_an_insert_becomes_one_statement_over_arrays_and_anything_
     sql, plan, json_columns = prepared._rows_sql
     assert sql == (
         "INSERT INTO controller_states (name, state, updated_unix_ns) SELECT c0, c1, c2 FROM "
-        "unnest(%b::TEXT[], %b::JSON[], %b::BIGINT[]) WITH ORDINALITY AS r(c0, c1, c2, n) ORDER BY n "
+        "unnest(%b::VARCHAR[], %b::JSON[], %b::BIGINT[]) WITH ORDINALITY AS r(c0, c1, c2, n) ORDER BY n "
         "ON CONFLICT (name) DO UPDATE SET state = excluded.state"
     )
     assert plan == [("name", str), ("state", str), ("updated_unix_ns", int)] and set(json_columns) == {"state"}
