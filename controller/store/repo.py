@@ -749,7 +749,9 @@ class Prepared:
         self._positions: tuple[str, ...] | None = tuple(compiled.positiontup) if compiled.positiontup else None
         processors = {}
         fixed = {}  # parameters the statement carries its own value for (a WHERE's constants)
+        types = {}
         for bind, name in compiled.bind_names.items():
+            types[name] = bind.type
             processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
             if processor is not None:
                 processors[name] = processor
@@ -760,7 +762,7 @@ class Prepared:
         self._rows_sql = (
             _rows_template(
                 self.sql,
-                {name: bind.type for bind, name in compiled.bind_names.items()},
+                types,
                 getattr(dialect, "_json_serializer", None) or json_text,
             )
             if self.direct and (dialect.name, dialect.driver) == ("postgresql", "psycopg")  # %b: psycopg's binary bind
