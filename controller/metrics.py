@@ -84,8 +84,9 @@ class ControllerMetrics:
         )
         self.time_to_first_action_seconds = Histogram(
             "rasd_time_to_first_action_seconds",
-            "From a health event stored to each command it caused leaving the controller: an agent command "
-            "put on its node's stream after its commit, or a quarantine, RMA or notice handed to its adapter.",
+            "From a health event stored to the first command it caused leaving the controller (once per "
+            "event): an agent command put on its node's stream after its commit, or a quarantine, RMA or "
+            "notice handed to its adapter.",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30),
             registry=registry,
         )

@@ -133,7 +133,8 @@ class RemediationStats:
         default_factory=lambda: collections.deque(maxlen=DECISION_LATENCIES_KEPT)
     )
     """Event stored → each action it led to handed to its executor, per such action (`_note_handed_over`);
-    the latest `DECISION_LATENCIES_KEPT` (the controller runs for months; Prometheus has the histogram)."""
+    the latest `DECISION_LATENCIES_KEPT` (the controller runs for months; Prometheus has
+    ``rasd_time_to_first_action_seconds``, once per event)."""
     decision_latency_kinds: collections.deque[str] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=DECISION_LATENCIES_KEPT)
     )
@@ -192,6 +193,14 @@ class _Pass:
         """The calls it decides: answered when their actions are dispatched."""
         own = {id(call[3]) for call in self.group}
         return [call for call in self.answers if id(call[3]) in own]
+
+
+@dataclasses.dataclass(slots=True)
+class _EventClock:
+    """When an event that led to commands was stored, and whether one of them has left yet."""
+
+    stored_s: float
+    acted: bool = False
 
 
 class _DecisionLock:
@@ -287,7 +296,8 @@ class RemediationService:
         """The budget as the store holds it (None: never written); only a changed budget is written."""
         self.stats = RemediationStats()
         self._deferred: dict[str, actions.Action] = {}
-        self._event_times: dict[str, float] = {}
+        self._event_times: dict[str, _EventClock] = {}
+        """Command id → when the event that led to it was stored, until the command leaves (`_note_handed_over`)."""
         self._ticker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         # Operator-started commands (validation runs) go to a node's stream through these. One replica:
@@ -592,8 +602,9 @@ class RemediationService:
                     new_incidents.append(result.correlation.incident)
                 if result.decision.actions:
                     decisions += 1
+                    clock = _EventClock(stored.received_unix_ns / 1e9)  # shared: its first command to leave is timed
                     for action in result.decision.actions:
-                        self._event_times.setdefault(action.command_id, stored.received_unix_ns / 1e9)
+                        self._event_times.setdefault(action.command_id, clock)
                     new_actions.extend(result.decision.actions)
                     log.info(
                         "remediation_decided",
@@ -767,12 +778,16 @@ class RemediationService:
         (quarantine, RMA, notice) as its adapter is called. Not the decision's own clock reading,
         taken before deciding and committing, which would leave both out of the figure.
         """
-        started = self._event_times.pop(action.command_id, None)
-        if started is not None:
-            latency_s = max(0.0, self._clock() / 1e9 - started)
+        event = self._event_times.pop(action.command_id, None)
+        if event is not None:
+            latency_s = max(0.0, self._clock() / 1e9 - event.stored_s)
             self.stats.decision_latency_s.append(latency_s)
             self.stats.decision_latency_kinds.append(action.kind)
-            self.ingest.metrics.time_to_first_action_seconds.observe(latency_s)
+            if not event.acted:
+                # Once per event: a quarantine and the reset that follows it are one response, and
+                # timing both would count each such event twice, the second from further away.
+                event.acted = True
+                self.ingest.metrics.time_to_first_action_seconds.observe(latency_s)
 
     def _forget_command(self, command_id: str, outcome: str) -> None:
         """A command is finished (answered, or no longer awaited): count it by kind and outcome, stop tracking it.

@@ -349,3 +349,23 @@ def test_the_stats_keep_the_latest_decision_latencies_only(monkeypatch):
         stats.decision_latency_kinds.append(f"kind-{n}")
     assert list(stats.decision_latency_s) == [2.0, 3.0, 4.0]
     assert list(stats.decision_latency_kinds) == ["kind-2", "kind-3", "kind-4"]
+
+
+def test_time_to_first_action_is_observed_once_per_event_however_many_commands_it_led_to(rig):
+    """Xid 48 quarantines the GPU, then resets it: two commands leave, one event's first action is timed.
+
+    The per-command decision latency (what `bench/remediation.py` reports) has both; the histogram
+    operators alert on (``rasd_time_to_first_action_seconds``) counts the event once.
+    """
+    service = rig.service
+
+    async def scenario() -> None:
+        queue = await _open_stream(rig)
+        await rig.event(1, 48)
+        kinds = {c.kind: c.status for c in service.store.commands(node_id=NODE)}
+        assert kinds == {"quarantine_gpu": "succeeded", "reset_gpu": "dispatched"}
+        assert _sent_kinds(queue) == ["reset_gpu"]
+        assert sorted(service.stats.decision_latency_kinds) == ["quarantine_gpu", "reset_gpu"]
+        assert rig.ingest.metrics.registry.get_sample_value("rasd_time_to_first_action_seconds_count") == 1
+
+    rig.run(scenario)
