@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except subprocess.CalledProcessError:
         parser.error(f"--base {args.base!r} is not a commit of this repository")
     head = git("rev-parse", "HEAD")
-    dirty = " plus uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    # The results file is where this run writes: its own edits change nothing that is measured.
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/RESULTS.md")
+    dirty = " plus uncommitted changes" if changed else ""
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = results.machine()
     pairs: list[tuple[tuple[float, float], tuple[float, float]]] = []
