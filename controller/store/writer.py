@@ -49,7 +49,9 @@ process, one burst per run, values alternated in one session on the same tree):
   hand-off took 1.7 ms a commit on average (p90 4 ms);
 - SQLite p99, median of 12-13 runs each: 143 ms at 0.5 ms, 104 ms at 0.1 ms, 94 ms at 0.02 ms;
   0.02 ms was lower than 0.1 ms in 4 of 4 pairs, than 0.5 ms in 6 of 8, at about 8 % more CPU
-  (7.7 s against 7.1 s a burst); PostgreSQL p99 180-348 ms against 556-578 ms at 0.5 ms (2 pairs).
+  (7.7 s against 7.1 s a burst); PostgreSQL p99 180-348 ms against 556-578 ms at 0.5 ms (2 pairs);
+- `bench/remediation_ab.py --base` the tree at 0.5 ms, SQLite, 4 rounds: p99 ratio median 0.94
+  (0.54 to 1.02), lower in 3 of 4: a smaller gain than the medians above, within the noise.
 A short interval costs only while two threads want the GIL at once: an idle controller has none."""
 START_TIMEOUT_S = 60.0
 """How long a new child may take to import, connect and answer that it is ready."""
