@@ -760,11 +760,7 @@ class Prepared:
         self._processors = processors
         self._fixed = fixed
         self._rows_sql = (
-            _rows_template(
-                self.sql,
-                types,
-                getattr(dialect, "_json_serializer", None) or json_text,
-            )
+            _rows_template(self.sql, types, dialect)
             if self.direct and (dialect.name, dialect.driver) == ("postgresql", "psycopg")  # %b: psycopg's binary bind
             else None
         )
@@ -860,29 +856,11 @@ _ARRAY_TYPES: tuple[tuple[type[Any], str, type[Any]], ...] = (
 )
 
 
-def _json_text_of(json_type: sa.JSON, serializer: Any) -> Any:
-    """What a JSON column's value is written as, as text: SQL NULL (None) for the null sentinels, else serialized.
-
-    serializer: the engine's (`json_text` for ours), as SQLAlchemy's own bind processor uses it.
-    """
-
-    def process(value: Any) -> str | None:
-        if (
-            value is sa.JSON.NULL
-            or isinstance(value, sa.sql.elements.Null)
-            or (value is None and json_type.none_as_null)
-        ):
-            return None
-        return serializer(value)
-
-    return process
-
-
 _RowsSql = tuple[str, list[tuple[str, type[Any]]], dict[str, Any]]
 """`Prepared`'s unnest form: the SQL, each bind's name and Python type in order, the JSON columns' processors."""
 
 
-def _rows_template(sql: str, types: Mapping[str, Any], json_serializer: Any) -> _RowsSql | None:
+def _rows_template(sql: str, types: Mapping[str, Any], dialect: sa.Dialect) -> _RowsSql | None:
     """An INSERT's SQL with its VALUES row made ``SELECT ... FROM unnest(%b::T[], ...)``, and each bind's Python type.
 
     Each array has the type of its bind's cast in the SQL SQLAlchemy compiled (VARCHAR, JSON,
@@ -922,8 +900,10 @@ def _rows_template(sql: str, types: Mapping[str, Any], json_serializer: Any) -> 
         plan.append((match.group(1), kind[1]))
     names = ", ".join(f"c{i}" for i in range(len(plan)))
     select = f"SELECT {names} FROM unnest({', '.join(arrays)}) WITH ORDINALITY AS r({names}, n) ORDER BY n"
+    # A JSON column's values as text, by SQLAlchemy's own JSON bind processor before the driver's
+    # wrapping (the engine's serializer, the same null rules): the rows are those executemany writes.
     json_columns = {
-        name: _json_text_of(types[name], json_serializer) for name, _ in plan if isinstance(types[name], sa.JSON)
+        name: sa.JSON.bind_processor(types[name], dialect) for name, _ in plan if isinstance(types[name], sa.JSON)
     }
     return f"{head} {select}{tail}", plan, json_columns
 

@@ -143,6 +143,14 @@ _SCRATCH = sa.Table(
 )
 
 
+def _sql_null_docs(store) -> list[int]:
+    """The scratch rows whose doc is SQL NULL (not JSON null), by id."""
+    with store.engine.connect() as connection:
+        return list(
+            connection.scalars(sa.select(_SCRATCH.c.id).where(_SCRATCH.c.doc.is_(None)).order_by(_SCRATCH.c.id))
+        )
+
+
 def test_every_column_type_lands_as_sqlalchemy_writes_it_even_when_the_python_types_mix(store):
     """An array has one element type: ints in a float column are made floats; other mixes go row by row."""
     _SCRATCH.create(store.engine)
@@ -162,11 +170,14 @@ def test_every_column_type_lands_as_sqlalchemy_writes_it_even_when_the_python_ty
             for rows in batches:
                 repo.insert_many(session.connection(), _SCRATCH, rows)
         prepared = _rows(store, _SCRATCH, _SCRATCH.c.id)
+        prepared_sql_nulls = _sql_null_docs(store)
         with store.engine.begin() as connection:
             connection.execute(sa.delete(_SCRATCH))
             for rows in batches:
                 connection.execute(sa.insert(_SCRATCH), rows)
         assert prepared == _rows(store, _SCRATCH, _SCRATCH.c.id)
+        # Read back, SQL NULL and JSON null are both None: which one is stored is asked in SQL.
+        assert prepared_sql_nulls == _sql_null_docs(store)
         assert prepared[0][1:3] == (350.0, True) and prepared[1][4] is None and prepared[2][4] is None
     finally:
         _SCRATCH.drop(store.engine)
