@@ -41,6 +41,13 @@ Disruption policy (so the burst is admitted, not held by the budget): breaker_qu
 max_disrupted_nodes_pct 100, max_disrupted_nodes 100000, rack and nvlink_domain caps 100000
 nodes and 100 %, storm_cooldown_s 0. Everything else is the default policy.
 
+Quarantines: by default nothing executes them but the record (``RecordOnlyQuarantine``'s effect,
+with no call). ``--quarantine kubernetes`` runs them through `KubernetesQuarantine` and the real
+``kubernetes`` client, over HTTP to the fake API server of ``tests/fakes/kube_api.py`` in a process
+of its own, every answer ``--api-latency-ms`` late (a read, a patch and an Event per quarantine;
+a node's adds its status patch). Its figures go to their own section; the server's CPU is shown
+apart, since a real API server runs elsewhere.
+
 CPU seconds are the controller's: this process (the service, its store thread, the event generator)
 and its commit writer process if it has one; for
 PostgreSQL the server processes' CPU is read from /proc and shown separately. The goal from the
@@ -62,6 +69,7 @@ import pathlib
 import pstats
 import random
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -83,6 +91,8 @@ from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
 
 SECTION = "## Remediation"
+KUBERNETES_SECTION = "## Remediation, quarantines through the Kubernetes API"
+KUBE_API = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fakes" / "kube_api.py"
 GOAL_P99_MS = 50.0
 GPUS_PER_NODE = 8
 NODES_PER_RACK = 16
@@ -264,6 +274,37 @@ def _pct(values: list[float], q: float) -> float:
 
 
 @contextlib.contextmanager
+def kubernetes_adapter(nodes: int, latency_ms: float, tmp: str) -> Iterator[tuple[dict, pathlib.Path]]:
+    """Quarantine executors through `KubernetesQuarantine` and a fake API server process; yields them and its /proc."""
+    from rasd.controller import quarantine
+
+    names = pathlib.Path(tmp) / f"nodes-{uuid.uuid4().hex[:8]}.txt"
+    names.write_text("".join(f"{node_name(i)}\n" for i in range(nodes)))
+    server = subprocess.Popen(
+        [sys.executable, str(KUBE_API), "--nodes", str(names), "--gpus", str(GPUS_PER_NODE),
+         "--latency-ms", str(latency_ms)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        url = server.stdout.readline().strip()
+        if not url.startswith("http://"):
+            raise RuntimeError(f"the fake API server did not start: {url!r}")
+        # As rasd-controller builds it from its [quarantine] table.
+        adapter = quarantine.open_quarantine(
+            {"adapter": "kubernetes", "kubernetes": {"host": url, "request_timeout_s": 30}}
+        )
+        try:
+            yield dict(quarantine.executors(adapter)), pathlib.Path(f"/proc/{server.pid}")
+        finally:
+            adapter.close()
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(timeout=30)
+
+
+@contextlib.contextmanager
 def database(backend: str, tmp: str) -> Iterator[str]:
     """A URL of an empty database: a SQLite file, or a fresh PostgreSQL schema (dropped afterwards)."""
     if backend == "sqlite":
@@ -286,15 +327,16 @@ def database(backend: str, tmp: str) -> Iterator[str]:
 class Rig:
     """A real Store, Ingest and RemediationService on one database, with the nodes registered."""
 
-    def __init__(self, url: str, nodes: int, *, commit_writer: str = "process") -> None:
+    def __init__(self, url: str, nodes: int, *, commit_writer: str = "process", executors: dict | None = None) -> None:
         """Open the store and register `nodes` nodes (not timed).
 
         commit_writer: "process" (a `CommitProcess`, as `rasd-controller` runs) or "thread".
+        executors: the controller-side adapters (None: none, the quarantines are recorded only).
         """
         self.store = repo.Store.open(url)
         self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()))
         policy = policy_mod.RemediationPolicy.from_mapping(POLICY)
-        self.service = remediation_mod.RemediationService(self.store, self.ingest, policy=policy)
+        self.service = remediation_mod.RemediationService(self.store, self.ingest, policy=policy, executors=executors)
         self.writer = store_writer.CommitProcess(url) if commit_writer == "process" else None
         if self.writer is not None:
             self.service.use_writer(self.writer)
@@ -390,6 +432,8 @@ class Row:
     doc_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     undone_bound_ms: float = float("inf")
     """Events still waiting when the drain timed out had waited at least this long (inf: none)."""
+    api_cpu_s: float | None = None
+    """CPU seconds of the fake Kubernetes API server during the burst (``--quarantine kubernetes``)."""
 
     def censored(self, values: list[float], fraction: float) -> list[float]:
         """values plus +inf for the events not done (times `fraction`: the share of them it would hold)."""
@@ -498,8 +542,12 @@ async def measure(
     """
     feeds: list[Row] = []
     bursts: list[Row] = []
-    with database(backend, tmp) as url:
-        rig = Rig(url, args.nodes, commit_writer=writer)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(database(backend, tmp))
+        executors, api_proc = None, None
+        if args.quarantine == "kubernetes":
+            executors, api_proc = stack.enter_context(kubernetes_adapter(args.nodes, args.api_latency_ms, tmp))
+        rig = Rig(url, args.nodes, commit_writer=writer, executors=executors)
         await rig.start()
         try:
             events = schedule(args.seed + 1, args.nodes, 2000.0, args.throughput_s * 8 + 1)
@@ -524,7 +572,10 @@ async def measure(
             if profiler is not None and store_profiler is not None:
                 await rig.ingest.run_in_store(store_profiler.enable)  # the store thread has its own profile
                 profiler.enable()
+            api_cpu0 = _proc_cpu_s(api_proc) if api_proc is not None else None
             await burst(rig, arrivals, args.rate, args.drain_timeout_s, heavy, append=args.append_in_burst)
+            if api_proc is not None and api_cpu0 is not None:
+                heavy.api_cpu_s = _proc_cpu_s(api_proc) - api_cpu0
             if profiler is not None and store_profiler is not None:
                 profiler.disable()
                 await rig.ingest.run_in_store(store_profiler.disable)
@@ -599,6 +650,7 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             f"{r.doc_bytes.get('budget', 0):,} bytes (written only when it changed); "
             f"decision p50/p99 ms by command: {by_kind or 'none'} (a reset or reboot follows its quarantine: "
             "it leaves after the dispatch round's commit, the second)"
+            + ("" if r.api_cpu_s is None else f"; the fake API server's CPU in the burst: {r.api_cpu_s:.1f} s")
         )
     return "\n".join(lines)
 
@@ -644,6 +696,15 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=3,
         help="rounds of every measurement, interleaved (the machine's speed drifts; one run can mislead)",
+    )
+    parser.add_argument(
+        "--quarantine",
+        choices=("record", "kubernetes"),
+        default="record",
+        help="who carries out quarantines: nobody (recorded only), or KubernetesQuarantine against a fake API server",
+    )
+    parser.add_argument(
+        "--api-latency-ms", type=float, default=5.0, help="with --quarantine kubernetes: added to every API answer"
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
@@ -704,9 +765,16 @@ def main(argv: list[str] | None = None) -> int:
     verdict = f"Goal: decision latency p99 ≤ {GOAL_P99_MS:g} ms at {args.rate:,.0f} events/s:\n" + "\n".join(
         f"- {text}" for _met, text in verdicts
     )
+    section = SECTION if args.quarantine == "record" else KUBERNETES_SECTION
+    adapters = (
+        "Quarantines are recorded only (no adapter is called)."
+        if args.quarantine == "record"
+        else "Quarantines go through `KubernetesQuarantine` (the real `kubernetes` client) to the fake API "
+        f"server of tests/fakes/kube_api.py in its own process, each answer {args.api_latency_ms:g} ms late."
+    )
     text = "\n".join(
         [
-            SECTION,
+            section,
             "",
             f"Command: `.venv/bin/python bench/remediation.py{' ' + argv_text if argv_text else ''}`  ",
             f"Machine: {header}, {load_end:.2f} at the end  ",
@@ -734,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
             "breaker 100 %, cluster 100 % / 100,000 nodes, rack and nvlink_domain 100 % / 100,000, storm "
             "cooldown 0. Event mix: Xid 13/31/43/45/48/79/94/119, ECC DBE, row-remap pending, NVLink errors, "
             "IB link state; ~45 % repeats of an open fault (duplicates), 2 % IB flaps on 0.5 % of nodes "
-            "(node quarantine).",
+            f"(node quarantine). {adapters}",
             "",
             body,
             "",
@@ -746,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     if not args.no_write:
-        results.write_section(SECTION, text)
+        results.write_section(section, text)
     return 0 if met else 1
 
 

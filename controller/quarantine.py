@@ -370,6 +370,10 @@ class RecordOnlyQuarantine:
 # Kubernetes
 
 
+API_CONNECTIONS = 16
+"""Connections the Kubernetes client keeps open to the API server (`_kubernetes_client`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class KubernetesSettings:
     """How to reach the API server and what to write."""
@@ -1113,6 +1117,9 @@ def _kubernetes_client(settings: KubernetesSettings, prefix: str) -> kubernetes.
             f"{prefix.rstrip('.')}: the kubernetes client is not installed (pip install 'rasd[kubernetes]')"
         ) from exc
     configuration = kubernetes.client.Configuration()
+    # Connections kept open to the API server: as many as the remediation service makes adapter calls
+    # at once (its ADAPTER_THREADS), or a storm opens and drops a connection for each call beyond them.
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, API_CONNECTIONS)
     if settings.host:
         configuration.host = settings.host
         configuration.verify_ssl = settings.verify_tls

@@ -10,8 +10,10 @@ blast radius). This module owns the I/O around it:
    actions (the outbox) are committed in one transaction before anything is sent.
 2. **Dispatch**: undispatched actions go through `blast_radius.admit`; admitted ones are marked
    dispatched (durably) and then carried out: repairs and validations as id-keyed commands on the
-   node's agent stream; quarantines, releases, RMA tickets, notifications and BMC power cycles by
-   controller-side executors. Deferred ones wait for the next pass.
+   node's agent stream; quarantines, releases, RMA tickets and notifications by controller-side
+   executors (adapters), called in the dispatch round, at once across nodes and in turn within
+   one; BMC power cycles (minutes) by theirs after the round commits, outside the decision lock,
+   their outcome coming back as a result. Deferred ones wait for the next pass.
 3. **Results** come back by command id and go through `escalation.on_result`; the same commit
    pattern applies. A periodic `tick` handles timeouts and watch windows.
 
@@ -26,8 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
@@ -73,6 +78,15 @@ Deciding sooner makes smaller passes and more commits, each with its fixed cost 
 burst); later leaves the writer idle. Measured (SQLite, 2,000 events/s burst, commits in a writer
 process): 2 ms gave p99 286 ms over 253 commits, 8-15 ms 137-146 ms over 206-224, 30 ms 266 ms."""
 AGENT_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "run_validation"})
+LONG_ADAPTER_KINDS = frozenset({"power_cycle_bmc"})
+"""Controller-side actions whose adapter takes minutes (a BMC power cycle is polled until the node is
+back): they leave after the commit that records them dispatched, as agent commands do, and their
+outcome comes back as a result (`on_result`); the rest are carried out in their dispatch round."""
+ADAPTER_THREADS = 16
+"""Adapter calls in flight at once (quarantines and releases through the scheduler's API, RMA hooks):
+a storm's round runs hundreds, each a few round trips to the API server."""
+LONG_ADAPTER_THREADS = 32
+"""BMC power cycles in flight at once; node-level, so the disruption budget bounds them first."""
 _OUTCOME_STATUS = {
     commands_pb.ACTION_OUTCOME_SUCCEEDED: "succeeded",
     commands_pb.ACTION_OUTCOME_FAILED: "failed",
@@ -280,6 +294,12 @@ class RemediationService:
         self.policy = policy or policy_mod.RemediationPolicy()
         self.catalog = xid_catalog.load_catalog()
         self._executors = dict(executors or {})
+        # Threads start when first needed: a controller whose adapter only records never starts one.
+        self._adapter_threads = concurrent.futures.ThreadPoolExecutor(ADAPTER_THREADS, "rasd-adapter")
+        self._long_adapter_threads = concurrent.futures.ThreadPoolExecutor(LONG_ADAPTER_THREADS, "rasd-adapter-long")
+        self._running: dict[str, actions.Action] = {}
+        """Long controller-side actions (`LONG_ADAPTER_KINDS`) whose adapter runs, until their result commits."""
+        self._running_tasks: set[asyncio.Task[None]] = set()
         self._clock = clock
         self._tick_interval_s = tick_interval_s
         self._lock = _DecisionLock()
@@ -335,7 +355,14 @@ class RemediationService:
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load durable state, resume the outbox, start the tick loop (again at each leader term)."""
-        for transient in (self._deferred, self._unanswered, self._kinds, self._event_times, self._tick_due):
+        for transient in (
+            self._deferred,
+            self._unanswered,
+            self._kinds,
+            self._event_times,
+            self._tick_due,
+            self._running,
+        ):
             transient.clear()  # a new term starts from the store alone
         if self.store.writer is not None:
             await asyncio.to_thread(self.store.writer.start)  # before the first decision waits for it
@@ -391,8 +418,12 @@ class RemediationService:
         )
 
     async def stop(self) -> None:
-        """Stop the tick loop (state is already durable)."""
-        for task in (self._ticker, self._sweeper):
+        """Stop the tick loop and stop waiting for long adapters (state is already durable).
+
+        A long adapter's thread runs on; its outcome is not recorded by this term. The next term
+        carries the action out again (`start`), and the adapter's journal makes that a no-op.
+        """
+        for task in (self._ticker, self._sweeper, *self._running_tasks):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -799,9 +830,16 @@ class RemediationService:
         self._event_times.pop(command_id, None)
         self.ingest.metrics.remediation_actions.labels(kind=kind, outcome=outcome).inc()
 
+    def _leaves_after_commit(self, action: actions.Action) -> bool:
+        """Whether an admitted action leaves once its dispatch has committed: agent commands and long adapters."""
+        return action.kind in AGENT_KINDS or (action.kind in LONG_ADAPTER_KINDS and action.kind in self._executors)
+
     def _send_dispatched(self, dispatched: Sequence[actions.Action]) -> None:
-        """Send agent commands whose dispatch has committed (same ids again on reconnect if lost)."""
+        """Send agent commands whose dispatch has committed (same ids on reconnect if lost); start long adapters."""
         for action in dispatched:
+            if action.kind not in AGENT_KINDS:
+                self._start_long(action)
+                continue
             self._unanswered[action.command_id] = action
             if self._send(action):
                 self._note_handed_over(action)
@@ -810,6 +848,22 @@ class RemediationService:
                 # same id, and the ladder's timeout climbs if the node never comes back. It has
                 # not left, so its latency is counted when it does (`node_connected`).
                 log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
+
+    def _start_long(self, action: actions.Action) -> None:
+        """Run a long adapter outside the decision lock; its outcome comes back through `on_result`."""
+        if action.command_id in self._running:
+            return  # already running (a redo of one this term started): its outcome comes once
+        self._running[action.command_id] = action
+        self._note_handed_over(action)
+        task = asyncio.create_task(self._run_long(action), name=f"rasd-adapter-{action.kind}")
+        self._running_tasks.add(task)
+        task.add_done_callback(self._running_tasks.discard)
+
+    async def _run_long(self, action: actions.Action) -> None:
+        outcome, message = await self._execute(action)
+        await self.on_result(
+            action.node_id, commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message)
+        )
 
     async def _dispatch_after_commit(self) -> None:
         """Dispatch once a decision is durable; if the store fails now, the next tick dispatches."""
@@ -837,8 +891,12 @@ class RemediationService:
     async def _apply_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
         change = rstore.Commit(now_unix_ns=self._clock())
         states: dict[str, escalation.RemediationState] = {}
+        long_action = self._running.get(result.command_id)
+        if long_action is not None:  # audited with its outcome, as a round audits the quick ones
+            self._audit_controller_side(long_action, change, result.outcome, source="automation")
         new_actions = self._result_into(node_id, result, change, states)
         await self._commit_states(states, new_actions, change)
+        self._running.pop(result.command_id, None)
 
     def _result_into(
         self,
@@ -1459,15 +1517,17 @@ class RemediationService:
         cancelled = _cancelled_ids(change)
         for command_id in cancelled:
             self._deferred.pop(command_id, None)
-        admitted_agent = [a for a in admitted if a.kind in AGENT_KINDS]
-        unsent = {a.command_id for a in admitted_agent}
+        leaving = [a for a in admitted if self._leaves_after_commit(a)]
+        unsent = {a.command_id for a in leaving}
         finished: set[str] = set()
         for command_id, update in change.command_updates:
             # Finished by `_close` without a result (a result's own command left already): one sent
             # and unanswered, or one the round admitted and the pass committed with it superseded
             # (`_merged`), which so never leaves.
             if update.get("status") in rstore.FINAL_STATUSES and (
-                command_id in self._unanswered or (command_id in unsent and command_id not in finished)
+                command_id in self._unanswered
+                or command_id in self._running
+                or (command_id in unsent and command_id not in finished)
             ):
                 finished.add(command_id)
                 self._forget_command(command_id, update["status"])
@@ -1486,7 +1546,7 @@ class RemediationService:
             else:
                 log.info("remediation_command_exists", node=action.node_id, command_id=action.command_id)
                 self.budget = blast_radius.complete(self.budget, action.command_id, now=now)
-        sent.extend(a for a in admitted_agent if a.command_id not in finished)
+        sent.extend(a for a in leaving if a.command_id not in finished)
         return sent
 
     async def _dispatch_locked(self) -> None:
@@ -1545,12 +1605,15 @@ class RemediationService:
             change.command_updates.append((action.command_id, {"status": "dispatched", "dispatched_unix_ns": now_ns}))
             self._record_dispatch(action, touched, change)
             self._note_dispatched(action)
-        follow_up: list[actions.Action] = []
-        for action in admission.admitted:
-            if action.kind in AGENT_KINDS:
-                continue
+        # Carried out now, before the commit: the controller-side actions but the long ones, which
+        # leave after it, as agent commands do (`_send_dispatched`).
+        here = [a for a in admission.admitted if not self._leaves_after_commit(a)]
+        for action in here:
             self._note_handed_over(action)
-            outcome, message = await self._run_controller_side(action, change=change)
+            self._record_controller_side(action, change, source="automation")
+        follow_up: list[actions.Action] = []
+        for action, (outcome, message) in zip(here, await self._execute_all(here), strict=True):
+            self._audit_controller_side(action, change, outcome, source="automation")
             follow_up += self._result_into(
                 action.node_id,
                 commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message),
@@ -1592,12 +1655,25 @@ class RemediationService:
     async def _run_controller_side(
         self, action: actions.Action, *, source: str = "automation", change: rstore.Commit | None = None
     ) -> tuple[int, str]:
-        """Quarantine, release, RMA, notify, power-cycle: the adapter, then the record.
+        """Quarantine, release, RMA, notify, power-cycle: the record, the adapter, the audit row.
 
         With change, the records join that transaction; without, they are committed here.
         """
         own = change is None
         change = change or rstore.Commit(now_unix_ns=self._clock())
+        self._record_controller_side(action, change, source=source)
+        outcome, message = await self._execute(action)
+        self._audit_controller_side(action, change, outcome, source=source)
+        if own:
+            budget = self._stage_budget(change)
+            await self.ingest.run_in_store(self.store.commit, change)
+            self._budget_stored = budget
+            if change.quarantines or change.releases:
+                await self._export_quarantines()
+        return outcome, message
+
+    def _record_controller_side(self, action: actions.Action, change: rstore.Commit, *, source: str) -> None:
+        """Put a controller-side action's record (quarantine, release, RMA) into change and its hold into the budget."""
         now_ns = change.now_unix_ns
         gpu_uuid = getattr(action, "gpu_uuid", "")
         if isinstance(action, actions.QuarantineNode | actions.QuarantineGpu | actions.QuarantinePort):
@@ -1644,33 +1720,61 @@ class RemediationService:
             )
         elif isinstance(action, actions.Notify):
             log.warning("remediation_notice", node=action.node_id, severity=action.severity, summary=action.summary)
+
+    async def _execute(self, action: actions.Action) -> tuple[int, str]:
+        """Call a controller-side action's adapter in a thread (they block on other systems); its outcome and message.
+
+        An adapter failure is a failed action, never a crash. Without an adapter the record is the action.
+        """
         executor = self._executors.get(action.kind)
-        outcome, message = commands_pb.ACTION_OUTCOME_SUCCEEDED, f"{action.kind} recorded"
-        if executor is not None:
-            try:
-                message = str(await asyncio.to_thread(executor, action)) or message
-            except Exception as exc:  # an adapter failure is a failed action, never a crash
-                outcome, message = commands_pb.ACTION_OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
-        elif isinstance(action, actions.PowerCycleBmc):
-            outcome, message = commands_pb.ACTION_OUTCOME_NOT_SUPPORTED, "no BMC power-cycle hook configured"
+        if executor is None:
+            if isinstance(action, actions.PowerCycleBmc):
+                return commands_pb.ACTION_OUTCOME_NOT_SUPPORTED, "no BMC power-cycle hook configured"
+            return commands_pb.ACTION_OUTCOME_SUCCEEDED, f"{action.kind} recorded"
+        pool = self._long_adapter_threads if action.kind in LONG_ADAPTER_KINDS else self._adapter_threads
+        call = functools.partial(contextvars.copy_context().run, executor, action)  # as asyncio.to_thread does
+        try:
+            message = str(await asyncio.get_running_loop().run_in_executor(pool, call))
+        except Exception as exc:
+            return commands_pb.ACTION_OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
+        return commands_pb.ACTION_OUTCOME_SUCCEEDED, message or f"{action.kind} recorded"
+
+    async def _execute_all(self, todo: Sequence[actions.Action]) -> list[tuple[int, str]]:
+        """`_execute` each, at once across nodes and in turn within one node; outcomes in todo's order.
+
+        A round can admit hundreds of quarantines (a storm), each a few API calls to the scheduler:
+        one after another, they held every decision of the fleet for seconds. One node's actions
+        keep their order (a release after a quarantine; two patches of one Node object would
+        only conflict), and the adapter pool bounds the calls in flight.
+        """
+        if not any(a.kind in self._executors for a in todo):
+            return [await self._execute(a) for a in todo]  # records only: nothing to wait for
+        outcomes: list[tuple[int, str]] = [(commands_pb.ACTION_OUTCOME_UNSPECIFIED, "")] * len(todo)
+        by_node: dict[str, list[int]] = {}
+        for index, action in enumerate(todo):
+            by_node.setdefault(action.node_id, []).append(index)
+
+        async def in_turn(indices: list[int]) -> None:
+            for index in indices:
+                outcomes[index] = await self._execute(todo[index])
+
+        await asyncio.gather(*(in_turn(indices) for indices in by_node.values()))
+        return outcomes
+
+    def _audit_controller_side(
+        self, action: actions.Action, change: rstore.Commit, outcome: int, *, source: str
+    ) -> None:
         change.audit.append(
             _audit(
-                now_ns,
+                change.now_unix_ns,
                 source,
                 action.kind,
                 action.node_id,
-                gpu_uuid,
+                getattr(action, "gpu_uuid", ""),
                 action.reason,
                 commands_pb.ActionOutcome.Name(outcome),
             )
         )
-        if own:
-            budget = self._stage_budget(change)
-            await self.ingest.run_in_store(self.store.commit, change)
-            self._budget_stored = budget
-            if change.quarantines or change.releases:
-                await self._export_quarantines()
-        return outcome, message
 
     def _fleet_view(self) -> blast_radius.FleetView:
         """The fleet as the budget sees it; rebuilt only when a node's labels changed.

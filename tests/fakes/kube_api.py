@@ -13,15 +13,23 @@ It serves, on 127.0.0.1 and a free port:
 - ``POST /api/v1/namespaces/{ns}/events`` (201).
 
 Every change bumps the node's ``resourceVersion``. Tests can inject a concurrent writer
-(`FakeKubeApi.race_next`), make the server answer 503 (``unavailable``), and read every request.
+(`FakeKubeApi.race_next`), make the server answer 503 (``unavailable``), add a round-trip time to
+every answer (``latency_s``), and read every request.
+
+Run as a program (``python tests/fakes/kube_api.py --nodes FILE --latency-ms 5``), it serves the
+nodes named in FILE (one per line) until its stdin closes, and prints its URL first: the remediation
+benchmark's API server, in a process of its own as a real one would be.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import re
+import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -95,6 +103,8 @@ class FakeKubeApi:
         self.events: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str, str, Any]] = []  # (method, path, content-type, body)
         self.unavailable = False
+        self.latency_s = 0.0
+        """Added before every answer (the API server's round trip under load); requests overlap."""
         self._races: list[Callable[[dict[str, Any]], None]] = []
         self._rv = 100
         self._lock = threading.Lock()
@@ -200,6 +210,8 @@ class FakeKubeApi:
         content_type = handler.headers.get("Content-Type", "")
         body = handler._body()
         self.requests.append((method, path, content_type, body))
+        if self.latency_s > 0:
+            time.sleep(self.latency_s)
         if self.unavailable:
             handler._send(
                 503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the request")
@@ -266,3 +278,28 @@ class FakeKubeApi:
                 updated["metadata"]["resourceVersion"] = str(self._rv)
                 self.nodes[name] = updated
             return 200, copy.deepcopy(self.nodes[name])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve the nodes named in --nodes until stdin closes; the URL is the first line printed."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--nodes", required=True, help="a file with one node name per line")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="added to every answer")
+    args = parser.parse_args(argv)
+    fake = FakeKubeApi()
+    fake.latency_s = args.latency_ms / 1000
+    with open(args.nodes, encoding="utf-8") as names:
+        for name in (line.strip() for line in names):
+            if name:
+                fake.add_node(name, gpus=args.gpus)
+    fake.start()
+    print(fake.url, flush=True)
+    sys.stdin.read()  # until the parent closes it (or exits)
+    print(json.dumps({"requests": len(fake.requests), "events": len(fake.events)}), flush=True)
+    fake.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -483,6 +483,16 @@ def test_open_quarantine_defaults_to_record_only():
     assert isinstance(adapter, quarantine.QuarantineAdapter)
 
 
+def test_the_kubernetes_client_keeps_a_connection_for_each_adapter_call_the_service_makes_at_once():
+    from rasd.controller import remediation
+
+    adapter = quarantine.open_quarantine({"adapter": "kubernetes", "kubernetes": {"host": "http://127.0.0.1:9"}})
+    try:
+        assert adapter._api_client.configuration.connection_pool_maxsize >= remediation.ADAPTER_THREADS
+    finally:
+        adapter.close()
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
