@@ -10,10 +10,13 @@ blast radius). This module owns the I/O around it:
    actions (the outbox) are committed in one transaction before anything is sent.
 2. **Dispatch**: undispatched actions go through `blast_radius.admit`; admitted ones are marked
    dispatched (durably) and then carried out: repairs and validations as id-keyed commands on the
-   node's agent stream; quarantines, releases, RMA tickets and notifications by controller-side
-   executors (adapters), called in the dispatch round, at once across nodes and in turn within
-   one; BMC power cycles (minutes) by theirs after the round commits, outside the decision lock,
-   their outcome coming back as a result. Deferred ones wait for the next pass.
+   node's agent stream; quarantines, releases, RMA tickets, notifications and BMC power cycles by
+   controller-side executors (adapters). An adapter is called once the commit that records its
+   action dispatched is done, outside the decision lock (it waits on a scheduler's API or a BMC),
+   at once across nodes and in turn within one; a repair of the same ticket waits until its
+   quarantine's adapter has returned, and the adapters' outcomes come back as results, committed
+   together. Actions without an adapter are recorded in their round. Deferred ones wait for the
+   next pass.
 3. **Results** come back by command id and go through `escalation.on_result`; the same commit
    pattern applies. A periodic `tick` handles timeouts and watch windows.
 
@@ -80,11 +83,10 @@ process): 2 ms gave p99 286 ms over 253 commits, 8-15 ms 137-146 ms over 206-224
 AGENT_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "run_validation"})
 LONG_ADAPTER_KINDS = frozenset({"power_cycle_bmc"})
 """Controller-side actions whose adapter takes minutes (a BMC power cycle is polled until the node is
-back): they leave after the commit that records them dispatched, as agent commands do, and their
-outcome comes back as a result (`on_result`); the rest are carried out in their dispatch round."""
+back): their own threads (`LONG_ADAPTER_THREADS`), so that they never hold up a quarantine's."""
 ADAPTER_THREADS = 16
 """Adapter calls in flight at once (quarantines and releases through the scheduler's API, RMA hooks):
-a storm's round runs hundreds, each a few round trips to the API server."""
+a storm dispatches hundreds a second, each a few round trips to the API server."""
 LONG_ADAPTER_THREADS = 32
 """BMC power cycles in flight at once; node-level, so the disruption budget bounds them first."""
 _OUTCOME_STATUS = {
@@ -298,8 +300,19 @@ class RemediationService:
         self._adapter_threads = concurrent.futures.ThreadPoolExecutor(ADAPTER_THREADS, "rasd-adapter")
         self._long_adapter_threads = concurrent.futures.ThreadPoolExecutor(LONG_ADAPTER_THREADS, "rasd-adapter-long")
         self._running: dict[str, actions.Action] = {}
-        """Long controller-side actions (`LONG_ADAPTER_KINDS`) whose adapter runs, until their result commits."""
+        """Controller-side actions whose adapter was called, until their outcome is committed."""
         self._running_tasks: set[asyncio.Task[None]] = set()
+        self._adapter_of_ticket: dict[str, str] = {}
+        """Ticket id → the command id of its controller-side action whose adapter runs now."""
+        self._held: dict[str, list[actions.Action]] = {}
+        """Command id of a running adapter → the agent commands of its ticket that wait for it to return."""
+        self._held_by: dict[str, str] = {}
+        """Agent command id → the command id it waits for (`_held`)."""
+        self._node_adapters: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        """Node → the lock its adapter calls take in turn, and how many wait for it (the entry goes at 0)."""
+        self._adapter_results: list[tuple[str, commands_pb.ActionResult]] = []
+        """Adapters' outcomes not yet committed (`_drain_adapter_results` commits them together)."""
+        self._results_drain: asyncio.Task[None] | None = None
         self._clock = clock
         self._tick_interval_s = tick_interval_s
         self._lock = _DecisionLock()
@@ -362,6 +375,9 @@ class RemediationService:
             self._event_times,
             self._tick_due,
             self._running,
+            self._adapter_of_ticket,
+            self._held,
+            self._held_by,
         ):
             transient.clear()  # a new term starts from the store alone
         if self.store.writer is not None:
@@ -397,8 +413,20 @@ class RemediationService:
             self._sweeper = asyncio.create_task(self._sweep_forever(), name="rasd-sdc-sweep")
         self._export_budget()
         await self._export_quarantines()
+        # A repair whose quarantine's outcome was never committed waits for it to be carried out
+        # again, as it waited the first time: never sent before its node leaves scheduling.
+        blockers = {
+            r.ticket_id: actions.from_dict(r.payload)
+            for r in unfinished
+            if r.status == "dispatched" and r.kind not in AGENT_KINDS and r.kind in self._executors
+        }
         for record in resend:
-            self._unanswered[record.command_id] = actions.from_dict(record.payload)
+            action = actions.from_dict(record.payload)
+            blocker = blockers.get(record.ticket_id)
+            if blocker is not None and blocker.node_id == action.node_id and blocker.step < action.step:
+                self._hold(action, blocker.command_id)
+            else:
+                self._unanswered[record.command_id] = action
         async with self._lock:
             for action in redo:
                 self._deferred[action.command_id] = action  # re-admitted and carried out again
@@ -420,10 +448,11 @@ class RemediationService:
     async def stop(self) -> None:
         """Stop the tick loop and stop waiting for long adapters (state is already durable).
 
-        A long adapter's thread runs on; its outcome is not recorded by this term. The next term
-        carries the action out again (`start`), and the adapter's journal makes that a no-op.
+        An adapter's thread runs on; its outcome is not recorded by this term. The next term carries
+        the action out again (`start`): adapters are idempotent (a repeated quarantine is a no-op
+        that says so; the BMC journal never cycles a node twice for one ticket).
         """
-        for task in (self._ticker, self._sweeper, *self._running_tasks):
+        for task in (self._ticker, self._sweeper, self._results_drain, *self._running_tasks):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -828,42 +857,108 @@ class RemediationService:
         kind = self._kinds.pop(command_id, "unknown")
         self._unanswered.pop(command_id, None)
         self._event_times.pop(command_id, None)
+        blocker = self._held_by.pop(command_id, None)
+        if blocker is not None:
+            self._held[blocker] = [a for a in self._held.get(blocker, ()) if a.command_id != command_id]
+        for held in self._held.pop(command_id, ()):
+            # Finished without its adapter's outcome (cancelled, or closed before it ran): what
+            # waited for it goes now, as it would have had the adapter returned.
+            self._held_by.pop(held.command_id, None)
+            self._send_now(held)
         self.ingest.metrics.remediation_actions.labels(kind=kind, outcome=outcome).inc()
 
     def _leaves_after_commit(self, action: actions.Action) -> bool:
-        """Whether an admitted action leaves once its dispatch has committed: agent commands and long adapters."""
-        return action.kind in AGENT_KINDS or (action.kind in LONG_ADAPTER_KINDS and action.kind in self._executors)
+        """Whether an admitted action leaves once its dispatch has committed: agent commands and adapters' actions."""
+        return action.kind in AGENT_KINDS or action.kind in self._executors
 
     def _send_dispatched(self, dispatched: Sequence[actions.Action]) -> None:
-        """Send agent commands whose dispatch has committed (same ids on reconnect if lost); start long adapters."""
+        """Start the adapters of dispatched controller-side actions, then send the agent commands.
+
+        Adapters first: a repair whose ticket's quarantine is being carried out waits for it
+        (`_hold`), sent when its adapter returns. Agent commands go with the same ids again on
+        reconnect if lost.
+        """
         for action in dispatched:
             if action.kind not in AGENT_KINDS:
-                self._start_long(action)
+                self._start_adapter(action)
+        for action in dispatched:
+            if action.kind not in AGENT_KINDS:
                 continue
-            self._unanswered[action.command_id] = action
-            if self._send(action):
-                self._note_handed_over(action)
+            blocker = self._adapter_of_ticket.get(action.ticket_id)
+            if blocker is not None:
+                self._hold(action, blocker)
             else:
-                # No stream: the command stays dispatched; a reconnect re-sends it with the
-                # same id, and the ladder's timeout climbs if the node never comes back. It has
-                # not left, so its latency is counted when it does (`node_connected`).
-                log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
+                self._send_now(action)
 
-    def _start_long(self, action: actions.Action) -> None:
-        """Run a long adapter outside the decision lock; its outcome comes back through `on_result`."""
+    def _send_now(self, action: actions.Action) -> None:
+        """Put a dispatched agent command on its node's stream; without one, it waits for the node's reconnect."""
+        self._unanswered[action.command_id] = action
+        if self._send(action):
+            self._note_handed_over(action)
+        else:
+            # No stream: the command stays dispatched; a reconnect re-sends it with the
+            # same id, and the ladder's timeout climbs if the node never comes back. It has
+            # not left, so its latency is counted when it does (`node_connected`).
+            log.warning("remediation_node_unreachable", node=action.node_id, action=action.kind)
+
+    def _hold(self, action: actions.Action, blocker: str) -> None:
+        """Keep a dispatched agent command until the adapter of blocker (its ticket's quarantine) returns."""
+        self._held.setdefault(blocker, []).append(action)
+        self._held_by[action.command_id] = blocker
+
+    def _start_adapter(self, action: actions.Action) -> None:
+        """Call a dispatched controller-side action's adapter outside the decision lock (`_run_adapter`)."""
         if action.command_id in self._running:
-            return  # already running (a redo of one this term started): its outcome comes once
+            return  # called already this term: its outcome comes once
         self._running[action.command_id] = action
+        self._adapter_of_ticket[action.ticket_id] = action.command_id
         self._note_handed_over(action)
-        task = asyncio.create_task(self._run_long(action), name=f"rasd-adapter-{action.kind}")
+        task = asyncio.create_task(self._run_adapter(action), name=f"rasd-adapter-{action.kind}")
         self._running_tasks.add(task)
         task.add_done_callback(self._running_tasks.discard)
 
-    async def _run_long(self, action: actions.Action) -> None:
-        outcome, message = await self._execute(action)
-        await self.on_result(
-            action.node_id, commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message)
-        )
+    async def _run_adapter(self, action: actions.Action) -> None:
+        """The adapter, after the node's calls before it (one node's in order; nodes at once), then its outcome."""
+        lock, waiting = self._node_adapters.setdefault(action.node_id, (asyncio.Lock(), [0]))
+        waiting[0] += 1
+        try:
+            async with lock:
+                outcome, message = await self._execute(action)
+        finally:
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                self._node_adapters.pop(action.node_id, None)
+        if self._adapter_of_ticket.get(action.ticket_id) == action.command_id:
+            del self._adapter_of_ticket[action.ticket_id]
+        for held in self._held.pop(action.command_id, ()):
+            # Whatever the outcome: the quarantine was tried first, as the ladder asked (a failed
+            # one does not stop its repair; it is in the audit log).
+            self._held_by.pop(held.command_id, None)
+            self._send_now(held)
+        result = commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message)
+        self._adapter_results.append((action.node_id, result))
+        if self._results_drain is None or self._results_drain.done():
+            self._results_drain = asyncio.create_task(self._drain_adapter_results(), name="rasd-adapter-results")
+
+    async def _drain_adapter_results(self) -> None:
+        """Commit the adapters' outcomes, all that returned meanwhile in one transaction, then dispatch.
+
+        In a storm hundreds of quarantines return a second: a transaction each would cost more than
+        deciding the events. Outcomes the store cannot take wait for the tick (`_results_owed`).
+        """
+        while self._adapter_results:
+            async with self._lock:
+                batch, self._adapter_results = self._adapter_results, []
+                try:
+                    await self._apply_results(batch)
+                except repo.STORE_UNAVAILABLE as exc:
+                    self._results_owed.extend(batch)
+                    log.warning("remediation_result_deferred", results=len(batch), error=str(exc))
+                    return
+                except Exception:  # a bug, or this replica lost the lead: the next term carries them out again
+                    log.exception("remediation_adapter_results_failed", results=len(batch))
+                    return
+                await self._dispatch_after_commit()
 
     async def _dispatch_after_commit(self) -> None:
         """Dispatch once a decision is durable; if the store fails now, the next tick dispatches."""
@@ -889,14 +984,21 @@ class RemediationService:
             await self._dispatch_after_commit()
 
     async def _apply_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
+        await self._apply_results([(node_id, result)])
+
+    async def _apply_results(self, results: Sequence[tuple[str, commands_pb.ActionResult]]) -> None:
+        """Advance the ladder on results and commit them in one transaction."""
         change = rstore.Commit(now_unix_ns=self._clock())
         states: dict[str, escalation.RemediationState] = {}
-        long_action = self._running.get(result.command_id)
-        if long_action is not None:  # audited with its outcome, as a round audits the quick ones
-            self._audit_controller_side(long_action, change, result.outcome, source="automation")
-        new_actions = self._result_into(node_id, result, change, states)
+        new_actions: list[actions.Action] = []
+        for node_id, result in results:
+            by_adapter = self._running.get(result.command_id)
+            if by_adapter is not None:  # audited with its outcome, as a round audits what it records
+                self._audit_controller_side(by_adapter, change, result.outcome, source="automation")
+            new_actions += self._result_into(node_id, result, change, states)
         await self._commit_states(states, new_actions, change)
-        self._running.pop(result.command_id, None)
+        for _node_id, result in results:
+            self._running.pop(result.command_id, None)
 
     def _result_into(
         self,
@@ -1527,6 +1629,7 @@ class RemediationService:
             if update.get("status") in rstore.FINAL_STATUSES and (
                 command_id in self._unanswered
                 or command_id in self._running
+                or command_id in self._held_by
                 or (command_id in unsent and command_id not in finished)
             ):
                 finished.add(command_id)
@@ -1605,14 +1708,17 @@ class RemediationService:
             change.command_updates.append((action.command_id, {"status": "dispatched", "dispatched_unix_ns": now_ns}))
             self._record_dispatch(action, touched, change)
             self._note_dispatched(action)
-        # Carried out now, before the commit: the controller-side actions but the long ones, which
-        # leave after it, as agent commands do (`_send_dispatched`).
-        here = [a for a in admission.admitted if not self._leaves_after_commit(a)]
-        for action in here:
-            self._note_handed_over(action)
-            self._record_controller_side(action, change, source="automation")
+        for action in admission.admitted:
+            if action.kind not in AGENT_KINDS:
+                self._record_controller_side(action, change, source="automation")
+        # Recorded and done in this round: the controller-side actions without an adapter. Those
+        # with one leave after the commit, as agent commands do (`_send_dispatched`).
         follow_up: list[actions.Action] = []
-        for action, (outcome, message) in zip(here, await self._execute_all(here), strict=True):
+        for action in admission.admitted:
+            if self._leaves_after_commit(action):
+                continue
+            self._note_handed_over(action)
+            outcome, message = await self._execute(action)
             self._audit_controller_side(action, change, outcome, source="automation")
             follow_up += self._result_into(
                 action.node_id,
@@ -1738,28 +1844,6 @@ class RemediationService:
         except Exception as exc:
             return commands_pb.ACTION_OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
         return commands_pb.ACTION_OUTCOME_SUCCEEDED, message or f"{action.kind} recorded"
-
-    async def _execute_all(self, todo: Sequence[actions.Action]) -> list[tuple[int, str]]:
-        """`_execute` each, at once across nodes and in turn within one node; outcomes in todo's order.
-
-        A round can admit hundreds of quarantines (a storm), each a few API calls to the scheduler:
-        one after another, they held every decision of the fleet for seconds. One node's actions
-        keep their order (a release after a quarantine; two patches of one Node object would
-        only conflict), and the adapter pool bounds the calls in flight.
-        """
-        if not any(a.kind in self._executors for a in todo):
-            return [await self._execute(a) for a in todo]  # records only: nothing to wait for
-        outcomes: list[tuple[int, str]] = [(commands_pb.ACTION_OUTCOME_UNSPECIFIED, "")] * len(todo)
-        by_node: dict[str, list[int]] = {}
-        for index, action in enumerate(todo):
-            by_node.setdefault(action.node_id, []).append(index)
-
-        async def in_turn(indices: list[int]) -> None:
-            for index in indices:
-                outcomes[index] = await self._execute(todo[index])
-
-        await asyncio.gather(*(in_turn(indices) for indices in by_node.values()))
-        return outcomes
 
     def _audit_controller_side(
         self, action: actions.Action, change: rstore.Commit, outcome: int, *, source: str

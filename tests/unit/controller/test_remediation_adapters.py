@@ -17,7 +17,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller import ingest as ingest_mod
 from rasd.controller import metrics
 from rasd.controller import remediation as remediation_mod
@@ -111,7 +113,36 @@ def url(tmp_path):
     return f"sqlite:///{tmp_path / 'rasd.db'}"
 
 
-def test_a_rounds_quarantines_run_at_once_across_nodes_and_in_order_within_one(url):
+async def _settled(rig: _Rig, kind: str, count: int, timeout_s: float = 10.0) -> None:
+    """Wait until count commands of kind are in the outbox and none is still dispatched (its outcome committed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        mine = [c for c in rig.service.store.commands(limit=10_000) if c.kind == kind]
+        if len(mine) >= count and all(c.status != "dispatched" for c in mine):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{kind}: outcomes not committed within {timeout_s} s")
+
+
+async def _open_stream(rig: _Rig, i: int) -> asyncio.Queue:
+    """Node i's agent says Hello and its stream opens; returns the queue its commands go out on."""
+    infos = [health_pb.GpuInfo(uuid=_gpu(i, g), model="H100", power_limit_min_w=200, power_limit_max_w=700)
+             for g in range(GPUS)]  # fmt: skip
+    session, _welcome = await rig.ingest.open_session(agent_pb.Hello(node_id=_node(i), boot_id="boot-1", gpus=infos))
+    await rig.service.node_connected(_node(i))  # what the server's connected hook does
+    return session.outbound
+
+
+def _sent_kinds(queue: asyncio.Queue) -> list[str]:
+    kinds = []
+    while not queue.empty():
+        message = queue.get_nowait()
+        if message is not None and message.HasField("command"):
+            kinds.append(message.command.WhichOneof("action"))
+    return kinds
+
+
+def test_quarantines_run_at_once_across_nodes_and_in_turn_within_one(url):
     """20 GPU quarantines on 10 nodes at 0.2 s each: about 0.4 s, not 4 s; one node's two in turn."""
     calls = _Calls(latency_s=0.2)
     rig = _Rig(url, 10, dict.fromkeys(QUARANTINE_KINDS, calls))
@@ -121,6 +152,9 @@ def test_a_rounds_quarantines_run_at_once_across_nodes_and_in_order_within_one(u
         start = time.monotonic()
         # Xid 48 (DBE) on two GPUs of each node: a GPU quarantine, then a reset, for each.
         await asyncio.gather(*(rig.xid(i, 48, gpu=g, seq=g + 1) for i in range(10) for g in range(GPUS)))
+        decided = time.monotonic() - start
+        assert decided < 1.0, f"deciding waited for the adapters: {decided:.2f} s"
+        await _settled(rig, "quarantine_gpu", 20)
         took.append(time.monotonic() - start)
 
     rig.run(scenario)
@@ -150,10 +184,61 @@ def test_one_nodes_adapter_calls_run_in_the_order_they_were_admitted(url):
     async def scenario() -> None:
         # Both events are decided in one pass, GPU 0's first: its quarantine is admitted first.
         await asyncio.gather(*(rig.xid(0, 48, gpu=g, seq=g + 1) for g in range(GPUS)))
+        await _settled(rig, "quarantine_gpu", 2)
 
     rig.run(scenario)
     rig.store.close()
     assert [target for _n, _k, target, _s, _e in sorted(calls.calls, key=lambda c: c[3])] == [_gpu(0, 0), _gpu(0, 1)]
+
+
+def test_a_repair_is_sent_only_once_its_quarantines_adapter_has_returned(url):
+    entered, finish = threading.Event(), threading.Event()
+
+    def slow_quarantine(action: actions.Action) -> str:
+        entered.set()
+        if not finish.wait(30):
+            raise TimeoutError("the test never let the quarantine finish")
+        return "GPU listed in rasd.io/quarantined-gpus"
+
+    rig = _Rig(url, 1, dict.fromkeys(QUARANTINE_KINDS, slow_quarantine))
+
+    async def scenario() -> None:
+        try:
+            queue = await _open_stream(rig, 0)
+            await asyncio.wait_for(rig.xid(0, 48), timeout=5)
+            assert await asyncio.to_thread(entered.wait, 5), "the quarantine's adapter was never called"
+            assert rig.command(0, "reset_gpu").status == "dispatched"
+            await asyncio.sleep(0.1)
+            assert _sent_kinds(queue) == [], "the reset left before its GPU left scheduling"
+        finally:
+            finish.set()
+        await _settled(rig, "quarantine_gpu", 1)
+        assert _sent_kinds(queue) == ["reset_gpu"]
+        assert rig.command(0, "quarantine_gpu").result["message"] == "GPU listed in rasd.io/quarantined-gpus"
+        assert rig.service.stats.decision_latency_kinds.count("reset_gpu") == 1
+
+    rig.run(scenario)
+    rig.store.close()
+
+
+def test_a_failing_adapter_is_a_failed_action_and_its_repair_still_goes(url):
+    def broken(action: actions.Action) -> str:
+        raise ConnectionError("API server unreachable")
+
+    rig = _Rig(url, 1, dict.fromkeys(QUARANTINE_KINDS, broken))
+
+    async def scenario() -> None:
+        queue = await _open_stream(rig, 0)
+        await rig.xid(0, 48)
+        await _settled(rig, "quarantine_gpu", 1)
+        assert _sent_kinds(queue) == ["reset_gpu"]  # as before adapters ran outside the lock: tried first
+
+    rig.run(scenario)
+    quarantine = rig.command(0, "quarantine_gpu")
+    audited = [(r["action"], r["outcome"]) for r in rig.service.store.audit(limit=100)]
+    rig.store.close()
+    assert (quarantine.status, quarantine.result["message"]) == ("failed", "ConnectionError: API server unreachable")
+    assert ("quarantine_gpu", "ACTION_OUTCOME_FAILED") in audited
 
 
 def test_a_bmc_power_cycle_in_progress_does_not_hold_up_other_nodes(url):
@@ -257,3 +342,53 @@ def test_a_power_cycle_cut_off_by_a_controller_restart_is_carried_out_by_the_nex
     second.store.close()
     assert ran == [cycle_id], "carried out again with the same command id, once"
     assert (cycle.status, cycle.result["message"]) == ("succeeded", "power cycled")
+
+
+def test_after_a_restart_a_repair_still_waits_for_its_quarantine_carried_out_again(url):
+    """Cut off mid-quarantine: the next controller quarantines again before it sends the reset, even on reconnect."""
+    first_called, first_finish = threading.Event(), threading.Event()
+    second_called, second_finish = threading.Event(), threading.Event()
+
+    def stuck(action: actions.Action) -> str:
+        first_called.set()
+        first_finish.wait(30)
+        return "too late: this controller is gone"
+
+    def again(action: actions.Action) -> str:
+        second_called.set()
+        if not second_finish.wait(30):
+            raise TimeoutError("the test never let the quarantine finish")
+        return "already quarantined: nothing changed"
+
+    first = _Rig(url, 1, dict.fromkeys(QUARANTINE_KINDS, stuck))
+
+    async def until_quarantining() -> None:
+        await first.xid(0, 48)
+        assert await asyncio.to_thread(first_called.wait, 5)
+
+    try:
+        first.run(until_quarantining)
+    finally:
+        first_finish.set()
+    assert sorted((c.kind, c.status) for c in first.service.store.commands(node_id=_node(0))) == [
+        ("quarantine_gpu", "dispatched"),
+        ("reset_gpu", "dispatched"),
+    ]
+    first.store.close()
+
+    second = _Rig(url, 0, dict.fromkeys(QUARANTINE_KINDS, again))
+
+    async def restart() -> None:
+        try:
+            await second.service.start()
+            assert await asyncio.to_thread(second_called.wait, 5), "the quarantine was not carried out again"
+            queue = await _open_stream(second, 0)  # the node reconnects: its unanswered commands are re-sent
+            await asyncio.sleep(0.1)
+            assert _sent_kinds(queue) == [], "the reset was re-sent before its quarantine was carried out again"
+        finally:
+            second_finish.set()
+        await _settled(second, "quarantine_gpu", 1)
+        assert _sent_kinds(queue) == ["reset_gpu"]
+
+    second.run(restart)
+    second.store.close()

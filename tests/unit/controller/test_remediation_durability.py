@@ -25,7 +25,7 @@ from rasd.controller.store import remediation as rstore
 
 pytestmark = pytest.mark.slow
 
-LADDER_COMMITS = 6  # commits the happy path takes for one Xid 48 (checked by the test without a crash)
+LADDER_COMMITS = 8  # commits the happy path takes for one Xid 48 (checked by the test without a crash)
 RESTART_COMMITS = 2  # for one Xid 13: the decision with its dispatch, then the result
 
 
