@@ -41,12 +41,16 @@ Disruption policy (so the burst is admitted, not held by the budget): breaker_qu
 max_disrupted_nodes_pct 100, max_disrupted_nodes 100000, rack and nvlink_domain caps 100000
 nodes and 100 %, storm_cooldown_s 0. Everything else is the default policy.
 
-Quarantines: by default nothing executes them but the record (``RecordOnlyQuarantine``'s effect,
-with no call). ``--quarantine kubernetes`` runs them through `KubernetesQuarantine` and the real
-``kubernetes`` client, over HTTP to the fake API server of ``tests/fakes/kube_api.py`` in a process
-of its own, every answer ``--api-latency-ms`` late (a read, a patch and an Event per quarantine;
-a node's adds its status patch). Its figures go to their own section; the server's CPU is shown
-apart, since a real API server runs elsewhere.
+Quarantines and releases go through the adapter rasd-controller is configured with
+(``--quarantine``): ``record`` (its default, `RecordOnlyQuarantine`: nothing changes on a cluster,
+but its calls run as any adapter's do, after the commit, in the adapter threads, their outcomes
+committed after them); ``kubernetes``: `KubernetesQuarantine` and the real ``kubernetes`` client,
+over HTTP to the fake API server of ``tests/fakes/kube_api.py`` in a process of its own, every
+answer ``--api-latency-ms`` late (a read, a patch and an Event per quarantine; a node's adds its
+status patch), figures in their own section, the server's CPU shown apart (a real API server runs
+elsewhere); ``none``: no adapter, the quarantine is its record (as this bench ran before 59c13c6).
+A burst ends when every event's call has returned, every adapter call's outcome is committed and
+every repair that waited for its quarantine has been sent.
 
 CPU seconds are the controller's: this process (the service, its store thread, the event generator)
 and its commit writer process if it has one; for
@@ -83,7 +87,7 @@ from prometheus_client import CollectorRegistry
 from rasd.common import gc_policy
 from rasd.common import logging as rasd_logging
 from rasd.controller import ingest as ingest_mod
-from rasd.controller import metrics
+from rasd.controller import metrics, quarantine
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import fleet, health
 from rasd.controller.core import policy as policy_mod
@@ -276,8 +280,6 @@ def _pct(values: list[float], q: float) -> float:
 @contextlib.contextmanager
 def kubernetes_adapter(nodes: int, latency_ms: float, tmp: str) -> Iterator[tuple[dict, pathlib.Path]]:
     """Quarantine executors through `KubernetesQuarantine` and a fake API server process; yields them and its /proc."""
-    from rasd.controller import quarantine
-
     names = pathlib.Path(tmp) / f"nodes-{uuid.uuid4().hex[:8]}.txt"
     names.write_text("".join(f"{node_name(i)}\n" for i in range(nodes)))
     server = subprocess.Popen(
@@ -432,6 +434,8 @@ class Row:
     doc_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     undone_bound_ms: float = float("inf")
     """Events still waiting when the drain timed out had waited at least this long (inf: none)."""
+    adapters_unsettled: int = 0
+    """Adapter calls (and the repairs waiting for them) not done when the burst's drain timeout ended."""
     api_cpu_s: float | None = None
     """CPU seconds of the fake Kubernetes API server during the burst (``--quarantine kubernetes``)."""
 
@@ -505,6 +509,12 @@ async def burst(
         for task in still:
             task.cancel()
         await asyncio.gather(*still, return_exceptions=True)
+    # Quarantines are timed as their adapter is called and repairs as they leave after them: both
+    # can come after the event's call returned.
+    settle_by = time.monotonic() + drain_timeout_s
+    while rig.service.adapters_busy and time.monotonic() < settle_by:
+        await asyncio.sleep(0.005)
+    row.adapters_unsettled = rig.service.adapters_busy
     row.burst_wall_s = (time.time_ns() - start_ns) / 1e9
     row.burst_cpu_s = _cpu_s(rig) - cpu0
     row.burst_db_cpu_s = _db_delta(row.backend, db0)
@@ -547,6 +557,8 @@ async def measure(
         executors, api_proc = None, None
         if args.quarantine == "kubernetes":
             executors, api_proc = stack.enter_context(kubernetes_adapter(args.nodes, args.api_latency_ms, tmp))
+        elif args.quarantine == "record":
+            executors = dict(quarantine.executors(quarantine.open_quarantine({})))  # rasd-controller's default
         rig = Rig(url, args.nodes, commit_writer=writer, executors=executors)
         await rig.start()
         try:
@@ -643,13 +655,13 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
         lines.append(
             f"- round {r.round}, {r.backend}, commits in a {r.writer}: burst dispatched {kinds or 'nothing'} "
             f"(agent commands written to streams: {r.commands_sent:,}); "
-            f"still deferred at the end: {r.deferred_left}; "
+            f"still deferred at the end: {r.deferred_left}; adapter calls unsettled: {r.adapters_unsettled}; "
             f"state after the burst: {r.doc_bytes.get('open incidents', 0):,} open incidents, correlation "
             f"state {r.doc_bytes.get('correlation', 0):,} bytes in all (stored as one id list per scope, written "
             "when an incident opens or expires, and each changed incident's row), budget document "
             f"{r.doc_bytes.get('budget', 0):,} bytes (written only when it changed); "
             f"decision p50/p99 ms by command: {by_kind or 'none'} (a reset or reboot follows its quarantine: "
-            "it leaves after the dispatch round's commit, the second)"
+            "it leaves after the dispatch round's commit, once the quarantine's adapter has returned)"
             + ("" if r.api_cpu_s is None else f"; the fake API server's CPU in the burst: {r.api_cpu_s:.1f} s")
         )
     return "\n".join(lines)
@@ -699,9 +711,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--quarantine",
-        choices=("record", "kubernetes"),
+        choices=("record", "kubernetes", "none"),
         default="record",
-        help="who carries out quarantines: nobody (recorded only), or KubernetesQuarantine against a fake API server",
+        help="the quarantine adapter: record (rasd-controller's default), kubernetes (against a fake API server), "
+        "or none (no adapter call at all)",
     )
     parser.add_argument(
         "--api-latency-ms", type=float, default=5.0, help="with --quarantine kubernetes: added to every API answer"
@@ -765,13 +778,14 @@ def main(argv: list[str] | None = None) -> int:
     verdict = f"Goal: decision latency p99 ≤ {GOAL_P99_MS:g} ms at {args.rate:,.0f} events/s:\n" + "\n".join(
         f"- {text}" for _met, text in verdicts
     )
-    section = SECTION if args.quarantine == "record" else KUBERNETES_SECTION
-    adapters = (
-        "Quarantines are recorded only (no adapter is called)."
-        if args.quarantine == "record"
-        else "Quarantines go through `KubernetesQuarantine` (the real `kubernetes` client) to the fake API "
-        f"server of tests/fakes/kube_api.py in its own process, each answer {args.api_latency_ms:g} ms late."
-    )
+    section = KUBERNETES_SECTION if args.quarantine == "kubernetes" else SECTION
+    adapters = {
+        "record": "Quarantines go through `RecordOnlyQuarantine`, rasd-controller's default adapter (called after "
+        "the commit, in the adapter threads; outcomes committed after).",
+        "none": "Quarantines call no adapter (`--quarantine none`): each is its record.",
+        "kubernetes": "Quarantines go through `KubernetesQuarantine` (the real `kubernetes` client) to the fake API "
+        f"server of tests/fakes/kube_api.py in its own process, each answer {args.api_latency_ms:g} ms late.",
+    }[args.quarantine]
     text = "\n".join(
         [
             section,

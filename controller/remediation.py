@@ -356,6 +356,11 @@ class RemediationService:
         self._pipeline_depth = 1
         """Decided passes in flight at once (`use_writer`): with commits in this process, 1."""
 
+    @property
+    def adapters_busy(self) -> int:
+        """Adapter calls whose outcome is not committed yet, plus the repairs that wait for one (`_hold`)."""
+        return len(self._running) + len(self._held_by)
+
     def use_writer(self, writer: store_writer.CommitProcess) -> None:
         """Commit in writer's process, and decide the next pass while one commits (`_run_pipeline`).
 
@@ -830,17 +835,18 @@ class RemediationService:
         self.stats.actions_by_kind[action.kind] = self.stats.actions_by_kind.get(action.kind, 0) + 1
         self._kinds[action.command_id] = action.kind
 
-    def _note_handed_over(self, action: actions.Action) -> None:
-        """The decision latency of an action an event led to: event stored → now.
+    def _note_handed_over(self, action: actions.Action, *, at_ns: int | None = None) -> None:
+        """The decision latency of an action an event led to: event stored → now (or at_ns).
 
         Now is when it leaves the decision path for its executor: an agent command put on its
         node's stream (after the commit that records it dispatched), a controller-side action
-        (quarantine, RMA, notice) as its adapter is called. Not the decision's own clock reading,
-        taken before deciding and committing, which would leave both out of the figure.
+        (quarantine, RMA, notice) as its adapter is called (at_ns: read in the adapter's thread,
+        after any wait for a thread or for the node's calls before it). Not the decision's own
+        clock reading, taken before deciding and committing, which would leave both out of the figure.
         """
         event = self._event_times.pop(action.command_id, None)
         if event is not None:
-            latency_s = max(0.0, self._clock() / 1e9 - event.stored_s)
+            latency_s = max(0.0, (self._clock() if at_ns is None else at_ns) / 1e9 - event.stored_s)
             self.stats.decision_latency_s.append(latency_s)
             self.stats.decision_latency_kinds.append(action.kind)
             if not event.acted:
@@ -912,7 +918,6 @@ class RemediationService:
             return  # called already this term: its outcome comes once
         self._running[action.command_id] = action
         self._adapter_of_ticket[action.ticket_id] = action.command_id
-        self._note_handed_over(action)
         task = asyncio.create_task(self._run_adapter(action), name=f"rasd-adapter-{action.kind}")
         self._running_tasks.add(task)
         task.add_done_callback(self._running_tasks.discard)
@@ -921,13 +926,15 @@ class RemediationService:
         """The adapter, after the node's calls before it (one node's in order; nodes at once), then its outcome."""
         lock, waiting = self._node_adapters.setdefault(action.node_id, (asyncio.Lock(), [0]))
         waiting[0] += 1
+        called_ns: list[int] = []
         try:
             async with lock:
-                outcome, message = await self._execute(action)
+                outcome, message = await self._execute(action, called_ns=called_ns)
         finally:
             waiting[0] -= 1
             if waiting[0] == 0:
                 self._node_adapters.pop(action.node_id, None)
+        self._note_handed_over(action, at_ns=called_ns[0] if called_ns else None)
         if self._adapter_of_ticket.get(action.ticket_id) == action.command_id:
             del self._adapter_of_ticket[action.ticket_id]
         for held in self._held.pop(action.command_id, ()):
@@ -1827,10 +1834,11 @@ class RemediationService:
         elif isinstance(action, actions.Notify):
             log.warning("remediation_notice", node=action.node_id, severity=action.severity, summary=action.summary)
 
-    async def _execute(self, action: actions.Action) -> tuple[int, str]:
+    async def _execute(self, action: actions.Action, *, called_ns: list[int] | None = None) -> tuple[int, str]:
         """Call a controller-side action's adapter in a thread (they block on other systems); its outcome and message.
 
         An adapter failure is a failed action, never a crash. Without an adapter the record is the action.
+        called_ns: gets the clock's reading as the thread calls the adapter.
         """
         executor = self._executors.get(action.kind)
         if executor is None:
@@ -1838,7 +1846,13 @@ class RemediationService:
                 return commands_pb.ACTION_OUTCOME_NOT_SUPPORTED, "no BMC power-cycle hook configured"
             return commands_pb.ACTION_OUTCOME_SUCCEEDED, f"{action.kind} recorded"
         pool = self._long_adapter_threads if action.kind in LONG_ADAPTER_KINDS else self._adapter_threads
-        call = functools.partial(contextvars.copy_context().run, executor, action)  # as asyncio.to_thread does
+
+        def timed(action: actions.Action) -> Any:
+            if called_ns is not None:
+                called_ns.append(self._clock())
+            return executor(action)
+
+        call = functools.partial(contextvars.copy_context().run, timed, action)  # as asyncio.to_thread does
         try:
             message = str(await asyncio.get_running_loop().run_in_executor(pool, call))
         except Exception as exc:
