@@ -1,7 +1,7 @@
 """The remediation burst, this tree against an earlier commit, in alternating runs: is a change faster?
 
 Run: .venv/bin/python bench/remediation_ab.py --base REV [--rounds 4] [--backend sqlite]
-     [--commit-writer process] [--no-write]
+     [--commit-writer process] [--quarantine record] [--bench own|this] [--no-write]
 
 Why: on these shared 2-core machines the burst p99 of one tree moves by 2× within minutes (other
 tenants), so a figure from before a change and one from after it, taken an hour apart, say nothing.
@@ -13,7 +13,12 @@ tree (``PYTHONPATH`` names a directory whose ``rasd`` links to it). The generate
 (``rasd.api``, build output that git ignores) come from this tree: the wire contract must be the
 same for both sides. Each run is `bench/remediation.py --repeat 1 --no-write --throughput-s 0.5`
 with the backend and commit writer given, from its own tree; the burst row's decision p50 and p99
-are read from its output. Results go to the "## Remediation A/B" section of bench/RESULTS.md.
+are read from its output. Both sides run with the same ``--quarantine`` adapter; a base whose bench
+has no such option (before 4ef3bc5) called no adapter, so then both sides run with
+``--quarantine none``. With ``--bench this`` both sides run this tree's bench (the base's code
+imported as above): for a base whose own bench cannot measure what this one does (an adapter).
+Results go to the "## Remediation A/B" section of bench/RESULTS.md (with the adapter named in the
+section's title when it is not ``record``).
 """
 
 from __future__ import annotations
@@ -50,14 +55,19 @@ def burst_figures(output: str) -> tuple[float, float]:
     raise ValueError(f"no burst row in bench/remediation.py's output:\n{output[-2000:]}")
 
 
-def run_burst(tree: pathlib.Path, pythonpath: str | None, args: argparse.Namespace) -> tuple[float, float]:
-    """One burst from tree's bench/remediation.py; pythonpath: where its `rasd` is imported from (None: this tree)."""
+def run_burst(
+    tree: pathlib.Path, pythonpath: str | None, args: argparse.Namespace, extra: list[str]
+) -> tuple[float, float]:
+    """One burst from tree's bench/remediation.py; pythonpath: where its `rasd` is imported from (None: this tree).
+
+    extra: more arguments for that bench.
+    """
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     command = [
         sys.executable, str(tree / "bench" / "remediation.py"), "--repeat", "1", "--no-write",
-        "--throughput-s", "0.5", "--backend", args.backend, "--commit-writer", args.commit_writer,
+        "--throughput-s", "0.5", "--backend", args.backend, "--commit-writer", args.commit_writer, *extra,
     ]  # fmt: skip
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if done.returncode not in (0, 1):  # 1: the goal missed, figures printed all the same
@@ -77,6 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4, help="pairs of runs (base, then this tree)")
     parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--commit-writer", choices=("process", "thread"), default="process")
+    parser.add_argument(
+        "--quarantine",
+        choices=("record", "none", "kubernetes"),
+        default="record",
+        help="bench/remediation.py's quarantine adapter, on both sides (none where the base's bench has no choice)",
+    )
+    parser.add_argument(
+        "--bench",
+        choices=("own", "this"),
+        default="own",
+        help="whose bench/remediation.py the base runs: its own, or this tree's (its code imported all the same)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -101,9 +123,15 @@ def main(argv: list[str] | None = None) -> int:
             importable = pathlib.Path(tmp) / "import"
             importable.mkdir()
             (importable / "rasd").symlink_to(worktree)
+            quarantine = args.quarantine
+            base_bench = TREE if args.bench == "this" else worktree
+            if "--quarantine" in (base_bench / "bench" / "remediation.py").read_text(encoding="utf-8"):
+                base_extra = ["--quarantine", quarantine]
+            else:
+                quarantine, base_extra = "none", []  # the base's bench called no adapter
             for round_ in range(1, args.rounds + 1):
-                before = run_burst(worktree, str(importable), args)
-                after = run_burst(TREE, None, args)
+                before = run_burst(base_bench, str(importable), args, base_extra)
+                after = run_burst(TREE, None, args, ["--quarantine", quarantine])
                 pairs.append((before, after))
                 print(
                     f"round {round_}: base p50 {before[0]:g} p99 {before[1]:g} ms; "
@@ -118,15 +146,17 @@ def main(argv: list[str] | None = None) -> int:
         for i, (b, a) in enumerate(pairs, 1)
     ]
     faster = sum(1 for r in ratios if r < 1)
+    section = SECTION if quarantine == "record" else f"{SECTION}, quarantine adapter {quarantine}"
     text = "\n".join(
         [
-            SECTION,
+            section,
             "",
             f"Command: `.venv/bin/python bench/remediation_ab.py {' '.join(sys.argv[1:] if argv is None else argv)}`  ",
             f"Machine: {header}  ",
             f"Run: {started}; base {base[:9]}, this tree {head[:9]}{dirty}; {args.backend}, commits in a "
-            f"{args.commit_writer}; each run is `bench/remediation.py`'s burst (2,000 nodes, 2,000 events/s for "
-            "5 s) once, base first.",
+            f"{args.commit_writer}; quarantine adapter: {quarantine}; each run is "
+            f"{'this tree' if args.bench == 'this' else 'its own tree'}'s `bench/remediation.py` burst "
+            "(2,000 nodes, 2,000 events/s for 5 s) once, base first.",
             "",
             "| round | base p50 ms | base p99 ms | this tree p50 ms | this tree p99 ms | p99 ratio |",
             "|---:|---:|---:|---:|---:|---:|",
@@ -139,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(text)
     if not args.no_write:
-        results.write_section(SECTION, text)
+        results.write_section(section, text)
     return 0
 
 
