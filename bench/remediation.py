@@ -43,13 +43,13 @@ nodes and 100 %, storm_cooldown_s 0. Everything else is the default policy.
 
 Quarantines and releases go through the adapter rasd-controller is configured with
 (``--quarantine``): ``record`` (its default, `RecordOnlyQuarantine`: nothing changes on a cluster,
-but its calls run as any adapter's do, after the commit, in the adapter threads, their outcomes
-committed after them); ``kubernetes``: `KubernetesQuarantine` and the real ``kubernetes`` client,
-over HTTP to the fake API server of ``tests/fakes/kube_api.py`` in a process of its own, every
-answer ``--api-latency-ms`` late (a read, a patch and an Event per quarantine; a node's adds its
-status patch), figures in their own section, the server's CPU shown apart (a real API server runs
-elsewhere); ``none``: no adapter, the quarantine is its record (as this bench ran before 59c13c6).
-A burst ends when every event's call has returned, every adapter call's outcome is committed and
+and since its calls wait on nothing the service makes them in the dispatch round); ``kubernetes``:
+`KubernetesQuarantine` and the real ``kubernetes`` client, over HTTP to the fake API server of
+``tests/fakes/kube_api.py`` in a process of its own, every answer ``--api-latency-ms`` late (a read,
+a patch and an Event per quarantine; a node's adds its status patch), figures in their own section,
+the server's CPU shown apart (a real API server runs elsewhere); ``none``: no adapter, the
+quarantine is its record (as this bench ran before 59c13c6). A burst ends when every event's call
+has returned, every adapter call's outcome is committed and
 every repair that waited for its quarantine has been sent.
 
 CPU seconds are the controller's: this process (the service, its store thread, the event generator)
@@ -782,8 +782,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     section = KUBERNETES_SECTION if args.quarantine == "kubernetes" else SECTION
     adapters = {
-        "record": "Quarantines go through `RecordOnlyQuarantine`, rasd-controller's default adapter (called after "
-        "the commit, in the adapter threads; outcomes committed after).",
+        "record": "Quarantines go through `RecordOnlyQuarantine`, rasd-controller's default adapter (its calls "
+        "wait on nothing: made in the dispatch round).",
         "none": "Quarantines call no adapter (`--quarantine none`): each is its record.",
         "kubernetes": "Quarantines go through `KubernetesQuarantine` (the real `kubernetes` client) to the fake API "
         f"server of tests/fakes/kube_api.py in its own process, each answer {args.api_latency_ms:g} ms late.",

@@ -15,8 +15,8 @@ blast radius). This module owns the I/O around it:
    action dispatched is done, outside the decision lock (it waits on a scheduler's API or a BMC),
    at once across nodes and in turn within one; a repair of the same ticket waits until its
    quarantine's adapter has returned, and the adapters' outcomes come back as results, committed
-   together. Actions without an adapter are recorded in their round. Deferred ones wait for the
-   next pass.
+   together. Actions without an adapter, or with one that waits on nothing (record only), are
+   carried out in their round. Deferred ones wait for the next pass.
 3. **Results** come back by command id and go through `escalation.on_result`; the same commit
    pattern applies. A periodic `tick` handles timeouts and watch windows.
 
@@ -874,8 +874,16 @@ class RemediationService:
         self.ingest.metrics.remediation_actions.labels(kind=kind, outcome=outcome).inc()
 
     def _leaves_after_commit(self, action: actions.Action) -> bool:
-        """Whether an admitted action leaves once its dispatch has committed: agent commands and adapters' actions."""
-        return action.kind in AGENT_KINDS or action.kind in self._executors
+        """Whether an admitted action leaves once its dispatch has committed: agent commands and adapters' calls.
+
+        An adapter whose calls wait on nothing (``blocking = False`` on the callable: record only) is
+        called in the dispatch round instead, as an action without one is recorded there: a thread
+        and a commit for its outcome would cost a burst more than the call.
+        """
+        if action.kind in AGENT_KINDS:
+            return True
+        executor = self._executors.get(action.kind)
+        return executor is not None and getattr(executor, "blocking", True)
 
     def _send_dispatched(self, dispatched: Sequence[actions.Action]) -> None:
         """Start the adapters of dispatched controller-side actions, then send the agent commands.
@@ -1718,8 +1726,9 @@ class RemediationService:
         for action in admission.admitted:
             if action.kind not in AGENT_KINDS:
                 self._record_controller_side(action, change, source="automation")
-        # Recorded and done in this round: the controller-side actions without an adapter. Those
-        # with one leave after the commit, as agent commands do (`_send_dispatched`).
+        # Recorded and done in this round: the controller-side actions without an adapter, or with
+        # one that waits on nothing. The others leave after the commit, as agent commands do
+        # (`_send_dispatched`).
         follow_up: list[actions.Action] = []
         for action in admission.admitted:
             if self._leaves_after_commit(action):
@@ -1845,6 +1854,12 @@ class RemediationService:
             if isinstance(action, actions.PowerCycleBmc):
                 return commands_pb.ACTION_OUTCOME_NOT_SUPPORTED, "no BMC power-cycle hook configured"
             return commands_pb.ACTION_OUTCOME_SUCCEEDED, f"{action.kind} recorded"
+        if not getattr(executor, "blocking", True):
+            try:
+                message = str(executor(action))
+            except Exception as exc:
+                return commands_pb.ACTION_OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
+            return commands_pb.ACTION_OUTCOME_SUCCEEDED, message or f"{action.kind} recorded"
         pool = self._long_adapter_threads if action.kind in LONG_ADAPTER_KINDS else self._adapter_threads
 
         def timed(action: actions.Action) -> Any:

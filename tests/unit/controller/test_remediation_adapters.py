@@ -21,7 +21,7 @@ from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller import ingest as ingest_mod
-from rasd.controller import metrics
+from rasd.controller import metrics, quarantine
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import actions, fleet, health
 from rasd.controller.core import policy as policy_mod
@@ -392,3 +392,21 @@ def test_after_a_restart_a_repair_still_waits_for_its_quarantine_carried_out_aga
 
     second.run(restart)
     second.store.close()
+
+
+def test_an_adapter_that_waits_on_nothing_is_called_in_its_dispatch_round(url):
+    """Record only (the default): no thread, and its outcome is in the round's own commit."""
+    executors = quarantine.executors(quarantine.RecordOnlyQuarantine())
+    rig = _Rig(url, 1, executors)
+
+    async def scenario() -> None:
+        queue = await _open_stream(rig, 0)
+        await rig.xid(0, 48)
+        assert rig.service.adapters_busy == 0
+        command = rig.command(0, "quarantine_gpu")
+        assert command.status == "succeeded"
+        assert command.result["message"].startswith("record: quarantine gpu node-00/"), command.result["message"]
+        assert _sent_kinds(queue) == ["reset_gpu"]
+
+    rig.run(scenario)
+    rig.store.close()
