@@ -105,6 +105,23 @@ class _Calls:
         return f"{action.kind} done"
 
 
+class _Gate:
+    """An adapter that blocks, as one waiting on an API server or a BMC does, until the test opens it."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.called, self.opened = threading.Event(), threading.Event()
+
+    def __call__(self, action: actions.Action) -> str:
+        self.called.set()
+        if not self.opened.wait(30):
+            raise TimeoutError("the test never let the adapter return")
+        return self.answer
+
+    async def wait_called(self) -> bool:
+        return await asyncio.to_thread(self.called.wait, 5)
+
+
 QUARANTINE_KINDS = ("quarantine_node", "quarantine_gpu", "quarantine_port", "release")
 
 
@@ -192,26 +209,19 @@ def test_one_nodes_adapter_calls_run_in_the_order_they_were_admitted(url):
 
 
 def test_a_repair_is_sent_only_once_its_quarantines_adapter_has_returned(url):
-    entered, finish = threading.Event(), threading.Event()
-
-    def slow_quarantine(action: actions.Action) -> str:
-        entered.set()
-        if not finish.wait(30):
-            raise TimeoutError("the test never let the quarantine finish")
-        return "GPU listed in rasd.io/quarantined-gpus"
-
+    slow_quarantine = _Gate("GPU listed in rasd.io/quarantined-gpus")
     rig = _Rig(url, 1, dict.fromkeys(QUARANTINE_KINDS, slow_quarantine))
 
     async def scenario() -> None:
         try:
             queue = await _open_stream(rig, 0)
             await asyncio.wait_for(rig.xid(0, 48), timeout=5)
-            assert await asyncio.to_thread(entered.wait, 5), "the quarantine's adapter was never called"
+            assert await slow_quarantine.wait_called(), "the quarantine's adapter was never called"
             assert rig.command(0, "reset_gpu").status == "dispatched"
             await asyncio.sleep(0.1)
             assert _sent_kinds(queue) == [], "the reset left before its GPU left scheduling"
         finally:
-            finish.set()
+            slow_quarantine.opened.set()
         await _settled(rig, "quarantine_gpu", 1)
         assert _sent_kinds(queue) == ["reset_gpu"]
         assert rig.command(0, "quarantine_gpu").result["message"] == "GPU listed in rasd.io/quarantined-gpus"
@@ -243,13 +253,7 @@ def test_a_failing_adapter_is_a_failed_action_and_its_repair_still_goes(url):
 
 def test_a_bmc_power_cycle_in_progress_does_not_hold_up_other_nodes(url):
     """A power cycle is polled until the node is back (minutes): the rest of the fleet is decided meanwhile."""
-    entered, finish = threading.Event(), threading.Event()
-
-    def power_cycle(action: actions.Action) -> str:
-        entered.set()
-        if not finish.wait(30):
-            raise TimeoutError("the test never let the power cycle finish")
-        return "PowerState went Off and came back On"
+    power_cycle = _Gate("PowerState went Off and came back On")
 
     pol = policy_mod.RemediationPolicy.from_mapping({"escalation": {"bmc_power_cycle_enabled": True}})
     rig = _Rig(url, 2, {"power_cycle_bmc": power_cycle}, pol)
@@ -270,14 +274,14 @@ def test_a_bmc_power_cycle_in_progress_does_not_hold_up_other_nodes(url):
                 ),
                 timeout=5,
             )
-            assert await asyncio.to_thread(entered.wait, 5), "the power cycle never started"
+            assert await power_cycle.wait_called(), "the power cycle never started"
             assert rig.command(0, "power_cycle_bmc").status == "dispatched"
             # Another node's fault is decided and its command dispatched while the cycle runs.
             await asyncio.wait_for(rig.xid(1, 13), timeout=5)
             assert rig.command(1, "restart_process").status == "dispatched"
             await asyncio.wait_for(service.tick(), timeout=5)
         finally:
-            finish.set()
+            power_cycle.opened.set()
         for _ in range(500):
             if rig.command(0, "power_cycle_bmc").status != "dispatched":
                 break
@@ -296,13 +300,8 @@ def test_a_bmc_power_cycle_in_progress_does_not_hold_up_other_nodes(url):
 
 def test_a_power_cycle_cut_off_by_a_controller_restart_is_carried_out_by_the_next_one(url):
     """Dispatched, its outcome never committed: the next controller runs it again (the BMC journal dedupes)."""
-    entered, finish = threading.Event(), threading.Event()
+    stuck = _Gate("too late: this controller is gone")
     ran: list[str] = []
-
-    def stuck(action: actions.Action) -> str:
-        entered.set()
-        finish.wait(30)
-        return "too late: this controller is gone"
 
     def quick(action: actions.Action) -> str:
         ran.append(action.command_id)
@@ -318,12 +317,12 @@ def test_a_power_cycle_cut_off_by_a_controller_restart_is_carried_out_by_the_nex
             _node(0),
             commands_pb.ActionResult(command_id=reboot.command_id, outcome=commands_pb.ACTION_OUTCOME_TIMED_OUT),
         )
-        assert await asyncio.to_thread(entered.wait, 5)
+        assert await stuck.wait_called()
 
     try:
         first.run(until_cycling)  # stops the service with the cycle still running: a crash as far as the store knows
     finally:
-        finish.set()
+        stuck.opened.set()
     cycle_id = first.command(0, "power_cycle_bmc").command_id
     assert first.command(0, "power_cycle_bmc").status == "dispatched"
     first.store.close()
@@ -346,30 +345,18 @@ def test_a_power_cycle_cut_off_by_a_controller_restart_is_carried_out_by_the_nex
 
 def test_after_a_restart_a_repair_still_waits_for_its_quarantine_carried_out_again(url):
     """Cut off mid-quarantine: the next controller quarantines again before it sends the reset, even on reconnect."""
-    first_called, first_finish = threading.Event(), threading.Event()
-    second_called, second_finish = threading.Event(), threading.Event()
-
-    def stuck(action: actions.Action) -> str:
-        first_called.set()
-        first_finish.wait(30)
-        return "too late: this controller is gone"
-
-    def again(action: actions.Action) -> str:
-        second_called.set()
-        if not second_finish.wait(30):
-            raise TimeoutError("the test never let the quarantine finish")
-        return "already quarantined: nothing changed"
+    stuck, again = _Gate("too late: this controller is gone"), _Gate("already quarantined: nothing changed")
 
     first = _Rig(url, 1, dict.fromkeys(QUARANTINE_KINDS, stuck))
 
     async def until_quarantining() -> None:
         await first.xid(0, 48)
-        assert await asyncio.to_thread(first_called.wait, 5)
+        assert await stuck.wait_called()
 
     try:
         first.run(until_quarantining)
     finally:
-        first_finish.set()
+        stuck.opened.set()
     assert sorted((c.kind, c.status) for c in first.service.store.commands(node_id=_node(0))) == [
         ("quarantine_gpu", "dispatched"),
         ("reset_gpu", "dispatched"),
@@ -381,12 +368,12 @@ def test_after_a_restart_a_repair_still_waits_for_its_quarantine_carried_out_aga
     async def restart() -> None:
         try:
             await second.service.start()
-            assert await asyncio.to_thread(second_called.wait, 5), "the quarantine was not carried out again"
+            assert await again.wait_called(), "the quarantine was not carried out again"
             queue = await _open_stream(second, 0)  # the node reconnects: its unanswered commands are re-sent
             await asyncio.sleep(0.1)
             assert _sent_kinds(queue) == [], "the reset was re-sent before its quarantine was carried out again"
         finally:
-            second_finish.set()
+            again.opened.set()
         await _settled(second, "quarantine_gpu", 1)
         assert _sent_kinds(queue) == ["reset_gpu"]
 
