@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 ratio (this tree / base): median {statistics.median(ratios):.2f}, range {min(ratios):.2f} to "
             f"{max(ratios):.2f}; this tree's p99 lower in {faster} of {len(ratios)} rounds.",
             "",
+            "",  # a blank line before the section after it
         ]
     )
     print(text)
