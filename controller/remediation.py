@@ -420,11 +420,12 @@ class RemediationService:
         await self._export_quarantines()
         # A repair whose quarantine's outcome was never committed waits for it to be carried out
         # again, as it waited the first time: never sent before its node leaves scheduling.
-        blockers = {
-            r.ticket_id: actions.from_dict(r.payload)
-            for r in unfinished
-            if r.status == "dispatched" and r.kind not in AGENT_KINDS and r.kind in self._executors
-        }
+        blockers: dict[str, actions.Action] = {}
+        for record in unfinished:
+            if record.status == "dispatched" and record.kind not in AGENT_KINDS:
+                by_adapter = actions.from_dict(record.payload)
+                if self._leaves_after_commit(by_adapter):  # its adapter is called after the commit: outcome unknown
+                    blockers[record.ticket_id] = by_adapter
         for record in resend:
             action = actions.from_dict(record.payload)
             blocker = blockers.get(record.ticket_id)
