@@ -158,29 +158,17 @@ class RemediationStore:
         command_updates = list(change.command_updates)
         # Core statements go to the connection: the ORM session's execute adds ~0.3 ms per statement.
         conn = session.connection()
+        # Every read the bulk writes depend on comes first, so that the writes can then be sent
+        # without waiting for each one's answer (`repo.pipelined`). None of them reads a table
+        # that a write before it in this transaction touches.
         if change.processed_seq:
             epochs = dict(conn.execute(_SPOOL_EPOCHS, {"node_ids": list(change.processed_seq)}).all())
             for node_id, seq in change.processed_seq.items():
                 change.docs[WATERMARK_PREFIX + node_id] = {"epoch": int(epochs.get(node_id) or 0), "seq": seq}
-        repo.upsert_many(
-            session,
-            schema.RemediationStateRow,
-            "node_id",
-            [{"node_id": n, "state": s, "updated_unix_ns": now} for n, s in change.node_states.items()],
-        )
-        repo.upsert_many(
-            session,
-            schema.ControllerStateRow,
-            "name",
-            [{"name": n, "state": d, "updated_unix_ns": now} for n, d in change.docs.items() if d is not None],
-        )
-        gone = [n for n, d in change.docs.items() if d is None]
-        if gone:
-            session.execute(sa.delete(schema.ControllerStateRow).where(schema.ControllerStateRow.name.in_(gone)))
+        command_rows: list[dict[str, Any]] = []
         if change.new_commands:
             ids = [r.command_id for r in change.new_commands]
             existing = dict(conn.execute(_COMMAND_STATUSES, {"command_ids": ids}).all())
-            rows = []
             for record in change.new_commands:
                 if record.command_id in existing:
                     # A replayed decision: the command exists and keeps its status, except that one
@@ -196,14 +184,34 @@ class RemediationStore:
                         fresh.append(record.command_id)
                     continue
                 existing[record.command_id] = record.status
-                rows.append({f.name: getattr(record, f.name) for f in _COMMAND_FIELDS})
+                command_rows.append({f.name: getattr(record, f.name) for f in _COMMAND_FIELDS})
                 fresh.append(record.command_id)
-            if rows:  # one executemany INSERT, no ORM objects: a burst decides hundreds at once
-                repo.insert_many(conn, schema.CommandRow.__table__, rows)
-        _update_commands(session, command_updates)
-        repo.upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
-        repo.upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
-        _quarantine_many(session, change.quarantines, now)
+        new_quarantines = _new_quarantines(conn, change.quarantines, now)
+        with repo.pipelined(conn):
+            repo.upsert_many(
+                session,
+                schema.RemediationStateRow,
+                "node_id",
+                [{"node_id": n, "state": s, "updated_unix_ns": now} for n, s in change.node_states.items()],
+            )
+            repo.upsert_many(
+                session,
+                schema.ControllerStateRow,
+                "name",
+                [{"name": n, "state": d, "updated_unix_ns": now} for n, d in change.docs.items() if d is not None],
+            )
+            gone = [n for n, d in change.docs.items() if d is None]
+            if gone:
+                conn.execute(_DELETE_DOCS, {"names": gone})
+            if command_rows:  # one executemany INSERT, no ORM objects: a burst decides hundreds at once
+                repo.insert_many(conn, schema.CommandRow.__table__, command_rows)
+            _update_commands(session, command_updates)
+            repo.upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
+            repo.upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
+            _quarantine_many(conn, change.quarantines, new_quarantines)
+            for rows in _runs_of_one_shape(change.audit):  # in order: audit ids follow the decision's order
+                repo.insert_many(conn, schema.AuditRow.__table__, rows)
+        # Rare, and each reads before it writes: after the pipelined writes (none of which they read).
         for release in change.releases:
             _release(session, release, now)
         for rma in change.rmas:
@@ -216,8 +224,6 @@ class RemediationStore:
                 {"validation_id": validation["validation_id"]},
                 **{k: v for k, v in validation.items() if k != "validation_id"},
             )
-        for rows in _runs_of_one_shape(change.audit):  # in order: audit ids follow the decision's order
-            repo.insert_many(conn, schema.AuditRow.__table__, rows)
         return fresh
 
     def unprocessed_events(self) -> dict[str, tuple[dict[str, str], list[repo.StoredEvent]]]:
@@ -464,6 +470,10 @@ _MARK_NODES = (
     .values(state=sa.bindparam("state"))
 )
 """Set the state of the nodes named (a node quarantine marks its node)."""
+_DELETE_DOCS = sa.delete(schema.ControllerStateRow.__table__).where(
+    schema.ControllerStateRow.name.in_(sa.bindparam("names", expanding=True))
+)
+"""Drop the controller documents named (a Core statement: the ORM's bulk delete may read back rows)."""
 _COMMAND_UPDATES: dict[tuple[str, str, tuple[str, ...]], repo.Prepared] = {}
 """Outbox UPDATE statements by dialect, driver and the columns they set (a handful of shapes), compiled once."""
 
@@ -495,17 +505,12 @@ def _set_state(session: Session, node_id: str, gpu_uuid: str, state: fleet.Compo
             node.state = int(state)
 
 
-def _quarantine_many(session: Session, quarantines: Sequence[Mapping[str, Any]], now_unix_ns: int) -> None:
-    """Record new quarantines (an active one for the same target is kept) and mark their targets.
-
-    A constant number of statements for any number of quarantines: one read of the active rows
-    of the nodes involved, one INSERT, one UPDATE per table whose state changes.
-    """
+def _new_quarantines(
+    conn: sa.Connection, quarantines: Sequence[Mapping[str, Any]], now_unix_ns: int
+) -> list[dict[str, Any]]:
+    """The quarantines to record: those whose target has no active one yet (one read for all nodes)."""
     if not quarantines:
-        return
-    # Core statements on the connection: the ORM session's execute adds ~0.3 ms per statement.
-    conn = session.connection()
-    table = schema.QuarantineRow.__table__
+        return []
     nodes = sorted({q["node_id"] for q in quarantines})
     active = {(row.node_id, row.gpu_uuid, row.port) for row in conn.execute(_ACTIVE_QUARANTINES, {"node_ids": nodes})}
     rows = []
@@ -514,7 +519,21 @@ def _quarantine_many(session: Session, quarantines: Sequence[Mapping[str, Any]],
         if target not in active:
             active.add(target)
             rows.append({**q, "since_unix_ns": now_unix_ns})
-    for run in _runs_of_one_shape(rows):  # in order; an executemany needs rows of one shape
+    return rows
+
+
+def _quarantine_many(
+    conn: sa.Connection, quarantines: Sequence[Mapping[str, Any]], new_rows: Sequence[Mapping[str, Any]]
+) -> None:
+    """Record new quarantines (`_new_quarantines`) and mark the targets of all of them.
+
+    A constant number of statements for any number of quarantines: one INSERT, one UPDATE per
+    table whose state changes.
+    """
+    if not quarantines:
+        return
+    table = schema.QuarantineRow.__table__
+    for run in _runs_of_one_shape(new_rows):  # in order; an executemany needs rows of one shape
         repo.insert_many(conn, table, run)
     gpus = sorted({q["gpu_uuid"] for q in quarantines if q.get("gpu_uuid") and not q.get("port")})
     whole = sorted({q["node_id"] for q in quarantines if not q.get("gpu_uuid") and not q.get("port")})

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -744,6 +744,18 @@ class Prepared:
             column_keys=None if column_keys is None else list(column_keys),
             for_executemany=True,  # as SQLAlchemy compiles it for many rows: no RETURNING of generated keys
         )
+        # Columns the rows leave out whose defaults are plain values or argument-free functions
+        # (`default=""`, `default=dict`): filled in here, as SQLAlchemy would per row, so the
+        # statement still runs as the driver's own (and can go in a pipeline, `pipelined`). An
+        # upsert's SET names only the rows' own columns: a default never overwrites a stored value.
+        self._defaults: dict[str, Callable[[], Any]] = {}
+        if column_keys is not None and compiled.insert_prefetch and not compiled.update_prefetch:
+            defaults = _plain_defaults(compiled.insert_prefetch)
+            if defaults is not None:
+                self._defaults = defaults
+                compiled = statement.compile(
+                    dialect=dialect, column_keys=[*column_keys, *defaults], for_executemany=True
+                )
         self.sql = compiled.string
         self.direct = not (compiled.insert_prefetch or compiled.update_prefetch)
         self._positions: tuple[str, ...] | None = tuple(compiled.positiontup) if compiled.positiontup else None
@@ -768,11 +780,20 @@ class Prepared:
     def executemany(self, connection: sa.Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """Run it once per row (every row with the statement's keys), in connection's transaction."""
         if not self.direct:
+            if connection.info.get(_PIPELINED):
+                # SQLAlchemy completes such rows itself and may read back generated keys: no
+                # answer is read inside a pipeline. Give every column instead.
+                raise RuntimeError(
+                    f"{self.sql.split(' (')[0]}: rows without every column cannot be written in a pipeline "
+                    "(give the columns that have Python-side defaults)"
+                )
             connection.execute(self.statement, list(rows))
             return
-        processors, fixed, positions = self._processors, self._fixed, self._positions
+        processors, fixed, positions, defaults = self._processors, self._fixed, self._positions, self._defaults
         if fixed:
             rows = [{**fixed, **row} for row in rows]
+        if defaults:
+            rows = [{**row, **{name: make() for name, make in defaults.items() if name not in row}} for row in rows]
         if self._rows_sql is not None and len(rows) > 1 and self._execute_as_rows(connection, rows):
             return
         params: list[Any]
@@ -838,6 +859,21 @@ class Prepared:
             connection.exec_driver_sql(sql, tuple(values[start:end] for values in columns))
             start = end
         return True
+
+
+def _plain_defaults(columns: Sequence[Any]) -> dict[str, Callable[[], Any]] | None:
+    """Each column's Python-side default as a function of nothing, or None if one needs SQLAlchemy's context."""
+    out: dict[str, Callable[[], Any]] = {}
+    for column in columns:
+        default = column.default
+        if default is not None and default.is_scalar:
+            out[column.key] = lambda value=default.arg: value
+        elif default is not None and default.is_callable and hasattr(default.arg, "__wrapped__"):
+            # SQLAlchemy wraps an argument-free function (`default=dict`) to take the context it ignores
+            out[column.key] = default.arg.__wrapped__
+        else:
+            return None
+    return out
 
 
 ROWS_PER_STATEMENT = 1000
@@ -906,6 +942,50 @@ def _rows_template(sql: str, types: Mapping[str, Any], dialect: sa.Dialect) -> _
         name: sa.JSON.bind_processor(types[name], dialect) for name, _ in plan if isinstance(types[name], sa.JSON)
     }
     return f"{head} {select}{tail}", plan, json_columns
+
+
+@contextlib.contextmanager
+def pipelined(connection: sa.Connection) -> Iterator[None]:
+    """On PostgreSQL (psycopg), the statements run inside are sent without waiting for each answer.
+
+    A remediation commit is about ten statements; one after another, each waited a round trip to
+    the server and its turn there (0.5-1 ms each on a busy controller), most of the commit. In
+    psycopg's pipeline mode they go out at once and their answers are read at the end, in the
+    same transaction and order. Only writes belong inside: a statement whose rows are read there
+    has none to read until the end (do the reads first). Elsewhere (SQLite, in process) this does
+    nothing.
+
+    An error comes out as SQLAlchemy's, as it would from the statement that caused it
+    (`STORE_UNAVAILABLE` for a lost server: the connection is invalidated; IntegrityError for a
+    refused row), and the transaction is rolled back by its owner as before.
+    """
+    dialect = connection.dialect
+    if (dialect.name, dialect.driver) != ("postgresql", "psycopg") or not PIPELINE_WRITES:
+        yield
+        return
+    import psycopg  # only with the psycopg driver, which has it
+
+    raw = connection.connection.dbapi_connection
+    info = connection.info  # the pooled connection's, still there once an error has invalidated it
+    info[_PIPELINED] = True
+    try:
+        with raw.pipeline():
+            yield
+    except psycopg.Error as exc:  # raised when the answers are read, outside SQLAlchemy's own execute
+        lost = dialect.is_disconnect(exc, raw, None)
+        if lost:
+            connection.invalidate(exc)
+        raise sa.exc.DBAPIError.instance(
+            None, None, exc, psycopg.Error, connection_invalidated=lost, dialect=dialect
+        ) from exc
+    finally:
+        info.pop(_PIPELINED, None)
+
+
+PIPELINE_WRITES = True
+"""Whether `pipelined` pipelines (bench/commit_replay.py turns it off to measure what it buys)."""
+_PIPELINED = "rasd_pipelined"
+"""`sa.Connection.info` key set while `pipelined` runs."""
 
 
 @contextlib.contextmanager

@@ -123,3 +123,20 @@ def test_the_events_left_to_replay_are_read_many_nodes_per_query_and_per_node_in
     assert {node: [e.seq for e in stored] for node, (_labels, stored) in backlog.items()} == expected
     assert all(labels == {"rack": f"r{int(node.split('-')[1]) % 7}"} for node, (labels, _) in backlog.items())
     assert all(e.node_id == node for node, (_labels, stored) in backlog.items() for e in stored)
+
+
+def test_a_quarantine_given_only_its_target_is_recorded_with_every_default(store):
+    remediation = rstore.RemediationStore(store.engine)
+    remediation.commit(
+        rstore.Commit(now_unix_ns=5, quarantines=[{"node_id": "n1", "gpu_uuid": "GPU-a"}, {"node_id": "n2"}])
+    )
+    rows = {(q["node_id"], q["gpu_uuid"]): q for q in remediation.quarantines()}
+    assert set(rows) == {("n1", "GPU-a"), ("n2", "")}
+    for q in rows.values():
+        assert (q["port"], q["source"], q["since_unix_ns"], q["forced"], q["released_unix_ns"]) == (
+            "",
+            "automation",
+            5,
+            False,
+            None,
+        )

@@ -6,6 +6,7 @@ On SQLite and on the test PostgreSQL (`store`, conftest.py), each case is writte
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy import orm
 
@@ -77,14 +78,48 @@ def test_a_statement_with_its_own_constants_applies_them_to_every_row(store):
     assert {c.command_id: c.status for c in remediation.commands()} == {"cmd-open": "failed", "cmd-done": "succeeded"}
 
 
-def test_a_statement_that_needs_python_side_defaults_is_left_to_sqlalchemy(store):
+def test_columns_left_out_get_their_python_side_defaults_as_sqlalchemy_would_give_them(store):
     row = {"at_unix_ns": NOW_NS, "actor": "test", "action": "pause"}  # node_id, details, ...: column defaults
     with orm.Session(store.engine) as session, session.begin():
         statement = repo.Prepared(sa.insert(AUDIT), session.get_bind().dialect, tuple(row))
+        assert statement.direct, "plain defaults (a value, an argument-free function) are filled in here"
+        statement.executemany(session.connection(), [row, {**row, "action": "resume"}])
+    ((_id, *written), (_id2, *second)) = _rows(store, AUDIT, AUDIT.c.id)
+    assert written == [NOW_NS, "test", "pause", "", "", "", "", {}], "the defaults SQLAlchemy computes"
+    assert second == [NOW_NS, "test", "resume", "", "", "", "", {}]
+
+
+def test_an_upsert_leaves_a_stored_value_alone_where_its_rows_leave_the_column_out(store):
+    incidents = schema.IncidentRow.__table__
+    with orm.Session(store.engine) as session, session.begin():
+        repo.upsert_many(session, schema.IncidentRow, "incident_id",
+                         [{"incident_id": "i1", "node_id": "n1", "cause": "xid:79", "state": "closed"}])  # fmt: skip
+        repo.upsert_many(
+            session, schema.IncidentRow, "incident_id", [{"incident_id": "i1", "node_id": "n1", "cause": "xid:48"}]
+        )
+    with store.engine.connect() as connection:
+        cause, state = connection.execute(sa.select(incidents.c.cause, incidents.c.state)).one()
+    assert (cause, state) == ("xid:48", "closed"), "the default 'open' is for a new row only"
+
+
+def test_a_default_that_needs_sqlalchemys_context_is_left_to_sqlalchemy(store):
+    table = sa.Table(
+        "context_defaults",
+        sa.MetaData(),
+        sa.Column("id", sa.Integer, primary_key=True),
+        sa.Column("label", sa.String(32), default=lambda context: "from-context"),
+        schema=store.engine.dialect.default_schema_name if store.engine.dialect.name == "postgresql" else None,
+    )
+    table.create(store.engine)
+    with orm.Session(store.engine) as session, session.begin():
+        statement = repo.Prepared(sa.insert(table), session.get_bind().dialect, ("id",))
         assert not statement.direct
-        statement.executemany(session.connection(), [row])
-    ((_id, *written),) = _rows(store, AUDIT, AUDIT.c.id)
-    assert written == [NOW_NS, "test", "pause", "", "", "", "", {}], "the defaults SQLAlchemy computed"
+        statement.executemany(session.connection(), [{"id": 1}])
+        if store.engine.dialect.name == "postgresql":  # no pipeline elsewhere: `pipelined` does nothing there
+            with pytest.raises(RuntimeError, match="every column"), repo.pipelined(session.connection()):
+                statement.executemany(session.connection(), [{"id": 2}])
+    with store.engine.connect() as connection:
+        assert connection.execute(sa.select(table.c.id, table.c.label)).all() == [(1, "from-context")]
 
 
 def test_a_rolled_back_transaction_keeps_nothing_a_prepared_statement_wrote(store):
@@ -209,3 +244,53 @@ def test_on_postgresql_an_insert_becomes_one_statement_over_arrays_and_anything_
     from sqlalchemy.dialects import sqlite
 
     assert repo.Prepared(sa.insert(state), sqlite.dialect(), ("name", "state", "updated_unix_ns"))._rows_sql is None
+
+
+# -- repo.pipelined: on PostgreSQL the writes go out without waiting for each answer ----------------------
+
+
+def test_pipelined_writes_land_in_order_and_a_rollback_keeps_none_of_them(store):
+    with orm.Session(store.engine) as session, session.begin():
+        connection = session.connection()
+        with repo.pipelined(connection):
+            repo.insert_many(connection, AUDIT, [_audit(1), _audit(2)])
+            repo.insert_many(connection, AUDIT, [_audit(3)])
+    assert [row[1] for row in _rows(store, AUDIT, AUDIT.c.id)] == [NOW_NS + 1, NOW_NS + 2, NOW_NS + 3]
+    with orm.Session(store.engine) as session:
+        session.begin()
+        connection = session.connection()
+        with repo.pipelined(connection):
+            repo.insert_many(connection, AUDIT, [_audit(4), _audit(5)])
+        session.rollback()
+    assert len(_rows(store, AUDIT, AUDIT.c.id)) == 3
+
+
+def test_a_row_the_database_refuses_in_a_pipeline_raises_sqlalchemys_error_and_keeps_nothing(store):
+    refused = {**_audit(2), "actor": None}  # NOT NULL
+    with pytest.raises(sa.exc.IntegrityError), orm.Session(store.engine) as session, session.begin():
+        connection = session.connection()
+        with repo.pipelined(connection):
+            repo.insert_many(connection, AUDIT, [_audit(1)])
+            repo.insert_many(connection, AUDIT, [refused])
+            repo.insert_many(connection, AUDIT, [_audit(3)])
+    assert _rows(store, AUDIT, AUDIT.c.id) == []
+    with orm.Session(store.engine) as session, session.begin():  # the pool's connection works on
+        repo.insert_many(session.connection(), AUDIT, [_audit(4)])
+    assert len(_rows(store, AUDIT, AUDIT.c.id)) == 1
+
+
+def test_a_server_lost_in_a_pipeline_is_a_store_outage_and_its_connection_is_replaced(postgres_schema_url):
+    store = repo.Store.open(postgres_schema_url)
+    try:
+        with pytest.raises(repo.STORE_UNAVAILABLE), orm.Session(store.engine) as session, session.begin():
+            connection = session.connection()
+            pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+            with store.engine.connect() as other:
+                other.exec_driver_sql("SELECT pg_terminate_backend(%(pid)s)", {"pid": pid})
+            with repo.pipelined(connection):
+                repo.insert_many(connection, AUDIT, [_audit(1), _audit(2)])
+        with orm.Session(store.engine) as session, session.begin():  # pre-ping replaced it
+            repo.insert_many(session.connection(), AUDIT, [_audit(3)])
+        assert len(_rows(store, AUDIT, AUDIT.c.id)) == 1
+    finally:
+        store.close()
