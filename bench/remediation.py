@@ -307,8 +307,11 @@ def kubernetes_adapter(nodes: int, latency_ms: float, tmp: str) -> Iterator[tupl
 
 
 @contextlib.contextmanager
-def database(backend: str, tmp: str) -> Iterator[str]:
-    """A URL of an empty database: a SQLite file, or a fresh PostgreSQL schema (dropped afterwards)."""
+def database(backend: str, tmp: str, *, pg_settings: str = "") -> Iterator[str]:
+    """A URL of an empty database: a SQLite file, or a fresh PostgreSQL schema (dropped afterwards).
+
+    pg_settings: more server settings for the URL's sessions, as in ``-c name=value`` (a diagnostic).
+    """
     if backend == "sqlite":
         yield f"sqlite:///{tmp}/bench-{uuid.uuid4().hex[:8]}.db"
         return
@@ -319,7 +322,8 @@ def database(backend: str, tmp: str) -> Iterator[str]:
         connection.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     try:
         url = sa.engine.make_url(server)
-        yield url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+        options = f"-csearch_path={schema}" + (f" {pg_settings}" if pg_settings else "")
+        yield url.update_query_dict({"options": options}).render_as_string(hide_password=False)
     finally:
         with admin.begin() as connection:
             connection.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
@@ -555,7 +559,8 @@ async def measure(
     feeds: list[Row] = []
     bursts: list[Row] = []
     with contextlib.ExitStack() as stack:
-        url = stack.enter_context(database(backend, tmp))
+        no_flush_wait = "-csynchronous_commit=off" if args.pg_no_flush_wait else ""
+        url = stack.enter_context(database(backend, tmp, pg_settings=no_flush_wait))
         executors, api_proc = None, None
         if args.quarantine == "kubernetes":
             executors, api_proc = stack.enter_context(kubernetes_adapter(args.nodes, args.api_latency_ms, tmp))
@@ -721,6 +726,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--api-latency-ms", type=float, default=5.0, help="with --quarantine kubernetes: added to every API answer"
     )
+    parser.add_argument(
+        "--pg-no-flush-wait",
+        action="store_true",
+        help="diagnostic, never how rasd runs: PostgreSQL commits return before their WAL is flushed "
+        "(synchronous_commit=off), to show what the disk's flush costs; results go to their own section",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
     if args.repeat < 1:
@@ -781,6 +792,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- {text}" for _met, text in verdicts
     )
     section = KUBERNETES_SECTION if args.quarantine == "kubernetes" else SECTION
+    if args.pg_no_flush_wait:
+        section = f"{section}, PostgreSQL without waiting for the WAL flush (diagnostic)"
     adapters = {
         "record": "Quarantines go through `RecordOnlyQuarantine`, rasd-controller's default adapter (its calls "
         "wait on nothing: made in the dispatch round).",
@@ -818,7 +831,15 @@ def main(argv: list[str] | None = None) -> int:
             "breaker 100 %, cluster 100 % / 100,000 nodes, rack and nvlink_domain 100 % / 100,000, storm "
             "cooldown 0. Event mix: Xid 13/31/43/45/48/79/94/119, ECC DBE, row-remap pending, NVLink errors, "
             "IB link state; ~45 % repeats of an open fault (duplicates), 2 % IB flaps on 0.5 % of nodes "
-            f"(node quarantine). {adapters}",
+            f"(node quarantine). {adapters}"
+            + (
+                " Diagnostic (`--pg-no-flush-wait`): PostgreSQL sessions run with synchronous_commit=off, so a "
+                "commit returns before its WAL reaches the disk. rasd never runs so (a dispatched command must be "
+                "durable first); the difference from the Remediation section is what waiting for this machine's "
+                "disk costs."
+                if args.pg_no_flush_wait
+                else ""
+            ),
             "",
             body,
             "",
