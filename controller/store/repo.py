@@ -965,6 +965,9 @@ def pipelined(connection: sa.Connection) -> Iterator[None]:
         return
     import psycopg  # only with the psycopg driver, which has it
 
+    if not psycopg.Pipeline.is_supported():  # a libpq older than 14 (psycopg without its binary wheel)
+        yield
+        return
     raw = connection.connection.dbapi_connection
     info = connection.info  # the pooled connection's, still there once an error has invalidated it
     info[_PIPELINED] = True

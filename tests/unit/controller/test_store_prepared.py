@@ -253,6 +253,11 @@ def test_pipelined_writes_land_in_order_and_a_rollback_keeps_none_of_them(store)
     with orm.Session(store.engine) as session, session.begin():
         connection = session.connection()
         with repo.pipelined(connection):
+            if store.engine.dialect.name == "postgresql":
+                import psycopg
+
+                status = connection.connection.dbapi_connection.pgconn.pipeline_status
+                assert status == psycopg.pq.PipelineStatus.ON, "the writes go out as one pipeline"
             repo.insert_many(connection, AUDIT, [_audit(1), _audit(2)])
             repo.insert_many(connection, AUDIT, [_audit(3)])
     assert [row[1] for row in _rows(store, AUDIT, AUDIT.c.id)] == [NOW_NS + 1, NOW_NS + 2, NOW_NS + 3]
@@ -292,5 +297,21 @@ def test_a_server_lost_in_a_pipeline_is_a_store_outage_and_its_connection_is_rep
         with orm.Session(store.engine) as session, session.begin():  # pre-ping replaced it
             repo.insert_many(session.connection(), AUDIT, [_audit(3)])
         assert len(_rows(store, AUDIT, AUDIT.c.id)) == 1
+    finally:
+        store.close()
+
+
+def test_without_pipeline_support_in_libpq_the_writes_go_one_by_one(postgres_schema_url, monkeypatch):
+    import psycopg
+
+    monkeypatch.setattr(psycopg.Pipeline, "is_supported", classmethod(lambda cls: False))
+    store = repo.Store.open(postgres_schema_url)
+    try:
+        with orm.Session(store.engine) as session, session.begin():
+            connection = session.connection()
+            with repo.pipelined(connection):
+                assert connection.connection.dbapi_connection.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+                repo.insert_many(connection, AUDIT, [_audit(1), _audit(2)])
+        assert len(_rows(store, AUDIT, AUDIT.c.id)) == 2
     finally:
         store.close()
