@@ -867,11 +867,9 @@ class RemediationService:
         blocker = self._held_by.pop(command_id, None)
         if blocker is not None:
             self._held[blocker] = [a for a in self._held.get(blocker, ()) if a.command_id != command_id]
-        for held in self._held.pop(command_id, ()):
-            # Finished without its adapter's outcome (cancelled, or closed before it ran): what
-            # waited for it goes now, as it would have had the adapter returned.
-            self._held_by.pop(held.command_id, None)
-            self._send_now(held)
+        # Finished without its adapter's outcome (cancelled, or closed before it ran): what waited
+        # for it goes now, as it would have had the adapter returned.
+        self._send_held(command_id)
         self.ingest.metrics.remediation_actions.labels(kind=kind, outcome=outcome).inc()
 
     def _leaves_after_commit(self, action: actions.Action) -> bool:
@@ -884,7 +882,7 @@ class RemediationService:
         if action.kind in AGENT_KINDS:
             return True
         executor = self._executors.get(action.kind)
-        return executor is not None and getattr(executor, "blocking", True)
+        return executor is not None and _blocking(executor)
 
     def _send_dispatched(self, dispatched: Sequence[actions.Action]) -> None:
         """Start the adapters of dispatched controller-side actions, then send the agent commands.
@@ -921,6 +919,12 @@ class RemediationService:
         self._held.setdefault(blocker, []).append(action)
         self._held_by[action.command_id] = blocker
 
+    def _send_held(self, blocker: str) -> None:
+        """Send the agent commands that waited for blocker's adapter (`_hold`)."""
+        for held in self._held.pop(blocker, ()):
+            self._held_by.pop(held.command_id, None)
+            self._send_now(held)
+
     def _start_adapter(self, action: actions.Action) -> None:
         """Call a dispatched controller-side action's adapter outside the decision lock (`_run_adapter`)."""
         if action.command_id in self._running:
@@ -946,11 +950,9 @@ class RemediationService:
         self._note_handed_over(action, at_ns=called_ns[0] if called_ns else None)
         if self._adapter_of_ticket.get(action.ticket_id) == action.command_id:
             del self._adapter_of_ticket[action.ticket_id]
-        for held in self._held.pop(action.command_id, ()):
-            # Whatever the outcome: the quarantine was tried first, as the ladder asked (a failed
-            # one does not stop its repair; it is in the audit log).
-            self._held_by.pop(held.command_id, None)
-            self._send_now(held)
+        # Whatever the outcome: the quarantine was tried first, as the ladder asked (a failed one
+        # does not stop its repair; it is in the audit log).
+        self._send_held(action.command_id)
         result = commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message)
         self._adapter_results.append((action.node_id, result))
         if self._results_drain is None or self._results_drain.done():
@@ -1855,12 +1857,6 @@ class RemediationService:
             if isinstance(action, actions.PowerCycleBmc):
                 return commands_pb.ACTION_OUTCOME_NOT_SUPPORTED, "no BMC power-cycle hook configured"
             return commands_pb.ACTION_OUTCOME_SUCCEEDED, f"{action.kind} recorded"
-        if not getattr(executor, "blocking", True):
-            try:
-                message = str(executor(action))
-            except Exception as exc:
-                return commands_pb.ACTION_OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
-            return commands_pb.ACTION_OUTCOME_SUCCEEDED, message or f"{action.kind} recorded"
         pool = self._long_adapter_threads if action.kind in LONG_ADAPTER_KINDS else self._adapter_threads
 
         def timed(action: actions.Action) -> Any:
@@ -1868,10 +1864,13 @@ class RemediationService:
                 called_ns.append(self._clock())
             return executor(action)
 
-        call = functools.partial(contextvars.copy_context().run, timed, action)  # as asyncio.to_thread does
         try:
-            message = str(await asyncio.get_running_loop().run_in_executor(pool, call))
-        except Exception as exc:
+            if _blocking(executor):
+                call = functools.partial(contextvars.copy_context().run, timed, action)  # as asyncio.to_thread does
+                message = str(await asyncio.get_running_loop().run_in_executor(pool, call))
+            else:
+                message = str(executor(action))
+        except Exception as exc:  # an adapter failure is a failed action, never a crash
             return commands_pb.ACTION_OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
         return commands_pb.ACTION_OUTCOME_SUCCEEDED, message or f"{action.kind} recorded"
 
@@ -2044,6 +2043,11 @@ def correlation_from_docs(
                 correlate.PortHistory(p["node_id"], p["ib_port"], tuple(p["changed_at"])) for p in doc["items"]
             )
     return correlate.CorrelationState(incidents={k: v for k, v in incidents.items() if v}, ports=ports)
+
+
+def _blocking(executor: Callable[[actions.Action], Any]) -> bool:
+    """Whether an adapter's calls wait on another system (`quarantine.executors` sets ``blocking``; default yes)."""
+    return getattr(executor, "blocking", True)
 
 
 def _answer(calls: Sequence[_Call], exc: BaseException | None = None) -> None:
