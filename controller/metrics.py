@@ -90,6 +90,14 @@ class ControllerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30),
             registry=registry,
         )
+        self.remediation_commit_seconds = Histogram(
+            "rasd_remediation_commit_seconds",
+            "Time the store took to make one remediation transaction durable (a decision pass, a dispatch "
+            "round, a result or an operator's action), on the store thread or in the commit writer process: "
+            "the database's share of rasd_time_to_first_action_seconds.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            registry=registry,
+        )
         self.time_to_repair_seconds = Histogram(
             "rasd_time_to_repair_seconds",
             "From a repair ticket opening to its parts returning to service after validation.",

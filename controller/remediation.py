@@ -156,6 +156,12 @@ class RemediationStats:
     )
     """The action kind of each entry of decision_latency_s, at the same position: a repair that follows a
     quarantine leaves after two commits, the quarantine's and the dispatch round's."""
+    commit_s: collections.deque[float] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=DECISION_LATENCIES_KEPT)
+    )
+    """How long each remediation transaction took the store (`RemediationService._commit`), the latest
+    `DECISION_LATENCIES_KEPT`: the store's share of the decision latencies (Prometheus has
+    ``rasd_remediation_commit_seconds``)."""
     max_disrupted_nodes: int = 0
     passes: int = 0
     """Decision passes committed."""
@@ -538,7 +544,7 @@ class RemediationService:
             raise
 
     async def _pipeline(self, inflight: list[_Pass]) -> None:
-        chain = _CommitChain(self.store.commit)
+        chain = _CommitChain(self._store_commit)
         carried: _Pass | None = None  # a dispatch round staged, to commit with the next pass
         passes = 0
         while True:
@@ -1223,7 +1229,7 @@ class RemediationService:
             return
         change = rstore.Commit(now_unix_ns=now_ns)
         self._correlation_into(change, corr, changed_incidents=False)
-        await self.ingest.run_in_store(self.store.commit, change)
+        await self.ingest.run_in_store(self._store_commit, change)
         self.correlation = corr
 
     # -- rolling SDC sweeps -----------------------------------------------------------------------------------
@@ -1307,7 +1313,7 @@ class RemediationService:
             self._export_budget()
             budget = self._stage_budget(change)
             change.audit.append(_audit(now_ns, actor, "pause" if paused else "resume", "", "", reason, "ok"))
-            await self.ingest.run_in_store(self.store.commit, change)
+            await self.ingest.run_in_store(self._store_commit, change)
             self._budget_stored = budget
             if not paused:
                 await self._dispatch_locked()
@@ -1371,7 +1377,7 @@ class RemediationService:
             change.releases.append(
                 {"node_id": node_id, "gpu_uuid": gpu_uuid, "port": "", "reason": reason, "forced": force}
             )
-            await self.ingest.run_in_store(self.store.commit, change)
+            await self.ingest.run_in_store(self._store_commit, change)
             await self._export_quarantines()
             if (executor := self._executors.get("release")) is not None:
                 await asyncio.to_thread(
@@ -1409,7 +1415,7 @@ class RemediationService:
              "command_id": validation_id, "verdict": "running", "started_unix_ns": now_ns}
         )  # fmt: skip
         change.audit.append(_audit(now_ns, actor, "validate", node_id, gpu_uuid, suite, "started"))
-        await self.ingest.run_in_store(self.store.commit, change)
+        await self.ingest.run_in_store(self._store_commit, change)
 
         async def wait_for_verdict() -> None:
             try:
@@ -1433,7 +1439,7 @@ class RemediationService:
                  "command_id": validation_id, "verdict": verdict, "evidence": evidence,
                  "started_unix_ns": now_ns, "finished_unix_ns": done.now_unix_ns}
             )  # fmt: skip
-            await self.ingest.run_in_store(self.store.commit, done)
+            await self.ingest.run_in_store(self._store_commit, done)
 
         task = asyncio.create_task(wait_for_verdict())
         self._background.add(task)
@@ -1462,7 +1468,7 @@ class RemediationService:
             now_unix_ns=now_ns, audit=[_audit(now_ns, accuser, "accuse_sdc", node_id, gpu_uuid, reason, "accepted")]
         )
         change.docs.update(self.sdc.accusation(node_id, gpu_uuid, now=now_ns / 1e9, watch_until=watched))
-        await self.ingest.run_in_store(self.store.commit, change)
+        await self.ingest.run_in_store(self._store_commit, change)
         if self.accusation_hook is not None:
             self.accusation_hook(node_id, gpu_uuid, reason=reason, accuser=accuser, at_unix_ns=now_ns)
         await self.on_events(node_id, [event], self.ingest.node_labels.get(node_id, {}))
@@ -1475,7 +1481,7 @@ class RemediationService:
         )
         if approved is not None:
             await self.ingest.run_in_store(
-                self.store.commit,
+                self._store_commit,
                 rstore.Commit(
                     now_unix_ns=now_ns,
                     audit=[
@@ -1553,6 +1559,19 @@ class RemediationService:
             for incident in expired_incidents(self.correlation, after, scopes=scopes)
         )
 
+    def _store_commit(self, change: rstore.Commit) -> list[str]:
+        """`RemediationStore.commit` (on the store thread), timed: every remediation transaction goes through it.
+
+        Only a commit that succeeded is counted: its time is how long a decision waited on the
+        database to be durable (``rasd_remediation_commit_seconds``, `RemediationStats.commit_s`).
+        """
+        started = time.perf_counter()
+        fresh = self.store.commit(change)
+        seconds = time.perf_counter() - started
+        self.ingest.metrics.remediation_commit_seconds.observe(seconds)
+        self.stats.commit_s.append(seconds)
+        return fresh
+
     async def _commit(
         self, node_id: str, state: escalation.RemediationState, new_actions: list[actions.Action], change: rstore.Commit
     ) -> None:
@@ -1569,7 +1588,7 @@ class RemediationService:
         The new actions go into the outbox pending, admitted later by `_dispatch_locked`.
         """
         budget = self._stage_commit(states, new_actions, change, {})
-        fresh = set(await self.ingest.run_in_store(self.store.commit, change))
+        fresh = set(await self.ingest.run_in_store(self._store_commit, change))
         self._budget_stored = budget
         self.node_states.update(states)
         self._after_commit(new_actions, change, {}, fresh)
@@ -1686,7 +1705,7 @@ class RemediationService:
             if not dispatch.admitted and not dispatch.change.docs:
                 return
             try:  # nothing admitted: only the budget document (a deferral can change it)
-                fresh = set(await self.ingest.run_in_store(self.store.commit, dispatch.change))
+                fresh = set(await self.ingest.run_in_store(self._store_commit, dispatch.change))
             except Exception:
                 # Nothing of this round is durable: the admitted actions are still pending in the
                 # store, so they wait here again (the next tick admits them again; controller-side
@@ -1791,7 +1810,7 @@ class RemediationService:
         self._audit_controller_side(action, change, outcome, source=source)
         if own:
             budget = self._stage_budget(change)
-            await self.ingest.run_in_store(self.store.commit, change)
+            await self.ingest.run_in_store(self._store_commit, change)
             self._budget_stored = budget
             if change.quarantines or change.releases:
                 await self._export_quarantines()

@@ -19,6 +19,7 @@ from rasd.controller import ingest as ingest_mod
 from rasd.controller import metrics
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import actions, fleet, health
+from rasd.controller.store import lease as lease_store
 from rasd.controller.store import repo
 
 T0_NS = 1_800_000_000 * 10**9
@@ -347,8 +348,39 @@ def test_the_stats_keep_the_latest_decision_latencies_only(monkeypatch):
     for n in range(5):
         stats.decision_latency_s.append(float(n))
         stats.decision_latency_kinds.append(f"kind-{n}")
+        stats.commit_s.append(float(n))
     assert list(stats.decision_latency_s) == [2.0, 3.0, 4.0]
     assert list(stats.decision_latency_kinds) == ["kind-2", "kind-3", "kind-4"]
+    assert list(stats.commit_s) == [2.0, 3.0, 4.0]
+
+
+def test_every_remediation_transaction_is_timed_and_a_refused_one_is_not(rig):
+    """``rasd_remediation_commit_seconds`` is the database's share of the decision latency.
+
+    Each durable transaction is counted once (the decision pass, the agent's result); a commit the
+    store refused made nothing durable and is not counted.
+    """
+    service = rig.service
+    registry = rig.ingest.metrics.registry
+
+    def counted() -> float:
+        return registry.get_sample_value("rasd_remediation_commit_seconds_count") or 0.0
+
+    async def scenario() -> None:
+        await _open_stream(rig)
+        await rig.event(1, 13)
+        assert counted() == len(service.stats.commit_s) == 1
+        await rig.succeed("restart_process")
+        assert counted() == len(service.stats.commit_s) == 2
+        assert all(seconds > 0 for seconds in service.stats.commit_s)
+        total = registry.get_sample_value("rasd_remediation_commit_seconds_sum")
+        assert total == pytest.approx(sum(service.stats.commit_s))
+        service.store.fence = lambda session: lease_store.check_fence(session, None)  # a deposed leader
+        with pytest.raises(lease_store.NotLeaderError):
+            await rig.event(2, 13)
+        assert counted() == len(service.stats.commit_s) == 2
+
+    rig.run(scenario)
 
 
 def test_time_to_first_action_is_observed_once_per_event_however_many_commands_it_led_to(rig):
