@@ -90,6 +90,13 @@ class ControllerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30),
             registry=registry,
         )
+        self.time_between_incidents_seconds = Histogram(
+            "rasd_time_between_incidents_seconds",
+            "From one incident opening on a node to the next one opening on the same node (each node's "
+            "intervals, fleet-wide): short intervals are nodes that fail again soon after a repair.",
+            buckets=(60, 300, 900, 3600, 21600, 86400, 259200, 604800, 2592000, 7776000),
+            registry=registry,
+        )
         self.remediation_commit_seconds = Histogram(
             "rasd_remediation_commit_seconds",
             "Time the store took to make one remediation transaction durable (a decision pass, a dispatch "

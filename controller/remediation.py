@@ -329,6 +329,8 @@ class RemediationService:
         self._fleet_version = -1
         """The ingest's labels version the fleet view was built from."""
         self._quarantine_gauge_stale = False
+        self._last_incident_s: dict[str, float] = {}
+        """Node → when its latest incident opened (``rasd_time_between_incidents_seconds``); from the store at start."""
         self._tick_due: dict[str, tuple[escalation.RemediationState, policy_mod.EscalationPolicy, float]] = {}
         """Node → (its state, the ladder policy, `escalation.tick_due_at` of them), for `_nodes_due`."""
         self._budget_stored: blast_radius.BudgetState | None = None
@@ -400,6 +402,8 @@ class RemediationService:
         corr_docs = await self.ingest.run_in_store(self.store.load_docs, CORRELATION_PREFIX)
         incident_data = await self.ingest.run_in_store(self.store.incident_data, correlation_incident_ids(corr_docs))
         budget = await self.ingest.run_in_store(self.store.load_doc, "budget")
+        latest = await self.ingest.run_in_store(self.store.latest_incident_opened)
+        self._last_incident_s = {node_id: opened_ns / 1e9 for node_id, opened_ns in latest.items()}
         self.correlation = correlation_from_docs(corr_docs, incident_data)
         self.budget = blast_radius.BudgetState.from_dict(budget) if budget else blast_radius.BudgetState()
         self._budget_stored = self.budget if budget else None
@@ -748,11 +752,24 @@ class RemediationService:
             metrics.incidents.labels(
                 cause=incident.fault_key, component=str(incident.classification.component.value)
             ).inc()
+            self._note_incident_opened(incident)
         if done.change.quarantines or done.change.releases:
             # The gauge is refreshed by the next tick, not here: counting is a query, and a
             # burst dispatches many times a second while Prometheus scrapes every few seconds.
             self._quarantine_gauge_stale = True
         self._send_dispatched(sent)
+
+    def _note_incident_opened(self, incident: correlate.Incident) -> None:
+        """Observe the time since the node's previous incident opened (its committed new incident).
+
+        One that opened before the node's latest (an agent's late or reordered events) is not an
+        interval and moves nothing back.
+        """
+        previous = self._last_incident_s.get(incident.node_id)
+        if previous is not None and incident.opened_at >= previous:
+            self.ingest.metrics.time_between_incidents_seconds.observe(incident.opened_at - previous)
+        if previous is None or incident.opened_at > previous:
+            self._last_incident_s[incident.node_id] = incident.opened_at
 
     def _admit_with_decision(
         self,

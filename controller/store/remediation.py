@@ -111,6 +111,13 @@ class RemediationStore:
                 out.update({incident_id: data for incident_id, data in session.execute(query)})
         return out
 
+    def latest_incident_opened(self) -> dict[str, int]:
+        """Node id → when its most recent incident opened (unix ns), for the nodes that ever had one."""
+        table = schema.IncidentRow.__table__
+        query = sa.select(table.c.node_id, sa.func.max(table.c.opened_unix_ns)).group_by(table.c.node_id)
+        with self._sessions() as session:
+            return {node_id: int(opened) for node_id, opened in session.execute(query)}
+
     def commands(
         self, *, statuses: Iterable[str] | None = None, node_id: str = "", limit: int = 10_000
     ) -> list[CommandRecord]:

@@ -383,6 +383,52 @@ def test_every_remediation_transaction_is_timed_and_a_refused_one_is_not(rig):
     rig.run(scenario)
 
 
+def test_the_time_between_a_nodes_incidents_is_observed_and_survives_a_restart(rig):
+    """Each new incident on a node observes the time since the node's previous one opened.
+
+    A node's first incident has no interval; one that opened before the node's latest (a clock
+    stepped back) is not an interval and moves nothing back; a new leader term reads each node's
+    latest incident from the store, so the first incident after a restart still has its interval.
+    """
+
+    def observed(registry) -> tuple[float, float]:
+        count = registry.get_sample_value("rasd_time_between_incidents_seconds_count") or 0.0
+        return count, registry.get_sample_value("rasd_time_between_incidents_seconds_sum") or 0.0
+
+    registry = rig.ingest.metrics.registry
+
+    async def scenario() -> None:
+        await _open_stream(rig)
+        await rig.event(1, 13)
+        assert observed(registry) == (0, 0)
+        rig.now_ns += 3600 * 10**9
+        await rig.event(2, 31)
+        assert observed(registry) == (1, 3600)
+        rig.now_ns -= 10 * 10**9  # the controller's clock stepped back
+        await rig.event(3, 119)
+        assert len(rig.service.store.incidents()) == 3
+        assert observed(registry) == (1, 3600)
+
+    rig.run(scenario)
+
+    ingest = ingest_mod.Ingest(rig.store, metrics.ControllerMetrics(CollectorRegistry()), clock=rig.clock)
+    service = remediation_mod.RemediationService(rig.store, ingest, clock=rig.clock)
+
+    async def next_term() -> None:
+        await ingest.start()
+        try:
+            await service.start()
+            rig.now_ns += 7210 * 10**9  # two hours after the latest incident (the one at +3600 s)
+            await service.on_events(NODE, [_xid(4, 13, rig.now_ns)], {"rack": "r1"})
+        finally:
+            await service.stop()
+            await ingest.stop()
+
+    asyncio.run(next_term())
+    assert len(rig.service.store.incidents()) == 4
+    assert observed(ingest.metrics.registry) == (1, 7200)
+
+
 def test_time_to_first_action_is_observed_once_per_event_however_many_commands_it_led_to(rig):
     """Xid 48 quarantines the GPU, then resets it: two commands leave, one event's first action is timed.
 

@@ -78,6 +78,23 @@ def test_incident_data_is_read_back_by_id(store):
     assert remediation.incident_data(["n1/GPU-a/xid:13/1", "missing"]) == {"n1/GPU-a/xid:13/1": {"event_count": 2}}
 
 
+def test_each_nodes_latest_incident_opening_is_read_back_open_or_closed(store):
+    remediation = rstore.RemediationStore(store.engine)
+    assert remediation.latest_incident_opened() == {}
+    opened = [
+        ("n1", "xid:13", 5 * 10**18, "closed"),
+        ("n1", "xid:31", 7 * 10**18, "open"),
+        ("n2", "ib_flap", 6, "open"),
+    ]
+    rows = [
+        {"incident_id": f"{node}/-/{cause}/1", "node_id": node, "cause": cause, "state": state,
+         "opened_unix_ns": at, "data": {}}
+        for node, cause, at, state in opened
+    ]  # fmt: skip
+    remediation.commit(rstore.Commit(now_unix_ns=1, incidents=rows))
+    assert remediation.latest_incident_opened() == {"n1": 7 * 10**18, "n2": 6}
+
+
 def test_the_events_left_to_replay_are_read_many_nodes_per_query_and_per_node_in_seq_order(store):
     """Start-up reads each node's events after its watermark, in its current spool epoch, many nodes per query."""
     now = 1_800_000_000 * 10**9
