@@ -159,7 +159,7 @@ class RemediationStats:
     commit_s: collections.deque[float] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=DECISION_LATENCIES_KEPT)
     )
-    """How long each remediation transaction took the store (`RemediationService._commit`), the latest
+    """How long each remediation transaction took the store (`RemediationService._store_commit`), the latest
     `DECISION_LATENCIES_KEPT`: the store's share of the decision latencies (Prometheus has
     ``rasd_remediation_commit_seconds``)."""
     max_disrupted_nodes: int = 0
@@ -762,8 +762,9 @@ class RemediationService:
     def _note_incident_opened(self, incident: correlate.Incident) -> None:
         """Observe the time since the node's previous incident opened (its committed new incident).
 
-        One that opened before the node's latest (an agent's late or reordered events) is not an
-        interval and moves nothing back.
+        An incident opens at the controller's clock: one that opened before the node's latest (the
+        clock stepped back, or a new leader's runs behind the last one's) is not an interval and
+        moves nothing back.
         """
         previous = self._last_incident_s.get(incident.node_id)
         if previous is not None and incident.opened_at >= previous:
