@@ -35,7 +35,10 @@ from connected agents, so their commands are queued on those streams (``Ingest.d
 agent answers, so agent commands stay ``dispatched`` in the outbox. The controller's logging
 is configured as ``rasd-controller`` configures it (JSON at ``--log-level``, default info) and
 written to /dev/null, so its cost is included; so is the garbage collector (``rasd.common.gc_policy``:
-its thresholds, and the start-up heap frozen once the service has started).
+its thresholds, the start-up heap frozen once the service has started, and the collector that runs
+while no decision waits, as ``rasd-controller`` runs them). Every phase's arrival schedule is built
+before the start, so the load generator's own objects are frozen with the start-up heap: an agent's
+events come from another machine, and the controller's collector should not walk them.
 
 Disruption policy (so the burst is admitted, not held by the budget): breaker_quarantine_pct 100,
 max_disrupted_nodes_pct 100, max_disrupted_nodes 100000, rack and nvlink_domain caps 100000
@@ -66,6 +69,7 @@ import asyncio
 import contextlib
 import cProfile
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -79,6 +83,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import results
 import sqlalchemy as sa
@@ -352,6 +357,8 @@ class Rig:
             self.store.register_hello(node_hello, now)
             self.ingest.node_labels[node_hello.node_id] = dict(node_hello.labels)  # what open_session records
         self.seq: dict[str, int] = {}
+        self.collector: Any = None
+        """The quiet collector (`gc_policy.QuietCollector`) once started."""
         self.commands_sent = 0
         self._stream_writers: list[asyncio.Task[None]] = []
 
@@ -374,6 +381,12 @@ class Rig:
             self._stream_writers.append(asyncio.create_task(self._write(session)))
         await self.service.start()
         gc_policy.freeze_startup_heap()
+        # A tree before the quiet collector (remediation_ab.py --bench this): the thresholds alone.
+        collector = getattr(gc_policy, "QuietCollector", None)
+        if collector is not None and hasattr(type(self.service), "quiet"):
+            service = self.service
+            self.collector = collector(lambda: service.quiet)
+            self.collector.start()
 
     async def _write(self, session: ingest_mod.Session) -> None:
         """The stream's writer, up to the socket: take each message and serialize it."""
@@ -383,6 +396,8 @@ class Rig:
 
     async def stop(self) -> None:
         """Stop both and close the store."""
+        if self.collector is not None:
+            await self.collector.stop()
         await self.service.stop()
         for writer in self._stream_writers:
             writer.cancel()
@@ -440,6 +455,10 @@ class Row:
     doc_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     undone_bound_ms: float = float("inf")
     """Events still waiting when the drain timed out had waited at least this long (inf: none)."""
+    gc_pauses_ms: list[float] = dataclasses.field(default_factory=list)
+    """Every pause of this process for the garbage collector during the burst (its drain included)."""
+    gc_quiet: int | None = None
+    """How many of them the quiet collector ran (None: a tree without one)."""
     adapters_unsettled: int = 0
     """Adapter calls (and the repairs waiting for them) not done when the burst's drain timeout ended."""
     api_cpu_s: float | None = None
@@ -476,6 +495,26 @@ async def throughput(rig: Rig, arrivals: list[Arrival], seconds: float, row: Row
     row.throughput_events = done
 
 
+class _GcPauses:
+    """Times every collection of this process from now until `stop()`."""
+
+    def __init__(self) -> None:
+        self.pauses_ms: list[float] = []
+        self._started = 0.0
+        gc.callbacks.append(self._timed)
+
+    def _timed(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses_ms.append((time.perf_counter() - self._started) * 1000)
+
+    def stop(self) -> list[float]:
+        """Stop timing; the pauses timed, in ms."""
+        gc.callbacks.remove(self._timed)
+        return self.pauses_ms
+
+
 async def burst(
     rig: Rig, arrivals: list[Arrival], rate: float, drain_timeout_s: float, row: Row, *, append: bool
 ) -> None:
@@ -493,6 +532,8 @@ async def burst(
     commit_s = getattr(stats, "commit_s", None)  # a service before it (remediation_ab.py --bench this): none
     if commit_s is not None:
         commit_s.clear()
+    pauses = _GcPauses()
+    quiet_before = sum(rig.collector.collections) if rig.collector is not None else None
     kinds_before = dict(rig.service.stats.actions_by_kind)
     sent_before = rig.commands_sent
     cpu0, db0 = _cpu_s(rig), _db_cpu(row.backend)
@@ -526,6 +567,9 @@ async def burst(
     while busy is not None and busy.fget(rig.service) and time.monotonic() < settle_by:
         await asyncio.sleep(0.005)
     row.adapters_unsettled = busy.fget(rig.service) if busy is not None else 0
+    row.gc_pauses_ms = pauses.stop()
+    if quiet_before is not None and rig.collector is not None:
+        row.gc_quiet = sum(rig.collector.collections) - quiet_before
     row.burst_wall_s = (time.time_ns() - start_ns) / 1e9
     row.burst_cpu_s = _cpu_s(rig) - cpu0
     row.burst_db_cpu_s = _db_delta(row.backend, db0)
@@ -572,10 +616,13 @@ async def measure(
             executors, api_proc = stack.enter_context(kubernetes_adapter(args.nodes, args.api_latency_ms, tmp))
         elif args.quarantine == "record":
             executors = dict(quarantine.executors(quarantine.open_quarantine({})))  # rasd-controller's default
+        # Built before the start: frozen with the start-up heap (the load generator's, not the controller's).
+        events = schedule(args.seed + 1, args.nodes, 2000.0, args.throughput_s * 8 + 1)
+        paced = schedule(args.seed + 2, args.nodes, args.light_rate, args.duration_s)
+        arrivals = schedule(args.seed, args.nodes, args.rate, args.duration_s)
         rig = Rig(url, args.nodes, commit_writer=writer, executors=executors)
         await rig.start()
         try:
-            events = schedule(args.seed + 1, args.nodes, 2000.0, args.throughput_s * 8 + 1)
             half = len(events) // 2
             for append, chunk in ((False, events[:half]), (True, events[half:])):
                 phase = "append_events + on_events" if append else "on_events only"
@@ -583,8 +630,7 @@ async def measure(
                 await throughput(rig, chunk, args.throughput_s, row, append=append)
                 feeds.append(row)
             light = Row(backend, args.nodes, f"paced {args.light_rate:g}/s (on_events only)", writer, round_)
-            arrivals = schedule(args.seed + 2, args.nodes, args.light_rate, args.duration_s)
-            await burst(rig, arrivals, args.light_rate, args.drain_timeout_s, light, append=False)
+            await burst(rig, paced, args.light_rate, args.drain_timeout_s, light, append=False)
             heavy = Row(
                 backend,
                 args.nodes,
@@ -592,7 +638,6 @@ async def measure(
                 writer,
                 round_,
             )
-            arrivals = schedule(args.seed, args.nodes, args.rate, args.duration_s)
             store_profiler = cProfile.Profile() if profiler is not None else None
             if profiler is not None and store_profiler is not None:
                 await rig.ingest.run_in_store(store_profiler.enable)  # the store thread has its own profile
@@ -683,8 +728,20 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             f"decision p50/p99 ms by command: {by_kind or 'none'} (a reset or reboot follows its quarantine: "
             "it leaves after the dispatch round's commit, once the quarantine's adapter has returned)"
             + ("" if r.api_cpu_s is None else f"; the fake API server's CPU in the burst: {r.api_cpu_s:.1f} s")
+            + f"; garbage collector: {_gc_pauses(r)}"
         )
     return "\n".join(lines)
+
+
+def _gc_pauses(row: Row) -> str:
+    """The collector's pauses in a burst, in words."""
+    if not row.gc_pauses_ms:
+        return "no pause in the burst"
+    quiet = "" if row.gc_quiet is None else f", {row.gc_quiet} of them in quiet moments (no decision waiting)"
+    return (
+        f"{len(row.gc_pauses_ms)} pause(s) in the burst{quiet}, longest {max(row.gc_pauses_ms):.1f} ms, "
+        f"{sum(row.gc_pauses_ms):.1f} ms in all"
+    )
 
 
 def goal_verdict(bursts: list[Row], backend: str, writer: str, rate: float) -> tuple[bool, str]:

@@ -105,6 +105,15 @@ class ControllerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
             registry=registry,
         )
+        self.gc_pause_seconds = Histogram(
+            "rasd_gc_pause_seconds",
+            "Pauses of the controller process for Python's cyclic garbage collector, by generation (0 young, "
+            "2 full) and trigger: quiet (run while no decision waited) or threshold (CPython's own, which can "
+            "stop a decision pass; also start-up's explicit one).",
+            ["generation", "trigger"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
         self.time_to_repair_seconds = Histogram(
             "rasd_time_to_repair_seconds",
             "From a repair ticket opening to its parts returning to service after validation.",

@@ -369,6 +369,14 @@ class RemediationService:
         """Adapter calls whose outcome is not committed yet, plus the repairs that wait for one (`_hold`)."""
         return len(self._running) + len(self._held_by)
 
+    @property
+    def quiet(self) -> bool:
+        """Nothing waits for a decision now: no event waits, no pass, result, tick or operator action holds the lock.
+
+        `gc_policy.QuietCollector` collects only then, so that no decision waits for a collection.
+        """
+        return not self._inbox and not self._lock.locked()
+
     def use_writer(self, writer: store_writer.CommitProcess) -> None:
         """Commit in writer's process, and decide the next pass while one commits (`_run_pipeline`).
 

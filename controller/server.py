@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.api.v1 import commands_pb2 as commands_pb
-from rasd.common import tls
+from rasd.common import gc_policy, tls
 from rasd.controller import audit, authn, bmc, ingest, metrics, power_loop, quarantine, recording
 from rasd.controller import leader as leader_mod
 from rasd.controller import relay as relay_mod
@@ -167,6 +167,12 @@ class Controller:
             power = self.power
             self.leadership.on_elected(lambda _token: power.start())  # after remediation: registered later
             self.leadership.on_deposed(power.stop)
+        remediation_or_none = self.remediation
+        self.collector = gc_policy.QuietCollector(
+            (lambda: remediation_or_none.quiet) if remediation_or_none is not None else (lambda: True),
+            observe=self._observe_gc_pause,
+        )
+        """Runs the garbage collector while no decision waits (`gc_policy`), and times every pause."""
         self.port = 0
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
@@ -178,6 +184,7 @@ class Controller:
     async def start(self) -> None:
         """Start ingest, bind gRPC and metrics, and report SERVING."""
         await self.ingest.start()
+        self.collector.start()
         if self.relay is not None:
             await self.relay.start()
         await self.leadership.start()
@@ -261,6 +268,7 @@ class Controller:
         "cannot schedule new futures after shutdown").
         """
         await self._health.enter_graceful_shutdown()
+        await self.collector.stop()
         await self.leadership.stop()  # stops the leader's loops and hands the lease over at once
         if self.relay is not None:
             await self.relay.stop()
@@ -292,6 +300,9 @@ class Controller:
         if self.relay is not None:
             return await self.relay.send_command(node_id, command, timeout_s=timeout_s)
         return await self.ingest.send_command(node_id, command, timeout_s=timeout_s)
+
+    def _observe_gc_pause(self, generation: int, trigger: str, seconds: float) -> None:
+        self.metrics.gc_pause_seconds.labels(str(generation), trigger).observe(seconds)
 
     @property
     def address(self) -> str:

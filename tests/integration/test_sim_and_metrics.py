@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 import shutil
@@ -121,6 +122,7 @@ def test_controller_metrics_pass_promtool(tmp_path, free_port):
         task = asyncio.create_task(agent.run(stop))
         while controller.ingest.samples_ingested < 10:
             await asyncio.sleep(0.05)
+        gc.collect()  # a pause the controller's collector times (trigger "threshold": not its own)
         url = f"http://127.0.0.1:{controller.metrics_port}/metrics"
         body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
         stop.set()
@@ -131,6 +133,7 @@ def test_controller_metrics_pass_promtool(tmp_path, free_port):
     body = asyncio.run(scrape())
     text = body.decode()
     assert "rasd_gpu_power_watts{" in text and "rasd_power_samples_total" in text
+    assert 'rasd_gc_pause_seconds_count{generation="2",trigger="threshold"}' in text
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 

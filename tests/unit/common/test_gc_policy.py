@@ -1,8 +1,10 @@
-"""rasd.common.gc_policy: the daemons' collector thresholds and the frozen start-up heap."""
+"""rasd.common.gc_policy: the daemons' collector thresholds, the frozen start-up heap, and the quiet collector."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -47,3 +49,143 @@ def test_a_cycle_made_after_the_freeze_is_still_collected(restore_gc: None) -> N
     a.peer, b.peer = b, a
     del a, b
     assert gc.collect() >= 2
+
+
+@pytest.fixture
+def manual_gc(restore_gc: None) -> Iterator[None]:
+    """Automatic collections off, so that only the test's own collections move the counts."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+class _Box:
+    """A container object that CPython allocates afresh every time (lists and dicts come from free lists,
+    which the collector's allocation count does not see)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+
+def _young(count: int) -> list[_Box]:
+    """count new container objects, alive while the caller keeps the list."""
+    return [_Box(i) for i in range(count)]
+
+
+@pytest.mark.parametrize(
+    ("counts", "due"),
+    [
+        ((900, 10, 10), None),  # not enough young objects for any collection to be worth its pause
+        ((12_000, 0, 0), 0),
+        ((12_000, 9, 9), 0),
+        ((12_000, 10, 2), 1),  # ten young collections since the last middle one
+        ((12_000, 10, 10), 2),  # ten middle ones since the last full one (growth is the collector's check)
+        ((12_000, 3, 10), 2),
+    ],
+)
+def test_due_generation_follows_cpythons_order(counts: tuple[int, int, int], due: int | None) -> None:
+    assert gc_policy.due_generation(counts, min_young=10_000, middle_every=10, old_every=10) == due
+
+
+def test_configure_makes_cpythons_own_collections_a_backstop(restore_gc: None) -> None:
+    gc_policy.configure()
+    assert gc.get_threshold()[0] == gc_policy.GEN0_THRESHOLD
+    assert gc_policy.GEN0_THRESHOLD > 5 * gc_policy.QUIET_MIN_YOUNG  # the quiet collector runs first
+
+
+def test_nothing_is_collected_while_a_decision_waits(manual_gc: None) -> None:
+    collector = gc_policy.QuietCollector(lambda: False, min_young=100)
+    kept = _young(500)
+    assert collector.collect_if_quiet() is None
+    assert gc.get_count()[0] >= len(kept)  # the young generation was not walked
+    assert collector.collections == [0, 0, 0]
+
+
+def test_a_quiet_moment_collects_the_young_generation_and_its_cycles(manual_gc: None) -> None:
+    collector = gc_policy.QuietCollector(lambda: True, min_young=100)
+    assert collector.collect_if_quiet() is None  # nothing worth a pause yet
+
+    class Node:
+        peer: object = None
+
+    a, b = Node(), Node()
+    a.peer, b.peer = b, a
+    watch = weakref.ref(a)
+    del a, b
+    kept = _young(200)
+    assert collector.collect_if_quiet() == 0
+    assert watch() is None  # the cycle is gone
+    assert gc.get_count()[0] < 10
+    assert collector.collections == [1, 0, 0]
+    assert len(kept) == 200
+
+
+def test_older_generations_follow_in_quiet_moments_and_a_full_one_waits_for_growth(manual_gc: None) -> None:
+    collector = gc_policy.QuietCollector(lambda: True, min_young=50)
+    generations = []
+    kept = []
+    for _ in range(gc_policy.GEN1_THRESHOLD * gc_policy.GEN2_THRESHOLD + gc_policy.GEN1_THRESHOLD + 1):
+        kept.append(_young(60))  # survivors: the old generation grows
+        generations.append(collector.collect_if_quiet())
+    assert None not in generations
+    # Every eleventh is a middle collection (ten young ones since the last), as CPython orders them.
+    assert generations[: gc_policy.GEN1_THRESHOLD + 1] == [0] * gc_policy.GEN1_THRESHOLD + [1]
+    # After ten middle ones a full one: the first is always run (no size to compare growth with).
+    assert generations[-1] == 2
+    assert generations.count(2) == 1
+    assert generations.count(1) == gc_policy.GEN2_THRESHOLD
+    assert collector.collections == [generations.count(0), gc_policy.GEN2_THRESHOLD, 1]
+    assert collector._old_after_full is not None
+
+
+def test_a_full_collection_is_skipped_while_the_old_generation_has_not_grown(manual_gc: None) -> None:
+    collector = gc_policy.QuietCollector(lambda: True, min_young=50)
+    ballast = _young(20_000)  # a large old generation
+    gc.collect()  # ballast is old now
+    collector._old_after_full = len(gc.get_objects(generation=2))
+    generations = []
+    for _ in range(gc_policy.GEN1_THRESHOLD * gc_policy.GEN2_THRESHOLD + gc_policy.GEN1_THRESHOLD + 5):
+        garbage = _young(60)  # dies before the collection: nothing is promoted
+        del garbage
+        junk = _young(60)
+        generations.append(collector.collect_if_quiet())
+        del junk
+    assert 2 not in generations  # due by the counts, but the old generation did not grow 25 %
+    assert generations.count(1) >= gc_policy.GEN2_THRESHOLD
+    assert len(ballast) == 20_000
+
+
+def test_every_pause_is_timed_with_its_trigger(manual_gc: None) -> None:
+    seen: list[tuple[int, str, float]] = []
+    quiet = [False]
+
+    async def scenario() -> gc_policy.QuietCollector:
+        collector = gc_policy.QuietCollector(
+            lambda: quiet[0], observe=lambda g, trigger, s: seen.append((g, trigger, s)), min_young=100, check_s=0.005
+        )
+        collector.start()
+        try:
+            kept = _young(300)
+            await asyncio.sleep(0.03)
+            assert seen == []  # a decision "waited" all along
+            quiet[0] = True
+            await asyncio.sleep(0.05)  # the loop finds the quiet moment
+            gc.collect(1)  # anyone else's collection
+            assert len(kept) == 300
+        finally:
+            await collector.stop()
+        return collector
+
+    collector = asyncio.run(scenario())
+    assert collector.collections[0] >= 1
+    assert seen[0][:2] == (0, "quiet")
+    assert seen[-1][:2] == (1, "threshold")
+    assert all(seconds >= 0 for _g, _t, seconds in seen)
+    count = len(seen)
+    gc.collect()
+    assert len(seen) == count  # stopped: no longer watching

@@ -447,3 +447,20 @@ def test_time_to_first_action_is_observed_once_per_event_however_many_commands_i
         assert rig.ingest.metrics.registry.get_sample_value("rasd_time_to_first_action_seconds_count") == 1
 
     rig.run(scenario)
+
+
+def test_the_service_is_quiet_only_while_no_decision_waits(rig):
+    """What `gc_policy.QuietCollector` asks before it collects: never while an event's decision is pending."""
+    seen_in_pass: list[bool] = []
+    rig.service.decision_hook = lambda _actions, _now_ns: seen_in_pass.append(rig.service.quiet)
+
+    async def scenario() -> None:
+        assert rig.service.quiet
+        pending = asyncio.ensure_future(rig.event(1, 13))
+        await asyncio.sleep(0)  # the event waits in the inbox
+        assert not rig.service.quiet
+        await pending
+        assert rig.service.quiet
+
+    rig.run(scenario)
+    assert seen_in_pass == [False]  # inside the decision pass
