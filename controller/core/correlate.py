@@ -209,6 +209,10 @@ def _stronger(new: classify.Classification, old: classify.Classification) -> boo
 
 
 _SECONDARY_OF_48 = frozenset({63, 64, 171, 172})
+_SECONDARY_XIDS = frozenset({43, 45, 74, 79}) | _SECONDARY_OF_48
+"""Xids some rule of `_secondary_root` is about."""
+_SECONDARY_KINDS = frozenset({EventKind.ECC_DBE, EventKind.FALLEN_OFF_BUS, EventKind.GPU_LOST})
+"""Event kinds some rule of `_secondary_root` is about, whatever their Xid."""
 
 
 def scope_of(event: health.HealthEvent) -> str:
@@ -225,9 +229,15 @@ def _incident_id(event: health.HealthEvent, fault_key: str) -> str:
 def _prune(incidents: tuple[Incident, ...], now: float, pol: policy.CorrelationPolicy) -> tuple[Incident, ...]:
     """The incidents still remembered at now (sticky: the sticky window; others: dedupe or secondary)."""
     plain_s = max(pol.dedupe_window_s, pol.secondary_window_s)  # once per call: this runs for every event
-    kept = tuple(i for i in incidents if now - i.last_seen_at <= (pol.sticky_window_s if i.sticky else plain_s))
-    # The same tuple when nothing expired: the service writes a scope only when its tuple changed.
-    return incidents if len(kept) == len(incidents) else kept
+    sticky_s = pol.sticky_window_s
+    for incident in incidents:
+        if now - incident.last_seen_at > (sticky_s if incident.sticky else plain_s):
+            break
+    else:
+        # Nothing expired, the common case: the same tuple, not a copy (the service writes a scope only
+        # when its tuple changed), and no tuple built for every event of a burst.
+        return incidents
+    return tuple(i for i in incidents if now - i.last_seen_at <= (sticky_s if i.sticky else plain_s))
 
 
 def expire(state: CorrelationState, now: float, policy: policy.RemediationPolicy) -> CorrelationState:
@@ -254,9 +264,11 @@ def _secondary_root(
     event: health.HealthEvent, incidents: tuple[Incident, ...], now: float, pol: policy.CorrelationPolicy
 ) -> tuple[Incident, str] | None:
     """The open incident this event is a consequence of, with the rule's wording, or None."""
+    xid = event.xid if event.kind is EventKind.XID else None
+    if xid not in _SECONDARY_XIDS and event.kind not in _SECONDARY_KINDS:
+        return None  # no rule below is about this event: most of a burst's events
     recent = [i for i in reversed(incidents) if now - i.last_seen_at <= pol.secondary_window_s]
     same_gpu = [i for i in recent if i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid]
-    xid = event.xid if event.kind is EventKind.XID else None
     if xid == 45:
         for group in (same_gpu, [i for i in recent if i.node_id == event.node_id]):
             for inc in group:
