@@ -25,6 +25,7 @@ whatever the thresholds; only where its pauses land can be chosen.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import time
@@ -44,7 +45,9 @@ QUIET_MIN_YOUNG = 10_000
 OLD_GROWTH = 0.25
 """A full collection walks the whole old generation: only once it grew by this share (CPython's 25 %)."""
 QUIET_CHECK_S = 0.05
-"""How often `QuietCollector` looks for a quiet moment."""
+"""How often `QuietCollector` looks for a quiet moment (and reports the pauses timed meanwhile)."""
+MAX_UNREPORTED_PAUSES = 10_000
+"""Pauses kept for the next report; older ones are dropped (the loop stalled for that long)."""
 
 
 def configure() -> None:
@@ -92,9 +95,10 @@ class QuietCollector:
     """Runs the collector in the decider's quiet moments, and times every pause of the process.
 
     `quiet()` says whether nothing waits for a decision now (`RemediationService.quiet`).
-    `observe(generation, trigger, seconds)` hears of every collection of the process: trigger
-    ``quiet`` for this collector's, ``threshold`` for any other (CPython's automatic ones, which can
-    land inside a decision pass, and explicit ones such as start-up's).
+    `observe(generation, trigger, seconds)` hears of every collection of the process, on the event
+    loop at the next check (`report_pauses`): trigger ``quiet`` for this collector's, ``threshold``
+    for any other (CPython's automatic ones, which can land inside a decision pass, and explicit
+    ones such as start-up's).
     """
 
     def __init__(
@@ -114,6 +118,8 @@ class QuietCollector:
         self._started_at = 0.0
         self._old_after_full: int | None = None
         """The old generation's size after this collector's last full collection (None: none yet)."""
+        self._pauses: collections.deque[tuple[int, str, float]] = collections.deque(maxlen=MAX_UNREPORTED_PAUSES)
+        """Pauses timed and not yet handed to observe (generation, trigger, seconds)."""
         self._task: asyncio.Task[None] | None = None
         self.collections = [0, 0, 0]
         """This collector's collections by generation."""
@@ -124,18 +130,33 @@ class QuietCollector:
         self._task = asyncio.create_task(self._run(), name="rasd-quiet-gc")
 
     async def stop(self) -> None:
-        """Stop looking and stop watching."""
+        """Stop looking and stop watching (the pauses timed so far are reported)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         if self._timed in gc.callbacks:
             gc.callbacks.remove(self._timed)
+        self.report_pauses()
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self._check_s)
+            self.report_pauses()
             self.collect_if_quiet()
+
+    def report_pauses(self) -> None:
+        """Hand the pauses timed since the last call to `observe` (outside any collection).
+
+        Not from the gc callback itself: a callback runs wherever an allocation started the
+        collection, possibly inside a lock that observing needs (prometheus_client copies a
+        metric's children under its lock while a scrape reads it): it would wait on itself.
+        """
+        while self._pauses:
+            generation, trigger, seconds = self._pauses.popleft()
+            if self._observe is not None:
+                with contextlib.suppress(Exception):  # a metric's failure must not stop the collector
+                    self._observe(generation, trigger, seconds)
 
     def collect_if_quiet(self) -> int | None:
         """Collect now if the decider is quiet and a collection is due; the generation collected, or None."""
@@ -161,11 +182,10 @@ class QuietCollector:
         return generation
 
     def _timed(self, phase: str, info: dict[str, Any]) -> None:
-        # A gc callback must never raise: it would be printed as unraisable on every collection.
+        # Takes no lock and calls nothing that could (`report_pauses` says why); never raises.
         if phase == "start":
             self._started_at = time.perf_counter()
-        elif self._observe is not None and self._started_at:
+        elif self._started_at:
             seconds = time.perf_counter() - self._started_at
             self._started_at = 0.0
-            with contextlib.suppress(Exception):  # a metric's failure must not reach the collector
-                self._observe(int(info["generation"]), "quiet" if self._ours else "threshold", seconds)
+            self._pauses.append((int(info["generation"]), "quiet" if self._ours else "threshold", seconds))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import weakref
 from collections.abc import Iterator
 
@@ -189,3 +190,31 @@ def test_every_pause_is_timed_with_its_trigger(manual_gc: None) -> None:
     count = len(seen)
     gc.collect()
     assert len(seen) == count  # stopped: no longer watching
+
+
+def test_a_pause_is_reported_outside_the_collection_that_made_it(manual_gc: None) -> None:
+    """A collection starts wherever an allocation tips the count, possibly inside a lock that observing
+    needs (prometheus_client copies a metric's children under its lock while a scrape reads it): the
+    callback only notes the pause; `observe` runs later, on the loop."""
+    lock = threading.Lock()
+    could_lock: list[bool] = []
+
+    def observe(_generation: int, _trigger: str, _seconds: float) -> None:
+        acquired = lock.acquire(blocking=False)
+        could_lock.append(acquired)
+        if acquired:
+            lock.release()
+
+    async def scenario() -> None:
+        collector = gc_policy.QuietCollector(lambda: False, observe=observe, check_s=3600)
+        collector.start()
+        try:
+            with lock:
+                gc.collect()  # as if the scrape thread's allocation had started it
+                assert could_lock == []  # nothing observed inside the collection
+            collector.report_pauses()
+        finally:
+            await collector.stop()
+
+    asyncio.run(scenario())
+    assert could_lock == [True]
