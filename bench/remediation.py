@@ -455,6 +455,8 @@ class Row:
     doc_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
     undone_bound_ms: float = float("inf")
     """Events still waiting when the drain timed out had waited at least this long (inf: none)."""
+    loop_cpu_s: float = 0.0
+    """CPU seconds of the event loop's thread (the decider's) during the burst: how busy it was."""
     gc_pauses_ms: list[float] = dataclasses.field(default_factory=list)
     """Every pause of this process for the garbage collector during the burst (its drain included)."""
     gc_quiet: int | None = None
@@ -533,6 +535,7 @@ async def burst(
     if commit_s is not None:
         commit_s.clear()
     pauses = _GcPauses()
+    loop_cpu0 = time.thread_time()  # this coroutine runs on the event loop's thread
     quiet_before = sum(rig.collector.collections) if rig.collector is not None else None
     kinds_before = dict(rig.service.stats.actions_by_kind)
     sent_before = rig.commands_sent
@@ -568,6 +571,7 @@ async def burst(
         await asyncio.sleep(0.005)
     row.adapters_unsettled = busy.fget(rig.service) if busy is not None else 0
     row.gc_pauses_ms = pauses.stop()
+    row.loop_cpu_s = time.thread_time() - loop_cpu0
     if quiet_before is not None and rig.collector is not None:
         row.gc_quiet = sum(rig.collector.collections) - quiet_before
     row.burst_wall_s = (time.time_ns() - start_ns) / 1e9
@@ -728,6 +732,7 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             f"decision p50/p99 ms by command: {by_kind or 'none'} (a reset or reboot follows its quarantine: "
             "it leaves after the dispatch round's commit, once the quarantine's adapter has returned)"
             + ("" if r.api_cpu_s is None else f"; the fake API server's CPU in the burst: {r.api_cpu_s:.1f} s")
+            + f"; the event loop's thread was busy {r.loop_cpu_s:.1f} s of the burst's {r.burst_wall_s:.1f} s"
             + f"; garbage collector: {_gc_pauses(r)}"
         )
     return "\n".join(lines)
