@@ -184,7 +184,6 @@ class Controller:
     async def start(self) -> None:
         """Start ingest, bind gRPC and metrics, and report SERVING."""
         await self.ingest.start()
-        self.collector.start()
         if self.relay is not None:
             await self.relay.start()
         await self.leadership.start()
@@ -246,6 +245,7 @@ class Controller:
                 self.settings.metrics_port, addr=self.settings.metrics_addr, registry=self.registry
             )
             self.metrics_port = self._metrics_server.server_port
+        self.collector.start()  # last: a start that failed above leaves no task and no gc callback behind
         for service in ("", "rasd.api.v1.AgentService", "rasd.api.v1.AdminService"):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info(

@@ -101,6 +101,8 @@ def test_controller_metrics_pass_promtool(tmp_path, free_port):
     if promtool is None:
         pytest.skip("promtool not installed (Debian package prometheus; .ci/run installs it)")
 
+    callbacks_before = len(gc.callbacks)
+
     async def scrape():
         controller = server.Controller(
             server.ControllerSettings(
@@ -131,6 +133,7 @@ def test_controller_metrics_pass_promtool(tmp_path, free_port):
         return body
 
     body = asyncio.run(scrape())
+    assert len(gc.callbacks) == callbacks_before  # the controller's collector stopped watching
     text = body.decode()
     assert "rasd_gpu_power_watts{" in text and "rasd_power_samples_total" in text
     assert 'rasd_gc_pause_seconds_count{generation="2",trigger="threshold"}' in text
