@@ -210,9 +210,10 @@ def _stronger(new: classify.Classification, old: classify.Classification) -> boo
 
 _SECONDARY_OF_48 = frozenset({63, 64, 171, 172})
 _SECONDARY_XIDS = frozenset({43, 45, 74, 79}) | _SECONDARY_OF_48
-"""Xids some rule of `_secondary_root` is about."""
+"""Xids some rule of `_secondary_root` is about: it returns before any rule for the others, so a new
+rule there adds its Xid here (or its kind to `_SECONDARY_KINDS`)."""
 _SECONDARY_KINDS = frozenset({EventKind.ECC_DBE, EventKind.FALLEN_OFF_BUS, EventKind.GPU_LOST})
-"""Event kinds some rule of `_secondary_root` is about, whatever their Xid."""
+"""Event kinds some rule of `_secondary_root` is about, whatever their Xid (see `_SECONDARY_XIDS`)."""
 
 
 def scope_of(event: health.HealthEvent) -> str:
