@@ -101,7 +101,13 @@ def create_engine(url: str) -> sa.Engine:
             cursor = dbapi_connection.cursor()
             if parsed.database not in (None, "", ":memory:"):
                 cursor.execute("PRAGMA journal_mode=WAL")
-                cursor.execute("PRAGMA synchronous=NORMAL")
+                # FULL: a commit syncs the log before it returns. An agent drops an event from its
+                # spool once the controller acks it, and an agent's command log keeps the ids it
+                # ran: an ack or a dispatched command must outlive the controller host's crash or
+                # power loss (DESIGN.md invariants 2 and 3), as PostgreSQL's synchronous_commit
+                # and the agent's own spool (FULL) make sure. NORMAL would sync only at a
+                # checkpoint, and a crash could roll back what an agent was told was durable.
+                cursor.execute("PRAGMA synchronous=FULL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
@@ -198,8 +204,8 @@ class WalCheckpointer:
     With a checkpoint every half second, a quiet controller synced on its commit path twice a
     second, and on a disk busy with other writes (the first ``make demo`` after a fresh clone's
     pip install) one sync took 80 to 800 ms, a decision's dispatch waiting behind it. Waiting for
-    4 MiB makes that one sync per 4 MiB written. Durability is unchanged: a commit is in the WAL
-    either way.
+    4 MiB makes that one restart per 4 MiB written. Durability is unchanged: a commit is synced into
+    the WAL (``synchronous=FULL``) either way.
     """
 
     def __init__(

@@ -329,6 +329,24 @@ def test_an_event_ahead_of_a_gap_is_stored_but_not_acked_until_the_gap_fills(sto
     assert sorted(e.seq for e in store.list_events()) == [1, 2, 3]
 
 
+def test_sqlite_commits_are_synced_before_they_return(tmp_path):
+    """An ack and a dispatched command must outlive a crash of the controller's host (invariants 2, 3).
+
+    WAL with synchronous=FULL syncs the log at every commit; NORMAL would sync only at a checkpoint.
+    Every connection of the pool gets it, not only the first one.
+    """
+    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+    connections = [store.engine.connect() for _ in range(3)]
+    try:
+        for connection in connections:
+            assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+    finally:
+        for connection in connections:
+            connection.close()
+        store.close()
+
+
 def test_sqlite_commits_leave_the_wal_checkpoint_to_the_store_thread(tmp_path):
     """No commit checkpoints the WAL (a stall on the event → dispatch path); the checkpointer does."""
     store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
