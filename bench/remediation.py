@@ -9,8 +9,9 @@ pass at a time), in this order on one database:
 
 1. **Sustained throughput**: events fed one by one, as fast as the service takes them, to
    ``RemediationService.on_events`` with a real ``Store`` and ``Ingest``; once without and once
-   with ``Store.append_events`` before it (the ``health_events`` row and the node's ack position,
-   on the store thread, as ``Ingest.on_events`` does). The gRPC stream, wire validation and the
+   with ``Ingest.store_events`` before it (the ``health_events`` row and the node's ack position,
+   on the store thread, grouped with the other streams' batches waiting then, as
+   ``Ingest.on_events`` does). The gRPC stream, wire validation and the
    ack to the agent are outside.
 2. **Paced run** well below capacity (default 10 events/s): the per-event latency without a queue.
 3. **Burst**: events arrive on a fixed schedule (default 2,000 events/s across 2,000 nodes for
@@ -20,7 +21,7 @@ pass at a time), in this order on one database:
    carries the dispatch of the waiting actions the pass before it left). An event's arrival time
    is its scheduled time, so a service that falls behind
    pays for the queue (no coordinated omission); what is still queued when the drain timeout ends
-   is cut off and counted as at least that old. ``--append-in-burst`` adds ``Store.append_events``.
+   is cut off and counted as at least that old. ``--append-in-burst`` adds ``Ingest.store_events``.
 
 ``decision latency`` is the service's own ``stats.decision_latency_s``: arrival → each command
 the event led to leaving the decision path (an agent command queued on its node's stream, after
@@ -414,7 +415,7 @@ class Rig:
         event = stored(arrival, seq, received_unix_ns)
         count = 1
         if append:
-            _acked, new = await self.ingest.run_in_store(self.store.append_events, arrival.node_id, [event])
+            _acked, new = await self.ingest.store_events(arrival.node_id, [event])
             count = len(new)
         if count:
             await self.service.on_events(arrival.node_id, [event], self.ingest.node_labels[arrival.node_id])
@@ -780,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--append-in-burst",
         action="store_true",
-        help="persist each burst event with Store.append_events first (its own task, as Ingest does)",
+        help="persist each burst event with Ingest.store_events first (grouped, as Ingest.on_events does)",
     )
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
     parser.add_argument(
@@ -900,7 +901,8 @@ def main(argv: list[str] | None = None) -> int:
             "the next pass). Commits: `process` runs them in a `CommitProcess` (rasd-controller's "
             "default) while the next pass is decided; `thread` runs them on the store thread, one pass at "
             "a time. Rows marked `append_events +` first persist the event in `health_events` "
-            "with `Store.append_events` on the store thread, as `Ingest.on_events` does. Outside: the gRPC "
+            "with `Ingest.store_events` on the store thread (grouped with the other streams' batches "
+            "waiting then, one transaction), as `Ingest.on_events` does. Outside: the gRPC "
             "stream, wire validation, the ack to the agent. Each scheduled event is its own task and its own "
             "`on_events` call (concurrent streams); calls that wait while a pass runs are decided together in "
             f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "

@@ -17,8 +17,8 @@ import dataclasses
 import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import structlog
 
@@ -34,8 +34,13 @@ log = structlog.get_logger("rasd.controller")
 
 Clock = Callable[[], int]
 
+OutcomeT = TypeVar("OutcomeT")
+
 MAX_HELLO_GROUP = 256
 """Hellos registered in one store transaction at most (a reconnect storm is cut into such groups)."""
+
+MAX_EVENT_GROUP = 512
+"""Event batches (one per stream message) stored in one store transaction at most."""
 
 
 class LabelsByNode(dict[str, dict[str, str]]):
@@ -162,8 +167,12 @@ class Ingest:
         self._pending_results: dict[str, _PendingCommand] = {}
         self._hook_tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
-        self._hello_inbox: list[tuple[fleet.NodeHello, int, asyncio.Future[repo.HelloOutcome]]] = []
-        self._registrar: asyncio.Task[None] | None = None
+        self._hellos: _GroupCommit[repo.HelloOutcome] = _GroupCommit(
+            "rasd-hello-registrar", self._store, store.register_hellos, store.register_hello, MAX_HELLO_GROUP
+        )
+        self._event_batches: _GroupCommit[tuple[int, list[int]]] = _GroupCommit(
+            "rasd-event-appender", self._store, store.append_events_many, store.append_events, MAX_EVENT_GROUP
+        )
         self.samples_ingested = 0
         self.events_stored = 0
         self.node_labels: LabelsByNode = LabelsByNode()
@@ -216,36 +225,20 @@ class Ingest:
         tests/chaos/test_reconnect_storm.py: all back in 8.6 s instead of 18.8 s), so agents are
         welcomed before their Welcome timeouts make them retry.
         """
-        future: asyncio.Future[repo.HelloOutcome] = asyncio.get_running_loop().create_future()
-        self._hello_inbox.append((node_hello, now_unix_ns, future))
-        if self._registrar is None or self._registrar.done():
-            self._registrar = asyncio.create_task(self._register_waiting(), name="rasd-hello-registrar")
-        return await future
+        return await self._hellos.submit(node_hello, now_unix_ns)
 
-    async def _register_waiting(self) -> None:
-        while self._hello_inbox:
-            group, self._hello_inbox = self._hello_inbox[:MAX_HELLO_GROUP], self._hello_inbox[MAX_HELLO_GROUP:]
-            try:
-                outcomes = await self._store(self.store.register_hellos, [(hello, now) for hello, now, _f in group])
-            except Exception as exc:
-                if len(group) == 1:
-                    _settle(group[0][2], exc)
-                    continue
-                # One Hello the store refuses must not refuse the others: each on its own, so that only
-                # its own stream fails (a store that is down fails each of them alike).
-                for hello, now, future in group:
-                    try:
-                        _settle(future, await self._store(self.store.register_hello, hello, now))
-                    except Exception as one_exc:
-                        _settle(future, one_exc)
-                continue
-            except BaseException:  # cancelled (shutdown): nobody waits for ever
-                for *_rest, future in [*group, *self._hello_inbox]:
-                    future.cancel()
-                self._hello_inbox = []
-                raise
-            for (_hello, _now, future), outcome in zip(group, outcomes, strict=True):
-                _settle(future, outcome)
+    async def store_events(self, node_id: str, events: list[repo.StoredEvent]) -> tuple[int, list[int]]:
+        """`Store.append_events` on the store thread, together with every other stream's batch waiting then.
+
+        In a burst each agent's stream brings its own small batch: one transaction (and one sync of
+        the disk) each kept the store thread busy ~1.5 ms a batch. Grouped, a batch costs ~0.03 ms
+        (`Store.append_events_many`). Each caller gets its own outcome once the group's commit
+        returned, so an ack still covers only durable events.
+
+        Raises:
+            KeyError: the node never said Hello.
+        """
+        return await self._event_batches.submit(node_id, events)
 
     async def _store(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
@@ -374,7 +367,7 @@ class Ingest:
         started = time.perf_counter()
         now = self._clock()
         events = wire.events_from_wire(batch, session.known_gpus, now, session.node_id)
-        acked_seq, stored = await self._store(self.store.append_events, session.node_id, events)
+        acked_seq, stored = await self.store_events(session.node_id, events)
         self.events_stored += len(stored)
         new_seqs = set(stored)
         fresh = sorted({e.seq: e for e in events if e.seq in new_seqs}.values(), key=lambda e: e.seq)
@@ -555,6 +548,63 @@ class Ingest:
                 await self.flush()
             except Exception as exc:  # the store may be briefly unavailable; retry next period
                 log.error("telemetry_flush_failed", error=str(exc), error_type=type(exc).__name__)
+
+
+class _GroupCommit(Generic[OutcomeT]):
+    """Like store calls that wait at the same time, made as one call on the store thread (a group commit).
+
+    ``many`` takes the waiting calls' argument tuples, in arrival order, and returns one outcome for
+    each (an exception instance: that call alone failed); ``one`` takes one call's arguments. When
+    ``many`` itself raises, each call of the group is made alone with ``one``, so that one refused
+    call fails only its own caller (a store that is down fails each of them alike).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        run_in_store: Callable[..., Awaitable[Any]],
+        many: Callable[[list[tuple[Any, ...]]], Sequence[OutcomeT | BaseException]],
+        one: Callable[..., OutcomeT],
+        max_group: int,
+    ) -> None:
+        self._name = name
+        self._run_in_store = run_in_store
+        self._many = many
+        self._one = one
+        self._max_group = max_group
+        self._inbox: list[tuple[tuple[Any, ...], asyncio.Future[OutcomeT]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+
+    async def submit(self, *args: Any) -> OutcomeT:
+        """The outcome of ``one(*args)``, made together with every call waiting then."""
+        future: asyncio.Future[OutcomeT] = asyncio.get_running_loop().create_future()
+        self._inbox.append((args, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain(), name=self._name)
+        return await future
+
+    async def _drain(self) -> None:
+        while self._inbox:
+            group, self._inbox = self._inbox[: self._max_group], self._inbox[self._max_group :]
+            try:
+                outcomes = await self._run_in_store(self._many, [args for args, _future in group])
+            except Exception as exc:
+                if len(group) == 1:
+                    _settle(group[0][1], exc)
+                    continue
+                for args, future in group:
+                    try:
+                        _settle(future, await self._run_in_store(self._one, *args))
+                    except Exception as one_exc:
+                        _settle(future, one_exc)
+                continue
+            except BaseException:  # cancelled (shutdown): nobody waits for ever
+                for _args, future in [*group, *self._inbox]:
+                    future.cancel()
+                self._inbox = []
+                raise
+            for (_args, future), outcome in zip(group, outcomes, strict=True):
+                _settle(future, outcome)
 
 
 def _settle(future: asyncio.Future[Any], outcome: Any) -> None:

@@ -103,6 +103,32 @@ def test_hellos_registered_in_one_group_decide_what_one_by_one_would(store):
     assert first_seen == {"node-1": 100, "node-2": 210}
 
 
+def test_event_batches_stored_in_one_group_decide_what_one_by_one_would(store):
+    """A burst's group of stream batches: the outcomes, rows and acked positions of appending each alone."""
+    store.register_hello(_hello(), 100)
+    store.register_hello(_hello(node_id="node-2"), 100)
+    store.append_events("node-1", [_event(1), _event(3)])  # 3 ahead of a missing 2: stored, not acked
+    group = [
+        ("node-1", [_event(2), _event(4), _event(4)]),  # fills the gap; 4 twice in one batch: once
+        ("ghost", [_event(1, "ghost")]),  # never said Hello: refused alone
+        ("node-2", [_event(2, "node-2")]),  # ahead of a missing 1
+        ("node-1", [_event(3), _event(5)]),  # the same node again, after the batch above: 3 is a resend
+        ("node-2", [_event(1, "node-2")]),
+    ]
+    first, ghost, second, third, fourth = store.append_events_many(group)
+    assert first == (4, [2, 4])
+    assert isinstance(ghost, KeyError) and "ghost" in str(ghost)
+    assert second == (0, [2])
+    assert third == (5, [5])
+    assert fourth == (2, [1])
+    stored = sorted((e.node_id, e.seq) for e in store.list_events(limit=100))
+    assert stored == [("node-1", seq) for seq in range(1, 6)] + [("node-2", 1), ("node-2", 2)]
+    # The acked positions are durable: a Hello reads them back, and a resend stores nothing.
+    assert store.register_hello(_hello(spool_head_seq=9), 200).acked_seq == 5
+    assert store.append_events_many([("node-2", [_event(2, "node-2")])]) == [(2, [])]
+    assert store.append_events_many([]) == []
+
+
 def test_a_hello_keeps_the_gpu_state_and_telemetry_the_controller_recorded(store):
     store.register_hello(_hello(), 100)
     store.save_latest({GPU_A: fleet.GpuLatest(power_w=512.5, power_sample_unix_ns=150, enforced_power_limit_w=650)})

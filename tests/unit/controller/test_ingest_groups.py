@@ -1,0 +1,119 @@
+"""Ingest.register_hello and on_events: calls that arrive together are written in one store transaction."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
+from sqlalchemy import event as sa_event
+
+from rasd.api.v1 import agent_service_pb2 as agent_pb
+from rasd.api.v1 import health_pb2 as health_pb
+from rasd.controller import ingest as ingest_mod
+from rasd.controller import metrics
+from rasd.controller.core import fleet
+from rasd.controller.store import repo
+
+
+def _hello(n: int, *, gpu_node: str | None = None) -> fleet.NodeHello:
+    node_id = f"node-{n}"
+    gpu = fleet.GpuRecord(
+        f"GPU-00000000-0000-4000-8000-{n:012d}", gpu_node or node_id, "H100", "00000000:18:00.0", 200, 700, 700
+    )
+    return fleet.NodeHello(node_id, "boot-1", "0.1.0", node_id, "simulated", {"rack": "r1"}, (gpu,), 0)
+
+
+@pytest.fixture
+def rig(tmp_path):
+    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+    commits: list[int] = []
+    sa_event.listen(store.engine, "commit", lambda _conn: commits.append(1))
+    ingest = ingest_mod.Ingest(store, metrics.ControllerMetrics(CollectorRegistry()))
+    yield store, ingest, commits
+    store.close()
+
+
+def test_a_storm_of_hellos_is_registered_in_few_transactions(rig):
+    store, ingest, commits = rig
+
+    async def storm():
+        return await asyncio.gather(*(ingest.register_hello(_hello(n), 1_000 + n) for n in range(200)))
+
+    outcomes = asyncio.run(storm())
+    assert outcomes == [repo.HelloOutcome(acked_seq=0, spool_reset=False, rebooted=False)] * 200
+    assert len(store.list_nodes()) == 200
+    assert len(commits) <= 3  # the first Hello alone, then the rest together (at most 256 a group)
+
+
+def test_a_hello_the_store_refuses_fails_alone(rig):
+    store, ingest, _commits = rig
+    # A GPU row naming a node that does not exist: the foreign key refuses it, and with it the group.
+    ghost = _hello(7, gpu_node="node-that-never-said-hello")
+
+    async def storm():
+        return await asyncio.gather(
+            *(ingest.register_hello(h, 1_000) for h in [_hello(1), _hello(2), ghost, _hello(3)]),
+            return_exceptions=True,
+        )
+
+    first, second, refused, fourth = asyncio.run(storm())
+    assert isinstance(refused, sa.exc.IntegrityError)
+    assert all(isinstance(o, repo.HelloOutcome) for o in (first, second, fourth))
+    assert sorted(n.node_id for n in store.list_nodes()) == ["node-1", "node-2", "node-3"]
+
+
+def _events(*seqs: int) -> agent_pb.HealthEventBatch:
+    return agent_pb.HealthEventBatch(
+        events=[
+            health_pb.HealthEvent(seq=seq, observed_unix_ns=1_000 + seq, kind=health_pb.EVENT_KIND_XID, xid=13)
+            for seq in seqs
+        ]
+    )
+
+
+def _acks(session: ingest_mod.Session) -> list[int]:
+    acks = []
+    while not session.outbound.empty():
+        message = session.outbound.get_nowait()
+        if message is not None and message.HasField("ack"):
+            acks.append(message.ack.acked_seq)
+    return acks
+
+
+def test_a_burst_of_event_batches_is_stored_in_few_transactions_and_each_acked(rig):
+    """One batch per stream, all at once (a burst): grouped into few commits, each stream acked its own."""
+    store, ingest, commits = rig
+    hooked: list[tuple[str, list[int]]] = []
+
+    async def hook(node_id, events, _labels):
+        hooked.append((node_id, [e.seq for e in events]))
+
+    ingest.events_hook = hook
+
+    async def burst():
+        sessions = []
+        for n in range(300):
+            session, _welcome = await ingest.open_session(
+                agent_pb.Hello(node_id=f"node-{n}", boot_id="boot-1", gpus=[_gpu_info(n)])
+            )
+            sessions.append(session)
+        commits.clear()
+        await asyncio.gather(*(ingest.on_events(s, _events(1, 2)) for s in sessions))
+        # A resend of what was acked stores nothing and is acked again at the same position.
+        await asyncio.gather(*(ingest.on_events(s, _events(2)) for s in sessions[:10]))
+        return sessions
+
+    sessions = asyncio.run(burst())
+    assert len(commits) <= 4  # the first batch alone, the rest at most 512 a group, then the resends
+    assert [_acks(s) for s in sessions] == [[2, 2]] * 10 + [[2]] * 290
+    assert store.count_events() == 600
+    assert ingest.events_stored == 600
+    assert sorted(hooked) == sorted((f"node-{n}", [1, 2]) for n in range(300))
+
+
+def _gpu_info(n: int) -> health_pb.GpuInfo:
+    return health_pb.GpuInfo(
+        uuid=f"GPU-00000000-0000-4000-8000-{n:012d}", model="H100", power_limit_min_w=200, power_limit_max_w=700
+    )
