@@ -28,7 +28,15 @@ by default the agent answers DRY_RUN with what it would have done. When enabled:
 | run validation | rasd-validate; the verdicts ride on the result | it gives no report in time |
 
 A reboot's result is written first because the agent will not live to write it afterwards, and a
-replay after the reboot must not reboot again.
+replay after the reboot must not reboot again; a reboot command that fails corrects it to FAILED.
+
+A restart or a reset is marked started in the journal, durably, before it begins. If the agent dies
+before its result is written (killed, out of memory, the node's power lost), the resend after the
+restart is answered FAILED as interrupted: its outcome is unknown, and running it again could reset
+a GPU twice or signal the job the scheduler put on the GPU meanwhile. The controller's ladder takes
+an interrupted repair as a failed one. A validation is not marked: running it again changes nothing.
+A second delivery of an id while its first one still runs (a resend on a new stream while the old
+stream's worker is still inside a reset) waits for the first and gets its result, replayed.
 """
 
 from __future__ import annotations
@@ -86,13 +94,59 @@ class ActionExecutor:
         # Commands run in a worker thread while the sampler steps the slews and reads the limits:
         # one lock makes a command, a step and a read of limits with their slew targets atomic.
         self._slew_lock = threading.Lock()
+        # Command id → set when its run ended: a second delivery waits for the first.
+        self._in_flight: dict[str, threading.Event] = {}
+        self._in_flight_lock = threading.Lock()
 
     def execute(self, command: model.Command) -> model.ActionResult:
-        """Run a command once; a repeated id returns the stored result marked replayed."""
+        """Run a command once; a repeated id returns the stored result marked replayed.
+
+        A delivery of an id that is running now waits until that run ended, then is answered from
+        the journal like any repeat.
+        """
+        while True:
+            with self._in_flight_lock:
+                running = self._in_flight.get(command.command_id)
+                if running is None:
+                    self._in_flight[command.command_id] = done = threading.Event()
+                    break
+            running.wait()
+        try:
+            return self._execute_once(command)
+        finally:
+            with self._in_flight_lock:
+                del self._in_flight[command.command_id]
+            done.set()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait up to timeout_s for the commands running now to end; False if one still runs.
+
+        The agent's stop calls this before it closes the journal, so a reset that is under way when
+        systemd stops the agent still gets its result written.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._in_flight_lock:
+                running = list(self._in_flight.values())
+            if not running:
+                return True
+            left_s = deadline - time.monotonic()
+            if left_s <= 0 or not running[0].wait(left_s):
+                return False
+
+    def _execute_once(self, command: model.Command) -> model.ActionResult:
         previous = self._journal.executed_result(command.command_id)
         if previous is not None:
             return dataclasses.replace(previous, replayed=True)
         started = self._clock()
+        interrupted = self._journal.started_command(command.command_id)
+        if interrupted is not None:
+            what, since_unix_ns = interrupted
+            message = (
+                f"interrupted: the agent stopped while it ran this command ({what}, started at "
+                f"{since_unix_ns} ns); its outcome is unknown, and it is not run again"
+            )
+            return self._finish(command, started, (model.ActionOutcome.FAILED, message, {}))
         if command.deadline_unix_ns and started > command.deadline_unix_ns:
             late_s = (started - command.deadline_unix_ns) / 1e9
             return self._finish(
@@ -119,16 +173,22 @@ class ActionExecutor:
             try:
                 self._ops.reboot()
             except node_ops.NodeOpError as exc:
-                # The journal already says "started"; the controller learns of the failure from
-                # this answer, and a replay will not try again: a failed reboot command needs a
-                # person or the BMC rung, not a loop.
-                return dataclasses.replace(result, outcome=model.ActionOutcome.FAILED, message=str(exc))
+                # The journal said "started": corrected, so that a replay (the answer lost with its
+                # stream) also says FAILED, and the ladder does not wait for a boot that never comes.
+                # A replay does not try again: a failed reboot needs a person or the BMC rung.
+                failed = dataclasses.replace(
+                    result, outcome=model.ActionOutcome.FAILED, message=str(exc), finished_unix_ns=self._clock()
+                )
+                self._journal.record_result(failed, correct=True)
+                return failed
             # A real reboot never returns here (the agent's start restores the caps); a reboot that
             # does return (simulated, or a soft reset of the node) is a new boot all the same.
             self.restore_power_caps()
             return result
         if isinstance(action, model.RunValidation):
             return self._validate(command, started, action)
+        if isinstance(action, (model.RestartProcess, model.ResetGpu)):
+            self._journal.record_started(command.command_id, _describe(action), started)
         try:
             if isinstance(action, model.RestartProcess):
                 outcome = self._restart(action)

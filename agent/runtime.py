@@ -99,6 +99,12 @@ class NodeIdentity:
 SESSION_CLEANUP_S = 5.0
 """How long a stream's tasks get to finish after it ends before the agent moves on without them."""
 
+COMMAND_DRAIN_S = 20.0
+"""How long a stopping agent waits for a command under way (a reset) to end and write its result.
+
+Below the unit's TimeoutStopSec (30 s): after it, systemd kills the agent, and the command's started
+mark answers its resend as interrupted."""
+
 
 @dataclasses.dataclass
 class AgentStats:
@@ -222,6 +228,10 @@ class Agent:
             await asyncio.gather(*tasks, return_exceptions=True)
             for thread in threads:
                 await asyncio.to_thread(thread.join, 5.0)
+            # A command's worker thread outlives its stream's task: let it write its result before
+            # the journal closes, or the resend finds it started and never finished.
+            if not await asyncio.to_thread(self._executor.wait_idle, COMMAND_DRAIN_S):
+                self._log.warning("commands_still_running_at_stop", waited_s=COMMAND_DRAIN_S)
 
     # -- sampling -----------------------------------------------------------------------------
     async def _call(self, fn, *args):  # type: ignore[no-untyped-def]

@@ -2,7 +2,9 @@
 
 Invariant 3 of DESIGN.md: an event the agent has seen stays on disk until the controller has
 acknowledged it, across disconnects and agent restarts. Invariant 2: a command id the agent has
-executed is remembered with its result, so a repeated command is answered, not re-run.
+executed is remembered with its result, so a repeated command is answered, not re-run; and a
+command that cannot safely run twice is remembered as started before it runs, so one the agent did
+not live to finish is answered as interrupted, not started again.
 
 Backed by SQLite (stdlib `sqlite3`) in WAL mode under the agent's state directory, with
 `synchronous=FULL` so an acknowledged append survives power loss. Sequence numbers come from
@@ -30,6 +32,11 @@ CREATE TABLE IF NOT EXISTS executed_commands (
     command_id TEXT PRIMARY KEY,
     result TEXT NOT NULL,
     finished_unix_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS started_commands (
+    command_id TEXT PRIMARY KEY,
+    action TEXT NOT NULL,
+    started_unix_ns INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS power_caps (
     gpu_uuid TEXT PRIMARY KEY,
@@ -206,13 +213,48 @@ class Spool:
             ).fetchone()
         return _result_from_json(row[0]) if row else None
 
-    def record_result(self, result: model.ActionResult) -> None:
-        """Remember a command's result so that a repeat of its id is answered, not re-run."""
+    def record_result(self, result: model.ActionResult, *, correct: bool = False) -> None:
+        """Remember a command's result so that a repeat of its id is answered, not re-run.
+
+        The first result of an id stays, unless correct: a reboot is journaled as started before it
+        runs (the agent will not live to write it afterwards), and a reboot that then fails must be
+        answered as failed on a replay too. The command's started mark (`record_started`) goes in the
+        same transaction.
+        """
+        verb = "INSERT OR REPLACE" if correct else "INSERT OR IGNORE"
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    f"{verb} INTO executed_commands (command_id, result, finished_unix_ns) VALUES (?, ?, ?)",
+                    (result.command_id, _result_to_json(result), result.finished_unix_ns),
+                )
+                self._db.execute("DELETE FROM started_commands WHERE command_id = ?", (result.command_id,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def record_started(self, command_id: str, action: str, started_unix_ns: int) -> None:
+        """Durably mark a command as started, before an action that must not run twice begins.
+
+        If the agent dies before the result is recorded (killed, out of memory, power lost), the
+        mark says so after the restart: `started_command` finds it and the resend is answered as
+        interrupted instead of resetting a GPU again or signalling the job rescheduled meanwhile.
+        """
         with self._lock:
             self._db.execute(
-                "INSERT OR IGNORE INTO executed_commands (command_id, result, finished_unix_ns) VALUES (?, ?, ?)",
-                (result.command_id, _result_to_json(result), result.finished_unix_ns),
+                "INSERT OR IGNORE INTO started_commands (command_id, action, started_unix_ns) VALUES (?, ?, ?)",
+                (command_id, action, started_unix_ns),
             )
+
+    def started_command(self, command_id: str) -> tuple[str, int] | None:
+        """(what it was, when it started) of a command marked started and never finished, if any."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT action, started_unix_ns FROM started_commands WHERE command_id = ?", (command_id,)
+            ).fetchone()
+        return (str(row[0]), int(row[1])) if row else None
 
     def record_power_caps(self, limits_w: dict[str, int], set_unix_ns: int) -> None:
         """Remember the caps the controller last had enforced, to put back after a reboot or reset.
