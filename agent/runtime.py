@@ -325,25 +325,36 @@ class Agent:
             return
         if time.monotonic() - self._disconnected_since < self.settings.failsafe_after_s:
             return
-        self._failsafe_done = True
         # A raise still moving would lift a limit after the fall-back: stop it where it is first.
         self._executor.cancel_slews()
-        counters = {c.gpu_uuid: c for c in await self._call(self.backend.read_counters, self._clock())}
+        try:
+            counters = {c.gpu_uuid: c for c in await self._call(self.backend.read_counters, self._clock())}
+        except gpu.BackendError as exc:  # outside the sampling cycle's guard: tried again next cycle
+            self._log.warning("failsafe_read_failed", error=str(exc), error_type=type(exc).__name__)
+            return
+        unread = []
         for info in self._inventory:
             current = counters.get(info.uuid)
             enforced = current.enforced_power_limit_w if current else None
             target = max(limit_w, info.power_limit_min_w)
-            if enforced is not None and enforced <= target:
+            if enforced is None:
+                # Not read this time (a transient NVML error): the GPU may sit below the safe
+                # limit, and setting it would raise it. Tried again next cycle.
+                unread.append(info.uuid)
+                continue
+            if enforced <= target:
                 continue
             try:
                 await self._call(self.backend.set_power_limit, info.uuid, target)
                 self.stats.failsafe_applied += 1
             except gpu.BackendError as exc:
                 self._log.error("failsafe_power_limit_failed", gpu_uuid=info.uuid, error=str(exc))
+        self._failsafe_done = not unread
         self._log.warning(
             "failsafe_power_limit_applied",
             power_limit_w=limit_w,
             gpus_lowered=self.stats.failsafe_applied,
+            gpus_unread=len(unread),
             disconnected_s=round(time.monotonic() - self._disconnected_since, 1),
         )
 
