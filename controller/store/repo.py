@@ -112,7 +112,48 @@ def create_engine(url: str) -> sa.Engine:
             cursor.close()
 
         return engine
-    return sa.create_engine(url, pool_pre_ping=True, json_serializer=json_text)
+    if parsed.get_backend_name() != "postgresql":
+        return sa.create_engine(url, pool_pre_ping=True, json_serializer=json_text)
+    client = {name: value for name, value in POSTGRES_CLIENT_SETTINGS.items() if name not in parsed.query}
+    engine = sa.create_engine(url, pool_pre_ping=True, json_serializer=json_text, connect_args=client)
+    # Settings the URL's own `options` name are the operator's: kept.
+    session = {name: value for name, value in POSTGRES_SESSION_SETTINGS.items() if name not in url}
+
+    @sa_event.listens_for(engine, "connect")
+    def _postgres_session(dbapi_connection: Any, _record: Any) -> None:
+        if not session:
+            return
+        calls = ", ".join("set_config(%s, %s, false)" for _ in session)
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute(f"SELECT {calls}", [part for item in session.items() for part in item])
+        dbapi_connection.commit()
+
+    return engine
+
+
+POSTGRES_SESSION_SETTINGS = {
+    # A client that stops inside a transaction (its host lost power, a partition: no FIN reaches
+    # the server) keeps the transaction's locks until the server gives up on it. Among them the
+    # lease row's shared lock that every fenced commit takes: a takeover waited behind it without
+    # bound. No transaction of rasd waits on its client for seconds; a hung or dead one is ended.
+    "idle_in_transaction_session_timeout": "10s",
+    # The server notices a vanished client in ~25 s rather than the kernel's two hours.
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+}
+"""Server settings every PostgreSQL session of the store starts with (`set_config` at connect)."""
+
+POSTGRES_CLIENT_SETTINGS = {
+    # libpq's: a connect or a server that vanished fails in seconds, so a leader's renewal that
+    # cannot reach the database fails (and it steps down) instead of hanging for minutes.
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+"""libpq connection parameters of the store's PostgreSQL connections (a URL's own query wins)."""
 
 
 WAL_CHECKPOINT_AFTER_BYTES = 4 * 1024 * 1024

@@ -192,6 +192,43 @@ def test_append_events_reads_the_acked_position_under_a_row_lock(store, store_ur
         impatient.close()
 
 
+def test_postgresql_sessions_end_a_transaction_whose_client_went_silent(
+    postgres_schema_url, postgres_url_with, monkeypatch
+):
+    """A dead client's open transaction (a leader's host lost power) must not hold its locks for hours."""
+    monkeypatch.setitem(repo.POSTGRES_SESSION_SETTINGS, "idle_in_transaction_session_timeout", "1s")
+    store = repo.Store.open(postgres_schema_url)
+    try:
+        with store.engine.connect() as connection:
+            shown = {
+                name: connection.exec_driver_sql(f"SHOW {name}").scalar()
+                for name in ("idle_in_transaction_session_timeout", "tcp_keepalives_idle", "search_path")
+            }
+        assert shown["idle_in_transaction_session_timeout"] == "1s" and shown["tcp_keepalives_idle"] == "10"
+        assert shown["search_path"].startswith("rasd_test_")  # the URL's own options still apply
+        store.register_hello(_hello(), 100)
+        silent = store.engine.connect()
+        silent.execute(sa.text("SELECT 1 FROM nodes WHERE node_id = 'node-1' FOR SHARE"))  # then nothing
+        time.sleep(1.5)
+        with store.engine.connect() as taker:
+            taker.execute(sa.text("SET LOCAL lock_timeout = '3s'"))
+            # Without the timeout this waits for the silent transaction and fails on lock_timeout.
+            taker.execute(sa.text("SELECT 1 FROM nodes WHERE node_id = 'node-1' FOR UPDATE"))
+            taker.rollback()
+        with pytest.raises(sa.exc.DBAPIError, match="idle-in-transaction timeout"):
+            silent.execute(sa.text("SELECT 1"))  # the server ended that session
+        silent.invalidate()
+        silent.close()
+        # A URL that names a setting keeps its own value.
+        url = postgres_url_with(postgres_schema_url, None, idle_in_transaction_session_timeout="7s")
+        own = repo.create_engine(url)
+        with own.connect() as connection:
+            assert connection.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "7s"
+        own.dispose()
+    finally:
+        store.close()
+
+
 def test_concurrent_appends_of_overlapping_batches_store_each_event_once(store):
     # Without SELECT ... FOR UPDATE both transactions read the same acked_seq and the second
     # insert of a seq violates uq_health_event_node_seq.
