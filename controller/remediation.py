@@ -1033,6 +1033,23 @@ class RemediationService:
                 return
             await self._dispatch_after_commit()
 
+    async def on_stored_result(self, node_id: str, result: commands_pb.ActionResult) -> bool:
+        """`on_result` for a result the store keeps (relayed by another replica); True once committed.
+
+        When the store cannot take it now, nothing is kept in memory: the stored row is the record,
+        and the caller offers it again next round. Owed in memory (as `on_result` does) and the row
+        then forgotten, the result died with this term if it ended first, and the next leader's
+        ladder climbed past a repair that had worked.
+        """
+        async with self._lock:
+            try:
+                await self._apply_result(node_id, result)
+            except repo.STORE_UNAVAILABLE as exc:
+                log.warning("remediation_result_deferred", node=node_id, command_id=result.command_id, error=str(exc))
+                return False
+            await self._dispatch_after_commit()
+            return True
+
     async def _apply_result(self, node_id: str, result: commands_pb.ActionResult) -> None:
         await self._apply_results([(node_id, result)])
 
