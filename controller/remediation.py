@@ -275,6 +275,14 @@ class _NotRun(RuntimeError):
     """A pipelined commit refused unrun, behind one that failed."""
 
 
+class TermEnded(RuntimeError):
+    """This replica's term as leader ended before these events were decided.
+
+    They are stored already: the next leader decides them from the store (the events its
+    watermark has not covered), on the state the terms before it committed.
+    """
+
+
 class _StoreStalled(Exception):
     """The store was unavailable for a pass; its groups wait in the inbox to be tried again."""
 
@@ -480,6 +488,16 @@ class RemediationService:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        # Events waiting for the decider, or put back by a pass the store could not take, were to be
+        # decided on this term's state; a later term of this replica decided them again on its own
+        # (after another leader had decided them) and moved the watermark back. Its passes in flight
+        # are answered; a commit already handed to the store ends there, under this term's fence.
+        if self._decider is not None:
+            self._decider.cancel()
+            await asyncio.gather(self._decider, return_exceptions=True)
+            self._decider = None
+        stale, self._inbox = self._inbox, []
+        _answer(stale, TermEnded(f"this replica's term ended before {len(stale)} event groups were decided"))
 
     async def node_connected(self, node_id: str) -> None:
         """Re-send this node's dispatched, unanswered commands (same ids: the agent never runs one twice).
@@ -549,6 +567,10 @@ class RemediationService:
         try:
             await self._pipeline(inflight)
         except _StoreStalled:
+            raise
+        except asyncio.CancelledError:  # the term ended (`stop`): no caller waits for ever
+            for unfinished in inflight:
+                _answer(unfinished.answers, TermEnded("this replica's term ended while the decision was committed"))
             raise
         except Exception as exc:
             for unfinished in inflight:

@@ -395,3 +395,41 @@ def test_a_command_a_dispatch_round_admits_and_the_pass_committed_with_it_cancel
         await rig.stop()
 
     asyncio.run(run())
+
+
+def test_events_waiting_when_the_term_ends_are_left_to_the_next_term_and_decided_once(rig, monkeypatch):
+    """A group put back by a store outage is not decided by a later term of the same replica.
+
+    It was to be decided on the ended term's state; the next leader (another replica, or this one
+    again) decides it from the store (the events its watermark has not covered). Deciding it again
+    later on its own decided events twice and moved the watermark back.
+    """
+
+    async def run() -> None:
+        await rig.start()
+        rig.store.append_events("node-1", [_event("node-1", 1, 13)])  # stored and acked, as Ingest does
+        monkeypatch.setattr(remediation_mod, "STORE_RETRY_S", 0.05)
+        commit = rig.service.store.commit
+        down = {"store": True}
+
+        def unreachable(change: rstore.Commit) -> list[str]:
+            if down["store"]:
+                raise sa.exc.OperationalError("COMMIT", {}, ConnectionError("database unreachable"))
+            return commit(change)
+
+        rig.service.store.commit = unreachable  # type: ignore[method-assign]
+        waiting = asyncio.ensure_future(rig.service.on_events("node-1", [_event("node-1", 1, 13)], {"rack": "r1"}))
+        await asyncio.sleep(0.2)
+        assert not waiting.done(), "the group waits for the store"
+        await rig.service.stop()  # the term ends (deposed)
+        with pytest.raises(remediation_mod.TermEnded):
+            await waiting
+        assert rig.service._inbox == []
+        down["store"] = False
+        await rig.service.start()  # the next term replays what no term decided: event 1, once
+        await asyncio.sleep(0.3)  # a decider of the ended term would have retried by now
+        assert [c.kind for c in rig.service.store.commands()] == ["restart_process"]
+        assert rig.service.store.unprocessed_events() == {}
+        await rig.stop()
+
+    asyncio.run(run())
