@@ -66,7 +66,7 @@ from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.common import aio
 from rasd.common import settings as settings_check
 from rasd.controller import ingest as ingest_mod
-from rasd.controller.core import power, power_apply, power_policy, power_ramp, power_tree, start_smoothing, swing
+from rasd.controller.core import fleet, power, power_apply, power_policy, power_ramp, power_tree, start_smoothing, swing
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
@@ -279,6 +279,8 @@ class PowerLoop:
         self.policy = settings.policy
         self._budget_overrides: dict[str, int | None] = {}
         self.state: power_apply.ApplyState | None = None
+        self._known_gpus: dict[str, fleet.GpuRecord] = {}
+        """GPU uuid → its record in the store at start (`_inventory`)."""
         self._targets: np.ndarray | None = None
         self._acks: list[power_apply.CapAck] = []
         self._boot_ids: dict[str, str] = {}
@@ -366,8 +368,17 @@ class PowerLoop:
             else:
                 self._smoothing_restored = True
                 log.info("power_smoothing_restored", mode=self._smoothing.mode, reason=self._smoothing.reason)
+        # Every GPU the store knows, connected now or not: a node whose agent has not (yet) come back
+        # keeps the caps it had, and the allocator must count them (`_inventory`).
+        nodes = await self._ingest.run_in_store(self._ingest.store.list_nodes)
+        self._known_gpus = {gpu.record.uuid: gpu.record for node in nodes for gpu in node.gpus}
         self._task = asyncio.create_task(self._run(), name="rasd-power-loop")
-        log.info("power_loop_started", period_s=self.policy.control_period_s, domains=len(self.tree.domains))
+        log.info(
+            "power_loop_started",
+            period_s=self.policy.control_period_s,
+            domains=len(self.tree.domains),
+            gpus_known=len(self._known_gpus),
+        )
 
     async def stop(self) -> None:
         """Stop the loop and wait for commands in flight (their acks are dropped; read-backs settle them)."""
@@ -525,17 +536,30 @@ class PowerLoop:
         return plan
 
     def _inventory(self) -> list[power_apply.GpuLimits]:
+        """The GPUs of the tree's nodes whose caps count: every one known, whether its agent is here or not.
+
+        A GPU is known from its node's Hello to this process, from the store (every Hello since the
+        first, read at start), or from the restored apply state. Counting only the GPUs whose agents
+        had said Hello since a restart dropped the others' caps from every sum: their budget went to
+        the nodes that came back first while they still ran at their old caps.
+        """
         nodes = set(self.tree.index.node_names)
-        records = self._ingest.gpu_records
-        out = []
+        records = {**self._known_gpus, **self._ingest.gpu_records}  # this process's Hellos are newest
+        out: dict[str, power_apply.GpuLimits] = {}
         for gpu_uuid, record in records.items():
-            if record.node_id in nodes and self._ingest.gpu_nodes.get(gpu_uuid) == record.node_id:
-                out.append(
-                    power_apply.GpuLimits(
-                        gpu_uuid, record.node_id, int(record.power_limit_min_w), int(record.power_limit_max_w)
-                    )
-                )
-        return sorted(out, key=lambda g: (g.node_id, g.gpu_uuid))
+            if record.node_id not in nodes:
+                continue
+            node_now = self._ingest.gpu_nodes.get(gpu_uuid)
+            if node_now is not None and node_now != record.node_id:
+                continue  # moved to another node: counted under that node's record
+            out[gpu_uuid] = power_apply.GpuLimits(
+                gpu_uuid, record.node_id, int(record.power_limit_min_w), int(record.power_limit_max_w)
+            )
+        if self.state is not None:
+            for known in self.state.gpus:
+                if known.gpu_uuid not in records and known.node_id in nodes:
+                    out[known.gpu_uuid] = known
+        return sorted(out.values(), key=lambda g: (g.node_id, g.gpu_uuid))
 
     def _sync_inventory(self, gpus: Sequence[power_apply.GpuLimits], now: float) -> power_apply.ApplyState:
         state = self.state

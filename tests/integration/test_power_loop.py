@@ -228,6 +228,40 @@ def test_a_restarted_controller_continues_the_apply_state_and_keeps_the_operator
     assert budget == 1600 and caps_b <= 1600
 
 
+def test_a_restarted_controller_counts_the_caps_of_a_node_whose_agent_has_not_come_back(tmp_path, free_port):
+    """node-b's agent is gone when the controller restarts; its GPUs keep their caps all the same.
+
+    Counting only the GPUs whose agents said Hello since the restart gave node-b's watts to node-a:
+    the cluster's enforced caps went over its 4,400 W budget.
+    """
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port)
+        await controller.start()
+        fleet = Fleet(controller.address)
+        try:
+            await _until(lambda: _settled(controller) and fleet.caps_w("node-a") + fleet.caps_w("node-b") <= 4400)
+            await fleet.stop_agent("node-b")  # an agent crash or a partition: its GPUs keep their caps
+            await _until(lambda: "node-b" not in controller.ingest.sessions, timeout_s=60)
+            await controller.stop()
+            controller = _controller(tmp_path, free_port)
+            await controller.start()
+            worst_w = 0
+            deadline = asyncio.get_running_loop().time() + 6.0  # a dozen periods with node-a back alone
+            while asyncio.get_running_loop().time() < deadline:
+                worst_w = max(worst_w, fleet.caps_w("node-a") + fleet.caps_w("node-b"))
+                await asyncio.sleep(0.01)
+            return worst_w, {g.node_id for g in controller.power.state.gpus}, controller.power.stats.periods
+        finally:
+            await fleet.close()
+            await controller.stop()
+
+    worst_w, nodes, periods = asyncio.run(scenario())
+    assert periods > 5
+    assert nodes == {"node-a", "node-b"}, "node-b's GPUs are still counted"
+    assert worst_w <= 4400
+
+
 def test_an_unreachable_node_is_held_at_its_caps_until_its_bmc_confirms_a_limit(tmp_path, free_port, monkeypatch):
     monkeypatch.setenv("RASD_TEST_BMC_PW", "secret")
     # The BMC first ignores the limit it is sent (accepts the PATCH, reads back no limit), so the
