@@ -99,6 +99,9 @@ class NodeIdentity:
 SESSION_CLEANUP_S = 5.0
 """How long a stream's tasks get to finish after it ends before the agent moves on without them."""
 
+LONG_ACTIONS = (model.RunValidation, model.ResetGpu, model.RestartProcess, model.RebootNode)
+"""Commands that may run for minutes: run beside the stream's reader, not in it."""
+
 COMMAND_DRAIN_S = 20.0
 """How long a stopping agent waits for a command under way (a reset) to end and write its result.
 
@@ -171,6 +174,7 @@ class Agent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = threading.get_ident()
         self._disconnected_since = time.monotonic()
+        self._command_tasks: set[asyncio.Task[None]] = set()
         self._failsafe_done = False
         self._threads: list[tuple[str, Callable[[threading.Event], None]]] = []
         self._ib_poller: sources.IbPoller | None = None
@@ -232,6 +236,9 @@ class Agent:
             # the journal closes, or the resend finds it started and never finished.
             if not await asyncio.to_thread(self._executor.wait_idle, COMMAND_DRAIN_S):
                 self._log.warning("commands_still_running_at_stop", waited_s=COMMAND_DRAIN_S)
+            for task in list(self._command_tasks):  # their results are journaled; a stream gone
+                task.cancel()
+            await asyncio.gather(*self._command_tasks, return_exceptions=True)
 
     # -- sampling -----------------------------------------------------------------------------
     async def _call(self, fn, *args):  # type: ignore[no-untyped-def]
@@ -602,20 +609,32 @@ class Agent:
                     )
                     continue
                 command = on_local_clock(command, self._clock())
-                result = await asyncio.to_thread(self._executor.execute, command)
-                self.stats.commands_executed += 1
-                self._log.info(
-                    "command_executed",
-                    command_id=command.command_id,
-                    action=type(command.action).__name__,
-                    outcome=result.outcome.name,
-                    replayed=result.replayed,
-                    reason=command.reason,
-                    message=result.message,
-                )
-                await outbox.put(wire.action_result(result))
+                if isinstance(command.action, LONG_ACTIONS):
+                    # Minutes long (a validation, a reset): run aside, so that the commands behind it
+                    # (power caps) are read and run now. Read late, a cap command ran late, after the
+                    # controller had settled it as expired and given its watts to another GPU.
+                    task = asyncio.create_task(self._run_command(command, outbox), name=f"command-{command.command_id}")
+                    self._command_tasks.add(task)
+                    task.add_done_callback(self._command_tasks.discard)
+                else:
+                    await self._run_command(command, outbox)
             else:
                 self._log.warning("controller_message_unexpected", payload=which)
+
+    async def _run_command(self, command: model.Command, outbox: asyncio.Queue) -> None:  # type: ignore[type-arg]
+        result = await asyncio.to_thread(self._executor.execute, command)
+        self.stats.commands_executed += 1
+        self._log.info(
+            "command_executed",
+            command_id=command.command_id,
+            action=type(command.action).__name__,
+            outcome=result.outcome.name,
+            replayed=result.replayed,
+            reason=command.reason,
+            message=result.message,
+        )
+        # A stream that ended meanwhile drops it: the journal answers the controller's resend.
+        await outbox.put(wire.action_result(result))
 
 
 def on_local_clock(command: model.Command, received_unix_ns: int) -> model.Command:

@@ -165,3 +165,82 @@ def test_a_stop_during_an_action_lets_it_write_its_result(tmp_path):
     assert stored is not None and stored.outcome is model.ActionOutcome.SUCCEEDED, (
         "the reset ran but its result is not in the journal: the resend would be answered as interrupted"
     )
+
+
+class BlockingValidationOps(node_ops.SimulatedNodeOps):
+    """rasd-validate that runs until released (a real suite runs for minutes)."""
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def run_validation(self, suite, gpu_uuids, seed, timeout_s):
+        self.started.set()
+        self.release.wait(10)
+        return super().run_validation(suite, gpu_uuids, seed, timeout_s)
+
+
+class InOrderController(agent_grpc.AgentServiceServicer):
+    """Sends its commands in order on the first stream and keeps the results in arrival order."""
+
+    def __init__(self, commands):
+        self.commands = commands
+        self.results: list[commands_pb.ActionResult] = []
+
+    async def Connect(self, request_iterator, context):
+        await context.read()  # the Hello
+        await context.write(agent_pb.ControllerMessage(welcome=agent_pb.Welcome(acked_seq=0, session_id="s1")))
+        for command in self.commands:
+            await context.write(agent_pb.ControllerMessage(command=command))
+        while True:
+            message = await context.read()
+            if message is grpc.aio.EOF:
+                return
+            if message.HasField("action_result"):
+                self.results.append(message.action_result)
+
+
+def test_a_power_cap_behind_a_long_validation_runs_at_once(tmp_path):
+    """A cap read only after a minutes-long validation ran late: after the controller had settled it."""
+
+    async def scenario():
+        backend = simulated.SimulatedBackend("node-1", 2, 0)
+        ops = BlockingValidationOps(backend)
+        gpu = backend.inventory()[0].uuid
+        validate = commands_pb.Command(
+            command_id="validate-1", run_validation=commands_pb.RunValidation(suite="quick", gpu_uuids=[gpu])
+        )
+        cap = commands_pb.Command(
+            command_id="cap-1",
+            set_power_cap=commands_pb.SetPowerCap(limits=[commands_pb.GpuPowerLimit(gpu_uuid=gpu, power_limit_w=400)]),
+        )
+        ctl = InOrderController([validate, cap])
+        server, port = await _start_server(ctl)
+        agent = _agent(port, str(tmp_path / "spool.db"), ops, backend)
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        try:
+            await asyncio.to_thread(ops.started.wait, 10)
+            for _ in range(200):
+                if ctl.results:
+                    break
+                await asyncio.sleep(0.02)
+            while_validating = [r.command_id for r in ctl.results]
+            ops.release.set()
+            for _ in range(200):
+                if len(ctl.results) == 2:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            ops.release.set()
+            stop.set()
+            await task
+            await server.stop(None)
+        return while_validating, ctl.results, backend
+
+    while_validating, results, backend = asyncio.run(scenario())
+    assert while_validating == ["cap-1"], "the cap ran while the validation still ran"
+    assert [r.command_id for r in results] == ["cap-1", "validate-1"]
+    assert all(r.outcome == commands_pb.ACTION_OUTCOME_SUCCEEDED for r in results)
+    assert backend.read_counters(0)[0].enforced_power_limit_w == 400
