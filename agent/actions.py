@@ -29,6 +29,10 @@ by default the agent answers DRY_RUN with what it would have done. When enabled:
 
 A reboot's result is written first because the agent will not live to write it afterwards, and a
 replay after the reboot must not reboot again; a reboot command that fails corrects it to FAILED.
+On a host, the reboot command returns once the shutdown is queued: a repair or a validation that
+arrives afterwards (the ladder validates once the reboot is answered) waits for the node to go down,
+unanswered, and the next boot's agent gets it again; a node still up after `reboot_grace_s` did not
+reboot, and what waited is answered FAILED.
 
 A restart or a reset is marked started in the journal, durably, before it begins. If the agent dies
 before its result is written (killed, out of memory, the node's power lost), the resend after the
@@ -67,6 +71,17 @@ class ActionSettings:
     """How often a process is checked for exit during the SIGTERM grace period."""
     cap_slew_step_s: float = 0.1
     """How often a slewing raise moves the limit (`step_slews`); each step at most rate x this."""
+    reboot_grace_s: float = 600.0
+    """How long after a reboot command the node may take to go down; the repairs and validations
+    that arrive meanwhile wait for it. A node still up after this did not reboot: they are answered
+    FAILED, and the ladder climbs."""
+
+
+class CommandDeferred(Exception):
+    """Not run and not answered: the node is going down for the reboot it was told to do.
+
+    Nothing is journaled; the controller sends the command again to the next boot's agent.
+    """
 
 
 class ActionExecutor:
@@ -97,6 +112,8 @@ class ActionExecutor:
         # Command id → set when its run ended: a second delivery waits for the first.
         self._in_flight: dict[str, threading.Event] = {}
         self._in_flight_lock = threading.Lock()
+        self._reboot_started_monotonic: float | None = None
+        self._stopping = threading.Event()
 
     def execute(self, command: model.Command) -> model.ActionResult:
         """Run a command once; a repeated id returns the stored result marked replayed.
@@ -124,6 +141,7 @@ class ActionExecutor:
         The agent's stop calls this before it closes the journal, so a reset that is under way when
         systemd stops the agent still gets its result written.
         """
+        self._stopping.set()  # commands waiting for a reboot give up (`CommandDeferred`)
         deadline = time.monotonic() + timeout_s
         while True:
             with self._in_flight_lock:
@@ -168,6 +186,21 @@ class ActionExecutor:
             return self._finish(
                 command, started, (model.ActionOutcome.DRY_RUN, f"dry-run: would {_describe(action)}", {})
             )
+        if self._reboot_started_monotonic is not None:
+            # A repair or a validation sent after the reboot command (the ladder validates once the
+            # reboot is answered) must run in the next boot: a verdict from this one would release
+            # a GPU the reboot never repaired.
+            self._wait_for_the_reboot(command)
+            return self._finish(
+                command,
+                started,
+                (
+                    model.ActionOutcome.FAILED,
+                    f"the node did not go down within {self.settings.reboot_grace_s:g} s of its reboot command; "
+                    f"not run: would {_describe(action)}",
+                    {},
+                ),
+            )
         if isinstance(action, model.RebootNode):
             result = self._finish(command, started, (model.ActionOutcome.SUCCEEDED, "reboot started", {}))
             try:
@@ -181,8 +214,12 @@ class ActionExecutor:
                 )
                 self._journal.record_result(failed, correct=True)
                 return failed
-            # A real reboot never returns here (the agent's start restores the caps); a reboot that
-            # does return (simulated, or a soft reset of the node) is a new boot all the same.
+            if not self._ops.reboot_done_on_return:
+                # systemctl reboot returns once the shutdown is queued: this boot's agent lives on
+                # for seconds. What comes now waits for the next boot (`_wait_for_the_reboot`).
+                self._reboot_started_monotonic = time.monotonic()
+                return result
+            # A reboot that returns once done (simulated) is a new boot: put the caps back.
             self.restore_power_caps()
             return result
         if isinstance(action, model.RunValidation):
@@ -199,6 +236,14 @@ class ActionExecutor:
         except node_ops.NodeOpError as exc:
             outcome = (model.ActionOutcome.FAILED, str(exc), {})
         return self._finish(command, started, outcome)
+
+    def _wait_for_the_reboot(self, command: model.Command) -> None:
+        """Hold a command until this agent stops for the reboot (`CommandDeferred`) or the grace ends."""
+        assert self._reboot_started_monotonic is not None
+        until = self._reboot_started_monotonic + self.settings.reboot_grace_s
+        while (left_s := until - time.monotonic()) > 0:
+            if self._stopping.wait(min(left_s, 1.0)):
+                raise CommandDeferred(f"{command.command_id}: the node is going down for its reboot")
 
     def _finish(self, command: model.Command, started: int, outcome: Outcome, **extra: object) -> model.ActionResult:
         status, message, limits = outcome

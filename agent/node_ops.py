@@ -42,6 +42,9 @@ class ValidationRun:
 class NodeOps(Protocol):
     """What the executor needs from the node."""
 
+    reboot_done_on_return: bool
+    """Whether `reboot` returns once the node has booted again (simulated), not once it started."""
+
     def compute_pids(self, gpu_uuid: str) -> list[int]:
         """PIDs of compute processes on the GPU."""
         ...
@@ -117,6 +120,8 @@ def _run(argv: Sequence[str], timeout_s: float) -> str:
 
 class HostNodeOps:
     """Node operations on a real host."""
+
+    reboot_done_on_return = False  # systemctl reboot returns once the shutdown is queued
 
     def __init__(self, commands: HostCommands = HostCommands()) -> None:
         """Use the given command lines."""
@@ -212,6 +217,8 @@ def parse_validation_report(report: dict) -> ValidationRun:
 
 class SimulatedNodeOps:
     """Node operations on a simulated node: each GPU runs one workload process until it is killed."""
+
+    reboot_done_on_return = True  # the simulated node is back when `reboot` returns
 
     def __init__(self, backend: simulated.SimulatedBackend) -> None:
         """Operate on backend's GPUs."""

@@ -622,7 +622,11 @@ class Agent:
                 self._log.warning("controller_message_unexpected", payload=which)
 
     async def _run_command(self, command: model.Command, outbox: asyncio.Queue) -> None:  # type: ignore[type-arg]
-        result = await asyncio.to_thread(self._executor.execute, command)
+        try:
+            result = await asyncio.to_thread(self._executor.execute, command)
+        except actions.CommandDeferred as deferred:  # the node goes down: the next boot gets it again
+            self._log.info("command_deferred_to_next_boot", command_id=command.command_id, reason=str(deferred))
+            return
         self.stats.commands_executed += 1
         self._log.info(
             "command_executed",

@@ -258,3 +258,63 @@ def test_two_concurrent_deliveries_of_one_id_run_once():
     assert len(resets) == 1, f"one command id reset the GPU {len(resets)} times"
     assert sorted(r.replayed for r in results) == [False, True]
     assert {r.outcome for r in results} == {model.ActionOutcome.SUCCEEDED}
+
+
+class _HostLikeOps(_IdleGpuOps):
+    """A reboot that returns once the shutdown is queued, as systemctl reboot does on a host."""
+
+    reboot_done_on_return = False
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self.validations = 0
+
+    def reboot(self):
+        self.reboots += 1  # queued: the node goes down a few seconds later
+
+    def run_validation(self, suite, gpu_uuids, seed, timeout_s):
+        self.validations += 1
+        return super().run_validation(suite, gpu_uuids, seed, timeout_s)
+
+
+def _host_like(tmp_path, **settings):
+    backend = simulated.SimulatedBackend("n", 2, 0)
+    ops = _HostLikeOps(backend)
+    journal = spool.Spool(str(tmp_path / "spool.db"))
+    ex = actions.ActionExecutor(
+        backend, journal, clock=time.time_ns, ops=ops,
+        settings=actions.ActionSettings(destructive_enabled=True, **settings),
+    )  # fmt: skip
+    return backend, ops, journal, ex
+
+
+def test_a_validation_sent_after_the_reboot_waits_for_the_next_boot(tmp_path):
+    """The ladder validates once the reboot is answered; a verdict from the old boot releases an unrepaired GPU."""
+    backend, ops, journal, ex = _host_like(tmp_path)
+    assert ex.execute(_cmd(model.RebootNode(), "reboot-1")).outcome is model.ActionOutcome.SUCCEEDED
+    validate = _cmd(model.RunValidation("post-repair", (backend.inventory()[0].uuid,), 7), "validate-1")
+    outcome: list[BaseException | model.ActionResult] = []
+
+    def run():
+        try:
+            outcome.append(ex.execute(validate))
+        except BaseException as exc:  # reported below, in the test's thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.3)
+    assert not outcome, "it waits for the node to go down"
+    assert ex.wait_idle(5.0)  # the shutdown stops the agent: the waiting command gives up
+    worker.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], actions.CommandDeferred)
+    assert ops.validations == 0 and journal.executed_result("validate-1") is None  # the next boot runs it
+
+
+def test_a_node_that_does_not_go_down_after_its_reboot_fails_what_waited(tmp_path):
+    _backend, ops, journal, ex = _host_like(tmp_path, reboot_grace_s=0.2)
+    ex.execute(_cmd(model.RebootNode(), "reboot-1"))
+    result = ex.execute(_cmd(model.RunValidation("post-repair", (), 7), "validate-1"))
+    assert result.outcome is model.ActionOutcome.FAILED and "did not go down" in result.message
+    assert ops.validations == 0
+    assert journal.executed_result("validate-1").outcome is model.ActionOutcome.FAILED
