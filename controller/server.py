@@ -99,11 +99,13 @@ class Controller:
         )
         self.registry.register(metrics.PowerCollector(lambda: self.power.status if self.power is not None else None))
         self.remediation: remediation_mod.RemediationService | None = None
+        self.bmc_journal_store: rstore.RemediationStore | None = None
         if settings.remediation:
             adapter = quarantine.open_quarantine(settings.quarantine)
             executors = dict(quarantine.executors(adapter))
             if settings.bmc is not None:
-                journal = rstore.StoredJournal(rstore.RemediationStore(self.store.engine), "bmc_journal")
+                self.bmc_journal_store = rstore.RemediationStore(self.store.engine)  # fenced below
+                journal = rstore.StoredJournal(self.bmc_journal_store, "bmc_journal")
                 executors.update(bmc.executors(bmc.open_power_cycler(settings.bmc, journal)))
             self.remediation = remediation_mod.RemediationService(
                 self.store, self.ingest, policy=settings.remediation_policy, executors=executors
@@ -142,6 +144,10 @@ class Controller:
         self.commit_writer: store_writer.CommitProcess | None = None
         if self.remediation is not None:
             self.remediation.store.fence = self.leadership.fence
+            if self.bmc_journal_store is not None:
+                # A deposed replica's adapter thread may still run: its journal write is refused
+                # before it asks the BMC.
+                self.bmc_journal_store.fence = self.leadership.fence
             if settings.commit_writer == "process":
                 self.commit_writer = store_writer.CommitProcess(settings.db_url, fence=self.leadership.current_fence)
                 self.remediation.use_writer(self.commit_writer)

@@ -13,6 +13,7 @@ ones are still awaited, and finished ones are never sent again.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
@@ -572,35 +573,57 @@ def _release(session: Session, r: Mapping[str, Any], now_unix_ns: int) -> None:
 
 
 class StoredJournal(MutableMapping[str, str]):
-    """A small string map kept as one controller_states document (the BMC power-cycle journal).
+    """A small string map kept in controller_states, one document per key (the BMC power-cycle journal).
 
     Every write commits at once: the journal records "about to power-cycle" *before* the BMC is
-    asked, so that a controller restart never cycles the same node twice for one ticket.
+    asked, so that a controller restart never cycles the same node twice for one ticket. Every
+    lookup reads the store, not a copy: a standby replica that takes the lead sees what the leader
+    before it journaled (with a copy from its own start it cycled a node again). One document per
+    key (named by a digest: ticket ids can be longer than a document name), so that two replicas
+    (a deposed one whose adapter thread still runs) never overwrite each other's entries; and the
+    writes go through `RemediationStore.commit`, whose fence refuses a deposed replica's, before
+    its BMC is asked. The map of older versions (one document called name) is still read, and an
+    entry of it deleted there.
     """
 
     def __init__(self, store: RemediationStore, name: str) -> None:
-        """Back the map by the document called name."""
+        """Back the map by the documents name/<digest of the key> (and the legacy document name)."""
         self._store = store
         self._name = name
-        self._data: dict[str, str] = dict(store.load_doc(name) or {})
+
+    def _doc(self, key: str) -> str:
+        return f"{self._name}/{hashlib.sha256(key.encode()).hexdigest()[:40]}"
 
     def __getitem__(self, key: str) -> str:
-        return self._data[key]
+        doc = self._store.load_doc(self._doc(key))
+        if doc is not None:
+            return str(doc["value"])
+        legacy = self._store.load_doc(self._name) or {}
+        if key in legacy:
+            return str(legacy[key])
+        raise KeyError(key)
 
     def __setitem__(self, key: str, value: str) -> None:
-        self._data[key] = value
-        self._save()
+        self._commit({self._doc(key): {"key": key, "value": value}})
 
     def __delitem__(self, key: str) -> None:
-        del self._data[key]
-        self._save()
+        docs: dict[str, dict[str, Any] | None] = {}
+        if self._store.load_doc(self._doc(key)) is not None:
+            docs[self._doc(key)] = None
+        legacy = self._store.load_doc(self._name) or {}
+        if key in legacy:
+            docs[self._name] = {k: v for k, v in legacy.items() if k != key}
+        if not docs:
+            raise KeyError(key)
+        self._commit(docs)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(dict(self._data))
+        keys = [str(doc["key"]) for doc in self._store.load_docs(self._name + "/").values()]
+        legacy = self._store.load_doc(self._name) or {}
+        return iter(dict.fromkeys([*keys, *legacy]))
 
     def __len__(self) -> int:
-        return len(self._data)
+        return sum(1 for _key in self)
 
-    def _save(self) -> None:
-        now = time.time_ns()
-        self._store.commit(Commit(now_unix_ns=now, docs={self._name: dict(self._data)}))
+    def _commit(self, docs: dict[str, dict[str, Any] | None]) -> None:
+        self._store.commit(Commit(now_unix_ns=time.time_ns(), docs=docs))
