@@ -222,7 +222,15 @@ class Leadership:
         started = time.monotonic()
         lease_s, renew_s = self.settings.lease_s, self.settings.renew_s
         try:
-            decision, lease, now = await asyncio.to_thread(self.store.look, self.replica_id, lease_s=lease_s)
+            look = asyncio.to_thread(self.store.look, self.replica_id, lease_s=lease_s)
+            if self._token is not None:
+                # A renewal that hangs (packets to the database dropped) must not hold the term's end
+                # back: the term ends when the last renewal stops covering it, and the deposed
+                # callbacks run then, not when the call finally returns (another replica may lead by
+                # then). The call runs on in its thread; its answer is not used.
+                decision, lease, now = await asyncio.wait_for(look, max(0.0, self._holds_until - started))
+            else:
+                decision, lease, now = await look
         except Exception as exc:  # the database is unreachable: lead only while the last renewal covers
             log.warning("leader_look_failed", replica=self.replica_id, error=str(exc), error_type=type(exc).__name__)
             if self._token is not None and time.monotonic() >= self._holds_until:

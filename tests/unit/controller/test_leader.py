@@ -243,3 +243,43 @@ def test_a_leader_whose_loops_fail_to_start_hands_the_lease_over(store, store_ur
     waited_s, broken_leads = asyncio.run(run())
     assert not broken_leads
     assert waited_s < 2.0, "handed over at the next look, long before the 5 s lease ran out"
+
+
+def test_a_renewal_that_hangs_ends_the_term_when_the_lease_stops_covering_it(store, store_url):
+    """Packets to the database dropped: the renewal neither returns nor fails for minutes.
+
+    The term must end (the deposed callbacks: the ladder stops, its adapters with it) when the last
+    renewal stops covering it, before another replica can take the lease, not when the call returns.
+    """
+    if not store_url.startswith("postgresql"):
+        pytest.skip("needs PostgreSQL: SQLite is one replica (static election)")
+    a = leader.Leadership(
+        store.engine, leader.LeaderSettings(replica_id="ctl-a", lease_s=1.0, renew_s=0.2), election="lease"
+    )
+    hang = threading.Event()
+    look = a.store.look
+
+    def black_holed(*args, **kwargs):
+        if hang.is_set():
+            time.sleep(4.0)  # then TCP finally gives up
+            raise ConnectionError("server closed the connection unexpectedly")
+        return look(*args, **kwargs)
+
+    a.store.look = black_holed  # type: ignore[method-assign]
+    deposed_after_s: list[float] = []
+
+    async def run():
+        async def deposed():
+            deposed_after_s.append(time.monotonic() - hung_at)
+
+        a.on_deposed(deposed)
+        await a.start()
+        assert a.is_leader()
+        hang.set()
+        hung_at = time.monotonic()
+        while not deposed_after_s and time.monotonic() - hung_at < 6:
+            await asyncio.sleep(0.02)
+        await a.stop()
+
+    asyncio.run(run())
+    assert deposed_after_s and deposed_after_s[0] < 1.0, deposed_after_s  # within the lease, not after 4 s
