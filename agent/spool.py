@@ -15,8 +15,10 @@ SQLite's AUTOINCREMENT, so they never go backwards, even after every row was ack
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 
 from rasd.agent.core import model
@@ -44,6 +46,18 @@ CREATE TABLE IF NOT EXISTS power_caps (
     set_unix_ns INTEGER NOT NULL
 );
 """
+
+
+EXECUTED_RETENTION_S = 2 * 24 * 3600
+"""How long a command's result (and a started mark) is kept to answer a resend of its id.
+
+The controller resends a command only while its ladder still waits for it: hours at most (an hour
+for a validation, half an hour for a reboot); a power command lives seconds and is never resent.
+With a cap command every control period (3 s) a node journals ~29,000 a day: kept for ever, the
+spool grew by ~10 MB a day."""
+
+PRUNE_EVERY_S = 3600.0
+"""How often recording a result also drops the results older than `EXECUTED_RETENTION_S`."""
 
 
 def _observation_to_json(obs: model.Observation) -> str:
@@ -121,6 +135,7 @@ class Spool:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        self._pruned_monotonic = -math.inf  # the first result recorded prunes
 
     def append(
         self, observations: Sequence[model.Observation], *, source_cursor: tuple[str, str] | None = None
@@ -230,6 +245,12 @@ class Spool:
                     (result.command_id, _result_to_json(result), result.finished_unix_ns),
                 )
                 self._db.execute("DELETE FROM started_commands WHERE command_id = ?", (result.command_id,))
+                if time.monotonic() - self._pruned_monotonic >= PRUNE_EVERY_S:
+                    self._pruned_monotonic = time.monotonic()
+                    # On the agent's clock, as the rows' own times are.
+                    before_ns = result.finished_unix_ns - int(EXECUTED_RETENTION_S * 1e9)
+                    self._db.execute("DELETE FROM executed_commands WHERE finished_unix_ns < ?", (before_ns,))
+                    self._db.execute("DELETE FROM started_commands WHERE started_unix_ns < ?", (before_ns,))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

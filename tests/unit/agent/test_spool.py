@@ -68,3 +68,22 @@ def test_executed_command_result_is_remembered(tmp_path):
     journal.close()
     assert spool.Spool(path).executed_result("c-1") == result
     assert spool.Spool(path).executed_result("c-2") is None
+
+
+def test_results_older_than_the_retention_are_dropped_as_new_ones_are_recorded(tmp_path, monkeypatch):
+    """A cap command every period journaled for ever grew the spool by ~10 MB a day."""
+    day_ns = 24 * 3600 * 10**9
+    journal = spool.Spool(str(tmp_path / "spool.db"))
+
+    def result(command_id: str, finished_unix_ns: int) -> model.ActionResult:
+        return model.ActionResult(command_id, model.ActionOutcome.SUCCEEDED, "ok", finished_unix_ns, finished_unix_ns)
+
+    now_ns = 10 * day_ns
+    journal.record_result(result("old", now_ns - 3 * day_ns))  # the first one prunes: nothing older yet
+    journal.record_started("started-long-ago", "reset GPU GPU-a", now_ns - 3 * day_ns)
+    journal.record_result(result("recent", now_ns - day_ns))
+    assert journal.executed_result("old") is not None  # pruned at most once an hour
+    monkeypatch.setattr(spool, "PRUNE_EVERY_S", 0.0)
+    journal.record_result(result("new", now_ns))
+    assert journal.executed_result("old") is None and journal.started_command("started-long-ago") is None
+    assert journal.executed_result("recent") is not None and journal.executed_result("new") is not None
