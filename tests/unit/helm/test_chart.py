@@ -220,6 +220,18 @@ def test_more_than_one_replica_needs_postgresql(chart):
     assert the(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
+def test_static_election_on_postgresql_is_refused_where_two_pods_could_lead(chart):
+    """Every statically elected pod leads: two replicas, or a rolling update's old and new pod, both act."""
+    static = {"config": {"leader": {"election": "static"}}}
+    with pytest.raises(helm.HelmRenderError, match=r"election static on PostgreSQL makes every pod a leader"):
+        chart.render(static, name=RELEASE, namespace=NAMESPACE)
+    with pytest.raises(helm.HelmRenderError, match=r"makes every pod a leader"):
+        chart.render({**static, "controller": {"replicas": 1}}, name=RELEASE, namespace=NAMESPACE)  # rolling update
+    one = render(chart, {**static, "controller": {"replicas": 1, "strategy": {"type": "Recreate"}}})
+    assert the(one, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert the(render(chart), "Deployment")["spec"]["replicas"] == 2  # election auto: the lease
+
+
 def test_replicas_elect_a_leader_named_by_their_pod(chart):
     text = notes(chart)
     assert "2 replicas" in text and "leader" in text and "Secret rasd-db" in text
