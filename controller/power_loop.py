@@ -1070,7 +1070,10 @@ class PowerLoop:
             if node_id in self._ingest.sessions:
                 continue
             for gpu_uuid, target in targets.items():
-                readbacks.append(power_apply.CapReadback(gpu_uuid, float(target), at_s))
+                # Not what the GPU enforces: its agent may still hold a higher cap, and the decrease
+                # it was sent has not landed. It stays pending (`_bmc_fallback` lifts the limit
+                # only once the agent, back, has confirmed caps within it).
+                readbacks.append(power_apply.CapReadback(gpu_uuid, float(target), at_s, settles_commands=False))
         return power_apply.record(state, readbacks=readbacks, policy=self.policy) if readbacks else state
 
     async def _bmc_fallback(self, state: power_apply.ApplyState, targets: np.ndarray, now: float) -> None:
@@ -1083,10 +1086,15 @@ class PowerLoop:
         for node_id, idx in by_node.items():
             if node_id in self._ingest.sessions:
                 self._unreachable_since.pop(node_id, None)
-                if node_id in self._bmc_limits and node_id not in self._bmc_in_flight:
-                    # The agent is back and holds the caps: lift the out-of-band limit.
-                    self._bmc_in_flight.add(node_id)
-                    self._spawn(self._bmc_set(node_id, None, {}))
+                limit_w = self._bmc_limits.get(node_id)
+                if limit_w is not None and node_id not in self._bmc_in_flight:
+                    # The agent is back: the out-of-band limit goes once the caps it holds are known
+                    # and within the limit (no command to its GPUs unanswered). Lifted at once, the
+                    # node ran at its old caps, over its budget, until its decreases landed.
+                    settled = bool((state.pending_seq[idx] == power_apply.NO_COMMAND).all())
+                    if settled and bound[idx].sum() <= limit_w:
+                        self._bmc_in_flight.add(node_id)
+                        self._spawn(self._bmc_set(node_id, None, {}))
                 continue
             since = self._unreachable_since.setdefault(node_id, now)
             if now - since < self.settings.bmc_fallback_after_s or node_id in self._bmc_in_flight:

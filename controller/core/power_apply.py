@@ -84,6 +84,10 @@ class CapReadback:
     enforced_w: float
     sample_s: float
     """When the agent read it, in controller time (seconds)."""
+    settles_commands: bool = True
+    """False for a value that bounds the GPU without being what it enforces (the share of a limit a
+    BMC holds on the whole node): it counts as the GPU's cap, but says nothing of whether a command
+    to the GPU landed or expired, so pending commands stay pending."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,11 +372,11 @@ def record(
     pending_seq = state.pending_seq.copy()
     prefix = f"cap-{state.epoch}-"
 
-    def observe(i: int, value: float, t: float) -> None:
+    def observe(i: int, value: float, t: float, settles: bool = True) -> None:
         if t >= confirmed_at[i]:
             confirmed[i] = value
             confirmed_at[i] = t
-        if pending_seq[i] == NO_COMMAND:
+        if pending_seq[i] == NO_COMMAND or not settles:
             return
         landed = t >= state.pending_issued_s[i] and value == pending_w[i]
         expired = t > state.pending_deadline_s[i] + policy.clock_skew_margin_s
@@ -397,7 +401,7 @@ def record(
     for rb in readbacks:
         i = pos.get(rb.gpu_uuid)
         if i is not None:
-            observe(i, float(rb.enforced_w), rb.sample_s)
+            observe(i, float(rb.enforced_w), rb.sample_s, rb.settles_commands)
     return state._replace(
         confirmed_w=confirmed, confirmed_at_s=confirmed_at, pending_w=pending_w, pending_seq=pending_seq
     )

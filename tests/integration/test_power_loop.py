@@ -295,7 +295,16 @@ def test_an_unreachable_node_is_held_at_its_caps_until_its_bmc_confirms_a_limit(
             node_a = loop.status.root.children[0].children[0].children[0]
             limited = (stub.power_limit_w, node_a.allocated_w)
             fleet.start_agent("node-a")
-            await _until(lambda: stub.power_limit_w is None and fleet.caps_w("node-a") <= 1200, timeout_s=15)
+            # The BMC limit is lifted only once the returning agent's caps are within the budget:
+            # never a moment with neither holding node-a (it comes back at its old caps).
+            exposed: list[int] = []
+            deadline = asyncio.get_running_loop().time() + 15
+            while not (stub.power_limit_w is None and fleet.caps_w("node-a") <= 1200):
+                assert asyncio.get_running_loop().time() < deadline, "the BMC limit was never lifted"
+                if stub.power_limit_w is None and fleet.caps_w("node-a") > 1200:
+                    exposed.append(fleet.caps_w("node-a"))
+                await asyncio.sleep(0.002)
+            assert exposed == [], f"node-a ran over its budget with no BMC limit: {max(exposed)} W"
             return held, over_while_unreachable, limited
         finally:
             await fleet.close()

@@ -134,6 +134,19 @@ def test_a_pending_raise_counts_until_a_read_back_after_its_deadline():
     assert power_apply.may_be_in_force(state, "a") == 300
 
 
+def test_a_value_that_does_not_settle_commands_leaves_a_pending_decrease_pending():
+    """A BMC's node limit bounds the GPUs, but the decrease sent to the agent has not landed."""
+    tree = one_rack_tree(1_000)
+    state, plan = power_apply.plan(two_gpu_state((500.0, 500.0)), np.array([300, 500]), tree, now=10.0, policy=POLICY)
+    assert [c.limit_w for c in plan.decreases] == [300]
+    bmc = power_apply.CapReadback("a", 300.0, 16.0, settles_commands=False)  # its target, after the deadline
+    state = power_apply.record(state, readbacks=[bmc], policy=POLICY)
+    assert state.pending_seq[0] >= 0, "still pending: the agent may hold 500 W"
+    assert power_apply.may_be_in_force(state, "a") == 300  # what the BMC's limit allows
+    state = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 300.0, 16.5)], policy=POLICY)
+    assert state.pending_seq[0] == power_apply.NO_COMMAND  # the agent's own read-back settles it
+
+
 def test_reordered_read_backs_never_roll_the_state_back():
     state = two_gpu_state()
     newer = power_apply.CapReadback("a", 500.0, 20.0)
