@@ -75,12 +75,17 @@ class ResendingController(agent_grpc.AgentServiceServicer):
                 await asyncio.sleep(0.01)
             return
         self.second_stream_open.set()
-        while True:
-            msg = await context.read()
-            if msg is grpc.aio.EOF:
-                return
-            if msg.HasField("action_result"):
-                self.results.append(msg.action_result)
+        await _collect_results(context, self.results)
+
+
+async def _collect_results(context, results: list[commands_pb.ActionResult]) -> None:
+    """Keep the agent's results, in arrival order, until the stream ends."""
+    while True:
+        message = await context.read()
+        if message is grpc.aio.EOF:
+            return
+        if message.HasField("action_result"):
+            results.append(message.action_result)
 
 
 def _command():
@@ -193,12 +198,7 @@ class InOrderController(agent_grpc.AgentServiceServicer):
         await context.write(agent_pb.ControllerMessage(welcome=agent_pb.Welcome(acked_seq=0, session_id="s1")))
         for command in self.commands:
             await context.write(agent_pb.ControllerMessage(command=command))
-        while True:
-            message = await context.read()
-            if message is grpc.aio.EOF:
-                return
-            if message.HasField("action_result"):
-                self.results.append(message.action_result)
+        await _collect_results(context, self.results)
 
 
 def test_a_power_cap_behind_a_long_validation_runs_at_once(tmp_path):
