@@ -275,7 +275,7 @@ class Relay:
         for command_id, node_id, payload in stored:
             # Forgotten only once its commit returned: a result applied in memory only would be
             # lost with this term.
-            if not await self.remediation.on_stored_result(node_id, commands_pb.ActionResult.FromString(payload)):
+            if not await self.remediation.commit_result(node_id, commands_pb.ActionResult.FromString(payload)):
                 break  # the store is down: the rest next round, in order
             await self.ingest.run_in_store(self.store.forget_results, [command_id])
             handled["results"] += 1

@@ -1046,21 +1046,15 @@ class RemediationService:
         answered and will not answer again unless asked, so dropping it would stall the ladder until
         its timeout climbed a rung for a repair that worked.
         """
-        async with self._lock:
-            try:
-                await self._apply_result(node_id, result)
-            except repo.STORE_UNAVAILABLE as exc:
-                self._results_owed.append((node_id, result))
-                log.warning("remediation_result_deferred", node=node_id, command_id=result.command_id, error=str(exc))
-                return
-            await self._dispatch_after_commit()
+        if not await self.commit_result(node_id, result):
+            self._results_owed.append((node_id, result))
 
-    async def on_stored_result(self, node_id: str, result: commands_pb.ActionResult) -> bool:
-        """`on_result` for a result the store keeps (relayed by another replica); True once committed.
+    async def commit_result(self, node_id: str, result: commands_pb.ActionResult) -> bool:
+        """Advance the ladder on a result and commit it now; False when the store could not take it.
 
-        When the store cannot take it now, nothing is kept in memory: the stored row is the record,
-        and the caller offers it again next round. Owed in memory (as `on_result` does) and the row
-        then forgotten, the result died with this term if it ended first, and the next leader's
+        Nothing of it is kept then: a caller whose result is stored (relayed by another replica)
+        offers it again next round. Owed in memory (as `on_result` keeps an agent's) and the stored
+        row forgotten, the result died with this term if it ended first, and the next leader's
         ladder climbed past a repair that had worked.
         """
         async with self._lock:
