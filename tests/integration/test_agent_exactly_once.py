@@ -88,6 +88,15 @@ async def _collect_results(context, results: list[commands_pb.ActionResult]) -> 
             results.append(message.action_result)
 
 
+def _reset_rig() -> tuple[simulated.SimulatedBackend, BlockingResetOps, ResendingController]:
+    """A node whose GPU reset blocks until released, and a controller that sends (and resends) it."""
+    backend = simulated.SimulatedBackend("node-1", 2, 0)
+    ops = BlockingResetOps(backend)
+    command = _command()
+    command.reset_gpu.gpu_uuid = backend.inventory()[0].uuid
+    return backend, ops, ResendingController(command, ops)
+
+
 def _command():
     return commands_pb.Command(command_id="reset-1", reason="audit", reset_gpu=commands_pb.ResetGpu(gpu_uuid="X"))
 
@@ -113,11 +122,7 @@ def _agent(port, path, ops, backend):
 
 def test_resend_on_reconnect_while_the_first_delivery_still_runs_does_not_run_it_twice(tmp_path):
     async def scenario():
-        backend = simulated.SimulatedBackend("node-1", 2, 0)
-        ops = BlockingResetOps(backend)
-        cmd = _command()
-        cmd.reset_gpu.gpu_uuid = backend.inventory()[0].uuid
-        ctl = ResendingController(cmd, ops)
+        backend, ops, ctl = _reset_rig()
         server, port = await _start_server(ctl)
         agent = _agent(port, str(tmp_path / "spool.db"), ops, backend)
         stop = asyncio.Event()
@@ -146,11 +151,7 @@ def test_a_stop_during_an_action_lets_it_write_its_result(tmp_path):
     path = str(tmp_path / "spool.db")
 
     async def scenario():
-        backend = simulated.SimulatedBackend("node-1", 2, 0)
-        ops = BlockingResetOps(backend)
-        cmd = _command()
-        cmd.reset_gpu.gpu_uuid = backend.inventory()[0].uuid
-        ctl = ResendingController(cmd, ops)
+        backend, ops, ctl = _reset_rig()
         ctl.streams = 1  # every stream behaves as the resending one: keep it open
         server, port = await _start_server(ctl)
         agent = _agent(port, path, ops, backend)
