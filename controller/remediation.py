@@ -1379,7 +1379,12 @@ class RemediationService:
             return self.budget
 
     async def operator_quarantine(self, node_id: str, gpu_uuid: str, *, reason: str, actor: str) -> None:
-        """Take a node or GPU out of scheduling by hand (recorded, audited, through the adapter)."""
+        """Take a node or GPU out of scheduling by hand (recorded, audited, through the adapter).
+
+        The node's ladder state keeps the operator's hold, committed with the record: a ticket that
+        quarantined the same target earlier, or does later, leaves it quarantined when it releases
+        (`escalation.operator_holds`). Only `operator_release` lifts it.
+        """
         async with self._lock:
             now_ns = self._clock()
             action = (
@@ -1389,7 +1394,12 @@ class RemediationService:
                 if gpu_uuid
                 else actions.QuarantineNode(ticket_id=f"operator/{now_ns}", step=0, node_id=node_id, reason=reason)
             )
-            await self._run_controller_side(action, source=actor)
+            change = rstore.Commit(now_unix_ns=now_ns)
+            await self._run_controller_side(action, source=actor, change=change)
+            state = self.node_states.get(node_id) or escalation.RemediationState(node_id)
+            held = escalation.operator_holds(state, f"gpu:{gpu_uuid}" if gpu_uuid else "node", held=True)
+            await self._commit(node_id, held, [], change)
+            await self._export_quarantines()
 
     async def operator_release(self, node_id: str, gpu_uuid: str, *, reason: str, force: bool, actor: str) -> str:
         """Return a node or GPU to service: through its ticket's validation, or by force (audited).
@@ -1412,7 +1422,7 @@ class RemediationService:
             )
             if ticket is not None and state is not None:
                 decision = escalation.operator_release(
-                    state, ticket.ticket_id, now=now_ns / 1e9, policy=self.policy.escalation, force=force
+                    state, ticket.ticket_id, now=now_ns / 1e9, policy=self.policy.escalation, force=force, hold=hold
                 )
                 self._close(decision, change, now_ns / 1e9)
                 await self._commit(node_id, decision.state, list(decision.actions), change)
@@ -1436,7 +1446,10 @@ class RemediationService:
             change.releases.append(
                 {"node_id": node_id, "gpu_uuid": gpu_uuid, "port": "", "reason": reason, "forced": force}
             )
-            await self.ingest.run_in_store(self._store_commit, change)
+            if state is not None and hold in state.operator_holds:
+                await self._commit(node_id, escalation.operator_holds(state, hold, held=False), [], change)
+            else:
+                await self.ingest.run_in_store(self._store_commit, change)
             await self._export_quarantines()
             if (executor := self._executors.get("release")) is not None:
                 await asyncio.to_thread(

@@ -20,6 +20,9 @@ its quarantines and runs validation (``RunValidation``); it releases them only o
 process restart does not touch the GPU, so it is only watched (unless ``validate_after_restart``).
 A GPU whose remapped rows are within spare capacity never gets a ticket: classification says
 "none" or "reset to apply the remap" and the GPU returns to service after validation.
+One quarantine of a target can stand for several holders (two tickets of the node, or an
+operator's ``rasctl quarantine``, ``RemediationState.operator_holds``): a release lifts it only
+when the last of them lets go, and a forced release takes it from all.
 
 A node whose reboot or power-cycle is in flight gets no GPU-disruptive action (restart, reset):
 a new GPU fault on it is folded into the rebooting ticket (its post-reboot validation covers every
@@ -259,6 +262,9 @@ class RemediationState:
     closed_tickets: tuple[tuple[str, float], ...] = ()
     """(ticket id, closed at) for the attempt-budget window: a ticket opened again for the same incident
     occurrence (e.g. after a forced release) gets a new id, so its command ids never repeat an old one's."""
+    operator_holds: tuple[str, ...] = ()
+    """Quarantines an operator set by hand (``rasctl quarantine``), as ``Ticket.held`` names them; only
+    ``rasctl release`` lifts them, never a ticket's release of the same target."""
 
     def ticket(self, ticket_id: str) -> Ticket | None:
         """The ticket with this id, or None."""
@@ -277,6 +283,7 @@ class RemediationState:
             "node_command_at": self.node_command_at,
             "sdc_watch": dict(self.sdc_watch),
             "closed_tickets": dict(self.closed_tickets),
+            "operator_holds": list(self.operator_holds),
         }
 
     @classmethod
@@ -290,6 +297,7 @@ class RemediationState:
             node_command_at=data.get("node_command_at"),
             sdc_watch=tuple(sorted((str(g), float(u)) for g, u in data.get("sdc_watch", {}).items())),
             closed_tickets=tuple(sorted((str(t), float(at)) for t, at in data.get("closed_tickets", {}).items())),
+            operator_holds=tuple(str(h) for h in data.get("operator_holds", ())),
         )
 
 
@@ -407,6 +415,7 @@ class _Work:
         self.node_command_at = state.node_command_at
         self.sdc_watch = {gpu: until for gpu, until in state.sdc_watch if until > now}
         self.closed = {tid: at for tid, at in state.closed_tickets if now - at <= pol.attempt_budget_window_s}
+        self.operator_holds = list(state.operator_holds)
         self.opened_before = frozenset(self.tickets)
         self.actions: list[actions.Action] = []
         self.awaited_before = _awaited(state.tickets, state.node_command_id)
@@ -422,6 +431,7 @@ class _Work:
             node_command_at=self.node_command_at,
             sdc_watch=tuple(sorted(self.sdc_watch.items())),
             closed_tickets=tuple(sorted(closed.items())),
+            operator_holds=tuple(self.operator_holds),
         )
 
     def unused_ticket_id(self, base: str) -> str:
@@ -472,6 +482,22 @@ class _Work:
             if t.pending is not None and t.pending.command_id == self.node_command_id:
                 return t
         return None
+
+    def holders(self, hold: str, *, besides: str) -> list[str]:
+        """Who else holds ``hold`` ("node", "gpu:<uuid>", "port:<port>"): ticket ids, and "operator"."""
+        out = [t.ticket_id for t in self.tickets.values() if t.ticket_id != besides and hold in t.held]
+        if hold in self.operator_holds:
+            out.append("operator")
+        return out
+
+    def drop_hold(self, hold: str, *, besides: str) -> None:
+        """Take ``hold`` from every other ticket and from the operator's holds (a forced release)."""
+        for t in list(self.tickets.values()):
+            if t.ticket_id != besides and hold in t.held:
+                self.update(t.ticket_id, held=tuple(h for h in t.held if h != hold))
+                self.note(t.ticket_id, f"{_hold_word(hold)} released by force with ticket {besides}")
+        if hold in self.operator_holds:
+            self.operator_holds.remove(hold)
 
     def held_elsewhere(self, ticket_id: str) -> tuple[str, ...]:
         """GPUs that other tickets keep quarantined (left out of node-wide validation)."""
@@ -712,14 +738,33 @@ def _start_validation(w: _Work, tid: str, suite: str, why: str) -> str:
     return w.tickets[tid].reason
 
 
-def _release_holds(w: _Work, tid: str, why: str, *, keep: Iterable[str] = (), forced: bool = False) -> None:
+def _release_holds(w: _Work, tid: str, why: str, *, keep: Iterable[str] = (), forced: bool = False) -> str:
+    """Give up ticket ``tid``'s holds except ``keep``; release each one nothing else on the node holds.
+
+    A target another ticket or an operator also holds stays quarantined: one quarantine record and
+    one cordon stand for all of them, and the first release would otherwise lift it for all (a
+    GPU's reboot passing validation returned a node whose optics were still flapping to service).
+    The last holder's release lifts it. ``forced`` (an operator's ``--force``) lifts the target now
+    and takes it from every holder.
+
+    Returns:
+        What stays quarantined for another holder, as a clause for the decision's reason
+        (``"; node stays quarantined, held by <ticket>"``), or "".
+    """
     t = w.tickets[tid]
     kept = set(keep)
     remaining = []
+    stays = []
     for hold in t.held:
         if hold in kept:
             remaining.append(hold)
             continue
+        others = w.holders(hold, besides=tid)
+        if others and not forced:
+            stays.append(f"; {_hold_word(hold)} stays quarantined, held by {', '.join(others)}")
+            continue
+        if forced:
+            w.drop_hold(hold, besides=tid)
         if hold == "node":
             w.emit(tid, actions.Release, why, forced=forced)
         elif hold.startswith("gpu:"):
@@ -727,6 +772,12 @@ def _release_holds(w: _Work, tid: str, why: str, *, keep: Iterable[str] = (), fo
         elif hold.startswith("port:"):
             w.emit(tid, actions.Release, why, ib_port=hold.removeprefix("port:"), forced=forced)
     w.update(tid, held=tuple(remaining))
+    return "".join(stays)
+
+
+def _hold_word(hold: str) -> str:
+    """The GPU or port a hold names, or "node"."""
+    return hold.split(":", 1)[1] if ":" in hold else hold
 
 
 def _wake_waiting(w: _Work) -> list[str]:
@@ -1045,9 +1096,9 @@ def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> 
         # The validation of the node's other GPUs after an RMA decision.
         if result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN) and verdict in ("pass", "software_drift"):
             keep = [f"gpu:{t.gpu_uuid}"]
-            _release_holds(w, tid, "the node's other GPUs passed validation", keep=keep)
+            stays = _release_holds(w, tid, "the node's other GPUs passed validation", keep=keep)
             w.update(tid, folded_gpu_uuids=())
-            line = f"other GPUs passed validation: node released, {t.gpu_uuid} stays quarantined for RMA"
+            line = f"other GPUs passed validation: node released, {t.gpu_uuid} stays quarantined for RMA{stays}"
             w.note(tid, line)
             return line
         w.emit(
@@ -1068,7 +1119,7 @@ def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> 
     finished = result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN)
     if finished and verdict in ("pass", "software_drift"):
         why = "validation passed" if verdict == "pass" else "validation found software drift, not a GPU fault"
-        _release_holds(w, tid, why)
+        stays = _release_holds(w, tid, why)
         if verdict == "software_drift":
             w.emit(
                 tid,
@@ -1078,7 +1129,7 @@ def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> 
                 summary=f"{w.node_id}: golden or software drift; check the validation goldens",
             )
         w.update(tid, state=TicketState.WATCHING, watch_until=w.now + w.pol.recurrence_window_s)
-        line = f"{why}: released, watching for {w.pol.recurrence_window_s:g}s"
+        line = f"{why}: released, watching for {w.pol.recurrence_window_s:g}s{stays}"
         w.note(tid, line)
         return line
     unfinished = not finished or verdict not in ("fail",)
@@ -1134,7 +1185,7 @@ def _accusation_step(w: _Work, tid: str, step: sdc.AccusationStep, what: str) ->
         w.update(tid, state=TicketState.AWAITING_OPERATOR)
         w.note(tid, f"{what}: held for an operator")
         return w.tickets[tid].reason
-    _release_holds(w, tid, what)
+    stays = _release_holds(w, tid, what)
     if step is sdc.AccusationStep.DRIFT:
         w.emit(
             tid,
@@ -1143,12 +1194,12 @@ def _accusation_step(w: _Work, tid: str, step: sdc.AccusationStep, what: str) ->
             severity="warning",
             summary=f"{w.node_id}: golden or software drift; check the validation goldens",
         )
-        line = f"{what}: released"
+        line = f"{what}: released{stays}"
     else:
         until = w.now + w.pol.sdc_watch_s
         if t.gpu_uuid:
             w.sdc_watch[t.gpu_uuid] = until
-        line = f"{what}: released, {target} watched until {until:.0f}"
+        line = f"{what}: released, {target} watched until {until:.0f}{stays}"
     w.update(tid, state=TicketState.WATCHING, watch_until=w.now + w.pol.recurrence_window_s)
     w.note(tid, line)
     return line
@@ -1159,7 +1210,7 @@ def _sweep_result(w: _Work, tid: str, result: ActionResult, verdict: str, detail
     t = w.tickets[tid]
     word = _run_word(result, verdict)
     if word in ("pass", "software_drift"):
-        _release_holds(w, tid, f"sweep validation {word}")
+        stays = _release_holds(w, tid, f"sweep validation {word}")
         if word == "software_drift":
             w.emit(
                 tid,
@@ -1169,7 +1220,7 @@ def _sweep_result(w: _Work, tid: str, result: ActionResult, verdict: str, detail
                 summary=f"{w.node_id}: golden or software drift; check the validation goldens",
             )
         w.tickets.pop(tid)
-        return f"sweep of {w.node_id} {word}: node released, ticket {tid} closed"
+        return f"sweep of {w.node_id} {word}: node released, ticket {tid} closed{stays}"
     if word == "error":
         if t.validation_runs <= w.pol.validation_retries:
             suite = t.fault_key.removeprefix("sdc_sweep:") or "quick"
@@ -1185,7 +1236,7 @@ def _sweep_result(w: _Work, tid: str, result: ActionResult, verdict: str, detail
         gpu = failed[0]
         w.emit(tid, actions.QuarantineGpu, why, gpu_uuid=gpu)
         w.update(tid, held=(*t.held, f"gpu:{gpu}"), gpu_uuid=gpu)
-        _release_holds(w, tid, f"{why}: only {gpu} stays out", keep=[f"gpu:{gpu}"])
+        why += _release_holds(w, tid, f"{why}: only {gpu} stays out", keep=[f"gpu:{gpu}"])
     w.update(tid, purpose=Purpose.ACCUSATION, sdc_verdicts=(word,))
     w.note(tid, f"{why}: treated as an SDC accusation")
     gpu = w.tickets[tid].gpu_uuid
@@ -1381,6 +1432,17 @@ def _node_command_expired(since: float | None, now: float, policy: policy.Escala
     return since is not None and now - since >= policy.reboot_node_timeout_s
 
 
+def operator_holds(state: RemediationState, hold: str, *, held: bool) -> RemediationState:
+    """The node's state with an operator's hold ("node", "gpu:<uuid>") set (``rasctl quarantine``) or lifted. Pure.
+
+    While set, no ticket's release lifts that quarantine (`_release_holds`); ``rasctl release`` lifts it.
+    """
+    holds = [h for h in state.operator_holds if h != hold]
+    if held:
+        holds.append(hold)
+    return dataclasses.replace(state, operator_holds=tuple(holds))
+
+
 def operator_release(
     state: RemediationState,
     ticket_id: str,
@@ -1388,6 +1450,7 @@ def operator_release(
     now: float,
     policy: policy.EscalationPolicy,
     force: bool = False,
+    hold: str = "",
 ) -> Decision:
     """An operator asks to return a ticket's quarantined parts to service. Pure.
 
@@ -1397,6 +1460,9 @@ def operator_release(
 
     Example: ticket AWAITING_OPERATOR holding "node" after an IB flap storm; release →
     VALIDATING: ``(RunValidation("post-repair"),)``; verdict pass → ``(Release(node),)``.
+
+    hold: the target the operator named ("node", "gpu:<uuid>"); their own hold on it, if they set
+    one, is lifted now, so that the ticket's release is the last.
     """
     w = _Work(state, now, policy)
     t = w.tickets.get(ticket_id)
@@ -1410,6 +1476,8 @@ def operator_release(
         return w.decision(f"ticket {ticket_id} is {t.state.value}: release after the repair, or force it")
     if t.state is TicketState.WATCHING or not t.held:
         return w.decision(f"ticket {ticket_id} holds nothing to release")
+    if hold in w.operator_holds:
+        w.operator_holds.remove(hold)
     w.update(ticket_id, validation_runs=0)
     if t.state is TicketState.RMA_PENDING:
         # The part was replaced: treat like a repair that needs proving.

@@ -98,3 +98,28 @@ def test_operator_story(tmp_path, free_port):
         assert code == 1 and "never connected" in err
         code, _, err = fleet.rasctl("quarantine", "node-op/GPU-nope", "--reason", "x")
         assert code == 1 and "is not a GPU of node-op" in err
+
+
+def test_a_repair_leaves_an_operators_quarantine_of_the_node_in_place(tmp_path, free_port):
+    """An operator took the node out by hand; a GPU's reboot that passes validation does not put it back."""
+    with operator_fleet(tmp_path, free_port) as fleet:
+        assert fleet.rasctl("quarantine", "node-op", "--reason", "optics swap booked")[0] == 0
+        fleet.fire(simulated.ScriptedFault(at_s=0, kind="xid", gpu=0, xid=79))
+
+        def repaired():
+            code, out, _ = fleet.rasctl("repairs", "--json")
+            return code == 0 and [r for r in json.loads(out) if r["state"] == "watching"]
+
+        (repair,) = wait_for(repaired)
+        assert repair["rung"] == "reboot_node"
+        assert "node stays quarantined, held by operator" in repair["reason"]
+        code, out, _ = fleet.rasctl("node", "node-op", "--json")
+        assert code == 0
+        assert [(q["target"]["gpu_uuid"], q["reason"]) for q in json.loads(out)["quarantines"]] == [
+            ("", "optics swap booked")
+        ]
+        # The repair's validation counts for the operator's release; their hold was the last.
+        code, out, err = fleet.rasctl("release", "node-op", "--reason", "optics swapped")
+        assert code == 0, err
+        code, out, _ = fleet.rasctl("node", "node-op", "--json")
+        assert code == 0 and json.loads(out)["quarantines"] == []

@@ -45,6 +45,8 @@ FAULTS = [
     {"kind": EventKind.ECC_DBE},
     {"kind": EventKind.SDC_SUSPECT},
     {"kind": EventKind.PCIE_REPLAY, "pcie_replay_rate_per_s": 100.0},
+    # A node-level isolation (an NVSwitch fatal): the node held for an operator, whatever GPU is drawn.
+    {"kind": EventKind.SXID, "xid": 12028, "severity": health.Severity.FATAL, "gpu_uuid": ""},
 ]
 
 event_op = st.tuples(st.just("event"), st.sampled_from(range(len(FAULTS))), st.sampled_from(GPUS))
@@ -115,6 +117,16 @@ def _run(sequence, pol: policy.RemediationPolicy) -> None:
                 assert decision.state.node_command_id != busy_before, (action, decision.reason)
             if action.kind == "release" and not action.forced:
                 assert releases_allowed, decision.reason
+                # Never lifted while another ticket still holds it (one quarantine stands for all).
+                hold = (
+                    f"gpu:{action.gpu_uuid}"
+                    if action.gpu_uuid
+                    else f"port:{action.ib_port}"
+                    if action.ib_port
+                    else "node"
+                )
+                holders = [t.ticket_id for t in decision.state.tickets if hold in t.held]
+                assert holders == [], (action, holders, decision.reason)
         state = decision.state
         for action in decision.actions:
             if action.kind in (*rung_of, "run_validation"):
@@ -135,7 +147,8 @@ def _run(sequence, pol: policy.RemediationPolicy) -> None:
         if op[0] == "event":
             fault = dict(FAULTS[op[1]])
             kind = fault.pop("kind")
-            ev = health.HealthEvent(node_id="n1", kind=kind, observed_at=now, gpu_uuid=op[2], **fault)
+            gpu = fault.pop("gpu_uuid", op[2])
+            ev = health.HealthEvent(node_id="n1", kind=kind, observed_at=now, gpu_uuid=gpu, **fault)
             c = correlate.correlate(corr, ev, now=now, catalog=CATALOG, policy=pol)
             corr = c.state
             if c.needs_decision:
@@ -195,7 +208,8 @@ def test_the_same_sequence_replays_to_the_same_actions(sequence):
             if op[0] == "event":
                 fault = dict(FAULTS[op[1]])
                 kind = fault.pop("kind")
-                ev = health.HealthEvent(node_id="n1", kind=kind, observed_at=now, gpu_uuid=op[2], **fault)
+                gpu = fault.pop("gpu_uuid", op[2])
+                ev = health.HealthEvent(node_id="n1", kind=kind, observed_at=now, gpu_uuid=gpu, **fault)
                 c = correlate.correlate(corr, ev, now=now, catalog=CATALOG, policy=POLICIES["default"])
                 corr = c.state
                 if c.needs_decision:
@@ -229,4 +243,19 @@ def test_a_ticket_reopened_for_the_same_occurrence_gets_new_command_ids():
     _run([("event", 7, "GPU-0"), ("release", 0, True), ("event", 6, "GPU-0"), ("release", 0, True)], POLICIES["bmc"])
     _run(
         [("event", 7, "GPU-0"), ("release", 0, True), ("event", 7, "GPU-0"), ("release", 0, True)], POLICIES["default"]
+    )
+
+
+def test_a_repair_never_lifts_a_quarantine_another_ticket_holds():
+    # An NVSwitch fatal holds the node for an operator; an Xid 79 on a GPU reboots it and passes
+    # validation. Its release lifted the node's one quarantine, the operator's ticket's too.
+    _run(
+        [
+            ("event", len(FAULTS) - 1, "GPU-0"),
+            ("advance", 60.0),
+            ("event", 3, "GPU-1"),
+            ("result", 0, Outcome.SUCCEEDED, ""),
+            ("result", 0, Outcome.SUCCEEDED, "pass"),
+        ],
+        POLICIES["default"],
     )

@@ -200,15 +200,20 @@ def test_nvml_recovery_action_field_drain_and_reset_resets_the_gpu():
     assert node.kinds(decision) == ["quarantine_gpu", "reset_gpu"]
 
 
-def test_link_flap_storm_on_one_node_is_one_incident_and_quarantines_the_node():
-    node = Node()
-    for i in range(30):  # 15 down/up flaps across two ports in 5 minutes
+def flap_storm(node: Node) -> None:
+    """15 down/up flaps across two ports of mlx5_0 in 5 minutes."""
+    for i in range(30):
         node.clock.advance(10)
         port = "1" if i % 3 else "2"
         state = "DOWN" if i % 2 == 0 else "ACTIVE"
         node.event(
             EventKind.IB_LINK_STATE, gpu="", attributes={"ib_device": "mlx5_0", "ib_port": port, "ib_state": state}
         )
+
+
+def test_link_flap_storm_on_one_node_is_one_incident_and_quarantines_the_node():
+    node = Node()
+    flap_storm(node)
     assert node.outcomes.count(correlate.Outcome.NEW) == 1
     assert node.all_kinds() == ["quarantine_node", "notify"]
     assert len(node.corr.open_incidents()) == 1
@@ -581,6 +586,59 @@ def test_operator_force_release_is_marked_forced_and_closes_the_ticket():
     )
     assert [(a.kind, a.forced) for a in decision.actions] == [("release", True)]
     assert decision.state.tickets == ()
+
+
+def node_releases(decision: escalation.Decision) -> list[actions.Action]:
+    return [a for a in decision.actions if a.kind == "release" and not a.gpu_uuid and not a.ib_port]
+
+
+def test_a_repair_does_not_release_a_node_another_ticket_still_holds():
+    node = Node()
+    flap_storm(node)  # the optics: node quarantined, waiting for a person
+    isolation = node.ticket("")
+    node.clock.advance(60)
+    assert node.kinds(node.xid(79, gpu="GPU-3")) == ["quarantine_node", "reboot_node"]
+    node.result("reboot_node", Outcome.SUCCEEDED)
+    passed = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert node_releases(passed) == []
+    assert passed.reason.endswith(f"node stays quarantined, held by {isolation.ticket_id}")
+    assert node.ticket("GPU-3").held == () and node.ticket("").held == ("node",)
+    # The optics ticket is the last holder: its release lifts the quarantine.
+    node._take(
+        escalation.operator_release(
+            node.state, isolation.ticket_id, now=node.clock.now, policy=node.policy.escalation, hold="node"
+        )
+    )
+    assert len(node_releases(node.result("run_validation", Outcome.SUCCEEDED, "pass"))) == 1
+
+
+def test_an_operators_hold_outlives_a_tickets_release_until_the_operator_lifts_it():
+    node = Node()
+    node.state = escalation.operator_holds(node.state, "node", held=True)
+    node.xid(79, gpu="GPU-3")
+    node.result("reboot_node", Outcome.SUCCEEDED)
+    passed = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert node_releases(passed) == [] and passed.reason.endswith("node stays quarantined, held by operator")
+    stored = escalation.RemediationState.from_dict(json.loads(json.dumps(node.state.to_dict())))
+    assert stored.operator_holds == ("node",)
+    assert escalation.operator_holds(stored, "node", held=False).operator_holds == ()
+    # A state stored before operator holds existed reads back with none.
+    legacy = {k: v for k, v in node.state.to_dict().items() if k != "operator_holds"}
+    assert escalation.RemediationState.from_dict(legacy).operator_holds == ()
+
+
+def test_a_forced_release_lifts_the_target_from_every_holder():
+    node = Node()
+    flap_storm(node)
+    isolation = node.ticket("")
+    node.state = escalation.operator_holds(node.state, "node", held=True)
+    forced = node._take(
+        escalation.operator_release(
+            node.state, isolation.ticket_id, now=node.clock.now, policy=node.policy.escalation, force=True, hold="node"
+        )
+    )
+    assert [(a.kind, a.forced) for a in node_releases(forced)] == [("release", True)]
+    assert node.state.operator_holds == () and node.state.tickets == ()
 
 
 def test_a_mild_unknown_xid_only_tells_a_person():
