@@ -32,7 +32,8 @@ replay after the reboot must not reboot again; a reboot command that fails corre
 On a host, the reboot command returns once the shutdown is queued: a repair or a validation that
 arrives afterwards (the ladder validates once the reboot is answered) waits for the node to go down,
 unanswered, and the next boot's agent gets it again; a node still up after `reboot_grace_s` did not
-reboot, and what waited is answered FAILED.
+reboot, and what waited is answered FAILED. The wait is journaled with the boot's id, so an agent
+restarted within the same boot keeps waiting.
 
 A restart or a reset is marked started in the journal, durably, before it begins. If the agent dies
 before its result is written (killed, out of memory, the node's power lost), the resend after the
@@ -77,6 +78,18 @@ class ActionSettings:
     FAILED, and the ladder climbs."""
 
 
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def read_boot_id() -> str:
+    """This boot's id (a fresh UUID each boot, from the kernel); "" where it cannot be read."""
+    try:
+        with open(BOOT_ID_PATH) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 class CommandDeferred(Exception):
     """Not run and not answered: the node is going down for the reboot it was told to do.
 
@@ -96,8 +109,13 @@ class ActionExecutor:
         ops: node_ops.NodeOps | None = None,
         settings: ActionSettings = ActionSettings(),
         sleep: Callable[[float], None] = time.sleep,
+        boot_id: str | None = None,
     ) -> None:
-        """Bind the executor to its backend, the executed-command journal, a unix-ns clock and node ops."""
+        """Bind the executor to its backend, the executed-command journal, a unix-ns clock and node ops.
+
+        boot_id: this boot's id (default: the kernel's, `read_boot_id`); "" where unknown, and then
+        a reboot wait is not carried over to a restarted agent (it cannot tell the boots apart).
+        """
         self._backend = backend
         self._journal = journal
         self._clock = clock
@@ -112,7 +130,9 @@ class ActionExecutor:
         # Command id → set when its run ended: a second delivery waits for the first.
         self._in_flight: dict[str, threading.Event] = {}
         self._in_flight_lock = threading.Lock()
-        self._reboot_started_monotonic: float | None = None
+        self._boot_id = read_boot_id() if boot_id is None else boot_id
+        # A reboot this boot was told to do before the agent restarted: what comes now still waits.
+        self._reboot_started_monotonic = journal.reboot_pending(self._boot_id) if self._boot_id else None
         self._stopping = threading.Event()
 
     def execute(self, command: model.Command) -> model.ActionResult:
@@ -203,9 +223,15 @@ class ActionExecutor:
             )
         if isinstance(action, model.RebootNode):
             result = self._finish(command, started, (model.ActionOutcome.SUCCEEDED, "reboot started", {}))
+            queued_only = not self._ops.reboot_done_on_return
+            if queued_only and self._boot_id:
+                # Journaled first, as the result is: the agent may be gone before the call returns.
+                self._journal.record_reboot_pending(self._boot_id, time.monotonic())
             try:
                 self._ops.reboot()
             except node_ops.NodeOpError as exc:
+                if queued_only and self._boot_id:
+                    self._journal.record_reboot_pending(self._boot_id, None)
                 # The journal said "started": corrected, so that a replay (the answer lost with its
                 # stream) also says FAILED, and the ladder does not wait for a boot that never comes.
                 # A replay does not try again: a failed reboot needs a person or the BMC rung.
@@ -214,10 +240,10 @@ class ActionExecutor:
                 )
                 self._journal.record_result(failed, correct=True)
                 return failed
-            if not self._ops.reboot_done_on_return:
+            if queued_only:
                 # systemctl reboot returns once the shutdown is queued: this boot's agent lives on
                 # for seconds. What comes now waits for the next boot (`_wait_for_the_reboot`).
-                self._reboot_started_monotonic = time.monotonic()
+                self._reboot_started_monotonic = self._journal.reboot_pending(self._boot_id) or time.monotonic()
                 return result
             # A reboot that returns once done (simulated) is a new boot: put the caps back.
             self.restore_power_caps()

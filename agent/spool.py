@@ -45,6 +45,10 @@ CREATE TABLE IF NOT EXISTS power_caps (
     limit_w INTEGER NOT NULL,
     set_unix_ns INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS pending_reboot (
+    boot_id TEXT PRIMARY KEY,
+    monotonic_s REAL NOT NULL
+);
 """
 
 
@@ -276,6 +280,33 @@ class Spool:
                 "SELECT action, started_unix_ns FROM started_commands WHERE command_id = ?", (command_id,)
             ).fetchone()
         return (str(row[0]), int(row[1])) if row else None
+
+    def record_reboot_pending(self, boot_id: str, monotonic_s: float | None) -> None:
+        """Durably note that this boot (boot_id) was told to reboot at monotonic_s; None clears it.
+
+        A reboot command returns once the shutdown is queued; an agent restarted in the same boot
+        (systemd restarting a crashed agent before the shutdown reaches it) must still hold what
+        comes after it for the next boot. CLOCK_MONOTONIC counts from the boot, so the time is
+        comparable across the agent's processes of one boot, and a new boot's id never matches.
+        """
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM pending_reboot")
+                if monotonic_s is not None:
+                    self._db.execute(
+                        "INSERT INTO pending_reboot (boot_id, monotonic_s) VALUES (?, ?)", (boot_id, monotonic_s)
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def reboot_pending(self, boot_id: str) -> float | None:
+        """When (CLOCK_MONOTONIC s) boot boot_id was told to reboot, if it was (`record_reboot_pending`)."""
+        with self._lock:
+            row = self._db.execute("SELECT monotonic_s FROM pending_reboot WHERE boot_id = ?", (boot_id,)).fetchone()
+        return float(row[0]) if row else None
 
     def record_power_caps(self, limits_w: dict[str, int], set_unix_ns: int) -> None:
         """Remember the caps the controller last had enforced, to put back after a reboot or reset.

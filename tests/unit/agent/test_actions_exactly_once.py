@@ -318,3 +318,61 @@ def test_a_node_that_does_not_go_down_after_its_reboot_fails_what_waited(tmp_pat
     assert result.outcome is model.ActionOutcome.FAILED and "did not go down" in result.message
     assert ops.validations == 0
     assert journal.executed_result("validate-1").outcome is model.ActionOutcome.FAILED
+
+
+def _restarted(tmp_path, backend, ops, boot_id, **settings):
+    """The agent's executor again, on the same spool, as systemd restarts a crashed agent."""
+    return actions.ActionExecutor(
+        backend, spool.Spool(str(tmp_path / "spool.db")), clock=time.time_ns, ops=ops,
+        settings=actions.ActionSettings(destructive_enabled=True, **settings), boot_id=boot_id,
+    )  # fmt: skip
+
+
+def test_an_agent_restarted_before_the_reboot_still_holds_repairs_for_the_next_boot(tmp_path):
+    backend = simulated.SimulatedBackend("n", 2, 0)
+    ops = _HostLikeOps(backend)
+    first = _restarted(tmp_path, backend, ops, "boot-A", reboot_grace_s=0.3)
+    assert first.execute(_cmd(model.RebootNode(), "reboot-1")).outcome is model.ActionOutcome.SUCCEEDED
+    # The agent dies and systemd starts it again before the shutdown reaches it: the same boot.
+    again = _restarted(tmp_path, backend, ops, "boot-A", reboot_grace_s=0.3)
+    result = again.execute(_cmd(model.RunValidation("post-repair", (), 7), "validate-1"))
+    assert result.outcome is model.ActionOutcome.FAILED and "did not go down" in result.message
+    assert ops.validations == 0
+    # The next boot (a new id) runs what it is sent.
+    booted = _restarted(tmp_path, backend, ops, "boot-B", reboot_grace_s=0.3)
+    assert booted.execute(_cmd(model.RunValidation("post-repair", (), 7), "validate-2")).outcome is (
+        model.ActionOutcome.SUCCEEDED
+    )
+    assert ops.validations == 1
+
+
+def test_a_reboot_that_fails_to_start_holds_nothing_after_a_restart(tmp_path):
+    backend = simulated.SimulatedBackend("n", 2, 0)
+
+    class _Refuses(_HostLikeOps):
+        def reboot(self):
+            raise node_ops.NodeOpError("systemctl reboot: exit 1")
+
+    ops = _Refuses(backend)
+    first = _restarted(tmp_path, backend, ops, "boot-A")
+    assert first.execute(_cmd(model.RebootNode(), "reboot-1")).outcome is model.ActionOutcome.FAILED
+    again = _restarted(tmp_path, backend, ops, "boot-A")
+    assert again.execute(_cmd(model.RunValidation("post-repair", (), 7), "validate-1")).outcome is (
+        model.ActionOutcome.SUCCEEDED
+    )
+
+
+def test_an_unknown_boot_id_carries_no_reboot_wait_over(tmp_path):
+    """Without the kernel's boot id two boots look alike: a wait carried over could outlive its boot."""
+    backend = simulated.SimulatedBackend("n", 2, 0)
+    ops = _HostLikeOps(backend)
+    _restarted(tmp_path, backend, ops, "").execute(_cmd(model.RebootNode(), "reboot-1"))
+    again = _restarted(tmp_path, backend, ops, "")
+    assert again.execute(_cmd(model.RunValidation("post-repair", (), 7), "validate-1")).outcome is (
+        model.ActionOutcome.SUCCEEDED
+    )
+
+
+def test_the_boot_id_is_the_kernels():
+    boot_id = actions.read_boot_id()
+    assert boot_id == "" or len(boot_id) == 36  # a UUID where /proc has it
