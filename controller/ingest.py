@@ -139,6 +139,32 @@ class Session:
     outbound: asyncio.Queue[agent_pb.ControllerMessage | None]
     opened_unix_ns: int
     replaced: bool = False
+    agent_ahead_ns: int | None = None
+    """How far the agent's clock runs ahead of this controller's at least, ns (negative: behind by at
+    least that much); None until a stamped message arrived. Each agent stamp (a heartbeat's send
+    time, a result's finish, the newest counters of a batch) was taken before the message arrived,
+    so the clock offset is at least the stamp minus the arrival time; the largest such difference
+    seen on this stream is the bound (`to_controller_ns`)."""
+
+    def note_stamp(self, agent_unix_ns: int, received_unix_ns: int) -> None:
+        """Tighten `agent_ahead_ns` with an agent stamp that arrived at received_unix_ns (controller clock)."""
+        if agent_unix_ns > 0:
+            ahead = agent_unix_ns - received_unix_ns
+            if self.agent_ahead_ns is None or ahead > self.agent_ahead_ns:
+                self.agent_ahead_ns = ahead
+
+    def to_controller_ns(self, agent_unix_ns: int, received_unix_ns: int) -> int:
+        """An agent stamp that arrived at received_unix_ns, in controller time; never later than its arrival.
+
+        Later than the truth by at most the shortest transit seen on the stream (unless the agent's
+        clock stepped forward since; still never past the arrival). Taken as it was, a stamp of an
+        agent clock running ahead (2 h in the chaos tests) made a read-back taken before a power
+        command arrived look newer than the command's deadline, and the power loop settled the
+        command as expired before it landed (invariant 1). Too early is the safe side there: a
+        command is only settled later.
+        """
+        corrected = agent_unix_ns - self.agent_ahead_ns if self.agent_ahead_ns is not None else agent_unix_ns
+        return min(corrected, received_unix_ns)
 
 
 class Ingest:
@@ -160,6 +186,9 @@ class Ingest:
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rasd-store")
         self.sessions: dict[str, Session] = {}
         self.latest: dict[str, fleet.GpuLatest] = {}
+        self.latest_controller_ns: dict[str, int] = {}
+        """GPU uuid → when its `latest` counters were sampled, in controller time (`Session.to_controller_ns`):
+        what the power loop compares with its own clock. `latest` keeps the agent's stamps."""
         self.gpu_nodes: dict[str, str] = {}
         self.power_window = fleet.PowerWindow(span_s=self.settings.power_window_span_s)
         self._dirty: dict[str, fleet.GpuLatest] = {}
@@ -351,11 +380,16 @@ class Ingest:
                 series.gpu_uuid, series.first_sample_unix_ns, series.sample_interval_ms, series.power_w
             )
             self.metrics.power_samples.inc(len(series.power_w))
+        now = self._clock()
+        if batch.counters:
+            session.note_stamp(max(c.sample_unix_ns for c in batch.counters), now)
         for gpu_uuid, update in wire.latest_from_telemetry(batch).items():
             merged = fleet.merge_latest(self.latest.get(gpu_uuid), update)
             self.latest[gpu_uuid] = merged
             self._dirty[gpu_uuid] = merged
-        self._last_seen[session.node_id] = self._clock()
+            if merged.counters_unix_ns:
+                self.latest_controller_ns[gpu_uuid] = session.to_controller_ns(merged.counters_unix_ns, now)
+        self._last_seen[session.node_id] = now
 
     async def on_events(self, session: Session, batch: agent_pb.HealthEventBatch) -> None:
         """Persist a batch of health events, then ack them to the agent.
@@ -390,8 +424,16 @@ class Ingest:
             await self.events_hook(session.node_id, fresh, self.node_labels.get(session.node_id, {}))
 
     def on_heartbeat(self, session: Session, heartbeat: agent_pb.Heartbeat) -> None:
-        """Note liveness."""
-        self._last_seen[session.node_id] = self._clock()
+        """Note liveness, and the agent's clock against ours."""
+        now = self._clock()
+        session.note_stamp(heartbeat.sent_unix_ns, now)
+        self._last_seen[session.node_id] = now
+
+    def to_controller_ns(self, node_id: str, agent_unix_ns: int) -> int:
+        """A stamp from node_id's agent that arrives now, in controller time (`Session.to_controller_ns`)."""
+        now = self._clock()
+        session = self.sessions.get(node_id)
+        return session.to_controller_ns(agent_unix_ns, now) if session is not None else min(agent_unix_ns, now)
 
     def on_result(self, session: Session, result: commands_pb.ActionResult) -> None:
         """Deliver a command result to whoever awaits it and count it."""
@@ -406,6 +448,8 @@ class Ingest:
             replayed=result.replayed,
             message=result.message,
         )
+        received = self._clock()
+        session.note_stamp(result.finished_unix_ns, received)
         for limit in result.enforced_limits:
             if limit.gpu_uuid in session.known_gpus:
                 previous = self.latest.get(limit.gpu_uuid) or fleet.GpuLatest()
@@ -419,6 +463,10 @@ class Ingest:
                 )
                 self.latest[limit.gpu_uuid] = confirmed
                 self._dirty[limit.gpu_uuid] = confirmed
+                self.latest_controller_ns[limit.gpu_uuid] = max(
+                    self.latest_controller_ns.get(limit.gpu_uuid, 0),
+                    session.to_controller_ns(result.finished_unix_ns, received),
+                )
         if pending is not None:
             if not pending.future.done():
                 pending.future.set_result(result)

@@ -586,6 +586,7 @@ class PowerLoop:
 
     def _readbacks(self, state: power_apply.ApplyState) -> list[power_apply.CapReadback]:
         latest = self._ingest.latest
+        sampled_ns = self._ingest.latest_controller_ns
         out = []
         for g in state.gpus:
             reading = latest.get(g.gpu_uuid)
@@ -593,7 +594,9 @@ class PowerLoop:
                 # A raise the agent is still slewing gets to its target without another command:
                 # that is the most that may be in force (power_apply's module doc).
                 in_force_w = power_apply.in_force_w(reading.enforced_power_limit_w, reading.power_limit_slew_target_w)
-                out.append(power_apply.CapReadback(g.gpu_uuid, in_force_w, reading.counters_unix_ns / 1e9))
+                # In controller time: the apply state compares it with deadlines this clock set.
+                at_ns = sampled_ns.get(g.gpu_uuid, min(reading.counters_unix_ns, self._clock()))
+                out.append(power_apply.CapReadback(g.gpu_uuid, in_force_w, at_ns / 1e9))
         return out
 
     async def _views(self, state: power_apply.ApplyState, now: float) -> tuple[power.GpuViews, np.ndarray, np.ndarray]:
@@ -740,7 +743,11 @@ class PowerLoop:
             limit.gpu_uuid: power_apply.in_force_w(limit.power_limit_w, limit.slew_target_w)
             for limit in result.enforced_limits
         }
-        at_s = (result.finished_unix_ns or self._clock()) / 1e9
+        at_s = (
+            self._ingest.to_controller_ns(node_id, result.finished_unix_ns)
+            if result.finished_unix_ns
+            else self._clock()
+        ) / 1e9
         for c in commands:
             if c.gpu_uuid in read:
                 self._acks.append(power_apply.CapAck(c.command_id, c.gpu_uuid, float(read[c.gpu_uuid]), at_s))
@@ -1011,7 +1018,7 @@ class PowerLoop:
             lost = any(
                 (r := latest.get(u)) is not None
                 and r.power_smoothing_enabled is False
-                and r.counters_unix_ns / 1e9 > sent_at + 1.0
+                and self._ingest.latest_controller_ns.get(u, 0) / 1e9 > sent_at + 1.0
                 for u in self._ingest.node_gpus(node_id)
             )
             if only_new and self._smoothing_nodes.get(node_id) == key and not lost:

@@ -69,8 +69,15 @@ def _controller(tmp_path, port, *, power=POWER, bmc=None):
 class Fleet:
     """Two simulated nodes of 4 H100s running one synchronous job."""
 
-    def __init__(self, address: str, gpu_model: simulated.SimulatedGpuModel = simulated.H100_SXM) -> None:
+    def __init__(
+        self,
+        address: str,
+        gpu_model: simulated.SimulatedGpuModel = simulated.H100_SXM,
+        *,
+        clock_ahead_s: float = 0.0,
+    ) -> None:
         workload = simulated.StepWorkload(period_s=1.0)
+        ahead_ns = int(clock_ahead_s * 1e9)
         self.job = step_job.StepJob(workload.shape(), seed=1)
         self.backends = {
             n: simulated.SimulatedBackend(n, 4, 1, workload=workload, job=self.job, gpu_model=gpu_model)
@@ -82,6 +89,7 @@ class Fleet:
                 b,
                 spool.Spool(":memory:"),
                 runtime.LinkSettings(controller_address=address, **FAST_LINK),
+                clock=lambda: time.time_ns() + ahead_ns,
             )
             for n, b in self.backends.items()
         ]
@@ -126,11 +134,16 @@ def _settled(controller) -> bool:
     )
 
 
-def test_budget_cut_is_enforced_on_the_gpus_and_freed_watts_move_only_after_confirmation(tmp_path, free_port):
+@pytest.mark.parametrize("agent_clock_ahead_s", [0.0, 7200.0], ids=["agents-on-time", "agents-2h-ahead"])
+def test_budget_cut_is_enforced_on_the_gpus_and_freed_watts_move_only_after_confirmation(
+    tmp_path, free_port, agent_clock_ahead_s
+):
+    """Also with the agents' clocks 2 h ahead: the loop compares their stamps with its own deadlines."""
+
     async def scenario():
         controller = _controller(tmp_path, free_port)
         await controller.start()
-        fleet = Fleet(controller.address)
+        fleet = Fleet(controller.address, clock_ahead_s=agent_clock_ahead_s)
         channel = grpc.aio.insecure_channel(controller.address)
         admin = admin_grpc.AdminServiceStub(channel)
         violations: list[str] = []
@@ -145,6 +158,10 @@ def test_budget_cut_is_enforced_on_the_gpus_and_freed_watts_move_only_after_conf
                     violations.append(f"cluster {a + b} W > {budgets['cluster']} W")
                 if budgets["node-a"] is not None and a > budgets["node-a"]:
                     violations.append(f"node-a {a} W > {budgets['node-a']} W after its cut was enforced")
+                # Read-backs and acks are dated in the controller's time, whatever the agents' clocks say.
+                state = controller.power.state
+                if state is not None and state.confirmed_at_s.max() > time.time() + 1.0:
+                    violations.append(f"a read-back dated {state.confirmed_at_s.max() - time.time():.0f} s ahead")
                 await asyncio.sleep(0.002)
 
         try:
