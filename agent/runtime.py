@@ -485,6 +485,7 @@ class Agent:
                 gpus=self._inventory,
                 labels=self.identity.labels,
                 spool_head_seq=self.spool.head_seq(),
+                sent_unix_ns=self._clock(),
             )
         )
         first = await asyncio.wait_for(call.read(), timeout=self.settings.welcome_timeout_s)
@@ -642,13 +643,21 @@ class Agent:
 
 
 def on_local_clock(command: model.Command, received_unix_ns: int) -> model.Command:
-    """command with its deadline moved onto this node's clock, counted from when it arrived.
+    """command with its deadline on this node's clock.
 
     The controller stamps issued and deadline times with its own clock, and a node's clock may be
     off by any amount: compared with the local clock, a node running ahead would refuse every
-    command as late, and one running behind would run a long-stale one. What a command grants is
-    the span between the two stamps; it starts when the command reaches the agent.
+    command as late, and one running behind would run a long-stale one.
+
+    The controller converts the deadline itself once the stream's stamps bound the offset
+    (``deadline_agent_unix_ns``); it is kept as given. The controller settles a power command it
+    never heard back from as expired once a read-back is newer than its deadline: counted from a
+    late arrival instead, the command ran after its watts had gone to another GPU. Without that
+    bound (an older controller, or a command sent before the stream carried a stamp), what a
+    command grants is the span between the two stamps, counted from when it reaches the agent.
     """
+    if command.deadline_agent_unix_ns:
+        return dataclasses.replace(command, deadline_unix_ns=command.deadline_agent_unix_ns)
     if not command.deadline_unix_ns or not command.issued_unix_ns:
         return command
     span_ns = max(0, command.deadline_unix_ns - command.issued_unix_ns)

@@ -47,8 +47,9 @@ def hello(
     gpus: Sequence[model.GpuInfo],
     labels: Mapping[str, str],
     spool_head_seq: int,
+    sent_unix_ns: int = 0,
 ) -> agent_pb.AgentMessage:
-    """The first message of every stream."""
+    """The first message of every stream; sent_unix_ns is the agent's clock as it sends it."""
     return agent_pb.AgentMessage(
         hello=agent_pb.Hello(
             node_id=node_id,
@@ -59,6 +60,7 @@ def hello(
             gpus=[gpu_info_to_wire(g) for g in gpus],
             labels=dict(labels),
             spool_head_seq=spool_head_seq,
+            sent_unix_ns=sent_unix_ns,
         )
     )
 
@@ -236,4 +238,5 @@ def command_from_wire(message: commands_pb.Command) -> model.Command:
         deadline_unix_ns=message.deadline_unix_ns,
         reason=message.reason,
         action=action,
+        deadline_agent_unix_ns=message.deadline_agent_unix_ns,
     )

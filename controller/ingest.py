@@ -166,6 +166,20 @@ class Session:
         corrected = agent_unix_ns - self.agent_ahead_ns if self.agent_ahead_ns is not None else agent_unix_ns
         return min(corrected, received_unix_ns)
 
+    def stamp_agent_deadline(self, command: commands_pb.Command) -> None:
+        """Give command its deadline on the agent's clock (``deadline_agent_unix_ns``), once the offset is bounded.
+
+        The deadline plus the least the agent runs ahead: in real time never later than the
+        controller's deadline. A read-back the power loop dates after the deadline (`to_controller_ns`)
+        was then taken after the agent's clock passed it too, so a command not run by then never
+        runs. Counted from its arrival instead (`runtime.on_local_clock` without it), a command
+        delivered late ran after the loop had settled it as expired and given its watts away.
+        """
+        if command.deadline_unix_ns and self.agent_ahead_ns is not None:
+            command.deadline_agent_unix_ns = command.deadline_unix_ns + self.agent_ahead_ns
+        else:
+            command.deadline_agent_unix_ns = 0
+
 
 class Ingest:
     """Everything the controller does with what agents send, and the commands it sends them."""
@@ -294,6 +308,7 @@ class Ingest:
         session = self.sessions.get(node_id)
         if session is None:
             return False
+        session.stamp_agent_deadline(command)
         try:
             session.outbound.put_nowait(agent_pb.ControllerMessage(command=command))
         except asyncio.QueueFull:
@@ -321,6 +336,7 @@ class Ingest:
             outbound=asyncio.Queue(maxsize=self.settings.outbound_queue_size),
             opened_unix_ns=now,
         )
+        session.note_stamp(hello.sent_unix_ns, now)
         self.sessions[session.node_id] = session
         for gpu in node_hello.gpus:
             self.gpu_nodes[gpu.uuid] = gpu.node_id
@@ -509,6 +525,7 @@ class Ingest:
         self._pending_results[command.command_id] = _PendingCommand(
             node_id=node_id, action=command.WhichOneof("action") or "unknown", future=future
         )
+        session.stamp_agent_deadline(command)
         await session.outbound.put(agent_pb.ControllerMessage(command=command))
         try:
             return await asyncio.wait_for(future, timeout=timeout_s)

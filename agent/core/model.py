@@ -240,6 +240,8 @@ class Command:
     deadline_unix_ns: int
     reason: str
     action: Action
+    deadline_agent_unix_ns: int = 0
+    """The deadline on this node's clock, as the controller bounds it (0: none; see `runtime.on_local_clock`)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -247,6 +247,12 @@ def test_a_command_deadline_is_a_span_from_arrival_on_the_agent_clock(agent_cloc
     )
 
 
+def test_a_deadline_the_controller_put_on_the_agent_clock_is_kept_as_given():
+    issued = 1_800_000_000 * 10**9
+    command = model.Command("c", issued, issued + 30 * 10**9, "test", model.RebootNode(), deadline_agent_unix_ns=7)
+    assert runtime.on_local_clock(command, issued + 60 * 10**9).deadline_unix_ns == 7
+
+
 # ---- caps survive reboots and resets --------------------------------------------------------------
 
 

@@ -75,3 +75,50 @@ def test_a_read_back_from_before_a_raise_arrived_does_not_settle_it_with_the_age
     state, plan = power_apply.plan(state, np.array([400.0, 600.0]), tree, now=10.3, policy=POLICY)
     assert plan.increases == ()  # GPU-b gets no watts the rack does not have
     assert power_apply.may_be_in_force_w(state).sum() <= 1_000
+
+
+def _cap_command(issued_ns: int, deadline_ns: int, gpu_uuid: str, limit_w: int):
+    from rasd.api.v1 import commands_pb2 as commands_pb
+
+    return commands_pb.Command(
+        command_id="cap-e1-7",
+        issued_unix_ns=issued_ns,
+        deadline_unix_ns=deadline_ns,
+        reason="test",
+        set_power_cap=commands_pb.SetPowerCap(
+            limits=[commands_pb.GpuPowerLimit(gpu_uuid=gpu_uuid, power_limit_w=limit_w)]
+        ),
+    )
+
+
+def test_a_cap_delivered_after_its_deadline_is_refused_on_an_agent_2h_ahead():
+    """The helper audit's repro A: counted from its late arrival, a raise the loop had settled as expired still ran."""
+    from rasd.agent import actions, runtime, spool
+    from rasd.agent import wire as agent_wire
+    from rasd.agent.core import model
+    from rasd.agent.gpu import simulated
+
+    t0 = 1_780_000_000 * S
+    backend = simulated.SimulatedBackend("n1", 1, 0)
+    gpu_uuid = backend.inventory()[0].uuid
+    backend.set_power_limit(gpu_uuid, 400)
+    executor = actions.ActionExecutor(backend, spool.Spool(":memory:"), clock=lambda: agent_now[0])
+    session = _session()
+    session.note_stamp(t0 + AHEAD_NS, t0 + 1_000_000)  # the Hello: 1 ms in transit
+    agent_now = [0]
+
+    def deliver(command, arrived_controller_ns: int) -> model.ActionResult:
+        session.stamp_agent_deadline(command)
+        agent_now[0] = arrived_controller_ns + AHEAD_NS
+        local = runtime.on_local_clock(agent_wire.command_from_wire(command), agent_now[0])
+        return executor.execute(local)
+
+    late = _cap_command(t0 + 10 * S, t0 + 15 * S, gpu_uuid, 600)
+    assert late.deadline_agent_unix_ns == 0  # not stamped before it is sent
+    # It reaches the agent at 20 s, after the loop settled it as expired (a read-back past 15 s + 1 s).
+    assert deliver(late, t0 + 20 * S).outcome is model.ActionOutcome.TIMED_OUT
+    assert backend.read_counters(0)[0].enforced_power_limit_w == 400
+    on_time = _cap_command(t0 + 30 * S, t0 + 35 * S, gpu_uuid, 600)
+    on_time.command_id = "cap-e1-8"
+    assert deliver(on_time, t0 + 30 * S + 5_000_000).outcome is model.ActionOutcome.SUCCEEDED
+    assert backend.read_counters(0)[0].enforced_power_limit_w == 600

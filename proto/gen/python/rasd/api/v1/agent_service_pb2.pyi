@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "boot_id", "agent_version", "gpus", "labels", "hostname", "spool_head_seq", "backend")
+    __slots__ = ("node_id", "boot_id", "agent_version", "gpus", "labels", "hostname", "spool_head_seq", "backend", "sent_unix_ns")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class Hello(_message.Message):
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     SPOOL_HEAD_SEQ_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     boot_id: str
     agent_version: str
@@ -33,7 +34,8 @@ class Hello(_message.Message):
     hostname: str
     spool_head_seq: int
     backend: str
-    def __init__(self, node_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_health_pb2.GpuInfo, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., hostname: _Optional[str] = ..., spool_head_seq: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+    sent_unix_ns: int
+    def __init__(self, node_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_health_pb2.GpuInfo, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., hostname: _Optional[str] = ..., spool_head_seq: _Optional[int] = ..., backend: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_unix_ns", "spool_depth")

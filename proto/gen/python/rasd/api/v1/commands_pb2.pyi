@@ -102,11 +102,12 @@ class RunValidation(_message.Message):
     def __init__(self, suite: _Optional[str] = ..., gpu_uuids: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("command_id", "issued_unix_ns", "deadline_unix_ns", "reason", "set_power_cap", "set_power_smoothing", "restart_process", "reset_gpu", "reboot_node", "run_validation", "set_trough_filler")
+    __slots__ = ("command_id", "issued_unix_ns", "deadline_unix_ns", "reason", "deadline_agent_unix_ns", "set_power_cap", "set_power_smoothing", "restart_process", "reset_gpu", "reboot_node", "run_validation", "set_trough_filler")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     ISSUED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_AGENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     SET_POWER_CAP_FIELD_NUMBER: _ClassVar[int]
     SET_POWER_SMOOTHING_FIELD_NUMBER: _ClassVar[int]
     RESTART_PROCESS_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +119,7 @@ class Command(_message.Message):
     issued_unix_ns: int
     deadline_unix_ns: int
     reason: str
+    deadline_agent_unix_ns: int
     set_power_cap: SetPowerCap
     set_power_smoothing: SetPowerSmoothing
     restart_process: RestartProcess
@@ -125,7 +127,7 @@ class Command(_message.Message):
     reboot_node: RebootNode
     run_validation: RunValidation
     set_trough_filler: SetTroughFiller
-    def __init__(self, command_id: _Optional[str] = ..., issued_unix_ns: _Optional[int] = ..., deadline_unix_ns: _Optional[int] = ..., reason: _Optional[str] = ..., set_power_cap: _Optional[_Union[SetPowerCap, _Mapping]] = ..., set_power_smoothing: _Optional[_Union[SetPowerSmoothing, _Mapping]] = ..., restart_process: _Optional[_Union[RestartProcess, _Mapping]] = ..., reset_gpu: _Optional[_Union[ResetGpu, _Mapping]] = ..., reboot_node: _Optional[_Union[RebootNode, _Mapping]] = ..., run_validation: _Optional[_Union[RunValidation, _Mapping]] = ..., set_trough_filler: _Optional[_Union[SetTroughFiller, _Mapping]] = ...) -> None: ...
+    def __init__(self, command_id: _Optional[str] = ..., issued_unix_ns: _Optional[int] = ..., deadline_unix_ns: _Optional[int] = ..., reason: _Optional[str] = ..., deadline_agent_unix_ns: _Optional[int] = ..., set_power_cap: _Optional[_Union[SetPowerCap, _Mapping]] = ..., set_power_smoothing: _Optional[_Union[SetPowerSmoothing, _Mapping]] = ..., restart_process: _Optional[_Union[RestartProcess, _Mapping]] = ..., reset_gpu: _Optional[_Union[ResetGpu, _Mapping]] = ..., reboot_node: _Optional[_Union[RebootNode, _Mapping]] = ..., run_validation: _Optional[_Union[RunValidation, _Mapping]] = ..., set_trough_filler: _Optional[_Union[SetTroughFiller, _Mapping]] = ...) -> None: ...
 
 class CheckVerdict(_message.Message):
     __slots__ = ("check", "gpu_uuid", "verdict", "evidence", "duration_s")
