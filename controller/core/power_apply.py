@@ -395,6 +395,12 @@ def record(
         )
         if ack.enforced_w is not None:
             observe(i, float(ack.enforced_w), ack.sample_s)
+            if is_current and ack.sample_s < confirmed_at[i]:
+                # The answer to the newest command, dated before a read-back already folded in:
+                # only a clock step (the agent's stepped back) dates them so. Dropped, the value in
+                # force went uncounted once the command cleared below; the larger of the two is
+                # counted until a later read-back settles it.
+                confirmed[i] = max(confirmed[i], float(ack.enforced_w))
         if is_current:
             pending_w[i] = np.nan
             pending_seq[i] = NO_COMMAND

@@ -163,6 +163,19 @@ def test_an_ack_for_an_older_command_does_not_clear_the_current_one():
     assert state.pending_seq[0] == 0 and power_apply.may_be_in_force(state, "a") == 450
 
 
+def test_the_answer_to_the_current_raise_counts_even_when_dated_before_the_last_read_back():
+    # The agent's clock stepped back between a read-back and the answer: the answer's value is in force.
+    state = two_gpu_state(confirmed=(400.0, 400.0))
+    state = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 400.0, 12.0)], policy=POLICY)
+    state, plan = power_apply.plan(state, np.array([600, 400]), one_rack_tree(1_000), now=12.5, policy=POLICY)
+    (raise_a,) = plan.increases
+    state = power_apply.record(state, acks=[power_apply.CapAck(raise_a.command_id, "a", 600.0, 11.0)], policy=POLICY)
+    assert state.pending_seq[0] == power_apply.NO_COMMAND
+    assert power_apply.may_be_in_force(state, "a") == 600  # was 400: the 600 W in force went uncounted
+    _, plan = power_apply.plan(state, np.array([400, 600]), one_rack_tree(1_000), now=13.0, policy=POLICY)
+    assert plan.increases == ()  # b gets no watts a still holds
+
+
 def test_a_refused_command_is_cleared_without_changing_the_confirmed_cap():
     tree = one_rack_tree(1_000)
     state, _ = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now=10.0, policy=POLICY)
