@@ -38,7 +38,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -1124,22 +1124,41 @@ class RemediationService:
             )
         )
         if result.validation_verdict:
+            targets = sdc_service.validation_targets(sent, self.ingest.node_gpus(node_id))
+            waited = next(
+                (
+                    t.pending
+                    for t in state.tickets
+                    if t.pending is not None and t.pending.command_id == result.command_id
+                ),
+                None,
+            )
             change.validations.append(
                 {
                     "validation_id": result.command_id,
                     "node_id": node_id,
+                    "gpu_uuid": targets[0] if len(targets) == 1 else "",
                     "verdict": result.validation_verdict,
+                    # When the ladder sent it (0: no ticket waited for it any more, a stale answer):
+                    # `operator_release` counts only runs that started after the quarantine.
+                    "started_unix_ns": int((waited.dispatched_at or waited.issued_at) * 1e9) if waited else 0,
                     "finished_unix_ns": now_ns,
                     "evidence": {
+                        # What it covered (`_validated_gpus`); None when not known: none, for a release.
+                        "covered": {
+                            "gpu_uuids": list(sent.gpu_uuids),
+                            "exclude_gpu_uuids": list(sent.exclude_gpu_uuids),
+                        }
+                        if isinstance(sent, actions.RunValidation)
+                        else None,
                         "checks": [
                             {"check": v.check, "gpu": v.gpu_uuid, "verdict": v.verdict, "evidence": v.evidence}
                             for v in result.verdicts
-                        ]
+                        ],
                     },
                     "suite": sent.suite if isinstance(sent, actions.RunValidation) else "",
                 }
             )
-            targets = sdc_service.validation_targets(sent, self.ingest.node_gpus(node_id))
             change.docs.update(
                 self.sdc.verdicts(
                     node_id,
@@ -1434,35 +1453,37 @@ class RemediationService:
                 raise LookupError(f"{node_id}{'/' + gpu_uuid if gpu_uuid else ''} is not quarantined")
             if not force:
                 since = min(q["since_unix_ns"] for q in mine)
+                # What must have passed: the GPU, or for the node every GPU (from the store: the node
+                # may not be connected) not quarantined on its own.
+                nodes = await self.ingest.run_in_store(lambda: self.ingest.store.list_nodes([node_id]))
+                node_gpus = [g.record.uuid for n in nodes for g in n.gpus]
+                held_gpus = {q["gpu_uuid"] for q in active if q["gpu_uuid"] and not q["port"]}
+                needed = {gpu_uuid} if gpu_uuid else set(node_gpus) - held_gpus
                 runs = await self.ingest.run_in_store(lambda: self.store.validations(node_id=node_id))
                 passed = [
-                    v for v in runs if v["verdict"] == "pass" and (v["finished_unix_ns"] or 0) > since
-                    and (not v["gpu_uuid"] or v["gpu_uuid"] == gpu_uuid)
+                    v for v in runs if v["verdict"] == "pass" and (v["started_unix_ns"] or 0) >= since
+                    and needed <= _validated_gpus(v, node_gpus)
                 ]  # fmt: skip
                 if not passed:
                     raise PermissionError(
-                        "no passing validation since the quarantine: run `rasctl validate` or --force"
+                        "no passing validation of "
+                        + (gpu_uuid or "the node's GPUs")
+                        + " started since the quarantine: run `rasctl validate` or --force"
                     )
-            change.releases.append(
-                {"node_id": node_id, "gpu_uuid": gpu_uuid, "port": "", "reason": reason, "forced": force}
+            release = actions.Release(
+                ticket_id=f"operator/{now_ns}", step=0, node_id=node_id, gpu_uuid=gpu_uuid, reason=reason, forced=force
             )
+            # The record, and the node out of the disruption budget's count if automation had put it there.
+            self._record_controller_side(release, change, source=actor)
             if state is not None and hold in state.operator_holds:
                 await self._commit(node_id, escalation.operator_holds(state, hold, held=False), [], change)
             else:
+                budget = self._stage_budget(change)
                 await self.ingest.run_in_store(self._store_commit, change)
+                self._budget_stored = budget
             await self._export_quarantines()
             if (executor := self._executors.get("release")) is not None:
-                await asyncio.to_thread(
-                    executor,
-                    actions.Release(
-                        ticket_id=f"operator/{now_ns}",
-                        step=0,
-                        node_id=node_id,
-                        gpu_uuid=gpu_uuid,
-                        reason=reason,
-                        forced=force,
-                    ),
-                )
+                await asyncio.to_thread(executor, release)
             return "released" + (" by force, without validation" if force else " after a passing validation")
 
     async def _local_stream(self, node_id: str) -> bool:
@@ -2013,6 +2034,24 @@ class RemediationService:
         counts = await self.ingest.run_in_store(self.store.quarantine_counts)
         for scope, count in counts.items():
             self.ingest.metrics.quarantined.labels(scope=scope).set(count)
+
+
+def _validated_gpus(run: Mapping[str, Any], node_gpus: Iterable[str]) -> set[str]:
+    """The GPUs a stored validation run covered, of node_gpus (the node's GPUs).
+
+    The ladder's runs keep their scope (``evidence["covered"]``: the GPUs named, or the node's but
+    those excluded; None when the run's command was not known, which covers none); an operator's
+    ``rasctl validate`` ran on its one GPU, or on every GPU of the node when it named none.
+    """
+    evidence = run.get("evidence") or {}
+    if "covered" in evidence:
+        covered = evidence["covered"]
+        if covered is None:
+            return set()
+        if covered["gpu_uuids"]:
+            return set(covered["gpu_uuids"])
+        return set(node_gpus) - set(covered["exclude_gpu_uuids"])
+    return {run["gpu_uuid"]} if run["gpu_uuid"] else set(node_gpus)
 
 
 def agent_command(

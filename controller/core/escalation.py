@@ -1462,14 +1462,22 @@ def operator_release(
     VALIDATING: ``(RunValidation("post-repair"),)``; verdict pass → ``(Release(node),)``.
 
     hold: the target the operator named ("node", "gpu:<uuid>"); their own hold on it, if they set
-    one, is lifted now, so that the ticket's release is the last.
+    one, is lifted now, so that the ticket's release is the last. With ``force``, only that target
+    is released (every hold when ""), and the ticket closes once it holds nothing else.
     """
     w = _Work(state, now, policy)
     t = w.tickets.get(ticket_id)
     if t is None:
         return w.decision(f"no ticket {ticket_id} on {state.node_id}")
     if force:
-        _release_holds(w, ticket_id, "operator forced release", forced=True)
+        # Only what the operator named: the node's release must not return a GPU waiting for its
+        # RMA, nor one GPU's release the rest of a rebooting node.
+        keep = [h for h in t.held if hold and h != hold]
+        _release_holds(w, ticket_id, "operator forced release", keep=keep, forced=True)
+        if keep:
+            line = f"operator force-released {_hold_word(hold)} without validation; the ticket keeps {', '.join(keep)}"
+            w.note(ticket_id, line)
+            return w.decision(line)
         w.tickets.pop(ticket_id)
         return w.decision(f"operator force-released ticket {ticket_id} without validation")
     if t.state in (TicketState.ACTING, TicketState.WAITING):

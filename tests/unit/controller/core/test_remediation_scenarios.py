@@ -641,6 +641,42 @@ def test_a_forced_release_lifts_the_target_from_every_holder():
     assert node.state.operator_holds == () and node.state.tickets == ()
 
 
+def test_a_forced_release_of_the_node_keeps_the_gpu_waiting_for_its_rma():
+    node = Node()
+    node.xid(79, gpu="GPU-3")
+    node.result("reboot_node", Outcome.FAILED)  # RMA for GPU-3; the node's other GPUs are validated
+    node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    ticket = node.ticket("GPU-3")
+    assert ticket.state is TicketState.RMA_PENDING and set(ticket.held) == {"node", "gpu:GPU-3"}
+    forced = node._take(
+        escalation.operator_release(
+            node.state, ticket.ticket_id, now=node.clock.now, policy=node.policy.escalation, force=True, hold="node"
+        )
+    )
+    assert [(a.kind, a.gpu_uuid, a.forced) for a in forced.actions] == [("release", "", True)]
+    assert node.ticket("GPU-3").held == ("gpu:GPU-3",) and node.ticket("GPU-3").state is TicketState.RMA_PENDING
+
+
+def test_a_forced_release_of_one_gpu_leaves_the_node_and_its_other_holders_alone():
+    node = Node()
+    node.state = escalation.operator_holds(node.state, "node", held=True)
+    node.xid(95, gpu="GPU-1")  # a reset: GPU-1 quarantined
+    node.xid(79, gpu="GPU-2")  # a reboot folds it: the ticket holds gpu:GPU-1 and the node
+    ticket = node.ticket("GPU-2")
+    forced = node._take(
+        escalation.operator_release(
+            node.state,
+            ticket.ticket_id,
+            now=node.clock.now,
+            policy=node.policy.escalation,
+            force=True,
+            hold="gpu:GPU-1",
+        )
+    )
+    assert [(a.kind, a.gpu_uuid) for a in forced.actions] == [("release", "GPU-1")]
+    assert node.state.operator_holds == ("node",) and "node" in node.ticket("GPU-2").held
+
+
 def test_a_mild_unknown_xid_only_tells_a_person():
     node = Node()
     decision = node.xid(9999)

@@ -1,0 +1,162 @@
+"""`rasctl release` without a ticket (an operator's own quarantine): what a passing validation must have covered.
+
+DESIGN invariant 5: a quarantined GPU or node returns to service only after it passes validation.
+The release counts a passing run only if it started after the quarantine and covered what is
+released: the GPU, or every GPU of the node not quarantined on its own. Found by the invariant-5
+audit: a run of one accused GPU released another GPU, and the whole node, of an operator's
+quarantine; so did a stale answer of a run started before the quarantine. And once nothing holds a
+node, the disruption budget stops counting it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.controller import ingest as ingest_mod
+from rasd.controller import metrics
+from rasd.controller import remediation as remediation_mod
+from rasd.controller.core import fleet, health
+from rasd.controller.store import repo
+
+T0_NS = 1_800_000_000 * 10**9
+GPU_A = "GPU-00000000-0000-4000-8000-00000000000a"
+GPU_B = "GPU-00000000-0000-4000-8000-00000000000b"
+NODE = "node-1"
+
+
+class _Rig:
+    """A two-GPU node's remediation service on a real store, with a settable clock."""
+
+    def __init__(self, url: str) -> None:
+        self.now_ns = T0_NS
+        self.store = repo.Store.open(url)
+        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=self.clock)
+        self.service = remediation_mod.RemediationService(self.store, self.ingest, clock=self.clock)
+        gpus = tuple(
+            fleet.GpuRecord(uuid, NODE, "H100", f"0000:{18 + i}:00.0", 200, 700, 700)
+            for i, uuid in enumerate((GPU_A, GPU_B))
+        )
+        self.store.register_hello(
+            fleet.NodeHello(NODE, "boot-1", "0.1.0", NODE, "simulated", {"rack": "r1"}, gpus, 0), T0_NS
+        )
+        self.ingest.node_labels[NODE] = {"rack": "r1"}
+
+    def clock(self) -> int:
+        return self.now_ns
+
+    def run(self, scenario) -> None:
+        async def whole() -> None:
+            await self.ingest.start()
+            try:
+                await scenario()
+            finally:
+                await self.ingest.stop()
+
+        asyncio.run(whole())
+
+    def open_command(self, kind: str):
+        (command,) = [
+            c
+            for c in self.service.store.commands(node_id=NODE)
+            if c.kind == kind and c.status in ("pending", "dispatched")
+        ]
+        return command
+
+    async def answer(self, kind: str, verdict: str = "") -> None:
+        command = self.open_command(kind)
+        self.now_ns += 60 * 10**9
+        await self.service.on_result(
+            NODE,
+            commands_pb.ActionResult(
+                command_id=command.command_id, outcome=commands_pb.ACTION_OUTCOME_SUCCEEDED, validation_verdict=verdict
+            ),
+        )
+
+    async def release(self, gpu_uuid: str = "") -> str:
+        self.now_ns += 10**9
+        try:
+            return await self.service.operator_release(NODE, gpu_uuid, reason="test", force=False, actor="bob")
+        except PermissionError as exc:
+            return f"refused: {exc}"
+
+    def quarantined(self) -> list[str]:
+        return sorted(q["gpu_uuid"] or "node" for q in self.service.store.quarantines(node_id=NODE))
+
+
+@pytest.fixture
+def rig(tmp_path):
+    r = _Rig(f"sqlite:///{tmp_path / 'rasd.db'}")
+    yield r
+    r.store.close()
+
+
+def test_a_run_of_one_gpu_does_not_release_another_gpu_or_the_node(rig):
+    out = {}
+
+    async def scenario() -> None:
+        await rig.service.operator_quarantine(NODE, GPU_B, reason="suspect HBM", actor="alice")
+        rig.now_ns += 10**9
+        await rig.service.accuse(NODE, GPU_A, reason="loss spike", accuser="job-7")  # validates GPU-A only
+        await rig.answer("run_validation", "pass")
+        out["gpu_b"] = await rig.release(GPU_B)
+        await rig.service.operator_quarantine(NODE, "", reason="tray swap", actor="alice")
+        out["node"] = await rig.release()
+        out["quarantined"] = rig.quarantined()
+
+    rig.run(scenario)
+    assert out["gpu_b"].startswith("refused: no passing validation of " + GPU_B), out
+    assert out["node"].startswith("refused: no passing validation of the node's GPUs"), out
+    assert out["quarantined"] == [GPU_B, "node"]
+
+
+def test_a_stale_run_started_before_the_quarantine_does_not_release_it(rig):
+    out = {}
+
+    async def scenario() -> None:
+        await rig.service.accuse(NODE, GPU_A, reason="loss spike", accuser="job-7")
+        run = rig.open_command("run_validation")
+        rig.now_ns += 10**9
+        await rig.service.operator_release(NODE, GPU_A, reason="need it", force=True, actor="bob")  # ticket closes
+        rig.now_ns += 10**9
+        await rig.service.operator_quarantine(NODE, "", reason="PSU alarm", actor="alice")
+        rig.now_ns += 60 * 10**9
+        await rig.service.on_result(  # the old run's answer, late: no ticket waits for it
+            NODE,
+            commands_pb.ActionResult(
+                command_id=run.command_id, outcome=commands_pb.ACTION_OUTCOME_SUCCEEDED, validation_verdict="pass"
+            ),
+        )
+        out["node"] = await rig.release()
+
+    rig.run(scenario)
+    assert out["node"].startswith("refused"), out
+
+
+def test_a_node_an_operator_held_through_a_repair_leaves_the_budget_once_released(rig):
+    out = {}
+
+    async def scenario() -> None:
+        await rig.service.operator_quarantine(NODE, "", reason="optics swap booked", actor="alice")
+        rig.now_ns += 10**9
+        event = repo.StoredEvent(
+            node_id=NODE, seq=1, observed_unix_ns=rig.now_ns - 10**6, received_unix_ns=rig.now_ns,
+            kind=int(health.EventKind.XID), severity=int(health.Severity.ERROR), gpu_uuid=GPU_A, xid=79,
+            message="NVRM: Xid (PCI:0000:18:00): 79", source="kmsg", attributes={},
+        )  # fmt: skip
+        await rig.service.on_events(NODE, [event], {"rack": "r1"})  # fell off the bus: node quarantine + reboot
+        out["counted"] = rig.service.budget.quarantined_nodes
+        await rig.answer("reboot_node")
+        await rig.answer("run_validation", "pass")  # the node stays quarantined: the operator holds it
+        out["held"] = rig.quarantined()
+        out["release"] = await rig.release()  # the post-reboot run covered every GPU
+        out["budget"] = rig.service.budget.quarantined_nodes
+        out["stored"] = rig.service.store.load_doc("budget")["quarantined_nodes"]
+
+    rig.run(scenario)
+    assert out["counted"] == (NODE,) and out["held"] == ["node"]
+    assert out["release"] == "released after a passing validation"
+    assert out["budget"] == () and out["stored"] == [], out
