@@ -417,10 +417,12 @@ class Ingest:
         started = time.perf_counter()
         now = self._clock()
         events = wire.events_from_wire(batch, session.known_gpus, now, session.node_id)
-        acked_seq, stored = await self.store_events(session.node_id, events)
-        self.events_stored += len(stored)
-        new_seqs = set(stored)
-        fresh = sorted({e.seq: e for e in events if e.seq in new_seqs}.values(), key=lambda e: e.seq)
+        # Shielded: the stream may end (agent killed, a newer stream of the node) while the batch
+        # commits. The commit lands anyway and a resend is then a duplicate, so the hand-over to
+        # remediation must not depend on this caller still waiting: cancelled there, the events were
+        # stored and acked but never decided (and the node's next decision moved the replay watermark
+        # past them).
+        acked_seq, decided = await asyncio.shield(asyncio.ensure_future(self._store_and_hand_over(session, events)))
         for event in events:
             kind = health_pb.EventKind.Name(event.kind)
             self.metrics.health_events.labels(kind=kind).inc()
@@ -436,8 +438,37 @@ class Ingest:
         self._last_seen[session.node_id] = now
         await session.outbound.put(agent_pb.ControllerMessage(ack=agent_pb.EventAck(acked_seq=acked_seq)))
         self.metrics.event_persist_seconds.observe(time.perf_counter() - started)
-        if fresh and self.events_hook is not None:
-            await self.events_hook(session.node_id, fresh, self.node_labels.get(session.node_id, {}))
+        if decided is not None:
+            await decided  # the stream reads on once they are decided: a storm waits in the agents' spools
+
+    async def _store_and_hand_over(
+        self, session: Session, events: Sequence[repo.StoredEvent]
+    ) -> tuple[int, asyncio.Task[None] | None]:
+        """Store events, then hand the new ones to remediation; (acked seq, the task deciding them or None).
+
+        The hand-over is a task of its own, started before this returns: it runs whether or not
+        anyone still waits for this call (`on_events`).
+        """
+        acked_seq, stored = await self.store_events(session.node_id, events)
+        self.events_stored += len(stored)
+        new_seqs = set(stored)
+        fresh = sorted({e.seq: e for e in events if e.seq in new_seqs}.values(), key=lambda e: e.seq)
+        if not fresh or self.events_hook is None:
+            return acked_seq, None
+        decided = asyncio.ensure_future(
+            self.events_hook(session.node_id, fresh, self.node_labels.get(session.node_id, {}))
+        )
+        self._hook_tasks.add(decided)
+        decided.add_done_callback(functools.partial(self._events_hook_done, session.node_id, [e.seq for e in fresh]))
+        return acked_seq, decided
+
+    def _events_hook_done(self, node_id: str, seqs: list[int], task: asyncio.Task[None]) -> None:
+        """Log a hand-over that failed (its stream may be gone, with no one left to hear of it)."""
+        self._hook_tasks.discard(task)
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.warning("events_not_decided", node=node_id, seqs=seqs, error=f"{type(error).__name__}: {error}")
 
     def on_heartbeat(self, session: Session, heartbeat: agent_pb.Heartbeat) -> None:
         """Note liveness, and the agent's clock against ours."""
