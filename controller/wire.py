@@ -95,6 +95,7 @@ def hello_from_wire(message: agent_pb.Hello) -> fleet.NodeHello:
         labels=_check_labels("hello.labels", message.labels),
         gpus=tuple(gpus),
         spool_head_seq=message.spool_head_seq,
+        spool_id=_check_text("hello.spool_id", message.spool_id, 64),
     )
 
 

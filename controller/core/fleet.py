@@ -77,6 +77,8 @@ class NodeHello:
     labels: Mapping[str, str]
     gpus: tuple[GpuRecord, ...]
     spool_head_seq: int
+    spool_id: str = ""
+    """The spool's identity ("" from agents that do not send one); a new one is a new spool epoch."""
 
 
 @dataclasses.dataclass(frozen=True)

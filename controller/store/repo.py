@@ -357,6 +357,7 @@ class Store:
                     nodes_t.c.first_seen_unix_ns,
                     nodes_t.c.spool_epoch,
                     nodes_t.c.acked_seq,
+                    nodes_t.c.spool_id,
                 ).where(nodes_t.c.node_id.in_(node_ids[start : start + 500]))
                 known.update({row.node_id: dict(row._mapping) for row in conn.execute(query)})
             outcomes: list[HelloOutcome] = []
@@ -369,7 +370,14 @@ class Store:
                 acked_seq = int(node["acked_seq"] or 0) if node else 0
                 epoch = int(node["spool_epoch"] or 0) if node else 0
                 rebooted = bool(node and node["boot_id"]) and node["boot_id"] != boot_id  # type: ignore[index]
-                spool_reset = hello.spool_head_seq < acked_seq
+                known_spool = str(node["spool_id"] or "") if node else ""
+                # A spool that started over: its head is behind what was acked, or (when both ids are
+                # known) it is another spool. By the head alone, a new spool whose head had already
+                # passed the old acked position was welcomed with it, and the agent deleted its new
+                # events up to there unsent.
+                spool_reset = hello.spool_head_seq < acked_seq or bool(
+                    known_spool and hello.spool_id and hello.spool_id != known_spool
+                )
                 if spool_reset:
                     epoch, acked_seq = epoch + 1, 0
                     spool_resets.add(hello.node_id)
@@ -389,6 +397,7 @@ class Store:
                     "last_seen_unix_ns": now,
                     "spool_epoch": epoch,
                     "acked_seq": acked_seq,
+                    "spool_id": _text(hello.spool_id) or known_spool,
                 }
                 outcomes.append(HelloOutcome(acked_seq=acked_seq, spool_reset=spool_reset, rebooted=rebooted))
                 for record in hello.gpus:

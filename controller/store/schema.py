@@ -68,6 +68,8 @@ class NodeRow(Base):
     spool_epoch: Mapped[int] = mapped_column(Integer, default=0)
     # Every event of this epoch with seq <= acked_seq is stored.
     acked_seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The identity of the spool this epoch's seqs come from (Hello.spool_id; "" before one was sent).
+    spool_id: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
 
 class GpuRow(Base):

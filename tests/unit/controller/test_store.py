@@ -19,9 +19,11 @@ from rasd.controller.store import repo, schema
 GPU_A = "GPU-00000000-0000-4000-8000-00000000000a"
 
 
-def _hello(node_id="node-1", boot_id="boot-1", spool_head_seq=0):
+def _hello(node_id="node-1", boot_id="boot-1", spool_head_seq=0, spool_id=""):
     gpu = fleet.GpuRecord(GPU_A, node_id, "H100", "00000000:18:00.0", 200, 700, 700)
-    return fleet.NodeHello(node_id, boot_id, "0.1.0", node_id, "simulated", {"rack": "r1"}, (gpu,), spool_head_seq)
+    return fleet.NodeHello(
+        node_id, boot_id, "0.1.0", node_id, "simulated", {"rack": "r1"}, (gpu,), spool_head_seq, spool_id
+    )
 
 
 def _event(seq, node_id="node-1"):
@@ -70,6 +72,29 @@ def test_a_wiped_agent_spool_starts_a_new_epoch_instead_of_dropping_events(store
     assert outcome.spool_reset and outcome.acked_seq == 0
     assert store.append_events("node-1", [_event(1)]) == (1, [1])
     assert store.count_events() == 4
+
+
+def test_a_new_spool_whose_head_passed_the_old_acked_position_is_a_new_epoch(store):
+    """A reimaged node's new spool already holds more events than the old one had acked: welcomed with
+    the old position, the agent deleted its new events up to it unsent (the invariant-3 audit)."""
+    store.register_hello(_hello(spool_id="spool-a"), 100)
+    store.append_events("node-1", [_event(1), _event(2), _event(3)])
+    same = store.register_hello(_hello(spool_head_seq=5, spool_id="spool-a"), 200)
+    assert not same.spool_reset and same.acked_seq == 3
+    other = store.register_hello(_hello(spool_head_seq=4, spool_id="spool-b"), 300)
+    assert other.spool_reset and other.acked_seq == 0
+    assert store.append_events("node-1", [_event(1), _event(2), _event(3), _event(4)]) == (4, [1, 2, 3, 4])
+    assert store.count_events() == 7
+
+
+def test_a_spool_id_seen_for_the_first_time_or_not_sent_changes_nothing(store):
+    store.register_hello(_hello(), 100)  # an agent that sends no spool id
+    store.append_events("node-1", [_event(1), _event(2)])
+    adopted = store.register_hello(_hello(spool_head_seq=2, spool_id="spool-a"), 200)  # upgraded agent
+    assert not adopted.spool_reset and adopted.acked_seq == 2
+    older = store.register_hello(_hello(spool_head_seq=2), 300)  # downgraded again: the head decides
+    assert not older.spool_reset and older.acked_seq == 2
+    assert store.register_hello(_hello(spool_head_seq=2, spool_id="spool-a"), 400).acked_seq == 2
 
 
 def test_new_boot_id_is_reported_as_reboot(store):
