@@ -1267,7 +1267,9 @@ def start_sweep(
     w = _Work(state, now, policy)
     if w.tickets or w.node_command_id:
         return w.decision(f"{state.node_id} has tickets or a command in flight: no sweep now")
-    tid = f"{sweep_id}@1"
+    # A second sweep in the same seed epoch (sweeps more often than seeds rotate) gets its own id:
+    # with the first's, its commands repeated the first's ids, which the outbox took as done.
+    tid = w.unused_ticket_id(f"{sweep_id}@1")
     w.tickets[tid] = Ticket(
         ticket_id=tid,
         node_id=w.node_id,

@@ -455,6 +455,16 @@ def sweep(node: Node, seed: int = 42) -> escalation.Decision:
     )
 
 
+def test_a_second_sweep_in_the_same_seed_epoch_gets_new_command_ids():
+    node = Node()
+    first = sweep(node)
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    node.clock.advance(3700)  # sweeps every hour, seeds every day: the same sweep id
+    second = sweep(node)
+    assert [a.kind for a in second.actions] == ["quarantine_node", "run_validation"]
+    assert not {a.command_id for a in first.actions} & {a.command_id for a in second.actions}
+
+
 def test_a_sweep_that_passes_holds_the_node_only_while_it_runs():
     node = Node()
     started = sweep(node)
