@@ -878,8 +878,11 @@ def decide(
         pending = t.pending.kind if t.pending else "a repair"
         return w.decision(f"{cls.fault_key} absorbed into ticket {tid}: {pending} is already in flight")
     # VALIDATING or WATCHING: the repair did not hold.
-    if folded_here and (required is Rung.RMA or t.state is TicketState.WATCHING):
+    if folded_here and (required is not None or t.state is TicketState.WATCHING):
         # A GPU the node-level repair covered faults on its own afterwards: it gets its own ticket.
+        # Also during the node's validation: the run may have checked that GPU before it faulted
+        # (an Xid 79 in a long suite), and its pass released the node with the GPU in it, while
+        # the fault's repeats were folded into the open incident as duplicates.
         return w.decision(_split_folded(w, tid, incident, required))
     if folded_here:
         return w.decision(

@@ -537,6 +537,27 @@ def test_a_reboot_supersedes_a_reset_in_flight_on_another_gpu():
     assert sorted(a.gpu_uuid for a in passed.actions) == ["", "GPU-1"]
 
 
+def test_a_folded_gpu_that_faults_during_the_node_validation_is_not_released_by_that_run():
+    node = Node()
+    node.xid(79, gpu="GPU-3")  # reboot, node quarantined
+    node.xid(13, gpu="GPU-4")  # folded into the reboot
+    node.result("reboot_node", Outcome.SUCCEEDED)
+    run = node.pending("run_validation")
+    node.clock.advance(120)
+    during = node.xid(79, gpu="GPU-4")  # GPU-4 falls off the bus while the node is validated
+    assert node.kinds(during) == ["reboot_node"]  # its own ticket: the node reboots again
+    late = node._take(
+        escalation.on_result(
+            node.state,
+            escalation.ActionResult(run, Outcome.SUCCEEDED, validation_verdict="pass"),
+            now=node.clock.now,
+            policy=node.policy.escalation,
+        )
+    )
+    assert [a for a in late.actions if a.kind == "release"] == []  # the run no ticket waits for releases nothing
+    assert any("node" in t.held for t in node.state.tickets)
+
+
 def test_rma_after_a_reboot_releases_the_node_once_its_other_gpus_pass():
     node = Node()
     node.xid(79, gpu="GPU-3")
