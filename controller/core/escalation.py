@@ -49,7 +49,8 @@ ACTING             restart SUCCEEDED, no validate_after_restart    WATCHING     
 ACTING             result FAILED/TIMED_OUT/REFUSED/NOT_SUPPORTED   ACTING (rung+1)    next repair, or RMA
 ACTING             fault needing a higher rung                     ACTING (higher)    that repair (supersedes)
 ACTING             fault needing the same or a lower rung          ACTING             — (absorbed)
-VALIDATING         verdict pass / software_drift / DRY_RUN         WATCHING           Release per hold
+VALIDATING         verdict pass / software_drift                   WATCHING           Release per hold
+VALIDATING         DRY_RUN (nothing validated)                     AWAITING_OPERATOR  Notify (sweep: Release, closed)
 VALIDATING         verdict suspect, or run failed/timed out,       VALIDATING         RunValidation (again)
                    within ``validation_retries``
 VALIDATING         verdict fail (or retries spent), repair         ACTING (rung+1)    next repair, or RMA
@@ -1093,11 +1094,13 @@ def _apply_result(w: _Work, result: ActionResult) -> str:
 
 def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> str:
     t = w.tickets[tid]
-    verdict = result.validation_verdict or ("pass" if result.outcome is Outcome.DRY_RUN else "")
+    verdict = result.validation_verdict
     w.update(tid, pending=None)
+    if result.outcome is Outcome.DRY_RUN:
+        return _validation_not_run(w, tid)
     if t.state is TicketState.RMA_PENDING:
         # The validation of the node's other GPUs after an RMA decision.
-        if result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN) and verdict in ("pass", "software_drift"):
+        if result.outcome is Outcome.SUCCEEDED and verdict in ("pass", "software_drift"):
             keep = [f"gpu:{t.gpu_uuid}"]
             stays = _release_holds(w, tid, "the node's other GPUs passed validation", keep=keep)
             w.update(tid, folded_gpu_uuids=())
@@ -1119,7 +1122,7 @@ def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> 
         return _judge_accused(w, tid, result, verdict, detail)
     if t.purpose is Purpose.SWEEP:
         return _sweep_result(w, tid, result, verdict, detail)
-    finished = result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN)
+    finished = result.outcome is Outcome.SUCCEEDED
     if finished and verdict in ("pass", "software_drift"):
         why = "validation passed" if verdict == "pass" else "validation found software drift, not a GPU fault"
         stays = _release_holds(w, tid, why)
@@ -1155,8 +1158,30 @@ def _accusation_rules(pol: policy.EscalationPolicy) -> sdc.AccusationRules:
 
 def _run_word(result: ActionResult, verdict: str) -> str:
     """One run's verdict as ``sdc`` counts it: a run that did not finish is an "error"."""
-    finished = result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN)
+    finished = result.outcome is Outcome.SUCCEEDED
     return verdict if finished and verdict in sdc.VERDICTS else "error"
+
+
+def _validation_not_run(w: _Work, tid: str) -> str:
+    """A validation answered DRY_RUN: nothing was checked, so nothing it holds goes back on its word.
+
+    An agent with destructive actions disabled (its default) answers every run DRY_RUN. Taken as a
+    pass, a real quarantine (the Kubernetes or Slurm adapter) was lifted from a GPU nobody had
+    validated (DESIGN invariant 5). The holds stay and a person is told; ``rasctl release --force``
+    or a real run lets them go. A sweep's node was healthy when it was taken: it is simply let go.
+    """
+    t = w.tickets[tid]
+    what = "validation not run: the agent answered dry-run (destructive actions disabled)"
+    if t.purpose is Purpose.SWEEP:
+        stays = _release_holds(w, tid, f"sweep {what}")
+        w.tickets.pop(tid)
+        return f"sweep of {w.node_id}: {what}; node released, ticket {tid} closed{stays}"
+    target = t.gpu_uuid or "node"
+    w.emit(tid, actions.Notify, what, severity="warning", summary=f"{w.node_id}/{target}: {what}; still held")
+    w.update(tid, state=TicketState.AWAITING_OPERATOR)
+    line = f"{what}: {target} stays quarantined for an operator"
+    w.note(tid, line)
+    return line
 
 
 def _judge_accused(w: _Work, tid: str, result: ActionResult, verdict: str, detail: str) -> str:

@@ -160,8 +160,9 @@ def _run(sequence, pol: policy.RemediationPolicy) -> None:
             pending = pendings[op[1] % len(pendings)]
             verdict = op[3] if pending.kind == "run_validation" else ""
             result = escalation.ActionResult(pending.command_id, op[2], validation_verdict=verdict)
+            # A dry run validated nothing: it never releases (invariant 5).
             passing = pending.kind == "run_validation" and (
-                op[2] is Outcome.DRY_RUN or (op[2] is Outcome.SUCCEEDED and verdict in ("pass", "software_drift"))
+                op[2] is Outcome.SUCCEEDED and verdict in ("pass", "software_drift")
             )
             take(escalation.on_result(state, result, now=now, policy=esc), releases_allowed=passing)
         elif op[0] == "advance":

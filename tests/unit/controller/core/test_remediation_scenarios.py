@@ -558,6 +558,24 @@ def test_a_folded_gpu_that_faults_during_the_node_validation_is_not_released_by_
     assert any("node" in t.held for t in node.state.tickets)
 
 
+def test_a_dry_run_validation_releases_nothing_and_tells_a_person():
+    """An agent with destructive actions disabled answers DRY_RUN: nothing was reset or validated."""
+    node = Node()
+    node.xid(95, gpu="GPU-1")  # reset: GPU-1 quarantined
+    node.result("reset_gpu", Outcome.DRY_RUN)
+    held = node.result("run_validation", Outcome.DRY_RUN)
+    assert node.kinds(held) == ["notify"]
+    assert node.ticket().state is TicketState.AWAITING_OPERATOR and node.ticket().held == ("gpu:GPU-1",)
+    accused = Node()
+    accused.event(EventKind.SDC_SUSPECT, gpu="GPU-2", severity=health.Severity.ERROR)
+    assert accused.kinds(accused.result("run_validation", Outcome.DRY_RUN)) == ["notify"]
+    assert accused.ticket("GPU-2").held == ("gpu:GPU-2",)
+    swept = Node()
+    sweep(swept)
+    let_go = swept.result("run_validation", Outcome.DRY_RUN)  # a healthy node taken for a sweep goes back
+    assert swept.kinds(let_go) == ["release"] and swept.state.tickets == ()
+
+
 def test_rma_after_a_reboot_releases_the_node_once_its_other_gpus_pass():
     node = Node()
     node.xid(79, gpu="GPU-3")
