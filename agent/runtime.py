@@ -71,6 +71,8 @@ class LinkSettings:
     """Seconds of power samples kept per GPU while the stream is down."""
     max_events_per_message: int = 500
     """Cap on events per HealthEventBatch."""
+    spool_read_page_events: int = 10_000
+    """Events read from the spool at a time when sending; a larger backlog is read page after page."""
     failsafe_after_s: float = 300.0
     """After this long without a controller stream, apply the fail-safe power limit."""
     failsafe_power_limit_w: int | None = None
@@ -157,6 +159,8 @@ class Agent:
             backend, journal, clock, ops=ops, settings=action_settings or actions.ActionSettings()
         )
         self._inventory = tuple(backend.inventory())
+        # What every Hello announces; an event about any other GPU goes out node-level (wire.events).
+        self._known_gpus = frozenset(g.uuid for g in self._inventory)
         self._power_interval_ms = settings.power_sample_interval_ms
         self._counter_interval_ms = settings.counter_interval_ms
         self._send_interval_ms = settings.telemetry_send_interval_ms
@@ -505,7 +509,7 @@ class Agent:
         self._events_ready.set()  # resend whatever is unacked right away
         tasks = [
             asyncio.create_task(self._writer(call, outbox)),
-            asyncio.create_task(self._reader(call, outbox)),
+            asyncio.create_task(self._reader(call, outbox, sent_through)),
             asyncio.create_task(self._producer(outbox, sent_through, session_over)),
             asyncio.create_task(stop.wait()),
         ]
@@ -566,13 +570,18 @@ class Agent:
                 return
             if self._events_ready.is_set():
                 self._events_ready.clear()
-                pending = [e for e in self.spool.unacked(limit=100_000) if e.seq > sent_through[0]]
-                for start in range(0, len(pending), self.settings.max_events_per_message):
-                    chunk = pending[start : start + self.settings.max_events_per_message]
-                    await outbox.put(wire.events(chunk))
-                    sent_through[0] = chunk[-1].seq
-                    self.stats.events_sent += len(chunk)
-                    last_write = loop.time()
+                # Page by page up to the spool's head: read once, a backlog larger than one read (a
+                # storm during an outage) left its newest events, often the fatal one that ended the
+                # storm, unsent until some later observation woke the producer again.
+                while not session_over.is_set() and (
+                    page := self.spool.unacked(self.settings.spool_read_page_events, after_seq=sent_through[0])
+                ):
+                    for start in range(0, len(page), self.settings.max_events_per_message):
+                        chunk = page[start : start + self.settings.max_events_per_message]
+                        await outbox.put(wire.events(chunk, self._known_gpus))
+                        sent_through[0] = chunk[-1].seq
+                        self.stats.events_sent += len(chunk)
+                        last_write = loop.time()
             if loop.time() >= next_send:
                 next_send = _next_tick(next_send, self._send_interval_ms, loop.time())
                 batch = self._drain_telemetry()
@@ -584,7 +593,7 @@ class Agent:
                     await outbox.put(wire.heartbeat(self._clock(), self.spool.depth()))
                     last_write = loop.time()
 
-    async def _reader(self, call, outbox: asyncio.Queue) -> None:  # type: ignore[no-untyped-def]
+    async def _reader(self, call, outbox: asyncio.Queue, sent_through: list[int]) -> None:  # type: ignore[no-untyped-def]
         while True:
             message = await call.read()
             if message is grpc.aio.EOF:
@@ -592,6 +601,10 @@ class Agent:
             which = message.WhichOneof("payload")
             if which == "ack":
                 self.spool.ack(message.ack.acked_seq)
+                # The producer reads the spool only when woken. An event spooled without observe()'s
+                # wake-up (written to the spool directly) goes out now, not with the next observation.
+                if self.spool.unacked(1, after_seq=sent_through[0]):
+                    self._events_ready.set()
             elif which == "command":
                 try:
                     command = wire.command_from_wire(message.command)

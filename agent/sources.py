@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from rasd.agent import ib_sysfs, kmsg, kmsg_source
+from rasd.agent import ib_sysfs, kmsg, kmsg_source, wire
 from rasd.agent.core import model
 
 Deliver = Callable[[list[model.Observation], tuple[str, str] | None], None]
@@ -96,15 +96,15 @@ def observation_for(
 
     The GPU is the one at the event's PCI address; failing that, the UUID the kernel printed if it is
     one of this node's GPUs. Any other UUID (a GPU the backend does not show, or garbage in the log)
-    goes to ``attributes["kernel_gpu_uuid"]`` only: the controller refuses events about GPUs a node
-    did not announce, and one such event would block the spool behind it.
+    goes to ``attributes[wire.UNANNOUNCED_GPU_ATTRIBUTE]`` only: the controller refuses events about GPUs
+    a node did not announce, and one such event would block the spool behind it.
     """
     observation = kmsg.to_observation(event, observed_unix_ns, kmsg.classify(event))
     gpu_uuid = pci_map.get(event.pci or "", "")
     if gpu_uuid:
         return dataclasses.replace(observation, gpu_uuid=gpu_uuid)
     if observation.gpu_uuid and observation.gpu_uuid not in known_gpus:
-        attributes = {**observation.attributes, "kernel_gpu_uuid": observation.gpu_uuid}
+        attributes = {**observation.attributes, wire.UNANNOUNCED_GPU_ATTRIBUTE: observation.gpu_uuid}
         return dataclasses.replace(observation, gpu_uuid="", attributes=attributes)
     return observation
 

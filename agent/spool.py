@@ -171,12 +171,15 @@ class Spool:
                 raise
         return spooled
 
-    def unacked(self, limit: int = 1000) -> list[model.SpooledEvent]:
-        """Events not yet acked, oldest first."""
+    def unacked(self, limit: int = 1000, *, after_seq: int = 0) -> list[model.SpooledEvent]:
+        """Up to limit events not yet acked, oldest first; only those above after_seq when given.
+
+        after_seq pages through a spool larger than one read: pass the last seq of the previous page.
+        """
         with self._lock:
             rows = self._db.execute(
                 "SELECT seq, payload FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
-                (self._acked_seq_locked(), limit),
+                (max(after_seq, self._acked_seq_locked()), limit),
             ).fetchall()
         return [model.SpooledEvent(seq, _observation_from_json(payload)) for seq, payload in rows]
 

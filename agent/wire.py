@@ -123,18 +123,40 @@ def _bounded(text: str, limit: int) -> str:
     return text.replace("\x00", "\ufffd")[:limit]
 
 
-def event_to_wire(event: model.SpooledEvent) -> health_pb.HealthEvent:
-    """A spooled event with its sequence number, its text cut to what the controller accepts."""
+UNANNOUNCED_GPU_ATTRIBUTE = "kernel_gpu_uuid"
+"""Attribute that carries the UUID of a GPU this node does not announce in its Hello.
+
+The controller refuses an event about a GPU its node did not announce, and one refused event blocks
+every event spooled behind it, so such an event goes out about the node, naming the GPU here. The name
+comes from the kernel log, the first source to need it (`sources.observation_for`)."""
+
+
+def event_to_wire(event: model.SpooledEvent, known_gpus: frozenset[str] | None = None) -> health_pb.HealthEvent:
+    """A spooled event with its sequence number, its text cut to what the controller accepts.
+
+    known_gpus: the GPUs this agent's Hello announced. An event about any other GPU (one that fell off
+    the bus before the agent restarted is no longer enumerated) goes out node-level, with the GPU's
+    UUID in `UNANNOUNCED_GPU_ATTRIBUTE`. None sends every GPU as spooled.
+    """
     obs = event.observation
+    gpu_uuid = obs.gpu_uuid
+    attributes_in = dict(obs.attributes)
+    if gpu_uuid and known_gpus is not None and gpu_uuid not in known_gpus:
+        # First, so that the cut to MAX_ATTRIBUTES below never drops it.
+        attributes_in = {
+            UNANNOUNCED_GPU_ATTRIBUTE: gpu_uuid,
+            **{key: value for key, value in attributes_in.items() if key != UNANNOUNCED_GPU_ATTRIBUTE},
+        }
+        gpu_uuid = ""
     attributes = {
         _bounded(key, MAX_ATTRIBUTE_CHARS): _bounded(value, MAX_ATTRIBUTE_CHARS)
-        for key, value in list(obs.attributes.items())[:MAX_ATTRIBUTES]
+        for key, value in list(attributes_in.items())[:MAX_ATTRIBUTES]
     }
     message = health_pb.HealthEvent(
         seq=event.seq,
         observed_unix_ns=obs.observed_unix_ns,
         kind=int(obs.kind),
-        gpu_uuid=obs.gpu_uuid,
+        gpu_uuid=gpu_uuid,
         severity=int(obs.severity),
         message=_bounded(obs.message, MAX_MESSAGE_CHARS),
         source=_bounded(obs.source, MAX_SOURCE_CHARS),
@@ -145,9 +167,9 @@ def event_to_wire(event: model.SpooledEvent) -> health_pb.HealthEvent:
     return message
 
 
-def events(batch: Sequence[model.SpooledEvent]) -> agent_pb.AgentMessage:
-    """A batch of spooled events in seq order."""
-    return agent_pb.AgentMessage(events=agent_pb.HealthEventBatch(events=[event_to_wire(e) for e in batch]))
+def events(batch: Sequence[model.SpooledEvent], known_gpus: frozenset[str] | None = None) -> agent_pb.AgentMessage:
+    """A batch of spooled events in seq order; known_gpus as in `event_to_wire`."""
+    return agent_pb.AgentMessage(events=agent_pb.HealthEventBatch(events=[event_to_wire(e, known_gpus) for e in batch]))
 
 
 def heartbeat(now_unix_ns: int, spool_depth: int) -> agent_pb.AgentMessage:

@@ -87,3 +87,14 @@ def test_results_older_than_the_retention_are_dropped_as_new_ones_are_recorded(t
     journal.record_result(result("new", now_ns))
     assert journal.executed_result("old") is None and journal.started_command("started-long-ago") is None
     assert journal.executed_result("recent") is not None and journal.executed_result("new") is not None
+
+
+def test_unacked_pages_after_a_seq_and_never_below_the_acked_position():
+    journal = spool.Spool(":memory:")
+    journal.append([_obs(i) for i in range(10)])
+    journal.ack(2)
+
+    assert [e.seq for e in journal.unacked(3, after_seq=4)] == [5, 6, 7]
+    assert [e.seq for e in journal.unacked(3, after_seq=7)] == [8, 9, 10]
+    assert journal.unacked(3, after_seq=10) == []
+    assert [e.seq for e in journal.unacked(2, after_seq=1)] == [3, 4]  # acked events are gone
