@@ -490,6 +490,7 @@ class Agent:
                 labels=self.identity.labels,
                 spool_head_seq=self.spool.head_seq(),
                 sent_unix_ns=self._clock(),
+                spool_id=self.spool.spool_id,
             )
         )
         first = await asyncio.wait_for(call.read(), timeout=self.settings.welcome_timeout_s)

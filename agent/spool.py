@@ -19,6 +19,7 @@ import math
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 
 from rasd.agent.core import model
@@ -45,6 +46,7 @@ CREATE TABLE IF NOT EXISTS power_caps (
     limit_w INTEGER NOT NULL,
     set_unix_ns INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS spool_identity (spool_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pending_reboot (
     boot_id TEXT PRIMARY KEY,
     monotonic_s REAL NOT NULL
@@ -140,6 +142,16 @@ class Spool:
             self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
         self._pruned_monotonic = -math.inf  # the first result recorded prunes
+        row = self._db.execute("SELECT spool_id FROM spool_identity").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO spool_identity (spool_id) VALUES (?)", (uuid.uuid4().hex,))
+            row = self._db.execute("SELECT spool_id FROM spool_identity").fetchone()
+        self.spool_id: str = str(row[0])
+        """Made with the spool file and kept with it: a wiped or new spool has another (Hello.spool_id).
+
+        The controller starts a new epoch of this node's seqs when it changes; by the head seq alone,
+        a new spool that already held more events than the old one had acked was welcomed with the
+        old acked position, and `ack` deleted its new events up to it unsent."""
 
     def append(
         self, observations: Sequence[model.Observation], *, source_cursor: tuple[str, str] | None = None

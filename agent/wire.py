@@ -48,6 +48,7 @@ def hello(
     labels: Mapping[str, str],
     spool_head_seq: int,
     sent_unix_ns: int = 0,
+    spool_id: str = "",
 ) -> agent_pb.AgentMessage:
     """The first message of every stream; sent_unix_ns is the agent's clock as it sends it."""
     return agent_pb.AgentMessage(
@@ -61,6 +62,7 @@ def hello(
             labels=dict(labels),
             spool_head_seq=spool_head_seq,
             sent_unix_ns=sent_unix_ns,
+            spool_id=spool_id,
         )
     )
 

@@ -199,3 +199,35 @@ def test_an_ack_wakes_the_sender_for_events_spooled_without_a_wake_up(tmp_path):
     controller = asyncio.run(scenario())
     assert controller.first_batch == [1]
     assert controller.after_ack == [2], "the event spooled without a wake-up waited for the next observation"
+
+
+def test_a_reimaged_node_whose_new_spool_passed_the_old_acked_position_loses_nothing(tmp_path, free_port):
+    """The invariant-3 audit: a new spool (state dir lost) with more events than the old one had acked
+    was welcomed with the old acked position, and the agent deleted its first new events unsent."""
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port)
+        await controller.start()
+        try:
+            old = _agent(controller.address, str(tmp_path / "spool-old.db"), gpus=2)
+            gpu_uuid = old.backend.inventory()[0].uuid
+            stop = asyncio.Event()
+            task = asyncio.create_task(old.run(stop))
+            old.observe([_xid(gpu_uuid, f"old-{i}") for i in range(3)])
+            assert await _until(lambda: old.spool.acked_seq() == 3, 10)
+            stop.set()
+            await task
+            new = _agent(controller.address, str(tmp_path / "spool-new.db"), gpus=2)  # reimaged: a new spool
+            new.observe([_xid(gpu_uuid, f"new-{i}") for i in range(4)])  # boot-time faults, before it connects
+            stop = asyncio.Event()
+            task = asyncio.create_task(new.run(stop))
+            assert await _until(lambda: new.stats.connected and new.spool.depth() == 0, 10)
+            stop.set()
+            await task
+            stored = await controller.ingest.list_events(node_id="node-1", since_unix_ns=0, limit=100)
+            return sorted(e.message for e in stored)
+        finally:
+            await controller.stop()
+
+    messages = asyncio.run(scenario())
+    assert [m for m in messages if "new" in m] == [f"new-{i}" for i in range(4)], messages

@@ -98,3 +98,11 @@ def test_unacked_pages_after_a_seq_and_never_below_the_acked_position():
     assert [e.seq for e in journal.unacked(3, after_seq=7)] == [8, 9, 10]
     assert journal.unacked(3, after_seq=10) == []
     assert [e.seq for e in journal.unacked(2, after_seq=1)] == [3, 4]  # acked events are gone
+
+
+def test_a_spool_keeps_its_identity_and_a_new_file_gets_another(tmp_path):
+    first = spool.Spool(str(tmp_path / "a.db"))
+    spool_id = first.spool_id
+    first.close()
+    assert spool.Spool(str(tmp_path / "a.db")).spool_id == spool_id  # the agent restarted
+    assert spool.Spool(str(tmp_path / "b.db")).spool_id not in ("", spool_id)  # the state dir was wiped
