@@ -491,6 +491,7 @@ class Agent:
                 spool_head_seq=self.spool.head_seq(),
                 sent_unix_ns=self._clock(),
                 spool_id=self.spool.spool_id,
+                spool_acked_seq=self.spool.acked_seq(),
             )
         )
         first = await asyncio.wait_for(call.read(), timeout=self.settings.welcome_timeout_s)

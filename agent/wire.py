@@ -49,6 +49,7 @@ def hello(
     spool_head_seq: int,
     sent_unix_ns: int = 0,
     spool_id: str = "",
+    spool_acked_seq: int = 0,
 ) -> agent_pb.AgentMessage:
     """The first message of every stream; sent_unix_ns is the agent's clock as it sends it."""
     return agent_pb.AgentMessage(
@@ -63,6 +64,7 @@ def hello(
             spool_head_seq=spool_head_seq,
             sent_unix_ns=sent_unix_ns,
             spool_id=spool_id,
+            spool_acked_seq=spool_acked_seq,
         )
     )
 

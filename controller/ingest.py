@@ -358,6 +358,17 @@ class Ingest:
             acked_seq=outcome.acked_seq,
             replaced_previous=previous is not None,
         )
+        if outcome.lost_seqs is not None:
+            first, last = outcome.lost_seqs
+            log.error(
+                "events_lost_by_store",
+                node=session.node_id,
+                first_seq=first,
+                last_seq=last,
+                reason="the agent had these acked and dropped them; the store no longer holds them "
+                "(restored from a backup, or failed over to a standby behind the primary)",
+            )
+            self.metrics.events_lost_by_store.inc(last - first + 1)
         welcome = agent_pb.ControllerMessage(
             welcome=agent_pb.Welcome(
                 controller_version=VERSION,

@@ -42,6 +42,12 @@ class ControllerMetrics:
             ["kind"],
             registry=registry,
         )
+        self.events_lost_by_store = Counter(
+            "rasd_events_lost_by_store",
+            "Events agents had had acked that the store no longer holds (it lost its last commits: a restore "
+            "from backup, a failover to a standby behind the primary); the ack position moved past them.",
+            registry=registry,
+        )
         self.wire_rejections = Counter(
             "rasd_wire_rejections",
             "Agent messages rejected as INVALID_ARGUMENT, by field (indices removed).",

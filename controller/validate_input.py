@@ -164,6 +164,7 @@ def check_hello(hello: agent_pb.Hello, identity: StreamIdentity, *, connected: I
     _text("hello.backend", hello.backend, 32, pattern=TOKEN_RE)
     _range("hello.spool_head_seq", hello.spool_head_seq, 0, INT63)
     _text("hello.spool_id", hello.spool_id, 64, pattern=TOKEN_RE)
+    _range("hello.spool_acked_seq", hello.spool_acked_seq, 0, min(INT63, hello.spool_head_seq))
     _map("hello.labels", hello.labels)
     _count("hello.gpus", hello.gpus, MAX_GPUS)
     live = set(connected)

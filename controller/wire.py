@@ -96,6 +96,7 @@ def hello_from_wire(message: agent_pb.Hello) -> fleet.NodeHello:
         gpus=tuple(gpus),
         spool_head_seq=message.spool_head_seq,
         spool_id=_check_text("hello.spool_id", message.spool_id, 64),
+        spool_acked_seq=message.spool_acked_seq,
     )
 
 

@@ -79,6 +79,8 @@ class NodeHello:
     spool_head_seq: int
     spool_id: str = ""
     """The spool's identity ("" from agents that do not send one); a new one is a new spool epoch."""
+    spool_acked_seq: int = 0
+    """The highest seq the agent's spool has had acked and dropped (0: not sent)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,6 +58,9 @@ class HelloOutcome:
     acked_seq: int
     spool_reset: bool
     rebooted: bool
+    lost_seqs: tuple[int, int] | None = None
+    """(first, last) seqs the agent had had acked and dropped that the store does not hold: its last
+    acks were lost (a restore from backup, a failover to a standby behind the primary)."""
 
 
 def json_text(value: Any) -> str:
@@ -364,6 +367,7 @@ class Store:
             node_rows: dict[str, dict[str, Any]] = {}
             gpu_rows: dict[str, dict[str, Any]] = {}
             spool_resets: set[str] = set()
+            caught_up: dict[str, tuple[int, int]] = {}
             for hello, now in hellos:
                 node = node_rows.get(hello.node_id) or known.get(hello.node_id)
                 boot_id = _text(hello.boot_id)
@@ -381,6 +385,13 @@ class Store:
                 if spool_reset:
                     epoch, acked_seq = epoch + 1, 0
                     spool_resets.add(hello.node_id)
+                lost = None
+                if not spool_reset and hello.spool_acked_seq > acked_seq:
+                    # The agent dropped what this store had acked and then lost: it never resends
+                    # those, and the ack, which moves only over stored seqs, waited on the gap for ever.
+                    lost = (acked_seq + 1, hello.spool_acked_seq)
+                    acked_seq = hello.spool_acked_seq
+                    caught_up[hello.node_id] = (epoch, acked_seq)
                 state = node["state"] if node else None
                 if state in (None, int(fleet.ComponentState.OFFLINE), int(fleet.ComponentState.UNSPECIFIED)):
                     state = int(fleet.ComponentState.HEALTHY)
@@ -399,7 +410,9 @@ class Store:
                     "acked_seq": acked_seq,
                     "spool_id": _text(hello.spool_id) or known_spool,
                 }
-                outcomes.append(HelloOutcome(acked_seq=acked_seq, spool_reset=spool_reset, rebooted=rebooted))
+                outcomes.append(
+                    HelloOutcome(acked_seq=acked_seq, spool_reset=spool_reset, rebooted=rebooted, lost_seqs=lost)
+                )
                 for record in hello.gpus:
                     gpu_rows[record.uuid] = {
                         "uuid": record.uuid,
@@ -437,6 +450,14 @@ class Store:
                 list(gpu_rows.values()),
                 insert_only=("state", "power_sample_unix_ns", "counters_unix_ns"),
             )
+            for node_id, (epoch, acked_seq) in caught_up.items():  # only ever up: another replica may ack too
+                conn.execute(
+                    sa.update(nodes_t)
+                    .where(
+                        nodes_t.c.node_id == node_id, nodes_t.c.spool_epoch == epoch, nodes_t.c.acked_seq < acked_seq
+                    )
+                    .values(acked_seq=acked_seq)
+                )
             return outcomes
 
     def mark_disconnected(self, node_id: str, now_unix_ns: int) -> None:

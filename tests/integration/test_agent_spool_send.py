@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 
 import grpc
 
@@ -231,3 +232,39 @@ def test_a_reimaged_node_whose_new_spool_passed_the_old_acked_position_loses_not
 
     messages = asyncio.run(scenario())
     assert [m for m in messages if "new" in m] == [f"new-{i}" for i in range(4)], messages
+
+
+def test_a_controller_restored_from_a_backup_takes_the_agents_word_for_what_it_had_acked(tmp_path, free_port):
+    """The store comes back without its last acks: the agent, which dropped them, resends after them,
+    and the ack waited on the gap for ever (its spool grew, every reconnect resent all of it)."""
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port)
+        await controller.start()
+        agent = _agent(controller.address, str(tmp_path / "spool.db"), gpus=2)
+        gpu_uuid = agent.backend.inventory()[0].uuid
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
+        try:
+            agent.observe([_xid(gpu_uuid, f"before-{i}") for i in range(5)])
+            assert await _until(lambda: agent.spool.acked_seq() == 5, 10)
+            await controller.stop()
+            # The backup: seqs 3..5 and their ack are not in it.
+            with contextlib.closing(sqlite3.connect(tmp_path / "rasd.db")) as db, db:
+                db.execute("UPDATE nodes SET acked_seq = 2 WHERE node_id = 'node-1'")
+                db.execute("DELETE FROM health_events WHERE node_id = 'node-1' AND seq > 2")
+            controller = _controller(tmp_path, free_port)
+            await controller.start()
+            assert await _until(lambda: agent.stats.connected, 10)
+            agent.observe([_xid(gpu_uuid, f"after-{i}") for i in range(3)])  # seqs 6..8
+            drained = await _until(lambda: agent.spool.depth() == 0, 5)
+            stored = await controller.ingest.list_events(node_id="node-1", since_unix_ns=0, limit=50)
+            lost = controller.metrics.registry.get_sample_value("rasd_events_lost_by_store_total")
+            return drained, sorted(e.seq for e in stored), lost
+        finally:
+            stop.set()
+            await task
+            await controller.stop()
+
+    drained, stored, lost = asyncio.run(scenario())
+    assert drained and stored == [1, 2, 6, 7, 8] and lost == 3

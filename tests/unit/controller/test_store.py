@@ -97,6 +97,19 @@ def test_a_spool_id_seen_for_the_first_time_or_not_sent_changes_nothing(store):
     assert store.register_hello(_hello(spool_head_seq=2, spool_id="spool-a"), 400).acked_seq == 2
 
 
+def test_a_store_that_lost_its_last_acks_moves_its_acked_position_up_to_the_agents(store):
+    """Restored from a backup: acks 3..5 are gone, and the agent, which dropped 3..5, resends from 6.
+    The ack moves only over stored seqs, so it waited on the gap for ever (the invariant-3 audit)."""
+    store.register_hello(_hello(spool_id="spool-a"), 100)
+    store.append_events("node-1", [_event(1), _event(2)])  # the backup's state
+    hello = dataclasses.replace(_hello(spool_head_seq=8, spool_id="spool-a"), spool_acked_seq=5)
+    outcome = store.register_hello(hello, 200)
+    assert outcome.acked_seq == 5 and outcome.lost_seqs == (3, 5) and not outcome.spool_reset
+    assert store.append_events("node-1", [_event(6), _event(7), _event(8)]) == (8, [6, 7, 8])
+    again = store.register_hello(dataclasses.replace(hello, spool_acked_seq=8), 300)
+    assert again.acked_seq == 8 and again.lost_seqs is None
+
+
 def test_new_boot_id_is_reported_as_reboot(store):
     store.register_hello(_hello(), 100)
     assert store.register_hello(_hello(boot_id="boot-2"), 200).rebooted

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "boot_id", "agent_version", "gpus", "labels", "hostname", "spool_head_seq", "backend", "sent_unix_ns", "spool_id")
+    __slots__ = ("node_id", "boot_id", "agent_version", "gpus", "labels", "hostname", "spool_head_seq", "backend", "sent_unix_ns", "spool_id", "spool_acked_seq")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Hello(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     SPOOL_ID_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_ACKED_SEQ_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     boot_id: str
     agent_version: str
@@ -37,7 +38,8 @@ class Hello(_message.Message):
     backend: str
     sent_unix_ns: int
     spool_id: str
-    def __init__(self, node_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_health_pb2.GpuInfo, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., hostname: _Optional[str] = ..., spool_head_seq: _Optional[int] = ..., backend: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ..., spool_id: _Optional[str] = ...) -> None: ...
+    spool_acked_seq: int
+    def __init__(self, node_id: _Optional[str] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_health_pb2.GpuInfo, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., hostname: _Optional[str] = ..., spool_head_seq: _Optional[int] = ..., backend: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ..., spool_id: _Optional[str] = ..., spool_acked_seq: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_unix_ns", "spool_depth")
