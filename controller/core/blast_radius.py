@@ -24,13 +24,17 @@ Rules, in order, for each proposed action:
 5. GPU-level actions, port quarantines, validations and releases are admitted (a node-scope
    ``Release`` frees its node's budget).
 
-Circuit breaker: every node for which a node-level action is proposed counts as "needing
-quarantine" for ``breaker_window_s`` from its first proposal (demand before the last `resume`
-never counts again). When more than ``breaker_quarantine_pct`` of all nodes (and at
-least ``breaker_min_nodes``) need it within the window, the breaker trips: the batch's admitted
-actions gain a critical `Notify`, and everything but notifications and RMA paperwork waits until an
-operator calls `resume`. It counts demand, not admissions, because the budget already caps what
-is admitted: the breaker's job is to notice that too much is breaking at once.
+Circuit breaker: every node for which a node-level action, or a GPU quarantine or reset, is proposed
+counts as "needing quarantine" for ``breaker_window_s`` from its first proposal (demand before the
+last `resume` never counts again). GPU-level breakage counts too: a bad driver or firmware push
+shows as GPU faults on every node at once, and counted by node-level actions only it quarantined and
+reset GPUs across the whole fleet without the breaker noticing. A process restart does not count:
+one training job's crash raises application Xids on all of its nodes at once. When more than
+``breaker_quarantine_pct`` of all nodes (and at least ``breaker_min_nodes``) need it within the
+window, the breaker trips: the batch's admitted actions gain a critical `Notify`, and everything but
+notifications and RMA paperwork waits until an operator calls `resume`. It counts demand, not
+admissions, because the budget already caps what is admitted: the breaker's job is to notice that
+too much is breaking at once.
 
 Storm: while node-level actions wait for budget, a storm is on. When a batch has none waiting
 for budget any more, the storm ends and new node-level disruptions wait ``storm_cooldown_s`` so
@@ -183,6 +187,10 @@ def free_node_slots(state: BudgetState, fleet: FleetView, *, now: float, policy:
     return max(0, cap - len(out))
 
 
+_BREAKER_GPU_KINDS = frozenset({"quarantine_gpu", "reset_gpu"})
+"""GPU-level actions that count toward the circuit breaker's demand (see the module doc)."""
+
+
 def admit(
     state: BudgetState,
     proposed: Sequence[actions.Action],
@@ -214,7 +222,11 @@ def admit(
     in_flight = [f for f in state.in_flight if now - f.admitted_at < pol.in_flight_max_age_s]
     quarantined = list(state.quarantined_nodes)
     # Planned maintenance (sweeps) is not breakage: it never feeds the breaker.
-    proposed_nodes = {a.node_id for a in proposed if a.node_disruptive and not getattr(a, "planned", False)}
+    proposed_nodes = {
+        a.node_id
+        for a in proposed
+        if (a.node_disruptive or a.kind in _BREAKER_GPU_KINDS) and not getattr(a, "planned", False)
+    }
     demand = {node: at for node, at in state.demand if node in proposed_nodes or now - at <= pol.breaker_window_s}
     for node in sorted(proposed_nodes):
         demand.setdefault(node, now)

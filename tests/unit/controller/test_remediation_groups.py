@@ -19,6 +19,7 @@ from rasd.controller import ingest as ingest_mod
 from rasd.controller import metrics
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import fleet, health
+from rasd.controller.core import policy as policy_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
@@ -48,12 +49,12 @@ EVENTS = [(1, 13, GPUS[0]), (2, 13, GPUS[0]), (3, 48, GPUS[0]), (4, 45, GPUS[0])
 
 
 class _Rig:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, policy: policy_mod.RemediationPolicy | None = None) -> None:
         self.store = repo.Store.open(url)
         self.ingest = ingest_mod.Ingest(
             self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=lambda: NOW_NS
         )
-        self.service = remediation_mod.RemediationService(self.store, self.ingest, clock=lambda: NOW_NS)
+        self.service = remediation_mod.RemediationService(self.store, self.ingest, clock=lambda: NOW_NS, policy=policy)
         self.store.register_hello(_hello("node-1"), NOW_NS)
         self.ingest.node_labels["node-1"] = {"rack": "r1"}
         self.commits = 0
@@ -211,9 +212,14 @@ NODES = [f"node-{i}" for i in range(12)]
 WAVES = [[(node, seq, xid, gpu) for node in NODES] for seq, xid, gpu in EVENTS]
 
 
+# Every node of the burst gets a GPU reset: at the default 10 % the circuit breaker (which counts GPU
+# resets) would hold them all. The burst is about pipelining, so the breaker is lifted, as in the bench.
+BURST_POLICY = policy_mod.RemediationPolicy.from_mapping({"disruption": {"breaker_quarantine_pct": 100.0}})
+
+
 def _burst_rig(url: str, *, writer: bool) -> tuple[_Rig, list[str]]:
-    rig = _Rig(url)
-    for node in NODES[1:]:
+    rig = _Rig(url, BURST_POLICY)
+    for node in NODES:
         rig.store.register_hello(_hello(node), NOW_NS)
         rig.ingest.node_labels[node] = {"rack": "r1"}
     if writer:

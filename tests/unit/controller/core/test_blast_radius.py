@@ -257,6 +257,29 @@ def test_the_budget_alone_never_exceeds_its_caps_under_a_hundred_failures():
     assert {a.node_id for a in admitted if a.kind == "reboot_node"} == admitted_nodes
 
 
+def test_a_wave_of_gpu_faults_trips_the_breaker_and_a_wave_of_process_restarts_does_not():
+    """A bad driver push faults GPUs on every node at once; one job's crash restarts processes on all its nodes."""
+    view = fleet()
+    pol = policy.DisruptionPolicy()
+
+    def gpu_repairs(node: str) -> list[actions.Action]:
+        return [
+            actions.QuarantineGpu(ticket_id=f"{node}/t", step=0, node_id=node, gpu_uuid="GPU-1"),
+            actions.ResetGpu(ticket_id=f"{node}/t", step=1, node_id=node, gpu_uuid="GPU-1"),
+        ]
+
+    wave = [a for node in sorted(view.node_labels)[:40] for a in gpu_repairs(node)]
+    admitted, deferred, state, reasons = blast_radius.admit(blast_radius.BudgetState(), wave, view, now=T0, policy=pol)
+    assert state.breaker_tripped and "40 of 200 nodes" in reasons[-1]
+    assert [a.kind for a in admitted] == ["notify"] and len(deferred) == 80
+    crash = [
+        actions.RestartProcess(ticket_id=f"{node}/job", step=0, node_id=node, gpu_uuid="GPU-1")
+        for node in sorted(view.node_labels)[:100]
+    ]
+    admitted, _, state, _ = blast_radius.admit(blast_radius.BudgetState(), crash, view, now=T0, policy=pol)
+    assert not state.breaker_tripped and len(admitted) == 100
+
+
 def test_new_failures_after_a_resume_can_trip_the_breaker_again():
     view = fleet(nodes=50, rack_size=5)
     pol = policy.DisruptionPolicy()
