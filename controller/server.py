@@ -77,13 +77,29 @@ class ControllerSettings:
     and committing use two cores; what `rasd-controller` runs) or "thread" (the store thread)."""
 
 
+def _store_url(settings: ControllerSettings) -> str:
+    """The store URL, with a replica's stalled transactions ended within its lease (lease election).
+
+    A leader stopped inside a transaction (SIGSTOP, a VM paused, a partition: its socket stays open)
+    keeps the lease row's shared lock that every fenced commit takes, and the next leader's takeover
+    waits until the server ends the transaction (``idle_in_transaction_session_timeout``, 10 s by
+    default). With a lease shorter than that, the takeover took the 10 s, not the lease: ended within
+    two thirds of the lease (at least 1 s, at most the 10 s), it stays within it.
+    """
+    if settings.leader.resolved_election(settings.db_url) != "lease":
+        return settings.db_url
+    timeout_ms = int(min(10.0, max(1.0, settings.leader.lease_s * 2 / 3)) * 1000)
+    return repo.with_session_setting(settings.db_url, "idle_in_transaction_session_timeout", f"{timeout_ms}ms")
+
+
 class Controller:
     """One running replica. `await start()`, then `await stop()`."""
 
     def __init__(self, settings: ControllerSettings, *, registry: CollectorRegistry | None = None) -> None:
         """Open the store and build the services; nothing listens until start()."""
-        self.settings = settings
         self.registry = registry or CollectorRegistry()
+        settings = dataclasses.replace(settings, db_url=_store_url(settings))
+        self.settings = settings
         self.store = repo.Store.open(settings.db_url)
         self.metrics = metrics.ControllerMetrics(self.registry)
         ingest_settings = settings.ingest

@@ -134,6 +134,21 @@ def create_engine(url: str) -> sa.Engine:
     return engine
 
 
+def with_session_setting(url: str, name: str, value: str) -> str:
+    """url with a PostgreSQL server setting added to libpq's ``options`` (``-c name=value``).
+
+    A URL that already names the setting is returned as it is: the operator's wins, as in
+    `create_engine`. Other backends' URLs are returned as they are.
+    """
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "postgresql" or name in url:
+        return url
+    options = str(parsed.query.get("options", ""))
+    added = f"-c {name}={value}"
+    parsed = parsed.update_query_dict({"options": f"{options} {added}" if options else added})
+    return parsed.render_as_string(hide_password=False)
+
+
 POSTGRES_SESSION_SETTINGS = {
     # A client that stops inside a transaction (its host lost power, a partition: no FIN reaches
     # the server) keeps the transaction's locks until the server gives up on it. Among them the

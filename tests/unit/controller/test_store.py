@@ -13,6 +13,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from rasd.controller import leader as leader_mod
+from rasd.controller import server
 from rasd.controller.core import fleet
 from rasd.controller.store import repo, schema
 
@@ -265,6 +267,26 @@ def test_postgresql_sessions_end_a_transaction_whose_client_went_silent(
         own.dispose()
     finally:
         store.close()
+
+
+def test_a_lease_elected_replica_ends_a_stalled_transaction_within_its_lease(postgres_schema_url):
+    """A leader stopped mid-transaction (SIGSTOP) held the lease row's lock 10 s whatever its lease
+    (the leader-failover test's takeover took 10 s against a 3 s lease)."""
+    leader = leader_mod.LeaderSettings(election="lease", lease_s=3.0, renew_s=1.0)
+    url = server._store_url(server.ControllerSettings(db_url=postgres_schema_url, leader=leader))
+    assert server._store_url(server.ControllerSettings(db_url=url, leader=leader)) == url  # named: kept
+    engine = repo.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "2s"
+            assert connection.exec_driver_sql("SHOW search_path").scalar().startswith("rasd_test_")
+    finally:
+        engine.dispose()
+    long = dataclasses.replace(leader, lease_s=60.0, renew_s=5.0)
+    long_url = server._store_url(server.ControllerSettings(db_url=postgres_schema_url, leader=long))
+    assert "-c idle_in_transaction_session_timeout=10000ms" in sa.engine.make_url(long_url).query["options"]
+    sqlite = server.ControllerSettings(db_url="sqlite:///x.db", leader=leader_mod.LeaderSettings(election="static"))
+    assert server._store_url(sqlite) == "sqlite:///x.db"
 
 
 def test_concurrent_appends_of_overlapping_batches_store_each_event_once(store):
