@@ -415,6 +415,12 @@ class RemediationService:
             await self.ingest.run_in_store(self.store.warm_up)  # the writer process warms itself
         node_docs = await self.ingest.run_in_store(self.store.load_node_states)
         self.node_states = {n: escalation.RemediationState.from_dict(d) for n, d in node_docs.items()}
+        # The budget's fleet is every node the store knows, not only those back on a stream yet:
+        # right after a restart, the replayed backlog's demand was weighed against the few nodes
+        # that had reconnected ("10 of 5 nodes"), and the circuit breaker tripped on its own count.
+        for node in await self.ingest.run_in_store(self.ingest.store.list_nodes):
+            if node.node_id not in self.ingest.node_labels:
+                self.ingest.remember_remote_node(node.node_id, node.labels, tuple(g.record.uuid for g in node.gpus))
         corr_docs = await self.ingest.run_in_store(self.store.load_docs, CORRELATION_PREFIX)
         incident_data = await self.ingest.run_in_store(self.store.incident_data, correlation_incident_ids(corr_docs))
         budget = await self.ingest.run_in_store(self.store.load_doc, "budget")

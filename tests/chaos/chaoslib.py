@@ -62,6 +62,18 @@ def proc_status_mib(pid: int, field: str) -> float:
 
 
 # -- the controller as a process ---------------------------------------------------------------------------
+LIFTED_BREAKER = {"disruption": {"breaker_quarantine_pct": 100.0}}
+"""The remediation policy of tests that fault every node at once on purpose: the circuit breaker,
+which counts GPU resets too, would rightly hold them all; they test durability, not the breaker."""
+
+
+def lifted_breaker_config(workdir: pathlib.Path) -> pathlib.Path:
+    """A controller.toml with `LIFTED_BREAKER`, for `ControllerProcess(config=...)`."""
+    path = workdir / "controller.toml"
+    path.write_text("[remediation.disruption]\nbreaker_quarantine_pct = 100.0\n")
+    return path
+
+
 class ControllerProcess:
     """A real rasd-controller on 127.0.0.1:port, started and killed by the test."""
 
@@ -531,7 +543,10 @@ async def until(predicate: Callable[[], bool], timeout_s: float, what: str, poll
         if time.monotonic() - started > timeout_s:
             # Where every coroutine waits, for the failure report (captured output).
             for task in asyncio.all_tasks():
-                task.print_stack(limit=8, file=sys.stdout)
+                # A frame without a line number (a C-level wait) breaks print_stack on 3.11: never
+                # let the report hide the failure it reports.
+                with contextlib.suppress(TypeError):
+                    task.print_stack(limit=8, file=sys.stdout)
             raise AssertionError(f"{what}: not within {timeout_s} s")
         await asyncio.sleep(poll_s)
     return time.monotonic() - started

@@ -81,7 +81,10 @@ async def _run(tmp_path, figures):
     rng = random.Random(SEED)
     db_path = tmp_path / "rasd.db"
     port = chaoslib.free_port()
-    controller = chaoslib.ControllerProcess(tmp_path, f"sqlite:///{db_path}", port)
+    # Every node faults in every wave: the breaker (it counts GPU resets) is lifted, as in the bench.
+    controller = chaoslib.ControllerProcess(
+        tmp_path, f"sqlite:///{db_path}", port, config=chaoslib.lifted_breaker_config(tmp_path)
+    )
     controller.start()
     await controller.wait_ready()
     fleet = [_agent(tmp_path, i, port) for i in range(NODES)]

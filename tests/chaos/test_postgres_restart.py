@@ -22,6 +22,7 @@ from rasd.agent import node_ops, runtime, spool
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 from rasd.controller import server
+from rasd.controller.core import policy as policy_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import schema
 
@@ -62,7 +63,13 @@ def _ladder_done(controller: server.Controller, gpu_uuid: str) -> bool:
 
 
 async def _run(pg: chaoslib.PrivatePostgres, tmp_path, figures):
-    settings = server.ControllerSettings(listen="127.0.0.1:0", db_url=pg.url, metrics_port=None)
+    # All three nodes fault at once: the breaker (it counts GPU resets) is lifted, as in the bench.
+    settings = server.ControllerSettings(
+        listen="127.0.0.1:0",
+        db_url=pg.url,
+        metrics_port=None,
+        remediation_policy=policy_mod.RemediationPolicy.from_mapping(chaoslib.LIFTED_BREAKER),
+    )
     controller = server.Controller(settings)
     await controller.start()
     assert controller.remediation is not None
