@@ -2054,9 +2054,7 @@ def _validated_gpus(run: Mapping[str, Any], node_gpus: Iterable[str]) -> set[str
         covered = evidence["covered"]
         if covered is None:
             return set()
-        if covered["gpu_uuids"]:
-            return set(covered["gpu_uuids"])
-        return set(node_gpus) - set(covered["exclude_gpu_uuids"])
+        return set(sdc_service.scope_targets(covered["gpu_uuids"], covered["exclude_gpu_uuids"], node_gpus))
     return {run["gpu_uuid"]} if run["gpu_uuid"] else set(node_gpus)
 
 

@@ -55,12 +55,21 @@ def gpu_verdicts(result: commands_pb.ActionResult, targets: Iterable[str]) -> di
 
 
 def validation_targets(action: actions.Action | None, node_gpus: Iterable[str]) -> tuple[str, ...]:
-    """The GPUs a RunValidation covered: the named ones, or the node's minus the excluded."""
+    """The GPUs a RunValidation covered (`scope_targets`); none for any other action."""
     if not isinstance(action, actions.RunValidation):
         return ()
-    if action.gpu_uuids:
-        return tuple(action.gpu_uuids)
-    return tuple(g for g in node_gpus if g not in action.exclude_gpu_uuids)
+    return scope_targets(action.gpu_uuids, action.exclude_gpu_uuids, node_gpus)
+
+
+def scope_targets(
+    gpu_uuids: Iterable[str], exclude_gpu_uuids: Iterable[str], node_gpus: Iterable[str]
+) -> tuple[str, ...]:
+    """The GPUs a validation scope covers: the named ones, or the node's minus the excluded."""
+    named = tuple(gpu_uuids)
+    if named:
+        return named
+    excluded = set(exclude_gpu_uuids)
+    return tuple(g for g in node_gpus if g not in excluded)
 
 
 class SdcLedger:
