@@ -296,7 +296,8 @@ def executors(adapter: QuarantineAdapter) -> dict[str, Callable[[actions.Action]
         return outcome
 
     # Whether a call waits on another system: the service calls one that does not (record only)
-    # in its dispatch round, without a thread and without a commit of its own for the outcome.
+    # with the decision (or in its dispatch round), without a thread and without a commit of its own
+    # for the outcome.
     run.blocking = getattr(adapter, "blocking", True)  # type: ignore[attr-defined]
     kinds = (actions.QuarantineNode.kind, actions.QuarantineGpu.kind, actions.QuarantinePort.kind, actions.Release.kind)
     return dict.fromkeys(kinds, run)
@@ -314,7 +315,7 @@ class RecordOnlyQuarantine:
 
     name = "record"
     blocking = False
-    """Its calls wait on nothing: the remediation service makes them in the dispatch round."""
+    """Its calls wait on nothing: the remediation service makes them in the transaction of their decision."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

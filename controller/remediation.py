@@ -732,7 +732,8 @@ class RemediationService:
             if consumed:
                 change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
         self._correlation_into(change, corr, changed_incidents=True, scopes=scopes, port_nodes=port_nodes)
-        dispatched = self._admit_with_decision(new_actions, states, change, waiting_ahead)
+        dispatched, follow_up = self._admit_with_decision(new_actions, states, change, waiting_ahead)
+        new_actions.extend(follow_up)
         decided = _Pass(
             group=group,
             change=change,
@@ -814,35 +815,41 @@ class RemediationService:
         states: dict[str, escalation.RemediationState],
         change: rstore.Commit,
         waiting_ahead: Sequence[actions.Action] = (),
-    ) -> dict[str, actions.Action]:
-        """Admit a pass's agent commands into its own transaction; returns them by command id.
+    ) -> tuple[dict[str, actions.Action], list[actions.Action]]:
+        """Admit a pass's actions into its own transaction; returns them by command id, and the ladder's follow-ups.
 
-        Most decisions are one agent command (restart, reset, reboot). Admitting it before the
-        decision commits, and recording it as dispatched in that commit, saves the second
-        transaction and its wait on every such decision. The outbox rule is unchanged: nothing is
-        sent before the transaction that says it was dispatched has committed.
+        Most decisions are one agent command (restart, reset, reboot), or a quarantine and its
+        repair. Admitting them before the decision commits, and recording them as dispatched in
+        that commit, saves the dispatch round's transaction and its wait on every such decision.
+        The outbox rule is unchanged: no agent command is sent before the transaction that says it
+        was dispatched has committed. A controller-side action whose adapter waits on nothing
+        (record only, or no adapter: an RMA ticket, a notice) is carried out here, its record and
+        outcome in the same transaction: the record is the whole of what it does, so it is as
+        durable as the decision and no sooner. The ladder's follow-ups to those outcomes go into
+        the outbox pending, for the dispatch round.
 
         Taken only when it cannot change what is admitted or in which order:
-        - every action the pass decided for the node is an agent command, and none of its node's
-          actions waits for admission (a quarantine's executor runs before its node's repair is
-          sent, so such a node goes the two-step way);
+        - none of the node's actions has an adapter that waits on another system (Kubernetes,
+          Slurm, a BMC): such an adapter is called only on a durable decision, and its node's
+          repair is sent when it returns, so such a node goes the two-step way; nor waits for
+          admission;
         - what waits for admission (on the waiting list, or left waiting by a pass ahead still
-          committing, waiting_ahead) is admitted first by the dispatch round; so the commands are
+          committing, waiting_ahead) is admitted first by the dispatch round; so the actions are
           admitted now only if the budget admits everything waiting and them together, and at most
           ``MAX_WAITING_CHECKED`` actions wait (more: the budget is binding anyway);
-        - an admission that answers with anything controller-side (the breaker's notice) is
-          dropped, and the two-step way decides it.
+        - an admission that answers with an action of its own (the breaker's notice) is dropped,
+          and the two-step way decides it.
         """
         if not new_actions:
-            return {}
+            return {}, []
         cancelled = _cancelled_ids(change)
         waiting = [a for a in (*self._deferred.values(), *waiting_ahead) if a.command_id not in cancelled]
         if len(waiting) > MAX_WAITING_CHECKED:
-            return {}
-        held = {a.node_id for a in waiting} | {a.node_id for a in new_actions if a.kind not in AGENT_KINDS}
+            return {}, []
+        held = {a.node_id for a in waiting} | {a.node_id for a in new_actions if self._waits_on_adapter(a)}
         candidates = [a for a in new_actions if a.node_id not in held and a.command_id not in cancelled]
         if not candidates:
-            return {}
+            return {}, []
         if waiting:
             together = blast_radius.admit(
                 self.budget,
@@ -852,14 +859,15 @@ class RemediationService:
                 policy=self.policy.disruption,
             )
             if len(together.admitted) != len(waiting) + len(candidates) or together.deferred:
-                return {}
+                return {}, []
         now_ns = change.now_unix_ns
         now = now_ns / 1e9
         admission = blast_radius.admit(
             self.budget, candidates, self._fleet_view(), now=now, policy=self.policy.disruption
         )
-        if not admission.admitted or any(a.kind not in AGENT_KINDS for a in admission.admitted):
-            return {}
+        proposed = {a.command_id for a in candidates}
+        if not admission.admitted or any(a.command_id not in proposed for a in admission.admitted):
+            return {}, []
         self.budget = admission.state
         self._export_budget()
         self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
@@ -869,7 +877,17 @@ class RemediationService:
         for action in admission.admitted:
             self._record_dispatch(action, states, change)
             admitted[action.command_id] = action
-        return admitted
+        follow_up: list[actions.Action] = []
+        for action in admission.admitted:
+            if action.kind not in AGENT_KINDS:
+                self._record_controller_side(action, change, source="automation")
+                self._note_dispatched(action)
+                follow_up += self._carry_out_now(action, change, states)
+        return admitted, follow_up
+
+    def _waits_on_adapter(self, action: actions.Action) -> bool:
+        """A controller-side action whose adapter waits on another system: called only once its dispatch is durable."""
+        return action.kind not in AGENT_KINDS and self._leaves_after_commit(action)
 
     def _record_dispatch(
         self, action: actions.Action, states: dict[str, escalation.RemediationState], change: rstore.Commit
@@ -1780,8 +1798,9 @@ class RemediationService:
                 if action.command_id in fresh and action.command_id not in cancelled:
                     self._deferred[action.command_id] = action
             elif action.command_id in fresh:
-                self._note_dispatched(action)
-                sent.append(action)
+                if action.kind in AGENT_KINDS:  # the controller-side ones were carried out with the decision
+                    self._note_dispatched(action)
+                    sent.append(action)
             else:
                 log.info("remediation_command_exists", node=action.node_id, command_id=action.command_id)
                 self.budget = blast_radius.complete(self.budget, action.command_id, now=now)
@@ -1852,17 +1871,8 @@ class RemediationService:
         # (`_send_dispatched`).
         follow_up: list[actions.Action] = []
         for action in admission.admitted:
-            if self._leaves_after_commit(action):
-                continue
-            self._note_handed_over(action)
-            outcome, message = await self._execute(action)
-            self._audit_controller_side(action, change, outcome, source="automation")
-            follow_up += self._result_into(
-                action.node_id,
-                commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message),
-                change,
-                touched,
-            )
+            if not self._leaves_after_commit(action):
+                follow_up += self._carry_out_now(action, change, touched)
         dispatch = _Pass(
             group=[],
             change=change,
@@ -1878,6 +1888,24 @@ class RemediationService:
         self._budget_stored = self._stage_commit(touched, follow_up, change, {})
         self.node_states.update(touched)
         return dispatch
+
+    def _carry_out_now(
+        self, action: actions.Action, change: rstore.Commit, states: dict[str, escalation.RemediationState]
+    ) -> list[actions.Action]:
+        """Call an admitted controller-side action's adapter that waits on nothing, and fold its outcome into change.
+
+        Its record (`_record_controller_side`) is already in change; the call, its audit row and the
+        ladder's answer (states) join the same transaction. Returns the ladder's follow-up actions.
+        """
+        self._note_handed_over(action)
+        outcome, message = self._execute_now(action)
+        self._audit_controller_side(action, change, outcome, source="automation")
+        return self._result_into(
+            action.node_id,
+            commands_pb.ActionResult(command_id=action.command_id, outcome=outcome, message=message),
+            change,
+            states,
+        )
 
     def _send(self, action: actions.Action, *, deadline_unix_ns: int | None = None) -> bool:
         """Put an agent command on its node's stream; False when the node has none.
@@ -1971,10 +1999,8 @@ class RemediationService:
         called_ns: gets the clock's reading as the thread calls the adapter.
         """
         executor = self._executors.get(action.kind)
-        if executor is None:
-            if isinstance(action, actions.PowerCycleBmc):
-                return commands_pb.ACTION_OUTCOME_NOT_SUPPORTED, "no BMC power-cycle hook configured"
-            return commands_pb.ACTION_OUTCOME_SUCCEEDED, f"{action.kind} recorded"
+        if executor is None or not _blocking(executor):
+            return self._execute_now(action)
         pool = self._long_adapter_threads if action.kind in LONG_ADAPTER_KINDS else self._adapter_threads
 
         def timed(action: actions.Action) -> Any:
@@ -1983,11 +2009,21 @@ class RemediationService:
             return executor(action)
 
         try:
-            if _blocking(executor):
-                call = functools.partial(contextvars.copy_context().run, timed, action)  # as asyncio.to_thread does
-                message = str(await asyncio.get_running_loop().run_in_executor(pool, call))
-            else:
-                message = str(executor(action))
+            call = functools.partial(contextvars.copy_context().run, timed, action)  # as asyncio.to_thread does
+            message = str(await asyncio.get_running_loop().run_in_executor(pool, call))
+        except Exception as exc:  # an adapter failure is a failed action, never a crash
+            return commands_pb.ACTION_OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
+        return commands_pb.ACTION_OUTCOME_SUCCEEDED, message or f"{action.kind} recorded"
+
+    def _execute_now(self, action: actions.Action) -> tuple[int, str]:
+        """`_execute` for an action whose adapter waits on nothing (`_leaves_after_commit` is False): called here."""
+        executor = self._executors.get(action.kind)
+        if executor is None:
+            if isinstance(action, actions.PowerCycleBmc):
+                return commands_pb.ACTION_OUTCOME_NOT_SUPPORTED, "no BMC power-cycle hook configured"
+            return commands_pb.ACTION_OUTCOME_SUCCEEDED, f"{action.kind} recorded"
+        try:
+            message = str(executor(action))
         except Exception as exc:  # an adapter failure is a failed action, never a crash
             return commands_pb.ACTION_OUTCOME_FAILED, f"{type(exc).__name__}: {exc}"
         return commands_pb.ACTION_OUTCOME_SUCCEEDED, message or f"{action.kind} recorded"

@@ -2,8 +2,9 @@
 
 A real controller (gRPC on loopback, store on SQLite and on PostgreSQL) and one agent with simulated
 GPUs and real (simulated) repairs. An Xid 48 on a GPU walks the ladder: quarantine the GPU, reset it,
-validate, release. The quarantine adapter is the default (record only), called in its dispatch
-round, or the same adapter called as one that blocks is (in a thread, after the round's commit).
+validate, release. The quarantine adapter is the default (record only), called with the decision
+(or in its dispatch round), or the same adapter called as one that blocks is (in a thread, after the
+round's commit).
 The controller "dies" at its Nth store commit, either just before the commit (the transaction never
 happens) or just after it (nothing after it in memory happens). A new controller then starts on the
 same database and port; the agent reconnects. Every case must end with the GPU back in service,
@@ -27,10 +28,12 @@ from rasd.controller.store import remediation as rstore
 
 pytestmark = pytest.mark.slow
 
-LADDER_COMMITS = {"inline": 6, "threaded": 8}
+LADDER_COMMITS = {"inline": 5, "threaded": 8}
 """Commits the happy path takes for one Xid 48 (checked by the test without a crash), by how the quarantine
-adapter runs: record only, in its dispatch round; or as one that waits on a scheduler, in a thread after
-the round's commit, its outcome committed after it (two more commits: the quarantine's, the release's)."""
+adapter runs: record only, with the decision (the quarantine and the reset are admitted, recorded and
+dispatched in the decision's own commit) and the release in its dispatch round; or as one that waits on a
+scheduler, in a thread after its dispatch round's commit, its outcome committed after it (three more
+commits: the decision's dispatch round, the quarantine's outcome, the release's)."""
 RESTART_COMMITS = 2  # for one Xid 13: the decision with its dispatch, then the result
 
 

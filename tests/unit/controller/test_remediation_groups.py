@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
 from rasd.controller import ingest as ingest_mod
-from rasd.controller import metrics
+from rasd.controller import metrics, quarantine
 from rasd.controller import remediation as remediation_mod
 from rasd.controller.core import fleet, health
 from rasd.controller.core import policy as policy_mod
@@ -143,6 +143,38 @@ def test_a_failed_group_commit_loses_no_event_and_dispatches_nothing(rig, monkey
                                       remediation_mod.AGENT_KINDS)  # fmt: skip
         assert rig.service.stats.events == len(events), "every event decided, and counted once"
         assert rig.service.store.unprocessed_events() == {}, "the replay watermark covers every event"
+        await rig.stop()
+
+    asyncio.run(run())
+
+
+def test_a_quarantine_that_only_records_and_its_repair_leave_with_their_decision_in_one_commit(rig):
+    """A quarantine whose adapter waits on nothing (record only, rasd-controller's default) is carried out in
+    its decision's own transaction: the record is all it does, so it is as durable as the decision. Its reset is
+    dispatched in that commit too and sent once it is done; there is no dispatch round's commit to wait for."""
+
+    async def run() -> None:
+        await rig.start()
+        rig.service._executors = quarantine.executors(quarantine.RecordOnlyQuarantine())
+        sent: list[str] = []
+        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
+        before = rig.commits
+        await rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"})
+        assert rig.commits - before == 1, "one transaction: the decision, the quarantine and the reset's dispatch"
+        commands = {c.kind: c for c in rig.service.store.commands()}
+        assert sorted(commands) == ["quarantine_gpu", "reset_gpu"]
+        assert commands["quarantine_gpu"].status == "succeeded" and commands["reset_gpu"].status == "dispatched"
+        assert sent == [commands["reset_gpu"].command_id], "the reset left after the commit; the quarantine ran here"
+        assert [(q["node_id"], q["gpu_uuid"]) for q in rig.service.store.quarantines()] == [("node-1", GPUS[0])]
+        audit = sorted((a["action"], a["outcome"]) for a in rig.service.store.audit())
+        assert audit == [
+            ("quarantine_gpu", "ACTION_OUTCOME_SUCCEEDED"),
+            ("quarantine_gpu", "dispatched"),
+            ("reset_gpu", "dispatched"),
+        ]
+        assert rig.service.stats.actions_by_kind == {"quarantine_gpu": 1, "reset_gpu": 1}, "each counted once"
+        (ticket,) = rig.service.node_states["node-1"].tickets
+        assert ticket.pending is not None and ticket.pending.command_id == commands["reset_gpu"].command_id
         await rig.stop()
 
     asyncio.run(run())
@@ -367,13 +399,15 @@ def test_a_command_a_dispatch_round_admits_and_the_pass_committed_with_it_cancel
     the command ends cancelled in the same commit and must not be sent (the agent would run a repair the ladder
     had dropped).
 
-    The Xid 48's reset waits for its GPU's quarantine (two steps). While the Xid 48's decision commits, an Xid 79
-    on the same GPU arrives: it is decided in the pass after the dispatch round that admits the reset, which it
-    supersedes with a reboot.
+    The Xid 48's reset waits for its GPU's quarantine (two steps: the quarantine's adapter waits on a scheduler,
+    so it is called only once the decision is durable). While the Xid 48's decision commits, an Xid 79 on the same
+    GPU arrives: it is decided in the pass after the dispatch round that admits the reset, which it supersedes with
+    a reboot.
     """
 
     async def run() -> None:
         await rig.start()
+        rig.service._executors["quarantine_gpu"] = lambda action: "quarantined"  # no `blocking`: taken to block
         sent: list[str] = []
         rig.service.send_hook = lambda action: sent.append(action.command_id) or True
         commit = rig.service.store.commit
