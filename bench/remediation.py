@@ -731,7 +731,8 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             "when an incident opens or expires, and each changed incident's row), budget document "
             f"{r.doc_bytes.get('budget', 0):,} bytes (written only when it changed); "
             f"decision p50/p99 ms by command: {by_kind or 'none'} (a reset or reboot follows its quarantine: "
-            "it leaves after the dispatch round's commit, once the quarantine's adapter has returned)"
+            "with an adapter that waits on nothing both are dispatched in the decision's own commit; with one that "
+            "waits on another system, it leaves after the dispatch round's commit, once the adapter has returned)"
             + ("" if r.api_cpu_s is None else f"; the fake API server's CPU in the burst: {r.api_cpu_s:.1f} s")
             + f"; the event loop's thread was busy {r.loop_cpu_s:.1f} s of the burst's {r.burst_wall_s:.1f} s"
             + f"; garbage collector: {_gc_pauses(r)}"
@@ -878,7 +879,7 @@ def main(argv: list[str] | None = None) -> int:
         section = f"{section}, PostgreSQL without waiting for the WAL flush (diagnostic)"
     adapters = {
         "record": "Quarantines go through `RecordOnlyQuarantine`, rasd-controller's default adapter (its calls "
-        "wait on nothing: made in the dispatch round).",
+        "wait on nothing: made with the decision, in its transaction, the repair that follows dispatched in it too).",
         "none": "Quarantines call no adapter (`--quarantine none`): each is its record.",
         "kubernetes": "Quarantines go through `KubernetesQuarantine` (the real `kubernetes` client) to the fake API "
         f"server of tests/fakes/kube_api.py in its own process, each answer {args.api_latency_ms:g} ms late.",
