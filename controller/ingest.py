@@ -139,6 +139,8 @@ class Session:
     outbound: asyncio.Queue[agent_pb.ControllerMessage | None]
     opened_unix_ns: int
     replaced: bool = False
+    spool_epoch: int | None = None
+    """The epoch of the node's spool this stream's seqs count in (its Hello's `HelloOutcome.spool_epoch`)."""
     agent_ahead_ns: int | None = None
     """How far the agent's clock runs ahead of this controller's at least, ns (negative: behind by at
     least that much); None until a stamped message arrived. Each agent stamp (a heartbeat's send
@@ -335,6 +337,7 @@ class Ingest:
             known_gpus=frozenset(g.uuid for g in node_hello.gpus),
             outbound=asyncio.Queue(maxsize=self.settings.outbound_queue_size),
             opened_unix_ns=now,
+            spool_epoch=outcome.spool_epoch,
         )
         session.note_stamp(hello.sent_unix_ns, now)
         self.sessions[session.node_id] = session
@@ -424,16 +427,24 @@ class Ingest:
         Raises:
             wire.WireError: a field is malformed; no event of this batch is stored or acked, and
                 everything stored before stays stored.
+            repo.SpoolEpochChanged: the node's spool started another epoch since this stream's Hello;
+                nothing of the batch is stored or acked.
         """
         started = time.perf_counter()
         now = self._clock()
-        events = wire.events_from_wire(batch, session.known_gpus, now, session.node_id)
+        events = wire.events_from_wire(batch, session.known_gpus, now, session.node_id, spool_epoch=session.spool_epoch)
         # Shielded: the stream may end (agent killed, a newer stream of the node) while the batch
         # commits. The commit lands anyway and a resend is then a duplicate, so the hand-over to
         # remediation must not depend on this caller still waiting: cancelled there, the events were
         # stored and acked but never decided (and the node's next decision moved the replay watermark
         # past them).
-        acked_seq, decided = await asyncio.shield(asyncio.ensure_future(self._store_and_hand_over(session, events)))
+        try:
+            acked_seq, decided = await asyncio.shield(asyncio.ensure_future(self._store_and_hand_over(session, events)))
+        except repo.SpoolEpochChanged as exc:
+            # The node came back with a new spool (a newer Hello, here or at another replica) while
+            # this older stream still sent: nothing of it is stored or acked, and the stream ends.
+            log.warning("events_of_a_left_spool", node=session.node_id, seqs=[e.seq for e in events], error=str(exc))
+            raise
         for event in events:
             kind = health_pb.EventKind.Name(event.kind)
             self.metrics.health_events.labels(kind=kind).inc()

@@ -728,9 +728,7 @@ class RemediationService:
                 self._close(result.decision, change, now)
             if state is not (states.get(node_id) or self.node_states.get(node_id)):
                 states[node_id] = state  # a duplicate or secondary leaves the node's state as it was: not rewritten
-            consumed = [e.seq for e in events if e.seq > 0]
-            if consumed:
-                change.processed_seq[node_id] = max([*consumed, change.processed_seq.get(node_id, 0)])
+            _note_consumed(change, node_id, events)
         self._correlation_into(change, corr, changed_incidents=True, scopes=scopes, port_nodes=port_nodes)
         dispatched, follow_up = self._admit_with_decision(new_actions, states, change, waiting_ahead)
         new_actions.extend(follow_up)
@@ -2244,6 +2242,31 @@ _APPENDED_COMMIT_FIELDS = (
 """`rstore.Commit`'s lists; the store writes them in order (incidents and tickets: the last row per id)."""
 
 
+def _note_consumed(change: rstore.Commit, node_id: str, events: Sequence[repo.StoredEvent]) -> None:
+    """Move node_id's replay watermark in change over decided events: its newest spool epoch's highest seq.
+
+    A pass can hold a node's events of two spools (the agent came back with a new one while the old
+    one's last batch was being decided): the new spool's seqs start over, so the old one's, however
+    high, say nothing about them. An event that does not know its epoch counts in the one noted.
+    """
+    seq = change.processed_seq.get(node_id)
+    epoch = change.processed_epoch.get(node_id)
+    for event in events:
+        if event.seq <= 0:
+            continue
+        if event.spool_epoch is not None and epoch is not None and event.spool_epoch != epoch:
+            if event.spool_epoch < epoch:
+                continue
+            seq = None
+        if event.spool_epoch is not None:
+            epoch = event.spool_epoch
+        seq = event.seq if seq is None else max(seq, event.seq)
+    if seq is not None:
+        change.processed_seq[node_id] = seq
+    if epoch is not None:
+        change.processed_epoch[node_id] = epoch
+
+
 def _merged(first: _Pass, second: _Pass) -> _Pass:
     """Two staged passes as one transaction: second was staged on first's state, so its rows go after.
 
@@ -2253,7 +2276,12 @@ def _merged(first: _Pass, second: _Pass) -> _Pass:
     change = first.change
     later = second.change
     change.now_unix_ns = later.now_unix_ns
-    change.processed_seq.update(later.processed_seq)
+    for node_id, seq in later.processed_seq.items():
+        change.processed_seq[node_id] = seq
+        if node_id in later.processed_epoch:
+            change.processed_epoch[node_id] = later.processed_epoch[node_id]
+        else:
+            change.processed_epoch.pop(node_id, None)
     change.node_states.update(later.node_states)
     change.docs.update(later.docs)
     for field in _APPENDED_COMMIT_FIELDS:

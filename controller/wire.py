@@ -187,9 +187,14 @@ def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.Gp
 
 
 def events_from_wire(
-    batch: agent_pb.HealthEventBatch, known_gpus: frozenset[str], received_unix_ns: int, node_id: str
+    batch: agent_pb.HealthEventBatch,
+    known_gpus: frozenset[str],
+    received_unix_ns: int,
+    node_id: str,
+    *,
+    spool_epoch: int | None = None,
 ) -> list[repo.StoredEvent]:
-    """Validate and convert a batch of health events."""
+    """Validate and convert a batch of health events; spool_epoch: the epoch of its stream's Hello."""
     events = []
     kinds = set(health_pb.EventKind.values())
     severities = set(health_pb.Severity.values())
@@ -218,6 +223,7 @@ def events_from_wire(
                 message=_check_text(f"{field}.message", event.message),
                 source=_check_text(f"{field}.source", event.source, 32),
                 attributes=_check_labels(f"{field}.attributes", event.attributes),
+                spool_epoch=spool_epoch,
             )
         )
     return events

@@ -121,6 +121,10 @@ class AgentService(agent_grpc.AgentServiceServicer):
                     self._ingest.metrics.rejected(error.field)
                     log.warning("agent_message_rejected", node=session.node_id, field=error.field, error=str(error))
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+                if isinstance(error, repo.SpoolEpochChanged):
+                    await context.abort(
+                        grpc.StatusCode.ABORTED, f"a newer stream for this node replaced this one: {error}"
+                    )
                 if isinstance(error, repo.STORE_UNAVAILABLE):
                     await store_outage.abort_unavailable(
                         context, error, "store_unavailable_stream_ended", node=session.node_id

@@ -54,6 +54,9 @@ class Commit:
     now_unix_ns: int
     processed_seq: dict[str, int] = dataclasses.field(default_factory=dict)
     """Node → highest event seq this decision has consumed (the replay watermark, same transaction)."""
+    processed_epoch: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Node → the spool epoch of its seq in processed_seq, where the events said (`StoredEvent.spool_epoch`);
+    else the node's epoch as this transaction reads it."""
     node_states: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     docs: dict[str, dict[str, Any] | None] = dataclasses.field(default_factory=dict)
     """controller_states documents to write; None deletes one."""
@@ -170,9 +173,16 @@ class RemediationStore:
         # without waiting for each one's answer (`repo.pipelined`). None of them reads a table
         # that a write before it in this transaction touches.
         if change.processed_seq:
-            epochs = dict(conn.execute(_SPOOL_EPOCHS, {"node_ids": list(change.processed_seq)}).all())
+            unknown = [node_id for node_id in change.processed_seq if node_id not in change.processed_epoch]
+            epochs = dict(conn.execute(_SPOOL_EPOCHS, {"node_ids": unknown}).all()) if unknown else {}
             for node_id, seq in change.processed_seq.items():
-                change.docs[WATERMARK_PREFIX + node_id] = {"epoch": int(epochs.get(node_id) or 0), "seq": seq}
+                # The events' own epoch: read here, a pass on an old spool's events that commits just
+                # after the node came back with a new spool would mark the new spool's seqs up to
+                # the old one's as decided, and a replay after a crash would skip them.
+                epoch = change.processed_epoch.get(node_id)
+                if epoch is None:
+                    epoch = int(epochs.get(node_id) or 0)
+                change.docs[WATERMARK_PREFIX + node_id] = {"epoch": epoch, "seq": seq}
         command_rows: list[dict[str, Any]] = []
         if change.new_commands:
             ids = [r.command_id for r in change.new_commands]
@@ -362,6 +372,7 @@ def _stored_event(row: schema.HealthEventRow) -> repo.StoredEvent:
         message=row.message,
         source=row.source,
         attributes=dict(row.attributes or {}),
+        spool_epoch=int(row.spool_epoch or 0),
     )
 
 

@@ -49,6 +49,18 @@ class StoredEvent:
     message: str
     source: str
     attributes: Mapping[str, str]
+    spool_epoch: int | None = None
+    """The epoch of the node's spool its seq counts in (`HelloOutcome.spool_epoch`): set for events from a
+    stream (its Hello's epoch) and from the store; None where it is not known (taken to be the node's
+    current epoch)."""
+
+
+class SpoolEpochChanged(Exception):
+    """A batch of events counts its seqs in a spool epoch the node has left: a newer Hello started another.
+
+    Its stream was replaced (the node's agent came back with a new spool); stored now, its old seqs
+    would be taken for the new spool's and the new spool's events with those seqs dropped as duplicates.
+    """
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +73,8 @@ class HelloOutcome:
     lost_seqs: tuple[int, int] | None = None
     """(first, last) seqs the agent had had acked and dropped that the store does not hold: its last
     acks were lost (a restore from backup, a failover to a standby behind the primary)."""
+    spool_epoch: int = 0
+    """The epoch the node's seqs count in from this Hello on (a new spool starts the next one)."""
 
 
 def json_text(value: Any) -> str:
@@ -426,7 +440,13 @@ class Store:
                     "spool_id": _text(hello.spool_id) or known_spool,
                 }
                 outcomes.append(
-                    HelloOutcome(acked_seq=acked_seq, spool_reset=spool_reset, rebooted=rebooted, lost_seqs=lost)
+                    HelloOutcome(
+                        acked_seq=acked_seq,
+                        spool_reset=spool_reset,
+                        rebooted=rebooted,
+                        lost_seqs=lost,
+                        spool_epoch=epoch,
+                    )
                 )
                 for record in hello.gpus:
                     gpu_rows[record.uuid] = {
@@ -573,15 +593,16 @@ class Store:
 
         Raises:
             KeyError: the node never said Hello; nothing is stored.
+            SpoolEpochChanged: the events name a spool epoch the node has left; nothing is stored.
         """
         (outcome,) = self.append_events_many([(node_id, events)])
-        if isinstance(outcome, KeyError):
+        if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
     def append_events_many(
         self, batches: Sequence[tuple[str, Sequence[StoredEvent]]]
-    ) -> list[tuple[int, list[int]] | KeyError]:
+    ) -> list[tuple[int, list[int]] | KeyError | SpoolEpochChanged]:
         """`append_events` for many (node, events) batches in one transaction, in order.
 
         In a burst every agent's stream brings its own small batch; one transaction (and one sync)
@@ -589,7 +610,8 @@ class Store:
         costs one locked read of its nodes, one read of what they stored ahead of their acked
         positions, one multi-row insert and one update of the positions that moved. A batch of a
         node that never said Hello gets a KeyError in its place; the others are stored. A node that
-        appears twice is appended twice, in order, as one by one would.
+        appears twice is appended twice, in order, as one by one would. A batch whose events name
+        another spool epoch than the node's gets a `SpoolEpochChanged`.
         """
         if not batches:
             return []
@@ -613,7 +635,7 @@ class Store:
 
     def _append_events_many(
         self, session: Session, batches: Sequence[tuple[str, Sequence[StoredEvent]]]
-    ) -> list[tuple[int, list[int]] | KeyError]:
+    ) -> list[tuple[int, list[int]] | KeyError | SpoolEpochChanged]:
         conn = session.connection()
         nodes_t = schema.NodeRow.__table__
         events_t = schema.HealthEventRow.__table__
@@ -650,7 +672,7 @@ class Store:
             )
             for row in conn.execute(stored_ahead):
                 ahead[row.node_id].add(int(row.seq))
-        outcomes: list[tuple[int, list[int]] | KeyError] = []
+        outcomes: list[tuple[int, list[int]] | KeyError | SpoolEpochChanged] = []
         rows: list[dict[str, Any]] = []
         for node_id, events in batches:
             position = positions.get(node_id)
@@ -658,6 +680,14 @@ class Store:
                 outcomes.append(KeyError(f"unknown node {node_id!r}"))
                 continue
             epoch, acked, _read = position
+            stale = sorted({e.spool_epoch for e in events if e.spool_epoch is not None and e.spool_epoch != epoch})
+            if stale:
+                outcomes.append(
+                    SpoolEpochChanged(
+                        f"node {node_id!r}: events of spool epoch {stale[0]}, but the node's spool is in epoch {epoch}"
+                    )
+                )
+                continue
             seen = ahead[node_id]
             stored: list[int] = []
             for e in sorted(events, key=lambda e: e.seq):

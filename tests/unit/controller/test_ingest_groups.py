@@ -117,3 +117,25 @@ def _gpu_info(n: int) -> health_pb.GpuInfo:
     return health_pb.GpuInfo(
         uuid=f"GPU-00000000-0000-4000-8000-{n:012d}", model="H100", power_limit_min_w=200, power_limit_max_w=700
     )
+
+
+def test_a_stream_of_a_spool_the_node_has_left_stores_nothing_and_the_new_spools_events_are_kept(rig):
+    """The node's agent came back with a new spool (another spool id) while its old stream still sent."""
+    store, ingest, _commits = rig
+
+    async def scenario():
+        hello = agent_pb.Hello(node_id="node-1", boot_id="boot-1", gpus=[_gpu_info(1)], spool_id="spool-a")
+        old, _welcome = await ingest.open_session(hello)
+        await ingest.on_events(old, _events(1, 2))
+        hello.spool_id = "spool-b"
+        new, _welcome = await ingest.open_session(hello)
+        assert (old.spool_epoch, new.spool_epoch) == (0, 1)
+        with pytest.raises(repo.SpoolEpochChanged):
+            await ingest.on_events(old, _events(3))
+        await ingest.on_events(new, _events(1, 2, 3))
+        return _acks(old), _acks(new)
+
+    old_acks, new_acks = asyncio.run(scenario())
+    assert old_acks == [2], "the old stream's late batch was not acked"
+    assert new_acks == [3]
+    assert store.count_events() == 5, "the old spool's 1-2 and the new spool's 1-3; nothing of the late batch"

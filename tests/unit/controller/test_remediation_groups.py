@@ -7,6 +7,7 @@ as one call at a time, and a pass whose commit fails loses no event and dispatch
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import threading
@@ -175,6 +176,42 @@ def test_a_quarantine_that_only_records_and_its_repair_leave_with_their_decision
         assert rig.service.stats.actions_by_kind == {"quarantine_gpu": 1, "reset_gpu": 1}, "each counted once"
         (ticket,) = rig.service.node_states["node-1"].tickets
         assert ticket.pending is not None and ticket.pending.command_id == commands["reset_gpu"].command_id
+        await rig.stop()
+
+    asyncio.run(run())
+
+
+def test_a_decision_on_an_old_spools_events_committed_after_a_new_spool_arrived_leaves_the_new_ones_to_replay(rig):
+    """The replay watermark names the spool epoch of the events decided, not the node's epoch at commit time.
+
+    The decision on the old spool's events 1-3 is committing when the agent comes back with a new spool
+    (epoch 1) whose events 1-2 are stored and acked. Were the watermark (epoch 1, seq 3), a controller that
+    died before deciding them would skip them at its next start (invariant 3).
+    """
+
+    async def run() -> None:
+        await rig.start()
+        commit = rig.service.store.commit
+        commit_started, go_on = threading.Event(), threading.Event()
+
+        def gated(change: rstore.Commit) -> list[str]:
+            commit_started.set()
+            assert go_on.wait(10), "the test let the commit go on"
+            return commit(change)
+
+        rig.service.store.commit = gated  # type: ignore[method-assign]
+        old = [dataclasses.replace(_event("node-1", seq, 13), spool_epoch=0) for seq in (1, 2, 3)]
+        rig.store.append_events("node-1", old)
+        deciding = asyncio.ensure_future(rig.service.on_events("node-1", old, {"rack": "r1"}))
+        assert await asyncio.to_thread(commit_started.wait, 10), "the old spool's decision commits"
+        welcome = rig.store.register_hello(_hello("node-1"), NOW_NS + 1)  # its head, 0, is behind the acked 3
+        assert welcome.spool_reset and welcome.spool_epoch == 1
+        new = [dataclasses.replace(_event("node-1", seq, 31, GPUS[1]), spool_epoch=1) for seq in (1, 2)]
+        assert rig.store.append_events("node-1", new) == (2, [1, 2])
+        go_on.set()
+        await asyncio.wait_for(deciding, timeout=10)
+        (_labels, backlog) = rig.service.store.unprocessed_events()["node-1"]
+        assert [(e.spool_epoch, e.seq, e.xid) for e in backlog] == [(1, 1, 31), (1, 2, 31)]
         await rig.stop()
 
     asyncio.run(run())

@@ -89,6 +89,30 @@ def test_a_new_spool_whose_head_passed_the_old_acked_position_is_a_new_epoch(sto
     assert store.count_events() == 7
 
 
+def test_events_of_a_spool_the_node_has_left_are_refused_and_the_new_spools_are_kept(store):
+    """A stream still sending from the old spool after the node's new spool said Hello (an agent restarted
+    with its state directory wiped, while its last batch was in flight): stored, its old seqs would sit in the
+    new epoch, and the new spool's events with those seqs would be skipped as duplicates and acked unstored."""
+    assert store.register_hello(_hello(spool_id="spool-a"), 100).spool_epoch == 0
+    store.append_events("node-1", [dataclasses.replace(_event(s), spool_epoch=0) for s in (1, 2)])
+    new = store.register_hello(_hello(spool_id="spool-b"), 200)
+    assert new.spool_reset and new.spool_epoch == 1
+    late = [dataclasses.replace(_event(s), spool_epoch=0) for s in (3, 4)]
+    with pytest.raises(repo.SpoolEpochChanged, match="events of spool epoch 0, but the node's spool is in epoch 1"):
+        store.append_events("node-1", late)
+    assert store.count_events() == 2, "nothing of the old spool's late batch is stored"
+    fresh = [dataclasses.replace(_event(s), spool_epoch=1) for s in (1, 2, 3, 4)]
+    assert store.append_events("node-1", fresh) == (4, [1, 2, 3, 4]), "every event of the new spool is kept"
+    # In a group, only the late batch is refused.
+    outcomes = store.append_events_many(
+        [
+            ("node-1", [dataclasses.replace(_event(5), spool_epoch=0)]),
+            ("node-1", [dataclasses.replace(_event(5), spool_epoch=1)]),
+        ]
+    )
+    assert isinstance(outcomes[0], repo.SpoolEpochChanged) and outcomes[1] == (5, [5])
+
+
 def test_a_spool_id_seen_for_the_first_time_or_not_sent_changes_nothing(store):
     store.register_hello(_hello(), 100)  # an agent that sends no spool id
     store.append_events("node-1", [_event(1), _event(2)])
@@ -131,7 +155,7 @@ def test_hellos_registered_in_one_group_decide_what_one_by_one_would(store):
     assert outcomes == [
         repo.HelloOutcome(acked_seq=3, spool_reset=False, rebooted=False),
         repo.HelloOutcome(acked_seq=0, spool_reset=False, rebooted=False),
-        repo.HelloOutcome(acked_seq=0, spool_reset=True, rebooted=True),
+        repo.HelloOutcome(acked_seq=0, spool_reset=True, rebooted=True, spool_epoch=1),
         repo.HelloOutcome(acked_seq=0, spool_reset=False, rebooted=True),
     ]
     assert store.append_events("node-1", [_event(1)]) == (1, [1])  # the new epoch stores seq 1 again
