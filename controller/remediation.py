@@ -868,7 +868,9 @@ class RemediationService:
             return {}, []
         self.budget = admission.state
         self._export_budget()
-        self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
+        self.stats.max_disrupted_nodes = max(
+            self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes(self._fleet_view()))
+        )
         for action, reason in zip(admission.deferred, admission.reasons, strict=False):
             log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
         admitted: dict[str, actions.Action] = {}
@@ -1851,7 +1853,9 @@ class RemediationService:
         admission = blast_radius.admit(self.budget, waiting, self._fleet_view(), now=now, policy=self.policy.disruption)
         self.budget = admission.state
         self._export_budget()
-        self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
+        self.stats.max_disrupted_nodes = max(
+            self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes(self._fleet_view()))
+        )
         for action, reason in zip(admission.deferred, admission.reasons, strict=False):
             log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
         change = rstore.Commit(now_unix_ns=now_ns)
@@ -1960,6 +1964,12 @@ class RemediationService:
                 self.budget = dataclasses.replace(
                     self.budget, quarantined_nodes=tuple(sorted({*self.budget.quarantined_nodes, action.node_id}))
                 )
+            elif isinstance(action, actions.QuarantineGpu) and source == "automation":
+                held = (action.node_id, action.gpu_uuid)
+                if held not in self.budget.quarantined_gpus:
+                    self.budget = dataclasses.replace(
+                        self.budget, quarantined_gpus=(*self.budget.quarantined_gpus, held)
+                    )
         elif isinstance(action, actions.Release):
             change.releases.append(
                 {
@@ -1974,6 +1984,11 @@ class RemediationService:
                 self.budget = dataclasses.replace(
                     self.budget,
                     quarantined_nodes=tuple(n for n in self.budget.quarantined_nodes if n != action.node_id),
+                )
+            elif action.gpu_uuid and (action.node_id, action.gpu_uuid) in self.budget.quarantined_gpus:
+                released = (action.node_id, action.gpu_uuid)
+                self.budget = dataclasses.replace(
+                    self.budget, quarantined_gpus=tuple(g for g in self.budget.quarantined_gpus if g != released)
                 )
         elif isinstance(action, actions.OpenRma):
             change.rmas.append(
@@ -2050,8 +2065,12 @@ class RemediationService:
         """
         labels = self.ingest.node_labels
         if self._fleet is None or self._fleet_version != labels.version:
+            # A node's GPUs are set with its labels (its Hello), so the labels' version covers them.
             self._fleet_version = labels.version
-            self._fleet = blast_radius.FleetView(node_labels={n: dict(v) for n, v in labels.items()})
+            self._fleet = blast_radius.FleetView(
+                node_labels={n: dict(v) for n, v in labels.items()},
+                node_gpu_counts={n: len(self.ingest.node_gpus(n)) for n in labels},
+            )
         return self._fleet
 
     def _stage_budget(self, change: rstore.Commit) -> blast_radius.BudgetState:

@@ -22,7 +22,11 @@ Rules, in order, for each proposed action:
      always repair; a count cap of 0 stops automation in that scope.
 
 5. GPU-level actions, port quarantines, validations and releases are admitted (a node-scope
-   ``Release`` frees its node's budget).
+   ``Release`` frees its node's budget), except a ``QuarantineGpu`` of a node's last GPU in
+   service: a node whose every GPU automation quarantined is out of service as surely as a
+   quarantined node (the Kubernetes adapter taints it NoSchedule), so it counts toward the caps of
+   rule 4 and that quarantine is admitted under them. A GPU ``Release`` brings its node back.
+   Nodes whose GPU count the fleet view does not know (``node_gpu_counts``) are never counted so.
 
 Circuit breaker: every node for which a node-level action, or a GPU quarantine or reset, is proposed
 counts as "needing quarantine" for ``breaker_window_s`` from its first proposal (demand before the
@@ -63,6 +67,8 @@ class FleetView:
 
     node_labels: Mapping[str, Mapping[str, str]]
     """Node id → labels (e.g. {"rack": "r12", "nvlink_domain": "nvl-3", "power_feed": "pdu-a"})."""
+    node_gpu_counts: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Node id → how many GPUs it has (its last Hello); absent or 0: not known."""
     _sizes: dict[tuple[str, ...], Mapping[tuple[str, str], int]] = dataclasses.field(
         default_factory=dict, init=False, compare=False, repr=False
     )
@@ -104,6 +110,8 @@ class BudgetState:
     in_flight: tuple[InFlight, ...] = ()
     quarantined_nodes: tuple[str, ...] = ()
     """Nodes automation quarantined and has not released."""
+    quarantined_gpus: tuple[tuple[str, str], ...] = ()
+    """(node id, GPU uuid) automation quarantined and has not released."""
     demand: tuple[tuple[str, float], ...] = ()
     """(node id, when a node-level action was first proposed for it); kept while it is re-proposed."""
     resumed_at: float | None = None
@@ -122,9 +130,15 @@ class BudgetState:
         """True while the breaker holds automation."""
         return self.breaker_tripped_at is not None
 
-    def disrupted_nodes(self) -> frozenset[str]:
-        """Nodes out of service by automation: quarantined, or with a node command in flight."""
-        return frozenset(self.quarantined_nodes) | {f.node_id for f in self.in_flight}
+    def disrupted_nodes(self, fleet: FleetView | None = None) -> frozenset[str]:
+        """Nodes out of service by automation: quarantined, or with a node command in flight.
+
+        With fleet, also the nodes every GPU of which automation quarantined (rule 5).
+        """
+        out = frozenset(self.quarantined_nodes) | {f.node_id for f in self.in_flight}
+        if fleet is None or not self.quarantined_gpus:
+            return out
+        return out | _emptied_nodes(collections.Counter(node for node, _gpu in self.quarantined_gpus), fleet)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict; `from_dict` reverses it."""
@@ -135,6 +149,7 @@ class BudgetState:
             for f in self.in_flight
         ]
         out["quarantined_nodes"] = list(self.quarantined_nodes)
+        out["quarantined_gpus"] = [list(g) for g in self.quarantined_gpus]
         out["demand"] = [list(d) for d in self.demand]
         return out
 
@@ -144,6 +159,7 @@ class BudgetState:
         fields = dict(data)
         fields["in_flight"] = tuple(InFlight(**f) for f in fields.get("in_flight", ()))
         fields["quarantined_nodes"] = tuple(fields.get("quarantined_nodes", ()))
+        fields["quarantined_gpus"] = tuple((g[0], g[1]) for g in fields.get("quarantined_gpus", ()))  # older: none
         fields["demand"] = tuple((d[0], d[1]) for d in fields.get("demand", ()))
         return cls(**fields)
 
@@ -183,12 +199,19 @@ def free_node_slots(state: BudgetState, fleet: FleetView, *, now: float, policy:
         return 0
     in_flight = {f.node_id for f in state.in_flight if now - f.admitted_at < policy.in_flight_max_age_s}
     out = set(state.quarantined_nodes) | in_flight
+    out |= _emptied_nodes(collections.Counter(node for node, _gpu in state.quarantined_gpus), fleet)
     cap = _cap(policy.max_disrupted_nodes, policy.max_disrupted_nodes_pct, fleet.total_nodes)
     return max(0, cap - len(out))
 
 
 _BREAKER_GPU_KINDS = frozenset({"quarantine_gpu", "reset_gpu"})
 """GPU-level actions that count toward the circuit breaker's demand (see the module doc)."""
+
+
+def _emptied_nodes(gpus_out: Mapping[str, int], fleet: FleetView) -> set[str]:
+    """Nodes every GPU of which is quarantined (gpus_out: node → its GPUs quarantined); rule 5."""
+    counts = fleet.node_gpu_counts
+    return {node for node, out in gpus_out.items() if 0 < counts.get(node, 0) <= out}
 
 
 def admit(
@@ -221,6 +244,9 @@ def admit(
     pol = policy
     in_flight = [f for f in state.in_flight if now - f.admitted_at < pol.in_flight_max_age_s]
     quarantined = list(state.quarantined_nodes)
+    quarantined_gpus = dict.fromkeys(state.quarantined_gpus)  # ordered set
+    gpus_out = collections.Counter(node for node, _gpu in quarantined_gpus)
+    emptied = _emptied_nodes(gpus_out, fleet)  # kept up to date below: counted once per call
     # Planned maintenance (sweeps) is not breakage: it never feeds the breaker.
     proposed_nodes = {
         a.node_id
@@ -262,7 +288,7 @@ def admit(
     cooling = state.cooldown_until is not None and now < state.cooldown_until
 
     def disrupted() -> set[str]:
-        return set(quarantined) | {f.node_id for f in in_flight}
+        return set(quarantined) | {f.node_id for f in in_flight} | emptied
 
     def defer(action: actions.Action, why: str) -> None:
         deferred.append(action)
@@ -282,10 +308,13 @@ def admit(
         if tripped_at is not None:
             defer(action, "the circuit breaker holds automation until an operator resumes it")
             continue
-        if action.node_disruptive:
+        empties = isinstance(action, actions.QuarantineGpu) and _empties_node(action, quarantined_gpus, gpus_out, fleet)
+        if action.node_disruptive or empties:
             out = disrupted()
             if action.node_id not in out:
                 why = _budget_refusal(action.node_id, out, fleet, labels, domain_size, cluster_cap, pol)
+                if empties and why:
+                    why = f"it is the node's last GPU in service, and {why}"
                 if cooling:
                     defer(action, f"storm cooldown until {state.cooldown_until:.0f}")
                     continue
@@ -293,6 +322,15 @@ def admit(
                     budget_waits = True
                     defer(action, why)
                     continue
+        if isinstance(action, actions.QuarantineGpu):
+            if (action.node_id, action.gpu_uuid) not in quarantined_gpus:
+                quarantined_gpus[(action.node_id, action.gpu_uuid)] = None
+                gpus_out[action.node_id] += 1
+                if empties:
+                    emptied.add(action.node_id)
+            admitted.append(action)
+            continue
+        if action.node_disruptive:
             if action.kind == "quarantine_node":
                 if action.node_id not in quarantined:
                     quarantined.append(action.node_id)
@@ -302,6 +340,10 @@ def admit(
             continue
         if isinstance(action, actions.Release) and not action.gpu_uuid and not action.ib_port:
             quarantined = [n for n in quarantined if n != action.node_id]
+        elif isinstance(action, actions.Release) and (action.node_id, action.gpu_uuid) in quarantined_gpus:
+            del quarantined_gpus[(action.node_id, action.gpu_uuid)]
+            gpus_out[action.node_id] -= 1
+            emptied.discard(action.node_id)
         admitted.append(action)
 
     storm_active = state.storm_active
@@ -326,6 +368,7 @@ def admit(
     new_state = BudgetState(
         in_flight=tuple(in_flight),
         quarantined_nodes=tuple(quarantined),
+        quarantined_gpus=tuple(quarantined_gpus),
         demand=tuple(sorted(demand.items())),
         breaker_tripped_at=tripped_at,
         breaker_reason=breaker_reason,
@@ -337,6 +380,19 @@ def admit(
         cooldown_until=cooldown_until,
     )
     return Admission(tuple(admitted), tuple(deferred), new_state, tuple(reasons))
+
+
+def _empties_node(
+    action: actions.QuarantineGpu,
+    quarantined_gpus: Mapping[tuple[str, str], None],
+    gpus_out: Mapping[str, int],
+    fleet: FleetView,
+) -> bool:
+    """Whether quarantining action's GPU leaves its node no GPU in service (rule 5)."""
+    if (action.node_id, action.gpu_uuid) in quarantined_gpus:
+        return False  # already counted
+    gpus = fleet.node_gpu_counts.get(action.node_id, 0)
+    return 0 < gpus <= gpus_out.get(action.node_id, 0) + 1
 
 
 def _budget_refusal(

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from rasd.controller import ingest as ingest_mod
 from rasd.controller import metrics, quarantine
 from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import fleet, health
+from rasd.controller.core import blast_radius, fleet, health
 from rasd.controller.core import policy as policy_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
@@ -510,3 +510,37 @@ def test_events_waiting_when_the_term_ends_are_left_to_the_next_term_and_decided
         await rig.stop()
 
     asyncio.run(run())
+
+
+def test_a_node_whose_gpus_were_all_quarantined_holds_its_place_in_the_disruption_budget(store_url):
+    """Every GPU of node-1 quarantined (its reset follows) leaves it as out of service as a quarantined node:
+    with one node allowed out, node-2's quarantine and reboot wait until one of node-1's GPUs is released."""
+    one_node = policy_mod.DisruptionPolicy(
+        max_disrupted_nodes=1, breaker_quarantine_pct=100.0, domain_max_nodes={}, domain_max_pct={}
+    )
+    rig = _Rig(store_url, policy_mod.RemediationPolicy(disruption=one_node))
+    other_gpus = tuple(
+        fleet.GpuRecord(f"GPU-00000000-0000-4000-8000-00000000002{i}", "node-2", "H100", f"0000:{0x18 + i:02x}:00.0",
+                        200, 700, 700)
+        for i in range(2)
+    )  # fmt: skip
+    rig.store.register_hello(
+        fleet.NodeHello("node-2", "boot-1", "0.1.0", "node-2", "simulated", {"rack": "r2"}, other_gpus, 0), NOW_NS
+    )
+
+    async def run() -> tuple:
+        rig.ingest.remember_remote_node("node-1", {"rack": "r1"}, tuple(GPUS))
+        await rig.start()  # node-2, and its GPUs, from the store
+        for seq, gpu in enumerate(GPUS, start=1):
+            await rig.service.on_events("node-1", [_event("node-1", seq, 48, gpu)], {"rack": "r1"})
+        out = rig.service.budget.disrupted_nodes(rig.service._fleet_view())
+        await rig.service.on_events("node-2", [_event("node-2", 1, 79, other_gpus[0].uuid)], {"rack": "r2"})
+        node_2 = {c.kind: c.status for c in rig.service.store.commands(node_id="node-2")}
+        stored = blast_radius.BudgetState.from_dict(rig.service.store.load_doc("budget"))
+        await rig.stop()
+        return out, node_2, stored
+
+    out, node_2, stored = asyncio.run(run())
+    assert out == {"node-1"}
+    assert node_2 == {"quarantine_node": "pending", "reboot_node": "pending"}, "they wait for the budget"
+    assert sorted(stored.quarantined_gpus) == [("node-1", gpu) for gpu in GPUS], "the count survives a restart"

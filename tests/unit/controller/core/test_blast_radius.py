@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 
 from hypothesis import given, settings
@@ -40,7 +41,7 @@ NO_BREAKER = policy.DisruptionPolicy(breaker_quarantine_pct=100.0)
 
 
 def out_of_service(state: blast_radius.BudgetState, view: blast_radius.FleetView) -> tuple[int, dict]:
-    out = state.disrupted_nodes()
+    out = state.disrupted_nodes(view)
     per_domain: dict[tuple[str, str], int] = collections.Counter()
     for node in out:
         for label, value in view.node_labels[node].items():
@@ -174,6 +175,53 @@ def test_budget_state_round_trips_through_json():
     assert blast_radius.BudgetState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
 
 
+def _gpu_quarantine(node: str, gpu: int, ticket: str | None = None) -> actions.QuarantineGpu:
+    return actions.QuarantineGpu(
+        ticket_id=ticket or f"t-{node}-{gpu}", step=0, node_id=node, gpu_uuid=f"{node}-GPU-{gpu}"
+    )
+
+
+def test_a_node_whose_every_gpu_is_quarantined_counts_as_out_of_service():
+    """The last GPU in service's quarantine takes the node out (the Kubernetes adapter taints it NoSchedule):
+    it is admitted under the node caps, and the node counts against them until a GPU is released."""
+    view = dataclasses.replace(
+        fleet(nodes=100, rack_size=100, feeds=1), node_gpu_counts=dict.fromkeys(fleet(100).node_labels, 2)
+    )
+    pol = policy.DisruptionPolicy(
+        breaker_quarantine_pct=100.0, max_disrupted_nodes=1, domain_max_nodes={}, domain_max_pct={}
+    )
+    state = blast_radius.BudgetState()
+    admitted, deferred, state, _ = blast_radius.admit(state, [_gpu_quarantine("n000", 0)], view, now=T0, policy=pol)
+    assert len(admitted) == 1 and state.disrupted_nodes(view) == set(), "one of two GPUs: the node still serves"
+    admitted, deferred, state, _ = blast_radius.admit(state, [_gpu_quarantine("n000", 1)], view, now=T0, policy=pol)
+    assert len(admitted) == 1 and state.disrupted_nodes(view) == {"n000"}, "its last GPU: the node is out"
+    assert state.disrupted_nodes() == set(), "without the fleet's GPU counts nothing tells"
+    # The cluster allows one node out: another node's quarantine, or another node's last GPU, waits.
+    proposed = [*node_pair("n001"), _gpu_quarantine("n002", 0), _gpu_quarantine("n002", 1)]
+    admitted, deferred, state, reasons = blast_radius.admit(state, proposed, view, now=T0, policy=pol)
+    assert [a.kind for a in admitted] == ["quarantine_gpu"], "n002's first GPU: the node still serves"
+    assert [(a.kind, a.node_id) for a in deferred] == [
+        ("quarantine_node", "n001"), ("reboot_node", "n001"), ("quarantine_gpu", "n002")
+    ]  # fmt: skip
+    assert reasons[2] == (
+        "quarantine_gpu on n002 waits: it is the node's last GPU in service, and the cluster budget allows 1 "
+        "nodes out of service at once and 1 are"
+    )
+    assert blast_radius.free_node_slots(state, view, now=T0, policy=pol) == 0
+    # A GPU of n000 released: the node is back, and the budget takes the next one.
+    release = actions.Release(ticket_id="t-n000-1", step=3, node_id="n000", gpu_uuid="n000-GPU-1")
+    admitted, deferred, state, _ = blast_radius.admit(state, [release, *deferred], view, now=T0, policy=pol)
+    assert [a.kind for a in admitted] == ["release", "quarantine_node", "reboot_node"]
+    assert state.disrupted_nodes(view) == {"n001"} and [a.node_id for a in deferred] == ["n002"]
+    assert blast_radius.BudgetState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+
+def test_a_budget_document_from_before_gpu_quarantines_were_counted_still_loads():
+    old = blast_radius.BudgetState(quarantined_nodes=("n001",)).to_dict()
+    del old["quarantined_gpus"]
+    assert blast_radius.BudgetState.from_dict(old) == blast_radius.BudgetState(quarantined_nodes=("n001",))
+
+
 # ---- the acceptance scenario: 100 nodes failing at once -------------------------------------
 
 
@@ -297,13 +345,20 @@ def test_new_failures_after_a_resume_can_trip_the_breaker_again():
 
 # ---- property: whatever arrives, the caps hold ---------------------------------------------
 
-_PROPERTY_FLEET = fleet(nodes=60, rack_size=6, feeds=3)
+_PROPERTY_FLEET = dataclasses.replace(
+    fleet(nodes=60, rack_size=6, feeds=3), node_gpu_counts={f"n{i:03d}": 2 for i in range(60)}
+)  # two GPUs a node: quarantining both takes it out of service
 _PROPERTY_POLICY = policy.DisruptionPolicy(breaker_quarantine_pct=50.0, breaker_window_s=300.0)
 _NODES = sorted(_PROPERTY_FLEET.node_labels)
 
 budget_ops = st.lists(
     st.one_of(
         st.tuples(st.just("fail"), st.lists(st.sampled_from(_NODES), min_size=1, max_size=30, unique=True)),
+        st.tuples(
+            st.just("gpu_fail"),
+            st.lists(st.tuples(st.sampled_from(_NODES), st.integers(0, 1)), min_size=1, max_size=30, unique=True),
+        ),
+        st.tuples(st.just("gpu_release"), st.integers(min_value=0, max_value=20)),
         st.tuples(st.just("finish"), st.integers(min_value=0, max_value=20)),
         st.tuples(st.just("advance"), st.sampled_from([1.0, 30.0, 400.0, 3600.0])),
         st.tuples(st.just("resume")),
@@ -324,6 +379,11 @@ def test_random_failures_never_exceed_the_budget(sequence):
     for round_no, op in enumerate(sequence):
         if op[0] == "fail":
             backlog.extend(a for n in op[1] for a in node_pair(n, ticket=f"t-{n}-{round_no}"))
+        elif op[0] == "gpu_fail":
+            backlog.extend(_gpu_quarantine(n, gpu, ticket=f"t-{n}-{gpu}-{round_no}") for n, gpu in op[1])
+        elif op[0] == "gpu_release" and state.quarantined_gpus:
+            node, gpu = state.quarantined_gpus[op[1] % len(state.quarantined_gpus)]
+            backlog.append(actions.Release(ticket_id=f"rel-{gpu}-{round_no}", step=0, node_id=node, gpu_uuid=gpu))
         elif op[0] == "finish" and running:
             done = running.pop(op[1] % len(running))
             state = blast_radius.complete(state, done.command_id, now=now)
@@ -348,3 +408,4 @@ def test_random_failures_never_exceed_the_budget(sequence):
         for a in admitted:  # a reboot is never admitted without its node being out of service
             if a.kind == "reboot_node":
                 assert a.node_id in state.disrupted_nodes()
+        assert len(set(state.quarantined_gpus)) == len(state.quarantined_gpus), "a GPU is counted once"
