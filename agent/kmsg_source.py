@@ -15,7 +15,10 @@ kernel event is lost or reported twice across agent restarts (DESIGN.md invarian
 
 A regular file or a FIFO whose writer closed ends the iteration at end of file; /dev/kmsg and a
 running journalctl never do, so ``records`` returns only when ``stop`` is set (checked every
-``poll_s``) or the source goes away.
+``poll_s``) or the source goes away. A regular file's unterminated last line may be a record its
+writer is still writing, so ``KmsgFollower`` holds it back until a later pass proves it complete
+(see ``KmsgFollower.records``); /dev/kmsg returns whole records, and a FIFO's data cannot be read
+twice, so they yield it at end of file.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ import json
 import os
 import re
 import select
+import stat
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 DEFAULT_KMSG_PATH = "/dev/kmsg"
@@ -77,12 +81,19 @@ class CursorFile:
         os.replace(tmp, self.path)
 
 
-def _read_lines(fd: int, stop: threading.Event | None, poll_s: float, counters: dict[str, int]) -> Iterator[bytes]:
+def _read_lines(
+    fd: int,
+    stop: threading.Event | None,
+    poll_s: float,
+    counters: dict[str, int],
+    *,
+    release_tail: Callable[[bytes], bool] | None = None,
+) -> Iterator[bytes]:
     """Yield complete lines from the non-blocking ``fd`` until EOF or ``stop``.
 
-    A partial last line is yielded at EOF. The read comes first and select() only waits after
-    EAGAIN: a FIFO whose writer left before we opened it never polls as hung up, but its read
-    returns end of file at once.
+    A partial last line is yielded at EOF, unless ``release_tail`` is given and says False for it.
+    The read comes first and select() only waits after EAGAIN: a FIFO whose writer left before we
+    opened it never polls as hung up, but its read returns end of file at once.
     """
     pending = b""
     while stop is None or not stop.is_set():
@@ -99,7 +110,7 @@ def _read_lines(fd: int, stop: threading.Event | None, poll_s: float, counters: 
             counters["overwritten"] += 1
             continue
         if not chunk:  # end of file, or the FIFO's writer closed
-            if pending:
+            if pending and (release_tail is None or release_tail(pending)):
                 yield pending
             return
         pending += chunk
@@ -132,6 +143,8 @@ class KmsgFollower:
         self.lost_records = 0
         self._counters = {"overwritten": 0}
         self._last_seq: int | None = None
+        # (file size, unterminated last line) that the previous pass over a regular file held back.
+        self._held_tail: tuple[int, bytes] | None = None
 
     @property
     def overwritten_reads(self) -> int:
@@ -154,11 +167,27 @@ class KmsgFollower:
         Yields:
             One record per kmsg message; dictionary lines are dropped. Lines without a kmsg header
             (a plain text fixture) are yielded with an empty cursor.
+
+        A regular file's last line without a newline may be a record its writer has only half
+        written. Yielding it would get its seq committed, and the complete line would then be
+        skipped as already handled (the event lost, or spooled with the half's fields). So it is held
+        back, cursor unmoved, until it is terminated, or until the next pass finds the file at the
+        same size ending in the same tail: the writer finished it without a newline. The pump calls
+        ``records`` again every ``reopen_s`` (``KernelLogPump.run``), so such a record arrives one pass late.
         """
         after = self.resume_after()
+        # Only the pass just before can vouch for a tail; one that ended on a newline or at stop forgets it.
+        held, self._held_tail = self._held_tail, None
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+
+        def release_tail(tail: bytes) -> bool:
+            self._held_tail = (os.fstat(fd).st_size, tail)
+            return self._held_tail == held
+
         try:
-            for raw in _read_lines(fd, stop, self.poll_s, self._counters):
+            is_file = stat.S_ISREG(os.fstat(fd).st_mode)
+            lines = _read_lines(fd, stop, self.poll_s, self._counters, release_tail=release_tail if is_file else None)
+            for raw in lines:
                 if not raw or raw[:1] in (b" ", b"\t"):
                     continue  # dictionary line (" SUBSYSTEM=pci") or blank
                 line = raw.decode("utf-8", errors="replace")

@@ -78,8 +78,36 @@ def test_kmsg_counts_sequence_gaps_as_lost(tmp_path, boot_id):
     path = tmp_path / "kmsg"
     path.write_text("4,10,1,-;a\n4,11,2,-;b\n4,15,3,-;c\n4,16,4,-;d")  # no newline at the end
     follower = kmsg_follower(tmp_path, boot_id, path)
-    assert [r.line for r in follower.records()] == ["4,10,1,-;a", "4,11,2,-;b", "4,15,3,-;c", "4,16,4,-;d"]
-    assert follower.lost_records == 3
+    first = list(follower.records())
+    for record in first:
+        follower.commit(record)  # as the pump does, so that the next pass resumes after "c"
+    # "d" is unterminated, so it may be half written: held back until a pass finds the file unchanged.
+    assert [r.line for r in first] == ["4,10,1,-;a", "4,11,2,-;b", "4,15,3,-;c"]
+    assert follower.lost_records == 3  # 12 to 14
+    assert [r.line for r in follower.records()] == ["4,16,4,-;d"]
+    assert follower.lost_records == 3  # 16 follows 15: holding it back made no gap
+
+
+def test_kmsg_file_record_half_written_at_end_of_file_is_read_once_complete(tmp_path, boot_id):
+    # A writer appending to a kmsg-format file can be caught half way through a record. Its seq must
+    # not be committed for the half, or the complete line is skipped as already handled.
+    path = tmp_path / "kmsg"
+    full = "3,5,5000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+    follower = kmsg_follower(tmp_path, boot_id, path)
+    parser = KmsgParser()
+    events = []
+
+    def one_pass() -> None:  # one reopen of the file, as KernelLogPump.run makes every reopen_s
+        for record in follower.records():
+            events.extend(parser.feed(record.line))
+            follower.commit(record)
+
+    path.write_text(full[:40])  # "...: 7": the half would parse as Xid 7
+    one_pass()
+    path.write_text(full)
+    one_pass()
+    assert [(e.kind, e.xid, e.message) for e in events] == [(KernelEventKind.XID, 79, "GPU has fallen off the bus.")]
+    assert CursorFile(tmp_path / "state" / "kmsg.cursor").load()["seq"] == "5"
 
 
 def test_kmsg_plain_text_lines_are_passed_through_without_a_cursor(tmp_path, boot_id):
