@@ -13,12 +13,19 @@ Owns three pure decisions of in-field SDC validation (DESIGN §5, sdc-anchors.md
    | ``confirm_runs``                                     |                                         |
    | a fail/suspect, quorum out of reach (a one-off)      | HOT_RETEST: the longer hot suite        |
    | hot retest fails                                     | REPRODUCIBLE (a second failure)         |
-   | hot retest passes or is only suspect                 | CLEARED: release, watch the GPU         |
+   | hot retest passes                                    | CLEARED: release, watch the GPU         |
+   | hot retest suspect (deviated once more)              | OPERATOR: keep it held, ask a person    |
    | software drift (whole node disagrees the same way)   | DRIFT: release, tell a person           |
    | more unfinished runs than ``retries`` allow           | OPERATOR: keep it held, ask a person    |
 
    With the defaults (2 of 3): fail, fail → RMA; fail, pass, fail → RMA; fail, pass, pass →
    hot retest; suspect, pass → hot retest (two fails are out of reach in three runs).
+
+   A hot retest that is only suspect is no clearing: the GPU deviated again, once more under the
+   longer suite, after a confirmation run that failed or was suspect. That is short of the quorum
+   for an RMA, but a GPU that deviates in run after run is what silently corrupts training (the
+   field's practice is to over-evict suspects: sdc-anchors.md), so it stays quarantined and a person
+   decides, with the runs' verdicts on the ticket.
 
    A *watch* follows every clearing: for ``watch_s`` (days) a second accusation of the same GPU
    quarantines it at once as an RMA candidate, without another chance to pass.
@@ -105,8 +112,10 @@ def judge_accusation(verdicts: Sequence[str], rules: AccusationRules) -> tuple[A
         last = hot[-1]
         if last == "fail":
             return AccusationStep.REPRODUCIBLE, f"failed again under the hot retest after {tally}"
-        if last in ("pass", "suspect"):
-            return AccusationStep.CLEARED, f"one-off: {tally}, hot retest {last}"
+        if last == "pass":
+            return AccusationStep.CLEARED, f"one-off: {tally}, hot retest pass"
+        if last == "suspect":
+            return AccusationStep.OPERATOR, f"deviated again: {tally}, hot retest suspect; a person decides"
         return AccusationStep.HOT_RETEST, "the hot retest did not finish: run it again"
     if not conclusive:
         return AccusationStep.RERUN, "no run finished yet"

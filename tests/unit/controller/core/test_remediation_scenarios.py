@@ -409,6 +409,22 @@ def test_sdc_hot_retest_failure_is_reproducible():
     assert "failed again under the hot retest" in failed.reason
 
 
+def test_sdc_hot_retest_that_deviates_again_holds_the_gpu_for_an_operator():
+    """Suspect under the hot retest is no clearing: the GPU deviated in run after run (the audit's F8)."""
+    node = Node()
+    node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")
+    node.result("run_validation", Outcome.SUCCEEDED, "fail")
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")  # one-off so far: the hot retest
+    held = node.result("run_validation", Outcome.SUCCEEDED, "suspect")
+    assert node.kinds(held) == ["notify"], "no release, no RMA: a person decides"
+    assert "deviated again: 1 of 3 runs failed, hot retest suspect" in held.reason
+    ticket = node.ticket("GPU-6")
+    assert ticket.state is escalation.TicketState.AWAITING_OPERATOR
+    assert ticket.sdc_verdicts == ("fail", "pass", "pass", "hot:suspect")
+    assert node.state.sdc_watch == (), "not cleared, so not watched"
+
+
 def test_sdc_accusation_that_passes_releases_the_gpu_and_watches_it():
     node = Node()
     node.event(EventKind.SDC_SUSPECT, gpu="GPU-6")

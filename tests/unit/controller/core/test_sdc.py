@@ -29,7 +29,8 @@ T0 = 1_780_000_000.0
         (["suspect", "suspect", "suspect"], Step.HOT_RETEST),
         (["fail", "pass", "pass", "hot:fail"], Step.REPRODUCIBLE),
         (["fail", "pass", "pass", "hot:pass"], Step.CLEARED),
-        (["fail", "pass", "pass", "hot:suspect"], Step.CLEARED),
+        (["fail", "pass", "pass", "hot:suspect"], Step.OPERATOR),  # deviated again: held for a person
+        (["suspect", "pass", "hot:suspect"], Step.OPERATOR),
         (["fail", "pass", "pass", "hot:error"], Step.HOT_RETEST),
         (["error"], Step.RERUN),
         (["error", "fail"], Step.RERUN),
