@@ -429,6 +429,16 @@ class RemediationService:
         self.correlation = correlation_from_docs(corr_docs, incident_data)
         self.budget = blast_radius.BudgetState.from_dict(budget) if budget else blast_radius.BudgetState()
         self._budget_stored = self.budget if budget else None
+        # The GPUs automation holds are the store's quarantine rows, not part of the budget document.
+        held = await self.ingest.run_in_store(self.store.quarantines)
+        self.budget = self.budget.with_quarantined_gpus(
+            (
+                (q["node_id"], q["gpu_uuid"])
+                for q in held
+                if q["gpu_uuid"] and not q["port"] and q["source"] == "automation"
+            ),
+            self._fleet_view(),
+        )
         unfinished = await self.ingest.run_in_store(lambda: self.store.commands(statuses=("pending", "dispatched")))
         for record in unfinished:
             action = actions.from_dict(record.payload)
@@ -868,9 +878,7 @@ class RemediationService:
             return {}, []
         self.budget = admission.state
         self._export_budget()
-        self.stats.max_disrupted_nodes = max(
-            self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes(self._fleet_view()))
-        )
+        self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
         for action, reason in zip(admission.deferred, admission.reasons, strict=False):
             log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
         admitted: dict[str, actions.Action] = {}
@@ -1853,9 +1861,7 @@ class RemediationService:
         admission = blast_radius.admit(self.budget, waiting, self._fleet_view(), now=now, policy=self.policy.disruption)
         self.budget = admission.state
         self._export_budget()
-        self.stats.max_disrupted_nodes = max(
-            self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes(self._fleet_view()))
-        )
+        self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))
         for action, reason in zip(admission.deferred, admission.reasons, strict=False):
             log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
         change = rstore.Commit(now_unix_ns=now_ns)
@@ -1965,11 +1971,8 @@ class RemediationService:
                     self.budget, quarantined_nodes=tuple(sorted({*self.budget.quarantined_nodes, action.node_id}))
                 )
             elif isinstance(action, actions.QuarantineGpu) and source == "automation":
-                held = (action.node_id, action.gpu_uuid)
-                if held not in self.budget.quarantined_gpus:
-                    self.budget = dataclasses.replace(
-                        self.budget, quarantined_gpus=(*self.budget.quarantined_gpus, held)
-                    )
+                # Admitted by automation, `blast_radius.admit` counted it already: then the same state.
+                self.budget = self.budget.with_gpu(action.node_id, action.gpu_uuid, self._fleet_view(), held=True)
         elif isinstance(action, actions.Release):
             change.releases.append(
                 {
@@ -1985,11 +1988,8 @@ class RemediationService:
                     self.budget,
                     quarantined_nodes=tuple(n for n in self.budget.quarantined_nodes if n != action.node_id),
                 )
-            elif action.gpu_uuid and (action.node_id, action.gpu_uuid) in self.budget.quarantined_gpus:
-                released = (action.node_id, action.gpu_uuid)
-                self.budget = dataclasses.replace(
-                    self.budget, quarantined_gpus=tuple(g for g in self.budget.quarantined_gpus if g != released)
-                )
+            elif action.gpu_uuid:
+                self.budget = self.budget.with_gpu(action.node_id, action.gpu_uuid, self._fleet_view(), held=False)
         elif isinstance(action, actions.OpenRma):
             change.rmas.append(
                 {
@@ -2081,7 +2081,7 @@ class RemediationService:
         succeeded, never before: a failed commit leaves the stored copy as it was.
         """
         budget = self.budget
-        if budget is not self._budget_stored and budget != self._budget_stored:
+        if budget is not self._budget_stored and not budget.same_document(self._budget_stored):
             change.docs["budget"] = budget.to_dict()
         return budget
 

@@ -110,8 +110,15 @@ class BudgetState:
     in_flight: tuple[InFlight, ...] = ()
     quarantined_nodes: tuple[str, ...] = ()
     """Nodes automation quarantined and has not released."""
-    quarantined_gpus: tuple[tuple[str, str], ...] = ()
-    """(node id, GPU uuid) automation quarantined and has not released."""
+    quarantined_gpus: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    """Node id → the GPUs on it automation quarantined and has not released (never mutated: replaced).
+
+    Not in the stored document (`to_dict`): a burst quarantines hundreds of GPUs, and the document,
+    rewritten on most commits, grew from ~23 KB to ~165 KB. The store's quarantine rows are the
+    durable record; the service rebuilds this from them at start (`with_quarantined_gpus`)."""
+    emptied_nodes: frozenset[str] = frozenset()
+    """The nodes of quarantined_gpus with every GPU in it, by the fleet's GPU counts when last counted
+    (kept by `admit`, so that no call scans every node with a quarantined GPU); not stored either."""
     demand: tuple[tuple[str, float], ...] = ()
     """(node id, when a node-level action was first proposed for it); kept while it is re-proposed."""
     resumed_at: float | None = None
@@ -130,26 +137,46 @@ class BudgetState:
         """True while the breaker holds automation."""
         return self.breaker_tripped_at is not None
 
-    def disrupted_nodes(self, fleet: FleetView | None = None) -> frozenset[str]:
-        """Nodes out of service by automation: quarantined, or with a node command in flight.
+    def disrupted_nodes(self) -> frozenset[str]:
+        """Nodes out of service by automation: quarantined, with a node command in flight, or emptied.
 
-        With fleet, also the nodes every GPU of which automation quarantined (rule 5).
+        Emptied: every GPU of it quarantined by automation (rule 5).
         """
-        out = frozenset(self.quarantined_nodes) | {f.node_id for f in self.in_flight}
-        if fleet is None or not self.quarantined_gpus:
-            return out
-        return out | _emptied_nodes(collections.Counter(node for node, _gpu in self.quarantined_gpus), fleet)
+        return frozenset(self.quarantined_nodes) | {f.node_id for f in self.in_flight} | self.emptied_nodes
+
+    def with_quarantined_gpus(self, gpus: Iterable[tuple[str, str]], fleet: FleetView) -> BudgetState:
+        """This state counting exactly the given (node id, GPU uuid) quarantines (from the store at start)."""
+        by_node: dict[str, set[str]] = {}
+        for node, gpu in gpus:
+            by_node.setdefault(node, set()).add(gpu)
+        held = {n: frozenset(g) for n, g in by_node.items()}
+        return dataclasses.replace(self, quarantined_gpus=held, emptied_nodes=frozenset(_emptied_nodes(held, fleet)))
+
+    def with_gpu(self, node_id: str, gpu_uuid: str, fleet: FleetView, *, held: bool) -> BudgetState:
+        """This state with one GPU quarantined by automation (held) or released; itself when nothing changes."""
+        gpus = self.quarantined_gpus.get(node_id, frozenset())
+        if (gpu_uuid in gpus) == held:
+            return self
+        gpus = gpus | {gpu_uuid} if held else gpus - {gpu_uuid}
+        by_node = {**self.quarantined_gpus, node_id: gpus}
+        if not gpus:
+            del by_node[node_id]
+        emptied = self.emptied_nodes - {node_id} | _emptied_nodes({node_id: gpus}, fleet)
+        return dataclasses.replace(self, quarantined_gpus=by_node, emptied_nodes=frozenset(emptied))
+
+    def same_document(self, other: BudgetState | None) -> bool:
+        """Whether `to_dict` of both is the same (the GPUs, not stored, may differ)."""
+        return other is not None and all(getattr(self, f) == getattr(other, f) for f in _DOCUMENT_FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict; `from_dict` reverses it."""
         # Shallow, not dataclasses.asdict: every other field is a scalar (asdict deep-copies each leaf).
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {name: getattr(self, name) for name in _DOCUMENT_FIELDS}
         out["in_flight"] = [
             {"command_id": f.command_id, "node_id": f.node_id, "kind": f.kind, "admitted_at": f.admitted_at}
             for f in self.in_flight
         ]
         out["quarantined_nodes"] = list(self.quarantined_nodes)
-        out["quarantined_gpus"] = [list(g) for g in self.quarantined_gpus]
         out["demand"] = [list(d) for d in self.demand]
         return out
 
@@ -159,9 +186,15 @@ class BudgetState:
         fields = dict(data)
         fields["in_flight"] = tuple(InFlight(**f) for f in fields.get("in_flight", ()))
         fields["quarantined_nodes"] = tuple(fields.get("quarantined_nodes", ()))
-        fields["quarantined_gpus"] = tuple((g[0], g[1]) for g in fields.get("quarantined_gpus", ()))  # older: none
+        fields.pop("quarantined_gpus", None)  # from the store's quarantine rows, not the document
+        fields.pop("emptied_nodes", None)
         fields["demand"] = tuple((d[0], d[1]) for d in fields.get("demand", ()))
         return cls(**fields)
+
+
+_DOCUMENT_FIELDS = tuple(
+    f.name for f in dataclasses.fields(BudgetState) if f.name not in ("quarantined_gpus", "emptied_nodes")
+)
 
 
 class Admission(NamedTuple):
@@ -199,7 +232,7 @@ def free_node_slots(state: BudgetState, fleet: FleetView, *, now: float, policy:
         return 0
     in_flight = {f.node_id for f in state.in_flight if now - f.admitted_at < policy.in_flight_max_age_s}
     out = set(state.quarantined_nodes) | in_flight
-    out |= _emptied_nodes(collections.Counter(node for node, _gpu in state.quarantined_gpus), fleet)
+    out |= state.emptied_nodes
     cap = _cap(policy.max_disrupted_nodes, policy.max_disrupted_nodes_pct, fleet.total_nodes)
     return max(0, cap - len(out))
 
@@ -208,10 +241,10 @@ _BREAKER_GPU_KINDS = frozenset({"quarantine_gpu", "reset_gpu"})
 """GPU-level actions that count toward the circuit breaker's demand (see the module doc)."""
 
 
-def _emptied_nodes(gpus_out: Mapping[str, int], fleet: FleetView) -> set[str]:
+def _emptied_nodes(gpus_out: Mapping[str, frozenset[str]], fleet: FleetView) -> set[str]:
     """Nodes every GPU of which is quarantined (gpus_out: node → its GPUs quarantined); rule 5."""
     counts = fleet.node_gpu_counts
-    return {node for node, out in gpus_out.items() if 0 < counts.get(node, 0) <= out}
+    return {node for node, out in gpus_out.items() if 0 < counts.get(node, 0) <= len(out)}
 
 
 def admit(
@@ -244,9 +277,9 @@ def admit(
     pol = policy
     in_flight = [f for f in state.in_flight if now - f.admitted_at < pol.in_flight_max_age_s]
     quarantined = list(state.quarantined_nodes)
-    quarantined_gpus = dict.fromkeys(state.quarantined_gpus)  # ordered set
-    gpus_out = collections.Counter(node for node, _gpu in quarantined_gpus)
-    emptied = _emptied_nodes(gpus_out, fleet)  # kept up to date below: counted once per call
+    gpus_out = state.quarantined_gpus  # copied on the first change of this call (most calls change nothing)
+    gpus_copied = False
+    emptied = set(state.emptied_nodes)
     # Planned maintenance (sweeps) is not breakage: it never feeds the breaker.
     proposed_nodes = {
         a.node_id
@@ -290,6 +323,17 @@ def admit(
     def disrupted() -> set[str]:
         return set(quarantined) | {f.node_id for f in in_flight} | emptied
 
+    def set_gpus(node_id: str, gpus: frozenset[str]) -> None:
+        nonlocal gpus_out, gpus_copied
+        if not gpus_copied:
+            gpus_out, gpus_copied = dict(gpus_out), True
+        if gpus:
+            gpus_out[node_id] = gpus  # type: ignore[index]
+        else:
+            gpus_out.pop(node_id, None)  # type: ignore[attr-defined]
+        emptied.discard(node_id)
+        emptied.update(_emptied_nodes({node_id: gpus}, fleet))
+
     def defer(action: actions.Action, why: str) -> None:
         deferred.append(action)
         reasons.append(f"{action.kind} on {action.node_id} waits: {why}")
@@ -308,7 +352,7 @@ def admit(
         if tripped_at is not None:
             defer(action, "the circuit breaker holds automation until an operator resumes it")
             continue
-        empties = isinstance(action, actions.QuarantineGpu) and _empties_node(action, quarantined_gpus, gpus_out, fleet)
+        empties = isinstance(action, actions.QuarantineGpu) and _empties_node(action, gpus_out, fleet)
         if action.node_disruptive or empties:
             out = disrupted()
             if action.node_id not in out:
@@ -323,11 +367,9 @@ def admit(
                     defer(action, why)
                     continue
         if isinstance(action, actions.QuarantineGpu):
-            if (action.node_id, action.gpu_uuid) not in quarantined_gpus:
-                quarantined_gpus[(action.node_id, action.gpu_uuid)] = None
-                gpus_out[action.node_id] += 1
-                if empties:
-                    emptied.add(action.node_id)
+            held = gpus_out.get(action.node_id, frozenset())
+            if action.gpu_uuid not in held:
+                set_gpus(action.node_id, held | {action.gpu_uuid})
             admitted.append(action)
             continue
         if action.node_disruptive:
@@ -340,10 +382,8 @@ def admit(
             continue
         if isinstance(action, actions.Release) and not action.gpu_uuid and not action.ib_port:
             quarantined = [n for n in quarantined if n != action.node_id]
-        elif isinstance(action, actions.Release) and (action.node_id, action.gpu_uuid) in quarantined_gpus:
-            del quarantined_gpus[(action.node_id, action.gpu_uuid)]
-            gpus_out[action.node_id] -= 1
-            emptied.discard(action.node_id)
+        elif isinstance(action, actions.Release) and action.gpu_uuid in gpus_out.get(action.node_id, ()):
+            set_gpus(action.node_id, gpus_out[action.node_id] - {action.gpu_uuid})
         admitted.append(action)
 
     storm_active = state.storm_active
@@ -368,7 +408,8 @@ def admit(
     new_state = BudgetState(
         in_flight=tuple(in_flight),
         quarantined_nodes=tuple(quarantined),
-        quarantined_gpus=tuple(quarantined_gpus),
+        quarantined_gpus=gpus_out,
+        emptied_nodes=frozenset(emptied),
         demand=tuple(sorted(demand.items())),
         breaker_tripped_at=tripped_at,
         breaker_reason=breaker_reason,
@@ -382,17 +423,13 @@ def admit(
     return Admission(tuple(admitted), tuple(deferred), new_state, tuple(reasons))
 
 
-def _empties_node(
-    action: actions.QuarantineGpu,
-    quarantined_gpus: Mapping[tuple[str, str], None],
-    gpus_out: Mapping[str, int],
-    fleet: FleetView,
-) -> bool:
+def _empties_node(action: actions.QuarantineGpu, gpus_out: Mapping[str, frozenset[str]], fleet: FleetView) -> bool:
     """Whether quarantining action's GPU leaves its node no GPU in service (rule 5)."""
-    if (action.node_id, action.gpu_uuid) in quarantined_gpus:
+    held = gpus_out.get(action.node_id, frozenset())
+    if action.gpu_uuid in held:
         return False  # already counted
     gpus = fleet.node_gpu_counts.get(action.node_id, 0)
-    return 0 < gpus <= gpus_out.get(action.node_id, 0) + 1
+    return 0 < gpus <= len(held) + 1
 
 
 def _budget_refusal(

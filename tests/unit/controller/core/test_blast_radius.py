@@ -41,7 +41,7 @@ NO_BREAKER = policy.DisruptionPolicy(breaker_quarantine_pct=100.0)
 
 
 def out_of_service(state: blast_radius.BudgetState, view: blast_radius.FleetView) -> tuple[int, dict]:
-    out = state.disrupted_nodes(view)
+    out = state.disrupted_nodes()
     per_domain: dict[tuple[str, str], int] = collections.Counter()
     for node in out:
         for label, value in view.node_labels[node].items():
@@ -192,10 +192,9 @@ def test_a_node_whose_every_gpu_is_quarantined_counts_as_out_of_service():
     )
     state = blast_radius.BudgetState()
     admitted, deferred, state, _ = blast_radius.admit(state, [_gpu_quarantine("n000", 0)], view, now=T0, policy=pol)
-    assert len(admitted) == 1 and state.disrupted_nodes(view) == set(), "one of two GPUs: the node still serves"
+    assert len(admitted) == 1 and state.disrupted_nodes() == set(), "one of two GPUs: the node still serves"
     admitted, deferred, state, _ = blast_radius.admit(state, [_gpu_quarantine("n000", 1)], view, now=T0, policy=pol)
-    assert len(admitted) == 1 and state.disrupted_nodes(view) == {"n000"}, "its last GPU: the node is out"
-    assert state.disrupted_nodes() == set(), "without the fleet's GPU counts nothing tells"
+    assert len(admitted) == 1 and state.disrupted_nodes() == {"n000"}, "its last GPU: the node is out"
     # The cluster allows one node out: another node's quarantine, or another node's last GPU, waits.
     proposed = [*node_pair("n001"), _gpu_quarantine("n002", 0), _gpu_quarantine("n002", 1)]
     admitted, deferred, state, reasons = blast_radius.admit(state, proposed, view, now=T0, policy=pol)
@@ -212,14 +211,26 @@ def test_a_node_whose_every_gpu_is_quarantined_counts_as_out_of_service():
     release = actions.Release(ticket_id="t-n000-1", step=3, node_id="n000", gpu_uuid="n000-GPU-1")
     admitted, deferred, state, _ = blast_radius.admit(state, [release, *deferred], view, now=T0, policy=pol)
     assert [a.kind for a in admitted] == ["release", "quarantine_node", "reboot_node"]
-    assert state.disrupted_nodes(view) == {"n001"} and [a.node_id for a in deferred] == ["n002"]
-    assert blast_radius.BudgetState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    assert state.disrupted_nodes() == {"n001"} and [a.node_id for a in deferred] == ["n002"]
+    assert state.quarantined_gpus == {"n000": {"n000-GPU-0"}, "n002": {"n002-GPU-0"}}
 
 
-def test_a_budget_document_from_before_gpu_quarantines_were_counted_still_loads():
-    old = blast_radius.BudgetState(quarantined_nodes=("n001",)).to_dict()
-    del old["quarantined_gpus"]
-    assert blast_radius.BudgetState.from_dict(old) == blast_radius.BudgetState(quarantined_nodes=("n001",))
+def test_the_gpus_automation_holds_are_not_in_the_budget_document_but_rebuilt_from_the_store():
+    """The store's quarantine rows are their durable record; the document (rewritten on most commits) stays small."""
+    view = dataclasses.replace(fleet(nodes=10), node_gpu_counts={"n000": 2, "n002": 2})
+    state = blast_radius.BudgetState(quarantined_nodes=("n001",)).with_quarantined_gpus(
+        [("n000", "GPU-a"), ("n000", "GPU-b"), ("n002", "GPU-c")], view
+    )
+    assert state.disrupted_nodes() == {"n000", "n001"}, "n000 has no GPU left in service"
+    document = json.loads(json.dumps(state.to_dict()))
+    assert "quarantined_gpus" not in document and "emptied_nodes" not in document
+    loaded = blast_radius.BudgetState.from_dict(document)
+    assert loaded.same_document(state) and loaded.quarantined_gpus == {} and loaded.emptied_nodes == frozenset()
+    assert loaded.with_quarantined_gpus([("n000", "GPU-a"), ("n000", "GPU-b"), ("n002", "GPU-c")], view) == state
+    released = state.with_gpu("n000", "GPU-a", view, held=False)
+    assert released.disrupted_nodes() == {"n001"} and released.quarantined_gpus["n000"] == {"GPU-b"}
+    assert released.with_gpu("n000", "GPU-a", view, held=True) == state
+    assert not state.same_document(dataclasses.replace(state, paused=True))
 
 
 # ---- the acceptance scenario: 100 nodes failing at once -------------------------------------
@@ -382,7 +393,8 @@ def test_random_failures_never_exceed_the_budget(sequence):
         elif op[0] == "gpu_fail":
             backlog.extend(_gpu_quarantine(n, gpu, ticket=f"t-{n}-{gpu}-{round_no}") for n, gpu in op[1])
         elif op[0] == "gpu_release" and state.quarantined_gpus:
-            node, gpu = state.quarantined_gpus[op[1] % len(state.quarantined_gpus)]
+            held = sorted((n, g) for n, gpus in state.quarantined_gpus.items() for g in gpus)
+            node, gpu = held[op[1] % len(held)]
             backlog.append(actions.Release(ticket_id=f"rel-{gpu}-{round_no}", step=0, node_id=node, gpu_uuid=gpu))
         elif op[0] == "finish" and running:
             done = running.pop(op[1] % len(running))
@@ -408,4 +420,4 @@ def test_random_failures_never_exceed_the_budget(sequence):
         for a in admitted:  # a reboot is never admitted without its node being out of service
             if a.kind == "reboot_node":
                 assert a.node_id in state.disrupted_nodes()
-        assert len(set(state.quarantined_gpus)) == len(state.quarantined_gpus), "a GPU is counted once"
+        assert all(state.quarantined_gpus.values()), "a node whose GPUs were all released is not listed"
