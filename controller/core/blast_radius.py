@@ -243,8 +243,12 @@ _BREAKER_GPU_KINDS = frozenset({"quarantine_gpu", "reset_gpu"})
 
 def _emptied_nodes(gpus_out: Mapping[str, frozenset[str]], fleet: FleetView) -> set[str]:
     """Nodes every GPU of which is quarantined (gpus_out: node → its GPUs quarantined); rule 5."""
-    counts = fleet.node_gpu_counts
-    return {node for node, out in gpus_out.items() if 0 < counts.get(node, 0) <= len(out)}
+    return {node for node, out in gpus_out.items() if _none_left(node, len(out), fleet)}
+
+
+def _none_left(node_id: str, quarantined: int, fleet: FleetView) -> bool:
+    """Whether quarantined GPUs leave node_id none in service (rule 5; never for a node of unknown GPU count)."""
+    return 0 < fleet.node_gpu_counts.get(node_id, 0) <= quarantined
 
 
 def admit(
@@ -428,8 +432,7 @@ def _empties_node(action: actions.QuarantineGpu, gpus_out: Mapping[str, frozense
     held = gpus_out.get(action.node_id, frozenset())
     if action.gpu_uuid in held:
         return False  # already counted
-    gpus = fleet.node_gpu_counts.get(action.node_id, 0)
-    return 0 < gpus <= len(held) + 1
+    return _none_left(action.node_id, len(held) + 1, fleet)
 
 
 def _budget_refusal(
