@@ -120,7 +120,12 @@ class BudgetState:
     """The nodes of quarantined_gpus with every GPU in it, by the fleet's GPU counts when last counted
     (kept by `admit`, so that no call scans every node with a quarantined GPU); not stored either."""
     demand: tuple[tuple[str, float], ...] = ()
-    """(node id, when a node-level action was first proposed for it); kept while it is re-proposed."""
+    """(node id, when a node-level action was first proposed for it); kept while it is re-proposed.
+
+    Not in the stored document either: one entry per node with demand in the window, ~80 KB after
+    a 2,000-node burst, and it changes on most commits of a burst. It is stored as documents of its
+    own, one per first-proposal time (`demand_documents`), so that a commit writes only the few
+    entries it added or let expire."""
     resumed_at: float | None = None
     """The last operator resume: demand from before it never counts toward the breaker again."""
     breaker_tripped_at: float | None = None
@@ -165,7 +170,7 @@ class BudgetState:
         return dataclasses.replace(self, quarantined_gpus=by_node, emptied_nodes=frozenset(emptied))
 
     def same_document(self, other: BudgetState | None) -> bool:
-        """Whether `to_dict` of both is the same (the GPUs, not stored, may differ)."""
+        """Whether `to_dict` of both is the same (the GPUs and the demand, stored apart, may differ)."""
         return other is not None and all(getattr(self, f) == getattr(other, f) for f in _DOCUMENT_FIELDS)
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,12 +182,15 @@ class BudgetState:
             for f in self.in_flight
         ]
         out["quarantined_nodes"] = list(self.quarantined_nodes)
-        out["demand"] = [list(d) for d in self.demand]
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BudgetState:
-        """Rebuild from `to_dict` output."""
+        """Rebuild from `to_dict` output.
+
+        A document written before the demand was stored apart still holds it under "demand"; it is
+        kept (`with_demand` merges it with the demand documents), so an upgrade forgets none.
+        """
         fields = dict(data)
         fields["in_flight"] = tuple(InFlight(**f) for f in fields.get("in_flight", ()))
         fields["quarantined_nodes"] = tuple(fields.get("quarantined_nodes", ()))
@@ -191,10 +199,44 @@ class BudgetState:
         fields["demand"] = tuple((d[0], d[1]) for d in fields.get("demand", ()))
         return cls(**fields)
 
+    def with_demand(self, documents: Iterable[Mapping[str, Any]]) -> BudgetState:
+        """This state with the demand of the given `demand_documents` added (a node's earliest time wins)."""
+        first: dict[str, float] = dict(self.demand)
+        for doc in documents:
+            at = float(doc["at"])
+            for node in doc["nodes"]:
+                if node not in first or at < first[node]:
+                    first[node] = at
+        return dataclasses.replace(self, demand=tuple(sorted(first.items())))
+
 
 _DOCUMENT_FIELDS = tuple(
-    f.name for f in dataclasses.fields(BudgetState) if f.name not in ("quarantined_gpus", "emptied_nodes")
+    f.name for f in dataclasses.fields(BudgetState) if f.name not in ("quarantined_gpus", "emptied_nodes", "demand")
 )
+
+
+def demand_documents(
+    before: Sequence[tuple[str, float]], after: Sequence[tuple[str, float]]
+) -> dict[str, dict[str, Any] | None]:
+    """The demand documents that differ between two demands: key → document, or None to delete. Pure.
+
+    One document per first-proposal time, ``{"at": at, "nodes": [...]}``, keyed by ``repr(float(at))``. A
+    burst's commit adds the nodes first proposed at its ``now``, so it writes one small document;
+    expiry deletes whole documents. Applying every call's result in turn to a store of documents
+    leaves documents that `BudgetState.with_demand` reads back as ``after``.
+    """
+    if before == after:
+        return {}
+    old, new = dict(before), dict(after)
+    touched = {at for node, at in new.items() if old.get(node) != at}
+    touched.update(at for node, at in old.items() if new.get(node) != at)
+    nodes_at: dict[float, list[str]] = {}
+    for node, at in new.items():
+        if at in touched:
+            nodes_at.setdefault(at, []).append(node)
+    return {
+        repr(float(at)): {"at": at, "nodes": sorted(nodes_at[at])} if at in nodes_at else None for at in sorted(touched)
+    }
 
 
 class Admission(NamedTuple):

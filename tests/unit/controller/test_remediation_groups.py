@@ -546,3 +546,42 @@ def test_a_node_whose_gpus_were_all_quarantined_holds_its_place_in_the_disruptio
     assert out == {"node-1"}
     assert node_2 == {"quarantine_node": "pending", "reboot_node": "pending"}, "they wait for the budget"
     assert restarted == {"node-1"}, "the count survives a restart"
+
+
+def test_the_breakers_demand_is_stored_apart_from_the_budget_document_and_survives_a_restart(rig):
+    """The demand, one entry per node needing quarantine, is stored as documents of its own, per first-proposal
+    time: in the budget document it was rewritten whole on most commits of a burst. A new term reads it back,
+    and a budget document from before (demand inside) is merged in and written out apart at the next commit."""
+    earlier_s = NOW_NS / 1e9 - 30
+
+    async def run() -> tuple:
+        rig.ingest.remember_remote_node("node-1", {"rack": "r1"}, tuple(GPUS))
+        await rig.start()
+        await rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"})  # quarantine + reset
+        demand = rig.service.budget.demand
+        document = rig.service.store.load_doc("budget")
+        documents = rig.service.store.load_docs(remediation_mod.BUDGET_DEMAND_PREFIX)
+        await rig.service.stop()
+        # As a version that kept the demand in the budget document would have left it: node-0's demand inside.
+        rig.service.store.commit(
+            rstore.Commit(now_unix_ns=NOW_NS, docs={"budget": {**document, "demand": [["node-0", earlier_s]]}})
+        )
+        await rig.service.start()
+        merged = rig.service.budget.demand
+        await rig.service.on_events("node-1", [_event("node-1", 2, 31, GPUS[1])], {"rack": "r1"})
+        after = rig.service.store.load_doc("budget"), rig.service.store.load_docs(remediation_mod.BUDGET_DEMAND_PREFIX)
+        await rig.stop()
+        return demand, document, documents, merged, after
+
+    demand, document, documents, merged, (document_after, documents_after) = asyncio.run(run())
+    assert demand == (("node-1", NOW_NS / 1e9),)
+    assert "demand" not in document
+    assert documents == {
+        remediation_mod.BUDGET_DEMAND_PREFIX + repr(NOW_NS / 1e9): {"at": NOW_NS / 1e9, "nodes": ["node-1"]}
+    }
+    assert merged == (("node-0", earlier_s), ("node-1", NOW_NS / 1e9)), "the new term counts both"
+    assert "demand" not in document_after, "the next commit rewrote the document without it"
+    assert documents_after == {
+        **documents,
+        remediation_mod.BUDGET_DEMAND_PREFIX + repr(earlier_s): {"at": earlier_s, "nodes": ["node-0"]},
+    }

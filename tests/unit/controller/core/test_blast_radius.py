@@ -172,7 +172,38 @@ def test_budget_state_round_trips_through_json():
     view = fleet()
     _, _, state, _ = blast_radius.admit(blast_radius.BudgetState(), node_pair("n000"), view, now=T0, policy=NO_BREAKER)
     state = blast_radius.pause(state, now=T0, reason="x")
-    assert blast_radius.BudgetState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    document = json.loads(json.dumps(state.to_dict()))
+    demand = json.loads(json.dumps(blast_radius.demand_documents((), state.demand)))
+    assert "demand" not in document and list(demand) == [repr(T0)]
+    assert blast_radius.BudgetState.from_dict(document).with_demand(demand.values()) == state
+
+
+def test_the_breakers_demand_is_stored_as_one_document_per_first_proposal_time():
+    """A commit writes only the demand it added or let expire, not every node's (~80 KB in a 2,000-node burst)."""
+    view = fleet()
+    pol = policy.DisruptionPolicy(breaker_quarantine_pct=100.0, breaker_window_s=600.0)
+    state = blast_radius.BudgetState()
+    documents: dict[str, dict] = {}
+    written = []
+    for now, nodes in ((T0, ["n000", "n001"]), (T0 + 1, ["n002"]), (T0 + 1, ["n003"]), (T0 + 700, ["n004"])):
+        proposed = [a for n in nodes for a in node_pair(n)]
+        _, _, after, _ = blast_radius.admit(state, proposed, view, now=now, policy=pol)
+        changed = blast_radius.demand_documents(state.demand, after.demand)
+        written.append(changed)
+        for key, doc in changed.items():
+            if doc is None:
+                del documents[key]
+            else:
+                documents[key] = json.loads(json.dumps(doc))
+        state = after
+        assert blast_radius.BudgetState().with_demand(documents.values()).demand == state.demand
+    assert written[0] == {repr(T0): {"at": T0, "nodes": ["n000", "n001"]}}
+    assert written[1] == {repr(T0 + 1): {"at": T0 + 1, "nodes": ["n002"]}}, "the earlier time is left alone"
+    assert written[2] == {repr(T0 + 1): {"at": T0 + 1, "nodes": ["n002", "n003"]}}, "the same time: one document"
+    assert written[3] == {repr(T0): None, repr(T0 + 1): None, repr(T0 + 700): {"at": T0 + 700, "nodes": ["n004"]}}
+    # A document from before the demand was stored apart still holds it: it is kept, and the earliest time wins.
+    legacy = blast_radius.BudgetState.from_dict({"demand": [["n004", T0 + 650], ["n005", T0 + 690]]})
+    assert legacy.with_demand(documents.values()).demand == (("n004", T0 + 650), ("n005", T0 + 690))
 
 
 def _gpu_quarantine(node: str, gpu: int, ticket: str | None = None) -> actions.QuarantineGpu:
@@ -386,6 +417,7 @@ def test_random_failures_never_exceed_the_budget(sequence):
     state = blast_radius.BudgetState()
     backlog: list[actions.Action] = []
     running: list[actions.Action] = []
+    demand_documents: dict[str, dict] = {}  # the store's demand documents, changed as the service does
     now = T0
     for round_no, op in enumerate(sequence):
         if op[0] == "fail":
@@ -407,7 +439,14 @@ def test_random_failures_never_exceed_the_budget(sequence):
         elif op[0] == "pause":
             state = blast_radius.pause(state, now=now, reason="test")
         was_tripped = state.breaker_tripped
+        before = state
         admitted, deferred, state, reasons = blast_radius.admit(state, backlog, _PROPERTY_FLEET, now=now, policy=pol)
+        for key, doc in blast_radius.demand_documents(before.demand, state.demand).items():
+            if doc is None:
+                del demand_documents[key]
+            else:
+                demand_documents[key] = doc
+        assert blast_radius.BudgetState().with_demand(demand_documents.values()).demand == state.demand
         backlog = list(deferred)
         running.extend(a for a in admitted if a.kind == "reboot_node")
         assert len(reasons) >= len(deferred)
