@@ -74,12 +74,16 @@ pipeline full: ending a hold drains the pipeline (the last commit, then a dispat
 and in a 2,000 events/s burst the events that arrived meanwhile waited 40-60 ms more for it."""
 PIPELINE_DEPTH = 2
 """Decided passes not yet committed, with a writer process: one commits while the next is decided."""
-PIPELINE_GATHER_S = 0.01
-"""How long the decider waits for the pass ahead to commit before deciding what arrived meanwhile.
+PIPELINE_GATHER_S = {"sqlite": 0.002, "postgresql": 0.01}
+"""How long the decider waits for the pass ahead to commit before deciding what arrived meanwhile, by backend.
 
-Deciding sooner makes smaller passes and more commits, each with its fixed cost (about 5 ms in a
-burst); later leaves the writer idle. Measured (SQLite, 2,000 events/s burst, commits in a writer
-process): 2 ms gave p99 286 ms over 253 commits, 8-15 ms 137-146 ms over 206-224, 30 ms 266 ms."""
+Deciding sooner makes smaller passes and more commits, each with its fixed cost; later leaves the
+writer idle and the events waiting. Measured in bench/remediation_ab.py (2,000 events/s burst,
+commits in a writer process, 10 ms against 2 ms): SQLite, whose commit is small now (~5 ms a
+pass, the hand-off included), p99 ratio 2 ms / 10 ms median 0.74 and 0.77 in two runs of 4 rounds,
+lower in 6 of 8, p50 ~40 % lower; PostgreSQL (its server on the same two cores, each commit
+several round trips) 1.38, higher in 3 of 3, so it keeps 10 ms. Earlier, with commits of
+~20 ms, SQLite at 2 ms gave p99 286 ms against 137-146 ms at 8-15 ms."""
 AGENT_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "run_validation"})
 LONG_ADAPTER_KINDS = frozenset({"power_cycle_bmc"})
 """Controller-side actions whose adapter takes minutes (a BMC power cycle is polled until the node is
@@ -371,6 +375,8 @@ class RemediationService:
         """Where dispatched agent commands go instead of this replica's streams (rasd.controller.relay)."""
         self._pipeline_depth = 1
         """Decided passes in flight at once (`use_writer`): with commits in this process, 1."""
+        self._gather_s = PIPELINE_GATHER_S.get(self.store.engine.dialect.name, max(PIPELINE_GATHER_S.values()))
+        """`PIPELINE_GATHER_S` for this store's backend."""
 
     @property
     def adapters_busy(self) -> int:
@@ -632,7 +638,7 @@ class RemediationService:
             head = inflight[0]
             if not head.commit.done():
                 # While the head commits, what arrives meanwhile is decided as the next pass.
-                await asyncio.wait([head.commit], timeout=PIPELINE_GATHER_S if open_for_more else None)
+                await asyncio.wait([head.commit], timeout=self._gather_s if open_for_more else None)
                 continue
             try:
                 fresh = head.commit.result()
