@@ -117,8 +117,12 @@ class BudgetState:
     rewritten on most commits, grew from ~23 KB to ~165 KB. The store's quarantine rows are the
     durable record; the service rebuilds this from them at start (`with_quarantined_gpus`)."""
     emptied_nodes: frozenset[str] = frozenset()
-    """The nodes of quarantined_gpus with every GPU in it, by the fleet's GPU counts when last counted
-    (kept by `admit`, so that no call scans every node with a quarantined GPU); not stored either."""
+    """The nodes of quarantined_gpus with every GPU in it, by the GPU counts of counted_for (kept by
+    `admit`, so that no call scans every node with a quarantined GPU); not stored either."""
+    counted_for: FleetView | None = dataclasses.field(default=None, compare=False, repr=False)
+    """The fleet view emptied_nodes was counted against. A call given another (a node's Hello changed
+    its GPUs) counts them again (`emptied_for`): a node whose GPU fell off the bus can be left with
+    none in service without a quarantine or release of its own."""
     demand: tuple[tuple[str, float], ...] = ()
     """(node id, when a node-level action was first proposed for it); kept while it is re-proposed.
 
@@ -145,9 +149,15 @@ class BudgetState:
     def disrupted_nodes(self) -> frozenset[str]:
         """Nodes out of service by automation: quarantined, with a node command in flight, or emptied.
 
-        Emptied: every GPU of it quarantined by automation (rule 5).
+        Emptied: every GPU of it quarantined by automation (rule 5), as last counted.
         """
         return frozenset(self.quarantined_nodes) | {f.node_id for f in self.in_flight} | self.emptied_nodes
+
+    def emptied_for(self, fleet: FleetView) -> frozenset[str]:
+        """emptied_nodes by fleet's GPU counts: as kept when counted against fleet, else counted again."""
+        if self.counted_for is fleet:
+            return self.emptied_nodes
+        return frozenset(_emptied_nodes(self.quarantined_gpus, fleet))
 
     def with_quarantined_gpus(self, gpus: Iterable[tuple[str, str]], fleet: FleetView) -> BudgetState:
         """This state counting exactly the given (node id, GPU uuid) quarantines (from the store at start)."""
@@ -155,7 +165,8 @@ class BudgetState:
         for node, gpu in gpus:
             by_node.setdefault(node, set()).add(gpu)
         held = {n: frozenset(g) for n, g in by_node.items()}
-        return dataclasses.replace(self, quarantined_gpus=held, emptied_nodes=frozenset(_emptied_nodes(held, fleet)))
+        emptied = frozenset(_emptied_nodes(held, fleet))
+        return dataclasses.replace(self, quarantined_gpus=held, emptied_nodes=emptied, counted_for=fleet)
 
     def with_gpu(self, node_id: str, gpu_uuid: str, fleet: FleetView, *, held: bool) -> BudgetState:
         """This state with one GPU quarantined by automation (held) or released; itself when nothing changes."""
@@ -166,8 +177,8 @@ class BudgetState:
         by_node = {**self.quarantined_gpus, node_id: gpus}
         if not gpus:
             del by_node[node_id]
-        emptied = self.emptied_nodes - {node_id} | _emptied_nodes({node_id: gpus}, fleet)
-        return dataclasses.replace(self, quarantined_gpus=by_node, emptied_nodes=frozenset(emptied))
+        emptied = self.emptied_for(fleet) - {node_id} | _emptied_nodes({node_id: gpus}, fleet)
+        return dataclasses.replace(self, quarantined_gpus=by_node, emptied_nodes=frozenset(emptied), counted_for=fleet)
 
     def same_document(self, other: BudgetState | None) -> bool:
         """Whether `to_dict` of both is the same (the GPUs and the demand, stored apart, may differ)."""
@@ -196,6 +207,7 @@ class BudgetState:
         fields["quarantined_nodes"] = tuple(fields.get("quarantined_nodes", ()))
         fields.pop("quarantined_gpus", None)  # from the store's quarantine rows, not the document
         fields.pop("emptied_nodes", None)
+        fields.pop("counted_for", None)
         fields["demand"] = tuple((d[0], d[1]) for d in fields.get("demand", ()))
         return cls(**fields)
 
@@ -210,9 +222,9 @@ class BudgetState:
         return dataclasses.replace(self, demand=tuple(sorted(first.items())))
 
 
-_DOCUMENT_FIELDS = tuple(
-    f.name for f in dataclasses.fields(BudgetState) if f.name not in ("quarantined_gpus", "emptied_nodes", "demand")
-)
+_STORED_APART = frozenset({"quarantined_gpus", "emptied_nodes", "counted_for", "demand"})
+"""BudgetState fields not in its document: rebuilt from the quarantine rows, or stored as documents of their own."""
+_DOCUMENT_FIELDS = tuple(f.name for f in dataclasses.fields(BudgetState) if f.name not in _STORED_APART)
 
 
 def demand_documents(
@@ -274,7 +286,7 @@ def free_node_slots(state: BudgetState, fleet: FleetView, *, now: float, policy:
         return 0
     in_flight = {f.node_id for f in state.in_flight if now - f.admitted_at < policy.in_flight_max_age_s}
     out = set(state.quarantined_nodes) | in_flight
-    out |= state.emptied_nodes
+    out |= state.emptied_for(fleet)
     cap = _cap(policy.max_disrupted_nodes, policy.max_disrupted_nodes_pct, fleet.total_nodes)
     return max(0, cap - len(out))
 
@@ -325,7 +337,7 @@ def admit(
     quarantined = list(state.quarantined_nodes)
     gpus_out = state.quarantined_gpus  # copied on the first change of this call (most calls change nothing)
     gpus_copied = False
-    emptied = set(state.emptied_nodes)
+    emptied = set(state.emptied_for(fleet))
     # Planned maintenance (sweeps) is not breakage: it never feeds the breaker.
     proposed_nodes = {
         a.node_id
@@ -456,6 +468,7 @@ def admit(
         quarantined_nodes=tuple(quarantined),
         quarantined_gpus=gpus_out,
         emptied_nodes=frozenset(emptied),
+        counted_for=fleet,
         demand=tuple(sorted(demand.items())),
         breaker_tripped_at=tripped_at,
         breaker_reason=breaker_reason,

@@ -246,6 +246,30 @@ def test_a_node_whose_every_gpu_is_quarantined_counts_as_out_of_service():
     assert state.quarantined_gpus == {"n000": {"n000-GPU-0"}, "n002": {"n002-GPU-0"}}
 
 
+def test_a_node_whose_gpu_count_drops_under_its_quarantined_gpus_is_counted_out_at_the_next_call():
+    """A GPU that falls off the bus leaves its node's Hello with fewer GPUs: if every one left is quarantined,
+    the node is out of service though no quarantine or release of its own came; the budget must see it."""
+    pol = policy.DisruptionPolicy(
+        breaker_quarantine_pct=100.0, max_disrupted_nodes=1, domain_max_nodes={}, domain_max_pct={}
+    )
+    eight = dataclasses.replace(fleet(nodes=10), node_gpu_counts={"n000": 2, "n001": 2})
+    _, _, state, _ = blast_radius.admit(
+        blast_radius.BudgetState(), [_gpu_quarantine("n000", 0)], eight, now=T0, policy=pol
+    )
+    assert (
+        state.disrupted_nodes() == frozenset() and blast_radius.free_node_slots(state, eight, now=T0, policy=pol) == 1
+    )
+    fell_off = dataclasses.replace(eight, node_gpu_counts={"n000": 1, "n001": 2})  # n000's Hello: one GPU left
+    assert blast_radius.free_node_slots(state, fell_off, now=T0, policy=pol) == 0
+    admitted, deferred, state, reasons = blast_radius.admit(state, node_pair("n001"), fell_off, now=T0, policy=pol)
+    assert admitted == () and len(deferred) == 2, "n000 is out: the cluster's one slot is taken"
+    assert "the cluster budget allows 1 nodes out of service at once and 1 are" in reasons[0]
+    assert state.disrupted_nodes() == {"n000"}
+    back = dataclasses.replace(eight)  # its GPU is back (a new view, as a Hello makes)
+    admitted, _, state, _ = blast_radius.admit(state, node_pair("n001"), back, now=T0, policy=pol)
+    assert len(admitted) == 2 and state.disrupted_nodes() == {"n001"}
+
+
 def test_the_gpus_automation_holds_are_not_in_the_budget_document_but_rebuilt_from_the_store():
     """The store's quarantine rows are their durable record; the document (rewritten on most commits) stays small."""
     view = dataclasses.replace(fleet(nodes=10), node_gpu_counts={"n000": 2, "n002": 2})
