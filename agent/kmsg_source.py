@@ -8,7 +8,10 @@ kernel event is lost or reported twice across agent restarts (DESIGN.md invarian
 * ``KmsgFollower`` reads a /dev/kmsg-style device, FIFO or file (the path is configurable, so tests
   use fixtures). Each record is ``prio,seq,usec,flags;message`` plus dictionary lines that start
   with a space. The cursor is the last committed ``seq`` together with the boot id, because the
-  sequence restarts at 0 on every boot.
+  sequence restarts at 0 on every boot. A regular file's lines without a kmsg header (plain text,
+  such as a saved dmesg) have no seq: their cursor is the file's inode and the byte offset after
+  the line, so that a reopen (every ``reopen_s``) or a restart reads on from there instead of
+  spooling the whole file again.
 * ``JournalFollower`` runs a journalctl command (configurable) and reads its JSON lines (MESSAGE,
   __CURSOR, __REALTIME_TIMESTAMP). It resumes with ``--after-cursor``; with no cursor yet it reads
   the whole current boot (``--lines=all``) so faults from before the agent started are seen.
@@ -50,7 +53,9 @@ class KernelLogRecord:
     """One kernel log record as read, before parsing."""
 
     line: str  # what to feed the parser (kmsg: the whole record line; journal: MESSAGE)
-    cursor: str  # position to commit: the kmsg sequence number or the journal cursor
+    cursor: str
+    """Position to commit: the kmsg sequence number, ``text:<inode>:<offset>`` for a line without a kmsg
+    header in a regular file (the byte offset after it), or the journal cursor; "" for none."""
     realtime_unix_us: int | None = None  # wall-clock time of the record, when the source says
 
 
@@ -166,7 +171,9 @@ class KmsgFollower:
 
         Yields:
             One record per kmsg message; dictionary lines are dropped. Lines without a kmsg header
-            (a plain text fixture) are yielded with an empty cursor.
+            (plain text) are yielded with a ``text:`` cursor in a regular file (the reading
+            resumes after the last one committed, while the file is the same inode and not
+            shorter), with none in a FIFO.
 
         A regular file's last line without a newline may be a record its writer has only half
         written. Yielding it would get its seq committed, and the complete line would then be
@@ -185,15 +192,21 @@ class KmsgFollower:
             return self._held_tail == held
 
         try:
-            is_file = stat.S_ISREG(os.fstat(fd).st_mode)
+            info = os.fstat(fd)
+            is_file = stat.S_ISREG(info.st_mode)
+            offset = self._text_resume_offset(info) if is_file else 0
+            if offset:
+                os.lseek(fd, offset, os.SEEK_SET)
             lines = _read_lines(fd, stop, self.poll_s, self._counters, release_tail=release_tail if is_file else None)
             for raw in lines:
+                offset += len(raw) + 1  # its newline too (the one at the end of a released tail is not there)
                 if not raw or raw[:1] in (b" ", b"\t"):
                     continue  # dictionary line (" SUBSYSTEM=pci") or blank
                 line = raw.decode("utf-8", errors="replace")
                 m = _KMSG_HEADER.match(raw)
                 if m is None:
-                    yield KernelLogRecord(line=line, cursor="")
+                    cursor = f"text:{info.st_ino}:{min(offset, os.fstat(fd).st_size)}" if is_file else ""
+                    yield KernelLogRecord(line=line, cursor=cursor)
                     continue
                 seq = int(m["seq"])
                 if after is not None and seq <= after:
@@ -205,10 +218,25 @@ class KmsgFollower:
         finally:
             os.close(fd)
 
+    def _text_resume_offset(self, info: os.stat_result) -> int:
+        """Where a regular file's plain-text lines resume: after the last committed, if it is the same file."""
+        saved = self.cursor.load()
+        inode, offset = saved.get("text_inode", ""), saved.get("text_offset", "")
+        if inode != str(info.st_ino) or not offset.isdigit() or int(offset) > info.st_size:
+            return 0  # none yet, another file (rotated), or cut shorter (truncated): from the start
+        return int(offset)
+
+    def position(self, record: KernelLogRecord) -> dict[str, str]:
+        """The cursor fields that committing ``record`` sets (merged into those saved)."""
+        if record.cursor.startswith("text:"):
+            _, inode, offset = record.cursor.split(":")
+            return {"source": "kmsg", "text_inode": inode, "text_offset": offset}
+        return {"source": "kmsg", "boot_id": self.boot_id, "seq": record.cursor}
+
     def commit(self, record: KernelLogRecord) -> None:
         """Persist ``record`` as handled; a restart resumes after it. Records without a cursor are ignored."""
         if record.cursor:
-            self.cursor.save({"source": "kmsg", "boot_id": self.boot_id, "seq": record.cursor})
+            self.cursor.save({**self.cursor.load(), **self.position(record)})
 
 
 def _read_boot_id(path: Path) -> str:

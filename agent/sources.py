@@ -82,7 +82,7 @@ class KernelLogPump:
 
     def _position(self, record: kmsg_source.KernelLogRecord) -> dict[str, str]:
         if isinstance(self.follower, kmsg_source.KmsgFollower):
-            return {"source": "kmsg", "boot_id": self.follower.boot_id, "seq": record.cursor}
+            return self.follower.position(record)
         return {"source": "journal", "cursor": record.cursor}
 
     def _observation(self, event: kmsg.KernelEvent) -> model.Observation:

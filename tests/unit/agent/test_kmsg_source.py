@@ -110,12 +110,49 @@ def test_kmsg_file_record_half_written_at_end_of_file_is_read_once_complete(tmp_
     assert CursorFile(tmp_path / "state" / "kmsg.cursor").load()["seq"] == "5"
 
 
-def test_kmsg_plain_text_lines_are_passed_through_without_a_cursor(tmp_path, boot_id):
+def test_kmsg_plain_text_lines_resume_after_the_last_committed_by_byte_offset(tmp_path, boot_id):
+    """A plain text file (a saved dmesg, a syslog kern.log) has no seq: read again from its start at each
+    reopen, every line of it was spooled again every second. Its cursor is the inode and the byte offset."""
     path = tmp_path / "dmesg.txt"
-    path.write_text("[   12.3] NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n")
-    (record,) = kmsg_follower(tmp_path, boot_id, path).records()
-    assert record.cursor == ""
-    assert KmsgParser().feed(record.line)[0].xid == 79
+    first = "[   12.3] NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n"
+    path.write_text(first + "\n[   12.4] second line\n")
+    follower = kmsg_follower(tmp_path, boot_id, path)
+    records = list(follower.records())
+    assert [r.line for r in records] == [first.rstrip("\n"), "[   12.4] second line"]
+    assert KmsgParser().feed(records[0].line)[0].xid == 79
+    assert records[0].cursor == f"text:{path.stat().st_ino}:{len(first)}"
+    follower.commit(records[0])
+    assert [r.line for r in follower.records()] == ["[   12.4] second line"], "the reopen reads on after the commit"
+    follower.commit(records[1])
+    assert list(follower.records()) == [], "nothing new"
+    with path.open("a") as f:
+        f.write("[   12.5] third line\n")
+    restarted = kmsg_follower(tmp_path, boot_id, path)  # the cursor file, as a restarted agent reads it
+    (third,) = restarted.records()
+    assert third.line == "[   12.5] third line" and third.cursor == f"text:{path.stat().st_ino}:{path.stat().st_size}"
+    restarted.commit(third)
+    path.write_text("[    1.0] after a truncation\n")  # shorter than the offset (copytruncate): from the start
+    assert [r.line for r in restarted.records()] == ["[    1.0] after a truncation"]
+    rotated = tmp_path / "dmesg.new"
+    rotated.write_text(first * 4)  # a new file in its place (rotated): another inode, from the start
+    os.replace(rotated, path)
+    assert len(list(restarted.records())) == 4
+
+
+def test_kmsg_plain_text_cursor_keeps_the_seq_cursor_beside_it(tmp_path, boot_id):
+    follower = kmsg_follower(tmp_path, boot_id)
+    *_, last = follower.records()
+    follower.commit(last)
+    follower.commit(KernelLogRecord(line="plain", cursor="text:12:34"))
+    saved = CursorFile(tmp_path / "state" / "kmsg.cursor").load()
+    assert saved == {
+        "source": "kmsg",
+        "boot_id": follower.boot_id,
+        "seq": "1209",
+        "text_inode": "12",
+        "text_offset": "34",
+    }
+    assert follower.resume_after() == 1209
 
 
 def test_kmsg_from_a_fifo(tmp_path, boot_id):

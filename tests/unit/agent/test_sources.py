@@ -106,3 +106,37 @@ def test_a_reboot_resets_the_kmsg_sequence_and_everything_is_new(tmp_path, backe
     _write(tmp_path / "kmsg", [0, 1])
     _run_until(_pump(tmp_path, journal, backend), 2)
     assert len(journal.unacked()) == 3
+
+
+def test_a_plain_text_file_is_spooled_once_across_reopens_and_restarts(tmp_path, backend):
+    """Lines without a kmsg header: each reopen (every reopen_s) read the file from its start and spooled
+    every event in it again; they resume after the last committed line, and so does a restarted pump."""
+    (tmp_path / "boot_id").write_text("boot-a\n")
+    xid = "[ {n}.0] NVRM: Xid (PCI:0000:18:00): 13, pid={n}, name=python, Graphics Exception\n"
+    (tmp_path / "kmsg").write_text(xid.format(n=1) + xid.format(n=2))
+    journal = spool.Spool(str(tmp_path / "spool.db"))
+    pump = _pump(tmp_path, journal, backend)
+    pump.follower.poll_s = 0.01
+    stop = threading.Event()
+    thread = threading.Thread(target=pump.run, args=(stop,))
+    thread.start()
+    while pump.records_read < 2:
+        thread.join(0.01)
+    with open(tmp_path / "kmsg", "a") as f:
+        f.write(xid.format(n=3))
+    while pump.records_read < 3:
+        thread.join(0.01)
+    thread.join(0.2)  # reopens (reopen_s 0) that find nothing new
+    stop.set()
+    thread.join()
+    assert pump.events_delivered == 3 and pump.records_read == 3
+    again = _pump(tmp_path, journal, backend)  # a restarted agent: from the spool's cursor
+    again.follower.poll_s = 0.01
+    stop = threading.Event()
+    thread = threading.Thread(target=again.run, args=(stop,))
+    thread.start()
+    thread.join(0.2)
+    stop.set()
+    thread.join()
+    assert again.records_read == 0
+    assert [e.observation.xid for e in journal.unacked()] == [13, 13, 13]
