@@ -62,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("kmsg", "journal", "none"),
         help="kernel log source (default: kmsg with nvml, else none)",
     )
-    parser.add_argument("--kmsg-path", help="kmsg device or file in its format (default /dev/kmsg)")
+    parser.add_argument(
+        "--kmsg-path",
+        help="kmsg device, FIFO or file (default /dev/kmsg); a file's plain-text lines are followed by byte offset",
+    )
     parser.add_argument("--ib-sysfs-root", help="InfiniBand sysfs root (default /sys/class/infiniband if present)")
     parser.add_argument(
         "--failsafe-power-limit-w", type=int, help="per-GPU cap applied after losing the controller (default off)"
