@@ -439,7 +439,7 @@ class RemediationService:
         # it all out as demand documents and rewrites the budget document without it.
         demand_docs = await self.ingest.run_in_store(self.store.load_docs, BUDGET_DEMAND_PREFIX)
         self.budget = stored.with_demand(demand_docs.values())
-        in_documents = dataclasses.replace(stored, demand=()).with_demand(demand_docs.values())
+        in_documents = dataclasses.replace(stored, demand={}).with_demand(demand_docs.values())
         from_before = bool(budget and budget.get("demand"))
         self._budget_stored = in_documents if (budget or demand_docs) and not from_before else None
         # The GPUs automation holds are the store's quarantine rows, not part of the budget document.
@@ -2099,7 +2099,7 @@ class RemediationService:
         if budget is not stored:
             if not budget.same_document(stored):
                 change.docs["budget"] = budget.to_dict()
-            demand = blast_radius.demand_documents(stored.demand if stored is not None else (), budget.demand)
+            demand = blast_radius.demand_documents(stored.demand if stored is not None else {}, budget.demand)
             change.docs.update((BUDGET_DEMAND_PREFIX + key, doc) for key, doc in demand.items())
         return budget
 

@@ -52,6 +52,7 @@ Pure: no I/O, no logging, no clock reads; ``now`` is float Unix seconds.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import math
@@ -123,8 +124,12 @@ class BudgetState:
     """The fleet view emptied_nodes was counted against. A call given another (a node's Hello changed
     its GPUs) counts them again (`emptied_for`): a node whose GPU fell off the bus can be left with
     none in service without a quarantine or release of its own."""
-    demand: tuple[tuple[str, float], ...] = ()
-    """(node id, when a node-level action was first proposed for it); kept while it is re-proposed.
+    demand: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Node id → when a node-level action was first proposed for it; kept while it is re-proposed.
+
+    Oldest first (never mutated: replaced), so that `admit` finds what expired at its front and
+    what is fresh at its back without a pass over every entry: in a burst it holds ~2,000 nodes,
+    and three passes over them took ~0.5 ms of every call.
 
     Not in the stored document either: one entry per node with demand in the window, ~80 KB after
     a 2,000-node burst, and it changes on most commits of a burst. It is stored as documents of its
@@ -208,7 +213,7 @@ class BudgetState:
         fields.pop("quarantined_gpus", None)  # from the store's quarantine rows, not the document
         fields.pop("emptied_nodes", None)
         fields.pop("counted_for", None)
-        fields["demand"] = tuple((d[0], d[1]) for d in fields.get("demand", ()))
+        fields["demand"] = _oldest_first({d[0]: d[1] for d in fields.get("demand", ())})
         return cls(**fields)
 
     def with_demand(self, documents: Iterable[Mapping[str, Any]]) -> BudgetState:
@@ -219,7 +224,12 @@ class BudgetState:
             for node in doc["nodes"]:
                 if node not in first or at < first[node]:
                     first[node] = at
-        return dataclasses.replace(self, demand=tuple(sorted(first.items())))
+        return dataclasses.replace(self, demand=_oldest_first(first))
+
+
+def _oldest_first(demand: Mapping[str, float]) -> dict[str, float]:
+    """demand ordered by time, then node."""
+    return dict(sorted(demand.items(), key=lambda item: (item[1], item[0])))
 
 
 _STORED_APART = frozenset({"quarantined_gpus", "emptied_nodes", "counted_for", "demand"})
@@ -227,9 +237,7 @@ _STORED_APART = frozenset({"quarantined_gpus", "emptied_nodes", "counted_for", "
 _DOCUMENT_FIELDS = tuple(f.name for f in dataclasses.fields(BudgetState) if f.name not in _STORED_APART)
 
 
-def demand_documents(
-    before: Sequence[tuple[str, float]], after: Sequence[tuple[str, float]]
-) -> dict[str, dict[str, Any] | None]:
+def demand_documents(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, dict[str, Any] | None]:
     """The demand documents that differ between two demands: key → document, or None to delete. Pure.
 
     One document per first-proposal time, ``{"at": at, "nodes": [...]}``, keyed by ``repr(float(at))``. A
@@ -237,13 +245,14 @@ def demand_documents(
     expiry deletes whole documents. Applying every call's result in turn to a store of documents
     leaves documents that `BudgetState.with_demand` reads back as ``after``.
     """
-    if before == after:
+    if before is after or before == after:
         return {}
-    old, new = dict(before), dict(after)
-    touched = {at for node, at in new.items() if old.get(node) != at}
-    touched.update(at for node, at in old.items() if new.get(node) != at)
+    touched = {at for _, at in before.items() ^ after.items()}
+    oldest = min(touched)
     nodes_at: dict[float, list[str]] = {}
-    for node, at in new.items():
+    for node, at in reversed(after.items()):  # newest first: a burst touches only the newest time
+        if at < oldest:
+            break
         if at in touched:
             nodes_at.setdefault(at, []).append(node)
     return {
@@ -344,14 +353,8 @@ def admit(
         for a in proposed
         if (a.node_disruptive or a.kind in _BREAKER_GPU_KINDS) and not getattr(a, "planned", False)
     }
-    demand = {node: at for node, at in state.demand if node in proposed_nodes or now - at <= pol.breaker_window_s}
-    for node in sorted(proposed_nodes):
-        demand.setdefault(node, now)
-    fresh = [
-        node
-        for node, at in demand.items()
-        if now - at <= pol.breaker_window_s and (state.resumed_at is None or at > state.resumed_at)
-    ]
+    demand = _renewed_demand(state.demand, proposed_nodes, now=now, window_s=pol.breaker_window_s)
+    fresh = _fresh_demand(demand, now=now, window_s=pol.breaker_window_s, resumed_at=state.resumed_at)
 
     total = fleet.total_nodes
     tripped_at = state.breaker_tripped_at
@@ -362,11 +365,11 @@ def admit(
     reasons: list[str] = []
     trip_reason = ""
     limit = pol.breaker_quarantine_pct * total / 100.0
-    if tripped_at is None and len(fresh) > limit and len(fresh) >= pol.breaker_min_nodes:
+    if tripped_at is None and fresh > limit and fresh >= pol.breaker_min_nodes:
         tripped_at = now
         trips += 1
         breaker_reason = (
-            f"{len(fresh)} of {total} nodes needed quarantine within {pol.breaker_window_s:g}s "
+            f"{fresh} of {total} nodes needed quarantine within {pol.breaker_window_s:g}s "
             f"(more than {pol.breaker_quarantine_pct:g}%): automation stops until an operator resumes"
         )
         trip_reason = f"circuit breaker tripped: {breaker_reason}"
@@ -469,7 +472,7 @@ def admit(
         quarantined_gpus=gpus_out,
         emptied_nodes=frozenset(emptied),
         counted_for=fleet,
-        demand=tuple(sorted(demand.items())),
+        demand=demand,
         breaker_tripped_at=tripped_at,
         breaker_reason=breaker_reason,
         trips=trips,
@@ -480,6 +483,43 @@ def admit(
         cooldown_until=cooldown_until,
     )
     return Admission(tuple(admitted), tuple(deferred), new_state, tuple(reasons))
+
+
+def _renewed_demand(
+    demand: Mapping[str, float], proposed_nodes: set[str], *, now: float, window_s: float
+) -> Mapping[str, float]:
+    """demand without what left the window unproposed, with the newly proposed nodes at now; itself if the same.
+
+    demand is oldest first, so what expired is at its front: the scan stops at the first entry in
+    the window (those proposed again are kept, and passed over at each call until they are not).
+    """
+    expired = []
+    for node, at in demand.items():
+        if now - at <= window_s:
+            break
+        if node not in proposed_nodes:
+            expired.append(node)
+    new = sorted(node for node in proposed_nodes if node not in demand)
+    if not expired and not new:
+        return demand
+    renewed = dict(demand)
+    for node in expired:
+        del renewed[node]
+    in_order = not renewed or next(reversed(renewed.values())) <= now
+    renewed.update(dict.fromkeys(new, now))
+    return renewed if in_order or not new else _oldest_first(renewed)  # a clock that went back: sort again
+
+
+def _fresh_demand(demand: Mapping[str, float], *, now: float, window_s: float, resumed_at: float | None) -> int:
+    """How many of demand's nodes count toward the breaker: proposed within the window and after the last resume.
+
+    demand is oldest first, so they are its newest entries: a binary search finds the first.
+    """
+    times = list(demand.values())
+    first = bisect.bisect_left(times, True, key=lambda at: now - at <= window_s)
+    if resumed_at is not None:
+        first = max(first, bisect.bisect_right(times, resumed_at))
+    return len(times) - first
 
 
 def _empties_node(action: actions.QuarantineGpu, gpus_out: Mapping[str, frozenset[str]], fleet: FleetView) -> bool:

@@ -94,7 +94,7 @@ def test_stored_documents_keep_the_format_of_a_deep_asdict():
 
     budget = blast_radius.BudgetState(
         in_flight=(blast_radius.InFlight("c1", "n1", "reboot_node", 5.0),), quarantined_nodes=("n1",),
-        demand=(("n1", 5.0),), paused=True, pause_reason="why",
+        demand={"n1": 5.0}, paused=True, pause_reason="why",
     )  # fmt: skip
     reference = dataclasses.asdict(budget)
     reference.update(in_flight=list(reference["in_flight"]), quarantined_nodes=["n1"])
@@ -103,7 +103,7 @@ def test_stored_documents_keep_the_format_of_a_deep_asdict():
     del reference["counted_for"]  # which fleet view emptied_nodes was counted against: memory only
     assert budget.to_dict() == reference
     rebuilt = blast_radius.BudgetState.from_dict(budget.to_dict())
-    assert rebuilt.with_demand(blast_radius.demand_documents((), budget.demand).values()) == budget
+    assert rebuilt.with_demand(blast_radius.demand_documents({}, budget.demand).values()) == budget
 
 
 _NODES = ("n1", "n2", "n3", "n4")

@@ -574,12 +574,13 @@ def test_the_breakers_demand_is_stored_apart_from_the_budget_document_and_surviv
         return demand, document, documents, merged, after
 
     demand, document, documents, merged, (document_after, documents_after) = asyncio.run(run())
-    assert demand == (("node-1", NOW_NS / 1e9),)
+    assert demand == {"node-1": NOW_NS / 1e9}
     assert "demand" not in document
     assert documents == {
         remediation_mod.BUDGET_DEMAND_PREFIX + repr(NOW_NS / 1e9): {"at": NOW_NS / 1e9, "nodes": ["node-1"]}
     }
-    assert merged == (("node-0", earlier_s), ("node-1", NOW_NS / 1e9)), "the new term counts both"
+    assert merged == {"node-0": earlier_s, "node-1": NOW_NS / 1e9}, "the new term counts both"
+    assert list(merged) == ["node-0", "node-1"], "oldest first"
     assert "demand" not in document_after, "the next commit rewrote the document without it"
     assert documents_after == {
         **documents,

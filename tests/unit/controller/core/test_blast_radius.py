@@ -173,7 +173,7 @@ def test_budget_state_round_trips_through_json():
     _, _, state, _ = blast_radius.admit(blast_radius.BudgetState(), node_pair("n000"), view, now=T0, policy=NO_BREAKER)
     state = blast_radius.pause(state, now=T0, reason="x")
     document = json.loads(json.dumps(state.to_dict()))
-    demand = json.loads(json.dumps(blast_radius.demand_documents((), state.demand)))
+    demand = json.loads(json.dumps(blast_radius.demand_documents({}, state.demand)))
     assert "demand" not in document and list(demand) == [repr(T0)]
     assert blast_radius.BudgetState.from_dict(document).with_demand(demand.values()) == state
 
@@ -203,7 +203,8 @@ def test_the_breakers_demand_is_stored_as_one_document_per_first_proposal_time()
     assert written[3] == {repr(T0): None, repr(T0 + 1): None, repr(T0 + 700): {"at": T0 + 700, "nodes": ["n004"]}}
     # A document from before the demand was stored apart still holds it: it is kept, and the earliest time wins.
     legacy = blast_radius.BudgetState.from_dict({"demand": [["n004", T0 + 650], ["n005", T0 + 690]]})
-    assert legacy.with_demand(documents.values()).demand == (("n004", T0 + 650), ("n005", T0 + 690))
+    merged = legacy.with_demand(documents.values()).demand
+    assert merged == {"n004": T0 + 650, "n005": T0 + 690} and list(merged) == ["n004", "n005"], "oldest first"
 
 
 def _gpu_quarantine(node: str, gpu: int, ticket: str | None = None) -> actions.QuarantineGpu:
@@ -426,12 +427,21 @@ budget_ops = st.lists(
         ),
         st.tuples(st.just("gpu_release"), st.integers(min_value=0, max_value=20)),
         st.tuples(st.just("finish"), st.integers(min_value=0, max_value=20)),
-        st.tuples(st.just("advance"), st.sampled_from([1.0, 30.0, 400.0, 3600.0])),
+        st.tuples(st.just("advance"), st.sampled_from([-5.0, 1.0, 30.0, 400.0, 3600.0])),  # -5: a clock set back
         st.tuples(st.just("resume")),
         st.tuples(st.just("pause")),
     ),
     max_size=30,
 )
+
+
+def _breaker_nodes(proposed: list[actions.Action]) -> set[str]:
+    """The nodes whose proposals count toward the breaker (the module doc's rule)."""
+    return {
+        a.node_id
+        for a in proposed
+        if (a.node_disruptive or a.kind in ("quarantine_gpu", "reset_gpu")) and not getattr(a, "planned", False)
+    }
 
 
 @settings(max_examples=200, deadline=None)
@@ -464,6 +474,7 @@ def test_random_failures_never_exceed_the_budget(sequence):
             state = blast_radius.pause(state, now=now, reason="test")
         was_tripped = state.breaker_tripped
         before = state
+        backlog_in = list(backlog)
         admitted, deferred, state, reasons = blast_radius.admit(state, backlog, _PROPERTY_FLEET, now=now, policy=pol)
         for key, doc in blast_radius.demand_documents(before.demand, state.demand).items():
             if doc is None:
@@ -471,6 +482,16 @@ def test_random_failures_never_exceed_the_budget(sequence):
             else:
                 demand_documents[key] = doc
         assert blast_radius.BudgetState().with_demand(demand_documents.values()).demand == state.demand
+        # The demand is kept oldest first, and read at its ends only; the same as a pass over every entry:
+        assert list(state.demand.values()) == sorted(state.demand.values())
+        window = pol.breaker_window_s
+        kept = {n: at for n, at in before.demand.items() if n in _breaker_nodes(backlog_in) or now - at <= window}
+        assert state.demand == {**kept, **{n: now for n in _breaker_nodes(backlog_in) if n not in kept}}
+        assert blast_radius._fresh_demand(state.demand, now=now, window_s=window, resumed_at=state.resumed_at) == sum(
+            1
+            for at in state.demand.values()
+            if now - at <= window and (state.resumed_at is None or at > state.resumed_at)
+        )
         backlog = list(deferred)
         running.extend(a for a in admitted if a.kind == "reboot_node")
         assert len(reasons) >= len(deferred)
