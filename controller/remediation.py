@@ -439,9 +439,7 @@ class RemediationService:
         # it all out as demand documents and rewrites the budget document without it.
         demand_docs = await self.ingest.run_in_store(self.store.load_docs, BUDGET_DEMAND_PREFIX)
         self.budget = stored.with_demand(demand_docs.values())
-        in_documents = dataclasses.replace(stored, demand={}).with_demand(demand_docs.values())
-        from_before = bool(budget and budget.get("demand"))
-        self._budget_stored = in_documents if (budget or demand_docs) and not from_before else None
+        self._budget_stored = self.budget if (budget or demand_docs) and not stored.demand else None
         # The GPUs automation holds are the store's quarantine rows, not part of the budget document.
         held = await self.ingest.run_in_store(self.store.quarantines)
         self.budget = self.budget.with_quarantined_gpus(
