@@ -7,12 +7,12 @@ in a fresh schema dropped afterwards) and per commit writer (``--commit-writer``
 as ``rasd-controller`` runs, with the next pass decided while one commits; or the store thread, one
 pass at a time), in this order on one database:
 
-1. **Sustained throughput**: events fed one by one, as fast as the service takes them, to
-   ``RemediationService.on_events`` with a real ``Store`` and ``Ingest``; once without and once
-   with ``Ingest.store_events`` before it (the ``health_events`` row and the node's ack position,
-   on the store thread, grouped with the other streams' batches waiting then, as
-   ``Ingest.on_events`` does). The gRPC stream, wire validation and the
-   ack to the agent are outside.
+1. **Sustained throughput**: events fed one by one, as fast as the controller takes them, with a
+   real ``Store`` and ``Ingest``: once to ``RemediationService.on_events`` alone (the decision path;
+   the event is not stored), once to ``Ingest.take_events``, rasd-controller's path after wire
+   validation (``Ingest.on_events`` without the protobuf decoding): the event is stored in the
+   transaction of the decision on it (its ``health_events`` row and the node's ack position with
+   the ladder's rows), then acked on its stream. The gRPC stream and wire validation are outside.
 2. **Paced run** well below capacity (default 10 events/s): the per-event latency without a queue.
 3. **Burst**: events arrive on a fixed schedule (default 2,000 events/s across 2,000 nodes for
    5 s). Each arrival starts its own task and its own ``on_events`` call, as concurrent agent
@@ -21,12 +21,13 @@ pass at a time), in this order on one database:
    carries the dispatch of the waiting actions the pass before it left). An event's arrival time
    is its scheduled time, so a service that falls behind
    pays for the queue (no coordinated omission); what is still queued when the drain timeout ends
-   is cut off and counted as at least that old. ``--append-in-burst`` adds ``Ingest.store_events``.
+   is cut off and counted as at least that old. ``--path`` picks how the paced run's and the
+   burst's events arrive (`PATHS`; default ``ingest``, rasd-controller's).
 
 ``decision latency`` is the service's own ``stats.decision_latency_s``: arrival → each command
 the event led to leaving the decision path (an agent command queued on its node's stream, after
 the commit that records it dispatched; a quarantine as its adapter is called); ``arrival →
-return`` is measured here for every event (arrival → ``on_events`` returned).
+return`` is measured here for every event (arrival → the call returned: decided, and acked).
 
 Nodes are registered with ``Store.register_hello`` (8 GPUs, labels rack and nvlink_domain) and
 each gets what ``Ingest.open_session`` leaves for a connected agent: its labels and an
@@ -101,6 +102,16 @@ from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
 
 SECTION = "## Remediation"
+PATHS = {
+    "ingest": "Ingest.take_events",
+    "decide": "RemediationService.on_events only",
+    "store-then-decide": "Ingest.store_events, then RemediationService.on_events",
+}
+"""How an event reaches the controller (`Rig.deliver`): ``ingest``, rasd-controller's path after wire
+validation (the event stored in the transaction of the decision on it, then acked; where the stream
+cannot tell that it is new, stored first); ``decide``, the decision path alone (the event not stored);
+``store-then-decide``, the path before 2026-12-03 (the event stored and acked in a transaction of
+its own, then decided in another)."""
 KUBERNETES_SECTION = "## Remediation, quarantines through the Kubernetes API"
 KUBE_API = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fakes" / "kube_api.py"
 GOAL_P99_MS = 50.0
@@ -234,14 +245,14 @@ def schedule(seed: int, nodes: int, rate: float, duration_s: float) -> list[Arri
 
 
 def stored(arrival: Arrival, seq: int, received_unix_ns: int) -> repo.StoredEvent:
-    """The event as the ingest would hand it to the service."""
+    """The event as wire validation leaves it (`wire.events_from_wire`; every node's spool in epoch 0)."""
     return repo.StoredEvent(
         node_id=arrival.node_id, seq=seq, observed_unix_ns=received_unix_ns - 2_000_000,
         received_unix_ns=received_unix_ns, kind=int(arrival.kind),
         severity=int(health.Severity.ERROR if arrival.kind is not health.EventKind.IB_LINK_STATE
                      else health.Severity.WARNING),
         gpu_uuid=arrival.gpu_uuid, xid=arrival.xid, message=arrival.message, source="kmsg",
-        attributes=arrival.attributes,
+        attributes=arrival.attributes, spool_epoch=0,
     )  # fmt: skip
 
 
@@ -352,16 +363,26 @@ class Rig:
         self.writer = store_writer.CommitProcess(url) if commit_writer == "process" else None
         if self.writer is not None:
             self.service.use_writer(self.writer)
+        # As rasd-controller wires them (one replica).
+        self.ingest.events_hook = self.service.on_events
+        if hasattr(self.service, "on_arrivals"):  # a tree before it (remediation_ab.py --bench this): none
+            self.ingest.arrivals_hook = self.service.on_arrivals
         now = time.time_ns()
         self.hellos = [hello(i) for i in range(nodes)]
         for node_hello in self.hellos:
             self.store.register_hello(node_hello, now)
             self.ingest.node_labels[node_hello.node_id] = dict(node_hello.labels)  # what open_session records
         self.seq: dict[str, int] = {}
+        """Node → the seq of its last event sent through the ingest (its spool's)."""
+        self.unstored_seq: dict[str, int] = {}
+        """Node → the seq of its last event decided without the ingest (``decide``): from 10⁹ on, so
+        that the spool's own seqs stay gap-free for the ingest."""
         self.collector: Any = None
         """The quiet collector (`gc_policy.QuietCollector`) once started."""
         self.commands_sent = 0
         self._stream_writers: list[asyncio.Task[None]] = []
+        self._streams: dict[str, asyncio.Lock] = {}
+        """Node → its stream's reader: one message of a node at a time (`deliver`)."""
 
     async def start(self) -> None:
         """Start the ingest and the service (its tick loop runs during the measurement, as in production).
@@ -377,6 +398,8 @@ class Rig:
                 known_gpus=frozenset(g.uuid for g in node_hello.gpus),
                 outbound=asyncio.Queue(maxsize=self.ingest.settings.outbound_queue_size),
                 opened_unix_ns=time.time_ns(),
+                spool_epoch=0,  # what open_session leaves for a node's first Hello
+                acked_seq=0,
             )
             self.ingest.sessions[node_id] = session
             self._stream_writers.append(asyncio.create_task(self._write(session)))
@@ -408,17 +431,34 @@ class Rig:
             self.writer.close()
         self.store.close()
 
-    async def deliver(self, arrival: Arrival, received_unix_ns: int, *, append: bool) -> None:
-        """What Ingest.on_events does after wire validation: persist (when append), then hand the event over."""
-        seq = self.seq.get(arrival.node_id, 0) + 1
-        self.seq[arrival.node_id] = seq
+    async def deliver(self, arrival: Arrival, received_unix_ns: int, *, path: str) -> None:
+        """Hand one event to the controller by path (`PATHS`), after the node's earlier events.
+
+        A node's events come over its one stream, which the controller reads a message at a time,
+        the next once the last is decided (`Ingest.on_events`): an event that arrives while its
+        node's last one is still being decided waits for it (its latency counts from its arrival).
+        """
+        lock = self._streams.setdefault(arrival.node_id, asyncio.Lock())
+        async with lock:
+            await self._deliver(arrival, received_unix_ns, path=path)
+
+    async def _deliver(self, arrival: Arrival, received_unix_ns: int, *, path: str) -> None:
+        node_id = arrival.node_id
+        if path == "decide":
+            seq = self.unstored_seq.get(node_id, 10**9) + 1
+            self.unstored_seq[node_id] = seq
+            event = stored(arrival, seq, received_unix_ns)
+            await self.service.on_events(node_id, [event], self.ingest.node_labels[node_id])
+            return
+        seq = self.seq.get(node_id, 0) + 1
+        self.seq[node_id] = seq
         event = stored(arrival, seq, received_unix_ns)
-        count = 1
-        if append:
-            _acked, new = await self.ingest.store_events(arrival.node_id, [event])
-            count = len(new)
-        if count:
-            await self.service.on_events(arrival.node_id, [event], self.ingest.node_labels[arrival.node_id])
+        if path == "ingest" and hasattr(self.ingest, "take_events"):
+            await self.ingest.take_events(self.ingest.sessions[node_id], [event], started=time.perf_counter())
+            return
+        _acked, new = await self.ingest.store_events(node_id, [event])  # "store-then-decide"
+        if new:
+            await self.service.on_events(node_id, [event], self.ingest.node_labels[node_id])
 
 
 @dataclasses.dataclass
@@ -466,6 +506,10 @@ class Row:
     """Adapter calls (and the repairs waiting for them) not done when the burst's drain timeout ended."""
     api_cpu_s: float | None = None
     """CPU seconds of the fake Kubernetes API server during the burst (``--quarantine kubernetes``)."""
+    events_stored: int | None = None
+    """Burst events the ingest stored (None: the path stores none, or a tree without the count)."""
+    events_stored_with_decision: int | None = None
+    """Of those, stored in the transaction of the decision on them (`Ingest.arrivals_hook`)."""
 
     def censored(self, values: list[float], fraction: float) -> list[float]:
         """values plus +inf for the events not done (times `fraction`: the share of them it would hold)."""
@@ -483,12 +527,12 @@ class Row:
         return len(self.decision_ms) / max(1, self.burst_done)
 
 
-async def throughput(rig: Rig, arrivals: list[Arrival], seconds: float, row: Row, *, append: bool) -> None:
+async def throughput(rig: Rig, arrivals: list[Arrival], seconds: float, row: Row, *, path: str) -> None:
     """Feed events back to back for `seconds` (or until the list ends) and count them."""
     cpu0, db0, wall0 = _cpu_s(rig), _db_cpu(row.backend), time.perf_counter()
     done = 0
     for arrival in arrivals:
-        await rig.deliver(arrival, time.time_ns(), append=append)
+        await rig.deliver(arrival, time.time_ns(), path=path)
         done += 1
         if time.perf_counter() - wall0 >= seconds:
             break
@@ -518,15 +562,13 @@ class _GcPauses:
         return self.pauses_ms
 
 
-async def burst(
-    rig: Rig, arrivals: list[Arrival], rate: float, drain_timeout_s: float, row: Row, *, append: bool
-) -> None:
+async def burst(rig: Rig, arrivals: list[Arrival], rate: float, drain_timeout_s: float, row: Row, *, path: str) -> None:
     """Release each event at its scheduled time as its own task; wait for all to finish."""
     pending: set[asyncio.Task[None]] = set()
     return_s: list[float] = []
 
     async def one(arrival: Arrival, due_ns: int) -> None:
-        await rig.deliver(arrival, due_ns, append=append)
+        await rig.deliver(arrival, due_ns, path=path)
         return_s.append((time.time_ns() - due_ns) / 1e9)
 
     stats = rig.service.stats
@@ -539,6 +581,8 @@ async def burst(
     loop_cpu0 = time.thread_time()  # this coroutine runs on the event loop's thread
     quiet_before = sum(rig.collector.collections) if rig.collector is not None else None
     kinds_before = dict(rig.service.stats.actions_by_kind)
+    stored_before = rig.ingest.events_stored
+    with_decision_before = getattr(rig.ingest, "events_stored_with_decision", None)
     sent_before = rig.commands_sent
     cpu0, db0 = _cpu_s(rig), _db_cpu(row.backend)
     start_ns = time.time_ns() + 50_000_000
@@ -591,6 +635,10 @@ async def burst(
         if count > kinds_before.get(kind, 0)
     }
     row.commands_sent = rig.commands_sent - sent_before
+    if path != "decide":
+        row.events_stored = rig.ingest.events_stored - stored_before
+        if with_decision_before is not None:
+            row.events_stored_with_decision = rig.ingest.events_stored_with_decision - with_decision_before
     row.deferred_left = len(rig.service._deferred)  # read-only look at what still waits
 
 
@@ -606,7 +654,7 @@ def _db_delta(backend: str, before: float | None) -> float | None:
 async def measure(
     backend: str, writer: str, args: argparse.Namespace, tmp: str, profiler: cProfile.Profile | None, round_: int
 ) -> tuple[list[Row], list[Row]]:
-    """Throughput (with and without the append), a light paced run, then the burst, on one database.
+    """Throughput (the decision path alone, then the ingest's), a light paced run, then the burst, on one database.
 
     Every node is registered first (not timed). Later phases start with the earlier phases'
     incidents and tickets open, as a controller that has been running would.
@@ -629,26 +677,19 @@ async def measure(
         await rig.start()
         try:
             half = len(events) // 2
-            for append, chunk in ((False, events[:half]), (True, events[half:])):
-                phase = "append_events + on_events" if append else "on_events only"
-                row = Row(backend, args.nodes, phase, writer, round_)
-                await throughput(rig, chunk, args.throughput_s, row, append=append)
+            for path, chunk in (("decide", events[:half]), ("ingest", events[half:])):
+                row = Row(backend, args.nodes, PATHS[path], writer, round_)
+                await throughput(rig, chunk, args.throughput_s, row, path=path)
                 feeds.append(row)
-            light = Row(backend, args.nodes, f"paced {args.light_rate:g}/s (on_events only)", writer, round_)
-            await burst(rig, paced, args.light_rate, args.drain_timeout_s, light, append=False)
-            heavy = Row(
-                backend,
-                args.nodes,
-                f"burst {args.rate:,.0f}/s ({'append_events + ' if args.append_in_burst else ''}on_events)",
-                writer,
-                round_,
-            )
+            light = Row(backend, args.nodes, f"paced {args.light_rate:g}/s ({PATHS[args.path]})", writer, round_)
+            await burst(rig, paced, args.light_rate, args.drain_timeout_s, light, path=args.path)
+            heavy = Row(backend, args.nodes, f"burst {args.rate:,.0f}/s ({PATHS[args.path]})", writer, round_)
             store_profiler = cProfile.Profile() if profiler is not None else None
             if profiler is not None and store_profiler is not None:
                 await rig.ingest.run_in_store(store_profiler.enable)  # the store thread has its own profile
                 profiler.enable()
             api_cpu0 = _proc_cpu_s(api_proc) if api_proc is not None else None
-            await burst(rig, arrivals, args.rate, args.drain_timeout_s, heavy, append=args.append_in_burst)
+            await burst(rig, arrivals, args.rate, args.drain_timeout_s, heavy, path=args.path)
             if api_proc is not None and api_cpu0 is not None:
                 heavy.api_cpu_s = _proc_cpu_s(api_proc) - api_cpu0
             if profiler is not None and store_profiler is not None:
@@ -734,6 +775,16 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             "with an adapter that waits on nothing both are dispatched in the decision's own commit; with one that "
             "waits on another system, it leaves after the dispatch round's commit, once the adapter has returned)"
             + ("" if r.api_cpu_s is None else f"; the fake API server's CPU in the burst: {r.api_cpu_s:.1f} s")
+            + (
+                ""
+                if r.events_stored is None
+                else f"; events stored {r.events_stored:,}"
+                + (
+                    ""
+                    if r.events_stored_with_decision is None
+                    else f", {r.events_stored_with_decision:,} of them in the transaction of their decision"
+                )
+            )
             + f"; the event loop's thread was busy {r.loop_cpu_s:.1f} s of the burst's {r.burst_wall_s:.1f} s"
             + f"; garbage collector: {_gc_pauses(r)}"
         )
@@ -780,9 +831,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=4)
     parser.add_argument("--light-rate", type=float, default=10.0, help="paced run well below capacity (events/s)")
     parser.add_argument(
-        "--append-in-burst",
-        action="store_true",
-        help="persist each burst event with Ingest.store_events first (grouped, as Ingest.on_events does)",
+        "--path",
+        choices=tuple(PATHS),
+        default="ingest",
+        help="how the paced run's and the burst's events reach the controller: "
+        + "; ".join(f"{name}: {text}" for name, text in PATHS.items()),
     )
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
     parser.add_argument(
@@ -896,16 +949,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.throughput_s:g} s, seed {args.seed}. Phases run in this order on one database, so later "
             "phases start with earlier phases' incidents open.",
             "",
-            "Path: `RemediationService.on_events` with a real `Store` and `Ingest` (classify → correlate → "
+            "Path: a real `Store`, `Ingest` and `RemediationService` (classify → correlate → "
             "escalate → blast-radius admission → outbox transaction → `Ingest.dispatch`; actions that "
             "wait for admission, a quarantine with its repair, are dispatched by a round committed with "
-            "the next pass). Commits: `process` runs them in a `CommitProcess` (rasd-controller's "
+            "the next pass). `Ingest.take_events` is rasd-controller's path after wire validation: the "
+            "event is stored in the transaction of the decision on it (its `health_events` row and its "
+            "node's ack position with the ladder's rows, one sync of the disk), then acked on its stream; "
+            "`RemediationService.on_events only` is the decision path alone (the event is not stored). "
+            "Commits: `process` runs them in a `CommitProcess` (rasd-controller's "
             "default) while the next pass is decided; `thread` runs them on the store thread, one pass at "
-            "a time. Rows marked `append_events +` first persist the event in `health_events` "
-            "with `Ingest.store_events` on the store thread (grouped with the other streams' batches "
-            "waiting then, one transaction), as `Ingest.on_events` does. Outside: the gRPC "
-            "stream, wire validation, the ack to the agent. Each scheduled event is its own task and its own "
-            "`on_events` call (concurrent streams); calls that wait while a pass runs are decided together in "
+            "a time. Outside: the gRPC stream and wire validation. Each scheduled event is its own task and its "
+            "own call (concurrent streams); calls that wait while a pass runs are decided together in "
             f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
             "escalation pass, one transaction). "
             "Every node has an open stream (an `ingest.Session` whose queue a task empties, serializing each "

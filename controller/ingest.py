@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import time
@@ -141,6 +142,9 @@ class Session:
     replaced: bool = False
     spool_epoch: int | None = None
     """The epoch of the node's spool this stream's seqs count in (its Hello's `HelloOutcome.spool_epoch`)."""
+    acked_seq: int | None = None
+    """The node's acked position as this stream last heard it from the store (its Hello's, then each
+    stored batch's): the seq its next new event has, if the agent sends in order."""
     agent_ahead_ns: int | None = None
     """How far the agent's clock runs ahead of this controller's at least, ns (negative: behind by at
     least that much); None until a stamped message arrived. Each agent stamp (a heartbeat's send
@@ -228,6 +232,19 @@ class Ingest:
         """Each node's boot id from its last Hello (a new one means caps reset to default)."""
         self.events_hook: Callable[[str, list[repo.StoredEvent], Mapping[str, str]], Awaitable[None]] | None = None
         """Called with a node's newly stored events (after they are durable and acked)."""
+        self.arrivals_hook: (
+            Callable[
+                [str, list[repo.StoredEvent], Mapping[str, str], repo.ExpectedAppend, Callable[[], None]],
+                Awaitable[None],
+            ]
+            | None
+        ) = None
+        """Where set, takes a batch of events not yet stored that the stream says are new, and stores them
+        with the decision on them, in one transaction (`RemediationService.on_arrivals`), calling back
+        once they are durable; raises when they could not be stored so, and then they are stored
+        here and go to `events_hook`."""
+        self.events_stored_with_decision = 0
+        """Of `events_stored`, those stored in the transaction of the decision on them (`arrivals_hook`)."""
         self.command_result_hook: Callable[[str, commands_pb.ActionResult], Awaitable[None]] | None = None
         """Called with results of commands sent by `dispatch` (not by `send_command`)."""
         self.connected_hook: Callable[[str], Awaitable[None]] | None = None
@@ -338,6 +355,7 @@ class Ingest:
             outbound=asyncio.Queue(maxsize=self.settings.outbound_queue_size),
             opened_unix_ns=now,
             spool_epoch=outcome.spool_epoch,
+            acked_seq=outcome.acked_seq,
         )
         session.note_stamp(hello.sent_unix_ns, now)
         self.sessions[session.node_id] = session
@@ -433,13 +451,26 @@ class Ingest:
         started = time.perf_counter()
         now = self._clock()
         events = wire.events_from_wire(batch, session.known_gpus, now, session.node_id, spool_epoch=session.spool_epoch)
+        await self.take_events(session, events, started=started)
+
+    async def take_events(self, session: Session, events: list[repo.StoredEvent], *, started: float) -> None:
+        """`on_events` after wire validation: store the events, ack them, and return once they are decided.
+
+        started: `time.perf_counter()` when the batch arrived (``rasd_event_persist_seconds``).
+
+        Raises:
+            repo.SpoolEpochChanged: as `on_events`.
+        """
+        now = self._clock()
         # Shielded: the stream may end (agent killed, a newer stream of the node) while the batch
         # commits. The commit lands anyway and a resend is then a duplicate, so the hand-over to
         # remediation must not depend on this caller still waiting: cancelled there, the events were
         # stored and acked but never decided (and the node's next decision moved the replay watermark
         # past them).
         try:
-            acked_seq, decided = await asyncio.shield(asyncio.ensure_future(self._store_and_hand_over(session, events)))
+            acked_seq, decided, ack_queued_at = await asyncio.shield(
+                asyncio.ensure_future(self._store_and_hand_over(session, events))
+            )
         except repo.SpoolEpochChanged as exc:
             # The node came back with a new spool (a newer Hello, here or at another replica) while
             # this older stream still sent: nothing of it is stored or acked, and the stream ends.
@@ -458,31 +489,81 @@ class Ingest:
                 message=event.message[:200],
             )
         self._last_seen[session.node_id] = now
-        await session.outbound.put(agent_pb.ControllerMessage(ack=agent_pb.EventAck(acked_seq=acked_seq)))
-        self.metrics.event_persist_seconds.observe(time.perf_counter() - started)
+        if ack_queued_at is None:
+            await session.outbound.put(_ack(acked_seq))
+        self.metrics.event_persist_seconds.observe((ack_queued_at or time.perf_counter()) - started)
         if decided is not None:
             await decided  # the stream reads on once they are decided: a storm waits in the agents' spools
 
     async def _store_and_hand_over(
         self, session: Session, events: Sequence[repo.StoredEvent]
-    ) -> tuple[int, asyncio.Task[None] | None]:
-        """Store events, then hand the new ones to remediation; (acked seq, the task deciding them or None).
+    ) -> tuple[int, asyncio.Task[None] | None, float | None]:
+        """Store events, then hand the new ones to remediation.
 
+        Returns (acked seq, the task deciding them or None, when their ack was queued (`time.perf_counter`)
+        or None: not yet).
         The hand-over is a task of its own, started before this returns: it runs whether or not
-        anyone still waits for this call (`on_events`).
+        anyone still waits for this call (`on_events`). Events the stream says are new go to
+        `arrivals_hook` instead, to be stored with their decision (no task then: decided already),
+        and their ack is queued once that commit is done, ahead of the commands it dispatched.
         """
+        append = self._expected_append(session, events) if self.arrivals_hook is not None else None
+        if append is not None and self.arrivals_hook is not None:
+            labels = self.node_labels.get(session.node_id, {})
+            queued: list[float] = []
+
+            def ack_stored() -> None:
+                # The agent may drop them from its spool before it runs a reboot they led to. A full
+                # queue (a stuck stream) gets its ack after the decision, from `on_events`.
+                with contextlib.suppress(asyncio.QueueFull):
+                    session.outbound.put_nowait(_ack(append.acked_seq))
+                    queued.append(time.perf_counter())
+
+            try:
+                await self.arrivals_hook(session.node_id, list(events), labels, append, ack_stored)
+            except Exception as exc:
+                # Not stored with a decision (or not known to be): stored on their own below, which
+                # keeps only what is new, and what is new is handed over as any stored event is.
+                log.info("events_stored_apart", node=session.node_id, seqs=[e.seq for e in events], error=str(exc))
+                how = "refused"
+            else:
+                session.acked_seq = max(session.acked_seq or 0, append.acked_seq)
+                self.events_stored += len(events)
+                self.events_stored_with_decision += len(events)
+                self.metrics.event_batches_stored.labels(how="with_decision").inc()
+                return append.acked_seq, None, queued[0] if queued else None
+        else:
+            how = "apart"
         acked_seq, stored = await self.store_events(session.node_id, events)
+        self.metrics.event_batches_stored.labels(how=how).inc()
+        # The largest: calls of one stream can finish out of order (the store's position only grows).
+        session.acked_seq = max(session.acked_seq or 0, acked_seq)
         self.events_stored += len(stored)
         new_seqs = set(stored)
         fresh = sorted({e.seq: e for e in events if e.seq in new_seqs}.values(), key=lambda e: e.seq)
         if not fresh or self.events_hook is None:
-            return acked_seq, None
+            return acked_seq, None, None
         decided = asyncio.ensure_future(
             self.events_hook(session.node_id, fresh, self.node_labels.get(session.node_id, {}))
         )
         self._hook_tasks.add(decided)
         decided.add_done_callback(functools.partial(self._events_hook_done, session.node_id, [e.seq for e in fresh]))
-        return acked_seq, decided
+        return acked_seq, decided, None
+
+    def _expected_append(self, session: Session, events: Sequence[repo.StoredEvent]) -> repo.ExpectedAppend | None:
+        """What storing events must do if they are what an agent sending in order sends next; else None.
+
+        The next seqs after the stream's acked position, each once, of the stream's spool epoch:
+        anything else (a resend after a lost ack, a gap) is stored first and sorted out by the store.
+        """
+        if session.acked_seq is None or not events:
+            return None
+        first = session.acked_seq + 1
+        if sorted(e.seq for e in events) != list(range(first, first + len(events))):
+            return None
+        if any(e.spool_epoch != session.spool_epoch for e in events):
+            return None
+        return repo.ExpectedAppend(session.node_id, tuple(events), first + len(events) - 1)
 
     def _events_hook_done(self, node_id: str, seqs: list[int], task: asyncio.Task[None]) -> None:
         """Log a hand-over that failed (its stream may be gone, with no one left to hear of it)."""
@@ -733,3 +814,7 @@ def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
         future.set_exception(outcome)
     else:
         future.set_result(outcome)
+
+
+def _ack(acked_seq: int) -> agent_pb.ControllerMessage:
+    return agent_pb.ControllerMessage(ack=agent_pb.EventAck(acked_seq=acked_seq))

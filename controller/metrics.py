@@ -69,6 +69,15 @@ class ControllerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
             registry=registry,
         )
+        self.event_batches_stored = Counter(
+            "rasd_event_batches_stored",
+            "Health-event batches stored, by how: with_decision (in the transaction of the decision on "
+            "them); apart (in one of their own, then decided: their stream could not tell they were new, "
+            "a resend or a gap, or this replica does not decide); refused (apart, after the decision's "
+            "transaction found them not new or failed).",
+            ["how"],
+            registry=registry,
+        )
 
         self.incidents = Counter(
             "rasd_incidents",

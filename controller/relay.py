@@ -87,6 +87,9 @@ class Relay:
         self.ingest.connected_hook = self._on_connected
         if self.remediation is not None:
             self.ingest.events_hook = self._on_events
+            # Events are stored by the replica that holds their stream and decided by the leader,
+            # which reads them from the store: never stored with a decision here.
+            self.ingest.arrivals_hook = None
             self.remediation.send_hook = self._send
             self.leadership.on_elected(self._elected)
             self.leadership.on_deposed(self._deposed)

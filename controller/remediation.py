@@ -39,7 +39,7 @@ import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -173,8 +173,17 @@ class RemediationStats:
     """Of those, passes decided while a pass ahead of them was still committing (`_run_pipeline`)."""
 
 
-_Call = tuple[str, list[repo.StoredEvent], dict[str, str], "asyncio.Future[None]"]
-"""One `on_events` call waiting to be decided: node, its stored events, its labels, the caller's future."""
+class _Call(NamedTuple):
+    """One `on_events` or `on_arrivals` call waiting to be decided."""
+
+    node_id: str
+    events: list[repo.StoredEvent]
+    labels: dict[str, str]
+    future: asyncio.Future[None]
+    append: repo.ExpectedAppend | None = None
+    """Set for `on_arrivals`: the events are not stored yet, and are stored by the pass that decides them."""
+    stored: Callable[[], None] | None = None
+    """`on_arrivals`' callback: called once the pass that stored the events committed, before its commands leave."""
 
 
 @dataclasses.dataclass
@@ -212,13 +221,13 @@ class _Pass:
 
     def answers_dispatched(self) -> list[_Call]:
         """The calls it answers whose decisions an earlier pass committed (a dispatch round's)."""
-        own = {id(call[3]) for call in self.group}
-        return [call for call in self.answers if id(call[3]) not in own]
+        own = {id(call.future) for call in self.group}
+        return [call for call in self.answers if id(call.future) not in own]
 
     def answers_waiting(self) -> list[_Call]:
         """The calls it decides: answered when their actions are dispatched."""
-        own = {id(call[3]) for call in self.group}
-        return [call for call in self.answers if id(call[3]) in own]
+        own = {id(call.future) for call in self.group}
+        return [call for call in self.answers if id(call.future) in own]
 
 
 @dataclasses.dataclass(slots=True)
@@ -282,8 +291,9 @@ class _NotRun(RuntimeError):
 class TermEnded(RuntimeError):
     """This replica's term as leader ended before these events were decided.
 
-    They are stored already: the next leader decides them from the store (the events its
-    watermark has not covered), on the state the terms before it committed.
+    Stored already, the next leader decides them from the store (the events its watermark has not
+    covered), on the state the terms before it committed; arriving ones (`on_arrivals`) may not be
+    stored, and their caller stores them.
     """
 
 
@@ -362,6 +372,8 @@ class RemediationService:
         self._unanswered: dict[str, actions.Action] = {}
         self._inbox: list[_Call] = []
         self._decider: asyncio.Task[None] | None = None
+        self._term_ended = False
+        """`stop` ran and `start` has not since: nothing is decided (`TermEnded`)."""
         self.sdc = sdc_service.SdcLedger(self.policy.sdc)
         self._sweeper: asyncio.Task[None] | None = None
         """Agent commands dispatched and not yet answered, re-sent when their node reconnects."""
@@ -403,6 +415,7 @@ class RemediationService:
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load durable state, resume the outbox, start the tick loop (again at each leader term)."""
+        self._term_ended = False
         for transient in (
             self._deferred,
             self._unanswered,
@@ -519,6 +532,7 @@ class RemediationService:
         # decided on this term's state; a later term of this replica decided them again on its own
         # (after another leader had decided them) and moved the watermark back. Its passes in flight
         # are answered; a commit already handed to the store ends there, under this term's fence.
+        self._term_ended = True
         if self._decider is not None:
             self._decider.cancel()
             await asyncio.gather(self._decider, return_exceptions=True)
@@ -554,8 +568,48 @@ class RemediationService:
         """
         if not events:
             return
+        await self._decide_call(node_id, events, labels)
+
+    async def on_arrivals(
+        self,
+        node_id: str,
+        events: Sequence[repo.StoredEvent],
+        labels: Mapping[str, str],
+        append: repo.ExpectedAppend,
+        stored: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_events` for events not stored yet: the transaction of the pass that decides them stores them.
+
+        In a burst, storing the events and then committing the decision on them were two
+        transactions, each waiting for the disk, one after the other: here both are durable at
+        once (`rstore.Commit.event_appends`). The pass decides them as new, so their transaction
+        checks that they are (append: what the caller expects storing them to do) and is refused
+        otherwise. stored is called as soon as that transaction committed, before any command it
+        dispatched leaves (the caller acks the events there, as it did before their decision).
+
+        Raises:
+            repo.EventsNotAsExpected: storing them would not have done what append says (a resend,
+                a spool the node has left): nothing of the pass was written, and the caller stores
+                them on their own (`Ingest.store_events`), which sorts out which of them are new.
+            TermEnded: this term ended first; whether they were stored is not known (store them).
+            Exception: the core failed on them; nothing of them was written.
+        """
+        await self._decide_call(node_id, events, labels, append, stored)
+
+    async def _decide_call(
+        self,
+        node_id: str,
+        events: Sequence[repo.StoredEvent],
+        labels: Mapping[str, str],
+        append: repo.ExpectedAppend | None = None,
+        stored: Callable[[], None] | None = None,
+    ) -> None:
+        if self._term_ended:
+            # A decider started now would decide on the ended term's state, and commit after its
+            # stop. Stored events wait for the next term's replay; arriving ones are stored apart.
+            raise TermEnded(f"this replica's term ended: {len(events)} events of {node_id} not decided")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inbox.append((node_id, list(events), dict(labels), future))
+        self._inbox.append(_Call(node_id, list(events), dict(labels), future, append, stored))
         if self._decider is None or self._decider.done():
             self._decider = asyncio.create_task(self._decide_waiting(), name="rasd-remediation-decider")
         await future
@@ -685,8 +739,14 @@ class RemediationService:
         if isinstance(exc, repo.STORE_UNAVAILABLE):
             self._inbox[:0] = [*head.group, *later_groups]
             if head.group:
-                raise _StoreStalled(events=sum(len(call[1]) for call in self._inbox)) from exc
+                raise _StoreStalled(events=sum(len(call.events) for call in self._inbox)) from exc
             log.warning("remediation_dispatch_deferred", error=str(exc))
+            return
+        if isinstance(exc, repo.EventsNotAsExpected):
+            # Arriving events that were not new after all: their callers store them on their own,
+            # and hand on what is new; the rest of the head's group is decided again.
+            self._inbox[:0] = [call for call in head.group if call.append is None] + later_groups
+            _answer([call for call in head.group if call.append is not None], exc)
             return
         # Anything else (a fenced replica's refusal, a bug): the head's callers hear of it, and
         # the passes behind it, never run, are decided again.
@@ -721,7 +781,9 @@ class RemediationService:
         decisions = 0
         scopes: set[str] = set()  # the correlation scopes and nodes the events touched: nothing else changes
         port_nodes: set[str] = set()
-        for node_id, events, labels, _future in group:
+        for node_id, events, labels, _future, append, _stored in group:
+            if append is not None:
+                change.event_appends.append(append)
             state = states.get(node_id) or self.node_states.get(node_id) or escalation.RemediationState(node_id)
             for stored in events:
                 event = health_event(stored, nvlink_domain=labels.get("nvlink_domain", ""))
@@ -791,6 +853,9 @@ class RemediationService:
         later: the passes decided after it, still in flight; a hold on the budget given back here
         stays given back should one of them be undone.
         """
+        for call in done.group:
+            if call.stored is not None:
+                call.stored()
         sent = self._after_commit(done.new_actions, done.change, done.dispatched, fresh, done.admitted)
         now = done.change.now_unix_ns / 1e9
         for command_id in done.dispatched.keys() - fresh:
@@ -2257,7 +2322,8 @@ def _blocking(executor: Callable[[actions.Action], Any]) -> bool:
 
 def _answer(calls: Sequence[_Call], exc: BaseException | None = None) -> None:
     """Return from the `on_events` calls whose decisions are done (or raise exc in them)."""
-    for *_, future in calls:
+    for call in calls:
+        future = call.future
         if not future.done():
             if exc is None:
                 future.set_result(None)
@@ -2266,6 +2332,7 @@ def _answer(calls: Sequence[_Call], exc: BaseException | None = None) -> None:
 
 
 _APPENDED_COMMIT_FIELDS = (
+    "event_appends",
     "new_commands",
     "command_updates",
     "incidents",

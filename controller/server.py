@@ -127,6 +127,8 @@ class Controller:
                 self.store, self.ingest, policy=settings.remediation_policy, executors=executors
             )
             self.ingest.events_hook = self.remediation.on_events
+            # New events are stored in the transaction of the decision on them (one sync, not two).
+            self.ingest.arrivals_hook = self.remediation.on_arrivals
             self.ingest.command_result_hook = self.remediation.on_result
             self.ingest.connected_hook = self.remediation.node_connected
         self.tokens = authn.TokenStore(settings.security.tokens_file)

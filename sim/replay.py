@@ -290,6 +290,7 @@ async def replay(
         store, ingest, policy=policy, executors={}, clock=clock, tick_interval_s=1e9
     )
     ingest.events_hook = service.on_events
+    ingest.arrivals_hook = service.on_arrivals  # as rasd-controller: events stored with their decision
     ingest.connected_hook = service.node_connected
     run = ReplayRun(decisions=[], inputs={}, skipped=[])
     service.decision_hook = lambda decided, at: run.decisions.extend(DecisionRecord.from_action(a, at) for a in decided)

@@ -69,6 +69,10 @@ class Commit:
     rmas: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     validations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     audit: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    event_appends: list[repo.ExpectedAppend] = dataclasses.field(default_factory=list)
+    """Events that arrived with this decision, stored in its transaction (`repo.append_expected`): the
+    decision on them and the events themselves become durable in one sync of the disk. Stored other
+    than expected, the whole transaction is refused (`repo.EventsNotAsExpected`)."""
 
 
 class RemediationStore:
@@ -159,6 +163,8 @@ class RemediationStore:
         check runs too, after the writes (a made-up fence may refuse: that raises, as it would).
         """
         with repo.rolled_back(self._sessions) as session:
+            session.add(schema.NodeRow(node_id=_WARM_UP_ID))  # for its event (`Commit.event_appends`)
+            session.flush()
             self._write(session, _warm_up_change())
             if fence is not None:
                 fence(session)
@@ -169,6 +175,10 @@ class RemediationStore:
         command_updates = list(change.command_updates)
         # Core statements go to the connection: the ORM session's execute adds ~0.3 ms per statement.
         conn = session.connection()
+        # First: if they are not stored as expected, nothing else is worth writing (the decision
+        # took them for new), and the nodes' rows it locks are the ones a second replica storing
+        # the same node's events waits on (PostgreSQL).
+        repo.append_expected(session, change.event_appends)
         # Every read the bulk writes depend on comes first, so that the writes can then be sent
         # without waiting for each one's answer (`repo.pipelined`). None of them reads a table
         # that a write before it in this transaction touches.
@@ -247,8 +257,9 @@ class RemediationStore:
     def unprocessed_events(self) -> dict[str, tuple[dict[str, str], list[repo.StoredEvent]]]:
         """Per node: its labels and the stored events remediation has not consumed yet, in seq order.
 
-        Events are stored and acked before remediation runs; a controller that dies in between
-        replays them from here at start-up, so no stored event is ever skipped by the ladder.
+        Events are stored and acked before remediation runs (or in the transaction of the decision
+        on them: then never without it); a controller that dies in between replays them from here
+        at start-up, so no stored event is ever skipped by the ladder.
         """
         out: dict[str, tuple[dict[str, str], list[repo.StoredEvent]]] = {}
         with self._sessions() as session:
@@ -390,13 +401,15 @@ _WARM_UP_ID = "rasd-warm-up"
 def _warm_up_change() -> Commit:
     """A made-up decision with the rows a burst's commits write, for `RemediationStore.warm_up`.
 
-    A watermark, a node's state, documents (one deleted), a new command and a status update, an
-    incident and a ticket. Quarantines and audit rows are left out: their ids come from a sequence,
-    which a rollback would leave with a gap.
+    An event that arrived with it, a watermark, a node's state, documents (one deleted), a new
+    command and a status update, an incident and a ticket. Quarantines and audit rows are left out:
+    their ids come from a sequence, which a rollback would leave with a gap.
     """
     key = _WARM_UP_ID
+    event = repo.StoredEvent(key, 1, 0, 0, 0, 0, "", None, "", "", {}, spool_epoch=0)
     return Commit(
         now_unix_ns=0,
+        event_appends=[repo.ExpectedAppend(key, (event,), 1)],
         processed_seq={key: 1},
         node_states={key: {"node_id": key, "tickets": []}},
         docs={key: {}, f"{key}/gone": None},

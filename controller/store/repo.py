@@ -64,6 +64,29 @@ class SpoolEpochChanged(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class ExpectedAppend:
+    """A node's events that a caller expects `append_events` to store every one of, and where that leaves the node.
+
+    The decision on events that have just arrived is written in the transaction that stores them
+    (`append_expected`): one sync of the disk for both instead of one each. It is decided before
+    that transaction can say which of them are new, so the caller states what it expects from
+    what the stream told it (the node's acked position at Hello and since, the stream's spool
+    epoch), and the transaction checks it: anything else (a resend, an event another stream stored
+    first, a spool the node has left, a node the store does not know) rolls it all back.
+    """
+
+    node_id: str
+    events: tuple[StoredEvent, ...]
+    """Seqs acked_seq - len(events) + 1 ... acked_seq of one spool epoch, each once."""
+    acked_seq: int
+    """The node's acked position once they are stored, at least: their highest seq."""
+
+
+class EventsNotAsExpected(Exception):
+    """Storing arriving events gave another outcome than the caller expected (`ExpectedAppend`): nothing was written."""
+
+
+@dataclasses.dataclass(frozen=True)
 class HelloOutcome:
     """What registering a Hello decided about the node's event spool."""
 
@@ -616,7 +639,7 @@ class Store:
         if not batches:
             return []
         with self._sessions.begin() as session:
-            return self._append_events_many(session, batches)
+            return append_events_in(session, batches)
 
     def warm_up_events(self) -> None:
         """Store an event for a made-up node, then roll it all back: nothing is written.
@@ -630,106 +653,8 @@ class Store:
             session.add(schema.NodeRow(node_id=node_id))
             session.flush()
             event = StoredEvent(node_id, 1, 0, 0, 0, 0, "", None, "", "", {})
-            self._append_events_many(session, [(node_id, [event])])
+            append_events_in(session, [(node_id, [event])])
             session.flush()
-
-    def _append_events_many(
-        self, session: Session, batches: Sequence[tuple[str, Sequence[StoredEvent]]]
-    ) -> list[tuple[int, list[int]] | KeyError | SpoolEpochChanged]:
-        conn = session.connection()
-        nodes_t = schema.NodeRow.__table__
-        events_t = schema.HealthEventRow.__table__
-        node_ids = sorted({node_id for node_id, _events in batches})
-        # node → [spool epoch, acked seq, the acked seq as read]; the rows stay locked until the
-        # commit (PostgreSQL), so no other replica acts on the same position meanwhile. Sorted: two
-        # groups lock shared nodes in the same order and cannot deadlock.
-        positions: dict[str, list[int]] = {}
-        # Seqs stored ahead of the acked position (normally none: agents send in order).
-        ahead: dict[str, set[int]] = {}
-        for start in range(0, len(node_ids), 500):  # bounded IN lists
-            chunk = node_ids[start : start + 500]
-            locked = (
-                sa.select(nodes_t.c.node_id, nodes_t.c.spool_epoch, nodes_t.c.acked_seq)
-                .where(nodes_t.c.node_id.in_(chunk))
-                .order_by(nodes_t.c.node_id)
-                .with_for_update()
-            )
-            for row in conn.execute(locked):
-                acked = int(row.acked_seq or 0)
-                positions[row.node_id] = [int(row.spool_epoch or 0), acked, acked]
-                ahead[row.node_id] = set()
-            stored_ahead = (
-                sa.select(events_t.c.node_id, events_t.c.seq)
-                .join(
-                    nodes_t,
-                    sa.and_(
-                        nodes_t.c.node_id == events_t.c.node_id,
-                        events_t.c.spool_epoch == sa.func.coalesce(nodes_t.c.spool_epoch, 0),
-                        events_t.c.seq > sa.func.coalesce(nodes_t.c.acked_seq, 0),
-                    ),
-                )
-                .where(nodes_t.c.node_id.in_(chunk))
-            )
-            for row in conn.execute(stored_ahead):
-                ahead[row.node_id].add(int(row.seq))
-        outcomes: list[tuple[int, list[int]] | KeyError | SpoolEpochChanged] = []
-        rows: list[dict[str, Any]] = []
-        for node_id, events in batches:
-            position = positions.get(node_id)
-            if position is None:
-                outcomes.append(KeyError(f"unknown node {node_id!r}"))
-                continue
-            epoch, acked, _read = position
-            stale = sorted({e.spool_epoch for e in events if e.spool_epoch is not None and e.spool_epoch != epoch})
-            if stale:
-                outcomes.append(
-                    SpoolEpochChanged(
-                        f"node {node_id!r}: events of spool epoch {stale[0]}, but the node's spool is in epoch {epoch}"
-                    )
-                )
-                continue
-            seen = ahead[node_id]
-            stored: list[int] = []
-            for e in sorted(events, key=lambda e: e.seq):
-                if e.seq <= acked or e.seq in seen:
-                    continue
-                seen.add(e.seq)
-                stored.append(e.seq)
-                rows.append(
-                    {
-                        "node_id": node_id,
-                        "spool_epoch": epoch,
-                        "seq": e.seq,
-                        "observed_unix_ns": e.observed_unix_ns,
-                        "received_unix_ns": e.received_unix_ns,
-                        "kind": e.kind,
-                        "severity": e.severity,
-                        "gpu_uuid": _text(e.gpu_uuid),
-                        "xid": e.xid,
-                        "message": _text(e.message),
-                        "source": _text(e.source),
-                        "attributes": _text_map(e.attributes),
-                    }
-                )
-            while acked + 1 in seen:
-                acked += 1
-            position[1] = acked
-            outcomes.append((acked, stored))
-        if rows:
-            conn.execute(sa.insert(events_t), rows)
-        moved = [
-            {"moved_node_id": node_id, "moved_acked_seq": acked}
-            for node_id, (_epoch, acked, read) in positions.items()
-            if acked != read
-        ]
-        if moved:
-            conn.execute(
-                sa.update(nodes_t)
-                .where(nodes_t.c.node_id == sa.bindparam("moved_node_id"))
-                .values(acked_seq=sa.bindparam("moved_acked_seq")),
-                moved,
-            )
-        return outcomes
 
     def list_events(self, *, node_id: str = "", since_unix_ns: int = 0, limit: int = 100) -> list[StoredEvent]:
         """Stored events, newest first."""
@@ -760,6 +685,130 @@ class Store:
         """How many health events are stored in total."""
         with self._sessions() as session:
             return int(session.scalar(sa.select(sa.func.count()).select_from(schema.HealthEventRow)) or 0)
+
+
+def append_events_in(
+    session: Session, batches: Sequence[tuple[str, Sequence[StoredEvent]]]
+) -> list[tuple[int, list[int]] | KeyError | SpoolEpochChanged]:
+    """`Store.append_events_many` in session's transaction (not committed here)."""
+    conn = session.connection()
+    nodes_t = schema.NodeRow.__table__
+    events_t = schema.HealthEventRow.__table__
+    node_ids = sorted({node_id for node_id, _events in batches})
+    # node → [spool epoch, acked seq, the acked seq as read]; the rows stay locked until the
+    # commit (PostgreSQL), so no other replica acts on the same position meanwhile. Sorted: two
+    # groups lock shared nodes in the same order and cannot deadlock.
+    positions: dict[str, list[int]] = {}
+    # Seqs stored ahead of the acked position (normally none: agents send in order).
+    ahead: dict[str, set[int]] = {}
+    for start in range(0, len(node_ids), 500):  # bounded IN lists
+        chunk = node_ids[start : start + 500]
+        locked = (
+            sa.select(nodes_t.c.node_id, nodes_t.c.spool_epoch, nodes_t.c.acked_seq)
+            .where(nodes_t.c.node_id.in_(chunk))
+            .order_by(nodes_t.c.node_id)
+            .with_for_update()
+        )
+        for row in conn.execute(locked):
+            acked = int(row.acked_seq or 0)
+            positions[row.node_id] = [int(row.spool_epoch or 0), acked, acked]
+            ahead[row.node_id] = set()
+        stored_ahead = (
+            sa.select(events_t.c.node_id, events_t.c.seq)
+            .join(
+                nodes_t,
+                sa.and_(
+                    nodes_t.c.node_id == events_t.c.node_id,
+                    events_t.c.spool_epoch == sa.func.coalesce(nodes_t.c.spool_epoch, 0),
+                    events_t.c.seq > sa.func.coalesce(nodes_t.c.acked_seq, 0),
+                ),
+            )
+            .where(nodes_t.c.node_id.in_(chunk))
+        )
+        for row in conn.execute(stored_ahead):
+            ahead[row.node_id].add(int(row.seq))
+    outcomes: list[tuple[int, list[int]] | KeyError | SpoolEpochChanged] = []
+    rows: list[dict[str, Any]] = []
+    for node_id, events in batches:
+        position = positions.get(node_id)
+        if position is None:
+            outcomes.append(KeyError(f"unknown node {node_id!r}"))
+            continue
+        epoch, acked, _read = position
+        stale = sorted({e.spool_epoch for e in events if e.spool_epoch is not None and e.spool_epoch != epoch})
+        if stale:
+            outcomes.append(
+                SpoolEpochChanged(
+                    f"node {node_id!r}: events of spool epoch {stale[0]}, but the node's spool is in epoch {epoch}"
+                )
+            )
+            continue
+        seen = ahead[node_id]
+        stored: list[int] = []
+        for e in sorted(events, key=lambda e: e.seq):
+            if e.seq <= acked or e.seq in seen:
+                continue
+            seen.add(e.seq)
+            stored.append(e.seq)
+            rows.append(
+                {
+                    "node_id": node_id,
+                    "spool_epoch": epoch,
+                    "seq": e.seq,
+                    "observed_unix_ns": e.observed_unix_ns,
+                    "received_unix_ns": e.received_unix_ns,
+                    "kind": e.kind,
+                    "severity": e.severity,
+                    "gpu_uuid": _text(e.gpu_uuid),
+                    "xid": e.xid,
+                    "message": _text(e.message),
+                    "source": _text(e.source),
+                    "attributes": _text_map(e.attributes),
+                }
+            )
+        while acked + 1 in seen:
+            acked += 1
+        position[1] = acked
+        outcomes.append((acked, stored))
+    if rows:
+        conn.execute(sa.insert(events_t), rows)
+    moved = [
+        {"moved_node_id": node_id, "moved_acked_seq": acked}
+        for node_id, (_epoch, acked, read) in positions.items()
+        if acked != read
+    ]
+    if moved:
+        conn.execute(
+            sa.update(nodes_t)
+            .where(nodes_t.c.node_id == sa.bindparam("moved_node_id"))
+            .values(acked_seq=sa.bindparam("moved_acked_seq")),
+            moved,
+        )
+    return outcomes
+
+
+def append_expected(session: Session, appends: Sequence[ExpectedAppend]) -> None:
+    """Store arriving events in session's transaction, exactly as the callers expect (`ExpectedAppend`).
+
+    Raises:
+        EventsNotAsExpected: some batch was not stored in full, or left its node elsewhere than
+            expected; the caller rolls the transaction back (nothing of it may commit: it holds a
+            decision taken on these events being new).
+    """
+    if not appends:
+        return
+    outcomes = append_events_in(session, [(a.node_id, a.events) for a in appends])
+    for append, outcome in zip(appends, outcomes, strict=True):
+        seqs = sorted(e.seq for e in append.events)
+        # Every one new is what the decision needs. The position may have moved further than
+        # expected (the node's later events, stored meanwhile by another call, now follow on):
+        # the ack then covers less than it could, never more than is stored.
+        if isinstance(outcome, Exception) or outcome[1] != seqs or outcome[0] < append.acked_seq:
+            found = f"{type(outcome).__name__}: {outcome}" if isinstance(outcome, Exception) else outcome
+            raise EventsNotAsExpected(
+                f"node {append.node_id!r}: expected seqs {seqs} stored, acked to {append.acked_seq} at least; "
+                f"got (acked seq, stored seqs) {found}"
+            )
 
 
 def _node_status(node: schema.NodeRow, gpus: Sequence[schema.GpuRow]) -> fleet.NodeStatus:
