@@ -91,6 +91,8 @@ import results
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
+from rasd.api.v1 import agent_service_pb2 as agent_pb
+from rasd.api.v1 import health_pb2 as health_pb
 from rasd.common import gc_policy
 from rasd.common import logging as rasd_logging
 from rasd.controller import ingest as ingest_mod
@@ -390,6 +392,9 @@ class Rig:
         Then freeze the start-up heap, as `rasd-controller` does once it has started (rasd.common.gc_policy).
         """
         await self.ingest.start()
+        # A tree before Session.acked_seq (remediation_ab.py --bench this) has none.
+        fields = {f.name for f in dataclasses.fields(ingest_mod.Session)}
+        position = {"acked_seq": 0} if "acked_seq" in fields else {}
         for node_hello in self.hellos:
             node_id = node_hello.node_id
             session = ingest_mod.Session(
@@ -399,7 +404,7 @@ class Rig:
                 outbound=asyncio.Queue(maxsize=self.ingest.settings.outbound_queue_size),
                 opened_unix_ns=time.time_ns(),
                 spool_epoch=0,  # what open_session leaves for a node's first Hello
-                acked_seq=0,
+                **position,
             )
             self.ingest.sessions[node_id] = session
             self._stream_writers.append(asyncio.create_task(self._write(session)))
@@ -453,12 +458,35 @@ class Rig:
         seq = self.seq.get(node_id, 0) + 1
         self.seq[node_id] = seq
         event = stored(arrival, seq, received_unix_ns)
-        if path == "ingest" and hasattr(self.ingest, "take_events"):
-            await self.ingest.take_events(self.ingest.sessions[node_id], [event], started=time.perf_counter())
+        if path == "ingest":
+            session = self.ingest.sessions[node_id]
+            if hasattr(self.ingest, "take_events"):
+                await self.ingest.take_events(session, [event], started=time.perf_counter())
+            else:
+                await _take_events_before(self.ingest, session, [event])
             return
         _acked, new = await self.ingest.store_events(node_id, [event])  # "store-then-decide"
         if new:
             await self.service.on_events(node_id, [event], self.ingest.node_labels[node_id])
+
+
+async def _take_events_before(ingest: ingest_mod.Ingest, session: ingest_mod.Session, events: list) -> None:
+    """`Ingest.on_events` after wire validation in a tree before `Ingest.take_events` (2026-12-03).
+
+    For `remediation_ab.py --bench this` against such a base: its own on_events, step by step
+    (store and hand over, count and log each event, queue the ack, wait for the decision).
+    """
+    acked_seq, decided = await asyncio.shield(asyncio.ensure_future(ingest._store_and_hand_over(session, events)))
+    for event in events:
+        kind = health_pb.EventKind.Name(event.kind)
+        ingest.metrics.health_events.labels(kind=kind).inc()
+        ingest_mod.log.info(
+            "health_event_received", node=session.node_id, seq=event.seq, kind=kind, gpu_uuid=event.gpu_uuid,
+            xid=event.xid, message=event.message[:200],
+        )  # fmt: skip
+    await session.outbound.put(agent_pb.ControllerMessage(ack=agent_pb.EventAck(acked_seq=acked_seq)))
+    if decided is not None:
+        await decided
 
 
 @dataclasses.dataclass

@@ -6,7 +6,9 @@ are serialized, and the asyncio loop that serves thousands of streams never bloc
 
 Event durability (DESIGN.md invariant 3): a batch of health events is written to the store, and
 only after the transaction commits is the ack queued to the agent. A resend is de-duplicated by
-(node, spool epoch, seq) in the same transaction.
+(node, spool epoch, seq) in the same transaction. Where this replica decides, a batch that is the
+next of its stream's spool is written in the transaction of the decision on it (`arrivals_hook`):
+one sync of the disk for both.
 """
 
 from __future__ import annotations

@@ -3,11 +3,13 @@
 Edges only; every decision is made by `rasd.controller.core` (classify → correlate → escalate →
 blast radius). This module owns the I/O around it:
 
-1. **Events**: after the ingest has durably stored a node's new health events, each is converted
-   to the core's `HealthEvent` and run through `escalation.handle_event`. Calls that arrive while
-   a pass runs are decided together in the next one (group commit, at most ``MAX_GROUP_EVENTS``
-   calls). The changed ladder states, correlation documents and incidents and the decisions'
-   actions (the outbox) are committed in one transaction before anything is sent.
+1. **Events**: a node's new health events, each converted to the core's `HealthEvent`, are run
+   through `escalation.handle_event`. Calls that arrive while a pass runs are decided together in
+   the next one (group commit, at most ``MAX_GROUP_EVENTS`` calls). The changed ladder states,
+   correlation documents and incidents and the decisions' actions (the outbox) are committed in one
+   transaction before anything is sent. Events that arrive in order from their stream
+   (`on_arrivals`) are stored in that transaction too, checked to be new there, and acked once it
+   is done; the others (`on_events`) were stored by the ingest first.
 2. **Dispatch**: undispatched actions go through `blast_radius.admit`; admitted ones are marked
    dispatched (durably) and then carried out: repairs and validations as id-keyed commands on the
    node's agent stream; quarantines, releases, RMA tickets, notifications and BMC power cycles by
