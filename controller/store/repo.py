@@ -692,8 +692,6 @@ def append_events_in(
 ) -> list[tuple[int, list[int]] | KeyError | SpoolEpochChanged]:
     """`Store.append_events_many` in session's transaction (not committed here)."""
     conn = session.connection()
-    nodes_t = schema.NodeRow.__table__
-    events_t = schema.HealthEventRow.__table__
     node_ids = sorted({node_id for node_id, _events in batches})
     # node → [spool epoch, acked seq, the acked seq as read]; the rows stay locked until the
     # commit (PostgreSQL), so no other replica acts on the same position meanwhile. Sorted: two
@@ -703,29 +701,11 @@ def append_events_in(
     ahead: dict[str, set[int]] = {}
     for start in range(0, len(node_ids), 500):  # bounded IN lists
         chunk = node_ids[start : start + 500]
-        locked = (
-            sa.select(nodes_t.c.node_id, nodes_t.c.spool_epoch, nodes_t.c.acked_seq)
-            .where(nodes_t.c.node_id.in_(chunk))
-            .order_by(nodes_t.c.node_id)
-            .with_for_update()
-        )
-        for row in conn.execute(locked):
+        for row in conn.execute(_LOCKED_POSITIONS, {"node_ids": chunk}):
             acked = int(row.acked_seq or 0)
             positions[row.node_id] = [int(row.spool_epoch or 0), acked, acked]
             ahead[row.node_id] = set()
-        stored_ahead = (
-            sa.select(events_t.c.node_id, events_t.c.seq)
-            .join(
-                nodes_t,
-                sa.and_(
-                    nodes_t.c.node_id == events_t.c.node_id,
-                    events_t.c.spool_epoch == sa.func.coalesce(nodes_t.c.spool_epoch, 0),
-                    events_t.c.seq > sa.func.coalesce(nodes_t.c.acked_seq, 0),
-                ),
-            )
-            .where(nodes_t.c.node_id.in_(chunk))
-        )
-        for row in conn.execute(stored_ahead):
+        for row in conn.execute(_STORED_AHEAD, {"node_ids": chunk}):
             ahead[row.node_id].add(int(row.seq))
     outcomes: list[tuple[int, list[int]] | KeyError | SpoolEpochChanged] = []
     rows: list[dict[str, Any]] = []
@@ -770,21 +750,52 @@ def append_events_in(
             acked += 1
         position[1] = acked
         outcomes.append((acked, stored))
-    if rows:
-        conn.execute(sa.insert(events_t), rows)
+    insert_many(conn, schema.HealthEventRow.__table__, rows)
     moved = [
         {"moved_node_id": node_id, "moved_acked_seq": acked}
         for node_id, (_epoch, acked, read) in positions.items()
         if acked != read
     ]
     if moved:
-        conn.execute(
-            sa.update(nodes_t)
-            .where(nodes_t.c.node_id == sa.bindparam("moved_node_id"))
-            .values(acked_seq=sa.bindparam("moved_acked_seq")),
-            moved,
-        )
+        dialect = conn.dialect
+        statement = _MOVE_POSITIONS.get((dialect.name, dialect.driver))
+        if statement is None:
+            statement = _MOVE_POSITIONS[(dialect.name, dialect.driver)] = Prepared(_MOVE_POSITION, dialect)
+        statement.executemany(conn, moved)
     return outcomes
+
+
+# Built once: building them per call cost more than running them (in the decision's transaction,
+# `append_expected`, they run in every commit of a burst).
+_NODES = schema.NodeRow.__table__
+_EVENTS = schema.HealthEventRow.__table__
+_LOCKED_POSITIONS = (
+    sa.select(_NODES.c.node_id, _NODES.c.spool_epoch, _NODES.c.acked_seq)
+    .where(_NODES.c.node_id.in_(sa.bindparam("node_ids", expanding=True)))
+    .order_by(_NODES.c.node_id)
+    .with_for_update()
+)
+"""The nodes' spool positions, locked until the commit (PostgreSQL)."""
+_STORED_AHEAD = (
+    sa.select(_EVENTS.c.node_id, _EVENTS.c.seq)
+    .join(
+        _NODES,
+        sa.and_(
+            _NODES.c.node_id == _EVENTS.c.node_id,
+            _EVENTS.c.spool_epoch == sa.func.coalesce(_NODES.c.spool_epoch, 0),
+            _EVENTS.c.seq > sa.func.coalesce(_NODES.c.acked_seq, 0),
+        ),
+    )
+    .where(_NODES.c.node_id.in_(sa.bindparam("node_ids", expanding=True)))
+)
+"""The nodes' events stored ahead of their acked positions."""
+_MOVE_POSITION = (
+    sa.update(_NODES)
+    .where(_NODES.c.node_id == sa.bindparam("moved_node_id"))
+    .values(acked_seq=sa.bindparam("moved_acked_seq"))
+)
+_MOVE_POSITIONS: dict[tuple[str, str], Prepared] = {}
+"""`_MOVE_POSITION` prepared, by (dialect, driver)."""
 
 
 def append_expected(session: Session, appends: Sequence[ExpectedAppend]) -> None:
