@@ -15,14 +15,15 @@ pass at a time), in this order on one database:
    the ladder's rows), then acked on its stream. The gRPC stream and wire validation are outside.
 2. **Paced run** well below capacity (default 10 events/s): the per-event latency without a queue.
 3. **Burst**: events arrive on a fixed schedule (default 2,000 events/s across 2,000 nodes for
-   5 s). Each arrival starts its own task and its own ``on_events`` call, as concurrent agent
-   streams do; calls that arrive while a pass runs wait and are decided together in the next pass
-   (group commit: one transaction per group of at most ``MAX_GROUP_EVENTS`` calls, which also
-   carries the dispatch of the waiting actions the pass before it left). An event's arrival time
-   is its scheduled time, so a service that falls behind
-   pays for the queue (no coordinated omission); what is still queued when the drain timeout ends
-   is cut off and counted as at least that old. ``--path`` picks how the paced run's and the
-   burst's events arrive (`PATHS`; default ``ingest``, rasd-controller's).
+   5 s). Each arrival starts its own task and its own call, as concurrent agent streams do, a
+   node's after its last one returned (its stream is read a message at a time); calls that
+   arrive while a pass runs wait and are decided together in the next pass (group commit: one
+   transaction per group of at most ``MAX_GROUP_EVENTS`` calls, which also carries the dispatch
+   of the waiting actions the pass before it left). An event's arrival time is its scheduled
+   time, so a service that falls behind pays for the queue (no coordinated omission); what is
+   still queued when the drain timeout ends is cut off and counted as at least that old.
+   ``--path`` picks how the paced run's and the burst's events arrive (`PATHS`; default
+   ``ingest``, rasd-controller's).
 
 ``decision latency`` is the service's own ``stats.decision_latency_s``: arrival → each command
 the event led to leaving the decision path (an agent command queued on its node's stream, after
@@ -987,7 +988,9 @@ def main(argv: list[str] | None = None) -> int:
             "Commits: `process` runs them in a `CommitProcess` (rasd-controller's "
             "default) while the next pass is decided; `thread` runs them on the store thread, one pass at "
             "a time. Outside: the gRPC stream and wire validation. Each scheduled event is its own task and its "
-            "own call (concurrent streams); calls that wait while a pass runs are decided together in "
+            "own call (concurrent streams), one message of a node at a time, as its stream is read (the next "
+            "once the last is decided: an event whose node's last one is still being decided waits for it); "
+            "calls that wait while a pass runs are decided together in "
             f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
             "escalation pass, one transaction). "
             "Every node has an open stream (an `ingest.Session` whose queue a task empties, serializing each "
