@@ -35,6 +35,8 @@ from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 
 SECTION = "## Store commit replay"
+BURST_NODES = 2000
+"""`bench/remediation.py`'s default fleet, which the recorded burst runs on."""
 
 
 def capture_burst() -> list[bytes]:
@@ -50,6 +52,7 @@ def capture_burst() -> list[bytes]:
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             argv = ["--backend", "postgresql", "--commit-writer", "thread", "--repeat", "1", "--no-write"]
+            argv += ["--nodes", str(BURST_NODES)]
             burst_bench.main([*argv, "--throughput-s", "0.2"])
     finally:
         rstore.RemediationStore.commit = commit  # type: ignore[method-assign]
@@ -63,6 +66,9 @@ def replay(recorded: list[bytes], *, pipelined: bool) -> dict[str, float]:
         with burst_bench.database("postgresql", "") as url:
             store = repo.Store.open(url)
             try:
+                # The burst's nodes, as its store had them: its commits store the events they decide.
+                now = time.time_ns()
+                store.register_hellos([(burst_bench.hello(i), now) for i in range(BURST_NODES)])
                 writer = rstore.RemediationStore(store.engine)
                 writer.warm_up()
                 changes = [pickle.loads(data) for data in recorded]

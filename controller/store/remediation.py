@@ -70,7 +70,7 @@ class Commit:
     validations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     audit: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     event_appends: list[repo.ExpectedAppend] = dataclasses.field(default_factory=list)
-    """Events that arrived with this decision, stored in its transaction (`repo.append_expected`): the
+    """Events that arrived with this decision, stored in its transaction (`repo.plan_expected`): the
     decision on them and the events themselves become durable in one sync of the disk. Stored other
     than expected, the whole transaction is refused (`repo.EventsNotAsExpected`)."""
 
@@ -175,10 +175,10 @@ class RemediationStore:
         command_updates = list(change.command_updates)
         # Core statements go to the connection: the ORM session's execute adds ~0.3 ms per statement.
         conn = session.connection()
-        # First: if they are not stored as expected, nothing else is worth writing (the decision
-        # took them for new), and the nodes' rows it locks are the ones a second replica storing
-        # the same node's events waits on (PostgreSQL).
-        repo.append_expected(session, change.event_appends)
+        # First: if they would not be stored as expected, nothing else is worth writing (the
+        # decision took them for new), and the nodes' rows it locks are the ones a second replica
+        # storing the same node's events waits on (PostgreSQL). Written with the other writes.
+        appends = repo.plan_expected(session, change.event_appends)
         # Every read the bulk writes depend on comes first, so that the writes can then be sent
         # without waiting for each one's answer (`repo.pipelined`). None of them reads a table
         # that a write before it in this transaction touches.
@@ -216,6 +216,7 @@ class RemediationStore:
                 fresh.append(record.command_id)
         new_quarantines = _new_quarantines(conn, change.quarantines, now)
         with repo.pipelined(conn):
+            repo.write_appends(conn, appends)
             repo.upsert_many(
                 session,
                 schema.RemediationStateRow,

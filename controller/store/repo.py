@@ -68,7 +68,7 @@ class ExpectedAppend:
     """A node's events that a caller expects `append_events` to store every one of, and where that leaves the node.
 
     The decision on events that have just arrived is written in the transaction that stores them
-    (`append_expected`): one sync of the disk for both instead of one each. It is decided before
+    (`plan_expected`, `write_appends`): one sync of the disk for both instead of one each. It is decided before
     that transaction can say which of them are new, so the caller states what it expects from
     what the stream told it (the node's acked position at Hello and since, the stream's spool
     epoch), and the transaction checks it: anything else (a resend, an event another stream stored
@@ -691,7 +691,35 @@ def append_events_in(
     session: Session, batches: Sequence[tuple[str, Sequence[StoredEvent]]]
 ) -> list[tuple[int, list[int]] | KeyError | SpoolEpochChanged]:
     """`Store.append_events_many` in session's transaction (not committed here)."""
-    conn = session.connection()
+    planned = _plan_appends(session.connection(), batches)
+    write_appends(session.connection(), planned)
+    return planned.outcomes
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedAppends:
+    """What storing batches of events writes, read and decided first (`_plan_appends`), and its outcomes."""
+
+    outcomes: list[tuple[int, list[int]] | KeyError | SpoolEpochChanged]
+    rows: list[dict[str, Any]]
+    """The `health_events` rows to insert."""
+    moved: list[dict[str, Any]]
+    """The nodes whose acked position moved (`_MOVE_POSITION`'s parameters)."""
+
+
+def write_appends(conn: sa.Connection, planned: PlannedAppends) -> None:
+    """Write what `_plan_appends` planned: writes only, so they can go in a pipeline (`pipelined`)."""
+    insert_many(conn, schema.HealthEventRow.__table__, planned.rows)
+    if planned.moved:
+        dialect = conn.dialect
+        statement = _MOVE_POSITIONS.get((dialect.name, dialect.driver))
+        if statement is None:
+            statement = _MOVE_POSITIONS[(dialect.name, dialect.driver)] = Prepared(_MOVE_POSITION, dialect)
+        statement.executemany(conn, planned.moved)
+
+
+def _plan_appends(conn: sa.Connection, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> PlannedAppends:
+    """Read the nodes' positions (locked until the commit) and decide what storing batches writes."""
     node_ids = sorted({node_id for node_id, _events in batches})
     # node → [spool epoch, acked seq, the acked seq as read]; the rows stay locked until the
     # commit (PostgreSQL), so no other replica acts on the same position meanwhile. Sorted: two
@@ -750,23 +778,16 @@ def append_events_in(
             acked += 1
         position[1] = acked
         outcomes.append((acked, stored))
-    insert_many(conn, schema.HealthEventRow.__table__, rows)
     moved = [
         {"moved_node_id": node_id, "moved_acked_seq": acked}
         for node_id, (_epoch, acked, read) in positions.items()
         if acked != read
     ]
-    if moved:
-        dialect = conn.dialect
-        statement = _MOVE_POSITIONS.get((dialect.name, dialect.driver))
-        if statement is None:
-            statement = _MOVE_POSITIONS[(dialect.name, dialect.driver)] = Prepared(_MOVE_POSITION, dialect)
-        statement.executemany(conn, moved)
-    return outcomes
+    return PlannedAppends(outcomes, rows, moved)
 
 
 # Built once: building them per call cost more than running them (in the decision's transaction,
-# `append_expected`, they run in every commit of a burst).
+# `plan_expected`, they run in every commit of a burst).
 _NODES = schema.NodeRow.__table__
 _EVENTS = schema.HealthEventRow.__table__
 _LOCKED_POSITIONS = (
@@ -798,18 +819,20 @@ _MOVE_POSITIONS: dict[tuple[str, str], Prepared] = {}
 """`_MOVE_POSITION` prepared, by (dialect, driver)."""
 
 
-def append_expected(session: Session, appends: Sequence[ExpectedAppend]) -> None:
-    """Store arriving events in session's transaction, exactly as the callers expect (`ExpectedAppend`).
+def plan_expected(session: Session, appends: Sequence[ExpectedAppend]) -> PlannedAppends:
+    """Plan storing arriving events in session's transaction, exactly as the callers expect (`ExpectedAppend`).
+
+    Reads only (the nodes' positions, locked until the commit); `write_appends` writes the plan.
 
     Raises:
-        EventsNotAsExpected: some batch was not stored in full, or left its node elsewhere than
-            expected; the caller rolls the transaction back (nothing of it may commit: it holds a
-            decision taken on these events being new).
+        EventsNotAsExpected: some batch would not be stored in full, or would leave its node elsewhere
+            than expected; the caller rolls the transaction back (nothing of it may commit: it holds
+            a decision taken on these events being new).
     """
     if not appends:
-        return
-    outcomes = append_events_in(session, [(a.node_id, a.events) for a in appends])
-    for append, outcome in zip(appends, outcomes, strict=True):
+        return PlannedAppends([], [], [])
+    planned = _plan_appends(session.connection(), [(a.node_id, a.events) for a in appends])
+    for append, outcome in zip(appends, planned.outcomes, strict=True):
         seqs = sorted(e.seq for e in append.events)
         # Every one new is what the decision needs. The position may have moved further than
         # expected (the node's later events, stored meanwhile by another call, now follow on):
@@ -820,6 +843,7 @@ def append_expected(session: Session, appends: Sequence[ExpectedAppend]) -> None
                 f"node {append.node_id!r}: expected seqs {seqs} stored, acked to {append.acked_seq} at least; "
                 f"got (acked seq, stored seqs) {found}"
             )
+    return planned
 
 
 def _node_status(node: schema.NodeRow, gpus: Sequence[schema.GpuRow]) -> fleet.NodeStatus:
