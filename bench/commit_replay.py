@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             f"Run: {started}; the {len(recorded):,} commits ({commands:,} new commands, {states:,} ladder states) "
             "of one `bench/remediation.py` PostgreSQL burst (2,000 nodes, 2,000 events/s for 5 s, commits on the "
             "store thread), "
-            "replayed in order into fresh schemas, with `repo.pipelined` on and off (alternating which goes first). "
+            "replayed in order into fresh schemas (its nodes registered first: the commits store their events), "
+            "with `repo.pipelined` on and off (alternating which goes first). "
             "Wall: all the commits; CPU: the client's; per commit: call to end of COMMIT. The server runs on the same "
             "2-core machine and its WAL flush is in every commit (the disk's fsync stalls show in max).",
             "",
