@@ -464,6 +464,16 @@ class Ingest:
             repo.SpoolEpochChanged: as `on_events`.
         """
         now = self._clock()
+        for event in events:  # as they arrive: before the decision on them is logged (`arrivals_hook`)
+            log.info(
+                "health_event_received",
+                node=session.node_id,
+                seq=event.seq,
+                kind=health_pb.EventKind.Name(event.kind),
+                gpu_uuid=event.gpu_uuid,
+                xid=event.xid,
+                message=event.message[:200],
+            )
         # Shielded: the stream may end (agent killed, a newer stream of the node) while the batch
         # commits. The commit lands anyway and a resend is then a duplicate, so the hand-over to
         # remediation must not depend on this caller still waiting: cancelled there, the events were
@@ -478,18 +488,6 @@ class Ingest:
             # this older stream still sent: nothing of it is stored or acked, and the stream ends.
             log.warning("events_of_a_left_spool", node=session.node_id, seqs=[e.seq for e in events], error=str(exc))
             raise
-        for event in events:
-            kind = health_pb.EventKind.Name(event.kind)
-            self.metrics.health_events.labels(kind=kind).inc()
-            log.info(
-                "health_event_received",
-                node=session.node_id,
-                seq=event.seq,
-                kind=kind,
-                gpu_uuid=event.gpu_uuid,
-                xid=event.xid,
-                message=event.message[:200],
-            )
         self._last_seen[session.node_id] = now
         if ack_queued_at is None:
             await session.outbound.put(_ack(acked_seq))
@@ -530,6 +528,7 @@ class Ingest:
                 how = "refused"
             else:
                 session.acked_seq = max(session.acked_seq or 0, append.acked_seq)
+                self._count_stored(events)
                 self.events_stored += len(events)
                 self.events_stored_with_decision += len(events)
                 self.metrics.event_batches_stored.labels(how="with_decision").inc()
@@ -543,6 +542,7 @@ class Ingest:
         self.events_stored += len(stored)
         new_seqs = set(stored)
         fresh = sorted({e.seq: e for e in events if e.seq in new_seqs}.values(), key=lambda e: e.seq)
+        self._count_stored(fresh)
         if not fresh or self.events_hook is None:
             return acked_seq, None, None
         decided = asyncio.ensure_future(
@@ -551,6 +551,11 @@ class Ingest:
         self._hook_tasks.add(decided)
         decided.add_done_callback(functools.partial(self._events_hook_done, session.node_id, [e.seq for e in fresh]))
         return acked_seq, decided, None
+
+    def _count_stored(self, events: Sequence[repo.StoredEvent]) -> None:
+        """``rasd_health_events``: events newly stored (a resend's duplicates are not), by kind."""
+        for event in events:
+            self.metrics.health_events.labels(kind=health_pb.EventKind.Name(event.kind)).inc()
 
     def _expected_append(self, session: Session, events: Sequence[repo.StoredEvent]) -> repo.ExpectedAppend | None:
         """What storing events must do if they are what an agent sending in order sends next; else None.

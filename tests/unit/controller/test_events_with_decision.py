@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 import sqlalchemy as sa
+import structlog
 from prometheus_client import CollectorRegistry
 from sqlalchemy import event as sa_event
 
@@ -275,3 +276,25 @@ def test_events_that_arrive_after_the_term_ended_are_stored_acked_and_decided_by
             await rig.stop()
 
     asyncio.run(run())
+
+
+def test_an_event_is_logged_as_received_before_the_decision_on_it_and_counted_once_stored(rig):
+    """The log reads in causal order (the event, then its decision), and a resend is not counted again."""
+
+    async def run() -> list[str]:
+        await rig.start()
+        try:
+            session = await rig.connect("node-1")
+            with structlog.testing.capture_logs() as logs:
+                await rig.ingest.on_events(session, _xids(1))
+                await rig.ingest.on_events(session, _xids(1))  # a resend
+            return [
+                entry["event"] for entry in logs if entry["event"] in ("health_event_received", "remediation_decided")
+            ]
+        finally:
+            await rig.stop()
+
+    order = asyncio.run(run())
+    assert order == ["health_event_received", "remediation_decided", "health_event_received"]
+    counted = rig.ingest.metrics.registry.get_sample_value("rasd_health_events_total", {"kind": "EVENT_KIND_XID"})
+    assert counted == 1.0
