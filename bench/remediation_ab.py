@@ -1,7 +1,8 @@
 """The remediation burst, this tree against an earlier commit, in alternating runs: is a change faster?
 
 Run: .venv/bin/python bench/remediation_ab.py --base REV [--rounds 4] [--backend sqlite]
-     [--commit-writer process] [--quarantine record] [--bench own|this] [--no-write]
+     [--commit-writer process] [--quarantine record] [--bench own|this] [--rate 2000]
+     [--duration-s 5] [--no-write]
 
 Why: on these shared 2-core machines the burst p99 of one tree moves by 2× within minutes (other
 tenants), so a figure from before a change and one from after it, taken an hour apart, say nothing.
@@ -12,20 +13,26 @@ How: the base commit is checked out into a temporary git worktree and imported i
 tree (``PYTHONPATH`` names a directory whose ``rasd`` links to it). The generated protobuf modules
 (``rasd.api``, build output that git ignores) come from this tree: the wire contract must be the
 same for both sides. Each run is `bench/remediation.py --repeat 1 --no-write --throughput-s 0.5`
-with the backend and commit writer given, from its own tree; the burst row's decision p50 and p99
-are read from its output. Both sides run with the same ``--quarantine`` adapter; a base whose bench
-has no such option (before 4ef3bc5) called no adapter, so then both sides run with
-``--quarantine none``. With ``--bench this`` both sides run this tree's bench (the base's code
-imported as above): for a base whose own bench cannot measure what this one does (an adapter).
-Results go to the "## Remediation A/B" section of bench/RESULTS.md (with the adapter named in the
-section's title when it is not ``record``).
+with the backend, commit writer, rate and duration given, from its own tree; the burst row's
+decision p50 and p99, the controller's CPU seconds, the event loop thread's busy seconds and the
+longest garbage-collector pause of the burst are read from its output. The CPU figures move less
+with the machine than p99 does: at a rate near what the machine sustains, p99 is mostly queueing,
+and a few per cent more or less work per event moves it by 2×; a lower ``--rate`` shows what a
+change does to the latency of a machine that keeps up. Both sides run with the same
+``--quarantine`` adapter; a base whose bench has no such option (before 4ef3bc5) called no
+adapter, so then both sides run with ``--quarantine none``. With ``--bench this`` both sides run
+this tree's bench (the base's code imported as above): for a base whose own bench cannot measure
+what this one does (an adapter). Results go to the "## Remediation A/B" section of
+bench/RESULTS.md (with the adapter named in the section's title when it is not ``record``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -39,8 +46,26 @@ HERE = pathlib.Path(__file__).resolve().parent
 TREE = HERE.parent
 
 
-def burst_figures(output: str) -> tuple[float, float]:
-    """(decision p50 ms, decision p99 ms) of the burst row in `bench/remediation.py`'s tables.
+@dataclasses.dataclass(frozen=True)
+class Burst:
+    """One run's burst, as `bench/remediation.py` printed it."""
+
+    p50_ms: float
+    p99_ms: float
+    cpu_s: float
+    """The controller process's CPU seconds (its writer process included)."""
+    loop_s: float | None
+    """The event loop thread's busy seconds (None: a bench that does not print them)."""
+    gc_longest_ms: float | None
+    """The longest collector pause (0: none; None: a bench that does not print them)."""
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def burst_figures(output: str) -> Burst:
+    """The burst row of `bench/remediation.py`'s tables and its notes line.
 
     Columns are found by their headers, so that a version that reorders them still reads right.
     """
@@ -50,14 +75,21 @@ def burst_figures(output: str) -> tuple[float, float]:
         if "decision p99 ms" in cells:
             header = cells
         elif header is not None and len(cells) == len(header) and cells[header.index("run")].startswith("burst"):
-            p50, p99 = cells[header.index("decision p50 ms")], cells[header.index("decision p99 ms")]
-            return float(p50.replace(",", "")), float(p99.replace(",", ""))
+            notes = next((n for n in output.splitlines() if n.startswith("- round") and ": burst " in n), "")
+            loop = re.search(r"thread was busy ([\d.,]+) s", notes)
+            pause = re.search(r"garbage collector: [^;]*?longest ([\d.,]+) ms", notes)
+            gc_longest = _number(pause.group(1)) if pause else (0.0 if "no pause in the burst" in notes else None)
+            return Burst(
+                p50_ms=_number(cells[header.index("decision p50 ms")]),
+                p99_ms=_number(cells[header.index("decision p99 ms")]),
+                cpu_s=_number(cells[header.index("CPU s (controller)")]),
+                loop_s=_number(loop.group(1)) if loop else None,
+                gc_longest_ms=gc_longest,
+            )
     raise ValueError(f"no burst row in bench/remediation.py's output:\n{output[-2000:]}")
 
 
-def run_burst(
-    tree: pathlib.Path, pythonpath: str | None, args: argparse.Namespace, extra: list[str]
-) -> tuple[float, float]:
+def run_burst(tree: pathlib.Path, pythonpath: str | None, args: argparse.Namespace, extra: list[str]) -> Burst:
     """One burst from tree's bench/remediation.py; pythonpath: where its `rasd` is imported from (None: this tree).
 
     extra: more arguments for that bench.
@@ -67,7 +99,8 @@ def run_burst(
         env["PYTHONPATH"] = pythonpath
     command = [
         sys.executable, str(tree / "bench" / "remediation.py"), "--repeat", "1", "--no-write",
-        "--throughput-s", "0.5", "--backend", args.backend, "--commit-writer", args.commit_writer, *extra,
+        "--throughput-s", "0.5", "--backend", args.backend, "--commit-writer", args.commit_writer,
+        "--rate", f"{args.rate:g}", "--duration-s", f"{args.duration_s:g}", *extra,
     ]  # fmt: skip
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if done.returncode not in (0, 1):  # 1: the goal missed, figures printed all the same
@@ -99,10 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         default="own",
         help="whose bench/remediation.py the base runs: its own, or this tree's (its code imported all the same)",
     )
+    parser.add_argument("--rate", type=float, default=2000.0, help="burst events/s, on both sides")
+    parser.add_argument("--duration-s", type=float, default=5.0, help="burst length, on both sides")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.rate <= 0 or args.duration_s <= 0:
+        parser.error(f"--rate and --duration-s must be positive, got {args.rate:g} and {args.duration_s:g}")
     if args.backend == "postgresql" and not os.environ.get("RASD_TEST_POSTGRES_URL"):
         parser.error("--backend postgresql needs RASD_TEST_POSTGRES_URL (.ci/postgres.sh starts one)")
     try:
@@ -115,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     dirty = " plus uncommitted changes" if changed else ""
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = results.machine()
-    pairs: list[tuple[tuple[float, float], tuple[float, float]]] = []
+    pairs: list[tuple[Burst, Burst]] = []
     with tempfile.TemporaryDirectory(prefix="rasd-ab-") as tmp:
         worktree = pathlib.Path(tmp) / "base"
         git("worktree", "add", "--detach", str(worktree), base)
@@ -134,18 +171,32 @@ def main(argv: list[str] | None = None) -> int:
                 after = run_burst(TREE, None, args, ["--quarantine", quarantine])
                 pairs.append((before, after))
                 print(
-                    f"round {round_}: base p50 {before[0]:g} p99 {before[1]:g} ms; "
-                    f"this tree p50 {after[0]:g} p99 {after[1]:g} ms",
+                    f"round {round_}: base p50 {before.p50_ms:g} p99 {before.p99_ms:g} ms CPU {before.cpu_s:g} s; "
+                    f"this tree p50 {after.p50_ms:g} p99 {after.p99_ms:g} ms CPU {after.cpu_s:g} s",
                     file=sys.stderr,
                 )
         finally:
             git("worktree", "remove", "--force", str(worktree))
-    ratios = [after[1] / before[1] for before, after in pairs]
+    ratios = [after.p99_ms / before.p99_ms for before, after in pairs]
+    cpu_ratios = [after.cpu_s / before.cpu_s for before, after in pairs]
+    loop_ratios = [a.loop_s / b.loop_s for b, a in pairs if a.loop_s and b.loop_s]
+
+    def optional(value: float | None, unit: str = "") -> str:
+        return "–" if value is None else f"{value:,.1f}{unit}"
+
     rows = [
-        f"| {i} | {b[0]:,.1f} | {b[1]:,.1f} | {a[0]:,.1f} | {a[1]:,.1f} | {a[1] / b[1]:.2f} |"
+        f"| {i} | {b.p50_ms:,.1f} | {b.p99_ms:,.1f} | {a.p50_ms:,.1f} | {a.p99_ms:,.1f} | {a.p99_ms / b.p99_ms:.2f} | "
+        f"{b.cpu_s:.1f} / {a.cpu_s:.1f} | {optional(b.loop_s)} / {optional(a.loop_s)} | "
+        f"{optional(b.gc_longest_ms)} / {optional(a.gc_longest_ms)} |"
         for i, (b, a) in enumerate(pairs, 1)
     ]
     faster = sum(1 for r in ratios if r < 1)
+    loop_line = (
+        f" Event loop busy ratio: median {statistics.median(loop_ratios):.2f}, range {min(loop_ratios):.2f} to "
+        f"{max(loop_ratios):.2f}."
+        if loop_ratios
+        else ""
+    )
     section = SECTION if quarantine == "record" else f"{SECTION}, quarantine adapter {quarantine}"
     text = "\n".join(
         [
@@ -156,14 +207,18 @@ def main(argv: list[str] | None = None) -> int:
             f"Run: {started}; base {base[:9]}, this tree {head[:9]}{dirty}; {args.backend}, commits in a "
             f"{args.commit_writer}; quarantine adapter: {quarantine}; each run is "
             f"{'this tree' if args.bench == 'this' else 'its own tree'}'s `bench/remediation.py` burst "
-            "(2,000 nodes, 2,000 events/s for 5 s) once, base first.",
+            f"(2,000 nodes, {args.rate:,.0f} events/s for {args.duration_s:g} s) once, base first. CPU: the "
+            "controller's in the burst (writer process included); loop: the event loop thread's busy seconds; "
+            "GC: the longest collector pause in the burst.",
             "",
-            "| round | base p50 ms | base p99 ms | this tree p50 ms | this tree p99 ms | p99 ratio |",
-            "|---:|---:|---:|---:|---:|---:|",
+            "| round | base p50 ms | base p99 ms | this tree p50 ms | this tree p99 ms | p99 ratio | "
+            "CPU s base / this | loop s base / this | GC longest ms base / this |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
             f"p99 ratio (this tree / base): median {statistics.median(ratios):.2f}, range {min(ratios):.2f} to "
-            f"{max(ratios):.2f}; this tree's p99 lower in {faster} of {len(ratios)} rounds.",
+            f"{max(ratios):.2f}; this tree's p99 lower in {faster} of {len(ratios)} rounds. CPU ratio: median "
+            f"{statistics.median(cpu_ratios):.2f}, range {min(cpu_ratios):.2f} to {max(cpu_ratios):.2f}.{loop_line}",
             "",
             "",  # a blank line before the section after it
         ]

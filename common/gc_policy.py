@@ -17,6 +17,12 @@ whatever the thresholds; only where its pauses land can be chosen.
   generations follow CPython's own rules (`due_generation`), in quiet moments too. Only a burst longer
   than the backstop's reach (~100,000 young objects: ~5 s at 2,000 events/s) meets an automatic
   collection, labelled ``threshold`` in ``rasd_gc_pause_seconds``.
+  Tried and not kept: young collections between passes once decisions had waited 0.5 s without a
+  quiet moment (a burst), so that the backstop's single pause would come as ten short ones.
+  `bench/remediation_ab.py --rate 1200 --duration-s 10`, 3 rounds against the tree without: pauses
+  of 9-15 ms each, p99 36-55 ms → 40-85 ms (higher in 2 of 3), CPU ratio 1.04; at that rate the
+  burst never reached the backstop, and the young objects a pause walks early are partly ones
+  reference counting would have freed before a later one.
 - `freeze_startup_heap()`: after start-up has loaded the durable state, one collection and then
   `gc.freeze()`: what start-up built (modules, compiled statements, the loaded state) moves to the
   permanent generation, which no later collection walks. Call it once, after loading.
