@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller.core import fleet
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class ControllerMetrics:
             ["kind"],
             registry=registry,
         )
+        self._health_events_by_kind: dict[int, Counter] = {}
         self.events_lost_by_store = Counter(
             "rasd_events_lost_by_store",
             "Events agents had had acked that the store no longer holds (it lost its last commits: a restore "
@@ -78,6 +80,8 @@ class ControllerMetrics:
             ["how"],
             registry=registry,
         )
+        self.event_batches_stored_with_decision = self.event_batches_stored.labels(how="with_decision")
+        """The child every batch of a storm counts under (looked up once: `events_stored` says why)."""
 
         self.incidents = Counter(
             "rasd_incidents",
@@ -156,6 +160,19 @@ class ControllerMetrics:
             ["outcome"],
             registry=registry,
         )
+
+    def events_stored(self, kinds: Iterable[int]) -> None:
+        """Count newly stored events under ``rasd_health_events`` by kind (EventKind values).
+
+        Each kind's labelled child is looked up once: `labels()` validates and locks at every call,
+        and this runs for every event of a storm, on the event loop.
+        """
+        children = self._health_events_by_kind
+        for kind in kinds:
+            child = children.get(kind)
+            if child is None:
+                child = children[kind] = self.health_events.labels(kind=health_pb.EventKind.Name(kind))
+            child.inc()
 
     def rejected(self, field: str) -> None:
         """Count a rejected message under its field with list indices stripped (bounded labels)."""

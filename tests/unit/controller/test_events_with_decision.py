@@ -9,6 +9,8 @@ stored the old way, so no event is lost, decided twice, or acked before it is du
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -278,10 +280,22 @@ def test_events_that_arrive_after_the_term_ended_are_stored_acked_and_decided_by
     asyncio.run(run())
 
 
-def test_an_event_is_logged_as_received_before_the_decision_on_it_and_counted_once_stored(rig):
-    """The log reads in causal order (the event, then its decision), and a resend is not counted again."""
+@pytest.fixture
+def debug_logs() -> Iterator[None]:
+    """Log at debug for the test (another test may have configured info, as rasd-controller does)."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
 
-    async def run() -> list[str]:
+
+def test_an_event_is_logged_as_received_before_the_decision_on_it_and_counted_once_stored(rig, debug_logs):
+    """The log reads in causal order (the event at debug, then its decision at info), and a resend is not
+    counted again."""
+
+    async def run() -> list[tuple[str, str]]:
         await rig.start()
         try:
             session = await rig.connect("node-1")
@@ -289,12 +303,18 @@ def test_an_event_is_logged_as_received_before_the_decision_on_it_and_counted_on
                 await rig.ingest.on_events(session, _xids(1))
                 await rig.ingest.on_events(session, _xids(1))  # a resend
             return [
-                entry["event"] for entry in logs if entry["event"] in ("health_event_received", "remediation_decided")
+                (entry["event"], entry["log_level"])
+                for entry in logs
+                if entry["event"] in ("health_event_received", "remediation_decided")
             ]
         finally:
             await rig.stop()
 
     order = asyncio.run(run())
-    assert order == ["health_event_received", "remediation_decided", "health_event_received"]
+    assert order == [
+        ("health_event_received", "debug"),
+        ("remediation_decided", "info"),
+        ("health_event_received", "debug"),
+    ]
     counted = rig.ingest.metrics.registry.get_sample_value("rasd_health_events_total", {"kind": "EVENT_KIND_XID"})
     assert counted == 1.0
