@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 
@@ -32,16 +31,8 @@ GOAL_P99_MS = 50.0
 
 
 def run_burst(rate: float, args: argparse.Namespace) -> remediation_ab.Burst:
-    """One burst of this tree's bench at rate (events/s)."""
-    command = [
-        sys.executable, str(remediation_ab.HERE / "remediation.py"), "--repeat", "1", "--no-write",
-        "--throughput-s", "0.5", "--backend", args.backend, "--commit-writer", args.commit_writer,
-        "--rate", f"{rate:g}", "--duration-s", f"{args.duration_s:g}",
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=remediation_ab.TREE, capture_output=True, text=True, check=False)
-    if done.returncode not in (0, 1):  # 1: the goal missed, figures printed all the same
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    return remediation_ab.burst_figures(done.stdout)
+    """One burst of this tree's bench at rate (events/s), as `remediation_ab` runs one."""
+    return remediation_ab.run_burst(remediation_ab.TREE, None, argparse.Namespace(**{**vars(args), "rate": rate}), [])
 
 
 def highest_rate_within_goal(by_rate: dict[float, list[remediation_ab.Burst]], goal_ms: float) -> float | None:
