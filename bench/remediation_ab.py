@@ -113,6 +113,14 @@ def git(*argv: str) -> str:
     return subprocess.run(["git", *argv], cwd=TREE, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def this_tree() -> str:
+    """This tree's commit, and whether files git tracks differ from it (what a results line names)."""
+    head = git("rev-parse", "--short=9", "HEAD")
+    # The results file is where a run writes: its own edits change nothing that is measured.
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/RESULTS.md")
+    return f"{head} plus uncommitted changes" if changed else head
+
+
 def main(argv: list[str] | None = None) -> int:
     """Alternate base and this tree for --rounds pairs; print the table and update bench/RESULTS.md."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -146,10 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         base = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
     except subprocess.CalledProcessError:
         parser.error(f"--base {args.base!r} is not a commit of this repository")
-    head = git("rev-parse", "HEAD")
-    # The results file is where this run writes: its own edits change nothing that is measured.
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/RESULTS.md")
-    dirty = " plus uncommitted changes" if changed else ""
+    tree = this_tree()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = results.machine()
     pairs: list[tuple[Burst, Burst]] = []
@@ -181,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     cpu_ratios = [after.cpu_s / before.cpu_s for before, after in pairs]
     loop_ratios = [a.loop_s / b.loop_s for b, a in pairs if a.loop_s and b.loop_s]
 
-    def optional(value: float | None, unit: str = "") -> str:
-        return "–" if value is None else f"{value:,.1f}{unit}"
+    def optional(value: float | None) -> str:
+        return "–" if value is None else f"{value:,.1f}"
 
     rows = [
         f"| {i} | {b.p50_ms:,.1f} | {b.p99_ms:,.1f} | {a.p50_ms:,.1f} | {a.p99_ms:,.1f} | {a.p99_ms / b.p99_ms:.2f} | "
@@ -204,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f"Command: `.venv/bin/python bench/remediation_ab.py {' '.join(sys.argv[1:] if argv is None else argv)}`  ",
             f"Machine: {header}  ",
-            f"Run: {started}; base {base[:9]}, this tree {head[:9]}{dirty}; {args.backend}, commits in a "
+            f"Run: {started}; base {base[:9]}, this tree {tree}; {args.backend}, commits in a "
             f"{args.commit_writer}; quarantine adapter: {quarantine}; each run is "
             f"{'this tree' if args.bench == 'this' else 'its own tree'}'s `bench/remediation.py` burst "
             f"(2,000 nodes, {args.rate:,.0f} events/s for {args.duration_s:g} s) once, base first. CPU: the "
