@@ -113,7 +113,7 @@ def telemetry(
     )
 
 
-# The controller refuses longer text (rasd.controller.validate_input); a refused event would block the
+# The controller refuses longer text (rasd.controller.rpc.validate_input); a refused event would block the
 # spool behind it, so the agent cuts to these bounds before sending. A test checks they agree.
 MAX_MESSAGE_CHARS = 4096
 MAX_SOURCE_CHARS = 32

@@ -18,7 +18,7 @@ and step), each with an unmanaged twin of the same seed evaluated over the same 
    `--load-change-s` the job stops on 2 nodes (a load change). Stranded power (the allocator's
    headroom held by uncapped GPUs while some are capped) is sampled every control period: steady
    state before the change, and how many periods after it until it is <= 5 % of the budget again
-   (watts a raise granted and the draw cannot show yet, `settling` in `rasd.controller.core.power`,
+   (watts a raise granted and the draw cannot show yet, `settling` in `rasd.controller.core.power.allocate`,
    are reported beside it, and the convergence counting them as stranded too).
 4. **job start**: the same job starts 15 s into the run on GPUs that idled until then, with the
    job-start cap ramp on (`job_start_ramp_enabled`): the controller parks the idle GPUs at their
@@ -30,7 +30,7 @@ and step), each with an unmanaged twin of the same seed evaluated over the same 
    (the ramp waits 1 s after the controller sees the start, so the jump's window holds no raise).
    The cap ramp shapes only the envelope: the step's own swing (all ranks in phase) rides under the
    rising cap. So the GPUs that start also get a power-smoothing profile at once (policy
-   `job_start_smoothing_enabled`, `rasd.controller.core.start_smoothing`): ramp-up and ramp-down
+   `job_start_smoothing_enabled`, `rasd.controller.core.power.start_smoothing`): ramp-up and ramp-down
    rate = their share of the limit, the firmware's lowest floor; 8 canary GPUs keep no profile so
    the detector sees the unmanaged swing through them, and once it has, the swing plan's profile
    replaces the start profiles. Reported: the 1 s aggregate ramp of the draw over the start, jump

@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python bench/power_allocator.py [--repeats N]`
 
-Times the real `rasd.controller.core.power.allocate` (and `power_apply.plan` on its output) on a
+Times the real `rasd.controller.core.power.allocate.allocate` (and `power_apply.plan` on its output) on a
 realistic fleet: 8 GPUs per node, 16 nodes per rack, 8 racks per row, budgets tight at every level,
 three priority classes, a mix of capped, donor and in-band GPUs, 1 % quarantined and 1 % marginal.
 Inputs are built once (columnar), outside the timed region; each repeat gets new draws so the
@@ -21,7 +21,10 @@ import time
 import numpy as np
 import results
 
-from rasd.controller.core import power, power_apply, power_policy, power_tree
+from rasd.controller.core.power import allocate as power
+from rasd.controller.core.power import apply as power_apply
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import tree as power_tree
 
 SIZES = (1_024, 4_096, 16_384)
 GPUS_PER_NODE = 8

@@ -8,7 +8,7 @@ Who is who, read from the peer's client certificate (verified by gRPC against th
   (organizationalUnitName) names the role, one of ``viewer``, ``operator``, ``admin``. A
   certificate with OU ``node`` is an agent and holds no operator role.
 * **principal name** (audit log): ``cert:<CN>`` for a certificate, ``token:<name>`` for a bearer
-  token (see ``rasd.controller.authn``).
+  token (see ``rasd.controller.rpc.authn``).
 
 Certificates reload without a restart:
 

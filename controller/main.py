@@ -13,9 +13,12 @@ from typing import Any
 
 from rasd.common import VERSION, gc_policy, net
 from rasd.common import logging as rasd_logging
-from rasd.controller import bmc, power_loop, quarantine, security, server
-from rasd.controller import leader as leader_mod
-from rasd.controller.core import policy
+from rasd.controller import server
+from rasd.controller.core.remediation import policy
+from rasd.controller.executors import bmc, quarantine
+from rasd.controller.power import loop as power_loop
+from rasd.controller.replication import leader as leader_mod
+from rasd.controller.rpc import security
 
 
 def build_parser() -> argparse.ArgumentParser:

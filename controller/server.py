@@ -22,12 +22,15 @@ from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.common import gc_policy, tls
-from rasd.controller import audit, authn, bmc, ingest, metrics, power_loop, quarantine, recording
-from rasd.controller import leader as leader_mod
-from rasd.controller import relay as relay_mod
-from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import policy as policy_mod
-from rasd.controller.rpc import admin_service, agent_service, authz, leader_gate, store_outage
+from rasd.controller.core.remediation import policy as policy_mod
+from rasd.controller.executors import bmc, quarantine
+from rasd.controller.ingest import service as ingest
+from rasd.controller.observability import audit, metrics, recording
+from rasd.controller.power import loop as power_loop
+from rasd.controller.remediation import service as remediation_mod
+from rasd.controller.replication import leader as leader_mod
+from rasd.controller.replication import relay as relay_mod
+from rasd.controller.rpc import admin_service, agent_service, authn, authz, leader_gate, store_outage
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
@@ -67,7 +70,7 @@ class ControllerSettings:
     """Extra plaintext address serving only grpc.health.v1 (kubelet probes cannot present a client
     certificate); None: health is served on `listen` only."""
     record_path: pathlib.Path | None = None
-    """Record inbound agent streams, sent commands and decisions to this file (controller/recording.py)."""
+    """Record inbound agent streams, sent commands and decisions to this file (observability/recording.py)."""
     leader: leader_mod.LeaderSettings = dataclasses.field(default_factory=leader_mod.LeaderSettings)
     """The `[leader]` table: election (lease on PostgreSQL), lease and renewal times, replica id."""
     power: Mapping[str, Any] | None = None

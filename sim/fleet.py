@@ -32,8 +32,9 @@ from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.cli import views
 from rasd.common import devcerts, tls
-from rasd.controller import authn, server
+from rasd.controller import server
 from rasd.controller.core import fleet
+from rasd.controller.rpc import authn
 from rasd.sim import netdelay, power_sim
 from rasd.sim import scenario as scenario_mod
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from rasd.common import VERSION, gc_policy
 from rasd.common import logging as rasd_logging
-from rasd.controller import recording
+from rasd.controller.observability import recording
 from rasd.sim import fleet, plots, replay, report, scenario
 
 

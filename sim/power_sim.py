@@ -43,8 +43,9 @@ import numpy as np
 from rasd.agent.gpu import step_job
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
-from rasd.controller import power_loop
-from rasd.controller.core import power_tree, swing
+from rasd.controller.core.power import swing
+from rasd.controller.core.power import tree as power_tree
+from rasd.controller.power import loop as power_loop
 from rasd.sim import scenario as scenario_mod
 
 SAMPLE_HZ = 10.0
@@ -456,7 +457,7 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
     - job_start_ramp_1s_w_per_s_*: largest |P(t + 1 s) - P(t)| of the aggregate draw (G3's measure);
       in a step-synchronous job it holds the step's own compute/communication swing under the
       rising cap as well as the start (which the start profiles' ramp rates hold, where the GPUs
-      have smoothing hardware: `rasd.controller.core.start_smoothing`);
+      have smoothing hardware: `rasd.controller.core.power.start_smoothing`);
     - job_start_ramp_1s_w_per_s_to_end_managed: the same from 1 s before the start to the end of the
       run (the hand-over to the swing plan, or the release of the start profiles, included);
     - job_start_smoothing_from_s / _until_s / _gpus: when GPUs first and last carried a start

@@ -1,6 +1,6 @@
 """Replay of a controller recording against a (changed) remediation policy, and the diff report.
 
-``rasd-sim --replay PATH [--policy FILE]`` feeds a recording (controller/recording.py) into a fresh
+``rasd-sim --replay PATH [--policy FILE]`` feeds a recording (controller/observability/recording.py) into a fresh
 controller: a new SQLite store in a scratch directory, the real `Ingest` and `RemediationService`,
 no gRPC and no executors, and a fake clock that the recorded arrival times drive, so every
 decision is a deterministic function of the recording and the policy. It then compares every
@@ -69,12 +69,13 @@ from prometheus_client import CollectorRegistry
 
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import recording_pb2 as recording_pb
-from rasd.controller import ingest as ingest_mod
-from rasd.controller import metrics, recording, wire
-from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import actions
-from rasd.controller.core import policy as policy_mod
+from rasd.controller.core.remediation import actions
+from rasd.controller.core.remediation import policy as policy_mod
+from rasd.controller.ingest import service as ingest_mod
+from rasd.controller.observability import metrics, recording
+from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import repo
+from rasd.controller.wire import agent as wire
 
 DEFAULT_TICK_INTERVAL_S = 2.0
 """The live remediation ticker's period (RemediationService's default)."""

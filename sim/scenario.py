@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from rasd.agent.gpu import simulated
-from rasd.controller.core import policy, power_policy
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.remediation import policy
 
 OPERATOR_ACTIONS = ("set_power_cap", "accuse_sdc")
 

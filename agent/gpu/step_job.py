@@ -20,7 +20,7 @@ The model, step k (all times in seconds, one vector entry per rank):
   the compute starts; after compute, the trough level max(comm, floor) reached at the ramp-down
   rate. A floor raises the trough: it costs energy, never time. The draw is continuous across a
   step boundary: a ramp-down too slow to reach the trough within the communication phase (a start
-  profile's rate, `rasd.controller.core.start_smoothing`) leaves the draw where it got to, and the
+  profile's rate, `rasd.controller.core.power.start_smoothing`) leaves the draw where it got to, and the
   next ramp-up starts from there, not from the trough (so the ramp-up loss counts only the rise
   from there);
 - before `start_after_s` and after `stop_after_s` the rank idles at `idle_w` (the job start and

@@ -11,10 +11,15 @@ import grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
-from rasd.controller import ingest, power_loop, wire
-from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import power_policy, power_tree, repair_queue
-from rasd.controller.rpc import authz, power_wire
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import tree as power_tree
+from rasd.controller.core.remediation import repair_queue
+from rasd.controller.ingest import service as ingest
+from rasd.controller.power import loop as power_loop
+from rasd.controller.remediation import service as remediation_mod
+from rasd.controller.rpc import authz
+from rasd.controller.wire import agent as wire
+from rasd.controller.wire import power as power_wire
 
 MAX_LIST_LIMIT = 10_000
 

@@ -1,6 +1,6 @@
 """AgentService servicer: one bidirectional stream per node, kept thin.
 
-Reads messages, checks each at the edge (``rasd.controller.validate_input``: fields, identity,
+Reads messages, checks each at the edge (``rasd.controller.rpc.validate_input``: fields, identity,
 pacing), hands it to the ingest service, and writes what the ingest queues for the node (Welcome,
 acks, commands). Status codes are documented on the RPC in agent_service.proto.
 
@@ -20,9 +20,11 @@ import structlog
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.controller import audit, ingest, recording, validate_input, wire
-from rasd.controller.rpc import authz, store_outage
+from rasd.controller.ingest import service as ingest
+from rasd.controller.observability import audit, recording
+from rasd.controller.rpc import authz, store_outage, validate_input
 from rasd.controller.store import repo
+from rasd.controller.wire import agent as wire
 
 log = structlog.get_logger("rasd.controller")
 

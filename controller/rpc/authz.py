@@ -38,7 +38,8 @@ import grpc
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
-from rasd.controller import audit, authn
+from rasd.controller.observability import audit
+from rasd.controller.rpc import authn
 
 log = structlog.get_logger("rasd.controller")
 

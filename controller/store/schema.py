@@ -126,7 +126,7 @@ class HealthEventRow(Base):
 
 
 class RemediationStateRow(Base):
-    """One node's repair-ladder state (rasd.controller.core.escalation.RemediationState.to_dict())."""
+    """One node's repair-ladder state (rasd.controller.core.remediation.escalation.RemediationState.to_dict())."""
 
     __tablename__ = "remediation_states"
 

@@ -22,7 +22,7 @@ from rasd.agent import node_ops, runtime, spool
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 from rasd.controller import server
-from rasd.controller.core import policy as policy_mod
+from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import schema
 

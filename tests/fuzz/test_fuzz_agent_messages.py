@@ -30,8 +30,9 @@ from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.common import devcerts, tls
-from rasd.controller import authn, server, validate_input, wire
-from rasd.controller.rpc import agent_service
+from rasd.controller import server
+from rasd.controller.rpc import agent_service, authn, validate_input
+from rasd.controller.wire import agent as wire
 
 pytestmark = pytest.mark.slow
 

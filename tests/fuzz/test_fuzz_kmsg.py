@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from rasd.agent import kmsg, sources
 from rasd.agent import wire as agent_wire
 from rasd.agent.core import model
-from rasd.controller import validate_input, wire
+from rasd.controller.rpc import validate_input
+from rasd.controller.wire import agent as wire
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "kmsg"
 REAL_LINES = sorted(

@@ -1,6 +1,6 @@
 """Invariant 2 through the real Agent runtime over gRPC on loopback: a command id acts once.
 
-The test controller does what controller/remediation.py `node_connected` does: on every new stream
+The test controller does what controller/remediation/service.py `node_connected` does: on every new stream
 of a node it resends that node's dispatched but unanswered commands with the same id.
 """
 

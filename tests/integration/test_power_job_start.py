@@ -8,7 +8,7 @@ them. Ground truth comes from the simulated GPUs against an unmanaged twin of th
 The first tests' job draws the same in compute and communication (a steady load), so that the 1 s
 aggregate ramp measures the start alone. With a step-synchronous swing the step's own swing under
 the rising cap would dominate that measure; on GPUs with smoothing hardware (B200-class) the
-start profiles hold it (`rasd.controller.core.start_smoothing`): the last tests run that job, and
+start profiles hold it (`rasd.controller.core.power.start_smoothing`): the last tests run that job, and
 a steady one whose start profiles are released when no swing shows up.
 
 Each ramping GPU's raise goes out with its share of the limit as a rate, and the agent slews the

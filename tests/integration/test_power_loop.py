@@ -21,8 +21,10 @@ from rasd.agent import runtime, spool
 from rasd.agent.gpu import simulated, step_job
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
-from rasd.controller import power_loop, server
-from rasd.controller.core import power_apply, start_smoothing, swing
+from rasd.controller import server
+from rasd.controller.core.power import apply as power_apply
+from rasd.controller.core.power import start_smoothing, swing
+from rasd.controller.power import loop as power_loop
 from rasd.controller.store import remediation as rstore
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fakes"))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rasd.controller import recording
+from rasd.controller.observability import recording
 from rasd.sim import main as sim_main
 from rasd.sim import replay
 

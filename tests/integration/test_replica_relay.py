@@ -20,7 +20,8 @@ from rasd.agent.gpu import simulated
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import commands_pb2 as commands_pb
-from rasd.controller import leader, server
+from rasd.controller import server
+from rasd.controller.replication import leader
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ import fleetlib
 import pytest
 
 from rasd.agent.gpu import simulated
-from rasd.controller.core import policy
+from rasd.controller.core.remediation import policy
 
 pytestmark = pytest.mark.slow
 

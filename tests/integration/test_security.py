@@ -31,7 +31,8 @@ from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.cli import main as rasctl
 from rasd.common import devcerts, tls, tokens
-from rasd.controller import authn, server
+from rasd.controller import server
+from rasd.controller.rpc import authn
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,10 @@ import asyncio
 
 import numpy as np
 
-from rasd.controller import ingest
-from rasd.controller.core import power_apply, power_policy, power_tree
+from rasd.controller.core.power import apply as power_apply
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import tree as power_tree
+from rasd.controller.ingest import service as ingest
 
 S = 1_000_000_000
 AHEAD_NS = 7200 * S

@@ -10,8 +10,8 @@ import pytest
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.common import devcerts, tokens
-from rasd.controller import authn, server
-from rasd.controller.rpc import authz
+from rasd.controller import server
+from rasd.controller.rpc import authn, authz
 
 Role = authn.Role
 

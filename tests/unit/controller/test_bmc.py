@@ -21,8 +21,8 @@ import urllib.request
 import bcrypt
 import pytest
 
-from rasd.controller import bmc
-from rasd.controller.core import actions
+from rasd.controller.core.remediation import actions
+from rasd.controller.executors import bmc
 
 PASSWORD = "s3cret-bmc-pw"
 SYSTEMS = {

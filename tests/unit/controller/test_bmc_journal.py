@@ -1,6 +1,6 @@
 """The stored BMC journal: what one replica journaled, every replica sees; a deposed one writes nothing.
 
-`rasd.controller.bmc` journals "about to power-cycle" per ticket before it asks the BMC, and never
+`rasd.controller.executors.bmc` journals "about to power-cycle" per ticket before it asks the BMC, and never
 cycles a ticket it finds in the journal. A standby that takes the lead must see the entries of the
 leader before it, not a copy of the journal from its own start (it cycled the node again).
 """

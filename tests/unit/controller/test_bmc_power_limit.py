@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from rasd.controller import bmc
+from rasd.controller.executors import bmc
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "fakes"))
 import redfish_stub

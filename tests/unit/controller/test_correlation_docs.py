@@ -6,8 +6,9 @@ import hypothesis
 from hypothesis import strategies as st
 
 from rasd.common import xid_catalog
-from rasd.controller import remediation
-from rasd.controller.core import correlate, health, policy
+from rasd.controller.core.remediation import correlate, policy
+from rasd.controller.core.remediation import events as health
+from rasd.controller.remediation import service as remediation
 
 
 def _event(node, gpu, xid, at, seq=1):
@@ -75,7 +76,7 @@ def test_stored_documents_keep_the_format_of_a_deep_asdict():
     """The shallow to_dict methods (a burst serialises thousands) write what dataclasses.asdict wrote."""
     import dataclasses
 
-    from rasd.controller.core import blast_radius, escalation
+    from rasd.controller.core.remediation import blast_radius, escalation
 
     one = _step(correlate.CorrelationState(), _event("n1", "GPU-a", 48, 100.0), 100.0)
     (incident,) = one.incidents["node:n1"]

@@ -20,10 +20,10 @@ from sqlalchemy import event as sa_event
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import health_pb2 as health_pb
-from rasd.controller import ingest as ingest_mod
-from rasd.controller import metrics
-from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import health
+from rasd.controller.core.remediation import events as health
+from rasd.controller.ingest import service as ingest_mod
+from rasd.controller.observability import metrics
+from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
 

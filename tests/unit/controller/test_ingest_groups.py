@@ -11,9 +11,9 @@ from sqlalchemy import event as sa_event
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import health_pb2 as health_pb
-from rasd.controller import ingest as ingest_mod
-from rasd.controller import metrics
 from rasd.controller.core import fleet
+from rasd.controller.ingest import service as ingest_mod
+from rasd.controller.observability import metrics
 from rasd.controller.store import repo
 
 

@@ -14,7 +14,8 @@ import prometheus_client
 import pytest
 import sqlalchemy as sa
 
-from rasd.controller import leader, main
+from rasd.controller import main
+from rasd.controller.replication import leader
 from rasd.controller.rpc import leader_gate
 from rasd.controller.store import lease as lease_store
 from rasd.controller.store import remediation as rstore

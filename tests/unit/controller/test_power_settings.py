@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rasd.controller import main, power_loop
+from rasd.controller import main
+from rasd.controller.power import loop as power_loop
 
 TREE = """
 [power.tree]

@@ -14,8 +14,8 @@ import textwrap
 import kubernetes.client
 import pytest
 
-from rasd.controller import quarantine
-from rasd.controller.core import actions
+from rasd.controller.core.remediation import actions
+from rasd.controller.executors import quarantine
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "fakes"))
 import kube_api
@@ -484,7 +484,7 @@ def test_open_quarantine_defaults_to_record_only():
 
 
 def test_the_kubernetes_client_keeps_a_connection_for_each_adapter_call_the_service_makes_at_once():
-    from rasd.controller import remediation
+    from rasd.controller.remediation import service as remediation
 
     adapter = quarantine.open_quarantine({"adapter": "kubernetes", "kubernetes": {"host": "http://127.0.0.1:9"}})
     try:

@@ -9,9 +9,9 @@ import pytest
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
-from rasd.controller import recording
-from rasd.controller.core import actions
-from rasd.controller.core import policy as policy_mod
+from rasd.controller.core.remediation import actions
+from rasd.controller.core.remediation import policy as policy_mod
+from rasd.controller.observability import recording
 
 
 class StepClock:

@@ -13,11 +13,13 @@ import time
 from prometheus_client import CollectorRegistry
 
 from rasd.api.v1 import commands_pb2 as commands_pb
-from rasd.controller import ingest as ingest_mod
-from rasd.controller import leader, metrics
-from rasd.controller import relay as relay_mod
-from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import fleet, health
+from rasd.controller.core import fleet
+from rasd.controller.core.remediation import events as health
+from rasd.controller.ingest import service as ingest_mod
+from rasd.controller.observability import metrics
+from rasd.controller.remediation import service as remediation_mod
+from rasd.controller.replication import leader
+from rasd.controller.replication import relay as relay_mod
 from rasd.controller.store import repo
 
 GPU = "GPU-00000000-0000-4000-8000-000000000001"

@@ -16,11 +16,13 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
-from rasd.controller import ingest as ingest_mod
-from rasd.controller import metrics, quarantine
-from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import fleet, health
-from rasd.controller.core import policy as policy_mod
+from rasd.controller.core import fleet
+from rasd.controller.core.remediation import events as health
+from rasd.controller.core.remediation import policy as policy_mod
+from rasd.controller.executors import quarantine
+from rasd.controller.ingest import service as ingest_mod
+from rasd.controller.observability import metrics
+from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer

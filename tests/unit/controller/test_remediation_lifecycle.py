@@ -15,10 +15,12 @@ from prometheus_client import CollectorRegistry
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
-from rasd.controller import ingest as ingest_mod
-from rasd.controller import metrics
-from rasd.controller import remediation as remediation_mod
-from rasd.controller.core import actions, fleet, health
+from rasd.controller.core import fleet
+from rasd.controller.core.remediation import actions
+from rasd.controller.core.remediation import events as health
+from rasd.controller.ingest import service as ingest_mod
+from rasd.controller.observability import metrics
+from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import lease as lease_store
 from rasd.controller.store import repo
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rasd.controller.core import fleet, health
+from rasd.controller.core import fleet
+from rasd.controller.core.remediation import events as health
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 

@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import orm
 
-from rasd.controller import leader as leader_mod
 from rasd.controller import server
 from rasd.controller.core import fleet
+from rasd.controller.replication import leader as leader_mod
 from rasd.controller.store import repo, schema
 
 GPU_A = "GPU-00000000-0000-4000-8000-00000000000a"

@@ -13,7 +13,8 @@ from rasd.agent import wire as agent_wire
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
-from rasd.controller import validate_input, wire
+from rasd.controller.rpc import validate_input
+from rasd.controller.wire import agent as wire
 
 GPU = "GPU-00000000-0000-4000-8000-000000000001"
 OTHER = "GPU-00000000-0000-4000-8000-000000000002"

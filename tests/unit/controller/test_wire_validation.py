@@ -6,7 +6,7 @@ import pytest
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import health_pb2 as health_pb
-from rasd.controller import wire
+from rasd.controller.wire import agent as wire
 
 GPU = "GPU-00000000-0000-4000-8000-00000000000a"
 

@@ -26,10 +26,11 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from rasd.agent import main as agent_main
-from rasd.controller import bmc, leader, quarantine
 from rasd.controller import main as controller_main
-from rasd.controller import metrics as controller_metrics
-from rasd.controller.core import policy
+from rasd.controller.core.remediation import policy
+from rasd.controller.executors import bmc, quarantine
+from rasd.controller.observability import metrics as controller_metrics
+from rasd.controller.replication import leader
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "rasd"
@@ -481,7 +482,7 @@ def test_service_and_service_monitor_expose_grpc_and_metrics(chart):
 
 
 def _documented_rbac_rules() -> list[dict[str, Any]]:
-    """The ClusterRole rules written in rasd.controller.quarantine's docstring."""
+    """The ClusterRole rules written in rasd.controller.executors.quarantine's docstring."""
     doc = quarantine.__doc__ or ""
     block = doc.split("RBAC the controller's ServiceAccount needs", 1)[1].split("::", 1)[1]
     lines = []

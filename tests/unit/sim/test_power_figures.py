@@ -7,7 +7,8 @@ import dataclasses
 import numpy as np
 
 from rasd.agent.gpu import step_job
-from rasd.controller.core import power_policy, swing
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import swing
 from rasd.sim import power_sim
 
 SHAPE = step_job.JobShape(period_s=1.0, compute_fraction=0.7, rank_jitter_s=(0.005, 0.02), anchor_unix_s=0.0)

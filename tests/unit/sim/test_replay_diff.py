@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rasd.controller.core import actions
-from rasd.controller.core import policy as policy_mod
+from rasd.controller.core.remediation import actions
+from rasd.controller.core.remediation import policy as policy_mod
 from rasd.sim import replay
 
 T0 = 1_700_000_000_000_000_000

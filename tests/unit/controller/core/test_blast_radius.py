@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rasd.common import xid_catalog
-from rasd.controller.core import actions, blast_radius, correlate, escalation, health, policy
+from rasd.controller.core.remediation import actions, blast_radius, correlate, escalation, policy
+from rasd.controller.core.remediation import events as health
 
 CATALOG = xid_catalog.load_catalog()
 T0 = 1_780_000_000.0

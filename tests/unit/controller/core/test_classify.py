@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rasd.common import xid_catalog
-from rasd.controller.core import classify, health, policy
+from rasd.controller.core.remediation import classify, policy
+from rasd.controller.core.remediation import events as health
 
 EventKind = health.EventKind
 Severity = health.Severity

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from rasd.common import xid_catalog
-from rasd.controller.core import correlate, health, policy
+from rasd.controller.core.remediation import correlate, policy
+from rasd.controller.core.remediation import events as health
 
 EventKind = health.EventKind
 Outcome = correlate.Outcome

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rasd.common import xid_catalog
-from rasd.controller.core import correlate, escalation, health, policy
+from rasd.controller.core.remediation import correlate, escalation, policy
+from rasd.controller.core.remediation import events as health
 
 CATALOG = xid_catalog.load_catalog()
 T0 = 1_780_000_000.0

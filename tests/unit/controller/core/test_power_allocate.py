@@ -5,7 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rasd.controller.core import power, power_policy, power_tree
+from rasd.controller.core.power import allocate as power
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import tree as power_tree
 
 POLICY = power_policy.PowerPolicy()
 

@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rasd.controller.core import power, power_apply, power_policy, power_tree
+from rasd.controller.core.power import allocate as power
+from rasd.controller.core.power import apply as power_apply
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import tree as power_tree
 
 POLICY = power_policy.PowerPolicy(command_ttl_s=5.0, clock_skew_margin_s=0.0)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from rasd.controller.core import power_policy
+from rasd.controller.core.power import policy as power_policy
 
 
 def test_defaults_are_valid_and_round_trip():

@@ -1,11 +1,12 @@
-"""The job-start cap ramp (`core.power_ramp`): parking, a ramp shared across GPUs, never above a target."""
+"""The job-start cap ramp (`core.power.ramp`): parking, a ramp shared across GPUs, never above a target."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rasd.controller.core import power_policy, power_ramp
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import ramp as power_ramp
 
 N = 4
 UUIDS = [f"GPU-{i}" for i in range(N)]

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from rasd.controller.core import power_tree
+from rasd.controller.core.power import tree as power_tree
 
 
 def small_tree_mapping() -> dict:

@@ -8,7 +8,7 @@ import uuid
 import hypothesis
 import pytest
 
-from rasd.controller.core import actions
+from rasd.controller.core.remediation import actions
 
 EXAMPLES = [
     actions.RestartProcess(ticket_id="t", step=0, node_id="n1", gpu_uuid="GPU-1", grace_s=5.0),

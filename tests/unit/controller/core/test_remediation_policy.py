@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from rasd.controller.core import policy
+from rasd.controller.core.remediation import policy
 
 
 def test_defaults_are_valid():

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from rasd.common import xid_catalog
-from rasd.controller.core import actions, correlate, escalation, health, policy
+from rasd.controller.core.remediation import actions, correlate, escalation, policy
+from rasd.controller.core.remediation import events as health
 
 EventKind = health.EventKind
 Outcome = escalation.Outcome

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rasd.controller.core import repair_queue
+from rasd.controller.core.remediation import repair_queue
 
 
 def _ticket(rma_id, node, gpu="", port="", opened=0):

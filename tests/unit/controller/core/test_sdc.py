@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from rasd.controller.core import actions, blast_radius, policy, sdc
+from rasd.controller.core.remediation import actions, blast_radius, policy, sdc
 
 Step = sdc.AccusationStep
 RULES = sdc.AccusationRules(confirm_runs=3, confirm_fails=2, retries=1)

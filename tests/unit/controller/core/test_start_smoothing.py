@@ -1,4 +1,4 @@
-"""Job-start smoothing (`core.start_smoothing`): a profile from the first moment, shared rates, hand-over, release."""
+"""Job-start smoothing (`core.power.start_smoothing`): a profile from the start, shared rates, hand-over, release."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rasd.controller.core import power_policy, start_smoothing
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import start_smoothing
 
 N = 32
 UUIDS = [f"GPU-{i:02d}" for i in range(N)]

@@ -5,7 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from rasd.controller.core import power, power_policy, power_tree, swing
+from rasd.controller.core.power import allocate as power
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import swing
+from rasd.controller.core.power import tree as power_tree
 
 POLICY = power_policy.PowerPolicy()
 FS = 10.0

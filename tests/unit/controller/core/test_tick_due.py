@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from rasd.controller.core import escalation, policy
+from rasd.controller.core.remediation import escalation, policy
 
 POLICY = policy.EscalationPolicy()
 T0 = 1_800_000_000.0

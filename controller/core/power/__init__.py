@@ -1,0 +1,1 @@
+"""rasd.controller.core.power: pure power decisions (tree, allocation, two-phase apply, ramp, swing)."""

@@ -1,0 +1,1 @@
+"""rasd.controller.executors: carry out effects outside the agent stream (quarantine, BMC)."""

@@ -1,0 +1,1 @@
+"""rasd.controller.ingest: agent sessions, telemetry and durable events of this replica."""

@@ -1,0 +1,1 @@
+"""rasd.controller.observability: metrics, the audit writer and stream recording."""

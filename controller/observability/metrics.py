@@ -1,0 +1,292 @@
+"""Prometheus metrics of the controller. The registry is injected; nothing uses the global one.
+
+Per-GPU gauges are computed at scrape time from the ingest's in-memory latest telemetry by a custom
+collector, so ingest pays nothing per sample for them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rasd.api.v1 import health_pb2 as health_pb
+from rasd.controller.core import fleet
+
+if TYPE_CHECKING:
+    from rasd.controller.power import loop as power_loop
+
+_INDEX_RE = re.compile(r"\[[^\]]*\]")
+
+
+class ControllerMetrics:
+    """Counters and gauges the ingest and RPC layers update."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        """Register every metric on registry."""
+        self.registry = registry
+        self.agent_streams = Gauge("rasd_agent_streams", "Agent streams open on this replica.", registry=registry)
+        self.agent_messages = Counter(
+            "rasd_agent_messages",
+            "Messages received from agents, by payload kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.power_samples = Counter("rasd_power_samples", "Power samples ingested from agents.", registry=registry)
+        self.health_events = Counter(
+            "rasd_health_events",
+            "Health events stored (duplicates excluded), by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self._health_events_by_kind: dict[int, Counter] = {}
+        self.events_lost_by_store = Counter(
+            "rasd_events_lost_by_store",
+            "Events agents had had acked that the store no longer holds (it lost its last commits: a restore "
+            "from backup, a failover to a standby behind the primary); the ack position moved past them.",
+            registry=registry,
+        )
+        self.wire_rejections = Counter(
+            "rasd_wire_rejections",
+            "Agent messages rejected as INVALID_ARGUMENT, by field (indices removed).",
+            ["field"],
+            registry=registry,
+        )
+        self.commands = Counter(
+            "rasd_commands", "Command results received from agents.", ["action", "outcome"], registry=registry
+        )
+        self.store_flush_seconds = Histogram(
+            "rasd_store_flush_seconds",
+            "Time to write the latest telemetry to the store.",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        self.event_persist_seconds = Histogram(
+            "rasd_event_persist_seconds",
+            "Time from receiving a health-event batch to its ack being queued.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=registry,
+        )
+        self.event_batches_stored = Counter(
+            "rasd_event_batches_stored",
+            "Health-event batches stored, by how: with_decision (in the transaction of the decision on "
+            "them); apart (in one of their own, then decided: their stream could not tell they were new, "
+            "a resend or a gap, or this replica does not decide); refused (apart, after the decision's "
+            "transaction found them not new or failed).",
+            ["how"],
+            registry=registry,
+        )
+        self.event_batches_stored_with_decision = self.event_batches_stored.labels(how="with_decision")
+        """The child every batch of a storm counts under (looked up once: `events_stored` says why)."""
+
+        self.incidents = Counter(
+            "rasd_incidents",
+            "New incidents, by cause (fault key) and component.",
+            ["cause", "component"],
+            registry=registry,
+        )
+        self.remediation_actions = Counter(
+            "rasd_remediation_actions",
+            "Remediation actions that finished, by kind (ladder rung or executor) and outcome.",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.time_to_detect_seconds = Histogram(
+            "rasd_time_to_detect_seconds",
+            "From the agent observing a health event to the controller storing it.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=registry,
+        )
+        self.time_to_first_action_seconds = Histogram(
+            "rasd_time_to_first_action_seconds",
+            "From a health event stored to the first command it caused leaving the controller (once per "
+            "event): an agent command put on its node's stream after its commit, or a quarantine, RMA or "
+            "notice handed to its adapter.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30),
+            registry=registry,
+        )
+        self.time_between_incidents_seconds = Histogram(
+            "rasd_time_between_incidents_seconds",
+            "From one incident opening on a node to the next one opening on the same node (each node's "
+            "intervals, fleet-wide): short intervals are nodes that fail again soon after a repair.",
+            buckets=(60, 300, 900, 3600, 21600, 86400, 259200, 604800, 2592000, 7776000),
+            registry=registry,
+        )
+        self.remediation_commit_seconds = Histogram(
+            "rasd_remediation_commit_seconds",
+            "Time the store took to make one remediation transaction durable (a decision pass, a dispatch "
+            "round, a result or an operator's action), on the store thread or in the commit writer process: "
+            "the database's share of rasd_time_to_first_action_seconds.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+            registry=registry,
+        )
+        self.gc_pause_seconds = Histogram(
+            "rasd_gc_pause_seconds",
+            "Pauses of the controller process for Python's cyclic garbage collector, by generation (0 young, "
+            "2 full) and trigger: quiet (run while no decision waited) or threshold (CPython's own, which can "
+            "stop a decision pass; also start-up's explicit one).",
+            ["generation", "trigger"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        self.time_to_repair_seconds = Histogram(
+            "rasd_time_to_repair_seconds",
+            "From a repair ticket opening to its parts returning to service after validation.",
+            buckets=(1, 10, 60, 300, 900, 1800, 3600, 7200, 21600, 86400),
+            registry=registry,
+        )
+        self.breaker_tripped = Gauge(
+            "rasd_breaker_tripped", "1 while the circuit breaker holds all automation.", registry=registry
+        )
+        self.automation_paused = Gauge(
+            "rasd_automation_paused", "1 while an operator has paused automation.", registry=registry
+        )
+        self.quarantined = Gauge(
+            "rasd_quarantined", "Active quarantines, by scope (node, gpu, port).", ["scope"], registry=registry
+        )
+        self.power_period_seconds = Histogram(
+            "rasd_power_period_seconds",
+            "Time one power control period took (allocate, plan, persist, send).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=registry,
+        )
+        self.power_bmc_limits = Counter(
+            "rasd_power_bmc_limits",
+            "Node power limits asked of a BMC for an unreachable node (the fallback), by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+
+    def events_stored(self, kinds: Iterable[int]) -> None:
+        """Count newly stored events under ``rasd_health_events`` by kind (EventKind values).
+
+        Each kind's labelled child is looked up once: `labels()` validates and locks at every call,
+        and this runs for every event of a storm, on the event loop.
+        """
+        children = self._health_events_by_kind
+        for kind in kinds:
+            child = children.get(kind)
+            if child is None:
+                child = children[kind] = self.health_events.labels(kind=health_pb.EventKind.Name(kind))
+            child.inc()
+
+    def rejected(self, field: str) -> None:
+        """Count a rejected message under its field with list indices stripped (bounded labels)."""
+        self.wire_rejections.labels(field=_INDEX_RE.sub("[]", field)).inc()
+
+
+class FleetCollector(Collector):
+    """Scrape-time gauges over the in-memory fleet view."""
+
+    def __init__(
+        self,
+        latest: Callable[[], Mapping[str, fleet.GpuLatest]],
+        gpu_nodes: Callable[[], Mapping[str, str]],
+        node_states: Callable[[], Mapping[str, fleet.ComponentState]],
+    ) -> None:
+        """Read latest telemetry, the GPU→node map and node states through callables."""
+        self._latest = latest
+        self._gpu_nodes = gpu_nodes
+        self._node_states = node_states
+
+    def collect(self) -> Iterable[Metric]:
+        """Yield per-GPU power gauges, the fleet total and nodes by state."""
+        power = GaugeMetricFamily("rasd_gpu_power_watts", "Latest GPU power draw.", labels=["node", "gpu"])
+        limit = GaugeMetricFamily("rasd_gpu_power_limit_watts", "Enforced GPU power limit.", labels=["node", "gpu"])
+        gpu_nodes = self._gpu_nodes()
+        total_w = 0.0
+        for uuid, latest in self._latest().items():
+            node = gpu_nodes.get(uuid, "")
+            if latest.power_w is not None:
+                power.add_metric([node, uuid], latest.power_w)
+                total_w += latest.power_w
+            if latest.enforced_power_limit_w is not None:
+                limit.add_metric([node, uuid], latest.enforced_power_limit_w)
+        yield power
+        yield limit
+        yield GaugeMetricFamily("rasd_fleet_power_watts", "Sum of the latest GPU power draws.", value=total_w)
+        nodes = GaugeMetricFamily("rasd_nodes", "Nodes known to this replica, by state.", labels=["state"])
+        counts: dict[str, int] = {state.name.lower(): 0 for state in fleet.ComponentState if state.value}
+        for state in self._node_states().values():
+            counts[state.name.lower()] = counts.get(state.name.lower(), 0) + 1
+        for state_name, count in counts.items():
+            nodes.add_metric([state_name], count)
+        yield nodes
+
+
+SMOOTHING_MODES = ("off", "firmware", "emulated")
+
+POWER_LEVELS = ("cluster", "row", "rack")
+"""Levels of the budget tree the power gauges cover; nodes are left out (thousands of series, and
+rasd_gpu_power_watts already has each GPU)."""
+
+
+class PowerCollector(Collector):
+    """Scrape-time gauges over the power loop's latest period (nothing is paid per period)."""
+
+    def __init__(self, status: Callable[[], power_loop.PowerStatus | None]) -> None:
+        """Read the latest `PowerStatus` through a callable (None: no power loop on this replica)."""
+        self._status = status
+
+    def collect(self) -> Iterable[Metric]:
+        """Yield budget, allocated, target and drawn watts per domain, swing, smoothing and apply gauges."""
+        status = self._status()
+        if status is None:
+            return
+        labels = ["domain", "level"]
+        budget = GaugeMetricFamily(
+            "rasd_power_budget_watts", "Power budget of a domain (domains with one).", labels=labels
+        )
+        allocated = GaugeMetricFamily(
+            "rasd_power_allocated_watts", "Sum of the caps that may be in force in a domain.", labels=labels
+        )
+        target = GaugeMetricFamily(
+            "rasd_power_target_watts", "Sum of this period's target caps in a domain.", labels=labels
+        )
+        drawn = GaugeMetricFamily("rasd_power_drawn_watts", "Sum of the latest GPU draws in a domain.", labels=labels)
+        pending = [status.root] if status.root is not None else []
+        while pending:
+            domain = pending.pop()
+            pending.extend(domain.children)
+            if domain.level not in POWER_LEVELS:
+                continue
+            key = [domain.name, domain.level]
+            if domain.budget_w is not None:
+                budget.add_metric(key, domain.budget_w)
+            allocated.add_metric(key, domain.allocated_w)
+            target.add_metric(key, domain.target_w)
+            drawn.add_metric(key, domain.drawn_w)
+        yield from (budget, allocated, target, drawn)
+        if status.swing is not None:
+            yield GaugeMetricFamily(
+                "rasd_power_swing_p2p_watts",
+                "Peak-to-peak swing of aggregate power over the last 10 s.",
+                value=status.swing.p2p_w,
+            )
+        mode = status.smoothing.mode if status.smoothing is not None and status.smoothing.active else "off"
+        smoothing = GaugeMetricFamily(
+            "rasd_power_smoothing_mode", "1 for the smoothing mode in force (off, firmware, emulated).", labels=["mode"]
+        )
+        for name in SMOOTHING_MODES:
+            smoothing.add_metric([name], 1.0 if name == mode else 0.0)
+        yield smoothing
+        yield GaugeMetricFamily(
+            "rasd_power_stranded_watts",
+            "Headroom held by uncapped GPUs while some GPU is capped (sloshing should move it).",
+            value=status.stranded_w,
+        )
+        yield GaugeMetricFamily(
+            "rasd_power_unconfirmed_decreases",
+            "GPUs whose cap decrease is not confirmed yet (counted at the old cap).",
+            value=status.unconfirmed_decreases,
+        )
+        yield GaugeMetricFamily(
+            "rasd_power_over_budget_domains",
+            "Domains whose caps that may be in force exceed the budget (only while a cut is enforced).",
+            value=len(status.over_budget),
+        )
+        yield GaugeMetricFamily("rasd_power_periods", "Power control periods run since start.", value=status.periods)

@@ -1,0 +1,1 @@
+"""rasd.controller.replication: several replicas, one leader (election and relay)."""

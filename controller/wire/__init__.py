@@ -1,0 +1,1 @@
+"""rasd.controller.wire: every protobuf <-> domain conversion of the controller."""
