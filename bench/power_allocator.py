@@ -96,7 +96,7 @@ def bench_size(n_gpus: int, repeats: int) -> dict[str, float]:
         power_apply.GpuLimits(u, tree.index.node_names[k], int(MIN_W), int(MAX_W))
         for u, k in zip(views.gpu_uuids, views.node_idx, strict=True)
     ]
-    state = power_apply.ApplyState.unknown(gpus, now=0.0, policy=policy, epoch="bench")
+    state = power_apply.ApplyState.unknown(gpus, now_s=0.0, policy=policy, epoch="bench")
     state = power_apply.record(
         state,
         readbacks=[power_apply.CapReadback(g.gpu_uuid, 0.75 * MAX_W, 10.0) for g in gpus],
@@ -110,7 +110,7 @@ def bench_size(n_gpus: int, repeats: int) -> dict[str, float]:
         t0 = time.perf_counter()
         alloc = power.allocate(tree, v, None, policy=policy, rng=rng)
         t1 = time.perf_counter()
-        power_apply.plan(state, alloc.caps_w, tree, now=20.0, policy=policy)
+        power_apply.plan(state, alloc.caps_w, tree, now_s=20.0, policy=policy)
         t2 = time.perf_counter()
         if i >= 3:  # warm-up
             alloc_ms.append((t1 - t0) * 1e3)

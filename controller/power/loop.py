@@ -354,7 +354,7 @@ class PowerLoop:
             log.info("power_state_restored", gpus=len(self.state.gpus), next_seq=self.state.next_seq)
         else:
             self.state = power_apply.ApplyState.unknown(
-                (), now=now, policy=self.policy, epoch=f"{int(now * 1000):x}{self._replica}"
+                (), now_s=now, policy=self.policy, epoch=f"{int(now * 1000):x}{self._replica}"
             )
         if docs.get(START_DOC):
             try:
@@ -513,7 +513,7 @@ class PowerLoop:
             # budget still holds, and the two-phase apply carries it like any decrease.
             targets = swing.apply_peak_cap(targets, self._smoothing.peak_cap_w, state.min_w)
         new_state, plan = power_apply.plan(
-            state, targets, self.tree, now=now, policy=policy, raise_rates_w_per_s=ramp.raise_rates_w_per_s
+            state, targets, self.tree, now_s=now, policy=policy, raise_rates_w_per_s=ramp.raise_rates_w_per_s
         )
         raised = power_apply.may_be_in_force_w(new_state) > power_apply.may_be_in_force_w(state)
         for i in np.flatnonzero(raised):
@@ -571,7 +571,7 @@ class PowerLoop:
         state = self.state
         assert state is not None
         if tuple(gpus) != state.gpus:
-            state = state.with_gpus(gpus, now=now, policy=self.policy)
+            state = state.with_gpus(gpus, now_s=now, policy=self.policy)
             self._targets = None
             mins: dict[str, float] = {}
             for g in gpus:
@@ -584,7 +584,7 @@ class PowerLoop:
             known = self._boot_ids.get(node_id)
             if known is not None and known != boot_id:
                 # NVML limits do not survive a reboot: the node's caps are unknown again.
-                state = power_apply.forget_node(state, node_id, now=now, policy=self.policy)
+                state = power_apply.forget_node(state, node_id, now_s=now, policy=self.policy)
                 self._smoothing_nodes.pop(node_id, None)
                 log.info("power_node_rebooted", node=node_id)
             self._boot_ids[node_id] = boot_id

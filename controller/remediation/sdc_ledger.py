@@ -91,7 +91,9 @@ class SdcLedger:
 
     def _doc(self, node_id: str, gpu_uuid: str, *, now: float, watch_until: float | None) -> dict[str, Any]:
         marks = self.marks.get((node_id, gpu_uuid), [])
-        record = sdc.gpu_record(marks, now=now, half_life_s=self.policy.suspicion_half_life_s, watch_until=watch_until)
+        record = sdc.gpu_record(
+            marks, now_s=now, half_life_s=self.policy.suspicion_half_life_s, watch_until=watch_until
+        )
         return {"node_id": node_id, "gpu_uuid": gpu_uuid, **record}
 
     def _add(self, node_id: str, gpu_uuid: str, mark: sdc.SdcMark) -> None:

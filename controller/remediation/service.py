@@ -550,7 +550,7 @@ class RemediationService:
         the agent answers a repeat from its journal.
         """
         awaited = escalation.awaited_until(
-            self.node_states.get(node_id), now=self._clock() / 1e9, policy=self.policy.escalation
+            self.node_states.get(node_id), now_s=self._clock() / 1e9, policy=self.policy.escalation
         )
         for action in [a for a in self._unanswered.values() if a.node_id == node_id]:
             until = awaited.get(action.command_id)
@@ -792,7 +792,9 @@ class RemediationService:
                 event = health_event(stored, nvlink_domain=labels.get("nvlink_domain", ""))
                 scopes.add(correlate.scope_of(event))
                 port_nodes.add(event.node_id)
-                result = escalation.handle_event(corr, state, event, now=now, catalog=self.catalog, policy=self.policy)
+                result = escalation.handle_event(
+                    corr, state, event, now_s=now, catalog=self.catalog, policy=self.policy
+                )
                 corr = result.correlation.state
                 state = result.decision.state
                 detect_s.append(max(0.0, (stored.received_unix_ns - stored.observed_unix_ns) / 1e9))
@@ -863,7 +865,7 @@ class RemediationService:
         now = done.change.now_unix_ns / 1e9
         for command_id in done.dispatched.keys() - fresh:
             for undoable in later:
-                undoable.budget_before = blast_radius.complete(undoable.budget_before, command_id, now=now)
+                undoable.budget_before = blast_radius.complete(undoable.budget_before, command_id, now_s=now)
         metrics = self.ingest.metrics
         self.stats.events += len(done.detect_s)
         self.stats.decisions += done.decisions
@@ -942,7 +944,7 @@ class RemediationService:
                 self.budget,
                 [*waiting, *candidates],
                 self._fleet_view(),
-                now=change.now_unix_ns / 1e9,
+                now_s=change.now_unix_ns / 1e9,
                 policy=self.policy.disruption,
             )
             if len(together.admitted) != len(waiting) + len(candidates) or together.deferred:
@@ -950,7 +952,7 @@ class RemediationService:
         now_ns = change.now_unix_ns
         now = now_ns / 1e9
         admission = blast_radius.admit(
-            self.budget, candidates, self._fleet_view(), now=now, policy=self.policy.disruption
+            self.budget, candidates, self._fleet_view(), now_s=now, policy=self.policy.disruption
         )
         proposed = {a.command_id for a in candidates}
         if not admission.admitted or any(a.command_id not in proposed for a in admission.admitted):
@@ -983,7 +985,7 @@ class RemediationService:
         now_ns = change.now_unix_ns
         state = states.get(action.node_id) or self.node_states.get(action.node_id)
         if state is not None:
-            states[action.node_id] = escalation.mark_dispatched(state, action.command_id, now=now_ns / 1e9)
+            states[action.node_id] = escalation.mark_dispatched(state, action.command_id, now_s=now_ns / 1e9)
         change.audit.append(
             _audit(
                 now_ns,
@@ -1215,7 +1217,7 @@ class RemediationService:
                 validation_verdict=result.validation_verdict,
                 failed_gpu_uuids=failed,
             ),
-            now=now_ns / 1e9,
+            now_s=now_ns / 1e9,
             policy=self.policy.escalation,
         )
         change.command_updates.append(
@@ -1278,7 +1280,7 @@ class RemediationService:
                     watch=dict(decision.state.sdc_watch),
                 )
             )
-        self.budget = blast_radius.complete(self.budget, result.command_id, now=now_ns / 1e9)
+        self.budget = blast_radius.complete(self.budget, result.command_id, now_s=now_ns / 1e9)
         self._close(decision, change, now_ns / 1e9, answered=result.command_id)
         self._forget_command(
             result.command_id, commands_pb.ActionOutcome.Name(result.outcome).removeprefix("ACTION_OUTCOME_").lower()
@@ -1407,7 +1409,7 @@ class RemediationService:
         state = self.node_states.get(node_id)
         if state is None or not state.tickets:
             return None
-        decision = escalation.tick(state, now=now, policy=self.policy.escalation)
+        decision = escalation.tick(state, now_s=now, policy=self.policy.escalation)
         return None if decision.state == state and not decision.actions else decision
 
     async def _expire_incidents(self) -> None:
@@ -1458,8 +1460,8 @@ class RemediationService:
                 1 for s in self.node_states.values() for t in s.tickets if t.purpose is escalation.Purpose.SWEEP
             )
             fleet_view = self._fleet_view()
-            free = blast_radius.free_node_slots(self.budget, fleet_view, now=now, policy=self.policy.disruption)
-            picks = sdc.plan_sweep(candidates, now=now, policy=pol, in_flight=in_flight, free_disruption_slots=free)
+            free = blast_radius.free_node_slots(self.budget, fleet_view, now_s=now, policy=self.policy.disruption)
+            picks = sdc.plan_sweep(candidates, now_s=now, policy=pol, in_flight=in_flight, free_disruption_slots=free)
             started = []
             for pick in picks:
                 state = self.node_states.get(pick.node_id) or escalation.RemediationState(pick.node_id)
@@ -1468,7 +1470,7 @@ class RemediationService:
                     sweep_id=pick.sweep_id,
                     suite=pick.suite,
                     seed=pick.seed,
-                    now=now,
+                    now_s=now,
                     policy=self.policy.escalation,
                 )
                 if not decision.actions:
@@ -1495,9 +1497,9 @@ class RemediationService:
         async with self._lock:
             now_ns = self._clock()
             if paused:
-                self.budget = blast_radius.pause(self.budget, now=now_ns / 1e9, reason=reason)
+                self.budget = blast_radius.pause(self.budget, now_s=now_ns / 1e9, reason=reason)
             else:
-                self.budget = blast_radius.resume(self.budget, now=now_ns / 1e9, policy=self.policy.disruption)
+                self.budget = blast_radius.resume(self.budget, now_s=now_ns / 1e9, policy=self.policy.disruption)
             change = rstore.Commit(now_unix_ns=now_ns)
             self._export_budget()
             budget = self._stage_budget(change)
@@ -1552,7 +1554,7 @@ class RemediationService:
             )
             if ticket is not None and state is not None:
                 decision = escalation.operator_release(
-                    state, ticket.ticket_id, now=now_ns / 1e9, policy=self.policy.escalation, force=force, hold=hold
+                    state, ticket.ticket_id, now_s=now_ns / 1e9, policy=self.policy.escalation, force=force, hold=hold
                 )
                 self._close(decision, change, now_ns / 1e9)
                 await self._commit(node_id, decision.state, list(decision.actions), change)
@@ -1667,7 +1669,7 @@ class RemediationService:
             attributes={"accuser": accuser},
         )
         state = self.node_states.get(node_id) or escalation.RemediationState(node_id)
-        watched = sdc.watched_until(dict(state.sdc_watch), gpu_uuid, now=now_ns / 1e9)
+        watched = sdc.watched_until(dict(state.sdc_watch), gpu_uuid, now_s=now_ns / 1e9)
         change = rstore.Commit(
             now_unix_ns=now_ns, audit=[_audit(now_ns, accuser, "accuse_sdc", node_id, gpu_uuid, reason, "accepted")]
         )
@@ -1718,7 +1720,7 @@ class RemediationService:
         there, and the decision made again closes it again.
         """
         for command_id in decision.closed_command_ids:
-            self.budget = blast_radius.complete(self.budget, command_id, now=now)
+            self.budget = blast_radius.complete(self.budget, command_id, now_s=now)
             if command_id in self._deferred:
                 change.command_updates.append((command_id, {"status": "cancelled"}))
             elif command_id != answered:
@@ -1890,7 +1892,7 @@ class RemediationService:
                     sent.append(action)
             else:
                 log.info("remediation_command_exists", node=action.node_id, command_id=action.command_id)
-                self.budget = blast_radius.complete(self.budget, action.command_id, now=now)
+                self.budget = blast_radius.complete(self.budget, action.command_id, now_s=now)
         sent.extend(a for a in leaving if a.command_id not in finished)
         return sent
 
@@ -1937,7 +1939,9 @@ class RemediationService:
         now = now_ns / 1e9
         budget_before, budget_stored_before = self.budget, self._budget_stored
         waiting = [a for a in self._deferred.values() if a.command_id not in closing]
-        admission = blast_radius.admit(self.budget, waiting, self._fleet_view(), now=now, policy=self.policy.disruption)
+        admission = blast_radius.admit(
+            self.budget, waiting, self._fleet_view(), now_s=now, policy=self.policy.disruption
+        )
         self.budget = admission.state
         self._export_budget()
         self.stats.max_disrupted_nodes = max(self.stats.max_disrupted_nodes, len(self.budget.disrupted_nodes()))

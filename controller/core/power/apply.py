@@ -201,7 +201,7 @@ class ApplyState:
 
     @classmethod
     def unknown(
-        cls, gpus: Sequence[GpuLimits], *, now: float, policy: power_policy.PowerPolicy, epoch: str
+        cls, gpus: Sequence[GpuLimits], *, now_s: float, policy: power_policy.PowerPolicy, epoch: str
     ) -> ApplyState:
         """A state that knows nothing: first start, or a restart that lost its persisted state.
 
@@ -211,7 +211,7 @@ class ApplyState:
 
         Args:
             gpus: The GPUs to manage.
-            now: Controller time, seconds.
+            now_s: Controller time, seconds.
             policy: For the command lifetime and clock skew margin.
             epoch: A prefix no earlier lineage used (e.g. the controller's start time and replica).
 
@@ -227,14 +227,14 @@ class ApplyState:
             confirmed_at_s=np.full(n, -np.inf),
             pending_w=np.array([g.max_w for g in gpus], dtype=np.float64),
             pending_seq=np.full(n, UNKNOWN_COMMAND, dtype=np.int64),
-            pending_issued_s=np.full(n, now, dtype=np.float64),
-            pending_deadline_s=np.full(n, now + policy.command_ttl_s, dtype=np.float64),
+            pending_issued_s=np.full(n, now_s, dtype=np.float64),
+            pending_deadline_s=np.full(n, now_s + policy.command_ttl_s, dtype=np.float64),
         )
 
-    def with_gpus(self, gpus: Sequence[GpuLimits], *, now: float, policy: power_policy.PowerPolicy) -> ApplyState:
+    def with_gpus(self, gpus: Sequence[GpuLimits], *, now_s: float, policy: power_policy.PowerPolicy) -> ApplyState:
         """Return a state for a new GPU inventory: known GPUs keep their state, new ones start unknown."""
         pos = self.position()
-        fresh = ApplyState.unknown(gpus, now=now, policy=policy, epoch=self.epoch)
+        fresh = ApplyState.unknown(gpus, now_s=now_s, policy=policy, epoch=self.epoch)
         take = [(i, pos[g.gpu_uuid]) for i, g in enumerate(gpus) if g.gpu_uuid in pos]
         arrays = {}
         for name in _COLUMNS:
@@ -296,7 +296,7 @@ class ApplyState:
         )
 
 
-def forget_node(state: ApplyState, node_id: str, *, now: float, policy: power_policy.PowerPolicy) -> ApplyState:
+def forget_node(state: ApplyState, node_id: str, *, now_s: float, policy: power_policy.PowerPolicy) -> ApplyState:
     """Treat one node's GPUs as unknown again, e.g. when its agent reconnects with a new boot id.
 
     NVML limits do not survive a reboot or driver reload, so whatever was confirmed before may no
@@ -307,11 +307,11 @@ def forget_node(state: ApplyState, node_id: str, *, now: float, policy: power_po
     on_node = np.array([g.node_id == node_id for g in state.gpus], dtype=bool)
     return state._replace(
         confirmed_w=np.where(on_node, np.nan, state.confirmed_w),
-        confirmed_at_s=np.where(on_node, now, state.confirmed_at_s),
+        confirmed_at_s=np.where(on_node, now_s, state.confirmed_at_s),
         pending_w=np.where(on_node, state.max_w, state.pending_w),
         pending_seq=np.where(on_node, UNKNOWN_COMMAND, state.pending_seq),
-        pending_issued_s=np.where(on_node, now, state.pending_issued_s),
-        pending_deadline_s=np.where(on_node, now + policy.command_ttl_s, state.pending_deadline_s),
+        pending_issued_s=np.where(on_node, now_s, state.pending_issued_s),
+        pending_deadline_s=np.where(on_node, now_s + policy.command_ttl_s, state.pending_deadline_s),
     )
 
 
@@ -420,7 +420,7 @@ def plan(
     targets_w: np.ndarray,
     tree: power_tree.PowerTree,
     *,
-    now: float,
+    now_s: float,
     policy: power_policy.PowerPolicy,
     raise_rates_w_per_s: np.ndarray | None = None,
 ) -> tuple[ApplyState, CapPlan]:
@@ -436,7 +436,7 @@ def plan(
         state: Current state (after `record` of everything received).
         targets_w: Target cap per GPU, aligned with `state.gpus` (e.g. `power.allocate(...).caps_w`).
         tree: The budget tree in force.
-        now: Controller time, seconds; commands get deadline now + `policy.command_ttl_s`.
+        now_s: Controller time, seconds; commands get deadline now + `policy.command_ttl_s`.
         policy: Command lifetime and hysteresis step.
         raise_rates_w_per_s: Per GPU, the rate an increase may land at (0: at once); decreases are
             always sent without one. None: every increase at once.
@@ -477,7 +477,7 @@ def plan(
     send = lower | raise_ok
     seqs = np.full(n, NO_COMMAND, dtype=np.int64)
     seqs[send] = state.next_seq + np.arange(int(send.sum()))
-    deadline = now + policy.command_ttl_s
+    deadline = now_s + policy.command_ttl_s
     # Plain Python lists: indexing numpy scalars one by one would dominate at 16k GPUs.
     sent = np.flatnonzero(send)
     prefix = state.command_id(0)[:-1]
@@ -507,7 +507,7 @@ def plan(
         next_seq=state.next_seq + int(send.sum()),
         pending_w=np.where(send, new_limit, state.pending_w),
         pending_seq=np.where(send, seqs, state.pending_seq),
-        pending_issued_s=np.where(send, now, state.pending_issued_s),
+        pending_issued_s=np.where(send, now_s, state.pending_issued_s),
         pending_deadline_s=np.where(send, deadline, state.pending_deadline_s),
     )
     decreases = tuple(c for c in commands if c.phase == 1)

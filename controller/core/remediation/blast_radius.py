@@ -284,16 +284,16 @@ def _cap(count_cap: int | None, pct: float | None, size: int) -> int:
     return min(caps) if caps else size
 
 
-def free_node_slots(state: BudgetState, fleet: FleetView, *, now: float, policy: policy.DisruptionPolicy) -> int:
+def free_node_slots(state: BudgetState, fleet: FleetView, *, now_s: float, policy: policy.DisruptionPolicy) -> int:
     """How many more nodes automation could take out of service now under the cluster cap. Pure.
 
     Zero while paused, tripped or cooling down. Per-domain caps are not counted here (``admit``
     still applies them); planners use this to leave the budget to repairs.
     """
-    cooling = state.cooldown_until is not None and now < state.cooldown_until
+    cooling = state.cooldown_until is not None and now_s < state.cooldown_until
     if state.paused or state.breaker_tripped_at is not None or cooling:
         return 0
-    in_flight = {f.node_id for f in state.in_flight if now - f.admitted_at < policy.in_flight_max_age_s}
+    in_flight = {f.node_id for f in state.in_flight if now_s - f.admitted_at < policy.in_flight_max_age_s}
     out = set(state.quarantined_nodes) | in_flight
     out |= state.emptied_for(fleet)
     cap = _cap(policy.max_disrupted_nodes, policy.max_disrupted_nodes_pct, fleet.total_nodes)
@@ -319,7 +319,7 @@ def admit(
     proposed: Sequence[actions.Action],
     fleet: FleetView,
     *,
-    now: float,
+    now_s: float,
     policy: policy.DisruptionPolicy,
 ) -> Admission:
     """Split proposed actions into those that may run now and those that must wait. Pure.
@@ -335,14 +335,14 @@ def admit(
         state: what the budget remembers.
         proposed: new actions plus everything still deferred, in order.
         fleet: nodes and their topology labels.
-        now: current time, Unix seconds.
+        now_s: current time, Unix seconds.
         policy: the disruption settings.
 
     Returns:
         ``Admission(admitted, deferred, state, reasons)``.
     """
     pol = policy
-    in_flight = [f for f in state.in_flight if now - f.admitted_at < pol.in_flight_max_age_s]
+    in_flight = [f for f in state.in_flight if now_s - f.admitted_at < pol.in_flight_max_age_s]
     quarantined = list(state.quarantined_nodes)
     gpus_out = state.quarantined_gpus  # copied on the first change of this call (most calls change nothing)
     gpus_copied = False
@@ -353,8 +353,8 @@ def admit(
         for a in proposed
         if (a.node_disruptive or a.kind in _BREAKER_GPU_KINDS) and not getattr(a, "planned", False)
     }
-    demand = _renewed_demand(state.demand, proposed_nodes, now=now, window_s=pol.breaker_window_s)
-    fresh = _fresh_demand(demand, now=now, window_s=pol.breaker_window_s, resumed_at=state.resumed_at)
+    demand = _renewed_demand(state.demand, proposed_nodes, now_s=now_s, window_s=pol.breaker_window_s)
+    fresh = _fresh_demand(demand, now_s=now_s, window_s=pol.breaker_window_s, resumed_at=state.resumed_at)
 
     total = fleet.total_nodes
     tripped_at = state.breaker_tripped_at
@@ -366,7 +366,7 @@ def admit(
     trip_reason = ""
     limit = pol.breaker_quarantine_pct * total / 100.0
     if tripped_at is None and fresh > limit and fresh >= pol.breaker_min_nodes:
-        tripped_at = now
+        tripped_at = now_s
         trips += 1
         breaker_reason = (
             f"{fresh} of {total} nodes needed quarantine within {pol.breaker_window_s:g}s "
@@ -379,7 +379,7 @@ def admit(
     cluster_cap = _cap(pol.max_disrupted_nodes, pol.max_disrupted_nodes_pct, total)
     blocked_tickets: set[str] = set()
     budget_waits = False
-    cooling = state.cooldown_until is not None and now < state.cooldown_until
+    cooling = state.cooldown_until is not None and now_s < state.cooldown_until
 
     def disrupted() -> set[str]:
         return set(quarantined) | {f.node_id for f in in_flight} | emptied
@@ -438,7 +438,7 @@ def admit(
                 if action.node_id not in quarantined:
                     quarantined.append(action.node_id)
             else:
-                in_flight.append(InFlight(action.command_id, action.node_id, action.kind, now))
+                in_flight.append(InFlight(action.command_id, action.node_id, action.kind, now_s))
             admitted.append(action)
             continue
         if isinstance(action, actions.Release) and not action.gpu_uuid and not action.ib_port:
@@ -453,7 +453,7 @@ def admit(
         storm_active = True
     elif storm_active:
         storm_active = False
-        cooldown_until = now + pol.storm_cooldown_s
+        cooldown_until = now_s + pol.storm_cooldown_s
     if trip_reason:
         admitted.append(
             actions.Notify(
@@ -486,7 +486,7 @@ def admit(
 
 
 def _renewed_demand(
-    demand: Mapping[str, float], proposed_nodes: set[str], *, now: float, window_s: float
+    demand: Mapping[str, float], proposed_nodes: set[str], *, now_s: float, window_s: float
 ) -> Mapping[str, float]:
     """demand without what left the window unproposed, with the newly proposed nodes at now; itself if the same.
 
@@ -495,7 +495,7 @@ def _renewed_demand(
     """
     expired = []
     for node, at in demand.items():
-        if now - at <= window_s:
+        if now_s - at <= window_s:
             break
         if node not in proposed_nodes:
             expired.append(node)
@@ -505,18 +505,18 @@ def _renewed_demand(
     renewed = dict(demand)
     for node in expired:
         del renewed[node]
-    in_order = not renewed or next(reversed(renewed.values())) <= now
-    renewed.update(dict.fromkeys(new, now))
+    in_order = not renewed or next(reversed(renewed.values())) <= now_s
+    renewed.update(dict.fromkeys(new, now_s))
     return renewed if in_order or not new else _oldest_first(renewed)  # a clock that went back: sort again
 
 
-def _fresh_demand(demand: Mapping[str, float], *, now: float, window_s: float, resumed_at: float | None) -> int:
+def _fresh_demand(demand: Mapping[str, float], *, now_s: float, window_s: float, resumed_at: float | None) -> int:
     """How many of demand's nodes count toward the breaker: proposed within the window and after the last resume.
 
     demand is oldest first, so they are its newest entries: a binary search finds the first.
     """
     times = list(demand.values())
-    first = bisect.bisect_left(times, True, key=lambda at: now - at <= window_s)
+    first = bisect.bisect_left(times, True, key=lambda at: now_s - at <= window_s)
     if resumed_at is not None:
         first = max(first, bisect.bisect_right(times, resumed_at))
     return len(times) - first
@@ -555,30 +555,30 @@ def _budget_refusal(
     return ""
 
 
-def complete(state: BudgetState, command_id: str, *, now: float) -> BudgetState:
+def complete(state: BudgetState, command_id: str, *, now_s: float) -> BudgetState:
     """A node-level command's result arrived: it no longer counts as in flight. Pure.
 
     Args:
         state: what the budget remembers.
         command_id: the finished command.
-        now: current time, Unix seconds (unused today; kept for a uniform signature).
+        now_s: current time, Unix seconds (unused today; kept for a uniform signature).
 
     Returns:
         The new state; state itself when command_id was not in flight.
     """
-    del now
+    del now_s
     if all(f.command_id != command_id for f in state.in_flight):
         return state  # not a node-level command (most are not): the same state, so callers can tell nothing changed
     return dataclasses.replace(state, in_flight=tuple(f for f in state.in_flight if f.command_id != command_id))
 
 
-def pause(state: BudgetState, *, now: float, reason: str) -> BudgetState:
+def pause(state: BudgetState, *, now_s: float, reason: str) -> BudgetState:
     """An operator pauses automation: only notifications and RMA paperwork pass until `resume`. Pure."""
-    del now
+    del now_s
     return dataclasses.replace(state, paused=True, pause_reason=reason)
 
 
-def resume(state: BudgetState, *, now: float, policy: policy.DisruptionPolicy) -> BudgetState:
+def resume(state: BudgetState, *, now_s: float, policy: policy.DisruptionPolicy) -> BudgetState:
     """An operator resumes automation: clears pause and breaker, starts a storm cooldown. Pure.
 
     Demand proposed before the resume never counts toward the breaker again (the operator has
@@ -591,7 +591,7 @@ def resume(state: BudgetState, *, now: float, policy: policy.DisruptionPolicy) -
         pause_reason="",
         breaker_tripped_at=None,
         breaker_reason="",
-        resumed_at=now,
+        resumed_at=now_s,
         storm_active=False,
-        cooldown_until=now + policy.storm_cooldown_s,
+        cooldown_until=now_s + policy.storm_cooldown_s,
     )

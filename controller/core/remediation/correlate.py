@@ -228,21 +228,21 @@ def _incident_id(event: health.HealthEvent, fault_key: str) -> str:
     return f"{event.node_id}/{event.gpu_uuid or '-'}/{fault_key}/{tail}"
 
 
-def _prune(incidents: tuple[Incident, ...], now: float, pol: policy.CorrelationPolicy) -> tuple[Incident, ...]:
+def _prune(incidents: tuple[Incident, ...], now_s: float, pol: policy.CorrelationPolicy) -> tuple[Incident, ...]:
     """The incidents still remembered at now (sticky: the sticky window; others: dedupe or secondary)."""
     plain_s = max(pol.dedupe_window_s, pol.secondary_window_s)  # once per call: this runs for every event
     sticky_s = pol.sticky_window_s
     for incident in incidents:
-        if now - incident.last_seen_at > (sticky_s if incident.sticky else plain_s):
+        if now_s - incident.last_seen_at > (sticky_s if incident.sticky else plain_s):
             break
     else:
         # Nothing expired, the common case: the same tuple, not a copy (the service writes a scope only
         # when its tuple changed), and no tuple built for every event of a burst.
         return incidents
-    return tuple(i for i in incidents if now - i.last_seen_at <= (sticky_s if i.sticky else plain_s))
+    return tuple(i for i in incidents if now_s - i.last_seen_at <= (sticky_s if i.sticky else plain_s))
 
 
-def expire(state: CorrelationState, now: float, policy: policy.RemediationPolicy) -> CorrelationState:
+def expire(state: CorrelationState, now_s: float, policy: policy.RemediationPolicy) -> CorrelationState:
     """The state at now with every scope's expired incidents forgotten (the same object when none expired).
 
     `correlate` prunes a scope only when an event arrives in it; the service calls this on its tick
@@ -252,7 +252,7 @@ def expire(state: CorrelationState, now: float, policy: policy.RemediationPolicy
     scoped = dict(state.incidents)
     changed = False
     for scope, incidents in state.incidents.items():
-        kept = _prune(incidents, now, corr_pol)
+        kept = _prune(incidents, now_s, corr_pol)
         if kept is not incidents:
             changed = True
             if kept:
@@ -263,13 +263,13 @@ def expire(state: CorrelationState, now: float, policy: policy.RemediationPolicy
 
 
 def _secondary_root(
-    event: health.HealthEvent, incidents: tuple[Incident, ...], now: float, pol: policy.CorrelationPolicy
+    event: health.HealthEvent, incidents: tuple[Incident, ...], now_s: float, pol: policy.CorrelationPolicy
 ) -> tuple[Incident, str] | None:
     """The open incident this event is a consequence of, with the rule's wording, or None."""
     xid = event.xid if event.kind is EventKind.XID else None
     if xid not in _SECONDARY_XIDS and event.kind not in _SECONDARY_KINDS:
         return None  # no rule below is about this event: most of a burst's events
-    recent = [i for i in reversed(incidents) if now - i.last_seen_at <= pol.secondary_window_s]
+    recent = [i for i in reversed(incidents) if now_s - i.last_seen_at <= pol.secondary_window_s]
     same_gpu = [i for i in recent if i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid]
     if xid == 45:
         for group in (same_gpu, [i for i in recent if i.node_id == event.node_id]):
@@ -303,7 +303,7 @@ def _secondary_root(
 
 
 def _count_port_changes(
-    state: CorrelationState, event: health.HealthEvent, now: float, window_s: float
+    state: CorrelationState, event: health.HealthEvent, now_s: float, window_s: float
 ) -> tuple[tuple[PortHistory, ...], int]:
     histories = state.ports.get(event.node_id, ())
     port = event.ib_port
@@ -311,15 +311,15 @@ def _count_port_changes(
     count = 0
     found = False
     for hist in histories:
-        times = tuple(t for t in hist.changed_at if now - t <= window_s)
+        times = tuple(t for t in hist.changed_at if now_s - t <= window_s)
         if hist.ib_port == port:
-            times = (*times, now)
+            times = (*times, now_s)
             count = len(times)
             found = True
         if times:
             kept.append(PortHistory(hist.node_id, hist.ib_port, times))
     if not found:
-        kept.append(PortHistory(event.node_id, port, (now,)))
+        kept.append(PortHistory(event.node_id, port, (now_s,)))
         count = 1
     return tuple(kept), count
 
@@ -328,7 +328,7 @@ def correlate(
     state: CorrelationState,
     event: health.HealthEvent,
     *,
-    now: float,
+    now_s: float,
     catalog: xid_catalog.XidCatalog,
     policy: policy.RemediationPolicy,
     nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
@@ -348,7 +348,7 @@ def correlate(
     Args:
         state: the open incidents and port histories.
         event: the new event (its ``nvlink_domain`` filled in by the service when known).
-        now: current time, Unix seconds (prunes expired incidents).
+        now_s: current time, Unix seconds (prunes expired incidents).
         catalog: NVIDIA's XID catalog.
         policy: all remediation settings (classification and correlation parts are used).
         nvlink5_rules: NVIDIA's Xid 144-150 decode sheet, passed on to ``classify``.
@@ -358,12 +358,12 @@ def correlate(
     """
     corr_pol = policy.correlation
     scope = scope_of(event)
-    incidents = _prune(state.incidents.get(scope, ()), now, corr_pol)
+    incidents = _prune(state.incidents.get(scope, ()), now_s, corr_pol)
     ports = state.ports
 
     changes = 0
     if event.kind is EventKind.IB_LINK_STATE:
-        node_ports, changes = _count_port_changes(state, event, now, policy.classification.ib_flap_window_s)
+        node_ports, changes = _count_port_changes(state, event, now_s, policy.classification.ib_flap_window_s)
         ports = {**state.ports, event.node_id: node_ports}
     cls = classify.classify(event, catalog=catalog, policy=policy.classification, ib_state_changes_in_window=changes)
 
@@ -385,7 +385,7 @@ def correlate(
             inc,
             # The incident keeps its identity (fault_key) and takes the stronger verdict.
             classification=dataclasses.replace(cls, fault_key=inc.fault_key),
-            last_seen_at=now,
+            last_seen_at=now_s,
             event_count=inc.event_count + 1,
             secondary_keys=(*inc.secondary_keys, cls.fault_key)[-_MAX_SECONDARY_KEYS:],
         )
@@ -407,7 +407,7 @@ def correlate(
                 not cls.fault_key.startswith("ib_flap") and inc.fault_key == "ib_flap"
             )
             if inc.node_id == event.node_id and same_key:
-                joined = dataclasses.replace(inc, last_seen_at=now, event_count=inc.event_count + 1)
+                joined = dataclasses.replace(inc, last_seen_at=now_s, event_count=inc.event_count + 1)
                 return answer(
                     replace(inc, joined),
                     Outcome.DUPLICATE,
@@ -421,10 +421,10 @@ def correlate(
         if i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid and i.fault_key == cls.fault_key
     ]
     for inc in reversed(same_target):
-        if now - inc.opened_at <= corr_pol.dedupe_window_s:
+        if now_s - inc.opened_at <= corr_pol.dedupe_window_s:
             if _stronger(cls, inc.classification):
                 return _upgrade(inc)
-            joined = dataclasses.replace(inc, last_seen_at=now, event_count=inc.event_count + 1)
+            joined = dataclasses.replace(inc, last_seen_at=now_s, event_count=inc.event_count + 1)
             return answer(
                 replace(inc, joined),
                 Outcome.DUPLICATE,
@@ -433,7 +433,7 @@ def correlate(
                 "part of the same burst",
             )
 
-    root = _secondary_root(event, incidents, now, corr_pol)
+    root = _secondary_root(event, incidents, now_s, corr_pol)
     if root is not None and _stronger(cls, root[0].classification) and root[0].gpu_uuid == event.gpu_uuid:
         return _upgrade(root[0])
     if root is not None:
@@ -456,7 +456,7 @@ def correlate(
     for inc in reversed(same_target):
         if inc.sticky:
             again = dataclasses.replace(
-                inc, last_seen_at=now, event_count=inc.event_count + 1, occurrences=inc.occurrences + 1
+                inc, last_seen_at=now_s, event_count=inc.event_count + 1, occurrences=inc.occurrences + 1
             )
             return answer(
                 replace(inc, again),
@@ -475,8 +475,8 @@ def correlate(
         node_id=event.node_id,
         gpu_uuid="" if cls.component is classify.Component.IB_PORT else event.gpu_uuid,
         classification=cls,
-        opened_at=now,
-        last_seen_at=now,
+        opened_at=now_s,
+        last_seen_at=now_s,
         xid=xid,
         nvlink_domain=event.nvlink_domain,
         ib_port=event.ib_port,

@@ -407,16 +407,16 @@ def required_rung(action: RecommendedAction) -> Rung | None:
 class _Work:
     """A mutable scratch copy of one node's state for the length of one pure call."""
 
-    def __init__(self, state: RemediationState, now: float, pol: policy.EscalationPolicy) -> None:
+    def __init__(self, state: RemediationState, now_s: float, pol: policy.EscalationPolicy) -> None:
         self.node_id = state.node_id
-        self.now = now
+        self.now_s = now_s
         self.pol = pol
         self.tickets: dict[str, Ticket] = {t.ticket_id: t for t in state.tickets}
-        self.attempts = [a for a in state.attempts if now - a.at <= pol.attempt_budget_window_s]
+        self.attempts = [a for a in state.attempts if now_s - a.at <= pol.attempt_budget_window_s]
         self.node_command_id = state.node_command_id
         self.node_command_at = state.node_command_at
-        self.sdc_watch = {gpu: until for gpu, until in state.sdc_watch if until > now}
-        self.closed = {tid: at for tid, at in state.closed_tickets if now - at <= pol.attempt_budget_window_s}
+        self.sdc_watch = {gpu: until for gpu, until in state.sdc_watch if until > now_s}
+        self.closed = {tid: at for tid, at in state.closed_tickets if now_s - at <= pol.attempt_budget_window_s}
         self.operator_holds = list(state.operator_holds)
         self.opened_before = frozenset(self.tickets)
         self.actions: list[actions.Action] = []
@@ -424,7 +424,7 @@ class _Work:
 
     def freeze(self) -> RemediationState:
         closed = dict(self.closed)
-        closed.update((tid, self.now) for tid in self.opened_before if tid not in self.tickets)
+        closed.update((tid, self.now_s) for tid in self.opened_before if tid not in self.tickets)
         return RemediationState(
             node_id=self.node_id,
             tickets=tuple(self.tickets.values()),
@@ -454,13 +454,13 @@ class _Work:
     # -- tickets ---------------------------------------------------------------------------------
 
     def update(self, ticket_id: str, **changes: Any) -> Ticket:
-        ticket = _evolve(self.tickets[ticket_id], updated_at=self.now, **changes)
+        ticket = _evolve(self.tickets[ticket_id], updated_at=self.now_s, **changes)
         self.tickets[ticket_id] = ticket
         return ticket
 
     def note(self, ticket_id: str, line: str) -> None:
         t = self.tickets[ticket_id]
-        history = (*t.history, f"{self.now:.0f} {line}")[-_MAX_HISTORY:]
+        history = (*t.history, f"{self.now_s:.0f} {line}")[-_MAX_HISTORY:]
         self.update(ticket_id, history=history, reason=line)
 
     def emit(self, ticket_id: str, cls: type[actions.Action], reason: str, **fields: Any) -> actions.Action:
@@ -599,14 +599,14 @@ def _start_rung(w: _Work, tid: str, rung: Rung, why: str) -> str:
         cls = actions.RebootNode if rung is Rung.REBOOT_NODE else actions.PowerCycleBmc
         cmd = w.emit(tid, cls, reason)
         w.node_command_id = cmd.command_id
-        w.node_command_at = w.now
-    w.attempts.append(Attempt(_target(gpu, rung), rung, w.now))
+        w.node_command_at = w.now_s
+    w.attempts.append(Attempt(_target(gpu, rung), rung, w.now_s))
     w.update(
         tid,
         state=TicketState.ACTING,
         rung=rung,
         waiting_rung=None,
-        pending=Pending(cmd.command_id, cmd.kind, w.now),
+        pending=Pending(cmd.command_id, cmd.kind, w.now_s),
         held=tuple(held),
         watch_until=None,
         validation_runs=0,
@@ -701,7 +701,7 @@ def _validate_rest_of_node(w: _Work, tid: str) -> None:
         exclude_gpu_uuids=exclude,
         seed=actions.seed_for(tid, t.step),
     )
-    w.update(tid, pending=Pending(run.command_id, run.kind, w.now), validation_runs=t.validation_runs + 1)
+    w.update(tid, pending=Pending(run.command_id, run.kind, w.now_s), validation_runs=t.validation_runs + 1)
 
 
 def _climb(w: _Work, tid: str, why: str, at_least: Rung | None = None) -> str:
@@ -733,7 +733,7 @@ def _start_validation(w: _Work, tid: str, suite: str, why: str) -> str:
     w.update(
         tid,
         state=TicketState.VALIDATING,
-        pending=Pending(run.command_id, run.kind, w.now),
+        pending=Pending(run.command_id, run.kind, w.now_s),
         validation_runs=t.validation_runs + 1,
     )
     w.note(tid, f"{why}: validating with suite {suite} before release")
@@ -812,7 +812,7 @@ def decide(
     state: RemediationState,
     incident: correlate.Incident,
     *,
-    now: float,
+    now_s: float,
     policy: policy.EscalationPolicy,
 ) -> Decision:
     """Advance the node's repair tickets for one new (or recurring) incident. Pure.
@@ -837,13 +837,13 @@ def decide(
     Args:
         state: the node's tickets and attempt ledger.
         incident: the incident from ``correlate`` (its classification says what is required).
-        now: current time, Unix seconds.
+        now_s: current time, Unix seconds.
         policy: the ladder settings.
 
     Returns:
         The decision: new state, actions (possibly none) and a one-sentence reason.
     """
-    w = _Work(state, now, policy)
+    w = _Work(state, now_s, policy)
     if incident.node_id != state.node_id:
         return w.decision(f"incident {incident.incident_id} belongs to {incident.node_id}, not {state.node_id}")
     cls = incident.classification
@@ -937,8 +937,8 @@ def _new_ticket(w: _Work, incident: correlate.Incident, required: Rung | None) -
         fault_key=cls.fault_key,
         purpose=purpose,
         state=TicketState.ACTING,
-        opened_at=w.now,
-        updated_at=w.now,
+        opened_at=w.now_s,
+        updated_at=w.now_s,
         floor=required,
         incident_ids=(incident.incident_id,),
         ib_port=incident.ib_port,
@@ -947,7 +947,7 @@ def _new_ticket(w: _Work, incident: correlate.Incident, required: Rung | None) -
     if required is not None:
         return _begin(w, tid, required, cls.reason)
     if purpose is Purpose.ACCUSATION:
-        until = sdc.watched_until(w.sdc_watch, incident.gpu_uuid, now=w.now)
+        until = sdc.watched_until(w.sdc_watch, incident.gpu_uuid, now_s=w.now_s)
         if until is not None:
             w.sdc_watch.pop(incident.gpu_uuid, None)
             return _open_rma(w, tid, f"{cls.reason}: a second accusation while watched (until {until:.0f})")
@@ -993,7 +993,7 @@ def handle_event(
     state: RemediationState,
     event: health.HealthEvent,
     *,
-    now: float,
+    now_s: float,
     catalog: xid_catalog.XidCatalog,
     policy: policy.RemediationPolicy,
     nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
@@ -1007,7 +1007,7 @@ def handle_event(
         correlation_state: open incidents (fleet-wide or for the event's NVLink domain).
         state: the event's node's tickets (``state.node_id == event.node_id``).
         event: the observation, with ``nvlink_domain`` filled in from inventory when known.
-        now: current time, Unix seconds.
+        now_s: current time, Unix seconds.
         catalog: NVIDIA's XID catalog.
         policy: all remediation settings.
         nvlink5_rules: NVIDIA's Xid 144-150 decode sheet (optional; see ``classify``).
@@ -1016,10 +1016,10 @@ def handle_event(
         The correlation (carrying the new correlation state) and the decision.
     """
     corr = correlate.correlate(
-        correlation_state, event, now=now, catalog=catalog, policy=policy, nvlink5_rules=nvlink5_rules
+        correlation_state, event, now_s=now_s, catalog=catalog, policy=policy, nvlink5_rules=nvlink5_rules
     )
     if corr.needs_decision and corr.incident is not None:
-        decision = decide(state, corr.incident, now=now, policy=policy.escalation)
+        decision = decide(state, corr.incident, now_s=now_s, policy=policy.escalation)
     else:
         decision = Decision(state, (), corr.reason)
     return EventDecision(corr, decision)
@@ -1029,7 +1029,7 @@ def on_result(
     state: RemediationState,
     result: ActionResult,
     *,
-    now: float,
+    now_s: float,
     policy: policy.EscalationPolicy,
 ) -> Decision:
     """Advance the ticket waiting for ``result.command_id``. Pure.
@@ -1046,13 +1046,13 @@ def on_result(
     Args:
         state: the node's tickets.
         result: the command's outcome (and verdict, for validations).
-        now: current time, Unix seconds.
+        now_s: current time, Unix seconds.
         policy: the ladder settings.
 
     Returns:
         The decision.
     """
-    w = _Work(state, now, policy)
+    w = _Work(state, now_s, policy)
     finished = result.outcome is not Outcome.UNSPECIFIED
     if finished and result.command_id and result.command_id == w.node_command_id:
         w.node_command_id = ""
@@ -1084,7 +1084,7 @@ def _apply_result(w: _Work, result: ActionResult) -> str:
         w.update(tid, pending=None)
         dry = " (dry run)" if result.outcome is Outcome.DRY_RUN else ""
         if t.rung is Rung.RESTART_PROCESS and not w.pol.validate_after_restart:
-            w.update(tid, state=TicketState.WATCHING, watch_until=w.now + w.pol.recurrence_window_s)
+            w.update(tid, state=TicketState.WATCHING, watch_until=w.now_s + w.pol.recurrence_window_s)
             window = w.pol.recurrence_window_s
             line = f"restart_process succeeded{dry}; the GPU was not touched, watching for {window:g}s"
             w.note(tid, line)
@@ -1135,7 +1135,7 @@ def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> 
                 severity="warning",
                 summary=f"{w.node_id}: golden or software drift; check the validation goldens",
             )
-        w.update(tid, state=TicketState.WATCHING, watch_until=w.now + w.pol.recurrence_window_s)
+        w.update(tid, state=TicketState.WATCHING, watch_until=w.now_s + w.pol.recurrence_window_s)
         line = f"{why}: released, watching for {w.pol.recurrence_window_s:g}s{stays}"
         w.note(tid, line)
         return line
@@ -1225,11 +1225,11 @@ def _accusation_step(w: _Work, tid: str, step: sdc.AccusationStep, what: str) ->
         )
         line = f"{what}: released{stays}"
     else:
-        until = w.now + w.pol.sdc_watch_s
+        until = w.now_s + w.pol.sdc_watch_s
         if t.gpu_uuid:
             w.sdc_watch[t.gpu_uuid] = until
         line = f"{what}: released, {target} watched until {until:.0f}{stays}"
-    w.update(tid, state=TicketState.WATCHING, watch_until=w.now + w.pol.recurrence_window_s)
+    w.update(tid, state=TicketState.WATCHING, watch_until=w.now_s + w.pol.recurrence_window_s)
     w.note(tid, line)
     return line
 
@@ -1269,7 +1269,7 @@ def _sweep_result(w: _Work, tid: str, result: ActionResult, verdict: str, detail
     w.update(tid, purpose=Purpose.ACCUSATION, sdc_verdicts=(word,))
     w.note(tid, f"{why}: treated as an SDC accusation")
     gpu = w.tickets[tid].gpu_uuid
-    until = sdc.watched_until(w.sdc_watch, gpu, now=w.now) if gpu else None
+    until = sdc.watched_until(w.sdc_watch, gpu, now_s=w.now_s) if gpu else None
     if until is not None:
         w.sdc_watch.pop(gpu, None)
         return _open_rma(w, tid, f"{why}: a second SDC signal while watched (until {until:.0f})")
@@ -1283,7 +1283,7 @@ def start_sweep(
     sweep_id: str,
     suite: str,
     seed: int,
-    now: float,
+    now_s: float,
     policy: policy.EscalationPolicy,
 ) -> Decision:
     """Start a rolling SDC sweep of an idle node: hold it (planned) and run ``suite``. Pure.
@@ -1293,7 +1293,7 @@ def start_sweep(
     RunValidation("quick", seed))``; a pass → ``(Release(node),)`` and the ticket closes; a fail on
     one GPU → that GPU quarantined, the node released, and the accusation ladder (2 of 3) runs.
     """
-    w = _Work(state, now, policy)
+    w = _Work(state, now_s, policy)
     if w.tickets or w.node_command_id:
         return w.decision(f"{state.node_id} has tickets or a command in flight: no sweep now")
     # A second sweep in the same seed epoch (sweeps more often than seeds rotate) gets its own id:
@@ -1306,33 +1306,33 @@ def start_sweep(
         fault_key=f"sdc_sweep:{suite}",
         purpose=Purpose.SWEEP,
         state=TicketState.VALIDATING,
-        opened_at=now,
-        updated_at=now,
+        opened_at=now_s,
+        updated_at=now_s,
     )
     reason = f"rolling SDC sweep of an idle node with suite {suite}"
     w.emit(tid, actions.QuarantineNode, reason, planned=True)
     run = w.emit(tid, actions.RunValidation, reason, suite=suite, seed=seed)
-    w.update(tid, held=("node",), pending=Pending(run.command_id, run.kind, now), validation_runs=1)
+    w.update(tid, held=("node",), pending=Pending(run.command_id, run.kind, now_s), validation_runs=1)
     w.note(tid, f"{reason} (seed {seed})")
     return w.decision(w.tickets[tid].reason)
 
 
-def mark_dispatched(state: RemediationState, command_id: str, *, now: float) -> RemediationState:
+def mark_dispatched(state: RemediationState, command_id: str, *, now_s: float) -> RemediationState:
     """Record that an executor sent ``command_id``; its timeout counts from ``now``. Pure.
 
     A command the disruption budget holds back is not dispatched, so it never times out.
     """
     tickets = tuple(
-        dataclasses.replace(t, pending=dataclasses.replace(t.pending, dispatched_at=now))
+        dataclasses.replace(t, pending=dataclasses.replace(t.pending, dispatched_at=now_s))
         if t.pending is not None and t.pending.command_id == command_id and t.pending.dispatched_at is None
         else t
         for t in state.tickets
     )
-    node_at = now if command_id and command_id == state.node_command_id else state.node_command_at
+    node_at = now_s if command_id and command_id == state.node_command_id else state.node_command_at
     return dataclasses.replace(state, tickets=tickets, node_command_at=node_at)
 
 
-def tick(state: RemediationState, *, now: float, policy: policy.EscalationPolicy) -> Decision:
+def tick(state: RemediationState, *, now_s: float, policy: policy.EscalationPolicy) -> Decision:
     """Time passes: time out commands, close finished watches, expire the budget ledger. Pure.
 
     Example: ticket ACTING reboot_node dispatched at t=0, ``reboot_node_timeout_s`` 1800; tick at
@@ -1340,30 +1340,30 @@ def tick(state: RemediationState, *, now: float, policy: policy.EscalationPolicy
 
     Args:
         state: the node's tickets.
-        now: current time, Unix seconds.
+        now_s: current time, Unix seconds.
         policy: the ladder settings.
 
     Returns:
         The decision (often no actions).
     """
-    w = _Work(state, now, policy)
+    w = _Work(state, now_s, policy)
     reasons: list[str] = []
     for t in list(w.tickets.values()):
         if t.ticket_id not in w.tickets:
             continue
         p = t.pending
-        if p is not None and _wait_ran_out(p, now, policy):
+        if p is not None and _wait_ran_out(p, now_s, policy):
             if p.command_id == w.node_command_id:
                 w.node_command_id = ""
                 w.node_command_at = None
             timeout = ActionResult(p.command_id, Outcome.TIMED_OUT, f"no result within {policy.timeout_s(p.kind):g}s")
             reasons.append(_apply_result(w, timeout))
-        elif t.state is TicketState.WATCHING and t.watch_until is not None and now >= t.watch_until:
+        elif t.state is TicketState.WATCHING and t.watch_until is not None and now_s >= t.watch_until:
             w.tickets.pop(t.ticket_id)
             reasons.append(f"ticket {t.ticket_id} closed: no recurrence within the watch window")
     since = w.node_command_at
     orphaned = bool(w.node_command_id) and w.node_owner() is None
-    if orphaned and _node_command_expired(since, now, policy):
+    if orphaned and _node_command_expired(since, now_s, policy):
         reasons.append(f"node command {w.node_command_id} is no longer awaited and expired")
         w.node_command_id = ""
         w.node_command_at = None
@@ -1416,7 +1416,7 @@ def tick_due_at(state: RemediationState, *, policy: policy.EscalationPolicy) -> 
     return due
 
 
-def awaited_until(state: RemediationState | None, *, now: float, policy: policy.EscalationPolicy) -> dict[str, float]:
+def awaited_until(state: RemediationState | None, *, now_s: float, policy: policy.EscalationPolicy) -> dict[str, float]:
     """The commands the node's ladder still waits for at now, each with when its wait runs out. Pure.
 
     Unix seconds, ``math.inf`` for one held back by the budget (its wait has not started). A
@@ -1434,11 +1434,11 @@ def awaited_until(state: RemediationState | None, *, now: float, policy: policy.
     # The same tests as `tick`'s, so that what is sent again is exactly what a tick now would keep.
     for t in state.tickets:
         p = t.pending
-        if p is not None and not _wait_ran_out(p, now, policy):
+        if p is not None and not _wait_ran_out(p, now_s, policy):
             until[p.command_id] = _wait_ends_at(p, policy)
     since = state.node_command_at
-    orphaned = bool(state.node_command_id) and _Work(state, now, policy).node_owner() is None
-    if orphaned and not _node_command_expired(since, now, policy):  # an orphaned reboot still runs its course
+    orphaned = bool(state.node_command_id) and _Work(state, now_s, policy).node_owner() is None
+    if orphaned and not _node_command_expired(since, now_s, policy):  # an orphaned reboot still runs its course
         until[state.node_command_id] = _node_command_ends_at(since, policy)
     return until
 
@@ -1453,14 +1453,14 @@ def _node_command_ends_at(since: float | None, policy: policy.EscalationPolicy) 
     return math.inf if since is None else since + policy.reboot_node_timeout_s
 
 
-def _wait_ran_out(pending: Pending, now: float, policy: policy.EscalationPolicy) -> bool:
+def _wait_ran_out(pending: Pending, now_s: float, policy: policy.EscalationPolicy) -> bool:
     """Whether a dispatched command's timeout has passed (one held back by the budget has not started waiting)."""
-    return pending.dispatched_at is not None and now - pending.dispatched_at >= policy.timeout_s(pending.kind)
+    return pending.dispatched_at is not None and now_s - pending.dispatched_at >= policy.timeout_s(pending.kind)
 
 
-def _node_command_expired(since: float | None, now: float, policy: policy.EscalationPolicy) -> bool:
+def _node_command_expired(since: float | None, now_s: float, policy: policy.EscalationPolicy) -> bool:
     """Whether a node command no ticket waits for any more has had its reboot's time to finish."""
-    return since is not None and now - since >= policy.reboot_node_timeout_s
+    return since is not None and now_s - since >= policy.reboot_node_timeout_s
 
 
 def operator_holds(state: RemediationState, hold: str, *, held: bool) -> RemediationState:
@@ -1478,7 +1478,7 @@ def operator_release(
     state: RemediationState,
     ticket_id: str,
     *,
-    now: float,
+    now_s: float,
     policy: policy.EscalationPolicy,
     force: bool = False,
     hold: str = "",
@@ -1496,7 +1496,7 @@ def operator_release(
     one, is lifted now, so that the ticket's release is the last. With ``force``, only that target
     is released (every hold when ""), and the ticket closes once it holds nothing else.
     """
-    w = _Work(state, now, policy)
+    w = _Work(state, now_s, policy)
     t = w.tickets.get(ticket_id)
     if t is None:
         return w.decision(f"no ticket {ticket_id} on {state.node_id}")
@@ -1524,12 +1524,12 @@ def operator_release(
     return w.decision(_start_validation(w, ticket_id, policy.post_repair_suite, "operator asked for release"))
 
 
-def operator_close(state: RemediationState, ticket_id: str, *, now: float) -> Decision:
+def operator_close(state: RemediationState, ticket_id: str, *, now_s: float) -> Decision:
     """An operator closes a ticket (e.g. the RMA was handled); its holds stay as they are. Pure."""
     tickets = tuple(t for t in state.tickets if t.ticket_id != ticket_id)
     if len(tickets) == len(state.tickets):
         return Decision(state, (), f"no ticket {ticket_id} on {state.node_id}")
-    closed = tuple(sorted({**dict(state.closed_tickets), ticket_id: now}.items()))
+    closed = tuple(sorted({**dict(state.closed_tickets), ticket_id: now_s}.items()))
     return Decision(
         dataclasses.replace(state, tickets=tickets, closed_tickets=closed), (), f"operator closed ticket {ticket_id}"
     )

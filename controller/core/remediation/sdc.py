@@ -126,10 +126,10 @@ def judge_accusation(verdicts: Sequence[str], rules: AccusationRules) -> tuple[A
     return AccusationStep.HOT_RETEST, f"one-off so far: {tally}; a longer hot retest decides"
 
 
-def watched_until(watch: Mapping[str, float], gpu_uuid: str, *, now: float) -> float | None:
+def watched_until(watch: Mapping[str, float], gpu_uuid: str, *, now_s: float) -> float | None:
     """When the GPU's post-clearing watch ends, or None when it is not watched now."""
     until = watch.get(gpu_uuid)
-    return until if until is not None and until > now else None
+    return until if until is not None and until > now_s else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ class SdcMark:
     at: float
 
 
-def suspicion_score(marks: Iterable[SdcMark], *, now: float, half_life_s: float) -> float:
+def suspicion_score(marks: Iterable[SdcMark], *, now_s: float, half_life_s: float) -> float:
     """A GPU's decayed SDC suspicion, ≥ 0, rounded to 3 places (weights in the module docstring). Pure.
 
     Example (half-life 30 days): an accusation and a failed run today → 4.0; the same 30 days
@@ -155,7 +155,7 @@ def suspicion_score(marks: Iterable[SdcMark], *, now: float, half_life_s: float)
         raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
     total = 0.0
     for mark in marks:
-        age_s = max(0.0, now - mark.at)
+        age_s = max(0.0, now_s - mark.at)
         total += _WEIGHTS.get(mark.kind, 0.0) * math.exp(-math.log(2) * age_s / half_life_s)
     return round(max(0.0, total), 3)
 
@@ -204,7 +204,7 @@ def sweep_seed(node_id: str, epoch: int) -> int:
 def plan_sweep(
     candidates: Sequence[SweepCandidate],
     *,
-    now: float,
+    now_s: float,
     policy: policy_mod.SdcPolicy,
     in_flight: int,
     free_disruption_slots: int,
@@ -216,7 +216,7 @@ def plan_sweep(
 
     Args:
         candidates: every node, idle or not, with when it was last swept.
-        now: current time, Unix seconds.
+        now_s: current time, Unix seconds.
         policy: the sweep settings.
         in_flight: sweeps running now.
         free_disruption_slots: nodes the disruption budget could still take out of service.
@@ -224,7 +224,7 @@ def plan_sweep(
     if not policy.sweep_enabled:
         return ()
     idle = [c for c in candidates if c.idle]
-    due = [c for c in idle if c.last_swept_at is None or now - c.last_swept_at >= policy.sweep_min_interval_s]
+    due = [c for c in idle if c.last_swept_at is None or now_s - c.last_swept_at >= policy.sweep_min_interval_s]
     if not due:
         return ()
     share = max(1, math.floor(policy.sweep_share_pct / 100.0 * len(idle)))
@@ -236,7 +236,7 @@ def plan_sweep(
     if room <= 0:
         return ()
     due.sort(key=lambda c: (-math.inf if c.last_swept_at is None else c.last_swept_at, c.node_id))
-    epoch = int(now // policy.seed_rotation_s)
+    epoch = int(now_s // policy.seed_rotation_s)
     return tuple(
         SweepPick(c.node_id, f"sweep/{c.node_id}/{epoch}", policy.sweep_suite, sweep_seed(c.node_id, epoch))
         for c in due[:room]
@@ -244,7 +244,7 @@ def plan_sweep(
 
 
 def gpu_record(
-    marks: Sequence[SdcMark], *, now: float, half_life_s: float, watch_until: float | None
+    marks: Sequence[SdcMark], *, now_s: float, half_life_s: float, watch_until: float | None
 ) -> dict[str, Any]:
     """The stored per-GPU SDC summary: counts, last verdict, watch and suspicion score."""
     verdicts = [m for m in marks if m.kind != "accusation"]
@@ -257,6 +257,6 @@ def gpu_record(
         "last_verdict": verdicts[-1].kind if verdicts else "",
         "last_at": max((m.at for m in marks), default=None),
         "watch_until": watch_until,
-        "suspicion": suspicion_score(marks, now=now, half_life_s=half_life_s),
+        "suspicion": suspicion_score(marks, now_s=now_s, half_life_s=half_life_s),
         "marks": [[m.kind, m.at] for m in marks],
     }

@@ -57,7 +57,7 @@ def test_a_read_back_from_before_a_raise_arrived_does_not_settle_it_with_the_age
         }
     )
     gpus = [power_apply.GpuLimits("GPU-a", "n1", 200, 700), power_apply.GpuLimits("GPU-b", "n1", 200, 700)]
-    state = power_apply.ApplyState.unknown(gpus, now=0.0, policy=POLICY, epoch="e1")
+    state = power_apply.ApplyState.unknown(gpus, now_s=0.0, policy=POLICY, epoch="e1")
     session = _session()
     session.note_stamp(7 * S + AHEAD_NS, 7 * S + 1_000_000)  # a heartbeat
 
@@ -68,13 +68,13 @@ def test_a_read_back_from_before_a_raise_arrived_does_not_settle_it_with_the_age
     state = power_apply.record(
         state, readbacks=[readback("GPU-a", 400, 7.0, 7.1), readback("GPU-b", 400, 7.0, 7.1)], policy=POLICY
     )
-    state, plan = power_apply.plan(state, np.array([600.0, 400.0]), tree, now=10.0, policy=POLICY)
+    state, plan = power_apply.plan(state, np.array([600.0, 400.0]), tree, now_s=10.0, policy=POLICY)
     assert [c.gpu_uuid for c in plan.increases] == ["GPU-a"]
     # Sampled at 9.9 s, before the raise reached the agent; read at the next period. Dated by the
     # agent's clock (7,209.9 s) it was "after the deadline" and settled the raise as expired.
     state = power_apply.record(state, readbacks=[readback("GPU-a", 400, 9.9, 10.0)], policy=POLICY)
     assert power_apply.may_be_in_force(state, "GPU-a") == 600  # still counted at the raise
-    state, plan = power_apply.plan(state, np.array([400.0, 600.0]), tree, now=10.3, policy=POLICY)
+    state, plan = power_apply.plan(state, np.array([400.0, 600.0]), tree, now_s=10.3, policy=POLICY)
     assert plan.increases == ()  # GPU-b gets no watts the rack does not have
     assert power_apply.may_be_in_force_w(state).sum() <= 1_000
 

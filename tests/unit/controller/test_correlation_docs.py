@@ -17,7 +17,7 @@ def _event(node, gpu, xid, at, seq=1):
 
 def _step(state, event, now):
     return correlate.correlate(
-        state, event, now=now, catalog=xid_catalog.load_catalog(), policy=policy.RemediationPolicy()
+        state, event, now_s=now, catalog=xid_catalog.load_catalog(), policy=policy.RemediationPolicy()
     ).state
 
 
@@ -87,7 +87,9 @@ def test_stored_documents_keep_the_format_of_a_deep_asdict():
     )
     assert incident.to_dict() == reference
 
-    state = escalation.decide(escalation.RemediationState("n1"), incident, now=100.0, policy=policy.EscalationPolicy())
+    state = escalation.decide(
+        escalation.RemediationState("n1"), incident, now_s=100.0, policy=policy.EscalationPolicy()
+    )
     (ticket,) = state.state.tickets
     assert ticket.pending is not None
     assert escalation.RemediationState.from_dict(state.state.to_dict()) == state.state
@@ -140,7 +142,7 @@ def test_the_events_scopes_and_nodes_name_everything_that_changed(events):
                 node_id=node, kind=health.EventKind.XID, observed_at=now, gpu_uuid=gpu, xid=what, seq=seq,
                 nvlink_domain=domain,
             )  # fmt: skip
-        after = correlate.correlate(state, event, now=now, catalog=catalog, policy=pol).state
+        after = correlate.correlate(state, event, now_s=now, catalog=catalog, policy=pol).state
         scopes, nodes = {correlate.scope_of(event)}, {event.node_id}
         docs, changed = remediation.correlation_changes(state, after)
         hinted_docs, hinted_changed = remediation.correlation_changes(state, after, scopes=scopes, port_nodes=nodes)

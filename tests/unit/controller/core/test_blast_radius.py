@@ -61,7 +61,7 @@ def test_the_cluster_cap_is_the_smaller_of_count_and_percentage():
     )
     proposed = [a for i in range(10) for a in node_pair(f"n{i:03d}")]
     _admitted, deferred, state, reasons = blast_radius.admit(
-        blast_radius.BudgetState(), proposed, view, now=T0, policy=pol
+        blast_radius.BudgetState(), proposed, view, now_s=T0, policy=pol
     )
     assert len(state.disrupted_nodes()) == 3
     assert len(deferred) == 14 and len(reasons) == 14
@@ -72,7 +72,7 @@ def test_per_rack_cap_keeps_a_tickets_actions_together():
     view = fleet()
     proposed = [a for i in range(5) for a in node_pair(f"n{i:03d}")]  # all in rack r00
     admitted, deferred, _state, _ = blast_radius.admit(
-        blast_radius.BudgetState(), proposed, view, now=T0, policy=NO_BREAKER
+        blast_radius.BudgetState(), proposed, view, now_s=T0, policy=NO_BREAKER
     )
     # rack r00: min(2, 25% of 10 = 2); nvlink domain nvl00: min(1, ...) = 1.
     assert [(a.kind, a.node_id) for a in admitted] == [("quarantine_node", "n000"), ("reboot_node", "n000")]
@@ -84,7 +84,7 @@ def test_percentage_caps_floor_at_one_node_so_small_domains_can_repair():
     view = blast_radius.FleetView({"a": {"rack": "tiny"}, "b": {"rack": "tiny"}})
     pol = policy.DisruptionPolicy(breaker_min_nodes=10, domain_max_nodes={}, domain_max_pct={"rack": 1.0})
     admitted, deferred, _, _ = blast_radius.admit(
-        blast_radius.BudgetState(), node_pair("a") + node_pair("b"), view, now=T0, policy=pol
+        blast_radius.BudgetState(), node_pair("a") + node_pair("b"), view, now_s=T0, policy=pol
     )
     assert {a.node_id for a in admitted} == {"a"}
     assert {a.node_id for a in deferred} == {"b"}
@@ -99,7 +99,7 @@ def test_gpu_level_actions_and_notifications_do_not_use_the_node_budget():
         actions.Notify(ticket_id="t2", step=0, node_id="n001", summary="hi"),
         *node_pair("n002"),
     ]
-    admitted, deferred, _, _ = blast_radius.admit(blast_radius.BudgetState(), proposed, view, now=T0, policy=pol)
+    admitted, deferred, _, _ = blast_radius.admit(blast_radius.BudgetState(), proposed, view, now_s=T0, policy=pol)
     assert [a.kind for a in admitted] == ["quarantine_gpu", "reset_gpu", "notify"]
     assert [a.kind for a in deferred] == ["quarantine_node", "reboot_node"]
 
@@ -108,15 +108,15 @@ def test_results_and_releases_free_the_budget():
     view = fleet()
     state = blast_radius.BudgetState()
     admitted, deferred, state, _ = blast_radius.admit(
-        state, node_pair("n000") + node_pair("n001"), view, now=T0, policy=NO_BREAKER
+        state, node_pair("n000") + node_pair("n001"), view, now_s=T0, policy=NO_BREAKER
     )
     assert {a.node_id for a in deferred} == {"n001"}
     reboot = next(a for a in admitted if a.kind == "reboot_node")
-    state = blast_radius.complete(state, reboot.command_id, now=T0 + 60)
+    state = blast_radius.complete(state, reboot.command_id, now_s=T0 + 60)
     assert state.disrupted_nodes() == {"n000"}  # still quarantined until validated and released
     release = actions.Release(ticket_id="t-n000", step=3, node_id="n000")
     admitted, deferred, state, _ = blast_radius.admit(
-        state, [release, *deferred], view, now=T0 + 120, policy=NO_BREAKER
+        state, [release, *deferred], view, now_s=T0 + 120, policy=NO_BREAKER
     )
     assert [a.kind for a in admitted] == ["release", "quarantine_node", "reboot_node"]
     assert state.disrupted_nodes() == {"n001"}
@@ -124,18 +124,18 @@ def test_results_and_releases_free_the_budget():
 
 def test_pause_defers_everything_but_notifications_and_rma_paperwork_until_resume():
     view = fleet(nodes=20)
-    state = blast_radius.pause(blast_radius.BudgetState(), now=T0, reason="maintenance window")
+    state = blast_radius.pause(blast_radius.BudgetState(), now_s=T0, reason="maintenance window")
     proposed = [
         actions.ResetGpu(ticket_id="t1", step=0, node_id="n000", gpu_uuid="GPU-1"),
         actions.OpenRma(ticket_id="t2", step=0, node_id="n001", gpu_uuid="GPU-2"),
         actions.Notify(ticket_id="t2", step=1, node_id="n001"),
     ]
-    admitted, deferred, state, reasons = blast_radius.admit(state, proposed, view, now=T0, policy=NO_BREAKER)
+    admitted, deferred, state, reasons = blast_radius.admit(state, proposed, view, now_s=T0, policy=NO_BREAKER)
     assert [a.kind for a in admitted] == ["open_rma", "notify"]
     assert [a.kind for a in deferred] == ["reset_gpu"]
     assert "maintenance window" in reasons[0]
-    state = blast_radius.resume(state, now=T0 + 60, policy=NO_BREAKER)
-    admitted, deferred, _, _ = blast_radius.admit(state, deferred, view, now=T0 + 60, policy=NO_BREAKER)
+    state = blast_radius.resume(state, now_s=T0 + 60, policy=NO_BREAKER)
+    admitted, deferred, _, _ = blast_radius.admit(state, deferred, view, now_s=T0 + 60, policy=NO_BREAKER)
     assert [a.kind for a in admitted] == ["reset_gpu"]
 
 
@@ -150,29 +150,31 @@ def test_a_storm_that_drains_starts_a_cooldown_for_new_node_actions():
     )
     state = blast_radius.BudgetState()
     admitted, deferred, state, _ = blast_radius.admit(
-        state, node_pair("n000") + node_pair("n001"), view, now=T0, policy=pol
+        state, node_pair("n000") + node_pair("n001"), view, now_s=T0, policy=pol
     )
     assert state.storm_active
-    state = blast_radius.complete(state, admitted[1].command_id, now=T0 + 10)
+    state = blast_radius.complete(state, admitted[1].command_id, now_s=T0 + 10)
     release = actions.Release(ticket_id="t-n000", step=2, node_id="n000")
-    admitted, deferred, state, _ = blast_radius.admit(state, [release, *deferred], view, now=T0 + 20, policy=pol)
+    admitted, deferred, state, _ = blast_radius.admit(state, [release, *deferred], view, now_s=T0 + 20, policy=pol)
     assert not deferred  # the last waiting node got in: the storm is over, the cooldown starts
     assert not state.storm_active and state.cooldown_until == T0 + 20 + 600
-    state = blast_radius.complete(state, admitted[-1].command_id, now=T0 + 30)
+    state = blast_radius.complete(state, admitted[-1].command_id, now_s=T0 + 30)
     _, _, state, _ = blast_radius.admit(
-        state, [actions.Release(ticket_id="t-n001", step=2, node_id="n001")], view, now=T0 + 40, policy=pol
+        state, [actions.Release(ticket_id="t-n001", step=2, node_id="n001")], view, now_s=T0 + 40, policy=pol
     )
     assert state.disrupted_nodes() == frozenset()
-    _, deferred, _, reasons = blast_radius.admit(state, node_pair("n002"), view, now=T0 + 100, policy=pol)
+    _, deferred, _, reasons = blast_radius.admit(state, node_pair("n002"), view, now_s=T0 + 100, policy=pol)
     assert len(deferred) == 2 and "cooldown" in reasons[0]
-    admitted, _, _, _ = blast_radius.admit(state, node_pair("n002"), view, now=T0 + 621, policy=pol)
+    admitted, _, _, _ = blast_radius.admit(state, node_pair("n002"), view, now_s=T0 + 621, policy=pol)
     assert len(admitted) == 2
 
 
 def test_budget_state_round_trips_through_json():
     view = fleet()
-    _, _, state, _ = blast_radius.admit(blast_radius.BudgetState(), node_pair("n000"), view, now=T0, policy=NO_BREAKER)
-    state = blast_radius.pause(state, now=T0, reason="x")
+    _, _, state, _ = blast_radius.admit(
+        blast_radius.BudgetState(), node_pair("n000"), view, now_s=T0, policy=NO_BREAKER
+    )
+    state = blast_radius.pause(state, now_s=T0, reason="x")
     document = json.loads(json.dumps(state.to_dict()))
     demand = json.loads(json.dumps(blast_radius.demand_documents({}, state.demand)))
     assert "demand" not in document and list(demand) == [repr(T0)]
@@ -188,7 +190,7 @@ def test_the_breakers_demand_is_stored_as_one_document_per_first_proposal_time()
     written = []
     for now, nodes in ((T0, ["n000", "n001"]), (T0 + 1, ["n002"]), (T0 + 1, ["n003"]), (T0 + 700, ["n004"])):
         proposed = [a for n in nodes for a in node_pair(n)]
-        _, _, after, _ = blast_radius.admit(state, proposed, view, now=now, policy=pol)
+        _, _, after, _ = blast_radius.admit(state, proposed, view, now_s=now, policy=pol)
         changed = blast_radius.demand_documents(state.demand, after.demand)
         written.append(changed)
         for key, doc in changed.items():
@@ -224,13 +226,13 @@ def test_a_node_whose_every_gpu_is_quarantined_counts_as_out_of_service():
         breaker_quarantine_pct=100.0, max_disrupted_nodes=1, domain_max_nodes={}, domain_max_pct={}
     )
     state = blast_radius.BudgetState()
-    admitted, deferred, state, _ = blast_radius.admit(state, [_gpu_quarantine("n000", 0)], view, now=T0, policy=pol)
+    admitted, deferred, state, _ = blast_radius.admit(state, [_gpu_quarantine("n000", 0)], view, now_s=T0, policy=pol)
     assert len(admitted) == 1 and state.disrupted_nodes() == set(), "one of two GPUs: the node still serves"
-    admitted, deferred, state, _ = blast_radius.admit(state, [_gpu_quarantine("n000", 1)], view, now=T0, policy=pol)
+    admitted, deferred, state, _ = blast_radius.admit(state, [_gpu_quarantine("n000", 1)], view, now_s=T0, policy=pol)
     assert len(admitted) == 1 and state.disrupted_nodes() == {"n000"}, "its last GPU: the node is out"
     # The cluster allows one node out: another node's quarantine, or another node's last GPU, waits.
     proposed = [*node_pair("n001"), _gpu_quarantine("n002", 0), _gpu_quarantine("n002", 1)]
-    admitted, deferred, state, reasons = blast_radius.admit(state, proposed, view, now=T0, policy=pol)
+    admitted, deferred, state, reasons = blast_radius.admit(state, proposed, view, now_s=T0, policy=pol)
     assert [a.kind for a in admitted] == ["quarantine_gpu"], "n002's first GPU: the node still serves"
     assert [(a.kind, a.node_id) for a in deferred] == [
         ("quarantine_node", "n001"), ("reboot_node", "n001"), ("quarantine_gpu", "n002")
@@ -239,10 +241,10 @@ def test_a_node_whose_every_gpu_is_quarantined_counts_as_out_of_service():
         "quarantine_gpu on n002 waits: it is the node's last GPU in service, and the cluster budget allows 1 "
         "nodes out of service at once and 1 are"
     )
-    assert blast_radius.free_node_slots(state, view, now=T0, policy=pol) == 0
+    assert blast_radius.free_node_slots(state, view, now_s=T0, policy=pol) == 0
     # A GPU of n000 released: the node is back, and the budget takes the next one.
     release = actions.Release(ticket_id="t-n000-1", step=3, node_id="n000", gpu_uuid="n000-GPU-1")
-    admitted, deferred, state, _ = blast_radius.admit(state, [release, *deferred], view, now=T0, policy=pol)
+    admitted, deferred, state, _ = blast_radius.admit(state, [release, *deferred], view, now_s=T0, policy=pol)
     assert [a.kind for a in admitted] == ["release", "quarantine_node", "reboot_node"]
     assert state.disrupted_nodes() == {"n001"} and [a.node_id for a in deferred] == ["n002"]
     assert state.quarantined_gpus == {"n000": {"n000-GPU-0"}, "n002": {"n002-GPU-0"}}
@@ -256,19 +258,19 @@ def test_a_node_whose_gpu_count_drops_under_its_quarantined_gpus_is_counted_out_
     )
     eight = dataclasses.replace(fleet(nodes=10), node_gpu_counts={"n000": 2, "n001": 2})
     _, _, state, _ = blast_radius.admit(
-        blast_radius.BudgetState(), [_gpu_quarantine("n000", 0)], eight, now=T0, policy=pol
+        blast_radius.BudgetState(), [_gpu_quarantine("n000", 0)], eight, now_s=T0, policy=pol
     )
     assert (
-        state.disrupted_nodes() == frozenset() and blast_radius.free_node_slots(state, eight, now=T0, policy=pol) == 1
+        state.disrupted_nodes() == frozenset() and blast_radius.free_node_slots(state, eight, now_s=T0, policy=pol) == 1
     )
     fell_off = dataclasses.replace(eight, node_gpu_counts={"n000": 1, "n001": 2})  # n000's Hello: one GPU left
-    assert blast_radius.free_node_slots(state, fell_off, now=T0, policy=pol) == 0
-    admitted, deferred, state, reasons = blast_radius.admit(state, node_pair("n001"), fell_off, now=T0, policy=pol)
+    assert blast_radius.free_node_slots(state, fell_off, now_s=T0, policy=pol) == 0
+    admitted, deferred, state, reasons = blast_radius.admit(state, node_pair("n001"), fell_off, now_s=T0, policy=pol)
     assert admitted == () and len(deferred) == 2, "n000 is out: the cluster's one slot is taken"
     assert "the cluster budget allows 1 nodes out of service at once and 1 are" in reasons[0]
     assert state.disrupted_nodes() == {"n000"}
     back = dataclasses.replace(eight)  # its GPU is back (a new view, as a Hello makes)
-    admitted, _, state, _ = blast_radius.admit(state, node_pair("n001"), back, now=T0, policy=pol)
+    admitted, _, state, _ = blast_radius.admit(state, node_pair("n001"), back, now_s=T0, policy=pol)
     assert len(admitted) == 2 and state.disrupted_nodes() == {"n001"}
 
 
@@ -302,9 +304,9 @@ def _fail_nodes(nodes: list[str], pol: policy.RemediationPolicy, now: float) -> 
         ev = health.HealthEvent(
             node_id=node, kind=health.EventKind.XID, observed_at=now, gpu_uuid=f"{node}-GPU-0", xid=79
         )
-        c = correlate.correlate(corr, ev, now=now, catalog=CATALOG, policy=pol)
+        c = correlate.correlate(corr, ev, now_s=now, catalog=CATALOG, policy=pol)
         corr = c.state
-        d = escalation.decide(escalation.RemediationState(node), c.incident, now=now, policy=pol.escalation)
+        d = escalation.decide(escalation.RemediationState(node), c.incident, now_s=now, policy=pol.escalation)
         states[node] = d.state
         proposed.extend(d.actions)
     return states, proposed
@@ -317,7 +319,7 @@ def test_a_hundred_nodes_failing_at_once_trip_the_breaker_which_holds_until_resu
     assert len(proposed) == 200
 
     admitted, deferred, state, reasons = blast_radius.admit(
-        blast_radius.BudgetState(), proposed, view, now=T0, policy=pol.disruption
+        blast_radius.BudgetState(), proposed, view, now_s=T0, policy=pol.disruption
     )
     assert state.breaker_tripped
     assert [a.kind for a in admitted] == ["notify"] and admitted[0].severity == "critical"
@@ -327,16 +329,16 @@ def test_a_hundred_nodes_failing_at_once_trip_the_breaker_which_holds_until_resu
     # It holds: hours later, nothing node-level gets through, and no second trip notice.
     for hour in range(1, 6):
         admitted, deferred, state, _ = blast_radius.admit(
-            state, deferred, view, now=T0 + hour * 3600, policy=pol.disruption
+            state, deferred, view, now_s=T0 + hour * 3600, policy=pol.disruption
         )
         assert admitted == () and len(deferred) == 200 and state.breaker_tripped
 
     # An operator resumes; after the cooldown the backlog drains within the budget, never above it.
-    state = blast_radius.resume(state, now=T0 + 6 * 3600, policy=pol.disruption)
+    state = blast_radius.resume(state, now_s=T0 + 6 * 3600, policy=pol.disruption)
     now = T0 + 6 * 3600 + pol.disruption.storm_cooldown_s
     done = set()
     for _ in range(200):
-        admitted, deferred, state, _ = blast_radius.admit(state, deferred, view, now=now, policy=pol.disruption)
+        admitted, deferred, state, _ = blast_radius.admit(state, deferred, view, now_s=now, policy=pol.disruption)
         assert not state.breaker_tripped
         count, per_domain = out_of_service(state, view)
         assert count <= 8  # min(8, 5% of 200 = 10)
@@ -345,7 +347,7 @@ def test_a_hundred_nodes_failing_at_once_trip_the_breaker_which_holds_until_resu
         # every admitted reboot finishes, and its node is validated and released
         for action in admitted:
             if action.kind == "reboot_node":
-                state = blast_radius.complete(state, action.command_id, now=now)
+                state = blast_radius.complete(state, action.command_id, now_s=now)
                 deferred = (*deferred, actions.Release(ticket_id=action.ticket_id, step=99, node_id=action.node_id))
                 done.add(action.node_id)
         now += 60
@@ -360,7 +362,7 @@ def test_the_budget_alone_never_exceeds_its_caps_under_a_hundred_failures():
     pol = policy.RemediationPolicy(disruption=NO_BREAKER)
     _, proposed = _fail_nodes(sorted(view.node_labels)[:100], pol, T0)
     admitted, _deferred, state, _ = blast_radius.admit(
-        blast_radius.BudgetState(), proposed, view, now=T0, policy=pol.disruption
+        blast_radius.BudgetState(), proposed, view, now_s=T0, policy=pol.disruption
     )
     count, per_domain = out_of_service(state, view)
     assert count == 8  # the cluster cap min(8, 5% of 200)
@@ -385,14 +387,16 @@ def test_a_wave_of_gpu_faults_trips_the_breaker_and_a_wave_of_process_restarts_d
         ]
 
     wave = [a for node in sorted(view.node_labels)[:40] for a in gpu_repairs(node)]
-    admitted, deferred, state, reasons = blast_radius.admit(blast_radius.BudgetState(), wave, view, now=T0, policy=pol)
+    admitted, deferred, state, reasons = blast_radius.admit(
+        blast_radius.BudgetState(), wave, view, now_s=T0, policy=pol
+    )
     assert state.breaker_tripped and "40 of 200 nodes" in reasons[-1]
     assert [a.kind for a in admitted] == ["notify"] and len(deferred) == 80
     crash = [
         actions.RestartProcess(ticket_id=f"{node}/job", step=0, node_id=node, gpu_uuid="GPU-1")
         for node in sorted(view.node_labels)[:100]
     ]
-    admitted, _, state, _ = blast_radius.admit(blast_radius.BudgetState(), crash, view, now=T0, policy=pol)
+    admitted, _, state, _ = blast_radius.admit(blast_radius.BudgetState(), crash, view, now_s=T0, policy=pol)
     assert not state.breaker_tripped and len(admitted) == 100
 
 
@@ -400,13 +404,13 @@ def test_new_failures_after_a_resume_can_trip_the_breaker_again():
     view = fleet(nodes=50, rack_size=5)
     pol = policy.DisruptionPolicy()
     first = [a for i in range(10) for a in node_pair(f"n{i:03d}")]
-    _, deferred, state, _ = blast_radius.admit(blast_radius.BudgetState(), first, view, now=T0, policy=pol)
+    _, deferred, state, _ = blast_radius.admit(blast_radius.BudgetState(), first, view, now_s=T0, policy=pol)
     assert state.breaker_tripped and state.trips == 1
-    state = blast_radius.resume(state, now=T0 + 100, policy=pol)
-    _, deferred, state, _ = blast_radius.admit(state, deferred, view, now=T0 + 101, policy=pol)
+    state = blast_radius.resume(state, now_s=T0 + 100, policy=pol)
+    _, deferred, state, _ = blast_radius.admit(state, deferred, view, now_s=T0 + 101, policy=pol)
     assert not state.breaker_tripped  # the acknowledged backlog does not re-trip it
     fresh = [a for i in range(10, 20) for a in node_pair(f"n{i:03d}")]
-    admitted, _, state, _ = blast_radius.admit(state, [*deferred, *fresh], view, now=T0 + 200, policy=pol)
+    admitted, _, state, _ = blast_radius.admit(state, [*deferred, *fresh], view, now_s=T0 + 200, policy=pol)
     assert state.breaker_tripped and state.trips == 2
     assert admitted[-1].ticket_id == "breaker/2"
 
@@ -465,18 +469,18 @@ def test_random_failures_never_exceed_the_budget(sequence):
             backlog.append(actions.Release(ticket_id=f"rel-{gpu}-{round_no}", step=0, node_id=node, gpu_uuid=gpu))
         elif op[0] == "finish" and running:
             done = running.pop(op[1] % len(running))
-            state = blast_radius.complete(state, done.command_id, now=now)
+            state = blast_radius.complete(state, done.command_id, now_s=now)
             backlog.append(actions.Release(ticket_id=f"rel-{done.command_id}", step=0, node_id=done.node_id))
         elif op[0] == "advance":
             now += op[1]
         elif op[0] == "resume":
-            state = blast_radius.resume(state, now=now, policy=pol)
+            state = blast_radius.resume(state, now_s=now, policy=pol)
         elif op[0] == "pause":
-            state = blast_radius.pause(state, now=now, reason="test")
+            state = blast_radius.pause(state, now_s=now, reason="test")
         was_tripped = state.breaker_tripped
         before = state
         backlog_in = list(backlog)
-        admitted, deferred, state, reasons = blast_radius.admit(state, backlog, _PROPERTY_FLEET, now=now, policy=pol)
+        admitted, deferred, state, reasons = blast_radius.admit(state, backlog, _PROPERTY_FLEET, now_s=now, policy=pol)
         for key, doc in blast_radius.demand_documents(before.demand, state.demand).items():
             if doc is None:
                 del demand_documents[key]
@@ -488,7 +492,7 @@ def test_random_failures_never_exceed_the_budget(sequence):
         window = pol.breaker_window_s
         kept = {n: at for n, at in before.demand.items() if n in _breaker_nodes(backlog_in) or now - at <= window}
         assert state.demand == {**kept, **{n: now for n in _breaker_nodes(backlog_in) if n not in kept}}
-        assert blast_radius._fresh_demand(state.demand, now=now, window_s=window, resumed_at=state.resumed_at) == sum(
+        assert blast_radius._fresh_demand(state.demand, now_s=now, window_s=window, resumed_at=state.resumed_at) == sum(
             1
             for at in state.demand.values()
             if now - at <= window and (state.resumed_at is None or at > state.resumed_at)

@@ -27,7 +27,7 @@ class Feed:
         self, kind: EventKind, *, node: str = "n1", gpu: str = "GPU-1", **fields: object
     ) -> correlate.Correlation:
         ev = health.HealthEvent(node_id=node, kind=kind, observed_at=self.now, gpu_uuid=gpu, **fields)
-        result = correlate.correlate(self.state, ev, now=self.now, catalog=CATALOG, policy=self.pol)
+        result = correlate.correlate(self.state, ev, now_s=self.now, catalog=CATALOG, policy=self.pol)
         self.state = result.state
         return result
 
@@ -203,7 +203,7 @@ def test_the_flap_window_runs_on_the_controller_clock_however_far_off_the_agent_
             observed_at=now + agent_clock_off_s,
             attributes={"ib_device": "mlx5_0", "ib_port": "1"},
         )
-        result = correlate.correlate(state, event, now=now, catalog=CATALOG, policy=POLICY)
+        result = correlate.correlate(state, event, now_s=now, catalog=CATALOG, policy=POLICY)
         state = result.state
         outcomes.append(result.outcome)
     assert outcomes == [Outcome.OBSERVED] * 5 + [Outcome.NEW], "the storm is seen whatever the agent's clock says"
@@ -214,7 +214,7 @@ def test_the_flap_window_runs_on_the_controller_clock_however_far_off_the_agent_
         observed_at=now + agent_clock_off_s,
         attributes={"ib_device": "mlx5_0", "ib_port": "1"},
     )
-    state = correlate.correlate(state, later, now=now, catalog=CATALOG, policy=POLICY).state
+    state = correlate.correlate(state, later, now_s=now, catalog=CATALOG, policy=POLICY).state
     assert state.ports["n1"][0].changed_at == (now,), "old changes age out on the controller's clock"
 
 

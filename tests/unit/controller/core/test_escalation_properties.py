@@ -81,7 +81,7 @@ def _nothing_due_before(state: escalation.RemediationState, now: float, esc: pol
         probes.append(due - 0.001)
     for at in probes:
         if at < due:
-            decision = escalation.tick(state, now=at, policy=esc)
+            decision = escalation.tick(state, now_s=at, policy=esc)
             assert decision.state == state and not decision.actions, (at - now, due - now, decision.reason)
 
 
@@ -131,7 +131,7 @@ def _run(sequence, pol: policy.RemediationPolicy) -> None:
         state = decision.state
         for action in decision.actions:
             if action.kind in (*rung_of, "run_validation"):
-                state = escalation.mark_dispatched(state, action.command_id, now=now)
+                state = escalation.mark_dispatched(state, action.command_id, now_s=now)
         for t in state.tickets:
             if t.state is escalation.TicketState.ACTING:
                 assert t.pending is not None
@@ -150,10 +150,10 @@ def _run(sequence, pol: policy.RemediationPolicy) -> None:
             kind = fault.pop("kind")
             gpu = fault.pop("gpu_uuid", op[2])
             ev = health.HealthEvent(node_id="n1", kind=kind, observed_at=now, gpu_uuid=gpu, **fault)
-            c = correlate.correlate(corr, ev, now=now, catalog=CATALOG, policy=pol)
+            c = correlate.correlate(corr, ev, now_s=now, catalog=CATALOG, policy=pol)
             corr = c.state
             if c.needs_decision:
-                take(escalation.decide(state, c.incident, now=now, policy=esc), releases_allowed=False)
+                take(escalation.decide(state, c.incident, now_s=now, policy=esc), releases_allowed=False)
         elif op[0] == "result":
             pendings = [t.pending for t in state.tickets if t.pending is not None]
             if not pendings:
@@ -165,16 +165,16 @@ def _run(sequence, pol: policy.RemediationPolicy) -> None:
             passing = pending.kind == "run_validation" and (
                 op[2] is Outcome.SUCCEEDED and verdict in ("pass", "software_drift")
             )
-            take(escalation.on_result(state, result, now=now, policy=esc), releases_allowed=passing)
+            take(escalation.on_result(state, result, now_s=now, policy=esc), releases_allowed=passing)
         elif op[0] == "advance":
             now += op[1]
         elif op[0] == "tick":
-            take(escalation.tick(state, now=now, policy=esc), releases_allowed=False)
+            take(escalation.tick(state, now_s=now, policy=esc), releases_allowed=False)
         elif op[0] == "release":
             if not state.tickets:
                 continue
             ticket = state.tickets[op[1] % len(state.tickets)]
-            decision = escalation.operator_release(state, ticket.ticket_id, now=now, policy=esc, force=op[2])
+            decision = escalation.operator_release(state, ticket.ticket_id, now_s=now, policy=esc, force=op[2])
             take(decision, releases_allowed=op[2])
 
     # The budget invariant over the whole run (the run is far shorter than the budget window).
@@ -212,10 +212,10 @@ def test_the_same_sequence_replays_to_the_same_actions(sequence):
                 kind = fault.pop("kind")
                 gpu = fault.pop("gpu_uuid", op[2])
                 ev = health.HealthEvent(node_id="n1", kind=kind, observed_at=now, gpu_uuid=gpu, **fault)
-                c = correlate.correlate(corr, ev, now=now, catalog=CATALOG, policy=POLICIES["default"])
+                c = correlate.correlate(corr, ev, now_s=now, catalog=CATALOG, policy=POLICIES["default"])
                 corr = c.state
                 if c.needs_decision:
-                    d = escalation.decide(state, c.incident, now=now, policy=POLICIES["default"].escalation)
+                    d = escalation.decide(state, c.incident, now_s=now, policy=POLICIES["default"].escalation)
                     state = d.state
                     out.extend(a.command_id for a in d.actions)
             elif op[0] == "result":
@@ -225,7 +225,7 @@ def test_the_same_sequence_replays_to_the_same_actions(sequence):
                     d = escalation.on_result(
                         state,
                         escalation.ActionResult(p.command_id, op[2], validation_verdict=op[3]),
-                        now=now,
+                        now_s=now,
                         policy=POLICIES["default"].escalation,
                     )
                     state = d.state

@@ -33,7 +33,7 @@ def one_rack_tree(budget_w):
 
 def two_gpu_state(confirmed=(600.0, 400.0)):
     gpus = [power_apply.GpuLimits("a", "n1", 200, 700), power_apply.GpuLimits("b", "n2", 200, 700)]
-    state = power_apply.ApplyState.unknown(gpus, now=0.0, policy=POLICY, epoch="e1")
+    state = power_apply.ApplyState.unknown(gpus, now_s=0.0, policy=POLICY, epoch="e1")
     readbacks = [power_apply.CapReadback(g.gpu_uuid, w, 6.0) for g, w in zip(gpus, confirmed, strict=True)]
     return power_apply.record(state, readbacks=readbacks, policy=POLICY)
 
@@ -43,18 +43,18 @@ def test_docstring_example_raises_only_after_the_decrease_is_confirmed():
     state = two_gpu_state()
     assert list(power_apply.may_be_in_force_w(state)) == [600, 400]
     targets = np.array([400, 600])
-    state, plan = power_apply.plan(state, targets, tree, now=10.0, policy=POLICY)
+    state, plan = power_apply.plan(state, targets, tree, now_s=10.0, policy=POLICY)
     assert [(c.gpu_uuid, c.limit_w, c.phase) for c in plan.decreases] == [("a", 400, 1)]
     assert plan.increases == () and plan.waiting == 1
     assert power_apply.may_be_in_force(state, "a") == 600, "an unconfirmed decrease counts as not applied"
 
-    state, plan = power_apply.plan(state, targets, tree, now=11.0, policy=POLICY)
+    state, plan = power_apply.plan(state, targets, tree, now_s=11.0, policy=POLICY)
     assert plan.decreases == plan.increases == (), "nothing new while a's decrease is unconfirmed"
 
     ack = power_apply.CapAck(plan_id := "cap-e1-0", "a", 400.0, 11.5)
     assert plan_id.startswith("cap-e1")
     state = power_apply.record(state, acks=[ack], policy=POLICY)
-    state, plan = power_apply.plan(state, targets, tree, now=12.0, policy=POLICY)
+    state, plan = power_apply.plan(state, targets, tree, now_s=12.0, policy=POLICY)
     assert [(c.gpu_uuid, c.limit_w, c.phase) for c in plan.increases] == [("b", 600, 2)]
     assert plan.by_node() == {"n2": {"b": 600}}
     assert list(power_apply.may_be_in_force_w(state)) == [400, 600]
@@ -64,11 +64,11 @@ def test_a_raise_carries_its_rate_and_a_decrease_never_does():
     tree = one_rack_tree(2_000)
     rates = np.array([150.0, 150.0])
     _, plan = power_apply.plan(
-        two_gpu_state(), np.array([500, 450]), tree, now=10.0, policy=POLICY, raise_rates_w_per_s=rates
+        two_gpu_state(), np.array([500, 450]), tree, now_s=10.0, policy=POLICY, raise_rates_w_per_s=rates
     )
     assert [(c.gpu_uuid, c.phase, c.max_raise_w_per_s) for c in plan.decreases] == [("a", 1, 0.0)]
     assert [(c.gpu_uuid, c.limit_w, c.max_raise_w_per_s) for c in plan.increases] == [("b", 450, 150.0)]
-    _, plan = power_apply.plan(two_gpu_state(), np.array([600, 450]), tree, now=10.0, policy=POLICY)
+    _, plan = power_apply.plan(two_gpu_state(), np.array([600, 450]), tree, now_s=10.0, policy=POLICY)
     assert [c.max_raise_w_per_s for c in plan.increases] == [0.0], "no rates: at once, as before"
 
 
@@ -78,7 +78,9 @@ def test_a_slewing_raise_is_confirmed_at_its_target_and_not_resent():
     tree = one_rack_tree(1_000)
     state = two_gpu_state(confirmed=(400.0, 400.0))
     targets = np.array([400, 600])
-    state, plan = power_apply.plan(state, targets, tree, now=10.0, policy=POLICY, raise_rates_w_per_s=np.full(2, 150.0))
+    state, plan = power_apply.plan(
+        state, targets, tree, now_s=10.0, policy=POLICY, raise_rates_w_per_s=np.full(2, 150.0)
+    )
     (raise_,) = plan.increases
     ack = power_apply.CapAck(raise_.command_id, "b", power_apply.in_force_w(400, 600), 10.2)
     state = power_apply.record(state, acks=[ack], policy=POLICY)
@@ -86,7 +88,9 @@ def test_a_slewing_raise_is_confirmed_at_its_target_and_not_resent():
     state = power_apply.record(state, readbacks=[slewing], policy=POLICY)
     assert power_apply.may_be_in_force(state, "b") == 600, "counted at its target while it moves"
     assert state.pending_seq[1] == power_apply.NO_COMMAND, "confirmed: nothing in flight"
-    state, plan = power_apply.plan(state, targets, tree, now=11.0, policy=POLICY, raise_rates_w_per_s=np.full(2, 150.0))
+    state, plan = power_apply.plan(
+        state, targets, tree, now_s=11.0, policy=POLICY, raise_rates_w_per_s=np.full(2, 150.0)
+    )
     assert plan.increases == () and plan.waiting == 0, "not resent, and no climb above the target"
     assert power_apply.in_force_w(700, None) == 700 and power_apply.in_force_w(550, 0) == 550
 
@@ -95,28 +99,28 @@ def test_unconfirmed_decreases_are_counted_until_acked_and_raises_are_not():
     tree = one_rack_tree(1_000)
     state = two_gpu_state()
     assert power_apply.unconfirmed_decreases(state) == 0
-    state, _ = power_apply.plan(state, np.array([400, 600]), tree, now=10.0, policy=POLICY)
+    state, _ = power_apply.plan(state, np.array([400, 600]), tree, now_s=10.0, policy=POLICY)
     assert power_apply.unconfirmed_decreases(state) == 1, "a's decrease is in flight; b's raise waits"
     state = power_apply.record(state, acks=[power_apply.CapAck("cap-e1-0", "a", 400.0, 11.5)], policy=POLICY)
-    state, plan = power_apply.plan(state, np.array([400, 600]), tree, now=12.0, policy=POLICY)
+    state, plan = power_apply.plan(state, np.array([400, 600]), tree, now_s=12.0, policy=POLICY)
     assert plan.increases and power_apply.unconfirmed_decreases(state) == 0
 
 
 def test_strict_two_phase_holds_every_raise_while_any_decrease_is_unconfirmed():
     tree = one_rack_tree(5_000)  # plenty of slack: only strictness holds b back
     strict = power_policy.PowerPolicy(command_ttl_s=5.0, clock_skew_margin_s=0.0, strict_two_phase=True)
-    state, plan = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now=10.0, policy=strict)
+    state, plan = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now_s=10.0, policy=strict)
     assert len(plan.decreases) == 1 and plan.increases == ()
-    _, loose = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now=10.0, policy=POLICY)
+    _, loose = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now_s=10.0, policy=POLICY)
     assert len(loose.decreases) == 1 and len(loose.increases) == 1
     state = power_apply.record(state, acks=[power_apply.CapAck("cap-e1-0", "a", 400.0, 10.5)], policy=strict)
-    _, plan = power_apply.plan(state, np.array([400, 600]), tree, now=11.0, policy=strict)
+    _, plan = power_apply.plan(state, np.array([400, 600]), tree, now_s=11.0, policy=strict)
     assert [c.limit_w for c in plan.increases] == [600]
 
 
 def test_a_lost_ack_is_settled_by_a_read_back_showing_the_target():
     tree = one_rack_tree(1_000)
-    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now=10.0, policy=POLICY)
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now_s=10.0, policy=POLICY)
     stale = power_apply.CapReadback("a", 600.0, 10.5)
     state = power_apply.record(state, readbacks=[stale], policy=POLICY)
     assert power_apply.may_be_in_force(state, "a") == 600
@@ -127,7 +131,7 @@ def test_a_lost_ack_is_settled_by_a_read_back_showing_the_target():
 def test_a_pending_raise_counts_until_a_read_back_after_its_deadline():
     tree = one_rack_tree(1_000)
     state = two_gpu_state((300.0, 400.0))
-    state, plan = power_apply.plan(state, np.array([600, 400]), tree, now=10.0, policy=POLICY)
+    state, plan = power_apply.plan(state, np.array([600, 400]), tree, now_s=10.0, policy=POLICY)
     assert [c.limit_w for c in plan.increases] == [600]
     # Telemetry from before the command could have landed says 300: the raise may still land.
     state = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 300.0, 12.0)], policy=POLICY)
@@ -140,7 +144,7 @@ def test_a_pending_raise_counts_until_a_read_back_after_its_deadline():
 def test_a_value_that_does_not_settle_commands_leaves_a_pending_decrease_pending():
     """A BMC's node limit bounds the GPUs, but the decrease sent to the agent has not landed."""
     tree = one_rack_tree(1_000)
-    state, plan = power_apply.plan(two_gpu_state((500.0, 500.0)), np.array([300, 500]), tree, now=10.0, policy=POLICY)
+    state, plan = power_apply.plan(two_gpu_state((500.0, 500.0)), np.array([300, 500]), tree, now_s=10.0, policy=POLICY)
     assert [c.limit_w for c in plan.decreases] == [300]
     bmc = power_apply.CapReadback("a", 300.0, 16.0, settles_commands=False)  # its target, after the deadline
     state = power_apply.record(state, readbacks=[bmc], policy=POLICY)
@@ -160,7 +164,7 @@ def test_reordered_read_backs_never_roll_the_state_back():
 
 def test_an_ack_for_an_older_command_does_not_clear_the_current_one():
     tree = one_rack_tree(1_000)
-    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now=10.0, policy=POLICY)
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now_s=10.0, policy=POLICY)
     replayed = power_apply.CapAck("cap-e0-7", "a", 450.0, 10.2)
     state = power_apply.record(state, acks=[replayed], policy=POLICY)
     assert state.pending_seq[0] == 0 and power_apply.may_be_in_force(state, "a") == 450
@@ -170,18 +174,18 @@ def test_the_answer_to_the_current_raise_counts_even_when_dated_before_the_last_
     # The agent's clock stepped back between a read-back and the answer: the answer's value is in force.
     state = two_gpu_state(confirmed=(400.0, 400.0))
     state = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 400.0, 12.0)], policy=POLICY)
-    state, plan = power_apply.plan(state, np.array([600, 400]), one_rack_tree(1_000), now=12.5, policy=POLICY)
+    state, plan = power_apply.plan(state, np.array([600, 400]), one_rack_tree(1_000), now_s=12.5, policy=POLICY)
     (raise_a,) = plan.increases
     state = power_apply.record(state, acks=[power_apply.CapAck(raise_a.command_id, "a", 600.0, 11.0)], policy=POLICY)
     assert state.pending_seq[0] == power_apply.NO_COMMAND
     assert power_apply.may_be_in_force(state, "a") == 600  # was 400: the 600 W in force went uncounted
-    _, plan = power_apply.plan(state, np.array([400, 600]), one_rack_tree(1_000), now=13.0, policy=POLICY)
+    _, plan = power_apply.plan(state, np.array([400, 600]), one_rack_tree(1_000), now_s=13.0, policy=POLICY)
     assert plan.increases == ()  # b gets no watts a still holds
 
 
 def test_a_refused_command_is_cleared_without_changing_the_confirmed_cap():
     tree = one_rack_tree(1_000)
-    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now=10.0, policy=POLICY)
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now_s=10.0, policy=POLICY)
     state = power_apply.record(state, acks=[power_apply.CapAck("cap-e1-0", "a", None, 16.0)], policy=POLICY)
     assert state.pending_seq[0] == power_apply.NO_COMMAND
     assert power_apply.may_be_in_force(state, "a") == 600
@@ -189,7 +193,7 @@ def test_a_refused_command_is_cleared_without_changing_the_confirmed_cap():
 
 def test_state_survives_a_restart_through_json():
     tree = one_rack_tree(1_000)
-    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now=10.0, policy=POLICY)
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now_s=10.0, policy=POLICY)
     again = power_apply.ApplyState.from_mapping(json.loads(json.dumps(state.to_mapping())))
     assert again.to_mapping() == state.to_mapping()
     assert list(power_apply.may_be_in_force_w(again)) == list(power_apply.may_be_in_force_w(state))
@@ -197,7 +201,7 @@ def test_state_survives_a_restart_through_json():
 
 def test_a_state_that_was_lost_assumes_maximum_until_a_read_back_after_one_command_lifetime():
     gpus = [power_apply.GpuLimits("a", "n1", 200, 700)]
-    state = power_apply.ApplyState.unknown(gpus, now=100.0, policy=POLICY, epoch="e2")
+    state = power_apply.ApplyState.unknown(gpus, now_s=100.0, policy=POLICY, epoch="e2")
     early = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 300.0, 101.0)], policy=POLICY)
     assert power_apply.may_be_in_force(early, "a") == 700, "a command sent before the crash may still land"
     late = power_apply.record(early, readbacks=[power_apply.CapReadback("a", 300.0, 105.5)], policy=POLICY)
@@ -205,7 +209,7 @@ def test_a_state_that_was_lost_assumes_maximum_until_a_read_back_after_one_comma
 
 
 def test_a_rebooted_node_is_assumed_at_maximum_until_settled_again():
-    state = power_apply.forget_node(two_gpu_state(), "n1", now=50.0, policy=POLICY)
+    state = power_apply.forget_node(two_gpu_state(), "n1", now_s=50.0, policy=POLICY)
     assert list(power_apply.may_be_in_force_w(state)) == [700, 400]
     stale = power_apply.record(state, readbacks=[power_apply.CapReadback("a", 600.0, 49.0)], policy=POLICY)
     assert power_apply.may_be_in_force(stale, "a") == 700, "a read-back from before the reboot proves nothing"
@@ -215,16 +219,16 @@ def test_a_rebooted_node_is_assumed_at_maximum_until_settled_again():
 
 def test_with_gpus_keeps_known_gpus_and_starts_new_ones_unknown():
     state = two_gpu_state()
-    grown = state.with_gpus([state.gpus[1], power_apply.GpuLimits("c", "n1", 100, 500)], now=20.0, policy=POLICY)
+    grown = state.with_gpus([state.gpus[1], power_apply.GpuLimits("c", "n1", 100, 500)], now_s=20.0, policy=POLICY)
     assert list(power_apply.may_be_in_force_w(grown)) == [400, 500]
 
 
 def test_a_budget_cut_is_reported_over_budget_until_the_decreases_are_confirmed():
     tree = one_rack_tree(1_000).with_budget("rack", 800)
-    state, plan = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now=10.0, policy=POLICY)
+    state, plan = power_apply.plan(two_gpu_state(), np.array([400, 400]), tree, now_s=10.0, policy=POLICY)
     assert plan.over_budget == ("rack",) and len(plan.decreases) == 1
     state = power_apply.record(state, acks=[power_apply.CapAck("cap-e1-0", "a", 400.0, 10.5)], policy=POLICY)
-    _, plan = power_apply.plan(state, np.array([400, 400]), tree, now=11.0, policy=POLICY)
+    _, plan = power_apply.plan(state, np.array([400, 400]), tree, now_s=11.0, policy=POLICY)
     assert plan.over_budget == ()
 
 
@@ -295,7 +299,7 @@ def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, 
     truth = rng.uniform(lo, hi).round()  # whatever the GPUs enforce when the controller first starts
     # Start-up: the first controller has no state. Budgets are checked from the moment its bounds fit.
     epoch = 0
-    state = power_apply.ApplyState.unknown(gpus, now=0.0, policy=policy, epoch=f"e{epoch}")
+    state = power_apply.ApplyState.unknown(gpus, now_s=0.0, policy=policy, epoch=f"e{epoch}")
     persisted = state  # states are immutable: keeping the object is persisting it (JSON at restart)
     checked = [np.full_like(b, np.inf) for b in idx.level_budgets()]
     demand = rng.uniform(lo * 0.5, hi * 1.2)
@@ -371,7 +375,7 @@ def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, 
             if rng.random() < p_lost_state:
                 STEPS_RUN["lost_state"] += 1
                 epoch += 1
-                state = power_apply.ApplyState.unknown(gpus, now=now, policy=policy, epoch=f"e{epoch}")
+                state = power_apply.ApplyState.unknown(gpus, now_s=now, policy=policy, epoch=f"e{epoch}")
             else:
                 state = power_apply.ApplyState.from_mapping(json.loads(json.dumps(persisted.to_mapping())))
         state = power_apply.record(state, acks=acks, readbacks=readbacks, policy=policy)
@@ -396,7 +400,7 @@ def run_scenario(seed, p_drop, max_delay, p_node_loss, p_restart, p_lost_state, 
             targets = previous_caps = alloc.caps_w
             assert idx.over_budget(node_idx, targets.astype(float)) == [], "allocation over budget"
             assert np.all((targets >= lo) & (targets <= hi)), "target outside [min, max]"
-        state, plan = power_apply.plan(state, targets, tree, now=now, policy=policy)
+        state, plan = power_apply.plan(state, targets, tree, now_s=now, policy=policy)
         persisted = state
         for c in (*plan.decreases, *plan.increases):
             STEPS_RUN["commands"] += 1

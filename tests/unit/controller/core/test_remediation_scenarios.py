@@ -45,14 +45,14 @@ class Node:
 
     def event(self, kind: EventKind, gpu: str = "GPU-1", **fields: object) -> escalation.Decision | None:
         ev = health.HealthEvent(node_id=self.node_id, kind=kind, observed_at=self.clock.now, gpu_uuid=gpu, **fields)
-        corr = correlate.correlate(self.corr, ev, now=self.clock.now, catalog=CATALOG, policy=self.policy)
+        corr = correlate.correlate(self.corr, ev, now_s=self.clock.now, catalog=CATALOG, policy=self.policy)
         self.corr = corr.state
         self.outcomes.append(corr.outcome)
         if not corr.needs_decision:
             return None
         assert corr.incident is not None
         return self._take(
-            escalation.decide(self.state, corr.incident, now=self.clock.now, policy=self.policy.escalation)
+            escalation.decide(self.state, corr.incident, now_s=self.clock.now, policy=self.policy.escalation)
         )
 
     def xid(self, xid: int, gpu: str = "GPU-1", **fields: object) -> escalation.Decision | None:
@@ -67,13 +67,13 @@ class Node:
             escalation.on_result(
                 self.state,
                 escalation.ActionResult(cmd, outcome, validation_verdict=verdict, failed_gpu_uuids=failed),
-                now=self.clock.now,
+                now_s=self.clock.now,
                 policy=self.policy.escalation,
             )
         )
 
     def tick(self) -> escalation.Decision:
-        return self._take(escalation.tick(self.state, now=self.clock.now, policy=self.policy.escalation))
+        return self._take(escalation.tick(self.state, now_s=self.clock.now, policy=self.policy.escalation))
 
     def _take(self, decision: escalation.Decision) -> escalation.Decision:
         assert decision.reason and "\n" not in decision.reason
@@ -82,7 +82,7 @@ class Node:
         self.reasons.append(decision.reason)
         for action in decision.actions:
             if action.kind in REPAIR_KINDS:
-                self.state = escalation.mark_dispatched(self.state, action.command_id, now=self.clock.now)
+                self.state = escalation.mark_dispatched(self.state, action.command_id, now_s=self.clock.now)
         return decision
 
     # -- views -------------------------------------------------------------------------------
@@ -277,16 +277,16 @@ def test_a_command_is_awaited_exactly_until_the_tick_would_time_it_out():
     timeout_s = node.policy.escalation.reset_gpu_timeout_s
     ends = node.clock.now + timeout_s
     awaited = escalation.awaited_until
-    assert awaited(node.state, now=ends - 1, policy=node.policy.escalation) == {reset: ends}
-    assert awaited(node.state, now=ends, policy=node.policy.escalation) == {}
+    assert awaited(node.state, now_s=ends - 1, policy=node.policy.escalation) == {reset: ends}
+    assert awaited(node.state, now_s=ends, policy=node.policy.escalation) == {}
     node.clock.advance(timeout_s)
     climbed = node.tick()  # the same instant: the tick times it out and climbs to a reboot
     assert node.kinds(climbed) == ["quarantine_node", "reboot_node"]
     reboot = node.pending("reboot_node")
-    assert awaited(node.state, now=node.clock.now, policy=node.policy.escalation) == {
+    assert awaited(node.state, now_s=node.clock.now, policy=node.policy.escalation) == {
         reboot: node.clock.now + node.policy.escalation.reboot_node_timeout_s
     }
-    assert awaited(None, now=node.clock.now, policy=node.policy.escalation) == {}
+    assert awaited(None, now_s=node.clock.now, policy=node.policy.escalation) == {}
 
 
 def test_a_command_held_back_by_the_budget_never_times_out():
@@ -296,14 +296,14 @@ def test_a_command_held_back_by_the_budget_never_times_out():
         correlate.correlate(
             node.corr,
             health.HealthEvent("n1", EventKind.XID, T0, gpu_uuid="GPU-1", xid=95),
-            now=T0,
+            now_s=T0,
             catalog=CATALOG,
             policy=node.policy,
         ).incident,
-        now=T0,
+        now_s=T0,
         policy=node.policy.escalation,
     )
-    later = escalation.tick(decision.state, now=T0 + 10 * 86400, policy=node.policy.escalation)
+    later = escalation.tick(decision.state, now_s=T0 + 10 * 86400, policy=node.policy.escalation)
     assert later.actions == ()
 
 
@@ -466,7 +466,7 @@ def sweep(node: Node, seed: int = 42) -> escalation.Decision:
             sweep_id=f"sweep/{node.node_id}/1",
             suite="quick",
             seed=seed,
-            now=node.clock.now,
+            now_s=node.clock.now,
             policy=node.policy.escalation,
         )
     )
@@ -545,7 +545,7 @@ def test_a_reboot_supersedes_a_reset_in_flight_on_another_gpu():
     stale = escalation.on_result(
         node.state,
         escalation.ActionResult(reset_cmd, Outcome.FAILED),
-        now=node.clock.now,
+        now_s=node.clock.now,
         policy=node.policy.escalation,
     )
     assert stale.actions == () and "stale" in stale.reason
@@ -567,7 +567,7 @@ def test_a_folded_gpu_that_faults_during_the_node_validation_is_not_released_by_
         escalation.on_result(
             node.state,
             escalation.ActionResult(run, Outcome.SUCCEEDED, validation_verdict="pass"),
-            now=node.clock.now,
+            now_s=node.clock.now,
             policy=node.policy.escalation,
         )
     )
@@ -635,7 +635,7 @@ def test_operator_release_of_an_isolated_node_needs_a_passing_validation():
     ticket = node.ticket("")
     assert ticket.state is TicketState.AWAITING_OPERATOR and ticket.held == ("node",)
     decision = node._take(
-        escalation.operator_release(node.state, ticket.ticket_id, now=node.clock.now, policy=node.policy.escalation)
+        escalation.operator_release(node.state, ticket.ticket_id, now_s=node.clock.now, policy=node.policy.escalation)
     )
     assert node.kinds(decision) == ["run_validation"]
     still = node.result("run_validation", Outcome.SUCCEEDED, "fail")
@@ -648,7 +648,7 @@ def test_operator_force_release_is_marked_forced_and_closes_the_ticket():
     node.event(EventKind.ROW_REMAP_FAILURE)
     ticket = node.ticket()
     decision = escalation.operator_release(
-        node.state, ticket.ticket_id, now=node.clock.now, policy=node.policy.escalation, force=True
+        node.state, ticket.ticket_id, now_s=node.clock.now, policy=node.policy.escalation, force=True
     )
     assert [(a.kind, a.forced) for a in decision.actions] == [("release", True)]
     assert decision.state.tickets == ()
@@ -672,7 +672,7 @@ def test_a_repair_does_not_release_a_node_another_ticket_still_holds():
     # The optics ticket is the last holder: its release lifts the quarantine.
     node._take(
         escalation.operator_release(
-            node.state, isolation.ticket_id, now=node.clock.now, policy=node.policy.escalation, hold="node"
+            node.state, isolation.ticket_id, now_s=node.clock.now, policy=node.policy.escalation, hold="node"
         )
     )
     assert len(node_releases(node.result("run_validation", Outcome.SUCCEEDED, "pass"))) == 1
@@ -700,7 +700,12 @@ def test_a_forced_release_lifts_the_target_from_every_holder():
     node.state = escalation.operator_holds(node.state, "node", held=True)
     forced = node._take(
         escalation.operator_release(
-            node.state, isolation.ticket_id, now=node.clock.now, policy=node.policy.escalation, force=True, hold="node"
+            node.state,
+            isolation.ticket_id,
+            now_s=node.clock.now,
+            policy=node.policy.escalation,
+            force=True,
+            hold="node",
         )
     )
     assert [(a.kind, a.forced) for a in node_releases(forced)] == [("release", True)]
@@ -716,7 +721,7 @@ def test_a_forced_release_of_the_node_keeps_the_gpu_waiting_for_its_rma():
     assert ticket.state is TicketState.RMA_PENDING and set(ticket.held) == {"node", "gpu:GPU-3"}
     forced = node._take(
         escalation.operator_release(
-            node.state, ticket.ticket_id, now=node.clock.now, policy=node.policy.escalation, force=True, hold="node"
+            node.state, ticket.ticket_id, now_s=node.clock.now, policy=node.policy.escalation, force=True, hold="node"
         )
     )
     assert [(a.kind, a.gpu_uuid, a.forced) for a in forced.actions] == [("release", "", True)]
@@ -733,7 +738,7 @@ def test_a_forced_release_of_one_gpu_leaves_the_node_and_its_other_holders_alone
         escalation.operator_release(
             node.state,
             ticket.ticket_id,
-            now=node.clock.now,
+            now_s=node.clock.now,
             policy=node.policy.escalation,
             force=True,
             hold="gpu:GPU-1",
@@ -780,7 +785,7 @@ def test_replaying_one_decision_from_stored_state_reuses_its_command_ids():
     replay = escalation.on_result(
         escalation.RemediationState.from_dict(json.loads(stored)),
         escalation.ActionResult(restart, Outcome.FAILED),
-        now=node.clock.now,
+        now_s=node.clock.now,
         policy=node.policy.escalation,
     )
     assert [a.command_id for a in replay.actions] == [a.command_id for a in first.actions]
@@ -793,7 +798,7 @@ def test_a_result_for_an_unknown_command_is_stale_and_changes_nothing():
     decision = escalation.on_result(
         node.state,
         escalation.ActionResult("not-a-command", Outcome.FAILED),
-        now=node.clock.now,
+        now_s=node.clock.now,
         policy=node.policy.escalation,
     )
     assert decision.state == node.state and decision.actions == ()
@@ -828,7 +833,7 @@ def test_handle_event_runs_the_whole_pipeline():
         corr,
         state,
         health.HealthEvent("n1", EventKind.XID, T0, gpu_uuid="GPU-1", xid=48),
-        now=T0,
+        now_s=T0,
         catalog=CATALOG,
         policy=pol,
     )
@@ -838,7 +843,7 @@ def test_handle_event_runs_the_whole_pipeline():
         first.correlation.state,
         first.decision.state,
         health.HealthEvent("n1", EventKind.XID, T0 + 2, gpu_uuid="GPU-1", xid=45),
-        now=T0 + 2,
+        now_s=T0 + 2,
         catalog=CATALOG,
         policy=pol,
     )
@@ -873,7 +878,7 @@ def test_an_incident_for_another_node_changes_nothing():
     other = Node(node_id="n2")
     other.xid(13)
     incident = other.corr.open_incidents()[0]
-    decision = escalation.decide(node.state, incident, now=node.clock.now, policy=node.policy.escalation)
+    decision = escalation.decide(node.state, incident, now_s=node.clock.now, policy=node.policy.escalation)
     assert decision.actions == () and decision.state == node.state
 
 

@@ -59,19 +59,19 @@ def test_an_unknown_verdict_is_named():
 
 def test_suspicion_decays_with_its_half_life_and_never_goes_negative():
     marks = [sdc.SdcMark("accusation", T0), sdc.SdcMark("fail", T0)]
-    assert sdc.suspicion_score(marks, now=T0, half_life_s=30 * DAY_S) == 4.0
-    assert sdc.suspicion_score(marks, now=T0 + 30 * DAY_S, half_life_s=30 * DAY_S) == 2.0
-    assert sdc.suspicion_score([sdc.SdcMark("pass", T0)], now=T0, half_life_s=DAY_S) == 0.0
+    assert sdc.suspicion_score(marks, now_s=T0, half_life_s=30 * DAY_S) == 4.0
+    assert sdc.suspicion_score(marks, now_s=T0 + 30 * DAY_S, half_life_s=30 * DAY_S) == 2.0
+    assert sdc.suspicion_score([sdc.SdcMark("pass", T0)], now_s=T0, half_life_s=DAY_S) == 0.0
     # A pass lowers suspicion: accusation (1) + pass (-0.5).
     both = [sdc.SdcMark("accusation", T0), sdc.SdcMark("pass", T0)]
-    assert sdc.suspicion_score(both, now=T0, half_life_s=DAY_S) == 0.5
+    assert sdc.suspicion_score(both, now_s=T0, half_life_s=DAY_S) == 0.5
     with pytest.raises(ValueError, match="half_life_s"):
-        sdc.suspicion_score(marks, now=T0, half_life_s=0)
+        sdc.suspicion_score(marks, now_s=T0, half_life_s=0)
 
 
 def test_gpu_record_counts_and_scores():
     marks = [sdc.SdcMark("accusation", T0), sdc.SdcMark("fail", T0 + 10), sdc.SdcMark("pass", T0 + 20)]
-    record = sdc.gpu_record(marks, now=T0 + 20, half_life_s=30 * DAY_S, watch_until=T0 + 99)
+    record = sdc.gpu_record(marks, now_s=T0 + 20, half_life_s=30 * DAY_S, watch_until=T0 + 99)
     assert {k: record[k] for k in ("accusations", "runs", "fails", "passes", "last_verdict", "watch_until")} == {
         "accusations": 1,
         "runs": 2,
@@ -85,9 +85,9 @@ def test_gpu_record_counts_and_scores():
 
 def test_watched_until_ignores_expired_watches():
     watch = {"GPU-1": T0 + 100}
-    assert sdc.watched_until(watch, "GPU-1", now=T0) == T0 + 100
-    assert sdc.watched_until(watch, "GPU-1", now=T0 + 100) is None
-    assert sdc.watched_until(watch, "GPU-2", now=T0) is None
+    assert sdc.watched_until(watch, "GPU-1", now_s=T0) == T0 + 100
+    assert sdc.watched_until(watch, "GPU-1", now_s=T0 + 100) is None
+    assert sdc.watched_until(watch, "GPU-2", now_s=T0) is None
 
 
 # ---- sweeps ------------------------------------------------------------------------------------
@@ -102,32 +102,32 @@ def candidates(count: int, *, idle: bool = True, last: float | None = None) -> l
 def test_plan_sweep_takes_the_share_of_idle_nodes_least_recently_swept_first():
     nodes = candidates(100, last=T0 - 30 * DAY_S)
     nodes[57] = sdc.SweepCandidate("n057", True, None)  # never swept: first
-    picks = sdc.plan_sweep(nodes, now=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8)
+    picks = sdc.plan_sweep(nodes, now_s=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8)
     assert [p.node_id for p in picks] == ["n057", "n000"]
     assert all(p.suite == "quick" and p.sweep_id.startswith(f"sweep/{p.node_id}/") for p in picks)
 
 
 def test_plan_sweep_leaves_room_for_repairs_and_respects_concurrency():
     nodes = candidates(1000)
-    assert len(sdc.plan_sweep(nodes, now=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8)) == 2
-    assert len(sdc.plan_sweep(nodes, now=T0, policy=SWEEPS, in_flight=1, free_disruption_slots=8)) == 1
-    assert sdc.plan_sweep(nodes, now=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=1) == ()
-    assert sdc.plan_sweep(nodes, now=T0, policy=SWEEPS, in_flight=2, free_disruption_slots=8) == ()
+    assert len(sdc.plan_sweep(nodes, now_s=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8)) == 2
+    assert len(sdc.plan_sweep(nodes, now_s=T0, policy=SWEEPS, in_flight=1, free_disruption_slots=8)) == 1
+    assert sdc.plan_sweep(nodes, now_s=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=1) == ()
+    assert sdc.plan_sweep(nodes, now_s=T0, policy=SWEEPS, in_flight=2, free_disruption_slots=8) == ()
 
 
 def test_plan_sweep_skips_busy_and_recently_swept_nodes_and_can_be_off():
     busy = candidates(10, idle=False)
-    assert sdc.plan_sweep(busy, now=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8) == ()
+    assert sdc.plan_sweep(busy, now_s=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8) == ()
     recent = candidates(10, last=T0 - DAY_S)
-    assert sdc.plan_sweep(recent, now=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8) == ()
+    assert sdc.plan_sweep(recent, now_s=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8) == ()
     off = policy.SdcPolicy()
-    assert sdc.plan_sweep(candidates(10), now=T0, policy=off, in_flight=0, free_disruption_slots=8) == ()
+    assert sdc.plan_sweep(candidates(10), now_s=T0, policy=off, in_flight=0, free_disruption_slots=8) == ()
 
 
 def test_sweep_seeds_rotate_by_epoch_and_are_stable():
-    day1 = sdc.plan_sweep(candidates(1), now=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8)
-    again = sdc.plan_sweep(candidates(1), now=T0 + 1, policy=SWEEPS, in_flight=0, free_disruption_slots=8)
-    day2 = sdc.plan_sweep(candidates(1), now=T0 + DAY_S, policy=SWEEPS, in_flight=0, free_disruption_slots=8)
+    day1 = sdc.plan_sweep(candidates(1), now_s=T0, policy=SWEEPS, in_flight=0, free_disruption_slots=8)
+    again = sdc.plan_sweep(candidates(1), now_s=T0 + 1, policy=SWEEPS, in_flight=0, free_disruption_slots=8)
+    day2 = sdc.plan_sweep(candidates(1), now_s=T0 + DAY_S, policy=SWEEPS, in_flight=0, free_disruption_slots=8)
     assert day1[0].seed == again[0].seed
     assert day1[0].seed != day2[0].seed
     assert day1[0].sweep_id != day2[0].sweep_id
@@ -158,10 +158,10 @@ def test_planned_sweep_quarantines_take_budget_but_never_trip_the_breaker():
         )
         for i in range(6)
     ]
-    admission = blast_radius.admit(blast_radius.BudgetState(), proposed, fleet, now=T0, policy=pol)
+    admission = blast_radius.admit(blast_radius.BudgetState(), proposed, fleet, now_s=T0, policy=pol)
     assert len(admission.admitted) == 6
     assert admission.state.breaker_tripped_at is None, "6 of 20 nodes is over 10 %, but sweeps are not breakage"
     assert len(admission.state.quarantined_nodes) == 6
     unplanned = [dataclasses.replace(a, planned=False) for a in proposed]
-    tripped = blast_radius.admit(blast_radius.BudgetState(), unplanned, fleet, now=T0, policy=pol)
+    tripped = blast_radius.admit(blast_radius.BudgetState(), unplanned, fleet, now_s=T0, policy=pol)
     assert tripped.state.breaker_tripped_at == T0

@@ -35,7 +35,7 @@ def _ticket(state: TicketState, **fields) -> escalation.Ticket:
 
 
 def _changes(state: escalation.RemediationState, at: float) -> bool:
-    decision = escalation.tick(state, now=at, policy=POLICY)
+    decision = escalation.tick(state, now_s=at, policy=POLICY)
     return decision.state != state or bool(decision.actions)
 
 
