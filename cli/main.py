@@ -127,48 +127,103 @@ def _target(text: str) -> admin_pb.Target:
     return admin_pb.Target(node_id=node_id, gpu_uuid=gpu_uuid)
 
 
+_LISTINGS = frozenset({"nodes", "node", "events", "incidents", "repairs", "validations", "audit"})
+"""Commands that only read (``sdc list`` and ``rma list``/``show`` are read under their groups)."""
+
+
 def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO) -> None:
     now = time.time_ns()
+    if args.command in _LISTINGS or (args.command == "sdc" and args.sdc_command == "list"):
+        _run_listing(args, stub, out, now)
+    elif args.command == "rma":
+        _run_rma(args, stub, out, now)
+    elif args.command == "power":
+        power_views.run(args, stub, out, args.timeout_s)
+    else:
+        _run_change(args, stub, out)
+
+
+def _show(
+    args: argparse.Namespace,
+    messages: Sequence[Any],
+    table: Callable[[list[Any], int, TextIO], None],
+    now: int,
+    out: TextIO,
+) -> None:
+    """Print messages as JSON (--json) or as a table."""
+    if getattr(args, "json", False):
+        output.dump_json([output.message_json(m) for m in messages], out)
+    else:
+        table(list(messages), now, out)
+
+
+def _run_listing(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, now: int) -> None:
+    """The commands that read: nodes, node, events, incidents, repairs, validations, sdc list, audit."""
     timeout = args.timeout_s
-    as_json = getattr(args, "json", False)
-
-    def show(messages: Sequence[Any], table: Callable[[list[Any], int, TextIO], None]) -> None:
-        if as_json:
-            output.dump_json([output.message_json(m) for m in messages], out)
-        else:
-            table(list(messages), now, out)
-
     if args.command == "nodes":
         response = stub.ListNodes(admin_pb.ListNodesRequest(label_selector=_selector(args.selector)), timeout=timeout)
-        if as_json:
+        if getattr(args, "json", False):
             output.dump_json(views.nodes_json(list(response.nodes)), out)
         else:
             views.nodes_table(list(response.nodes), now, out)
     elif args.command == "node":
-        detail = stub.GetNode(admin_pb.GetNodeRequest(node_id=args.node_id), timeout=timeout)
-        if as_json:
-            output.dump_json(output.message_json(detail), out)
-        else:
-            views.node_detail(detail, now, out)
-            if detail.quarantines:
-                print("quarantined:", file=out)
-                rviews.quarantines_table(list(detail.quarantines), now, out)
-            if detail.repairs:
-                print("repair ladder:", file=out)
-                rviews.repairs_table(list(detail.repairs), now, out)
-                rviews.repair_history(list(detail.repairs), out)
+        _show_node(args, stub.GetNode(admin_pb.GetNodeRequest(node_id=args.node_id), timeout=timeout), now, out)
     elif args.command == "events":
         listed = stub.ListEvents(admin_pb.ListEventsRequest(node_id=args.node, limit=args.limit), timeout=timeout)
-        show(listed.events, views.events_table)
+        _show(args, listed.events, views.events_table, now, out)
     elif args.command == "incidents":
         listed = stub.ListIncidents(
             admin_pb.ListIncidentsRequest(node_id=args.node, open_only=args.open), timeout=timeout
         )
-        show(listed.incidents, rviews.incidents_table)
+        _show(args, listed.incidents, rviews.incidents_table, now, out)
     elif args.command == "repairs":
         listed = stub.ListRepairs(admin_pb.ListRepairsRequest(node_id=args.node, open_only=args.open), timeout=timeout)
-        show(listed.repairs, rviews.repairs_table)
-    elif args.command == "quarantine":
+        _show(args, listed.repairs, rviews.repairs_table, now, out)
+    elif args.command == "validations":
+        listed = stub.ListValidations(admin_pb.ListValidationsRequest(node_id=args.node), timeout=timeout)
+        _show(args, listed.validations, rviews.validations_table, now, out)
+    elif args.command == "sdc":
+        listed = stub.ListSdc(admin_pb.ListSdcRequest(limit=args.limit), timeout=timeout)
+        _show(args, listed.gpus, rviews.sdc_table, now, out)
+    elif args.command == "audit":
+        listed = stub.ListAudit(admin_pb.ListAuditRequest(limit=args.limit), timeout=timeout)
+        _show(args, listed.records, rviews.audit_table, now, out)
+
+
+def _show_node(args: argparse.Namespace, detail: admin_pb.GetNodeResponse, now: int, out: TextIO) -> None:
+    """``rasctl node``: the node, then its quarantines and repair ladder when it has any."""
+    if getattr(args, "json", False):
+        output.dump_json(output.message_json(detail), out)
+        return
+    views.node_detail(detail, now, out)
+    if detail.quarantines:
+        print("quarantined:", file=out)
+        rviews.quarantines_table(list(detail.quarantines), now, out)
+    if detail.repairs:
+        print("repair ladder:", file=out)
+        rviews.repairs_table(list(detail.repairs), now, out)
+        rviews.repair_history(list(detail.repairs), out)
+
+
+def _run_rma(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, now: int) -> None:
+    """``rasctl rma list|show|approve``."""
+    timeout = args.timeout_s
+    if args.rma_command == "list":
+        listed = stub.ListRma(admin_pb.ListRmaRequest(pending_only=args.pending), timeout=timeout)
+        _show(args, listed.tickets, rviews.rma_table, now, out)
+    elif args.rma_command == "show":
+        output.dump_json(
+            output.message_json(stub.GetRma(admin_pb.GetRmaRequest(rma_id=args.rma_id), timeout=timeout)), out
+        )
+    else:
+        approved = stub.ApproveRma(admin_pb.ApproveRmaRequest(rma_id=args.rma_id), timeout=timeout)
+        print(f"RMA {approved.ticket.rma_id}: {approved.ticket.state}", file=out)
+
+
+def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO) -> None:
+    """The commands that change something: quarantine, release, validate, sdc accuse, automation."""
+    timeout = args.timeout_s
+    if args.command == "quarantine":
         stub.Quarantine(admin_pb.QuarantineRequest(target=_target(args.target), reason=args.reason), timeout=timeout)
         print(f"quarantined {args.target}", file=out)
     elif args.command == "release":
@@ -183,40 +238,18 @@ def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, ou
             admin_pb.ValidateRequest(target=_target(args.target), suite=args.suite, seed=args.seed), timeout=timeout
         )
         print(f"validation {started.validation_id} started on {args.target}; see `rasctl validations`", file=out)
-    elif args.command == "validations":
-        listed = stub.ListValidations(admin_pb.ListValidationsRequest(node_id=args.node), timeout=timeout)
-        show(listed.validations, rviews.validations_table)
-    elif args.command == "sdc" and args.sdc_command == "list":
-        listed = stub.ListSdc(admin_pb.ListSdcRequest(limit=args.limit), timeout=timeout)
-        show(listed.gpus, rviews.sdc_table)
     elif args.command == "sdc":
         stub.AccuseSdc(
             admin_pb.AccuseSdcRequest(target=_target(args.target), reason=args.reason),
             timeout=timeout,
         )
         print(f"accused {args.target}: quarantined for the accusation suite", file=out)
-    elif args.command == "rma":
-        if args.rma_command == "list":
-            listed = stub.ListRma(admin_pb.ListRmaRequest(pending_only=args.pending), timeout=timeout)
-            show(listed.tickets, rviews.rma_table)
-        elif args.rma_command == "show":
-            output.dump_json(
-                output.message_json(stub.GetRma(admin_pb.GetRmaRequest(rma_id=args.rma_id), timeout=timeout)), out
-            )
-        else:
-            approved = stub.ApproveRma(admin_pb.ApproveRmaRequest(rma_id=args.rma_id), timeout=timeout)
-            print(f"RMA {approved.ticket.rma_id}: {approved.ticket.state}", file=out)
     elif args.command == "automation":
         status = stub.SetAutomationPaused(
             admin_pb.SetAutomationPausedRequest(paused=args.action == "pause", reason=args.reason), timeout=timeout
         )
         word = "paused" if status.paused else "running"
         print(f"automation {word}" + (f": {status.reason}" if status.paused and status.reason else ""), file=out)
-    elif args.command == "power":
-        power_views.run(args, stub, out, timeout)
-    elif args.command == "audit":
-        listed = stub.ListAudit(admin_pb.ListAuditRequest(limit=args.limit), timeout=timeout)
-        show(listed.records, rviews.audit_table)
 
 
 def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:

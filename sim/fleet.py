@@ -128,26 +128,105 @@ def _labels(index: int, nodes_per_rack: int) -> dict[str, str]:
     return {"rack": f"rack-{rack:02d}", "row": f"row-{rack // 4}", "nvlink_domain": f"nvl-{index:03d}"}
 
 
+@dataclasses.dataclass
+class _Session:
+    """One run's controller, simulated nodes and what the scripted operator did, for its steps."""
+
+    settings: SimSettings
+    controller: server.Controller
+    backends: list[simulated.SimulatedBackend]
+    agents: list[runtime.Agent]
+    probe: power_sim.PowerProbe | None
+    started_ns: int
+    clock: Callable[[], int]
+    commands: list[CommandOutcome] = dataclasses.field(default_factory=list)
+    operator_marks: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ControllerRecord:
+    """What the controller held at the end, read before it stops."""
+
+    power_rows: list[tuple[int, float, int]]
+    samples_ingested: int
+    outbox: list[dict[str, object]]
+    tickets: list[dict[str, object]]
+
+
 async def run(
     settings: SimSettings, out: TextIO | None = None, *, clock: Callable[[], int] = time.time_ns
 ) -> SimResult:
     """Run the simulation for settings.duration_s and return what was measured (printing to out or stdout)."""
     out = out or sys.stdout
+    pki = _fresh_out_dir(settings)
+    power = settings.scenario.power
+    gpu_model = scenario_mod.GPU_MODELS[power.gpu_model] if power else simulated.H100_SXM
+    controller = await _start_controller(settings, pki, gpu_model)
+    agent_address = controller.address
+    proxy = None
+    if settings.downlink_delay_s is not None:
+        proxy = netdelay.DelayProxy(controller.address, settings.downlink_delay_s, settings.seed)
+        agent_address = await proxy.start()
+    started_ns = clock()
+    workload = _workload(settings.scenario.workload, started_ns)
+    # One job for the whole fleet: a step ends when its slowest rank on any node is done.
+    job = step_job.StepJob(workload.shape(gpu_model.idle_w), settings.seed)
+    backends: list[simulated.SimulatedBackend] = []
+    agents: list[runtime.Agent] = []
+    for index in range(settings.nodes):
+        backends.append(_backend(settings, index, workload, job, gpu_model, started_ns, clock))
+        agents.append(_agent(settings, index, backends[-1], agent_address, pki))
+    probe = _power_probe(settings, controller, job, backends, gpu_model, started_ns, clock)
+    session = _Session(settings, controller, backends, agents, probe, started_ns, clock)
+    stop_agents = asyncio.Event()
+    agent_tasks = [asyncio.create_task(a.run(stop_agents), name=f"agent-{a.identity.node_id}") for a in agents]
+    # Reads (the live table, the final fleet) go through a viewer certificate; the scripted budget
+    # changes are an admin's (SetPowerBudget needs the admin role), each with the least it needs.
+    channel = tls.aio_channel(controller.address, _operator_files(pki, "viewer"))
+    admin = admin_grpc.AdminServiceStub(channel)
+    admin_channel = tls.aio_channel(controller.address, _operator_files(pki, "admin"))
+    budget_admin = admin_grpc.AdminServiceStub(admin_channel)
+    print(
+        f"rasd-sim: scenario {settings.scenario.name!r}: {settings.nodes} nodes × {settings.gpus_per_node} GPUs "
+        f"for {settings.duration_s:g} s; controller {controller.address}, metrics :{controller.metrics_port}",
+        file=out,
+        flush=True,
+    )
+    try:
+        final_nodes, events = await _play(session, admin, budget_admin, out)
+    finally:
+        stop_agents.set()
+        await asyncio.gather(*agent_tasks, return_exceptions=True)
+        if proxy is not None:
+            await proxy.close()
+        await channel.close()
+        await admin_channel.close()
+        finished_ns = clock()
+        record = await _controller_record(controller, started_ns)
+        await controller.stop()
+    return _result(session, final_nodes, events, record, finished_ns)
+
+
+def _fresh_out_dir(settings: SimSettings) -> devcerts.DevPki | None:
+    """Make the output folder, remove a previous run's database, and issue dev certificates if TLS is on."""
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     db_path = settings.out_dir / "rasd.db"
     for stale in (db_path, db_path.with_suffix(".db-wal"), db_path.with_suffix(".db-shm")):
         stale.unlink(missing_ok=True)
-    pki = (
-        devcerts.init(settings.out_dir / "certs", [_node_id(i) for i in range(settings.nodes)])
-        if settings.tls
-        else None
-    )
+    if not settings.tls:
+        return None
+    return devcerts.init(settings.out_dir / "certs", [_node_id(i) for i in range(settings.nodes)])
+
+
+async def _start_controller(
+    settings: SimSettings, pki: devcerts.DevPki | None, gpu_model: simulated.SimulatedGpuModel
+) -> server.Controller:
+    """Start a real controller on a loopback port, with its store in the output folder."""
     power = settings.scenario.power
-    gpu_model = scenario_mod.GPU_MODELS[power.gpu_model] if power else simulated.H100_SXM
     controller = server.Controller(
         server.ControllerSettings(
             listen="127.0.0.1:0",
-            db_url=f"sqlite:///{db_path}",
+            db_url=f"sqlite:///{settings.out_dir / 'rasd.db'}",
             metrics_port=0,
             remediation_policy=settings.scenario.remediation,
             security=authn.SecuritySettings(
@@ -159,14 +238,12 @@ async def run(
         )
     )
     await controller.start()
-    agent_address = controller.address
-    proxy = None
-    if settings.downlink_delay_s is not None:
-        proxy = netdelay.DelayProxy(controller.address, settings.downlink_delay_s, settings.seed)
-        agent_address = await proxy.start()
-    started_ns = clock()
-    job_spec = settings.scenario.workload
-    workload = simulated.StepWorkload(
+    return controller
+
+
+def _workload(job_spec: scenario_mod.Workload, started_ns: int) -> simulated.StepWorkload:
+    """The scenario's training job as the simulated GPUs run it, its phase anchored at the start."""
+    return simulated.StepWorkload(
         period_s=job_spec.period_s,
         compute_fraction=job_spec.compute_fraction,
         compute_w=job_spec.compute_w,
@@ -178,128 +255,169 @@ async def run(
         checkpoint_every_steps=job_spec.checkpoint_every_steps,
         checkpoint_s=job_spec.checkpoint_s,
     )
-    # One job for the whole fleet: a step ends when its slowest rank on any node is done.
-    job = step_job.StepJob(workload.shape(gpu_model.idle_w), settings.seed)
-    backends: list[simulated.SimulatedBackend] = []
-    agents: list[runtime.Agent] = []
-    for index in range(settings.nodes):
-        node_id = _node_id(index)
-        script = [nf.fault for nf in settings.scenario.faults if nf.node % settings.nodes == index]
-        backend = simulated.SimulatedBackend(
-            node_id,
-            settings.gpus_per_node,
-            settings.seed,
-            workload=workload,
-            faults=script,
-            epoch_unix_ns=started_ns,
-            gpu_model=gpu_model,
-            job=job,
-            clock=clock,
-        )
-        backends.append(backend)
-        agents.append(
-            runtime.Agent(
-                runtime.NodeIdentity(
-                    node_id=node_id,
-                    boot_id=str(uuid.UUID(int=settings.seed * 1_000_003 + index)),
-                    hostname=node_id,
-                    labels=_labels(index, settings.nodes_per_rack),
-                ),
-                backend,
-                spool.Spool(":memory:"),
-                runtime.LinkSettings(
-                    controller_address=agent_address,
-                    tls=tls.TlsFiles(pki.ca.cert, pki.nodes[node_id].cert, pki.nodes[node_id].key) if pki else None,
-                ),
-                # Simulated GPUs take real repairs: the controller's commands change their state.
-                ops=node_ops.SimulatedNodeOps(backend),
-                action_settings=actions.ActionSettings(destructive_enabled=True),
-            )
-        )
-    probe = None
-    if power is not None:
-        probe = power_sim.PowerProbe(
-            job,
-            settings.seed,
-            [_node_id(i) for i in range(settings.nodes) for _ in range(settings.gpus_per_node)],
-            [g.uuid for b in backends for g in b.inventory()],
-            gpu_model.power_limit_max_w,
-            power,
-            started_ns,
-            clock,
-        )
-        probe.loop = controller.power
-        if controller.remediation is not None:
-            store = controller.remediation.store
-            probe.quarantined = lambda: controller.ingest.run_in_store(store.quarantines)
-    stop_agents = asyncio.Event()
-    agent_tasks = [asyncio.create_task(a.run(stop_agents), name=f"agent-{a.identity.node_id}") for a in agents]
-    commands: list[CommandOutcome] = []
-    operator_marks: list[int] = []
-    # Reads (the live table, the final fleet) go through a viewer certificate; the scripted budget
-    # changes are an admin's (SetPowerBudget needs the admin role), each with the least it needs.
-    viewer = tls.TlsFiles(pki.ca.cert, pki.operators["viewer"].cert, pki.operators["viewer"].key) if pki else None
-    channel = tls.aio_channel(controller.address, viewer)
-    admin = admin_grpc.AdminServiceStub(channel)
-    admin_files = tls.TlsFiles(pki.ca.cert, pki.operators["admin"].cert, pki.operators["admin"].key) if pki else None
-    admin_channel = tls.aio_channel(controller.address, admin_files)
-    budget_admin = admin_grpc.AdminServiceStub(admin_channel)
-    print(
-        f"rasd-sim: scenario {settings.scenario.name!r}: {settings.nodes} nodes × {settings.gpus_per_node} GPUs "
-        f"for {settings.duration_s:g} s; controller {controller.address}, metrics :{controller.metrics_port}",
-        file=out,
-        flush=True,
+
+
+def _backend(
+    settings: SimSettings,
+    index: int,
+    workload: simulated.StepWorkload,
+    job: step_job.StepJob,
+    gpu_model: simulated.SimulatedGpuModel,
+    started_ns: int,
+    clock: Callable[[], int],
+) -> simulated.SimulatedBackend:
+    """Node index's simulated GPUs, with the scenario's faults for that node."""
+    node_id = _node_id(index)
+    script = [nf.fault for nf in settings.scenario.faults if nf.node % settings.nodes == index]
+    return simulated.SimulatedBackend(
+        node_id,
+        settings.gpus_per_node,
+        settings.seed,
+        workload=workload,
+        faults=script,
+        epoch_unix_ns=started_ns,
+        gpu_model=gpu_model,
+        job=job,
+        clock=clock,
     )
-    try:
-        await asyncio.gather(
-            _operate(settings, controller, agents, commands, operator_marks, clock, started_ns),
-            _show_table(settings, admin, out, clock, started_ns),
-            asyncio.sleep(settings.duration_s),
-            *(
-                (probe.sample(settings.duration_s), probe.play_budget_changes(budget_admin, settings.duration_s))
-                if probe
-                else ()
-            ),
-        )
-        # Let the last telemetry batch and event acks land before measuring.
-        await asyncio.sleep(1.5)
-        final_nodes = list((await admin.ListNodes(admin_pb.ListNodesRequest(), timeout=10)).nodes)
-        print(f"\nfleet after {settings.duration_s:g} s:", file=out)
-        views.nodes_table(final_nodes, clock(), out)
-        events = await admin.ListEvents(admin_pb.ListEventsRequest(limit=10_000), timeout=10)
-    finally:
-        stop_agents.set()
-        await asyncio.gather(*agent_tasks, return_exceptions=True)
-        if proxy is not None:
-            await proxy.close()
-        await channel.close()
-        await admin_channel.close()
-        finished_ns = clock()
-        power_rows = controller.ingest.power_window.series(since_unix_ns=started_ns)
-        samples = controller.ingest.samples_ingested
-        remediation = controller.remediation
-        outbox, tickets = [], []
-        if remediation is not None:
-            outbox = [dataclasses.asdict(c) for c in await controller.ingest.run_in_store(remediation.store.commands)]
-            tickets = await controller.ingest.run_in_store(lambda: remediation.store.tickets(limit=10_000))
-        await controller.stop()
+
+
+def _agent(
+    settings: SimSettings,
+    index: int,
+    backend: simulated.SimulatedBackend,
+    agent_address: str,
+    pki: devcerts.DevPki | None,
+) -> runtime.Agent:
+    """Node index's agent: its identity, link to the controller and action settings."""
+    node_id = _node_id(index)
+    return runtime.Agent(
+        runtime.NodeIdentity(
+            node_id=node_id,
+            boot_id=str(uuid.UUID(int=settings.seed * 1_000_003 + index)),
+            hostname=node_id,
+            labels=_labels(index, settings.nodes_per_rack),
+        ),
+        backend,
+        spool.Spool(":memory:"),
+        runtime.LinkSettings(
+            controller_address=agent_address,
+            tls=tls.TlsFiles(pki.ca.cert, pki.nodes[node_id].cert, pki.nodes[node_id].key) if pki else None,
+        ),
+        # Simulated GPUs take real repairs: the controller's commands change their state.
+        ops=node_ops.SimulatedNodeOps(backend),
+        action_settings=actions.ActionSettings(destructive_enabled=True),
+    )
+
+
+def _power_probe(
+    settings: SimSettings,
+    controller: server.Controller,
+    job: step_job.StepJob,
+    backends: list[simulated.SimulatedBackend],
+    gpu_model: simulated.SimulatedGpuModel,
+    started_ns: int,
+    clock: Callable[[], int],
+) -> power_sim.PowerProbe | None:
+    """The power loop's ground-truth probe, for scenarios with a `[power]` table; else None."""
+    power = settings.scenario.power
+    if power is None:
+        return None
+    probe = power_sim.PowerProbe(
+        job,
+        settings.seed,
+        [_node_id(i) for i in range(settings.nodes) for _ in range(settings.gpus_per_node)],
+        [g.uuid for b in backends for g in b.inventory()],
+        gpu_model.power_limit_max_w,
+        power,
+        started_ns,
+        clock,
+    )
+    probe.loop = controller.power
+    if controller.remediation is not None:
+        store = controller.remediation.store
+        probe.quarantined = lambda: controller.ingest.run_in_store(store.quarantines)
+    return probe
+
+
+def _operator_files(pki: devcerts.DevPki | None, role: str) -> tls.TlsFiles | None:
+    """The dev certificate of the operator with role ("viewer", "admin"); None without TLS."""
+    if pki is None:
+        return None
+    return tls.TlsFiles(pki.ca.cert, pki.operators[role].cert, pki.operators[role].key)
+
+
+async def _play(
+    session: _Session, admin: admin_grpc.AdminServiceStub, budget_admin: admin_grpc.AdminServiceStub, out: TextIO
+) -> tuple[list[admin_pb.NodeStatus], admin_pb.ListEventsResponse]:
+    """Play the scenario for its duration, then print and return the final fleet and the stored events."""
+    settings, probe, clock = session.settings, session.probe, session.clock
+    await asyncio.gather(
+        _operate(
+            settings,
+            session.controller,
+            session.agents,
+            session.commands,
+            session.operator_marks,
+            clock,
+            session.started_ns,
+        ),
+        _show_table(settings, admin, out, clock, session.started_ns),
+        asyncio.sleep(settings.duration_s),
+        *(
+            (probe.sample(settings.duration_s), probe.play_budget_changes(budget_admin, settings.duration_s))
+            if probe
+            else ()
+        ),
+    )
+    # Let the last telemetry batch and event acks land before measuring.
+    await asyncio.sleep(1.5)
+    final_nodes = list((await admin.ListNodes(admin_pb.ListNodesRequest(), timeout=10)).nodes)
+    print(f"\nfleet after {settings.duration_s:g} s:", file=out)
+    views.nodes_table(final_nodes, clock(), out)
+    events = await admin.ListEvents(admin_pb.ListEventsRequest(limit=10_000), timeout=10)
+    return final_nodes, events
+
+
+async def _controller_record(controller: server.Controller, started_ns: int) -> _ControllerRecord:
+    """Read the power series, the sample count, the outbox and the tickets from the controller."""
+    power_rows = controller.ingest.power_window.series(since_unix_ns=started_ns)
+    samples = controller.ingest.samples_ingested
+    remediation = controller.remediation
+    outbox, tickets = [], []
+    if remediation is not None:
+        outbox = [dataclasses.asdict(c) for c in await controller.ingest.run_in_store(remediation.store.commands)]
+        tickets = await controller.ingest.run_in_store(lambda: remediation.store.tickets(limit=10_000))
+    return _ControllerRecord(power_rows, samples, outbox, tickets)
+
+
+def _result(
+    session: _Session,
+    final_nodes: list[admin_pb.NodeStatus],
+    events: admin_pb.ListEventsResponse,
+    record: _ControllerRecord,
+    finished_ns: int,
+) -> SimResult:
+    """What was measured, from the controller's, the agents' and the simulated GPUs' records."""
+    settings, controller, agents = session.settings, session.controller, session.agents
+    remediation = controller.remediation
     usage = resource.getrusage(resource.RUSAGE_SELF)
     writer = resource.getrusage(resource.RUSAGE_CHILDREN)  # the controller's commit writer, reaped at stop
     return SimResult(
         settings=settings,
-        started_unix_ns=started_ns,
+        started_unix_ns=session.started_ns,
         finished_unix_ns=finished_ns,
         controller_address=controller.address,
         metrics_port=controller.metrics_port,
         injected=[
             InjectedFault(_node_id(index), fired)
-            for index, backend in enumerate(backends)
+            for index, backend in enumerate(session.backends)
             for fired in backend.fired
             if fired.fired_unix_ns < finished_ns
         ],
-        commands=commands,
+        commands=session.commands,
         final_nodes=final_nodes,
-        samples_ingested=samples,
+        samples_ingested=record.samples_ingested,
         stored_events=[
             {
                 "node_id": e.node_id,
@@ -313,19 +431,21 @@ async def run(
         ],
         agent_events_spooled=sum(a.stats.events_spooled for a in agents),
         agent_events_unacked=sum(a.spool.depth() for a in agents),
-        power_rows=power_rows,
-        operator_marks_unix_ns=operator_marks,
+        power_rows=record.power_rows,
+        operator_marks_unix_ns=session.operator_marks,
         cpu_s=usage.ru_utime + usage.ru_stime + writer.ru_utime + writer.ru_stime,
         peak_rss_mib=usage.ru_maxrss / 1024,
-        fleet_power=fleet.summarize_power(power_rows, min_gpus=int(0.95 * settings.nodes * settings.gpus_per_node)),
-        outbox=outbox,
-        tickets=tickets,
+        fleet_power=fleet.summarize_power(
+            record.power_rows, min_gpus=int(0.95 * settings.nodes * settings.gpus_per_node)
+        ),
+        outbox=record.outbox,
+        tickets=record.tickets,
         decision_latency_s=list(remediation.stats.decision_latency_s) if remediation else [],
         max_disrupted_nodes=remediation.stats.max_disrupted_nodes if remediation else 0,
         disruption_budget=_budget_nodes(settings),
         agent_streams=controller.security.streams_total,
         agent_streams_mtls=controller.security.streams_mtls,
-        power_trace=probe.trace(finished_ns) if probe else None,
+        power_trace=session.probe.trace(finished_ns) if session.probe else None,
     )
 
 

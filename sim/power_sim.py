@@ -357,26 +357,15 @@ def report_section(
     t = trace.t_s
     if len(t) < 8:
         return {"managed": trace.managed, "note": "too few samples to measure"}
-    start = measure_from_s
-    if start is None:
-        start = (trace.smoothing_from_s + SETTLE_S) if trace.smoothing_from_s is not None else float(t[len(t) // 3])
-    window = (t >= start) & (t < (measure_until_s if measure_until_s is not None else math.inf))
-    # Budget cuts change the managed level on purpose; they stay in the window (they are part of the
-    # run), but a window with fewer than 10 s cannot say much about a 0.1 Hz band.
-    if window.sum() < 8:
-        window = t >= t[len(t) // 2]
+    start, window = _measure_window(trace, measure_from_s, measure_until_s)
     managed, unmanaged = trace.managed_w[window], trace.unmanaged_w[window]
     p2p_m = float(managed.max() - managed.min())
     p2p_u = float(unmanaged.max() - unmanaged.min())
     band_m = swing.band_power(managed, SAMPLE_HZ, policy.band_low_hz, policy.band_high_hz)
     band_u = swing.band_power(unmanaged, SAMPLE_HZ, policy.band_low_hz, policy.band_high_hz)
     win_from, win_to = float(t[window][0]), float(t[window][-1])
-
-    def mean_step(steps: list[tuple[float, float, int]]) -> float | None:
-        inside = [d for s, d, _ in steps if s >= win_from and s + d <= win_to]
-        return float(np.mean(inside)) if inside else None
-
-    step_m, step_u = mean_step(trace.managed_steps_s), mean_step(trace.unmanaged_steps_s)
+    step_m = _mean_step(trace.managed_steps_s, win_from, win_to)
+    step_u = _mean_step(trace.unmanaged_steps_s, win_from, win_to)
     step_cost = 100.0 * (step_m / step_u - 1.0) if step_m and step_u else None
     energy = None
     if step_m and step_u and unmanaged.mean() > 0:
@@ -419,17 +408,41 @@ def report_section(
         "window_s": [_r(win_from, 2), _r(win_to, 2)],
         "control_periods": trace.periods,
         "control_period_ms_p99": _r(float(np.percentile(trace.loop_step_ms, 99)), 2) if trace.loop_step_ms else None,
-        "budget_cuts": [
-            {
-                "at_s": round(c.at_s, 2),
-                "domain": c.domain,
-                "level": c.level,
-                "budget_w": c.budget_w,
-                "enforced_s": _r(c.enforced_s, 3),
-                **({"error": c.error} if c.error else {}),
-            }
-            for c in trace.cuts
-        ],
+        "budget_cuts": [_cut_row(c) for c in trace.cuts],
+    }
+
+
+def _measure_window(
+    trace: PowerTrace, measure_from_s: float | None, measure_until_s: float | None
+) -> tuple[float, np.ndarray]:
+    """(start, mask) of the samples report_section measures: from settling after smoothing began by default."""
+    t = trace.t_s
+    start = measure_from_s
+    if start is None:
+        start = (trace.smoothing_from_s + SETTLE_S) if trace.smoothing_from_s is not None else float(t[len(t) // 3])
+    window = (t >= start) & (t < (measure_until_s if measure_until_s is not None else math.inf))
+    # Budget cuts change the managed level on purpose; they stay in the window (they are part of the
+    # run), but a window with fewer than 10 s cannot say much about a 0.1 Hz band.
+    if window.sum() < 8:
+        window = t >= t[len(t) // 2]
+    return start, window
+
+
+def _mean_step(steps: list[tuple[float, float, int]], win_from: float, win_to: float) -> float | None:
+    """Mean duration of the steps (start, duration, index) wholly inside [win_from, win_to]; None if none."""
+    inside = [d for s, d, _ in steps if s >= win_from and s + d <= win_to]
+    return float(np.mean(inside)) if inside else None
+
+
+def _cut_row(cut: BudgetCut) -> dict[str, Any]:
+    """One budget cut as report.json lists it."""
+    return {
+        "at_s": round(cut.at_s, 2),
+        "domain": cut.domain,
+        "level": cut.level,
+        "budget_w": cut.budget_w,
+        "enforced_s": _r(cut.enforced_s, 3),
+        **({"error": cut.error} if cut.error else {}),
     }
 
 
@@ -485,40 +498,20 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
     ramp_end = max(ramping) if ramping else None
     until = (ramp_end if ramp_end is not None else start) + after_ramp_s
     window = (t >= start - 1.0) & (t <= until)
-    lag = max(1, round(period_s * SAMPLE_HZ))
-
-    def envelope(series: np.ndarray) -> np.ndarray:
-        return np.convolve(series, np.ones(lag) / lag, mode="valid")
-
-    env_window = window[lag - 1 :]
+    envelope_managed, envelope_unmanaged = _envelope_ramps(trace, window, period_s)
     caps = trace.managed_cap_w
     in_window = (caps[:, 0] >= start - 1.0) & (caps[:, 0] <= until)
     first_s = (t >= start) & (t <= start + 1.0)
     before = t < start
-    managed_steps = trace.managed_steps_s
-    unmanaged_steps = trace.unmanaged_steps_s
-    full_speed = delay = None
-    # Twins are paired by step index, not by position: a list can lack a first step the other has
-    # (one that began a hair before the job's recorded start), and a shift of one pairs step k with
-    # step k + 1 (seen as a negative delay).
-    unmanaged_by_index = {index: (u_start, u_len) for u_start, u_len, index in unmanaged_steps}
-    for m_start, m_len, index in managed_steps:
-        twin = unmanaged_by_index.get(index)
-        if twin is not None and m_len <= 1.01 * twin[1]:
-            full_speed, delay = m_start - start, m_start - twin[0]
-            break
+    full_speed, delay = _full_speed(trace, start)
     return {
         "job_start_s": _r(start, 2),
         "job_start_ramp_end_s": _r(ramp_end, 2),
         "job_start_window_s": [_r(start - 1.0, 2), _r(until, 2)],
         "job_start_ramp_1s_w_per_s_managed": _r(swing.max_ramp_w_per_s(trace.managed_w[window], SAMPLE_HZ, 1.0)),
         "job_start_ramp_1s_w_per_s_unmanaged": _r(swing.max_ramp_w_per_s(trace.unmanaged_w[window], SAMPLE_HZ, 1.0)),
-        "job_start_envelope_ramp_1s_w_per_s_managed": _r(
-            swing.max_ramp_w_per_s(envelope(trace.managed_w)[env_window], SAMPLE_HZ, 1.0)
-        ),
-        "job_start_envelope_ramp_1s_w_per_s_unmanaged": _r(
-            swing.max_ramp_w_per_s(envelope(trace.unmanaged_w)[env_window], SAMPLE_HZ, 1.0)
-        ),
+        "job_start_envelope_ramp_1s_w_per_s_managed": _r(envelope_managed),
+        "job_start_envelope_ramp_1s_w_per_s_unmanaged": _r(envelope_unmanaged),
         "job_start_cap_ramp_1s_w_per_s": _r(_max_rise_1s(caps[:, 0][in_window], caps[:, 1][in_window]))
         if in_window.any()
         else None,
@@ -536,6 +529,33 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
         "full_speed_after_s": _r(full_speed, 2),
         "job_start_delay_s": _r(delay, 2),
     }
+
+
+def _envelope_ramps(trace: PowerTrace, window: np.ndarray, period_s: float) -> tuple[float, float]:
+    """Largest 1 s ramp (managed, unmanaged) in window of the aggregate averaged over one step, W/s."""
+    lag = max(1, round(period_s * SAMPLE_HZ))
+
+    def envelope(series: np.ndarray) -> np.ndarray:
+        return np.convolve(series, np.ones(lag) / lag, mode="valid")
+
+    env_window = window[lag - 1 :]
+    return (
+        swing.max_ramp_w_per_s(envelope(trace.managed_w)[env_window], SAMPLE_HZ, 1.0),
+        swing.max_ramp_w_per_s(envelope(trace.unmanaged_w)[env_window], SAMPLE_HZ, 1.0),
+    )
+
+
+def _full_speed(trace: PowerTrace, start: float) -> tuple[float | None, float | None]:
+    """(full_speed_after_s, job_start_delay_s): see `job_start_section`; (None, None) if never."""
+    # Twins are paired by step index, not by position: a list can lack a first step the other has
+    # (one that began a hair before the job's recorded start), and a shift of one pairs step k with
+    # step k + 1 (seen as a negative delay).
+    unmanaged_by_index = {index: (u_start, u_len) for u_start, u_len, index in trace.unmanaged_steps_s}
+    for m_start, m_len, index in trace.managed_steps_s:
+        twin = unmanaged_by_index.get(index)
+        if twin is not None and m_len <= 1.01 * twin[1]:
+            return m_start - start, m_start - twin[0]
+    return None, None
 
 
 def markdown_rows(power: dict[str, Any]) -> list[str]:

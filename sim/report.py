@@ -165,59 +165,8 @@ def build(result: SimResult) -> dict[str, Any]:
     settings = result.settings
     gpus = settings.nodes * settings.gpus_per_node
     wall_s = (result.finished_unix_ns - result.started_unix_ns) / 1e9
-
-    matches = match_faults(result.injected, result.stored_events)
-    detect_latencies = [
-        (int(event["received_unix_ns"]) - fault.fired.fired_unix_ns) / 1e9
-        for fault, event in matches
-        if event is not None
-    ]
-    detectable = [(f, e) for f, e in matches if f.fired.fault.expected_event_kind is not None]
-    missed = sum(1 for _, event in detectable if event is None)
-    by_kind: dict[str, dict[str, int]] = {}
-    for fault, event in detectable:
-        entry = by_kind.setdefault(fault.fired.fault.kind, {"injected": 0, "detected": 0})
-        entry["injected"] += 1
-        entry["detected"] += event is not None
-    silent = [f for f, _ in matches if f.fired.fault.expected_event_kind is None]
-    # A silent fault (SDC) shows no event: it is detected when a validation run fails that GPU.
-    silent_found = {id(f): found for f in silent if (found := validation_detection(f, result.outbox)) is not None}
-    detect_latencies += [(found - f.fired.fired_unix_ns) / 1e9 for f in silent if (found := silent_found.get(id(f)))]
-    for fault in silent:
-        entry = by_kind.setdefault(fault.fired.fault.kind, {"injected": 0, "detected": 0})
-        entry["injected"] += 1
-        entry["detected"] += id(fault) in silent_found
-
+    faults, detect_latencies, events_lost = _faults_section(result)
     final = result.final_nodes
-    command_latencies = [c.latency_s for c in result.commands if c.latency_s is not None]
-    min_gpus = int(0.95 * gpus)
-    power: dict[str, Any] = {
-        "fleet_power_w_mean": _round(result.fleet_power.get("mean_w"), 1),
-        "fleet_power_w_min": _round(result.fleet_power.get("min_w"), 1),
-        "fleet_power_w_max": _round(result.fleet_power.get("max_w"), 1),
-        "swing_p2p_w_observed": _round(result.fleet_power.get("p2p_w"), 1),
-        "complete_buckets": result.fleet_power.get("buckets", 0),
-        "bucket_ms": 100,
-    }
-    if result.operator_marks_unix_ns:
-        mark = result.operator_marks_unix_ns[0]
-        before = fleet.summarize_power([r for r in result.power_rows if r[0] < mark], min_gpus=min_gpus)
-        # Skip the first 2 s after the change: caps land within one command round trip.
-        after = fleet.summarize_power([r for r in result.power_rows if r[0] >= mark + 2_000_000_000], min_gpus=min_gpus)
-        power["before_operator_cap"] = {k: _round(v, 1) for k, v in before.items()}
-        power["after_operator_cap"] = {k: _round(v, 1) for k, v in after.items()}
-
-    if result.power_trace is not None and settings.scenario.power is not None:
-        power.update(power_sim.report_section(result.power_trace, settings.scenario.power.policy))
-
-    judged = judge_remediation(result)
-    first_action_delays = [
-        f["time_to_first_action_s"] for f in judged["per_fault"] if f["time_to_first_action_s"] is not None
-    ]
-    outbox_kinds: dict[str, int] = {}
-    for command in result.outbox:
-        outbox_kinds[str(command["kind"])] = outbox_kinds.get(str(command["kind"]), 0) + 1
-
     return {
         "rasd_version": VERSION,
         "generated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -241,31 +190,9 @@ def build(result: SimResult) -> dict[str, Any]:
             "power_draw_w": round(sum(n.power_draw_w for n in final), 1),
             "power_cap_w": sum(n.power_cap_w for n in final),
         },
-        "faults": {
-            "injected": len(detectable) + len(silent),
-            "detected": len(detectable) - missed + len(silent_found),
-            "missed": missed + len(silent) - len(silent_found),
-            "by_kind": by_kind,
-            "silent_injected": len(silent),
-            "silent_detected_by_validation": len(silent_found),
-            "time_to_detect_s_p50": _round(percentile(detect_latencies, 50)),
-            "time_to_detect_s_p99": _round(percentile(detect_latencies, 99)),
-        },
-        "remediation": {
-            "remediated": sum(1 for f in judged["per_fault"] if f["remediated"]),
-            "wrong_actions": sum(1 for f in judged["per_fault"] if f["wrong"]),
-            "time_to_detect_s_p50": _round(percentile(detect_latencies, 50)),
-            "time_to_detect_s_p99": _round(percentile(detect_latencies, 99)),
-            "time_to_first_action_s_p99": _round(percentile(first_action_delays, 99)),
-            "decision_latency_ms_p50": _round(_ms(percentile(result.decision_latency_s, 50)), 2),
-            "decision_latency_ms_p99": _round(_ms(percentile(result.decision_latency_s, 99)), 2),
-            "decisions_measured": len(result.decision_latency_s),
-            "max_concurrent_disruptions": result.max_disrupted_nodes,
-            "disruption_budget": result.disruption_budget,
-            "actions_by_kind": dict(sorted(outbox_kinds.items())),
-            "per_fault": judged["per_fault"],
-        },
-        "events_lost": missed,
+        "faults": faults,
+        "remediation": _remediation_section(result, detect_latencies),
+        "events_lost": events_lost,
         "agent_events_spooled": result.agent_events_spooled,
         "agent_events_unacked_at_end": result.agent_events_unacked,
         "controller": {
@@ -277,15 +204,109 @@ def build(result: SimResult) -> dict[str, Any]:
             "address": result.controller_address,
             "metrics_port": result.metrics_port,
         },
-        "commands": {
-            "sent": len(result.commands),
-            "succeeded": sum(1 for c in result.commands if c.outcome == "ACTION_OUTCOME_SUCCEEDED"),
-            "read_back_confirmed": sum(1 for c in result.commands if c.read_back_ok),
-            "latency_s_p50": _round(percentile(command_latencies, 50)),
-            "latency_s_p99": _round(percentile(command_latencies, 99)),
-        },
-        "power": power,
+        "commands": _commands_section(result),
+        "power": _power_section(result),
     }
+
+
+def _faults_section(result: SimResult) -> tuple[dict[str, Any], list[float], int]:
+    """The report's "faults" section, every detected fault's time to detect (s), and the events lost.
+
+    A fault with an expected event is detected by its stored event; a silent one (SDC) shows no
+    event and is detected when a validation run fails its GPU.
+    """
+    matches = match_faults(result.injected, result.stored_events)
+    detect_latencies = [
+        (int(event["received_unix_ns"]) - fault.fired.fired_unix_ns) / 1e9
+        for fault, event in matches
+        if event is not None
+    ]
+    detectable = [(f, e) for f, e in matches if f.fired.fault.expected_event_kind is not None]
+    missed = sum(1 for _, event in detectable if event is None)
+    by_kind: dict[str, dict[str, int]] = {}
+    for fault, event in detectable:
+        entry = by_kind.setdefault(fault.fired.fault.kind, {"injected": 0, "detected": 0})
+        entry["injected"] += 1
+        entry["detected"] += event is not None
+    silent = [f for f, _ in matches if f.fired.fault.expected_event_kind is None]
+    silent_found = {id(f): found for f in silent if (found := validation_detection(f, result.outbox)) is not None}
+    detect_latencies += [(found - f.fired.fired_unix_ns) / 1e9 for f in silent if (found := silent_found.get(id(f)))]
+    for fault in silent:
+        entry = by_kind.setdefault(fault.fired.fault.kind, {"injected": 0, "detected": 0})
+        entry["injected"] += 1
+        entry["detected"] += id(fault) in silent_found
+    faults = {
+        "injected": len(detectable) + len(silent),
+        "detected": len(detectable) - missed + len(silent_found),
+        "missed": missed + len(silent) - len(silent_found),
+        "by_kind": by_kind,
+        "silent_injected": len(silent),
+        "silent_detected_by_validation": len(silent_found),
+        "time_to_detect_s_p50": _round(percentile(detect_latencies, 50)),
+        "time_to_detect_s_p99": _round(percentile(detect_latencies, 99)),
+    }
+    return faults, detect_latencies, missed
+
+
+def _remediation_section(result: SimResult, detect_latencies: list[float]) -> dict[str, Any]:
+    """The report's "remediation" section: what the controller did for each fault, and how fast."""
+    judged = judge_remediation(result)
+    first_action_delays = [
+        f["time_to_first_action_s"] for f in judged["per_fault"] if f["time_to_first_action_s"] is not None
+    ]
+    outbox_kinds: dict[str, int] = {}
+    for command in result.outbox:
+        outbox_kinds[str(command["kind"])] = outbox_kinds.get(str(command["kind"]), 0) + 1
+    return {
+        "remediated": sum(1 for f in judged["per_fault"] if f["remediated"]),
+        "wrong_actions": sum(1 for f in judged["per_fault"] if f["wrong"]),
+        "time_to_detect_s_p50": _round(percentile(detect_latencies, 50)),
+        "time_to_detect_s_p99": _round(percentile(detect_latencies, 99)),
+        "time_to_first_action_s_p99": _round(percentile(first_action_delays, 99)),
+        "decision_latency_ms_p50": _round(_ms(percentile(result.decision_latency_s, 50)), 2),
+        "decision_latency_ms_p99": _round(_ms(percentile(result.decision_latency_s, 99)), 2),
+        "decisions_measured": len(result.decision_latency_s),
+        "max_concurrent_disruptions": result.max_disrupted_nodes,
+        "disruption_budget": result.disruption_budget,
+        "actions_by_kind": dict(sorted(outbox_kinds.items())),
+        "per_fault": judged["per_fault"],
+    }
+
+
+def _commands_section(result: SimResult) -> dict[str, Any]:
+    """The report's "commands" section: the scripted operator's power caps."""
+    command_latencies = [c.latency_s for c in result.commands if c.latency_s is not None]
+    return {
+        "sent": len(result.commands),
+        "succeeded": sum(1 for c in result.commands if c.outcome == "ACTION_OUTCOME_SUCCEEDED"),
+        "read_back_confirmed": sum(1 for c in result.commands if c.read_back_ok),
+        "latency_s_p50": _round(percentile(command_latencies, 50)),
+        "latency_s_p99": _round(percentile(command_latencies, 99)),
+    }
+
+
+def _power_section(result: SimResult) -> dict[str, Any]:
+    """The report's "power" section: the fleet's draw, around the operator's cap, and managed power."""
+    settings = result.settings
+    min_gpus = int(0.95 * settings.nodes * settings.gpus_per_node)
+    power: dict[str, Any] = {
+        "fleet_power_w_mean": _round(result.fleet_power.get("mean_w"), 1),
+        "fleet_power_w_min": _round(result.fleet_power.get("min_w"), 1),
+        "fleet_power_w_max": _round(result.fleet_power.get("max_w"), 1),
+        "swing_p2p_w_observed": _round(result.fleet_power.get("p2p_w"), 1),
+        "complete_buckets": result.fleet_power.get("buckets", 0),
+        "bucket_ms": 100,
+    }
+    if result.operator_marks_unix_ns:
+        mark = result.operator_marks_unix_ns[0]
+        before = fleet.summarize_power([r for r in result.power_rows if r[0] < mark], min_gpus=min_gpus)
+        # Skip the first 2 s after the change: caps land within one command round trip.
+        after = fleet.summarize_power([r for r in result.power_rows if r[0] >= mark + 2_000_000_000], min_gpus=min_gpus)
+        power["before_operator_cap"] = {k: _round(v, 1) for k, v in before.items()}
+        power["after_operator_cap"] = {k: _round(v, 1) for k, v in after.items()}
+    if result.power_trace is not None and settings.scenario.power is not None:
+        power.update(power_sim.report_section(result.power_trace, settings.scenario.power.policy))
+    return power
 
 
 def markdown(report: dict[str, Any]) -> str:

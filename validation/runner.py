@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rasd.validation import registry
@@ -124,10 +124,7 @@ def run_suite(
         ValueError: unknown suite, device or check id.
     """
     specs = registry.profile(suite, device)
-    wanted = list(specs) if only is None else [c for c in specs if c in set(only)]
-    unknown = set(only or ()) - set(specs)
-    if unknown:
-        raise ValueError(f"unknown check(s) {sorted(unknown)}; known: {', '.join(specs)}")
+    wanted = _wanted(specs, only)
     budget_s = registry.BUDGET_S[suite] if time_budget_s is None else float(time_budget_s)
     started_wall = datetime.datetime.now(datetime.UTC)
     budget = Budget(max(0.0, budget_s - _MARGIN_S), clock)
@@ -137,19 +134,13 @@ def run_suite(
     results: list[CheckResult] = []
     raws: dict[str, Any] = {}
     concurrent = device == "cuda"
-    for check_id in wanted:
+    for position, check_id in enumerate(wanted):
         check = registry.CHECKS[check_id]
-        spec = specs[check_id]
         if budget.exhausted():
             results.append(_not_started(check, devices))
             continue
-        planned = registry.stress_seconds(spec) * (1 if concurrent else len(devices))
-        if planned > 0:
-            # Leave the later checks a share of what is left: V3 fills, it must not starve them.
-            later = len(wanted) - wanted.index(check_id) - 1
-            room = budget.remaining_s() * (1.0 - 0.08 * later)
-            if planned > room:
-                spec = registry.scale_stress(spec, max(0.0, room) / planned)
+        runs = 1 if concurrent else len(devices)
+        spec = _fit_stress(specs[check_id], budget, runs=runs, later_checks=len(wanted) - position - 1)
         ctx = RunContext(
             devices=devices,
             seed=seed,
@@ -160,20 +151,9 @@ def run_suite(
             golden_path=golden_path,
             sleep=sleep,
         )
-        t_check = clock()
-        try:
-            raw = check.run(spec, ctx)
-        except TorchMissing:
-            raise
-        except RuntimeError as exc:  # CUDA, cuBLAS, NCCL, driver errors: see the module docstring
-            results.append(_crashed(check, devices, exc, clock() - t_check))
-            continue
-        raws[check_id] = raw
-        result = check.judge(raw, spec)
-        if spec is not specs[check_id]:
-            result = dataclasses.replace(
-                result, details={**result.details, "scaled_to_budget": registry.stress_seconds(spec)}
-            )
+        result, raw = _run_check(check, spec, ctx, clock, scaled=spec is not specs[check_id])
+        if raw is not None:
+            raws[check_id] = raw
         results.append(result)
     return SuiteReport(
         suite=suite,
@@ -188,6 +168,52 @@ def run_suite(
         fault_injection=injector.describe() if injector is not None else None,
         raw=raws,
     )
+
+
+def _wanted(specs: Mapping[str, Any], only: Sequence[str] | None) -> list[str]:
+    """The suite's check ids to run, in suite order: all, or those in only (ValueError naming any unknown)."""
+    wanted = list(specs) if only is None else [c for c in specs if c in set(only)]
+    unknown = set(only or ()) - set(specs)
+    if unknown:
+        raise ValueError(f"unknown check(s) {sorted(unknown)}; known: {', '.join(specs)}")
+    return wanted
+
+
+def _fit_stress(spec: Any, budget: Budget, *, runs: int, later_checks: int) -> Any:
+    """spec, or a copy with its stress phases shortened to fit the budget left (V3), sharing it with later checks.
+
+    Args:
+        spec: the check's spec from the suite's profile.
+        budget: the suite's budget.
+        runs: how many times the stress runs back to back (1 when the devices run concurrently).
+        later_checks: how many checks of the suite come after this one.
+    """
+    planned = registry.stress_seconds(spec) * runs
+    if planned > 0:
+        # Leave the later checks a share of what is left: V3 fills, it must not starve them.
+        room = budget.remaining_s() * (1.0 - 0.08 * later_checks)
+        if planned > room:
+            return registry.scale_stress(spec, max(0.0, room) / planned)
+    return spec
+
+
+def _run_check(
+    check: registry.Check, spec: Any, ctx: RunContext, clock: Callable[[], float], *, scaled: bool
+) -> tuple[CheckResult, dict[str, Any] | None]:
+    """Run and judge one check; (its result, its raw output, or None when run() crashed)."""
+    t_check = clock()
+    try:
+        raw = check.run(spec, ctx)
+    except TorchMissing:
+        raise
+    except RuntimeError as exc:  # CUDA, cuBLAS, NCCL, driver errors: see the module docstring
+        return _crashed(check, ctx.devices, exc, clock() - t_check), None
+    result = check.judge(raw, spec)
+    if scaled:
+        result = dataclasses.replace(
+            result, details={**result.details, "scaled_to_budget": registry.stress_seconds(spec)}
+        )
+    return result, raw
 
 
 def _not_started(check: registry.Check, devices: Sequence[Any]) -> CheckResult:

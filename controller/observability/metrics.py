@@ -29,6 +29,12 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         """Register every metric on registry."""
         self.registry = registry
+        self._register_ingest(registry)
+        self._register_remediation(registry)
+        self._register_power(registry)
+
+    def _register_ingest(self, registry: CollectorRegistry) -> None:
+        """The agent streams' and the ingest's metrics: messages, samples, events, store writes."""
         self.agent_streams = Gauge("rasd_agent_streams", "Agent streams open on this replica.", registry=registry)
         self.agent_messages = Counter(
             "rasd_agent_messages",
@@ -83,6 +89,8 @@ class ControllerMetrics:
         self.event_batches_stored_with_decision = self.event_batches_stored.labels(how="with_decision")
         """The child every batch of a storm counts under (looked up once: `events_stored` says why)."""
 
+    def _register_remediation(self, registry: CollectorRegistry) -> None:
+        """The repair path's metrics: incidents, actions, its latencies, the budget and quarantines."""
         self.incidents = Counter(
             "rasd_incidents",
             "New incidents, by cause (fault key) and component.",
@@ -148,6 +156,9 @@ class ControllerMetrics:
         self.quarantined = Gauge(
             "rasd_quarantined", "Active quarantines, by scope (node, gpu, port).", ["scope"], registry=registry
         )
+
+    def _register_power(self, registry: CollectorRegistry) -> None:
+        """The power loop's metrics."""
         self.power_period_seconds = Histogram(
             "rasd_power_period_seconds",
             "Time one power control period took (allocate, plan, persist, send).",

@@ -208,136 +208,80 @@ def _mode(digests: Sequence[str]) -> str:
     return next(d for d in digests if counts[d] == best)  # ties go to the earliest repeat
 
 
+@dataclasses.dataclass
+class _Tally:
+    """What `judge` collects per GPU (by index) over every case of every software key."""
+
+    events: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)
+    """Repeats that differ from their reference."""
+    persistent: dict[int, bool] = dataclasses.field(default_factory=lambda: collections.defaultdict(bool))
+    """Whether some case differed in every repeat."""
+    flags: dict[int, list[str]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+    """Why a GPU is suspect without a counted deviation."""
+    drift_cases: collections.Counter[int] = dataclasses.field(default_factory=collections.Counter)
+    evidence: dict[int, list[Evidence]] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Case:
+    """One case across the GPUs of one software key: their answers and what they are held against."""
+
+    name: str
+    members: list[tuple[int, Any]]
+    """(GPU index, its raw case) for every GPU of the key that ran the case."""
+    width: int
+    answers: dict[int, str]
+    """Each GPU's most frequent digest."""
+    top: str
+    top_n: int
+    majority: str | None
+    """The answer of a strict majority of the GPUs, else None."""
+    gold: Mapping[str, Any] | None
+    drift: bool
+    """Node-wide drift: every GPU's answer is the same and it is not the golden's."""
+
+    def sums_for(self, digest: str) -> Mapping[str, Any] | None:
+        """A repeat with digest that kept its row/column sums, or None."""
+        for _, c in self.members:
+            for r in c["repeats"]:
+                if r["digest"] == digest and r.get("row_sums") is not None:
+                    return r
+        return None
+
+
+def _cases(group: Sequence[Mapping[str, Any]], goldens: Mapping[str, Any]) -> list[_Case]:
+    """The cases of one software key's GPUs, in the order of the GPU that ran the most."""
+    longest = max(group, key=lambda e: len(e["cases"]))
+    cases = []
+    for case_no, name in enumerate(c["case"] for c in longest["cases"]):
+        members = [(e["gpu"], e["cases"][case_no]) for e in group if len(e["cases"]) > case_no]
+        answers = {gpu: _mode([r["digest"] for r in c["repeats"]]) for gpu, c in members}
+        counts = collections.Counter(answers.values())
+        top, top_n = counts.most_common(1)[0]
+        gold = goldens.get(name)
+        # Repeats that stray from a drifted shared answer are still counted per GPU.
+        drift = gold is not None and len(counts) == 1 and len(members) >= 2 and top != gold["digest"]
+        majority = top if top_n * 2 > len(members) else None
+        width = FLOAT_BITS[members[0][1]["dtype"]]
+        cases.append(_Case(name, members, width, answers, top, top_n, majority, gold, drift))
+    return cases
+
+
 def judge(raw: Mapping[str, Any], spec: Spec) -> CheckResult:
     """Vote per case within each software-key group, against the golden and the peers. Pure."""
     goldens: Mapping[str, Mapping[str, Any]] = raw.get("golden") or {}
     by_key: dict[str, list[Mapping[str, Any]]] = collections.defaultdict(list)
     for entry in raw["gpus"]:
         by_key[entry["key"]].append(entry)
-
-    events = collections.Counter[int]()
-    persistent: dict[int, bool] = collections.defaultdict(bool)
-    flags: dict[int, list[str]] = collections.defaultdict(list)
-    drift_cases: dict[int, int] = collections.Counter()
-    evidence: dict[int, list[Evidence]] = collections.defaultdict(list)
-
+    tally = _Tally()
     for key, group in by_key.items():
-        longest = max(group, key=lambda e: len(e["cases"]))
-        case_names = [c["case"] for c in longest["cases"]]
-        for case_no, name in enumerate(case_names):
-            members = [(e["gpu"], e["cases"][case_no]) for e in group if len(e["cases"]) > case_no]
-            width = FLOAT_BITS[members[0][1]["dtype"]]
-            answers = {gpu: _mode([r["digest"] for r in c["repeats"]]) for gpu, c in members}
-            counts = collections.Counter(answers.values())
-            top, top_n = counts.most_common(1)[0]
-            majority = top if top_n * 2 > len(members) else None
-            gold = goldens.get(key, {}).get(name)
-            unanimous = len(counts) == 1
-
-            def sums_for(digest: str, members: list[tuple[int, Any]] = members) -> Mapping[str, Any] | None:
-                for _, c in members:
-                    for r in c["repeats"]:
-                        if r["digest"] == digest and r.get("row_sums") is not None:
-                            return r
-                return None
-
-            # Node-wide drift: every GPU's answer is the same and it is not the golden's. Repeats that
-            # stray from that shared answer are still counted per GPU below.
-            drift = gold is not None and unanimous and len(members) >= 2 and top != gold["digest"]
-            if drift:
-                loc, exp, got = locate(gold, sums_for(top), width)
-                for gpu, _ in members:
-                    drift_cases[gpu] += 1
-                    evidence[gpu].append(
-                        Evidence(
-                            name,
-                            loc,
-                            f"golden {gold['digest'][:16]} {exp}".strip(),
-                            f"{top[:16]} {got}".strip(),
-                            f"all {len(members)} GPUs agree with each other and not with the golden: "
-                            "software or golden drift",
-                        )
-                    )
-
-            for gpu, c in members:
-                own = answers[gpu]
-                if drift:
-                    ref, ref_name = top, "unanimous peers"
-                elif gold is not None and own == gold["digest"]:
-                    ref, ref_name = own, "golden"
-                elif gold is not None and len(members) == 1:
-                    # One GPU against a golden cannot separate a hardware fault from a drifted stack; the
-                    # place it differs is still evidence the operator needs for the accusation that follows.
-                    flags[gpu].append(f"{name}: differs from the golden and there is no peer to tell drift")
-                    loc, exp, got = locate(gold, sums_for(own), width)
-                    evidence[gpu].append(
-                        Evidence(
-                            name,
-                            loc,
-                            f"golden {gold['digest'][:16]} {exp}".strip(),
-                            f"{own[:16]} {got}".strip(),
-                            "differs from the golden; no peer GPU to tell a hardware fault from drift",
-                        )
-                    )
-                    ref, ref_name = own, "own repeats"
-                elif gold is not None and own == majority:
-                    flags[gpu].append(
-                        f"{name}: agrees with the peer majority ({top_n} of {len(members)}), not the golden; "
-                        "peers split"
-                    )
-                    ref, ref_name = own, "own repeats"
-                elif gold is not None:
-                    ref, ref_name = gold["digest"], "golden"
-                elif majority is not None:
-                    ref, ref_name = majority, "peer majority"
-                else:
-                    flags[gpu].append(f"{name}: peers disagree and there is no golden to break the tie")
-                    ref, ref_name = own, "own repeats"
-                ref_rec = gold if ref_name == "golden" else sums_for(ref)
-                bad = [i for i, r in enumerate(c["repeats"]) if r["digest"] != ref]
-                if bad and len(members) == 1 and gold is not None and ref_name == "golden":
-                    # One GPU against a golden cannot separate a hardware fault from a drifted stack.
-                    flags[gpu].append(f"{name}: differs from the golden and there is no peer to tell drift")
-                    bad = []
-                events[gpu] += len(bad)
-                persistent[gpu] = persistent[gpu] or (bool(bad) and len(bad) == len(c["repeats"]))
-                for i in bad:
-                    rec = c["repeats"][i]
-                    if rec.get("row_sums") is None:
-                        # Sums are kept once per distinct digest; an identical earlier repeat has them.
-                        rec = next((r for r in c["repeats"] if r["digest"] == rec["digest"] and r["row_sums"]), rec)
-                    loc, exp, got = locate(ref_rec, rec if rec.get("row_sums") is not None else None, width)
-                    evidence[gpu].append(
-                        Evidence(
-                            f"{name} repeat {i}",
-                            loc,
-                            f"{ref_name} {ref[:16]} {exp}".strip(),
-                            f"{rec['digest'][:16]} {got}".strip(),
-                            f"differs from the {ref_name}",
-                        )
-                    )
-
-    per_gpu = []
-    for entry in raw["gpus"]:
-        gpu = entry["gpu"]
-        parts = [classify_deviations(events[gpu], persistent=persistent[gpu])]
-        if flags[gpu]:
-            parts.append(Verdict.SUSPECT)
-        if drift_cases[gpu]:
-            parts.append(Verdict.SOFTWARE_DRIFT)
-        verdict = worst(parts)
-        if verdict is Verdict.FAIL:
-            first = evidence[gpu][0] if evidence[gpu] else None
-            where = f"; first {first.case} at {first.location}" if first else ""
-            reason = f"V2 bit pattern wrong in {events[gpu]} repeat(s){where}"
-        elif verdict is Verdict.SUSPECT:
-            reason = "; ".join(flags[gpu][:3]) if flags[gpu] else f"V2 one-off deviation ({events[gpu]} repeat)"
-        elif verdict is Verdict.SOFTWARE_DRIFT:
-            reason = f"{drift_cases[gpu]} case(s) differ from the golden identically on every GPU: software drift"
-        else:
-            basis = "golden and peers" if goldens.get(entry["key"]) else "peers only (no golden for this key)"
-            reason = f"{len(entry['cases'])} cases bitwise consistent ({basis})"
-        per_gpu.append(GpuResult(gpu, verdict, reason, tuple(evidence[gpu][:8]), entry["duration_s"]))
+        for case in _cases(group, goldens.get(key, {})):
+            if case.drift:
+                _record_drift(case, tally)
+            for gpu, c in case.members:
+                ref, ref_name = _reference(case, gpu, tally)
+                _count_deviations(case, gpu, c, ref, ref_name, tally)
+    per_gpu = [_gpu_result(entry, tally, has_golden=bool(goldens.get(entry["key"]))) for entry in raw["gpus"]]
     return combine(
         CHECK,
         TITLE,
@@ -346,6 +290,114 @@ def judge(raw: Mapping[str, Any], spec: Spec) -> CheckResult:
         duration_s=raw["duration_s"],
         details={"golden_source": raw.get("golden_source", "none"), "keys": sorted(by_key)},
     )
+
+
+def _record_drift(case: _Case, tally: _Tally) -> None:
+    """Every GPU of a drifted case: a drift case, with where the shared answer differs from the golden."""
+    assert case.gold is not None
+    loc, exp, got = locate(case.gold, case.sums_for(case.top), case.width)
+    for gpu, _ in case.members:
+        tally.drift_cases[gpu] += 1
+        tally.evidence[gpu].append(
+            Evidence(
+                case.name,
+                loc,
+                f"golden {case.gold['digest'][:16]} {exp}".strip(),
+                f"{case.top[:16]} {got}".strip(),
+                f"all {len(case.members)} GPUs agree with each other and not with the golden: software or golden drift",
+            )
+        )
+
+
+def _reference(case: _Case, gpu: int, tally: _Tally) -> tuple[str, str]:
+    """(digest, its name) that gpu's repeats are held against; flags the GPU where the vote cannot decide."""
+    own, gold, name = case.answers[gpu], case.gold, case.name
+    if case.drift:
+        return case.top, "unanimous peers"
+    if gold is not None and own == gold["digest"]:
+        return own, "golden"
+    if gold is not None and len(case.members) == 1:
+        # One GPU against a golden cannot separate a hardware fault from a drifted stack; the
+        # place it differs is still evidence the operator needs for the accusation that follows.
+        tally.flags[gpu].append(f"{name}: differs from the golden and there is no peer to tell drift")
+        loc, exp, got = locate(gold, case.sums_for(own), case.width)
+        tally.evidence[gpu].append(
+            Evidence(
+                name,
+                loc,
+                f"golden {gold['digest'][:16]} {exp}".strip(),
+                f"{own[:16]} {got}".strip(),
+                "differs from the golden; no peer GPU to tell a hardware fault from drift",
+            )
+        )
+        return own, "own repeats"
+    if gold is not None and own == case.majority:
+        tally.flags[gpu].append(
+            f"{name}: agrees with the peer majority ({case.top_n} of {len(case.members)}), not the golden; peers split"
+        )
+        return own, "own repeats"
+    if gold is not None:
+        return gold["digest"], "golden"
+    if case.majority is not None:
+        return case.majority, "peer majority"
+    tally.flags[gpu].append(f"{name}: peers disagree and there is no golden to break the tie")
+    return own, "own repeats"
+
+
+def _count_deviations(case: _Case, gpu: int, c: Mapping[str, Any], ref: str, ref_name: str, tally: _Tally) -> None:
+    """Count gpu's repeats of the case that differ from ref, with where each differs."""
+    ref_rec = case.gold if ref_name == "golden" else case.sums_for(ref)
+    bad = [i for i, r in enumerate(c["repeats"]) if r["digest"] != ref]
+    if bad and len(case.members) == 1 and case.gold is not None and ref_name == "golden":
+        # One GPU against a golden cannot separate a hardware fault from a drifted stack.
+        tally.flags[gpu].append(f"{case.name}: differs from the golden and there is no peer to tell drift")
+        bad = []
+    tally.events[gpu] += len(bad)
+    tally.persistent[gpu] = tally.persistent[gpu] or (bool(bad) and len(bad) == len(c["repeats"]))
+    for i in bad:
+        rec = c["repeats"][i]
+        if rec.get("row_sums") is None:
+            # Sums are kept once per distinct digest; an identical earlier repeat has them.
+            rec = next((r for r in c["repeats"] if r["digest"] == rec["digest"] and r["row_sums"]), rec)
+        loc, exp, got = locate(ref_rec, rec if rec.get("row_sums") is not None else None, case.width)
+        tally.evidence[gpu].append(
+            Evidence(
+                f"{case.name} repeat {i}",
+                loc,
+                f"{ref_name} {ref[:16]} {exp}".strip(),
+                f"{rec['digest'][:16]} {got}".strip(),
+                f"differs from the {ref_name}",
+            )
+        )
+
+
+def _gpu_result(entry: Mapping[str, Any], tally: _Tally, *, has_golden: bool) -> GpuResult:
+    """One GPU's verdict from its tally, with the reason."""
+    gpu = entry["gpu"]
+    events, flags, drift_cases, evidence = (
+        tally.events[gpu],
+        tally.flags[gpu],
+        tally.drift_cases[gpu],
+        tally.evidence[gpu],
+    )
+    parts = [classify_deviations(events, persistent=tally.persistent[gpu])]
+    if flags:
+        parts.append(Verdict.SUSPECT)
+    if drift_cases:
+        parts.append(Verdict.SOFTWARE_DRIFT)
+    verdict = worst(parts)
+    if verdict is Verdict.FAIL:
+        first = evidence[0] if evidence else None
+        where = f"; first {first.case} at {first.location}" if first else ""
+        reason = f"V2 bit pattern wrong in {events} repeat(s){where}"
+    elif verdict is Verdict.SUSPECT:
+        reason = "; ".join(flags[:3]) if flags else f"V2 one-off deviation ({events} repeat)"
+    elif verdict is Verdict.SOFTWARE_DRIFT:
+        reason = f"{drift_cases} case(s) differ from the golden identically on every GPU: software drift"
+    else:
+        basis = "golden and peers" if has_golden else "peers only (no golden for this key)"
+        reason = f"{len(entry['cases'])} cases bitwise consistent ({basis})"
+    return GpuResult(gpu, verdict, reason, tuple(evidence[:8]), entry["duration_s"])
 
 
 def unanimous_goldens(raw: Mapping[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:

@@ -147,33 +147,133 @@ def _test(torch: Any, spec: Spec, ctx: RunContext, device: Device) -> dict[str, 
     ecc_before = ctx.ecc_probe(device.gpu) if ctx.ecc_probe is not None else None
     chunks = _allocate(torch, spec, device)
     mem = _Memory(chunks, spec.chunk_words, ctx.injects(CHECK), device.gpu)
-    passes: list[dict[str, Any]] = []
+    patterns = _Patterns(torch, spec, ctx, mem, device.torch_device)
     cut = False
-    dev = device.torch_device
+    for pattern in spec.patterns:
+        if ctx.budget.exhausted():
+            cut = True
+            break
+        if not patterns.run(pattern):
+            cut = True
+    sync(torch, device)
+    words_tested = sum(c.numel() for c in chunks)
+    chunks.clear()  # drop the test memory before the ECC read-back (the patterns still hold mem)
+    ecc_after = ctx.ecc_probe(device.gpu) if ctx.ecc_probe is not None else None
+    return {
+        "gpu": device.gpu,
+        "duration_s": time.monotonic() - started,
+        "words": words_tested,
+        "chunks": (words_tested + spec.chunk_words - 1) // spec.chunk_words,
+        "passes": patterns.passes,
+        "ecc_before": dataclasses.asdict(ecc_before) if ecc_before is not None else None,
+        "ecc_after": dataclasses.asdict(ecc_after) if ecc_after is not None else None,
+        "cut": cut,
+    }
 
-    def addresses(c: int, s: int, e: int) -> Any:
-        return torch.arange(mem.base(c) + s, mem.base(c) + e, dtype=torch.int64, device=dev)
 
-    def const(value: int) -> Callable[[int, int, int], Any]:
+class _Patterns:
+    """The V4 patterns over one device's test memory; every verify pass is recorded in `passes`."""
+
+    def __init__(self, torch: Any, spec: Spec, ctx: RunContext, mem: _Memory, dev: Any) -> None:
+        self.torch = torch
+        self.spec = spec
+        self.ctx = ctx
+        self.mem = mem
+        self.dev = dev
+        self.passes: list[dict[str, Any]] = []
+
+    def run(self, pattern: str) -> bool:
+        """Write and verify one pattern; False when the budget ran out part-way (walking bits)."""
+        if pattern == "address":
+            self.write_all(self.addresses)
+            self.verify("address", "verify w", self.addresses)
+            self.write_all(self.inverted_addresses)
+            self.verify("address", "verify ~w", self.inverted_addresses)
+        elif pattern == "checkerboard":
+            for value in (_AA, _55):
+                self.write_all(self.const(value))
+                self.verify("checkerboard", f"verify {bits_hex(value, 64)}", self.const(value))
+        elif pattern == "walking":
+            return self.walking()
+        elif pattern == "moving_inversions":
+            self.moving_inversions()
+        elif pattern == "random":
+            for pass_no in range(self.spec.random_passes):
+                words = self.random_words(pass_no)
+                self.write_all(words)
+                self.verify("random", f"pass {pass_no}", words)
+        else:
+            raise ValueError(f"unknown V4 pattern {pattern!r}")
+        return True
+
+    def walking(self) -> bool:
+        """Walking ones and zeros over the configured bits; False when the budget ran out part-way."""
+        for bit in self.spec.walking_bits:
+            if self.ctx.budget.exhausted():
+                return False
+            one = (1 << bit) - (1 << 64) if bit == 63 else 1 << bit
+            self.write_all(self.const(one))
+            self.verify("walking", f"verify 1<<{bit}", self.const(one))
+            self.write_all(self.const(~one))
+            self.verify("walking", f"verify ~(1<<{bit})", self.const(~one))
+        return True
+
+    def moving_inversions(self) -> None:
+        """A seeded word p: ascending verify p and write ~p, descending verify ~p and write p, verify p."""
+        torch = self.torch
+        g = torch.Generator().manual_seed(self.ctx.seed * 31 + 7)
+        p = int(torch.randint(-(2**63), 2**63 - 1, (1,), generator=g, dtype=torch.int64).item())
+        self.write_all(self.const(p))
+        self.verify("moving_inversions", "ascending: verify p, write ~p", self.const(p), then_write=self.const(~p))
+        self.verify("moving_inversions", "descending: verify ~p, write p", self.const(~p), True, self.const(p))
+        self.verify("moving_inversions", "verify p", self.const(p))
+
+    def addresses(self, c: int, s: int, e: int) -> Any:
+        """Each word's own index in the test memory."""
+        return self.torch.arange(self.mem.base(c) + s, self.mem.base(c) + e, dtype=self.torch.int64, device=self.dev)
+
+    def inverted_addresses(self, c: int, s: int, e: int) -> Any:
+        """Each word's index, bits inverted."""
+        return self.addresses(c, s, e).bitwise_not()
+
+    def const(self, value: int) -> Callable[[int, int, int], Any]:
+        """One value in every word."""
+        torch, dev = self.torch, self.dev
         return lambda c, s, e: torch.full((e - s,), value, dtype=torch.int64, device=dev)
 
-    def write_all(values: Callable[[int, int, int], Any]) -> None:
-        for c, s, e in mem.blocks(spec.block_words):
-            mem.write(c, s, e, values(c, s, e))
+    def random_words(self, pass_no: int) -> Callable[[int, int, int], Any]:
+        """Seeded random words for one pass, reproducible per block."""
+        torch, dev, mem, seed = self.torch, self.dev, self.mem, self.ctx.seed
+
+        def gen(c: int, s: int, e: int) -> Any:
+            g = torch.Generator(device=dev).manual_seed(
+                (seed * 1_000_003 + pass_no * 65_537 + mem.base(c) + s) & 0x7FFF_FFFF_FFFF
+            )
+            return torch.randint(-(2**63), 2**63 - 1, (e - s,), generator=g, dtype=torch.int64, device=dev)
+
+        return gen
+
+    def write_all(self, values: Callable[[int, int, int], Any]) -> None:
+        """Write values block by block, ascending."""
+        for c, s, e in self.mem.blocks(self.spec.block_words):
+            self.mem.write(c, s, e, values(c, s, e))
 
     def verify(
+        self,
         pattern: str,
         step: str,
         values: Callable[[int, int, int], Any],
         descending: bool = False,
         then_write: Callable[[int, int, int], Any] | None = None,
     ) -> None:
+        """Read every block back against values (and write then_write over it), recording one pass."""
+        torch, mem = self.torch, self.mem
         count = 0
         samples: list[dict[str, int]] = []
-        for c, s, e in mem.blocks(spec.block_words, descending):
+        for c, s, e in mem.blocks(self.spec.block_words, descending):
             expected = values(c, s, e)
             got = mem.chunks[c][s:e]
-            n, idx = mismatch_indices(torch, got != expected, spec.max_samples - len(samples))
+            n, idx = mismatch_indices(torch, got != expected, self.spec.max_samples - len(samples))
             count += n
             for i in idx:
                 samples.append(
@@ -186,69 +286,7 @@ def _test(torch: Any, spec: Spec, ctx: RunContext, device: Device) -> dict[str, 
                 )
             if then_write is not None:
                 mem.write(c, s, e, then_write(c, s, e))
-        passes.append({"pattern": pattern, "step": step, "mismatches": count, "samples": samples})
-
-    def random_words(pass_no: int) -> Callable[[int, int, int], Any]:
-        def gen(c: int, s: int, e: int) -> Any:
-            g = torch.Generator(device=dev).manual_seed(
-                (ctx.seed * 1_000_003 + pass_no * 65_537 + mem.base(c) + s) & 0x7FFF_FFFF_FFFF
-            )
-            return torch.randint(-(2**63), 2**63 - 1, (e - s,), generator=g, dtype=torch.int64, device=dev)
-
-        return gen
-
-    for pattern in spec.patterns:
-        if ctx.budget.exhausted():
-            cut = True
-            break
-        if pattern == "address":
-            write_all(addresses)
-            verify("address", "verify w", addresses)
-            inverted = lambda c, s, e: addresses(c, s, e).bitwise_not()  # noqa: E731
-            write_all(inverted)
-            verify("address", "verify ~w", inverted)
-        elif pattern == "checkerboard":
-            for value in (_AA, _55):
-                write_all(const(value))
-                verify("checkerboard", f"verify {bits_hex(value, 64)}", const(value))
-        elif pattern == "walking":
-            for bit in spec.walking_bits:
-                if ctx.budget.exhausted():
-                    cut = True
-                    break
-                one = (1 << bit) - (1 << 64) if bit == 63 else 1 << bit
-                write_all(const(one))
-                verify("walking", f"verify 1<<{bit}", const(one))
-                write_all(const(~one))
-                verify("walking", f"verify ~(1<<{bit})", const(~one))
-        elif pattern == "moving_inversions":
-            g = torch.Generator().manual_seed(ctx.seed * 31 + 7)
-            p = int(torch.randint(-(2**63), 2**63 - 1, (1,), generator=g, dtype=torch.int64).item())
-            write_all(const(p))
-            verify("moving_inversions", "ascending: verify p, write ~p", const(p), then_write=const(~p))
-            verify("moving_inversions", "descending: verify ~p, write p", const(~p), True, const(p))
-            verify("moving_inversions", "verify p", const(p))
-        elif pattern == "random":
-            for pass_no in range(spec.random_passes):
-                words = random_words(pass_no)
-                write_all(words)
-                verify("random", f"pass {pass_no}", words)
-        else:
-            raise ValueError(f"unknown V4 pattern {pattern!r}")
-    sync(torch, device)
-    words_tested = sum(c.numel() for c in chunks)
-    chunks.clear()  # drop the test memory before the ECC read-back (the closures still hold mem)
-    ecc_after = ctx.ecc_probe(device.gpu) if ctx.ecc_probe is not None else None
-    return {
-        "gpu": device.gpu,
-        "duration_s": time.monotonic() - started,
-        "words": words_tested,
-        "chunks": (words_tested + spec.chunk_words - 1) // spec.chunk_words,
-        "passes": passes,
-        "ecc_before": dataclasses.asdict(ecc_before) if ecc_before is not None else None,
-        "ecc_after": dataclasses.asdict(ecc_after) if ecc_after is not None else None,
-        "cut": cut,
-    }
+        self.passes.append({"pattern": pattern, "step": step, "mismatches": count, "samples": samples})
 
 
 def _interpret(pass_: Mapping[str, Any], sample: Mapping[str, int], words: int) -> str:

@@ -32,8 +32,9 @@ from typing import Any
 
 from rasd.validation.checks.tensors import mismatch_indices
 from rasd.validation.context import RunContext
+from rasd.validation.faults import FaultInjector
 from rasd.validation.model import CheckResult, Evidence, GpuResult, Verdict, combine
-from rasd.validation.runtime import bits_hex, differing_bits, require_torch, sync
+from rasd.validation.runtime import Device, bits_hex, differing_bits, require_torch, sync
 
 CHECK = "V5"
 TITLE = "host<->GPU and GPU<->GPU transfer integrity"
@@ -71,81 +72,109 @@ def run(spec: Spec, ctx: RunContext) -> dict[str, Any]:
     per_gpu: dict[int, dict[str, Any]] = {}
     resident: dict[int, Any] = {}
     incomplete = None
-
-    def compare(expected: Any, got: Any) -> tuple[int, list[dict[str, int]]]:
-        count, idx = mismatch_indices(torch, expected != got, spec.max_samples)
-        return count, [{"word": i, "expected": int(expected[i].item()), "got": int(got[i].item())} for i in idx]
-
     for device in ctx.devices:
         if ctx.budget.exhausted():
             incomplete = "budget"
             break
         t_gpu = time.monotonic()
-        transfers = []
-        pin_modes = (True, False) if device.kind == "cuda" else (False,)
-        for pinned in pin_modes:
-            label = f"h2d+d2h {'pinned' if pinned else 'pageable'}"
-            host = source.pin_memory() if pinned else source
+        transfers, resident[device.gpu] = _round_trips(torch, spec, device, source, host_sums, injector)
+        per_gpu[device.gpu] = {"gpu": device.gpu, "duration_s": time.monotonic() - t_gpu, "transfers": transfers}
+    if spec.peer and incomplete is None:
+        incomplete = _peer_copies(torch, spec, ctx, resident, per_gpu, injector)
+    return {"gpus": list(per_gpu.values()), "incomplete": incomplete, "duration_s": time.monotonic() - started}
+
+
+def _compare(torch: Any, expected: Any, got: Any, max_samples: int) -> tuple[int, list[dict[str, int]]]:
+    """How many words differ, and up to max_samples of them (word, expected, got)."""
+    count, idx = mismatch_indices(torch, expected != got, max_samples)
+    return count, [{"word": i, "expected": int(expected[i].item()), "got": int(got[i].item())} for i in idx]
+
+
+def _round_trips(
+    torch: Any, spec: Spec, device: Device, source: Any, host_sums: tuple[int, int], injector: FaultInjector | None
+) -> tuple[list[dict[str, Any]], Any]:
+    """Host → device → host, pinned and pageable on CUDA; (the transfers, the buffer left on the device)."""
+    n = spec.transfer_bytes // 8
+    transfers = []
+    on_gpu = None
+    pin_modes = (True, False) if device.kind == "cuda" else (False,)
+    for pinned in pin_modes:
+        label = f"h2d+d2h {'pinned' if pinned else 'pageable'}"
+        host = source.pin_memory() if pinned else source
+        t0 = time.monotonic()
+        on_gpu = torch.empty(n, dtype=torch.int64, device=device.torch_device)
+        on_gpu.copy_(host, non_blocking=pinned)
+        sync(torch, device)
+        if injector is not None:
+            injector.corrupt_output(CHECK, device.gpu, on_gpu, label)
+        leg_ok = _checksums(torch, on_gpu) == host_sums
+        back = torch.empty(n, dtype=torch.int64, pin_memory=pinned)
+        back.copy_(on_gpu)
+        sync(torch, device)
+        elapsed = time.monotonic() - t0
+        count, samples = _compare(torch, source, back, spec.max_samples)
+        transfers.append(
+            {
+                "path": label,
+                "src": "host",
+                "dst": device.gpu,
+                "bytes": spec.transfer_bytes,
+                "leg_checksum_ok": leg_ok,
+                "mismatches": count,
+                "samples": samples,
+                "gbytes_per_s": 2 * spec.transfer_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
+            }
+        )
+    return transfers, on_gpu
+
+
+def _peer_copies(
+    torch: Any,
+    spec: Spec,
+    ctx: RunContext,
+    resident: Mapping[int, Any],
+    per_gpu: dict[int, dict[str, Any]],
+    injector: FaultInjector | None,
+) -> str | None:
+    """Copy each device's resident buffer to every other device, adding each copy to its receiver's transfers.
+
+    Returns:
+        "budget" when the budget ran out before every pair was copied, else None.
+    """
+    n = spec.transfer_bytes // 8
+    incomplete = None
+    for src in ctx.devices:
+        for dst in ctx.devices:
+            if src.gpu == dst.gpu:
+                continue
+            if ctx.budget.exhausted():
+                incomplete = "budget"
+                break
             t0 = time.monotonic()
-            on_gpu = torch.empty(n, dtype=torch.int64, device=device.torch_device)
-            on_gpu.copy_(host, non_blocking=pinned)
-            sync(torch, device)
+            label = f"p2p {src.gpu}->{dst.gpu}"
+            sent = resident[src.gpu]
+            received = torch.empty(n, dtype=torch.int64, device=dst.torch_device)
+            received.copy_(sent)
+            sync(torch, dst)
             if injector is not None:
-                injector.corrupt_output(CHECK, device.gpu, on_gpu, label)
-            leg_ok = _checksums(torch, on_gpu) == host_sums
-            back = torch.empty(n, dtype=torch.int64, pin_memory=pinned)
-            back.copy_(on_gpu)
-            sync(torch, device)
+                injector.corrupt_output(CHECK, dst.gpu, received, label)
+            leg_ok = _checksums(torch, received) == _checksums(torch, sent)
+            count, samples = _compare(torch, sent.cpu(), received.cpu(), spec.max_samples)
             elapsed = time.monotonic() - t0
-            count, samples = compare(source, back)
-            transfers.append(
+            per_gpu[dst.gpu]["transfers"].append(
                 {
                     "path": label,
-                    "src": "host",
-                    "dst": device.gpu,
+                    "src": str(src.gpu),
+                    "dst": dst.gpu,
                     "bytes": spec.transfer_bytes,
                     "leg_checksum_ok": leg_ok,
                     "mismatches": count,
                     "samples": samples,
-                    "gbytes_per_s": 2 * spec.transfer_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
+                    "gbytes_per_s": spec.transfer_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
                 }
             )
-            resident[device.gpu] = on_gpu
-        per_gpu[device.gpu] = {"gpu": device.gpu, "duration_s": time.monotonic() - t_gpu, "transfers": transfers}
-
-    if spec.peer and incomplete is None:
-        for src in ctx.devices:
-            for dst in ctx.devices:
-                if src.gpu == dst.gpu:
-                    continue
-                if ctx.budget.exhausted():
-                    incomplete = "budget"
-                    break
-                t0 = time.monotonic()
-                label = f"p2p {src.gpu}->{dst.gpu}"
-                sent = resident[src.gpu]
-                received = torch.empty(n, dtype=torch.int64, device=dst.torch_device)
-                received.copy_(sent)
-                sync(torch, dst)
-                if injector is not None:
-                    injector.corrupt_output(CHECK, dst.gpu, received, label)
-                leg_ok = _checksums(torch, received) == _checksums(torch, sent)
-                count, samples = compare(sent.cpu(), received.cpu())
-                elapsed = time.monotonic() - t0
-                per_gpu[dst.gpu]["transfers"].append(
-                    {
-                        "path": label,
-                        "src": str(src.gpu),
-                        "dst": dst.gpu,
-                        "bytes": spec.transfer_bytes,
-                        "leg_checksum_ok": leg_ok,
-                        "mismatches": count,
-                        "samples": samples,
-                        "gbytes_per_s": spec.transfer_bytes / elapsed / 1e9 if elapsed > 0 else 0.0,
-                    }
-                )
-                per_gpu[dst.gpu]["duration_s"] += elapsed
-    return {"gpus": list(per_gpu.values()), "incomplete": incomplete, "duration_s": time.monotonic() - started}
+            per_gpu[dst.gpu]["duration_s"] += elapsed
+    return incomplete
 
 
 def judge(raw: Mapping[str, Any], spec: Spec) -> CheckResult:

@@ -341,148 +341,213 @@ def admit(
     Returns:
         ``Admission(admitted, deferred, state, reasons)``.
     """
-    pol = policy
-    in_flight = [f for f in state.in_flight if now_s - f.admitted_at < pol.in_flight_max_age_s]
-    quarantined = list(state.quarantined_nodes)
-    gpus_out = state.quarantined_gpus  # copied on the first change of this call (most calls change nothing)
-    gpus_copied = False
-    emptied = set(state.emptied_for(fleet))
-    # Planned maintenance (sweeps) is not breakage: it never feeds the breaker.
-    proposed_nodes = {
-        a.node_id
-        for a in proposed
-        if (a.node_disruptive or a.kind in _BREAKER_GPU_KINDS) and not getattr(a, "planned", False)
-    }
-    demand = _renewed_demand(state.demand, proposed_nodes, now_s=now_s, window_s=pol.breaker_window_s)
-    fresh = _fresh_demand(demand, now_s=now_s, window_s=pol.breaker_window_s, resumed_at=state.resumed_at)
-
-    total = fleet.total_nodes
-    tripped_at = state.breaker_tripped_at
-    breaker_reason = state.breaker_reason
-    trips = state.trips
-    admitted: list[actions.Action] = []
-    deferred: list[actions.Action] = []
-    reasons: list[str] = []
-    trip_reason = ""
-    limit = pol.breaker_quarantine_pct * total / 100.0
-    if tripped_at is None and fresh > limit and fresh >= pol.breaker_min_nodes:
-        tripped_at = now_s
-        trips += 1
-        breaker_reason = (
-            f"{fresh} of {total} nodes needed quarantine within {pol.breaker_window_s:g}s "
-            f"(more than {pol.breaker_quarantine_pct:g}%): automation stops until an operator resumes"
-        )
-        trip_reason = f"circuit breaker tripped: {breaker_reason}"
-
-    labels = sorted(set(pol.domain_max_nodes) | set(pol.domain_max_pct))
-    domain_size = fleet.domain_sizes(labels)
-    cluster_cap = _cap(pol.max_disrupted_nodes, pol.max_disrupted_nodes_pct, total)
-    blocked_tickets: set[str] = set()
-    budget_waits = False
+    demand = _renewed_demand(state.demand, _breaker_nodes(proposed), now_s=now_s, window_s=policy.breaker_window_s)
+    fresh = _fresh_demand(demand, now_s=now_s, window_s=policy.breaker_window_s, resumed_at=state.resumed_at)
+    breaker = _breaker(state, fresh, fleet.total_nodes, now_s=now_s, policy=policy)
+    ledger = _Ledger.start(state, fleet, now_s=now_s, policy=policy)
     cooling = state.cooldown_until is not None and now_s < state.cooldown_until
-
-    def disrupted() -> set[str]:
-        return set(quarantined) | {f.node_id for f in in_flight} | emptied
-
-    def set_gpus(node_id: str, gpus: frozenset[str]) -> None:
-        nonlocal gpus_out, gpus_copied
-        if not gpus_copied:
-            gpus_out, gpus_copied = dict(gpus_out), True
-        if gpus:
-            gpus_out[node_id] = gpus  # type: ignore[index]
-        else:
-            gpus_out.pop(node_id, None)  # type: ignore[attr-defined]
-        emptied.discard(node_id)
-        emptied.update(_emptied_nodes({node_id: gpus}, fleet))
-
-    def defer(action: actions.Action, why: str) -> None:
-        deferred.append(action)
-        reasons.append(f"{action.kind} on {action.node_id} waits: {why}")
-        blocked_tickets.add(action.ticket_id)
-
     for action in proposed:
-        if action.ticket_id in blocked_tickets:
-            defer(action, "an earlier action of its ticket waits")
-            continue
-        if action.kind in _ALWAYS_KINDS:
-            admitted.append(action)
-            continue
-        if state.paused:
-            defer(action, f"automation is paused by an operator ({state.pause_reason or 'no reason given'})")
-            continue
-        if tripped_at is not None:
-            defer(action, "the circuit breaker holds automation until an operator resumes it")
-            continue
-        empties = isinstance(action, actions.QuarantineGpu) and _empties_node(action, gpus_out, fleet)
-        if action.node_disruptive or empties:
-            out = disrupted()
-            if action.node_id not in out:
-                why = _budget_refusal(action.node_id, out, fleet, labels, domain_size, cluster_cap, pol)
-                if empties and why:
-                    why = f"it is the node's last GPU in service, and {why}"
-                if cooling:
-                    defer(action, f"storm cooldown until {state.cooldown_until:.0f}")
-                    continue
-                if why:
-                    budget_waits = True
-                    defer(action, why)
-                    continue
-        if isinstance(action, actions.QuarantineGpu):
-            held = gpus_out.get(action.node_id, frozenset())
-            if action.gpu_uuid not in held:
-                set_gpus(action.node_id, held | {action.gpu_uuid})
-            admitted.append(action)
-            continue
-        if action.node_disruptive:
-            if action.kind == "quarantine_node":
-                if action.node_id not in quarantined:
-                    quarantined.append(action.node_id)
-            else:
-                in_flight.append(InFlight(action.command_id, action.node_id, action.kind, now_s))
-            admitted.append(action)
-            continue
-        if isinstance(action, actions.Release) and not action.gpu_uuid and not action.ib_port:
-            quarantined = [n for n in quarantined if n != action.node_id]
-        elif isinstance(action, actions.Release) and action.gpu_uuid in gpus_out.get(action.node_id, ()):
-            set_gpus(action.node_id, gpus_out[action.node_id] - {action.gpu_uuid})
-        admitted.append(action)
-
-    storm_active = state.storm_active
-    cooldown_until = state.cooldown_until
-    if budget_waits:
-        storm_active = True
-    elif storm_active:
-        storm_active = False
-        cooldown_until = now_s + pol.storm_cooldown_s
-    if trip_reason:
-        admitted.append(
-            actions.Notify(
-                ticket_id=f"breaker/{trips}",
-                step=0,
-                node_id="",
-                reason=trip_reason,
-                severity="critical",
-                summary=trip_reason,
-            )
-        )
-        reasons.append(trip_reason)
+        why, for_budget = _wait_reason(action, ledger, state, held=breaker.tripped_at is not None, cooling=cooling)
+        if why:
+            ledger.defer(action, why)
+            ledger.budget_waits = ledger.budget_waits or for_budget
+        else:
+            ledger.admit(action, now_s=now_s)
+    storm_active, cooldown_until = _storm(state, ledger.budget_waits, now_s=now_s, policy=policy)
+    if breaker.trip_reason:
+        ledger.admitted.append(_breaker_notify(breaker))
+        ledger.reasons.append(breaker.trip_reason)
     new_state = BudgetState(
-        in_flight=tuple(in_flight),
-        quarantined_nodes=tuple(quarantined),
-        quarantined_gpus=gpus_out,
-        emptied_nodes=frozenset(emptied),
+        in_flight=tuple(ledger.in_flight),
+        quarantined_nodes=tuple(ledger.quarantined),
+        quarantined_gpus=ledger.gpus_out,
+        emptied_nodes=frozenset(ledger.emptied),
         counted_for=fleet,
         demand=demand,
-        breaker_tripped_at=tripped_at,
-        breaker_reason=breaker_reason,
-        trips=trips,
+        breaker_tripped_at=breaker.tripped_at,
+        breaker_reason=breaker.reason,
+        trips=breaker.trips,
         resumed_at=state.resumed_at,
         paused=state.paused,
         pause_reason=state.pause_reason,
         storm_active=storm_active,
         cooldown_until=cooldown_until,
     )
-    return Admission(tuple(admitted), tuple(deferred), new_state, tuple(reasons))
+    return Admission(tuple(ledger.admitted), tuple(ledger.deferred), new_state, tuple(ledger.reasons))
+
+
+def _breaker_nodes(proposed: Sequence[actions.Action]) -> set[str]:
+    """The nodes proposed actions count toward the breaker's demand (node-level, or a GPU quarantine or reset)."""
+    # Planned maintenance (sweeps) is not breakage: it never feeds the breaker.
+    return {
+        a.node_id
+        for a in proposed
+        if (a.node_disruptive or a.kind in _BREAKER_GPU_KINDS) and not getattr(a, "planned", False)
+    }
+
+
+class _Breaker(NamedTuple):
+    """The circuit breaker after this call's demand: as it was, or tripped now (then trip_reason is set)."""
+
+    tripped_at: float | None
+    reason: str
+    trips: int
+    trip_reason: str = ""
+
+
+def _breaker(state: BudgetState, fresh: int, total: int, *, now_s: float, policy: policy.DisruptionPolicy) -> _Breaker:
+    """Trip the breaker when more than its share of the fleet needed quarantine within the window."""
+    limit = policy.breaker_quarantine_pct * total / 100.0
+    if state.breaker_tripped_at is not None or fresh <= limit or fresh < policy.breaker_min_nodes:
+        return _Breaker(state.breaker_tripped_at, state.breaker_reason, state.trips)
+    reason = (
+        f"{fresh} of {total} nodes needed quarantine within {policy.breaker_window_s:g}s "
+        f"(more than {policy.breaker_quarantine_pct:g}%): automation stops until an operator resumes"
+    )
+    return _Breaker(now_s, reason, state.trips + 1, f"circuit breaker tripped: {reason}")
+
+
+def _breaker_notify(breaker: _Breaker) -> actions.Notify:
+    """The critical notification a breaker trip adds to the admitted actions."""
+    return actions.Notify(
+        ticket_id=f"breaker/{breaker.trips}",
+        step=0,
+        node_id="",
+        reason=breaker.trip_reason,
+        severity="critical",
+        summary=breaker.trip_reason,
+    )
+
+
+@dataclasses.dataclass
+class _Ledger:
+    """What one `admit` call has decided so far: its working copy of the budget and its answers.
+
+    Local to the call (the call stays pure): it starts from the state and becomes the new one.
+    """
+
+    fleet: FleetView
+    disruption: policy.DisruptionPolicy
+    labels: list[str]
+    """The topology labels with a per-domain cap."""
+    domain_size: Mapping[tuple[str, str], int]
+    cluster_cap: int
+    in_flight: list[InFlight]
+    quarantined: list[str]
+    gpus_out: Mapping[str, frozenset[str]]
+    """The state's own mapping until the first change of this call (most calls change nothing)."""
+    emptied: set[str]
+    admitted: list[actions.Action] = dataclasses.field(default_factory=list)
+    deferred: list[actions.Action] = dataclasses.field(default_factory=list)
+    reasons: list[str] = dataclasses.field(default_factory=list)
+    blocked_tickets: set[str] = dataclasses.field(default_factory=set)
+    budget_waits: bool = False
+    """Whether a node-level action waits for budget (a storm is on)."""
+    gpus_copied: bool = False
+
+    @classmethod
+    def start(cls, state: BudgetState, fleet: FleetView, *, now_s: float, policy: policy.DisruptionPolicy) -> _Ledger:
+        """A ledger holding the state's budget (in-flight commands past their maximum age dropped)."""
+        labels = sorted(set(policy.domain_max_nodes) | set(policy.domain_max_pct))
+        return cls(
+            fleet=fleet,
+            disruption=policy,
+            labels=labels,
+            domain_size=fleet.domain_sizes(labels),
+            cluster_cap=_cap(policy.max_disrupted_nodes, policy.max_disrupted_nodes_pct, fleet.total_nodes),
+            in_flight=[f for f in state.in_flight if now_s - f.admitted_at < policy.in_flight_max_age_s],
+            quarantined=list(state.quarantined_nodes),
+            gpus_out=state.quarantined_gpus,
+            emptied=set(state.emptied_for(fleet)),
+        )
+
+    def disrupted(self) -> set[str]:
+        """Nodes out of service by automation so far (rule 4 and 5)."""
+        return set(self.quarantined) | {f.node_id for f in self.in_flight} | self.emptied
+
+    def budget_refusal(self, node_id: str, out: set[str]) -> str:
+        """Why taking node_id out now would break the budget, or "" when it fits."""
+        return _budget_refusal(
+            node_id, out, self.fleet, self.labels, self.domain_size, self.cluster_cap, self.disruption
+        )
+
+    def defer(self, action: actions.Action, why: str) -> None:
+        """Hold action back, and the rest of its ticket with it (rule 1)."""
+        self.deferred.append(action)
+        self.reasons.append(f"{action.kind} on {action.node_id} waits: {why}")
+        self.blocked_tickets.add(action.ticket_id)
+
+    def admit(self, action: actions.Action, *, now_s: float) -> None:
+        """Let action run now and count what it takes out of service or gives back."""
+        if isinstance(action, actions.QuarantineGpu):
+            held = self.gpus_out.get(action.node_id, frozenset())
+            if action.gpu_uuid not in held:
+                self._set_gpus(action.node_id, held | {action.gpu_uuid})
+        elif action.node_disruptive:
+            if action.kind != "quarantine_node":
+                self.in_flight.append(InFlight(action.command_id, action.node_id, action.kind, now_s))
+            elif action.node_id not in self.quarantined:
+                self.quarantined.append(action.node_id)
+        elif isinstance(action, actions.Release) and not action.gpu_uuid and not action.ib_port:
+            self.quarantined = [n for n in self.quarantined if n != action.node_id]
+        elif isinstance(action, actions.Release) and action.gpu_uuid in self.gpus_out.get(action.node_id, ()):
+            self._set_gpus(action.node_id, self.gpus_out[action.node_id] - {action.gpu_uuid})
+        self.admitted.append(action)
+
+    def _set_gpus(self, node_id: str, gpus: frozenset[str]) -> None:
+        if not self.gpus_copied:
+            self.gpus_out, self.gpus_copied = dict(self.gpus_out), True
+        if gpus:
+            self.gpus_out[node_id] = gpus  # type: ignore[index]
+        else:
+            self.gpus_out.pop(node_id, None)  # type: ignore[attr-defined]
+        self.emptied.discard(node_id)
+        self.emptied.update(_emptied_nodes({node_id: gpus}, self.fleet))
+
+
+def _wait_reason(
+    action: actions.Action, ledger: _Ledger, state: BudgetState, *, held: bool, cooling: bool
+) -> tuple[str, bool]:
+    """Why action must wait now ("" when it may run), and whether it waits for budget (rules 1-5).
+
+    Args:
+        action: the proposed action.
+        ledger: what this call has decided so far.
+        state: the budget as the call found it (pause and cooldown).
+        held: whether the circuit breaker holds automation.
+        cooling: whether a storm cooldown is on.
+    """
+    if action.ticket_id in ledger.blocked_tickets:
+        return "an earlier action of its ticket waits", False
+    if action.kind in _ALWAYS_KINDS:
+        return "", False
+    if state.paused:
+        return f"automation is paused by an operator ({state.pause_reason or 'no reason given'})", False
+    if held:
+        return "the circuit breaker holds automation until an operator resumes it", False
+    empties = isinstance(action, actions.QuarantineGpu) and _empties_node(action, ledger.gpus_out, ledger.fleet)
+    if not (action.node_disruptive or empties):
+        return "", False
+    out = ledger.disrupted()
+    if action.node_id in out:
+        return "", False  # already out of service: adds no disruption
+    why = ledger.budget_refusal(action.node_id, out)
+    if empties and why:
+        why = f"it is the node's last GPU in service, and {why}"
+    if cooling:
+        return f"storm cooldown until {state.cooldown_until:.0f}", False
+    return why, bool(why)
+
+
+def _storm(
+    state: BudgetState, budget_waits: bool, *, now_s: float, policy: policy.DisruptionPolicy
+) -> tuple[bool, float | None]:
+    """(storm_active, cooldown_until): a storm lasts while actions wait for budget; its end starts a cooldown."""
+    if budget_waits:
+        return True, state.cooldown_until
+    if state.storm_active:
+        return False, now_s + policy.storm_cooldown_s
+    return False, state.cooldown_until
 
 
 def _renewed_demand(

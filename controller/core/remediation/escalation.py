@@ -859,46 +859,70 @@ def decide(
     tid = t.ticket_id
     w.update(tid, incident_ids=(*t.incident_ids, incident.incident_id)[-_MAX_HISTORY:])
     w.note(tid, f"fault {cls.fault_key}: {cls.reason}")
-    folded_here = incident.gpu_uuid != t.gpu_uuid
-
     if t.state in (TicketState.AWAITING_OPERATOR, TicketState.RMA_PENDING):
-        if required is Rung.RMA and t.state is TicketState.AWAITING_OPERATOR:
-            return w.decision(_open_rma(w, tid, f"{cls.reason}"))
-        return w.decision(
-            f"{cls.fault_key} on {incident.gpu_uuid or 'the node'} is recorded on ticket {tid}, "
-            f"which is already {t.state.value}"
-        )
+        return w.decision(_on_held_ticket(w, t, incident, required))
     if t.state is TicketState.WAITING:
-        if required is not None and (t.waiting_rung is None or required > t.waiting_rung):
-            w.update(tid, waiting_rung=required)
-        return w.decision(f"{cls.fault_key} recorded on ticket {tid}, which waits for the node's reboot to finish")
+        return w.decision(_on_waiting_ticket(w, t, incident, required))
     if t.state is TicketState.ACTING:
-        if required is not None and t.rung is not None and required > t.rung and not folded_here:
-            return w.decision(_begin(w, tid, required, f"{cls.reason}; supersedes {t.rung.word}"))
-        if required is Rung.RMA and folded_here:
-            return w.decision(_split_folded(w, tid, incident, required))
-        pending = t.pending.kind if t.pending else "a repair"
-        return w.decision(f"{cls.fault_key} absorbed into ticket {tid}: {pending} is already in flight")
-    # VALIDATING or WATCHING: the repair did not hold.
+        return w.decision(_on_acting_ticket(w, t, incident, required))
+    return w.decision(_on_repaired_ticket(w, t, incident, required))
+
+
+def _on_held_ticket(w: _Work, t: Ticket, incident: correlate.Incident, required: Rung | None) -> str:
+    """A fault on a ticket that waits for an operator or an RMA: recorded; an RMA-class fault opens the RMA."""
+    cls = incident.classification
+    if required is Rung.RMA and t.state is TicketState.AWAITING_OPERATOR:
+        return _open_rma(w, t.ticket_id, f"{cls.reason}")
+    return (
+        f"{cls.fault_key} on {incident.gpu_uuid or 'the node'} is recorded on ticket {t.ticket_id}, "
+        f"which is already {t.state.value}"
+    )
+
+
+def _on_waiting_ticket(w: _Work, t: Ticket, incident: correlate.Incident, required: Rung | None) -> str:
+    """A fault on a ticket that waits for the node's reboot: it raises the rung the ticket will start at."""
+    if required is not None and (t.waiting_rung is None or required > t.waiting_rung):
+        w.update(t.ticket_id, waiting_rung=required)
+    fault_key = incident.classification.fault_key
+    return f"{fault_key} recorded on ticket {t.ticket_id}, which waits for the node's reboot to finish"
+
+
+def _on_acting_ticket(w: _Work, t: Ticket, incident: correlate.Incident, required: Rung | None) -> str:
+    """A fault while a repair is in flight: a higher rung supersedes it, else it is absorbed."""
+    cls = incident.classification
+    folded_here = incident.gpu_uuid != t.gpu_uuid
+    if required is not None and t.rung is not None and required > t.rung and not folded_here:
+        return _begin(w, t.ticket_id, required, f"{cls.reason}; supersedes {t.rung.word}")
+    if required is Rung.RMA and folded_here:
+        return _split_folded(w, t.ticket_id, incident, required)
+    pending = t.pending.kind if t.pending else "a repair"
+    return f"{cls.fault_key} absorbed into ticket {t.ticket_id}: {pending} is already in flight"
+
+
+def _on_repaired_ticket(w: _Work, t: Ticket, incident: correlate.Incident, required: Rung | None) -> str:
+    """A fault on a VALIDATING or WATCHING ticket: the repair did not hold, so the ladder climbs."""
+    cls = incident.classification
+    tid = t.ticket_id
+    folded_here = incident.gpu_uuid != t.gpu_uuid
     if folded_here and (required is not None or t.state is TicketState.WATCHING):
         # A GPU the node-level repair covered faults on its own afterwards: it gets its own ticket.
         # Also during the node's validation: the run may have checked that GPU before it faulted
         # (an Xid 79 in a long suite), and its pass released the node with the GPU in it, while
         # the fault's repeats were folded into the open incident as duplicates.
-        return w.decision(_split_folded(w, tid, incident, required))
+        return _split_folded(w, tid, incident, required)
     if folded_here:
-        return w.decision(
+        return (
             f"{cls.fault_key} on folded GPU {incident.gpu_uuid} is recorded on ticket {tid}, "
             "whose running validation covers it"
         )
     if t.rung is None and required is None:
-        return w.decision(f"{cls.fault_key} recorded on ticket {tid}, which is {t.state.value}")
-    phase = "during validation" if t.state is TicketState.VALIDATING else f"within {policy.recurrence_window_s:g}s"
+        return f"{cls.fault_key} recorded on ticket {tid}, which is {t.state.value}"
+    phase = "during validation" if t.state is TicketState.VALIDATING else f"within {w.pol.recurrence_window_s:g}s"
     after = t.rung.word if t.rung is not None else "release"
     why = f"{cls.fault_key} recurred {phase} after {after}"
     if t.rung is None:
-        return w.decision(_begin(w, tid, required or Rung.RESTART_PROCESS, why))
-    return w.decision(_climb(w, tid, why, at_least=required))
+        return _begin(w, tid, required or Rung.RESTART_PROCESS, why)
+    return _climb(w, tid, why, at_least=required)
 
 
 def _split_folded(w: _Work, owner_id: str, incident: correlate.Incident, required: Rung | None) -> str:

@@ -482,8 +482,8 @@ def test_service_and_service_monitor_expose_grpc_and_metrics(chart):
 
 
 def _documented_rbac_rules() -> list[dict[str, Any]]:
-    """The ClusterRole rules written in rasd.controller.executors.quarantine's docstring."""
-    doc = quarantine.__doc__ or ""
+    """The ClusterRole rules written in rasd.controller.executors.quarantine.k8s's docstring."""
+    doc = quarantine.k8s.__doc__ or ""
     block = doc.split("RBAC the controller's ServiceAccount needs", 1)[1].split("::", 1)[1]
     lines = []
     for line in block.splitlines()[1:]:

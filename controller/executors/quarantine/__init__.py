@@ -1,0 +1,203 @@
+"""Quarantine executors: take a node, a GPU or an InfiniBand port out of scheduling, and give it back.
+
+The pure core (`rasd.controller.core.remediation.actions`) decides *that* something is quarantined
+(`QuarantineNode`, `QuarantineGpu`, `QuarantinePort`) or released (`Release`); this package carries
+it out on the cluster's scheduler through one `QuarantineAdapter`:
+
+- `RecordOnlyQuarantine` (the default): remembers what it was asked and changes nothing.
+- `KubernetesQuarantine`: cordon, taint, node condition, annotations and Events, through the official
+  ``kubernetes`` client.
+- `SlurmQuarantine`: ``scontrol update nodename=<n> state=drain|resume``.
+
+Every call is idempotent: quarantining twice, or releasing something that is not quarantined, changes
+nothing and says so in the returned `QuarantineOutcome`. Expected results ("node not found",
+"already quarantined") are outcomes; failures the caller can retry raise
+`QuarantineUnavailableError`, and refusals that a retry cannot fix (RBAC, validation) raise
+`QuarantineRejectedError`. The calls block (HTTP or a subprocess): the service runs them in a thread
+(`executors` gives it the ``kind → callable`` table it takes).
+
+**Never undo someone else's work.** A cordon or a Slurm drain that rasd did not set is never lifted
+by a rasd release (NVSentinel #1424: "don't uncordon nodes cordoned by others").
+
+The adapters, one module each: `record` (`RecordOnlyQuarantine`), `k8s` (`KubernetesQuarantine`,
+`KubernetesSettings`) and `slurm` (`SlurmQuarantine`, `SlurmSettings`); `adapter` holds what they share.
+This package re-exports their public names, so callers write ``quarantine.KubernetesQuarantine``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from rasd.controller.core.remediation import actions
+from rasd.controller.executors.quarantine.adapter import (
+    QuarantineAdapter,
+    QuarantineError,
+    QuarantineOutcome,
+    QuarantineRejectedError,
+    QuarantineSettingsError,
+    QuarantineUnavailableError,
+    Status,
+    build_settings,
+)
+from rasd.controller.executors.quarantine.k8s import (
+    ANN_CORDONED,
+    ANN_GPUS,
+    ANN_PORTS,
+    ANN_QUARANTINED,
+    API_CONNECTIONS,
+    CONDITION_TYPE,
+    TAINT_ALL_GPUS,
+    TAINT_QUARANTINED,
+    KubernetesQuarantine,
+    KubernetesSettings,
+    api_client,
+    label_value,
+)
+from rasd.controller.executors.quarantine.record import RecordOnlyQuarantine
+from rasd.controller.executors.quarantine.slurm import SLURM_REASON_PREFIX, SlurmQuarantine, SlurmSettings, slurm_reason
+
+__all__ = [
+    "ADAPTERS",
+    "ANN_CORDONED",
+    "ANN_GPUS",
+    "ANN_PORTS",
+    "ANN_QUARANTINED",
+    "API_CONNECTIONS",
+    "CONDITION_TYPE",
+    "SLURM_REASON_PREFIX",
+    "TAINT_ALL_GPUS",
+    "TAINT_QUARANTINED",
+    "KubernetesQuarantine",
+    "KubernetesSettings",
+    "QuarantineAdapter",
+    "QuarantineError",
+    "QuarantineOutcome",
+    "QuarantineRejectedError",
+    "QuarantineSettingsError",
+    "QuarantineUnavailableError",
+    "RecordOnlyQuarantine",
+    "SlurmQuarantine",
+    "SlurmSettings",
+    "Status",
+    "execute",
+    "executors",
+    "label_value",
+    "open_quarantine",
+    "slurm_reason",
+]
+
+log = structlog.get_logger("rasd.controller")
+
+
+# --------------------------------------------------------------------------------------------
+# Dispatch from the core's actions
+
+
+def execute(adapter: QuarantineAdapter, action: actions.Action) -> QuarantineOutcome:
+    """Carry out one quarantine or release action with ``adapter``.
+
+    Args:
+        adapter: the configured adapter.
+        action: a `QuarantineNode`, `QuarantineGpu`, `QuarantinePort` or `Release`.
+
+    Returns:
+        The adapter's outcome.
+
+    Raises:
+        TypeError: the action is not a quarantine or a release.
+        QuarantineUnavailableError: retry later.
+        QuarantineRejectedError: the scheduler refused.
+    """
+    common = {"reason": action.reason, "ticket_id": action.ticket_id}
+    if isinstance(action, actions.QuarantineNode):
+        return adapter.quarantine_node(action.node_id, **common)
+    if isinstance(action, actions.QuarantineGpu):
+        return adapter.quarantine_gpu(action.node_id, action.gpu_uuid, **common)
+    if isinstance(action, actions.QuarantinePort):
+        return adapter.quarantine_port(action.node_id, action.ib_port, **common)
+    if isinstance(action, actions.Release):
+        if action.gpu_uuid:
+            return adapter.release_gpu(action.node_id, action.gpu_uuid, **common)
+        if action.ib_port:
+            return adapter.release_port(action.node_id, action.ib_port, **common)
+        return adapter.release_node(action.node_id, **common)
+    raise TypeError(f"not a quarantine or release action: {action.kind}")
+
+
+def executors(adapter: QuarantineAdapter) -> dict[str, Callable[[actions.Action], QuarantineOutcome]]:
+    """The ``kind → callable`` table the remediation service takes for controller-side actions.
+
+    Example: ``RemediationService(..., executors={**quarantine.executors(adapter), ...})``; each
+    callable returns a `QuarantineOutcome` whose ``str()`` is the action's result message.
+    """
+
+    def run(action: actions.Action) -> QuarantineOutcome:
+        outcome = execute(adapter, action)
+        log.info(
+            "quarantine_executed",
+            adapter=outcome.adapter,
+            kind=action.kind,
+            node=outcome.node_id,
+            target=outcome.target,
+            ticket=outcome.ticket_id,
+            status=str(outcome.status),
+            detail=outcome.detail,
+        )
+        return outcome
+
+    # Whether a call waits on another system: the service calls one that does not (record only)
+    # with the decision (or in its dispatch round), without a thread and without a commit of its own
+    # for the outcome.
+    run.blocking = getattr(adapter, "blocking", True)  # type: ignore[attr-defined]
+    kinds = (actions.QuarantineNode.kind, actions.QuarantineGpu.kind, actions.QuarantinePort.kind, actions.Release.kind)
+    return dict.fromkeys(kinds, run)
+
+
+# --------------------------------------------------------------------------------------------
+# Factory
+
+
+ADAPTERS = ("record", "kubernetes", "slurm")
+"""Names accepted by ``adapter`` in the quarantine settings."""
+
+
+def open_quarantine(settings: Mapping[str, Any], *, prefix: str = "quarantine.") -> QuarantineAdapter:
+    """Build the configured adapter from the ``[quarantine]`` settings table.
+
+    Example::
+
+        open_quarantine({"adapter": "kubernetes", "kubernetes": {"event_namespace": "rasd"}})
+        open_quarantine({"adapter": "slurm", "slurm": {"scontrol": "/usr/bin/scontrol"}})
+        open_quarantine({})  # record only
+
+    Args:
+        settings: ``adapter`` ("record" by default, "kubernetes" or "slurm") and one sub-table per
+            adapter (`KubernetesSettings`, `SlurmSettings` fields).
+        prefix: key path prefix for error messages.
+
+    Returns:
+        The adapter. A Kubernetes adapter loads ``host`` if set, else the in-cluster service account,
+        else ``kubeconfig``.
+
+    Raises:
+        QuarantineSettingsError: an unknown key or a bad value, named by its path.
+    """
+    if not isinstance(settings, Mapping):
+        raise QuarantineSettingsError(f"{prefix.rstrip('.')}: expected a table, got {settings!r}")
+    known = {"adapter", *ADAPTERS[1:]}
+    for key in settings:
+        if key not in known:
+            raise QuarantineSettingsError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(known))})")
+    adapter = settings.get("adapter", "record")
+    if adapter not in ADAPTERS:
+        raise QuarantineSettingsError(f"{prefix}adapter: must be one of {', '.join(ADAPTERS)}, got {adapter!r}")
+    k8s = build_settings(KubernetesSettings, settings.get("kubernetes", {}), f"{prefix}kubernetes.")
+    slurm = build_settings(SlurmSettings, settings.get("slurm", {}), f"{prefix}slurm.")
+    if adapter == "kubernetes":
+        return KubernetesQuarantine(api_client(k8s, f"{prefix}kubernetes."), k8s)
+    if adapter == "slurm":
+        return SlurmQuarantine(slurm)
+    return RecordOnlyQuarantine()
