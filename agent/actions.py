@@ -54,28 +54,11 @@ import time
 from collections.abc import Callable
 
 from rasd.agent import gpu, node_ops, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import cap_slew, model
 
 Clock = Callable[[], int]
 Outcome = tuple[model.ActionOutcome, str, dict[str, int]]
-
-
-@dataclasses.dataclass(frozen=True)
-class ActionSettings:
-    """What the agent may do on its own node."""
-
-    destructive_enabled: bool = False
-    """Allow restart, reset, reboot and validation; otherwise they are answered DRY_RUN."""
-    validation_timeout_s: float = 3600.0
-    """Upper bound for one rasd-validate run (the suites enforce their own budgets below this)."""
-    kill_poll_s: float = 0.2
-    """How often a process is checked for exit during the SIGTERM grace period."""
-    cap_slew_step_s: float = 0.1
-    """How often a slewing raise moves the limit (`step_slews`); each step at most rate x this."""
-    reboot_grace_s: float = 600.0
-    """How long after a reboot command the node may take to go down; the repairs and validations
-    that arrive meanwhile wait for it. A node still up after this did not reboot: they are answered
-    FAILED, and the ladder climbs."""
 
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -107,7 +90,7 @@ class ActionExecutor:
         clock: Clock,
         *,
         ops: node_ops.NodeOps | None = None,
-        settings: ActionSettings = ActionSettings(),
+        settings: agent_settings.ActionSettings | None = None,
         sleep: Callable[[float], None] = time.sleep,
         boot_id: str | None = None,
     ) -> None:
@@ -120,7 +103,7 @@ class ActionExecutor:
         self._journal = journal
         self._clock = clock
         self._ops = ops
-        self.settings = settings
+        self.settings = settings or agent_settings.ActionSettings()
         self._sleep = sleep
         self._slews: dict[str, cap_slew.Slew] = {}
         self._constraints: dict[str, tuple[int, int]] | None = None

@@ -30,6 +30,7 @@ import grpc
 import structlog
 
 from rasd.agent import actions, gpu, kmsg_source, node_ops, sources, spool, wire
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import health, model
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
@@ -38,54 +39,6 @@ from rasd.common import VERSION, aio, tls
 log = structlog.get_logger("rasd.agent")
 
 Clock = Callable[[], int]
-
-
-@dataclasses.dataclass(frozen=True)
-class LinkSettings:
-    """How the agent reaches the controller and paces what it sends."""
-
-    controller_address: str
-    """host:port of the controller's gRPC endpoint."""
-    power_sample_interval_ms: int = 100
-    """Power sampling period (10 Hz); the controller may override it in Welcome."""
-    counter_interval_ms: int = 1000
-    """Counter sampling period (1 Hz)."""
-    telemetry_send_interval_ms: int = 1000
-    """How often buffered telemetry goes out."""
-    heartbeat_interval_ms: int = 5000
-    """Heartbeat period when nothing else is sent."""
-    event_poll_interval_ms: int = 200
-    """How often the backend is polled for health observations."""
-    reconnect_initial_s: float = 0.5
-    """First reconnect delay; doubles per failure up to reconnect_max_s (full jitter)."""
-    reconnect_max_s: float = 30.0
-    """Upper bound of the reconnect delay."""
-    welcome_timeout_s: float = 10.0
-    """How long to wait for Welcome after Hello before reconnecting."""
-    keepalive_time_s: float = tls.CLIENT_KEEPALIVE_TIME_MS / 1000
-    """Ping the controller after this long without a frame: finds a controller gone silent (crash,
-    partition, SIGSTOP) in keepalive_time_s + keepalive_timeout_s instead of TCP's many minutes."""
-    keepalive_timeout_s: float = tls.CLIENT_KEEPALIVE_TIMEOUT_MS / 1000
-    """How long an unanswered ping may wait before the stream is declared dead and the agent reconnects."""
-    buffer_s: float = 60.0
-    """Seconds of power samples kept per GPU while the stream is down."""
-    max_events_per_message: int = 500
-    """Cap on events per HealthEventBatch."""
-    spool_read_page_events: int = 10_000
-    """Events read from the spool at a time when sending; a larger backlog is read page after page."""
-    failsafe_after_s: float = 300.0
-    """After this long without a controller stream, apply the fail-safe power limit."""
-    failsafe_power_limit_w: int | None = None
-    """The safe cap per GPU; None disables the fail-safe. It only ever lowers a cap."""
-    ib_poll_interval_s: float = 1.0
-    """How often InfiniBand sysfs counters are read (when an IB poller is attached)."""
-    health_thresholds: health.HealthThresholds = dataclasses.field(default_factory=health.HealthThresholds)
-    """Rates above which rising GPU counters become health events."""
-    tls: tls.TlsFiles | None = None
-    """This node's client certificate and the CA the controller's must chain to; None: plaintext
-    (loopback only). The files are re-read at every reconnect, so a renewed certificate needs no restart."""
-    tls_server_name: str = ""
-    """Name to verify in the controller's certificate when it differs from the dialled host."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,20 +87,23 @@ class Agent:
 
     def __init__(
         self,
-        identity: NodeIdentity,
+        settings: agent_settings.AgentSettings,
         backend: gpu.GpuBackend,
         journal: spool.Spool,
-        settings: LinkSettings,
         *,
+        boot_id: str,
+        hostname: str | None = None,
         clock: Clock = time.time_ns,
         rng: random.Random | None = None,
         ops: node_ops.NodeOps | None = None,
-        action_settings: actions.ActionSettings | None = None,
     ) -> None:
         """Wire the agent together; nothing runs until `run()`.
 
-        ops and action_settings enable destructive repairs; without them those answer DRY_RUN.
+        boot_id and hostname (default: the node id) are announced in every Hello. ops and
+        settings.actions.destructive_enabled enable destructive repairs; without both those answer
+        DRY_RUN.
         """
+        identity = NodeIdentity(settings.node_id, boot_id, hostname or settings.node_id, settings.labels)
         self.identity = identity
         self.backend = backend
         self.spool = journal
@@ -155,17 +111,15 @@ class Agent:
         self.stats = AgentStats()
         self._clock = clock
         self._rng = rng or random.Random()
-        self._executor = actions.ActionExecutor(
-            backend, journal, clock, ops=ops, settings=action_settings or actions.ActionSettings()
-        )
+        self._executor = actions.ActionExecutor(backend, journal, clock, ops=ops, settings=settings.actions)
         self._inventory = tuple(backend.inventory())
         # What every Hello announces; an event about any other GPU goes out node-level (wire.events).
         self._known_gpus = frozenset(g.uuid for g in self._inventory)
-        self._power_interval_ms = settings.power_sample_interval_ms
-        self._counter_interval_ms = settings.counter_interval_ms
-        self._send_interval_ms = settings.telemetry_send_interval_ms
-        self._heartbeat_interval_ms = settings.heartbeat_interval_ms
-        max_samples = max(1, int(settings.buffer_s * 1000 / settings.power_sample_interval_ms))
+        self._power_interval_ms = settings.sampling.power_sample_interval_ms
+        self._counter_interval_ms = settings.sampling.counter_interval_ms
+        self._send_interval_ms = settings.link.telemetry_send_interval_ms
+        self._heartbeat_interval_ms = settings.link.heartbeat_interval_ms
+        max_samples = max(1, int(settings.sampling.buffer_s * 1000 / settings.sampling.power_sample_interval_ms))
         self._power: dict[str, collections.deque[model.PowerReading]] = {
             g.uuid: collections.deque(maxlen=max_samples) for g in self._inventory
         }
@@ -275,7 +229,7 @@ class Agent:
                                 counters,
                                 power_w=power_w,
                                 previous_power_w=self._power_at_counters.get(uuid),
-                                thresholds=self.settings.health_thresholds,
+                                thresholds=self.settings.health,
                             )
                         )
                         self._power_at_counters[uuid] = power_w
@@ -288,7 +242,7 @@ class Agent:
                     observations = await self._call(self.backend.poll_events, now_ns, 0.0)
                     if observations:
                         self.observe(observations)
-                    next_events = _next_tick(next_events, self.settings.event_poll_interval_ms, now_loop)
+                    next_events = _next_tick(next_events, self.settings.sampling.event_poll_interval_ms, now_loop)
                 if now_loop >= next_slew:
                     for failure in await self._call(self._executor.step_slews):
                         self._log.warning("cap_slew_step_failed", error=failure)
@@ -322,7 +276,7 @@ class Agent:
             else:
                 if observations:
                     self.observe(list(observations))
-            await asyncio.sleep(self.settings.ib_poll_interval_s)
+            await asyncio.sleep(self.settings.ib.poll_interval_s)
 
     async def _maybe_failsafe(self) -> None:
         """Lower every cap to the safe limit once the controller has been gone too long.
@@ -331,10 +285,10 @@ class Agent:
         the safe limit is left alone, and nothing is undone when the controller returns: only the
         controller may raise a cap again.
         """
-        limit_w = self.settings.failsafe_power_limit_w
+        limit_w = self.settings.failsafe.power_limit_w
         if limit_w is None or self.stats.connected or self._failsafe_done:
             return
-        if time.monotonic() - self._disconnected_since < self.settings.failsafe_after_s:
+        if time.monotonic() - self._disconnected_since < self.settings.failsafe.after_s:
             return
         # A raise still moving would lift a limit after the fall-back: stop it where it is first.
         self._executor.cancel_slews()
@@ -434,11 +388,11 @@ class Agent:
         while not stop.is_set():
             try:
                 channel = tls.aio_channel(
-                    self.settings.controller_address,
-                    self.settings.tls,
-                    server_name=self.settings.tls_server_name,
-                    keepalive_time_ms=round(self.settings.keepalive_time_s * 1000),
-                    keepalive_timeout_ms=round(self.settings.keepalive_timeout_s * 1000),
+                    self.settings.link.controller_address,
+                    self.settings.tls.files,
+                    server_name=self.settings.tls.server_name,
+                    keepalive_time_ms=round(self.settings.link.keepalive_time_s * 1000),
+                    keepalive_timeout_ms=round(self.settings.link.keepalive_timeout_s * 1000),
                 )
             except (OSError, ValueError) as exc:
                 # Unreadable or mismatched certificate files (a renewal in progress): retry with backoff.
@@ -469,7 +423,8 @@ class Agent:
             if stop.is_set():
                 break
             attempt += 1
-            ceiling = min(self.settings.reconnect_max_s, self.settings.reconnect_initial_s * 2 ** min(attempt, 16))
+            link = self.settings.link
+            ceiling = min(link.reconnect_max_s, link.reconnect_initial_s * 2 ** min(attempt, 16))
             # Full jitter: thousands of agents losing one controller must not reconnect in step.
             delay = self._rng.uniform(0, ceiling)
             with contextlib.suppress(TimeoutError):
@@ -494,7 +449,7 @@ class Agent:
                 spool_acked_seq=self.spool.acked_seq(),
             )
         )
-        first = await asyncio.wait_for(call.read(), timeout=self.settings.welcome_timeout_s)
+        first = await asyncio.wait_for(call.read(), timeout=self.settings.link.welcome_timeout_s)
         if first is grpc.aio.EOF or not first.HasField("welcome"):
             raise ConnectionError("controller did not answer Hello with Welcome")
         welcome = first.welcome
@@ -576,10 +531,10 @@ class Agent:
                 # storm during an outage) left its newest events, often the fatal one that ended the
                 # storm, unsent until some later observation woke the producer again.
                 while not session_over.is_set() and (
-                    page := self.spool.unacked(self.settings.spool_read_page_events, after_seq=sent_through[0])
+                    page := self.spool.unacked(self.settings.spool.read_page_events, after_seq=sent_through[0])
                 ):
-                    for start in range(0, len(page), self.settings.max_events_per_message):
-                        chunk = page[start : start + self.settings.max_events_per_message]
+                    for start in range(0, len(page), self.settings.link.max_events_per_message):
+                        chunk = page[start : start + self.settings.link.max_events_per_message]
                         await outbox.put(wire.events(chunk, self._known_gpus))
                         sent_through[0] = chunk[-1].seq
                         self.stats.events_sent += len(chunk)

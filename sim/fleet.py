@@ -25,7 +25,8 @@ from typing import TextIO
 import grpc
 import structlog
 
-from rasd.agent import actions, node_ops, runtime, spool
+from rasd.agent import node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated, step_job
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
@@ -128,6 +129,32 @@ def _labels(index: int, nodes_per_rack: int) -> dict[str, str]:
     return {"rack": f"rack-{rack:02d}", "row": f"row-{rack // 4}", "nvlink_domain": f"nvl-{index:03d}"}
 
 
+def _agent(
+    settings: SimSettings,
+    index: int,
+    backend: simulated.SimulatedBackend,
+    controller_address: str,
+    pki: devcerts.DevPki | None,
+) -> runtime.Agent:
+    """The real agent of node `index`, over its simulated GPUs and an in-memory spool."""
+    node_id = _node_id(index)
+    files = tls.TlsFiles(pki.ca.cert, pki.nodes[node_id].cert, pki.nodes[node_id].key) if pki else None
+    return runtime.Agent(
+        agent_settings.AgentSettings(
+            node_id=node_id,
+            labels=_labels(index, settings.nodes_per_rack),
+            link=agent_settings.LinkSettings(controller_address=controller_address),
+            tls=agent_settings.TlsSettings(files=files),
+            actions=agent_settings.ActionSettings(destructive_enabled=True),
+        ),
+        backend,
+        spool.Spool(":memory:"),
+        boot_id=str(uuid.UUID(int=settings.seed * 1_000_003 + index)),
+        # Simulated GPUs take real repairs: the controller's commands change their state.
+        ops=node_ops.SimulatedNodeOps(backend),
+    )
+
+
 async def run(
     settings: SimSettings, out: TextIO | None = None, *, clock: Callable[[], int] = time.time_ns
 ) -> SimResult:
@@ -197,25 +224,7 @@ async def run(
             clock=clock,
         )
         backends.append(backend)
-        agents.append(
-            runtime.Agent(
-                runtime.NodeIdentity(
-                    node_id=node_id,
-                    boot_id=str(uuid.UUID(int=settings.seed * 1_000_003 + index)),
-                    hostname=node_id,
-                    labels=_labels(index, settings.nodes_per_rack),
-                ),
-                backend,
-                spool.Spool(":memory:"),
-                runtime.LinkSettings(
-                    controller_address=agent_address,
-                    tls=tls.TlsFiles(pki.ca.cert, pki.nodes[node_id].cert, pki.nodes[node_id].key) if pki else None,
-                ),
-                # Simulated GPUs take real repairs: the controller's commands change their state.
-                ops=node_ops.SimulatedNodeOps(backend),
-                action_settings=actions.ActionSettings(destructive_enabled=True),
-            )
-        )
+        agents.append(_agent(settings, index, backend, agent_address, pki))
     probe = None
     if power is not None:
         probe = power_sim.PowerProbe(

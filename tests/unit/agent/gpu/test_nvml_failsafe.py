@@ -12,6 +12,7 @@ import socket
 import pynvml  # noqa: TID251  (constants for scripting the double)
 
 from rasd.agent import runtime, spool
+from rasd.agent import settings as agent_settings
 
 
 def _unused_address() -> str:
@@ -22,10 +23,14 @@ def _unused_address() -> str:
 
 def _agent(backend) -> runtime.Agent:
     agent = runtime.Agent(
-        runtime.NodeIdentity("node-f", "boot", "node-f"),
+        agent_settings.AgentSettings(
+            node_id="node-f",
+            link=agent_settings.LinkSettings(controller_address=_unused_address()),
+            failsafe=agent_settings.FailsafeSettings(power_limit_w=450, after_s=0.3),
+        ),
         backend,
         spool.Spool(":memory:"),
-        runtime.LinkSettings(controller_address=_unused_address(), failsafe_after_s=0.3, failsafe_power_limit_w=450),
+        boot_id="boot",
     )
     agent._disconnected_since -= 1.0  # the controller has been gone longer than failsafe_after_s
     return agent
