@@ -99,15 +99,9 @@ class NvmlBackend:
     def set_power_limit(self, gpu_uuid: str, power_limit_w: int) -> int:
         """Set the GPU's power limit (W), then read back and return the enforced limit (W).
 
-        The enforced limit can be lower than the request when an out-of-band limit (BMC) is lower.
-
         Raises:
-            GpuNotFound: The UUID is not one of this node's GPUs.
-            InvalidValue: The limit is outside the GPU's constraints.
-            NoPermission: The agent is not root.
-            NotSupported: The GPU cannot be capped.
-            GpuLost: The GPU fell off the bus.
-            BackendError: The set call returned success but the limit did not change.
+            GpuNotFound, InvalidValue, NoPermission, NotSupported, GpuLost, BackendError: see
+                `NvmlControl.set_power_limit`.
         """
         self._devices.check_open()
         return self._control.set_power_limit(gpu_uuid, power_limit_w)
