@@ -108,11 +108,13 @@ def load_settings(args: argparse.Namespace) -> agent_settings.AgentSettings:
 
     Raises:
         OSError: the config file cannot be read.
-        tomllib.TOMLDecodeError: it is not TOML.
-        SettingsError: a key is unknown or a value bad (the message names it).
+        SettingsError: it is not TOML, or a key is unknown or a value bad (the message names it).
     """
     config_path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
-    table = tomllib.loads(config_path.read_text()) if config_path else {}
+    try:
+        table = tomllib.loads(config_path.read_text()) if config_path else {}
+    except tomllib.TOMLDecodeError as exc:
+        raise agent_settings.SettingsError(f"{config_path}: not valid TOML: {exc}") from None
     host = agent_settings.HostDefaults(
         hostname=socket.gethostname(), ib_sysfs_present=pathlib.Path(agent_settings.IB_SYSFS_ROOT).is_dir()
     )
@@ -230,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args)
-    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         parser.error(str(exc))
     if settings.tls.files is not None:
         try:

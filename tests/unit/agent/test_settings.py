@@ -145,3 +145,11 @@ def test_a_bad_config_file_stops_the_daemon_with_the_message(tmp_path, capsys):
         agent_main.main(["--config", str(config)])
     assert raised.value.code == 2
     assert '[sampling] power_sample_interval_ms: expected an integer > 0, got "fast"' in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_toml_is_named(tmp_path, capsys):
+    config = tmp_path / "agent.toml"
+    config.write_text("backend = simulated\n")  # unquoted string
+    with pytest.raises(SystemExit):
+        agent_main.main(["--config", str(config)])
+    assert f"{config}: not valid TOML" in capsys.readouterr().err
