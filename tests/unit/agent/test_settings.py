@@ -153,3 +153,13 @@ def test_a_file_that_is_not_toml_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         agent_main.main(["--config", str(config)])
     assert f"{config}: not valid TOML" in capsys.readouterr().err
+
+
+def test_every_flag_of_the_parser_maps_to_a_key_path():
+    parser = agent_main.build_parser()
+    flags = {
+        action.dest: action.option_strings[0]
+        for action in parser._actions
+        if action.option_strings and action.dest not in ("help", "version", "config", "label")
+    }
+    assert flags == {dest: flag for dest, (_, flag) in agent_settings.FLAGS.items()}
