@@ -313,18 +313,20 @@ def load(
     """
     source = _Source(table, _flag_values(flags), file_name)
     source.check_keys()
-    gpu = _gpu(source)
+    gpu_settings = _gpu(source)
     settings = AgentSettings(
         node_id=source.string(("node_id",), host.hostname, max_length=253),
         labels=_labels(source, flags.get("label") or ()),
         log_level=_log_level(source),
         link=LinkSettings(controller_address=_controller_address(source)),
         tls=_tls(source),
-        gpu=gpu,
+        gpu=gpu_settings,
         sampling=_sampling(source),
         spool=SpoolSettings(state_dir=pathlib.Path(source.string(("state_dir",), str(SpoolSettings.state_dir)))),
         kernel_log=KernelLogSettings(
-            source=source.choice(("kernel_log",), "kmsg" if gpu.backend == "nvml" else "none", KERNEL_LOG_SOURCES),
+            source=source.choice(
+                ("kernel_log",), "kmsg" if gpu_settings.backend == "nvml" else "none", KERNEL_LOG_SOURCES
+            ),
             kmsg_path=source.string(("kmsg_path",), KernelLogSettings.kmsg_path),
         ),
         ib=IbSettings(
