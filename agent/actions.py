@@ -6,7 +6,7 @@ deadline is not started. Power caps go through the GPU backend and are confirmed
 enforced limit back, which the controller's two-phase power apply relies on.
 
 A raise that comes with a rate (`SetPowerCap.max_raise_w_per_s`, the GPU's share of the aggregate
-ramp limit) is slewed: the executor keeps the raise (`core.cap_slew`) and `step_slews`, called
+ramp limit) is slewed (`rasd.agent.power_actions` keeps the raise) and `step_slews`, called
 about every `cap_slew_step_s` by the agent, moves the limit up no faster than the rate. What
 "confirmed" means for such a raise: the result answers at once, with the limit read back now and
 the raise's target in `slew_targets_w`, and telemetry carries the target too
@@ -53,29 +53,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from rasd.agent import gpu, node_ops, spool
-from rasd.agent.core import cap_slew, model
+from rasd.agent import gpu, node_ops, power_actions, spool
+from rasd.agent import settings as agent_settings
+from rasd.agent.core import model
 
 Clock = Callable[[], int]
-Outcome = tuple[model.ActionOutcome, str, dict[str, int]]
-
-
-@dataclasses.dataclass(frozen=True)
-class ActionSettings:
-    """What the agent may do on its own node."""
-
-    destructive_enabled: bool = False
-    """Allow restart, reset, reboot and validation; otherwise they are answered DRY_RUN."""
-    validation_timeout_s: float = 3600.0
-    """Upper bound for one rasd-validate run (the suites enforce their own budgets below this)."""
-    kill_poll_s: float = 0.2
-    """How often a process is checked for exit during the SIGTERM grace period."""
-    cap_slew_step_s: float = 0.1
-    """How often a slewing raise moves the limit (`step_slews`); each step at most rate x this."""
-    reboot_grace_s: float = 600.0
-    """How long after a reboot command the node may take to go down; the repairs and validations
-    that arrive meanwhile wait for it. A node still up after this did not reboot: they are answered
-    FAILED, and the ladder climbs."""
+Outcome = power_actions.Outcome
 
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
@@ -107,7 +90,7 @@ class ActionExecutor:
         clock: Clock,
         *,
         ops: node_ops.NodeOps | None = None,
-        settings: ActionSettings = ActionSettings(),
+        settings: agent_settings.ActionSettings | None = None,
         sleep: Callable[[float], None] = time.sleep,
         boot_id: str | None = None,
     ) -> None:
@@ -120,13 +103,9 @@ class ActionExecutor:
         self._journal = journal
         self._clock = clock
         self._ops = ops
-        self.settings = settings
+        self.settings = settings or agent_settings.ActionSettings()
         self._sleep = sleep
-        self._slews: dict[str, cap_slew.Slew] = {}
-        self._constraints: dict[str, tuple[int, int]] | None = None
-        # Commands run in a worker thread while the sampler steps the slews and reads the limits:
-        # one lock makes a command, a step and a read of limits with their slew targets atomic.
-        self._slew_lock = threading.Lock()
+        self._power = power_actions.PowerActions(backend, journal, clock)
         # Command id → set when its run ended: a second delivery waits for the first.
         self._in_flight: dict[str, threading.Event] = {}
         self._in_flight_lock = threading.Lock()
@@ -177,6 +156,25 @@ class ActionExecutor:
         if previous is not None:
             return dataclasses.replace(previous, replayed=True)
         started = self._clock()
+        refusal = self._refusal(command, started)
+        if refusal is not None:
+            return self._finish(command, started, refusal)
+        action = command.action
+        if isinstance(action, model.SetPowerCap):
+            outcome, slewing = self._power.set_power_cap(action)
+            # The slews' targets are the caps the controller counts: restored after a reboot, they
+            # only ever lower a limit.
+            self._journal.record_power_caps({**outcome[2], **slewing}, started)
+            return self._finish(command, started, outcome, slew_targets_w=slewing)
+        if isinstance(action, model.SetPowerSmoothing):
+            return self._finish(command, started, self._power.set_power_smoothing(action))
+        if isinstance(action, model.SetTroughFiller):
+            # Not destructive (it only adds load in the troughs), so it runs without destructive_enabled.
+            return self._finish(command, started, self._set_trough_filler(action))
+        return self._execute_destructive(command, started)
+
+    def _refusal(self, command: model.Command, started: int) -> Outcome | None:
+        """Why a command is not run at all: its earlier delivery was interrupted, or it came too late."""
         interrupted = self._journal.started_command(command.command_id)
         if interrupted is not None:
             what, since_unix_ns = interrupted
@@ -184,24 +182,15 @@ class ActionExecutor:
                 f"interrupted: the agent stopped while it ran this command ({what}, started at "
                 f"{since_unix_ns} ns); its outcome is unknown, and it is not run again"
             )
-            return self._finish(command, started, (model.ActionOutcome.FAILED, message, {}))
+            return model.ActionOutcome.FAILED, message, {}
         if command.deadline_unix_ns and started > command.deadline_unix_ns:
             late_s = (started - command.deadline_unix_ns) / 1e9
-            return self._finish(
-                command, started, (model.ActionOutcome.TIMED_OUT, f"deadline passed {late_s:.3f} s before start", {})
-            )
+            return model.ActionOutcome.TIMED_OUT, f"deadline passed {late_s:.3f} s before start", {}
+        return None
+
+    def _execute_destructive(self, command: model.Command, started: int) -> model.ActionResult:
+        """A restart, reset, reboot or validation: dry-run unless enabled, held while a reboot is due."""
         action = command.action
-        if isinstance(action, model.SetPowerCap):
-            outcome, slewing = self._set_power_cap(action)
-            # The slews' targets are the caps the controller counts: restored after a reboot, they
-            # only ever lower a limit.
-            self._journal.record_power_caps({**outcome[2], **slewing}, started)
-            return self._finish(command, started, outcome, slew_targets_w=slewing)
-        if isinstance(action, model.SetPowerSmoothing):
-            return self._finish(command, started, self._set_power_smoothing(action))
-        if isinstance(action, model.SetTroughFiller):
-            # Not destructive (it only adds load in the troughs), so it runs without destructive_enabled.
-            return self._finish(command, started, self._set_trough_filler(action))
         if not self.settings.destructive_enabled or self._ops is None:
             return self._finish(
                 command, started, (model.ActionOutcome.DRY_RUN, f"dry-run: would {_describe(action)}", {})
@@ -222,32 +211,7 @@ class ActionExecutor:
                 ),
             )
         if isinstance(action, model.RebootNode):
-            result = self._finish(command, started, (model.ActionOutcome.SUCCEEDED, "reboot started", {}))
-            queued_only = not self._ops.reboot_done_on_return
-            if queued_only and self._boot_id:
-                # Journaled first, as the result is: the agent may be gone before the call returns.
-                self._journal.record_reboot_pending(self._boot_id, time.monotonic())
-            try:
-                self._ops.reboot()
-            except node_ops.NodeOpError as exc:
-                if queued_only and self._boot_id:
-                    self._journal.record_reboot_pending(self._boot_id, None)
-                # The journal said "started": corrected, so that a replay (the answer lost with its
-                # stream) also says FAILED, and the ladder does not wait for a boot that never comes.
-                # A replay does not try again: a failed reboot needs a person or the BMC rung.
-                failed = dataclasses.replace(
-                    result, outcome=model.ActionOutcome.FAILED, message=str(exc), finished_unix_ns=self._clock()
-                )
-                self._journal.record_result(failed, correct=True)
-                return failed
-            if queued_only:
-                # systemctl reboot returns once the shutdown is queued: this boot's agent lives on
-                # for seconds. What comes now waits for the next boot (`_wait_for_the_reboot`).
-                self._reboot_started_monotonic = self._journal.reboot_pending(self._boot_id) or time.monotonic()
-                return result
-            # A reboot that returns once done (simulated) is a new boot: put the caps back.
-            self.restore_power_caps()
-            return result
+            return self._reboot(command, started)
         if isinstance(action, model.RunValidation):
             return self._validate(command, started, action)
         if isinstance(action, (model.RestartProcess, model.ResetGpu)):
@@ -262,6 +226,36 @@ class ActionExecutor:
         except node_ops.NodeOpError as exc:
             outcome = (model.ActionOutcome.FAILED, str(exc), {})
         return self._finish(command, started, outcome)
+
+    def _reboot(self, command: model.Command, started: int) -> model.ActionResult:
+        """Journal the reboot as started, then start it; a failure corrects the journal to FAILED."""
+        assert self._ops is not None
+        result = self._finish(command, started, (model.ActionOutcome.SUCCEEDED, "reboot started", {}))
+        queued_only = not self._ops.reboot_done_on_return
+        if queued_only and self._boot_id:
+            # Journaled first, as the result is: the agent may be gone before the call returns.
+            self._journal.record_reboot_pending(self._boot_id, time.monotonic())
+        try:
+            self._ops.reboot()
+        except node_ops.NodeOpError as exc:
+            if queued_only and self._boot_id:
+                self._journal.record_reboot_pending(self._boot_id, None)
+            # The journal said "started": corrected, so that a replay (the answer lost with its
+            # stream) also says FAILED, and the ladder does not wait for a boot that never comes.
+            # A replay does not try again: a failed reboot needs a person or the BMC rung.
+            failed = dataclasses.replace(
+                result, outcome=model.ActionOutcome.FAILED, message=str(exc), finished_unix_ns=self._clock()
+            )
+            self._journal.record_result(failed, correct=True)
+            return failed
+        if queued_only:
+            # systemctl reboot returns once the shutdown is queued: this boot's agent lives on
+            # for seconds. What comes now waits for the next boot (`_wait_for_the_reboot`).
+            self._reboot_started_monotonic = self._journal.reboot_pending(self._boot_id) or time.monotonic()
+            return result
+        # A reboot that returns once done (simulated) is a new boot: put the caps back.
+        self.restore_power_caps()
+        return result
 
     def _wait_for_the_reboot(self, command: model.Command) -> None:
         """Hold a command until this agent stops for the reboot (`CommandDeferred`) or the grace ends."""
@@ -285,161 +279,26 @@ class ActionExecutor:
         self._journal.record_result(result)
         return result
 
+    # -- power caps (`power_actions`); the agent's sampler and fail-safe call these ---------------------
     def restore_power_caps(self, gpu_uuids: list[str] | None = None) -> dict[str, int]:
-        """Put back the controller's last confirmed caps where a GPU now runs above them.
+        """Put back the controller's last confirmed caps where a GPU now runs above them (`PowerActions`)."""
+        return self._power.restore_power_caps(gpu_uuids)
 
-        Called at agent start and after a reboot or reset (which return GPUs to their default
-        limit). It only ever lowers a limit: a cap the controller later raised is recorded too, and
-        the agent never raises on its own. Returns the limits now enforced on the GPUs it touched.
-        """
-        self.cancel_slews(gpu_uuids)
-        caps = self._journal.power_caps()
-        if gpu_uuids is not None:
-            caps = {uuid: watts for uuid, watts in caps.items() if uuid in gpu_uuids}
-        if not caps:
-            return {}
-        try:
-            current = {c.gpu_uuid: c.enforced_power_limit_w for c in self._backend.read_counters(self._clock())}
-        except gpu.BackendError:
-            current = {}
-        enforced: dict[str, int] = {}
-        for gpu_uuid, cap_w in caps.items():
-            now_w = current.get(gpu_uuid)
-            if now_w is not None and now_w <= cap_w:
-                continue
-            try:
-                enforced[gpu_uuid] = self._backend.set_power_limit(gpu_uuid, cap_w)
-            except gpu.BackendError:
-                continue  # a GPU that cannot be reached now is counted at its cap by the controller
-        return enforced
-
-    # -- slewing raises ----------------------------------------------------------------------------
     def step_slews(self) -> list[str]:
-        """Move every slewing raise to where its rate allows now; returns the failures (slew dropped).
-
-        A GPU whose set fails keeps the limit it had: lower than the target the controller counts,
-        so the budget still holds, and its read-back shows where it stopped.
-        """
-        with self._slew_lock:
-            if not self._slews:
-                return []
-            self._slews, to_set = cap_slew.step(self._slews, self._clock() / 1e9)
-            failures = []
-            for gpu_uuid, watts in to_set.items():
-                try:
-                    self._backend.set_power_limit(gpu_uuid, watts)
-                except gpu.BackendError as exc:
-                    self._slews.pop(gpu_uuid, None)
-                    failures.append(f"{gpu_uuid}: {type(exc).__name__}: {exc}")
-            return failures
+        """Move every slewing raise to where its rate allows now; returns the failures (`PowerActions`)."""
+        return self._power.step_slews()
 
     def slew_targets(self) -> dict[str, int]:
         """GPU -> the target of its raise in progress."""
-        with self._slew_lock:
-            return {gpu_uuid: slew.target_w for gpu_uuid, slew in self._slews.items()}
+        return self._power.slew_targets()
 
     def cancel_slews(self, gpu_uuids: list[str] | None = None) -> None:
         """Stop raises in progress where they are (all, or the listed GPUs')."""
-        with self._slew_lock:
-            for gpu_uuid in list(self._slews) if gpu_uuids is None else gpu_uuids:
-                self._slews.pop(gpu_uuid, None)
+        self._power.cancel_slews(gpu_uuids)
 
     def read_counters(self, now_unix_ns: int) -> list[model.GpuCounters]:
-        """The backend's counters, each slewing GPU's with the target of its raise in progress.
-
-        Read under the slew lock, so a read-back never misses the target of a raise it could be
-        overtaken by: a command that starts a slew either finished before (the target is here) or
-        starts after (and answers with a later time).
-        """
-        with self._slew_lock:
-            counters = self._backend.read_counters(now_unix_ns)
-            targets = {gpu_uuid: slew.target_w for gpu_uuid, slew in self._slews.items()}
-        if not targets:
-            return list(counters)
-        return [
-            dataclasses.replace(c, power_limit_slew_target_w=targets[c.gpu_uuid]) if c.gpu_uuid in targets else c
-            for c in counters
-        ]
-
-    def _set_power_cap(self, action: model.SetPowerCap) -> tuple[Outcome, dict[str, int]]:
-        enforced: dict[str, int] = {}
-        slewing: dict[str, int] = {}
-        failures: list[str] = []
-        not_supported = False
-        with self._slew_lock:
-            rates = {g: r for g, r in action.max_raise_w_per_s.items() if r > 0 and g in action.limits_w}
-            current = self._limits_now() if rates else {}
-            now_s = self._clock() / 1e9
-            for gpu_uuid, watts in action.limits_w.items():
-                self._slews.pop(gpu_uuid, None)  # a new command replaces the raise in progress
-                now_w = current.get(gpu_uuid)
-                slew = None
-                if now_w is not None and self._within_constraints(gpu_uuid, watts):
-                    slew = cap_slew.begin(now_w, watts, rates.get(gpu_uuid, 0.0), now_s)
-                if slew is not None:
-                    self._slews[gpu_uuid] = slew
-                    enforced[gpu_uuid] = now_w  # type: ignore[assignment]  # not None: a slew began
-                    slewing[gpu_uuid] = slew.target_w
-                    continue
-                try:
-                    enforced[gpu_uuid] = self._backend.set_power_limit(gpu_uuid, watts)
-                except gpu.NotSupported as exc:
-                    not_supported = True
-                    failures.append(f"{gpu_uuid}: {exc}")
-                except gpu.BackendError as exc:
-                    failures.append(f"{gpu_uuid}: {type(exc).__name__}: {exc}")
-        if not failures:
-            message = f"set {len(enforced) - len(slewing)} power limit(s)"
-            if slewing:
-                message += f", raising {len(slewing)} at their rate"
-            return (model.ActionOutcome.SUCCEEDED, message, enforced), slewing
-        outcome = model.ActionOutcome.NOT_SUPPORTED if not_supported and not enforced else model.ActionOutcome.FAILED
-        # Partial success still reports what was enforced: the controller must know which caps
-        # are in force to keep the budget invariant.
-        return (outcome, "; ".join(failures), enforced), slewing
-
-    def _limits_now(self) -> dict[str, int]:
-        """GPU -> its enforced limit read back now; empty when the backend cannot say (set at once)."""
-        try:
-            counters = self._backend.read_counters(self._clock())
-        except gpu.BackendError:
-            return {}
-        return {c.gpu_uuid: c.enforced_power_limit_w for c in counters if c.enforced_power_limit_w is not None}
-
-    def _within_constraints(self, gpu_uuid: str, watts: int) -> bool:
-        """Whether the backend would take `watts` for this GPU (otherwise the set at once reports why)."""
-        if self._constraints is None:
-            self._constraints = {g.uuid: (g.power_limit_min_w, g.power_limit_max_w) for g in self._backend.inventory()}
-        limits = self._constraints.get(gpu_uuid)
-        return limits is not None and limits[0] <= watts <= limits[1]
-
-    def _set_power_smoothing(self, action: model.SetPowerSmoothing) -> Outcome:
-        """Apply the profile GPU by GPU; NOT_SUPPORTED only when no listed GPU has the hardware."""
-        applied: list[str] = []
-        failures: list[str] = []
-        unsupported = 0
-        targets = action.gpu_uuids or tuple(g.uuid for g in self._backend.inventory())
-        for gpu_uuid in targets:
-            try:
-                self._backend.set_power_smoothing(
-                    gpu_uuid,
-                    enabled=action.enabled,
-                    floor_pct=action.floor_pct,
-                    ramp_up_w_per_s=action.ramp_up_w_per_s,
-                    ramp_down_w_per_s=action.ramp_down_w_per_s,
-                )
-                applied.append(gpu_uuid)
-            except gpu.NotSupported as exc:
-                unsupported += 1
-                failures.append(f"{gpu_uuid}: {exc}")
-            except gpu.BackendError as exc:
-                failures.append(f"{gpu_uuid}: {type(exc).__name__}: {exc}")
-        if not failures:
-            state = "enabled" if action.enabled else "disabled"
-            return model.ActionOutcome.SUCCEEDED, f"power smoothing {state} on {len(applied)} GPU(s)", {}
-        if unsupported == len(targets):
-            return model.ActionOutcome.NOT_SUPPORTED, "; ".join(failures), {}
-        return model.ActionOutcome.FAILED, "; ".join(failures), {}
+        """The backend's counters, each slewing GPU's with the target of its raise in progress."""
+        return self._power.read_counters(now_unix_ns)
 
     def _set_trough_filler(self, action: model.SetTroughFiller) -> Outcome:
         """Run the node's trough-filler hook; NOT_SUPPORTED where the node has none configured."""

@@ -19,7 +19,7 @@ Metric names (labels `node`, `gpu` = UUID, and `pci` on every GPU metric):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -53,66 +53,33 @@ class AgentCollector(Collector):
         self._event_counts = event_counts
 
     def collect(self) -> Iterable[Metric]:
-        """Yield every metric family."""
-        labels = ["node", "gpu", "pci"]
+        """Yield every metric family: GPU power, the GPU counters, then the agent's own figures."""
+        yield self._power_family()
+        yield from self._counter_families()
+        yield from self._agent_families()
 
-        def gauge(name: str, doc: str, extra: Sequence[str] = ()) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=[*labels, *extra])
+    def _gpu_labels(self, uuid: str) -> list[str]:
+        return [self._node, uuid, self._pci.get(uuid, "")]
 
-        power = gauge("rasd_gpu_power_watts", "Instant GPU power draw.")
+    def _power_family(self) -> Metric:
+        power = GaugeMetricFamily("rasd_gpu_power_watts", "Instant GPU power draw.", labels=_GPU_LABELS)
         for uuid, reading in self._power().items():
-            power.add_metric([self._node, uuid, self._pci.get(uuid, "")], reading.power_w)
-        yield power
+            power.add_metric(self._gpu_labels(uuid), reading.power_w)
+        return power
 
+    def _counter_families(self) -> Iterable[Metric]:
         families = {
-            "limit": gauge("rasd_gpu_power_limit_watts", "Enforced GPU power limit."),
-            "energy": gauge("rasd_gpu_energy_joules", "Energy since the driver loaded."),
-            "temp": gauge("rasd_gpu_temperature_celsius", "GPU temperature."),
-            "util": gauge("rasd_gpu_utilization_ratio", "GPU utilization, 0..1."),
-            "reasons": gauge("rasd_gpu_clock_event_reasons", "NVML clock event reasons bitmask."),
-            "ecc": gauge("rasd_gpu_ecc_errors", "ECC error counts.", ("type", "scope")),
-            "retired": gauge("rasd_gpu_retired_pages", "Retired memory pages.", ("cause",)),
-            "retired_pending": gauge("rasd_gpu_retired_pages_pending", "1 if a page retirement awaits a reset."),
-            "remapped": gauge("rasd_gpu_remapped_rows", "Remapped HBM rows.", ("type",)),
-            "remap_pending": gauge("rasd_gpu_remapped_rows_pending", "1 if a row remap awaits a reset."),
-            "remap_failure": gauge("rasd_gpu_remapped_rows_failure", "1 if row remapping failed."),
-            "pcie": gauge("rasd_gpu_pcie_replays", "PCIe replay counter."),
-            "recovery": gauge("rasd_gpu_recovery_action", "NVML GPU recovery action (field 230)."),
-            "nvl_active": gauge("rasd_gpu_nvlink_active", "1 if the NVLink is active.", ("link",)),
-            "nvl_errors": gauge("rasd_gpu_nvlink_errors", "NVLink error counters.", ("link", "type")),
+            key: GaugeMetricFamily(name, doc, labels=[*_GPU_LABELS, *extra])
+            for key, (name, doc, extra) in _COUNTER_FAMILIES.items()
         }
-        for uuid, c in self._counters().items():
-            base = [self._node, uuid, self._pci.get(uuid, "")]
-
-            def put(key: str, value: float | int | bool | None, *extra: str, base: list[str] = base) -> None:
-                if value is not None:
+        for uuid, counters in self._counters().items():
+            base = self._gpu_labels(uuid)
+            for key, value, extra in _counter_samples(counters):
+                if value is not None:  # unsupported: absent, never 0
                     families[key].add_metric([*base, *extra], float(value))
+        return families.values()
 
-            put("limit", c.enforced_power_limit_w)
-            put("energy", None if c.total_energy_mj is None else c.total_energy_mj / 1000)
-            put("temp", c.temperature_c)
-            put("util", None if c.utilization_gpu_pct is None else c.utilization_gpu_pct / 100)
-            put("reasons", c.clock_event_reasons)
-            put("ecc", c.ecc_sbe_volatile, "sbe", "volatile")
-            put("ecc", c.ecc_dbe_volatile, "dbe", "volatile")
-            put("ecc", c.ecc_sbe_aggregate, "sbe", "aggregate")
-            put("ecc", c.ecc_dbe_aggregate, "dbe", "aggregate")
-            put("retired", c.retired_pages_sbe, "sbe")
-            put("retired", c.retired_pages_dbe, "dbe")
-            put("retired_pending", c.retired_pages_pending)
-            put("remapped", c.remapped_rows_correctable, "correctable")
-            put("remapped", c.remapped_rows_uncorrectable, "uncorrectable")
-            put("remap_pending", c.remapped_rows_pending)
-            put("remap_failure", c.remapped_rows_failure)
-            put("pcie", c.pcie_replay_count)
-            put("recovery", c.recovery_action)
-            for link in c.nvlinks:
-                put("nvl_active", link.active, str(link.link))
-                put("nvl_errors", link.crc_errors, str(link.link), "crc")
-                put("nvl_errors", link.replay_errors, str(link.link), "replay")
-                put("nvl_errors", link.recovery_errors, str(link.link), "recovery")
-        yield from families.values()
-
+    def _agent_families(self) -> Iterable[Metric]:
         stats = self._stats()
         events = CounterMetricFamily(
             "rasd_agent_health_events", "Health events spooled, by kind.", labels=["node", "kind"]
@@ -138,6 +105,57 @@ class AgentCollector(Collector):
         )
         failsafe.add_metric([self._node], stats["failsafe_applied"])
         yield failsafe
+
+
+_GPU_LABELS = ["node", "gpu", "pci"]
+
+_COUNTER_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "limit": ("rasd_gpu_power_limit_watts", "Enforced GPU power limit.", ()),
+    "energy": ("rasd_gpu_energy_joules", "Energy since the driver loaded.", ()),
+    "temp": ("rasd_gpu_temperature_celsius", "GPU temperature.", ()),
+    "util": ("rasd_gpu_utilization_ratio", "GPU utilization, 0..1.", ()),
+    "reasons": ("rasd_gpu_clock_event_reasons", "NVML clock event reasons bitmask.", ()),
+    "ecc": ("rasd_gpu_ecc_errors", "ECC error counts.", ("type", "scope")),
+    "retired": ("rasd_gpu_retired_pages", "Retired memory pages.", ("cause",)),
+    "retired_pending": ("rasd_gpu_retired_pages_pending", "1 if a page retirement awaits a reset.", ()),
+    "remapped": ("rasd_gpu_remapped_rows", "Remapped HBM rows.", ("type",)),
+    "remap_pending": ("rasd_gpu_remapped_rows_pending", "1 if a row remap awaits a reset.", ()),
+    "remap_failure": ("rasd_gpu_remapped_rows_failure", "1 if row remapping failed.", ()),
+    "pcie": ("rasd_gpu_pcie_replays", "PCIe replay counter.", ()),
+    "recovery": ("rasd_gpu_recovery_action", "NVML GPU recovery action (field 230).", ()),
+    "nvl_active": ("rasd_gpu_nvlink_active", "1 if the NVLink is active.", ("link",)),
+    "nvl_errors": ("rasd_gpu_nvlink_errors", "NVLink error counters.", ("link", "type")),
+}
+"""The GPU counter gauges: key -> (metric name, help, labels beyond node, gpu and pci), in export order."""
+
+_Sample = tuple[str, float | int | bool | None, tuple[str, ...]]
+
+
+def _counter_samples(c: model.GpuCounters) -> Iterator[_Sample]:
+    """(family key, value or None when unsupported, extra label values) for one GPU's counters."""
+    yield "limit", c.enforced_power_limit_w, ()
+    yield "energy", None if c.total_energy_mj is None else c.total_energy_mj / 1000, ()
+    yield "temp", c.temperature_c, ()
+    yield "util", None if c.utilization_gpu_pct is None else c.utilization_gpu_pct / 100, ()
+    yield "reasons", c.clock_event_reasons, ()
+    yield "ecc", c.ecc_sbe_volatile, ("sbe", "volatile")
+    yield "ecc", c.ecc_dbe_volatile, ("dbe", "volatile")
+    yield "ecc", c.ecc_sbe_aggregate, ("sbe", "aggregate")
+    yield "ecc", c.ecc_dbe_aggregate, ("dbe", "aggregate")
+    yield "retired", c.retired_pages_sbe, ("sbe",)
+    yield "retired", c.retired_pages_dbe, ("dbe",)
+    yield "retired_pending", c.retired_pages_pending, ()
+    yield "remapped", c.remapped_rows_correctable, ("correctable",)
+    yield "remapped", c.remapped_rows_uncorrectable, ("uncorrectable",)
+    yield "remap_pending", c.remapped_rows_pending, ()
+    yield "remap_failure", c.remapped_rows_failure, ()
+    yield "pcie", c.pcie_replay_count, ()
+    yield "recovery", c.recovery_action, ()
+    for link in c.nvlinks:
+        yield "nvl_active", link.active, (str(link.link),)
+        yield "nvl_errors", link.crc_errors, (str(link.link), "crc")
+        yield "nvl_errors", link.replay_errors, (str(link.link), "replay")
+        yield "nvl_errors", link.recovery_errors, (str(link.link), "recovery")
 
 
 def register(registry: CollectorRegistry, agent: runtime.Agent) -> AgentCollector:

@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Sequence
 from typing import Protocol
 
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 
 
@@ -82,29 +83,6 @@ class NodeOps(Protocol):
         ...
 
 
-@dataclasses.dataclass(frozen=True)
-class HostCommands:
-    """Command lines for real nodes; "{gpu_uuid}" and "{unit}" are substituted."""
-
-    list_compute_apps: tuple[str, ...] = (
-        "nvidia-smi",
-        "--query-compute-apps=gpu_uuid,pid",
-        "--format=csv,noheader,nounits",
-    )
-    reset_gpu: tuple[str, ...] = ("nvidia-smi", "--gpu-reset", "-i", "{gpu_uuid}")
-    restart_unit: tuple[str, ...] = ("systemctl", "restart", "{unit}")
-    reboot: tuple[str, ...] = ("systemctl", "reboot")
-    validate: tuple[str, ...] = ("rasd-validate", "--device", "cuda", "--json")
-    trough_filler: tuple[str, ...] = ()
-    """The site's trough-filler hook (emulated power smoothing on GPUs without firmware smoothing);
-    empty: none. "{gpu_uuids}" (comma-separated), "{floor_w}" and "{ramp_down_w_per_s}" are
-    substituted; floor 0 means stop. The hook must return at once and keep the filler running in the
-    background (e.g. a low-priority MPS kernel that only runs while the job's kernels do not); see
-    README, "Power"."""
-    timeout_s: float = 120.0
-    """Limit for every command except validation, which has its own."""
-
-
 def _run(argv: Sequence[str], timeout_s: float) -> str:
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -123,9 +101,9 @@ class HostNodeOps:
 
     reboot_done_on_return = False  # systemctl reboot returns once the shutdown is queued
 
-    def __init__(self, commands: HostCommands = HostCommands()) -> None:
-        """Use the given command lines."""
-        self.commands = commands
+    def __init__(self, commands: agent_settings.CommandSettings | None = None) -> None:
+        """Use the given command lines (default: `CommandSettings()`)."""
+        self.commands = commands or agent_settings.CommandSettings()
 
     def compute_pids(self, gpu_uuid: str) -> list[int]:
         """Ask nvidia-smi which processes run on the GPU."""

@@ -2,9 +2,10 @@
 
 Two things run for the agent's whole life:
 
-1. The sampler reads power at 10 Hz and counters at 1 Hz into bounded buffers, and polls the
-   backend for health observations, which go straight into the durable spool. It keeps running
-   while the controller is unreachable, so no event is missed during an outage.
+1. The sampler (`rasd.agent.sampler`) reads power at 10 Hz and counters at 1 Hz into bounded
+   buffers, and polls the backend for health observations, which go straight into the durable
+   spool. It keeps running while the controller is unreachable, so no event is missed during an
+   outage, and checks the power fail-safe (`rasd.agent.failsafe`) every cycle.
 2. The link keeps one bidirectional stream to the controller, reconnecting with exponential backoff
    and full jitter. Per stream: Hello → Welcome (with the controller's acked spool position) →
    resend every unacked event → then telemetry batches, new events and heartbeats go out through a
@@ -29,8 +30,9 @@ from collections.abc import Callable, Mapping
 import grpc
 import structlog
 
-from rasd.agent import actions, gpu, kmsg_source, node_ops, sources, spool, wire
-from rasd.agent.core import health, model
+from rasd.agent import actions, failsafe, gpu, kmsg_source, node_ops, sampler, sources, spool, wire
+from rasd.agent import settings as agent_settings
+from rasd.agent.core import model
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.common import VERSION, aio, tls
@@ -38,54 +40,6 @@ from rasd.common import VERSION, aio, tls
 log = structlog.get_logger("rasd.agent")
 
 Clock = Callable[[], int]
-
-
-@dataclasses.dataclass(frozen=True)
-class LinkSettings:
-    """How the agent reaches the controller and paces what it sends."""
-
-    controller_address: str
-    """host:port of the controller's gRPC endpoint."""
-    power_sample_interval_ms: int = 100
-    """Power sampling period (10 Hz); the controller may override it in Welcome."""
-    counter_interval_ms: int = 1000
-    """Counter sampling period (1 Hz)."""
-    telemetry_send_interval_ms: int = 1000
-    """How often buffered telemetry goes out."""
-    heartbeat_interval_ms: int = 5000
-    """Heartbeat period when nothing else is sent."""
-    event_poll_interval_ms: int = 200
-    """How often the backend is polled for health observations."""
-    reconnect_initial_s: float = 0.5
-    """First reconnect delay; doubles per failure up to reconnect_max_s (full jitter)."""
-    reconnect_max_s: float = 30.0
-    """Upper bound of the reconnect delay."""
-    welcome_timeout_s: float = 10.0
-    """How long to wait for Welcome after Hello before reconnecting."""
-    keepalive_time_s: float = tls.CLIENT_KEEPALIVE_TIME_MS / 1000
-    """Ping the controller after this long without a frame: finds a controller gone silent (crash,
-    partition, SIGSTOP) in keepalive_time_s + keepalive_timeout_s instead of TCP's many minutes."""
-    keepalive_timeout_s: float = tls.CLIENT_KEEPALIVE_TIMEOUT_MS / 1000
-    """How long an unanswered ping may wait before the stream is declared dead and the agent reconnects."""
-    buffer_s: float = 60.0
-    """Seconds of power samples kept per GPU while the stream is down."""
-    max_events_per_message: int = 500
-    """Cap on events per HealthEventBatch."""
-    spool_read_page_events: int = 10_000
-    """Events read from the spool at a time when sending; a larger backlog is read page after page."""
-    failsafe_after_s: float = 300.0
-    """After this long without a controller stream, apply the fail-safe power limit."""
-    failsafe_power_limit_w: int | None = None
-    """The safe cap per GPU; None disables the fail-safe. It only ever lowers a cap."""
-    ib_poll_interval_s: float = 1.0
-    """How often InfiniBand sysfs counters are read (when an IB poller is attached)."""
-    health_thresholds: health.HealthThresholds = dataclasses.field(default_factory=health.HealthThresholds)
-    """Rates above which rising GPU counters become health events."""
-    tls: tls.TlsFiles | None = None
-    """This node's client certificate and the CA the controller's must chain to; None: plaintext
-    (loopback only). The files are re-read at every reconnect, so a renewed certificate needs no restart."""
-    tls_server_name: str = ""
-    """Name to verify in the controller's certificate when it differs from the dialled host."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,20 +88,23 @@ class Agent:
 
     def __init__(
         self,
-        identity: NodeIdentity,
+        settings: agent_settings.AgentSettings,
         backend: gpu.GpuBackend,
         journal: spool.Spool,
-        settings: LinkSettings,
         *,
+        boot_id: str,
+        hostname: str | None = None,
         clock: Clock = time.time_ns,
         rng: random.Random | None = None,
         ops: node_ops.NodeOps | None = None,
-        action_settings: actions.ActionSettings | None = None,
     ) -> None:
         """Wire the agent together; nothing runs until `run()`.
 
-        ops and action_settings enable destructive repairs; without them those answer DRY_RUN.
+        boot_id and hostname (default: the node id) are announced in every Hello. ops and
+        settings.actions.destructive_enabled enable destructive repairs; without both those answer
+        DRY_RUN.
         """
+        identity = NodeIdentity(settings.node_id, boot_id, hostname or settings.node_id, settings.labels)
         self.identity = identity
         self.backend = backend
         self.spool = journal
@@ -155,31 +112,17 @@ class Agent:
         self.stats = AgentStats()
         self._clock = clock
         self._rng = rng or random.Random()
-        self._executor = actions.ActionExecutor(
-            backend, journal, clock, ops=ops, settings=action_settings or actions.ActionSettings()
-        )
+        self._executor = actions.ActionExecutor(backend, journal, clock, ops=ops, settings=settings.actions)
         self._inventory = tuple(backend.inventory())
         # What every Hello announces; an event about any other GPU goes out node-level (wire.events).
         self._known_gpus = frozenset(g.uuid for g in self._inventory)
-        self._power_interval_ms = settings.power_sample_interval_ms
-        self._counter_interval_ms = settings.counter_interval_ms
-        self._send_interval_ms = settings.telemetry_send_interval_ms
-        self._heartbeat_interval_ms = settings.heartbeat_interval_ms
-        max_samples = max(1, int(settings.buffer_s * 1000 / settings.power_sample_interval_ms))
-        self._power: dict[str, collections.deque[model.PowerReading]] = {
-            g.uuid: collections.deque(maxlen=max_samples) for g in self._inventory
-        }
-        self._counters: dict[str, model.GpuCounters] = {}
-        self._latest_power: dict[str, model.PowerReading] = {}
-        self._latest_counters: dict[str, model.GpuCounters] = {}
-        self._power_at_counters: dict[str, float | None] = {}
+        self._send_interval_ms = settings.link.telemetry_send_interval_ms
+        self._heartbeat_interval_ms = settings.link.heartbeat_interval_ms
         self._event_counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self._events_ready = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = threading.get_ident()
-        self._disconnected_since = time.monotonic()
         self._command_tasks: set[asyncio.Task[None]] = set()
-        self._failsafe_done = False
         self._threads: list[tuple[str, Callable[[threading.Event], None]]] = []
         self._ib_poller: sources.IbPoller | None = None
         self.kernel_log: sources.KernelLogPump | None = None
@@ -187,6 +130,26 @@ class Agent:
         # must not stall the event loop.
         self._blocking = getattr(backend, "blocking", backend.name != "simulated")
         self._log = log.bind(node=identity.node_id)
+        self.failsafe = failsafe.FailSafe(
+            settings.failsafe,
+            backend,
+            self._executor,
+            self._inventory,
+            self.stats,
+            clock=clock,
+            call=self._call,
+            node_id=identity.node_id,
+        )
+        self._sampler = sampler.Sampler(
+            settings,
+            backend,
+            self._executor,
+            self.stats,
+            self.failsafe,
+            observe=self.observe,
+            clock=clock,
+            call=self._call,
+        )
 
     def attach_kernel_log(
         self, follower: kmsg_source.KmsgFollower | kmsg_source.JournalFollower, *, source_name: str
@@ -224,7 +187,7 @@ class Agent:
         ]
         for thread in threads:
             thread.start()
-        tasks = [asyncio.create_task(self._sample_forever(stop), name=f"sampler-{self.identity.node_id}")]
+        tasks = [asyncio.create_task(self._sampler.run(stop), name=f"sampler-{self.identity.node_id}")]
         if self._ib_poller is not None:
             tasks.append(asyncio.create_task(self._poll_ib_forever(stop, self._ib_poller)))
         try:
@@ -244,65 +207,9 @@ class Agent:
                 task.cancel()
             await asyncio.gather(*self._command_tasks, return_exceptions=True)
 
-    # -- sampling -----------------------------------------------------------------------------
+    # -- backend calls and sources -------------------------------------------------------------
     async def _call(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.to_thread(fn, *args) if self._blocking else fn(*args)
-
-    async def _sample_forever(self, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        next_power = next_counters = next_events = next_slew = loop.time()
-        slew_step_s = self._executor.settings.cap_slew_step_s
-        while not stop.is_set():
-            now_loop = loop.time()
-            now_ns = self._clock()
-            try:
-                if now_loop >= next_power:
-                    for reading in await self._call(self.backend.read_power, now_ns):
-                        self._power[reading.gpu_uuid].append(reading)
-                        self._latest_power[reading.gpu_uuid] = reading
-                        self.stats.power_samples += 1
-                    next_power = _next_tick(next_power, self._power_interval_ms, now_loop)
-                if now_loop >= next_counters:
-                    findings: list[model.Observation] = []
-                    # Through the executor: a slewing GPU's counters carry its raise's target.
-                    for counters in await self._call(self._executor.read_counters, now_ns):
-                        uuid = counters.gpu_uuid
-                        reading = self._latest_power.get(uuid)
-                        power_w = reading.power_w if reading else None
-                        findings.extend(
-                            health.evaluate(
-                                self._latest_counters.get(uuid),
-                                counters,
-                                power_w=power_w,
-                                previous_power_w=self._power_at_counters.get(uuid),
-                                thresholds=self.settings.health_thresholds,
-                            )
-                        )
-                        self._power_at_counters[uuid] = power_w
-                        self._counters[uuid] = counters
-                        self._latest_counters[uuid] = counters
-                    if findings:
-                        self.observe(findings)
-                    next_counters = _next_tick(next_counters, self._counter_interval_ms, now_loop)
-                if now_loop >= next_events:
-                    observations = await self._call(self.backend.poll_events, now_ns, 0.0)
-                    if observations:
-                        self.observe(observations)
-                    next_events = _next_tick(next_events, self.settings.event_poll_interval_ms, now_loop)
-                if now_loop >= next_slew:
-                    for failure in await self._call(self._executor.step_slews):
-                        self._log.warning("cap_slew_step_failed", error=failure)
-                    next_slew = _next_tick(next_slew, round(slew_step_s * 1000), now_loop)
-                self.stats.last_cycle_ok_monotonic = time.monotonic()
-            except gpu.BackendError as exc:
-                # A failing read must not kill sampling; lost GPUs surface as observations.
-                self._log.warning("gpu_read_failed", error=str(exc), error_type=type(exc).__name__)
-            except Exception:
-                # A bug must not silently end sampling. The cycle is not counted as good, so under
-                # systemd the watchdog stops being petted and the agent is restarted.
-                self._log.exception("sampling_cycle_failed")
-            await self._maybe_failsafe()
-            await asyncio.sleep(max(0.0, min(next_power, next_counters, next_events, next_slew) - loop.time()))
 
     def _keep_running(self, name: str, target: Callable[[threading.Event], None], stop: threading.Event) -> None:
         """Run a source thread; if it fails (e.g. /dev/kmsg unreadable), log it and start it again."""
@@ -322,52 +229,7 @@ class Agent:
             else:
                 if observations:
                     self.observe(list(observations))
-            await asyncio.sleep(self.settings.ib_poll_interval_s)
-
-    async def _maybe_failsafe(self) -> None:
-        """Lower every cap to the safe limit once the controller has been gone too long.
-
-        DESIGN.md invariant 6: the agent never raises a cap on its own, so a GPU already at or below
-        the safe limit is left alone, and nothing is undone when the controller returns: only the
-        controller may raise a cap again.
-        """
-        limit_w = self.settings.failsafe_power_limit_w
-        if limit_w is None or self.stats.connected or self._failsafe_done:
-            return
-        if time.monotonic() - self._disconnected_since < self.settings.failsafe_after_s:
-            return
-        # A raise still moving would lift a limit after the fall-back: stop it where it is first.
-        self._executor.cancel_slews()
-        try:
-            counters = {c.gpu_uuid: c for c in await self._call(self.backend.read_counters, self._clock())}
-        except gpu.BackendError as exc:  # outside the sampling cycle's guard: tried again next cycle
-            self._log.warning("failsafe_read_failed", error=str(exc), error_type=type(exc).__name__)
-            return
-        unread = []
-        for info in self._inventory:
-            current = counters.get(info.uuid)
-            enforced = current.enforced_power_limit_w if current else None
-            target = max(limit_w, info.power_limit_min_w)
-            if enforced is None:
-                # Not read this time (a transient NVML error): the GPU may sit below the safe
-                # limit, and setting it would raise it. Tried again next cycle.
-                unread.append(info.uuid)
-                continue
-            if enforced <= target:
-                continue
-            try:
-                await self._call(self.backend.set_power_limit, info.uuid, target)
-                self.stats.failsafe_applied += 1
-            except gpu.BackendError as exc:
-                self._log.error("failsafe_power_limit_failed", gpu_uuid=info.uuid, error=str(exc))
-        self._failsafe_done = not unread
-        self._log.warning(
-            "failsafe_power_limit_applied",
-            power_limit_w=limit_w,
-            gpus_lowered=self.stats.failsafe_applied,
-            gpus_unread=len(unread),
-            disconnected_s=round(time.monotonic() - self._disconnected_since, 1),
-        )
+            await asyncio.sleep(self.settings.ib.poll_interval_s)
 
     def observe(
         self,
@@ -399,11 +261,11 @@ class Agent:
     # -- views for the metrics exporter (read at scrape time from the exporter's thread) ----------
     def latest_power(self) -> dict[str, model.PowerReading]:
         """The newest power reading per GPU."""
-        return dict(self._latest_power)
+        return self._sampler.latest_power()
 
     def latest_counters(self) -> dict[str, model.GpuCounters]:
         """The newest counters per GPU."""
-        return dict(self._latest_counters)
+        return self._sampler.latest_counters()
 
     def event_counts(self) -> dict[tuple[str, str], int]:
         """Events spooled by this process, by (kind, xid)."""
@@ -418,27 +280,17 @@ class Agent:
             "failsafe_applied": self.stats.failsafe_applied,
         }
 
-    def _drain_telemetry(self) -> agent_pb.AgentMessage | None:
-        power = {uuid: list(buffer) for uuid, buffer in self._power.items() if buffer}
-        for buffer in self._power.values():
-            buffer.clear()
-        counters = list(self._counters.values())
-        self._counters.clear()
-        if not power and not counters:
-            return None
-        return wire.telemetry(power, counters, self._power_interval_ms)
-
     # -- the controller link ---------------------------------------------------------------------
     async def _link_forever(self, stop: asyncio.Event) -> None:
         attempt = 0
         while not stop.is_set():
             try:
                 channel = tls.aio_channel(
-                    self.settings.controller_address,
-                    self.settings.tls,
-                    server_name=self.settings.tls_server_name,
-                    keepalive_time_ms=round(self.settings.keepalive_time_s * 1000),
-                    keepalive_timeout_ms=round(self.settings.keepalive_timeout_s * 1000),
+                    self.settings.link.controller_address,
+                    self.settings.tls.files,
+                    server_name=self.settings.tls.server_name,
+                    keepalive_time_ms=round(self.settings.link.keepalive_time_s * 1000),
+                    keepalive_timeout_ms=round(self.settings.link.keepalive_timeout_s * 1000),
                 )
             except (OSError, ValueError) as exc:
                 # Unreadable or mismatched certificate files (a renewal in progress): retry with backoff.
@@ -458,7 +310,7 @@ class Agent:
                 self._log.warning("controller_stream_lost", code=code, detail=_detail(exc))
             finally:
                 if self.stats.connected:
-                    self._disconnected_since = time.monotonic()
+                    self.failsafe.stream_lost()
                 self.stats.connected = False
                 # A raise still moving was ordered by a controller this agent no longer hears: stop it
                 # where it is (DESIGN.md invariant 6: the agent never raises a cap on its own). The
@@ -469,7 +321,8 @@ class Agent:
             if stop.is_set():
                 break
             attempt += 1
-            ceiling = min(self.settings.reconnect_max_s, self.settings.reconnect_initial_s * 2 ** min(attempt, 16))
+            link = self.settings.link
+            ceiling = min(link.reconnect_max_s, link.reconnect_initial_s * 2 ** min(attempt, 16))
             # Full jitter: thousands of agents losing one controller must not reconnect in step.
             delay = self._rng.uniform(0, ceiling)
             with contextlib.suppress(TimeoutError):
@@ -494,7 +347,7 @@ class Agent:
                 spool_acked_seq=self.spool.acked_seq(),
             )
         )
-        first = await asyncio.wait_for(call.read(), timeout=self.settings.welcome_timeout_s)
+        first = await asyncio.wait_for(call.read(), timeout=self.settings.link.welcome_timeout_s)
         if first is grpc.aio.EOF or not first.HasField("welcome"):
             raise ConnectionError("controller did not answer Hello with Welcome")
         welcome = first.welcome
@@ -502,7 +355,7 @@ class Agent:
         self.spool.ack(welcome.acked_seq)
         self.stats.connects += 1
         self.stats.connected = True
-        self._failsafe_done = False
+        self.failsafe.stream_up()
         self._log.info("controller_connected", session=welcome.session_id, acked_seq=welcome.acked_seq)
 
         outbox: asyncio.Queue[agent_pb.AgentMessage | None] = asyncio.Queue(maxsize=1000)
@@ -545,8 +398,8 @@ class Agent:
         # Zero means "controller has no opinion": keep the local setting.
         self._send_interval_ms = config.telemetry_send_interval_ms or self._send_interval_ms
         self._heartbeat_interval_ms = config.heartbeat_interval_ms or self._heartbeat_interval_ms
-        self._counter_interval_ms = config.counter_interval_ms or self._counter_interval_ms
-        self._power_interval_ms = config.power_sample_interval_ms or self._power_interval_ms
+        self._sampler.counter_interval_ms = config.counter_interval_ms or self._sampler.counter_interval_ms
+        self._sampler.power_interval_ms = config.power_sample_interval_ms or self._sampler.power_interval_ms
 
     async def _writer(self, call, outbox: asyncio.Queue) -> None:  # type: ignore[no-untyped-def]
         while True:
@@ -576,17 +429,17 @@ class Agent:
                 # storm during an outage) left its newest events, often the fatal one that ended the
                 # storm, unsent until some later observation woke the producer again.
                 while not session_over.is_set() and (
-                    page := self.spool.unacked(self.settings.spool_read_page_events, after_seq=sent_through[0])
+                    page := self.spool.unacked(self.settings.spool.read_page_events, after_seq=sent_through[0])
                 ):
-                    for start in range(0, len(page), self.settings.max_events_per_message):
-                        chunk = page[start : start + self.settings.max_events_per_message]
+                    for start in range(0, len(page), self.settings.link.max_events_per_message):
+                        chunk = page[start : start + self.settings.link.max_events_per_message]
                         await outbox.put(wire.events(chunk, self._known_gpus))
                         sent_through[0] = chunk[-1].seq
                         self.stats.events_sent += len(chunk)
                         last_write = loop.time()
             if loop.time() >= next_send:
-                next_send = _next_tick(next_send, self._send_interval_ms, loop.time())
-                batch = self._drain_telemetry()
+                next_send = sampler.next_tick(next_send, self._send_interval_ms, loop.time())
+                batch = self._sampler.drain_telemetry()
                 if batch is not None:
                     await outbox.put(batch)
                     self.stats.telemetry_batches_sent += 1
@@ -677,15 +530,6 @@ def on_local_clock(command: model.Command, received_unix_ns: int) -> model.Comma
         return command
     span_ns = max(0, command.deadline_unix_ns - command.issued_unix_ns)
     return dataclasses.replace(command, deadline_unix_ns=received_unix_ns + span_ns)
-
-
-def _next_tick(previous_s: float, interval_ms: int, now_s: float) -> float:
-    """Next tick on the original grid; skips ticks that were missed rather than bursting."""
-    interval_s = interval_ms / 1000
-    tick = previous_s + interval_s
-    if tick <= now_s:
-        tick = now_s + interval_s - ((now_s - previous_s) % interval_s)
-    return tick
 
 
 def _detail(exc: BaseException) -> str:

@@ -59,14 +59,17 @@ def _open_backend(name: str, gpus: int):  # type: ignore[no-untyped-def]
 
 async def _child(backend_name: str, controller: str, gpus: int, duration_s: float, warmup_s: float) -> dict:
     from rasd.agent import runtime, spool
+    from rasd.agent import settings as agent_settings
 
     backend = _open_backend(backend_name, gpus)
     inventory = backend.inventory()
     agent = runtime.Agent(
-        runtime.NodeIdentity("bench-node", "boot", "bench-node"),
+        agent_settings.AgentSettings(
+            node_id="bench-node", link=agent_settings.LinkSettings(controller_address=controller)
+        ),
         backend,
         spool.Spool(":memory:"),
-        runtime.LinkSettings(controller_address=controller),
+        boot_id="boot",
     )
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))

@@ -25,7 +25,8 @@ from typing import TextIO
 import grpc
 import structlog
 
-from rasd.agent import actions, node_ops, runtime, spool
+from rasd.agent import node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated, step_job
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
@@ -291,22 +292,20 @@ def _agent(
 ) -> runtime.Agent:
     """Node index's agent: its identity, link to the controller and action settings."""
     node_id = _node_id(index)
+    files = tls.TlsFiles(pki.ca.cert, pki.nodes[node_id].cert, pki.nodes[node_id].key) if pki else None
     return runtime.Agent(
-        runtime.NodeIdentity(
+        agent_settings.AgentSettings(
             node_id=node_id,
-            boot_id=str(uuid.UUID(int=settings.seed * 1_000_003 + index)),
-            hostname=node_id,
             labels=_labels(index, settings.nodes_per_rack),
+            link=agent_settings.LinkSettings(controller_address=agent_address),
+            tls=agent_settings.TlsSettings(files=files),
+            actions=agent_settings.ActionSettings(destructive_enabled=True),
         ),
         backend,
         spool.Spool(":memory:"),
-        runtime.LinkSettings(
-            controller_address=agent_address,
-            tls=tls.TlsFiles(pki.ca.cert, pki.nodes[node_id].cert, pki.nodes[node_id].key) if pki else None,
-        ),
+        boot_id=str(uuid.UUID(int=settings.seed * 1_000_003 + index)),
         # Simulated GPUs take real repairs: the controller's commands change their state.
         ops=node_ops.SimulatedNodeOps(backend),
-        action_settings=actions.ActionSettings(destructive_enabled=True),
     )
 
 

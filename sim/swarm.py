@@ -44,7 +44,7 @@ from typing import Any
 
 import grpc
 
-from rasd.agent import runtime
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
@@ -62,20 +62,20 @@ class SwarmSettings:
     controller_address: str
     """host:port of the controller's gRPC endpoint."""
     gpus_per_node: int = 8
-    # The rates and the backoff default to a real agent's (runtime.LinkSettings), so a swarm offers
+    # The rates and the backoff default to a real agent's (rasd.agent.settings), so a swarm offers
     # the load a fleet of rasd-agents would.
-    power_sample_interval_ms: int = runtime.LinkSettings.power_sample_interval_ms
+    power_sample_interval_ms: int = agent_settings.SamplingSettings.power_sample_interval_ms
     """Power samples per series are send_interval_ms / power_sample_interval_ms (10 Hz: 10 per second)."""
-    counter_interval_ms: int = runtime.LinkSettings.counter_interval_ms
+    counter_interval_ms: int = agent_settings.SamplingSettings.counter_interval_ms
     """One GpuCounters per GPU per counter interval."""
-    send_interval_ms: int = runtime.LinkSettings.telemetry_send_interval_ms
+    send_interval_ms: int = agent_settings.LinkSettings.telemetry_send_interval_ms
     """How often each agent sends a telemetry batch."""
-    heartbeat_interval_ms: int = runtime.LinkSettings.heartbeat_interval_ms
+    heartbeat_interval_ms: int = agent_settings.LinkSettings.heartbeat_interval_ms
     """Heartbeat when telemetry is off (send_interval_ms = 0)."""
     seed: int = 0
     """GPU UUIDs and phases derive from it (the same seed gives the same fleet)."""
-    reconnect_initial_s: float = runtime.LinkSettings.reconnect_initial_s
-    reconnect_max_s: float = runtime.LinkSettings.reconnect_max_s
+    reconnect_initial_s: float = agent_settings.LinkSettings.reconnect_initial_s
+    reconnect_max_s: float = agent_settings.LinkSettings.reconnect_max_s
     welcome_timeout_s: float = 30.0
     """How long to wait for Welcome after Hello before giving up on the attempt."""
     channel_options: Sequence[tuple[str, Any]] = ()

@@ -27,6 +27,7 @@ message="volatile DBE count 0 → 2", severity=FATAL),).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterator
 
 from rasd.agent.core import model
 
@@ -54,6 +55,28 @@ def _rose(before: int | None, after: int | None) -> int:
     return after - before
 
 
+@dataclasses.dataclass(frozen=True)
+class _Change:
+    """One GPU's two samples, and what `evaluate` was given with them: what every rule reads."""
+
+    previous: model.GpuCounters
+    current: model.GpuCounters
+    interval_s: float
+    """Seconds between the two samples (at least 1 ms)."""
+    power_w: float | None
+    previous_power_w: float | None
+    thresholds: HealthThresholds
+
+    def finding(
+        self, kind: model.EventKind, severity: model.Severity, message: str, **attributes: str
+    ) -> model.Observation:
+        """An observation about this GPU at the current sample's time."""
+        current = self.current
+        return model.Observation(
+            kind, current.sample_unix_ns, message, "nvml_counters", current.gpu_uuid, None, severity, attributes
+        )
+
+
 def evaluate(
     previous: model.GpuCounters | None,
     current: model.GpuCounters,
@@ -65,34 +88,43 @@ def evaluate(
     """Findings from one GPU's counters moving between two samples (the first sample is a baseline).
 
     power_w and previous_power_w are the draws at the two samples; an excursion is reported when it
-    starts, not on every sample while it lasts.
+    starts, not on every sample while it lasts. Findings come in the order of the table above.
     """
     if previous is None:
         return ()
-    gpu = current.gpu_uuid
-    now = current.sample_unix_ns
-    interval_s = max((current.sample_unix_ns - previous.sample_unix_ns) / 1e9, 1e-3)
-    found: list[model.Observation] = []
+    change = _Change(
+        previous=previous,
+        current=current,
+        interval_s=max((current.sample_unix_ns - previous.sample_unix_ns) / 1e9, 1e-3),
+        power_w=power_w,
+        previous_power_w=previous_power_w,
+        thresholds=thresholds,
+    )
+    return tuple(finding for rule in _RULES for finding in rule(change))
 
-    def add(kind: model.EventKind, severity: model.Severity, message: str, **attributes: str) -> None:
-        found.append(model.Observation(kind, now, message, "nvml_counters", gpu, None, severity, attributes))
 
+def _ecc(change: _Change) -> Iterator[model.Observation]:
+    previous, current = change.previous, change.current
     dbe = _rose(previous.ecc_dbe_volatile, current.ecc_dbe_volatile)
     if dbe:
-        add(
+        yield change.finding(
             model.EventKind.ECC_DBE,
             model.Severity.FATAL,
             f"volatile DBE count {previous.ecc_dbe_volatile} → {current.ecc_dbe_volatile}",
             delta=str(dbe),
         )
-    sbe = _rose(previous.ecc_sbe_volatile, current.ecc_sbe_volatile)
-    if sbe / interval_s > thresholds.sbe_rate_per_s:
-        add(
+    sbe_per_s = _rose(previous.ecc_sbe_volatile, current.ecc_sbe_volatile) / change.interval_s
+    if sbe_per_s > change.thresholds.sbe_rate_per_s:
+        yield change.finding(
             model.EventKind.ECC_SBE_RATE,
             model.Severity.WARNING,
-            f"{sbe / interval_s:.1f} corrected ECC errors/s",
-            ecc_sbe_rate_per_s=f"{sbe / interval_s:.3f}",
+            f"{sbe_per_s:.1f} corrected ECC errors/s",
+            ecc_sbe_rate_per_s=f"{sbe_per_s:.3f}",
         )
+
+
+def _row_remap(change: _Change) -> Iterator[model.Observation]:
+    previous, current = change.previous, change.current
     remap_attributes = {
         name: str(value)
         for name, value in (
@@ -102,22 +134,26 @@ def evaluate(
         if value is not None
     }
     if current.remapped_rows_pending and previous.remapped_rows_pending is False:
-        add(
+        yield change.finding(
             model.EventKind.ROW_REMAP_PENDING,
             model.Severity.ERROR,
             "row remap pending: a GPU reset applies it",
             **remap_attributes,
         )
     if current.remapped_rows_failure and previous.remapped_rows_failure is False:
-        add(
+        yield change.finding(
             model.EventKind.ROW_REMAP_FAILURE,
             model.Severity.FATAL,
             "row remapping failed",
             **remap_attributes,
         )
+
+
+def _retired_pages(change: _Change) -> Iterator[model.Observation]:
+    previous, current = change.previous, change.current
     retired = _rose(previous.retired_pages_dbe, current.retired_pages_dbe)
     if retired or (current.retired_pages_pending and previous.retired_pages_pending is False):
-        add(
+        yield change.finding(
             model.EventKind.RETIRED_PAGES,
             model.Severity.ERROR,
             f"retired DBE pages {previous.retired_pages_dbe} → {current.retired_pages_dbe}, "
@@ -125,7 +161,11 @@ def evaluate(
             retired_pages=str((current.retired_pages_dbe or 0) + (current.retired_pages_sbe or 0)),
             retired_pages_pending=str(bool(current.retired_pages_pending)).lower(),
         )
-    links_now = now if current.nvlink_sample_unix_ns is None else current.nvlink_sample_unix_ns
+
+
+def _nvlinks(change: _Change) -> Iterator[model.Observation]:
+    previous, current = change.previous, change.current
+    links_now = current.sample_unix_ns if current.nvlink_sample_unix_ns is None else current.nvlink_sample_unix_ns
     links_before = previous.sample_unix_ns if previous.nvlink_sample_unix_ns is None else previous.nvlink_sample_unix_ns
     link_interval_s = max((links_now - links_before) / 1e9, 1e-3)
     # Links read less often than the other counters repeat their last reading: nothing new to compare.
@@ -136,55 +176,82 @@ def evaluate(
         if old is None:
             continue
         if old.active and not link.active:
-            add(model.EventKind.NVLINK_DOWN, model.Severity.ERROR, f"NVLink {link.link} went down", link=str(link.link))
+            yield change.finding(
+                model.EventKind.NVLINK_DOWN, model.Severity.ERROR, f"NVLink {link.link} went down", link=str(link.link)
+            )
         errors = sum(
             _rose(getattr(old, name), getattr(link, name))
             for name in ("crc_errors", "replay_errors", "recovery_errors")
         )
-        if errors / link_interval_s > thresholds.nvlink_errors_per_s:
-            add(
+        if errors / link_interval_s > change.thresholds.nvlink_errors_per_s:
+            yield change.finding(
                 model.EventKind.NVLINK_ERRORS,
                 model.Severity.WARNING,
                 f"NVLink {link.link}: {errors / link_interval_s:.0f} errors/s",
                 link=str(link.link),
                 nvlink_errors_per_s=f"{errors / link_interval_s:.3f}",
             )
-    replays = _rose(previous.pcie_replay_count, current.pcie_replay_count)
-    if replays / interval_s > thresholds.pcie_replays_per_s:
-        add(
+
+
+def _pcie_replays(change: _Change) -> Iterator[model.Observation]:
+    replays_per_s = _rose(change.previous.pcie_replay_count, change.current.pcie_replay_count) / change.interval_s
+    if replays_per_s > change.thresholds.pcie_replays_per_s:
+        yield change.finding(
             model.EventKind.PCIE_REPLAY,
             model.Severity.WARNING,
-            f"{replays / interval_s:.0f} PCIe replays/s",
-            pcie_replays_per_s=f"{replays / interval_s:.3f}",
+            f"{replays_per_s:.0f} PCIe replays/s",
+            pcie_replays_per_s=f"{replays_per_s:.3f}",
         )
-    if current.recovery_action and current.recovery_action != previous.recovery_action:
-        name = _RECOVERY_NAMES.get(current.recovery_action, str(current.recovery_action))
-        add(
+
+
+def _recovery_action(change: _Change) -> Iterator[model.Observation]:
+    action = change.current.recovery_action
+    if action and action != change.previous.recovery_action:
+        name = _RECOVERY_NAMES.get(action, str(action))
+        yield change.finding(
             model.EventKind.RECOVERY_ACTION,
-            model.Severity.FATAL if current.recovery_action == 2 else model.Severity.ERROR,
+            model.Severity.FATAL if action == 2 else model.Severity.ERROR,
             f"GPU recovery action changed to {name}",
-            recovery_action=str(current.recovery_action),
+            recovery_action=str(action),
         )
-    was_thermal = bool((previous.clock_event_reasons or 0) & _THERMAL)
-    if (current.clock_event_reasons or 0) & _THERMAL and not was_thermal:
-        add(
+
+
+def _thermal(change: _Change) -> Iterator[model.Observation]:
+    was_thermal = bool((change.previous.clock_event_reasons or 0) & _THERMAL)
+    if (change.current.clock_event_reasons or 0) & _THERMAL and not was_thermal:
+        yield change.finding(
             model.EventKind.THERMAL,
             model.Severity.WARNING,
             "thermal slowdown",
-            temperature_c=str(current.temperature_c),
+            temperature_c=str(change.current.temperature_c),
         )
-    limit = current.enforced_power_limit_w
-    previous_limit = previous.enforced_power_limit_w
+
+
+def _power_excursion(change: _Change) -> Iterator[model.Observation]:
+    limit = change.current.enforced_power_limit_w
 
     def over(draw_w: float | None, cap_w: int | None) -> bool:
-        return draw_w is not None and bool(cap_w) and draw_w > cap_w * (1 + thresholds.excursion_ratio)  # type: ignore[operator]
+        return draw_w is not None and bool(cap_w) and draw_w > cap_w * (1 + change.thresholds.excursion_ratio)  # type: ignore[operator]
 
-    if over(power_w, limit) and not over(previous_power_w, previous_limit):
-        add(
+    power_w = change.power_w
+    if over(power_w, limit) and not over(change.previous_power_w, change.previous.enforced_power_limit_w):
+        yield change.finding(
             model.EventKind.POWER_EXCURSION,
             model.Severity.WARNING,
             f"draw {power_w:.0f} W above enforced cap {limit} W",
             power_w=f"{power_w:.1f}",
             power_limit_w=str(limit),
         )
-    return tuple(found)
+
+
+_RULES: tuple[Callable[[_Change], Iterator[model.Observation]], ...] = (
+    _ecc,
+    _row_remap,
+    _retired_pages,
+    _nvlinks,
+    _pcie_replays,
+    _recovery_action,
+    _thermal,
+    _power_excursion,
+)
+"""The rules in the module table's order, which is the order of `evaluate`'s findings."""

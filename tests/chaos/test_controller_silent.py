@@ -16,6 +16,7 @@ import chaoslib
 import pytest
 
 from rasd.agent import runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,16 +28,19 @@ async def _run(tmp_path) -> tuple[float, float, bool]:
     try:
         await controller.wait_ready()
         agent = runtime.Agent(
-            runtime.NodeIdentity("node-ka", "boot-1", "node-ka"),
+            agent_settings.AgentSettings(
+                node_id="node-ka",
+                link=agent_settings.LinkSettings(
+                    controller_address=controller.address,
+                    keepalive_time_s=1.0,
+                    keepalive_timeout_s=1.0,
+                    reconnect_initial_s=0.2,
+                    reconnect_max_s=0.5,
+                ),
+            ),
             simulated.SimulatedBackend("node-ka", 2, 0),
             spool.Spool(":memory:"),
-            runtime.LinkSettings(
-                controller_address=controller.address,
-                keepalive_time_s=1.0,
-                keepalive_timeout_s=1.0,
-                reconnect_initial_s=0.2,
-                reconnect_max_s=0.5,
-            ),
+            boot_id="boot-1",
         )
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))

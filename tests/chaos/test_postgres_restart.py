@@ -17,8 +17,8 @@ import chaoslib
 import pytest
 import sqlalchemy as sa
 
-from rasd.agent import actions as agent_actions
 from rasd.agent import node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 from rasd.controller import server
@@ -41,15 +41,19 @@ def _agent(tmp_path, index: int, port: int):
     backend = simulated.SimulatedBackend(node_id, GPUS, index, workload=simulated.StepWorkload())
     journal = spool.Spool(str(tmp_path / f"{node_id}-spool.db"))
     agent = runtime.Agent(
-        runtime.NodeIdentity(node_id, f"boot-{index}", node_id, {"rack": f"rack-{index}"}),
+        agent_settings.AgentSettings(
+            node_id=node_id,
+            labels={"rack": f"rack-{index}"},
+            link=agent_settings.LinkSettings(
+                controller_address=f"127.0.0.1:{port}", reconnect_initial_s=0.05, reconnect_max_s=0.5,
+                welcome_timeout_s=5.0,
+            ),
+            actions=agent_settings.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
+        ),
         backend,
         journal,
-        runtime.LinkSettings(
-            controller_address=f"127.0.0.1:{port}", reconnect_initial_s=0.05, reconnect_max_s=0.5,
-            welcome_timeout_s=5.0,
-        ),
+        boot_id=f"boot-{index}",
         ops=node_ops.SimulatedNodeOps(backend),
-        action_settings=agent_actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
     )  # fmt: skip
     return agent, backend, journal
 

@@ -20,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from rasd.agent import runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 from rasd.controller import server
@@ -51,10 +52,16 @@ async def _run(tmp_path, figures):
         backend = simulated.SimulatedBackend(f"node-s{i}", 2, i, workload=simulated.StepWorkload())
         journal = spool.Spool(str(tmp_path / f"node-s{i}-spool.db"))
         agent = runtime.Agent(
-            runtime.NodeIdentity(f"node-s{i}", f"boot-{i}", f"node-s{i}", {"rack": "rack-s"}),
+            agent_settings.AgentSettings(
+                node_id=f"node-s{i}",
+                labels={"rack": "rack-s"},
+                link=agent_settings.LinkSettings(
+                    controller_address=controller.address, reconnect_initial_s=0.05, reconnect_max_s=0.5
+                ),
+            ),
             backend,
             journal,
-            runtime.LinkSettings(controller_address=controller.address, reconnect_initial_s=0.05, reconnect_max_s=0.5),
+            boot_id=f"boot-{i}",
         )
         fleet.append((agent, backend, journal))
     stop = asyncio.Event()

@@ -28,8 +28,8 @@ import chaoslib
 import grpc
 import pytest
 
-from rasd.agent import actions as agent_actions
 from rasd.agent import node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
@@ -139,13 +139,19 @@ def _ahead_agent(tmp_path, port: int):
 
     journal = spool.Spool(str(tmp_path / "skew-ahead-spool.db"))
     agent = runtime.Agent(
-        runtime.NodeIdentity("skew-ahead", "boot-a", "skew-ahead", {"rack": "rack-a"}),
+        agent_settings.AgentSettings(
+            node_id="skew-ahead",
+            labels={"rack": "rack-a"},
+            link=agent_settings.LinkSettings(
+                controller_address=f"127.0.0.1:{port}", reconnect_initial_s=0.05, reconnect_max_s=0.3
+            ),
+            actions=agent_settings.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
+        ),
         backend,
         journal,
-        runtime.LinkSettings(controller_address=f"127.0.0.1:{port}", reconnect_initial_s=0.05, reconnect_max_s=0.3),
+        boot_id="boot-a",
         clock=clock,
         ops=node_ops.SimulatedNodeOps(backend),
-        action_settings=agent_actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
     )
     return agent, backend, journal, clock
 

@@ -18,7 +18,8 @@ from conftest import FUZZ_INPUTS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rasd.agent import actions, node_ops, runtime, spool
+from rasd.agent import node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.controller import server
@@ -62,12 +63,15 @@ class Live:
     async def _start(self):
         await self.controller.start()
         self.agent = runtime.Agent(
-            runtime.NodeIdentity(NODE, "boot", NODE),
+            agent_settings.AgentSettings(
+                node_id=NODE,
+                link=agent_settings.LinkSettings(controller_address=self.controller.address),
+                actions=agent_settings.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
+            ),
             self.backend,
             spool.Spool(":memory:"),
-            runtime.LinkSettings(controller_address=self.controller.address),
+            boot_id="boot",
             ops=node_ops.SimulatedNodeOps(self.backend),
-            action_settings=actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
         )
         self.task = asyncio.create_task(self.agent.run(self.stop))
         while NODE not in self.controller.ingest.sessions:

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from rasd.agent import actions, node_ops, runtime, spool
+from rasd.agent import node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.cli import main as rasctl
 from rasd.controller import server
@@ -61,14 +62,18 @@ class ThreadedFleet:
         tasks = []
         for node_id, node in self.nodes.items():
             agent = runtime.Agent(
-                runtime.NodeIdentity(node_id, "boot", node_id, dict(node.labels)),
+                agent_settings.AgentSettings(
+                    node_id=node_id,
+                    labels=dict(node.labels),
+                    link=agent_settings.LinkSettings(controller_address=self.address, telemetry_send_interval_ms=200),
+                    actions=agent_settings.ActionSettings(destructive_enabled=True, kill_poll_s=0.0)
+                    if node.node_ops
+                    else agent_settings.ActionSettings(),
+                ),
                 node.backend,
                 spool.Spool(":memory:"),
-                runtime.LinkSettings(controller_address=self.address, telemetry_send_interval_ms=200),
+                boot_id="boot",
                 ops=node_ops.SimulatedNodeOps(node.backend) if node.node_ops else None,
-                action_settings=actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0)
-                if node.node_ops
-                else None,
             )
             tasks.append(asyncio.create_task(agent.run(self._stop)))
         while len(self.controller.ingest.sessions) < len(self.nodes):

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from rasd.agent import runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import agent_service_pb2 as agent_pb
@@ -43,10 +44,12 @@ def _controller(tmp_path, port):
 def _agent(address, tmp_path, node_id="node-1", gpus=2):
     backend = simulated.SimulatedBackend(node_id, gpus, 0, workload=simulated.StepWorkload())
     return runtime.Agent(
-        runtime.NodeIdentity(node_id=node_id, boot_id="boot-1", hostname=node_id),
+        agent_settings.AgentSettings(
+            node_id=node_id, link=agent_settings.LinkSettings(controller_address=address, **FAST_LINK)
+        ),
         backend,
         spool.Spool(str(tmp_path / f"{node_id}-spool.db")),
-        runtime.LinkSettings(controller_address=address, **FAST_LINK),
+        boot_id="boot-1",
     )
 
 

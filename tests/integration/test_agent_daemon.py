@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from rasd.agent import metrics, runtime, spool, systemd
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import commands_pb2 as commands_pb
@@ -21,13 +22,17 @@ from rasd.controller import server
 pytestmark = pytest.mark.slow
 
 
-def _agent(address: str, **link) -> runtime.Agent:
+def _agent(address: str, failsafe: agent_settings.FailsafeSettings | None = None) -> runtime.Agent:
     backend = simulated.SimulatedBackend("node-d", 2, 0, workload=simulated.StepWorkload())
     return runtime.Agent(
-        runtime.NodeIdentity("node-d", "boot", "node-d"),
+        agent_settings.AgentSettings(
+            node_id="node-d",
+            link=agent_settings.LinkSettings(controller_address=address, reconnect_initial_s=0.05, reconnect_max_s=0.2),
+            failsafe=failsafe or agent_settings.FailsafeSettings(),
+        ),
         backend,
         spool.Spool(":memory:"),
-        runtime.LinkSettings(controller_address=address, reconnect_initial_s=0.05, reconnect_max_s=0.2, **link),
+        boot_id="boot",
     )
 
 
@@ -66,7 +71,7 @@ def test_agent_exposition_passes_promtool_and_carries_ras_counters(free_port):
 
 def test_failsafe_lowers_caps_after_the_outage_and_never_raises(free_port):
     async def run():
-        agent = _agent(f"127.0.0.1:{free_port}", failsafe_after_s=0.3, failsafe_power_limit_w=450)
+        agent = _agent(f"127.0.0.1:{free_port}", agent_settings.FailsafeSettings(power_limit_w=450, after_s=0.3))
         low, high = (g.uuid for g in agent.backend.inventory())
         agent.backend.set_power_limit(low, 300)  # already below the safe cap: must stay at 300
         stop = asyncio.Event()

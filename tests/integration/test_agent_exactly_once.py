@@ -11,7 +11,8 @@ import threading
 
 import grpc
 
-from rasd.agent import actions, node_ops, runtime, spool
+from rasd.agent import node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import agent_service_pb2 as agent_pb
@@ -27,7 +28,7 @@ FAST_LINK = {
 
 
 class BlockingResetOps(node_ops.SimulatedNodeOps):
-    """nvidia-smi --gpu-reset that takes a while (it may take up to HostCommands.timeout_s = 120 s)."""
+    """nvidia-smi --gpu-reset that takes a while (it may take up to CommandSettings.timeout_s = 120 s)."""
 
     def __init__(self, backend):
         super().__init__(backend)
@@ -111,12 +112,15 @@ async def _start_server(servicer):
 
 def _agent(port, path, ops, backend):
     return runtime.Agent(
-        runtime.NodeIdentity(node_id="node-1", boot_id="boot-1", hostname="node-1"),
+        agent_settings.AgentSettings(
+            node_id="node-1",
+            link=agent_settings.LinkSettings(controller_address=f"127.0.0.1:{port}", **FAST_LINK),
+            actions=agent_settings.ActionSettings(destructive_enabled=True),
+        ),
         backend,
         spool.Spool(path),
-        runtime.LinkSettings(controller_address=f"127.0.0.1:{port}", **FAST_LINK),
+        boot_id="boot-1",
         ops=ops,
-        action_settings=actions.ActionSettings(destructive_enabled=True),
     )
 
 

@@ -13,6 +13,7 @@ import sqlite3
 import grpc
 
 from rasd.agent import runtime, spool, wire
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import agent_service_pb2 as agent_pb
@@ -27,12 +28,18 @@ FAST_LINK = {
 }
 
 
-def _agent(address: str, spool_path: str, *, gpus: int, **link: int) -> runtime.Agent:
+def _agent(
+    address: str, spool_path: str, *, gpus: int, spool_read_page_events: int = 10_000, **link: int
+) -> runtime.Agent:
     return runtime.Agent(
-        runtime.NodeIdentity(node_id="node-1", boot_id=f"boot-{gpus}", hostname="node-1"),
+        agent_settings.AgentSettings(
+            node_id="node-1",
+            link=agent_settings.LinkSettings(controller_address=address, **FAST_LINK, **link),
+            spool=agent_settings.SpoolSettings(read_page_events=spool_read_page_events),
+        ),
         simulated.SimulatedBackend("node-1", gpus, 0),
         spool.Spool(spool_path),
-        runtime.LinkSettings(controller_address=address, **FAST_LINK, **link),
+        boot_id=f"boot-{gpus}",
     )
 
 

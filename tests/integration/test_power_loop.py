@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from rasd.agent import runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated, step_job
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
@@ -34,7 +35,6 @@ pytestmark = pytest.mark.slow
 
 FAST_LINK = {
     "telemetry_send_interval_ms": 200,
-    "counter_interval_ms": 200,
     "reconnect_initial_s": 0.05,
     "reconnect_max_s": 0.3,
     "heartbeat_interval_ms": 500,
@@ -87,10 +87,14 @@ class Fleet:
         }
         self.agents = [
             runtime.Agent(
-                runtime.NodeIdentity(node_id=n, boot_id=f"boot-{n}", hostname=n),
+                agent_settings.AgentSettings(
+                    node_id=n,
+                    link=agent_settings.LinkSettings(controller_address=address, **FAST_LINK),
+                    sampling=agent_settings.SamplingSettings(counter_interval_ms=200),
+                ),
                 b,
                 spool.Spool(":memory:"),
-                runtime.LinkSettings(controller_address=address, **FAST_LINK),
+                boot_id=f"boot-{n}",
                 clock=lambda: time.time_ns() + ahead_ns,
             )
             for n, b in self.backends.items()

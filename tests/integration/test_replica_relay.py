@@ -15,7 +15,8 @@ import asyncio
 import grpc
 import pytest
 
-from rasd.agent import actions, node_ops, runtime, spool
+from rasd.agent import node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
@@ -47,12 +48,15 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
         await second.start()
         backend = simulated.SimulatedBackend("node-r", 2, 0, workload=simulated.StepWorkload())
         agent = runtime.Agent(
-            runtime.NodeIdentity(node_id="node-r", boot_id="boot-1", hostname="node-r"),
+            agent_settings.AgentSettings(
+                node_id="node-r",
+                link=agent_settings.LinkSettings(controller_address=second.address, telemetry_send_interval_ms=200),
+                actions=agent_settings.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
+            ),
             backend,
             spool.Spool(str(tmp_path / "spool.db")),
-            runtime.LinkSettings(controller_address=second.address, telemetry_send_interval_ms=200),
+            boot_id="boot-1",
             ops=node_ops.SimulatedNodeOps(backend),
-            action_settings=actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
         )
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))

@@ -23,6 +23,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rasd.agent import runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
@@ -235,10 +236,14 @@ def test_roles_are_enforced_and_every_refusal_is_audited(tmp_path, free_port, pk
         address = controller.address
         backend = simulated.SimulatedBackend("node-op", 2, 1, workload=None)
         agent = runtime.Agent(
-            runtime.NodeIdentity("node-op", "boot", "node-op"),
+            agent_settings.AgentSettings(
+                node_id="node-op",
+                link=agent_settings.LinkSettings(controller_address=address),
+                tls=agent_settings.TlsSettings(files=_files(pki, pki.nodes["node-op"])),
+            ),
             backend,
             spool.Spool(":memory:"),
-            runtime.LinkSettings(controller_address=address, tls=_files(pki, pki.nodes["node-op"])),
+            boot_id="boot",
         )
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))
@@ -434,15 +439,16 @@ def test_an_agent_rereads_its_certificate_files_on_reconnect(tmp_path, free_port
         controller = _controller(tmp_path, free_port, pki)
         await controller.start()
         agent = runtime.Agent(
-            runtime.NodeIdentity("node-a", "boot", "node-a"),
+            agent_settings.AgentSettings(
+                node_id="node-a",
+                link=agent_settings.LinkSettings(
+                    controller_address=controller.address, reconnect_initial_s=0.05, reconnect_max_s=0.2
+                ),
+                tls=agent_settings.TlsSettings(files=tls.TlsFiles(pki.ca.cert, cert, key)),
+            ),
             simulated.SimulatedBackend("node-a", 1, 1, workload=None),
             spool.Spool(":memory:"),
-            runtime.LinkSettings(
-                controller_address=controller.address,
-                tls=tls.TlsFiles(pki.ca.cert, cert, key),
-                reconnect_initial_s=0.05,
-                reconnect_max_s=0.2,
-            ),
+            boot_id="boot",
         )
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))

@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from rasd.agent import runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.controller import server
 from rasd.sim import main as sim_main
@@ -115,10 +116,13 @@ def test_controller_metrics_pass_promtool(tmp_path, free_port):
         await controller.start()
         backend = simulated.SimulatedBackend("node-m", 2, 0, workload=simulated.StepWorkload())
         agent = runtime.Agent(
-            runtime.NodeIdentity("node-m", "b", "node-m"),
+            agent_settings.AgentSettings(
+                node_id="node-m",
+                link=agent_settings.LinkSettings(controller_address=controller.address, telemetry_send_interval_ms=200),
+            ),
             backend,
             spool.Spool(":memory:"),
-            runtime.LinkSettings(controller_address=controller.address, telemetry_send_interval_ms=200),
+            boot_id="b",
         )
         stop = asyncio.Event()
         task = asyncio.create_task(agent.run(stop))

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from rasd.agent import actions, node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 
@@ -79,7 +80,7 @@ def _armed(destructive=True):
         spool.Spool(":memory:"),
         clock=lambda: next(ticks),
         ops=ops,
-        settings=actions.ActionSettings(destructive_enabled=destructive, kill_poll_s=0.0),
+        settings=agent_settings.ActionSettings(destructive_enabled=destructive, kill_poll_s=0.0),
         sleep=lambda _s: None,
     )
     return backend, ops, executor
@@ -142,7 +143,7 @@ def _python(code: str) -> tuple[str, ...]:
 
 def test_host_ops_read_processes_from_the_listing_command():
     ops = node_ops.HostNodeOps(
-        node_ops.HostCommands(
+        agent_settings.CommandSettings(
             list_compute_apps=_python("print('GPU-a, 123'); print('GPU-b, 456'); print('GPU-a, 789')")
         )
     )
@@ -152,12 +153,12 @@ def test_host_ops_read_processes_from_the_listing_command():
 
 def test_host_ops_failures_name_the_command_and_its_answer():
     ops = node_ops.HostNodeOps(
-        node_ops.HostCommands(reset_gpu=_python("import sys; sys.exit('GPU {gpu_uuid} is busy')"))
+        agent_settings.CommandSettings(reset_gpu=_python("import sys; sys.exit('GPU {gpu_uuid} is busy')"))
     )
     with pytest.raises(node_ops.NodeOpError, match="exit 1: GPU GPU-x is busy"):
         ops.reset_gpu("GPU-x")
     with pytest.raises(node_ops.NodeOpError, match="not found"):
-        node_ops.HostNodeOps(node_ops.HostCommands(reboot=("/nonexistent/reboot",))).reboot()
+        node_ops.HostNodeOps(agent_settings.CommandSettings(reboot=("/nonexistent/reboot",))).reboot()
 
 
 def test_host_ops_read_the_validation_report():
@@ -169,7 +170,7 @@ def test_host_ops_read_the_validation_report():
         "checks": [{"check": "V1", "gpus": [{"gpu": "GPU-a", "verdict": "fail", "evidence": [{"index": 7}]}]}],
     }
     code = f"import sys; print({json.dumps(json.dumps(report))}); sys.exit(1)"
-    ops = node_ops.HostNodeOps(node_ops.HostCommands(validate=_python(code)))
+    ops = node_ops.HostNodeOps(agent_settings.CommandSettings(validate=_python(code)))
     run = ops.run_validation("quick", ["GPU-a"], 3, timeout_s=30)
     assert run.verdict == "fail"
     assert run.checks[0][:3] == ("V1", "GPU-a", "fail")
@@ -225,7 +226,7 @@ def test_host_ops_run_the_configured_trough_filler_hook_with_its_arguments(tmp_p
     out = tmp_path / "hook.txt"
     code = f"import sys; open({str(out)!r}, 'w').write(' '.join(sys.argv[1:]))"
     ops = node_ops.HostNodeOps(
-        node_ops.HostCommands(trough_filler=(*_python(code), "--gpus", "{gpu_uuids}", "--floor-w", "{floor_w}",
+        agent_settings.CommandSettings(trough_filler=(*_python(code), "--gpus", "{gpu_uuids}", "--floor-w", "{floor_w}",
                                              "--ramp-down-w-per-s", "{ramp_down_w_per_s}"))
     )  # fmt: skip
     ops.fill_troughs(["GPU-a", "GPU-b"], 512.4, 9.76)

@@ -18,6 +18,7 @@ import threading
 import time
 
 from rasd.agent import actions, node_ops, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.core import model
 from rasd.agent.gpu import simulated
 
@@ -38,6 +39,7 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     from rasd.agent import actions, node_ops, spool
+    from rasd.agent import settings as agent_settings
     from rasd.agent.core import model
     from rasd.agent.gpu import simulated
 
@@ -55,7 +57,7 @@ _CHILD = textwrap.dedent(
 
     ex = actions.ActionExecutor(
         backend, spool.Spool(spool_path), clock=time.time_ns, ops=Ops(backend),
-        settings=actions.ActionSettings(destructive_enabled=True),
+        settings=agent_settings.ActionSettings(destructive_enabled=True),
     )
     ex.execute(model.Command("reset-1", 0, 0, "audit", model.ResetGpu(uuid)))
     """
@@ -93,7 +95,7 @@ def test_reset_killed_mid_action_is_not_rerun_on_resend(tmp_path):
         journal,
         clock=time.time_ns,
         ops=Ops(backend),
-        settings=actions.ActionSettings(destructive_enabled=True),
+        settings=agent_settings.ActionSettings(destructive_enabled=True),
     )
     result = ex.execute(_cmd(model.ResetGpu(uuid), "reset-1"))
     resets = _lines(marker)
@@ -137,7 +139,7 @@ def test_restart_interrupted_by_crash_kills_the_rescheduled_job_on_resend(tmp_pa
         def pid_alive(self, pid):
             return pid in running[uuid]
 
-    settings = actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0)
+    settings = agent_settings.ActionSettings(destructive_enabled=True, kill_poll_s=0.0)
     ticks = itertools.count(1_000)
     ops = Ops(backend)
     ex = actions.ActionExecutor(backend, spool.Spool(path), clock=lambda: next(ticks), ops=ops, settings=settings)
@@ -167,7 +169,7 @@ def test_a_finished_reset_leaves_no_started_mark(tmp_path):
     ticks = itertools.count(1_000)
     ex = actions.ActionExecutor(
         backend, journal, clock=lambda: next(ticks), ops=_IdleGpuOps(backend),
-        settings=actions.ActionSettings(destructive_enabled=True),
+        settings=agent_settings.ActionSettings(destructive_enabled=True),
     )  # fmt: skip
     result = ex.execute(_cmd(model.ResetGpu(uuid), "reset-1"))
     assert result.outcome is model.ActionOutcome.SUCCEEDED
@@ -192,7 +194,7 @@ def test_failed_reboot_is_replayed_as_failed_not_succeeded():
         spool.Spool(":memory:"),
         clock=lambda: next(ticks),
         ops=Ops(backend),
-        settings=actions.ActionSettings(destructive_enabled=True),
+        settings=agent_settings.ActionSettings(destructive_enabled=True),
     )
     first = ex.execute(_cmd(model.RebootNode(), "boot-1"))
     again = ex.execute(_cmd(model.RebootNode(), "boot-1"))  # first answer lost with the stream
@@ -207,7 +209,7 @@ def test_successful_reboot_is_not_repeated_after_restart(tmp_path):
     backend = simulated.SimulatedBackend("n", 2, 0)
     ops = node_ops.SimulatedNodeOps(backend)
     ticks = itertools.count(1_000)
-    settings = actions.ActionSettings(destructive_enabled=True)
+    settings = agent_settings.ActionSettings(destructive_enabled=True)
     actions.ActionExecutor(backend, spool.Spool(path), clock=lambda: next(ticks), ops=ops, settings=settings).execute(
         _cmd(model.RebootNode(), "boot-1")
     )
@@ -241,7 +243,7 @@ def test_two_concurrent_deliveries_of_one_id_run_once():
         spool.Spool(":memory:"),
         clock=time.time_ns,
         ops=Ops(backend),
-        settings=actions.ActionSettings(destructive_enabled=True),
+        settings=agent_settings.ActionSettings(destructive_enabled=True),
     )
     results = []
     threads = [
@@ -283,7 +285,7 @@ def _host_like(tmp_path, **settings):
     journal = spool.Spool(str(tmp_path / "spool.db"))
     ex = actions.ActionExecutor(
         backend, journal, clock=time.time_ns, ops=ops,
-        settings=actions.ActionSettings(destructive_enabled=True, **settings),
+        settings=agent_settings.ActionSettings(destructive_enabled=True, **settings),
     )  # fmt: skip
     return backend, ops, journal, ex
 
@@ -324,7 +326,7 @@ def _restarted(tmp_path, backend, ops, boot_id, **settings):
     """The agent's executor again, on the same spool, as systemd restarts a crashed agent."""
     return actions.ActionExecutor(
         backend, spool.Spool(str(tmp_path / "spool.db")), clock=time.time_ns, ops=ops,
-        settings=actions.ActionSettings(destructive_enabled=True, **settings), boot_id=boot_id,
+        settings=agent_settings.ActionSettings(destructive_enabled=True, **settings), boot_id=boot_id,
     )  # fmt: skip
 
 

@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import pathlib
 import tomllib
 
 import pytest
 
 from rasd.agent import main as agent_main
+from rasd.agent import settings as agent_settings
 from rasd.common import devcerts, tls
+
+HOST = agent_settings.HostDefaults(hostname="node-h", ib_sysfs_present=False)
 
 
 def _settings(argv, table):
-    return agent_main.resolve_settings(agent_main.build_parser().parse_args(argv), table)
+    return agent_settings.load(table, vars(agent_main.build_parser().parse_args(argv)), HOST)
 
 
 def test_the_shipped_agent_toml_uses_mutual_tls_from_etc_rasd(repo_root):
     settings = _settings([], tomllib.loads((repo_root / "agent/packaging/agent.toml").read_text()))
-    assert settings["insecure"] is False
-    assert tls.TlsFiles.from_mapping(settings["tls"]) == tls.TlsFiles(
-        ca=agent_main.pathlib.Path("/etc/rasd/tls/ca.crt"),
-        cert=agent_main.pathlib.Path("/etc/rasd/tls/agent.crt"),
-        key=agent_main.pathlib.Path("/etc/rasd/tls/agent.key"),
+    assert settings.tls.files == tls.TlsFiles(
+        ca=pathlib.Path("/etc/rasd/tls/ca.crt"),
+        cert=pathlib.Path("/etc/rasd/tls/agent.crt"),
+        key=pathlib.Path("/etc/rasd/tls/agent.key"),
     )
 
 
@@ -30,11 +33,20 @@ def test_flags_override_the_table_and_unknown_keys_are_named(tmp_path):
         ["--tls-cert", str(pki.nodes["n1"].cert), "--tls-key", str(pki.nodes["n1"].key)],
         {"tls": {"ca": str(pki.ca.cert), "server_name": "rasd.example"}},
     )
-    files = tls.TlsFiles.from_mapping(settings["tls"])
-    assert files.cert == pki.nodes["n1"].cert and settings["tls"]["server_name"] == "rasd.example"
+    files = settings.tls.files
+    assert files is not None
+    assert files.cert == pki.nodes["n1"].cert and settings.tls.server_name == "rasd.example"
     files.read()
-    with pytest.raises(ValueError, match=r"tls\.certificate: unknown key"):
+    with pytest.raises(ValueError, match=r"agent\.toml: \[tls\] certificate: unknown key"):
         _settings([], {"tls": {"certificate": "x"}})
+
+
+def test_insecure_means_plaintext_and_only_to_a_loopback_controller():
+    assert _settings(["--insecure"], {}).tls.files is None
+    with pytest.raises(
+        ValueError, match=r"--insecure: refusing plaintext gRPC to non-loopback controller '10\.0\.0\.1'"
+    ):
+        _settings(["--insecure", "--controller", "10.0.0.1:7443"], {})
 
 
 def test_the_agent_refuses_to_start_without_its_certificate(tmp_path, capsys):

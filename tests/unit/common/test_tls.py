@@ -68,8 +68,8 @@ def test_the_reloading_credentials_keep_the_last_good_pair(tmp_path):
 
 def test_client_keepalive_respects_the_controllers_ping_floor():
     # Pings more often than the server allows without data earn a GOAWAY ("too_many_pings").
-    from rasd.agent import runtime
+    from rasd.agent import settings as agent_settings
 
     options = dict(tls.channel_options())
     assert options["grpc.keepalive_time_ms"] >= tls.SERVER_MIN_PING_INTERVAL_MS
-    assert runtime.LinkSettings(controller_address="x").keepalive_time_s * 1000 == options["grpc.keepalive_time_ms"]
+    assert agent_settings.LinkSettings().keepalive_time_s * 1000 == options["grpc.keepalive_time_ms"]

@@ -20,8 +20,8 @@ import socket
 
 import pytest
 
-from rasd.agent import actions as agent_actions
 from rasd.agent import node_ops, runtime, spool
+from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.controller import server
 from rasd.controller.store import remediation as rstore
@@ -84,15 +84,19 @@ async def _run_ladder(
     ops = node_ops.SimulatedNodeOps(backend)
     journal = spool.Spool(str(tmp_path / "agent-spool.db"))
     agent = runtime.Agent(
-        runtime.NodeIdentity("node-d", "boot", "node-d", {"rack": "r1"}),
+        agent_settings.AgentSettings(
+            node_id="node-d",
+            labels={"rack": "r1"},
+            link=agent_settings.LinkSettings(
+                controller_address=f"127.0.0.1:{port}", reconnect_initial_s=0.05, reconnect_max_s=0.2,
+                telemetry_send_interval_ms=200,
+            ),
+            actions=agent_settings.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
+        ),
         backend,
         journal,
-        runtime.LinkSettings(
-            controller_address=f"127.0.0.1:{port}", reconnect_initial_s=0.05, reconnect_max_s=0.2,
-            telemetry_send_interval_ms=200,
-        ),
+        boot_id="boot",
         ops=ops,
-        action_settings=agent_actions.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),
     )  # fmt: skip
     executed: list[str] = []
     original_execute = agent._executor.execute

@@ -3,7 +3,7 @@
 helm-python-sdk bundles Helm v4 as a shared library (no helm binary, no network). Every rendered
 object is validated against the Kubernetes OpenAPI schemas that kubernetes-validate ships, in strict
 mode (unknown fields fail). The ConfigMap's controller.toml must load with the controller's own
-`load_config`, the agent's agent.toml with the agent's own `resolve_settings`, and the rendered
+`load_config`, the agent's agent.toml with the agent's own `settings.load`, and the rendered
 command lines must parse with the programs' own argument parsers.
 """
 
@@ -26,6 +26,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from rasd.agent import main as agent_main
+from rasd.agent import settings as agent_settings
+from rasd.common import tls
 from rasd.controller import main as controller_main
 from rasd.controller.core.remediation import policy
 from rasd.controller.executors import bmc, quarantine
@@ -544,23 +546,24 @@ def test_agent_toml_and_args_are_what_the_agent_accepts(chart, tmp_path):
     text = the(objects, "ConfigMap", f"{RELEASE}-agent")["data"]["agent.toml"]
     args = agent_main.build_parser().parse_args(_expand(container["args"], {"NODE_NAME": "gpu-node-0042"}))
     assert args.config == pathlib.Path("/etc/rasd/agent.toml")
-    settings = agent_main.resolve_settings(args, tomllib.loads(text))
-    assert settings["node_id"] == "gpu-node-0042"
-    assert settings["controller"] == f"{RELEASE}.{NAMESPACE}.svc:7443"
-    assert settings["state_dir"] == "/var/lib/rasd-agent"
-    assert settings["backend"] == "nvml"
-    assert settings["kernel_log"] == "kmsg"
-    assert settings["destructive_actions"] is True
-    assert settings["failsafe_power_limit_w"] == 500
-    assert settings["labels"] == {"row": "row-3"}
-    assert settings["commands"]["reboot"][:3] == ["nsenter", "--target", "1"]
-    assert not settings["insecure"]  # mutual TLS with this node's certificate from the host
-    assert settings["tls"] == {
-        "ca": "/etc/rasd/tls/ca.crt",
-        "cert": "/etc/rasd/tls/agent.crt",
-        "key": "/etc/rasd/tls/agent.key",
-        "server_name": "",
-    }
+    host = agent_settings.HostDefaults(hostname="pod-name", ib_sysfs_present=False)
+    settings = agent_settings.load(tomllib.loads(text), vars(args), host)
+    assert settings.node_id == "gpu-node-0042"
+    assert settings.link.controller_address == f"{RELEASE}.{NAMESPACE}.svc:7443"
+    assert settings.spool.state_dir == pathlib.Path("/var/lib/rasd-agent")
+    assert settings.gpu.backend == "nvml"
+    assert settings.kernel_log.source == "kmsg"
+    assert settings.actions.destructive_enabled is True
+    assert settings.failsafe.power_limit_w == 500
+    assert settings.labels == {"row": "row-3"}
+    assert settings.commands.reboot[:3] == ("nsenter", "--target", "1")
+    # Mutual TLS with this node's certificate from the host.
+    assert settings.tls.files == tls.TlsFiles(
+        ca=pathlib.Path("/etc/rasd/tls/ca.crt"),
+        cert=pathlib.Path("/etc/rasd/tls/agent.crt"),
+        key=pathlib.Path("/etc/rasd/tls/agent.key"),
+    )
+    assert settings.tls.server_name == ""
     volumes = {
         v["name"]: v for v in the(objects, "DaemonSet", f"{RELEASE}-agent")["spec"]["template"]["spec"]["volumes"]
     }

@@ -12,6 +12,7 @@ import socket
 import pynvml  # noqa: TID251  (constants for scripting the double)
 
 from rasd.agent import runtime, spool
+from rasd.agent import settings as agent_settings
 
 
 def _unused_address() -> str:
@@ -22,12 +23,16 @@ def _unused_address() -> str:
 
 def _agent(backend) -> runtime.Agent:
     agent = runtime.Agent(
-        runtime.NodeIdentity("node-f", "boot", "node-f"),
+        agent_settings.AgentSettings(
+            node_id="node-f",
+            link=agent_settings.LinkSettings(controller_address=_unused_address()),
+            failsafe=agent_settings.FailsafeSettings(power_limit_w=450, after_s=0.3),
+        ),
         backend,
         spool.Spool(":memory:"),
-        runtime.LinkSettings(controller_address=_unused_address(), failsafe_after_s=0.3, failsafe_power_limit_w=450),
+        boot_id="boot",
     )
-    agent._disconnected_since -= 1.0  # the controller has been gone longer than failsafe_after_s
+    agent.failsafe.disconnected_since -= 1.0  # the controller has been gone longer than failsafe_after_s
     return agent
 
 
@@ -38,11 +43,11 @@ def test_a_limit_that_cannot_be_read_is_not_set_to_the_safe_cap_until_it_is_read
     agent = _agent(backend)
     # One transient NVML error on the fail-safe's read of GPU 0's enforced limit.
     fake.inject_following(0, "EnforcedPowerLimit", (), [(pynvml.NVML_ERROR_UNKNOWN, None)])
-    asyncio.run(agent._maybe_failsafe())  # what the sampling loop calls every cycle while disconnected
+    asyncio.run(agent.failsafe.check())  # what the sampling loop calls every cycle while disconnected
     assert fake.gpu(0).requested_limit_mw == 300_000  # not raised to 450 W
     assert fake.gpu(1).requested_limit_mw == 450_000  # the GPU it could read is lowered
     # The next cycle reads it: at 300 W, below the safe cap, it stays; the fall-back is then done.
-    asyncio.run(agent._maybe_failsafe())
+    asyncio.run(agent.failsafe.check())
     assert fake.gpu(0).requested_limit_mw == 300_000
     assert {c.gpu_uuid: c.enforced_power_limit_w for c in backend.read_counters(0)} == {low: 300, high: 450}
-    assert agent.stats.failsafe_applied == 1 and agent._failsafe_done
+    assert agent.stats.failsafe_applied == 1 and agent.failsafe.done

@@ -1,0 +1,165 @@
+"""The agent's typed settings: agent.toml and flags into AgentSettings, and every bad value named.
+
+An operator's typo must fail at start with the key's path, what it accepts and what it got, never
+pass silently or surface later as a KeyError deep in the runtime.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import tomllib
+
+import pytest
+
+from rasd.agent import main as agent_main
+from rasd.agent import settings as agent_settings
+
+HOST = agent_settings.HostDefaults(hostname="gpu-node-7", ib_sysfs_present=False)
+
+
+def _load(table=None, argv=(), host=HOST):
+    flags = vars(agent_main.build_parser().parse_args(list(argv)))
+    return agent_settings.load(table or {}, flags, host)
+
+
+def test_no_file_and_no_flags_give_the_documented_defaults():
+    settings = _load()
+    assert settings.node_id == "gpu-node-7"
+    assert settings.link.controller_address == "127.0.0.1:7443"
+    assert settings.gpu == agent_settings.GpuSettings(backend="nvml")
+    assert settings.kernel_log.source == "kmsg"  # with nvml
+    assert settings.spool.state_dir == pathlib.Path("/var/lib/rasd-agent")
+    assert settings.metrics.port == 9400
+    assert settings.failsafe == agent_settings.FailsafeSettings(power_limit_w=None, after_s=300.0)
+    assert settings.actions.destructive_enabled is False
+    assert settings.commands == agent_settings.CommandSettings()
+    assert settings.ib.sysfs_root == ""
+    assert _load(host=agent_settings.HostDefaults("h", ib_sysfs_present=True)).ib.sysfs_root == "/sys/class/infiniband"
+
+
+def test_the_shipped_agent_toml_loads_into_every_group(repo_root):
+    table = tomllib.loads((repo_root / "agent/packaging/agent.toml").read_text())
+    settings = _load(table)
+    assert settings.node_id == "gpu-node-0042"
+    assert settings.labels == {"rack": "r12", "row": "row-3", "nvlink_domain": "nvl-7", "power_feed": "pdu-12a"}
+    assert settings.gpu.backend == "nvml" and settings.kernel_log.source == "kmsg"
+    assert settings.kernel_log.kmsg_path == "/dev/kmsg"
+    assert settings.ib.sysfs_root == "/sys/class/infiniband"
+    assert settings.failsafe == agent_settings.FailsafeSettings(power_limit_w=500, after_s=300.0)
+    assert settings.commands.reset_gpu == ("nvidia-smi", "--gpu-reset", "-i", "{gpu_uuid}")
+    assert settings.commands.trough_filler == ()
+
+
+def test_flags_win_over_the_file():
+    table = {"gpus": 4, "backend": "nvml", "labels": {"rack": "r1", "row": "w1"}, "metrics_port": 9400}
+    settings = _load(
+        table,
+        ["--gpus", "2", "--backend", "simulated", "--label", "rack=r9", "--metrics-port", "0",
+         "--enable-destructive-actions", "--state-dir", "/tmp/agent"],
+    )  # fmt: skip
+    assert settings.gpu.gpus == 2 and settings.gpu.backend == "simulated"
+    assert settings.kernel_log.source == "none"  # the default follows the backend
+    assert settings.labels == {"rack": "r9", "row": "w1"}
+    assert settings.metrics.port == 0  # a flag of 0 is a value, not "not given"
+    assert settings.actions.destructive_enabled is True
+    assert settings.spool.state_dir == pathlib.Path("/tmp/agent")
+
+
+def test_the_sampling_table_sets_the_rates():
+    settings = _load({"sampling": {"power_sample_interval_ms": 50, "counter_interval_ms": 500, "buffer_s": 30}})
+    assert settings.sampling == agent_settings.SamplingSettings(
+        power_sample_interval_ms=50, counter_interval_ms=500, event_poll_interval_ms=200, buffer_s=30.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "argv", "message"),
+    [
+        # AgentSettings itself
+        ({"node_id": ""}, (), 'agent.toml: node_id: expected a string of 1..253 characters, got ""'),
+        ({"labels": {"rack": 12}}, (), "agent.toml: [labels] rack: expected a string, got 12"),
+        ({}, ("--label", "oops"), '--label: expected KEY=VALUE, got "oops"'),
+        ({"log_level": "loud"}, (), 'agent.toml: log_level: expected one of debug, info, warning, error, got "loud"'),
+        # link
+        ({"controller": "rasd"}, (), 'agent.toml: controller: expected host:port, got "rasd"'),
+        # tls
+        ({"tls": {"ca": 7}}, (), "agent.toml: [tls] ca: expected a string, got 7"),
+        ({"insecure": "yes"}, (), 'agent.toml: insecure: expected true or false, got "yes"'),
+        ({"tls": "on"}, (), 'agent.toml: [tls]: expected a table, got "on"'),
+        # gpu
+        ({"backend": "cuda"}, (), 'agent.toml: backend: expected one of simulated, nvml, got "cuda"'),
+        ({}, ("--gpus", "99"), "--gpus: expected an integer in 1..64, got 99"),
+        ({"sim_step_period_s": -1}, (), "agent.toml: sim_step_period_s: expected a number >= 0, got -1"),
+        # sampling
+        (
+            {"sampling": {"power_sample_interval_ms": "fast"}},
+            (),
+            'agent.toml: [sampling] power_sample_interval_ms: expected an integer > 0, got "fast"',
+        ),
+        ({"sampling": {"buffer_s": 0}}, (), "agent.toml: [sampling] buffer_s: expected a number > 0, got 0"),
+        ({"sampling": {"power_hz": 10}}, (), "agent.toml: [sampling] power_hz: unknown key"),
+        # spool
+        ({"state_dir": 5}, (), "agent.toml: state_dir: expected a string, got 5"),
+        # kernel log
+        ({"kernel_log": "dmesg"}, (), 'agent.toml: kernel_log: expected one of kmsg, journal, none, got "dmesg"'),
+        ({"kmsg_path": ""}, (), 'agent.toml: kmsg_path: expected a non-empty string, got ""'),
+        # ib
+        ({"ib_sysfs_root": False}, (), "agent.toml: ib_sysfs_root: expected a string, got false"),
+        # power fail-safe
+        (
+            {"failsafe_power_limit_w": 20},
+            (),
+            "agent.toml: failsafe_power_limit_w: expected an integer in 50..5000 (W), got 20",
+        ),
+        ({}, ("--failsafe-after-s", "-5"), "--failsafe-after-s: expected a number >= 0, got -5.0"),
+        # metrics
+        ({"metrics_port": 70000}, (), "agent.toml: metrics_port: expected an integer in -1..65535, got 70000"),
+        ({"metrics_port": True}, (), "agent.toml: metrics_port: expected an integer in -1..65535, got true"),
+        # actions and their commands
+        ({"destructive_actions": 1}, (), "agent.toml: destructive_actions: expected true or false, got 1"),
+        (
+            {"commands": {"reboot": []}},
+            (),
+            "agent.toml: [commands] reboot: expected a non-empty list of strings, got []",
+        ),
+        ({"commands": {"timeout_s": 5}}, (), "agent.toml: [commands] timeout_s: unknown key"),
+        # the file's top level
+        ({"contoller": "x:1"}, (), "agent.toml: contoller: unknown key"),
+    ],
+)
+def test_a_bad_value_is_named_by_its_key_path(table, argv, message):
+    with pytest.raises(agent_settings.SettingsError) as raised:
+        _load(table, argv)
+    assert str(raised.value).startswith(message)
+
+
+def test_the_message_names_the_config_file_it_came_from():
+    with pytest.raises(agent_settings.SettingsError, match=r"^site\.toml: gpus: expected an integer in 1\.\.64"):
+        agent_settings.load({"gpus": 0}, {}, HOST, file_name="site.toml")
+
+
+def test_a_bad_config_file_stops_the_daemon_with_the_message(tmp_path, capsys):
+    config = tmp_path / "agent.toml"
+    config.write_text('backend = "simulated"\ninsecure = true\n[sampling]\npower_sample_interval_ms = "fast"\n')
+    with pytest.raises(SystemExit) as raised:
+        agent_main.main(["--config", str(config)])
+    assert raised.value.code == 2
+    assert '[sampling] power_sample_interval_ms: expected an integer > 0, got "fast"' in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_toml_is_named(tmp_path, capsys):
+    config = tmp_path / "agent.toml"
+    config.write_text("backend = simulated\n")  # unquoted string
+    with pytest.raises(SystemExit):
+        agent_main.main(["--config", str(config)])
+    assert f"{config}: not valid TOML" in capsys.readouterr().err
+
+
+def test_every_flag_of_the_parser_maps_to_a_key_path():
+    parser = agent_main.build_parser()
+    flags = {
+        action.dest: action.option_strings[0]
+        for action in parser._actions
+        if action.option_strings and action.dest not in ("help", "version", "config", "label")
+    }
+    assert flags == {dest: flag for dest, (_, flag) in agent_settings.FLAGS.items()}
