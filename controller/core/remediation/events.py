@@ -1,10 +1,9 @@
 """The controller's own health-event value: one observation from a node, as the core sees it.
 
 `HealthEvent` is what classification, correlation and escalation consume. It is independent of
-the protobuf wire type (``rasd.controller.wire.agent`` converts ``rasd.api.v1.HealthEvent`` into it) and
-of the agent's model: components never import each other, so `EventKind` and `Severity` are
-defined here again with the same names and values as ``rasd.agent.core.model`` and
-``rasd.api.v1`` (a unit test pins the values against the wire enums).
+the protobuf wire type (``rasd.controller.wire.agent`` converts ``rasd.api.v1.HealthEvent`` into it).
+`EventKind` and `Severity` are rasd's shared vocabulary (``rasd.common.vocabulary``, pinned to the
+wire enums by its tests).
 
 Time is float Unix seconds everywhere in the controller core (``observed_at``, ``now``); the wire
 carries nanoseconds and ``wire.py`` divides.
@@ -20,42 +19,10 @@ Pure: plain frozen values, no I/O.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from typing import Any
 
-
-class Severity(enum.IntEnum):
-    """Severity of an observation, lowest first; values match rasd.api.v1.Severity."""
-
-    UNSPECIFIED = 0
-    INFO = 1
-    WARNING = 2
-    ERROR = 3
-    FATAL = 4
-
-
-class EventKind(enum.IntEnum):
-    """Kind of health observation; names and values match rasd.api.v1.EventKind and the agent's."""
-
-    UNSPECIFIED = 0
-    XID = 1
-    ECC_DBE = 2
-    ECC_SBE_RATE = 3
-    ROW_REMAP_PENDING = 4
-    ROW_REMAP_FAILURE = 5
-    RETIRED_PAGES = 6
-    FALLEN_OFF_BUS = 7
-    GPU_LOST = 8
-    NVLINK_DOWN = 9
-    NVLINK_ERRORS = 10
-    PCIE_REPLAY = 11
-    IB_LINK_STATE = 12
-    SXID = 13
-    RECOVERY_ACTION = 14
-    POWER_EXCURSION = 15
-    THERMAL = 16
-    SDC_SUSPECT = 17
+from rasd.common.vocabulary import EventKind, Severity
 
 
 @dataclasses.dataclass(frozen=True)
