@@ -12,6 +12,7 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 
+from rasd.common.kernel_log import KernelEvent
 from rasd.common.vocabulary import ActionOutcome as ActionOutcome
 from rasd.common.vocabulary import EventKind as EventKind
 from rasd.common.vocabulary import GpuInfo as GpuInfo
@@ -100,7 +101,11 @@ class Observation:
     gpu_uuid: str = ""
     xid: int | None = None
     severity: Severity = Severity.UNSPECIFIED
+    """A source's own rating where it has one (NVML counters); UNSPECIFIED for kernel-log events, which the
+    controller classifies from their facts."""
     attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    kernel_log: KernelEvent | None = None
+    """For kernel-log events: what the line said, sent as the typed ``HealthEvent.kernel_log``."""
 
 
 @dataclasses.dataclass(frozen=True)
