@@ -1,6 +1,6 @@
 """Kernel log followers: /dev/kmsg and ``journalctl -k -f -o json``, each with a persistent cursor.
 
-They own the I/O; the parsing is ``rasd.agent.kmsg``. Both yield ``KernelLogRecord`` values whose
+They own the I/O; the parsing is ``rasd.agent.core.kmsg``. Both yield ``KernelLogRecord`` values whose
 ``line`` goes to ``KmsgParser.feed``. The caller calls ``commit(record)`` once the record's events are
 safely spooled; the cursor file then makes a restarted agent continue after that record, so no
 kernel event is lost or reported twice across agent restarts (DESIGN.md invariant 3).

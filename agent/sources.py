@@ -1,7 +1,7 @@
 """Health sources other than the GPU backend: the kernel log and InfiniBand sysfs counters.
 
 `KernelLogPump` runs a kernel-log follower (/dev/kmsg or journalctl) in a worker thread, parses each
-record, classifies it against NVIDIA's XID catalog, maps the PCI address to the GPU's UUID and hands
+record into facts (the controller classifies them), maps the PCI address to the GPU's UUID and hands
 the observations to the agent together with the record's cursor. The agent spools both in one
 transaction, and at start-up the spool's cursor (not the follower's own file) decides where to
 resume. A SIGKILL at any instant therefore neither loses a kernel event nor reports it twice.
@@ -17,8 +17,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from rasd.agent import ib_sysfs, kmsg, kmsg_source, wire
-from rasd.agent.core import model
+from rasd.agent import ib_sysfs, kmsg_source, wire
+from rasd.agent.core import kmsg, model
+from rasd.common.kernel_log import KernelEvent
 
 Deliver = Callable[[list[model.Observation], tuple[str, str] | None], None]
 
@@ -34,7 +35,7 @@ def pci_to_uuid(inventory: Sequence[model.GpuInfo]) -> dict[str, str]:
 
 
 class KernelLogPump:
-    """Follows the kernel log in a thread and delivers classified observations with their cursor."""
+    """Follows the kernel log in a thread and delivers its observations with their cursor."""
 
     def __init__(
         self,
@@ -85,21 +86,21 @@ class KernelLogPump:
             return self.follower.position(record)
         return {"source": "journal", "cursor": record.cursor}
 
-    def _observation(self, event: kmsg.KernelEvent) -> model.Observation:
+    def _observation(self, event: KernelEvent) -> model.Observation:
         return observation_for(event, self._clock(), pci_map=self._pci, known_gpus=self._known)
 
 
 def observation_for(
-    event: kmsg.KernelEvent, observed_unix_ns: int, *, pci_map: dict[str, str], known_gpus: frozenset[str]
+    event: KernelEvent, observed_unix_ns: int, *, pci_map: dict[str, str], known_gpus: frozenset[str]
 ) -> model.Observation:
-    """Classify a kernel event and name its GPU by this node's inventory.
+    """A kernel event as an observation, its GPU named by this node's inventory.
 
     The GPU is the one at the event's PCI address; failing that, the UUID the kernel printed if it is
     one of this node's GPUs. Any other UUID (a GPU the backend does not show, or garbage in the log)
     goes to ``attributes[wire.UNANNOUNCED_GPU_ATTRIBUTE]`` only: the controller refuses events about GPUs
     a node did not announce, and one such event would block the spool behind it.
     """
-    observation = kmsg.to_observation(event, observed_unix_ns, kmsg.classify(event))
+    observation = kmsg.to_observation(event, observed_unix_ns)
     gpu_uuid = pci_map.get(event.pci or "", "")
     if gpu_uuid:
         return dataclasses.replace(observation, gpu_uuid=gpu_uuid)

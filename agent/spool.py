@@ -23,6 +23,8 @@ import uuid
 from collections.abc import Sequence
 
 from rasd.agent.core import model
+from rasd.common import kernel_log
+from rasd.common.kernel_log import KernelEvent
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -77,6 +79,7 @@ def _observation_to_json(obs: model.Observation) -> str:
             "xid": obs.xid,
             "severity": int(obs.severity),
             "attributes": dict(obs.attributes),
+            "kernel_log": kernel_log.to_attributes(obs.kernel_log) if obs.kernel_log is not None else None,
         },
         separators=(",", ":"),
     )
@@ -93,7 +96,16 @@ def _observation_from_json(text: str) -> model.Observation:
         xid=data["xid"],
         severity=model.Severity(data["severity"]),
         attributes=data["attributes"],
+        kernel_log=_kernel_log_from_json(data),
     )
+
+
+def _kernel_log_from_json(data: dict) -> KernelEvent | None:
+    # Rows spooled by agents before the typed facts have none: their facts are in the attributes.
+    facts = data.get("kernel_log")
+    if not facts:
+        return None
+    return kernel_log.from_attributes(facts, message=data["message"], xid=data["xid"], gpu_uuid=data["gpu_uuid"])
 
 
 def _result_to_json(result: model.ActionResult) -> str:

@@ -11,6 +11,7 @@ from rasd.agent.core import model
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
+from rasd.common.kernel_log import KernelEvent
 
 # GpuCounters fields copied one to one onto the message (same names on both sides).
 _COUNTER_FIELDS = tuple(
@@ -168,7 +169,55 @@ def event_to_wire(event: model.SpooledEvent, known_gpus: frozenset[str] | None =
     )
     if obs.xid is not None:
         message.xid = obs.xid
+    if obs.kernel_log is not None:
+        message.kernel_log.CopyFrom(kernel_log_to_wire(obs.kernel_log))
     return message
+
+
+_UINT32 = 2**32 - 1
+_INT32 = 2**31 - 1
+_INT63 = 2**63 - 1
+MAX_REGISTERS = 16
+"""Registers one kernel event carries on the wire (the driver prints 6 or 7)."""
+
+
+def kernel_log_to_wire(event: KernelEvent) -> health_pb.KernelLogFacts:
+    """The facts of a kernel-log event, each cut or dropped to what the wire type and the controller accept.
+
+    A number the field cannot hold (the parser reads digit runs of up to 20 digits) is left unset, as a
+    fact the line did not state: refused by the controller, the event would block the spool behind it.
+    """
+    facts = health_pb.KernelLogFacts(
+        raw=_bounded(event.raw, MAX_MESSAGE_CHARS),
+        pci_bus_id=_bounded(event.pci or "", MAX_ATTRIBUTE_CHARS),
+        process_name=_bounded(event.process or "", MAX_ATTRIBUTE_CHARS),
+        nvlink_subcode=_bounded(event.nvlink_subcode, MAX_ATTRIBUTE_CHARS),
+        nvswitch=_bounded(event.nvswitch, MAX_ATTRIBUTE_CHARS),
+        ib_device=_bounded(event.ib_device, MAX_ATTRIBUTE_CHARS),
+        ib_state=_bounded(event.ib_state, MAX_ATTRIBUTE_CHARS),
+    )
+    registers = event.registers
+    if len(registers) <= MAX_REGISTERS and all(0 <= r <= _UINT32 for r in registers):
+        facts.nvlink_registers.extend(registers)  # all or none: a register's meaning is its position
+    numbers: tuple[tuple[str, int | None, int, int], ...] = (
+        ("pid", event.pid, 0, _INT63),
+        ("kernel_time_us", event.kernel_time_us, 0, _INT63),
+        ("gpu_instance", event.gpu_instance, 0, _UINT32),
+        ("compute_instance", event.compute_instance, 0, _UINT32),
+        ("nvlink", event.nvlink, -_INT32 - 1, _INT32),
+        ("recovery_action", event.recovery_action, 0, _UINT32),
+        ("previous_recovery_action", event.previous_recovery_action, 0, _UINT32),
+        ("sxid", event.sxid, 0, _UINT32),
+        ("ib_port", event.ib_port, 0, _UINT32),
+    )
+    for name, value, lo, hi in numbers:
+        if value is not None and lo <= value <= hi:
+            setattr(facts, name, int(value))
+    if event.nvlink_fatal is not None:
+        facts.nvlink_fatal = event.nvlink_fatal
+    if event.sxid_fatal is not None:
+        facts.sxid_fatal = event.sxid_fatal
+    return facts
 
 
 def events(batch: Sequence[model.SpooledEvent], known_gpus: frozenset[str] | None = None) -> agent_pb.AgentMessage:

@@ -3,8 +3,8 @@
 The catalog ships inside the package (``rasd/common/data/nvidia-xid-catalog.csv``, copied verbatim from
 NVIDIA's "Xid catalog" workbook, XIDs sheet) together with the resolution-bucket glossary and the
 NVLink5 (Xid 144-150) register decode sheet. This module reads them once and turns NVIDIA's
-resolution buckets into rasd's own repair-ladder words, so the agent's ``rasctl kmsg classify`` and
-the controller's classifier agree.
+resolution buckets into rasd's own repair-ladder words for the controller's classifier (which
+``rasctl kmsg classify`` runs too).
 
 Bucket mapping (catalog "Resolution Bucket (Immediate Action)" -> ``recommended_action``,
 ``default_severity``); the reasons come from ``nvidia-xid-resolution-buckets.csv``:
@@ -86,11 +86,13 @@ class XidEntry:
 
 
 class XidCatalog:
-    """All catalog entries, looked up by Xid number."""
+    """All catalog entries, looked up by Xid number, with the NVLink5 decode sheet that refines Xid 144-150."""
 
-    def __init__(self, entries: tuple[XidEntry, ...]) -> None:
+    def __init__(self, entries: tuple[XidEntry, ...], nvlink5_rules: tuple[Nvlink5Rule, ...] = ()) -> None:
+        """Index the entries; nvlink5_rules: NVIDIA's "XID 144-150 Decode" sheet (empty: not decoded)."""
         self._entries = tuple(sorted(entries, key=lambda e: e.xid))
         self._by_xid = {e.xid: e for e in self._entries}
+        self.nvlink5_rules = nvlink5_rules
 
     def get(self, xid: int) -> XidEntry | None:
         """The entry for ``xid``, or None when NVIDIA's catalog does not list it."""
@@ -162,9 +164,9 @@ def parse_catalog_csv(text: str) -> XidCatalog:
 
 @functools.cache
 def load_catalog() -> XidCatalog:
-    """The packaged catalog, parsed once per process."""
+    """The packaged catalog with the packaged NVLink5 decode sheet, parsed once per process."""
     text = importlib.resources.files(_DATA_PACKAGE).joinpath(_CATALOG_FILE).read_text(encoding="utf-8")
-    return parse_catalog_csv(text)
+    return XidCatalog(parse_catalog_csv(text).entries(), nvlink5_rules=load_nvlink5_rules())
 
 
 class RecoveryAction(enum.IntEnum):

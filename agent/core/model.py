@@ -2,7 +2,8 @@
 
 These are frozen dataclasses independent of NVML structs and of the wire format; `rasd.agent.wire`
 converts them to and from rasd.api.v1 messages. Counter fields are `None` when the GPU does not
-support them, which is different from a zero count.
+support them, which is different from a zero count. The vocabulary shared with the controller
+(severity, event kinds, command outcomes, GPU identity) is ``rasd.common.vocabulary``.
 """
 
 from __future__ import annotations
@@ -11,38 +12,14 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 
+from rasd.common.kernel_log import KernelEvent
+from rasd.common.vocabulary import ActionOutcome as ActionOutcome
+from rasd.common.vocabulary import EventKind as EventKind
+from rasd.common.vocabulary import GpuInfo as GpuInfo
+from rasd.common.vocabulary import Severity as Severity
 
-class Severity(enum.IntEnum):
-    """Severity of an observation; values match rasd.api.v1.Severity."""
-
-    UNSPECIFIED = 0
-    INFO = 1
-    WARNING = 2
-    ERROR = 3
-    FATAL = 4
-
-
-class EventKind(enum.IntEnum):
-    """Kind of health observation; values match rasd.api.v1.EventKind."""
-
-    UNSPECIFIED = 0
-    XID = 1
-    ECC_DBE = 2
-    ECC_SBE_RATE = 3
-    ROW_REMAP_PENDING = 4
-    ROW_REMAP_FAILURE = 5
-    RETIRED_PAGES = 6
-    FALLEN_OFF_BUS = 7
-    GPU_LOST = 8
-    NVLINK_DOWN = 9
-    NVLINK_ERRORS = 10
-    PCIE_REPLAY = 11
-    IB_LINK_STATE = 12
-    SXID = 13
-    RECOVERY_ACTION = 14
-    POWER_EXCURSION = 15
-    THERMAL = 16
-    SDC_SUSPECT = 17
+# Severity, EventKind, ActionOutcome and GpuInfo are rasd's shared vocabulary (rasd.common.vocabulary),
+# named here too because the agent's modules and tests know them as `model.*`.
 
 
 class ClockEventReason(enum.IntFlag):
@@ -57,23 +34,6 @@ class ClockEventReason(enum.IntFlag):
     HW_THERMAL_SLOWDOWN = 0x40
     HW_POWER_BRAKE_SLOWDOWN = 0x80
     DISPLAY_CLOCK_SETTING = 0x100
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuInfo:
-    """One GPU's identity and power-limit constraints, read once at start-up."""
-
-    uuid: str
-    model: str
-    pci_bus_id: str
-    power_limit_min_w: int
-    power_limit_max_w: int
-    power_limit_default_w: int
-    serial: str = ""
-    vbios_version: str = ""
-    memory_total_mib: int = 0
-    power_smoothing_supported: bool = False
-    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +101,11 @@ class Observation:
     gpu_uuid: str = ""
     xid: int | None = None
     severity: Severity = Severity.UNSPECIFIED
+    """A source's own rating where it has one (NVML counters); UNSPECIFIED for kernel-log events, which the
+    controller classifies from their facts."""
     attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    kernel_log: KernelEvent | None = None
+    """For kernel-log events: what the line said, sent as the typed ``HealthEvent.kernel_log``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,18 +114,6 @@ class SpooledEvent:
 
     seq: int
     observation: Observation
-
-
-class ActionOutcome(enum.IntEnum):
-    """How a command ended; values match rasd.api.v1.ActionOutcome."""
-
-    UNSPECIFIED = 0
-    SUCCEEDED = 1
-    FAILED = 2
-    REFUSED = 3
-    NOT_SUPPORTED = 4
-    TIMED_OUT = 5
-    DRY_RUN = 6
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,8 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 
+from rasd.common.vocabulary import GpuInfo
+
 
 class ComponentState(enum.IntEnum):
     """Lifecycle state of a node or GPU; values match rasd.api.v1.ComponentState."""
@@ -47,22 +49,11 @@ def effective_node_state(stored: ComponentState, *, connected: bool) -> Componen
     return ComponentState.HEALTHY if stored in (ComponentState.UNSPECIFIED, ComponentState.OFFLINE) else stored
 
 
-@dataclasses.dataclass(frozen=True)
-class GpuRecord:
-    """A GPU as inventoried in its node's Hello."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuRecord(GpuInfo):
+    """A GPU as inventoried in its node's Hello: its identity (`rasd.common.vocabulary.GpuInfo`) and its node."""
 
-    uuid: str
     node_id: str
-    model: str
-    pci_bus_id: str
-    power_limit_min_w: int
-    power_limit_max_w: int
-    power_limit_default_w: int
-    serial: str = ""
-    vbios_version: str = ""
-    memory_total_mib: int = 0
-    power_smoothing_supported: bool = False
-    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -317,6 +317,22 @@ def check_events(batch: agent_pb.HealthEventBatch, identity: StreamIdentity, lim
         _text(f"{field}.message", event.message, wire.MAX_TEXT)
         _text(f"{field}.source", event.source, MAX_SOURCE_CHARS, pattern=TOKEN_RE)
         _map(f"{field}.attributes", event.attributes)
+        if event.HasField("kernel_log"):
+            _kernel_log(f"{field}.kernel_log", event.kernel_log)
+
+
+_KERNEL_LOG_TEXTS = ("pci_bus_id", "process_name", "nvlink_subcode", "nvswitch", "ib_device", "ib_state")
+
+
+def _kernel_log(field: str, facts: health_pb.KernelLogFacts) -> None:
+    """Validate the kernel-log facts of an event (the wire types bound the other numbers)."""
+    _text(f"{field}.raw", facts.raw, wire.MAX_TEXT)
+    for name in _KERNEL_LOG_TEXTS:
+        _text(f"{field}.{name}", getattr(facts, name), wire.MAX_FACT_CHARS)
+    _count(f"{field}.nvlink_registers", facts.nvlink_registers, wire.MAX_REGISTERS)
+    for name in ("pid", "kernel_time_us"):
+        if facts.HasField(name):
+            _range(f"{field}.{name}", getattr(facts, name), 0, INT63)
 
 
 def check_result(result: commands_pb.ActionResult, identity: StreamIdentity) -> None:

@@ -14,6 +14,7 @@ import re
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import health_pb2 as health_pb
+from rasd.common import kernel_log, vocabulary, xid_catalog
 from rasd.controller.core import fleet
 from rasd.controller.store import repo
 
@@ -210,6 +211,15 @@ def events_from_wire(
             raise WireError(f"{field}.gpu_uuid", f"{event.gpu_uuid[:80]!r} is not one of this node's GPUs")
         if event.HasField("xid") and not 0 < event.xid < 100_000:
             raise WireError(f"{field}.xid", f"{event.xid} is not a plausible Xid")
+        xid = event.xid if event.HasField("xid") else None
+        message = _check_text(f"{field}.message", event.message)
+        attributes = _check_labels(f"{field}.attributes", event.attributes)
+        if event.HasField("kernel_log"):
+            facts = kernel_log_from_wire(event, f"{field}.kernel_log", xid=xid, message=message)
+            if facts is not None:
+                # The event store keeps a text map: the facts go in it in the one text form
+                # (`rasd.common.kernel_log`) that the classifier reads back, winning over free attributes.
+                attributes = {**attributes, **kernel_log.to_attributes(facts)}
         events.append(
             repo.StoredEvent(
                 node_id=node_id,
@@ -219,14 +229,81 @@ def events_from_wire(
                 kind=event.kind,
                 severity=event.severity,
                 gpu_uuid=event.gpu_uuid,
-                xid=event.xid if event.HasField("xid") else None,
-                message=_check_text(f"{field}.message", event.message),
+                xid=xid,
+                message=message,
                 source=_check_text(f"{field}.source", event.source, 32),
-                attributes=_check_labels(f"{field}.attributes", event.attributes),
+                attributes=attributes,
                 spool_epoch=spool_epoch,
             )
         )
     return events
+
+
+MAX_REGISTERS = 16
+"""NVLink registers one kernel event may carry (the driver prints 6 or 7)."""
+MAX_FACT_CHARS = 253
+"""Longest text fact of a kernel event but ``raw`` (which may be as long as a message); as an attribute value."""
+
+
+def kernel_log_from_wire(
+    event: health_pb.HealthEvent, field: str, *, xid: int | None, message: str
+) -> kernel_log.KernelEvent | None:
+    """The kernel-log facts of an event, validated; None when its kind is not one the kernel log reports.
+
+    Args:
+        event: the wire event, with ``kernel_log`` set.
+        field: the facts' dotted path, for errors.
+        xid: the event's Xid.
+        message: the event's (checked) message.
+
+    Returns:
+        The facts, or None for an event kind no kernel-log line reports (the facts are then ignored).
+
+    Raises:
+        WireError: a text field is too long, or there are too many registers.
+    """
+    kind = kernel_log.kernel_kind(vocabulary.EventKind(event.kind))
+    if kind is None:
+        return None
+    facts = event.kernel_log
+    if len(facts.nvlink_registers) > MAX_REGISTERS:
+        raise WireError(f"{field}.nvlink_registers", f"more than {MAX_REGISTERS} registers")
+
+    def optional(name: str) -> int | None:
+        return getattr(facts, name) if facts.HasField(name) else None
+
+    def recovery_action(name: str) -> xid_catalog.RecoveryAction | None:
+        value = optional(name)
+        try:
+            return None if value is None else xid_catalog.RecoveryAction(value)
+        except ValueError:
+            return None  # a value newer than this controller knows: not one it can act on
+
+    return kernel_log.KernelEvent(
+        kind=kind,
+        message=message,
+        raw=_check_text(f"{field}.raw", facts.raw),
+        xid=xid,
+        pci=_check_text(f"{field}.pci_bus_id", facts.pci_bus_id, MAX_FACT_CHARS) or None,
+        pid=optional("pid"),
+        process=_check_text(f"{field}.process_name", facts.process_name, MAX_FACT_CHARS) or None,
+        gpu_uuid=event.gpu_uuid,
+        kernel_time_us=optional("kernel_time_us"),
+        gpu_instance=optional("gpu_instance"),
+        compute_instance=optional("compute_instance"),
+        nvlink=optional("nvlink"),
+        registers=tuple(facts.nvlink_registers),
+        nvlink_subcode=_check_text(f"{field}.nvlink_subcode", facts.nvlink_subcode, MAX_FACT_CHARS),
+        nvlink_fatal=facts.nvlink_fatal if facts.HasField("nvlink_fatal") else None,
+        recovery_action=recovery_action("recovery_action"),
+        previous_recovery_action=recovery_action("previous_recovery_action"),
+        sxid=optional("sxid"),
+        sxid_fatal=facts.sxid_fatal if facts.HasField("sxid_fatal") else None,
+        nvswitch=_check_text(f"{field}.nvswitch", facts.nvswitch, MAX_FACT_CHARS),
+        ib_device=_check_text(f"{field}.ib_device", facts.ib_device, MAX_FACT_CHARS),
+        ib_port=optional("ib_port"),
+        ib_state=_check_text(f"{field}.ib_state", facts.ib_state, MAX_FACT_CHARS),
+    )
 
 
 # -- admin responses ----------------------------------------------------------------------------------

@@ -177,6 +177,22 @@ def agent_message(gpus: list[str]) -> st.SearchStrategy[agent_pb.AgentMessage]:
         enforced_power_limit_w=st.integers(100, 700),
         ecc_dbe_volatile=st.integers(0, 10),
     )
+    kernel_facts = st.builds(
+        health_pb.KernelLogFacts,
+        raw=st.text(max_size=60),
+        pci_bus_id=st.sampled_from(["", "0000:18:00.0", "0000:3b:00.0"]),
+        pid=st.integers(0, 2**63 - 1),
+        process_name=st.text(max_size=20),
+        nvlink=st.integers(-(2**31), 2**31 - 1),
+        nvlink_registers=st.lists(st.integers(0, 2**32 - 1), max_size=16),
+        nvlink_subcode=st.sampled_from(["", "NETIR_LINK_EVT", "SAW_MVB", "RLW_REMAP"]),
+        recovery_action=st.integers(0, 2**32 - 1),
+        sxid=st.integers(0, 2**32 - 1),
+        sxid_fatal=st.booleans(),
+        ib_device=st.text(max_size=12),
+        ib_port=st.integers(0, 2**32 - 1),
+        ib_state=st.sampled_from(["", "DOWN", "ACTIVE", "MODULE_ERROR"]),
+    )
     event = st.builds(
         health_pb.HealthEvent,
         seq=st.integers(1, 40),
@@ -187,7 +203,12 @@ def agent_message(gpus: list[str]) -> st.SearchStrategy[agent_pb.AgentMessage]:
         severity=st.sampled_from(_severities),
         message=st.text(max_size=60),
         source=st.sampled_from(["kmsg", "nvml", "simulated", "journal"]),
-        attributes=st.dictionaries(st.sampled_from(["raw", "pci", "reason"]), st.text(max_size=30), max_size=2),
+        attributes=st.dictionaries(
+            st.sampled_from(["raw", "pci", "reason", "kernel_event", "registers", "sxid_fatal"]),
+            st.text(max_size=30) | st.sampled_from(["xid", "sxid", "ib_link", "0x1 0x8", "true"]),
+            max_size=3,
+        ),
+        kernel_log=st.none() | kernel_facts,
     )
     result = st.builds(
         commands_pb.ActionResult,

@@ -1,5 +1,6 @@
 """Fuzzed kernel-log input: the parser never raises, its state stays bounded, and every event it finds
-turns into a health event the controller's edge accepts (a refused one would block the agent's spool).
+turns into a health event the controller's edge accepts (a refused one would block the agent's spool)
+and its classifier classifies.
 
 Inputs are arbitrary bytes and real lines from tests/fixtures/kmsg mutated at the byte level, decoded
 the way the kmsg and journal followers decode them, and fed line by line to one parser per example
@@ -17,9 +18,12 @@ from conftest import FUZZ_INPUTS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rasd.agent import kmsg, sources
+from rasd.agent import sources
 from rasd.agent import wire as agent_wire
-from rasd.agent.core import model
+from rasd.agent.core import kmsg, model
+from rasd.common import xid_catalog
+from rasd.controller.core.remediation import classify, policy
+from rasd.controller.core.remediation import events as health
 from rasd.controller.rpc import validate_input
 from rasd.controller.wire import agent as wire
 
@@ -32,6 +36,8 @@ DRAWN_PER_EXAMPLE = 10
 NODE_GPU = "GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b"  # one UUID the fixtures print, as this node's GPU
 PCI_MAP = {"0000:91:00.0": NODE_GPU}
 KNOWN = frozenset({NODE_GPU})
+CATALOG = xid_catalog.load_catalog()
+POLICY = policy.ClassificationPolicy()
 
 
 class Tally:
@@ -68,7 +74,14 @@ def test_fuzzed_kernel_log_lines(drawn, rng):
             batch = agent_wire.events([spooled]).events
             # What the agent would send passes the controller's edge and its conversion.
             validate_input.check_events(batch, identity, limits)
-            wire.events_from_wire(batch, KNOWN, 1, "node-k")
+            (stored,) = wire.events_from_wire(batch, KNOWN, 1, "node-k")
+            # ... and the controller's classifier decides about it from the facts the store keeps.
+            core_event = health.HealthEvent(
+                node_id="node-k", kind=health.EventKind(stored.kind), observed_at=0.0, gpu_uuid=stored.gpu_uuid,
+                xid=stored.xid, message=stored.message, attributes=stored.attributes,
+            )  # fmt: skip
+            assert health.kernel_log_of(core_event) is not None
+            classify.classify(core_event, catalog=CATALOG, policy=POLICY, ib_state_changes_in_window=1)
         # The parser's memory stays bounded whatever it is fed.
         assert len(parser._uuid_by_pci) <= kmsg.KmsgParser._MAX_UUIDS
         assert len(parser._pending_lines) <= kmsg._FALLEN_MAX_LINES

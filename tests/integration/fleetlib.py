@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import pathlib
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from rasd.agent import node_ops, runtime, spool
+from rasd.agent import kmsg_source, node_ops, runtime, spool
 from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.cli import main as rasctl
@@ -31,6 +32,8 @@ class Node:
     backend: simulated.SimulatedBackend
     labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     node_ops: bool = True
+    kmsg_path: pathlib.Path | None = None
+    """A file the agent follows as its kernel log (/dev/kmsg records or plain lines); None: no kernel log."""
 
 
 class ThreadedFleet:
@@ -75,6 +78,9 @@ class ThreadedFleet:
                 boot_id="boot",
                 ops=node_ops.SimulatedNodeOps(node.backend) if node.node_ops else None,
             )
+            if node.kmsg_path is not None:
+                follower = kmsg_source.KmsgFollower(node.kmsg_path.with_suffix(".cursor"), path=node.kmsg_path)
+                agent.attach_kernel_log(follower, source_name="kmsg")
             tasks.append(asyncio.create_task(agent.run(self._stop)))
         while len(self.controller.ingest.sessions) < len(self.nodes):
             await asyncio.sleep(0.05)

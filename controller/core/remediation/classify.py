@@ -10,12 +10,14 @@ Sources, in the order they are consulted:
 3. NVIDIA's XID catalog (``rasd.common.xid_catalog``): the "immediate action" bucket gives the
    recommended action and default severity; ``xid_action_overrides`` in the policy replaces it
    per Xid, and Xid 79 (fallen off the bus) is always at least a reboot. For Xid 144-150
-   (NVLink5) with ``intr_info``/``error_status`` attributes, NVIDIA's register decode sheet gives
-   the bucket instead, when the caller passes it in.
+   (NVLink5) whose kernel-log facts carry the registers (IntrInfo, ErrorStatus; ``kernel_log_of``),
+   NVIDIA's register decode sheet (``catalog.nvlink5_rules``) gives the bucket instead.
 4. Counter thresholds: volatile DBE → reset; row-remap pending → reset (applies the remap);
    remapped rows and retired pages below the RMA limits → stay in service; corrected-ECC rate →
    warning; NVLink CRC rate and link down → reset; PCIe replay rate → a person looks (reseat).
-5. IB link flaps: ``ib_flap_state_changes`` state changes of one port within ``ib_flap_window_s``
+5. NVSwitch SXids: the driver's "Fatal"/"Non-fatal" word from the kernel-log facts (else the
+   source's severity) → a person looks at the switch tray, at ERROR or WARNING.
+6. IB link flaps: ``ib_flap_state_changes`` state changes of one port within ``ib_flap_window_s``
    → quarantine the node (or only the port, ``ib_flap_isolation = "port"``). The count over the
    window comes from ``correlate``, which keeps the history; this module only judges it.
 
@@ -32,15 +34,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rasd.common import xid_catalog
+from rasd.common.vocabulary import EventKind, Severity
 from rasd.controller.core.remediation import events as health
 from rasd.controller.core.remediation import policy
-
-Severity = health.Severity
-EventKind = health.EventKind
 
 
 class Component(enum.StrEnum):
@@ -122,6 +122,9 @@ _NVLINK_XIDS = frozenset({74, 136, 137, 144, 145, 146, 147, 148, 149, 150, 155})
 """Xids raised by the NVLink fabric rather than the GPU's engines."""
 
 _FALLEN_OFF_BUS_XID = 79
+_RECOVERY_XID = 154
+_NVLINK5_XIDS = (144, 150)
+"""The Xids NVIDIA's NVLink5 register decode sheet covers (first, last)."""
 
 _RECOVERY_TEXT = re.compile(r"\(([^()]*)\)\s*$")
 """The last parenthesised name in an Xid 154 line: '... to 0x2 (Node Reboot Required)'."""
@@ -141,7 +144,8 @@ def recovery_action_of(event: health.HealthEvent) -> xid_catalog.RecoveryAction 
     (Node Reboot Required)" → ``RecoveryAction.NODE_REBOOT``.
 
     Args:
-        event: the event; ``recovery_action`` wins over the message text and attributes.
+        event: the event; ``recovery_action`` wins over its kernel-log facts, then the attributes and the
+            message text.
 
     Returns:
         The action, or None when the event carries none that is known.
@@ -151,6 +155,9 @@ def recovery_action_of(event: health.HealthEvent) -> xid_catalog.RecoveryAction 
             return xid_catalog.RecoveryAction(event.recovery_action)
         except ValueError:
             return None
+    facts = health.kernel_log_of(event)
+    if facts is not None and facts.recovery_action is not None:
+        return facts.recovery_action
     text = event.attributes.get("recovery_action", "")
     if text:
         if text.isdigit():
@@ -196,6 +203,8 @@ def classify(
     - Xid 13 on GPU-1 → (gpu, ERROR, restart_process, "xid:13"): bucket RESTART_APP.
     - Xid 79 → (gpu, FATAL, reboot_node): the GPU fell off the bus; a reset cannot reach it.
     - Xid 154 "... (Node Reboot Required)" → (gpu, FATAL, reboot_node, "recovery_action").
+    - Xid 149 whose kernel-log facts carry the registers (0x025001c6, 0x0) and subcode NETIR_LINK_EVT
+      → (nvlink, FATAL, reset_gpu): NVIDIA's NVLink5 decode sheet says RESET_GPU.
     - ROW_REMAP_FAILURE → (gpu, FATAL, rma): no spare rows, nothing on the ladder can fix it.
     - ROW_REMAP_PENDING with 3 uncorrectable remapped rows → (gpu, WARNING, reset_gpu): the reset
       applies the remap and the GPU stays in service afterwards.
@@ -204,164 +213,36 @@ def classify(
 
     Args:
         event: the observation.
-        catalog: NVIDIA's XID catalog (a value; load it once).
+        catalog: NVIDIA's XID catalog (a value; load it once), with its NVLink5 decode sheet.
         policy: thresholds.
         ib_state_changes_in_window: for IB_LINK_STATE events, how many state changes the event's
             port had within ``policy.ib_flap_window_s``, this one included (from ``correlate``).
-        nvlink5_rules: NVIDIA's Xid 144-150 decode sheet (``xid_catalog.load_nvlink5_rules()``,
-            loaded once by the caller). When given and an Xid 144-150 event carries the
-            ``intr_info`` and ``error_status`` attributes (and optionally ``subcode``), the decoded
-            row's bucket replaces the catalog's default "reset_gpu".
+        nvlink5_rules: NVIDIA's Xid 144-150 decode sheet, when it should not be the catalog's
+            (``catalog.nvlink5_rules``). An Xid 144-150 event whose kernel-log facts
+            (``health.kernel_log_of``) carry at least two registers (IntrInfo, ErrorStatus) and
+            optionally the subcode takes the decoded row's bucket instead of the catalog's default
+            "reset_gpu".
 
     Returns:
         The classification; never raises for unknown input (it says "investigate" instead).
     """
-    pol = policy
+    if event.gpu_uuid:
+        rma_reason = _memory_rma(event, policy)
+        if rma_reason:
+            return Classification(Component.GPU, Severity.FATAL, RecommendedAction.RMA, rma_reason, "memory_exhausted")
     kind = event.kind
-    gpu = Component.GPU
-
-    rma_reason = _memory_rma(event, pol) if event.gpu_uuid else ""
-    if rma_reason:
-        return Classification(gpu, Severity.FATAL, RecommendedAction.RMA, rma_reason, "memory_exhausted")
-
-    if kind is EventKind.RECOVERY_ACTION or (kind is EventKind.XID and event.xid == 154):
+    if kind is EventKind.RECOVERY_ACTION or (kind is EventKind.XID and event.xid == _RECOVERY_XID):
         return _classify_recovery_action(event)
     if kind is EventKind.XID:
-        return _classify_xid(event, catalog, pol, nvlink5_rules)
-    if kind is EventKind.SXID:
-        severe = event.severity >= Severity.ERROR
-        return Classification(
-            Component.NODE,
-            Severity.ERROR if severe else Severity.WARNING,
-            RecommendedAction.INVESTIGATE,
-            f"NVSwitch SXID {event.xid}: the switch tray needs a person's look",
-            f"sxid:{event.xid}",
-        )
-    if kind is EventKind.ECC_DBE:
-        return Classification(
-            gpu,
-            Severity.ERROR,
-            RecommendedAction.RESET_GPU,
-            "volatile double-bit ECC error: a GPU reset clears it and applies any pending remap",
-            "ecc_dbe",
-        )
-    if kind is EventKind.ECC_SBE_RATE:
-        rate = event.ecc_sbe_rate_per_s
-        if rate is not None and rate < pol.ecc_sbe_rate_warn_per_s:
-            return Classification(
-                gpu,
-                Severity.INFO,
-                RecommendedAction.NONE,
-                f"corrected ECC rate {rate:g}/s is below {pol.ecc_sbe_rate_warn_per_s:g}/s",
-                "ecc_sbe_rate",
-            )
-        shown = "above threshold" if rate is None else f"{rate:g}/s"
-        return Classification(
-            gpu,
-            Severity.WARNING,
-            RecommendedAction.NONE,
-            f"corrected ECC rate {shown}: errors are corrected, so the GPU stays in service and is watched",
-            "ecc_sbe_rate",
-        )
-    if kind is EventKind.ROW_REMAP_PENDING:
-        rows = event.remapped_rows_uncorrectable
-        spare = "" if rows is None else f" ({rows} uncorrectable remapped rows, within spare capacity)"
-        return Classification(
-            gpu,
-            Severity.WARNING,
-            RecommendedAction.RESET_GPU,
-            f"a row remap is pending{spare}: a GPU reset applies it and the GPU stays in service",
-            "row_remap_pending",
-        )
-    if kind is EventKind.RETIRED_PAGES:
-        if event.retired_pages_pending:
-            return Classification(
-                gpu,
-                Severity.WARNING,
-                RecommendedAction.RESET_GPU,
-                "a page retirement is pending: a GPU reset applies it",
-                "retired_pages_pending",
-            )
-        return Classification(
-            gpu,
-            Severity.INFO,
-            RecommendedAction.NONE,
-            f"retired pages {event.retired_pages if event.retired_pages is not None else '?'} are below "
-            f"{pol.retired_pages_rma}: within spare capacity, the GPU stays in service",
-            "retired_pages",
-        )
-    if kind in (EventKind.FALLEN_OFF_BUS, EventKind.GPU_LOST):
-        return Classification(
-            gpu,
-            Severity.FATAL,
-            RecommendedAction.REBOOT_NODE,
-            "the GPU is gone from the bus: a reset cannot reach it, the node must reboot",
-            "off_bus",
-        )
-    if kind is EventKind.NVLINK_DOWN:
-        link = event.nvlink or "?"
-        return Classification(
-            Component.NVLINK,
-            Severity.ERROR,
-            RecommendedAction.RESET_GPU,
-            f"NVLink {link} went down: a GPU reset retrains it",
-            f"nvlink_down:{link}",
-        )
-    if kind is EventKind.NVLINK_ERRORS:
-        rate = event.nvlink_crc_rate_per_s
-        if rate is not None and rate >= pol.nvlink_crc_rate_per_s:
-            return Classification(
-                Component.NVLINK,
-                Severity.ERROR,
-                RecommendedAction.RESET_GPU,
-                f"NVLink CRC errors at {rate:g}/s (limit {pol.nvlink_crc_rate_per_s:g}/s): a reset retrains it",
-                "nvlink_crc",
-            )
-        return Classification(
-            Component.NVLINK,
-            Severity.WARNING,
-            RecommendedAction.NONE,
-            f"NVLink errors below {pol.nvlink_crc_rate_per_s:g}/s CRC: watched, the link stays in service",
-            "nvlink_crc",
-        )
-    if kind is EventKind.PCIE_REPLAY:
-        rate = event.pcie_replay_rate_per_s
-        if rate is not None and rate >= pol.pcie_replay_rate_per_s:
-            return Classification(
-                Component.PCIE,
-                Severity.ERROR,
-                RecommendedAction.INVESTIGATE,
-                f"PCIe replays at {rate:g}/s (limit {pol.pcie_replay_rate_per_s:g}/s): the link is marginal, "
-                "a person must reseat or inspect it",
-                "pcie_replay",
-            )
-        return Classification(
-            Component.PCIE,
-            Severity.WARNING,
-            RecommendedAction.NONE,
-            f"PCIe replays below {pol.pcie_replay_rate_per_s:g}/s: watched",
-            "pcie_replay",
-        )
+        rules = catalog.nvlink5_rules if nvlink5_rules is None else nvlink5_rules
+        return _classify_xid(event, catalog, policy, rules)
     if kind is EventKind.IB_LINK_STATE:
-        return _classify_ib(event, pol, ib_state_changes_in_window)
-    if kind is EventKind.SDC_SUSPECT:
-        return Classification(
-            gpu,
-            Severity.ERROR,
-            RecommendedAction.VALIDATE,
-            "the GPU is accused of silent data corruption: hold it and run the accusation suite",
-            "sdc",
-        )
-    if kind in (EventKind.POWER_EXCURSION, EventKind.THERMAL):
-        return Classification(
-            gpu,
-            Severity.WARNING,
-            RecommendedAction.NONE,
-            f"{kind.name.lower()}: the power controller handles it; no repair",
-            kind.name.lower(),
-        )
+        return _classify_ib(event, policy, ib_state_changes_in_window)
+    by_kind = _BY_KIND.get(kind)
+    if by_kind is not None:
+        return by_kind(event, policy)
     return Classification(
-        gpu if event.gpu_uuid else Component.NODE,
+        Component.GPU if event.gpu_uuid else Component.NODE,
         Severity.INFO,
         RecommendedAction.NONE,
         f"event kind {kind.name} carries nothing to act on",
@@ -369,9 +250,185 @@ def classify(
     )
 
 
+def _classify_sxid(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    facts = health.kernel_log_of(event)
+    if facts is not None and facts.sxid_fatal is not None:
+        severe = facts.sxid_fatal  # the driver's own "Fatal"/"Non-fatal"
+    else:
+        severe = event.severity >= Severity.ERROR  # a source that rated it without saying why
+    sxid = event.xid if event.xid is not None or facts is None else facts.sxid
+    return Classification(
+        Component.NODE,
+        Severity.ERROR if severe else Severity.WARNING,
+        RecommendedAction.INVESTIGATE,
+        f"NVSwitch SXID {sxid}: the switch tray needs a person's look",
+        f"sxid:{sxid}",
+    )
+
+
+def _classify_ecc_dbe(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    return Classification(
+        Component.GPU,
+        Severity.ERROR,
+        RecommendedAction.RESET_GPU,
+        "volatile double-bit ECC error: a GPU reset clears it and applies any pending remap",
+        "ecc_dbe",
+    )
+
+
+def _classify_ecc_sbe_rate(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    rate = event.ecc_sbe_rate_per_s
+    if rate is not None and rate < pol.ecc_sbe_rate_warn_per_s:
+        return Classification(
+            Component.GPU,
+            Severity.INFO,
+            RecommendedAction.NONE,
+            f"corrected ECC rate {rate:g}/s is below {pol.ecc_sbe_rate_warn_per_s:g}/s",
+            "ecc_sbe_rate",
+        )
+    shown = "above threshold" if rate is None else f"{rate:g}/s"
+    return Classification(
+        Component.GPU,
+        Severity.WARNING,
+        RecommendedAction.NONE,
+        f"corrected ECC rate {shown}: errors are corrected, so the GPU stays in service and is watched",
+        "ecc_sbe_rate",
+    )
+
+
+def _classify_row_remap_pending(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    rows = event.remapped_rows_uncorrectable
+    spare = "" if rows is None else f" ({rows} uncorrectable remapped rows, within spare capacity)"
+    return Classification(
+        Component.GPU,
+        Severity.WARNING,
+        RecommendedAction.RESET_GPU,
+        f"a row remap is pending{spare}: a GPU reset applies it and the GPU stays in service",
+        "row_remap_pending",
+    )
+
+
+def _classify_retired_pages(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    if event.retired_pages_pending:
+        return Classification(
+            Component.GPU,
+            Severity.WARNING,
+            RecommendedAction.RESET_GPU,
+            "a page retirement is pending: a GPU reset applies it",
+            "retired_pages_pending",
+        )
+    return Classification(
+        Component.GPU,
+        Severity.INFO,
+        RecommendedAction.NONE,
+        f"retired pages {event.retired_pages if event.retired_pages is not None else '?'} are below "
+        f"{pol.retired_pages_rma}: within spare capacity, the GPU stays in service",
+        "retired_pages",
+    )
+
+
+def _classify_off_bus(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    return Classification(
+        Component.GPU,
+        Severity.FATAL,
+        RecommendedAction.REBOOT_NODE,
+        "the GPU is gone from the bus: a reset cannot reach it, the node must reboot",
+        "off_bus",
+    )
+
+
+def _classify_nvlink_down(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    link = event.nvlink or "?"
+    return Classification(
+        Component.NVLINK,
+        Severity.ERROR,
+        RecommendedAction.RESET_GPU,
+        f"NVLink {link} went down: a GPU reset retrains it",
+        f"nvlink_down:{link}",
+    )
+
+
+def _classify_nvlink_errors(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    rate = event.nvlink_crc_rate_per_s
+    if rate is not None and rate >= pol.nvlink_crc_rate_per_s:
+        return Classification(
+            Component.NVLINK,
+            Severity.ERROR,
+            RecommendedAction.RESET_GPU,
+            f"NVLink CRC errors at {rate:g}/s (limit {pol.nvlink_crc_rate_per_s:g}/s): a reset retrains it",
+            "nvlink_crc",
+        )
+    return Classification(
+        Component.NVLINK,
+        Severity.WARNING,
+        RecommendedAction.NONE,
+        f"NVLink errors below {pol.nvlink_crc_rate_per_s:g}/s CRC: watched, the link stays in service",
+        "nvlink_crc",
+    )
+
+
+def _classify_pcie_replay(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    rate = event.pcie_replay_rate_per_s
+    if rate is not None and rate >= pol.pcie_replay_rate_per_s:
+        return Classification(
+            Component.PCIE,
+            Severity.ERROR,
+            RecommendedAction.INVESTIGATE,
+            f"PCIe replays at {rate:g}/s (limit {pol.pcie_replay_rate_per_s:g}/s): the link is marginal, "
+            "a person must reseat or inspect it",
+            "pcie_replay",
+        )
+    return Classification(
+        Component.PCIE,
+        Severity.WARNING,
+        RecommendedAction.NONE,
+        f"PCIe replays below {pol.pcie_replay_rate_per_s:g}/s: watched",
+        "pcie_replay",
+    )
+
+
+def _classify_sdc_suspect(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    return Classification(
+        Component.GPU,
+        Severity.ERROR,
+        RecommendedAction.VALIDATE,
+        "the GPU is accused of silent data corruption: hold it and run the accusation suite",
+        "sdc",
+    )
+
+
+def _classify_power_or_thermal(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    name = event.kind.name.lower()
+    return Classification(
+        Component.GPU,
+        Severity.WARNING,
+        RecommendedAction.NONE,
+        f"{name}: the power controller handles it; no repair",
+        name,
+    )
+
+
+_BY_KIND: Mapping[EventKind, Callable[[health.HealthEvent, policy.ClassificationPolicy], Classification]] = {
+    EventKind.SXID: _classify_sxid,
+    EventKind.ECC_DBE: _classify_ecc_dbe,
+    EventKind.ECC_SBE_RATE: _classify_ecc_sbe_rate,
+    EventKind.ROW_REMAP_PENDING: _classify_row_remap_pending,
+    EventKind.RETIRED_PAGES: _classify_retired_pages,
+    EventKind.FALLEN_OFF_BUS: _classify_off_bus,
+    EventKind.GPU_LOST: _classify_off_bus,
+    EventKind.NVLINK_DOWN: _classify_nvlink_down,
+    EventKind.NVLINK_ERRORS: _classify_nvlink_errors,
+    EventKind.PCIE_REPLAY: _classify_pcie_replay,
+    EventKind.SDC_SUSPECT: _classify_sdc_suspect,
+    EventKind.POWER_EXCURSION: _classify_power_or_thermal,
+    EventKind.THERMAL: _classify_power_or_thermal,
+}
+"""The event kinds whose classification needs nothing but the event and the thresholds."""
+
+
 def _classify_recovery_action(event: health.HealthEvent) -> Classification:
     action = recovery_action_of(event)
-    source = "Xid 154" if event.kind is EventKind.XID else "NVML recovery action"
+    source = "Xid 154" if event.xid == _RECOVERY_XID else "NVML recovery action"
     if action is None:
         return Classification(
             Component.GPU,
@@ -391,25 +448,23 @@ def _classify_recovery_action(event: health.HealthEvent) -> Classification:
 
 
 def _decode_nvlink5(
-    event: health.HealthEvent, rules: tuple[xid_catalog.Nvlink5Rule, ...] | None
+    event: health.HealthEvent, rules: tuple[xid_catalog.Nvlink5Rule, ...]
 ) -> xid_catalog.Nvlink5Decode | None:
-    """The decode-sheet row for an Xid 144-150 event, or None when it cannot be decoded."""
-    if rules is None or event.xid is None or not 144 <= event.xid <= 150:
+    """The decode-sheet row for an Xid 144-150 event from its kernel-log facts, or None when it cannot be decoded."""
+    if not rules or event.xid is None or not _NVLINK5_XIDS[0] <= event.xid <= _NVLINK5_XIDS[1]:
         return None
-    try:
-        intr_info = int(event.attributes["intr_info"], 0)
-        error_status = int(event.attributes["error_status"], 0)
-    except (KeyError, ValueError):
+    facts = health.kernel_log_of(event)
+    if facts is None or len(facts.registers) < 2:
         return None
-    subcode = event.attributes.get("subcode", "")
-    return xid_catalog.decode_nvlink5(event.xid, intr_info, error_status, subcode=subcode, rules=rules)
+    intr_info, error_status = facts.registers[0], facts.registers[1]
+    return xid_catalog.decode_nvlink5(event.xid, intr_info, error_status, subcode=facts.nvlink_subcode, rules=rules)
 
 
 def _classify_xid(
     event: health.HealthEvent,
     catalog: xid_catalog.XidCatalog,
     pol: policy.ClassificationPolicy,
-    nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
+    nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...],
 ) -> Classification:
     xid = event.xid
     key = f"xid:{xid}"
@@ -433,7 +488,7 @@ def _classify_xid(
         severity = _SEVERITY_WORDS.get(severity_word, Severity.WARNING)
         reason = (
             f"Xid {xid} {decoded.subcode} ({decoded.rule.severity}, {decoded.driver_format} registers): "
-            f"NVIDIA decode bucket {decoded.immediate_action} → {action}"
+            f"NVIDIA's NVLink5 decode bucket {decoded.immediate_action} → {action}"
         )
     override = pol.xid_action_overrides.get(xid) if xid is not None else None
     if override is not None:
@@ -471,7 +526,8 @@ def _classify_ib(event: health.HealthEvent, pol: policy.ClassificationPolicy, st
             "quarantine the node until a person checks the link",
             "ib_flap",
         )
-    state = event.attributes.get("ib_state", "?")
+    facts = health.kernel_log_of(event)
+    state = facts.ib_state if facts is not None and facts.ib_state else event.attributes.get("ib_state", "?")
     return Classification(
         Component.IB_PORT,
         Severity.INFO,

@@ -50,11 +50,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from rasd.common import xid_catalog
+from rasd.common.vocabulary import EventKind, Severity
 from rasd.controller.core.remediation import classify, policy
 from rasd.controller.core.remediation import events as health
-
-EventKind = health.EventKind
-Severity = health.Severity
 
 
 class Outcome(enum.StrEnum):
@@ -345,13 +343,17 @@ def correlate(
     - IB port mlx5_0/1 down/up 3 times within 10 min → OBSERVED ×5, then NEW on the 6th state
       change ("ib_flap"); any later flap on that node while it is open → DUPLICATE.
 
+    The steps, in order, each answering when its rule applies: `_join_flap_storm`, `_join_burst`
+    (DUPLICATE or UPGRADE), `_fold_secondary` (SECONDARY or UPGRADE), `_recur` (RECURRENCE), and
+    `_open_incident` (OBSERVED or NEW) for what is left.
+
     Args:
         state: the open incidents and port histories.
         event: the new event (its ``nvlink_domain`` filled in by the service when known).
         now_s: current time, Unix seconds (prunes expired incidents).
         catalog: NVIDIA's XID catalog.
         policy: all remediation settings (classification and correlation parts are used).
-        nvlink5_rules: NVIDIA's Xid 144-150 decode sheet, passed on to ``classify``.
+        nvlink5_rules: NVIDIA's Xid 144-150 decode sheet, passed on to ``classify`` (None: the catalog's).
 
     Returns:
         The new state, the outcome, the incident and the event's classification.
@@ -360,126 +362,178 @@ def correlate(
     scope = scope_of(event)
     incidents = _prune(state.incidents.get(scope, ()), now_s, corr_pol)
     ports = state.ports
-
     changes = 0
     if event.kind is EventKind.IB_LINK_STATE:
         node_ports, changes = _count_port_changes(state, event, now_s, policy.classification.ib_flap_window_s)
         ports = {**state.ports, event.node_id: node_ports}
-    cls = classify.classify(event, catalog=catalog, policy=policy.classification, ib_state_changes_in_window=changes)
+    cls = classify.classify(
+        event,
+        catalog=catalog,
+        policy=policy.classification,
+        ib_state_changes_in_window=changes,
+        nvlink5_rules=nvlink5_rules,
+    )
+    same_target = tuple(
+        i
+        for i in incidents
+        if i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid and i.fault_key == cls.fault_key
+    )
+    fold = _Fold(state, event, scope, incidents, ports, cls, same_target, now_s, corr_pol)
+    for step in (_join_flap_storm, _join_burst, _fold_secondary, _recur):
+        found = step(fold)
+        if found is not None:
+            return found
+    return _open_incident(fold)
 
-    def answer(new_incidents: tuple[Incident, ...], outcome: Outcome, inc: Incident | None, why: str) -> Correlation:
-        if new_incidents is state.incidents.get(scope, ()) and ports is state.ports:
-            return Correlation(state, outcome, inc, cls, why)  # nothing changed: share the whole state
+
+@dataclasses.dataclass(frozen=True)
+class _Fold:
+    """One event on its way into its scope's incidents: what every step of `correlate` reads."""
+
+    state: CorrelationState
+    event: health.HealthEvent
+    scope: str
+    incidents: tuple[Incident, ...]
+    """The scope's incidents still remembered at now."""
+    ports: Mapping[str, tuple[PortHistory, ...]]
+    """The port histories with this event counted."""
+    cls: classify.Classification
+    same_target: tuple[Incident, ...]
+    """Open incidents of the event's node, GPU and fault key, oldest first."""
+    now_s: float
+    pol: policy.CorrelationPolicy
+
+    def answer(
+        self, new_incidents: tuple[Incident, ...], outcome: Outcome, inc: Incident | None, why: str
+    ) -> Correlation:
+        """The Correlation with the scope's incidents replaced by new_incidents."""
+        state = self.state
+        if new_incidents is state.incidents.get(self.scope, ()) and self.ports is state.ports:
+            return Correlation(state, outcome, inc, self.cls, why)  # nothing changed: share the whole state
         scoped = dict(state.incidents)
         if new_incidents:
-            scoped[scope] = new_incidents
+            scoped[self.scope] = new_incidents
         else:
-            scoped.pop(scope, None)
-        return Correlation(CorrelationState(scoped, ports), outcome, inc, cls, why)
+            scoped.pop(self.scope, None)
+        return Correlation(CorrelationState(scoped, self.ports), outcome, inc, self.cls, why)
 
-    def replace(old: Incident, new: Incident) -> tuple[Incident, ...]:
-        return tuple(new if i is old else i for i in incidents)
+    def replace(self, old: Incident, new: Incident) -> tuple[Incident, ...]:
+        """The scope's incidents with old replaced by new."""
+        return tuple(new if i is old else i for i in self.incidents)
 
-    def _upgrade(inc: Incident) -> Correlation:
+    def upgrade(self, inc: Incident) -> Correlation:
+        """UPGRADE: the incident keeps its identity (fault_key) and takes the event's stronger verdict."""
+        cls = self.cls
         stronger = dataclasses.replace(
             inc,
-            # The incident keeps its identity (fault_key) and takes the stronger verdict.
             classification=dataclasses.replace(cls, fault_key=inc.fault_key),
-            last_seen_at=now_s,
+            last_seen_at=self.now_s,
             event_count=inc.event_count + 1,
             secondary_keys=(*inc.secondary_keys, cls.fault_key)[-_MAX_SECONDARY_KEYS:],
         )
-        return answer(
-            replace(inc, stronger),
+        return self.answer(
+            self.replace(inc, stronger),
             Outcome.UPGRADE,
             stronger,
             f"{cls.fault_key} asks for {cls.action} where incident {inc.incident_id} asked for "
             f"{inc.classification.action}: {cls.reason}",
         )
 
-    # An IB flap storm is one incident per node (or per port): later flaps join it.
-    if cls.fault_key.startswith("ib_flap") or (
-        event.kind is EventKind.IB_LINK_STATE
-        and any(i.node_id == event.node_id and i.fault_key.startswith("ib_flap") for i in incidents)
-    ):
-        for inc in incidents:
-            same_key = inc.fault_key == cls.fault_key or (
-                not cls.fault_key.startswith("ib_flap") and inc.fault_key == "ib_flap"
-            )
-            if inc.node_id == event.node_id and same_key:
-                joined = dataclasses.replace(inc, last_seen_at=now_s, event_count=inc.event_count + 1)
-                return answer(
-                    replace(inc, joined),
-                    Outcome.DUPLICATE,
-                    joined,
-                    f"IB state change on {event.ib_port or '?'} joins the open flap incident {inc.incident_id}",
-                )
 
-    same_target = [
-        i
-        for i in incidents
-        if i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid and i.fault_key == cls.fault_key
-    ]
-    for inc in reversed(same_target):
-        if now_s - inc.opened_at <= corr_pol.dedupe_window_s:
-            if _stronger(cls, inc.classification):
-                return _upgrade(inc)
-            joined = dataclasses.replace(inc, last_seen_at=now_s, event_count=inc.event_count + 1)
-            return answer(
-                replace(inc, joined),
+def _join_flap_storm(fold: _Fold) -> Correlation | None:
+    """An IB flap storm is one incident per node (or per port): later flaps join it as DUPLICATE."""
+    event, key = fold.event, fold.cls.fault_key
+    if not key.startswith("ib_flap") and not (
+        event.kind is EventKind.IB_LINK_STATE
+        and any(i.node_id == event.node_id and i.fault_key.startswith("ib_flap") for i in fold.incidents)
+    ):
+        return None
+    for inc in fold.incidents:
+        same_key = inc.fault_key == key or (not key.startswith("ib_flap") and inc.fault_key == "ib_flap")
+        if inc.node_id == event.node_id and same_key:
+            joined = dataclasses.replace(inc, last_seen_at=fold.now_s, event_count=inc.event_count + 1)
+            return fold.answer(
+                fold.replace(inc, joined),
                 Outcome.DUPLICATE,
                 joined,
-                f"{cls.fault_key} again within {corr_pol.dedupe_window_s:g}s of incident {inc.incident_id}: "
+                f"IB state change on {event.ib_port or '?'} joins the open flap incident {inc.incident_id}",
+            )
+    return None
+
+
+def _join_burst(fold: _Fold) -> Correlation | None:
+    """The same fault on the same target within the dedupe window: DUPLICATE, or UPGRADE when stronger."""
+    window_s = fold.pol.dedupe_window_s
+    for inc in reversed(fold.same_target):
+        if fold.now_s - inc.opened_at <= window_s:
+            if _stronger(fold.cls, inc.classification):
+                return fold.upgrade(inc)
+            joined = dataclasses.replace(inc, last_seen_at=fold.now_s, event_count=inc.event_count + 1)
+            return fold.answer(
+                fold.replace(inc, joined),
+                Outcome.DUPLICATE,
+                joined,
+                f"{fold.cls.fault_key} again within {window_s:g}s of incident {inc.incident_id}: "
                 "part of the same burst",
             )
+    return None
 
-    root = _secondary_root(event, incidents, now_s, corr_pol)
-    if root is not None and _stronger(cls, root[0].classification) and root[0].gpu_uuid == event.gpu_uuid:
-        return _upgrade(root[0])
-    if root is not None:
-        inc, why = root
-        peers = inc.peer_gpu_uuids
-        if event.gpu_uuid and event.gpu_uuid != inc.gpu_uuid and event.gpu_uuid not in peers:
-            peers = (*peers, event.gpu_uuid)
-        folded = dataclasses.replace(
-            inc,
-            secondary_keys=(*inc.secondary_keys, cls.fault_key)[-_MAX_SECONDARY_KEYS:],
-            peer_gpu_uuids=peers,
-        )
-        return answer(
-            replace(inc, folded),
-            Outcome.SECONDARY,
-            folded,
-            f"{why}: folded into incident {inc.incident_id}",
-        )
 
-    for inc in reversed(same_target):
+def _fold_secondary(fold: _Fold) -> Correlation | None:
+    """A consequence of an open incident (`_secondary_root`): SECONDARY, or UPGRADE of the root on the same GPU."""
+    event = fold.event
+    root = _secondary_root(event, fold.incidents, fold.now_s, fold.pol)
+    if root is None:
+        return None
+    inc, why = root
+    if _stronger(fold.cls, inc.classification) and inc.gpu_uuid == event.gpu_uuid:
+        return fold.upgrade(inc)
+    peers = inc.peer_gpu_uuids
+    if event.gpu_uuid and event.gpu_uuid != inc.gpu_uuid and event.gpu_uuid not in peers:
+        peers = (*peers, event.gpu_uuid)
+    folded = dataclasses.replace(
+        inc,
+        secondary_keys=(*inc.secondary_keys, fold.cls.fault_key)[-_MAX_SECONDARY_KEYS:],
+        peer_gpu_uuids=peers,
+    )
+    return fold.answer(
+        fold.replace(inc, folded), Outcome.SECONDARY, folded, f"{why}: folded into incident {inc.incident_id}"
+    )
+
+
+def _recur(fold: _Fold) -> Correlation | None:
+    """A sticky fault seen again after the dedupe window: RECURRENCE of its incident."""
+    for inc in reversed(fold.same_target):
         if inc.sticky:
             again = dataclasses.replace(
-                inc, last_seen_at=now_s, event_count=inc.event_count + 1, occurrences=inc.occurrences + 1
+                inc, last_seen_at=fold.now_s, event_count=inc.event_count + 1, occurrences=inc.occurrences + 1
             )
-            return answer(
-                replace(inc, again),
+            return fold.answer(
+                fold.replace(inc, again),
                 Outcome.RECURRENCE,
                 again,
-                f"sticky fault {cls.fault_key} seen again within {corr_pol.sticky_window_s:g}s "
+                f"sticky fault {fold.cls.fault_key} seen again within {fold.pol.sticky_window_s:g}s "
                 f"(occurrence {again.occurrences} of incident {inc.incident_id})",
             )
+    return None
 
+
+def _open_incident(fold: _Fold) -> Correlation:
+    """What no rule folded: OBSERVED when there is nothing to act on, else a NEW incident."""
+    cls, event = fold.cls, fold.event
     if cls.action is classify.RecommendedAction.NONE:
-        return answer(incidents, Outcome.OBSERVED, None, f"nothing to act on: {cls.reason}")
-
+        return fold.answer(fold.incidents, Outcome.OBSERVED, None, f"nothing to act on: {cls.reason}")
     xid = event.xid if event.kind is EventKind.XID else None
     new = Incident(
         incident_id=_incident_id(event, cls.fault_key),
         node_id=event.node_id,
         gpu_uuid="" if cls.component is classify.Component.IB_PORT else event.gpu_uuid,
         classification=cls,
-        opened_at=now_s,
-        last_seen_at=now_s,
+        opened_at=fold.now_s,
+        last_seen_at=fold.now_s,
         xid=xid,
         nvlink_domain=event.nvlink_domain,
         ib_port=event.ib_port,
-        sticky=xid is not None and xid in corr_pol.sticky_xids,
+        sticky=xid is not None and xid in fold.pol.sticky_xids,
     )
-    return answer((*incidents, new), Outcome.NEW, new, f"new incident: {cls.reason}")
+    return fold.answer((*fold.incidents, new), Outcome.NEW, new, f"new incident: {cls.reason}")

@@ -107,7 +107,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rasd.common import xid_catalog
+from rasd.common import vocabulary, xid_catalog
 from rasd.controller.core.remediation import actions, classify, correlate, policy, sdc
 from rasd.controller.core.remediation import events as health
 
@@ -158,16 +158,8 @@ class Purpose(enum.StrEnum):
     """A rolling SDC sweep of an idle node: a failure turns it into an accusation."""
 
 
-class Outcome(enum.IntEnum):
-    """How a command ended; values match rasd.api.v1.ActionOutcome."""
-
-    UNSPECIFIED = 0
-    SUCCEEDED = 1
-    FAILED = 2
-    REFUSED = 3
-    NOT_SUPPORTED = 4
-    TIMED_OUT = 5
-    DRY_RUN = 6
+Outcome = vocabulary.ActionOutcome
+"""How a command ended (rasd.api.v1.ActionOutcome)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,9 @@
 """The controller's own health-event value: one observation from a node, as the core sees it.
 
 `HealthEvent` is what classification, correlation and escalation consume. It is independent of
-the protobuf wire type (``rasd.controller.wire.agent`` converts ``rasd.api.v1.HealthEvent`` into it) and
-of the agent's model: components never import each other, so `EventKind` and `Severity` are
-defined here again with the same names and values as ``rasd.agent.core.model`` and
-``rasd.api.v1`` (a unit test pins the values against the wire enums).
+the protobuf wire type (``rasd.controller.wire.agent`` converts ``rasd.api.v1.HealthEvent`` into it).
+`EventKind` and `Severity` are rasd's shared vocabulary (``rasd.common.vocabulary``, pinned to the
+wire enums by its tests); the facts of a kernel-log line are ``rasd.common.kernel_log.KernelEvent``.
 
 Time is float Unix seconds everywhere in the controller core (``observed_at``, ``now``); the wire
 carries nanoseconds and ``wire.py`` divides.
@@ -20,42 +19,12 @@ Pure: plain frozen values, no I/O.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping
 from typing import Any
 
-
-class Severity(enum.IntEnum):
-    """Severity of an observation, lowest first; values match rasd.api.v1.Severity."""
-
-    UNSPECIFIED = 0
-    INFO = 1
-    WARNING = 2
-    ERROR = 3
-    FATAL = 4
-
-
-class EventKind(enum.IntEnum):
-    """Kind of health observation; names and values match rasd.api.v1.EventKind and the agent's."""
-
-    UNSPECIFIED = 0
-    XID = 1
-    ECC_DBE = 2
-    ECC_SBE_RATE = 3
-    ROW_REMAP_PENDING = 4
-    ROW_REMAP_FAILURE = 5
-    RETIRED_PAGES = 6
-    FALLEN_OFF_BUS = 7
-    GPU_LOST = 8
-    NVLINK_DOWN = 9
-    NVLINK_ERRORS = 10
-    PCIE_REPLAY = 11
-    IB_LINK_STATE = 12
-    SXID = 13
-    RECOVERY_ACTION = 14
-    POWER_EXCURSION = 15
-    THERMAL = 16
-    SDC_SUSPECT = 17
+from rasd.common import kernel_log
+from rasd.common.kernel_log import KernelEvent
+from rasd.common.vocabulary import EventKind, Severity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +45,14 @@ class HealthEvent:
     xid: int | None = None
     """The Xid (or SXID) number for XID and SXID events."""
     severity: Severity = Severity.UNSPECIFIED
-    """The agent's own view; the controller classifies again with its policy."""
+    """The source's own rating, UNSPECIFIED for kernel-log events; the controller classifies with its policy."""
     message: str = ""
-    """The raw kernel-log line or a human summary."""
+    """The message text (of a kernel-log line: after its address, pid and name) or a human summary."""
     source: str = ""
     """Where it came from: "nvml", "kmsg", "sysfs", "simulated", "validation"."""
     attributes: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    """Parsed extras: link, ib_device, ib_port, ib_state, pid, intr_info, error_status, ..."""
+    """Free extras: link, ib_device, ib_port, ib_state, ...; a kernel-log event's facts as text where the
+    event went through a text-only store or came from an agent before the typed facts (`kernel_log_of`)."""
     seq: int = 0
     """The agent's spool position (strictly increasing per node); 0 when not spooled."""
     nvlink_domain: str = ""
@@ -103,12 +73,19 @@ class HealthEvent:
     """NVLink CRC (flit + data) errors per second on the worst link."""
     pcie_replay_rate_per_s: float | None = None
     """PCIe replay counter increase per second."""
+    kernel_log: KernelEvent | None = None
+    """The facts of the kernel-log line the event came from, when it came from one and the caller has
+    them typed (else `kernel_log_of` reads them from ``attributes``)."""
 
     @property
     def ib_port(self) -> str:
         """The InfiniBand port as "device/port" (e.g. "mlx5_0/1"), or "" when not an IB event."""
-        device = self.attributes.get("ib_device", "")
-        port = self.attributes.get("ib_port", "")
+        if self.kernel_log is not None:
+            device = self.kernel_log.ib_device
+            port = "" if self.kernel_log.ib_port is None else str(self.kernel_log.ib_port)
+        else:
+            device = self.attributes.get("ib_device", "")
+            port = self.attributes.get("ib_port", "")
         if not device and not port:
             return ""
         return f"{device}/{port}"
@@ -119,11 +96,12 @@ class HealthEvent:
         return self.attributes.get("link", "")
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly dict; `from_dict` reverses it."""
-        out = dataclasses.asdict(self)
+        """A JSON-friendly dict; `from_dict` reverses it (the facts' message, Xid and GPU are the event's)."""
+        out = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         out["kind"] = self.kind.name
         out["severity"] = self.severity.name
         out["attributes"] = dict(self.attributes)
+        out["kernel_log"] = None if self.kernel_log is None else kernel_log.to_attributes(self.kernel_log)
         return out
 
     @classmethod
@@ -140,4 +118,26 @@ class HealthEvent:
         fields["kind"] = EventKind[fields["kind"]]
         fields["severity"] = Severity[fields.get("severity", "UNSPECIFIED")]
         fields["attributes"] = dict(fields.get("attributes", {}))
+        facts = fields.get("kernel_log")
+        if facts is not None:
+            fields["kernel_log"] = kernel_log.from_attributes(
+                facts, message=fields.get("message", ""), xid=fields.get("xid"), gpu_uuid=fields.get("gpu_uuid", "")
+            )
         return cls(**fields)
+
+
+def kernel_log_of(event: HealthEvent) -> KernelEvent | None:
+    """The facts of the kernel-log line an event came from, or None when it did not come from one.
+
+    Typed when the event carries them; else read from its attributes, which is where the controller's
+    event store keeps them and where agents before the typed ``HealthEvent.kernel_log`` put them
+    (``rasd.common.kernel_log.from_attributes``).
+
+    Example: attributes ``{"kernel_event": "xid", "registers": "0x025001c6 0x00000000", "nvlink_subcode":
+    "NETIR_LINK_EVT"}`` give a KernelEvent with ``registers == (0x025001c6, 0)``.
+    """
+    if event.kernel_log is not None:
+        return event.kernel_log
+    if kernel_log.KIND_ATTRIBUTE not in event.attributes:
+        return None  # most events: not from the kernel log
+    return kernel_log.from_attributes(event.attributes, message=event.message, xid=event.xid, gpu_uuid=event.gpu_uuid)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rasd.agent.kmsg import KernelEventKind, KmsgParser
+from rasd.agent.core.kmsg import KmsgParser
 from rasd.agent.kmsg_source import CursorFile, JournalFollower, KernelLogRecord, KmsgFollower
+from rasd.common.kernel_log import KernelEventKind
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "kmsg"
 KMSG = FIXTURES / "kmsg_records.txt"

@@ -55,7 +55,7 @@ def backend():
     return simulated.SimulatedBackend("n", 2, 0)
 
 
-def test_events_are_spooled_with_their_gpu_and_classification(tmp_path, backend):
+def test_events_are_spooled_with_their_gpu_and_facts(tmp_path, backend):
     (tmp_path / "boot_id").write_text("boot-a\n")
     _write(tmp_path / "kmsg", [1, 2])
     journal = spool.Spool(str(tmp_path / "spool.db"))
@@ -65,7 +65,13 @@ def test_events_are_spooled_with_their_gpu_and_classification(tmp_path, backend)
     assert [e.observation.xid for e in events] == [13, 13]
     assert {e.observation.gpu_uuid for e in events} == {backend.inventory()[0].uuid}  # PCI 18:00 is GPU 0
     assert events[0].observation.kind is model.EventKind.XID
-    assert events[0].observation.attributes["recommended_action"] == "restart_process"
+    # The facts survive the spool, and the agent rates nothing: the controller classifies.
+    assert [e.observation.kernel_log.pid for e in events] == [421, 422]
+    assert (events[0].observation.kernel_log.process, events[0].observation.kernel_log.pci) == (
+        "python",
+        "0000:18:00.0",
+    )
+    assert events[0].observation.severity is model.Severity.UNSPECIFIED
 
 
 def test_a_crash_between_spool_and_cursor_file_neither_loses_nor_repeats(tmp_path, backend):
@@ -90,7 +96,7 @@ def test_a_crash_between_spool_and_cursor_file_neither_loses_nor_repeats(tmp_pat
     journal = spool.Spool(str(tmp_path / "spool.db"))
     restarted = _pump(tmp_path, journal, backend)
     _run_until(restarted, 1)
-    messages = [e.observation.attributes.get("pid") for e in journal.unacked()]
+    messages = [e.observation.kernel_log.pid for e in journal.unacked()]
     assert [e.seq for e in journal.unacked()] == [1, 2, 3]
     assert len(set(messages)) == 3
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rasd.agent import spool
-from rasd.agent.core import model
+from rasd.agent.core import kmsg, model
 
 
 def _obs(i: int) -> model.Observation:
@@ -106,3 +106,24 @@ def test_a_spool_keeps_its_identity_and_a_new_file_gets_another(tmp_path):
     first.close()
     assert spool.Spool(str(tmp_path / "a.db")).spool_id == spool_id  # the agent restarted
     assert spool.Spool(str(tmp_path / "b.db")).spool_id not in ("", spool_id)  # the state dir was wiped
+
+
+def test_kernel_log_facts_survive_a_restart_and_an_older_agents_rows_read_without_them(tmp_path):
+    (event,) = kmsg.KmsgParser().feed(
+        "NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000)"
+    )
+    path = str(tmp_path / "spool.db")
+    first = spool.Spool(path)
+    first.append([kmsg.to_observation(event, 5)])
+    # A row as an agent before the typed facts spooled it: the facts only in its attributes.
+    first._db.execute(
+        "INSERT INTO events (payload) VALUES (?)",
+        ('{"kind":1,"observed_unix_ns":6,"message":"m","source":"kmsg","gpu_uuid":"","xid":13,"severity":3,'
+         '"attributes":{"kernel_event":"xid","pid":"7"}}',),
+    )  # fmt: skip
+    first._db.commit()
+    first.close()
+
+    new, old = (e.observation for e in spool.Spool(path).unacked())
+    assert new.kernel_log == event
+    assert (old.kernel_log, old.attributes["pid"]) == (None, "7")  # sent as it was; the controller reads it

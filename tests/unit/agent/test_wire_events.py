@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rasd.agent import wire
-from rasd.agent.core import model
+from rasd.agent.core import kmsg, model
+from rasd.api.v1 import health_pb2 as health_pb
+from rasd.common import xid_catalog
+from rasd.controller.core.remediation import classify, policy
+from rasd.controller.core.remediation import events as health
+from rasd.controller.rpc import validate_input
+from rasd.controller.wire import agent as controller_wire
 
 PRESENT = "GPU-00000000-0000-4000-8000-000000000001"
 GONE = "GPU-00000000-0000-4000-8000-000000000002"
@@ -43,3 +51,58 @@ def test_the_gpu_attribute_survives_the_cut_to_the_attribute_limit():
 
     assert len(event.attributes) == wire.MAX_ATTRIBUTES
     assert event.attributes[wire.UNANNOUNCED_GPU_ATTRIBUTE] == GONE
+
+
+XID_149 = (
+    "NVRM: Xid (PCI:0000:18:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 "
+    "(0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+)
+
+
+def _kernel_event(line: str, seq: int = 1) -> model.SpooledEvent:
+    (event,) = kmsg.KmsgParser().feed(line)
+    return model.SpooledEvent(seq, dataclasses.replace(kmsg.to_observation(event, 1_000), gpu_uuid=PRESENT))
+
+
+def test_a_kernel_event_goes_out_as_typed_facts_and_no_rating():
+    (sent,) = wire.events([_kernel_event(XID_149)], frozenset({PRESENT})).events.events
+
+    assert (sent.kind, sent.xid, sent.severity) == (health_pb.EVENT_KIND_XID, 149, health_pb.SEVERITY_UNSPECIFIED)
+    assert dict(sent.attributes) == {}
+    facts = sent.kernel_log
+    assert list(facts.nvlink_registers) == [0x025001C6, 0, 0, 0, 0, 0]
+    assert (facts.nvlink_subcode, facts.nvlink_fatal, facts.nvlink, facts.pci_bus_id) == (
+        "NETIR_LINK_EVT",
+        True,
+        0,
+        "0000:18:00.0",
+    )
+    assert facts.raw == XID_149
+    assert not facts.HasField("pid") and not facts.HasField("sxid")
+
+
+def test_numbers_the_wire_cannot_hold_are_left_out_rather_than_refused():
+    line = "NVRM: Xid (PCI:0000:18:00): 13, pid=9999999999, name=p, Graphics Exception"
+    (event,) = kmsg.KmsgParser().feed(line)
+    huge = dataclasses.replace(event, registers=(2**40, 1), kernel_time_us=2**64)
+    facts = wire.kernel_log_to_wire(huge)
+    assert facts.pid == 9999999999
+    assert not facts.HasField("kernel_time_us")
+    assert list(facts.nvlink_registers) == []  # all or none: a register's meaning is its position
+
+
+def test_the_controller_stores_the_facts_in_the_text_form_its_classifier_reads():
+    batch = wire.events([_kernel_event(XID_149)], frozenset({PRESENT})).events
+    validate_input.check_events(batch, validate_input.StreamIdentity(None, {}), validate_input.InputLimits())
+    (stored,) = controller_wire.events_from_wire(batch, frozenset({PRESENT}), 5, "node-k")
+
+    assert stored.attributes["kernel_event"] == "xid"
+    assert stored.attributes["registers"].startswith("0x025001c6 0x00000000")
+    event = health.HealthEvent(
+        node_id="node-k", kind=health.EventKind(stored.kind), observed_at=0.0, gpu_uuid=stored.gpu_uuid,
+        xid=stored.xid, message=stored.message, attributes=stored.attributes,
+    )  # fmt: skip
+    facts = health.kernel_log_of(event)
+    assert facts is not None and facts.registers[:2] == (0x025001C6, 0) and facts.nvlink_subcode == "NETIR_LINK_EVT"
+    result = classify.classify(event, catalog=xid_catalog.load_catalog(), policy=policy.ClassificationPolicy())
+    assert "NVLink5 decode bucket RESET_GPU" in result.reason

@@ -1,4 +1,4 @@
-"""``rasctl kmsg classify``: kernel log text in, one JSON object per event out."""
+"""``rasctl kmsg classify``: kernel log text in, one JSON object per event out, as the controller decides."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rasd.cli.kmsg import classify_stream
+import pytest
+
+from rasd.agent.core.kmsg import KmsgParser
+from rasd.cli.kmsg import classify_event, classify_stream
+from rasd.common import xid_catalog
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "kmsg"
+CATALOG = xid_catalog.load_catalog()
 KEYS = ["kind", "xid", "pci", "pid", "process", "message", "severity", "recommended_action", "mnemonic"]
 
 
@@ -108,3 +113,94 @@ def test_works_on_stdin_in_a_subprocess():
         "0000:b3:00.0",
         "reboot_node",
     )
+
+
+XID_149 = (
+    "NVRM: Xid (PCI:0000:00:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 00 "
+    "(0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)"
+)
+
+
+@pytest.mark.parametrize(
+    ("line", "severity", "action", "mnemonic"),
+    [
+        (
+            "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            "fatal",
+            "reboot_node",
+            "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, Ch 00000008, "
+            "errorString CTX SWITCH TIMEOUT, Info 0x58005",
+            "fatal",
+            "reset_gpu",
+            "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=p, Ch 1 caused by previous Xid 149",
+            "warning",
+            "none",
+            "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL",
+        ),
+        (
+            "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
+            "fatal",
+            "reboot_node",
+            "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:02:00): 154, GPU recovery action changed from 0x0 (None) "
+            "to 0x2 (Node Reboot Required)",
+            "fatal",
+            "reboot_node",
+            "GPU_RECOVERY_ACTION_CHANGED",
+        ),
+        (
+            "NVRM: Xid (PCI:0000:02:00): 154, GPU recovery action changed from 0x2 (Node Reboot Required) "
+            "to 0x0 (None)",
+            "info",
+            "none",
+            "GPU_RECOVERY_ACTION_CHANGED",
+        ),
+        (XID_149, "fatal", "reset_gpu", "NVLINK_NETIR_ERROR"),
+        (
+            "NVRM: Xid (PCI:0000:01:00): 144, SAW_MVB Nonfatal XC0 i0 Link 0 "
+            "(0x00000001 0x00000008 0x00000000 0x00000000 0x00000000 0x00000000)",
+            "info",
+            "none",
+            "NVLINK_SAW_ERROR",
+        ),
+        ("NVRM: Xid (PCI:0000:01:00): 149, garbled", "fatal", "reset_gpu", "NVLINK_NETIR_ERROR"),  # catalog default
+        ("NVRM: Xid (PCI:0000:01:00): 4242, unknown code", "warning", "investigate", ""),
+        # The controller's rules for what follows (the agent's own classifier, before there was one
+        # classifier, said reboot_node / none for the SXids and investigate for the port going DOWN):
+        # an SXid is a person's look at the switch tray, at ERROR when the driver says "Fatal"...
+        ("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up", "error", "investigate", ""),
+        (
+            "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt",
+            "warning",
+            "investigate",
+            "",
+        ),
+        # ... and one IB port state change alone is below the flap limit.
+        ("mlx5_core 0000:0a:00.0 mlx5_0: Port: 1 Link DOWN", "info", "none", ""),
+        ("mlx5_core 0000:0a:00.0 mlx5_0: Port: 1 Link ACTIVE", "info", "none", ""),
+    ],
+)
+def test_each_line_gets_the_controllers_classification(line, severity, action, mnemonic):
+    (record,) = run(line)[1]
+    assert (record["severity"], record["recommended_action"], record["mnemonic"]) == (severity, action, mnemonic)
+    assert record["details"]["reason"]
+    (event,) = KmsgParser().feed(line)
+    classification = classify_event(event, CATALOG)
+    assert (classification.severity.name.lower(), classification.action.value) == (severity, action)
+
+
+def test_the_nvlink5_decode_decides_and_says_so():
+    _, (record,) = run(XID_149)
+    assert record["details"]["registers"][:2] == ["0x025001c6", "0x00000000"]
+    assert record["details"]["reason"] == (
+        "Xid 149 NETIR_LINK_EVT (Link Fatal, V1 registers): NVIDIA's NVLink5 decode bucket RESET_GPU → reset_gpu"
+    )
+    assert (record["details"]["component"], record["details"]["fault_key"]) == ("nvlink", "xid:149")

@@ -60,7 +60,7 @@ def test_summary_ignores_partial_buckets():
 
 
 def test_node_totals_count_unsampled_gpus_at_their_default_limit():
-    record = fleet.GpuRecord("GPU-1", "n", "H100", "0:1", 200, 700, 700)
+    record = fleet.GpuRecord("GPU-1", "H100", "0:1", 200, 700, 700, node_id="n")
     node = fleet.NodeStatus(
         node_id="n",
         state=S.HEALTHY,

@@ -20,7 +20,7 @@ from rasd.controller.store import repo
 def _hello(n: int, *, gpu_node: str | None = None) -> fleet.NodeHello:
     node_id = f"node-{n}"
     gpu = fleet.GpuRecord(
-        f"GPU-00000000-0000-4000-8000-{n:012d}", gpu_node or node_id, "H100", "00000000:18:00.0", 200, 700, 700
+        f"GPU-00000000-0000-4000-8000-{n:012d}", "H100", "00000000:18:00.0", 200, 700, 700, node_id=gpu_node or node_id
     )
     return fleet.NodeHello(node_id, "boot-1", "0.1.0", node_id, "simulated", {"rack": "r1"}, (gpu,), 0)
 

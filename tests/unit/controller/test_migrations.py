@@ -327,5 +327,7 @@ def test_revision_command_autogenerates_the_next_migration(tmp_path, monkeypatch
 def _hello():
     from rasd.controller.core import fleet
 
-    gpu = fleet.GpuRecord("GPU-00000000-0000-4000-8000-00000000000a", "node-1", "H100", "0:18:0.0", 200, 700, 700)
+    gpu = fleet.GpuRecord(
+        "GPU-00000000-0000-4000-8000-00000000000a", "H100", "0:18:0.0", 200, 700, 700, node_id="node-1"
+    )
     return fleet.NodeHello("node-1", "boot-1", "0.1.0", "node-1", "simulated", {}, (gpu,), 0)

@@ -28,7 +28,7 @@ LABELS = {"rack": "r1"}
 
 
 def _hello() -> fleet.NodeHello:
-    gpus = (fleet.GpuRecord(GPU, NODE, "H100", "0000:18:00.0", 200, 700, 700),)
+    gpus = (fleet.GpuRecord(GPU, "H100", "0000:18:00.0", 200, 700, 700, node_id=NODE),)
     return fleet.NodeHello(NODE, "boot-1", "0.1.0", NODE, "simulated", LABELS, gpus, 0)
 
 

@@ -45,7 +45,8 @@ def _gpu(i: int, index: int) -> str:
 def _hello(i: int) -> fleet.NodeHello:
     node = _node(i)
     gpus = tuple(
-        fleet.GpuRecord(_gpu(i, g), node, "H100", f"0000:{0x18 + g:02x}:00.0", 200, 700, 700) for g in range(GPUS)
+        fleet.GpuRecord(_gpu(i, g), "H100", f"0000:{0x18 + g:02x}:00.0", 200, 700, 700, node_id=node)
+        for g in range(GPUS)
     )
     return fleet.NodeHello(node, "boot-1", "0.1.0", node, "simulated", {"rack": "r1"}, gpus, 0)
 

@@ -33,7 +33,8 @@ GPUS = [f"GPU-00000000-0000-4000-8000-00000000000{i}" for i in range(2)]
 
 def _hello(node_id: str) -> fleet.NodeHello:
     gpus = tuple(
-        fleet.GpuRecord(g, node_id, "H100", f"0000:{0x18 + i:02x}:00.0", 200, 700, 700) for i, g in enumerate(GPUS)
+        fleet.GpuRecord(g, "H100", f"0000:{0x18 + i:02x}:00.0", 200, 700, 700, node_id=node_id)
+        for i, g in enumerate(GPUS)
     )
     return fleet.NodeHello(node_id, "boot-1", "0.1.0", node_id, "simulated", {"rack": "r1"}, gpus, 0)
 
@@ -522,8 +523,8 @@ def test_a_node_whose_gpus_were_all_quarantined_holds_its_place_in_the_disruptio
     )
     rig = _Rig(store_url, policy_mod.RemediationPolicy(disruption=one_node))
     other_gpus = tuple(
-        fleet.GpuRecord(f"GPU-00000000-0000-4000-8000-00000000002{i}", "node-2", "H100", f"0000:{0x18 + i:02x}:00.0",
-                        200, 700, 700)
+        fleet.GpuRecord(f"GPU-00000000-0000-4000-8000-00000000002{i}", "H100", f"0000:{0x18 + i:02x}:00.0",
+                        200, 700, 700, node_id="node-2")
         for i in range(2)
     )  # fmt: skip
     rig.store.register_hello(

@@ -30,7 +30,7 @@ NODE = "node-1"
 
 
 def _hello() -> fleet.NodeHello:
-    gpus = (fleet.GpuRecord(GPU, NODE, "H100", "0000:18:00.0", 200, 700, 700),)
+    gpus = (fleet.GpuRecord(GPU, "H100", "0000:18:00.0", 200, 700, 700, node_id=NODE),)
     return fleet.NodeHello(NODE, "boot-1", "0.1.0", NODE, "simulated", {"rack": "r1"}, gpus, 0)
 
 
@@ -198,7 +198,7 @@ def test_a_tick_climbs_the_overdue_nodes_of_a_chunk_in_one_transaction(rig):
     for n in (2, 3):
         node, gpu = f"node-{n}", f"GPU-00000000-0000-4000-8000-00000000000{n}"
         gpus[node] = gpu
-        record = fleet.GpuRecord(gpu, node, "H100", "0000:18:00.0", 200, 700, 700)
+        record = fleet.GpuRecord(gpu, "H100", "0000:18:00.0", 200, 700, 700, node_id=node)
         hello = fleet.NodeHello(node, "boot-1", "0.1.0", node, "simulated", {"rack": "r1"}, (record,), 0)
         rig.store.register_hello(hello, T0_NS)
         rig.ingest.node_labels[node] = {"rack": "r1"}

@@ -38,7 +38,7 @@ class _Rig:
         self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=self.clock)
         self.service = remediation_mod.RemediationService(self.store, self.ingest, clock=self.clock)
         gpus = tuple(
-            fleet.GpuRecord(uuid, NODE, "H100", f"0000:{18 + i}:00.0", 200, 700, 700)
+            fleet.GpuRecord(uuid, "H100", f"0000:{18 + i}:00.0", 200, 700, 700, node_id=NODE)
             for i, uuid in enumerate((GPU_A, GPU_B))
         )
         self.store.register_hello(

@@ -102,8 +102,8 @@ def test_the_events_left_to_replay_are_read_many_nodes_per_query_and_per_node_in
     nodes = 2 * rstore.UNPROCESSED_NODES_PER_QUERY + 50
 
     def hello(n: int, spool_head_seq: int) -> fleet.NodeHello:
-        gpu = fleet.GpuRecord(f"GPU-{n:08d}-0000-4000-8000-000000000001", f"node-{n}", "H100", "0000:18:00.0",
-                              200, 700, 700)  # fmt: skip
+        gpu = fleet.GpuRecord(f"GPU-{n:08d}-0000-4000-8000-000000000001", "H100", "0000:18:00.0",
+                              200, 700, 700, node_id=f"node-{n}")  # fmt: skip
         return fleet.NodeHello(f"node-{n}", "boot-1", "0.1.0", f"node-{n}", "simulated", {"rack": f"r{n % 7}"},
                                (gpu,), spool_head_seq)  # fmt: skip
 

@@ -22,7 +22,7 @@ GPU_A = "GPU-00000000-0000-4000-8000-00000000000a"
 
 
 def _hello(node_id="node-1", boot_id="boot-1", spool_head_seq=0, spool_id=""):
-    gpu = fleet.GpuRecord(GPU_A, node_id, "H100", "00000000:18:00.0", 200, 700, 700)
+    gpu = fleet.GpuRecord(GPU_A, "H100", "00000000:18:00.0", 200, 700, 700, node_id=node_id)
     return fleet.NodeHello(
         node_id, boot_id, "0.1.0", node_id, "simulated", {"rack": "r1"}, (gpu,), spool_head_seq, spool_id
     )
@@ -404,7 +404,7 @@ def test_bulk_updates_write_each_row_its_own_values_and_skip_unknown_ids(store):
     gpus = [f"GPU-00000000-0000-4000-8000-0000000000{i:02d}" for i in range(8)]
     for n in range(2):
         records = tuple(
-            fleet.GpuRecord(uuid, f"node-{n}", "H100", f"00000000:{i:02x}:00.0", 200, 700, 700)
+            fleet.GpuRecord(uuid, "H100", f"00000000:{i:02x}:00.0", 200, 700, 700, node_id=f"node-{n}")
             for i, uuid in enumerate(gpus[n * 4 : n * 4 + 4])
         )
         store.register_hello(fleet.NodeHello(f"node-{n}", "b", "0.1.0", f"node-{n}", "simulated", {}, records, 0), 100)

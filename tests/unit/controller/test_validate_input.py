@@ -63,6 +63,17 @@ def _result(**fields):
         (_event(source="kmsg; rm -rf /"), "events.events[0].source"),
         (_event(observed_unix_ns=-1), "events.events[0].observed_unix_ns"),
         (_event(attributes={"raw": "r" * 254}), "events.events[0].attributes['raw']"),
+        (_event(kernel_log=health_pb.KernelLogFacts(raw="r" * 5000)), "events.events[0].kernel_log.raw"),
+        (
+            _event(kernel_log=health_pb.KernelLogFacts(process_name="a\x00b")),
+            "events.events[0].kernel_log.process_name",
+        ),
+        (_event(kernel_log=health_pb.KernelLogFacts(ib_device="d" * 254)), "events.events[0].kernel_log.ib_device"),
+        (
+            _event(kernel_log=health_pb.KernelLogFacts(nvlink_registers=[0] * 17)),
+            "events.events[0].kernel_log.nvlink_registers",
+        ),
+        (_event(kernel_log=health_pb.KernelLogFacts(pid=2**63)), "events.events[0].kernel_log.pid"),
         (_series(power_w=[math.nan]), "telemetry.power[0].power_w[0]"),
         (_series(power_w=[300.0, math.inf]), "telemetry.power[0].power_w[1]"),
         (_series(power_w=[-1.0]), "telemetry.power[0].power_w[0]"),
@@ -101,6 +112,7 @@ def test_well_formed_messages_pass():
     for message in (
         _event(),
         _event(gpu_uuid="", xid=79, attributes={"raw": "r" * 253}),
+        _event(xid=149, kernel_log=health_pb.KernelLogFacts(raw="r" * 4096, nvlink_registers=[0x025001C6, 0], pid=7)),
         _series(),
         _counters(temperature_c=-10, utilization_gpu_pct=100, recovery_action=2),
         _result(enforced_limits=[commands_pb.GpuPowerLimit(gpu_uuid=GPU, power_limit_w=450)]),
@@ -184,6 +196,8 @@ def test_the_agent_cuts_text_to_what_the_edge_accepts():
     assert agent_wire.MAX_SOURCE_CHARS <= validate_input.MAX_SOURCE_CHARS
     assert agent_wire.MAX_ATTRIBUTES <= wire.MAX_LABELS
     assert agent_wire.MAX_EVIDENCE_CHARS <= validate_input.MAX_EVIDENCE_CHARS
+    assert agent_wire.MAX_REGISTERS <= wire.MAX_REGISTERS
+    assert agent_wire.MAX_ATTRIBUTE_CHARS <= wire.MAX_FACT_CHARS
 
 
 # ---- the telemetry fast path never accepts what the field-by-field check refuses ----------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rasd.common import xid_catalog
+from rasd.common.kernel_log import KernelEvent, KernelEventKind
 from rasd.controller.core.remediation import classify, policy
 from rasd.controller.core.remediation import events as health
 
@@ -185,24 +186,98 @@ def test_health_event_round_trips_through_a_dict():
     assert ev.ib_port == "mlx5_0/1"
 
 
-NVLINK5_RULES = xid_catalog.load_nvlink5_rules()
+XID_149_REGISTERS = "0x025001c6 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000"
+
+
+def kernel_xid(xid: int, **facts: object) -> KernelEvent:
+    return KernelEvent(kind=KernelEventKind.XID, message="", raw="", xid=xid, **facts)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("registers", "subcode", "action"),
+    [
+        ((0x025001C6, 0x0, 0x0), "NETIR_LINK_EVT", Action.RESET_GPU),
+        ((0x2600011, 0x0), "NETIR_LINK_DOWN", Action.NONE),
+        ((0x2600011, 0x0), "", Action.NONE),  # the registers alone decide
+        ((0x2600011,), "NETIR_LINK_DOWN", Action.RESET_GPU),  # no ErrorStatus: undecodable, catalog default
+    ],
+)
+def test_nvlink5_xids_follow_the_register_decode_of_their_kernel_log_facts(registers, subcode, action):
+    ev = event(EventKind.XID, xid=149, kernel_log=kernel_xid(149, registers=registers, nvlink_subcode=subcode))
+    result = run(ev)  # the catalog carries NVIDIA's decode sheet
+    assert result.action is action
+    assert result.component is Component.NVLINK
+    if action is Action.NONE:
+        assert "NVLink5 decode" in result.reason and "IGNORE" in result.reason
 
 
 @pytest.mark.parametrize(
     ("attributes", "action"),
     [
-        ({"intr_info": "0x025001c6", "error_status": "0x0", "subcode": "NETIR_LINK_EVT"}, Action.RESET_GPU),
-        ({"intr_info": "0x2600011", "error_status": "0", "subcode": "NETIR_LINK_DOWN"}, Action.NONE),
-        ({"intr_info": "not-a-number", "error_status": "0"}, Action.RESET_GPU),  # undecodable: catalog default
+        ({"kernel_event": "xid", "registers": XID_149_REGISTERS, "nvlink_subcode": "NETIR_LINK_EVT"}, Action.RESET_GPU),
+        (
+            {"kernel_event": "xid", "registers": "0x02600011 0x00000000", "nvlink_subcode": "NETIR_LINK_DOWN"},
+            Action.NONE,
+        ),
+        ({"kernel_event": "xid", "registers": "not-a-number 0x0"}, Action.RESET_GPU),  # undecodable: catalog default
+        ({"registers": "0x02600011 0x00000000"}, Action.RESET_GPU),  # not marked as a kernel event: no facts
     ],
 )
-def test_nvlink5_xids_follow_the_register_decode_when_given(attributes, action):
+def test_nvlink5_decode_reads_an_older_agents_attributes(attributes, action):
     ev = event(EventKind.XID, xid=149, attributes=attributes)
-    result = classify.classify(ev, catalog=CATALOG, policy=POLICY, nvlink5_rules=NVLINK5_RULES)
-    assert result.action is action
-    assert result.component is Component.NVLINK
+    assert run(ev).action is action
 
 
 def test_nvlink5_decode_is_skipped_without_the_sheet():
-    ev = event(EventKind.XID, xid=149, attributes={"intr_info": "0x2600011", "error_status": "0"})
-    assert run(ev).action is Action.RESET_GPU
+    ev = event(EventKind.XID, xid=149, kernel_log=kernel_xid(149, registers=(0x2600011, 0x0)))
+    assert run(ev).action is Action.NONE
+    bare = xid_catalog.XidCatalog(CATALOG.entries())
+    assert classify.classify(ev, catalog=bare, policy=POLICY).action is Action.RESET_GPU
+    assert classify.classify(ev, catalog=CATALOG, policy=POLICY, nvlink5_rules=()).action is Action.RESET_GPU
+
+
+@pytest.mark.parametrize(
+    ("fatal", "severity_given", "expected"),
+    [
+        (True, Severity.UNSPECIFIED, Severity.ERROR),
+        (False, Severity.UNSPECIFIED, Severity.WARNING),
+        (False, Severity.FATAL, Severity.WARNING),  # the driver's word wins over a source's rating
+        (None, Severity.FATAL, Severity.ERROR),  # no word: the source's rating
+        (None, Severity.UNSPECIFIED, Severity.WARNING),
+    ],
+)
+def test_sxid_severity_comes_from_the_drivers_fatal_word(fatal, severity_given, expected):
+    facts = KernelEvent(kind=KernelEventKind.SXID, message="", raw="", sxid=20034, sxid_fatal=fatal)
+    result = run(event(EventKind.SXID, gpu="", severity=severity_given, kernel_log=facts))
+    assert (result.component, result.severity, result.action) == (Component.NODE, expected, Action.INVESTIGATE)
+    assert result.fault_key == "sxid:20034"  # the SXid number from the facts
+
+
+def test_an_older_agents_sxid_attributes_classify_the_same():
+    attributes = {"kernel_event": "sxid", "sxid": "20034", "sxid_fatal": "true", "nvswitch": "nvidia-nvswitch1"}
+    result = run(event(EventKind.SXID, gpu="", severity=Severity.FATAL, attributes=attributes))
+    assert (result.severity, result.fault_key) == (Severity.ERROR, "sxid:20034")
+
+
+def test_xid_154_takes_its_recovery_action_from_the_facts():
+    facts = kernel_xid(154, recovery_action=xid_catalog.RecoveryAction.NODE_REBOOT)
+    result = run(event(EventKind.RECOVERY_ACTION, xid=154, message="changed", kernel_log=facts))
+    assert (result.action, result.severity) == (Action.REBOOT_NODE, Severity.FATAL)
+    assert result.reason.startswith("Xid 154 says NODE_REBOOT")
+
+
+def test_an_ib_event_names_its_port_and_state_from_the_facts():
+    facts = KernelEvent(
+        kind=KernelEventKind.IB_LINK, message="", raw="", ib_device="mlx5_0", ib_port=1, ib_state="DOWN"
+    )
+    ev = event(EventKind.IB_LINK_STATE, gpu="", kernel_log=facts)
+    assert ev.ib_port == "mlx5_0/1"
+    result = run(ev, changes=1)
+    assert (result.fault_key, result.action) == ("ib_state:mlx5_0/1", Action.NONE)
+    assert "is DOWN" in result.reason
+
+
+def test_health_event_with_kernel_log_facts_round_trips_through_a_dict():
+    facts = kernel_xid(149, registers=(1, 2), nvlink=3, pci="0000:18:00.0", gpu_uuid="GPU-1")
+    ev = event(EventKind.XID, xid=149, kernel_log=facts)
+    assert health.HealthEvent.from_dict(ev.to_dict()) == ev

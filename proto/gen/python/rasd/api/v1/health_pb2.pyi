@@ -181,7 +181,7 @@ class TelemetryBatch(_message.Message):
     def __init__(self, power: _Optional[_Iterable[_Union[PowerSeries, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[GpuCounters, _Mapping]]] = ...) -> None: ...
 
 class HealthEvent(_message.Message):
-    __slots__ = ("seq", "observed_unix_ns", "kind", "gpu_uuid", "xid", "severity", "message", "source", "attributes")
+    __slots__ = ("seq", "observed_unix_ns", "kind", "gpu_uuid", "xid", "severity", "message", "source", "attributes", "kernel_log")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +198,7 @@ class HealthEvent(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_LOG_FIELD_NUMBER: _ClassVar[int]
     seq: int
     observed_unix_ns: int
     kind: EventKind
@@ -207,4 +208,47 @@ class HealthEvent(_message.Message):
     message: str
     source: str
     attributes: _containers.ScalarMap[str, str]
-    def __init__(self, seq: _Optional[int] = ..., observed_unix_ns: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., gpu_uuid: _Optional[str] = ..., xid: _Optional[int] = ..., severity: _Optional[_Union[Severity, str]] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    kernel_log: KernelLogFacts
+    def __init__(self, seq: _Optional[int] = ..., observed_unix_ns: _Optional[int] = ..., kind: _Optional[_Union[EventKind, str]] = ..., gpu_uuid: _Optional[str] = ..., xid: _Optional[int] = ..., severity: _Optional[_Union[Severity, str]] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., attributes: _Optional[_Mapping[str, str]] = ..., kernel_log: _Optional[_Union[KernelLogFacts, _Mapping]] = ...) -> None: ...
+
+class KernelLogFacts(_message.Message):
+    __slots__ = ("raw", "pci_bus_id", "pid", "process_name", "kernel_time_us", "gpu_instance", "compute_instance", "nvlink", "nvlink_registers", "nvlink_subcode", "nvlink_fatal", "recovery_action", "previous_recovery_action", "sxid", "sxid_fatal", "nvswitch", "ib_device", "ib_port", "ib_state")
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    PCI_BUS_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_NAME_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_TIME_US_FIELD_NUMBER: _ClassVar[int]
+    GPU_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_REGISTERS_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_SUBCODE_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_FATAL_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_ACTION_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_RECOVERY_ACTION_FIELD_NUMBER: _ClassVar[int]
+    SXID_FIELD_NUMBER: _ClassVar[int]
+    SXID_FATAL_FIELD_NUMBER: _ClassVar[int]
+    NVSWITCH_FIELD_NUMBER: _ClassVar[int]
+    IB_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    IB_PORT_FIELD_NUMBER: _ClassVar[int]
+    IB_STATE_FIELD_NUMBER: _ClassVar[int]
+    raw: str
+    pci_bus_id: str
+    pid: int
+    process_name: str
+    kernel_time_us: int
+    gpu_instance: int
+    compute_instance: int
+    nvlink: int
+    nvlink_registers: _containers.RepeatedScalarFieldContainer[int]
+    nvlink_subcode: str
+    nvlink_fatal: bool
+    recovery_action: int
+    previous_recovery_action: int
+    sxid: int
+    sxid_fatal: bool
+    nvswitch: str
+    ib_device: str
+    ib_port: int
+    ib_state: str
+    def __init__(self, raw: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., pid: _Optional[int] = ..., process_name: _Optional[str] = ..., kernel_time_us: _Optional[int] = ..., gpu_instance: _Optional[int] = ..., compute_instance: _Optional[int] = ..., nvlink: _Optional[int] = ..., nvlink_registers: _Optional[_Iterable[int]] = ..., nvlink_subcode: _Optional[str] = ..., nvlink_fatal: _Optional[bool] = ..., recovery_action: _Optional[int] = ..., previous_recovery_action: _Optional[int] = ..., sxid: _Optional[int] = ..., sxid_fatal: _Optional[bool] = ..., nvswitch: _Optional[str] = ..., ib_device: _Optional[str] = ..., ib_port: _Optional[int] = ..., ib_state: _Optional[str] = ...) -> None: ...

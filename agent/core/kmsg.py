@@ -1,9 +1,10 @@
-r"""Kernel-log parser: turns kernel log lines into GPU, NVSwitch and InfiniBand fault events. Pure.
+r"""Kernel-log parser: text lines in, facts out (``rasd.common.kernel_log.KernelEvent``). Pure.
 
 It owns the knowledge of what the NVIDIA driver (NVRM), the NVSwitch driver and the RDMA stack print,
 and nothing about where the lines come from (``rasd.agent.kmsg_source`` follows /dev/kmsg or
-journald; ``rasctl kmsg classify`` reads stdin). No I/O, logging or clock reads happen here, except
-that ``classify`` reads the packaged XID catalog once per process (``rasd.common.xid_catalog``).
+journald; ``rasctl kmsg classify`` reads stdin) nor about what a fault means: the controller's
+classifier decides severity and repair from these facts (``rasd.controller.core.remediation.classify``).
+No I/O, logging or clock reads happen here.
 
 Accepted line shapes (the parser searches for the message, so any prefix works):
 
@@ -32,90 +33,20 @@ Recognised messages:
 
 PCI addresses are normalised to ``dddd:bb:dd.f`` lower case (``PCI:0000:3B:00`` -> ``0000:3b:00.0``),
 the form ``normalize_pci`` also gives NVML's ``00000000:3B:00.0``.
-
-Classification (``classify``): Xids use NVIDIA's catalog buckets (see ``rasd.common.xid_catalog``),
-refined by the NVLink5 decode sheet for Xid 144-150 and by the reported recovery action for Xid 154.
-The others:
-
-==============================  ==================  ========
-event                           recommended_action  severity
-==============================  ==================  ========
-fallen off the bus (no Xid)     reboot_node         fatal      (same as Xid 79, RESTART_BM)
-SXid "Fatal"                    reboot_node         fatal      (Fabric Manager guide: reset GPUs and
-                                                               switches, i.e. restart the system)
-SXid "Non-fatal"                none                warning
-IB port DOWN / netdev down      investigate         warning
-IB port INIT/ARMED/ACTIVE/up    none                info
-port module cable unplugged     investigate         warning
-port module error               investigate         error
-==============================  ==================  ========
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import re
 from collections.abc import Iterable
 
-from rasd.agent.core.model import EventKind, Observation, Severity
-from rasd.common import xid_catalog
+from rasd.agent.core.model import Observation, Severity
+from rasd.common import kernel_log, xid_catalog
+from rasd.common.kernel_log import KernelEvent, KernelEventKind
 from rasd.common.xid_catalog import RecoveryAction
 
 OBSERVATION_SOURCE = "kmsg"
-
-
-class KernelEventKind(enum.StrEnum):
-    """What a kernel event is about; the values are the ``kind`` strings of ``rasctl kmsg classify``."""
-
-    XID = "xid"
-    FALLEN_OFF_BUS = "fallen_off_bus"
-    SXID = "sxid"
-    IB_LINK = "ib_link"
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelEvent:
-    """One fault or state change found in the kernel log. Fields that a message lacks are None/empty."""
-
-    kind: KernelEventKind
-    message: str  # the message text after the address/pid/name fields
-    raw: str  # the input line(s) the event came from
-    xid: int | None = None
-    pci: str | None = None  # normalised dddd:bb:dd.f
-    pid: int | None = None
-    process: str | None = None
-    gpu_uuid: str = ""  # from an earlier "NVRM: GPU at PCI:...: GPU-..." line, when seen
-    kernel_time_us: int | None = None  # microseconds since boot, from the kmsg/dmesg stamp
-    # MIG
-    gpu_instance: int | None = None
-    compute_instance: int | None = None
-    # NVLink (Xid 74 and 144-150)
-    nvlink: int | None = None
-    registers: tuple[int, ...] = ()
-    nvlink_subcode: str = ""
-    nvlink_fatal: bool | None = None
-    # Xid 154
-    recovery_action: RecoveryAction | None = None
-    previous_recovery_action: RecoveryAction | None = None
-    # SXid
-    sxid: int | None = None
-    sxid_fatal: bool | None = None
-    nvswitch: str = ""
-    # InfiniBand / mlx5
-    ib_device: str = ""
-    ib_port: int | None = None
-    ib_state: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Classification:
-    """What to do about an event: rasd's ladder word, a severity, and the catalog mnemonic."""
-
-    severity: str  # "info" | "warning" | "error" | "fatal"
-    recommended_action: str  # one of rasd.common.xid_catalog.RECOMMENDED_ACTIONS
-    mnemonic: str
-    reason: str  # which rule decided, e.g. "catalog bucket RESET_GPU"
 
 
 # --- prefixes -----------------------------------------------------------------------------------
@@ -496,145 +427,29 @@ def parse_lines(lines: Iterable[str]) -> list[KernelEvent]:
     return KmsgParser().feed_all(lines)
 
 
-# --- classification -------------------------------------------------------------------------------
-
-_IB_POLICY = {
-    "DOWN": ("investigate", "warning"),
-    "MODULE_UNPLUGGED": ("investigate", "warning"),
-    "MODULE_ERROR": ("investigate", "error"),
-}
-
-
-def classify(
-    event: KernelEvent,
-    catalog: xid_catalog.XidCatalog | None = None,
-    nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
-) -> Classification:
-    """Decide severity and the recommended repair for one event (tables in the module docstring).
-
-    Args:
-        event: a parsed event.
-        catalog: the XID catalog; the packaged one when None.
-        nvlink5_rules: the NVLink5 decode sheet; the packaged one when None.
-
-    Returns:
-        The classification, with the rule that decided in ``reason``.
-    """
-    if event.kind is KernelEventKind.XID:
-        return _classify_xid(event, catalog or xid_catalog.load_catalog(), nvlink5_rules)
-    if event.kind is KernelEventKind.FALLEN_OFF_BUS:
-        entry = (catalog or xid_catalog.load_catalog()).get(79)
-        return Classification("fatal", "reboot_node", entry.mnemonic if entry else "", "fallen off the bus")
-    if event.kind is KernelEventKind.SXID:
-        if event.sxid_fatal:
-            return Classification("fatal", "reboot_node", "", "fatal SXid")
-        if event.sxid_fatal is False:
-            return Classification("warning", "none", "", "non-fatal SXid")
-        return Classification("warning", "investigate", "", "SXid of unknown fatality")
-    action, severity = _IB_POLICY.get(event.ib_state, ("none", "info"))
-    return Classification(severity, action, "", f"link state {event.ib_state}")
-
-
-def _classify_xid(
-    event: KernelEvent,
-    catalog: xid_catalog.XidCatalog,
-    nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None,
-) -> Classification:
-    xid = event.xid if event.xid is not None else -1
-    entry = catalog.get(xid)
-    if entry is None:
-        return Classification("warning", "investigate", "", f"Xid {xid} is not in NVIDIA's catalog")
-    if xid == 154:
-        action, severity = xid_catalog.bucket_policy(entry.immediate_action, event.recovery_action)
-        name = event.recovery_action.name if event.recovery_action is not None else "unknown"
-        return Classification(severity, action, entry.mnemonic, f"recovery action {name}")
-    if 144 <= xid <= 150 and len(event.registers) >= 2:
-        decoded = xid_catalog.decode_nvlink5(
-            xid, event.registers[0], event.registers[1], subcode=event.nvlink_subcode, rules=nvlink5_rules
-        )
-        if decoded is not None:
-            action, severity = xid_catalog.bucket_policy(decoded.immediate_action)
-            return Classification(
-                severity,
-                action,
-                entry.mnemonic,
-                f"NVLink5 decode {decoded.subcode} ({decoded.driver_format}): {decoded.immediate_action}",
-            )
-    action, severity = xid_catalog.bucket_policy(entry.immediate_action)
-    return Classification(severity, action, entry.mnemonic, f"catalog bucket {entry.immediate_action or '-'}")
-
-
 # --- Observation ----------------------------------------------------------------------------------
 
-_SEVERITY = {
-    "info": Severity.INFO,
-    "warning": Severity.WARNING,
-    "error": Severity.ERROR,
-    "fatal": Severity.FATAL,
-}
-_OBSERVATION_KIND = {
-    KernelEventKind.XID: EventKind.XID,
-    KernelEventKind.FALLEN_OFF_BUS: EventKind.FALLEN_OFF_BUS,
-    KernelEventKind.SXID: EventKind.SXID,
-    KernelEventKind.IB_LINK: EventKind.IB_LINK_STATE,
-}
 
-
-def to_observation(event: KernelEvent, observed_unix_ns: int, classification: Classification) -> Observation:
+def to_observation(event: KernelEvent, observed_unix_ns: int) -> Observation:
     """Convert an event into the agent's Observation (Xid 154 becomes EventKind.RECOVERY_ACTION).
+
+    The agent decides nothing about it: the severity stays UNSPECIFIED and the facts go in
+    ``kernel_log``, which the controller classifies.
 
     Args:
         event: the parsed event.
         observed_unix_ns: when the agent saw it (the caller owns the clock).
-        classification: ``classify(event)``.
 
     Returns:
-        The observation; every known field is in ``attributes`` as text.
+        The observation.
     """
-    kind = _OBSERVATION_KIND[event.kind]
-    if event.kind is KernelEventKind.XID and event.xid == 154:
-        kind = EventKind.RECOVERY_ACTION
-    attrs: dict[str, str] = {
-        "kernel_event": event.kind.value,
-        "recommended_action": classification.recommended_action,
-        "reason": classification.reason,
-        "raw": event.raw,
-    }
-    optional: dict[str, object] = {
-        "pci": event.pci,
-        "pid": event.pid,
-        "process": event.process,
-        "mnemonic": classification.mnemonic or None,
-        "kernel_time_us": event.kernel_time_us,
-        "gpu_instance": event.gpu_instance,
-        "compute_instance": event.compute_instance,
-        "nvlink": event.nvlink,
-        "nvlink_subcode": event.nvlink_subcode or None,
-        "nvlink_fatal": event.nvlink_fatal,
-        "recovery_action": event.recovery_action.name if event.recovery_action is not None else None,
-        "previous_recovery_action": (
-            event.previous_recovery_action.name if event.previous_recovery_action is not None else None
-        ),
-        "sxid": event.sxid,
-        "sxid_fatal": event.sxid_fatal,
-        "nvswitch": event.nvswitch or None,
-        "ib_device": event.ib_device or None,
-        "ib_port": event.ib_port,
-        "ib_state": event.ib_state or None,
-    }
-    for key, value in optional.items():
-        if value is None:
-            continue
-        attrs[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    if event.registers:
-        attrs["registers"] = " ".join(f"0x{r:08x}" for r in event.registers)
     return Observation(
-        kind=kind,
+        kind=kernel_log.event_kind(event),
         observed_unix_ns=observed_unix_ns,
         message=event.message,
         source=OBSERVATION_SOURCE,
         gpu_uuid=event.gpu_uuid,
         xid=event.xid,
-        severity=_SEVERITY[classification.severity],
-        attributes=attrs,
+        severity=Severity.UNSPECIFIED,
+        kernel_log=event,
     )

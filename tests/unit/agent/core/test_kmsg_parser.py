@@ -8,19 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rasd.agent.core.kmsg import KmsgParser, normalize_pci, parse_lines, to_observation
 from rasd.agent.core.model import EventKind, Severity
-from rasd.agent.kmsg import (
-    KernelEvent,
-    KernelEventKind,
-    KmsgParser,
-    classify,
-    normalize_pci,
-    parse_lines,
-    to_observation,
-)
+from rasd.common import kernel_log
+from rasd.common.kernel_log import KernelEvent, KernelEventKind
 from rasd.common.xid_catalog import RecoveryAction
 
-FIXTURES = Path(__file__).parents[2] / "fixtures" / "kmsg"
+FIXTURES = Path(__file__).parents[3] / "fixtures" / "kmsg"
 
 XID_79 = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 XID_109 = (
@@ -339,67 +333,7 @@ def test_kmsg_dictionary_lines_and_blank_lines_are_ignored():
     assert parse_lines([" SUBSYSTEM=pci", " DEVICE=+pci:0000:3b:00.0", "", "\n"]) == []
 
 
-# --- classification and Observation -----------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("line", "severity", "action", "mnemonic"),
-    [
-        (XID_79, "fatal", "reboot_node", "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"),
-        (XID_109, "fatal", "reset_gpu", "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR"),
-        (
-            "NVRM: Xid (PCI:0000:dc:00): 45, pid=1, name=p, Ch 1 caused by previous Xid 149",
-            "warning",
-            "none",
-            "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL",
-        ),
-        (
-            "NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.",
-            "fatal",
-            "reboot_node",
-            "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS",
-        ),
-        (
-            XID_154_REBOOT,
-            "fatal",
-            "reboot_node",
-            "GPU_RECOVERY_ACTION_CHANGED",
-        ),
-        (
-            XID_154_CLEARED,
-            "info",
-            "none",
-            "GPU_RECOVERY_ACTION_CHANGED",
-        ),
-        (
-            XID_149,
-            "fatal",
-            "reset_gpu",
-            "NVLINK_NETIR_ERROR",
-        ),
-        (
-            XID_144,
-            "info",
-            "none",
-            "NVLINK_SAW_ERROR",
-        ),
-        ("NVRM: Xid (PCI:0000:01:00): 149, garbled", "fatal", "reset_gpu", "NVLINK_NETIR_ERROR"),  # catalog default
-        ("NVRM: Xid (PCI:0000:01:00): 4242, unknown code", "warning", "investigate", ""),
-        ("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal, Link 48 LTSSM Fault Up", "fatal", "reboot_node", ""),
-        (
-            "nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt",
-            "warning",
-            "none",
-            "",
-        ),
-        ("mlx5_core 0000:0a:00.0 mlx5_0: Port: 1 Link DOWN", "warning", "investigate", ""),
-        ("mlx5_core 0000:0a:00.0 mlx5_0: Port: 1 Link ACTIVE", "info", "none", ""),
-    ],
-)
-def test_classify(line, severity, action, mnemonic):
-    c = classify(one(line))
-    assert (c.severity, c.recommended_action, c.mnemonic) == (severity, action, mnemonic)
-    assert c.reason
+# --- Observation (the classification of these lines: tests/unit/cli/test_kmsg_classify.py) ----------
 
 
 @pytest.mark.parametrize(
@@ -417,39 +351,50 @@ def test_classify(line, severity, action, mnemonic):
 )
 def test_observation_kinds(line, kind):
     e = one(line)
-    obs = to_observation(e, 1_700_000_000_000_000_000, classify(e))
+    obs = to_observation(e, 1_700_000_000_000_000_000)
     assert obs.kind is kind
     assert obs.observed_unix_ns == 1_700_000_000_000_000_000
     assert obs.source == "kmsg"
-    assert all(isinstance(k, str) and isinstance(v, str) for k, v in obs.attributes.items())
+    assert obs.kernel_log == e
+    text = kernel_log.to_attributes(e)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in text.items())
 
 
-def test_observation_carries_the_parsed_fields_as_text():
+def test_observation_carries_the_parsed_facts_and_no_opinion():
     e = fixture_events("dmesg_fallen_off_bus.txt")[0]
-    obs = to_observation(e, 5, classify(e))
+    obs = to_observation(e, 5)
     assert (obs.xid, obs.gpu_uuid, obs.severity, obs.message) == (
         79,
         "GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b",
-        Severity.FATAL,
+        Severity.UNSPECIFIED,  # the controller classifies
         "GPU has fallen off the bus.",
     )
-    assert obs.attributes["pci"] == "0000:91:00.0"
-    assert obs.attributes["recommended_action"] == "reboot_node"
-    assert obs.attributes["mnemonic"] == "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS"
-    assert obs.attributes["kernel_time_us"] == "6781741548779"
-    assert "pid" not in obs.attributes  # '<unknown>' is absent, not "None"
+    assert obs.attributes == {}
+    text = kernel_log.to_attributes(obs.kernel_log)
+    assert text["pci"] == "0000:91:00.0"
+    assert text["kernel_time_us"] == "6781741548779"
+    assert "pid" not in text  # '<unknown>' is absent, not "None"
+    assert not {"recommended_action", "mnemonic", "reason"} & text.keys()
 
 
 def test_observation_of_nvlink_and_recovery_fields():
     events = fixture_events("kmsg_records.txt")
-    netir = to_observation(events[1], 1, classify(events[1]))
-    assert netir.attributes["registers"].startswith("0x025001c6 0x00000000")
-    assert (netir.attributes["nvlink_fatal"], netir.attributes["nvlink_subcode"]) == ("true", "NETIR_LINK_EVT")
-    recovery = to_observation(events[4], 1, classify(events[4]))
-    assert (recovery.attributes["recovery_action"], recovery.attributes["previous_recovery_action"]) == (
-        "GPU_RESET",
-        "NONE",
-    )
+    netir = kernel_log.to_attributes(to_observation(events[1], 1).kernel_log)
+    assert netir["registers"].startswith("0x025001c6 0x00000000")
+    assert (netir["nvlink_fatal"], netir["nvlink_subcode"]) == ("true", "NETIR_LINK_EVT")
+    recovery = kernel_log.to_attributes(to_observation(events[4], 1).kernel_log)
+    assert (recovery["recovery_action"], recovery["previous_recovery_action"]) == ("GPU_RESET", "NONE")
+
+
+def test_the_text_form_of_the_facts_reads_back_as_the_same_facts():
+    """The spool and the controller's store keep the facts as text: nothing is lost on the way back."""
+    for e in parse_lines((FIXTURES / "kmsg_records.txt").read_text().splitlines()) + fixture_events(
+        "dmesg_fallen_off_bus.txt"
+    ):
+        back = kernel_log.from_attributes(
+            kernel_log.to_attributes(e), message=e.message, xid=e.xid, gpu_uuid=e.gpu_uuid
+        )
+        assert back == e
 
 
 # --- robustness --------------------------------------------------------------------------------------
@@ -497,8 +442,10 @@ def test_parser_never_raises(parts, repeat):
     for _ in range(repeat):
         for event in parser.feed(line):
             assert isinstance(event, KernelEvent)
-            # classification and conversion must cope with whatever was parsed
-            to_observation(event, 0, classify(event))
+            # conversion and the text form of the facts must cope with whatever was parsed
+            to_observation(event, 0)
+            text = kernel_log.to_attributes(event)
+            assert kernel_log.from_attributes(text, message=event.message, xid=event.xid) is not None
 
 
 @settings(max_examples=100, deadline=None)
