@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -236,6 +237,16 @@ def detect(
         max_ramp_60s_w_per_s=max_ramp_w_per_s(x, sample_hz, 60.0),
         band_power_w2=band_power(x, sample_hz, policy.band_low_hz, policy.band_high_hz),
     )
+
+
+def scaled_series(rows: Sequence[tuple[int, float, int]], full: int) -> np.ndarray:
+    """Aggregate power per bucket (`fleet.PowerWindow.series` rows), each scaled up to the full GPU count.
+
+    A busy agent can miss a 100 ms bucket; dropping every incomplete bucket would leave nothing at
+    scale, and keeping it unscaled would show a dip that is not there. Buckets with fewer than half
+    the GPUs are dropped.
+    """
+    return np.array([total * full / count for _, total, count in rows if count >= 0.5 * full])
 
 
 # Energy -------------------------------------------------------------------------------------------
