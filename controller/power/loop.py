@@ -218,7 +218,7 @@ class PowerLoop:
             bmc_fallback_after_s=settings.bmc_fallback_after_s,
             draw_window_s=settings.draw_window_s,
         )
-        self._period = self._fresh_state(settings.tree, settings.policy, now_s=0.0)
+        self._period = fresh_state(settings, self._config, settings.tree, settings.policy, replica=self._replica)
         self._started = False
         self._budget_overrides: dict[str, int | None] = {}
         self._known_gpus: dict[str, fleet.GpuRecord] = {}
@@ -265,26 +265,13 @@ class PowerLoop:
         """The job-start smoothing profiles the loop believes are on the GPUs (`core.power.start_smoothing`)."""
         return self._period.start
 
-    def _fresh_state(
-        self,
-        tree: power_tree.PowerTree,
-        policy: power_policy.PowerPolicy,
-        *,
-        now_s: float,
-        apply: power_apply.ApplyState | None = None,
-        start: start_smoothing.StartState | None = None,
-        plan: tuple[swing.SmoothingPlan, swing.SwingReport] | None = None,
-    ) -> period.PeriodState:
-        if apply is None:
-            epoch = f"{int(now_s * 1000):x}{self._replica}"
-            apply = power_apply.ApplyState.unknown((), now_s=now_s, policy=policy, epoch=epoch)
-        return period.initial_state(self._config, tree, policy, apply, seed=self.settings.seed, start=start, plan=plan)
-
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the persisted state (budgets, policy, apply state, smoothing) and start the control loop."""
         docs = await self._ingest.run_in_store(lambda: self._docs.load_docs("power/"))
-        self._period = self._restore(docs, self._now())
+        self._period, overrides = restored_state(settings=self.settings, config=self._config, docs=docs,
+                                                 now_s=self._now(), replica=self._replica)  # fmt: skip
+        self._budget_overrides.update(overrides)
         # Every GPU the store knows, connected now or not: a node whose agent has not (yet) come back
         # keeps the caps it had, and the allocator must count them (`views.inventory`).
         nodes = await self._ingest.run_in_store(self._ingest.store.list_nodes)
@@ -293,44 +280,6 @@ class PowerLoop:
         self._task = asyncio.create_task(self._run(), name="rasd-power-loop")
         log.info("power_loop_started", period_s=self.policy.control_period_s, domains=len(self.tree.domains),
                  gpus_known=len(self._known_gpus))  # fmt: skip
-
-    def _restore(self, docs: Mapping[str, Any], now: float) -> period.PeriodState:
-        """The state to start from: the configured tree and policy with the operator's changes, and the store's."""
-        tree = self.settings.tree
-        for name, budget in (docs.get(BUDGETS_DOC) or {}).items():
-            try:
-                tree = tree.with_budget(name, budget)
-                self._budget_overrides[name] = budget
-            except power_tree.PowerTreeError as exc:
-                log.error("power_budget_override_dropped", domain=name, error=str(exc))
-        policy = self.settings.policy
-        if docs.get(POLICY_DOC):
-            try:
-                policy = power_policy.PowerPolicy.from_mapping(docs[POLICY_DOC])
-            except power_policy.PolicyError as exc:
-                log.error("power_policy_override_dropped", error=str(exc))
-        apply = None
-        if docs.get(APPLY_DOC):
-            apply = power_apply.ApplyState.from_mapping(docs[APPLY_DOC])
-            log.info("power_state_restored", gpus=len(apply.gpus), next_seq=apply.next_seq)
-        start = None
-        if docs.get(START_DOC):
-            try:
-                start = start_smoothing.StartState.from_mapping(docs[START_DOC])
-            except ValueError as exc:
-                log.error("power_start_smoothing_state_dropped", error=str(exc))
-            else:
-                log.info("power_start_smoothing_restored", gpus=len(start.rate_w_per_s), canaries=len(start.canaries))
-        plan = None
-        if docs.get(SMOOTHING_DOC):
-            try:
-                saved = docs[SMOOTHING_DOC]
-                plan = swing.SmoothingPlan(**saved["plan"]), swing.SwingReport(**saved["report"])
-            except (KeyError, TypeError) as exc:
-                log.error("power_smoothing_plan_dropped", error=str(exc))
-            else:
-                log.info("power_smoothing_restored", mode=plan[0].mode, reason=plan[0].reason)
-        return self._fresh_state(tree, policy, now_s=now, apply=apply, start=start, plan=plan)
 
     async def stop(self) -> None:
         """Stop the loop and wait for commands in flight (their acks are dropped; read-backs settle them)."""
@@ -525,7 +474,9 @@ class PowerLoop:
             sample_hz=1e9 / window.bucket_ns,
             draw_peaks_w=window.gpu_max_w(reads.draw_since_unix_ns),
             status_rows=tuple(window.series(since_unix_ns=reads.status_since_unix_ns)),
-            swing_rows=tuple(window.series(since_unix_ns=detect, tracked=reads.swing_tracked)) if detect else (),
+            swing_rows=tuple(window.series(since_unix_ns=detect, tracked=reads.swing_tracked))
+            if detect is not None
+            else (),
             straggler_peaks_w=window.gpu_max_w(detect) if detect is not None else None,
         )
 
@@ -663,6 +614,79 @@ class PowerLoop:
         else:
             self._ingest.metrics.power_bmc_limits.labels(outcome="not_confirmed").inc()
             log.error("power_bmc_limit_not_confirmed", node=node_id, wanted_w=limit_w, read_back_w=read_back_w)
+
+
+def fresh_state(
+    settings: PowerSettings,
+    config: period_inputs.PeriodConfig,
+    tree: power_tree.PowerTree,
+    policy: power_policy.PowerPolicy,
+    *,
+    replica: str,
+    now_s: float = 0.0,
+    apply: power_apply.ApplyState | None = None,
+    start: start_smoothing.StartState | None = None,
+    plan: tuple[swing.SmoothingPlan, swing.SwingReport] | None = None,
+) -> period.PeriodState:
+    """A loop's first state: an apply state that knows nothing (unless given) under a new epoch."""
+    if apply is None:
+        epoch = f"{int(now_s * 1000):x}{replica}"
+        apply = power_apply.ApplyState.unknown((), now_s=now_s, policy=policy, epoch=epoch)
+    return period.initial_state(config, tree, policy, apply, seed=settings.seed, start=start, plan=plan)
+
+
+def restored_state(
+    *,
+    settings: PowerSettings,
+    config: period_inputs.PeriodConfig,
+    docs: Mapping[str, Any],
+    now_s: float,
+    replica: str,
+) -> tuple[period.PeriodState, dict[str, int | None]]:
+    """The state a starting loop continues from, and the operator's budget overrides that held.
+
+    The configured tree and policy with the operator's changes, and the apply state, start profiles
+    and swing plan the store kept (a bad one is dropped and logged).
+    """
+    tree = settings.tree
+    overrides: dict[str, int | None] = {}
+    for name, budget in (docs.get(BUDGETS_DOC) or {}).items():
+        try:
+            tree = tree.with_budget(name, budget)
+            overrides[name] = budget
+        except power_tree.PowerTreeError as exc:
+            log.error("power_budget_override_dropped", domain=name, error=str(exc))
+    policy = settings.policy
+    if docs.get(POLICY_DOC):
+        try:
+            policy = power_policy.PowerPolicy.from_mapping(docs[POLICY_DOC])
+        except power_policy.PolicyError as exc:
+            log.error("power_policy_override_dropped", error=str(exc))
+    apply = None
+    if docs.get(APPLY_DOC):
+        apply = power_apply.ApplyState.from_mapping(docs[APPLY_DOC])
+        log.info("power_state_restored", gpus=len(apply.gpus), next_seq=apply.next_seq)
+    start = None
+    if docs.get(START_DOC):
+        try:
+            start = start_smoothing.StartState.from_mapping(docs[START_DOC])
+        except ValueError as exc:
+            log.error("power_start_smoothing_state_dropped", error=str(exc))
+        else:
+            log.info("power_start_smoothing_restored", gpus=len(start.rate_w_per_s), canaries=len(start.canaries))
+    plan = None
+    if docs.get(SMOOTHING_DOC):
+        try:
+            saved = docs[SMOOTHING_DOC]
+            plan = swing.SmoothingPlan(**saved["plan"]), swing.SwingReport(**saved["report"])
+        except (KeyError, TypeError) as exc:
+            log.error("power_smoothing_plan_dropped", error=str(exc))
+        else:
+            log.info("power_smoothing_restored", mode=plan[0].mode, reason=plan[0].reason)
+    state = fresh_state(
+        settings, config, tree, policy, replica=replica, now_s=now_s, apply=apply, start=start, plan=plan
+    )
+    return state, overrides
 
 
 def _audit(now_ns: int, actor: str, action: str, reason: str) -> dict[str, Any]:
