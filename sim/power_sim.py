@@ -350,12 +350,6 @@ def _r(value: float | None, digits: int = 1) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, digits)
 
 
-def _mean_step(steps: list[tuple[float, float, int]], from_s: float, to_s: float) -> float | None:
-    """Mean length of the steps wholly inside [from_s, to_s], s (None: none)."""
-    inside = [d for s, d, _ in steps if s >= from_s and s + d <= to_s]
-    return float(np.mean(inside)) if inside else None
-
-
 def report_section(
     trace: PowerTrace, policy: Any, *, measure_from_s: float | None = None, measure_until_s: float | None = None
 ) -> dict[str, Any]:
@@ -378,8 +372,11 @@ def report_section(
     band_u = swing.band_power(unmanaged, SAMPLE_HZ, policy.band_low_hz, policy.band_high_hz)
     win_from, win_to = float(t[window][0]), float(t[window][-1])
 
-    step_m = _mean_step(trace.managed_steps_s, win_from, win_to)
-    step_u = _mean_step(trace.unmanaged_steps_s, win_from, win_to)
+    def mean_step(steps: list[tuple[float, float, int]]) -> float | None:
+        inside = [d for s, d, _ in steps if s >= win_from and s + d <= win_to]
+        return float(np.mean(inside)) if inside else None
+
+    step_m, step_u = mean_step(trace.managed_steps_s), mean_step(trace.unmanaged_steps_s)
     step_cost = 100.0 * (step_m / step_u - 1.0) if step_m and step_u else None
     energy = None
     if step_m and step_u and unmanaged.mean() > 0:
@@ -498,7 +495,18 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
     in_window = (caps[:, 0] >= start - 1.0) & (caps[:, 0] <= until)
     first_s = (t >= start) & (t <= start + 1.0)
     before = t < start
-    full_speed, delay = _full_speed(trace, start)
+    managed_steps = trace.managed_steps_s
+    unmanaged_steps = trace.unmanaged_steps_s
+    full_speed = delay = None
+    # Twins are paired by step index, not by position: a list can lack a first step the other has
+    # (one that began a hair before the job's recorded start), and a shift of one pairs step k with
+    # step k + 1 (seen as a negative delay).
+    unmanaged_by_index = {index: (u_start, u_len) for u_start, u_len, index in unmanaged_steps}
+    for m_start, m_len, index in managed_steps:
+        twin = unmanaged_by_index.get(index)
+        if twin is not None and m_len <= 1.01 * twin[1]:
+            full_speed, delay = m_start - start, m_start - twin[0]
+            break
     return {
         "job_start_s": _r(start, 2),
         "job_start_ramp_end_s": _r(ramp_end, 2),
@@ -528,25 +536,6 @@ def job_start_section(trace: PowerTrace, *, period_s: float, after_ramp_s: float
         "full_speed_after_s": _r(full_speed, 2),
         "job_start_delay_s": _r(delay, 2),
     }
-
-
-def _full_speed(trace: PowerTrace, start: float) -> tuple[float | None, float | None]:
-    """When the managed job first ran at full speed after its start, and how far behind it was then.
-
-    Returns:
-        (when the first managed step no more than 1 % longer than its unmanaged twin began, s after
-        the job start; how far the managed job was behind the unmanaged one then, s); (None, None)
-        when no step was.
-    """
-    # Twins are paired by step index, not by position: a list can lack a first step the other has
-    # (one that began a hair before the job's recorded start), and a shift of one pairs step k with
-    # step k + 1 (seen as a negative delay).
-    unmanaged_by_index = {index: (u_start, u_len) for u_start, u_len, index in trace.unmanaged_steps_s}
-    for m_start, m_len, index in trace.managed_steps_s:
-        twin = unmanaged_by_index.get(index)
-        if twin is not None and m_len <= 1.01 * twin[1]:
-            return m_start - start, m_start - twin[0]
-    return None, None
 
 
 def markdown_rows(power: dict[str, Any]) -> list[str]:
