@@ -279,30 +279,12 @@ def _smoothing_rows(figures: dict, labels: tuple[str, str, str, str]) -> list[tu
     ]  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run both, print the section, write it to bench/RESULTS.md."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=16)
-    parser.add_argument("--gpus-per-node", type=int, default=64)
-    parser.add_argument("--duration-s", type=float, default=60.0)
-    parser.add_argument("--load-change-s", type=float, default=35.0)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
-    args = parser.parse_args(argv)
-    rasd_logging.configure("warning")
-    info = results.machine()
-    gpus = args.nodes * args.gpus_per_node
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = pathlib.Path(tmp_name)
-        swing = swing_and_cuts(args, tmp)
-        emu = emulated(args, tmp)
-        slosh = sloshing(args, tmp)
-        start = job_start(args, tmp)
-        steady = job_start(args, tmp, steady=True)
+def _checks(swing: dict, emu: dict, slosh: dict, start: dict, steady: dict) -> list[tuple]:
+    """The goal table's rows (figure, measured, goal, met): a data table."""
     cuts = {c["level"]: c for c in swing.get("budget_cuts", [])}
     node_cut = cuts.get("node", {}).get("enforced_s")
     rack_cut = cuts.get("rack", {}).get("enforced_s")
-    checks = [
+    return [
         *_smoothing_rows(
             swing,
             ("peak-to-peak swing reduced", "0.1-2 Hz band power attenuation", "step-time cost (floors and ramps)",
@@ -346,26 +328,11 @@ def main(argv: list[str] | None = None) -> int:
           and slosh["budget_violations"] == 0 and start.get("budget_violations") == 0
           and steady.get("budget_violations") == 0)),
     ]  # fmt: skip
-    table = "\n".join(
-        [
-            "| figure | measured | goal | |",
-            "|---|---|---|---|",
-            *(f"| {name} | {value} | {goal} | {_verdict(ok)} |" for name, value, goal, ok in checks),
-        ]
-    )
-    section = (
-        f"{SECTION}\n\n"
-        f"Command: `.venv/bin/python bench/power.py --nodes {args.nodes} --gpus-per-node {args.gpus_per_node} "
-        f"--duration-s {args.duration_s:g} --load-change-s {args.load_change_s:g} --seed {args.seed}`  \n"
-        f"Machine: {info}  \n"
-        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {gpus:,} simulated B200-class GPUs "
-        f"({args.nodes} nodes x {args.gpus_per_node}, 4 nodes per rack), one synchronous job (2 s step, 70 % "
-        "compute at 650-700 W, 100-150 W communication, 5-20 ms jitter per rank and step); real agents and "
-        "controller over loopback gRPC in one process; ground truth sampled from the simulated GPUs at 10 Hz; "
-        "the unmanaged figures from the same seeded job with no caps or smoothing, over the same instants "
-        f"(`rasd.sim.power_sim`). Swing run wall {swing.get('wall_s')} s (CPU {swing.get('cpu_s')} s); "
-        f"sloshing run wall {slosh['wall_s']} s.\n\n"
-        f"{table}\n\n"
+
+
+def _swing_prose(swing: dict, emu: dict, gpus: int) -> str:
+    """The swing and emulated runs, in words."""
+    return (
         f"Swing run: unmanaged p2p {swing.get('swing_p2p_w_unmanaged')} W, managed {swing.get('swing_p2p_w_managed')} "
         f"W over t = {swing.get('window_s')} s; smoothing {swing.get('smoothing_mode')} from "
         f"{swing.get('smoothing_from_s')} s, floor {swing.get('floor_w_per_gpu')} W per GPU; step "
@@ -384,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{emu.get('swing_p2p_w_managed')} W over t = {emu.get('window_s')} s; smoothing {emu.get('smoothing_mode')} "
         f"from {emu.get('smoothing_from_s')} s, floor {emu.get('floor_w_per_gpu')} W per GPU; step "
         f"{emu.get('step_s_unmanaged')} s -> {emu.get('step_s_managed')} s; run wall {emu.get('wall_s')} s.  \n"
+    )
+
+
+def _sloshing_prose(slosh: dict) -> str:
+    """The sloshing run, in words."""
+    return (
         f"Sloshing run: budget {slosh['budget_w']:,} W; stranded {slosh['stranded_pct_before']} % before the load "
         f"change, peak {slosh['stranded_pct_after_peak']} % after it, {slosh['stranded_pct_steady_after']} % from the "
         f"4th period on; converged {slosh['converge_s']} s after the change: {slosh['converge_control_periods']} "
@@ -394,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         f"stranded the run converges in {slosh['converge_periods_with_in_transit']} runs of the loop "
         f"({slosh['converge_s_with_in_transit']} s). Stranded power cannot fall below (minimum cap - idle draw) x "
         "the idle GPUs: here (200 - 70) W on each GPU of the 2 stopped nodes.  \n"
+    )
+
+
+def _job_start_prose(start: dict, steady: dict) -> str:
+    """The job-start runs, in words."""
+    return (
         f"Job-start run: the same job starts at {start.get('job_start_s')} s on {start.get('job_start_parked_gpus')} "
         f"GPUs parked at their 200 W minimum (policy `job_start_ramp_enabled = true`, `ramp_limit_w_per_s = "
         f"{JOB_START_RAMP_W_PER_S:g}`, control period 1 s; each raise slewed by its agent at the GPU's share of "
@@ -427,6 +406,53 @@ def main(argv: list[str] | None = None) -> int:
         "raises; full speed "
         f"{steady.get('full_speed_after_s')} s after the start, "
         f"{steady.get('job_start_delay_s')} s behind the unmanaged job; run wall {steady.get('wall_s')} s.\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both, print the section, write it to bench/RESULTS.md."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--gpus-per-node", type=int, default=64)
+    parser.add_argument("--duration-s", type=float, default=60.0)
+    parser.add_argument("--load-change-s", type=float, default=35.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    args = parser.parse_args(argv)
+    rasd_logging.configure("warning")
+    info = results.machine()
+    gpus = args.nodes * args.gpus_per_node
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = pathlib.Path(tmp_name)
+        swing = swing_and_cuts(args, tmp)
+        emu = emulated(args, tmp)
+        slosh = sloshing(args, tmp)
+        start = job_start(args, tmp)
+        steady = job_start(args, tmp, steady=True)
+    checks = _checks(swing, emu, slosh, start, steady)
+    table = "\n".join(
+        [
+            "| figure | measured | goal | |",
+            "|---|---|---|---|",
+            *(f"| {name} | {value} | {goal} | {_verdict(ok)} |" for name, value, goal, ok in checks),
+        ]
+    )
+    section = (
+        f"{SECTION}\n\n"
+        f"Command: `.venv/bin/python bench/power.py --nodes {args.nodes} --gpus-per-node {args.gpus_per_node} "
+        f"--duration-s {args.duration_s:g} --load-change-s {args.load_change_s:g} --seed {args.seed}`  \n"
+        f"Machine: {info}  \n"
+        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {gpus:,} simulated B200-class GPUs "
+        f"({args.nodes} nodes x {args.gpus_per_node}, 4 nodes per rack), one synchronous job (2 s step, 70 % "
+        "compute at 650-700 W, 100-150 W communication, 5-20 ms jitter per rank and step); real agents and "
+        "controller over loopback gRPC in one process; ground truth sampled from the simulated GPUs at 10 Hz; "
+        "the unmanaged figures from the same seeded job with no caps or smoothing, over the same instants "
+        f"(`rasd.sim.power_sim`). Swing run wall {swing.get('wall_s')} s (CPU {swing.get('cpu_s')} s); "
+        f"sloshing run wall {slosh['wall_s']} s.\n\n"
+        f"{table}\n\n"
+        f"{_swing_prose(swing, emu, gpus)}"
+        f"{_sloshing_prose(slosh)}"
+        f"{_job_start_prose(start, steady)}"
     )
     print(section)
     if not args.no_write:

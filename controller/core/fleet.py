@@ -1,6 +1,7 @@
 """The controller's view of the fleet: nodes, GPUs, their latest telemetry, and fleet power.
 
-Pure: no I/O, no logging, no clock reads. `now_unix_ns` comes in as an argument.
+Pure: no I/O, no logging, no clock reads. The time comes in as `now_s` (Unix seconds); stored and wire
+timestamps keep their unit in their names (`*_unix_ns`).
 
 `PowerWindow` keeps the fleet's aggregate draw in fixed time buckets (100 ms by default) for a
 bounded span: the "controller memory window" of DESIGN.md §7 that the swing detector and the
@@ -119,13 +120,13 @@ def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
     )
 
 
-def drop_stale_power(latest: GpuLatest, *, now_unix_ns: int, stale_after_s: float) -> GpuLatest:
+def drop_stale_power(latest: GpuLatest, *, now_s: float, stale_after_s: float) -> GpuLatest:
     """Forget a power reading older than stale_after_s: a GPU that stopped reporting draws unknown.
 
     Example: a GPU that fell off the bus 30 s ago last reported 650 W; showing 650 W forever would
     hide it, so its draw becomes None (unknown) while its cap stays what it was.
     """
-    if latest.power_w is None or now_unix_ns - latest.power_sample_unix_ns <= stale_after_s * 1e9:
+    if latest.power_w is None or now_s - latest.power_sample_unix_ns / 1e9 <= stale_after_s:
         return latest
     return dataclasses.replace(latest, power_w=None)
 

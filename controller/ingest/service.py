@@ -697,7 +697,7 @@ class Ingest:
                     gpu,
                     latest=fleet.drop_stale_power(
                         fleet.merge_latest(gpu.latest, self.latest.get(gpu.record.uuid) or gpu.latest),
-                        now_unix_ns=now,
+                        now_s=now / 1e9,
                         stale_after_s=self.settings.power_stale_after_s,
                     ),
                 )

@@ -164,7 +164,7 @@ def sweep_candidates(
             if seen is None:
                 draws.append((None, 0.0))
                 continue
-            seen = fleet.drop_stale_power(seen, now_unix_ns=now_unix_ns, stale_after_s=stale_after_s)
+            seen = fleet.drop_stale_power(seen, now_s=now_unix_ns / 1e9, stale_after_s=stale_after_s)
             draws.append((seen.power_w, float(seen.enforced_power_limit_w or 0)))
         idle = (
             not busy and node_id not in out_of_service and sdc.node_is_idle(draws, idle_power_pct=policy.idle_power_pct)

@@ -271,47 +271,107 @@ def allocate(
     Returns:
         The allocation: target caps within every budget and every GPU's [min, max].
     """
-    idx = tree.index
     n = len(views)
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Allocation(empty, np.zeros(0, bool), np.zeros(0), 0.0, 0.0, 0.0, (), "no GPUs to allocate")
-    cap = views.cap_w
-    ref = cap if previous_caps is None else np.asarray(previous_caps, dtype=np.float64)
-    draw = views.draw_w
-    eligible = views.eligible
+    ref = views.cap_w if previous_caps is None else np.asarray(previous_caps, dtype=np.float64)
+    lo, hi, step = _limits(views, policy)
+    capped, donor = _classify(views, policy)
+    demand, release = _demand(views, ref, capped, donor, lo, hi, step, policy)
+    target, infeasible = _grant(tree.index, views, ref, capped, demand, lo, hi)
+    target = _jitter_raises(views, ref, target, lo, hi, policy, rng)
+    caps = _enforce(np.floor(target), lo, views.node_idx, tree.index)
+    unmet = float(np.maximum(demand - caps, 0.0).sum())
+    reason = (
+        f"{int(capped.sum())} capped, {int(release.sum())} donors, "
+        f"{int((~views.eligible).sum())} ineligible of {n} GPUs; unmet demand {unmet:.0f} W"
+    )
+    if infeasible:
+        reason += f"; minimum caps exceed the budget of {', '.join(infeasible)}"
+    return Allocation(
+        caps_w=caps.astype(np.int64),
+        capped=capped,
+        demand_w=demand,
+        unmet_w=unmet,
+        stranded_w=stranded_w(views, policy.capped_threshold_pct),
+        settling_w=stranded_w(views, policy.capped_threshold_pct, settling=True),
+        infeasible=infeasible,
+        reason=reason,
+    )
 
-    # Whole watts: the wire carries integer limits, and integer budgets make the sums exact.
+
+def _limits(views: GpuViews, policy: power_policy.PowerPolicy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each GPU's (lowest cap, highest cap, hysteresis step), W.
+
+    Whole watts: the wire carries integer limits, and integer budgets make the sums exact. A marginal
+    GPU is held to `marginal_cap_pct` of its maximum, an ineligible one to its minimum.
+    """
     lo = np.ceil(views.min_w)
     hi = np.floor(views.max_w)
     marginal_hi = np.floor(views.max_w * (policy.marginal_cap_pct / 100.0))
     hi = np.where(views.marginal, np.maximum(lo, np.minimum(hi, marginal_hi)), hi)
-    hi = np.where(eligible, hi, lo)
+    hi = np.where(views.eligible, hi, lo)
     step = np.maximum((views.max_w - views.min_w) * (policy.max_step_pct_of_range / 100.0), policy.min_change_w)
+    return lo, hi, step
 
-    # 1. Classify against the enforced cap, with the hysteresis band between donor and capped.
-    # An unreachable GPU is neither: it holds its cap (assumed drawn) until its agent is back.
-    reachable = views.reachable
-    active = eligible & reachable
+
+def _classify(views: GpuViews, policy: power_policy.PowerPolicy) -> tuple[np.ndarray, np.ndarray]:
+    """Step 1: (capped, donor) against the enforced cap, with the hysteresis band between them.
+
+    An unreachable GPU is neither: it holds its cap (assumed drawn) until its agent is back.
+    """
+    cap, draw = views.cap_w, views.draw_w
+    active = views.eligible & views.reachable
     capped = active & (views.throttled | (draw >= cap * (policy.capped_threshold_pct / 100.0)))
     # A settling GPU's draw was measured under its previous, lower cap: it is not a donor yet.
     assert views.settling is not None
     donor = active & ~capped & ~views.settling & (draw < cap * (policy.lower_band_pct / 100.0))
+    return capped, donor
 
-    # 2. Demand. A capped GPU asks one step above its enforced cap (not above a raise still in
-    # flight, so raises never compound); a donor releases at most one step per period.
+
+def _demand(
+    views: GpuViews,
+    ref: np.ndarray,
+    capped: np.ndarray,
+    donor: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    step: np.ndarray,
+    policy: power_policy.PowerPolicy,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Step 2: (what each GPU asks for, which donors release watts), whole watts within [lo, hi].
+
+    A capped GPU asks one step above its enforced cap (not above a raise still in flight, so raises
+    never compound); a donor releases at most one step per period; everyone else keeps its reference.
+    """
+    cap = views.cap_w
     demand = ref.copy()
     demand = np.where(capped, np.maximum(ref, cap + step), demand)
-    donor_target = np.maximum(np.ceil(draw / (policy.donor_target_pct / 100.0)), cap - step)
+    donor_target = np.maximum(np.ceil(views.draw_w / (policy.donor_target_pct / 100.0)), cap - step)
     release = donor & (ref - donor_target >= policy.min_change_w)
     demand = np.where(release, donor_target, demand)
-    demand = np.where(reachable | ~eligible, demand, cap)
-    demand = np.floor(np.minimum(np.maximum(demand, lo), hi))
+    demand = np.where(views.reachable | ~views.eligible, demand, cap)
+    return np.floor(np.minimum(np.maximum(demand, lo), hi)), release
 
-    # 3. Grant: minimums first; then, per priority class from the highest, first what each GPU holds
-    # or needs (its current cap if capped, else its demand), then what capped GPUs ask beyond it.
-    # Serving known needs before speculative asks keeps a shortage from squeezing a donor below its
-    # draw, which would make it capped next period and start an oscillation of the controller's own.
+
+def _grant(
+    idx: power_tree.TreeIndex,
+    views: GpuViews,
+    ref: np.ndarray,
+    capped: np.ndarray,
+    demand: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Step 3: (each GPU's cap before jitter, domains whose minimums exceed their budget).
+
+    Minimums first; then, per priority class from the highest, first what each GPU holds or needs
+    (its current cap if capped, else its demand), then what capped GPUs ask beyond it. Serving known
+    needs before speculative asks keeps a shortage from squeezing a donor below its draw, which would
+    make it capped next period and start an oscillation of the controller's own.
+    """
+    cap = views.cap_w
     budgets = idx.level_budgets()
     lo_sums = idx.sums(views.node_idx, lo)
     headroom = [b - s for b, s in zip(budgets, lo_sums, strict=True)]
@@ -327,48 +387,41 @@ def allocate(
     hold_sum = np.bincount(class_idx, weights=np.where(capped, hold, 0.0), minlength=len(classes))
     fair = np.divide(hold_sum, n_capped, out=np.zeros(len(classes)), where=n_capped > 0)
     hold = np.where(capped, np.maximum(np.minimum(hold, fair[class_idx]), lo), hold)
-    tiers = (hold - lo, demand - hold)
-    grant = np.zeros(n)
+    grant = np.zeros(len(views))
     for p in classes[::-1]:
         in_class = views.priority == p
-        for extra in tiers:
+        for extra in (hold - lo, demand - hold):
             want = np.where(in_class, extra, 0.0)
             if not want.any():
                 continue
             g = hierarchical_grant(want, headroom, views.node_idx, idx)
             grant += g
             headroom = [h - s for h, s in zip(headroom, idx.sums(views.node_idx, g), strict=True)]
-    target = lo + grant
+    return lo + grant, infeasible
 
-    # 4. Jitter raises (relative to the previous target) and drop the ones below the hysteresis step.
+
+def _jitter_raises(
+    views: GpuViews,
+    ref: np.ndarray,
+    target: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    policy: power_policy.PowerPolicy,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Step 4: scale raises (relative to the previous target) by the seeded jitter; drop the small ones.
+
+    An unreachable GPU is never raised above what may already be in force there.
+    """
+    reachable = views.reachable
     rise = target - ref
     raising = (rise > 0) & reachable
-    jitter = 1.0 - (policy.raise_jitter_pct / 100.0) * rng.random(n)
+    jitter = 1.0 - (policy.raise_jitter_pct / 100.0) * rng.random(len(views))
     jittered = np.floor(ref + rise * jitter)
     target = np.where(raising, np.maximum(jittered, lo), target)
     target = np.where(raising & (target - ref < policy.min_change_w), np.maximum(ref, lo), target)
-    # An unreachable GPU is never raised above what may already be in force there.
-    target = np.where(reachable, target, np.minimum(target, np.maximum(cap, lo)))
-    target = np.minimum(np.maximum(target, lo), hi)
-
-    caps = _enforce(np.floor(target), lo, views.node_idx, idx)
-    unmet = float(np.maximum(demand - caps, 0.0).sum())
-    reason = (
-        f"{int(capped.sum())} capped, {int(release.sum())} donors, "
-        f"{int((~eligible).sum())} ineligible of {n} GPUs; unmet demand {unmet:.0f} W"
-    )
-    if infeasible:
-        reason += f"; minimum caps exceed the budget of {', '.join(infeasible)}"
-    return Allocation(
-        caps_w=caps.astype(np.int64),
-        capped=capped,
-        demand_w=demand,
-        unmet_w=unmet,
-        stranded_w=stranded_w(views, policy.capped_threshold_pct),
-        settling_w=stranded_w(views, policy.capped_threshold_pct, settling=True),
-        infeasible=infeasible,
-        reason=reason,
-    )
+    target = np.where(reachable, target, np.minimum(target, np.maximum(views.cap_w, lo)))
+    return np.minimum(np.maximum(target, lo), hi)
 
 
 def _ratio(num: np.ndarray | float, den: np.ndarray | float) -> np.ndarray:

@@ -445,64 +445,21 @@ def plan(
         (new state with the sent commands pending, the plan).
     """
     n = len(state.gpus)
-    lo, hi = state.min_w, state.max_w
-    target = np.minimum(np.maximum(np.floor(np.asarray(targets_w, dtype=np.float64)), lo), hi)
+    target = np.minimum(np.maximum(np.floor(np.asarray(targets_w, dtype=np.float64)), state.min_w), state.max_w)
     node_of = tree.index.node_of_name
     node_idx = np.array([node_of[g.node_id] for g in state.gpus], dtype=np.intp)
     bound = may_be_in_force_w(state)
     free = state.pending_seq == NO_COMMAND
-
     # Phase 1: decreases never raise a bound, so they always go out.
     lower = free & (target < bound)
-    # Phase 2: raises only into slack computed from the bounds, in which every unconfirmed decrease
-    # (including the ones sent just now) still counts at its old value.
-    budgets = tree.index.level_budgets()
-    sums = tree.index.sums(node_idx, bound)
-    over: list[str] = []
-    if any(np.any(s > b) for s, b in zip(sums, budgets, strict=True)):
-        over = tree.index.over_budget(node_idx, bound)
-    wanted = np.where(free & (target > bound), target - bound, 0.0)
-    if policy.strict_two_phase:
-        confirmed = np.where(np.isnan(state.confirmed_w), state.max_w, state.confirmed_w)
-        if lower.any() or np.any((state.pending_seq != NO_COMMAND) & (state.pending_w < confirmed)):
-            wanted = np.zeros(n)
-    granted = np.zeros(n)
-    if wanted.any():
-        slack = [np.maximum(b - s, 0.0) for b, s in zip(budgets, sums, strict=True)]
-        granted = power.hierarchical_grant(wanted, slack, node_idx, tree.index)
-    # A partial raise is still a raise; skip only the ones too small to matter.
-    raise_ok = (wanted > 0) & ((granted >= wanted) | (granted >= policy.min_change_w))
+    raise_ok, granted, over = _raises(state, target, bound, lower, free, tree, node_idx, policy)
     new_limit = np.where(lower, target, np.where(raise_ok, np.floor(bound + granted), np.nan))
-
     send = lower | raise_ok
     seqs = np.full(n, NO_COMMAND, dtype=np.int64)
     seqs[send] = state.next_seq + np.arange(int(send.sum()))
     deadline = now_s + policy.command_ttl_s
-    # Plain Python lists: indexing numpy scalars one by one would dominate at 16k GPUs.
-    sent = np.flatnonzero(send)
-    prefix = state.command_id(0)[:-1]
-    gpus = state.gpus
     rates = np.zeros(n) if raise_rates_w_per_s is None else np.asarray(raise_rates_w_per_s, dtype=np.float64)
-    rates = np.where(lower, 0.0, rates)
-    commands = [
-        CapCommand(
-            command_id=f"{prefix}{seq}",
-            node_id=gpus[i].node_id,
-            gpu_uuid=gpus[i].gpu_uuid,
-            limit_w=limit,
-            deadline_s=deadline,
-            phase=1 if is_decrease else 2,
-            max_raise_w_per_s=rate,
-        )
-        for i, seq, limit, is_decrease, rate in zip(
-            sent.tolist(),
-            seqs[sent].tolist(),
-            new_limit[sent].astype(np.int64).tolist(),
-            lower[sent].tolist(),
-            rates[sent].tolist(),
-            strict=True,
-        )
-    ]
+    commands = _commands(state, send, seqs, new_limit, lower, np.where(lower, 0.0, rates), deadline)
     new_state = state._replace(
         next_seq=state.next_seq + int(send.sum()),
         pending_w=np.where(send, new_limit, state.pending_w),
@@ -519,3 +476,73 @@ def plan(
     return new_state, CapPlan(
         decreases=decreases, increases=increases, waiting=waiting, over_budget=tuple(over), reason=reason
     )
+
+
+def _raises(
+    state: ApplyState,
+    target: np.ndarray,
+    bound: np.ndarray,
+    lower: np.ndarray,
+    free: np.ndarray,
+    tree: power_tree.PowerTree,
+    node_idx: np.ndarray,
+    policy: power_policy.PowerPolicy,
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Phase 2: (which GPUs get a raise, the watts each is granted, the domains over budget now).
+
+    Raises go only into slack computed from the bounds, in which every unconfirmed decrease
+    (including the ones sent just now) still counts at its old value.
+    """
+    n = len(state.gpus)
+    budgets = tree.index.level_budgets()
+    sums = tree.index.sums(node_idx, bound)
+    over: list[str] = []
+    if any(np.any(s > b) for s, b in zip(sums, budgets, strict=True)):
+        over = tree.index.over_budget(node_idx, bound)
+    wanted = np.where(free & (target > bound), target - bound, 0.0)
+    if policy.strict_two_phase:
+        confirmed = np.where(np.isnan(state.confirmed_w), state.max_w, state.confirmed_w)
+        if lower.any() or np.any((state.pending_seq != NO_COMMAND) & (state.pending_w < confirmed)):
+            wanted = np.zeros(n)
+    granted = np.zeros(n)
+    if wanted.any():
+        slack = [np.maximum(b - s, 0.0) for b, s in zip(budgets, sums, strict=True)]
+        granted = power.hierarchical_grant(wanted, slack, node_idx, tree.index)
+    # A partial raise is still a raise; skip only the ones too small to matter.
+    raise_ok = (wanted > 0) & ((granted >= wanted) | (granted >= policy.min_change_w))
+    return raise_ok, granted, over
+
+
+def _commands(
+    state: ApplyState,
+    send: np.ndarray,
+    seqs: np.ndarray,
+    new_limit: np.ndarray,
+    lower: np.ndarray,
+    rates: np.ndarray,
+    deadline_s: float,
+) -> list[CapCommand]:
+    """One `CapCommand` per GPU to send, in GPU order."""
+    # Plain Python lists: indexing numpy scalars one by one would dominate at 16k GPUs.
+    sent = np.flatnonzero(send)
+    prefix = state.command_id(0)[:-1]
+    gpus = state.gpus
+    return [
+        CapCommand(
+            command_id=f"{prefix}{seq}",
+            node_id=gpus[i].node_id,
+            gpu_uuid=gpus[i].gpu_uuid,
+            limit_w=limit,
+            deadline_s=deadline_s,
+            phase=1 if is_decrease else 2,
+            max_raise_w_per_s=rate,
+        )
+        for i, seq, limit, is_decrease, rate in zip(
+            sent.tolist(),
+            seqs[sent].tolist(),
+            new_limit[sent].astype(np.int64).tolist(),
+            lower[sent].tolist(),
+            rates[sent].tolist(),
+            strict=True,
+        )
+    ]

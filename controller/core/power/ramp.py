@@ -161,58 +161,26 @@ def job_start_ramp(
     if not policy.job_start_ramp_enabled:
         return RampDecision(RampState(last_s=now_s), targets.copy(), 0, 0, 0.0)
     mins = np.asarray(min_w, dtype=np.float64)
-    parked_at = start_cap_w(mins, policy)
-    idle_since: dict[str, float] = {}
-    ceiling = np.full(len(gpu_uuids), np.inf)
-    for i, gpu in enumerate(gpu_uuids):
-        if idle[i]:
-            idle_since[gpu] = state.idle_since_s.get(gpu, now_s)
-        if gpu in state.ceiling_w:
-            ceiling[i] = state.ceiling_w[gpu]
-    parked = np.zeros(len(gpu_uuids), dtype=bool)
-    for i, gpu in enumerate(gpu_uuids):
-        if idle[i] and now_s - idle_since[gpu] >= policy.job_start_idle_s:
-            ceiling[i] = parked_at[i]  # parked (again): the next job starts from here
-            parked[i] = True
+    idle_since, ceiling, parked = _park(state, gpu_uuids, idle, start_cap_w(mins, policy), now_s, policy)
     busy = ~np.asarray(idle, dtype=bool)
     just_started = np.array([gpu in state.idle_since_s for gpu in gpu_uuids], dtype=bool)
     ramping = busy & np.isfinite(ceiling) & ~just_started
     delivered = np.array([state.last_target_w.get(gpu, np.inf) for gpu in gpu_uuids])
     # (Delivered targets are whole watts: a ceiling's fraction of a watt is not a trailing target.)
     ceiling = np.where(ramping & (delivered < np.floor(ceiling)), delivered, ceiling)
-    n = int(ramping.sum())
-    rise_w = 0.0
-    rates = np.zeros(len(gpu_uuids))
-    jumps = tuple((t, w) for t, w in state.recent_jumps if now_s - t < RAMP_WINDOW_S)
-    finishing = {g: t for g, t in state.finishing_since_s.items() if now_s - t < RAMP_WINDOW_S + RAMP_LEAD_S}
     started = busy & just_started & np.isfinite(ceiling)
-    if started.any():
-        jumps = (*jumps, (now_s, float(ceiling[started].sum())))
-    if n and state.last_s is not None:
-        dt = min(max(now_s - state.last_s, 0.0), RAMP_WINDOW_S)
-        # A start jump still inside the window leaves only the rest of `limit x 1 s` for raises.
-        aggregate_w_per_s = max(
-            policy.ramp_limit_w_per_s - reserved_w_per_s - sum(w for _, w in jumps) / RAMP_WINDOW_S, 0.0
-        )
-        sharing = n + sum(1 for i, gpu in enumerate(gpu_uuids) if gpu in finishing and not ramping[i])
-        jitter = policy.raise_jitter_pct / 100.0
-        factor = 1.0 - jitter * rng.random(n)
-        rates[ramping] = aggregate_w_per_s / sharing * factor
-        ceiling[ramping] += rates[ramping] * dt
-        rise_w = float(rates[ramping].sum() * dt)
+    jumps = _jumps(state, started, ceiling, now_s)
+    finishing = {g: t for g, t in state.finishing_since_s.items() if now_s - t < RAMP_WINDOW_S + RAMP_LEAD_S}
+    sharing = int(ramping.sum()) + sum(1 for i, gpu in enumerate(gpu_uuids) if gpu in finishing and not ramping[i])
+    rates, rise_w = _raise(ceiling, ramping, state.last_s, now_s, jumps, sharing, reserved_w_per_s, policy, rng)
     # The allocator asks no more (demand met, or no budget left), or a ceiling at the maximum limit
     # can hold nothing back: the ramp of that GPU is done. Its last raise is at most this period's
     # rise (the target is under the ceiling), and it still goes out at its rate.
     done = ramping & ((targets <= delivered) | (ceiling >= np.asarray(max_w, dtype=np.float64)))
     ceiling[done] = np.inf
-    limited = np.isfinite(ceiling)
-    out = targets.copy()
-    aim = ceiling + rates * RAMP_LEAD_S  # rates are 0 where not ramping: parked GPUs stay parked
-    bound = np.maximum(np.floor(aim[limited]), np.ceil(mins[limited])).astype(np.int64)
-    out[limited] = np.minimum(targets[limited], bound)
-    kept = {gpu: float(ceiling[i]) for i, gpu in enumerate(gpu_uuids) if limited[i]}
-    last_target = {gpu: float(min(out[i], np.floor(ceiling[i]))) for i, gpu in enumerate(gpu_uuids) if limited[i]}
     finishing.update((gpu, now_s) for i, gpu in enumerate(gpu_uuids) if done[i])
+    out, kept, last_target = _apply_ceilings(gpu_uuids, targets, ceiling, rates, mins)
+    limited = np.isfinite(ceiling)
     under_ceiling = limited & busy
     return RampDecision(
         state=RampState(
@@ -225,7 +193,7 @@ def job_start_ramp(
         ),
         targets_w=out,
         parked=int((limited & np.asarray(idle, dtype=bool)).sum()),
-        ramping=n,
+        ramping=int(ramping.sum()),
         rise_w=rise_w,
         starting=int(under_ceiling.sum()),
         raise_rates_w_per_s=rates,
@@ -233,3 +201,87 @@ def job_start_ramp(
         under_ceiling=under_ceiling,
         parked_mask=parked,
     )
+
+
+def _jumps(state: RampState, started: np.ndarray, ceiling: np.ndarray, now_s: float) -> tuple[tuple[float, float], ...]:
+    """The job starts within the trailing `RAMP_WINDOW_S`, with this period's (at the start cap) added."""
+    jumps = tuple((t, w) for t, w in state.recent_jumps if now_s - t < RAMP_WINDOW_S)
+    if started.any():
+        jumps = (*jumps, (now_s, float(ceiling[started].sum())))
+    return jumps
+
+
+def _raise(
+    ceiling: np.ndarray,
+    ramping: np.ndarray,
+    last_s: float | None,
+    now_s: float,
+    jumps: Sequence[tuple[float, float]],
+    sharing: int,
+    reserved_w_per_s: float,
+    policy: power_policy.PowerPolicy,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, float]:
+    """Raise the ramping GPUs' ceilings (in place) by their rates x dt; returns (rates W/s, summed rise W).
+
+    Each rate is a jittered share of what the aggregate limit leaves: a start jump still inside the
+    window leaves only the rest of `limit x 1 s` for raises, and the GPUs whose ramp ended lately
+    (`sharing` counts them) still take their share.
+    """
+    rates = np.zeros(len(ceiling))
+    n = int(ramping.sum())
+    if not n or last_s is None:
+        return rates, 0.0
+    dt = min(max(now_s - last_s, 0.0), RAMP_WINDOW_S)
+    aggregate_w_per_s = max(
+        policy.ramp_limit_w_per_s - reserved_w_per_s - sum(w for _, w in jumps) / RAMP_WINDOW_S, 0.0
+    )
+    jitter = policy.raise_jitter_pct / 100.0
+    rates[ramping] = aggregate_w_per_s / sharing * (1.0 - jitter * rng.random(n))
+    ceiling[ramping] += rates[ramping] * dt
+    return rates, float(rates[ramping].sum() * dt)
+
+
+def _park(
+    state: RampState,
+    gpu_uuids: Sequence[str],
+    idle: np.ndarray,
+    parked_at_w: np.ndarray,
+    now_s: float,
+    policy: power_policy.PowerPolicy,
+) -> tuple[dict[str, float], np.ndarray, np.ndarray]:
+    """(GPU -> idle since, each GPU's ceiling carried over, parked again) for this period.
+
+    A GPU idle for `job_start_idle_s` is parked (again) at the start cap: the next job starts from there.
+    """
+    idle_since: dict[str, float] = {}
+    ceiling = np.full(len(gpu_uuids), np.inf)
+    for i, gpu in enumerate(gpu_uuids):
+        if idle[i]:
+            idle_since[gpu] = state.idle_since_s.get(gpu, now_s)
+        if gpu in state.ceiling_w:
+            ceiling[i] = state.ceiling_w[gpu]
+    parked = np.zeros(len(gpu_uuids), dtype=bool)
+    for i, gpu in enumerate(gpu_uuids):
+        if idle[i] and now_s - idle_since[gpu] >= policy.job_start_idle_s:
+            ceiling[i] = parked_at_w[i]
+            parked[i] = True
+    return idle_since, ceiling, parked
+
+
+def _apply_ceilings(
+    gpu_uuids: Sequence[str], targets: np.ndarray, ceiling: np.ndarray, rates: np.ndarray, mins: np.ndarray
+) -> tuple[np.ndarray, dict[str, float], dict[str, float]]:
+    """(targets under their ceilings, GPU -> ceiling kept, GPU -> the target it let through).
+
+    A ramping GPU's target is aimed `RAMP_LEAD_S` at its rate past its ceiling (rates are 0 where
+    not ramping: parked GPUs stay parked), never below its minimum and never above the allocator's.
+    """
+    limited = np.isfinite(ceiling)
+    out = targets.copy()
+    aim = ceiling + rates * RAMP_LEAD_S
+    bound = np.maximum(np.floor(aim[limited]), np.ceil(mins[limited])).astype(np.int64)
+    out[limited] = np.minimum(targets[limited], bound)
+    kept = {gpu: float(ceiling[i]) for i, gpu in enumerate(gpu_uuids) if limited[i]}
+    last_target = {gpu: float(min(out[i], np.floor(ceiling[i]))) for i, gpu in enumerate(gpu_uuids) if limited[i]}
+    return out, kept, last_target

@@ -200,24 +200,8 @@ def decide(
         return StartDecision(StartState(), {}, tuple(held), reason="start smoothing is off")
     if detected_active:
         return StartDecision(StartState(), {}, (), handed_over=len(held), reason="the swing plan took over")
-    release = []
-    settled = {}
     limit = policy.ramp_limit_w_per_s
-    timed_out = []
-    for gpu in held:
-        i = index[gpu]
-        if parked[i]:
-            release.append(gpu)
-            continue
-        if starting[i]:
-            continue
-        since = state.settled_since_s.get(gpu, now_s)
-        settled[gpu] = since
-        if now_s - since >= policy.job_start_smoothing_release_s:
-            timed_out.append(gpu)
-    swing_too_big = unmanaged_p2p_w is not None and unmanaged_p2p_w > limit * RAMP_WINDOW_S
-    if not swing_too_big:
-        release.extend(timed_out)
+    release, settled = _releases(state, held, index, parked, starting, unmanaged_p2p_w, now_s, policy)
     for gpu in release:
         held.pop(gpu, None)
         settled.pop(gpu, None)
@@ -226,15 +210,7 @@ def decide(
     new = [i for i in np.flatnonzero(np.asarray(started, dtype=bool) & np.asarray(supported, dtype=bool))
            if gpu_uuids[i] not in held and gpu_uuids[i] not in canaries]  # fmt: skip
     if new and not canaries:
-        # At most half the GPUs starting together, and at most half the limit.
-        wanted = min(int(policy.job_start_canary_gpus), len(new) // 2)
-        picked = []
-        for i in _pick_canaries(new, wanted):
-            if reserve + float(max_w[i]) > MAX_CANARY_RESERVE * limit:
-                break
-            picked.append(i)
-            reserve += float(max_w[i])
-        canaries = frozenset(gpu_uuids[i] for i in picked)
+        canaries, reserve = _new_canaries(new, gpu_uuids, max_w, reserve, policy)
         new = [i for i in new if gpu_uuids[i] not in canaries]
     profiled = list(held) + [gpu_uuids[i] for i in new]
     if not profiled:
@@ -258,3 +234,56 @@ def decide(
         tuple(release),
         reason=f"{len(profiled)} GPU(s) under a start profile at {share:.1f} W/s, {len(canaries)} canary GPU(s)",
     )
+
+
+def _releases(
+    state: StartState,
+    held: Mapping[str, float],
+    index: Mapping[str, int],
+    parked: np.ndarray,
+    starting: np.ndarray,
+    unmanaged_p2p_w: float | None,
+    now_s: float,
+    policy: power_policy.PowerPolicy,
+) -> tuple[list[str], dict[str, float]]:
+    """(the held GPUs whose start profile goes off now, GPU -> since when its cap ramp is over).
+
+    A GPU parked again is released at once; one whose cap ramp has been over for
+    `job_start_smoothing_release_s` too, unless the canaries show a swing larger than the ramp limit
+    allows in one window (the start profile is then what holds the limit).
+    """
+    release = []
+    settled = {}
+    timed_out = []
+    for gpu in held:
+        i = index[gpu]
+        if parked[i]:
+            release.append(gpu)
+            continue
+        if starting[i]:
+            continue
+        since = state.settled_since_s.get(gpu, now_s)
+        settled[gpu] = since
+        if now_s - since >= policy.job_start_smoothing_release_s:
+            timed_out.append(gpu)
+    swing_too_big = unmanaged_p2p_w is not None and unmanaged_p2p_w > policy.ramp_limit_w_per_s * RAMP_WINDOW_S
+    if not swing_too_big:
+        release.extend(timed_out)
+    return release, settled
+
+
+def _new_canaries(
+    new: Sequence[int], gpu_uuids: Sequence[str], max_w: np.ndarray, reserve: float, policy: power_policy.PowerPolicy
+) -> tuple[frozenset[str], float]:
+    """(the canaries among the GPUs starting together, the reserve with theirs), W/s.
+
+    At most half the GPUs starting together, and at most half the limit (`MAX_CANARY_RESERVE`).
+    """
+    wanted = min(int(policy.job_start_canary_gpus), len(new) // 2)
+    picked = []
+    for i in _pick_canaries(new, wanted):
+        if reserve + float(max_w[i]) > MAX_CANARY_RESERVE * policy.ramp_limit_w_per_s:
+            break
+        picked.append(i)
+        reserve += float(max_w[i])
+    return frozenset(gpu_uuids[i] for i in picked), reserve

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -238,6 +239,16 @@ def detect(
     )
 
 
+def scaled_series(rows: Sequence[tuple[int, float, int]], full: int) -> np.ndarray:
+    """Aggregate power per bucket (`fleet.PowerWindow.series` rows), each scaled up to the full GPU count.
+
+    A busy agent can miss a 100 ms bucket; dropping every incomplete bucket would leave nothing at
+    scale, and keeping it unscaled would show a dip that is not there. Buckets with fewer than half
+    the GPUs are dropped.
+    """
+    return np.array([total * full / count for _, total, count in rows if count >= 0.5 * full])
+
+
 # Energy -------------------------------------------------------------------------------------------
 
 
@@ -368,64 +379,31 @@ def plan_smoothing(
     target_p2p = swing.p2p_w * policy.swing_target_pct / 100.0
     if policy.swing_target_w is not None:
         target_p2p = min(target_p2p, policy.swing_target_w)
-
-    def inactive(why: str) -> SmoothingPlan:
-        return SmoothingPlan(
-            active=False,
-            mode="off",
-            floor_w=0.0,
-            floor_pct=0.0,
-            ramp_up_w_per_s=0.0,
-            ramp_down_w_per_s=0.0,
-            ramp_down_hysteresis_ms=0.0,
-            job_ramp_w_per_s=job_ramp,
-            trough_filler_w=None,
-            peak_cap_w=None,
-            expected_p2p_w=swing.p2p_w,
-            expected_attenuation_db=0.0,
-            expected_energy_overhead_pct=0.0,
-            reason=why,
-        )
-
-    if swing.p2p_w <= target_p2p:
-        return inactive(f"swing {swing.p2p_w:.0f} W is within the target {target_p2p:.0f} W")
-    if level_swing < tdp_w * policy.swing_activation_pct_of_tdp / 100.0:
-        return inactive(f"per-GPU swing {level_swing:.0f} W is below the activation threshold")
-    if swing.coherence is not None and swing.coherence < policy.min_coherence:
-        return inactive(f"node swings are not coherent ({swing.coherence:.2f} < {policy.min_coherence})")
-
+    why_not = _not_worth_it(swing, level_swing, target_p2p, tdp_w, policy)
+    if why_not is not None:
+        return _inactive(swing, job_ramp, why_not)
     # Scale the per-GPU level swing by the same ratio as the aggregate target.
     wanted_swing = level_swing * target_p2p / swing.p2p_w
     floor_lo, floor_hi = tdp_w * policy.floor_min_pct / 100.0, tdp_w * policy.floor_max_pct / 100.0
     floor = float(np.clip(peak - wanted_swing, floor_lo, floor_hi))
     kept = peak - max(floor, trough)
     ratio = kept / level_swing if level_swing > 0 else 1.0
-    attenuation = -20.0 * math.log10(ratio) if ratio > 0 else math.inf
     overhead = square_wave_floor_overhead_pct(peak, trough, swing.trough_fraction, floor)
-    period = swing.period_s or 1.0
-    cost = policy.step_time_cost_max_pct / 100.0
-    ramp = kept**2 / (2.0 * cost * period * peak) if kept > 0 and peak > 0 and cost > 0 else tdp_w * 100.0
-    ramp = max(ramp, job_ramp)
-
-    if firmware_supported:
-        mode, filler, peak_cap = "firmware", None, None
-        why = "GPU power-smoothing profile"
-    elif policy.trough_filler_enabled:
-        mode, filler, peak_cap = "emulated", floor, None
-        why = "trough-filler hook holds the floor"
-    elif policy.peak_cap_enabled:
+    ramp = max(_ramp_w_per_s(kept, peak, swing.period_s or 1.0, tdp_w, policy), job_ramp)
+    mode = _mode(firmware_supported, policy)
+    if mode is None:
+        why = "no firmware smoothing and no trough filler or peak cap allowed: only job ramps apply"
+        return _inactive(swing, job_ramp, why)
+    filler, peak_cap = (floor if mode == "trough filler" else None), None
+    if mode == "peak cap":
         # Without a floor the only lever is the peak: cap it so the swing meets the target (costs time).
-        mode, filler, peak_cap = "emulated", None, float(max(trough + wanted_swing, 0.0))
+        peak_cap = float(max(trough + wanted_swing, 0.0))
         floor, overhead = 0.0, 0.0
         kept = min(peak_cap, peak) - trough
         ratio = kept / level_swing if level_swing > 0 else 1.0
-        attenuation = -20.0 * math.log10(ratio) if ratio > 0 else math.inf
-        why = "peak cap (costs step time)"
-    else:
-        return inactive("no firmware smoothing and no trough filler or peak cap allowed: only job ramps apply")
     return SmoothingPlan(
         active=True,
-        mode=mode,
+        mode="firmware" if mode == "firmware" else "emulated",
         floor_w=floor,
         floor_pct=100.0 * floor / tdp_w if tdp_w > 0 else 0.0,
         ramp_up_w_per_s=ramp,
@@ -435,7 +413,73 @@ def plan_smoothing(
         trough_filler_w=filler,
         peak_cap_w=peak_cap,
         expected_p2p_w=swing.p2p_w * ratio,
-        expected_attenuation_db=attenuation,
+        expected_attenuation_db=-20.0 * math.log10(ratio) if ratio > 0 else math.inf,
         expected_energy_overhead_pct=overhead,
-        reason=f"{why}: swing {swing.p2p_w:.0f} W -> {swing.p2p_w * ratio:.0f} W (target {target_p2p:.0f} W)",
+        reason=f"{_WHY[mode]}: swing {swing.p2p_w:.0f} W -> {swing.p2p_w * ratio:.0f} W (target {target_p2p:.0f} W)",
+    )
+
+
+_WHY = {
+    "firmware": "GPU power-smoothing profile",
+    "trough filler": "trough-filler hook holds the floor",
+    "peak cap": "peak cap (costs step time)",
+}
+"""The lever each way of smoothing pulls, for the plan's reason."""
+
+
+def _mode(firmware_supported: bool, policy: power_policy.PowerPolicy) -> str | None:
+    """How to smooth: the GPUs' firmware, else the trough filler, else a peak cap (None: none allowed)."""
+    if firmware_supported:
+        return "firmware"
+    if policy.trough_filler_enabled:
+        return "trough filler"
+    if policy.peak_cap_enabled:
+        return "peak cap"
+    return None
+
+
+def _ramp_w_per_s(
+    kept_w: float, peak_w: float, period_s: float, tdp_w: float, policy: power_policy.PowerPolicy
+) -> float:
+    """The slowest ramp whose lost work per step stays under `step_time_cost_max_pct` of the period, W/s.
+
+    DVFS model: work in proportion to power, so climbing `kept_w` to `peak_w` at rate r loses
+    kept^2 / (2 r peak) seconds of a step. Without a cost allowance: as fast as the GPU goes.
+    """
+    cost = policy.step_time_cost_max_pct / 100.0
+    if kept_w > 0 and peak_w > 0 and cost > 0:
+        return kept_w**2 / (2.0 * cost * period_s * peak_w)
+    return tdp_w * 100.0
+
+
+def _not_worth_it(
+    swing: SwingReport, level_swing: float, target_p2p: float, tdp_w: float, policy: power_policy.PowerPolicy
+) -> str | None:
+    """Why the swing needs no smoothing (within its target, too small, or incoherent); None when it does."""
+    if swing.p2p_w <= target_p2p:
+        return f"swing {swing.p2p_w:.0f} W is within the target {target_p2p:.0f} W"
+    if level_swing < tdp_w * policy.swing_activation_pct_of_tdp / 100.0:
+        return f"per-GPU swing {level_swing:.0f} W is below the activation threshold"
+    if swing.coherence is not None and swing.coherence < policy.min_coherence:
+        return f"node swings are not coherent ({swing.coherence:.2f} < {policy.min_coherence})"
+    return None
+
+
+def _inactive(swing: SwingReport, job_ramp_w_per_s: float, why: str) -> SmoothingPlan:
+    """A plan that smooths nothing (only the job ramps apply), saying why."""
+    return SmoothingPlan(
+        active=False,
+        mode="off",
+        floor_w=0.0,
+        floor_pct=0.0,
+        ramp_up_w_per_s=0.0,
+        ramp_down_w_per_s=0.0,
+        ramp_down_hysteresis_ms=0.0,
+        job_ramp_w_per_s=job_ramp_w_per_s,
+        trough_filler_w=None,
+        peak_cap_w=None,
+        expected_p2p_w=swing.p2p_w,
+        expected_attenuation_db=0.0,
+        expected_energy_overhead_pct=0.0,
+        reason=why,
     )

@@ -24,6 +24,13 @@ def test_effective_node_state(stored, connected, shown):
     assert fleet.effective_node_state(stored, connected=connected) is shown
 
 
+def test_a_power_reading_older_than_the_stale_limit_is_forgotten_and_its_cap_kept():
+    latest = fleet.GpuLatest(power_w=650.0, power_sample_unix_ns=100 * 10**9, enforced_power_limit_w=700)
+    assert fleet.drop_stale_power(latest, now_s=105.0, stale_after_s=5.0) == latest
+    stale = fleet.drop_stale_power(latest, now_s=105.5, stale_after_s=5.0)
+    assert stale.power_w is None and stale.enforced_power_limit_w == 700
+
+
 def test_older_telemetry_never_overwrites_newer():
     newer = fleet.GpuLatest(power_w=600.0, power_sample_unix_ns=200, enforced_power_limit_w=650, counters_unix_ns=200)
     older = fleet.GpuLatest(power_w=100.0, power_sample_unix_ns=100, enforced_power_limit_w=700, counters_unix_ns=100)

@@ -1,0 +1,244 @@
+"""How the power period sees the fleet: which GPUs count, and what each one draws, holds and needs.
+
+This module owns the step from the gathered telemetry (`inputs.FleetView`) to the allocator's
+`allocate.GpuViews`:
+
+- **inventory** (`inventory`): every GPU of the tree's nodes whose cap counts, whether its agent is
+  connected or not: known from its node's Hello to this process, from the store (read at start), or
+  from the apply state;
+- **read-backs** (`readbacks`): the enforced limits in telemetry, in controller time, at the most
+  that may be in force (a raise the agent is still slewing counts at its target);
+- **draw** (`gpu_views`): each GPU's peak over the draw window (`allocate.draw_window_s`; a window
+  inside a communication trough would read a busy GPU at its trough), its latest draw when it is
+  idle, and the cap that may be in force when its telemetry is stale; SW-power-cap throttling (and a
+  job-start ramp still rising) marks it capped; nodes without a stream are unreachable; GPUs whose
+  cap went up less than one detected step plus one telemetry batch ago are settling; quarantined
+  GPUs (or GPUs of quarantined nodes) the work has left are ineligible (`allocate.released`);
+- **idleness** (`idle`, `job_running`, `idle_for_s`): from the GPUs' utilisation.
+
+Pure: no I/O, no logging, no clock reads; `now_s` comes in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+
+import numpy as np
+
+from rasd.controller.core import fleet
+from rasd.controller.core.power import allocate as power
+from rasd.controller.core.power import apply as power_apply
+from rasd.controller.core.power import inputs as period_inputs
+from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import tree as power_tree
+
+SW_POWER_CAP = 0x4
+"""NVML clock event reason: clocks held down by the software power cap."""
+
+PRIORITY_LABEL = "power-priority"
+"""The node label that sets its GPUs' priority class (an integer; default 0)."""
+
+
+def inventory(
+    node_names: Collection[str], view: period_inputs.FleetView, known: Sequence[power_apply.GpuLimits]
+) -> list[power_apply.GpuLimits]:
+    """The GPUs of the tree's nodes whose caps count: every one known, whether its agent is here or not.
+
+    A GPU is known from its node's Hello to this process, from the store (every Hello since the
+    first, read at start), or from the apply state (`known`). Counting only the GPUs whose agents
+    had said Hello since a restart dropped the others' caps from every sum: their budget went to
+    the nodes that came back first while they still ran at their old caps.
+    """
+    records = {**view.known_records, **view.records}  # this process's Hellos are newest
+    out: dict[str, power_apply.GpuLimits] = {}
+    for gpu_uuid, record in records.items():
+        if record.node_id not in node_names:
+            continue
+        node_now = view.gpu_nodes.get(gpu_uuid)
+        if node_now is not None and node_now != record.node_id:
+            continue  # moved to another node: counted under that node's record
+        out[gpu_uuid] = power_apply.GpuLimits(
+            gpu_uuid, record.node_id, int(record.power_limit_min_w), int(record.power_limit_max_w)
+        )
+    for gpu in known:
+        if gpu.gpu_uuid not in records and gpu.node_id in node_names:
+            out[gpu.gpu_uuid] = gpu
+    return sorted(out.values(), key=lambda g: (g.node_id, g.gpu_uuid))
+
+
+def node_mins_w(gpus: Sequence[power_apply.GpuLimits]) -> dict[str, float]:
+    """Node -> the sum of its GPUs' minimum limits, W (the tree's node minimums)."""
+    mins: dict[str, float] = {}
+    for g in gpus:
+        mins[g.node_id] = mins.get(g.node_id, 0) + g.min_w
+    return mins
+
+
+def readbacks(
+    gpus: Sequence[power_apply.GpuLimits], view: period_inputs.FleetView, now_s: float
+) -> list[power_apply.CapReadback]:
+    """The enforced limits in telemetry, each at the most that may be in force, in controller time."""
+    now_ns = int(now_s * 1e9)
+    out = []
+    for g in gpus:
+        reading = view.latest.get(g.gpu_uuid)
+        if reading is not None and reading.enforced_power_limit_w is not None and reading.counters_unix_ns:
+            # A raise the agent is still slewing gets to its target without another command:
+            # that is the most that may be in force (power_apply's module doc).
+            in_force_w = power_apply.in_force_w(reading.enforced_power_limit_w, reading.power_limit_slew_target_w)
+            # In controller time: the apply state compares it with deadlines this clock set.
+            at_ns = view.latest_controller_ns.get(g.gpu_uuid, min(reading.counters_unix_ns, now_ns))
+            out.append(power_apply.CapReadback(g.gpu_uuid, in_force_w, at_ns / 1e9))
+    return out
+
+
+def priority(labels: Mapping[str, str]) -> int:
+    """A node's priority class from its `power-priority` label (default 0)."""
+    try:
+        return int(labels.get(PRIORITY_LABEL, "0"))
+    except ValueError:
+        return 0
+
+
+def idle(gpus: Sequence[power_apply.GpuLimits], latest: Mapping[str, fleet.GpuLatest]) -> np.ndarray:
+    """True for each GPU whose latest reading shows no utilisation (no job runs on it)."""
+    return np.array(
+        [(r := latest.get(g.gpu_uuid)) is not None and r.utilization_gpu_pct == 0 for g in gpus], dtype=bool
+    )
+
+
+def job_running(gpus: Sequence[power_apply.GpuLimits], latest: Mapping[str, fleet.GpuLatest]) -> bool:
+    """At least half the managed GPUs report utilisation (the job runs)."""
+    busy = sum(
+        1
+        for g in gpus
+        if (r := latest.get(g.gpu_uuid)) is not None and r.utilization_gpu_pct is not None and r.utilization_gpu_pct > 0
+    )
+    return busy >= 0.5 * len(gpus)
+
+
+def idle_for_s(
+    gpus: Sequence[power_apply.GpuLimits],
+    latest: Mapping[str, fleet.GpuLatest],
+    idle_since_s: Mapping[str, float],
+    now_s: float,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """How long each GPU's utilisation has read 0 (or not been reported), s; nan while it reads busy.
+
+    Returns:
+        (the durations, aligned with `gpus`; GPU -> when the counters sample that began its current
+        run of 0 % utilisation was taken, for the next period).
+    """
+    since: dict[str, float] = {}
+    out = np.full(len(gpus), np.nan)
+    for i, g in enumerate(gpus):
+        reading = latest.get(g.gpu_uuid)
+        if reading is not None and reading.utilization_gpu_pct:
+            continue
+        sampled = reading.counters_unix_ns / 1e9 if reading is not None and reading.counters_unix_ns else now_s
+        since[g.gpu_uuid] = idle_since_s.get(g.gpu_uuid, min(sampled, now_s))
+        out[i] = now_s - since[g.gpu_uuid]
+    return out, since
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class DrawViews:
+    """The allocator's views of one period, with the draw figures the status shows."""
+
+    views: power.GpuViews
+    known: np.ndarray
+    """True where the draw comes from fresh telemetry."""
+    drawn_w: np.ndarray
+    """The latest draw, W (0 where not known)."""
+    idle_since_s: Mapping[str, float]
+    """For the next period (`idle_for_s`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ViewContext:
+    """What `gpu_views` needs besides the state and the inputs: the period's knobs and carried memory."""
+
+    now_s: float
+    config: period_inputs.PeriodConfig
+    policy: power_policy.PowerPolicy
+    step_s: float | None
+    """The step period the detector measured on unmanaged power (None: not measured)."""
+    ramping: frozenset[str]
+    """GPUs whose job-start ramp was rising last period."""
+    raised_at_s: Mapping[str, float]
+    """GPU -> when its may-be-in-force cap last went up."""
+    idle_since_s: Mapping[str, float]
+
+
+def _draw(
+    state: power_apply.ApplyState, inputs: period_inputs.PeriodInputs, ctx: ViewContext
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(draw W, known, latest draw W, throttled) per GPU: each GPU's draw as the allocator judges it."""
+    bound = power_apply.may_be_in_force_w(state)
+    latest, peaks = inputs.fleet.latest, inputs.window.draw_peaks_w
+    stale_ns = int((ctx.now_s - ctx.config.telemetry_stale_s) * 1e9)
+    n = len(state.gpus)
+    draw = np.empty(n)
+    drawn = np.zeros(n)
+    known = np.zeros(n, dtype=bool)
+    throttled = np.zeros(n, dtype=bool)
+    for i, g in enumerate(state.gpus):
+        reading = latest.get(g.gpu_uuid)
+        peak = peaks.get(g.gpu_uuid)
+        fresh = reading is not None and reading.power_w is not None and reading.power_sample_unix_ns >= stale_ns
+        if fresh and peak is not None:
+            assert reading is not None
+            # An idle GPU (no utilisation: its job stopped or left) needs what it draws now; the
+            # window's peak would hold its watts for a whole window after a load change.
+            draw[i] = reading.power_w if reading.utilization_gpu_pct == 0 else peak
+            known[i] = True
+            drawn[i] = reading.power_w or 0.0
+        else:
+            draw[i] = bound[i]  # stale telemetry: drawing at the cap that may be in force
+        if reading is not None and reading.clock_event_reasons is not None:
+            throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
+        # A GPU whose job-start ramp is still rising is held by its ceiling, and its limit lags
+        # what the budget counts (the agent slews it): by the draw it would look uncapped and
+        # get no raise, stalling its ramp.
+        if g.gpu_uuid in ctx.ramping:
+            throttled[i] = True
+    return draw, known, drawn, throttled
+
+
+def gpu_views(
+    state: power_apply.ApplyState,
+    tree: power_tree.PowerTree,
+    inputs: period_inputs.PeriodInputs,
+    ctx: ViewContext,
+) -> DrawViews:
+    """The allocator's views of the state's GPUs this period (see the module docstring)."""
+    gpus = state.gpus
+    draw, known, drawn, throttled = _draw(state, inputs, ctx)
+    view = inputs.fleet
+    reachable = np.array([g.node_id in view.sessions for g in gpus], dtype=bool)
+    # Settling: the step, at most the configured draw window.
+    step_s = min(ctx.step_s, ctx.config.draw_window_s) if ctx.step_s is not None else None
+    settle = power.settle_s(step_s, ctx.policy.control_period_s, view.telemetry_interval_s)
+    settling = np.array([ctx.now_s - ctx.raised_at_s.get(g.gpu_uuid, -np.inf) < settle for g in gpus])
+    # A quarantined GPU releases its share once it has read idle for as long as a raise settles:
+    # one step plus the telemetry delay (the scheduler takes a rank out at a step boundary).
+    idle_for, idle_since = idle_for_s(gpus, view.latest, ctx.idle_since_s, ctx.now_s)
+    quarantined = np.array(
+        [g.node_id in inputs.quarantined_nodes or g.gpu_uuid in inputs.quarantined_gpus for g in gpus], dtype=bool
+    )
+    views = power.GpuViews(
+        gpu_uuids=tuple(g.gpu_uuid for g in gpus),
+        node_idx=np.array([tree.index.node_of_name[g.node_id] for g in gpus], dtype=np.intp),
+        priority=np.array([priority(view.node_labels.get(g.node_id, {})) for g in gpus]),
+        draw_w=draw,
+        cap_w=power_apply.may_be_in_force_w(state),
+        min_w=state.min_w,
+        max_w=state.max_w,
+        throttled=throttled,
+        eligible=~power.released(quarantined, idle_for, settle),
+        marginal=np.zeros(len(gpus), dtype=bool),
+        reachable=reachable,
+        settling=settling,
+    )
+    return DrawViews(views, known, drawn, idle_since)
