@@ -22,7 +22,7 @@ TREE = power_tree.PowerTree.from_mapping(
 
 
 def _record(gpu: str, node: str) -> fleet.GpuRecord:
-    return fleet.GpuRecord(gpu, node, "B200", "", 200, 1000, 1000, power_smoothing_supported=True)
+    return fleet.GpuRecord(gpu, "B200", "", 200, 1000, 1000, power_smoothing_supported=True, node_id=node)
 
 
 GPUS = {"a0": _record("a0", "node-a"), "a1": _record("a1", "node-a"), "b0": _record("b0", "node-b")}
