@@ -106,6 +106,11 @@ from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
 
+try:
+    from rasd.controller import wiring
+except ImportError:  # a tree before the services were wired in one place (remediation_ab.py --bench this)
+    wiring = None  # type: ignore[assignment]
+
 SECTION = "## Remediation"
 PATHS = {
     "ingest": "Ingest.take_events",
@@ -362,16 +367,18 @@ class Rig:
         executors: the controller-side adapters (None: none, the quarantines are recorded only).
         """
         self.store = repo.Store.open(url)
-        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()))
         policy = policy_mod.RemediationPolicy.from_mapping(POLICY)
-        self.service = remediation_mod.RemediationService(self.store, self.ingest, policy=policy, executors=executors)
         self.writer = store_writer.CommitProcess(url) if commit_writer == "process" else None
-        if self.writer is not None:
-            self.service.use_writer(self.writer)
-        # As rasd-controller wires them (one replica).
-        self.ingest.events_hook = self.service.on_events
-        if hasattr(self.service, "on_arrivals"):  # a tree before it (remediation_ab.py --bench this): none
-            self.ingest.arrivals_hook = self.service.on_arrivals
+        self.wired: Any = None
+        """The services as `rasd.controller.wiring` builds them (None: a tree before it, wired here)."""
+        if wiring is not None:  # as rasd-controller wires them (one replica)
+            ladder = wiring.Ladder(policy=policy, executors=executors or {}, writer=self.writer)
+            registry = metrics.ControllerMetrics(CollectorRegistry())
+            self.wired = wiring.single_replica(self.store, registry, ladder=ladder)
+            self.ingest, self.service = self.wired.ingest, self.wired.remediation
+            self._store_events = self.wired.event_log.append
+        else:
+            self._wire_before_the_split(policy, executors)
         now = time.time_ns()
         self.hellos = [hello(i) for i in range(nodes)]
         for node_hello in self.hellos:
@@ -388,6 +395,17 @@ class Rig:
         self._stream_writers: list[asyncio.Task[None]] = []
         self._streams: dict[str, asyncio.Lock] = {}
         """Node → its stream's reader: one message of a node at a time (`deliver`)."""
+
+    def _wire_before_the_split(self, policy: policy_mod.RemediationPolicy, executors: dict | None) -> None:
+        """A tree before `rasd.controller.wiring` (remediation_ab.py --bench this): hooks assigned, as it did."""
+        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()))
+        self.service = remediation_mod.RemediationService(self.store, self.ingest, policy=policy, executors=executors)
+        if self.writer is not None:
+            self.service.use_writer(self.writer)
+        self.ingest.events_hook = self.service.on_events
+        if hasattr(self.service, "on_arrivals"):  # a tree before it: none
+            self.ingest.arrivals_hook = self.service.on_arrivals
+        self._store_events = self.ingest.store_events
 
     async def start(self) -> None:
         """Start the ingest and the service (its tick loop runs during the measurement, as in production).
@@ -435,6 +453,8 @@ class Rig:
             writer.cancel()
         await asyncio.gather(*self._stream_writers, return_exceptions=True)
         await self.ingest.stop()
+        if self.wired is not None:
+            self.wired.thread.close()
         if self.writer is not None:
             self.writer.close()
         self.store.close()
@@ -468,7 +488,7 @@ class Rig:
             else:
                 await _take_events_before(self.ingest, session, [event])
             return
-        _acked, new = await self.ingest.store_events(node_id, [event])  # "store-then-decide"
+        _acked, new = await self._store_events(node_id, [event])  # "store-then-decide"
         if new:
             await self.service.on_events(node_id, [event], self.ingest.node_labels[node_id])
 
@@ -540,7 +560,7 @@ class Row:
     events_stored: int | None = None
     """Burst events the ingest stored (None: the path stores none, or a tree without the count)."""
     events_stored_with_decision: int | None = None
-    """Of those, stored in the transaction of the decision on them (`Ingest.arrivals_hook`)."""
+    """Of those, stored in the transaction of the decision on them (`Ingest.events_stored_with_decision`)."""
 
     def censored(self, values: list[float], fraction: float) -> list[float]:
         """values plus +inf for the events not done (times `fraction`: the share of them it would hold)."""
@@ -670,7 +690,9 @@ async def burst(rig: Rig, arrivals: list[Arrival], rate: float, drain_timeout_s:
         row.events_stored = rig.ingest.events_stored - stored_before
         if with_decision_before is not None:
             row.events_stored_with_decision = rig.ingest.events_stored_with_decision - with_decision_before
-    row.deferred_left = len(rig.service._deferred)  # read-only look at what still waits
+    # A read-only look at what still waits (the shared state since the split; the service's before it).
+    shared = getattr(rig.service, "state", None)
+    row.deferred_left = len(shared.deferred if shared is not None else rig.service._deferred)
 
 
 def _db_cpu(backend: str) -> float | None:
