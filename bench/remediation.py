@@ -872,8 +872,8 @@ def goal_verdict(bursts: list[Row], backend: str, writer: str, rate: float) -> t
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure each backend, print the tables, update bench/RESULTS.md; exit 1 if a SQLite round misses p99 ≤ 50 ms."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 200 nodes, 200 events/s for 1 s")
     parser.add_argument("--nodes", type=int, default=2000)
@@ -922,23 +922,13 @@ def main(argv: list[str] | None = None) -> int:
         "(synchronous_commit=off), to show what the disk's flush costs; results go to their own section",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error(f"--repeat must be at least 1, got {args.repeat}")
-    if args.quick:
-        args.nodes, args.rate, args.duration_s, args.throughput_s, args.drain_timeout_s = 200, 200.0, 1.0, 1.0, 5.0
-    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
-    if "postgresql" in backends and not os.environ.get("RASD_TEST_POSTGRES_URL"):
-        print("RASD_TEST_POSTGRES_URL is unset: PostgreSQL skipped (.ci/postgres.sh starts one)", file=sys.stderr)
-        backends.remove("postgresql")
+    return parser
 
-    writers = ["process", "thread"] if args.commit_writer == "both" else [args.commit_writer]
+
+def _run_rounds(args: argparse.Namespace, backends: list[str], writers: list[str]) -> tuple[list[Row], list[Row]]:
+    """Every measurement of every round, interleaved; the throughput feeds and the bursts."""
     default_switch_interval_s = sys.getswitchinterval()
     profiled = ("sqlite", writers[0])
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    header = results.machine(f"SQLAlchemy {sa.__version__}")
-    rasd_logging.configure(args.log_level, json=True)
-    gc_policy.configure()  # as rasd-controller does
     real_stderr = sys.stderr
     feeds: list[Row] = []
     bursts: list[Row] = []
@@ -971,7 +961,20 @@ def main(argv: list[str] | None = None) -> int:
         for path in (args.profile, f"{args.profile}.store"):
             print(f"--- {path} (top by internal time)")
             pstats.Stats(path).sort_stats("tottime").print_stats(25)
+    return feeds, bursts
 
+
+def _report(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    rounds: tuple[list[Row], list[Row]],
+    backends: list[str],
+    writers: list[str],
+    started: str,
+    header: str,
+) -> tuple[str, str, bool]:
+    """The results section's title and text, and whether the goal was met; header: the machine, read at the start."""
+    feeds, bursts = rounds
     load_end = os.getloadavg()[0]  # the machine is shared: the load says what else ran
     body = table(feeds, bursts)
     verdicts = [goal_verdict(bursts, backend, writer, args.rate) for backend in backends for writer in writers]
@@ -1002,44 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.throughput_s:g} s, seed {args.seed}. Phases run in this order on one database, so later "
             "phases start with earlier phases' incidents open.",
             "",
-            "Path: a real `Store`, `Ingest` and `RemediationService` (classify → correlate → "
-            "escalate → blast-radius admission → outbox transaction → `Ingest.dispatch`; actions that "
-            "wait for admission, a quarantine with its repair, are dispatched by a round committed with "
-            "the next pass). `Ingest.take_events` is rasd-controller's path after wire validation: the "
-            "event is stored in the transaction of the decision on it (its `health_events` row and its "
-            "node's ack position with the ladder's rows, one sync of the disk), then acked on its stream; "
-            "`RemediationService.on_events only` is the decision path alone (the event is not stored). "
-            "Commits: `process` runs them in a `CommitProcess` (rasd-controller's "
-            "default) while the next pass is decided; `thread` runs them on the store thread, one pass at "
-            "a time. Outside: the gRPC stream and wire validation. Each scheduled event is its own task and its "
-            "own call (concurrent streams), one message of a node at a time, as its stream is read (the next "
-            "once the last is decided: an event whose node's last one is still being decided waits for it); "
-            "calls that wait while a pass runs are decided together in "
-            f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
-            "escalation pass, one transaction). "
-            "Every node has an open stream (an `ingest.Session` whose queue a task empties, serializing each "
-            "message as the stream's writer does), so agent commands are queued on it; no agent answers, so "
-            "they stay `dispatched`. "
-            "Transactions and commit p50/p99/max: each remediation transaction of the burst and how long the "
-            "store took to make it durable, from the store thread's call to its return (with a writer process, "
-            "the hand-off both ways included), as `rasd_remediation_commit_seconds` measures it; no decision "
-            "of a pass leaves before its commit, nor any of the passes queued behind it. "
-            "Controller logs: JSON at info, to /dev/null. The garbage collector as rasd-controller runs it "
-            "(`rasd.common.gc_policy`: its thresholds, the start-up heap frozen, collections while no decision "
-            "waits); the arrival schedules are built before the start and frozen with it. "
-            "Disruption policy lifted so the burst is admitted: "
-            "breaker 100 %, cluster 100 % / 100,000 nodes, rack and nvlink_domain 100 % / 100,000, storm "
-            "cooldown 0. Event mix: Xid 13/31/43/45/48/79/94/119, ECC DBE, row-remap pending, NVLink errors, "
-            "IB link state; ~45 % repeats of an open fault (duplicates), 2 % IB flaps on 0.5 % of nodes "
-            f"(node quarantine). {adapters}"
-            + (
-                " Diagnostic (`--pg-no-flush-wait`): PostgreSQL sessions run with synchronous_commit=off, so a "
-                "commit returns before its WAL reaches the disk. rasd never runs so (a dispatched command must be "
-                "durable first); the difference from the Remediation section is what waiting for this machine's "
-                "disk costs."
-                if args.pg_no_flush_wait
-                else ""
-            ),
+            _path_text(args, adapters),
             "",
             body,
             "",
@@ -1049,6 +1015,72 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
+    return section, text, met
+
+
+def _path_text(args: argparse.Namespace, adapters: str) -> str:
+    """What was measured, and how (the section's long paragraph)."""
+    return (
+        "Path: a real `Store`, `Ingest` and `RemediationService` (classify → correlate → "
+        "escalate → blast-radius admission → outbox transaction → `Ingest.dispatch`; actions that "
+        "wait for admission, a quarantine with its repair, are dispatched by a round committed with "
+        "the next pass). `Ingest.take_events` is rasd-controller's path after wire validation: the "
+        "event is stored in the transaction of the decision on it (its `health_events` row and its "
+        "node's ack position with the ladder's rows, one sync of the disk), then acked on its stream; "
+        "`RemediationService.on_events only` is the decision path alone (the event is not stored). "
+        "Commits: `process` runs them in a `CommitProcess` (rasd-controller's "
+        "default) while the next pass is decided; `thread` runs them on the store thread, one pass at "
+        "a time. Outside: the gRPC stream and wire validation. Each scheduled event is its own task and its "
+        "own call (concurrent streams), one message of a node at a time, as its stream is read (the next "
+        "once the last is decided: an event whose node's last one is still being decided waits for it); "
+        "calls that wait while a pass runs are decided together in "
+        f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
+        "escalation pass, one transaction). "
+        "Every node has an open stream (an `ingest.Session` whose queue a task empties, serializing each "
+        "message as the stream's writer does), so agent commands are queued on it; no agent answers, so "
+        "they stay `dispatched`. "
+        "Transactions and commit p50/p99/max: each remediation transaction of the burst and how long the "
+        "store took to make it durable, from the store thread's call to its return (with a writer process, "
+        "the hand-off both ways included), as `rasd_remediation_commit_seconds` measures it; no decision "
+        "of a pass leaves before its commit, nor any of the passes queued behind it. "
+        "Controller logs: JSON at info, to /dev/null. The garbage collector as rasd-controller runs it "
+        "(`rasd.common.gc_policy`: its thresholds, the start-up heap frozen, collections while no decision "
+        "waits); the arrival schedules are built before the start and frozen with it. "
+        "Disruption policy lifted so the burst is admitted: "
+        "breaker 100 %, cluster 100 % / 100,000 nodes, rack and nvlink_domain 100 % / 100,000, storm "
+        "cooldown 0. Event mix: Xid 13/31/43/45/48/79/94/119, ECC DBE, row-remap pending, NVLink errors, "
+        "IB link state; ~45 % repeats of an open fault (duplicates), 2 % IB flaps on 0.5 % of nodes "
+        f"(node quarantine). {adapters}"
+        + (
+            " Diagnostic (`--pg-no-flush-wait`): PostgreSQL sessions run with synchronous_commit=off, so a "
+            "commit returns before its WAL reaches the disk. rasd never runs so (a dispatched command must be "
+            "durable first); the difference from the Remediation section is what waiting for this machine's "
+            "disk costs."
+            if args.pg_no_flush_wait
+            else ""
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure each backend, print the tables, update bench/RESULTS.md; exit 1 if a SQLite round misses p99 ≤ 50 ms."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.quick:
+        args.nodes, args.rate, args.duration_s, args.throughput_s, args.drain_timeout_s = 200, 200.0, 1.0, 1.0, 5.0
+    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    if "postgresql" in backends and not os.environ.get("RASD_TEST_POSTGRES_URL"):
+        print("RASD_TEST_POSTGRES_URL is unset: PostgreSQL skipped (.ci/postgres.sh starts one)", file=sys.stderr)
+        backends.remove("postgresql")
+    writers = ["process", "thread"] if args.commit_writer == "both" else [args.commit_writer]
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    header = results.machine(f"SQLAlchemy {sa.__version__}")
+    rasd_logging.configure(args.log_level, json=True)
+    gc_policy.configure()  # as rasd-controller does
+    rounds = _run_rounds(args, backends, writers)
+    section, text, met = _report(args, argv, rounds, backends, writers, started, header)
     print(text)
     if not args.no_write:
         results.write_section(section, text)
