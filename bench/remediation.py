@@ -10,7 +10,7 @@ pass at a time), in this order on one database:
 1. **Sustained throughput**: events fed one by one, as fast as the controller takes them, with a
    real ``Store`` and ``Ingest``: once to ``RemediationService.on_events`` alone (the decision path;
    the event is not stored), once to ``Ingest.take_events``, rasd-controller's path after wire
-   validation (``Ingest.on_events`` without the protobuf decoding): the event is stored in the
+   validation (``rpc.agent_service.deliver`` without the protobuf decoding): the event is stored in the
    transaction of the decision on it (its ``health_events`` row and the node's ack position with
    the ladder's rows), then acked on its stream. The gRPC stream and wire validation are outside.
 2. **Paced run** well below capacity (default 10 events/s): the per-event latency without a queue.
@@ -463,7 +463,7 @@ class Rig:
         """Hand one event to the controller by path (`PATHS`), after the node's earlier events.
 
         A node's events come over its one stream, which the controller reads a message at a time,
-        the next once the last is decided (`Ingest.on_events`): an event that arrives while its
+        the next once the last is decided (`Ingest.take_events`): an event that arrives while its
         node's last one is still being decided waits for it (its latency counts from its arrival).
         """
         lock = self._streams.setdefault(arrival.node_id, asyncio.Lock())
