@@ -10,7 +10,7 @@ pass at a time), in this order on one database:
 1. **Sustained throughput**: events fed one by one, as fast as the controller takes them, with a
    real ``Store`` and ``Ingest``: once to ``RemediationService.on_events`` alone (the decision path;
    the event is not stored), once to ``Ingest.take_events``, rasd-controller's path after wire
-   validation (``Ingest.on_events`` without the protobuf decoding): the event is stored in the
+   validation (``rpc.agent_service.deliver`` without the protobuf decoding): the event is stored in the
    transaction of the decision on it (its ``health_events`` row and the node's ack position with
    the ladder's rows), then acked on its stream. The gRPC stream and wire validation are outside.
 2. **Paced run** well below capacity (default 10 events/s): the per-event latency without a queue.
@@ -105,6 +105,11 @@ from rasd.controller.observability import metrics
 from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
+
+try:
+    from rasd.controller import wiring
+except ImportError:  # a tree before the services were wired in one place (remediation_ab.py --bench this)
+    wiring = None  # type: ignore[assignment]
 
 SECTION = "## Remediation"
 PATHS = {
@@ -362,16 +367,18 @@ class Rig:
         executors: the controller-side adapters (None: none, the quarantines are recorded only).
         """
         self.store = repo.Store.open(url)
-        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()))
         policy = policy_mod.RemediationPolicy.from_mapping(POLICY)
-        self.service = remediation_mod.RemediationService(self.store, self.ingest, policy=policy, executors=executors)
         self.writer = store_writer.CommitProcess(url) if commit_writer == "process" else None
-        if self.writer is not None:
-            self.service.use_writer(self.writer)
-        # As rasd-controller wires them (one replica).
-        self.ingest.events_hook = self.service.on_events
-        if hasattr(self.service, "on_arrivals"):  # a tree before it (remediation_ab.py --bench this): none
-            self.ingest.arrivals_hook = self.service.on_arrivals
+        self.wired: Any = None
+        """The services as `rasd.controller.wiring` builds them (None: a tree before it, wired here)."""
+        if wiring is not None:  # as rasd-controller wires them (one replica)
+            ladder = wiring.Ladder(policy=policy, executors=executors or {}, writer=self.writer)
+            registry = metrics.ControllerMetrics(CollectorRegistry())
+            self.wired = wiring.single_replica(self.store, registry, ladder=ladder)
+            self.ingest, self.service = self.wired.ingest, self.wired.remediation
+            self._store_events = self.wired.event_log.append
+        else:
+            self._wire_before_the_split(policy, executors)
         now = time.time_ns()
         self.hellos = [hello(i) for i in range(nodes)]
         for node_hello in self.hellos:
@@ -388,6 +395,17 @@ class Rig:
         self._stream_writers: list[asyncio.Task[None]] = []
         self._streams: dict[str, asyncio.Lock] = {}
         """Node → its stream's reader: one message of a node at a time (`deliver`)."""
+
+    def _wire_before_the_split(self, policy: policy_mod.RemediationPolicy, executors: dict | None) -> None:
+        """A tree before `rasd.controller.wiring` (remediation_ab.py --bench this): hooks assigned, as it did."""
+        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()))
+        self.service = remediation_mod.RemediationService(self.store, self.ingest, policy=policy, executors=executors)
+        if self.writer is not None:
+            self.service.use_writer(self.writer)
+        self.ingest.events_hook = self.service.on_events
+        if hasattr(self.service, "on_arrivals"):  # a tree before it: none
+            self.ingest.arrivals_hook = self.service.on_arrivals
+        self._store_events = self.ingest.store_events
 
     async def start(self) -> None:
         """Start the ingest and the service (its tick loop runs during the measurement, as in production).
@@ -435,6 +453,8 @@ class Rig:
             writer.cancel()
         await asyncio.gather(*self._stream_writers, return_exceptions=True)
         await self.ingest.stop()
+        if self.wired is not None:
+            self.wired.thread.close()
         if self.writer is not None:
             self.writer.close()
         self.store.close()
@@ -443,7 +463,7 @@ class Rig:
         """Hand one event to the controller by path (`PATHS`), after the node's earlier events.
 
         A node's events come over its one stream, which the controller reads a message at a time,
-        the next once the last is decided (`Ingest.on_events`): an event that arrives while its
+        the next once the last is decided (`Ingest.take_events`): an event that arrives while its
         node's last one is still being decided waits for it (its latency counts from its arrival).
         """
         lock = self._streams.setdefault(arrival.node_id, asyncio.Lock())
@@ -468,7 +488,7 @@ class Rig:
             else:
                 await _take_events_before(self.ingest, session, [event])
             return
-        _acked, new = await self.ingest.store_events(node_id, [event])  # "store-then-decide"
+        _acked, new = await self._store_events(node_id, [event])  # "store-then-decide"
         if new:
             await self.service.on_events(node_id, [event], self.ingest.node_labels[node_id])
 
@@ -540,7 +560,7 @@ class Row:
     events_stored: int | None = None
     """Burst events the ingest stored (None: the path stores none, or a tree without the count)."""
     events_stored_with_decision: int | None = None
-    """Of those, stored in the transaction of the decision on them (`Ingest.arrivals_hook`)."""
+    """Of those, stored in the transaction of the decision on them (`Ingest.events_stored_with_decision`)."""
 
     def censored(self, values: list[float], fraction: float) -> list[float]:
         """values plus +inf for the events not done (times `fraction`: the share of them it would hold)."""
@@ -670,7 +690,9 @@ async def burst(rig: Rig, arrivals: list[Arrival], rate: float, drain_timeout_s:
         row.events_stored = rig.ingest.events_stored - stored_before
         if with_decision_before is not None:
             row.events_stored_with_decision = rig.ingest.events_stored_with_decision - with_decision_before
-    row.deferred_left = len(rig.service._deferred)  # read-only look at what still waits
+    # A read-only look at what still waits (the shared state since the split; the service's before it).
+    shared = getattr(rig.service, "state", None)
+    row.deferred_left = len(shared.deferred if shared is not None else rig.service._deferred)
 
 
 def _db_cpu(backend: str) -> float | None:
@@ -850,8 +872,8 @@ def goal_verdict(bursts: list[Row], backend: str, writer: str, rate: float) -> t
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Measure each backend, print the tables, update bench/RESULTS.md; exit 1 if a SQLite round misses p99 ≤ 50 ms."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: 200 nodes, 200 events/s for 1 s")
     parser.add_argument("--nodes", type=int, default=2000)
@@ -900,23 +922,13 @@ def main(argv: list[str] | None = None) -> int:
         "(synchronous_commit=off), to show what the disk's flush costs; results go to their own section",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
-    args = parser.parse_args(argv)
-    if args.repeat < 1:
-        parser.error(f"--repeat must be at least 1, got {args.repeat}")
-    if args.quick:
-        args.nodes, args.rate, args.duration_s, args.throughput_s, args.drain_timeout_s = 200, 200.0, 1.0, 1.0, 5.0
-    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
-    if "postgresql" in backends and not os.environ.get("RASD_TEST_POSTGRES_URL"):
-        print("RASD_TEST_POSTGRES_URL is unset: PostgreSQL skipped (.ci/postgres.sh starts one)", file=sys.stderr)
-        backends.remove("postgresql")
+    return parser
 
-    writers = ["process", "thread"] if args.commit_writer == "both" else [args.commit_writer]
+
+def _run_rounds(args: argparse.Namespace, backends: list[str], writers: list[str]) -> tuple[list[Row], list[Row]]:
+    """Every measurement of every round, interleaved; the throughput feeds and the bursts."""
     default_switch_interval_s = sys.getswitchinterval()
     profiled = ("sqlite", writers[0])
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    header = results.machine(f"SQLAlchemy {sa.__version__}")
-    rasd_logging.configure(args.log_level, json=True)
-    gc_policy.configure()  # as rasd-controller does
     real_stderr = sys.stderr
     feeds: list[Row] = []
     bursts: list[Row] = []
@@ -949,7 +961,20 @@ def main(argv: list[str] | None = None) -> int:
         for path in (args.profile, f"{args.profile}.store"):
             print(f"--- {path} (top by internal time)")
             pstats.Stats(path).sort_stats("tottime").print_stats(25)
+    return feeds, bursts
 
+
+def _report(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    rounds: tuple[list[Row], list[Row]],
+    backends: list[str],
+    writers: list[str],
+    started: str,
+    header: str,
+) -> tuple[str, str, bool]:
+    """The results section's title and text, and whether the goal was met; header: the machine, read at the start."""
+    feeds, bursts = rounds
     load_end = os.getloadavg()[0]  # the machine is shared: the load says what else ran
     body = table(feeds, bursts)
     verdicts = [goal_verdict(bursts, backend, writer, args.rate) for backend in backends for writer in writers]
@@ -980,44 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.throughput_s:g} s, seed {args.seed}. Phases run in this order on one database, so later "
             "phases start with earlier phases' incidents open.",
             "",
-            "Path: a real `Store`, `Ingest` and `RemediationService` (classify → correlate → "
-            "escalate → blast-radius admission → outbox transaction → `Ingest.dispatch`; actions that "
-            "wait for admission, a quarantine with its repair, are dispatched by a round committed with "
-            "the next pass). `Ingest.take_events` is rasd-controller's path after wire validation: the "
-            "event is stored in the transaction of the decision on it (its `health_events` row and its "
-            "node's ack position with the ladder's rows, one sync of the disk), then acked on its stream; "
-            "`RemediationService.on_events only` is the decision path alone (the event is not stored). "
-            "Commits: `process` runs them in a `CommitProcess` (rasd-controller's "
-            "default) while the next pass is decided; `thread` runs them on the store thread, one pass at "
-            "a time. Outside: the gRPC stream and wire validation. Each scheduled event is its own task and its "
-            "own call (concurrent streams), one message of a node at a time, as its stream is read (the next "
-            "once the last is decided: an event whose node's last one is still being decided waits for it); "
-            "calls that wait while a pass runs are decided together in "
-            f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
-            "escalation pass, one transaction). "
-            "Every node has an open stream (an `ingest.Session` whose queue a task empties, serializing each "
-            "message as the stream's writer does), so agent commands are queued on it; no agent answers, so "
-            "they stay `dispatched`. "
-            "Transactions and commit p50/p99/max: each remediation transaction of the burst and how long the "
-            "store took to make it durable, from the store thread's call to its return (with a writer process, "
-            "the hand-off both ways included), as `rasd_remediation_commit_seconds` measures it; no decision "
-            "of a pass leaves before its commit, nor any of the passes queued behind it. "
-            "Controller logs: JSON at info, to /dev/null. The garbage collector as rasd-controller runs it "
-            "(`rasd.common.gc_policy`: its thresholds, the start-up heap frozen, collections while no decision "
-            "waits); the arrival schedules are built before the start and frozen with it. "
-            "Disruption policy lifted so the burst is admitted: "
-            "breaker 100 %, cluster 100 % / 100,000 nodes, rack and nvlink_domain 100 % / 100,000, storm "
-            "cooldown 0. Event mix: Xid 13/31/43/45/48/79/94/119, ECC DBE, row-remap pending, NVLink errors, "
-            "IB link state; ~45 % repeats of an open fault (duplicates), 2 % IB flaps on 0.5 % of nodes "
-            f"(node quarantine). {adapters}"
-            + (
-                " Diagnostic (`--pg-no-flush-wait`): PostgreSQL sessions run with synchronous_commit=off, so a "
-                "commit returns before its WAL reaches the disk. rasd never runs so (a dispatched command must be "
-                "durable first); the difference from the Remediation section is what waiting for this machine's "
-                "disk costs."
-                if args.pg_no_flush_wait
-                else ""
-            ),
+            _path_text(args, adapters),
             "",
             body,
             "",
@@ -1027,6 +1015,72 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
+    return section, text, met
+
+
+def _path_text(args: argparse.Namespace, adapters: str) -> str:
+    """What was measured, and how (the section's long paragraph)."""
+    return (
+        "Path: a real `Store`, `Ingest` and `RemediationService` (classify → correlate → "
+        "escalate → blast-radius admission → outbox transaction → `Ingest.dispatch`; actions that "
+        "wait for admission, a quarantine with its repair, are dispatched by a round committed with "
+        "the next pass). `Ingest.take_events` is rasd-controller's path after wire validation: the "
+        "event is stored in the transaction of the decision on it (its `health_events` row and its "
+        "node's ack position with the ladder's rows, one sync of the disk), then acked on its stream; "
+        "`RemediationService.on_events only` is the decision path alone (the event is not stored). "
+        "Commits: `process` runs them in a `CommitProcess` (rasd-controller's "
+        "default) while the next pass is decided; `thread` runs them on the store thread, one pass at "
+        "a time. Outside: the gRPC stream and wire validation. Each scheduled event is its own task and its "
+        "own call (concurrent streams), one message of a node at a time, as its stream is read (the next "
+        "once the last is decided: an event whose node's last one is still being decided waits for it); "
+        "calls that wait while a pass runs are decided together in "
+        f"the next pass (group commit: at most {remediation_mod.MAX_GROUP_EVENTS} calls, one correlation and "
+        "escalation pass, one transaction). "
+        "Every node has an open stream (an `ingest.Session` whose queue a task empties, serializing each "
+        "message as the stream's writer does), so agent commands are queued on it; no agent answers, so "
+        "they stay `dispatched`. "
+        "Transactions and commit p50/p99/max: each remediation transaction of the burst and how long the "
+        "store took to make it durable, from the store thread's call to its return (with a writer process, "
+        "the hand-off both ways included), as `rasd_remediation_commit_seconds` measures it; no decision "
+        "of a pass leaves before its commit, nor any of the passes queued behind it. "
+        "Controller logs: JSON at info, to /dev/null. The garbage collector as rasd-controller runs it "
+        "(`rasd.common.gc_policy`: its thresholds, the start-up heap frozen, collections while no decision "
+        "waits); the arrival schedules are built before the start and frozen with it. "
+        "Disruption policy lifted so the burst is admitted: "
+        "breaker 100 %, cluster 100 % / 100,000 nodes, rack and nvlink_domain 100 % / 100,000, storm "
+        "cooldown 0. Event mix: Xid 13/31/43/45/48/79/94/119, ECC DBE, row-remap pending, NVLink errors, "
+        "IB link state; ~45 % repeats of an open fault (duplicates), 2 % IB flaps on 0.5 % of nodes "
+        f"(node quarantine). {adapters}"
+        + (
+            " Diagnostic (`--pg-no-flush-wait`): PostgreSQL sessions run with synchronous_commit=off, so a "
+            "commit returns before its WAL reaches the disk. rasd never runs so (a dispatched command must be "
+            "durable first); the difference from the Remediation section is what waiting for this machine's "
+            "disk costs."
+            if args.pg_no_flush_wait
+            else ""
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure each backend, print the tables, update bench/RESULTS.md; exit 1 if a SQLite round misses p99 ≤ 50 ms."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.quick:
+        args.nodes, args.rate, args.duration_s, args.throughput_s, args.drain_timeout_s = 200, 200.0, 1.0, 1.0, 5.0
+    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    if "postgresql" in backends and not os.environ.get("RASD_TEST_POSTGRES_URL"):
+        print("RASD_TEST_POSTGRES_URL is unset: PostgreSQL skipped (.ci/postgres.sh starts one)", file=sys.stderr)
+        backends.remove("postgresql")
+    writers = ["process", "thread"] if args.commit_writer == "both" else [args.commit_writer]
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    header = results.machine(f"SQLAlchemy {sa.__version__}")
+    rasd_logging.configure(args.log_level, json=True)
+    gc_policy.configure()  # as rasd-controller does
+    rounds = _run_rounds(args, backends, writers)
+    section, text, met = _report(args, argv, rounds, backends, writers, started, header)
     print(text)
     if not args.no_write:
         results.write_section(section, text)

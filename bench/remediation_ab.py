@@ -121,8 +121,8 @@ def this_tree() -> str:
     return f"{head} plus uncommitted changes" if changed else head
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Alternate base and this tree for --rounds pairs; print the table and update bench/RESULTS.md."""
+def _parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the commit to compare against (any git revision)")
     parser.add_argument("--rounds", type=int, default=4, help="pairs of runs (base, then this tree)")
@@ -143,20 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=2000.0, help="burst events/s, on both sides")
     parser.add_argument("--duration-s", type=float, default=5.0, help="burst length, on both sides")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
-    args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {args.rounds}")
-    if args.rate <= 0 or args.duration_s <= 0:
-        parser.error(f"--rate and --duration-s must be positive, got {args.rate:g} and {args.duration_s:g}")
-    if args.backend == "postgresql" and not os.environ.get("RASD_TEST_POSTGRES_URL"):
-        parser.error("--backend postgresql needs RASD_TEST_POSTGRES_URL (.ci/postgres.sh starts one)")
-    try:
-        base = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
-    except subprocess.CalledProcessError:
-        parser.error(f"--base {args.base!r} is not a commit of this repository")
-    tree = this_tree()
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    header = results.machine()
+    return parser
+
+
+def _alternate(args: argparse.Namespace, base: str) -> tuple[list[tuple[Burst, Burst]], str]:
+    """--rounds pairs of bursts, base then this tree; the pairs and the quarantine adapter both ran with."""
     pairs: list[tuple[Burst, Burst]] = []
     with tempfile.TemporaryDirectory(prefix="rasd-ab-") as tmp:
         worktree = pathlib.Path(tmp) / "base"
@@ -182,6 +173,18 @@ def main(argv: list[str] | None = None) -> int:
                 )
         finally:
             git("worktree", "remove", "--force", str(worktree))
+    return pairs, quarantine
+
+
+def _report(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    pairs: list[tuple[Burst, Burst]],
+    quarantine: str,
+    run: tuple[str, str, str, str],
+) -> tuple[str, str]:
+    """The results section's title and text; run: (base commit, this tree, start time, machine)."""
+    base, tree, started, header = run
     ratios = [after.p99_ms / before.p99_ms for before, after in pairs]
     cpu_ratios = [after.cpu_s / before.cpu_s for before, after in pairs]
     loop_ratios = [a.loop_s / b.loop_s for b, a in pairs if a.loop_s and b.loop_s]
@@ -228,6 +231,28 @@ def main(argv: list[str] | None = None) -> int:
             "",  # a blank line before the section after it
         ]
     )
+    return section, text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Alternate base and this tree for --rounds pairs; print the table and update bench/RESULTS.md."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.rate <= 0 or args.duration_s <= 0:
+        parser.error(f"--rate and --duration-s must be positive, got {args.rate:g} and {args.duration_s:g}")
+    if args.backend == "postgresql" and not os.environ.get("RASD_TEST_POSTGRES_URL"):
+        parser.error("--backend postgresql needs RASD_TEST_POSTGRES_URL (.ci/postgres.sh starts one)")
+    try:
+        base = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
+    except subprocess.CalledProcessError:
+        parser.error(f"--base {args.base!r} is not a commit of this repository")
+    tree = this_tree()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    header = results.machine()
+    pairs, quarantine = _alternate(args, base)
+    section, text = _report(args, argv, pairs, quarantine, (base, tree, started, header))
     print(text)
     if not args.no_write:
         results.write_section(section, text)

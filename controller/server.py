@@ -18,22 +18,21 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
-from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
-from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
-from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.common import gc_policy, tls
+from rasd.controller import wiring
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.executors import bmc, quarantine
 from rasd.controller.ingest import service as ingest
 from rasd.controller.observability import audit, metrics, recording
 from rasd.controller.power import loop as power_loop
-from rasd.controller.remediation import service as remediation_mod
+from rasd.controller.remediation import adapters
 from rasd.controller.replication import leader as leader_mod
-from rasd.controller.replication import relay as relay_mod
-from rasd.controller.rpc import admin_service, agent_service, authn, authz, leader_gate, store_outage
+from rasd.controller.rpc import admin_service, agent_service, authn, authz, leader_gate, services, store_outage
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
+from rasd.controller.wire import commands as wire_commands
 
 log = structlog.get_logger("rasd.controller")
 
@@ -95,6 +94,73 @@ def _store_url(settings: ControllerSettings) -> str:
     return repo.with_session_setting(settings.db_url, "idle_in_transaction_session_timeout", f"{timeout_ms}ms")
 
 
+def _commit_writer(
+    settings: ControllerSettings, leadership: leader_mod.Leadership
+) -> store_writer.CommitProcess | None:
+    """The ladder's commit writer process ("process"), or None: commits on the store thread ("thread")."""
+    if not settings.remediation:
+        return None
+    if settings.commit_writer == "process":
+        return store_writer.CommitProcess(settings.db_url, fence=leadership.current_fence)
+    if settings.commit_writer != "thread":
+        raise ValueError(f"commit_writer must be process or thread, got {settings.commit_writer!r}")
+    return None
+
+
+def _executors(
+    settings: ControllerSettings, store: repo.Store, leadership: leader_mod.Leadership
+) -> dict[str, adapters.Executor]:
+    """The controller-side adapters: quarantine through the configured scheduler, BMC power cycles if configured."""
+    adapter = quarantine.open_quarantine(settings.quarantine)
+    executors = dict(quarantine.executors(adapter))
+    if settings.bmc is not None:
+        # A deposed replica's adapter thread may still run: its journal write is refused before it
+        # asks the BMC.
+        journal_store = rstore.RemediationStore(store.engine, fence=leadership.fence)
+        journal = rstore.StoredJournal(journal_store, "bmc_journal")
+        executors.update(bmc.executors(bmc.open_power_cycler(settings.bmc, journal)))
+    return executors
+
+
+def _wire_services(
+    settings: ControllerSettings,
+    store: repo.Store,
+    controller_metrics: metrics.ControllerMetrics,
+    leadership: leader_mod.Leadership,
+    ladder: wiring.Ladder | None,
+) -> wiring.Wired:
+    """The ingest, the ladder and (with lease election) the relay, connected (`wiring`)."""
+    ingest_settings = settings.ingest
+    if leadership.election != "lease":
+        return wiring.single_replica(store, controller_metrics, ladder=ladder, settings=ingest_settings)
+    # Other replicas hold streams too: their nodes stay connected while this one starts.
+    ingest_settings = dataclasses.replace(ingest_settings, mark_all_disconnected_at_start=False)
+    return wiring.replicated(
+        store, controller_metrics, leadership, ladder=ladder, settings=ingest_settings,
+        poll_s=settings.leader.relay_poll_s,
+    )  # fmt: skip
+
+
+def _power_loop(
+    settings: ControllerSettings, ingest_service: ingest.Ingest, leadership: leader_mod.Leadership
+) -> power_loop.PowerLoop | None:
+    """The power loop, run by the leader ([power] configured), or None."""
+    if settings.power is None:
+        return None
+    if leadership.election == "lease":
+        # The loop reads telemetry and sends caps through this replica's own streams; with
+        # several replicas it would take the other replicas' nodes for unreachable ones.
+        raise ValueError(
+            "[power]: the power loop runs on a single controller replica (SQLite, or [leader] "
+            'election = "static") until it reads telemetry across replicas'
+        )
+    limiter = bmc.open_power_limiter(settings.bmc) if settings.bmc is not None else None
+    power = power_loop.PowerLoop(ingest_service, power_loop.PowerSettings.from_mapping(settings.power), limiter=limiter)
+    leadership.on_elected(lambda _token: power.start())
+    leadership.on_deposed(power.stop)
+    return power
+
+
 class Controller:
     """One running replica. `await start()`, then `await stop()`."""
 
@@ -105,95 +171,32 @@ class Controller:
         self.settings = settings
         self.store = repo.Store.open(settings.db_url)
         self.metrics = metrics.ControllerMetrics(self.registry)
-        ingest_settings = settings.ingest
-        if settings.leader.resolved_election(settings.db_url) == "lease":  # other replicas hold streams too
-            ingest_settings = dataclasses.replace(ingest_settings, mark_all_disconnected_at_start=False)
-        self.ingest = ingest.Ingest(self.store, self.metrics, ingest_settings, clock=time.time_ns)
-        self.registry.register(
-            metrics.FleetCollector(
-                latest=lambda: self.ingest.latest,
-                gpu_nodes=lambda: self.ingest.gpu_nodes,
-                node_states=self.ingest.node_states,
-            )
+        # One leader runs the fleet-wide loops (DESIGN.md §8); its writes carry the fencing token.
+        self.leadership = leader_mod.Leadership(
+            self.store.engine, settings.leader, election=settings.leader.resolved_election(settings.db_url)
         )
-        self.registry.register(metrics.PowerCollector(lambda: self.power.status if self.power is not None else None))
-        self.remediation: remediation_mod.RemediationService | None = None
-        self.bmc_journal_store: rstore.RemediationStore | None = None
-        if settings.remediation:
-            adapter = quarantine.open_quarantine(settings.quarantine)
-            executors = dict(quarantine.executors(adapter))
-            if settings.bmc is not None:
-                self.bmc_journal_store = rstore.RemediationStore(self.store.engine)  # fenced below
-                journal = rstore.StoredJournal(self.bmc_journal_store, "bmc_journal")
-                executors.update(bmc.executors(bmc.open_power_cycler(settings.bmc, journal)))
-            self.remediation = remediation_mod.RemediationService(
-                self.store, self.ingest, policy=settings.remediation_policy, executors=executors
-            )
-            self.ingest.events_hook = self.remediation.on_events
-            # New events are stored in the transaction of the decision on them (one sync, not two).
-            self.ingest.arrivals_hook = self.remediation.on_arrivals
-            self.ingest.command_result_hook = self.remediation.on_result
-            self.ingest.connected_hook = self.remediation.node_connected
+        self.leadership.register_metrics(self.registry)
+        self.recorder: recording.Recorder | None = None
+        if settings.record_path is not None:
+            self.recorder = recording.Recorder(settings.record_path, policy=settings.remediation_policy)
+        self.commit_writer = _commit_writer(settings, self.leadership)
+        self.wired = _wire_services(settings, self.store, self.metrics, self.leadership, self._ladder())
+        self.ingest = self.wired.ingest
+        self.remediation = self.wired.remediation
+        self.relay = self.wired.relay
+        """With several replicas: the outbox courier, the result relay and `relay.send_command` (any replica's node)."""
+        if self.remediation is not None and self.relay is None:
+            remediation = self.remediation  # with a relay, the relay starts and stops it with the terms
+            self.leadership.on_elected(lambda _token: remediation.start())
+            self.leadership.on_deposed(remediation.stop)
+        self.power = _power_loop(settings, self.ingest, self.leadership)  # after remediation: started after it
+        self._register_collectors()
         self.tokens = authn.TokenStore(settings.security.tokens_file)
         self.audit = audit.AuditLog(self.ingest, clock=time.time_ns)
         self.security = authz.SecurityMetrics(self.registry)
         self.tls: tls.ReloadingServerCredentials | None = None
         if settings.security.tls is not None:
             self.tls = tls.ReloadingServerCredentials(settings.security.tls)
-        self.recorder: recording.Recorder | None = None
-        if settings.record_path is not None:
-            self.recorder = recording.Recorder(settings.record_path, policy=settings.remediation_policy)
-            if self.remediation is not None:
-                self.remediation.decision_hook = self.recorder.decisions
-                self.remediation.accusation_hook = self.recorder.accusation
-        # One leader runs the fleet-wide loops (DESIGN.md §8); its writes carry the fencing token.
-        self.leadership = leader_mod.Leadership(
-            self.store.engine, settings.leader, election=settings.leader.resolved_election(settings.db_url)
-        )
-        self.leadership.register_metrics(self.registry)
-        self.relay: relay_mod.Relay | None = None
-        """With several replicas: the outbox courier, the result relay and `relay.send_command` (any replica's node)."""
-        if self.leadership.election == "lease":
-            self.relay = relay_mod.Relay(
-                self.ingest, self.remediation, self.leadership, poll_s=settings.leader.relay_poll_s
-            )
-            self.relay.attach()
-            if self.remediation is not None:
-                # `rasctl validate` reaches a node whichever replica holds its stream.
-                self.remediation.command_sender = self.relay.send_command
-                self.remediation.node_reachable = self.relay.node_reachable
-        self.commit_writer: store_writer.CommitProcess | None = None
-        if self.remediation is not None:
-            self.remediation.store.fence = self.leadership.fence
-            if self.bmc_journal_store is not None:
-                # A deposed replica's adapter thread may still run: its journal write is refused
-                # before it asks the BMC.
-                self.bmc_journal_store.fence = self.leadership.fence
-            if settings.commit_writer == "process":
-                self.commit_writer = store_writer.CommitProcess(settings.db_url, fence=self.leadership.current_fence)
-                self.remediation.use_writer(self.commit_writer)
-            elif settings.commit_writer != "thread":
-                raise ValueError(f"commit_writer must be process or thread, got {settings.commit_writer!r}")
-            if self.relay is None:
-                remediation = self.remediation
-                self.leadership.on_elected(lambda _token: remediation.start())
-                self.leadership.on_deposed(remediation.stop)
-        self.power: power_loop.PowerLoop | None = None
-        if settings.power is not None:
-            if self.leadership.election == "lease":
-                # The loop reads telemetry and sends caps through this replica's own streams; with
-                # several replicas it would take the other replicas' nodes for unreachable ones.
-                raise ValueError(
-                    "[power]: the power loop runs on a single controller replica (SQLite, or [leader] "
-                    'election = "static") until it reads telemetry across replicas'
-                )
-            limiter = bmc.open_power_limiter(settings.bmc) if settings.bmc is not None else None
-            self.power = power_loop.PowerLoop(
-                self.ingest, power_loop.PowerSettings.from_mapping(settings.power), limiter=limiter
-            )
-            power = self.power
-            self.leadership.on_elected(lambda _token: power.start())  # after remediation: registered later
-            self.leadership.on_deposed(power.stop)
         remediation_or_none = self.remediation
         self.collector = gc_policy.QuietCollector(
             (lambda: remediation_or_none.quiet) if remediation_or_none is not None else (lambda: True),
@@ -207,6 +210,29 @@ class Controller:
         self.health_port: int | None = None
         self._metrics_server = None
         self._health = health.aio.HealthServicer()
+
+    def _ladder(self) -> wiring.Ladder | None:
+        """What the repair ladder is built with (None: no remediation): adapters, recording, fence, writer."""
+        settings = self.settings
+        if not settings.remediation:
+            return None
+        return wiring.Ladder(
+            policy=settings.remediation_policy,
+            executors=_executors(settings, self.store, self.leadership),
+            recorder=self.recorder,
+            fence=self.leadership.fence,
+            writer=self.commit_writer,
+        )
+
+    def _register_collectors(self) -> None:
+        """The fleet's and the power loop's metrics, read from the services at each scrape."""
+        ingest = self.ingest
+        self.registry.register(
+            metrics.FleetCollector(
+                latest=lambda: ingest.latest, gpu_nodes=lambda: ingest.gpu_nodes, node_states=ingest.node_states
+            )
+        )
+        self.registry.register(metrics.PowerCollector(lambda: self.power.status if self.power is not None else None))
 
     async def start(self) -> None:
         """Start ingest, bind gRPC and metrics, and report SERVING."""
@@ -236,19 +262,15 @@ class Controller:
                 ("grpc.keepalive_permit_without_calls", 1),
             ],
         )
-        agent_grpc.add_AgentServiceServicer_to_server(
-            agent_service.AgentService(
-                self.ingest,
-                limits=self.settings.security.limits,
-                security_metrics=self.security,
-                audit_log=self.audit,
-                recorder=self.recorder,
-            ),
-            server,
+        agents = agent_service.AgentService(
+            self.ingest,
+            limits=self.settings.security.limits,
+            security_metrics=self.security,
+            audit_log=self.audit,
+            recorder=self.recorder,
         )
-        admin_grpc.add_AdminServiceServicer_to_server(
-            admin_service.AdminService(self.ingest, self.remediation, power=self.power), server
-        )
+        admin = admin_service.AdminService(self.ingest, self.remediation, power=self.power)
+        services.add_services(server, agents, admin)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if self.tls is not None:
             self.port = server.add_secure_port(self.settings.listen, self.tls.credentials)
@@ -305,6 +327,7 @@ class Controller:
         if self._health_server is not None:
             await self._health_server.stop(None)
         await self.ingest.stop()
+        self.wired.thread.close()
         if self.commit_writer is not None:
             await asyncio.to_thread(self.commit_writer.close)
         if self._metrics_server is not None:
@@ -316,9 +339,9 @@ class Controller:
         log.info("controller_stopped")
 
     async def send_command(
-        self, node_id: str, command: commands_pb.Command, *, timeout_s: float = 30.0
-    ) -> commands_pb.ActionResult:
-        """Send a rasd.api.v1.Command to a node on any replica and wait for its ActionResult.
+        self, node_id: str, command: wire_commands.Command, *, timeout_s: float = 30.0
+    ) -> msgs.AgentResult:
+        """Send a rasd.api.v1.Command to a node on any replica and wait for its result.
 
         For fleet-wide loops outside the ladder's outbox (power caps): with several replicas the
         command goes through the store to the replica holding the node's stream; otherwise it is

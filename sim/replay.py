@@ -61,14 +61,17 @@ import json
 import pathlib
 import statistics
 import tempfile
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
+from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import recording_pb2 as recording_pb
+from rasd.controller import wiring
 from rasd.controller.core.remediation import actions
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.ingest import service as ingest_mod
@@ -76,6 +79,8 @@ from rasd.controller.observability import metrics, recording
 from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import repo
 from rasd.controller.wire import agent as wire
+from rasd.controller.wire import commands as wire_commands
+from rasd.controller.wire import stream as wire_stream
 
 DEFAULT_TICK_INTERVAL_S = 2.0
 """The live remediation ticker's period (RemediationService's default)."""
@@ -274,6 +279,132 @@ def _baseline(rec: recording.Recording) -> _Baseline:
     )
 
 
+class _Decisions:
+    """The replayed ladder's recorder: every action it puts in its outbox becomes a `DecisionRecord`."""
+
+    def __init__(self, run: ReplayRun) -> None:
+        self._run = run
+
+    def decisions(self, decided: Sequence[actions.Action], at_unix_ns: int) -> None:
+        self._run.decisions.extend(DecisionRecord.from_action(a, at_unix_ns) for a in decided)
+
+    def accusation(self, node_id: str, gpu_uuid: str, *, reason: str, accuser: str, at_unix_ns: int) -> None:
+        """Accusations are inputs here, not decisions."""
+
+
+class _Replayer:
+    """A fresh controller's ingest and ladder on a scratch store, fed a recording on its recorded clock."""
+
+    def __init__(
+        self, rec: recording.Recording, policy: policy_mod.RemediationPolicy, work_dir: pathlib.Path, tick_ns: int
+    ) -> None:
+        self.rec = rec
+        self.baseline = _baseline(rec)
+        self.clock = _FakeClock(rec.header.started_unix_ns)
+        self.run = ReplayRun(decisions=[], inputs={}, skipped=[])
+        self.store = repo.Store.open(f"sqlite:///{work_dir / 'replay.db'}")
+        # Wired as rasd-controller wires one replica: events stored with their decision. No executors:
+        # controller-side actions count as succeeded. The live ticker sleeps in real time; the
+        # replay calls tick() itself on recorded time.
+        ladder = wiring.Ladder(policy=policy, recorder=_Decisions(self.run), tick_interval_s=1e9)
+        self.wired = wiring.single_replica(
+            self.store, metrics.ControllerMetrics(CollectorRegistry()), ladder=ladder, clock=self.clock
+        )
+        assert self.wired.remediation is not None
+        self.ingest = self.wired.ingest
+        self.service = self.wired.remediation
+        self.sessions: dict[str, ingest_mod.Session] = {}
+        self.dispatched: set[str] = set()
+        self.due: list[tuple[int, int, str, commands_pb.ActionResult]] = []
+        self.tick_ns = tick_ns
+        self.next_tick = rec.header.started_unix_ns + tick_ns
+        self.order = 0
+
+    def collect_dispatches(self) -> None:
+        """Answer each command the replayed controller sent (once per id) by the rules of the module docstring."""
+        for session in list(self.sessions.values()):
+            while not session.outbound.empty():
+                message = session.outbound.get_nowait()
+                if message is None or not message.HasField("command"):
+                    continue
+                command = message.command
+                if command.command_id in self.dispatched:
+                    continue  # a re-send of the same id (reconnect): the agent answers once
+                self.dispatched.add(command.command_id)
+                self._answer(session.node_id, command)
+
+    def _answer(self, node_id: str, command: commands_pb.Command) -> None:
+        """Schedule a command's result: the recorded one, none (withheld), or a synthesized one."""
+        baseline, clock = self.baseline, self.clock
+        kind = command.WhichOneof("action") or ""
+        if command.command_id in baseline.results:
+            at, result = baseline.results[command.command_id]
+            delay_ns = max(0, at - baseline.sent_unix_ns.get(command.command_id, at))
+            self.run.results_recorded += 1
+        elif command.command_id in baseline.sent_unix_ns:
+            self.run.results_withheld += 1
+            return
+        else:
+            delay_s = baseline.median_delay_s.get(kind, DEFAULT_SYNTH_DELAY_S.get(kind, 1.0))
+            delay_ns = int(delay_s * 1e9)
+            result = synthesized_result(command, finished_unix_ns=clock() + delay_ns)
+            self.run.synthesized.append(
+                {
+                    "command_id": command.command_id,
+                    "node_id": node_id,
+                    "kind": kind,
+                    "dispatched_s": round((clock() - self.rec.header.started_unix_ns) / 1e9, 3),
+                    "delay_s": round(delay_s, 3),
+                    "outcome": "SUCCEEDED" + (", verdict pass" if kind == "run_validation" else ""),
+                }
+            )
+            self.run.synthesized_due_ns[command.command_id] = clock() + delay_ns
+        self.order += 1
+        heapq.heappush(self.due, (clock() + delay_ns, self.order, node_id, result))
+
+    async def advance(self, to_ns: int) -> None:
+        """Deliver the results and run the ticks due up to to_ns, in time order, then move the clock there."""
+        while True:
+            next_result = self.due[0][0] if self.due else None
+            if next_result is not None and next_result <= min(self.next_tick, to_ns):
+                at, _order, node_id, result = heapq.heappop(self.due)
+                self.clock.advance(at)
+                await self.service.on_result(node_id, wire_commands.result_from_wire(result))
+            elif self.next_tick <= to_ns:
+                self.clock.advance(self.next_tick)
+                self.next_tick += self.tick_ns
+                await self.service.tick()
+            else:
+                break
+            self.collect_dispatches()
+        self.clock.advance(to_ns)
+
+    async def feed_all(self) -> None:
+        """Every entry in recorded order, then the time up to the recording's end."""
+        for entry in self.rec.entries:
+            await self.advance(entry.at_unix_ns)
+            await _feed(entry, self.ingest, self.service, self.sessions, self.run)
+            self.collect_dispatches()
+        await self.advance(self.rec.ended_unix_ns)
+
+    async def note_end(self) -> None:
+        """What was still held or undelivered when the recording ended, and the breaker's state."""
+        run = self.run
+        run.undelivered_after_end = len(self.due)
+        held = await self.ingest.run_in_store(lambda: self.service.store.commands(statuses=("pending",)))
+        run.held_at_end = [
+            {"node_id": c.node_id, "gpu_uuid": c.gpu_uuid, "ticket_id": c.ticket_id, "kind": c.kind} for c in held
+        ]
+        budget = self.service.budget
+        run.breaker = {
+            "tripped_at_s": None
+            if budget.breaker_tripped_at is None
+            else round(budget.breaker_tripped_at - self.rec.header.started_unix_ns / 1e9, 3),
+            "reason": budget.breaker_reason,
+            "trips": budget.trips,
+        }
+
+
 async def replay(
     rec: recording.Recording,
     policy: policy_mod.RemediationPolicy,
@@ -282,106 +413,16 @@ async def replay(
     tick_interval_s: float = DEFAULT_TICK_INTERVAL_S,
 ) -> ReplayRun:
     """Feed a recording to a fresh controller running policy; return its decisions and what was fed."""
-    baseline = _baseline(rec)
-    clock = _FakeClock(rec.header.started_unix_ns)
-    store = repo.Store.open(f"sqlite:///{work_dir / 'replay.db'}")
-    ingest = ingest_mod.Ingest(store, metrics.ControllerMetrics(CollectorRegistry()), clock=clock)
-    # The live ticker sleeps in real time; the replay calls tick() itself on recorded time.
-    service = remediation_mod.RemediationService(
-        store, ingest, policy=policy, executors={}, clock=clock, tick_interval_s=1e9
-    )
-    ingest.events_hook = service.on_events
-    ingest.arrivals_hook = service.on_arrivals  # as rasd-controller: events stored with their decision
-    ingest.connected_hook = service.node_connected
-    run = ReplayRun(decisions=[], inputs={}, skipped=[])
-    service.decision_hook = lambda decided, at: run.decisions.extend(DecisionRecord.from_action(a, at) for a in decided)
-    sessions: dict[str, ingest_mod.Session] = {}
-    dispatched: set[str] = set()
-    due: list[tuple[int, int, str, commands_pb.ActionResult]] = []
-    end_ns = rec.ended_unix_ns
-    tick_ns = int(tick_interval_s * 1e9)
-    next_tick = rec.header.started_unix_ns + tick_ns
-    order = 0
-
-    def collect_dispatches() -> None:
-        nonlocal order
-        for session in list(sessions.values()):
-            while not session.outbound.empty():
-                message = session.outbound.get_nowait()
-                if message is None or not message.HasField("command"):
-                    continue
-                command = message.command
-                if command.command_id in dispatched:
-                    continue  # a re-send of the same id (reconnect): the agent answers once
-                dispatched.add(command.command_id)
-                kind = command.WhichOneof("action") or ""
-                if command.command_id in baseline.results:
-                    at, result = baseline.results[command.command_id]
-                    delay_ns = max(0, at - baseline.sent_unix_ns.get(command.command_id, at))
-                    run.results_recorded += 1
-                elif command.command_id in baseline.sent_unix_ns:
-                    run.results_withheld += 1
-                    continue
-                else:
-                    delay_s = baseline.median_delay_s.get(kind, DEFAULT_SYNTH_DELAY_S.get(kind, 1.0))
-                    delay_ns = int(delay_s * 1e9)
-                    result = synthesized_result(command, finished_unix_ns=clock() + delay_ns)
-                    run.synthesized.append(
-                        {
-                            "command_id": command.command_id,
-                            "node_id": session.node_id,
-                            "kind": kind,
-                            "dispatched_s": round((clock() - rec.header.started_unix_ns) / 1e9, 3),
-                            "delay_s": round(delay_s, 3),
-                            "outcome": "SUCCEEDED" + (", verdict pass" if kind == "run_validation" else ""),
-                        }
-                    )
-                    run.synthesized_due_ns[command.command_id] = clock() + delay_ns
-                order += 1
-                heapq.heappush(due, (clock() + delay_ns, order, session.node_id, result))
-
-    async def advance(to_ns: int) -> None:
-        nonlocal next_tick
-        while True:
-            next_result = due[0][0] if due else None
-            if next_result is not None and next_result <= min(next_tick, to_ns):
-                at, _order, node_id, result = heapq.heappop(due)
-                clock.advance(at)
-                await service.on_result(node_id, result)
-            elif next_tick <= to_ns:
-                clock.advance(next_tick)
-                next_tick += tick_ns
-                await service.tick()
-            else:
-                break
-            collect_dispatches()
-        clock.advance(to_ns)
-
-    await service.start()
+    replayer = _Replayer(rec, policy, work_dir, int(tick_interval_s * 1e9))
+    await replayer.service.start()
     try:
-        for entry in rec.entries:
-            await advance(entry.at_unix_ns)
-            await _feed(entry, ingest, service, sessions, run)
-            collect_dispatches()
-        await advance(end_ns)
-        run.undelivered_after_end = len(due)
-        held = await ingest.run_in_store(lambda: service.store.commands(statuses=("pending",)))
-        run.held_at_end = [
-            {"node_id": c.node_id, "gpu_uuid": c.gpu_uuid, "ticket_id": c.ticket_id, "kind": c.kind} for c in held
-        ]
-        budget = service.budget
-        run.breaker = {
-            "tripped_at_s": None
-            if budget.breaker_tripped_at is None
-            else round(budget.breaker_tripped_at - rec.header.started_unix_ns / 1e9, 3),
-            "reason": budget.breaker_reason,
-            "trips": budget.trips,
-        }
+        await replayer.feed_all()
+        await replayer.note_end()
     finally:
-        await service.stop()
-        await ingest.stop()
-        store.close()
-    run.decisions = [d for d in run.decisions if d.at_unix_ns <= end_ns]
+        await replayer.wired.stop()
+        replayer.store.close()
+    run = replayer.run
+    run.decisions = [d for d in run.decisions if d.at_unix_ns <= rec.ended_unix_ns]
     return run
 
 
@@ -416,28 +457,46 @@ async def _feed(
     if kind == "action_result":
         return  # delivered by command id (see the module docstring), never as it stands
     try:
-        if kind == "hello":
-            session, _welcome = await ingest.open_session(message.hello)
-            sessions[entry.session_id] = session
-        else:
-            session = sessions.get(entry.session_id)
-            if session is None:
-                run.skipped.append(f"{entry.node_id} {kind} at {entry.at_unix_ns}: its stream has no recorded Hello")
-                return
-            if kind == "telemetry":
-                ingest.on_telemetry(session, message.telemetry)
-            elif kind == "events":
-                await ingest.on_events(session, message.events)
-            elif kind == "heartbeat":
-                ingest.on_heartbeat(session, message.heartbeat)
-            else:
-                run.skipped.append(f"{entry.node_id} at {entry.at_unix_ns}: empty or unknown payload")
-                return
+        fed = await _feed_inbound(entry, message, ingest, sessions, run)
     except wire.WireError as exc:
         # The live controller rejected it the same way (and ended that stream); keep going.
         run.skipped.append(f"{entry.node_id} {kind} at {entry.at_unix_ns}: rejected: {exc}")
         return
-    run.inputs[kind] = run.inputs.get(kind, 0) + 1
+    if fed:
+        run.inputs[kind] = run.inputs.get(kind, 0) + 1
+
+
+async def _feed_inbound(
+    entry: recording_pb.RecordedEntry,
+    message: agent_pb.AgentMessage,
+    ingest: ingest_mod.Ingest,
+    sessions: dict[str, ingest_mod.Session],
+    run: ReplayRun,
+) -> bool:
+    """An inbound stream message, converted at the edge as the stream's servicer does; False: not fed."""
+    kind = message.WhichOneof("payload") or "empty"
+    if kind == "hello":
+        node_hello = wire.hello_from_wire(message.hello)
+        session, _welcome = await ingest.open_session(node_hello, sent_unix_ns=message.hello.sent_unix_ns)
+        sessions[entry.session_id] = session
+        return True
+    session = sessions.get(entry.session_id)
+    if session is None:
+        run.skipped.append(f"{entry.node_id} {kind} at {entry.at_unix_ns}: its stream has no recorded Hello")
+        return False
+    if kind == "telemetry":
+        ingest.on_telemetry(session, wire_stream.telemetry_from_wire(message.telemetry, session.known_gpus))
+    elif kind == "events":
+        events = wire.events_from_wire(
+            message.events, session.known_gpus, ingest.clock(), session.node_id, spool_epoch=session.spool_epoch
+        )
+        await ingest.take_events(session, events, started=time.perf_counter())
+    elif kind == "heartbeat":
+        ingest.on_heartbeat(session, message.heartbeat.sent_unix_ns)
+    else:
+        run.skipped.append(f"{entry.node_id} at {entry.at_unix_ns}: empty or unknown payload")
+        return False
+    return True
 
 
 def synthesized_result(command: commands_pb.Command, *, finished_unix_ns: int) -> commands_pb.ActionResult:

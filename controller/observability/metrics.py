@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller.core import fleet
+from rasd.controller.wire import stream as wire_stream
 
 if TYPE_CHECKING:
     from rasd.controller.power import loop as power_loop
@@ -182,7 +182,7 @@ class ControllerMetrics:
         for kind in kinds:
             child = children.get(kind)
             if child is None:
-                child = children[kind] = self.health_events.labels(kind=health_pb.EventKind.Name(kind))
+                child = children[kind] = self.health_events.labels(kind=wire_stream.event_kind_name(kind))
             child.inc()
 
     def rejected(self, field: str) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import actions, blast_radius, escalation, sdc
 from rasd.controller.core.remediation import policy as policy_mod
@@ -31,7 +31,7 @@ MAX_MARKS = 64
 _WORST_FIRST = ("fail", "suspect", "software_drift", "pass")
 
 
-def gpu_verdicts(result: commands_pb.ActionResult, targets: Iterable[str]) -> dict[str, str]:
+def gpu_verdicts(result: msgs.AgentResult, targets: Iterable[str]) -> dict[str, str]:
     """Each GPU's verdict in a validation result: its worst check, else the run's verdict.
 
     The run's verdict applies to a GPU without checks of its own only when it was the only GPU

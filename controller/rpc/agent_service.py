@@ -25,6 +25,8 @@ from rasd.controller.observability import audit, recording
 from rasd.controller.rpc import authz, store_outage, validate_input
 from rasd.controller.store import repo
 from rasd.controller.wire import agent as wire
+from rasd.controller.wire import commands as wire_commands
+from rasd.controller.wire import stream as wire_stream
 
 log = structlog.get_logger("rasd.controller")
 
@@ -94,7 +96,8 @@ class AgentService(agent_grpc.AgentServiceServicer):
             self._ingest.metrics.rejected(exc.field)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
-            session, welcome = await self._ingest.open_session(first.hello)
+            node_hello = wire.hello_from_wire(first.hello)
+            session, welcome = await self._ingest.open_session(node_hello, sent_unix_ns=first.hello.sent_unix_ns)
         except wire.WireError as exc:
             self._ingest.metrics.rejected(exc.field)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -106,7 +109,7 @@ class AgentService(agent_grpc.AgentServiceServicer):
             self._security.stream_opened(mutual_tls=identity.node_id is not None)
         if self._recorder is not None:
             self._recorder.inbound(session.session_id, session.node_id, first)
-        await context.write(welcome)
+        await context.write(wire_stream.welcome_message(welcome))
         writer = asyncio.create_task(self._write(session, context))
         reader = asyncio.create_task(self._read(session, context, identity))
         try:
@@ -193,9 +196,10 @@ async def deliver(
     *,
     accepted: Callable[[agent_pb.AgentMessage], None] | None = None,
 ) -> None:
-    """Check one non-first message of a stream at the edge, then hand it to the ingest.
+    """Check one non-first message of a stream at the edge, convert it, then hand it to the ingest.
 
-    The fuzz tests drive this same function in process, so they exercise exactly what a stream does.
+    The fuzz tests and the recording's replay drive this same function in process, so they exercise
+    exactly what a stream does.
     ``accepted`` (the recorder) sees each message that passed the edge, before the ingest acts on
     it: a refused message is not part of what the controller decided on, so replay never sees it.
 
@@ -207,10 +211,14 @@ async def deliver(
     if accepted is not None:
         accepted(message)
     if kind == "telemetry":
-        service.on_telemetry(session, message.telemetry)
+        service.on_telemetry(session, wire_stream.telemetry_from_wire(message.telemetry, session.known_gpus))
     elif kind == "events":
-        await service.on_events(session, message.events)
+        started = time.perf_counter()
+        events = wire.events_from_wire(
+            message.events, session.known_gpus, service.clock(), session.node_id, spool_epoch=session.spool_epoch
+        )
+        await service.take_events(session, events, started=started)
     elif kind == "action_result":
-        service.on_result(session, message.action_result)
+        service.on_result(session, wire_commands.result_from_wire(message.action_result))
     elif kind == "heartbeat":
-        service.on_heartbeat(session, message.heartbeat)
+        service.on_heartbeat(session, message.heartbeat.sent_unix_ns)

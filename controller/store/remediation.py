@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from rasd.controller.core import fleet
-from rasd.controller.store import repo, schema
+from rasd.controller.store import records, repo, schema
 
 # Command statuses: pending → dispatched → a final one; or cancelled before dispatch.
 FINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "refused", "not_supported", "dry_run", "cancelled"})
@@ -61,14 +61,15 @@ class Commit:
     docs: dict[str, dict[str, Any] | None] = dataclasses.field(default_factory=dict)
     """controller_states documents to write; None deletes one."""
     new_commands: list[CommandRecord] = dataclasses.field(default_factory=list)
-    command_updates: list[tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=list)
-    incidents: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    tickets: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    quarantines: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    releases: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    rmas: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    validations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    audit: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    command_updates: list[records.CommandUpdate] = dataclasses.field(default_factory=list)
+    incidents: list[records.IncidentRecord] = dataclasses.field(default_factory=list)
+    tickets: list[records.TicketRecord] = dataclasses.field(default_factory=list)
+    quarantines: list[records.QuarantineRecord] = dataclasses.field(default_factory=list)
+    releases: list[records.ReleaseRecord] = dataclasses.field(default_factory=list)
+    rmas: list[records.RmaRecord] = dataclasses.field(default_factory=list)
+    validations: list[records.ValidationRecord] = dataclasses.field(default_factory=list)
+    audit: list[records.AuditRecord | Mapping[str, Any]] = dataclasses.field(default_factory=list)
+    """Audit rows in order (`records.audit_row`: the power loop's are still mappings)."""
     event_appends: list[repo.ExpectedAppend] = dataclasses.field(default_factory=list)
     """Events that arrived with this decision, stored in its transaction (`repo.plan_expected`): the
     decision on them and the events themselves become durable in one sync of the disk. Stored other
@@ -78,11 +79,15 @@ class Commit:
 class RemediationStore:
     """Typed access to the remediation tables (same engine as `rasd.controller.store.repo.Store`)."""
 
-    def __init__(self, engine: sa.Engine) -> None:
-        """Bind to an engine whose tables already exist (the Store creates or migrates them)."""
+    def __init__(self, engine: sa.Engine, *, fence: Callable[[Session], None] | None = None) -> None:
+        """Bind to an engine whose tables already exist (the Store creates or migrates them).
+
+        fence: called first in every `commit` transaction; raises to refuse it (the leader's fencing
+        token check; None: every commit is taken).
+        """
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        self.fence: Callable[[Session], None] | None = None
+        self.fence: Callable[[Session], None] | None = fence
         """Called first in every `commit` transaction; raises to refuse it (the leader's fencing token check)."""
         self.writer: Any = None
         """A `rasd.controller.store.writer.CommitProcess` that runs `commit` in its own process (it
@@ -170,7 +175,6 @@ class RemediationStore:
                 fence(session)
 
     def _write(self, session: Session, change: Commit) -> list[str]:
-        fresh: list[str] = []
         now = change.now_unix_ns
         command_updates = list(change.command_updates)
         # Core statements go to the connection: the ORM session's execute adds ~0.3 ms per statement.
@@ -182,77 +186,22 @@ class RemediationStore:
         # Every read the bulk writes depend on comes first, so that the writes can then be sent
         # without waiting for each one's answer (`repo.pipelined`). None of them reads a table
         # that a write before it in this transaction touches.
-        if change.processed_seq:
-            unknown = [node_id for node_id in change.processed_seq if node_id not in change.processed_epoch]
-            epochs = dict(conn.execute(_SPOOL_EPOCHS, {"node_ids": unknown}).all()) if unknown else {}
-            for node_id, seq in change.processed_seq.items():
-                # The events' own epoch: read here, a pass on an old spool's events that commits just
-                # after the node came back with a new spool would mark the new spool's seqs up to
-                # the old one's as decided, and a replay after a crash would skip them.
-                epoch = change.processed_epoch.get(node_id)
-                if epoch is None:
-                    epoch = int(epochs.get(node_id) or 0)
-                change.docs[WATERMARK_PREFIX + node_id] = {"epoch": epoch, "seq": seq}
-        command_rows: list[dict[str, Any]] = []
-        if change.new_commands:
-            ids = [r.command_id for r in change.new_commands]
-            existing = dict(conn.execute(_COMMAND_STATUSES, {"command_ids": ids}).all())
-            for record in change.new_commands:
-                if record.command_id in existing:
-                    # A replayed decision: the command exists and keeps its status, except that one
-                    # still pending is dispatched by a decision that admitted it (and counts as new).
-                    if existing[record.command_id] == "pending" and record.status == "dispatched":
-                        existing[record.command_id] = "dispatched"
-                        command_updates.append(
-                            (
-                                record.command_id,
-                                {"status": "dispatched", "dispatched_unix_ns": record.dispatched_unix_ns},
-                            )
-                        )
-                        fresh.append(record.command_id)
-                    continue
-                existing[record.command_id] = record.status
-                command_rows.append({f.name: getattr(record, f.name) for f in _COMMAND_FIELDS})
-                fresh.append(record.command_id)
+        _stage_watermarks(conn, change)
+        fresh, command_rows = _new_command_rows(conn, change.new_commands, command_updates)
         new_quarantines = _new_quarantines(conn, change.quarantines, now)
         with repo.pipelined(conn):
             repo.write_appends(conn, appends)
-            repo.upsert_many(
-                session,
-                schema.RemediationStateRow,
-                "node_id",
-                [{"node_id": n, "state": s, "updated_unix_ns": now} for n, s in change.node_states.items()],
-            )
-            repo.upsert_many(
-                session,
-                schema.ControllerStateRow,
-                "name",
-                [{"name": n, "state": d, "updated_unix_ns": now} for n, d in change.docs.items() if d is not None],
-            )
-            gone = [n for n, d in change.docs.items() if d is None]
-            if gone:
-                conn.execute(_DELETE_DOCS, {"names": gone})
+            _write_documents(session, conn, change)
             if command_rows:  # one executemany INSERT, no ORM objects: a burst decides hundreds at once
                 repo.insert_many(conn, schema.CommandRow.__table__, command_rows)
             _update_commands(session, command_updates)
             repo.upsert_many(session, schema.IncidentRow, "incident_id", _last_per_key(change.incidents, "incident_id"))
             repo.upsert_many(session, schema.RepairTicketRow, "ticket_id", _last_per_key(change.tickets, "ticket_id"))
             _quarantine_many(conn, change.quarantines, new_quarantines)
-            for rows in _runs_of_one_shape(change.audit):  # in order: audit ids follow the decision's order
+            audit = [records.audit_row(r) for r in change.audit]
+            for rows in _runs_of_one_shape(audit):  # in order: audit ids follow the decision's order
                 repo.insert_many(conn, schema.AuditRow.__table__, rows)
-        # Rare, and each reads before it writes: after the pipelined writes (none of which they read).
-        for release in change.releases:
-            _release(session, release, now)
-        for rma in change.rmas:
-            if session.get(schema.RmaTicketRow, rma["rma_id"]) is None:
-                session.add(schema.RmaTicketRow(**rma))
-        for validation in change.validations:
-            repo.upsert_row(
-                session,
-                schema.ValidationRow,
-                {"validation_id": validation["validation_id"]},
-                **{k: v for k, v in validation.items() if k != "validation_id"},
-            )
+        _write_rare(session, change)
         return fresh
 
     def unprocessed_events(self) -> dict[str, tuple[dict[str, str], list[repo.StoredEvent]]]:
@@ -421,25 +370,106 @@ def _warm_up_change() -> Commit:
                 result=None,
             )
         ],
-        command_updates=[(key, {"status": "dispatched", "dispatched_unix_ns": 0})],
+        command_updates=[records.CommandUpdate(key, "dispatched", dispatched_unix_ns=0)],
         incidents=[
-            {"incident_id": key, "node_id": key, "gpu_uuid": "", "cause": key, "component": "node", "severity": 0,
-             "state": "open", "opened_unix_ns": 0, "closed_unix_ns": None, "data": {}}
+            records.IncidentRecord(incident_id=key, node_id=key, gpu_uuid="", cause=key, component="node", severity=0,
+                                   state="open", opened_unix_ns=0, closed_unix_ns=None, data={})
         ],
         tickets=[
-            {"ticket_id": key, "node_id": key, "gpu_uuid": "", "incident_id": key, "state": "acting",
-             "rung": "restart_process", "purpose": "repair", "reason": key, "opened_unix_ns": 0,
-             "updated_unix_ns": 0, "closed": False, "steps": []}
+            records.TicketRecord(ticket_id=key, node_id=key, gpu_uuid="", incident_id=key, state="acting",
+                                 rung="restart_process", purpose="repair", reason=key, opened_unix_ns=0,
+                                 updated_unix_ns=0, closed=False, steps=[])
         ],
     )  # fmt: skip
 
 
-def _last_per_key(rows: Sequence[Mapping[str, Any]], key: str) -> list[dict[str, Any]]:
-    """One row per key (the last wins), so an executemany upsert never hits one key twice."""
-    return list({row[key]: dict(row) for row in rows}.values())
+def _stage_watermarks(conn: sa.Connection, change: Commit) -> None:
+    """Put each node's replay watermark (`Commit.processed_seq`) into change's documents, with its spool epoch."""
+    if not change.processed_seq:
+        return
+    unknown = [node_id for node_id in change.processed_seq if node_id not in change.processed_epoch]
+    epochs = dict(conn.execute(_SPOOL_EPOCHS, {"node_ids": unknown}).all()) if unknown else {}
+    for node_id, seq in change.processed_seq.items():
+        # The events' own epoch: read here, a pass on an old spool's events that commits just
+        # after the node came back with a new spool would mark the new spool's seqs up to
+        # the old one's as decided, and a replay after a crash would skip them.
+        epoch = change.processed_epoch.get(node_id)
+        if epoch is None:
+            epoch = int(epochs.get(node_id) or 0)
+        change.docs[WATERMARK_PREFIX + node_id] = {"epoch": epoch, "seq": seq}
 
 
-def _update_commands(session: Session, updates: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+def _new_command_rows(
+    conn: sa.Connection, new_commands: Sequence[CommandRecord], command_updates: list[records.CommandUpdate]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """The outbox rows to insert, and the ids that are new (or promoted); promotions go into command_updates.
+
+    A command that exists already (a replayed decision) keeps its status, except that one still
+    pending is dispatched by a decision that admitted it (and counts as new).
+    """
+    fresh: list[str] = []
+    command_rows: list[dict[str, Any]] = []
+    if not new_commands:
+        return fresh, command_rows
+    ids = [r.command_id for r in new_commands]
+    existing = dict(conn.execute(_COMMAND_STATUSES, {"command_ids": ids}).all())
+    for record in new_commands:
+        if record.command_id in existing:
+            if existing[record.command_id] == "pending" and record.status == "dispatched":
+                existing[record.command_id] = "dispatched"
+                command_updates.append(
+                    records.CommandUpdate(record.command_id, "dispatched", dispatched_unix_ns=record.dispatched_unix_ns)
+                )
+                fresh.append(record.command_id)
+            continue
+        existing[record.command_id] = record.status
+        command_rows.append({f.name: getattr(record, f.name) for f in _COMMAND_FIELDS})
+        fresh.append(record.command_id)
+    return fresh, command_rows
+
+
+def _write_documents(session: Session, conn: sa.Connection, change: Commit) -> None:
+    """The nodes' ladder states and the controller documents (None: deleted)."""
+    now = change.now_unix_ns
+    repo.upsert_many(
+        session,
+        schema.RemediationStateRow,
+        "node_id",
+        [{"node_id": n, "state": s, "updated_unix_ns": now} for n, s in change.node_states.items()],
+    )
+    repo.upsert_many(
+        session,
+        schema.ControllerStateRow,
+        "name",
+        [{"name": n, "state": d, "updated_unix_ns": now} for n, d in change.docs.items() if d is not None],
+    )
+    gone = [n for n, d in change.docs.items() if d is None]
+    if gone:
+        conn.execute(_DELETE_DOCS, {"names": gone})
+
+
+def _write_rare(session: Session, change: Commit) -> None:
+    """Releases, RMA tickets and validation runs: rare, and each reads before it writes.
+
+    After the pipelined writes, none of which they read.
+    """
+    for release in change.releases:
+        _release(session, release, change.now_unix_ns)
+    for rma in change.rmas:
+        if session.get(schema.RmaTicketRow, rma.rma_id) is None:
+            session.add(schema.RmaTicketRow(**rma.row()))
+    for validation in change.validations:
+        repo.upsert_row(
+            session, schema.ValidationRow, {"validation_id": validation.validation_id}, **validation.values()
+        )
+
+
+def _last_per_key(rows: Sequence[records.IncidentRecord | records.TicketRecord], key: str) -> list[dict[str, Any]]:
+    """The rows' column values, one per key (the last wins), so an executemany upsert never hits one key twice."""
+    return list({getattr(row, key): row.row() for row in rows}.values())
+
+
+def _update_commands(session: Session, updates: Sequence[records.CommandUpdate]) -> None:
     """Apply outbox updates in order, as one executemany UPDATE per set of columns.
 
     An update never touches a command that is already final. Several updates of one command in
@@ -447,10 +477,10 @@ def _update_commands(session: Session, updates: Sequence[tuple[str, Mapping[str,
     rule, so the outcome equals applying them one by one, at a statement per shape, not per row.
     """
     folded: dict[str, dict[str, Any]] = {}
-    for command_id, values in updates:
-        merged = folded.setdefault(command_id, {})
+    for update in updates:
+        merged = folded.setdefault(update.command_id, {})
         if merged.get("status") not in FINAL_STATUSES:
-            merged.update(values)
+            merged.update(update.values())
     by_shape: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for command_id, values in folded.items():
         by_shape.setdefault(tuple(sorted(values)), []).append(
@@ -539,24 +569,23 @@ def _set_state(session: Session, node_id: str, gpu_uuid: str, state: fleet.Compo
 
 
 def _new_quarantines(
-    conn: sa.Connection, quarantines: Sequence[Mapping[str, Any]], now_unix_ns: int
+    conn: sa.Connection, quarantines: Sequence[records.QuarantineRecord], now_unix_ns: int
 ) -> list[dict[str, Any]]:
     """The quarantines to record: those whose target has no active one yet (one read for all nodes)."""
     if not quarantines:
         return []
-    nodes = sorted({q["node_id"] for q in quarantines})
+    nodes = sorted({q.node_id for q in quarantines})
     active = {(row.node_id, row.gpu_uuid, row.port) for row in conn.execute(_ACTIVE_QUARANTINES, {"node_ids": nodes})}
     rows = []
     for q in quarantines:
-        target = (q["node_id"], q.get("gpu_uuid", ""), q.get("port", ""))
-        if target not in active:
-            active.add(target)
-            rows.append({**q, "since_unix_ns": now_unix_ns})
+        if q.target not in active:
+            active.add(q.target)
+            rows.append(q.row(now_unix_ns))
     return rows
 
 
 def _quarantine_many(
-    conn: sa.Connection, quarantines: Sequence[Mapping[str, Any]], new_rows: Sequence[Mapping[str, Any]]
+    conn: sa.Connection, quarantines: Sequence[records.QuarantineRecord], new_rows: Sequence[Mapping[str, Any]]
 ) -> None:
     """Record new quarantines (`_new_quarantines`) and mark the targets of all of them.
 
@@ -568,8 +597,8 @@ def _quarantine_many(
     table = schema.QuarantineRow.__table__
     for run in _runs_of_one_shape(new_rows):  # in order; an executemany needs rows of one shape
         repo.insert_many(conn, table, run)
-    gpus = sorted({q["gpu_uuid"] for q in quarantines if q.get("gpu_uuid") and not q.get("port")})
-    whole = sorted({q["node_id"] for q in quarantines if not q.get("gpu_uuid") and not q.get("port")})
+    gpus = sorted({q.gpu_uuid for q in quarantines if q.gpu_uuid and not q.port})
+    whole = sorted({q.node_id for q in quarantines if not q.gpu_uuid and not q.port})
     state = int(fleet.ComponentState.QUARANTINED)
     # Statements built once (module level): most commits of a burst quarantine something, and
     # building these per commit cost more than running them.
@@ -579,22 +608,22 @@ def _quarantine_many(
         conn.execute(_MARK_NODES, {"node_ids": whole, "state": state})
 
 
-def _release(session: Session, r: Mapping[str, Any], now_unix_ns: int) -> None:
+def _release(session: Session, r: records.ReleaseRecord, now_unix_ns: int) -> None:
     query = sa.select(schema.QuarantineRow).where(
-        schema.QuarantineRow.node_id == r["node_id"], schema.QuarantineRow.released_unix_ns.is_(None)
+        schema.QuarantineRow.node_id == r.node_id, schema.QuarantineRow.released_unix_ns.is_(None)
     )
-    if r.get("gpu_uuid"):
-        query = query.where(schema.QuarantineRow.gpu_uuid == r["gpu_uuid"])
-    elif r.get("port"):
-        query = query.where(schema.QuarantineRow.port == r["port"])
+    if r.gpu_uuid:
+        query = query.where(schema.QuarantineRow.gpu_uuid == r.gpu_uuid)
+    elif r.port:
+        query = query.where(schema.QuarantineRow.port == r.port)
     else:
         query = query.where(schema.QuarantineRow.gpu_uuid == "", schema.QuarantineRow.port == "")
     for row in session.scalars(query):
         row.released_unix_ns = now_unix_ns
-        row.release_reason = r.get("reason", "")
-        row.forced = bool(r.get("forced", False))
-    if not r.get("port"):
-        _set_state(session, r["node_id"], r.get("gpu_uuid", ""), fleet.ComponentState.HEALTHY)
+        row.release_reason = r.reason
+        row.forced = r.forced
+    if not r.port:
+        _set_state(session, r.node_id, r.gpu_uuid, fleet.ComponentState.HEALTHY)
 
 
 class StoredJournal(MutableMapping[str, str]):

@@ -399,123 +399,11 @@ class Store:
         """
         if not hellos:
             return []
-        nodes_t = schema.NodeRow.__table__
         with self._sessions.begin() as session:
             conn = session.connection()
-            node_ids = list(dict.fromkeys(hello.node_id for hello, _now in hellos))
-            known: dict[str, dict[str, Any]] = {}
-            for start in range(0, len(node_ids), 500):  # bounded IN lists
-                query = sa.select(
-                    nodes_t.c.node_id,
-                    nodes_t.c.boot_id,
-                    nodes_t.c.state,
-                    nodes_t.c.first_seen_unix_ns,
-                    nodes_t.c.spool_epoch,
-                    nodes_t.c.acked_seq,
-                    nodes_t.c.spool_id,
-                ).where(nodes_t.c.node_id.in_(node_ids[start : start + 500]))
-                known.update({row.node_id: dict(row._mapping) for row in conn.execute(query)})
-            outcomes: list[HelloOutcome] = []
-            node_rows: dict[str, dict[str, Any]] = {}
-            gpu_rows: dict[str, dict[str, Any]] = {}
-            spool_resets: set[str] = set()
-            caught_up: dict[str, tuple[int, int]] = {}
-            for hello, now in hellos:
-                node = node_rows.get(hello.node_id) or known.get(hello.node_id)
-                boot_id = _text(hello.boot_id)
-                acked_seq = int(node["acked_seq"] or 0) if node else 0
-                epoch = int(node["spool_epoch"] or 0) if node else 0
-                rebooted = bool(node and node["boot_id"]) and node["boot_id"] != boot_id  # type: ignore[index]
-                known_spool = str(node["spool_id"] or "") if node else ""
-                # A spool that started over: its head is behind what was acked, or (when both ids are
-                # known) it is another spool. By the head alone, a new spool whose head had already
-                # passed the old acked position was welcomed with it, and the agent deleted its new
-                # events up to there unsent.
-                spool_reset = hello.spool_head_seq < acked_seq or bool(
-                    known_spool and hello.spool_id and hello.spool_id != known_spool
-                )
-                if spool_reset:
-                    epoch, acked_seq = epoch + 1, 0
-                    spool_resets.add(hello.node_id)
-                lost = None
-                if not spool_reset and hello.spool_acked_seq > acked_seq:
-                    # The agent dropped what this store had acked and then lost: it never resends
-                    # those, and the ack, which moves only over stored seqs, waited on the gap for ever.
-                    lost = (acked_seq + 1, hello.spool_acked_seq)
-                    acked_seq = hello.spool_acked_seq
-                    caught_up[hello.node_id] = (epoch, acked_seq)
-                state = node["state"] if node else None
-                if state in (None, int(fleet.ComponentState.OFFLINE), int(fleet.ComponentState.UNSPECIFIED)):
-                    state = int(fleet.ComponentState.HEALTHY)
-                node_rows[hello.node_id] = {
-                    "node_id": hello.node_id,
-                    "hostname": _text(hello.hostname),
-                    "boot_id": boot_id,
-                    "agent_version": _text(hello.agent_version),
-                    "backend": _text(hello.backend),
-                    "labels": _text_map(hello.labels),
-                    "state": state,
-                    "connected": True,
-                    "first_seen_unix_ns": node["first_seen_unix_ns"] if node else now,
-                    "last_seen_unix_ns": now,
-                    "spool_epoch": epoch,
-                    "acked_seq": acked_seq,
-                    "spool_id": _text(hello.spool_id) or known_spool,
-                }
-                outcomes.append(
-                    HelloOutcome(
-                        acked_seq=acked_seq,
-                        spool_reset=spool_reset,
-                        rebooted=rebooted,
-                        lost_seqs=lost,
-                        spool_epoch=epoch,
-                    )
-                )
-                for record in hello.gpus:
-                    gpu_rows[record.uuid] = {
-                        "uuid": record.uuid,
-                        "node_id": record.node_id,
-                        "model": _text(record.model),
-                        "pci_bus_id": _text(record.pci_bus_id),
-                        "serial": _text(record.serial),
-                        "vbios_version": _text(record.vbios_version),
-                        "memory_total_mib": record.memory_total_mib,
-                        "power_limit_min_w": record.power_limit_min_w,
-                        "power_limit_max_w": record.power_limit_max_w,
-                        "power_limit_default_w": record.power_limit_default_w,
-                        "power_smoothing_supported": record.power_smoothing_supported,
-                        "labels": _text_map(record.labels),
-                        "state": int(fleet.ComponentState.HEALTHY),  # a new GPU's; a known one keeps its own
-                        "power_sample_unix_ns": 0,
-                        "counters_unix_ns": 0,
-                    }
-            # Nodes first: the GPU rows reference them. The spool position is written only where a
-            # reset moved it: another replica may be acking this node's old stream meanwhile.
-            reset = [row for node_id, row in node_rows.items() if node_id in spool_resets]
-            kept = [row for node_id, row in node_rows.items() if node_id not in spool_resets]
-            upsert_many(session, schema.NodeRow, "node_id", reset, insert_only=("first_seen_unix_ns",))
-            upsert_many(
-                session,
-                schema.NodeRow,
-                "node_id",
-                kept,
-                insert_only=("first_seen_unix_ns", "spool_epoch", "acked_seq"),
-            )
-            upsert_many(
-                session,
-                schema.GpuRow,
-                "uuid",
-                list(gpu_rows.values()),
-                insert_only=("state", "power_sample_unix_ns", "counters_unix_ns"),
-            )
-            for node_id, (epoch, acked_seq) in caught_up.items():  # only ever up: another replica may ack too
-                conn.execute(
-                    sa.update(nodes_t)
-                    .where(
-                        nodes_t.c.node_id == node_id, nodes_t.c.spool_epoch == epoch, nodes_t.c.acked_seq < acked_seq
-                    )
-                    .values(acked_seq=acked_seq)
-                )
+            plan = _HelloPlan(known=_known_nodes(conn, list(dict.fromkeys(hello.node_id for hello, _now in hellos))))
+            outcomes = [plan.welcome(hello, now) for hello, now in hellos]
+            plan.write(session, conn)
             return outcomes
 
     def mark_disconnected(self, node_id: str, now_unix_ns: int) -> None:
@@ -685,6 +573,133 @@ class Store:
         """How many health events are stored in total."""
         with self._sessions() as session:
             return int(session.scalar(sa.select(sa.func.count()).select_from(schema.HealthEventRow)) or 0)
+
+
+def _known_nodes(conn: sa.Connection, node_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The stored identity and spool position of the nodes named (those the store knows)."""
+    nodes_t = _NODES
+    known: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(node_ids), 500):  # bounded IN lists
+        query = sa.select(
+            nodes_t.c.node_id,
+            nodes_t.c.boot_id,
+            nodes_t.c.state,
+            nodes_t.c.first_seen_unix_ns,
+            nodes_t.c.spool_epoch,
+            nodes_t.c.acked_seq,
+            nodes_t.c.spool_id,
+        ).where(nodes_t.c.node_id.in_(node_ids[start : start + 500]))
+        known.update({row.node_id: dict(row._mapping) for row in conn.execute(query)})
+    return known
+
+
+@dataclasses.dataclass
+class _HelloPlan:
+    """The rows a group of Hellos writes, worked out Hello by Hello in order (`Store.register_hellos`)."""
+
+    known: dict[str, dict[str, Any]]
+    """Node → its row as stored before the group."""
+    node_rows: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    gpu_rows: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    spool_resets: set[str] = dataclasses.field(default_factory=set)
+    caught_up: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    """Node → (epoch, acked seq) moved up to what the agent had acked (and the store lost)."""
+
+    def welcome(self, hello: fleet.NodeHello, now: int) -> HelloOutcome:
+        """Plan one Hello's node and GPU rows (after the group's earlier Hellos); its outcome."""
+        node = self.node_rows.get(hello.node_id) or self.known.get(hello.node_id)
+        boot_id = _text(hello.boot_id)
+        acked_seq = int(node["acked_seq"] or 0) if node else 0
+        epoch = int(node["spool_epoch"] or 0) if node else 0
+        rebooted = bool(node and node["boot_id"]) and node["boot_id"] != boot_id  # type: ignore[index]
+        known_spool = str(node["spool_id"] or "") if node else ""
+        # A spool that started over: its head is behind what was acked, or (when both ids are
+        # known) it is another spool. By the head alone, a new spool whose head had already
+        # passed the old acked position was welcomed with it, and the agent deleted its new
+        # events up to there unsent.
+        spool_reset = hello.spool_head_seq < acked_seq or bool(
+            known_spool and hello.spool_id and hello.spool_id != known_spool
+        )
+        if spool_reset:
+            epoch, acked_seq = epoch + 1, 0
+            self.spool_resets.add(hello.node_id)
+        lost = None
+        if not spool_reset and hello.spool_acked_seq > acked_seq:
+            # The agent dropped what this store had acked and then lost: it never resends
+            # those, and the ack, which moves only over stored seqs, waited on the gap for ever.
+            lost = (acked_seq + 1, hello.spool_acked_seq)
+            acked_seq = hello.spool_acked_seq
+            self.caught_up[hello.node_id] = (epoch, acked_seq)
+        state = node["state"] if node else None
+        if state in (None, int(fleet.ComponentState.OFFLINE), int(fleet.ComponentState.UNSPECIFIED)):
+            state = int(fleet.ComponentState.HEALTHY)
+        self.node_rows[hello.node_id] = {
+            "node_id": hello.node_id,
+            "hostname": _text(hello.hostname),
+            "boot_id": boot_id,
+            "agent_version": _text(hello.agent_version),
+            "backend": _text(hello.backend),
+            "labels": _text_map(hello.labels),
+            "state": state,
+            "connected": True,
+            "first_seen_unix_ns": node["first_seen_unix_ns"] if node else now,
+            "last_seen_unix_ns": now,
+            "spool_epoch": epoch,
+            "acked_seq": acked_seq,
+            "spool_id": _text(hello.spool_id) or known_spool,
+        }
+        self.gpu_rows.update((record.uuid, _gpu_row(record)) for record in hello.gpus)
+        return HelloOutcome(
+            acked_seq=acked_seq, spool_reset=spool_reset, rebooted=rebooted, lost_seqs=lost, spool_epoch=epoch
+        )
+
+    def write(self, session: Session, conn: sa.Connection) -> None:
+        """Write the planned rows: nodes first (the GPU rows reference them), then GPUs, then caught-up positions.
+
+        The spool position is written only where a reset moved it: another replica may be acking
+        this node's old stream meanwhile.
+        """
+        reset = [row for node_id, row in self.node_rows.items() if node_id in self.spool_resets]
+        kept = [row for node_id, row in self.node_rows.items() if node_id not in self.spool_resets]
+        upsert_many(session, schema.NodeRow, "node_id", reset, insert_only=("first_seen_unix_ns",))
+        upsert_many(
+            session, schema.NodeRow, "node_id", kept, insert_only=("first_seen_unix_ns", "spool_epoch", "acked_seq")
+        )
+        upsert_many(
+            session,
+            schema.GpuRow,
+            "uuid",
+            list(self.gpu_rows.values()),
+            insert_only=("state", "power_sample_unix_ns", "counters_unix_ns"),
+        )
+        nodes_t = _NODES
+        for node_id, (epoch, acked_seq) in self.caught_up.items():  # only ever up: another replica may ack too
+            conn.execute(
+                sa.update(nodes_t)
+                .where(nodes_t.c.node_id == node_id, nodes_t.c.spool_epoch == epoch, nodes_t.c.acked_seq < acked_seq)
+                .values(acked_seq=acked_seq)
+            )
+
+
+def _gpu_row(record: fleet.GpuRecord) -> dict[str, Any]:
+    """A GPU's row from its node's Hello."""
+    return {
+        "uuid": record.uuid,
+        "node_id": record.node_id,
+        "model": _text(record.model),
+        "pci_bus_id": _text(record.pci_bus_id),
+        "serial": _text(record.serial),
+        "vbios_version": _text(record.vbios_version),
+        "memory_total_mib": record.memory_total_mib,
+        "power_limit_min_w": record.power_limit_min_w,
+        "power_limit_max_w": record.power_limit_max_w,
+        "power_limit_default_w": record.power_limit_default_w,
+        "power_smoothing_supported": record.power_smoothing_supported,
+        "labels": _text_map(record.labels),
+        "state": int(fleet.ComponentState.HEALTHY),  # a new GPU's; a known one keeps its own
+        "power_sample_unix_ns": 0,
+        "counters_unix_ns": 0,
+    }
 
 
 def append_events_in(

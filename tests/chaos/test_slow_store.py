@@ -70,8 +70,8 @@ async def _run(tmp_path, figures):
     sampling = asyncio.Event()
 
     def writer_queue() -> int:
-        # The single store thread's work queue (stdlib ThreadPoolExecutor internals, read-only).
-        return controller.ingest._writer._work_queue.qsize()
+        # The single store thread's work queue.
+        return controller.wired.thread.queued
 
     async def sample() -> None:
         while not sampling.is_set():
@@ -80,7 +80,7 @@ async def _run(tmp_path, figures):
                 [peaks["outbound"], *(s.outbound.qsize() for s in controller.ingest.sessions.values())]
             )
             assert controller.remediation is not None
-            peaks["inbox"] = max(peaks["inbox"], len(controller.remediation._inbox))
+            peaks["inbox"] = max(peaks["inbox"], len(controller.remediation.decider.inbox))
             peaks["spool"] = max(peaks["spool"], max(j.depth() for _, _, j in fleet))
             peaks["rss_mib"] = max(peaks["rss_mib"], chaoslib.proc_status_mib(os.getpid(), "VmRSS"))
             await asyncio.sleep(0.05)

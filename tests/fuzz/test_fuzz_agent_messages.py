@@ -88,15 +88,18 @@ class Harness:
         else:
             await self.controller.ingest.start()
         # Another node owns OTHER_GPU: naming it must be PERMISSION_DENIED on an authenticated stream.
-        await self.controller.ingest.open_session(_hello("fuzz-other", [OTHER_GPU]))
+        await self.controller.ingest.open_session(wire.hello_from_wire(_hello("fuzz-other", [OTHER_GPU])))
 
     def run(self, coroutine):
         return self.loop.run_until_complete(coroutine)
 
     def close(self):
         async def stop():
-            # Command results fuzzed into the ingest are handed to remediation as tasks: let them finish.
-            await asyncio.gather(*list(self.controller.ingest._hook_tasks), return_exceptions=True)
+            # Command results fuzzed into the ingest, and events stored apart, are decided as tasks: let them finish.
+            tasks = self.controller.ingest.result_tasks()
+            if self.controller.remediation is not None:
+                tasks += self.controller.remediation.deciding.tasks()
+            await asyncio.gather(*tasks, return_exceptions=True)
             if self.live:
                 await self.controller.stop()
                 return
@@ -113,7 +116,7 @@ class Harness:
         """One example through `agent_service.deliver`, then the consistency checks."""
         ingest = self.controller.ingest
         node_id = f"fuzz-{index}"
-        session, _welcome = await ingest.open_session(_hello(node_id, _gpus(index)))
+        session, _welcome = await ingest.open_session(wire.hello_from_wire(_hello(node_id, _gpus(index))))
         identity = validate_input.StreamIdentity(
             node_id=node_id if authenticated else None, gpu_owners=ingest.gpu_nodes
         )

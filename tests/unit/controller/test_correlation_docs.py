@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from rasd.common import xid_catalog
 from rasd.controller.core.remediation import correlate, policy
 from rasd.controller.core.remediation import events as health
-from rasd.controller.remediation import service as remediation
+from rasd.controller.remediation import correlation_docs as remediation
 
 
 def _event(node, gpu, xid, at, seq=1):

@@ -1,8 +1,9 @@
-"""Ingest.register_hello and on_events: calls that arrive together are written in one store transaction."""
+"""Ingest.register_hello and take_events: calls that arrive together are written in one store transaction."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -12,9 +13,13 @@ from sqlalchemy import event as sa_event
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller.core import fleet
+from rasd.controller.ingest import consumer as consumer_mod
 from rasd.controller.ingest import service as ingest_mod
+from rasd.controller.ingest import streams as streams_mod
 from rasd.controller.observability import metrics
 from rasd.controller.store import repo
+from rasd.controller.store import thread as store_thread
+from rasd.controller.wire import agent as wire
 
 
 def _hello(n: int, *, gpu_node: str | None = None) -> fleet.NodeHello:
@@ -25,14 +30,42 @@ def _hello(n: int, *, gpu_node: str | None = None) -> fleet.NodeHello:
     return fleet.NodeHello(node_id, "boot-1", "0.1.0", node_id, "simulated", {"rack": "r1"}, (gpu,), 0)
 
 
+class _HandedOver(consumer_mod.StoreOnly):
+    """The consumer of a replica without remediation, noting what it would hand on to be decided (the new events)."""
+
+    def __init__(self, event_log: consumer_mod.EventLog) -> None:
+        super().__init__(event_log)
+        self.fresh: list[tuple[str, list[int]]] = []
+
+    async def events(self, batch: consumer_mod.EventBatch) -> consumer_mod.TakenEvents:
+        taken = await super().events(batch)
+        if taken.fresh:
+            self.fresh.append((batch.node_id, [e.seq for e in taken.fresh]))
+        return taken
+
+
 @pytest.fixture
 def rig(tmp_path):
     store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
     commits: list[int] = []
     sa_event.listen(store.engine, "commit", lambda _conn: commits.append(1))
-    ingest = ingest_mod.Ingest(store, metrics.ControllerMetrics(CollectorRegistry()))
+    thread = store_thread.StoreThread()
+    controller_metrics = metrics.ControllerMetrics(CollectorRegistry())
+    consumer = _HandedOver(consumer_mod.EventLog(store, thread, controller_metrics))
+    ingest = ingest_mod.Ingest(
+        store, thread, streams_mod.AgentStreams(clock=time.time_ns), controller_metrics, consumer
+    )
     yield store, ingest, commits
+    thread.close()
     store.close()
+
+
+async def _take(ingest: ingest_mod.Ingest, session: ingest_mod.Session, batch: agent_pb.HealthEventBatch) -> None:
+    """A batch as the stream hands it over (`rpc.agent_service.deliver`)."""
+    events = wire.events_from_wire(
+        batch, session.known_gpus, ingest.clock(), session.node_id, spool_epoch=session.spool_epoch
+    )
+    await ingest.take_events(session, events, started=time.perf_counter())
 
 
 def test_a_storm_of_hellos_is_registered_in_few_transactions(rig):
@@ -85,24 +118,18 @@ def _acks(session: ingest_mod.Session) -> list[int]:
 def test_a_burst_of_event_batches_is_stored_in_few_transactions_and_each_acked(rig):
     """One batch per stream, all at once (a burst): grouped into few commits, each stream acked its own."""
     store, ingest, commits = rig
-    hooked: list[tuple[str, list[int]]] = []
-
-    async def hook(node_id, events, _labels):
-        hooked.append((node_id, [e.seq for e in events]))
-
-    ingest.events_hook = hook
+    hooked = ingest.consumer.fresh
 
     async def burst():
         sessions = []
         for n in range(300):
-            session, _welcome = await ingest.open_session(
-                agent_pb.Hello(node_id=f"node-{n}", boot_id="boot-1", gpus=[_gpu_info(n)])
-            )
+            hello = wire.hello_from_wire(agent_pb.Hello(node_id=f"node-{n}", boot_id="boot-1", gpus=[_gpu_info(n)]))
+            session, _welcome = await ingest.open_session(hello)
             sessions.append(session)
         commits.clear()
-        await asyncio.gather(*(ingest.on_events(s, _events(1, 2)) for s in sessions))
+        await asyncio.gather(*(_take(ingest, s, _events(1, 2)) for s in sessions))
         # A resend of what was acked stores nothing and is acked again at the same position.
-        await asyncio.gather(*(ingest.on_events(s, _events(2)) for s in sessions[:10]))
+        await asyncio.gather(*(_take(ingest, s, _events(2)) for s in sessions[:10]))
         return sessions
 
     sessions = asyncio.run(burst())
@@ -125,14 +152,14 @@ def test_a_stream_of_a_spool_the_node_has_left_stores_nothing_and_the_new_spools
 
     async def scenario():
         hello = agent_pb.Hello(node_id="node-1", boot_id="boot-1", gpus=[_gpu_info(1)], spool_id="spool-a")
-        old, _welcome = await ingest.open_session(hello)
-        await ingest.on_events(old, _events(1, 2))
+        old, _welcome = await ingest.open_session(wire.hello_from_wire(hello))
+        await _take(ingest, old, _events(1, 2))
         hello.spool_id = "spool-b"
-        new, _welcome = await ingest.open_session(hello)
+        new, _welcome = await ingest.open_session(wire.hello_from_wire(hello))
         assert (old.spool_epoch, new.spool_epoch) == (0, 1)
         with pytest.raises(repo.SpoolEpochChanged):
-            await ingest.on_events(old, _events(3))
-        await ingest.on_events(new, _events(1, 2, 3))
+            await _take(ingest, old, _events(3))
+        await _take(ingest, new, _events(1, 2, 3))
         return _acks(old), _acks(new)
 
     old_acks, new_acks = asyncio.run(scenario())

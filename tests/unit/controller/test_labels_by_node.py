@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rasd.controller.ingest import service as ingest
+from rasd.controller.ingest import streams as ingest
 
 
 def test_every_kind_of_write_moves_the_version():

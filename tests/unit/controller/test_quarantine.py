@@ -484,7 +484,7 @@ def test_open_quarantine_defaults_to_record_only():
 
 
 def test_the_kubernetes_client_keeps_a_connection_for_each_adapter_call_the_service_makes_at_once():
-    from rasd.controller.remediation import service as remediation
+    from rasd.controller.remediation import adapters as remediation
 
     adapter = quarantine.open_quarantine({"adapter": "kubernetes", "kubernetes": {"host": "http://127.0.0.1:9"}})
     try:

@@ -13,13 +13,12 @@ import time
 from prometheus_client import CollectorRegistry
 
 from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.controller import wiring
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import events as health
 from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.observability import metrics
-from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.replication import leader
-from rasd.controller.replication import relay as relay_mod
 from rasd.controller.store import repo
 
 GPU = "GPU-00000000-0000-4000-8000-000000000001"
@@ -46,15 +45,21 @@ class _Replica:
 
     def __init__(self, url: str, name: str) -> None:
         self.store = repo.Store.open(url)
-        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()))
-        self.service = remediation_mod.RemediationService(self.store, self.ingest)
-        self.ingest.node_labels[NODE] = dict(LABELS)
         self.leadership = leader.Leadership(
             self.store.engine, leader.LeaderSettings(replica_id=name, lease_s=1.0, renew_s=0.2), election="lease"
         )
-        self.relay = relay_mod.Relay(self.ingest, self.service, self.leadership, poll_s=0.05)
-        self.relay.attach()
-        self.service.store.fence = self.leadership.fence
+        self.wired = wiring.replicated(
+            self.store,
+            metrics.ControllerMetrics(CollectorRegistry()),
+            self.leadership,
+            ladder=wiring.Ladder(fence=self.leadership.fence),
+            settings=ingest_mod.IngestSettings(mark_all_disconnected_at_start=False),
+            poll_s=0.05,
+        )
+        self.ingest = self.wired.ingest
+        self.service = self.wired.remediation
+        self.relay = self.wired.relay
+        self.ingest.node_labels[NODE] = dict(LABELS)
 
 
 def test_a_relayed_result_the_leader_could_not_commit_is_kept_for_the_next_leader(postgres_schema_url):
@@ -88,7 +93,7 @@ def test_a_relayed_result_the_leader_could_not_commit_is_kept_for_the_next_leade
         await b.leadership.start()
         assert (await b.relay.take_in())["results"] == 1
         assert b.relay.store.results() == []
-        b.service._clock = lambda: time.time_ns() + 3600 * 10**9  # the restart's wait has long run out
+        b.service.state.clock = lambda: time.time_ns() + 3600 * 10**9  # the restart's wait has long run out
         await b.service.tick()
         rows = {c.kind: c.status for c in b.service.store.commands(node_id=NODE)}
         await b.leadership.stop()

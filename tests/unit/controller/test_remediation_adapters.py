@@ -18,17 +18,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
-from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
+from rasd.controller import wiring
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import actions
 from rasd.controller.core.remediation import events as health
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.executors import quarantine
-from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.observability import metrics
-from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import repo
+from rasd.controller.wire import agent as wire
 
 T0_NS = 1_800_000_000 * 10**9
 GPUS = 2
@@ -63,10 +63,14 @@ class _Rig:
     def __init__(self, url: str, nodes: int, executors, policy=None) -> None:
         self.now_ns = T0_NS
         self.store = repo.Store.open(url)
-        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=self.clock)
-        self.service = remediation_mod.RemediationService(
-            self.store, self.ingest, policy=policy, executors=executors, clock=self.clock
+        self.wired = wiring.single_replica(
+            self.store,
+            metrics.ControllerMetrics(CollectorRegistry()),
+            ladder=wiring.Ladder(policy=policy or policy_mod.RemediationPolicy(), executors=executors),
+            clock=self.clock,
         )
+        self.ingest = self.wired.ingest
+        self.service = self.wired.remediation
         for i in range(nodes):
             self.store.register_hello(_hello(i), T0_NS)
             self.ingest.node_labels[_node(i)] = {"rack": "r1"}
@@ -80,8 +84,7 @@ class _Rig:
             try:
                 await scenario()
             finally:
-                await self.service.stop()
-                await self.ingest.stop()
+                await self.wired.stop()
 
         asyncio.run(whole())
 
@@ -149,8 +152,8 @@ async def _open_stream(rig: _Rig, i: int) -> asyncio.Queue:
     """Node i's agent says Hello and its stream opens; returns the queue its commands go out on."""
     infos = [health_pb.GpuInfo(uuid=_gpu(i, g), model="H100", power_limit_min_w=200, power_limit_max_w=700)
              for g in range(GPUS)]  # fmt: skip
-    session, _welcome = await rig.ingest.open_session(agent_pb.Hello(node_id=_node(i), boot_id="boot-1", gpus=infos))
-    await rig.service.node_connected(_node(i))  # what the server's connected hook does
+    hello = wire.hello_from_wire(agent_pb.Hello(node_id=_node(i), boot_id="boot-1", gpus=infos))
+    session, _welcome = await rig.ingest.open_session(hello)  # its ladder hears of it: unanswered commands go
     return session.outbound
 
 
@@ -273,10 +276,7 @@ def test_a_bmc_power_cycle_in_progress_does_not_hold_up_other_nodes(url):
             # The agent never comes back: the reboot times out, and the BMC rung is next.
             await asyncio.wait_for(
                 service.on_result(
-                    _node(0),
-                    commands_pb.ActionResult(
-                        command_id=reboot.command_id, outcome=commands_pb.ACTION_OUTCOME_TIMED_OUT
-                    ),
+                    _node(0), msgs.AgentResult(command_id=reboot.command_id, outcome=msgs.Outcome.TIMED_OUT)
                 ),
                 timeout=5,
             )
@@ -320,8 +320,7 @@ def test_a_power_cycle_cut_off_by_a_controller_restart_is_carried_out_by_the_nex
         await first.xid(0, 79)
         reboot = first.command(0, "reboot_node")
         await first.service.on_result(
-            _node(0),
-            commands_pb.ActionResult(command_id=reboot.command_id, outcome=commands_pb.ACTION_OUTCOME_TIMED_OUT),
+            _node(0), msgs.AgentResult(command_id=reboot.command_id, outcome=msgs.Outcome.TIMED_OUT)
         )
         assert await stuck.wait_called()
 

@@ -61,8 +61,8 @@ def _controller(settings: server.ControllerSettings, adapters: str) -> server.Co
     if adapters == "threaded":
         # The same adapter, as the service calls one that waits on another system: a plain callable
         # says nothing of blocking, so it is taken to block.
-        service = controller.remediation
-        service._executors = {kind: functools.partial(run) for kind, run in service._executors.items()}
+        adapters = controller.remediation.adapters
+        adapters.executors = {kind: functools.partial(run) for kind, run in adapters.executors.items()}
     return controller
 
 

@@ -16,12 +16,15 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
+from rasd.controller import wiring
 from rasd.controller.core import fleet
+from rasd.controller.core.remediation import actions
 from rasd.controller.core.remediation import events as health
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.executors import quarantine
-from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.observability import metrics
+from rasd.controller.remediation import decider, passes
+from rasd.controller.remediation import outlet as outlet_mod
 from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
@@ -52,13 +55,43 @@ def _event(node_id: str, seq: int, xid: int, gpu: str = GPUS[0]) -> repo.StoredE
 EVENTS = [(1, 13, GPUS[0]), (2, 13, GPUS[0]), (3, 48, GPUS[0]), (4, 45, GPUS[0]), (5, 31, GPUS[1])]
 
 
+class _Outlet:
+    """Where the ladder's agent commands go: this replica's streams, or, once `capture` is on, a list (every node
+    reachable), as the relay's courier takes them with several replicas."""
+
+    def __init__(self) -> None:
+        self.streams = None
+        self.sent: list[str] | None = None
+
+    def capture(self) -> list[str]:
+        self.sent = []
+        return self.sent
+
+    def send(self, action: actions.Action, *, deadline_unix_ns: int | None = None) -> bool:
+        if self.sent is None:
+            return self.streams.send(action, deadline_unix_ns=deadline_unix_ns)
+        self.sent.append(action.command_id)
+        return True
+
+    async def validate(self, node_id, run, *, timeout_s):
+        return await self.streams.validate(node_id, run, timeout_s=timeout_s)
+
+    async def reachable(self, node_id: str) -> bool:
+        return await self.streams.reachable(node_id)
+
+
 class _Rig:
-    def __init__(self, url: str, policy: policy_mod.RemediationPolicy | None = None) -> None:
+    def __init__(self, url: str, policy: policy_mod.RemediationPolicy | None = None, *, executors=None, writer=None):
         self.store = repo.Store.open(url)
-        self.ingest = ingest_mod.Ingest(
-            self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=lambda: NOW_NS
+        self.outlet = _Outlet()
+        ladder = wiring.Ladder(policy=policy or policy_mod.RemediationPolicy(), executors=executors or {},
+                               writer=writer, outlet=self.outlet)  # fmt: skip
+        self.wired = wiring.single_replica(
+            self.store, metrics.ControllerMetrics(CollectorRegistry()), ladder=ladder, clock=lambda: NOW_NS
         )
-        self.service = remediation_mod.RemediationService(self.store, self.ingest, clock=lambda: NOW_NS, policy=policy)
+        self.ingest = self.wired.ingest
+        self.service = self.wired.remediation
+        self.outlet.streams = outlet_mod.LocalStreams(self.wired.streams, self.service.policy.escalation)
         self.store.register_hello(_hello("node-1"), NOW_NS)
         self.ingest.node_labels["node-1"] = {"rack": "r1"}
         self.commits = 0
@@ -75,8 +108,7 @@ class _Rig:
         await self.service.start()
 
     async def stop(self) -> None:
-        await self.service.stop()
-        await self.ingest.stop()
+        await self.wired.stop()
         self.store.close()
 
     def ladder(self) -> tuple:
@@ -122,9 +154,8 @@ def test_a_pass_of_one_gpus_events_decides_the_ladder_that_one_call_at_a_time_de
 def test_a_failed_group_commit_loses_no_event_and_dispatches_nothing(rig, monkeypatch):
     async def run() -> None:
         await rig.start()
-        sent: list[str] = []
-        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
-        monkeypatch.setattr(remediation_mod, "STORE_RETRY_S", 0.05)
+        sent = rig.outlet.capture()
+        monkeypatch.setattr(decider, "STORE_RETRY_S", 0.05)
         commit = rig.service.store.commit
         failures = {"left": 2}
 
@@ -159,9 +190,8 @@ def test_a_quarantine_that_only_records_and_its_repair_leave_with_their_decision
 
     async def run() -> None:
         await rig.start()
-        rig.service._executors = quarantine.executors(quarantine.RecordOnlyQuarantine())
-        sent: list[str] = []
-        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
+        rig.service.adapters.executors = dict(quarantine.executors(quarantine.RecordOnlyQuarantine()))
+        sent = rig.outlet.capture()
         before = rig.commits
         await rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"})
         assert rig.commits - before == 1, "one transaction: the decision, the quarantine and the reset's dispatch"
@@ -223,8 +253,7 @@ def test_a_decision_on_an_old_spools_events_committed_after_a_new_spool_arrived_
 def test_a_group_whose_commit_is_refused_leaves_its_events_for_the_replay(rig):
     async def run() -> None:
         await rig.start()
-        sent: list[str] = []
-        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
+        sent = rig.outlet.capture()
 
         def refused(change: rstore.Commit) -> list[str]:
             raise RuntimeError("fenced: another replica leads")
@@ -249,7 +278,7 @@ def test_a_waiting_command_a_failed_commit_superseded_is_cancelled_when_the_deci
     # Automation paused: the Xid 13 restart waits for admission. The Xid 48 on the same GPU supersedes
     # it (a reset); that decision's first commit fails. Decided again, it must still cancel the
     # restart: left pending, the restart would be admitted at the next start or resume.
-    monkeypatch.setattr(remediation_mod, "STORE_RETRY_S", 0.05)
+    monkeypatch.setattr(decider, "STORE_RETRY_S", 0.05)
 
     async def run() -> None:
         await rig.start()
@@ -271,7 +300,7 @@ def test_a_waiting_command_a_failed_commit_superseded_is_cancelled_when_the_deci
         assert failures["left"] == 0
         statuses = {c.command_id: c.status for c in rig.service.store.commands()}
         assert statuses[restart.command_id] == "cancelled", "the superseded restart is cancelled in the outbox"
-        assert restart.command_id not in rig.service._deferred, "and no longer waits"
+        assert restart.command_id not in rig.service.state.deferred, "and no longer waits"
         await rig.stop()
 
     asyncio.run(run())
@@ -290,15 +319,11 @@ BURST_POLICY = policy_mod.RemediationPolicy.from_mapping({"disruption": {"breake
 
 
 def _burst_rig(url: str, *, writer: bool) -> tuple[_Rig, list[str]]:
-    rig = _Rig(url, BURST_POLICY)
+    rig = _Rig(url, BURST_POLICY, writer=store_writer.CommitProcess(url) if writer else None)
     for node in NODES:
         rig.store.register_hello(_hello(node), NOW_NS)
         rig.ingest.node_labels[node] = {"rack": "r1"}
-    if writer:
-        rig.service.use_writer(store_writer.CommitProcess(url))
-    sent: list[str] = []
-    rig.service.send_hook = lambda action: sent.append(action.command_id) or True
-    return rig, sent
+    return rig, rig.outlet.capture()
 
 
 def _left_for_an_agent(command: rstore.CommandRecord) -> bool:
@@ -364,7 +389,7 @@ def test_pipelined_passes_decide_what_one_call_at_a_time_decides(tmp_path):
 
 
 def test_a_writer_killed_mid_burst_loses_no_event_and_repeats_no_command(tmp_path, monkeypatch):
-    monkeypatch.setattr(remediation_mod, "STORE_RETRY_S", 0.05)
+    monkeypatch.setattr(decider, "STORE_RETRY_S", 0.05)
 
     async def run() -> None:
         rig, sent = _burst_rig(f"sqlite:///{tmp_path / 'rasd.db'}", writer=True)
@@ -405,7 +430,7 @@ def test_a_commit_chain_refuses_every_commit_behind_a_failed_one():
             raise sa.exc.OperationalError("COMMIT", {}, Exception("database is locked"))
         return []
 
-    chain = remediation_mod._CommitChain(commit)
+    chain = passes.CommitChain(commit)
     assert chain(rstore.Commit(now_unix_ns=1)) == []
     with pytest.raises(sa.exc.OperationalError):
         chain(rstore.Commit(now_unix_ns=2))
@@ -423,11 +448,11 @@ def test_a_tick_refreshes_the_quarantine_gauge_without_waiting_for_the_decision_
             for seq, xid, gpu in EVENTS:
                 await rig.service.on_events("node-1", [_event("node-1", seq, xid, gpu)], {"rack": "r1"})
             gauge = rig.ingest.metrics.quarantined.labels(scope="gpu")
-            assert rig.service._quarantine_gauge_stale, "the DBE's GPU quarantine left the gauge to the next tick"
-            async with rig.service._lock:  # a pipeline holds it
+            assert rig.service.state.quarantine_gauge_stale, "the DBE's GPU quarantine left the gauge to the next tick"
+            async with rig.service.state.lock:  # a pipeline holds it
                 await asyncio.wait_for(rig.service.tick(), timeout=10)
             assert gauge._value.get() == 1, "one GPU quarantined, counted while the lock was held"
-            assert not rig.service._quarantine_gauge_stale
+            assert not rig.service.state.quarantine_gauge_stale
         finally:
             await rig.stop()
 
@@ -447,9 +472,8 @@ def test_a_command_a_dispatch_round_admits_and_the_pass_committed_with_it_cancel
 
     async def run() -> None:
         await rig.start()
-        rig.service._executors["quarantine_gpu"] = lambda action: "quarantined"  # no `blocking`: taken to block
-        sent: list[str] = []
-        rig.service.send_hook = lambda action: sent.append(action.command_id) or True
+        rig.service.adapters.executors["quarantine_gpu"] = lambda action: "quarantined"  # no `blocking`: blocks
+        sent = rig.outlet.capture()
         commit = rig.service.store.commit
         first_commit_started, release_first_commit = threading.Event(), threading.Event()
 
@@ -471,7 +495,7 @@ def test_a_command_a_dispatch_round_admits_and_the_pass_committed_with_it_cancel
         assert reset.status == "cancelled", "the reboot superseded the reset in the round's own transaction"
         assert reset.command_id not in sent, "so the reset never left"
         assert [commands[c].kind for c in sent] == ["reboot_node"], "the reboot did"
-        assert reset.command_id not in rig.service._unanswered and reset.command_id not in rig.service._kinds
+        assert reset.command_id not in rig.service.state.unanswered and reset.command_id not in rig.service.state.kinds
         await rig.stop()
 
     asyncio.run(run())
@@ -488,7 +512,7 @@ def test_events_waiting_when_the_term_ends_are_left_to_the_next_term_and_decided
     async def run() -> None:
         await rig.start()
         rig.store.append_events("node-1", [_event("node-1", 1, 13)])  # stored and acked, as Ingest does
-        monkeypatch.setattr(remediation_mod, "STORE_RETRY_S", 0.05)
+        monkeypatch.setattr(decider, "STORE_RETRY_S", 0.05)
         commit = rig.service.store.commit
         down = {"store": True}
 
@@ -504,7 +528,7 @@ def test_events_waiting_when_the_term_ends_are_left_to_the_next_term_and_decided
         await rig.service.stop()  # the term ends (deposed)
         with pytest.raises(remediation_mod.TermEnded):
             await waiting
-        assert rig.service._inbox == []
+        assert rig.service.decider.inbox == []
         down["store"] = False
         await rig.service.start()  # the next term replays what no term decided: event 1, once
         await asyncio.sleep(0.3)  # a decider of the ended term would have retried by now

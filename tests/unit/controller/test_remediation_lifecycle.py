@@ -15,14 +15,16 @@ from prometheus_client import CollectorRegistry
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
+from rasd.controller import wiring
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import actions
 from rasd.controller.core.remediation import events as health
-from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.observability import metrics
-from rasd.controller.remediation import service as remediation_mod
+from rasd.controller.remediation import state as state_mod
 from rasd.controller.store import lease as lease_store
 from rasd.controller.store import repo
+from rasd.controller.wire import agent as wire
 
 T0_NS = 1_800_000_000 * 10**9
 GPU = "GPU-00000000-0000-4000-8000-000000000001"
@@ -43,13 +45,23 @@ def _xid(seq: int, xid: int, at_ns: int) -> repo.StoredEvent:
 
 
 class _Rig:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, recorder=None) -> None:
         self.now_ns = T0_NS
         self.store = repo.Store.open(url)
-        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=self.clock)
-        self.service = remediation_mod.RemediationService(self.store, self.ingest, clock=self.clock)
+        self.wire_services(recorder=recorder)
         self.store.register_hello(_hello(), T0_NS)
         self.ingest.node_labels[NODE] = {"rack": "r1"}
+
+    def wire_services(self, *, recorder=None) -> None:
+        """A fresh ingest and ladder on the rig's store, wired as one replica (a new controller process)."""
+        self.wired = wiring.single_replica(
+            self.store,
+            metrics.ControllerMetrics(CollectorRegistry()),
+            ladder=wiring.Ladder(recorder=recorder),
+            clock=self.clock,
+        )
+        self.ingest = self.wired.ingest
+        self.service = self.wired.remediation
 
     def run(self, scenario) -> None:
         """Run scenario() with the ingest started and stopped in the same event loop."""
@@ -74,7 +86,7 @@ class _Rig:
             c for c in self.service.store.commands(node_id=NODE) if c.kind == kind and c.status != "succeeded"
         )
         await self.service.on_result(
-            NODE, commands_pb.ActionResult(command_id=command.command_id, outcome=commands_pb.ACTION_OUTCOME_SUCCEEDED)
+            NODE, msgs.AgentResult(command_id=command.command_id, outcome=msgs.Outcome.SUCCEEDED)
         )
 
 
@@ -157,14 +169,15 @@ def test_a_tick_takes_the_decision_lock_only_for_work_there_is(rig):
     async def scenario() -> None:
         await rig.event(1, 13)  # a restart, dispatched: the ticket waits for its result
         assert [c.kind for c in service.store.commands(node_id=NODE)] == ["restart_process"]
-        async with service._lock:
+        lock = service.state.lock
+        async with lock:
             await asyncio.wait_for(service.tick(), timeout=5)  # nothing due: done without the lock
             rig.now_ns += 3600 * 10**9  # the restart's result is long overdue
             late = asyncio.ensure_future(service.tick())
             await asyncio.sleep(0.05)
-            assert not late.done() and service._lock.waiting == 1, "a tick with work waits for the lock"
+            assert not late.done() and lock.waiting == 1, "a tick with work waits for the lock"
         await asyncio.wait_for(late, timeout=5)
-        assert service._lock.waiting == 0
+        assert lock.waiting == 0
         kinds = [c.kind for c in service.store.commands(node_id=NODE)]
         assert kinds[0] == "restart_process" and "reset_gpu" in kinds, "the overdue restart climbed to a reset"
 
@@ -173,7 +186,7 @@ def test_a_tick_takes_the_decision_lock_only_for_work_there_is(rig):
 
 def test_the_decision_lock_counts_who_waits_for_it():
     async def scenario() -> None:
-        lock = remediation_mod._DecisionLock()
+        lock = state_mod.DecisionLock()
         order: list[str] = []
 
         async def take(name: str) -> None:
@@ -229,8 +242,8 @@ def test_a_tick_climbs_the_overdue_nodes_of_a_chunk_in_one_transaction(rig):
 async def _open_stream(rig: _Rig) -> asyncio.Queue:
     """The node's agent says Hello and its stream opens; returns the queue the node's commands go out on."""
     info = health_pb.GpuInfo(uuid=GPU, model="H100", power_limit_min_w=200, power_limit_max_w=700)
-    session, _welcome = await rig.ingest.open_session(agent_pb.Hello(node_id=NODE, boot_id="boot-1", gpus=[info]))
-    await rig.service.node_connected(NODE)  # what the server's connected hook does
+    hello = wire.hello_from_wire(agent_pb.Hello(node_id=NODE, boot_id="boot-1", gpus=[info]))
+    session, _welcome = await rig.ingest.open_session(hello)  # its ladder hears of it: unanswered commands go
     return session.outbound
 
 
@@ -295,8 +308,7 @@ def test_a_command_that_timed_out_is_never_sent_again(rig):
         assert timed_out._value.get() == 1
 
     rig.run(scenario)
-    rig.ingest = ingest_mod.Ingest(rig.store, metrics.ControllerMetrics(CollectorRegistry()), clock=rig.clock)
-    rig.service = remediation_mod.RemediationService(rig.store, rig.ingest, clock=rig.clock)
+    rig.wire_services()
 
     async def next_term() -> None:
         await rig.service.start()
@@ -333,11 +345,11 @@ def test_a_dispatch_round_leaves_alone_what_a_pass_still_committing_cancels(rig)
     restart = actions.RestartProcess(ticket_id="t1", step=0, node_id=NODE, reason="test", gpu_uuid=GPU)
 
     async def scenario() -> None:
-        service._deferred[restart.command_id] = restart
-        async with service._lock:
-            held = await service._stage_dispatch(closing={restart.command_id})
-            assert held.admitted == [] and restart.command_id in service._deferred
-            admitted = await service._stage_dispatch()
+        service.state.deferred[restart.command_id] = restart
+        async with service.state.lock:
+            held = await service.dispatcher.stage_dispatch(closing={restart.command_id})
+            assert held.admitted == [] and restart.command_id in service.state.deferred
+            admitted = await service.dispatcher.stage_dispatch()
             assert [a.command_id for a in admitted.admitted] == [restart.command_id]
 
     rig.run(scenario)
@@ -345,8 +357,8 @@ def test_a_dispatch_round_leaves_alone_what_a_pass_still_committing_cancels(rig)
 
 def test_the_stats_keep_the_latest_decision_latencies_only(monkeypatch):
     """A controller runs for months: its in-memory record is bounded (Prometheus keeps the histogram)."""
-    monkeypatch.setattr(remediation_mod, "DECISION_LATENCIES_KEPT", 3)
-    stats = remediation_mod.RemediationStats()
+    monkeypatch.setattr(state_mod, "DECISION_LATENCIES_KEPT", 3)
+    stats = state_mod.RemediationStats()
     for n in range(5):
         stats.decision_latency_s.append(float(n))
         stats.decision_latency_kinds.append(f"kind-{n}")
@@ -413,8 +425,8 @@ def test_the_time_between_a_nodes_incidents_is_observed_and_survives_a_restart(r
 
     rig.run(scenario)
 
-    ingest = ingest_mod.Ingest(rig.store, metrics.ControllerMetrics(CollectorRegistry()), clock=rig.clock)
-    service = remediation_mod.RemediationService(rig.store, ingest, clock=rig.clock)
+    rig.wire_services()
+    ingest, service = rig.ingest, rig.service
 
     async def next_term() -> None:
         await ingest.start()
@@ -451,10 +463,26 @@ def test_time_to_first_action_is_observed_once_per_event_however_many_commands_i
     rig.run(scenario)
 
 
-def test_the_service_is_quiet_only_while_no_decision_waits(rig):
+class _QuietSeen:
+    """Hears of each decision and asks the service, then, whether it is quiet."""
+
+    def __init__(self) -> None:
+        self.service = None
+        self.seen: list[bool] = []
+
+    def decisions(self, decided, at_unix_ns: int) -> None:
+        self.seen.append(self.service.quiet)
+
+    def accusation(self, node_id, gpu_uuid, *, reason, accuser, at_unix_ns) -> None:
+        pass
+
+
+def test_the_service_is_quiet_only_while_no_decision_waits(tmp_path):
     """What `gc_policy.QuietCollector` asks before it collects: never while an event's decision is pending."""
-    seen_in_pass: list[bool] = []
-    rig.service.decision_hook = lambda _actions, _now_ns: seen_in_pass.append(rig.service.quiet)
+    recorder = _QuietSeen()
+    rig = _Rig(f"sqlite:///{tmp_path / 'rasd.db'}", recorder=recorder)
+    recorder.service = rig.service
+    seen_in_pass = recorder.seen
 
     async def scenario() -> None:
         assert rig.service.quiet
@@ -465,4 +493,5 @@ def test_the_service_is_quiet_only_while_no_decision_waits(rig):
         assert rig.service.quiet
 
     rig.run(scenario)
+    rig.store.close()
     assert seen_in_pass == [False]  # inside the decision pass

@@ -15,12 +15,11 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.controller import wiring
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import events as health
-from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.observability import metrics
-from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.store import repo
 
 T0_NS = 1_800_000_000 * 10**9
@@ -35,8 +34,9 @@ class _Rig:
     def __init__(self, url: str) -> None:
         self.now_ns = T0_NS
         self.store = repo.Store.open(url)
-        self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=self.clock)
-        self.service = remediation_mod.RemediationService(self.store, self.ingest, clock=self.clock)
+        self.wired = wiring.single_replica(self.store, metrics.ControllerMetrics(CollectorRegistry()), clock=self.clock)
+        self.ingest = self.wired.ingest
+        self.service = self.wired.remediation
         gpus = tuple(
             fleet.GpuRecord(uuid, "H100", f"0000:{18 + i}:00.0", 200, 700, 700, node_id=NODE)
             for i, uuid in enumerate((GPU_A, GPU_B))
@@ -72,9 +72,7 @@ class _Rig:
         self.now_ns += 60 * 10**9
         await self.service.on_result(
             NODE,
-            commands_pb.ActionResult(
-                command_id=command.command_id, outcome=commands_pb.ACTION_OUTCOME_SUCCEEDED, validation_verdict=verdict
-            ),
+            msgs.AgentResult(command_id=command.command_id, outcome=msgs.Outcome.SUCCEEDED, validation_verdict=verdict),
         )
 
     async def release(self, gpu_uuid: str = "") -> str:
@@ -127,9 +125,7 @@ def test_a_stale_run_started_before_the_quarantine_does_not_release_it(rig):
         rig.now_ns += 60 * 10**9
         await rig.service.on_result(  # the old run's answer, late: no ticket waits for it
             NODE,
-            commands_pb.ActionResult(
-                command_id=run.command_id, outcome=commands_pb.ACTION_OUTCOME_SUCCEEDED, validation_verdict="pass"
-            ),
+            msgs.AgentResult(command_id=run.command_id, outcome=msgs.Outcome.SUCCEEDED, validation_verdict="pass"),
         )
         out["node"] = await rig.release()
 

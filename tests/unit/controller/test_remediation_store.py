@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import events as health
+from rasd.controller.store import records, repo
 from rasd.controller.store import remediation as rstore
-from rasd.controller.store import repo
 
 
 def _record(command_id: str) -> rstore.CommandRecord:
@@ -16,9 +16,9 @@ def _record(command_id: str) -> rstore.CommandRecord:
     )  # fmt: skip
 
 
-def _audit(n: int) -> dict:
-    return {"at_unix_ns": 10, "actor": "automation", "action": f"a{n}", "node_id": "node-1", "gpu_uuid": "",
-            "reason": "r", "outcome": "dispatched", "details": {}}  # fmt: skip
+def _audit(n: int) -> records.AuditRecord:
+    return records.AuditRecord(at_unix_ns=10, actor="automation", action=f"a{n}", node_id="node-1", gpu_uuid="",
+                               reason="r", outcome="dispatched")  # fmt: skip
 
 
 def test_outbox_updates_in_one_commit_apply_in_order_and_never_reopen_a_final_command(store):
@@ -28,17 +28,17 @@ def test_outbox_updates_in_one_commit_apply_in_order_and_never_reopen_a_final_co
         rstore.Commit(
             now_unix_ns=2,
             command_updates=[
-                ("c0", {"status": "dispatched", "dispatched_unix_ns": 2}),
-                ("c0", {"status": "succeeded", "finished_unix_ns": 3, "result": {"outcome": "ok"}}),
-                ("c0", {"status": "cancelled"}),  # after a final status: ignored, as one by one
-                ("c1", {"status": "cancelled"}),
-                ("c2", {"status": "dispatched", "dispatched_unix_ns": 2}),
-                ("unknown", {"status": "dispatched", "dispatched_unix_ns": 2}),
+                records.CommandUpdate("c0", "dispatched", dispatched_unix_ns=2),
+                records.CommandUpdate("c0", "succeeded", finished_unix_ns=3, result={"outcome": "ok"}),
+                records.CommandUpdate("c0", "cancelled"),  # after a final status: ignored, as one by one
+                records.CommandUpdate("c1", "cancelled"),
+                records.CommandUpdate("c2", "dispatched", dispatched_unix_ns=2),
+                records.CommandUpdate("unknown", "dispatched", dispatched_unix_ns=2),
             ],
             audit=[_audit(n) for n in range(3)],
         )
     )
-    remediation.commit(rstore.Commit(now_unix_ns=3, command_updates=[("c1", {"status": "dispatched"})]))
+    remediation.commit(rstore.Commit(now_unix_ns=3, command_updates=[records.CommandUpdate("c1", "dispatched")]))
     rows = {r.command_id: r for r in remediation.commands()}
     assert set(rows) == {"c0", "c1", "c2", "c3"}
     assert (rows["c0"].status, rows["c0"].dispatched_unix_ns, rows["c0"].finished_unix_ns) == ("succeeded", 2, 3)
@@ -56,25 +56,27 @@ def test_quarantine_counts_are_per_scope_and_leave_released_ones_out(store):
         rstore.Commit(
             now_unix_ns=5,
             quarantines=[
-                {"node_id": "n1", "gpu_uuid": "GPU-a", "port": "", "reason": "x", "source": "automation"},
-                {"node_id": "n1", "gpu_uuid": "GPU-b", "port": "", "reason": "x", "source": "automation"},
-                {"node_id": "n1", "gpu_uuid": "", "port": "mlx5_0/1", "reason": "x", "source": "automation"},
-                {"node_id": "n2", "gpu_uuid": "", "port": "", "reason": "x", "source": "automation"},
+                records.QuarantineRecord(node_id="n1", gpu_uuid="GPU-a", port="", reason="x", source="automation"),
+                records.QuarantineRecord(node_id="n1", gpu_uuid="GPU-b", port="", reason="x", source="automation"),
+                records.QuarantineRecord(node_id="n1", gpu_uuid="", port="mlx5_0/1", reason="x", source="automation"),
+                records.QuarantineRecord(node_id="n2", gpu_uuid="", port="", reason="x", source="automation"),
             ],
         )
     )
     assert remediation.quarantine_counts() == {"node": 1, "gpu": 2, "port": 1}
     remediation.commit(
-        rstore.Commit(now_unix_ns=6, releases=[{"node_id": "n1", "gpu_uuid": "GPU-a", "port": "", "reason": "ok"}])
+        rstore.Commit(
+            now_unix_ns=6, releases=[records.ReleaseRecord(node_id="n1", gpu_uuid="GPU-a", port="", reason="ok")]
+        )
     )
     assert remediation.quarantine_counts() == {"node": 1, "gpu": 1, "port": 1}
 
 
 def test_incident_data_is_read_back_by_id(store):
     remediation = rstore.RemediationStore(store.engine)
-    row = {"incident_id": "n1/GPU-a/xid:13/1", "node_id": "n1", "gpu_uuid": "GPU-a", "cause": "xid:13",
-           "component": "gpu", "severity": 3, "state": "open", "opened_unix_ns": 1,
-           "data": {"event_count": 2}}  # fmt: skip
+    row = records.IncidentRecord(incident_id="n1/GPU-a/xid:13/1", node_id="n1", gpu_uuid="GPU-a", cause="xid:13",
+                                 component="gpu", severity=3, state="open", opened_unix_ns=1,
+                                 data={"event_count": 2})  # fmt: skip
     remediation.commit(rstore.Commit(now_unix_ns=1, incidents=[row]))
     assert remediation.incident_data(["n1/GPU-a/xid:13/1", "missing"]) == {"n1/GPU-a/xid:13/1": {"event_count": 2}}
 
@@ -88,8 +90,8 @@ def test_each_nodes_latest_incident_opening_is_read_back_open_or_closed(store):
         ("n2", "ib_flap", 6, "open"),
     ]
     rows = [
-        {"incident_id": f"{node}/-/{cause}/1", "node_id": node, "cause": cause, "state": state,
-         "opened_unix_ns": at, "data": {}}
+        records.IncidentRecord(incident_id=f"{node}/-/{cause}/1", node_id=node, cause=cause, state=state,
+                               opened_unix_ns=at, data={})
         for node, cause, at, state in opened
     ]  # fmt: skip
     remediation.commit(rstore.Commit(now_unix_ns=1, incidents=rows))
@@ -146,7 +148,10 @@ def test_the_events_left_to_replay_are_read_many_nodes_per_query_and_per_node_in
 def test_a_quarantine_given_only_its_target_is_recorded_with_every_default(store):
     remediation = rstore.RemediationStore(store.engine)
     remediation.commit(
-        rstore.Commit(now_unix_ns=5, quarantines=[{"node_id": "n1", "gpu_uuid": "GPU-a"}, {"node_id": "n2"}])
+        rstore.Commit(
+            now_unix_ns=5,
+            quarantines=[records.QuarantineRecord(node_id="n1", gpu_uuid="GPU-a"), records.QuarantineRecord("n2")],
+        )
     )
     rows = {(q["node_id"], q["gpu_uuid"]): q for q in remediation.quarantines()}
     assert set(rows) == {("n1", "GPU-a"), ("n2", "")}

@@ -452,15 +452,17 @@ def test_a_url_that_does_not_parse_is_named_without_its_password():
 def test_remediation_ids_built_from_real_node_names_fit(store):
     # correlate builds "<node>/<gpu uuid>/<fault key>/<seq>" and escalation adds "@<n>": 80+ characters
     # for an ordinary FQDN. SQLite ignores VARCHAR lengths; PostgreSQL refuses what does not fit.
-    from rasd.controller.store import remediation
+    from rasd.controller.store import records, remediation
 
     node = "gpu-node-0001.cluster.example.com"
     incident_id = f"{node}/GPU-12345678-1234-1234-1234-123456789abc/xid:79/12345"
     remediation.RemediationStore(store.engine).commit(
         remediation.Commit(
             now_unix_ns=1,
-            incidents=[{"incident_id": incident_id, "node_id": node, "cause": "xid:79"}],
-            tickets=[{"ticket_id": f"{incident_id}@1", "node_id": node, "incident_id": incident_id, "state": "open"}],
+            incidents=[records.IncidentRecord(incident_id=incident_id, node_id=node, cause="xid:79")],
+            tickets=[
+                records.TicketRecord(ticket_id=f"{incident_id}@1", node_id=node, incident_id=incident_id, state="open")
+            ],
         )
     )
     assert [i["incident_id"] for i in remediation.RemediationStore(store.engine).incidents()] == [incident_id]

@@ -10,8 +10,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import orm
 
+from rasd.controller.store import records, repo, schema
 from rasd.controller.store import remediation as rstore
-from rasd.controller.store import repo, schema
 
 NOW_NS = 1_800_000_000 * 10**9
 AUDIT = schema.AuditRow.__table__
@@ -73,7 +73,7 @@ def test_a_statement_with_its_own_constants_applies_them_to_every_row(store):
     remediation.commit(change)
     update = rstore.Commit(now_unix_ns=NOW_NS + 1)
     for command_id in ("cmd-open", "cmd-done"):
-        update.command_updates.append((command_id, {"status": "failed", "finished_unix_ns": NOW_NS + 1}))
+        update.command_updates.append(records.CommandUpdate(command_id, "failed", finished_unix_ns=NOW_NS + 1))
     remediation.commit(update)
     assert {c.command_id: c.status for c in remediation.commands()} == {"cmd-open": "failed", "cmd-done": "succeeded"}
 

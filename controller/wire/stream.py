@@ -1,0 +1,61 @@
+"""An agent stream's messages: inbound telemetry as domain values, outbound Welcome, acks and commands.
+
+The ingest queues what it sends a node as `ControllerMessage`s built here; the stream's writer
+(`rpc.agent_service`) writes them as they are. Inbound telemetry is checked (`agent.check_telemetry`)
+and converted here once.
+"""
+
+from __future__ import annotations
+
+from rasd.api.v1 import agent_service_pb2 as agent_pb
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.api.v1 import health_pb2 as health_pb
+from rasd.controller.core import agent_messages as msgs
+from rasd.controller.wire import agent as wire_agent
+
+ControllerMessage = agent_pb.ControllerMessage
+"""What goes on a node's stream (a session's outbound queue holds these)."""
+
+
+def telemetry_from_wire(batch: health_pb.TelemetryBatch, known_gpus: frozenset[str]) -> msgs.Telemetry:
+    """Validate a telemetry batch against the node's GPUs and convert it.
+
+    Raises:
+        wire_agent.WireError: a field is malformed, or names a GPU the node did not announce.
+    """
+    wire_agent.check_telemetry(batch, known_gpus)
+    counters = batch.counters
+    return msgs.Telemetry(
+        power=tuple(
+            msgs.PowerSeries(s.gpu_uuid, s.first_sample_unix_ns, s.sample_interval_ms, s.power_w) for s in batch.power
+        ),
+        latest=wire_agent.latest_from_telemetry(batch),
+        newest_counters_unix_ns=max(c.sample_unix_ns for c in counters) if counters else None,
+    )
+
+
+def welcome_message(welcome: msgs.Welcome) -> agent_pb.ControllerMessage:
+    """The Welcome answering a Hello."""
+    return agent_pb.ControllerMessage(
+        welcome=agent_pb.Welcome(
+            controller_version=welcome.controller_version,
+            acked_seq=welcome.acked_seq,
+            session_id=welcome.session_id,
+            config=agent_pb.AgentConfig(**welcome.agent_config),
+        )
+    )
+
+
+def ack_message(acked_seq: int) -> agent_pb.ControllerMessage:
+    """A cumulative ack of the node's events up to acked_seq."""
+    return agent_pb.ControllerMessage(ack=agent_pb.EventAck(acked_seq=acked_seq))
+
+
+def command_message(command: commands_pb.Command) -> agent_pb.ControllerMessage:
+    """A command on its way to the node."""
+    return agent_pb.ControllerMessage(command=command)
+
+
+def event_kind_name(kind: int) -> str:
+    """rasd.api.v1.EventKind's name of an event kind ("EVENT_KIND_XID"), for logs."""
+    return health_pb.EventKind.Name(kind)
