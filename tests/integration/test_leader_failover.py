@@ -220,9 +220,9 @@ def _stop(process):
 
 @pytest.mark.parametrize("stop_signal", ["SIGKILL", "SIGSTOP"])
 def test_a_leader_stopped_mid_ladder_hands_over_within_the_lease_and_nothing_runs_twice(
-    tmp_path, venv_bin, postgres_schema_url, free_port, stop_signal
+    tmp_path, venv_bin, postgres_schema_url, free_ports, stop_signal
 ):
-    ports = {"a": free_port, "b": free_port + 1 if free_port < 65535 else free_port - 1}
+    ports = dict(zip(("a", "b"), free_ports(2), strict=True))
     cluster = Cluster(tmp_path, venv_bin, postgres_schema_url, ports)
     processes = {}
     try:
