@@ -18,8 +18,6 @@ from rasd.agent.gpu import simulated
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.controller import server
 
-pytestmark = pytest.mark.slow
-
 
 def _agent(address: str, **link) -> runtime.Agent:
     backend = simulated.SimulatedBackend("node-d", 2, 0, workload=simulated.StepWorkload())

@@ -37,8 +37,6 @@ import time
 import pytest
 import sqlalchemy as sa
 
-pytestmark = pytest.mark.slow
-
 LEASE_S = 3.0
 RENEW_S = 1.0
 XID_13 = "3,{seq},{usec},-;NVRM: Xid (PCI:0000:18:00): 13, pid={pid}, name=python, Graphics SM Warp Exception"
@@ -218,7 +216,7 @@ def _stop(process):
             process.wait()
 
 
-@pytest.mark.parametrize("stop_signal", ["SIGKILL", "SIGSTOP"])
+@pytest.mark.parametrize("stop_signal", ["SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.slow)])
 def test_a_leader_stopped_mid_ladder_hands_over_within_the_lease_and_nothing_runs_twice(
     tmp_path, venv_bin, postgres_schema_url, free_ports, stop_signal
 ):

@@ -30,8 +30,6 @@ from rasd.controller.store import remediation as rstore
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fakes"))
 import redfish_stub
 
-pytestmark = pytest.mark.slow
-
 FAST_LINK = {
     "telemetry_send_interval_ms": 200,
     "counter_interval_ms": 200,
