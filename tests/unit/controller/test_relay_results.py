@@ -49,8 +49,9 @@ class _Replica:
         self.ingest = ingest_mod.Ingest(self.store, metrics.ControllerMetrics(CollectorRegistry()))
         self.service = remediation_mod.RemediationService(self.store, self.ingest)
         self.ingest.node_labels[NODE] = dict(LABELS)
+        # A lease no CPU-starved renewal loses mid-test (tests run in parallel): the handover is explicit.
         self.leadership = leader.Leadership(
-            self.store.engine, leader.LeaderSettings(replica_id=name, lease_s=1.0, renew_s=0.2), election="lease"
+            self.store.engine, leader.LeaderSettings(replica_id=name, lease_s=5.0, renew_s=0.2), election="lease"
         )
         self.relay = relay_mod.Relay(self.ingest, self.service, self.leadership, poll_s=0.05)
         self.relay.attach()
