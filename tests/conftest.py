@@ -1,9 +1,13 @@
-"""Shared fixtures: a free loopback port, the venv's console scripts, and the test PostgreSQL.
+"""Shared fixtures: free loopback ports, the venv's console scripts, and the test PostgreSQL.
 
 PostgreSQL comes from RASD_TEST_POSTGRES_URL (`.ci/postgres.sh` starts one and prints the line to
 export). Unset or unreachable: tests that need it are skipped with a message saying so, unless
 RASD_TEST_POSTGRES_REQUIRED=1 (CI), where they fail instead. Each test gets its own schema
-(search_path set through the URL), dropped afterwards, so tests never see each other's rows.
+(search_path set through the URL), dropped afterwards, so tests never see each other's rows, also
+when pytest-xdist runs them in parallel (`make test`).
+
+Also how pytest-xdist hands the tests to its workers (`make test` runs them in parallel), and the
+fuzzing summary (tests/fuzz): the inputs each run tried, added up from the tests' reports.
 """
 
 from __future__ import annotations
@@ -29,6 +33,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture
+def free_ports():
+    """`free_ports(n)`: n distinct TCP ports on 127.0.0.1 that were free a moment ago."""
+
+    def take(n: int) -> list[int]:
+        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+        try:
+            for sock in sockets:  # all bound at once: the kernel hands out n different ports
+                sock.bind(("127.0.0.1", 0))
+            return [sock.getsockname()[1] for sock in sockets]
+        finally:
+            for sock in sockets:
+                sock.close()
+
+    return take
 
 
 @pytest.fixture
@@ -103,3 +124,54 @@ def postgres_schema_url(postgres_server_url):
 def postgres_url_with():
     """`(url, schema=None, **settings) -> url` adding PostgreSQL server settings, e.g. lock_timeout="200ms"."""
     return _postgres_url_with
+
+
+# -- pytest-xdist scheduling ---------------------------------------------------------------------------
+# Each test is its own unit of work, handed to the next free worker, so that the long end-to-end tests
+# spread over the workers (xdist's default `load` sends consecutive chunks: every test in
+# tests/integration landed on one worker). These modules run whole on one worker, in file order:
+ONE_WORKER_MODULES = {
+    "tests/fuzz/test_fuzz_admin.py",  # the count test reads what the fuzz test did in this process
+    "tests/fuzz/test_fuzz_agent_messages.py",  # the same
+    "tests/fuzz/test_fuzz_kmsg.py",  # the same
+    "tests/integration/test_record_replay.py",  # one recorded run (~10 s) serves every test
+    "tests/unit/controller/test_bmc.py",  # one Redfish emulator serves every test
+}
+# (xdist's own `xdist_group` mark would say this in the test files, but with pytest >= 9.2 it is
+# silently ignored: https://github.com/pytest-dev/pytest-xdist/issues/1386.)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it, never called
+def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneTestOrOneModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    return OneTestOrOneModule(config, log)
+
+
+# -- fuzzing summary ---------------------------------------------------------------------------------
+# Fuzz tests report their counts with `record_property("fuzz:<what>", n)`. Added up here, not in
+# tests/fuzz/conftest.py: under pytest-xdist the controller process, which prints the summary, loads
+# only this conftest, and the workers' reports carry the properties to it.
+_fuzz_counts: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "call":
+        return
+    for name, value in report.user_properties:
+        if isinstance(name, str) and name.startswith("fuzz:"):
+            what = name.removeprefix("fuzz:")
+            _fuzz_counts[what] = _fuzz_counts.get(what, 0) + int(value)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    if not _fuzz_counts:
+        return
+    terminalreporter.section("fuzzing: inputs tried")
+    for name in sorted(_fuzz_counts):
+        terminalreporter.write_line(f"{name}: {_fuzz_counts[name]:,}")

@@ -24,8 +24,6 @@ from rasd.agent.gpu import simulated
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.controller import server
 
-pytestmark = pytest.mark.slow
-
 METHODS = list(admin_pb.DESCRIPTOR.services_by_name["AdminService"].methods)
 ALLOWED = {
     grpc.StatusCode.OK,

@@ -34,8 +34,6 @@ from rasd.controller import server
 from rasd.controller.rpc import agent_service, authn, validate_input
 from rasd.controller.wire import agent as wire
 
-pytestmark = pytest.mark.slow
-
 PER_EXAMPLE = 40
 BASES_PER_EXAMPLE = 4
 OTHER_GPU = "GPU-0ddba11d-0000-4000-8000-000000000000"

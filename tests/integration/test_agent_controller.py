@@ -23,8 +23,6 @@ from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller import server
 
-pytestmark = pytest.mark.slow
-
 FAST_LINK = {
     "telemetry_send_interval_ms": 200,
     "reconnect_initial_s": 0.05,

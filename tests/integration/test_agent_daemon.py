@@ -19,8 +19,6 @@ from rasd.agent.gpu import simulated
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.controller import server
 
-pytestmark = pytest.mark.slow
-
 
 def _agent(address: str, failsafe: agent_settings.FailsafeSettings | None = None) -> runtime.Agent:
     backend = simulated.SimulatedBackend("node-d", 2, 0, workload=simulated.StepWorkload())

@@ -18,14 +18,11 @@ import threading
 import time
 
 import grpc
-import pytest
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller import server
-
-pytestmark = pytest.mark.slow
 
 GPUS = ("GPU-00000000-0000-4000-8000-0000000000a0", "GPU-00000000-0000-4000-8000-0000000000a1")
 HELLO = agent_pb.AgentMessage(

@@ -37,8 +37,6 @@ import time
 import pytest
 import sqlalchemy as sa
 
-pytestmark = pytest.mark.slow
-
 LEASE_S = 3.0
 RENEW_S = 1.0
 XID_13 = "3,{seq},{usec},-;NVRM: Xid (PCI:0000:18:00): 13, pid={pid}, name=python, Graphics SM Warp Exception"
@@ -218,11 +216,11 @@ def _stop(process):
             process.wait()
 
 
-@pytest.mark.parametrize("stop_signal", ["SIGKILL", "SIGSTOP"])
+@pytest.mark.parametrize("stop_signal", ["SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.slow)])
 def test_a_leader_stopped_mid_ladder_hands_over_within_the_lease_and_nothing_runs_twice(
-    tmp_path, venv_bin, postgres_schema_url, free_port, stop_signal
+    tmp_path, venv_bin, postgres_schema_url, free_ports, stop_signal
 ):
-    ports = {"a": free_port, "b": free_port + 1 if free_port < 65535 else free_port - 1}
+    ports = dict(zip(("a", "b"), free_ports(2), strict=True))
     cluster = Cluster(tmp_path, venv_bin, postgres_schema_url, ports)
     processes = {}
     try:

@@ -11,12 +11,9 @@ import json
 import time
 
 import fleetlib
-import pytest
 from fleetlib import wait_for
 
 from rasd.agent.gpu import simulated
-
-pytestmark = pytest.mark.slow
 
 
 def operator_fleet(tmp_path, port) -> fleetlib.ThreadedFleet:

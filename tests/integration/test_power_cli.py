@@ -6,12 +6,9 @@ import json
 import time
 
 import fleetlib
-import pytest
 from fleetlib import wait_for
 
 from rasd.agent.gpu import simulated
-
-pytestmark = pytest.mark.slow
 
 TREE = {
     "name": "cluster",

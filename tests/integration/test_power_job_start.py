@@ -26,8 +26,6 @@ import pytest
 
 from rasd.sim import fleet, power_sim, scenario
 
-pytestmark = pytest.mark.slow
-
 NODES, GPUS = 4, 8
 START_S = 10.0
 LIMIT_W_PER_S = 10_000.0
@@ -93,6 +91,7 @@ def test_the_job_start_ramp_keeps_the_1s_aggregate_ramp_under_the_limit(tmp_path
     assert start["full_speed_after_s"] is not None and start["job_start_delay_s"] >= 0
 
 
+@pytest.mark.slow
 def test_the_landed_ramp_holds_the_limit_under_delivery_jitter(tmp_path):
     trace, start, figures = _run(tmp_path, {"job_start_ramp_enabled": True}, downlink_delay_s=(0.0, 0.45))
     assert start["job_start_parked_gpus"] == NODES * GPUS, start
@@ -105,6 +104,7 @@ def test_the_landed_ramp_holds_the_limit_under_delivery_jitter(tmp_path):
     assert trace.managed_w[-1] >= 0.98 * trace.unmanaged_w[-1], "the ramp ended"
 
 
+@pytest.mark.slow
 def test_start_profiles_hold_the_step_swing_from_the_start_and_hand_over_to_the_swing_plan(tmp_path):
     # 32 GPUs swinging 550 W in phase: 17.6 kW within 0.1 s unmanaged, against a 10 kW/s limit.
     policy = {"job_start_ramp_enabled": True, "swing_target_pct": 10.0, "job_start_smoothing_release_s": 6.0}
@@ -125,6 +125,7 @@ def test_start_profiles_hold_the_step_swing_from_the_start_and_hand_over_to_the_
     assert figures["budget_violations"] == 0
 
 
+@pytest.mark.slow
 def test_start_profiles_are_released_when_no_swing_shows_up(tmp_path):
     policy = {"job_start_ramp_enabled": True, "job_start_smoothing_release_s": 4.0}
     trace, start, figures = _run(tmp_path, policy, duration_s=26.0, gpu_model="b200")

@@ -31,8 +31,6 @@ from rasd.controller.store import remediation as rstore
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "fakes"))
 import redfish_stub
 
-pytestmark = pytest.mark.slow
-
 FAST_LINK = {
     "telemetry_send_interval_ms": 200,
     "reconnect_initial_s": 0.05,

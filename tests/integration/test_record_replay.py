@@ -10,8 +10,6 @@ from rasd.controller.observability import recording
 from rasd.sim import main as sim_main
 from rasd.sim import replay
 
-pytestmark = pytest.mark.slow
-
 SCENARIO = """
 name = "replay-small"
 [workload]

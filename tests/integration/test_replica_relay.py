@@ -24,8 +24,6 @@ from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.controller import server
 from rasd.controller.replication import leader
 
-pytestmark = pytest.mark.slow
-
 
 def _controller(db_url, port, name):
     return server.Controller(

@@ -18,8 +18,6 @@ import pytest
 from rasd.agent.gpu import simulated
 from rasd.controller.core.remediation import policy
 
-pytestmark = pytest.mark.slow
-
 NODES = ("sweep-a", "sweep-b", "sweep-c")
 wait_for = functools.partial(fleetlib.wait_for, timeout_s=45.0, poll_s=0.3)
 

@@ -35,8 +35,6 @@ from rasd.common import devcerts, tls, tokens
 from rasd.controller import server
 from rasd.controller.rpc import authn
 
-pytestmark = pytest.mark.slow
-
 GPU_A = "GPU-0000000a-0000-4000-8000-00000000000a"
 GPU_B = "GPU-0000000b-0000-4000-8000-00000000000b"
 

@@ -19,8 +19,6 @@ from rasd.controller import server
 from rasd.sim import main as sim_main
 from rasd.sim import scenario
 
-pytestmark = pytest.mark.slow
-
 
 def test_sim_report_is_measured_from_what_happened(tmp_path, capsys):
     custom = tmp_path / "short.toml"

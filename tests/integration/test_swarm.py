@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.controller import server
 from rasd.sim import swarm
-
-pytestmark = pytest.mark.slow
 
 NODES = 40
 

@@ -7,10 +7,6 @@ import signal
 import subprocess
 import time
 
-import pytest
-
-pytestmark = pytest.mark.slow
-
 
 def _start(argv, log_path):
     log = open(log_path, "w")  # noqa: SIM115 - closed by the test after the process ends

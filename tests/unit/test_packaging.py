@@ -9,8 +9,6 @@ import sys
 import tomllib
 import zipfile
 
-import pytest
-
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -58,7 +56,6 @@ def test_runtime_floors_match_the_generator():
     assert any(dep.startswith(f"protobuf>={gencode},") for dep in project["dependencies"])
 
 
-@pytest.mark.slow
 def test_wheel_installs_only_the_rasd_namespace(tmp_path):
     wheel_dir = tmp_path / "wheel"
     subprocess.run(

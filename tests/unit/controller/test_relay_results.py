@@ -45,8 +45,9 @@ class _Replica:
 
     def __init__(self, url: str, name: str) -> None:
         self.store = repo.Store.open(url)
+        # A lease no CPU-starved renewal loses mid-test (tests run in parallel): the handover is explicit.
         self.leadership = leader.Leadership(
-            self.store.engine, leader.LeaderSettings(replica_id=name, lease_s=1.0, renew_s=0.2), election="lease"
+            self.store.engine, leader.LeaderSettings(replica_id=name, lease_s=5.0, renew_s=0.2), election="lease"
         )
         self.wired = wiring.replicated(
             self.store,

@@ -26,8 +26,6 @@ from rasd.agent.gpu import simulated
 from rasd.controller import server
 from rasd.controller.store import remediation as rstore
 
-pytestmark = pytest.mark.slow
-
 LADDER_COMMITS = {"inline": 5, "threaded": 8}
 """Commits the happy path takes for one Xid 48 (checked by the test without a crash), by how the quarantine
 adapter runs: record only, with the decision (the quarantine and the reset are admitted, recorded and
@@ -184,14 +182,34 @@ def test_the_ladder_completes_without_a_crash(store_url, tmp_path, adapters, com
     assert len(executed) == len(set(executed)) == sum(1 for c in outbox if c.kind in ("reset_gpu", "run_validation"))
 
 
+LADDERS = [("inline", "thread"), ("inline", "process"), ("threaded", "process")]
+
+
+def _crash_case(adapters: str, commit_writer: str, crash_at: int, when: str):
+    """One crash case; `make test` runs a sample of them, `make test-all` (CI) every one.
+
+    The sample: every commit of the store-thread ladder (cheap), once each, before and after
+    alternating; one case on each writer-process ladder (each run starts two writer processes): the
+    inline adapters' last commit killed after it happened, the threaded adapters' first killed before.
+    """
+    if commit_writer == "thread":
+        sampled = when == ("before" if crash_at % 2 else "after")
+    elif adapters == "inline":
+        sampled = (crash_at, when) == (LADDER_COMMITS[adapters], "after")
+    else:
+        sampled = (crash_at, when) == (1, "before")
+    return pytest.param(adapters, commit_writer, crash_at, when, marks=() if sampled else pytest.mark.slow)
+
+
 CRASH_CASES = [
-    *(("inline", writer, n) for writer in ("thread", "process") for n in range(1, LADDER_COMMITS["inline"] + 1)),
-    *(("threaded", "process", n) for n in range(1, LADDER_COMMITS["threaded"] + 1)),
+    _crash_case(adapters, writer, n, when)
+    for adapters, writer in LADDERS
+    for n in range(1, LADDER_COMMITS[adapters] + 1)
+    for when in ("before", "after")
 ]
 
 
-@pytest.mark.parametrize("when", ["before", "after"])
-@pytest.mark.parametrize(("adapters", "commit_writer", "crash_at"), CRASH_CASES)
+@pytest.mark.parametrize(("adapters", "commit_writer", "crash_at", "when"), CRASH_CASES)
 def test_a_crash_at_any_commit_loses_and_repeats_nothing(store_url, tmp_path, adapters, commit_writer, crash_at, when):
     """With commits in the store thread or in the writer process (a crash kills both)."""
     executed, outbox, quarantined, _, crashed = asyncio.run(

@@ -237,12 +237,22 @@ def _postgres_only(store):
         pytest.skip("PostgreSQL behaviour: SQLite serializes writers with its file lock (one writer thread)")
 
 
-def test_append_events_reads_the_acked_position_under_a_row_lock(store, store_url, postgres_url_with):
+def _lock_timeout_200ms(dbapi_connection, _record) -> None:
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '200ms'")
+    dbapi_connection.commit()
+
+
+def test_append_events_reads_the_acked_position_under_a_row_lock(store, store_url):
     _postgres_only(store)
     store.register_hello(_hello(), 100)
     store.append_events("node-1", [_event(1)])
-    # A second replica whose statements give up after 200 ms of waiting for a lock.
-    impatient = repo.Store.open(postgres_url_with(store_url, lock_timeout="200ms"))
+    # A second replica whose statements give up after 200 ms of waiting for a lock. It turns impatient
+    # once open: opening runs the migrations under their database-wide advisory lock, which stores
+    # opening in other schemas (tests on other pytest-xdist workers) may hold for longer than that.
+    impatient = repo.Store.open(store_url)
+    impatient.engine.dispose()
+    sa.event.listen(impatient.engine, "connect", _lock_timeout_200ms)
     try:
         with store.engine.connect() as holder:
             holder.execute(sa.text("SELECT 1 FROM nodes WHERE node_id = 'node-1' FOR UPDATE"))
