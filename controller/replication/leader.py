@@ -180,9 +180,12 @@ class Leadership:
             await self._begin(lease.fencing_token, "single replica (static election)")
             return
         await self._look()
+        # Renewals run while the elected callbacks start the leader's loops: those can take longer
+        # than the lease (a commit writer process to start on a busy host), and a term whose first
+        # renewal waited for them would lapse as soon as it began.
+        self._loop_task = asyncio.create_task(self._run(), name="rasd-leader-election")
         if self._term_task is not None:
             await asyncio.shield(self._term_task)
-        self._loop_task = asyncio.create_task(self._run(), name="rasd-leader-election")
 
     async def stop(self) -> None:
         """End this replica's term (deposed callbacks) and release the lease so a follower takes over at once."""

@@ -284,3 +284,41 @@ def test_a_renewal_that_hangs_ends_the_term_when_the_lease_stops_covering_it(sto
 
     asyncio.run(run())
     assert deposed_after_s and deposed_after_s[0] < 1.0, deposed_after_s  # within the lease, not after 4 s
+
+
+def test_a_term_whose_loops_take_longer_than_the_lease_to_start_is_renewed_meanwhile(store, store_url):
+    """The leader's loops may take longer to start than the lease lasts (a commit writer process to
+    start on a busy host): the lease must be renewed while they start, or the term lapses as it begins
+    and a follower takes over a leader that is alive and well."""
+    if not store_url.startswith("postgresql"):
+        pytest.skip("needs PostgreSQL: SQLite is one replica (static election)")
+
+    async def run():
+        events = []
+        a = leader.Leadership(
+            store.engine, leader.LeaderSettings(replica_id="ctl-a", lease_s=1.0, renew_s=0.2), election="lease"
+        )
+        b = leader.Leadership(
+            store.engine, leader.LeaderSettings(replica_id="ctl-b", lease_s=1.0, renew_s=0.2), election="lease"
+        )
+
+        async def slow_start(token):
+            await asyncio.sleep(2.5)  # two and a half leases
+            events.append(("started", token))
+
+        async def deposed():
+            events.append(("deposed",))
+
+        a.on_elected(slow_start)
+        a.on_deposed(deposed)
+        await a.start()
+        await b.start()
+        await asyncio.sleep(1.5)  # b looks several times, a's loops are up
+        leads = a.is_leader(), b.is_leader()
+        await b.stop()
+        await a.stop()
+        return events, leads
+
+    events, leads = asyncio.run(run())
+    assert leads == (True, False)
+    assert events == [("started", 1), ("deposed",)], "one term, ended only by the stop"
