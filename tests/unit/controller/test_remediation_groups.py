@@ -11,6 +11,7 @@ import dataclasses
 import os
 import signal
 import threading
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -487,7 +488,11 @@ def test_a_command_a_dispatch_round_admits_and_the_pass_committed_with_it_cancel
         dbe = asyncio.ensure_future(rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"}))
         assert await asyncio.to_thread(first_commit_started.wait, 10), "the Xid 48's decision commits"
         fell_off = asyncio.ensure_future(rig.service.on_events("node-1", [_event("node-1", 2, 79)], {"rack": "r1"}))
-        await asyncio.sleep(0.05)  # the Xid 79 call waits in the inbox
+        # The Xid 79 call waits in the inbox (a fixed sleep was not enough on a loaded machine).
+        deadline = time.monotonic() + 10
+        while not any(call.node_id == "node-1" for call in rig.service.decider.inbox):
+            assert time.monotonic() < deadline, "the Xid 79 call reached the inbox"
+            await asyncio.sleep(0.005)
         release_first_commit.set()
         await asyncio.wait_for(asyncio.gather(dbe, fell_off), timeout=10)
         commands = {c.command_id: c for c in rig.service.store.commands()}
