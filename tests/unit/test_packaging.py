@@ -86,7 +86,8 @@ def test_wheel_installs_only_the_rasd_namespace(tmp_path):
     assert "rasd/api/v1/agent_service_pb2.pyi" in names
     assert "rasd/common/data/nvidia-xid-catalog.csv" in names
     assert "rasd/sim/scenarios/demo.toml" in names
-    # The license pyproject names.
+    # What `rasd-agent install` writes on a node, and the license pyproject names.
+    assert {"rasd/agent/packaging/rasd-agent.service", "rasd/agent/packaging/agent.toml"} <= set(names)
     (license_name,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
     with zipfile.ZipFile(wheel) as archive:
         assert archive.read(license_name) == (REPO / "LICENSE").read_bytes()
