@@ -10,7 +10,7 @@ ARG PYTHON_IMAGE=python:3.11-slim
 # ---- the wheel ---------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY common common
 COPY agent agent
 COPY controller controller

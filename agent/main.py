@@ -1,8 +1,10 @@
 """rasd-agent entry point: arguments and config file → logging → backend → spool → run.
 
-Nothing else lives here. Settings come from /etc/rasd/agent.toml (or --config) with command-line
-flags taking precedence: the file is read only here, and `rasd.agent.settings.load` checks and types
-both into an `AgentSettings` that the runtime and its parts are built from.
+`rasd-agent install` (`rasd.agent.install`) and `rasd-agent check` (`rasd.agent.doctor`) are
+dispatched from here too; nothing else lives here. Settings come from /etc/rasd/agent.toml (or
+--config) with command-line flags taking precedence: the file is read only here, and
+`rasd.agent.settings.load` checks and types both into an `AgentSettings` that the runtime and its
+parts are built from.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 import structlog
 from prometheus_client import CollectorRegistry, start_http_server
 
-from rasd.agent import gpu, kmsg_source, node_ops, runtime, sources, spool, systemd
+from rasd.agent import doctor, gpu, install, kmsg_source, node_ops, runtime, sources, spool, systemd
 from rasd.agent import metrics as agent_metrics
 from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
@@ -32,12 +34,22 @@ DEFAULT_CONFIG = pathlib.Path("/etc/rasd/agent.toml")
 BOOT_ID_PATH = pathlib.Path("/proc/sys/kernel/random/boot_id")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The agent's command line."""
+SUBCOMMANDS_EPILOG = """\
+other commands:
+  rasd-agent install [--dry-run] [--root DIR]   install the systemd unit and /etc/rasd/agent.toml
+  rasd-agent check [flags as above]              check this node: GPUs, kernel log, certificate,
+                                                 controller, clock, spool (ok/warn/fail, with the fix)
+"""
+
+
+def build_parser(prog: str = "rasd-agent") -> argparse.ArgumentParser:
+    """The agent's command line (also that of `rasd-agent check`, which reads the same settings)."""
     parser = argparse.ArgumentParser(
-        prog="rasd-agent",
+        prog=prog,
         description="rasd node agent: streams GPU telemetry and health events to the controller "
         "and carries out its commands.",
+        epilog=SUBCOMMANDS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", type=pathlib.Path, help=f"TOML settings file (default {DEFAULT_CONFIG} if present)")
     parser.add_argument("--node-id", help="this node's id (default: the hostname)")
@@ -110,7 +122,7 @@ def load_settings(args: argparse.Namespace) -> agent_settings.AgentSettings:
         OSError: the config file cannot be read.
         SettingsError: it is not TOML, or a key is unknown or a value bad (the message names it).
     """
-    config_path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    config_path = _config_path(args)
     try:
         table = tomllib.loads(config_path.read_text()) if config_path else {}
     except tomllib.TOMLDecodeError as exc:
@@ -121,8 +133,17 @@ def load_settings(args: argparse.Namespace) -> agent_settings.AgentSettings:
     return agent_settings.load(table, vars(args), host, file_name=config_path.name if config_path else "agent.toml")
 
 
+def _config_path(args: argparse.Namespace) -> pathlib.Path | None:
+    """--config, else /etc/rasd/agent.toml when present, else None (defaults and flags only)."""
+    return args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+
+
 def open_backend(settings: agent_settings.AgentSettings) -> gpu.GpuBackend:
-    """Build the configured GPU backend."""
+    """Build the configured GPU backend.
+
+    Raises:
+        SystemExit: the backend cannot open; one line says why (the nvml extra missing, NVML down).
+    """
     gpu_settings = settings.gpu
     if gpu_settings.backend == "simulated":
         period_s = gpu_settings.sim_step_period_s
@@ -139,7 +160,12 @@ def open_backend(settings: agent_settings.AgentSettings) -> gpu.GpuBackend:
     # Imported here so that machines without libnvidia-ml never load pynvml.
     from rasd.agent.gpu import nvml
 
-    return nvml.open_nvml_backend()
+    try:
+        return nvml.open_nvml_backend()
+    except gpu.BackendError as exc:
+        if doctor.nvml_extra_missing(exc):
+            raise SystemExit(f"rasd-agent: {doctor.NVML_EXTRA_MISSING} (or --backend simulated)") from None
+        raise SystemExit(f"rasd-agent: {exc} (is the NVIDIA driver loaded? `rasd-agent check` says more)") from None
 
 
 async def _serve(settings: agent_settings.AgentSettings) -> int:
@@ -226,8 +252,44 @@ async def _pet_watchdog(agent: runtime.Agent, notifier: systemd.Notifier, stop: 
         await asyncio.sleep(interval_s)
 
 
+def check(argv: Sequence[str]) -> int:
+    """`rasd-agent check`: print one ok/warn/fail line per check; 1 when any failed."""
+    parser = build_parser("rasd-agent check")
+    parser.description = "Check that this node can run rasd-agent; each line says ok, warn or fail and what to fix."
+    parser.add_argument(
+        "--cert-warn-days", type=int, default=doctor.CERT_WARN_DAYS, help="warn when the certificate expires sooner"
+    )
+    parser.add_argument("--timeout-s", type=float, default=5.0, help="how long the controller may take to answer")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args)
+    except (OSError, ValueError) as exc:
+        print(doctor.Finding("config", doctor.FAIL, str(exc), "correct agent.toml or the flag named").line())
+        return 1
+    source = _config_path(args) or "no config file (defaults and flags)"
+    print(
+        doctor.Finding(
+            "config",
+            doctor.OK,
+            f"{source}: node {settings.node_id}, controller {settings.link.controller_address}, "
+            f"backend {settings.gpu.backend}",
+        ).line(),
+        flush=True,
+    )
+    findings = []
+    for finding in doctor.run_checks(settings, warn_days=args.cert_warn_days, timeout_s=args.timeout_s):
+        print(finding.line(), flush=True)
+        findings.append(finding)
+    return doctor.exit_code(findings)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the agent until SIGTERM or SIGINT."""
+    """Run the agent until SIGTERM or SIGINT, or `rasd-agent install` / `rasd-agent check`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["install"]:
+        return install.main(argv[1:])
+    if argv[:1] == ["check"]:
+        return check(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -1,8 +1,9 @@
 """``rasd-validate``: the node-side SDC validation suite's command line.
 
 Parses arguments, builds the optional hooks (health values, golden store, fault injector), runs the
-suite and prints a table or one JSON object. torch is imported only when a suite runs, so ``--help``
-works without the ``rasd[validate]`` extra.
+suite and prints a table or one JSON object on stdout; progress, one line as each check starts and
+ends (a live bar on a TTY), goes to stderr (``rasd.validation.progress``). torch is imported only
+when a suite runs, so ``--help`` works without the ``rasd[validate]`` extra.
 
 Exit codes: 0 pass; 1 fail or suspect; 2 software drift, or a usage error (bad arguments, torch
 missing, no CUDA device); 3 incomplete (the time budget ran out before every check finished); 4 internal
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from rasd.validation import golden as golden_store
 from rasd.validation.context import EccCounts, EccProbe, HealthProvider, HealthSnapshot
 from rasd.validation.faults import FAULT_CHECKS, FaultInjector, FaultKind
+from rasd.validation.progress import ProgressPrinter
 from rasd.validation.registry import BUDGET_S, CHECKS, SUITES
 from rasd.validation.runner import SuiteReport, goldens_to_record, run_suite
 from rasd.validation.runtime import TorchMissing, require_torch, set_determinism_env, visible_gpus
@@ -176,18 +178,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rasd-validate: {exc}", file=sys.stderr)
         return USAGE_ERROR
     try:
-        report = run_suite(
-            args.suite,
-            args.device,
-            gpus,
-            seed=args.seed,
-            time_budget_s=args.time_budget_s,
-            injector=injector,
-            health=health,
-            ecc_probe=_ecc_file_probe(args.ecc_json) if args.ecc_json else None,
-            golden_path=args.golden,
-            only=only,
-        )
+        with ProgressPrinter(sys.stderr) as progress:
+            report = run_suite(
+                args.suite,
+                args.device,
+                gpus,
+                seed=args.seed,
+                time_budget_s=args.time_budget_s,
+                injector=injector,
+                health=health,
+                ecc_probe=_ecc_file_probe(args.ecc_json) if args.ecc_json else None,
+                golden_path=args.golden,
+                only=only,
+                progress=progress,
+            )
     except TorchMissing as exc:
         print(f"rasd-validate: {exc}", file=sys.stderr)
         return USAGE_ERROR

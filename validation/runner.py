@@ -10,6 +10,10 @@ the controller's suspect path retests it. Any other exception is a bug in the su
 it can never be mistaken for a verdict about a GPU. A check that could not start because the budget
 was spent is ``incomplete`` with reason ``budget``.
 
+Progress: ``run_suite(progress=...)`` is told as each check starts (``CheckStarted``) and ends
+(``CheckFinished``), so the CLI can show where a suite of several minutes is; the report is the same
+with or without it.
+
 Exit codes (``SuiteReport.exit_code``): 0 pass, 1 fail or suspect, 2 software drift (and usage errors,
 raised by the CLI), 3 incomplete (budget ran out; nothing worse seen). The CLI adds 4 for an internal
 error (a bug in the suite).
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -40,6 +45,34 @@ EXIT_CODES = {
 }
 # Kept back from the budget for judging, report writing and process exit.
 _MARGIN_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckStarted:
+    """A check is about to run."""
+
+    check: str
+    title: str
+    position: int
+    """1-based place of the check in this run."""
+    total: int
+    """How many checks this run has."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckFinished:
+    """A check has its verdict (or could not start: ``incomplete``, budget)."""
+
+    result: CheckResult
+    position: int
+    total: int
+    elapsed_s: float
+    """Wall time of its run() and judge() by the suite's clock; 0 when it did not start."""
+
+
+ProgressEvent = CheckStarted | CheckFinished
+Progress = Callable[[ProgressEvent], None]
+"""Called on the suite's thread as each check starts and ends; it must return promptly."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +135,7 @@ def run_suite(
     only: Sequence[str] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    progress: Progress | None = None,
 ) -> SuiteReport:
     """Run ``suite`` on ``gpus`` of kind ``device`` and return the judged report.
 
@@ -118,6 +152,7 @@ def run_suite(
         only: run just these check ids (tests, targeted retests); None = the whole suite.
         sleep: idle wait used by V3's pulsed phase.
         clock: monotonic clock for the budget.
+        progress: told as each check starts and ends (``CheckStarted``, ``CheckFinished``); None: nobody.
 
     Raises:
         TorchMissing: torch is not installed.
@@ -131,30 +166,18 @@ def run_suite(
     t0 = clock()
     setup_determinism(seed)
     devices = devices_from(gpus, device)
-    results: list[CheckResult] = []
-    raws: dict[str, Any] = {}
-    concurrent = device == "cuda"
-    for position, check_id in enumerate(wanted):
-        check = registry.CHECKS[check_id]
-        if budget.exhausted():
-            results.append(_not_started(check, devices))
-            continue
-        runs = 1 if concurrent else len(devices)
-        spec = _fit_stress(specs[check_id], budget, runs=runs, later_checks=len(wanted) - position - 1)
-        ctx = RunContext(
-            devices=devices,
-            seed=seed,
-            budget=budget,
-            injector=injector,
-            health=health,
-            ecc_probe=ecc_probe,
-            golden_path=golden_path,
-            sleep=sleep,
-        )
-        result, raw = _run_check(check, spec, ctx, clock, scaled=spec is not specs[check_id])
-        if raw is not None:
-            raws[check_id] = raw
-        results.append(result)
+    new_context = functools.partial(
+        RunContext,
+        devices=devices,
+        seed=seed,
+        budget=budget,
+        injector=injector,
+        health=health,
+        ecc_probe=ecc_probe,
+        golden_path=golden_path,
+        sleep=sleep,
+    )
+    results, raws = _run_checks(wanted, specs, new_context, clock, concurrent=device == "cuda", progress=progress)
     return SuiteReport(
         suite=suite,
         device=device,
@@ -168,6 +191,42 @@ def run_suite(
         fault_injection=injector.describe() if injector is not None else None,
         raw=raws,
     )
+
+
+def _run_checks(
+    wanted: Sequence[str],
+    specs: Mapping[str, Any],
+    new_context: Callable[[], RunContext],
+    clock: Callable[[], float],
+    *,
+    concurrent: bool,
+    progress: Progress | None,
+) -> tuple[list[CheckResult], dict[str, Any]]:
+    """Run and judge the wanted checks in order within the budget; (their results, their raw outputs).
+
+    Each check gets a fresh RunContext from new_context; progress is told as each starts and ends.
+    """
+    tell = progress or (lambda _event: None)
+    results: list[CheckResult] = []
+    raws: dict[str, Any] = {}
+    total = len(wanted)
+    for position, check_id in enumerate(wanted, start=1):
+        check = registry.CHECKS[check_id]
+        ctx = new_context()
+        if ctx.budget.exhausted():
+            results.append(_not_started(check, ctx.devices))
+            tell(CheckFinished(results[-1], position, total, elapsed_s=0.0))
+            continue
+        tell(CheckStarted(check.id, check.title, position, total))
+        started = clock()
+        runs = 1 if concurrent else len(ctx.devices)
+        spec = _fit_stress(specs[check_id], ctx.budget, runs=runs, later_checks=total - position)
+        result, raw = _run_check(check, spec, ctx, clock, scaled=spec is not specs[check_id])
+        if raw is not None:
+            raws[check_id] = raw
+        results.append(result)
+        tell(CheckFinished(result, position, total, elapsed_s=clock() - started))
+    return results, raws
 
 
 def _wanted(specs: Mapping[str, Any], only: Sequence[str] | None) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import filecmp
+import hashlib
 import pathlib
 import subprocess
 import sys
@@ -85,6 +86,11 @@ def test_wheel_installs_only_the_rasd_namespace(tmp_path):
     assert "rasd/api/v1/agent_service_pb2.pyi" in names
     assert "rasd/common/data/nvidia-xid-catalog.csv" in names
     assert "rasd/sim/scenarios/demo.toml" in names
+    # What `rasd-agent install` writes on a node, and the license pyproject names.
+    assert {"rasd/agent/packaging/rasd-agent.service", "rasd/agent/packaging/agent.toml"} <= set(names)
+    (license_name,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(license_name) == (REPO / "LICENSE").read_bytes()
     for script in ("rasd-agent", "rasd-controller", "rasctl", "rasd-validate", "rasd-sim"):
         assert f"{script} = rasd." in entry_points
 
@@ -111,3 +117,10 @@ def test_wheel_installs_only_the_rasd_namespace(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_the_license_is_the_apache_2_0_text_unmodified():
+    """pyproject says Apache-2.0; LICENSE is apache.org's LICENSE-2.0.txt byte for byte (its well-known md5)."""
+    text = (REPO / "LICENSE").read_bytes()
+    assert hashlib.md5(text, usedforsecurity=False).hexdigest() == "3b83ef96387f14655fc854ddc3c6bd57"
+    assert _pyproject()["project"]["license"] == {"text": "Apache-2.0"}

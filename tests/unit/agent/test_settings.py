@@ -40,8 +40,9 @@ def test_no_file_and_no_flags_give_the_documented_defaults():
 def test_the_shipped_agent_toml_loads_into_every_group(repo_root):
     table = tomllib.loads((repo_root / "agent/packaging/agent.toml").read_text())
     settings = _load(table)
-    assert settings.node_id == "gpu-node-0042"
-    assert settings.labels == {"rack": "r12", "row": "row-3", "nvlink_domain": "nvl-7", "power_feed": "pdu-12a"}
+    # `rasd-agent install` writes this file on every node: the node id is the host's, labels are per node.
+    assert settings.node_id == "gpu-node-7" and "node_id" not in table
+    assert settings.labels == {} and table["labels"] == {}
     assert settings.gpu.backend == "nvml" and settings.kernel_log.source == "kmsg"
     assert settings.kernel_log.kmsg_path == "/dev/kmsg"
     assert settings.ib.sysfs_root == "/sys/class/infiniband"
