@@ -78,6 +78,9 @@ DomainStatus = power_status.DomainStatus
 PowerStatus = power_status.PowerStatus
 """The latest period's picture (`core.power.status`), named here for the loop's readers."""
 
+NOT_LEADING = "not running here: this replica does not lead; the power loop runs on the leader"
+"""A follower's status reason (with several replicas)."""
+
 StepHook = Callable[[period.PeriodState, period_inputs.PeriodInputs, float, period.Period], None]
 """Called with (state before, inputs, now s, result) right after each `period.step` (a recorder)."""
 
@@ -279,6 +282,8 @@ class PowerLoop:
         self._last_step_s = 0.0
         self._waiting = 0
         self.status: PowerStatus = power_status.NOT_STARTED
+        if remote is not None:  # a follower's status says where the loop runs
+            self.status = dataclasses.replace(power_status.NOT_STARTED, reason=NOT_LEADING)
         self.stats = PowerStats()
         self.on_step: StepHook | None = None
 
@@ -333,6 +338,8 @@ class PowerLoop:
         for task in list(self._sends):
             task.cancel()
         await asyncio.gather(*self._sends, return_exceptions=True)
+        if self._remote is not None:  # deposed: its last picture would go stale here
+            self.status = dataclasses.replace(power_status.NOT_STARTED, reason=NOT_LEADING)
         log.info("power_loop_stopped")
 
     async def _run(self) -> None:

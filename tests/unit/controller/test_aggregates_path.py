@@ -182,3 +182,22 @@ def test_the_leaders_sweep_takes_an_idle_node_on_the_follower_and_leaves_a_busy_
     swept, commands = asyncio.run(scenario())
     assert sorted(swept) == ["node-here", "node-idle"]
     assert {c.node_id for c in commands if c.kind == "run_validation"} == {"node-here", "node-idle"}
+
+
+def test_a_replica_that_does_not_lead_says_where_the_power_loop_runs(replicas):
+    """Not the "not started" of a lone controller, nor, once deposed, its last picture gone stale."""
+    leader_side, _follower, clock = replicas
+
+    async def scenario():
+        loop = power_loop.PowerLoop(leader_side.ingest, power_loop.PowerSettings.from_mapping(POWER), clock=clock,
+                                    remote=leader_side.fleet)  # fmt: skip
+        following = loop.status.reason
+        await loop.start()
+        await loop.step()
+        leading = loop.status.reason
+        await loop.stop()
+        return following, leading, loop.status.reason
+
+    following, leading, deposed = asyncio.run(scenario())
+    assert following == deposed == power_loop.NOT_LEADING
+    assert leading != power_loop.NOT_LEADING

@@ -81,4 +81,3 @@ def test_commands_relayed_at_once_are_written_and_withdrawn_in_few_transactions(
     assert all(isinstance(o, TimeoutError) for o in outcomes)
     assert left == []
     assert len(commits) <= 4, f"{len(commits)} transactions for 200 relayed commands"
-
