@@ -25,7 +25,9 @@ The leader keeps its own streams' view as it is and lays the other replicas' agg
 On the wire between replicas (the store, `encode`/`decode`) an aggregate is compressed JSON in
 columns: one list per field over the GPUs, the fields named as the dataclasses name them, so a
 field added to `GpuLatest` or `GpuRecord` travels without a change here, and a replica of another
-version leaves out what it does not know (a missing field takes its default).
+version leaves out what it does not know (a missing field takes its default). The inventory (the
+GPUs' records) is a part of its own, which changes only when streams come and go: the shipper
+encodes it, and the leader decodes it, once per change.
 
 Pure: no I/O, no logging, no clock reads.
 """
@@ -288,8 +290,35 @@ def _rows_in(data: Any) -> Rows:
     return tuple((int(s), float(w), int(n)) for s, w, n in data)
 
 
-def encode(aggregate: ReplicaAggregate) -> bytes:
-    """The aggregate as bytes for the store: compressed JSON in columns (see the module docstring)."""
+def _compressed(doc: Mapping[str, Any]) -> bytes:
+    return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
+
+
+def _document(blob: bytes) -> Any:
+    try:
+        return json.loads(zlib.decompress(blob))
+    except (zlib.error, ValueError) as exc:
+        raise AggregateFormatError(f"not an encoded aggregate: {exc}") from None
+
+
+def encode_records(records: Mapping[str, fleet.GpuRecord]) -> bytes:
+    """The inventory part of an encoded aggregate: it changes only when streams come and go.
+
+    `encode` takes it back, so a replica encodes it once per change of its streams, and a reader
+    decodes it once per change (`decode_records`, keyed by the bytes).
+    """
+    gpus = sorted(records)
+    doc = {**_columns([records[g] for g in gpus], _RECORD_FIELDS), "labels": [dict(records[g].labels) for g in gpus]}
+    return _compressed(doc)
+
+
+def encode(aggregate: ReplicaAggregate, *, records: bytes | None = None) -> bytes:
+    """The aggregate as bytes for the store (see the module docstring).
+
+    Two compressed JSON parts, the inventory (`encode_records`; pass it when it is unchanged) and
+    the rest, behind the inventory part's length (4 bytes, big-endian).
+    """
+    records = encode_records(aggregate.records) if records is None else records
     gpus = sorted(aggregate.records)
     reported = [g for g in gpus if g in aggregate.latest]
     streams = list(aggregate.nodes.values())
@@ -306,10 +335,6 @@ def encode(aggregate: ReplicaAggregate) -> bytes:
             "labels": [dict(s.labels) for s in streams],
             "gpu_uuids": [list(s.gpu_uuids) for s in streams],
         },
-        "records": {
-            **_columns([aggregate.records[g] for g in gpus], _RECORD_FIELDS),
-            "labels": [dict(aggregate.records[g].labels) for g in gpus],
-        },
         "latest": {
             "gpu_uuid": reported,
             **_columns([aggregate.latest[g] for g in reported], _LATEST_FIELDS),
@@ -324,35 +349,74 @@ def encode(aggregate: ReplicaAggregate) -> bytes:
         "tracked": sorted(aggregate.tracked),
         "tracked_series": _rows_out(aggregate.tracked_series),
     }
-    return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
+    return len(records).to_bytes(4, "big") + records + _compressed(doc)
 
 
-def _objects(columns: Mapping[str, list[Any]], cls: type, names: Sequence[str], count: int) -> list[Any]:
-    """`count` of `cls`, one per row of the columns, from the fields both sides know (missing: the default)."""
-    known = [name for name in names if name in columns]
-    return [cls(**{name: columns[name][i] for name in known}) for i in range(count)]
+def split(payload: bytes) -> tuple[bytes, bytes]:
+    """(the inventory part, the rest) of an encoded aggregate.
+
+    Raises:
+        AggregateFormatError: bytes too short for the parts they announce.
+    """
+    size = int.from_bytes(payload[:4], "big")
+    if len(payload) < 4 + size:
+        raise AggregateFormatError(f"not an encoded aggregate: {len(payload)} bytes, the inventory alone {size}")
+    return payload[4 : 4 + size], payload[4 + size :]
 
 
-def decode(payload: bytes) -> ReplicaAggregate:
+def decode_records(blob: bytes) -> dict[str, fleet.GpuRecord]:
+    """The inventory part (`encode_records`) as GPU uuid -> record.
+
+    Raises:
+        AggregateFormatError: bytes that are no encoded inventory.
+    """
+    columns = _document(blob)
+    try:
+        known = [name for name in _RECORD_FIELDS if name in columns]
+        rows = zip(*(columns[name] for name in known), strict=True)
+        records = [fleet.GpuRecord(**dict(zip(known, row, strict=True))) for row in rows]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AggregateFormatError(f"damaged inventory in an aggregate: {exc!r}") from None
+    return {r.uuid: r for r in records}
+
+
+def decode(payload: bytes, *, records: Mapping[str, fleet.GpuRecord] | None = None) -> ReplicaAggregate:
     """The aggregate `encode` made.
+
+    records: the inventory part already decoded (`decode_records` of `split(payload)[0]`, which the
+    caller found unchanged); None decodes it here.
 
     Raises:
         AggregateFormatError: another format version, or bytes that are no aggregate.
     """
-    try:
-        doc = json.loads(zlib.decompress(payload))
-    except (zlib.error, ValueError) as exc:
-        raise AggregateFormatError(f"not an encoded aggregate: {exc}") from None
+    inventory, rest = split(payload)
+    doc = _document(rest)
     if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
         version = doc.get("version") if isinstance(doc, dict) else None
         raise AggregateFormatError(f"aggregate format version {version!r}; this controller reads {FORMAT_VERSION}")
+    if records is None:
+        records = decode_records(inventory)
     try:
-        return _decoded(doc)
+        return _decoded(doc, records)
     except (KeyError, TypeError, ValueError) as exc:
         raise AggregateFormatError(f"damaged aggregate from {doc.get('replica_id')!r}: {exc!r}") from None
 
 
-def _decoded(doc: Mapping[str, Any]) -> ReplicaAggregate:
+_LATEST_DEFAULTS = {f.name: f.default for f in dataclasses.fields(fleet.GpuLatest)}
+
+
+def _readings(columns: Mapping[str, list[Any]], count: int) -> list[fleet.GpuLatest]:
+    """The `GpuLatest` of each row, built positionally.
+
+    A frozen dataclass's keyword call cost twice as much, and a leader builds one per GPU of every
+    replica each period. A field the sender did not know takes its default; one this controller does
+    not know is left out.
+    """
+    fields = [columns[name] if name in columns else [_LATEST_DEFAULTS[name]] * count for name in _LATEST_FIELDS]
+    return [fleet.GpuLatest(*row) for row in zip(*fields, strict=True)]
+
+
+def _decoded(doc: Mapping[str, Any], records: Mapping[str, fleet.GpuRecord]) -> ReplicaAggregate:
     node_cols = doc["nodes"]
     streams = [
         NodeStream(
@@ -366,19 +430,16 @@ def _decoded(doc: Mapping[str, Any]) -> ReplicaAggregate:
         )
         for i, node_id in enumerate(node_cols["node_id"])
     ]
-    record_cols = doc["records"]
-    records = _objects(record_cols, fleet.GpuRecord, _RECORD_FIELDS, len(record_cols["uuid"]))
     latest_cols = doc["latest"]
     reported = latest_cols["gpu_uuid"]
-    readings = _objects(latest_cols, fleet.GpuLatest, _LATEST_FIELDS, len(reported))
     peaks = doc["peaks"]
     return ReplicaAggregate(
         replica_id=str(doc["replica_id"]),
         built_unix_ns=int(doc["built_unix_ns"]),
         interval_s=float(doc["interval_s"]),
         nodes={s.node_id: s for s in streams},
-        records={r.uuid: r for r in records},
-        latest=dict(zip(reported, readings, strict=True)),
+        records=records,
+        latest=dict(zip(reported, _readings(latest_cols, len(reported)), strict=True)),
         latest_controller_ns={
             g: int(ns) for g, ns in zip(reported, latest_cols["controller_ns"], strict=True) if ns is not None
         },

@@ -78,19 +78,40 @@ def test_an_aggregate_survives_its_encoding_field_for_field():
 
 def test_a_field_this_controller_does_not_know_is_left_out_and_a_missing_one_takes_its_default():
     """A replica of another version in a rolling update: its aggregate still reads."""
-    doc = json.loads(zlib.decompress(aggregates.encode(_aggregate("b", {"n1": ("g1",)}))))
+    inventory, rest = aggregates.split(aggregates.encode(_aggregate("b", {"n1": ("g1",)})))
+    doc = json.loads(zlib.decompress(rest))
     doc["latest"]["power_mean_w"] = [410.0]  # a newer replica's field
     del doc["latest"]["temperature_c"]
-    back = aggregates.decode(zlib.compress(json.dumps(doc).encode()))
+    back = aggregates.decode(_framed(inventory, doc))
     assert back.latest["g1"].power_w == 400.0 and back.latest["g1"].temperature_c is None
+
+
+def _framed(inventory: bytes, doc) -> bytes:
+    return len(inventory).to_bytes(4, "big") + inventory + zlib.compress(json.dumps(doc).encode())
+
+
+def test_the_inventory_part_is_decoded_once_and_given_back_while_it_is_unchanged():
+    """A replica's GPUs change only when its streams do: the leader keeps their records decoded."""
+    first = _aggregate("b", {"n1": ("g1", "g2")}, watts=400.0)
+    again = _aggregate("b", {"n1": ("g1", "g2")}, watts=500.0, built_ns=NOW_NS + 10**9)
+    inventory = aggregates.encode_records(first.records)
+    payload = aggregates.encode(again, records=inventory)
+    assert aggregates.split(payload)[0] == inventory == aggregates.split(aggregates.encode(first))[0]
+    records = aggregates.decode_records(inventory)
+    back = aggregates.decode(payload, records=records)
+    assert back.records is records and back.latest["g1"].power_w == 500.0
+
+
+NO_GPUS = aggregates.encode_records({})
 
 
 @pytest.mark.parametrize(
     ("payload", "complaint"),
     [
         (b"not zlib", "not an encoded aggregate"),
-        (zlib.compress(b'{"version": 99}'), "aggregate format version 99; this controller reads 1"),
-        (zlib.compress(b'{"version": 1, "replica_id": "ctl-x"}'), "damaged aggregate from 'ctl-x'"),
+        (_framed(b"", {"version": 99}), "aggregate format version 99; this controller reads 1"),
+        (_framed(NO_GPUS, {"version": 1, "replica_id": "ctl-x"}), "damaged aggregate from 'ctl-x'"),
+        (_framed(b"\x00junk", {"version": 1}), "not an encoded aggregate"),
     ],
 )
 def test_an_aggregate_that_cannot_be_read_is_refused_with_why(payload, complaint):
