@@ -202,13 +202,17 @@ def _sum_rows(shares: Sequence[Rows]) -> Rows:
     return tuple((start, total, int(count)) for start, (total, count) in sorted(by_bucket.items()))
 
 
-def merge(aggregates: Sequence[ReplicaAggregate], *, tracked: frozenset[str] = frozenset()) -> FleetAggregate:
+def merge(
+    aggregates: Sequence[ReplicaAggregate], *, tracked: frozenset[str] = frozenset(), bucket_ns: int = 100_000_000
+) -> FleetAggregate:
     """Combine replicas' aggregates: each node from its newest stream, series summed per bucket.
 
     Args:
         aggregates: Fresh aggregates of the other replicas (`fresh`).
         tracked: The GPUs the leader wants summed on their own now; a replica that tracked another
             set (it has not read the leader's new reads yet) adds nothing to `tracked_series`.
+        bucket_ns: The leader's bucket; a series on another grid cannot be summed with its own and
+            is left out (the detector then sees too few GPUs reporting and waits).
 
     Returns:
         The combined view (`EMPTY` for no aggregate).
@@ -241,7 +245,7 @@ def merge(aggregates: Sequence[ReplicaAggregate], *, tracked: frozenset[str] = f
             for gpu_uuid, peak_w in source.items():
                 if gpu_uuid in records and peak_w > into.get(gpu_uuid, float("-inf")):
                     into[gpu_uuid] = peak_w
-    with_series = [agg for agg in aggregates if agg.series]
+    with_series = [agg for agg in aggregates if agg.series and agg.bucket_ns == bucket_ns]
     return FleetAggregate(
         nodes=nodes,
         holders={node_id: agg.replica_id for node_id, agg in holders.items()},

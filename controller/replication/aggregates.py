@@ -193,7 +193,7 @@ class FleetReader:
         # Off the event loop: at 2,048 nodes a replica's aggregate takes a tenth of a second to decode.
         decoded = await asyncio.to_thread(self._decode, rows)
         fresh = aggregates.fresh(decoded, now_unix_ns=now, max_age_s=max_age_s, exclude=exclude)
-        self.latest = aggregates.merge(fresh, tracked=tracked)
+        self.latest = aggregates.merge(fresh, tracked=tracked, bucket_ns=self._ingest.power_window.bucket_ns)
         return self.latest
 
     def _decode(self, rows: list[tuple[str, int, int, bytes]]) -> list[aggregates.ReplicaAggregate]:

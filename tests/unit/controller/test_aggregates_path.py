@@ -9,6 +9,7 @@ follower whose aggregate grew too old leaves its nodes unreachable, their GPUs a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -126,6 +127,26 @@ def test_the_leaders_period_sees_the_followers_nodes_and_a_dead_follower_leaves_
     bounds = dict(zip((g.gpu_uuid for g in state.gpus), power_apply.may_be_in_force_w(state), strict=True))
     assert bounds["node-c-g0"] == bounds["node-c-g1"] == 700.0, "its caps still count, at the most that may be in force"
     assert not [c for c in later.commands.cap_commands if c.node_id == "node-c"]
+
+
+def test_the_follower_sums_the_canaries_the_leader_asks_for(replicas):
+    leader_side, follower, clock = replicas
+    canaries = frozenset({"node-c-g0"})
+
+    async def scenario():
+        await _node(follower.ingest, "node-c", 600.0, clock)
+        await leader_side.fleet.ask(dataclasses.replace(READS, tracked=canaries))
+        before = await follower.shipper.ship_once()  # learns of the canaries with this ship
+        clock.now_ns += 10**9
+        await _node(follower.ingest, "node-c", 500.0, clock)  # a second of telemetry since
+        after = await follower.shipper.ship_once()
+        merged = await leader_side.fleet.read(max_age_s=5.0, tracked=canaries)
+        return before, after, merged
+
+    before, after, merged = asyncio.run(scenario())
+    assert before.tracked == frozenset() and after.tracked == canaries
+    assert after.tracked_series and {gpus for _t, _w, gpus in after.tracked_series} == {1}
+    assert merged.tracked_series == after.tracked_series
 
 
 def test_a_replica_that_stops_withdraws_its_aggregate(replicas):

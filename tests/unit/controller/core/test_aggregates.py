@@ -147,6 +147,8 @@ def test_series_are_summed_per_bucket_and_complete_only_up_to_the_oldest_aggrega
     merged = aggregates.merge([b, c])
     assert merged.series == ((t0, 700.0, 2), (t0 + 10**8, 410.0, 1))
     assert merged.complete_until_ns == NOW_NS - 10**8
+    other_grid = aggregates.ReplicaAggregate(**{**c.__dict__, "bucket_ns": 250_000_000})
+    assert aggregates.merge([b, other_grid]).series == b.series, "another bucket grid cannot be summed"
 
 
 def test_the_tracked_series_counts_only_replicas_that_track_what_the_leader_asked():
