@@ -76,17 +76,7 @@ class RelayStore:
         self, *, command_id: str, node_id: str, command: bytes, replica_id: str, now_unix_ns: int, expires_unix_ns: int
     ) -> None:
         """Leave a command for whichever replica holds the node's stream."""
-        with self._sessions.begin() as session:
-            session.add(
-                schema.RelayedCommandRow(
-                    command_id=command_id,
-                    node_id=node_id,
-                    command=command,
-                    created_unix_ns=now_unix_ns,
-                    expires_unix_ns=expires_unix_ns,
-                    replica_id=replica_id,
-                )
-            )
+        self.relay_commands([(command_id, node_id, command, replica_id, now_unix_ns, expires_unix_ns)])
 
     def relay_commands(self, rows: Sequence[tuple[str, str, bytes, str, int, int]]) -> list[None]:
         """Leave several commands in one transaction: (command_id, node_id, command, replica_id, now, expires) each.
