@@ -56,6 +56,7 @@ import structlog
 from rasd.agent import runtime, spool
 from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated, step_job
+from rasd.controller.core import aggregates, fleet
 from rasd.controller.core.power import tree as power_tree
 
 SECTION = "## Replicas"
@@ -690,8 +691,69 @@ def section(figures: dict[str, Any], setup: Setup, machine: str, command: str) -
         "replica); ctl-a is SIGKILLed the moment it has persisted an apply state with commands in flight; the "
         f"GPUs rejoin {setup.after_s / 2:g} s after every agent reached ctl-b.\n\n"
         f"{table}\n\n"
+        f"{_aggregate_prose(f.get('aggregate'))}"
         f"Goal: two replicas hold every budget across both, and a leader SIGKILLed mid-period is continued with "
         f"0 violations and 0 commands run twice: {verdict}\n"
+    )
+
+
+def synthetic_aggregate(nodes: int, gpus_per_node: int = 8) -> aggregates.ReplicaAggregate:
+    """A replica's aggregate of `nodes` busy nodes (synthetic values, real shapes), 25 s of 10 Hz series."""
+    built = time.time_ns()
+    streams, records, latest = {}, {}, {}
+    for n in range(nodes):
+        node_id = f"node-{n:05d}"
+        uuids = tuple(f"GPU-{n:08x}-0000-4000-8000-{g:012x}" for g in range(gpus_per_node))
+        streams[node_id] = aggregates.NodeStream(node_id, uuid.uuid4().hex, built - 10**12, uuid.uuid4().hex,
+                                                 {"rack": f"rack-{n // 16}"}, uuids, -5_000)  # fmt: skip
+        for g, gpu in enumerate(uuids):
+            bus = f"00000000:{0x18 + 0x10 * g:02X}:00.0"
+            records[gpu] = fleet.GpuRecord(gpu, "H100", bus, 200, 700, 700, serial=f"SIM{n:06d}{g:02d}",
+                                           labels={"index": str(g)}, node_id=node_id)  # fmt: skip
+            latest[gpu] = fleet.GpuLatest(power_w=600.0 + g, power_sample_unix_ns=built - 10**8,
+                                          enforced_power_limit_w=650, temperature_c=71, utilization_gpu_pct=100,
+                                          clock_event_reasons=4, counters_unix_ns=built - 10**8)  # fmt: skip
+    peaks = {gpu: 680.0 for gpu in records}
+    series = tuple((built - k * 10**8, 600.0 * len(records), len(records)) for k in range(250))
+    return aggregates.ReplicaAggregate("ctl-x", built, 1.5, streams, records, latest,
+                                       dict.fromkeys(records, built - 10**8), 5.0, peaks, 20.0, peaks,
+                                       series=series)  # fmt: skip
+
+
+def aggregate_costs(nodes: int) -> dict[str, float]:
+    """CPU ms to encode and decode one replica's aggregate of `nodes` x 8 GPUs (best of 3), and its size."""
+    aggregate = synthetic_aggregate(nodes)
+
+    def best_ms(work: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(3):
+            started = time.process_time()
+            work()
+            times.append((time.process_time() - started) * 1000)
+        return round(min(times), 1)
+
+    inventory = aggregates.encode_records(aggregate.records)
+    payload = aggregates.encode(aggregate, records=inventory)
+    records = aggregates.decode_records(inventory)
+    return {
+        "nodes": nodes,
+        "bytes": len(payload),
+        "inventory_encode_ms": best_ms(lambda: aggregates.encode_records(aggregate.records)),
+        "inventory_decode_ms": best_ms(lambda: aggregates.decode_records(inventory)),
+        "encode_ms": best_ms(lambda: aggregates.encode(aggregate, records=inventory)),
+        "decode_ms": best_ms(lambda: aggregates.decode(payload, records=records)),
+    }
+
+
+def _aggregate_prose(costs: dict[str, float] | None) -> str:
+    if not costs:
+        return ""
+    return (
+        f"What one replica of {costs['nodes']:,} nodes x 8 GPUs ships each half period (a synthetic aggregate "
+        f"of that shape, timed on its own, best of 3, CPU): {costs['bytes'] / 1e6:.2f} MB compressed; "
+        f"{costs['encode_ms']:g} ms to encode on the replica, {costs['decode_ms']:g} ms to decode on the "
+        f"leader (in a thread, off its event loop); the inventory part {costs['inventory_encode_ms']:g} ms "
+        f"to encode and {costs['inventory_decode_ms']:g} ms to decode, once per change of the streams.\n\n"
     )
 
 
@@ -700,6 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=Setup.nodes)
     parser.add_argument("--gpus-per-node", type=int, default=Setup.gpus_per_node)
+    parser.add_argument("--aggregate-nodes", type=int, default=2048, help="nodes of the synthetic aggregate timed")
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = parser.parse_args(argv)
     url = os.environ.get(POSTGRES_URL_ENV, "")
@@ -709,8 +772,9 @@ def main(argv: list[str] | None = None) -> int:
     info = results.machine()
     with tempfile.TemporaryDirectory() as tmp, schema(url) as db_url:
         figures = asyncio.run(run_replicas(setup, db_url, pathlib.Path(tmp)))
+    figures["aggregate"] = aggregate_costs(args.aggregate_nodes)
     command = f"{POSTGRES_URL_ENV}=... .venv/bin/python bench/replicas.py --nodes {args.nodes}"
-    command += f" --gpus-per-node {args.gpus_per_node}"
+    command += f" --gpus-per-node {args.gpus_per_node} --aggregate-nodes {args.aggregate_nodes}"
     text = section(figures, setup, info, command)
     print(text)
     if not args.no_write:
