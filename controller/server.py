@@ -21,12 +21,14 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rasd.common import gc_policy, tls
 from rasd.controller import wiring
 from rasd.controller.core import agent_messages as msgs
+from rasd.controller.core import aggregates
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.executors import bmc, quarantine
 from rasd.controller.ingest import service as ingest
 from rasd.controller.observability import audit, metrics, recording
 from rasd.controller.power import loop as power_loop
 from rasd.controller.remediation import adapters
+from rasd.controller.replication import aggregates as aggregates_mod
 from rasd.controller.replication import leader as leader_mod
 from rasd.controller.rpc import admin_service, agent_service, authn, authz, leader_gate, services, store_outage
 from rasd.controller.store import remediation as rstore
@@ -129,7 +131,7 @@ def _wire_services(
     leadership: leader_mod.Leadership,
     ladder: wiring.Ladder | None,
 ) -> wiring.Wired:
-    """The ingest, the ladder and (with lease election) the relay, connected (`wiring`)."""
+    """The ingest, the ladder and (with lease election) the relay and the aggregates' path, connected (`wiring`)."""
     ingest_settings = settings.ingest
     if leadership.election != "lease":
         return wiring.single_replica(store, controller_metrics, ladder=ladder, settings=ingest_settings)
@@ -137,25 +139,51 @@ def _wire_services(
     ingest_settings = dataclasses.replace(ingest_settings, mark_all_disconnected_at_start=False)
     return wiring.replicated(
         store, controller_metrics, leadership, ladder=ladder, settings=ingest_settings,
-        poll_s=settings.leader.relay_poll_s,
+        poll_s=settings.leader.relay_poll_s, aggregate_reads=_aggregate_reads(settings),
     )  # fmt: skip
 
 
+def _aggregate_reads(settings: ControllerSettings) -> aggregates.AggregateReads | None:
+    """What a replica ships the leader until the leader asks (None: no fleet-wide loop needs aggregates).
+
+    The power loop's windows and half its control period (from controller.toml, the same on every
+    replica; the leader asks for what its period reads now); otherwise the sweeps' idleness, slowly.
+    """
+    if settings.power is not None:
+        power = power_loop.PowerSettings.from_mapping(settings.power)
+        return aggregates.AggregateReads(
+            interval_s=power.policy.control_period_s / 2,
+            draw_window_s=power.draw_window_s,
+            detect_window_s=power.detect_window_s,
+        )
+    if settings.remediation and settings.remediation_policy.sdc.sweep_enabled:
+        return aggregates.AggregateReads(
+            interval_s=aggregates_mod.IDLE_INTERVAL_S, draw_window_s=1.0, detect_window_s=1.0
+        )
+    return None
+
+
 def _power_loop(
-    settings: ControllerSettings, ingest_service: ingest.Ingest, leadership: leader_mod.Leadership
+    settings: ControllerSettings,
+    wired: wiring.Wired,
+    leadership: leader_mod.Leadership,
+    send_command: power_loop.CommandSender,
 ) -> power_loop.PowerLoop | None:
-    """The power loop, run by the leader ([power] configured), or None."""
+    """The power loop, run by the leader ([power] configured), or None.
+
+    With several replicas it runs on the leader over every node: it reads the other replicas'
+    aggregates (`wired.fleet`) and its commands reach their nodes through the relay (send_command).
+    """
     if settings.power is None:
         return None
-    if leadership.election == "lease":
-        # The loop reads telemetry and sends caps through this replica's own streams; with
-        # several replicas it would take the other replicas' nodes for unreachable ones.
-        raise ValueError(
-            "[power]: the power loop runs on a single controller replica (SQLite, or [leader] "
-            'election = "static") until it reads telemetry across replicas'
-        )
     limiter = bmc.open_power_limiter(settings.bmc) if settings.bmc is not None else None
-    power = power_loop.PowerLoop(ingest_service, power_loop.PowerSettings.from_mapping(settings.power), limiter=limiter)
+    power = power_loop.PowerLoop(
+        wired.ingest,
+        power_loop.PowerSettings.from_mapping(settings.power),
+        limiter=limiter,
+        send_command=send_command,
+        remote=wired.fleet,
+    )
     leadership.on_elected(lambda _token: power.start())
     leadership.on_deposed(power.stop)
     return power
@@ -189,7 +217,7 @@ class Controller:
             remediation = self.remediation  # with a relay, the relay starts and stops it with the terms
             self.leadership.on_elected(lambda _token: remediation.start())
             self.leadership.on_deposed(remediation.stop)
-        self.power = _power_loop(settings, self.ingest, self.leadership)  # after remediation: started after it
+        self.power = _power_loop(settings, self.wired, self.leadership, self.send_command)  # started after remediation
         self._register_collectors()
         self.tokens = authn.TokenStore(settings.security.tokens_file)
         self.audit = audit.AuditLog(self.ingest, clock=time.time_ns)
@@ -239,6 +267,8 @@ class Controller:
         await self.ingest.start()
         if self.relay is not None:
             await self.relay.start()
+        if self.wired.shipper is not None:
+            self.wired.shipper.start()
         await self.leadership.start()
         server = grpc.aio.server(
             # Authenticate first, then the leader gate: a refused caller learns nothing about leadership.
@@ -319,6 +349,8 @@ class Controller:
         await self._health.enter_graceful_shutdown()
         await self.collector.stop()
         await self.leadership.stop()  # stops the leader's loops and hands the lease over at once
+        if self.wired.shipper is not None:
+            await self.wired.shipper.stop()
         if self.relay is not None:
             await self.relay.stop()
         self.ingest.end_sessions()

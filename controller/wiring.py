@@ -6,6 +6,9 @@ and the tests build them here, so every path runs the same wiring:
 - one replica: the ladder is the ingest's consumer and sends on this replica's streams;
 - lease election (`replicated`): the relay is the ingest's consumer (events stored apart, results
   stored for the leader) and its courier is the ladder's outlet; the ladder runs on the leader.
+  Every replica ships its aggregate to the leader (`replication.aggregates.Shipper`), and the
+  leader's fleet-wide loops (the power loop, the SDC sweeps) read them all
+  (`replication.aggregates.FleetReader`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from sqlalchemy.orm import Session
 
+from rasd.controller.core import aggregates as aggregates_core
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.ingest import consumer as consumer_mod
 from rasd.controller.ingest import service as ingest_mod
@@ -24,8 +28,10 @@ from rasd.controller.observability import metrics as metrics_mod
 from rasd.controller.remediation import adapters as adapters_mod
 from rasd.controller.remediation import outlet as outlet_mod
 from rasd.controller.remediation import service as remediation_mod
+from rasd.controller.replication import aggregates as aggregates_mod
 from rasd.controller.replication import leader as leader_mod
 from rasd.controller.replication import relay as relay_mod
+from rasd.controller.store import aggregates as aggregate_store
 from rasd.controller.store import relay as relay_store
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
@@ -64,11 +70,17 @@ class Wired:
     ingest: ingest_mod.Ingest
     remediation: remediation_mod.RemediationService | None
     relay: relay_mod.Relay | None = None
+    shipper: aggregates_mod.Shipper | None = None
+    """With several replicas: ships this replica's aggregate to the leader while it does not lead."""
+    fleet: aggregates_mod.FleetReader | None = None
+    """With several replicas: the leader's read of the other replicas' aggregates."""
 
     async def stop(self) -> None:
-        """Stop the ladder and the ingest (flushed), then the store thread (the store stays open)."""
+        """Stop the ladder, the shipper and the ingest (flushed), then the store thread (the store stays open)."""
         if self.remediation is not None:
             await self.remediation.stop()
+        if self.shipper is not None:
+            await self.shipper.stop()
         await self.ingest.stop()
         self.thread.close()
 
@@ -137,12 +149,15 @@ def replicated(
     ladder: Ladder | None,
     settings: ingest_mod.IngestSettings,
     poll_s: float,
+    aggregate_reads: aggregates_core.AggregateReads | None = None,
     clock: Callable[[], int] = time.time_ns,
 ) -> Wired:
     """One of several replicas (lease election): the relay takes events and results, its courier the commands.
 
     The ladder (unless None) runs while this replica leads: the relay starts and stops it with the
-    leadership's terms.
+    leadership's terms. With aggregate_reads (what to ship until the leader asks; None: the fleet-wide
+    loops need nothing) this replica ships its aggregate to the leader, and the leader's sweeps read
+    every replica's.
     """
     thread = store_thread.StoreThread()
     agent_streams = streams_mod.AgentStreams(clock=clock)
@@ -162,4 +177,11 @@ def replicated(
         courier, event_log, leadership, remediation, agent_streams=agent_streams, thread=thread, poll_s=poll_s
     )
     ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, relay, settings, clock=clock)
-    return Wired(store, thread, agent_streams, event_log, ingest, remediation, relay)
+    wired = Wired(store, thread, agent_streams, event_log, ingest, remediation, relay)
+    if aggregate_reads is not None:
+        records = aggregate_store.AggregateStore(store.engine)
+        wired.shipper = aggregates_mod.Shipper(ingest, records, leadership, defaults=aggregate_reads, clock=clock)
+        wired.fleet = aggregates_mod.FleetReader(ingest, records, leadership.replica_id, clock=clock)
+        if remediation is not None:
+            remediation.sweeps.use_fleet(wired.fleet)
+    return wired

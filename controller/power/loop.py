@@ -5,10 +5,12 @@ the budget tree and policy in force, the two-phase apply state, the smoothing pl
 status rasctl shows, and every exchange with the outside. The decisions are `period.step`'s; each
 period (`step`, with `now` from the injected clock) the loop:
 
-1. gathers the inputs (`core.power.inputs`): the active quarantines from the store, then, with no
-   await until `period.step` has run (so they are one consistent picture), the ingest's fleet view
-   (inventory, telemetry, streams, boot ids, labels: `_fleet_view`, the one place that reads it),
-   the power window as `period.window_reads` asks (`_window_view`), and what came back from earlier
+1. gathers the inputs (`core.power.inputs`): the active quarantines from the store and, with
+   several replicas, the other replicas' aggregates (`remote`, `replication.aggregates.FleetReader`),
+   then, with no await until `period.step` has run (so they are one consistent picture), the
+   ingest's fleet view (inventory, telemetry, streams, boot ids, labels: `_fleet_view`, the one place
+   that reads it), the power window as `period.window_reads` asks (`_window_view`), both with the
+   other replicas' nodes laid over them (`core.power.remote`), and what came back from earlier
    commands (SetPowerCap acks, unanswered smoothing commands, BMC answers);
 2. runs `period.step`;
 3. persists, **before** any command leaves, what a restart must know: the apply state when there are
@@ -16,10 +18,12 @@ period (`step`, with `now` from the injected clock) the loop:
    changed (or a restart would leave them on), a new swing plan (a successor must be able to switch
    it off; deleted once its "off" commands have left);
 4. sends the commands (`rasd.controller.wire.power` makes the wire messages): one SetPowerCap per
-   node through the ingest, whose results come back as acks for the next period; the smoothing
+   node through `send_command` (this replica's streams, or with several replicas the relay to the
+   replica holding the node's stream), whose results come back as acks for the next period; the smoothing
    profiles and trough-filler commands; node power limits through the BMC (Redfish PowerLimit), in a
    thread, for unreachable nodes whose caps must come down;
-5. logs the period's notes and counts it (stats, metrics).
+5. logs the period's notes and counts it (stats, metrics); with several replicas, tells them what
+   to ship for the next period (`remote.ask`: the windows it read, the tracked GPUs, how often).
 
 A period runs early when acks let waiting raises go, when a BMC confirms a limit, and after a
 budget or policy change. Start and stop live in `start()`/`stop()` only, so a leader-election gate
@@ -35,23 +39,26 @@ import time
 import tomllib
 import types
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import structlog
 
 from rasd.common import aio
 from rasd.common import settings as settings_check
-from rasd.controller.core import fleet
+from rasd.controller.core import agent_messages as msgs
+from rasd.controller.core import aggregates, fleet
 from rasd.controller.core.power import apply as power_apply
 from rasd.controller.core.power import commands, fallback, period, start_smoothing, swing
 from rasd.controller.core.power import inputs as period_inputs
 from rasd.controller.core.power import policy as power_policy
+from rasd.controller.core.power import remote as remote_inputs
 from rasd.controller.core.power import status as power_status
 from rasd.controller.core.power import tree as power_tree
 from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
+from rasd.controller.wire import commands as wire_commands
 from rasd.controller.wire import power as power_wire
 
 log = structlog.get_logger("rasd.controller.power")
@@ -70,6 +77,9 @@ POLICY_DOC = "power/policy"
 DomainStatus = power_status.DomainStatus
 PowerStatus = power_status.PowerStatus
 """The latest period's picture (`core.power.status`), named here for the loop's readers."""
+
+NOT_LEADING = "not running here: this replica does not lead; the power loop runs on the leader"
+"""A follower's status reason (with several replicas)."""
 
 StepHook = Callable[[period.PeriodState, period_inputs.PeriodInputs, float, period.Period], None]
 """Called with (state before, inputs, now s, result) right after each `period.step` (a recorder)."""
@@ -146,6 +156,32 @@ class _ScalarSettings:
     seed: int = 0
 
 
+class CommandSender(Protocol):
+    """Sends a command to a node and waits for its result (`server.Controller.send_command`)."""
+
+    def __call__(
+        self, node_id: str, command: wire_commands.Command, *, timeout_s: float = 30.0
+    ) -> Awaitable[msgs.AgentResult]:
+        """Raises LookupError, TimeoutError or ConnectionError when no result comes back."""
+        ...
+
+
+class RemoteFleet(Protocol):
+    """The other replicas' aggregates (`replication.aggregates.FleetReader`), with several replicas."""
+
+    async def read(self, *, max_age_s: float, tracked: frozenset[str] = frozenset()) -> aggregates.FleetAggregate:
+        """The other replicas' fresh aggregates, merged."""
+        ...
+
+    async def ask(self, reads: aggregates.AggregateReads) -> None:
+        """Tell the replicas what to ship for the next period."""
+        ...
+
+
+UNANSWERED: tuple[type[Exception], ...] = (LookupError, TimeoutError, ConnectionError, *repo.STORE_UNAVAILABLE)
+"""A command whose result did not come back: no stream, no answer in time, or the relay's store was out."""
+
+
 class NodePowerLimiter(Protocol):
     """Out-of-band node power limits (the BMC); calls block, the loop runs them in a thread."""
 
@@ -204,9 +240,19 @@ class PowerLoop:
         limiter: NodePowerLimiter | None = None,
         clock: Callable[[], int] = time.time_ns,
         replica: str = "",
+        send_command: CommandSender | None = None,
+        remote: RemoteFleet | None = None,
     ) -> None:
-        """Bind to the ingest (telemetry, streams, store thread); nothing runs until start()."""
+        """Bind to the ingest (telemetry, streams, store thread); nothing runs until start().
+
+        send_command: how commands reach a node (default: this replica's streams, `Ingest.send_command`).
+        remote: with several replicas, the other replicas' aggregates; None: this replica holds every stream.
+        """
         self._ingest = ingest
+        self._send_command: CommandSender = send_command or ingest.send_command
+        self._remote = remote
+        self._remote_view: aggregates.FleetAggregate = aggregates.EMPTY
+        self._tracked: frozenset[str] = frozenset()
         self.settings = settings
         self._docs = rstore.RemediationStore(ingest.store.engine)
         self._limiter = limiter
@@ -236,6 +282,8 @@ class PowerLoop:
         self._last_step_s = 0.0
         self._waiting = 0
         self.status: PowerStatus = power_status.NOT_STARTED
+        if remote is not None:  # a follower's status says where the loop runs
+            self.status = dataclasses.replace(power_status.NOT_STARTED, reason=NOT_LEADING)
         self.stats = PowerStats()
         self.on_step: StepHook | None = None
 
@@ -290,6 +338,8 @@ class PowerLoop:
         for task in list(self._sends):
             task.cancel()
         await asyncio.gather(*self._sends, return_exceptions=True)
+        if self._remote is not None:  # deposed: its last picture would go stale here
+            self.status = dataclasses.replace(power_status.NOT_STARTED, reason=NOT_LEADING)
         log.info("power_loop_stopped")
 
     async def _run(self) -> None:
@@ -343,7 +393,8 @@ class PowerLoop:
             await self._save({POLICY_DOC: policy.to_mapping()}, audit=audit)
             log.warning("power_policy_set", reason=reason)
             before = self._period
-            self._period, out = period.change_policy(before, policy, self._fleet_view(), self._now())
+            fleet_view = remote_inputs.fleet_view(self._fleet_view(), self._remote_view)
+            self._period, out = period.change_policy(before, policy, fleet_view, self._now())
             self._log(out.notes)
             self._send(out, self._now())
             if before.smoothing.plan is not None:
@@ -382,6 +433,7 @@ class PowerLoop:
         self._last_step_s = now
         assert self._started, "start() first"
         quarantines = await self._ingest.run_in_store(lambda: self._docs.quarantines(active_only=True))
+        await self._read_remote()
         # From here to `period.step`, no await: the inputs are one picture of the ingest.
         before = self._period
         inputs = self._gather(before, now, quarantines)
@@ -408,13 +460,16 @@ class PowerLoop:
             await self._forget_plan()
         self.status = result.status.power
         self._count(result, inputs, now, started)
+        await self._ask_replicas(before, inputs, now)
         return plan
 
     def _gather(
         self, state: period.PeriodState, now: float, quarantines: list[dict[str, Any]]
     ) -> period_inputs.PeriodInputs:
         """This period's inputs; takes what came back from earlier commands."""
-        fleet_view = self._fleet_view()
+        remote = self._remote_view
+        fleet_view = remote_inputs.fleet_view(self._fleet_view(), remote)
+        reads = period.window_reads(state, fleet_view, now)
         nodes = state.tree.index.node_names
         limiter = self._limiter
         outcomes = period_inputs.SendOutcomes(
@@ -424,7 +479,7 @@ class PowerLoop:
         )
         inputs = period_inputs.PeriodInputs(
             fleet=fleet_view,
-            window=self._window_view(period.window_reads(state, fleet_view, now)),
+            window=remote_inputs.window_view(self._window_view(reads), remote, reads),
             quarantined_nodes=frozenset(q["node_id"] for q in quarantines if not q["gpu_uuid"] and not q["port"]),
             quarantined_gpus=frozenset(q["gpu_uuid"] for q in quarantines if q["gpu_uuid"]),
             acks=tuple(self._acks),
@@ -435,6 +490,51 @@ class PowerLoop:
         self._acks, self._node_limit_results = [], []
         self._start_unanswered, self._start_answered, self._smoothing_unanswered = set(), set(), set()
         return inputs
+
+    async def _read_remote(self) -> None:
+        """The other replicas' aggregates for this period (with several replicas), in one store read.
+
+        An aggregate older than the telemetry's staleness (and three of the replicas' intervals)
+        counts for nothing: a dead replica's nodes are unreachable, their GPUs at their caps.
+        """
+        if self._remote is None:
+            return
+        max_age_s = max(self.settings.telemetry_stale_s, 1.5 * self.policy.control_period_s)
+        try:
+            self._remote_view = await self._remote.read(max_age_s=max_age_s, tracked=self._tracked)
+        except repo.STORE_UNAVAILABLE as exc:
+            # The period runs on what it knows: other replicas' nodes unreachable, counted at their caps.
+            log.warning("power_aggregates_unread", error=str(exc))
+            self._remote_view = aggregates.EMPTY
+
+    async def _ask_replicas(self, before: period.PeriodState, inputs: period_inputs.PeriodInputs, now: float) -> None:
+        """Tell the other replicas what to ship for the next period (when it changed): windows, canaries, how often."""
+        if self._remote is None:
+            return
+        reads = period.window_reads(before, inputs.fleet, now)
+        asked = aggregates.AggregateReads(
+            # Twice a period: one lands in every period, however their clocks fall.
+            interval_s=self.policy.control_period_s / 2,
+            draw_window_s=round(now - reads.draw_since_unix_ns / 1e9, 1),
+            detect_window_s=self.settings.detect_window_s,
+            tracked=self._tracked,
+        )
+        try:
+            await self._remote.ask(asked)
+        except repo.STORE_UNAVAILABLE as exc:
+            log.warning("power_aggregate_reads_not_asked", error=str(exc))
+
+    def _controller_ns(self, node_id: str, agent_unix_ns: int) -> int:
+        """A stamp of node_id's agent that arrives now, in controller time, wherever its stream ends.
+
+        On another replica's stream, with the agent's clock offset that replica measured (its aggregate).
+        """
+        if node_id in self._ingest.sessions or self._remote is None:
+            return self._ingest.to_controller_ns(node_id, agent_unix_ns)
+        stream = self._remote_view.nodes.get(node_id)
+        ahead_ns = stream.agent_ahead_ns if stream is not None else None
+        corrected = agent_unix_ns - ahead_ns if ahead_ns is not None else agent_unix_ns
+        return min(corrected, self._clock())
 
     def _requeue(self, inputs: period_inputs.PeriodInputs) -> None:
         """Put back what a failed period took, ahead of what came back since."""
@@ -534,6 +634,7 @@ class PowerLoop:
             self._spawn(self._set_node_limit(request))
         if out.track_gpus is not None:
             self._ingest.power_window.track(out.track_gpus)
+            self._tracked = frozenset(out.track_gpus)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -546,22 +647,23 @@ class PowerLoop:
         """Send one command to its node and wait for the answer.
 
         Raises:
-            LookupError, TimeoutError, ConnectionError: no stream to the node, or no answer in time.
+            LookupError, TimeoutError, ConnectionError: no stream to the node, or no answer in time
+                (and `repo.STORE_UNAVAILABLE` when the relay to another replica could not be written).
         """
         wire = power_wire.command_to_wire(command, issued_unix_ns=issued_unix_ns or self._clock())
-        result = await self._ingest.send_command(command.node_id, wire, timeout_s=self.policy.command_ttl_s + 1.0)
+        result = await self._send_command(command.node_id, wire, timeout_s=self.policy.command_ttl_s + 1.0)
         return power_wire.result_from_wire(result)
 
     async def _send_caps(self, command: commands.SetCaps, *, issued_unix_ns: int) -> None:
         try:
             result = await self._deliver(command, issued_unix_ns=issued_unix_ns)
-        except (LookupError, TimeoutError, ConnectionError) as exc:
+        except UNANSWERED as exc:
             # No answer: the command stays pending until a read-back newer than its deadline.
             log.info("power_cap_unanswered", node=command.node_id, command_id=command.limits[0].command_id,
                      error=str(exc))  # fmt: skip
             return
         finished_ns = result.finished_unix_ns
-        at_ns = self._ingest.to_controller_ns(command.node_id, finished_ns) if finished_ns else self._clock()
+        at_ns = self._controller_ns(command.node_id, finished_ns) if finished_ns else self._clock()
         self._acks.extend(power_wire.cap_acks(result, command.limits, at_ns / 1e9))
         if self._waiting:
             self._wake.set()  # raises wait on these confirmations: do not make them wait a period
@@ -569,7 +671,7 @@ class PowerLoop:
     async def _send_smoothing(self, command: commands.NodeCommand) -> None:
         try:
             result = await self._deliver(command)
-        except (LookupError, TimeoutError, ConnectionError) as exc:
+        except UNANSWERED as exc:
             self._smoothing_unanswered.add(command.node_id)  # sent again next period
             log.info("power_smoothing_unanswered", node=command.node_id, error=str(exc))
             return
@@ -580,7 +682,7 @@ class PowerLoop:
     async def _send_start_profile(self, command: commands.SetSmoothing) -> None:
         try:
             result = await self._deliver(command)
-        except (LookupError, TimeoutError, ConnectionError) as exc:
+        except UNANSWERED as exc:
             self._start_unanswered.update(command.gpu_uuids)
             log.info("power_start_smoothing_unanswered", node=command.node_id, error=str(exc))
             return

@@ -4,15 +4,22 @@ The planner (``sdc.plan_sweep``) takes a share of the idle nodes (`sdc_ledger.sw
 least recently swept first, within the free disruption budget minus a reserve for repairs; each
 start is one transaction (ladder state, outbox, last-swept document, audit) before anything is
 sent. The SDC ledger itself (per-GPU marks and suspicion) is `sdc_ledger.SdcLedger`.
+
+With several replicas the sweeps run on the leader over every node: the nodes whose streams other
+replicas hold, and their GPUs' idleness, come from the aggregates those replicas ship
+(`use_fleet`, `replication.aggregates.FleetReader`); a replica whose aggregate is too old to trust
+contributes no candidate. The sweep's command reaches the node through the outbox, whichever
+replica holds its stream.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
+from rasd.controller.core import aggregates
 from rasd.controller.core.remediation import blast_radius, escalation, sdc
 from rasd.controller.remediation import dispatch as dispatch_mod
 from rasd.controller.remediation import ledger as ledger_mod
@@ -21,6 +28,14 @@ from rasd.controller.remediation import state as state_mod
 from rasd.controller.store import remediation as rstore
 
 log = structlog.get_logger("rasd.controller")
+
+
+class RemoteFleet(Protocol):
+    """The other replicas' aggregates (`replication.aggregates.FleetReader`)."""
+
+    async def read(self, *, max_age_s: float, tracked: frozenset[str] = frozenset()) -> aggregates.FleetAggregate:
+        """The other replicas' fresh aggregates, merged."""
+        ...
 
 
 class Sweeps:
@@ -46,6 +61,11 @@ class Sweeps:
         self._sdc = sdc_records
         self._stale_after_s = power_stale_after_s
         self._task: asyncio.Task[None] | None = None
+        self._fleet: RemoteFleet | None = None
+
+    def use_fleet(self, fleet: RemoteFleet) -> None:
+        """Sweep the other replicas' nodes too, judged idle from the aggregates they ship."""
+        self._fleet = fleet
 
     def start(self) -> None:
         """Start sweeping, if the policy enables it."""
@@ -70,26 +90,32 @@ class Sweeps:
         """One pass of the rolling SDC sweep: start the quick suite on due idle nodes; returns them."""
         if not self._state.policy.sdc.sweep_enabled:
             return []
+        remote = aggregates.EMPTY
+        if self._fleet is not None:
+            # Older than the staleness of a power sample: the replica is gone, its nodes are not idle.
+            remote = await self._fleet.read(max_age_s=self._stale_after_s)
         async with self._state.lock:
             now_ns = self._state.clock()
             started = []
-            for pick in self._picks(now_ns):
+            for pick in self._picks(now_ns, remote):
                 if await self._start(pick, now_ns):
                     started.append(pick.node_id)
             if started:
                 await self._dispatcher.dispatch_locked()
             return started
 
-    def _picks(self, now_ns: int) -> list[sdc.SweepPick]:
-        """The nodes the planner picks to sweep now."""
+    def _picks(self, now_ns: int, remote: aggregates.FleetAggregate) -> list[sdc.SweepPick]:
+        """The nodes the planner picks to sweep now: this replica's and the other replicas' (remote)."""
         state = self._state
         pol = state.policy.sdc
         now = now_ns / 1e9
         streams = state.streams
+        node_gpus = {n: s.gpu_uuids for n, s in remote.nodes.items()}
+        node_gpus.update({n: streams.node_gpus(n) for n in streams.sessions})
         candidates = sdc_ledger.sweep_candidates(
-            connected=list(streams.sessions),
-            node_gpus={n: streams.node_gpus(n) for n in streams.sessions},
-            latest=streams.latest,
+            connected=list(node_gpus),
+            node_gpus=node_gpus,
+            latest=aggregates.overlay_latest(streams.latest, remote, local_nodes=streams.sessions),
             node_states=state.node_states,
             budget=state.budget,
             last_swept=self._sdc.last_swept,

@@ -43,6 +43,7 @@ from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core.remediation import actions
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.ingest import consumer as consumer_mod
+from rasd.controller.ingest import group_commit
 from rasd.controller.ingest import streams as streams_mod
 from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.replication import leader as leader_mod
@@ -53,8 +54,12 @@ from rasd.controller.wire import commands as wire_commands
 
 log = structlog.get_logger("rasd.controller")
 
+MAX_RELAY_GROUP = 512
+"""Relayed commands written (or withdrawn) in one transaction at most."""
 INVENTORY_REFRESH_S = 10.0
 """How often the leader re-reads which nodes other replicas hold, with their labels and GPUs."""
+ABANDONED_AFTER_S = 60.0
+"""A relayed command this long past its expiry is dropped with its result by the leader (its sender is gone)."""
 
 
 class Courier:
@@ -89,6 +94,15 @@ class Courier:
         """Relayed commands this replica sent and waits for, by command id."""
         self._wake = asyncio.Event()
         self.commands_sent = 0
+        store = relay_records
+        # A power period relays one command per node at once: one transaction for all that wait then.
+        self._relays: group_commit.GroupCommit[None] = group_commit.GroupCommit(
+            "rasd-relay-commands", thread.run, store.relay_commands, lambda *row: store.relay_commands([row])[0],
+            MAX_RELAY_GROUP,
+        )  # fmt: skip
+        self._withdrawals: group_commit.GroupCommit[None] = group_commit.GroupCommit(
+            "rasd-relay-withdrawals", thread.run, store.forget_relayed_groups, store.forget_relayed, MAX_RELAY_GROUP
+        )
 
     def wake(self) -> None:
         """Look for commands to deliver now (a node's stream opened here)."""
@@ -137,20 +151,13 @@ class Courier:
         future: asyncio.Future[msgs.AgentResult] = asyncio.get_running_loop().create_future()
         self._awaiting[command.command_id] = future
         try:
-            await self._thread.run(
-                lambda: self.store.relay_command(
-                    command_id=command.command_id,
-                    node_id=node_id,
-                    command=wire_commands.command_to_bytes(command),
-                    replica_id=self._replica_id,
-                    now_unix_ns=now,
-                    expires_unix_ns=now + int(timeout_s * 1e9),
-                )
-            )
+            payload = wire_commands.command_to_bytes(command)
+            expires = now + int(timeout_s * 1e9)
+            await self._relays.submit(command.command_id, node_id, payload, self._replica_id, now, expires)
             return await asyncio.wait_for(future, timeout=timeout_s)
         finally:
             self._awaiting.pop(command.command_id, None)
-            await self._thread.run(self.store.forget_relayed, [command.command_id])
+            await self._withdrawals.submit((command.command_id,))
 
     async def collect_awaited(self) -> None:
         """Pass the stored results of relayed commands to their waiting senders."""
@@ -255,7 +262,9 @@ class Relay:
         self._tasks: list[asyncio.Task[None]] = []
         self._leading = False
         self._inventory_at = 0.0
+        self._swept_at = 0.0
         self.results_relayed = 0
+        self.abandoned_dropped = 0
         if ladder is not None:
             leadership.on_elected(self._elected)
             leadership.on_deposed(self._deposed)
@@ -329,6 +338,8 @@ class Relay:
         """
         handled: dict[str, Any] = {"results": 0, "events": 0}
         await self.courier.collect_awaited()
+        if self.leadership.is_leader() and time.monotonic() - self._swept_at >= ABANDONED_AFTER_S:
+            await self.drop_abandoned()
         ladder = self.ladder
         if ladder is None or not (self._leading and self.leadership.is_leader()):
             return handled
@@ -366,6 +377,16 @@ class Relay:
             *(ladder.on_events(node_id, events, labels) for node_id, (labels, events) in fresh.items())
         )
         return sum(len(events) for _labels, events in fresh.values())
+
+    async def drop_abandoned(self) -> int:
+        """Drop relayed commands long past their expiry, and their results (their senders are gone); how many."""
+        self._swept_at = time.monotonic()
+        before = time.time_ns() - int(ABANDONED_AFTER_S * 1e9)
+        dropped = await self._thread.run(self.store.forget_expired, before)
+        if dropped:
+            self.abandoned_dropped += dropped
+            log.info("relay_abandoned_commands_dropped", commands=dropped)
+        return dropped
 
     async def refresh_inventory(self) -> None:
         """Learn the labels and GPUs of nodes on other replicas: blast radius and validation need them."""

@@ -76,17 +76,32 @@ class RelayStore:
         self, *, command_id: str, node_id: str, command: bytes, replica_id: str, now_unix_ns: int, expires_unix_ns: int
     ) -> None:
         """Leave a command for whichever replica holds the node's stream."""
+        self.relay_commands([(command_id, node_id, command, replica_id, now_unix_ns, expires_unix_ns)])
+
+    def relay_commands(self, rows: Sequence[tuple[str, str, bytes, str, int, int]]) -> list[None]:
+        """Leave several commands in one transaction: (command_id, node_id, command, replica_id, now, expires) each.
+
+        One per waiting sender (`Courier.send_command` groups them): a power period sends one
+        SetPowerCap per node, and a transaction each kept the leader's store thread busy.
+        """
         with self._sessions.begin() as session:
-            session.add(
+            session.add_all(
                 schema.RelayedCommandRow(
                     command_id=command_id,
                     node_id=node_id,
                     command=command,
+                    replica_id=replica_id,
                     created_unix_ns=now_unix_ns,
                     expires_unix_ns=expires_unix_ns,
-                    replica_id=replica_id,
                 )
+                for command_id, node_id, command, replica_id, now_unix_ns, expires_unix_ns in rows
             )
+        return [None] * len(rows)
+
+    def forget_relayed_groups(self, groups: Sequence[tuple[Collection[str]]]) -> list[None]:
+        """`forget_relayed` for several senders' command ids at once (one transaction)."""
+        self.forget_relayed([command_id for (command_ids,) in groups for command_id in command_ids])
+        return [None] * len(groups)
 
     def relayed_commands(self, now_unix_ns: int) -> list[tuple[str, str, bytes]]:
         """Relayed commands not yet expired, oldest first: (command_id, node_id, serialized Command)."""
@@ -106,6 +121,20 @@ class RelayStore:
         with self._sessions.begin() as session:
             session.execute(sa.delete(schema.RelayedCommandRow).where(schema.RelayedCommandRow.command_id.in_(ids)))
             session.execute(sa.delete(schema.CommandResultRow).where(schema.CommandResultRow.command_id.in_(ids)))
+
+    def forget_expired(self, before_unix_ns: int) -> int:
+        """Drop relayed commands that expired before then, with their results; how many commands.
+
+        Their senders gave up on them, or died waiting (a leader SIGKILLed mid-period): nobody
+        withdraws them otherwise, and a result kept for a relayed command never reaches the ladder.
+        """
+        table = schema.RelayedCommandRow
+        with self._sessions.begin() as session:
+            ids = list(session.scalars(sa.select(table.command_id).where(table.expires_unix_ns < before_unix_ns)))
+            if ids:
+                session.execute(sa.delete(table).where(table.command_id.in_(ids)))
+                session.execute(sa.delete(schema.CommandResultRow).where(schema.CommandResultRow.command_id.in_(ids)))
+        return len(ids)
 
     def forget_results(self, command_ids: Collection[str]) -> None:
         """Drop results the leader has applied."""

@@ -315,3 +315,21 @@ class RelayedCommandRow(Base):
     # After this the sender has given up: no replica sends it any more.
     expires_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
     replica_id: Mapped[str] = mapped_column(String(253), default="")
+
+
+class ReplicaAggregateRow(Base):
+    """The latest aggregate a replica shipped the leader (`rasd.controller.core.aggregates`), one row per replica.
+
+    Written with one upsert per ship, read by the leader in one query each control period. High-rate
+    series do not come here: only each GPU's latest values and peaks, and the replica's share of the
+    fleet's aggregate power over the detector's window.
+    """
+
+    __tablename__ = "replica_aggregates"
+
+    replica_id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    # The shipping replica's clock; the leader ignores an aggregate much older than its own clock.
+    built_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    format_version: Mapped[int] = mapped_column(Integer, default=1)
+    # `core.aggregates.encode`: compressed JSON in columns.
+    payload: Mapped[bytes] = mapped_column(LargeBinary)

@@ -72,7 +72,8 @@ controller.toml / agent.toml from a values map. Helm's own toToml cannot be used
 are float64, so toToml writes `max_attempts_reset_gpu = 2.0`, which the controller rightly refuses for
 an integer setting. Here an integral number is written as a TOML integer (every float setting accepts
 one), other numbers as floats, strings as JSON strings (valid TOML basic strings), maps as [tables]
-in key order; null values are left out.
+in key order, maps inside arrays (the power tree's rows, racks and nodes) as inline tables; null
+values are left out.
 */}}
 {{- define "rasd.toml.key" -}}
 {{- if regexMatch "^[A-Za-z0-9_-]+$" . -}}{{ . }}{{- else -}}{{ toJson . }}{{- end -}}
@@ -90,6 +91,14 @@ in key order; null values are left out.
 {{- $v -}}
 {{- else if kindIs "slice" $v -}}
 [{{- range $i, $item := $v -}}{{- if $i }}, {{ end -}}{{- include "rasd.toml.value" $item -}}{{- end -}}]
+{{- else if kindIs "map" $v -}}
+{ {{- $first := true -}}
+{{- range $key, $item := $v -}}
+{{- if not (kindIs "invalid" $item) -}}
+{{- if not $first }}, {{ end -}}{{- $first = false -}}
+{{- include "rasd.toml.key" $key }} = {{ include "rasd.toml.value" $item -}}
+{{- end -}}
+{{- end -}} }
 {{- else -}}
 {{- fail (printf "cannot write %v (%s) as a TOML value" $v (kindOf $v)) -}}
 {{- end -}}
@@ -120,6 +129,7 @@ in key order; null values are left out.
 {{- define "rasd.controllerToml" -}}
 {{- $config := deepCopy .Values.config -}}
 {{- if not $config.bmc }}{{ $_ := unset $config "bmc" }}{{ end -}}
+{{- if not $config.power }}{{ $_ := unset $config "power" }}{{ end -}}
 # controller.toml rendered by the rasd Helm chart from .Values.config; edit the values, not this file.
 {{- include "rasd.toml.table" (list "" $config) }}
 {{ end -}}

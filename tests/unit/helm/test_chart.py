@@ -15,6 +15,7 @@ import pathlib
 import re
 import textwrap
 import tomllib
+import types
 import typing
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -29,9 +30,12 @@ from rasd.agent import main as agent_main
 from rasd.agent import settings as agent_settings
 from rasd.common import tls
 from rasd.controller import main as controller_main
+from rasd.controller import server
+from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.remediation import policy
 from rasd.controller.executors import bmc, quarantine
 from rasd.controller.observability import metrics as controller_metrics
+from rasd.controller.power import loop as power_loop
 from rasd.controller.replication import leader
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
@@ -70,6 +74,31 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "config": {"destructive_actions": True, "failsafe_power_limit_w": 500, "labels": {"row": "row-3"}},
         },
         "commonLabels": {"team": "gpu-infra"},
+    },
+    # The default replicas (two, lease election on PostgreSQL) with power management on.
+    "power-on-replicas": {
+        "config": {
+            "power": {
+                "draw_window_s": 6.0,
+                "policy": {"control_period_s": 2.0, "swing_target_pct": 10.0, "swing_target_w": None},
+                "tree": {
+                    "budget_w": 800000,
+                    "rows": [
+                        {
+                            "name": "row-a",
+                            "racks": [
+                                {
+                                    "name": "rack-a1",
+                                    "budget_w": 40000,
+                                    "nodes": [{"name": "gpu-node-0042", "budget_w": 5600}, {"name": "gpu node/43"}],
+                                },
+                                {"name": "rack-a2", "nodes": [{"name": "gpu-node-0044", "min_w": 1600}]},
+                            ],
+                        }
+                    ],
+                },
+            }
+        }
     },
     "sqlite-persistent-slurm": {
         "controller": {"replicas": 1, "remediation": False},
@@ -203,6 +232,8 @@ def test_everything_on_renders_every_optional_object(chart):
         ({"config": {"leader": {"lease_s": 0}}}, "at '/config/leader/lease_s': minimum: got 0, want 0.5"),
         ({"config": {"leader": {"election": "raft"}}}, "at '/config/leader/election'"),
         ({"controller": {"replicas": -1}}, "at '/controller/replicas': minimum: got -1, want 0"),
+        ({"config": {"power": {"tree": {"budget_w": 1000, "rows": []}}}}, "at '/config/power/tree/rows'"),
+        ({"config": {"power": {"policy": {"control_perod_s": 2}}}}, "additional properties 'control_perod_s'"),
     ],
 )
 def test_schema_rejects_a_bad_value_naming_it(chart, values, complaint):
@@ -274,6 +305,8 @@ _PY_TO_JSON = {bool: "boolean", int: "integer", float: "number", str: "string"}
         (("bmc",), bmc.BmcSettings),
         (("bmc", "nodes", "*"), bmc.BmcNodeSettings),
         (("leader",), leader.LeaderSettings),
+        (("power",), power_loop.PowerSettings),
+        (("power", "policy"), power_policy.PowerPolicy),
     ],
 )
 def test_schema_of_config_matches_the_controller_settings(schema_path, settings_class):
@@ -287,7 +320,10 @@ def test_schema_of_config_matches_the_controller_settings(schema_path, settings_
     assert set(node["properties"]) == fields
     for name in fields:
         hint, prop = hints[name], node["properties"][name]
-        if hint in _PY_TO_JSON:
+        if typing.get_origin(hint) is types.UnionType and type(None) in typing.get_args(hint):  # X | None
+            (hint,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
+            assert prop["type"] == [_PY_TO_JSON[hint], "null"], name
+        elif hint in _PY_TO_JSON:
             assert prop["type"] == _PY_TO_JSON[hint], name
         elif typing.get_origin(hint) is tuple:
             assert prop["items"]["type"] == _PY_TO_JSON[typing.get_args(hint)[0]], name
@@ -336,6 +372,46 @@ def test_rendered_controller_toml_loads_with_the_controllers_load_config(chart, 
         assert config["bmc"]["nodes"]["gpu-node-0042"]["url"] == "https://10.0.42.10"
     else:
         assert "bmc" not in config  # bmc: {} renders no [bmc] table
+    if value_set == "power-on-replicas":
+        settings = power_loop.PowerSettings.from_mapping(config["power"])
+        assert settings.draw_window_s == 6.0 and settings.policy.control_period_s == 2.0
+        assert settings.tree.domain("rack-a1").budget_w == 40000 and settings.tree.domain("gpu node/43").level == "node"
+        assert settings.tree.domain("gpu-node-0044").min_w == 1600
+    else:
+        assert "power" not in config  # power: {} renders no [power] table: no power management
+
+
+def test_the_default_replicas_run_power_management_when_power_is_configured(chart, tmp_path):
+    """Two replicas with lease election and a [power] table: the controller builds its power loop, not a refusal.
+
+    Before, a [power] table with lease election was refused at start-up (the loop read telemetry and
+    sent caps through its own replica's streams only): the chart's default ran without power management.
+    """
+    values = VALUE_SETS["power-on-replicas"]
+    objects = render(chart, values)
+    assert the(objects, "Deployment")["spec"]["replicas"] == 2
+    path = tmp_path / "controller.toml"
+    path.write_text(_controller_toml(objects))
+    config = controller_main.load_config(path)
+    # The chart's store is PostgreSQL, where "auto" elects through the lease: the same settings here.
+    assert config["leader"].resolved_election("postgresql+psycopg://rasd@db/rasd") == "lease"
+    controller = server.Controller(
+        server.ControllerSettings(
+            db_url=f"sqlite:///{tmp_path / 'rasd.db'}",
+            metrics_port=None,
+            leader=dataclasses.replace(config["leader"], election="lease"),
+            power=config["power"],
+            remediation_policy=config["remediation_policy"],
+        ),
+        registry=CollectorRegistry(),
+    )
+    try:
+        assert controller.leadership.election == "lease"
+        assert controller.power is not None, "the power loop runs (on the leader)"
+        assert controller.wired.shipper is not None and controller.wired.fleet is not None
+    finally:
+        controller.wired.thread.close()
+        controller.store.close()
 
 
 def test_toml_writer_keeps_integers_integers_and_quotes_odd_keys(chart):

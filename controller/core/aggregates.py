@@ -1,0 +1,460 @@
+"""What one replica tells the leader about the streams it holds, and the fleet the leader makes of them.
+
+With several replicas, an agent's stream (and so its telemetry) ends at any of them, while the
+fleet-wide loops (the power period, the rolling SDC sweeps) run on the leader over every node. Each
+replica therefore ships the leader a `ReplicaAggregate` at least once per control period: per node
+it holds, the stream (session, boot id, labels, GPUs, the agent's clock offset); per GPU of those
+nodes, its inventory record (power-limit constraints), its freshest telemetry (draw, enforced limit
+and read-back, throttle reasons, utilisation), when that was sampled in controller time, and its
+peak draw over the windows the leader asked for (`AggregateReads`); and the replica's share of the
+fleet's 10 Hz aggregate power (`PowerWindow.series` rows: aligned buckets the leader sums).
+
+The leader keeps its own streams' view as it is and lays the other replicas' aggregates over it
+(`merge`, then `overlay_latest` and `core.power.remote`):
+
+- a node held by the leader itself is the leader's; a node held elsewhere is the one whose stream
+  opened last (two replicas may both hold one for a moment while a dead stream is noticed);
+- a GPU's telemetry is the newest per family (`fleet.merge_latest`), so an older aggregate never
+  rolls a newer reading back;
+- aggregates older than `max_age_s` count for nothing (`fresh`): a dead replica's nodes become
+  unreachable and their GPUs count at the cap that may be in force (invariant 1 does not depend on
+  any aggregate: it is the apply state's);
+- the summed series stops where the oldest aggregate stops (`complete_until_ns`): later buckets
+  would hold only some replicas' GPUs.
+
+On the wire between replicas (the store, `encode`/`decode`) an aggregate is compressed JSON in
+columns: one list per field over the GPUs, the fields named as the dataclasses name them, so a
+field added to `GpuLatest` or `GpuRecord` travels without a change here, and a replica of another
+version leaves out what it does not know (a missing field takes its default). The inventory (the
+GPUs' records) is a part of its own, which changes only when streams come and go: the shipper
+encodes it, and the leader decodes it, once per change.
+
+Pure: no I/O, no logging, no clock reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from rasd.controller.core import fleet
+
+FORMAT_VERSION = 1
+"""Bumped when the encoded form changes incompatibly; a leader refuses a version it does not know."""
+
+Rows = tuple[tuple[int, float, int], ...]
+"""`fleet.PowerWindow.series` rows: (bucket start unix ns, summed W, GPUs reporting)."""
+
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(fleet.GpuRecord))
+_LATEST_FIELDS = tuple(f.name for f in dataclasses.fields(fleet.GpuLatest))
+
+
+class AggregateFormatError(ValueError):
+    """An encoded aggregate that cannot be read (another format version, or damaged)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregateReads:
+    """What the leader asks every replica to ship: the windows its period reads and how often.
+
+    The leader's power loop writes it when it changes; without one a replica ships its defaults.
+    """
+
+    interval_s: float
+    """Ship at least this often, s (half the leader's control period: one lands in every period)."""
+    draw_window_s: float
+    """Each GPU's peak draw over this long (`period.window_reads`' draw window)."""
+    detect_window_s: float
+    """Each GPU's peak draw, and the aggregate series, over this long (the swing detector's window)."""
+    tracked: frozenset[str] = frozenset()
+    """GPUs summed on their own as well (the power loop's canaries, `PowerWindow.track`)."""
+
+    def to_mapping(self) -> dict[str, Any]:
+        """Plain data for the store (`from_mapping` reads it back)."""
+        return {
+            "interval_s": self.interval_s,
+            "draw_window_s": self.draw_window_s,
+            "detect_window_s": self.detect_window_s,
+            "tracked": sorted(self.tracked),
+        }
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> AggregateReads:
+        """Rebuild from `to_mapping`'s data.
+
+        Raises:
+            AggregateFormatError: a field missing or of the wrong kind.
+        """
+        try:
+            reads = cls(
+                interval_s=float(data["interval_s"]),
+                draw_window_s=float(data["draw_window_s"]),
+                detect_window_s=float(data["detect_window_s"]),
+                tracked=frozenset(str(g) for g in data.get("tracked", ())),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AggregateFormatError(f"aggregate reads: {exc!r}") from None
+        if min(reads.interval_s, reads.draw_window_s, reads.detect_window_s) <= 0:
+            raise AggregateFormatError(f"aggregate reads: every window and the interval must be > 0: {data!r}")
+        return reads
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeStream:
+    """A node's open stream on the replica that ships it."""
+
+    node_id: str
+    session_id: str
+    opened_unix_ns: int
+    """When the stream opened, the shipping replica's clock: the newest stream of a node wins."""
+    boot_id: str
+    labels: Mapping[str, str]
+    gpu_uuids: tuple[str, ...]
+    """The GPUs of its last Hello."""
+    agent_ahead_ns: int | None
+    """How far the agent's clock runs ahead of the controllers' at least (`Session.agent_ahead_ns`):
+    the leader dates the agent's stamps (a command's result) in controller time with it."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ReplicaAggregate:
+    """What one replica ships the leader (see the module docstring)."""
+
+    replica_id: str
+    built_unix_ns: int
+    """When it was built, on the shipping replica's clock."""
+    interval_s: float
+    """How often the replica ships (an aggregate much older is of a replica that stopped)."""
+    nodes: Mapping[str, NodeStream]
+    records: Mapping[str, fleet.GpuRecord]
+    """GPU uuid -> its record, for the GPUs of `nodes`."""
+    latest: Mapping[str, fleet.GpuLatest]
+    """GPU uuid -> its freshest telemetry (the agent's stamps), for the GPUs of `nodes` that reported."""
+    latest_controller_ns: Mapping[str, int]
+    """GPU uuid -> when its latest counters were sampled, controller time."""
+    draw_window_s: float
+    draw_peaks_w: Mapping[str, float]
+    """GPU uuid -> its highest sample over `draw_window_s` before `built_unix_ns`."""
+    detect_window_s: float
+    detect_peaks_w: Mapping[str, float]
+    """GPU uuid -> its highest sample over `detect_window_s` before `built_unix_ns`."""
+    bucket_ns: int = 100_000_000
+    series: Rows = ()
+    """This replica's share of the fleet's aggregate power over `detect_window_s` (and the status's span)."""
+    tracked: frozenset[str] = frozenset()
+    """The GPUs `tracked_series` sums (as `AggregateReads.tracked` asked when it was built)."""
+    tracked_series: Rows = ()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FleetAggregate:
+    """The other replicas' aggregates combined: their nodes, GPUs and summed power (see `merge`)."""
+
+    nodes: Mapping[str, NodeStream] = dataclasses.field(default_factory=dict)
+    """Node -> its newest stream among the replicas."""
+    holders: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Node -> the replica that holds that stream."""
+    records: Mapping[str, fleet.GpuRecord] = dataclasses.field(default_factory=dict)
+    latest: Mapping[str, fleet.GpuLatest] = dataclasses.field(default_factory=dict)
+    latest_controller_ns: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    draw_peaks_w: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    detect_peaks_w: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    series: Rows = ()
+    tracked_series: Rows = ()
+    """Summed over the replicas whose tracked set was the one asked for; the others' GPUs are missing."""
+    complete_until_ns: int | None = None
+    """Buckets starting at or after this lack some replica's share (None: no replica ships a series)."""
+    replicas: tuple[str, ...] = ()
+
+    def node_of(self, gpu_uuid: str) -> str | None:
+        """The node a GPU belongs to, by its record (None: not a GPU of these nodes)."""
+        record = self.records.get(gpu_uuid)
+        return record.node_id if record is not None else None
+
+
+EMPTY = FleetAggregate()
+"""No other replica (one replica, or none shipped)."""
+
+
+def fresh(
+    aggregates: Iterable[ReplicaAggregate], *, now_unix_ns: int, max_age_s: float, exclude: str = ""
+) -> list[ReplicaAggregate]:
+    """The aggregates young enough to count (and not of `exclude`, the reading replica itself).
+
+    Example: a replica SIGKILLed 20 s ago left its last aggregate in the store; with max_age_s 5 it
+    counts for nothing, so its nodes are unreachable and their GPUs count at their caps.
+    """
+    oldest_ns = now_unix_ns - int(max_age_s * 1e9)
+    return [a for a in aggregates if a.replica_id != exclude and a.built_unix_ns >= oldest_ns]
+
+
+def _sum_rows(shares: Sequence[Rows]) -> Rows:
+    """Rows of several replicas summed per bucket (W and GPUs reporting), in time order."""
+    by_bucket: dict[int, list[float]] = {}
+    for rows in shares:
+        for start_ns, watts, gpus in rows:
+            cell = by_bucket.setdefault(start_ns, [0.0, 0])
+            cell[0] += watts
+            cell[1] += gpus
+    return tuple((start, total, int(count)) for start, (total, count) in sorted(by_bucket.items()))
+
+
+def merge(
+    aggregates: Sequence[ReplicaAggregate], *, tracked: frozenset[str] = frozenset(), bucket_ns: int = 100_000_000
+) -> FleetAggregate:
+    """Combine replicas' aggregates: each node from its newest stream, series summed per bucket.
+
+    Args:
+        aggregates: Fresh aggregates of the other replicas (`fresh`).
+        tracked: The GPUs the leader wants summed on their own now; a replica that tracked another
+            set (it has not read the leader's new reads yet) adds nothing to `tracked_series`.
+        bucket_ns: The leader's bucket; a series on another grid cannot be summed with its own and
+            is left out (the detector then sees too few GPUs reporting and waits).
+
+    Returns:
+        The combined view (`EMPTY` for no aggregate).
+    """
+    if not aggregates:
+        return EMPTY
+    nodes: dict[str, NodeStream] = {}
+    holders: dict[str, ReplicaAggregate] = {}
+    for agg in aggregates:
+        for node_id, stream in agg.nodes.items():
+            held = nodes.get(node_id)
+            if held is None or stream.opened_unix_ns > held.opened_unix_ns:
+                nodes[node_id], holders[node_id] = stream, agg
+    records: dict[str, fleet.GpuRecord] = {}
+    latest: dict[str, fleet.GpuLatest] = {}
+    controller_ns: dict[str, int] = {}
+    draw: dict[str, float] = {}
+    detect: dict[str, float] = {}
+    for node_id, stream in nodes.items():
+        agg = holders[node_id]
+        for gpu_uuid in stream.gpu_uuids:
+            if (record := agg.records.get(gpu_uuid)) is not None:
+                records[gpu_uuid] = record
+            if (reading := agg.latest.get(gpu_uuid)) is not None:
+                latest[gpu_uuid] = reading
+            if (at_ns := agg.latest_controller_ns.get(gpu_uuid)) is not None:
+                controller_ns[gpu_uuid] = at_ns
+    for agg in aggregates:  # a GPU's peak over the window, wherever its samples landed
+        for source, into in ((agg.draw_peaks_w, draw), (agg.detect_peaks_w, detect)):
+            for gpu_uuid, peak_w in source.items():
+                if gpu_uuid in records and peak_w > into.get(gpu_uuid, float("-inf")):
+                    into[gpu_uuid] = peak_w
+    with_series = [agg for agg in aggregates if agg.series and agg.bucket_ns == bucket_ns]
+    return FleetAggregate(
+        nodes=nodes,
+        holders={node_id: agg.replica_id for node_id, agg in holders.items()},
+        records=records,
+        latest=latest,
+        latest_controller_ns=controller_ns,
+        draw_peaks_w=draw,
+        detect_peaks_w=detect,
+        series=_sum_rows([agg.series for agg in with_series]),
+        tracked_series=_sum_rows([agg.tracked_series for agg in with_series if agg.tracked == tracked])
+        if tracked
+        else (),
+        complete_until_ns=min((agg.built_unix_ns for agg in with_series), default=None),
+        replicas=tuple(sorted(agg.replica_id for agg in aggregates)),
+    )
+
+
+def overlay_latest(
+    local: Mapping[str, fleet.GpuLatest], remote: FleetAggregate, *, local_nodes: Iterable[str] = ()
+) -> dict[str, fleet.GpuLatest]:
+    """This replica's latest telemetry with the other replicas' laid over it, newest per family.
+
+    GPUs of `local_nodes` (whose streams this replica holds) keep this replica's reading as it is.
+    """
+    held = set(local_nodes)
+    out = dict(local)
+    for gpu_uuid, reading in remote.latest.items():
+        if remote.node_of(gpu_uuid) in held:
+            continue
+        out[gpu_uuid] = fleet.merge_latest(local.get(gpu_uuid), reading)
+    return out
+
+
+# -- encoding -------------------------------------------------------------------------------------------
+
+
+def _columns(items: Sequence[Any], names: Sequence[str]) -> dict[str, list[Any]]:
+    return {name: [getattr(item, name) for item in items] for name in names}
+
+
+def _rows_out(rows: Rows) -> list[list[Any]]:
+    return [[int(s), float(w), int(n)] for s, w, n in rows]
+
+
+def _rows_in(data: Any) -> Rows:
+    return tuple((int(s), float(w), int(n)) for s, w, n in data)
+
+
+def _compressed(doc: Mapping[str, Any]) -> bytes:
+    return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
+
+
+def _document(blob: bytes) -> Any:
+    try:
+        return json.loads(zlib.decompress(blob))
+    except (zlib.error, ValueError) as exc:
+        raise AggregateFormatError(f"not an encoded aggregate: {exc}") from None
+
+
+def encode_records(records: Mapping[str, fleet.GpuRecord]) -> bytes:
+    """The inventory part of an encoded aggregate: it changes only when streams come and go.
+
+    `encode` takes it back, so a replica encodes it once per change of its streams, and a reader
+    decodes it once per change (`decode_records`, keyed by the bytes).
+    """
+    gpus = sorted(records)
+    doc = {**_columns([records[g] for g in gpus], _RECORD_FIELDS), "labels": [dict(records[g].labels) for g in gpus]}
+    return _compressed(doc)
+
+
+def encode(aggregate: ReplicaAggregate, *, records: bytes | None = None) -> bytes:
+    """The aggregate as bytes for the store (see the module docstring).
+
+    Two compressed JSON parts, the inventory (`encode_records`; pass it when it is unchanged) and
+    the rest, behind the inventory part's length (4 bytes, big-endian).
+    """
+    records = encode_records(aggregate.records) if records is None else records
+    gpus = sorted(aggregate.records)
+    reported = [g for g in gpus if g in aggregate.latest]
+    streams = list(aggregate.nodes.values())
+    doc = {
+        "version": FORMAT_VERSION,
+        "replica_id": aggregate.replica_id,
+        "built_unix_ns": aggregate.built_unix_ns,
+        "interval_s": aggregate.interval_s,
+        "bucket_ns": aggregate.bucket_ns,
+        "draw_window_s": aggregate.draw_window_s,
+        "detect_window_s": aggregate.detect_window_s,
+        "nodes": {
+            **_columns(streams, ("node_id", "session_id", "opened_unix_ns", "boot_id", "agent_ahead_ns")),
+            "labels": [dict(s.labels) for s in streams],
+            "gpu_uuids": [list(s.gpu_uuids) for s in streams],
+        },
+        "latest": {
+            "gpu_uuid": reported,
+            **_columns([aggregate.latest[g] for g in reported], _LATEST_FIELDS),
+            "controller_ns": [aggregate.latest_controller_ns.get(g) for g in reported],
+        },
+        "peaks": {
+            "gpu_uuid": gpus,
+            "draw_w": [aggregate.draw_peaks_w.get(g) for g in gpus],
+            "detect_w": [aggregate.detect_peaks_w.get(g) for g in gpus],
+        },
+        "series": _rows_out(aggregate.series),
+        "tracked": sorted(aggregate.tracked),
+        "tracked_series": _rows_out(aggregate.tracked_series),
+    }
+    return len(records).to_bytes(4, "big") + records + _compressed(doc)
+
+
+def split(payload: bytes) -> tuple[bytes, bytes]:
+    """(the inventory part, the rest) of an encoded aggregate.
+
+    Raises:
+        AggregateFormatError: bytes too short for the parts they announce.
+    """
+    size = int.from_bytes(payload[:4], "big")
+    if len(payload) < 4 + size:
+        raise AggregateFormatError(f"not an encoded aggregate: {len(payload)} bytes, the inventory alone {size}")
+    return payload[4 : 4 + size], payload[4 + size :]
+
+
+def decode_records(blob: bytes) -> dict[str, fleet.GpuRecord]:
+    """The inventory part (`encode_records`) as GPU uuid -> record.
+
+    Raises:
+        AggregateFormatError: bytes that are no encoded inventory.
+    """
+    columns = _document(blob)
+    try:
+        known = [name for name in _RECORD_FIELDS if name in columns]
+        rows = zip(*(columns[name] for name in known), strict=True)
+        records = [fleet.GpuRecord(**dict(zip(known, row, strict=True))) for row in rows]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AggregateFormatError(f"damaged inventory in an aggregate: {exc!r}") from None
+    return {r.uuid: r for r in records}
+
+
+def decode(payload: bytes, *, records: Mapping[str, fleet.GpuRecord] | None = None) -> ReplicaAggregate:
+    """The aggregate `encode` made.
+
+    records: the inventory part already decoded (`decode_records` of `split(payload)[0]`, which the
+    caller found unchanged); None decodes it here.
+
+    Raises:
+        AggregateFormatError: another format version, or bytes that are no aggregate.
+    """
+    inventory, rest = split(payload)
+    doc = _document(rest)
+    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
+        version = doc.get("version") if isinstance(doc, dict) else None
+        raise AggregateFormatError(f"aggregate format version {version!r}; this controller reads {FORMAT_VERSION}")
+    if records is None:
+        records = decode_records(inventory)
+    try:
+        return _decoded(doc, records)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AggregateFormatError(f"damaged aggregate from {doc.get('replica_id')!r}: {exc!r}") from None
+
+
+_LATEST_DEFAULTS = {f.name: f.default for f in dataclasses.fields(fleet.GpuLatest)}
+
+
+def _readings(columns: Mapping[str, list[Any]], count: int) -> list[fleet.GpuLatest]:
+    """The `GpuLatest` of each row, built positionally.
+
+    A frozen dataclass's keyword call cost twice as much, and a leader builds one per GPU of every
+    replica each period. A field the sender did not know takes its default; one this controller does
+    not know is left out.
+    """
+    fields = [columns[name] if name in columns else [_LATEST_DEFAULTS[name]] * count for name in _LATEST_FIELDS]
+    return [fleet.GpuLatest(*row) for row in zip(*fields, strict=True)]
+
+
+def _decoded(doc: Mapping[str, Any], records: Mapping[str, fleet.GpuRecord]) -> ReplicaAggregate:
+    node_cols = doc["nodes"]
+    streams = [
+        NodeStream(
+            node_id=str(node_id),
+            session_id=str(node_cols["session_id"][i]),
+            opened_unix_ns=int(node_cols["opened_unix_ns"][i]),
+            boot_id=str(node_cols["boot_id"][i]),
+            labels=dict(node_cols["labels"][i]),
+            gpu_uuids=tuple(node_cols["gpu_uuids"][i]),
+            agent_ahead_ns=node_cols["agent_ahead_ns"][i],
+        )
+        for i, node_id in enumerate(node_cols["node_id"])
+    ]
+    latest_cols = doc["latest"]
+    reported = latest_cols["gpu_uuid"]
+    peaks = doc["peaks"]
+    return ReplicaAggregate(
+        replica_id=str(doc["replica_id"]),
+        built_unix_ns=int(doc["built_unix_ns"]),
+        interval_s=float(doc["interval_s"]),
+        nodes={s.node_id: s for s in streams},
+        records=records,
+        latest=dict(zip(reported, _readings(latest_cols, len(reported)), strict=True)),
+        latest_controller_ns={
+            g: int(ns) for g, ns in zip(reported, latest_cols["controller_ns"], strict=True) if ns is not None
+        },
+        draw_window_s=float(doc["draw_window_s"]),
+        draw_peaks_w={g: float(w) for g, w in zip(peaks["gpu_uuid"], peaks["draw_w"], strict=True) if w is not None},
+        detect_window_s=float(doc["detect_window_s"]),
+        detect_peaks_w={
+            g: float(w) for g, w in zip(peaks["gpu_uuid"], peaks["detect_w"], strict=True) if w is not None
+        },
+        bucket_ns=int(doc["bucket_ns"]),
+        series=_rows_in(doc["series"]),
+        tracked=frozenset(doc["tracked"]),
+        tracked_series=_rows_in(doc["tracked_series"]),
+    )

@@ -1,0 +1,115 @@
+"""The power period's inputs over every node: the leader's own view with the other replicas' laid over it.
+
+With several replicas the loop runs on the leader, whose ingest holds only its own streams. This
+module owns how the other replicas' aggregates (`core.aggregates.FleetAggregate`) complete the
+period's inputs (`inputs.FleetView`, `inputs.WindowView`), so that `period.step` sees every node as
+if its stream ended here:
+
+- a node whose stream the leader holds keeps the leader's view exactly; a node held by another
+  replica gets that replica's stream (session, boot id, labels, GPUs), records and telemetry (the
+  newest per family, `fleet.merge_latest`), and its controller-time sample stamps;
+- each GPU's draw peak (and the detector's per-GPU peak) is the highest either side saw;
+- the aggregate series are summed per bucket, and cut where the oldest aggregate ends: a bucket
+  after it would hold only some replicas' GPUs and show a dip that is not there.
+
+A node no fresh aggregate names is not in `sessions`: unreachable, its GPUs counted at the cap that
+may be in force, as for a node whose agent is gone.
+
+Pure: no I/O, no logging, no clock reads.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+
+from rasd.controller.core import aggregates, fleet
+from rasd.controller.core.power import inputs as period_inputs
+
+
+def _remote_nodes(
+    local: period_inputs.FleetView, remote: aggregates.FleetAggregate
+) -> dict[str, aggregates.NodeStream]:
+    """The other replicas' nodes whose streams the leader does not hold itself."""
+    return {node_id: stream for node_id, stream in remote.nodes.items() if node_id not in local.sessions}
+
+
+def fleet_view(local: period_inputs.FleetView, remote: aggregates.FleetAggregate) -> period_inputs.FleetView:
+    """The leader's fleet view with the other replicas' nodes laid over it (see the module docstring)."""
+    nodes = _remote_nodes(local, remote)
+    if not nodes:
+        return local
+    records = dict(local.records)
+    gpu_nodes = dict(local.gpu_nodes)
+    latest = dict(local.latest)
+    controller_ns = dict(local.latest_controller_ns)
+    for stream in nodes.values():
+        for gpu_uuid in stream.gpu_uuids:
+            if (record := remote.records.get(gpu_uuid)) is not None:
+                records[gpu_uuid] = record
+            gpu_nodes[gpu_uuid] = stream.node_id
+            if (reading := remote.latest.get(gpu_uuid)) is not None:
+                latest[gpu_uuid] = fleet.merge_latest(local.latest.get(gpu_uuid), reading)
+            if (at_ns := remote.latest_controller_ns.get(gpu_uuid)) is not None:
+                controller_ns[gpu_uuid] = max(at_ns, local.latest_controller_ns.get(gpu_uuid, 0))
+    return period_inputs.FleetView(
+        records=types.MappingProxyType(records),
+        known_records=local.known_records,
+        gpu_nodes=types.MappingProxyType(gpu_nodes),
+        node_gpus={**local.node_gpus, **{n: s.gpu_uuids for n, s in nodes.items()}},
+        boot_ids={**local.boot_ids, **{n: s.boot_id for n, s in nodes.items()}},
+        sessions={**local.sessions, **{n: s.session_id for n, s in nodes.items()}},
+        node_labels={**local.node_labels, **{n: dict(s.labels) for n, s in nodes.items()}},
+        latest=types.MappingProxyType(latest),
+        latest_controller_ns=types.MappingProxyType(controller_ns),
+        telemetry_interval_s=local.telemetry_interval_s,
+    )
+
+
+def _peaks(local: Mapping[str, float], remote: Mapping[str, float]) -> dict[str, float]:
+    out = dict(local)
+    for gpu_uuid, peak_w in remote.items():
+        if peak_w > out.get(gpu_uuid, float("-inf")):
+            out[gpu_uuid] = peak_w
+    return out
+
+
+def _summed(
+    local: period_inputs.Rows, remote: period_inputs.Rows, since_ns: int, until_ns: int | None
+) -> period_inputs.Rows:
+    """Local and remote rows from since_ns, summed per bucket, up to (not including) until_ns."""
+    by_bucket: dict[int, list[float]] = {}
+    for rows in (local, remote):
+        for start_ns, watts, gpus in rows:
+            if start_ns < since_ns or (until_ns is not None and start_ns >= until_ns):
+                continue
+            cell = by_bucket.setdefault(start_ns, [0.0, 0])
+            cell[0] += watts
+            cell[1] += gpus
+    return tuple((start, total, int(count)) for start, (total, count) in sorted(by_bucket.items()))
+
+
+def window_view(
+    local: period_inputs.WindowView,
+    remote: aggregates.FleetAggregate,
+    reads: period_inputs.WindowReads,
+) -> period_inputs.WindowView:
+    """The leader's power window with the other replicas' peaks and series added (see the module docstring).
+
+    `local` was read as `reads` asked; the remote peaks are over the windows the leader asked the
+    replicas for (`aggregates.AggregateReads`), ending when each aggregate was built.
+    """
+    if not remote.nodes and not remote.series:
+        return local
+    until = remote.complete_until_ns
+    detect = reads.detect_since_unix_ns
+    remote_swing = remote.tracked_series if reads.swing_tracked else remote.series
+    return period_inputs.WindowView(
+        sample_hz=local.sample_hz,
+        draw_peaks_w=_peaks(local.draw_peaks_w, remote.draw_peaks_w),
+        status_rows=_summed(local.status_rows, remote.series, reads.status_since_unix_ns, until),
+        swing_rows=_summed(local.swing_rows, remote_swing, detect, until) if detect is not None else (),
+        straggler_peaks_w=_peaks(local.straggler_peaks_w, remote.detect_peaks_w)
+        if local.straggler_peaks_w is not None
+        else None,
+    )

@@ -1,0 +1,188 @@
+"""What a replica ships the leader, and how the leader combines them (`core.aggregates`), pure."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+
+import pytest
+
+from rasd.controller.core import aggregates, fleet
+
+NOW_NS = 1_800_000_000 * 10**9
+
+
+def _record(gpu: str, node: str, **fields) -> fleet.GpuRecord:
+    return fleet.GpuRecord(gpu, "H100", "00000000:17:00.0", 200, 700, 700, node_id=node, **fields)
+
+
+def _stream(node: str, gpus: tuple[str, ...], *, opened_ns: int = NOW_NS - 10**9, ahead_ns=None):
+    return aggregates.NodeStream(node, f"s-{node}-{opened_ns}", opened_ns, f"boot-{node}", {"rack": "r1"}, gpus,
+                                 ahead_ns)  # fmt: skip
+
+
+def _aggregate(replica: str, nodes: dict[str, tuple[str, ...]], *, built_ns: int = NOW_NS, watts: float = 400.0,
+               opened_ns: int = NOW_NS - 10**9, series=(), tracked=frozenset(), tracked_series=()):  # fmt: skip
+    gpus = {g: node for node, gs in nodes.items() for g in gs}
+    reading = fleet.GpuLatest(power_w=watts, power_sample_unix_ns=built_ns - 10**8, enforced_power_limit_w=700,
+                              utilization_gpu_pct=90, counters_unix_ns=built_ns - 10**8)  # fmt: skip
+    return aggregates.ReplicaAggregate(
+        replica_id=replica,
+        built_unix_ns=built_ns,
+        interval_s=1.5,
+        nodes={n: _stream(n, gs, opened_ns=opened_ns) for n, gs in nodes.items()},
+        records={g: _record(g, n) for g, n in gpus.items()},
+        latest=dict.fromkeys(gpus, reading),
+        latest_controller_ns=dict.fromkeys(gpus, built_ns - 10**8),
+        draw_window_s=5.0,
+        draw_peaks_w=dict.fromkeys(gpus, watts + 50),
+        detect_window_s=20.0,
+        detect_peaks_w=dict.fromkeys(gpus, watts + 100),
+        series=series,
+        tracked=tracked,
+        tracked_series=tracked_series,
+    )
+
+
+def test_an_aggregate_survives_its_encoding_field_for_field():
+    record = _record("g1", "n1", serial="S1", power_smoothing_supported=True, labels={"numa_node": "0"})
+    reading = fleet.GpuLatest(
+        power_w=512.5,
+        power_sample_unix_ns=NOW_NS,
+        enforced_power_limit_w=650,
+        clock_event_reasons=4,
+        counters_unix_ns=NOW_NS - 5,
+        power_limit_slew_target_w=690,
+    )
+    original = aggregates.ReplicaAggregate(
+        replica_id="ctl-b",
+        built_unix_ns=NOW_NS,
+        interval_s=1.5,
+        nodes={"n1": _stream("n1", ("g1", "g2"), ahead_ns=-7_000_000)},
+        records={"g1": record, "g2": _record("g2", "n1")},
+        latest={"g1": reading},  # g2 has not reported yet
+        latest_controller_ns={"g1": NOW_NS - 9},
+        draw_window_s=5.0,
+        draw_peaks_w={"g1": 600.0},
+        detect_window_s=20.0,
+        detect_peaks_w={"g1": 640.0, "g2": 100.0},
+        series=((NOW_NS - 10**8, 1112.5, 2),),
+        tracked=frozenset({"g2"}),
+        tracked_series=((NOW_NS - 10**8, 100.0, 1),),
+    )
+    back = aggregates.decode(aggregates.encode(original))
+    for field in dataclasses.fields(original):
+        assert getattr(back, field.name) == getattr(original, field.name), field.name
+
+
+def test_a_field_this_controller_does_not_know_is_left_out_and_a_missing_one_takes_its_default():
+    """A replica of another version in a rolling update: its aggregate still reads."""
+    inventory, rest = aggregates.split(aggregates.encode(_aggregate("b", {"n1": ("g1",)})))
+    doc = json.loads(zlib.decompress(rest))
+    doc["latest"]["power_mean_w"] = [410.0]  # a newer replica's field
+    del doc["latest"]["temperature_c"]
+    back = aggregates.decode(_framed(inventory, doc))
+    assert back.latest["g1"].power_w == 400.0 and back.latest["g1"].temperature_c is None
+
+
+def _framed(inventory: bytes, doc) -> bytes:
+    return len(inventory).to_bytes(4, "big") + inventory + zlib.compress(json.dumps(doc).encode())
+
+
+def test_the_inventory_part_is_decoded_once_and_given_back_while_it_is_unchanged():
+    """A replica's GPUs change only when its streams do: the leader keeps their records decoded."""
+    first = _aggregate("b", {"n1": ("g1", "g2")}, watts=400.0)
+    again = _aggregate("b", {"n1": ("g1", "g2")}, watts=500.0, built_ns=NOW_NS + 10**9)
+    inventory = aggregates.encode_records(first.records)
+    payload = aggregates.encode(again, records=inventory)
+    assert aggregates.split(payload)[0] == inventory == aggregates.split(aggregates.encode(first))[0]
+    records = aggregates.decode_records(inventory)
+    back = aggregates.decode(payload, records=records)
+    assert back.records is records and back.latest["g1"].power_w == 500.0
+
+
+NO_GPUS = aggregates.encode_records({})
+
+
+@pytest.mark.parametrize(
+    ("payload", "complaint"),
+    [
+        (b"not zlib", "not an encoded aggregate"),
+        (_framed(b"", {"version": 99}), "aggregate format version 99; this controller reads 1"),
+        (_framed(NO_GPUS, {"version": 1, "replica_id": "ctl-x"}), "damaged aggregate from 'ctl-x'"),
+        (_framed(b"\x00junk", {"version": 1}), "not an encoded aggregate"),
+    ],
+)
+def test_an_aggregate_that_cannot_be_read_is_refused_with_why(payload, complaint):
+    with pytest.raises(aggregates.AggregateFormatError, match=complaint):
+        aggregates.decode(payload)
+
+
+def test_an_aggregate_older_than_the_age_limit_and_the_readers_own_count_for_nothing():
+    old = _aggregate("dead", {"n1": ("g1",)}, built_ns=NOW_NS - 20 * 10**9)
+    own = _aggregate("leader", {"n2": ("g2",)})
+    live = _aggregate("b", {"n3": ("g3",)}, built_ns=NOW_NS - 4 * 10**9)
+    kept = aggregates.fresh([old, own, live], now_unix_ns=NOW_NS, max_age_s=5.0, exclude="leader")
+    assert [a.replica_id for a in kept] == ["b"]
+
+
+def test_a_node_on_two_replicas_is_the_newest_streams_and_its_gpus_its_data():
+    """The node moved from c to b (c has not noticed its stream died): b's data, not c's older one."""
+    old = _aggregate("c", {"n1": ("g1",), "n2": ("g2",)}, opened_ns=NOW_NS - 60 * 10**9, watts=100.0)
+    new = _aggregate("b", {"n1": ("g1",)}, opened_ns=NOW_NS - 2 * 10**9, watts=500.0)
+    merged = aggregates.merge([old, new])
+    assert merged.holders == {"n1": "b", "n2": "c"}
+    assert merged.nodes["n1"].session_id == new.nodes["n1"].session_id
+    assert merged.latest["g1"].power_w == 500.0 and merged.latest["g2"].power_w == 100.0
+    # A GPU's peak over the window is the highest either replica saw (its samples landed on both).
+    assert merged.draw_peaks_w == {"g1": 550.0, "g2": 150.0}
+    assert merged.replicas == ("b", "c")
+
+
+def test_series_are_summed_per_bucket_and_complete_only_up_to_the_oldest_aggregate():
+    t0 = NOW_NS - 10**9
+    b = _aggregate("b", {"n1": ("g1",)}, built_ns=NOW_NS, series=((t0, 400.0, 1), (t0 + 10**8, 410.0, 1)))
+    c = _aggregate("c", {"n2": ("g2",)}, built_ns=NOW_NS - 10**8, series=((t0, 300.0, 1),))
+    merged = aggregates.merge([b, c])
+    assert merged.series == ((t0, 700.0, 2), (t0 + 10**8, 410.0, 1))
+    assert merged.complete_until_ns == NOW_NS - 10**8
+    other_grid = aggregates.ReplicaAggregate(**{**c.__dict__, "bucket_ns": 250_000_000})
+    assert aggregates.merge([b, other_grid]).series == b.series, "another bucket grid cannot be summed"
+
+
+def test_the_tracked_series_counts_only_replicas_that_track_what_the_leader_asked():
+    t0 = NOW_NS - 10**9
+    asked = frozenset({"g1", "g2"})
+    b = _aggregate("b", {"n1": ("g1",)}, series=((t0, 1.0, 1),), tracked=asked, tracked_series=((t0, 400.0, 1),))
+    c = _aggregate("c", {"n2": ("g2",)}, series=((t0, 1.0, 1),), tracked=frozenset({"g9"}),
+                   tracked_series=((t0, 999.0, 1),))  # fmt: skip
+    merged = aggregates.merge([b, c], tracked=asked)
+    assert merged.tracked_series == ((t0, 400.0, 1),), "c has not read the leader's new canaries yet"
+    assert aggregates.merge([b, c]).tracked_series == ()
+
+
+def test_overlaid_latest_keeps_the_local_streams_and_takes_the_newest_reading_per_family():
+    local = {
+        "g1": fleet.GpuLatest(power_w=1.0, power_sample_unix_ns=NOW_NS + 10**9),  # held here: kept as is
+        "g2": fleet.GpuLatest(
+            power_w=2.0,
+            power_sample_unix_ns=NOW_NS - 10**10,
+            counters_unix_ns=NOW_NS + 10**9,
+            enforced_power_limit_w=300,
+        ),
+    }
+    merged = aggregates.merge([_aggregate("b", {"n1": ("g1",), "n2": ("g2",)})])
+    out = aggregates.overlay_latest(local, merged, local_nodes=["n1"])
+    assert out["g1"] == local["g1"]
+    assert out["g2"].power_w == 400.0, "the remote power sample is newer"
+    assert out["g2"].enforced_power_limit_w == 300, "the local counters are newer"
+
+
+def test_aggregate_reads_round_trip_and_a_bad_one_names_what_is_wrong():
+    reads = aggregates.AggregateReads(interval_s=1.5, draw_window_s=5.0, detect_window_s=20.0, tracked=frozenset("a"))
+    assert aggregates.AggregateReads.from_mapping(reads.to_mapping()) == reads
+    with pytest.raises(aggregates.AggregateFormatError, match="interval_s"):
+        aggregates.AggregateReads.from_mapping({"draw_window_s": 1, "detect_window_s": 1})
+    with pytest.raises(aggregates.AggregateFormatError, match="must be > 0"):
+        aggregates.AggregateReads.from_mapping({"interval_s": 0, "draw_window_s": 1, "detect_window_s": 1})

@@ -1,0 +1,83 @@
+"""Relayed commands (the power loop's caps to nodes on other replicas) in the store: grouped, and cleaned up.
+
+- A power period sends one SetPowerCap per node at once; relayed, each was a transaction to write
+  and another to withdraw on the leader's store thread. Those waiting together now share one.
+- Only the sender withdrew a relayed command (once answered or given up); a sender killed meanwhile
+  (a leader SIGKILLed mid-period) left the command and its result in the store for good. The leader
+  now drops those long past their expiry; a live sender's stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from prometheus_client import CollectorRegistry
+from sqlalchemy import event as sa_event
+
+from rasd.api.v1 import commands_pb2 as commands_pb
+from rasd.controller import wiring
+from rasd.controller.ingest import service as ingest_mod
+from rasd.controller.observability import metrics
+from rasd.controller.replication import leader
+from rasd.controller.replication import relay as relay_mod
+from rasd.controller.store import repo
+
+
+def test_the_leader_drops_relayed_commands_long_past_their_expiry_with_their_results(tmp_path):
+    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id="ctl-b"), election="static")
+    wired = wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
+                              settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+    relay, records = wired.relay, wired.relay.store
+    now = time.time_ns()
+    dead_expired = now - int((relay_mod.ABANDONED_AFTER_S + 5) * 1e9)
+    for command_id, expires in (("cap-dead-1", dead_expired), ("cap-live-1", now + 10**10)):
+        records.relay_command(command_id=command_id, node_id="n1", command=b"c", replica_id="ctl-a",
+                              now_unix_ns=expires - 10**10, expires_unix_ns=expires)  # fmt: skip
+        records.save_result(command_id=command_id, node_id="n1", result=b"r", replica_id="ctl-b", now_unix_ns=now)
+
+    async def scenario():
+        await leadership.start()
+        try:
+            await relay.take_in()
+        finally:
+            await leadership.stop()
+
+    try:
+        asyncio.run(scenario())
+        left = [command_id for command_id, _node, _payload in records.relayed_commands(0)]
+        results = records.results_of(["cap-dead-1", "cap-live-1"])
+    finally:
+        wired.thread.close()
+        store.close()
+    assert left == ["cap-live-1"]
+    assert set(results) == {"cap-live-1"}
+    assert relay.abandoned_dropped == 1
+
+
+def test_commands_relayed_at_once_are_written_and_withdrawn_in_few_transactions(tmp_path):
+    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+    commits: list[int] = []
+    sa_event.listen(store.engine, "commit", lambda _conn: commits.append(1))
+    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id="ctl-a"), election="lease")
+    wired = wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
+                              settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+
+    async def period():
+        # 200 nodes no replica holds: each command waits out its timeout and is withdrawn.
+        sends = [
+            wired.relay.send_command(f"node-{n}", commands_pb.Command(command_id=f"cap-e-{n}"), timeout_s=0.5)
+            for n in range(200)
+        ]
+        return await asyncio.gather(*sends, return_exceptions=True)
+
+    try:
+        outcomes = asyncio.run(period())
+        left = wired.relay.store.relayed_commands(0)
+    finally:
+        wired.thread.close()
+        store.close()
+    assert all(isinstance(o, TimeoutError) for o in outcomes)
+    assert left == []
+    assert len(commits) <= 4, f"{len(commits)} transactions for 200 relayed commands"
