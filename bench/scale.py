@@ -244,6 +244,67 @@ def _ask(conn: multiprocessing.connection.Connection, request: Any, timeout_s: f
     return conn.recv()
 
 
+def _start_swarms(ctx: Any, address: str, nodes: int, args: argparse.Namespace) -> list[tuple[Any, Any, int, int]]:
+    """Start the agent processes, the fleet split evenly; each entry is (process, pipe, first node, count)."""
+    procs = max(1, min(args.agent_procs, nodes))
+    per = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
+    spread_s = nodes / args.connect_rate if args.connect_rate > 0 else 0.0
+    swarms = []
+    first = 0
+    for count in per:
+        a, b = ctx.Pipe()
+        p = ctx.Process(target=swarm_process, args=(b, address, first, count, args.seed, spread_s), daemon=True)
+        p.start()
+        swarms.append((p, a, first, count))
+        first += count
+    return swarms
+
+
+def _plan_burst(
+    nodes: int, swarms: list[tuple[Any, Any, int, int]], args: argparse.Namespace
+) -> tuple[int, dict[str, int], list[list[tuple[int, float, str, int | None, dict[str, str]]]]]:
+    """The burst's faults drawn from MIX, spread over `burst_s`: (count, count per kind, each swarm's plan)."""
+    rng = random.Random(args.seed * 7919 + nodes)
+    faults = max(16, nodes // 16)
+    targets = rng.sample(range(nodes), faults)
+    plans: list[list[tuple[int, float, str, int | None, dict[str, str]]]] = [[] for _ in swarms]
+    mix_counts: dict[str, int] = {}
+    for k, node in enumerate(targets):
+        _w, label, kind, xid, attrs = rng.choices(MIX, [m[0] for m in MIX])[0]
+        mix_counts[label] = mix_counts.get(label, 0) + 1
+        owner = next(i for i, (_p, _c, f, c) in enumerate(swarms) if f <= node < f + c)
+        plans[owner].append((node - swarms[owner][2], args.burst_s * k / faults, kind, xid, attrs))
+    return faults, mix_counts, plans
+
+
+def _drive(
+    parent: Any, nodes: int, swarms: list[tuple[Any, Any, int, int]], args: argparse.Namespace
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[dict[str, Any]], int, dict[str, int]]:
+    """Wait for the agents, measure a window with the fault burst in its middle, stop everything.
+
+    Returns (status before, status after, the controller's final report, the swarms' reports, faults,
+    faults per kind).
+    """
+    arrivals_s = nodes / args.connect_rate if args.connect_rate > 0 else 0.0
+    deadline = time.monotonic() + arrivals_s + args.connect_timeout_s
+    while time.monotonic() < deadline:
+        if _ask(parent, "status")["sessions"] >= nodes:
+            break
+        time.sleep(0.5)
+    time.sleep(args.warmup_s)
+    before = _ask(parent, "status")
+    faults, mix_counts, plans = _plan_burst(nodes, swarms, args)
+    time.sleep(args.measure_s / 3)
+    for (_p, conn, _f, _c), plan in zip(swarms, plans, strict=True):
+        _ask(conn, ("burst", plan))
+    time.sleep(args.measure_s * 2 / 3)
+    after = _ask(parent, "status")
+    time.sleep(args.drain_s)
+    agent_stats = [_ask(conn, "stop", timeout_s=120) for _p, conn, _f, _c in swarms]
+    final = _ask(parent, "stop", timeout_s=120)
+    return before, after, final, agent_stats, faults, mix_counts
+
+
 def run_size(nodes: int, args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
     """Measure one fleet size; returns its row."""
     ctx = multiprocessing.get_context("spawn")
@@ -255,47 +316,9 @@ def run_size(nodes: int, args: argparse.Namespace, work: pathlib.Path) -> dict[s
     controller.start()
     tag, port = parent.recv()
     assert tag == "ready"
-    address = f"127.0.0.1:{port}"
-    procs = max(1, min(args.agent_procs, nodes))
-    per = [nodes // procs + (1 if i < nodes % procs else 0) for i in range(procs)]
-    swarms = []
-    first = 0
-    for count in per:
-        a, b = ctx.Pipe()
-        spread_s = nodes / args.connect_rate if args.connect_rate > 0 else 0.0
-        p = ctx.Process(target=swarm_process, args=(b, address, first, count, args.seed, spread_s), daemon=True)
-        p.start()
-        swarms.append((p, a, first, count))
-        first += count
+    swarms = _start_swarms(ctx, f"127.0.0.1:{port}", nodes, args)
     try:
-        arrivals_s = nodes / args.connect_rate if args.connect_rate > 0 else 0.0
-        deadline = time.monotonic() + arrivals_s + args.connect_timeout_s
-        while time.monotonic() < deadline:
-            if _ask(parent, "status")["sessions"] >= nodes:
-                break
-            time.sleep(0.5)
-        time.sleep(args.warmup_s)
-        before = _ask(parent, "status")
-        rng = random.Random(args.seed * 7919 + nodes)
-        faults = max(16, nodes // 16)
-        targets = rng.sample(range(nodes), faults)
-        plans: list[list[tuple[int, float, str, int | None, dict[str, str]]]] = [[] for _ in swarms]
-        mix_counts: dict[str, int] = {}
-        for k, node in enumerate(targets):
-            _w, label, kind, xid, attrs = rng.choices(MIX, [m[0] for m in MIX])[0]
-            mix_counts[label] = mix_counts.get(label, 0) + 1
-            owner = next(i for i, (_p, _c, f, c) in enumerate(swarms) if f <= node < f + c)
-            plans[owner].append((node - swarms[owner][2], args.burst_s * k / faults, kind, xid, attrs))
-        time.sleep(args.measure_s / 3)
-        for (_p, conn, _f, _c), plan in zip(swarms, plans, strict=True):
-            _ask(conn, ("burst", plan))
-        time.sleep(args.measure_s * 2 / 3)
-        after = _ask(parent, "status")
-        time.sleep(args.drain_s)
-        agent_stats = []
-        for _p, conn, _f, _c in swarms:
-            agent_stats.append(_ask(conn, "stop", timeout_s=120))
-        final = _ask(parent, "stop", timeout_s=120)
+        before, after, final, agent_stats, faults, mix_counts = _drive(parent, nodes, swarms, args)
     finally:
         for p, *_ in swarms:
             p.join(timeout=30)
@@ -304,6 +327,19 @@ def run_size(nodes: int, args: argparse.Namespace, work: pathlib.Path) -> dict[s
         controller.join(timeout=30)
         if controller.is_alive():
             controller.kill()
+    return _row(nodes, before, after, final, agent_stats, faults, mix_counts)
+
+
+def _row(
+    nodes: int,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    final: dict[str, Any],
+    agent_stats: list[dict[str, Any]],
+    faults: int,
+    mix_counts: dict[str, int],
+) -> dict[str, Any]:
+    """One fleet size's figures from the controller's and the swarms' reports."""
     window_s = (after["at_ns"] - before["at_ns"]) / 1e9
     started = min(s["started_ns"] for s in agent_stats)
     firsts = [t for s in agent_stats for t in s["first_connected_ns"]]
