@@ -4,25 +4,21 @@ The controller keeps a large, long-lived heap: every node's ladder state, the op
 fleet's labels, SQLAlchemy's compiled statements. rasd's state is made of frozen dataclasses, tuples
 and dicts that reference counting frees on its own; the collector is only there for the rare cycle.
 Its pauses are what matter: a collection stops the event loop, and every event waiting for a decision
-waits for it too. A young collection walks every object that survived since the last one, ~0.7 µs
-each on a 2-core VM: in a 2,000 events/s burst (bench/remediation.py) the decider keeps ~20,000 new
-objects a second (new incidents, tickets, in-flight calls), so the collector must run ~14 ms a second
-whatever the thresholds; only where its pauses land can be chosen.
+waits for it too. A young collection walks every object that survived since the last one; in a burst
+the decider keeps tens of thousands of new objects a second (new incidents, tickets, in-flight calls),
+so the collector must run for milliseconds every second whatever the thresholds; only where its
+pauses land can be chosen.
 
 - `configure()`: CPython's automatic collections become a backstop (`GEN0_THRESHOLD` young objects).
 - `QuietCollector`: collects when the decider is quiet (nothing waits for a decision), as soon as
   `QUIET_MIN_YOUNG` young objects are worth it. Under a steady load it finds the gaps between events
-  (measured at 500 events/s for 20 s: 6-7 collections of 3-10 ms instead of one 38 ms pause inside a
-  decision pass); in a burst it waits for the burst to end, so no decision waits for it. The older
+  (several short collections instead of one long pause inside a decision pass); in a burst it waits
+  for the burst to end, so no decision waits for it. The older
   generations follow CPython's own rules (`due_generation`), in quiet moments too. Only a burst longer
-  than the backstop's reach (~100,000 young objects: ~5 s at 2,000 events/s) meets an automatic
-  collection, labelled ``threshold`` in ``rasd_gc_pause_seconds``.
-  Tried and not kept: young collections between passes once decisions had waited 0.5 s without a
-  quiet moment (a burst), so that the backstop's single pause would come as ten short ones.
-  `bench/remediation_ab.py --rate 1200 --duration-s 10`, 3 rounds against the tree without: pauses
-  of 9-15 ms each, p99 36-55 ms → 40-85 ms (higher in 2 of 3), CPU ratio 1.04; at that rate the
-  burst never reached the backstop, and the young objects a pause walks early are partly ones
-  reference counting would have freed before a later one.
+  than the backstop's reach (`GEN0_THRESHOLD` young objects) meets an automatic collection, labelled
+  ``threshold`` in ``rasd_gc_pause_seconds``. Collecting between passes in a burst, so that the
+  backstop's single pause would come as ten short ones, raised the burst's p99 instead: the young
+  objects a pause walks early are partly ones reference counting would have freed.
 - `freeze_startup_heap()`: after start-up has loaded the durable state, one collection and then
   `gc.freeze()`: what start-up built (modules, compiled statements, the loaded state) moves to the
   permanent generation, which no later collection walks. Call it once, after loading.

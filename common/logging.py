@@ -116,8 +116,8 @@ class _JournalPriority:
 def _json_line(event: Any, **kw: Any) -> str:
     """One JSON log line, by orjson; what orjson refuses (an int wider than 64 bits) by the standard encoder.
 
-    The controller logs each decision on its decision thread: the standard encoder took 33 µs a
-    line there, orjson 14 µs. A log call must never raise.
+    The controller logs each decision on its decision thread, where orjson takes less than half
+    the standard encoder's time a line. A log call must never raise.
     """
     try:
         return orjson.dumps(event, default=kw.get("default"), option=orjson.OPT_NON_STR_KEYS).decode()

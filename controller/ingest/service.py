@@ -56,8 +56,8 @@ class IngestSettings:
     flush_interval_s: float = 5.0
     """How often the latest telemetry is written to the store. That copy serves other replicas and
     a restarted controller; this replica's own reads overlay its in-memory view, so a longer period
-    costs nothing here, while at 2,000 nodes a 1 s period kept the store thread busy most of the time
-    (bench/RESULTS.md, "Scale")."""
+    costs nothing here, while a short period keeps the store thread busy at fleet scale
+    (bench/scale.py reports the store thread's share)."""
     outbound_queue_size: int = 1000
     """Commands and acks waiting for one agent before the stream is considered stuck."""
     power_window_span_s: float = 600.0
@@ -209,10 +209,9 @@ class Ingest:
     async def register_hello(self, node_hello: fleet.NodeHello, now_unix_ns: int) -> repo.HelloOutcome:
         """Register a Hello on the store thread, together with every other Hello waiting then.
 
-        After a controller restart or a failover every agent reconnects at once; Hellos registered
-        in groups cost ~0.35 ms a node on the store thread against ~1.5 ms one by one (2,000 agents in
-        tests/chaos/test_reconnect_storm.py: all back in 8.6 s instead of 18.8 s), so agents are
-        welcomed before their Welcome timeouts make them retry.
+        After a controller restart or a failover every agent reconnects at once; registering Hellos
+        in groups costs the store thread a fraction of one by one (tests/chaos/test_reconnect_storm.py
+        reconnects 2,000 agents), so agents are welcomed before their Welcome timeouts make them retry.
         """
         return await self._hellos.submit(node_hello, now_unix_ns)
 
@@ -306,10 +305,10 @@ class Ingest:
         """
         now = self.clock()
         # At debug: every event is stored (``rasctl events``), and the decision an event leads to is
-        # logged at info with its node and seq. A line per event at info is 2,000 lines/s in a storm
-        # (bench/remediation.py's burst): past journald's default rate limit (10,000 per 30 s) within
-        # 5 s, which then drops the decisions' lines with them; and 14 µs of the decider's time per
-        # event (4 µs at debug, filtered). As they arrive: before the decision on them is logged.
+        # logged at info with its node and seq. A line per event at info in a storm of thousands of
+        # events a second passes journald's default rate limit (10,000 per 30 s) within seconds,
+        # which then drops the decisions' lines with them, and costs the decider time per event.
+        # As they arrive: before the decision on them is logged.
         for event in events:
             log.debug(
                 "health_event_received",

@@ -44,19 +44,16 @@ MAX_PIPELINED_PASSES = 8
 """Passes decided in one hold of the decision lock while something else waits for it (a result, a
 tick, an operator): it waits for no more. While nothing waits, the decider keeps the lock and its
 pipeline full: ending a hold drains the pipeline (the last commit, then a dispatch round alone),
-and in a 2,000 events/s burst the events that arrived meanwhile waited 40-60 ms more for it."""
+and in a burst the events that arrived meanwhile wait for that drain."""
 PIPELINE_DEPTH = 2
 """Decided passes not yet committed, with a writer process: one commits while the next is decided."""
 PIPELINE_GATHER_S = {"sqlite": 0.002, "postgresql": 0.01}
 """How long the decider waits for the pass ahead to commit before deciding what arrived meanwhile, by backend.
 
 Deciding sooner makes smaller passes and more commits, each with its fixed cost; later leaves the
-writer idle and the events waiting. Measured in bench/remediation_ab.py (2,000 events/s burst,
-commits in a writer process, 10 ms against 2 ms): SQLite, whose commit is small now (~5 ms a
-pass, the hand-off included), p99 ratio 2 ms / 10 ms median 0.74 and 0.77 in two runs of 4 rounds,
-lower in 6 of 8, p50 ~40 % lower; PostgreSQL (its server on the same two cores, each commit
-several round trips) 1.38, higher in 3 of 3, so it keeps 10 ms. Earlier, with commits of
-~20 ms, SQLite at 2 ms gave p99 286 ms against 137-146 ms at 8-15 ms."""
+writer idle and the events waiting. A SQLite commit is a few milliseconds, so a short gather lowers
+the burst's latency; a PostgreSQL commit is several round trips, so it gathers longer.
+`bench/remediation_ab.py` compares two values (bench/RESULTS.md)."""
 
 # Attributes the agent puts on events, mapped onto the core's typed signal fields.
 _FLOAT_SIGNALS = {

@@ -159,7 +159,7 @@ class LadderState:
         """The fleet as the budget sees it; rebuilt only when a node's labels changed.
 
         Kept between passes so that its per-domain node counts are computed once, not on every
-        admission (a 2,000-node count took ~5 ms per pass); the streams count label changes, so
+        admission (a fleet-wide count costs milliseconds per pass); the streams count label changes, so
         telling whether anything changed is one compare.
         """
         labels = self.streams.node_labels

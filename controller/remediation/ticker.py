@@ -75,8 +75,8 @@ class Ticker:
         """Results the store could not take earlier, timeouts, watch windows, waiting tickets; then deferred actions.
 
         The nodes due are ticked in chunks (see the module docstring): ticking every node with a
-        ticket at once held the lock ~40 ms at 1,600 such nodes. Each node's tick is independent of
-        the others'. The quarantine gauge is refreshed without the lock.
+        ticket at once held the lock for tens of milliseconds with a thousand such nodes. Each
+        node's tick is independent of the others'. The quarantine gauge is refreshed without the lock.
         """
         state = self._state
         if self._results.owed:

@@ -162,9 +162,9 @@ class RemediationStore:
     def warm_up(self, fence: Callable[[Session], None] | None = None) -> None:
         """Run the write path once on made-up rows, then roll it back: nothing is written.
 
-        A process's first commit otherwise configures the ORM mappers and compiles each statement:
-        29 ms on a quiet machine, 55 ms in `make demo`, where it delayed the first decision's
-        command by as much (a writer process starts with none of them compiled). With fence, its
+        A process's first commit otherwise configures the ORM mappers and compiles each statement,
+        which delays the first decision's command by tens of milliseconds (a writer process starts
+        with none of them compiled). With fence, its
         check runs too, after the writes (a made-up fence may refuse: that raises, as it would).
         """
         with repo.rolled_back(self._sessions) as session:
@@ -234,7 +234,7 @@ class RemediationStore:
             events = schema.HealthEventRow
             by_node: dict[str, list[repo.StoredEvent]] = {}
             # Many nodes per query, each its own (node, epoch, seq >) term on the unique index: a
-            # query per node took ~1 s at start-up for 2,000 nodes on SQLite, 1.6 s on PostgreSQL.
+            # query per node made start-up take seconds at fleet scale.
             for start in range(0, len(wanted), UNPROCESSED_NODES_PER_QUERY):
                 terms = [
                     sa.and_(events.node_id == node_id, events.spool_epoch == epoch, events.seq > after)

@@ -1000,10 +1000,8 @@ class Prepared:
 
     For the remediation commit's bulk writes (upserts, outbox and audit inserts): a burst commits
     a few hundred transactions a second, each of about ten statements, and SQLAlchemy's execution
-    path (compiling, the cache key, parameters built per row) took a seventh to a fifth of the
-    commit writer's CPU. Measured by replaying the 805 commits of a 2,000 events/s burst from
-    `bench/remediation.py` into fresh SQLite files, alternating: 3.7 s through SQLAlchemy and 3.2 s
-    prepared (best of 5 each), medians 4.6 s and 3.8 s.
+    path (compiling, the cache key, parameters built per row) took a large share of the commit
+    writer's CPU; `bench/commit_replay.py` replays a burst's commits both ways.
 
     The SQL text, the parameter order and the bind processors (JSON columns are written by
     `json_text`) are those SQLAlchemy compiled for the dialect, so the rows written are the same;
@@ -1112,7 +1110,7 @@ class Prepared:
         """PostgreSQL: the rows as INSERT ... SELECT FROM unnest(one array per column), in order; False: not done.
 
         psycopg's executemany sends one statement per row through its pipeline, and its Python
-        side cost 60-100 µs a row: on PostgreSQL the commit writer spent most of a burst there.
+        side per row is where the commit writer spent most of a burst on PostgreSQL.
         With arrays the statement's text is the same for any number of rows, so the server plans
         it once, and the arrays go in binary (no escaping). A statement never names one upsert key
         twice (PostgreSQL refuses to update a row twice in one statement): a repeated key starts

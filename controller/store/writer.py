@@ -1,9 +1,9 @@
 """The remediation commit writer in its own process, so that a decision burst uses two cores, not one.
 
-`RemediationStore.commit` is SQLAlchemy and SQLite in Python: about 200 µs of CPU per event in a
-burst, most of it holding the GIL. In the controller's process that time is taken from the event
-loop that decides (about 250 µs per event): deciding and committing then share one core whatever
-the machine has, and pipelining them (`RemediationService`) only made them take turns at the GIL.
+`RemediationStore.commit` is SQLAlchemy and SQLite in Python, costing per event about as much CPU
+as deciding it, most of it holding the GIL. In the controller's process that time is taken from the
+event loop that decides: deciding and committing then share one core whatever the machine has, and
+pipelining them in one process only makes them take turns at the GIL.
 Here the commit runs in a child process with its own engine; the controller's store thread sends
 it each `Commit` (pickled, about 1.6 KB per event) and waits for the command ids it reports new.
 
@@ -42,16 +42,9 @@ SWITCH_INTERVAL_S = 0.00002
 
 The store thread that sends a commit and takes its answer needs the GIL for each of those steps,
 while the event loop holds it deciding the next pass for milliseconds at a time; meanwhile the
-child idles. Measured in bench/remediation.py (2,000 events/s burst, commits in the writer
-process, one burst per run, values alternated in one session on the same tree):
-- the default against 0.5 ms, earlier: SQLite p99 559-719 ms against 234-351 ms;
-- at 0.5 ms a commit was in flight 4.4 s of a 5 s SQLite burst, the child working 3.2 s of it: the
-  hand-off took 1.7 ms a commit on average (p90 4 ms);
-- SQLite p99, median of 12-13 runs each: 143 ms at 0.5 ms, 104 ms at 0.1 ms, 94 ms at 0.02 ms;
-  0.02 ms was lower than 0.1 ms in 4 of 4 pairs, than 0.5 ms in 6 of 8, at about 8 % more CPU
-  (7.7 s against 7.1 s a burst); PostgreSQL p99 180-348 ms against 556-578 ms at 0.5 ms (2 pairs);
-- `bench/remediation_ab.py --base` the tree at 0.5 ms, SQLite, 4 rounds: p99 ratio median 0.94
-  (0.54 to 1.02), lower in 3 of 4: a smaller gain than the medians above, within the noise.
+child idles. With the default interval each hand-off waits out the decider's slice, and a burst's
+p99 is set by those waits; a short interval lets the store thread in as soon as it is ready
+(`bench/remediation.py` and `bench/remediation_ab.py` compare intervals; bench/RESULTS.md).
 A short interval costs only while two threads want the GIL at once: an idle controller has none."""
 START_TIMEOUT_S = 60.0
 """How long a new child may take to import, connect and answer that it is ready."""

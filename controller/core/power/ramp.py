@@ -59,9 +59,9 @@ and no period's ceiling rise covers more than this much time."""
 RAMP_LEAD_S = 0.5
 """How far ahead of its ceiling a ramping GPU's command aims, in seconds at its rate: the agent
 slews at the rate either way, and a lead lets a raise keep moving until the next period's command
-replaces it even when that one arrives later (delivery p99 ~0.48 s at 1,024 GPUs). Without it the
-limit stops at each ceiling and waits for the next command: ~25 % of the ramp speed lost under
-0-450 ms of delivery jitter (7.3 kW/s against a 10 kW/s limit)."""
+replaces it even when that one arrives later (commands are delivered with jitter). Without it the
+limit stops at each ceiling and waits for the next command, and the ramp runs slower than its
+limit allows."""
 
 
 @dataclasses.dataclass(frozen=True)

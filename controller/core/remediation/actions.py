@@ -51,7 +51,7 @@ def command_id_for(ticket_id: str, step: int, kind: str) -> str:
         UUID text, the form the wire's ``Command.command_id`` uses.
     """
     # ``str(uuid.uuid5(...))`` spelt out: the same SHA-1, version and variant bits and text, without
-    # building two UUID objects (a burst makes thousands of ids; uuid5 was 5 % of its CPU).
+    # building two UUID objects (a burst makes thousands of ids, and uuid5's objects were a visible share of its CPU).
     digest = bytearray(hashlib.sha1(_COMMAND_NAMESPACE_BYTES + f"{ticket_id}/{step}/{kind}".encode()).digest()[:16])
     digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
     digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant

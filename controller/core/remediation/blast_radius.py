@@ -128,8 +128,8 @@ class BudgetState:
     """Node id → when a node-level action was first proposed for it; kept while it is re-proposed.
 
     Oldest first (never mutated: replaced), so that `admit` finds what expired at its front and
-    what is fresh at its back without a pass over every entry: in a burst it holds ~2,000 nodes,
-    and three passes over them took ~0.5 ms of every call.
+    what is fresh at its back without a pass over every entry: in a burst it holds thousands of
+    nodes, and passes over them all on every call add up.
 
     Not in the stored document either: one entry per node with demand in the window, ~80 KB after
     a 2,000-node burst, and it changes on most commits of a burst. It is stored as documents of its

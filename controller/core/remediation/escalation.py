@@ -304,7 +304,7 @@ _AS_DICT = "_as_dict"
 def _evolve(ticket: Ticket, **changes: Any) -> Ticket:
     """``dataclasses.replace`` for a Ticket, without its per-call field introspection and __init__.
 
-    The ladder updates tickets ~1.4 times per event, and replace was 7 % of a burst's CPU. Ticket has
+    The ladder updates tickets more than once per event, and replace was a visible share of a burst's CPU. Ticket has
     no __post_init__, so copying the fields and setting the changed ones is what replace does.
     """
     unknown = changes.keys() - _TICKET_FIELD_SET
