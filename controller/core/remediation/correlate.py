@@ -19,6 +19,11 @@ UPGRADE                 what would be a DUPLICATE or SECONDARY asks for a       
 OBSERVED                nothing to act on (classification action "none")            no
 ======================  ==========================================================  ==============
 
+A finished repair ends a burst: once the ladder's repair of a target has run (``repaired_at``, from
+``escalation.repaired_at``), an event of that target neither joins nor details an incident opened
+before it. It opens a new incident (a sticky one recurs), and the ladder climbs on it: folding is
+right while a repair is due or running, not after it (issue #37).
+
 Secondary rules (each within ``secondary_window_s`` of the root's last event):
 
 - Xid 45 (preemptive cleanup) after any other Xid on the same GPU (else the same node);
@@ -330,6 +335,7 @@ def correlate(
     catalog: xid_catalog.XidCatalog,
     policy: policy.RemediationPolicy,
     nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
+    repaired_at: float | None = None,
 ) -> Correlation:
     """Classify one event and fold it into the open incidents. Pure.
 
@@ -354,6 +360,10 @@ def correlate(
         catalog: NVIDIA's XID catalog.
         policy: all remediation settings (classification and correlation parts are used).
         nvlink5_rules: NVIDIA's Xid 144-150 decode sheet, passed on to ``classify`` (None: the catalog's).
+        repaired_at: when the ladder's repair of the event's target finished (``escalation.repaired_at``),
+            or None while one is due or running. An incident of that GPU (or node) opened before it
+            is not joined as a duplicate or a secondary: the fault is back after its repair, which
+            is the evidence the ladder climbs on. Sticky recurrences are recurrences either way.
 
     Returns:
         The new state, the outcome, the incident and the event's classification.
@@ -378,7 +388,7 @@ def correlate(
         for i in incidents
         if i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid and i.fault_key == cls.fault_key
     )
-    fold = _Fold(state, event, scope, incidents, ports, cls, same_target, now_s, corr_pol)
+    fold = _Fold(state, event, scope, incidents, ports, cls, same_target, now_s, corr_pol, repaired_at)
     for step in (_join_flap_storm, _join_burst, _fold_secondary, _recur):
         found = step(fold)
         if found is not None:
@@ -402,6 +412,23 @@ class _Fold:
     """Open incidents of the event's node, GPU and fault key, oldest first."""
     now_s: float
     pol: policy.CorrelationPolicy
+    repaired_at: float | None = None
+    """When the ladder's repair of the event's target finished (see `correlate`)."""
+
+    def joinable(self, incidents: tuple[Incident, ...]) -> tuple[Incident, ...]:
+        """incidents without those of the event's target opened before its repair finished.
+
+        Those are the faults the repair was for: the event comes after it, so it is no part of their
+        burst and no detail of them (`_join_burst`, `_fold_secondary`).
+        """
+        at, event = self.repaired_at, self.event
+        if at is None:
+            return incidents
+        return tuple(
+            i
+            for i in incidents
+            if not (i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid and i.opened_at < at)
+        )
 
     def answer(
         self, new_incidents: tuple[Incident, ...], outcome: Outcome, inc: Incident | None, why: str
@@ -464,7 +491,7 @@ def _join_flap_storm(fold: _Fold) -> Correlation | None:
 def _join_burst(fold: _Fold) -> Correlation | None:
     """The same fault on the same target within the dedupe window: DUPLICATE, or UPGRADE when stronger."""
     window_s = fold.pol.dedupe_window_s
-    for inc in reversed(fold.same_target):
+    for inc in reversed(fold.joinable(fold.same_target)):
         if fold.now_s - inc.opened_at <= window_s:
             if _stronger(fold.cls, inc.classification):
                 return fold.upgrade(inc)
@@ -482,7 +509,7 @@ def _join_burst(fold: _Fold) -> Correlation | None:
 def _fold_secondary(fold: _Fold) -> Correlation | None:
     """A consequence of an open incident (`_secondary_root`): SECONDARY, or UPGRADE of the root on the same GPU."""
     event = fold.event
-    root = _secondary_root(event, fold.incidents, fold.now_s, fold.pol)
+    root = _secondary_root(event, fold.joinable(fold.incidents), fold.now_s, fold.pol)
     if root is None:
         return None
     inc, why = root

@@ -9,7 +9,9 @@ cannot work are skipped: a row-remap failure starts at RMA; a GPU that fell off 
 starts at REBOOT_NODE and never gets a reset, because a ticket's rung never goes down; Xid 154
 "Node Reboot Required" starts at REBOOT_NODE. A ticket climbs one rung when its action fails,
 times out, is refused or unsupported, when post-repair validation fails, or when the fault comes
-back on the same target within ``recurrence_window_s`` after the repair. Every rung has an attempt
+back on the same target within ``recurrence_window_s`` after the repair (also within correlation's
+dedupe window: once a repair has run, ``handle_event`` tells ``correlate`` so with `repaired_at`, and
+the fault's return is a recurrence, never a duplicate of the fault it repaired). Every rung has an attempt
 budget per target (GPU for restart/reset, node for reboot/power-cycle) over
 ``attempt_budget_window_s``; an exhausted rung is skipped, so a ticket reaches RMA in at most five
 steps and the same fault cannot loop, ever.
@@ -224,6 +226,10 @@ class Ticket:
     """An accusation's validation verdicts in order, hot-retest ones prefixed (``sdc.judge_accusation``)."""
     reason: str = ""
     """The reason of the last decision that touched it."""
+    repaired_at: float | None = None
+    """When its last repair command succeeded, while nothing newer was started: from then on a fault
+    of its target is evidence that the repair did not hold, never a duplicate of the incident before
+    it (`repaired_at`, ``correlate``'s ``repaired_at``). None while a repair is due or running."""
 
     def covers_gpu(self, gpu_uuid: str) -> bool:
         """True when a fault on ``gpu_uuid`` belongs to this ticket."""
@@ -602,6 +608,7 @@ def _start_rung(w: _Work, tid: str, rung: Rung, why: str) -> str:
         held=tuple(held),
         watch_until=None,
         validation_runs=0,
+        repaired_at=None,
     )
     used = w.used(_target(gpu, rung), rung)
     w.note(tid, f"{reason} (attempt {used} of {w.pol.max_attempts(rung.word)})")
@@ -671,6 +678,7 @@ def _open_rma(w: _Work, tid: str, why: str) -> str:
         held=tuple(held),
         watch_until=None,
         validation_runs=0,
+        repaired_at=None,
     )
     if t.gpu_uuid and "node" in held and not w.node_command_id:
         _validate_rest_of_node(w, tid)
@@ -996,6 +1004,25 @@ def _new_ticket(w: _Work, incident: correlate.Incident, required: Rung | None) -
     return w.tickets[tid].reason
 
 
+_REPAIRED_STATES = frozenset({TicketState.VALIDATING, TicketState.WATCHING})
+"""Ticket states after a repair ran: a fault of the target now is evidence against the repair."""
+
+
+def repaired_at(state: RemediationState, gpu_uuid: str) -> float | None:
+    """When the repair of the ticket covering ``gpu_uuid`` ("": the node's) finished, or None. Pure.
+
+    Set while the ticket validates or watches the repair it ran, None while a repair is due or
+    running (a repeat then folds into its incident as part of the same burst). ``handle_event``
+    passes it to ``correlate``: an incident of that target opened before it is no longer joined by
+    a new event, so a fault back 120 s after its restart climbs the ladder instead of being taken
+    for a duplicate of the fault the restart repaired.
+    """
+    for t in state.tickets:
+        if t.repaired_at is not None and t.state in _REPAIRED_STATES and t.covers_gpu(gpu_uuid):
+            return t.repaired_at
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class EventDecision:
     """What one health event did: its correlation (new correlation state inside) and the decision."""
@@ -1032,7 +1059,13 @@ def handle_event(
         The correlation (carrying the new correlation state) and the decision.
     """
     corr = correlate.correlate(
-        correlation_state, event, now_s=now_s, catalog=catalog, policy=policy, nvlink5_rules=nvlink5_rules
+        correlation_state,
+        event,
+        now_s=now_s,
+        catalog=catalog,
+        policy=policy,
+        nvlink5_rules=nvlink5_rules,
+        repaired_at=repaired_at(state, event.gpu_uuid),
     )
     if corr.needs_decision and corr.incident is not None:
         decision = decide(state, corr.incident, now_s=now_s, policy=policy.escalation)
@@ -1097,7 +1130,7 @@ def _apply_result(w: _Work, result: ActionResult) -> str:
         return _apply_validation(w, tid, result, detail)
     w.note(tid, f"{kind} {result.outcome.name.lower()}{detail}")
     if result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN):
-        w.update(tid, pending=None)
+        w.update(tid, pending=None, repaired_at=w.now_s)
         dry = " (dry run)" if result.outcome is Outcome.DRY_RUN else ""
         if t.rung is Rung.RESTART_PROCESS and not w.pol.validate_after_restart:
             w.update(tid, state=TicketState.WATCHING, watch_until=w.now_s + w.pol.recurrence_window_s)

@@ -45,15 +45,16 @@ class Node:
 
     def event(self, kind: EventKind, gpu: str = "GPU-1", **fields: object) -> escalation.Decision | None:
         ev = health.HealthEvent(node_id=self.node_id, kind=kind, observed_at=self.clock.now, gpu_uuid=gpu, **fields)
-        corr = correlate.correlate(self.corr, ev, now_s=self.clock.now, catalog=CATALOG, policy=self.policy)
-        self.corr = corr.state
-        self.outcomes.append(corr.outcome)
-        if not corr.needs_decision:
-            return None
-        assert corr.incident is not None
-        return self._take(
-            escalation.decide(self.state, corr.incident, now_s=self.clock.now, policy=self.policy.escalation)
+        # The service's whole pipeline: correlation reads the ladder's state too (a finished repair).
+        handled = escalation.handle_event(
+            self.corr, self.state, ev, now_s=self.clock.now, catalog=CATALOG, policy=self.policy
         )
+        self.corr = handled.correlation.state
+        self.outcomes.append(handled.correlation.outcome)
+        if not handled.correlation.needs_decision:
+            return None
+        assert handled.correlation.incident is not None
+        return self._take(handled.decision)
 
     def xid(self, xid: int, gpu: str = "GPU-1", **fields: object) -> escalation.Decision | None:
         return self.event(EventKind.XID, gpu, xid=xid, **fields)
@@ -897,3 +898,44 @@ def test_a_ticket_update_is_dataclasses_replace_and_never_reuses_the_old_values_
     assert escalation._ticket_to_dict(evolved)["state"] == "watching" and before["state"] == "acting"
     with pytest.raises(TypeError, match="statee"):
         escalation._evolve(ticket, statee=escalation.TicketState.WATCHING)
+
+
+# ---- issue #37: the ladder and correlation after a repair, counters and Xids, busy GPUs ---------
+
+
+def test_a_fault_back_within_the_dedupe_window_after_its_restart_finished_climbs_to_a_reset():
+    """Xid 13 again 120 s after its restart succeeded: the repair did not hold, it is no duplicate."""
+    node = Node()
+    node.xid(13)
+    node.clock.advance(5)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node.clock.advance(120)  # within the 180 s dedupe window of the first incident
+    again = node.xid(13)
+    assert node.kinds(again) == ["quarantine_gpu", "reset_gpu"]
+    assert "recurred" in again.reason
+    node.clock.advance(2)  # the recurrence's own burst still folds into it: one reset, not two
+    assert node.xid(13) is None
+    assert node.all_kinds().count("reset_gpu") == 1
+
+
+def test_a_fresh_dbe_after_a_finished_reset_and_release_climbs_to_a_reboot():
+    """A new uncorrectable error 12 s after the GPU came back is no detail of the old Xid 48: it climbs."""
+    node = Node()
+    node.xid(48)
+    node.clock.advance(10)
+    node.result("reset_gpu", Outcome.SUCCEEDED)
+    node.clock.advance(30)
+    released = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert node.kinds(released) == ["release"]
+    node.clock.advance(12)
+    fresh = node.event(EventKind.ECC_DBE)
+    assert node.kinds(fresh) == ["quarantine_node", "reboot_node"]
+    assert node.ticket().rung is escalation.Rung.REBOOT_NODE
+
+
+def test_a_repeat_while_the_repair_still_runs_folds_into_it():
+    node = Node()
+    node.xid(13)
+    node.clock.advance(60)
+    assert node.xid(13) is None  # the restart has not answered: a duplicate
+    assert node.all_kinds() == ["restart_process"]
