@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
 from rasd.controller import wiring
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import actions
 from rasd.controller.core.remediation import events as health
@@ -613,3 +614,50 @@ def test_the_breakers_demand_is_stored_apart_from_the_budget_document_and_surviv
         **documents,
         remediation_mod.BUDGET_DEMAND_PREFIX + repr(earlier_s): {"at": earlier_s, "nodes": ["node-0"]},
     }
+
+
+def test_a_tripped_breaker_still_validates_and_releases_the_nodes_it_rebooted_before(store_url):
+    """Issue #37: the nodes already rebooted when the breaker tripped were never validated, so they stayed out."""
+    pol = policy_mod.RemediationPolicy(
+        disruption=policy_mod.DisruptionPolicy(
+            breaker_quarantine_pct=20.0,
+            breaker_min_nodes=3,
+            max_disrupted_nodes_pct=50.0,
+            domain_max_nodes={},
+            domain_max_pct={},
+        )
+    )
+    rig = _Rig(store_url, pol)
+    nodes = [f"node-{i}" for i in range(1, 11)]
+    for node in nodes[1:]:
+        rig.store.register_hello(_hello(node), NOW_NS)
+
+    async def run() -> tuple:
+        sent = rig.outlet.capture()
+        await rig.start()
+        for node in nodes[:2]:  # 2 of 10 nodes: at the breaker's limit, not over it
+            await rig.service.on_events(node, [_event(node, 1, 79)], {"rack": "r1"})
+        reboots = {c.node_id: c for c in rig.service.store.commands() if c.kind == "reboot_node"}
+        for node in nodes[2:6]:  # 6 of 10: the breaker trips, their reboots wait
+            await rig.service.on_events(node, [_event(node, 1, 79)], {"rack": "r1"})
+        tripped = rig.service.budget.breaker_tripped
+        for node, reboot in reboots.items():
+            await rig.service.on_result(node, msgs.AgentResult(reboot.command_id, msgs.Outcome.SUCCEEDED))
+        validations = {c.node_id: c for c in rig.service.store.commands() if c.kind == "run_validation"}
+        for node, run in validations.items():
+            await rig.service.on_result(
+                node, msgs.AgentResult(run.command_id, msgs.Outcome.SUCCEEDED, validation_verdict="pass")
+            )
+        statuses = {(c.node_id, c.kind): c.status for c in rig.service.store.commands()}
+        out = rig.service.budget.disrupted_nodes()
+        held = rig.service.budget.breaker_tripped
+        await rig.stop()
+        return reboots, tripped, validations, sent, statuses, out, held
+
+    reboots, tripped, validations, sent, statuses, out, held = asyncio.run(run())
+    assert set(reboots) == {"node-1", "node-2"} and tripped
+    assert set(validations) == {"node-1", "node-2"}
+    assert all(run.command_id in sent for run in validations.values()), "the post-repair runs were sent"
+    assert statuses[("node-1", "release")] == statuses[("node-2", "release")] == "succeeded"
+    assert not {"node-1", "node-2"} & out, "back in service"
+    assert held and all(statuses[(n, "reboot_node")] == "pending" for n in nodes[2:6]), "nothing new leaves"
