@@ -48,7 +48,10 @@ from               on                                              to           
 WAITING            node command reported back (or expired)         ACTING             repair (budgets re-checked)
 ACTING             result SUCCEEDED (or DRY_RUN)                   VALIDATING         RunValidation
 ACTING             restart SUCCEEDED, no validate_after_restart    WATCHING           —
+ACTING             reset REFUSED (compute processes run), first    ACTING (reset)     RestartProcess (stop them)
+ACTING             those processes stopped                         ACTING (reset)     ResetGpu (again)
 ACTING             result FAILED/TIMED_OUT/REFUSED/NOT_SUPPORTED   ACTING (rung+1)    next repair, or RMA
+                   (the stop of the processes, or the reset again)
 ACTING             fault needing a higher rung                     ACTING (higher)    that repair (supersedes)
 ACTING             fault needing the same or a lower rung          ACTING             — (absorbed)
 VALIDATING         verdict pass / software_drift                   WATCHING           Release per hold
@@ -226,6 +229,10 @@ class Ticket:
     """An accusation's validation verdicts in order, hot-retest ones prefixed (``sdc.judge_accusation``)."""
     reason: str = ""
     """The reason of the last decision that touched it."""
+    processes_stopped: bool = False
+    """The current reset was refused while compute processes ran on the GPU and they were stopped for
+    it (restart_process's kill, `_stop_processes`): the reset is tried once more, and a second refusal
+    climbs."""
     repaired_at: float | None = None
     """When its last repair command succeeded, while nothing newer was started: from then on a fault
     of its target is evidence that the repair did not hold, never a duplicate of the incident before
@@ -609,6 +616,7 @@ def _start_rung(w: _Work, tid: str, rung: Rung, why: str) -> str:
         watch_until=None,
         validation_runs=0,
         repaired_at=None,
+        processes_stopped=False,
     )
     used = w.used(_target(gpu, rung), rung)
     w.note(tid, f"{reason} (attempt {used} of {w.pol.max_attempts(rung.word)})")
@@ -1129,6 +1137,10 @@ def _apply_result(w: _Work, result: ActionResult) -> str:
     if kind == "run_validation":
         return _apply_validation(w, tid, result, detail)
     w.note(tid, f"{kind} {result.outcome.name.lower()}{detail}")
+    if t.rung is Rung.RESET_GPU and kind in (Rung.RESET_GPU.word, Rung.RESTART_PROCESS.word):
+        busy = _busy_reset(w, tid, kind, result, detail)
+        if busy:
+            return busy
     if result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN):
         w.update(tid, pending=None, repaired_at=w.now_s)
         dry = " (dry run)" if result.outcome is Outcome.DRY_RUN else ""
@@ -1140,6 +1152,47 @@ def _apply_result(w: _Work, result: ActionResult) -> str:
             return line
         return _start_validation(w, tid, w.pol.post_repair_suite, f"{kind} succeeded{dry}")
     return _climb(w, tid, f"{kind} {result.outcome.name.lower()}{detail}")
+
+
+def _busy_reset(w: _Work, tid: str, kind: str, result: ActionResult, detail: str) -> str:
+    """A reset refused because compute processes run: stop them, then reset again. Returns the reason, or "".
+
+    The agent refuses a reset while a compute process runs on the GPU (REFUSED is its only refusal
+    of one). That says nothing against the reset: the ladder stops the processes (restart_process's
+    kill, SIGTERM then SIGKILL after ``restart_grace_s``) and tries the reset once more; only if
+    the processes do not stop, or the reset is refused or fails again, does it climb to a reboot.
+    Both commands count against their rung's budget like any other; a spent budget climbs at once.
+    "" when the result is not one of these steps (the caller goes on as for any result).
+    """
+    t = w.tickets[tid]
+    gpu = t.gpu_uuid
+    if kind == Rung.RESET_GPU.word:
+        if result.outcome is not Outcome.REFUSED or t.processes_stopped:
+            return ""
+        spent = w.used(gpu, Rung.RESTART_PROCESS) >= w.pol.max_attempts(Rung.RESTART_PROCESS.word)
+        if spent:
+            why = f"reset_gpu refused{detail}; restart_process budget spent, so its processes cannot be stopped"
+            return _climb(w, tid, why)
+        why = f"reset_gpu refused{detail}: stop the GPU's processes, then reset again"
+        cmd = w.emit(tid, actions.RestartProcess, why, gpu_uuid=gpu, grace_s=w.pol.restart_grace_s)
+        w.attempts.append(Attempt(gpu, Rung.RESTART_PROCESS, w.now_s))
+        w.update(tid, pending=Pending(cmd.command_id, cmd.kind, w.now_s), processes_stopped=True)
+        w.note(tid, why)
+        return why
+    # The processes were stopped for the reset (a restart_process answer while the rung is the reset).
+    if result.outcome not in (Outcome.SUCCEEDED, Outcome.DRY_RUN):
+        return _climb(
+            w, tid, f"the GPU's processes could not be stopped for its reset ({result.outcome.name.lower()}{detail})"
+        )
+    if w.used(gpu, Rung.RESET_GPU) >= w.pol.max_attempts(Rung.RESET_GPU.word):
+        return _climb(w, tid, "processes stopped, but the reset_gpu budget is spent")
+    why = f"processes stopped{detail}: reset again"
+    cmd = w.emit(tid, actions.ResetGpu, why, gpu_uuid=gpu)
+    w.attempts.append(Attempt(gpu, Rung.RESET_GPU, w.now_s))
+    w.update(tid, pending=Pending(cmd.command_id, cmd.kind, w.now_s))
+    used = w.used(gpu, Rung.RESET_GPU)
+    w.note(tid, f"{why} (attempt {used} of {w.pol.max_attempts(Rung.RESET_GPU.word)})")
+    return w.tickets[tid].reason
 
 
 def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> str:

@@ -939,3 +939,36 @@ def test_a_repeat_while_the_repair_still_runs_folds_into_it():
     node.clock.advance(60)
     assert node.xid(13) is None  # the restart has not answered: a duplicate
     assert node.all_kinds() == ["restart_process"]
+
+
+def test_a_reset_refused_for_running_processes_stops_them_and_resets_again():
+    node = Node()
+    node.xid(95)  # RESET_GPU bucket
+    refused = node.result("reset_gpu", Outcome.REFUSED)
+    assert node.kinds(refused) == ["restart_process"]
+    assert refused.actions[0].gpu_uuid == "GPU-1"
+    assert "refused" in refused.reason and "stop" in refused.reason
+    assert node.ticket().rung is escalation.Rung.RESET_GPU and node.ticket().held == ("gpu:GPU-1",)
+    stopped = node.result("restart_process", Outcome.SUCCEEDED)
+    assert node.kinds(stopped) == ["reset_gpu"]
+    node.result("reset_gpu", Outcome.SUCCEEDED)
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert "reboot_node" not in node.all_kinds()
+    assert node.ticket().state is TicketState.WATCHING
+
+
+@pytest.mark.parametrize("how", ["refused again", "stop failed", "stop timed out"])
+def test_a_reset_still_refused_or_whose_processes_do_not_stop_climbs_to_a_reboot(how):
+    node = Node()
+    node.xid(95)
+    node.result("reset_gpu", Outcome.REFUSED)
+    if how == "refused again":
+        node.result("restart_process", Outcome.SUCCEEDED)
+        climbed = node.result("reset_gpu", Outcome.REFUSED)
+    elif how == "stop failed":
+        climbed = node.result("restart_process", Outcome.FAILED)
+    else:
+        node.clock.advance(node.policy.escalation.restart_process_timeout_s)
+        climbed = node.tick()
+    assert node.kinds(climbed) == ["quarantine_node", "reboot_node"]
+    assert node.all_kinds().count("reset_gpu") == (2 if how == "refused again" else 1)
