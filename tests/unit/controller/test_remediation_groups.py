@@ -661,3 +661,33 @@ def test_a_tripped_breaker_still_validates_and_releases_the_nodes_it_rebooted_be
     assert statuses[("node-1", "release")] == statuses[("node-2", "release")] == "succeeded"
     assert not {"node-1", "node-2"} & out, "back in service"
     assert held and all(statuses[(n, "reboot_node")] == "pending" for n in nodes[2:6]), "nothing new leaves"
+
+
+def test_an_xid94s_remap_is_applied_by_a_reset_once_the_telemetry_shows_the_gpu_idle(rig):
+    """Issue #37: Xid 94 restarts the application; the reset that remaps waits for the GPU to drain, never kills."""
+
+    async def run() -> tuple:
+        sent = rig.outlet.capture()
+        rig.ingest.remember_remote_node("node-1", {"rack": "r1"}, tuple(GPUS))
+        await rig.start()
+        await rig.service.on_events("node-1", [_event("node-1", 1, 94)], {"rack": "r1"})
+        restart = next(c for c in rig.service.store.commands() if c.kind == "restart_process")
+        await rig.service.on_result("node-1", msgs.AgentResult(restart.command_id, msgs.Outcome.SUCCEEDED))
+        busy = fleet.GpuLatest(power_w=650.0, power_sample_unix_ns=NOW_NS, enforced_power_limit_w=700)
+        rig.wired.streams.latest[GPUS[0]] = busy
+        await rig.service.tick()
+        while_busy = [c.kind for c in rig.service.store.commands()]
+        rig.wired.streams.latest[GPUS[0]] = dataclasses.replace(busy, power_w=70.0)
+        await rig.service.tick()
+        after = [(c.kind, c.status) for c in rig.service.store.commands()]
+        await rig.stop()
+        return sent, while_busy, after
+
+    sent, while_busy, after = asyncio.run(run())
+    assert while_busy == ["restart_process"], "the GPU works: nothing is stopped, nothing is held"
+    assert sorted(after) == [
+        ("quarantine_gpu", "succeeded"),
+        ("reset_gpu", "dispatched"),
+        ("restart_process", "succeeded"),
+    ]
+    assert len(sent) == 2, "the restart, then the reset once idle"

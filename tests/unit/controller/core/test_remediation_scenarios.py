@@ -341,7 +341,12 @@ def test_the_watch_closes_the_ticket_after_the_recurrence_window():
 def test_remap_pending_within_spare_capacity_resets_and_returns_to_service():
     node = Node()
     decision = node.event(EventKind.ROW_REMAP_PENDING, remapped_rows_uncorrectable=3)
-    assert node.kinds(decision) == ["quarantine_gpu", "reset_gpu"]
+    assert node.kinds(decision) == []  # the counter waits for an Xid that would say more (issue #37)
+    node.clock.advance(node.policy.escalation.counter_hold_s)
+    assert node.kinds(node.tick()) == []  # then the reset that applies the remap waits for the drain
+    assert node.ticket().state is TicketState.DRAINING and node.ticket().held == ()
+    drained = escalation.gpu_idle(node.state, "GPU-1", now_s=node.clock.now, policy=node.policy.escalation)
+    assert node.kinds(node._take(drained)) == ["quarantine_gpu", "reset_gpu"]
     node.result("reset_gpu", Outcome.SUCCEEDED)
     released = node.result("run_validation", Outcome.SUCCEEDED, "pass")
     assert [(a.kind, a.gpu_uuid) for a in released.actions] == [("release", "GPU-1")]
@@ -972,3 +977,85 @@ def test_a_reset_still_refused_or_whose_processes_do_not_stop_climbs_to_a_reboot
         climbed = node.tick()
     assert node.kinds(climbed) == ["quarantine_node", "reboot_node"]
     assert node.all_kinds().count("reset_gpu") == (2 if how == "refused again" else 1)
+
+
+def test_an_xid48_after_its_dbe_counter_change_is_the_same_incident_and_one_reset():
+    """The counter is read at 1 Hz and may be seen first: the Xid that follows names it, one incident either way."""
+    node = Node()
+    assert node.event(EventKind.ECC_DBE) is not None  # held briefly for the Xid that names it
+    assert node.all_kinds() == []
+    node.clock.advance(1)
+    named = node.xid(48)
+    assert node.kinds(named) == ["quarantine_gpu", "reset_gpu"]
+    assert node.outcomes == [correlate.Outcome.NEW, correlate.Outcome.NAMED]
+    (incident,) = node.corr.open_incidents()
+    assert incident.xid == 48 and incident.fault_key == "xid:48" and "ecc_dbe" in incident.secondary_keys
+    node.clock.advance(1)
+    node.xid(45)  # its cleanup folds in too
+    assert len(node.corr.open_incidents()) == 1 and node.all_kinds() == ["quarantine_gpu", "reset_gpu"]
+
+
+def test_a_dbe_counter_change_no_xid_names_is_reset_once_its_hold_ends():
+    node = Node()
+    node.event(EventKind.ECC_DBE)
+    hold_s = node.policy.escalation.counter_hold_s
+    node.clock.advance(hold_s - 1)
+    assert node.kinds(node.tick()) == []
+    node.clock.advance(1)
+    assert node.kinds(node.tick()) == ["quarantine_gpu", "reset_gpu"]
+
+
+@pytest.mark.parametrize("counter_first", [False, True])
+def test_a_contained_xid94_restarts_the_application_and_its_dbe_counter_does_not_reset_the_gpu(counter_first):
+    """NVIDIA: Xid 94 is contained, restart the application; the GPU is reset to remap only when convenient."""
+    node = Node()
+    if counter_first:
+        node.event(EventKind.ECC_DBE)
+        node.clock.advance(1)
+        node.xid(94)
+    else:
+        node.xid(94)
+        node.clock.advance(1)
+        node.event(EventKind.ECC_DBE)
+    node.clock.advance(1)
+    node.event(EventKind.ROW_REMAP_PENDING, remapped_rows_uncorrectable=1)
+    assert node.all_kinds() == ["restart_process"]
+    assert len(node.corr.open_incidents()) == 1
+    ticket = node.ticket()
+    assert ticket.rung is escalation.Rung.RESTART_PROCESS and ticket.held == ()
+
+    # The restart is done: the GPU stays in service, its remap waits for it to drain (no kill, no quarantine).
+    node.clock.advance(5)
+    restarted = node.result("restart_process", Outcome.SUCCEEDED)
+    assert node.kinds(restarted) == [] and node.ticket().state is TicketState.DRAINING
+    assert escalation.draining_gpus(node.state) == ("GPU-1",)
+    node.clock.advance(3600)
+    assert node.kinds(node.tick()) == []
+    drained = node._take(escalation.gpu_idle(node.state, "GPU-1", now_s=node.clock.now, policy=node.policy.escalation))
+    assert node.kinds(drained) == ["quarantine_gpu", "reset_gpu"]
+    node.result("reset_gpu", Outcome.SUCCEEDED)
+    released = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert node.kinds(released) == ["release"] and node.ticket().state is TicketState.WATCHING
+    assert node.all_kinds().count("restart_process") == 1
+
+
+def test_a_drained_reset_refused_after_all_gives_the_gpu_back_and_waits_for_the_next_drain():
+    node = Node()
+    node.xid(94)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node._take(escalation.gpu_idle(node.state, "GPU-1", now_s=node.clock.now, policy=node.policy.escalation))
+    refused = node.result("reset_gpu", Outcome.REFUSED)  # work started on it meanwhile: no kill for a remap
+    assert node.kinds(refused) == ["release"]
+    assert node.ticket().state is TicketState.DRAINING and node.ticket().held == ()
+
+
+def test_a_fault_back_while_the_remap_waits_for_the_drain_climbs_to_a_real_reset():
+    node = Node()
+    node.xid(94)
+    node.clock.advance(5)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node.clock.advance(600)
+    again = node.xid(94)
+    assert node.kinds(again) == ["quarantine_gpu", "reset_gpu"]
+    refused = node.result("reset_gpu", Outcome.REFUSED)  # a repair reset stops the processes (item 4)
+    assert node.kinds(refused) == ["restart_process"]
