@@ -361,6 +361,7 @@ def _power_probe(
         clock,
     )
     probe.loop = controller.power
+    probe.workload_stopped = lambda: {gpu for backend in backends for gpu in backend.stopped_gpus()}
     if controller.remediation is not None:
         store = controller.remediation.store
         probe.quarantined = lambda: controller.ingest.run_in_store(store.quarantines)

@@ -668,6 +668,8 @@ class SimulatedBackend:
             sim.sdc = True
         elif kind == "ib_link_flap":
             self._flap(fault, now_unix_ns)
+        if uuid_ and self.workload_crashed(uuid_):
+            self.set_workload(uuid_, running=False)  # its application died: the GPU idles from now on
         fired = FiredFault(fault, now_unix_ns, uuid_)
         self.fired.append(fired)
         return fired
@@ -702,6 +704,10 @@ class SimulatedBackend:
             self._stopped.add(gpu_uuid)
         self._job.set_active(sim.rank, running)
 
+    def stopped_gpus(self) -> frozenset[str]:
+        """The GPUs whose share of the job `set_workload` stopped."""
+        return frozenset(self._stopped)
+
     def power_off(self) -> None:
         """The node is down (a reboot that never came back): no GPU answers until `reboot`."""
         for sim in self._gpus.values():
@@ -725,7 +731,12 @@ class SimulatedBackend:
             self.set_power_smoothing(gpu_uuid, enabled=False, floor_pct=0.0, ramp_up_w_per_s=0.0, ramp_down_w_per_s=0.0)
 
     def reboot(self) -> None:
-        """What a node reboot clears: lost GPUs come back, volatile state is gone, caps return to default."""
+        """What a node reboot clears: lost GPUs come back, volatile state is gone, caps return to default.
+
+        The workload starts again on every GPU whose process had stopped (`set_workload`).
+        """
+        for gpu_uuid in list(self._stopped):
+            self.set_workload(gpu_uuid, running=True)
         for sim in self._gpus.values():
             sim.lost = False
             if sim.remap_pending:

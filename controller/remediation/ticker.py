@@ -9,9 +9,11 @@ and only the nodes due are ticked under it, looked at again there, in chunks of
 ``TICK_CHUNK_NODES``, each chunk one transaction.
 
 A reset that waits for its GPU to drain (``escalation.TicketState.DRAINING``: a pending row remap
-after Xid 94) starts when this replica's telemetry shows the GPU idle: its fresh draw under
-``sdc.idle_power_pct`` of its limit, as the SDC sweeps judge idle nodes (`_drained`). A GPU whose
-stream another replica holds shows no telemetry here, so it is not taken for idle.
+after Xid 94) starts when this replica's telemetry shows the GPU idle (`_drained`): no kernel ran in
+its last fresh counters (utilization 0 %), or, where the GPU reports no utilization, its fresh draw is
+under ``sdc.idle_power_pct`` of its limit, as the SDC sweeps judge idle nodes. Power alone would miss
+an idle GPU held at a power-smoothing floor. A GPU whose stream another replica holds shows no
+telemetry here, so it is not taken for idle; the agent refuses the reset anyway while a process runs.
 """
 
 from __future__ import annotations
@@ -195,14 +197,23 @@ class Ticker:
             if not ladder.tickets:
                 continue
             for gpu in self._remembered(node_id, ladder)[3]:
-                seen = state.streams.latest.get(gpu)
-                if seen is None:
-                    continue
-                seen = fleet.drop_stale_power(seen, now_s=now, stale_after_s=self._stale_after_s)
-                limit_w = float(seen.enforced_power_limit_w or 0)
-                if sdc.node_is_idle([(seen.power_w, limit_w)], idle_power_pct=idle_pct):
+                if self._looks_idle(gpu, now, idle_pct):
                     out.append((node_id, gpu))
         return out
+
+    def _looks_idle(self, gpu: str, now_s: float, idle_pct: float) -> bool:
+        """No kernel in its fresh counters (utilization 0 %); without that figure, a fresh draw under idle_pct."""
+        streams = self._state.streams
+        seen = streams.latest.get(gpu)
+        if seen is None:
+            return False
+        counted_at_ns = streams.latest_controller_ns.get(gpu)
+        fresh = counted_at_ns is not None and now_s - counted_at_ns / 1e9 <= self._stale_after_s
+        if seen.utilization_gpu_pct is not None:
+            return fresh and seen.utilization_gpu_pct == 0
+        seen = fleet.drop_stale_power(seen, now_s=now_s, stale_after_s=self._stale_after_s)
+        limit_w = float(seen.enforced_power_limit_w or 0)
+        return sdc.node_is_idle([(seen.power_w, limit_w)], idle_power_pct=idle_pct)
 
     async def _start_drained(self, drained: list[tuple[str, str]]) -> None:
         """Start the resets of the drained GPUs (`escalation.gpu_idle`), in one transaction (under the lock)."""
