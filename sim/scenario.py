@@ -282,22 +282,8 @@ def _pair(data: Mapping[str, Any], key: str, where: str, default: tuple[float, f
     return float(value[0]), float(value[1])
 
 
-def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
-    """Validate a parsed TOML mapping into a Scenario."""
-    unknown = set(data) - {
-        "name",
-        "description",
-        "workload",
-        "faults",
-        "operator",
-        "remediation",
-        "power",
-        "action_faults",
-        "expect",
-    }
-    if unknown:
-        raise ScenarioError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
-    workload_data = data.get("workload", {})
+def _parse_workload(workload_data: Any, source: str) -> Workload:
+    """The `[workload]` table (defaults for what it leaves out); errors name the key."""
     if not isinstance(workload_data, dict):
         raise ScenarioError(f"{source}: workload must be a table")
     workload = Workload(
@@ -321,6 +307,25 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
         raise ScenarioError(f"{source}: workload: unknown key(s) {', '.join(sorted(extra))}")
     if not 0 < workload.compute_fraction < 1:
         raise ScenarioError(f"workload.compute_fraction: must be in (0, 1), got {workload.compute_fraction}")
+    return workload
+
+
+def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
+    """Validate a parsed TOML mapping into a Scenario."""
+    unknown = set(data) - {
+        "name",
+        "description",
+        "workload",
+        "faults",
+        "operator",
+        "remediation",
+        "power",
+        "action_faults",
+        "expect",
+    }
+    if unknown:
+        raise ScenarioError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
+    workload = _parse_workload(data.get("workload", {}), source)
     faults = []
     for index, fault in enumerate(data.get("faults", [])):
         where = f"faults[{index}]"
