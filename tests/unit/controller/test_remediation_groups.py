@@ -691,3 +691,36 @@ def test_an_xid94s_remap_is_applied_by_a_reset_once_the_telemetry_shows_the_gpu_
         ("restart_process", "succeeded"),
     ]
     assert len(sent) == 2, "the restart, then the reset once idle"
+
+
+def test_a_gpu_held_at_its_smoothing_floor_drains_when_its_fresh_counters_show_no_kernel(rig):
+    """Issue #37: idle means no kernel runs (utilization 0 %), not low power: smoothing holds idle GPUs at a floor."""
+
+    async def run() -> tuple:
+        rig.ingest.remember_remote_node("node-1", {"rack": "r1"}, tuple(GPUS))
+        await rig.start()
+        await rig.service.on_events("node-1", [_event("node-1", 1, 94)], {"rack": "r1"})
+        restart = next(c for c in rig.service.store.commands() if c.kind == "restart_process")
+        await rig.service.on_result("node-1", msgs.AgentResult(restart.command_id, msgs.Outcome.SUCCEEDED))
+        at_floor = fleet.GpuLatest(
+            power_w=620.0, power_sample_unix_ns=NOW_NS, enforced_power_limit_w=1000, utilization_gpu_pct=100
+        )
+        streams = rig.wired.streams
+        streams.latest[GPUS[0]] = at_floor
+        streams.latest_controller_ns[GPUS[0]] = NOW_NS
+        await rig.service.tick()
+        while_working = [c.kind for c in rig.service.store.commands()]
+        streams.latest[GPUS[0]] = dataclasses.replace(at_floor, utilization_gpu_pct=0)
+        streams.latest_controller_ns[GPUS[0]] = NOW_NS - 60 * 10**9
+        await rig.service.tick()
+        while_stale = [c.kind for c in rig.service.store.commands()]
+        streams.latest_controller_ns[GPUS[0]] = NOW_NS
+        await rig.service.tick()
+        after = sorted(c.kind for c in rig.service.store.commands())
+        await rig.stop()
+        return while_working, while_stale, after
+
+    while_working, while_stale, after = asyncio.run(run())
+    assert while_working == ["restart_process"], "a kernel runs: the GPU works, whatever it draws"
+    assert while_stale == ["restart_process"], "counters a minute old say nothing about now"
+    assert after == ["quarantine_gpu", "reset_gpu", "restart_process"], "idle at its floor: the remap reset starts"
