@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -194,29 +195,111 @@ def parse_validation_report(report: dict) -> ValidationRun:
 
 
 class SimulatedNodeOps:
-    """Node operations on a simulated node: each GPU runs one workload process until it is killed."""
+    """Node operations on a simulated node: each GPU runs one workload process until it is killed.
+
+    A GPU whose process is gone (killed, or dead of an uncorrectable fault) draws its idle power
+    (`SimulatedBackend.set_workload`) until a reboot starts the workload again. Scripted action
+    faults (`simulated.ActionFault`, a scenario's ``[[action_faults]]``) make an operation fail,
+    hang past its deadline, leave processes that survive every signal, fail its validation, or take
+    the node down for a reboot that never comes back until `power_cycle` (rasd-sim's BMC). `close`
+    ends every hang, so that a simulation can stop.
+    """
 
     reboot_done_on_return = True  # the simulated node is back when `reboot` returns
 
-    def __init__(self, backend: simulated.SimulatedBackend) -> None:
-        """Operate on backend's GPUs."""
+    def __init__(
+        self, backend: simulated.SimulatedBackend, action_faults: Sequence[simulated.ActionFault] = ()
+    ) -> None:
+        """Operate on backend's GPUs; action_faults say what goes wrong with which operation."""
         self.backend = backend
-        self._pids = {gpu.uuid: 100_000 + index for index, gpu in enumerate(backend.inventory())}
+        self._gpus = [gpu.uuid for gpu in backend.inventory()]
+        self._pids = {gpu_uuid: 100_000 + index for index, gpu_uuid in enumerate(self._gpus)}
+        self._gpu_of = {pid: gpu_uuid for gpu_uuid, pid in self._pids.items()}
         self._alive = set(self._pids.values())
+        self._stuck: set[int] = set()
+        """Processes that survive SIGTERM and SIGKILL (a `stuck` restart fault)."""
         self.reboots = 0
+        self.power_cycles = 0
         self.unit_restarts: list[str] = []
+        self._faults = list(action_faults)
+        self._hits = [0] * len(self._faults)
+        self._skips = [f.skip for f in self._faults]
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._up = threading.Event()
+        self._up.set()
+
+    def close(self) -> None:
+        """End every operation that hangs (or waits for a power cycle) now: the simulation stops."""
+        self._closed.set()
+
+    @property
+    def down(self) -> bool:
+        """Whether the node went down for a reboot that has not come back (until `power_cycle`)."""
+        return not self._up.is_set()
+
+    def _fault(self, action: str, gpu_uuid: str = "") -> simulated.ActionFault | None:
+        """The scripted fault that hits this action now (counted), or None."""
+        with self._lock:
+            for index, fault in enumerate(self._faults):
+                if fault.action != action or (fault.times and self._hits[index] >= fault.times):
+                    continue
+                if fault.gpu is not None and gpu_uuid and self._gpus.index(gpu_uuid) != fault.gpu % len(self._gpus):
+                    continue
+                if self._skips[index]:
+                    self._skips[index] -= 1
+                    return None
+                self._hits[index] += 1
+                return fault
+        return None
+
+    def _misbehave(self, fault: simulated.ActionFault) -> None:
+        """A fail, hang or slow fault: raise at once, raise after hang_s, or return after it (or at `close`)."""
+        if fault.outcome in ("hang", "slow"):
+            self._closed.wait(fault.hang_s)
+            if fault.outcome == "slow":
+                return
+            raise NodeOpError(f"{fault.describe()}: no answer within {fault.hang_s:g} s")
+        raise NodeOpError(fault.describe())
+
+    def _wait_up(self) -> None:
+        """A node that is down answers nothing: block until the BMC boots it (or the simulation stops)."""
+        while not self._up.wait(0.05):
+            if self._closed.is_set():
+                raise NodeOpError("the node is down: it went down for a reboot and never came back")
+
+    def _end(self, pid: int) -> None:
+        """The process is gone: its GPU's share of the job stops."""
+        self._alive.discard(pid)
+        self.backend.set_workload(self._gpu_of[pid], running=False)
+
+    def _start_all(self) -> None:
+        """A boot: every GPU's workload process runs again."""
+        self._alive = set(self._pids.values())
+        self._stuck.clear()
+        for gpu_uuid in self._gpus:
+            self.backend.set_workload(gpu_uuid, running=True)
 
     def compute_pids(self, gpu_uuid: str) -> list[int]:
         """The GPU's workload process while it lives (it dies with an uncorrectable GPU fault)."""
         pid = self._pids.get(gpu_uuid)
-        if pid in self._alive and self.backend.workload_crashed(gpu_uuid):
-            self._alive.discard(pid)
+        if pid in self._alive and pid not in self._stuck and self.backend.workload_crashed(gpu_uuid):
+            self._end(pid)
         return [pid] if pid in self._alive else []
 
     def signal(self, pid: int, signum: int) -> None:
         """SIGTERM and SIGKILL end a simulated process (the scheduler moves the job elsewhere)."""
-        if signum in (signal.SIGTERM, signal.SIGKILL):
-            self._alive.discard(pid)
+        if signum not in (signal.SIGTERM, signal.SIGKILL) or pid not in self._alive:
+            return
+        self._wait_up()
+        if signum == signal.SIGTERM:
+            fault = self._fault("restart_process", self._gpu_of.get(pid, ""))
+            if fault is not None and fault.outcome == "stuck":
+                self._stuck.add(pid)
+            elif fault is not None:
+                self._misbehave(fault)
+        if pid not in self._stuck:
+            self._end(pid)
 
     def pid_alive(self, pid: int) -> bool:
         """Whether the simulated process lives."""
@@ -228,16 +311,42 @@ class SimulatedNodeOps:
 
     def reset_gpu(self, gpu_uuid: str) -> None:
         """Reset the simulated GPU (a lost GPU cannot be reset)."""
+        self._wait_up()
+        fault = self._fault("reset_gpu", gpu_uuid)
+        if fault is not None:
+            self._misbehave(fault)
         try:
             self.backend.reset_gpu(gpu_uuid)
         except Exception as exc:
             raise NodeOpError(str(exc)) from None
 
     def reboot(self) -> None:
-        """Reboot the simulated node: GPUs come back, the workload restarts."""
+        """Reboot the simulated node: GPUs come back, the workload restarts.
+
+        A ``never_returns`` fault takes the node down instead (no GPU answers) until `power_cycle`,
+        and the call returns only then (or raises when the simulation stops first).
+        """
+        self._wait_up()
+        fault = self._fault("reboot_node")
+        if fault is not None and fault.outcome != "never_returns":
+            self._misbehave(fault)
+        elif fault is not None:
+            self._up.clear()
+            self.backend.power_off()
+            for pid in list(self._alive):
+                self._end(pid)
+            self._wait_up()
+            return  # powered on again by the BMC, which booted it
         self.backend.reboot()
-        self._alive = set(self._pids.values())
+        self._start_all()
         self.reboots += 1
+
+    def power_cycle(self) -> None:
+        """An out-of-band power cycle (rasd-sim's BMC): the node boots, whatever state it was in."""
+        self.backend.reboot()
+        self._start_all()
+        self.power_cycles += 1
+        self._up.set()
 
     def fill_troughs(self, gpu_uuids: Sequence[str], floor_w: float, ramp_down_w_per_s: float) -> None:
         """The simulated hook: each GPU's draw is held at floor_w during communication phases."""
@@ -248,16 +357,21 @@ class SimulatedNodeOps:
             raise NodeOpError(str(exc)) from None
 
     def run_validation(self, suite: str, gpu_uuids: Sequence[str], seed: int, timeout_s: float) -> ValidationRun:
-        """A simulated GPU with silent data corruption fails the known-answer GEMM; others pass."""
+        """A simulated GPU with silent data corruption fails the known-answer GEMM; others pass.
+
+        A ``verdict_fail`` fault fails every GPU the run checks; ``fail`` and ``hang`` faults make the
+        run itself go wrong.
+        """
+        self._wait_up()
         targets = list(gpu_uuids) or [g.uuid for g in self.backend.inventory()]
-        bad = self.backend.sdc_gpus()
+        fault = self._fault("run_validation", targets[0] if len(targets) == 1 else "")
+        if fault is not None and fault.outcome != "verdict_fail":
+            self._misbehave(fault)
+            fault = None  # slow: it ran after all
+        bad = set(targets) if fault is not None else self.backend.sdc_gpus()
+        evidence = fault.describe() if fault is not None else "simulated SDC: result differs from the int64 reference"
         checks = tuple(
-            (
-                "v1_known_answer_gemm",
-                uuid,
-                "fail" if uuid in bad else "pass",
-                "simulated SDC: result differs from the int64 reference" if uuid in bad else "",
-            )
+            ("v1_known_answer_gemm", uuid, "fail" if uuid in bad else "pass", evidence if uuid in bad else "")
             for uuid in targets
         )
         verdict = "fail" if any(c[2] == "fail" for c in checks) else "pass"

@@ -65,6 +65,8 @@ class ControllerSettings:
     """The `[quarantine]` table: adapter ("record", "kubernetes", "slurm") and its settings."""
     bmc: Mapping[str, Any] | None = None
     """The `[bmc]` table (Redfish endpoints per node); None: no out-of-band power-cycle rung."""
+    power_cycler: bmc.BmcPowerCycler | None = None
+    """An out-of-band power cycler given in code instead of `[bmc]` (rasd-sim's simulated BMC)."""
     security: authn.SecuritySettings = dataclasses.field(default_factory=authn.SecuritySettings)
     """mTLS files, bearer tokens, the plaintext role and per-stream input limits."""
     health_listen: str | None = None
@@ -121,6 +123,8 @@ def _executors(
         journal_store = rstore.RemediationStore(store.engine, fence=leadership.fence)
         journal = rstore.StoredJournal(journal_store, "bmc_journal")
         executors.update(bmc.executors(bmc.open_power_cycler(settings.bmc, journal)))
+    elif settings.power_cycler is not None:
+        executors.update(bmc.executors(settings.power_cycler))
     return executors
 
 

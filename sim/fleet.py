@@ -36,6 +36,7 @@ from rasd.common import devcerts, tls
 from rasd.controller import server
 from rasd.controller.core import fleet
 from rasd.controller.rpc import authn
+from rasd.sim import bmc as bmc_mod
 from rasd.sim import netdelay, power_sim
 from rasd.sim import scenario as scenario_mod
 
@@ -118,6 +119,8 @@ class SimResult:
     """Of those, streams whose agent presented a verified node certificate."""
     power_trace: power_sim.PowerTrace | None = None
     """Ground truth of the power loop's effect (scenarios with a `[power]` table)."""
+    quarantines: list[dict[str, object]] = dataclasses.field(default_factory=list)
+    """The controller's active quarantines at the end (node, GPU, port)."""
 
 
 def _node_id(index: int) -> str:
@@ -140,6 +143,8 @@ class _Session:
     probe: power_sim.PowerProbe | None
     started_ns: int
     clock: Callable[[], int]
+    ops: list[node_ops.SimulatedNodeOps] = dataclasses.field(default_factory=list)
+    bmc: bmc_mod.SimulatedBmc | None = None
     commands: list[CommandOutcome] = dataclasses.field(default_factory=list)
     operator_marks: list[int] = dataclasses.field(default_factory=list)
 
@@ -152,6 +157,7 @@ class _ControllerRecord:
     samples_ingested: int
     outbox: list[dict[str, object]]
     tickets: list[dict[str, object]]
+    quarantines: list[dict[str, object]]
 
 
 async def run(
@@ -162,7 +168,8 @@ async def run(
     pki = _fresh_out_dir(settings)
     power = settings.scenario.power
     gpu_model = scenario_mod.GPU_MODELS[power.gpu_model] if power else simulated.H100_SXM
-    controller = await _start_controller(settings, pki, gpu_model)
+    sim_bmc = bmc_mod.SimulatedBmc(_action_faults(settings, "power_cycle_bmc"))
+    controller = await _start_controller(settings, pki, gpu_model, sim_bmc)
     agent_address = controller.address
     proxy = None
     if settings.downlink_delay_s is not None:
@@ -174,11 +181,16 @@ async def run(
     job = step_job.StepJob(workload.shape(gpu_model.idle_w), settings.seed)
     backends: list[simulated.SimulatedBackend] = []
     agents: list[runtime.Agent] = []
+    ops: list[node_ops.SimulatedNodeOps] = []
+    node_faults = _action_faults(settings)
     for index in range(settings.nodes):
         backends.append(_backend(settings, index, workload, job, gpu_model, started_ns, clock))
-        agents.append(_agent(settings, index, backends[-1], agent_address, pki))
+        # Simulated GPUs take real repairs: the controller's commands change their state.
+        ops.append(node_ops.SimulatedNodeOps(backends[-1], node_faults.get(_node_id(index), ())))
+        sim_bmc.attach(_node_id(index), ops[-1])
+        agents.append(_agent(settings, index, backends[-1], agent_address, pki, ops[-1]))
     probe = _power_probe(settings, controller, job, backends, gpu_model, started_ns, clock)
-    session = _Session(settings, controller, backends, agents, probe, started_ns, clock)
+    session = _Session(settings, controller, backends, agents, probe, started_ns, clock, ops, sim_bmc)
     stop_agents = asyncio.Event()
     agent_tasks = [asyncio.create_task(a.run(stop_agents), name=f"agent-{a.identity.node_id}") for a in agents]
     # Reads (the live table, the final fleet) go through a viewer certificate; the scripted budget
@@ -196,6 +208,9 @@ async def run(
     try:
         final_nodes, events = await _play(session, admin, budget_admin, out)
     finally:
+        for node in ops:  # hung repairs end, so that every agent can stop
+            node.close()
+        sim_bmc.close()
         stop_agents.set()
         await asyncio.gather(*agent_tasks, return_exceptions=True)
         if proxy is not None:
@@ -219,10 +234,22 @@ def _fresh_out_dir(settings: SimSettings) -> devcerts.DevPki | None:
     return devcerts.init(settings.out_dir / "certs", [_node_id(i) for i in range(settings.nodes)])
 
 
+def _action_faults(settings: SimSettings, action: str | None = None) -> dict[str, list[simulated.ActionFault]]:
+    """The scenario's action faults by node id (only those of one action, when given)."""
+    out: dict[str, list[simulated.ActionFault]] = {}
+    for found in settings.scenario.action_faults:
+        if action is None or found.fault.action == action:
+            out.setdefault(_node_id(found.node % settings.nodes), []).append(found.fault)
+    return out
+
+
 async def _start_controller(
-    settings: SimSettings, pki: devcerts.DevPki | None, gpu_model: simulated.SimulatedGpuModel
+    settings: SimSettings,
+    pki: devcerts.DevPki | None,
+    gpu_model: simulated.SimulatedGpuModel,
+    sim_bmc: bmc_mod.SimulatedBmc,
 ) -> server.Controller:
-    """Start a real controller on a loopback port, with its store in the output folder."""
+    """Start a real controller on a loopback port, with its store in the output folder and the simulated BMC."""
     power = settings.scenario.power
     controller = server.Controller(
         server.ControllerSettings(
@@ -235,6 +262,7 @@ async def _start_controller(
             ),
             record_path=settings.record_path,
             power=_power_table(settings, gpu_model) if power and power.managed else None,
+            power_cycler=sim_bmc,
             commit_writer="process",  # as rasd-controller runs
         )
     )
@@ -289,6 +317,7 @@ def _agent(
     backend: simulated.SimulatedBackend,
     agent_address: str,
     pki: devcerts.DevPki | None,
+    ops: node_ops.SimulatedNodeOps,
 ) -> runtime.Agent:
     """Node index's agent: its identity, link to the controller and action settings."""
     node_id = _node_id(index)
@@ -304,8 +333,7 @@ def _agent(
         backend,
         spool.Spool(":memory:"),
         boot_id=str(uuid.UUID(int=settings.seed * 1_000_003 + index)),
-        # Simulated GPUs take real repairs: the controller's commands change their state.
-        ops=node_ops.SimulatedNodeOps(backend),
+        ops=ops,
     )
 
 
@@ -333,6 +361,7 @@ def _power_probe(
         clock,
     )
     probe.loop = controller.power
+    probe.workload_stopped = lambda: {gpu for backend in backends for gpu in backend.stopped_gpus()}
     if controller.remediation is not None:
         store = controller.remediation.store
         probe.quarantined = lambda: controller.ingest.run_in_store(store.quarantines)
@@ -383,11 +412,12 @@ async def _controller_record(controller: server.Controller, started_ns: int) -> 
     power_rows = controller.ingest.power_window.series(since_unix_ns=started_ns)
     samples = controller.ingest.samples_ingested
     remediation = controller.remediation
-    outbox, tickets = [], []
+    outbox, tickets, quarantines = [], [], []
     if remediation is not None:
         outbox = [dataclasses.asdict(c) for c in await controller.ingest.run_in_store(remediation.store.commands)]
         tickets = await controller.ingest.run_in_store(lambda: remediation.store.tickets(limit=10_000))
-    return _ControllerRecord(power_rows, samples, outbox, tickets)
+        quarantines = await controller.ingest.run_in_store(remediation.store.quarantines)
+    return _ControllerRecord(power_rows, samples, outbox, tickets, quarantines)
 
 
 def _result(
@@ -445,6 +475,7 @@ def _result(
         agent_streams=controller.security.streams_total,
         agent_streams_mtls=controller.security.streams_mtls,
         power_trace=session.probe.trace(finished_ns) if session.probe else None,
+        quarantines=record.quarantines,
     )
 
 

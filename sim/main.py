@@ -106,7 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not complete:
         print("rasd-sim: FAILED: a node or GPU never reported, or a fault was missed or an event lost", file=sys.stderr)
-    return 0 if complete else 1
+    met = built.get("expectations", {"met": True})["met"]
+    if not met:
+        print("rasd-sim: FAILED: the scenario's [expect] was not met (see report.md)", file=sys.stderr)
+    return 0 if complete and met else 1
 
 
 def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -165,6 +165,8 @@ class PowerProbe:
         self.rank_gpus = list(rank_gpus)
         self.quarantined: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
         """Reads the controller's active quarantines: their GPUs leave the job (the scheduler evicts them)."""
+        self.workload_stopped: Callable[[], set[str]] | None = None
+        """The GPUs whose process is gone (killed, or dead of its fault): they stay out of the job too."""
         self.initial_enforced_s: float | None = None
         self._loads = list(power.load_changes)
         self.stopped_nodes: set[str] = set()
@@ -266,6 +268,8 @@ class PowerProbe:
         self._set_active(set(), set())
 
     def _set_active(self, nodes: set[str], gpus: set[str]) -> None:
+        if self.workload_stopped is not None:
+            gpus = gpus | self.workload_stopped()
         for rank, (node, gpu) in enumerate(zip(self.rank_nodes, self.rank_gpus, strict=True)):
             active = node not in nodes and gpu not in gpus and node not in self.stopped_nodes
             self.job.set_active(rank, active)

@@ -14,6 +14,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from rasd.agent.gpu import simulated
 from rasd.common import VERSION
 from rasd.controller.core import fleet
 from rasd.sim import power_sim
@@ -89,7 +90,58 @@ REPAIR_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "power_
 """Rungs of the ladder: the first of these after a fault is the action judged (holding a node or GPU
 out of service before repairing it is part of the repair, not a choice of rung)."""
 ISOLATION_KINDS = frozenset({"quarantine_node", "quarantine_port"})
-RESOLVED_TICKET_STATES = frozenset({"watching", "rma_pending", "awaiting_operator"})
+RESOLVED_TICKET_STATES = frozenset({"watching", "draining", "rma_pending", "awaiting_operator"})
+PATH_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "power_cycle_bmc", "run_validation", "open_rma"})
+"""The commands a ladder's path lists: its rungs, validations and RMA (`ladder_path`)."""
+
+
+def ladder_path(outbox: Sequence[dict[str, Any]], node_id: str) -> list[str]:
+    """The ladder's path on a node: its repair commands in the order decided, as "kind:outcome".
+
+    The outcome is the command's final outbox status ("succeeded", "refused", "timed_out", ...,
+    "pending" while the budget holds it), or a validation's verdict ("pass", "fail").
+    """
+    commands = sorted(
+        (c for c in outbox if c["node_id"] == node_id and c["kind"] in PATH_KINDS),
+        key=lambda c: (int(c["created_unix_ns"]), int((c.get("payload") or {}).get("step", 0))),
+    )
+    path = []
+    for command in commands:
+        verdict = (command.get("result") or {}).get("validation_verdict") or ""
+        status = verdict if command["kind"] == "run_validation" and verdict else str(command["status"])
+        path.append(f"{command['kind']}:{status}")
+    return path
+
+
+def expectations(result: SimResult) -> dict[str, Any] | None:
+    """The scenario's `[expect]` against what the run shows on that node; None without one.
+
+    ``met`` is true when the ladder's path (`ladder_path`), the states of the node's open tickets
+    and what stays quarantined there ("node", "gpu:<index>") are each what the scenario says.
+    """
+    expect = result.settings.scenario.expect
+    if expect is None:
+        return None
+    settings = result.settings
+    node_id = f"node-{expect.node % settings.nodes:03d}"
+    index_of = {simulated.simulated_gpu_uuid(settings.seed, node_id, i): i for i in range(settings.gpus_per_node)}
+    shown = {
+        "path": ladder_path(result.outbox, node_id),
+        "tickets": sorted(str(t["state"]) for t in result.tickets if t["node_id"] == node_id and not t["closed"]),
+        "quarantined": sorted(
+            "node"
+            if not q["gpu_uuid"] and not q["port"]
+            else f"gpu:{index_of.get(str(q['gpu_uuid']), '?')}"
+            if q["gpu_uuid"]
+            else f"port:{q['port']}"
+            for q in result.quarantines
+            if q["node_id"] == node_id
+        ),
+    }
+    wanted = {"path": expect.path, "tickets": expect.tickets, "quarantined": expect.quarantined}
+    unmet = {key: {"expected": list(value), "shown": shown[key]} for key, value in wanted.items()
+             if value is not None and list(value) != shown[key]}  # fmt: skip
+    return {"node_id": node_id, "met": not unmet, "unmet": unmet, **shown}
 
 
 def _fault_key(fault: InjectedFault) -> str:
@@ -206,6 +258,7 @@ def build(result: SimResult) -> dict[str, Any]:
         },
         "commands": _commands_section(result),
         "power": _power_section(result),
+        **({"expectations": checked} if (checked := expectations(result)) is not None else {}),
     }
 
 
@@ -362,6 +415,13 @@ def markdown(report: dict[str, Any]) -> str:
             f"{power['after_operator_cap'].get('mean_w')} W |"
         )
     lines += power_sim.markdown_rows(power)
+    checked = report.get("expectations")
+    if checked is not None:
+        path = " → ".join(checked["path"]) or "(none)"
+        lines.append(f"| ladder path on {checked['node_id']} | {path} |")
+        lines.append(
+            f"| scenario expectations | {'met' if checked['met'] else 'NOT met: ' + json.dumps(checked['unmet'])} |"
+        )
     lines += [
         "",
         "",

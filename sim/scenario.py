@@ -1,9 +1,13 @@
 """Scenario files for rasd-sim: the workload, the faults to inject, scripted operator actions and power.
 
 A scenario is TOML (see sim/scenarios/demo.toml). `load()` validates every field and names the
-offending key on bad input. Built-in scenarios ship inside the package; any other name is a path.
-Faults use the simulated backend's vocabulary (`rasd.agent.gpu.simulated.ScriptedFault`) plus the
-index of the node they hit.
+offending key on bad input. Built-in scenarios ship inside the package (``demo``, and the ladder's
+library as ``ladder/<name>``, sim/scenarios/ladder/); any other name is a path. Faults use the
+simulated backend's vocabulary (`rasd.agent.gpu.simulated.ScriptedFault`) plus the index of the node
+they hit; ``[[action_faults]]`` say what goes wrong with a node's repairs
+(`rasd.agent.gpu.simulated.ActionFault`: fails, hangs, a reboot that never comes back, a BMC that does
+not answer); ``[expect]`` states the ladder's path and end state the run must show (`Expectation`,
+checked by ``report.expectations``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.remediation import policy
 
 OPERATOR_ACTIONS = ("set_power_cap", "accuse_sdc")
+LIBRARIES = ("ladder",)
+"""Folders of built-in scenarios, loaded as ``<folder>/<name>``."""
 
 
 class ScenarioError(ValueError):
@@ -160,6 +166,73 @@ class NodeFault:
 
 
 @dataclasses.dataclass(frozen=True)
+class NodeActionFault:
+    """What goes wrong with the repairs of one simulated node (its index, modulo the fleet size)."""
+
+    node: int
+    fault: simulated.ActionFault
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    """The `[expect]` table: what the run must show on one node (``report.expectations`` checks it)."""
+
+    node: int = 0
+    path: tuple[str, ...] | None = None
+    """The ladder's path there: its repair commands in order as "kind:outcome" ("reset_gpu:refused",
+    "run_validation:pass"); None: not checked."""
+    tickets: tuple[str, ...] | None = None
+    """The states of its open tickets at the end, sorted ("watching", "rma_pending"); None: not checked."""
+    quarantined: tuple[str, ...] | None = None
+    """What stays quarantined there at the end, sorted: "node", "gpu:<index>"; None: not checked."""
+    run_s: float = 10.0
+    """How long the run must last for it (the library's tests run it that long)."""
+
+
+_PATH_OUTCOMES = frozenset(
+    {"succeeded", "failed", "refused", "timed_out", "not_supported", "dry_run", "cancelled", "pending", "dispatched"}
+    | {"pass", "fail", "suspect", "software_drift"}
+)
+
+
+def parse_expectation(data: Any, source: str) -> Expectation:
+    """The `[expect]` table; errors name the key."""
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{source}: expect must be a table")
+    unknown = set(data) - {f.name for f in dataclasses.fields(Expectation)}
+    if unknown:
+        raise ScenarioError(f"{source}: expect: unknown key(s) {', '.join(sorted(unknown))}")
+    lists: dict[str, tuple[str, ...] | None] = {}
+    for key in ("path", "tickets", "quarantined"):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise ScenarioError(f"expect.{key}: expected a list of strings, got {value!r}")
+        lists[key] = None if value is None else tuple(value)
+    for step in lists["path"] or ():
+        kind, _, outcome = step.partition(":")
+        if kind not in _PATH_KINDS or (outcome and outcome not in _PATH_OUTCOMES):
+            raise ScenarioError(
+                f"expect.path: {step!r} is not kind[:outcome] with kind one of {', '.join(sorted(_PATH_KINDS))}"
+            )
+    node = data.get("node", 0)
+    if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+        raise ScenarioError(f"expect.node: expected a node index ≥ 0, got {node!r}")
+    return Expectation(
+        node=node,
+        path=lists["path"],
+        tickets=None if lists["tickets"] is None else tuple(sorted(lists["tickets"])),
+        quarantined=None if lists["quarantined"] is None else tuple(sorted(lists["quarantined"])),
+        run_s=_number(data, "run_s", "expect", minimum=1.0) if "run_s" in data else 10.0,
+    )
+
+
+_PATH_KINDS = frozenset(
+    {"restart_process", "reset_gpu", "reboot_node", "power_cycle_bmc", "run_validation", "open_rma"}
+)
+"""The commands a ladder's path lists (`Expectation.path`): its rungs, validations and RMA."""
+
+
+@dataclasses.dataclass(frozen=True)
 class OperatorAction:
     """A scripted operator action: a fleet-wide power-cap change, or an SDC accusation of one GPU."""
 
@@ -184,6 +257,10 @@ class Scenario:
     """The controller's remediation policy for this scenario (the `[remediation]` table)."""
     power: PowerScenario | None = None
     """The `[power]` table; None: no power loop (the fleet draws at its default caps)."""
+    action_faults: tuple[NodeActionFault, ...] = ()
+    """The `[[action_faults]]`: what goes wrong with which node's repairs."""
+    expect: Expectation | None = None
+    """The `[expect]` table; None: the run is not checked against expectations."""
 
 
 def _number(data: Mapping[str, Any], key: str, where: str, *, minimum: float = 0.0) -> float:
@@ -205,12 +282,8 @@ def _pair(data: Mapping[str, Any], key: str, where: str, default: tuple[float, f
     return float(value[0]), float(value[1])
 
 
-def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
-    """Validate a parsed TOML mapping into a Scenario."""
-    unknown = set(data) - {"name", "description", "workload", "faults", "operator", "remediation", "power"}
-    if unknown:
-        raise ScenarioError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
-    workload_data = data.get("workload", {})
+def _parse_workload(workload_data: Any, source: str) -> Workload:
+    """The `[workload]` table (defaults for what it leaves out); errors name the key."""
     if not isinstance(workload_data, dict):
         raise ScenarioError(f"{source}: workload must be a table")
     workload = Workload(
@@ -234,6 +307,25 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
         raise ScenarioError(f"{source}: workload: unknown key(s) {', '.join(sorted(extra))}")
     if not 0 < workload.compute_fraction < 1:
         raise ScenarioError(f"workload.compute_fraction: must be in (0, 1), got {workload.compute_fraction}")
+    return workload
+
+
+def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
+    """Validate a parsed TOML mapping into a Scenario."""
+    unknown = set(data) - {
+        "name",
+        "description",
+        "workload",
+        "faults",
+        "operator",
+        "remediation",
+        "power",
+        "action_faults",
+        "expect",
+    }
+    if unknown:
+        raise ScenarioError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
+    workload = _parse_workload(data.get("workload", {}), source)
     faults = []
     for index, fault in enumerate(data.get("faults", [])):
         where = f"faults[{index}]"
@@ -272,6 +364,8 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
     except policy.PolicyError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
     return Scenario(
+        action_faults=_action_faults(data.get("action_faults", [])),
+        expect=parse_expectation(data["expect"], source) if "expect" in data else None,
         power=parse_power(data["power"], source) if "power" in data else None,
         remediation=remediation,
         name=str(data.get("name", source)),
@@ -282,15 +376,43 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
     )
 
 
+def _action_faults(tables: Any) -> tuple[NodeActionFault, ...]:
+    """The `[[action_faults]]` tables; errors name the table and the key."""
+    if not isinstance(tables, list):
+        raise ScenarioError(f"action_faults: expected [[action_faults]] tables, got {tables!r}")
+    out = []
+    for index, table in enumerate(tables):
+        where = f"action_faults[{index}]"
+        if not isinstance(table, dict):
+            raise ScenarioError(f"{where}: expected a table, got {table!r}")
+        node = table.get("node", 0)
+        if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+            raise ScenarioError(f"{where}.node: expected a node index ≥ 0, got {node!r}")
+        try:
+            out.append(NodeActionFault(node, simulated.parse_action_fault(table, where)))
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from None
+    return tuple(out)
+
+
 def builtin_names() -> list[str]:
     """Names of the scenarios shipped with rasd."""
     folder = importlib.resources.files("rasd.sim") / "scenarios"
     return sorted(p.name.removesuffix(".toml") for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
+def library_names(library: str = "ladder") -> list[str]:
+    """Names of the built-in scenarios of a library folder, as `load` takes them ("ladder/restart-ok")."""
+    folder = importlib.resources.files("rasd.sim") / "scenarios" / library
+    return sorted(f"{library}/{p.name.removesuffix('.toml')}" for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
 def load(name_or_path: str) -> Scenario:
-    """A built-in scenario by name, or a TOML file by path."""
-    if name_or_path in builtin_names():
+    """A built-in scenario by name (``demo``, ``ladder/<name>``), or a TOML file by path."""
+    builtin = name_or_path in builtin_names() or (
+        name_or_path.partition("/")[0] in LIBRARIES and name_or_path in library_names(name_or_path.partition("/")[0])
+    )
+    if builtin:
         text = (importlib.resources.files("rasd.sim") / "scenarios" / f"{name_or_path}.toml").read_text()
         source = name_or_path
     else:

@@ -19,13 +19,22 @@ Faults are scripted (`ScriptedFault`, loadable from a TOML scenario with `load_f
 directly (`inject()`). A fault changes the GPU the way the real one would show it: an XID or a
 fallen-off-bus message appears as an observation (as the kernel log would report it), while ECC,
 row-remap, NVLink, PCIe, recovery-action, thermal and power faults only move counters, which the
-agent's health evaluator must notice, exactly as on a real GPU. An SDC GPU shows nothing at all:
-only validation can catch it. `reset_gpu()` and `reboot()` clear what a reset or reboot clears.
+agent's health evaluator must notice, exactly as on a real GPU. An Xid that an uncorrectable error
+raises (48, 94, 95) moves the DBE counter too, unless the fault is ``bare``: then the scenario says
+exactly what the GPU reported, and scripts the counter change (an ``ecc_dbe`` fault) on its own, in
+the order and at the time it wants. An IB flap names its port and the timing of each flap. An SDC
+GPU shows nothing at all: only validation can catch it. `reset_gpu()` and `reboot()` clear what a
+reset or reboot clears; a GPU whose work stopped (`set_workload`) draws its idle power.
+
+What goes wrong with the repairs themselves (`ActionFault`: an action that fails, one that hangs
+past its deadline, a reboot that never comes back, a BMC that does not answer) is scripted too;
+``rasd.agent.node_ops.SimulatedNodeOps`` and rasd-sim's simulated BMC carry it out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import pathlib
 import random
@@ -151,14 +160,58 @@ class ScriptedFault:
     """Flaps in an ib_link_flap."""
     value: int = 2
     """recovery_action: the NVML recovery action (2 = node reboot required)."""
+    bare: bool = False
+    """xid: only the kernel-log line, no simulated side effect (no DBE count for 48/94/95, no lost GPU
+    for 79, no remap for 63/64): the scenario states exactly what the GPU reported."""
+    ib_port: str = "mlx5_0/1"
+    """ib_link_flap: the port that flaps, "device/port"."""
+    flap_down_s: float = 1.0
+    """ib_link_flap: how long the link stays DOWN in each flap before it is ACTIVE again."""
+    flap_every_s: float = 2.0
+    """ib_link_flap: from one flap's DOWN to the next's (count flaps), unless flap_at_s says."""
+    flap_at_s: tuple[float, ...] = ()
+    """ib_link_flap: each flap's DOWN, seconds after at_s (overrides count and flap_every_s)."""
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_EVENT_KINDS:
             raise ValueError(f"fault kind {self.kind!r} is not one of {', '.join(FAULT_EVENT_KINDS)}")
         if self.kind == "xid" and (self.xid is None or not 0 < self.xid < 1000):
             raise ValueError(f"an xid fault needs xid in 1..999, got {self.xid!r}")
+        for name in ("at_s", "duration_s", "flap_down_s", "flap_every_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         if self.at_s < 0 or self.duration_s <= 0 or self.count < 1:
             raise ValueError("at_s must be ≥ 0, duration_s > 0 and count ≥ 1")
+        if not isinstance(self.bare, bool):
+            raise ValueError(f"bare must be true or false, got {self.bare!r}")
+        if self.bare and self.kind != "xid":
+            raise ValueError(f"bare applies to an xid fault only, not {self.kind!r}")
+        self._check_flaps()
+
+    def _check_flaps(self) -> None:
+        device, _, port = self.ib_port.partition("/") if isinstance(self.ib_port, str) else ("", "", "")
+        if not device or not port or "/" in port:
+            raise ValueError(f'ib_port must be "device/port" (e.g. "mlx5_0/1"), got {self.ib_port!r}')
+        if not self.flap_down_s > 0 or not self.flap_every_s > self.flap_down_s:
+            raise ValueError(
+                f"flap_down_s must be > 0 and flap_every_s > flap_down_s, got {self.flap_down_s!r} and "
+                f"{self.flap_every_s!r}"
+            )
+        offsets = self.flap_at_s
+        if not isinstance(offsets, tuple) or not all(
+            isinstance(o, int | float) and not isinstance(o, bool) and o >= 0 for o in offsets
+        ):
+            raise ValueError(f"flap_at_s must be a list of seconds ≥ 0, got {offsets!r}")
+        for before, after in itertools.pairwise(offsets):
+            if after - before <= self.flap_down_s:
+                raise ValueError(
+                    f"flap_at_s must rise by more than flap_down_s ({self.flap_down_s:g} s) per flap, got {offsets!r}"
+                )
+
+    def flap_offsets_s(self) -> tuple[float, ...]:
+        """Each flap's DOWN, seconds after at_s (ib_link_flap)."""
+        return self.flap_at_s or tuple(i * self.flap_every_s for i in range(self.count))
 
     @property
     def expected_event_kind(self) -> model.EventKind | None:
@@ -172,8 +225,81 @@ def parse_fault(data: Mapping[str, Any], where: str) -> ScriptedFault:
     unknown = set(data) - allowed
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    fields = {k: v for k, v in data.items() if k != "node"}
+    if isinstance(fields.get("flap_at_s"), list):
+        fields["flap_at_s"] = tuple(fields["flap_at_s"])
     try:
-        return ScriptedFault(**{k: v for k, v in data.items() if k != "node"})
+        return ScriptedFault(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+ACTION_FAULT_OUTCOMES: Mapping[str, frozenset[str]] = {
+    "restart_process": frozenset({"fail", "hang", "slow", "stuck"}),
+    "reset_gpu": frozenset({"fail", "hang", "slow"}),
+    "reboot_node": frozenset({"fail", "hang", "slow", "never_returns"}),
+    "run_validation": frozenset({"fail", "hang", "slow", "verdict_fail"}),
+    "power_cycle_bmc": frozenset({"fail", "hang", "slow", "no_answer"}),
+}
+"""Repair action → what can go wrong with it on a simulated node:
+
+- fail: the operation errors (the agent answers FAILED; the BMC raises);
+- hang: it blocks past its deadline (``hang_s``, then it fails), so the ladder's timeout answers for it;
+- slow: it takes ``hang_s`` and then works;
+- stuck: the GPU's processes survive SIGTERM and SIGKILL (uninterruptible), so a reset stays refused;
+- never_returns: the node goes down for the reboot and stays down until a BMC power cycle;
+- verdict_fail: the validation runs and the GPUs it checks fail it;
+- no_answer: the BMC cannot be reached (its Redfish request times out)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionFault:
+    """What goes wrong with a repair action on one simulated node (``[[action_faults]]`` of a scenario)."""
+
+    action: str
+    """One of `ACTION_FAULT_OUTCOMES`."""
+    outcome: str
+    gpu: int | None = None
+    """Only this GPU's actions (restart, reset, validation); None: any."""
+    skip: int = 0
+    """Let this many matching actions through first (the first reset works, the second fails)."""
+    times: int = 1
+    """How many matching actions it hits after those; 0: every one."""
+    hang_s: float = 3600.0
+    """hang: how long the operation blocks before it fails; slow: how long it takes (rasd-sim ends every
+    wait when it stops)."""
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        outcomes = ACTION_FAULT_OUTCOMES.get(self.action)
+        if outcomes is None:
+            raise ValueError(f"action {self.action!r} is not one of {', '.join(ACTION_FAULT_OUTCOMES)}")
+        if self.outcome not in outcomes:
+            raise ValueError(f"outcome {self.outcome!r} of {self.action} is not one of {', '.join(sorted(outcomes))}")
+        for name in ("skip", "times"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer ≥ 0, got {value!r}")
+        if self.gpu is not None and (isinstance(self.gpu, bool) or not isinstance(self.gpu, int) or self.gpu < 0):
+            raise ValueError(f"gpu must be a GPU index ≥ 0, got {self.gpu!r}")
+        if isinstance(self.hang_s, bool) or not isinstance(self.hang_s, int | float) or not self.hang_s > 0:
+            raise ValueError(f"hang_s must be a number > 0, got {self.hang_s!r}")
+        if not isinstance(self.message, str):
+            raise ValueError(f"message must be a string, got {self.message!r}")
+
+    def describe(self) -> str:
+        """What it does, for an error message: "reset_gpu fails"."""
+        return self.message or f"simulated: {self.action} {self.outcome.replace('_', ' ')}"
+
+
+def parse_action_fault(data: Mapping[str, Any], where: str) -> ActionFault:
+    """One ``[[action_faults]]`` table (``node`` is the scenario's); errors name the table and the key."""
+    allowed = {f.name for f in dataclasses.fields(ActionFault)} | {"node"}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    try:
+        return ActionFault(**{k: v for k, v in data.items() if k != "node"})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from None
 
@@ -284,6 +410,8 @@ class SimulatedBackend:
         self._clock = clock
         self._last_reading_ns = 0
         self._delayed: list[tuple[int, model.Observation]] = []
+        self._stopped: set[str] = set()
+        """GPUs whose share of the job `set_workload` stopped."""
         self.fired: list[FiredFault] = []
         """Every scripted or injected fault that happened, in order (the simulator's ground truth)."""
         rng = random.Random(f"{seed}/{node_id}")
@@ -496,7 +624,9 @@ class SimulatedBackend:
             )
 
         kind = fault.kind
-        if kind == "xid":
+        if kind == "xid" and fault.bare:
+            report(model.EventKind.XID, fault.message or f"NVRM: Xid (PCI:{sim.info.pci_bus_id}): {fault.xid}")
+        elif kind == "xid":
             xid = fault.xid or 0
             if xid == 79:
                 sim.lost = True
@@ -537,24 +667,51 @@ class SimulatedBackend:
         elif kind == "sdc":
             sim.sdc = True
         elif kind == "ib_link_flap":
-            # Each flap: DOWN, then ACTIVE one second later, as mlx5 reports it in the kernel log.
-            for flap in range(fault.count):
-                for offset_s, state in ((2.0 * flap, "DOWN"), (2.0 * flap + 1.0, "ACTIVE")):
-                    self._delayed.append(
-                        (
-                            now_unix_ns + int(offset_s * NS_PER_S),
-                            model.Observation(
-                                model.EventKind.IB_LINK_STATE,
-                                now_unix_ns + int(offset_s * NS_PER_S),
-                                f"mlx5_core 0000:c1:00.0 mlx5_0: Port 1 Link {state}",
-                                "simulated",
-                                attributes={"ib_device": "mlx5_0", "ib_port": "1", "ib_state": state},
-                            ),
-                        )
-                    )
+            self._flap(fault, now_unix_ns)
+        if uuid_ and self.workload_crashed(uuid_):
+            self.set_workload(uuid_, running=False)  # its application died: the GPU idles from now on
         fired = FiredFault(fault, now_unix_ns, uuid_)
         self.fired.append(fired)
         return fired
+
+    def _flap(self, fault: ScriptedFault, now_unix_ns: int) -> None:
+        """Queue an IB flap's link states: each flap DOWN, then ACTIVE flap_down_s later, as mlx5 logs them."""
+        device, _, port = fault.ib_port.partition("/")
+        for down_s in fault.flap_offsets_s():
+            for offset_s, state in ((down_s, "DOWN"), (down_s + fault.flap_down_s, "ACTIVE")):
+                at_ns = now_unix_ns + int(offset_s * NS_PER_S)
+                observation = model.Observation(
+                    model.EventKind.IB_LINK_STATE,
+                    at_ns,
+                    f"mlx5_core 0000:c1:00.0 {device}: Port {port} Link {state}",
+                    "simulated",
+                    attributes={"ib_device": device, "ib_port": port, "ib_state": state},
+                )
+                self._delayed.append((at_ns, observation))
+
+    def set_workload(self, gpu_uuid: str, *, running: bool) -> None:
+        """Start or stop the GPU's share of the job: a GPU whose process is gone draws its idle power.
+
+        Only what this call stopped is started again (a load change of rasd-sim's power scenarios
+        stops ranks of its own).
+        """
+        sim = self._gpu(gpu_uuid)
+        if self._job is None or sim.rank < 0 or running == (gpu_uuid not in self._stopped):
+            return
+        if running:
+            self._stopped.discard(gpu_uuid)
+        else:
+            self._stopped.add(gpu_uuid)
+        self._job.set_active(sim.rank, running)
+
+    def stopped_gpus(self) -> frozenset[str]:
+        """The GPUs whose share of the job `set_workload` stopped."""
+        return frozenset(self._stopped)
+
+    def power_off(self) -> None:
+        """The node is down (a reboot that never came back): no GPU answers until `reboot`."""
+        for sim in self._gpus.values():
+            sim.lost = True
 
     def reset_gpu(self, gpu_uuid: str) -> None:
         """What a GPU reset clears: volatile ECC, a pending remap (applied), the recovery action.
@@ -574,7 +731,12 @@ class SimulatedBackend:
             self.set_power_smoothing(gpu_uuid, enabled=False, floor_pct=0.0, ramp_up_w_per_s=0.0, ramp_down_w_per_s=0.0)
 
     def reboot(self) -> None:
-        """What a node reboot clears: lost GPUs come back, volatile state is gone, caps return to default."""
+        """What a node reboot clears: lost GPUs come back, volatile state is gone, caps return to default.
+
+        The workload starts again on every GPU whose process had stopped (`set_workload`).
+        """
+        for gpu_uuid in list(self._stopped):
+            self.set_workload(gpu_uuid, running=True)
         for sim in self._gpus.values():
             sim.lost = False
             if sim.remap_pending:

@@ -1,4 +1,4 @@
-"""The periodic tick: owed results, expired incidents, timeouts and watch windows, then waiting actions.
+"""The periodic tick: owed results, expired incidents, timeouts and watch windows, drained GPUs, then waiting actions.
 
 The lock is taken only for work there is: each hold ends a burst's pipeline (its commits drained
 first, then the decider starts again with what arrived meanwhile), and a tick that took it for
@@ -7,6 +7,13 @@ nodes whose due time has come (`_nodes_due`) are first looked at without the loc
 finds nothing due changes nothing, and state a pass has not committed yet is only ever looked at),
 and only the nodes due are ticked under it, looked at again there, in chunks of
 ``TICK_CHUNK_NODES``, each chunk one transaction.
+
+A reset that waits for its GPU to drain (``escalation.TicketState.DRAINING``: a pending row remap
+after Xid 94) starts when this replica's telemetry shows the GPU idle (`_drained`): no kernel ran in
+its last fresh counters (utilization 0 %), or, where the GPU reports no utilization, its fresh draw is
+under ``sdc.idle_power_pct`` of its limit, as the SDC sweeps judge idle nodes. Power alone would miss
+an idle GPU held at a power-smoothing floor. A GPU whose stream another replica holds shows no
+telemetry here, so it is not taken for idle; the agent refuses the reset anyway while a process runs.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ import math
 
 import structlog
 
-from rasd.controller.core.remediation import actions, correlate, escalation
+from rasd.controller.core import fleet
+from rasd.controller.core.remediation import actions, correlate, escalation, sdc
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.remediation import dispatch as dispatch_mod
 from rasd.controller.remediation import ledger as ledger_mod
@@ -41,16 +49,24 @@ class Ticker:
         results: results_mod.Results,
         *,
         tick_interval_s: float,
+        power_stale_after_s: float = 10.0,
     ) -> None:
-        """Share state; commit through ledger; admit what waits through dispatcher; apply owed results."""
+        """Share state; commit through ledger; admit what waits through dispatcher; apply owed results.
+
+        power_stale_after_s: a GPU whose last power sample is older than this is not taken for idle.
+        """
         self._state = state
         self._ledger = ledger
         self._dispatcher = dispatcher
         self._results = results
         self._interval_s = tick_interval_s
+        self._stale_after_s = power_stale_after_s
         self._task: asyncio.Task[None] | None = None
-        self._due: dict[str, tuple[escalation.RemediationState, policy_mod.EscalationPolicy, float]] = {}
-        """Node → (its state, the ladder policy, `escalation.tick_due_at` of them), for `_nodes_due`."""
+        self._due: dict[
+            str, tuple[escalation.RemediationState, policy_mod.EscalationPolicy, float, tuple[str, ...]]
+        ] = {}
+        """Node → (its state, the ladder policy, `escalation.tick_due_at` of them, its GPUs waiting to drain),
+        for `_nodes_due` and `_drained`."""
 
     def start(self) -> None:
         """Start ticking (a new term: what was due is worked out again)."""
@@ -89,6 +105,10 @@ class Ticker:
         for start in range(0, len(due), TICK_CHUNK_NODES):
             async with state.lock:
                 await self._tick_chunk(due[start : start + TICK_CHUNK_NODES])
+        drained = self._drained()
+        if drained:
+            async with state.lock:
+                await self._start_drained(drained)
         if state.deferred:
             async with state.lock:
                 await self._dispatcher.dispatch_locked()
@@ -153,13 +173,67 @@ class Ticker:
         """
         if not ladder.tickets:
             return math.inf  # as before: a node without tickets is left to its next event
+        return self._remembered(node_id, ladder)[2]
+
+    def _remembered(
+        self, node_id: str, ladder: escalation.RemediationState
+    ) -> tuple[escalation.RemediationState, policy_mod.EscalationPolicy, float, tuple[str, ...]]:
+        """What `_due` keeps for the node's state: computed again only when the state or the policy changed."""
         remembered = self._due.get(node_id)
         policy = self._state.policy.escalation
         if remembered is not None and remembered[0] is ladder and remembered[1] is policy:
-            return remembered[2]
-        due_at = escalation.tick_due_at(ladder, policy=policy)
-        self._due[node_id] = (ladder, policy, due_at)
-        return due_at
+            return remembered
+        remembered = (ladder, policy, escalation.tick_due_at(ladder, policy=policy), escalation.draining_gpus(ladder))
+        self._due[node_id] = remembered
+        return remembered
+
+    def _drained(self) -> list[tuple[str, str]]:
+        """(node, GPU) of the resets waiting for a drain whose GPU this replica's telemetry shows idle now."""
+        state = self._state
+        now = state.now_s()
+        idle_pct = state.policy.sdc.idle_power_pct
+        out = []
+        for node_id, ladder in state.node_states.items():
+            if not ladder.tickets:
+                continue
+            for gpu in self._remembered(node_id, ladder)[3]:
+                if self._looks_idle(gpu, now, idle_pct):
+                    out.append((node_id, gpu))
+        return out
+
+    def _looks_idle(self, gpu: str, now_s: float, idle_pct: float) -> bool:
+        """No kernel in its fresh counters (utilization 0 %); without that figure, a fresh draw under idle_pct."""
+        streams = self._state.streams
+        seen = streams.latest.get(gpu)
+        if seen is None:
+            return False
+        counted_at_ns = streams.latest_controller_ns.get(gpu)
+        fresh = counted_at_ns is not None and now_s - counted_at_ns / 1e9 <= self._stale_after_s
+        if seen.utilization_gpu_pct is not None:
+            return fresh and seen.utilization_gpu_pct == 0
+        seen = fleet.drop_stale_power(seen, now_s=now_s, stale_after_s=self._stale_after_s)
+        limit_w = float(seen.enforced_power_limit_w or 0)
+        return sdc.node_is_idle([(seen.power_w, limit_w)], idle_power_pct=idle_pct)
+
+    async def _start_drained(self, drained: list[tuple[str, str]]) -> None:
+        """Start the resets of the drained GPUs (`escalation.gpu_idle`), in one transaction (under the lock)."""
+        now_ns = self._state.clock()
+        change = rstore.Commit(now_unix_ns=now_ns)
+        states: dict[str, escalation.RemediationState] = {}
+        new_actions: list[actions.Action] = []
+        for node_id, gpu in drained:
+            ladder = states.get(node_id) or self._state.node_states.get(node_id)
+            if ladder is None:
+                continue
+            decision = escalation.gpu_idle(ladder, gpu, now_s=now_ns / 1e9, policy=self._state.policy.escalation)
+            if decision.state == ladder and not decision.actions:
+                continue  # no longer draining (decided since the look)
+            log.info("remediation_gpu_drained", node=node_id, gpu_uuid=gpu, reason=decision.reason)
+            self._ledger.close(decision, change, now_ns / 1e9)
+            states[node_id] = decision.state
+            new_actions.extend(decision.actions)
+        if states:
+            await self._ledger.commit_states(states, new_actions, change)
 
     def _tick_decision(self, node_id: str, now: float) -> escalation.Decision | None:
         """The node's tick at now, or None when it would change nothing (no ticket, nothing due)."""

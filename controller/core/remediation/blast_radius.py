@@ -9,7 +9,11 @@ Rules, in order, for each proposed action:
    actions in the batch wait too (a reboot never runs without its quarantine).
 2. ``Notify`` and ``OpenRma`` are always admitted: telling a person and opening paperwork change
    nothing on the fleet.
-3. Manual pause (``pause``) or a tripped breaker defers everything else.
+3. Manual pause (``pause``) defers everything else. A tripped breaker defers everything else but
+   ``RunValidation`` and ``Release``: it stops new disruptions, and the repairs already in flight
+   still validate and give their nodes back (a reboot that finished before the trip left its node
+   quarantined to the end of a storm). Neither takes anything out of service: a validation runs on
+   what its ticket holds already (its quarantine went first, rule 1), and a release frees budget.
 4. Node-level disruptive actions (``QuarantineNode``, ``RebootNode``, ``PowerCycleBmc``) on a node
    already out of service are admitted: they add no disruption. For a new node:
 
@@ -273,6 +277,8 @@ class Admission(NamedTuple):
 
 
 _ALWAYS_KINDS = frozenset({"notify", "open_rma"})
+_IN_FLIGHT_KINDS = frozenset({"run_validation", "release"})
+"""What a tripped breaker still lets through: the end of repairs in flight, which disrupts nothing new (rule 3)."""
 
 
 def _cap(count_cap: int | None, pct: float | None, size: int) -> int:
@@ -523,7 +529,7 @@ def _wait_reason(
         return "", False
     if state.paused:
         return f"automation is paused by an operator ({state.pause_reason or 'no reason given'})", False
-    if held:
+    if held and action.kind not in _IN_FLIGHT_KINDS:
         return "the circuit breaker holds automation until an operator resumes it", False
     empties = isinstance(action, actions.QuarantineGpu) and _empties_node(action, ledger.gpus_out, ledger.fleet)
     if not (action.node_disruptive or empties):

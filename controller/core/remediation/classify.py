@@ -12,7 +12,9 @@ Sources, in the order they are consulted:
    per Xid, and Xid 79 (fallen off the bus) is always at least a reboot. For Xid 144-150
    (NVLink5) whose kernel-log facts carry the registers (IntrInfo, ErrorStatus; ``kernel_log_of``),
    NVIDIA's register decode sheet (``catalog.nvlink5_rules``) gives the bucket instead.
-4. Counter thresholds: volatile DBE → reset; row-remap pending → reset (applies the remap);
+4. Counter thresholds: volatile DBE → reset; row-remap pending → reset (applies the remap) once the
+   GPU is idle (``reset_when_idle``, as Xid 94's reset; ``COUNTER_FAULTS_NAMED_BY_XID``: an Xid that names a
+   counter's error decides instead of it);
    remapped rows and retired pages below the RMA limits → stay in service; corrected-ECC rate →
    warning; NVLink CRC rate and link down → reset; PCIe replay rate → a person looks (reseat).
 5. NVSwitch SXids: the driver's "Fatal"/"Non-fatal" word from the kernel-log facts (else the
@@ -88,16 +90,23 @@ class Classification:
     """One sentence, citing the evidence."""
     fault_key: str
     """What "the same fault" means for dedupe: "xid:13", "ecc_dbe", "nvlink_down:3", "ib_flap"."""
+    reset_when_idle: bool = False
+    """A GPU reset is owed (it applies a pending row remap or page retirement) but only once the GPU has no
+    work: the ladder waits for the GPU to drain and never stops work for it. Xid 94 (contained: restart
+    the application, reset "when convenient"), a pending row remap, a pending page retirement."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict; `from_dict` reverses it."""
-        return {
+        out = {
             "component": self.component.value,
             "severity": self.severity.name,
             "action": self.action.value,
             "reason": self.reason,
             "fault_key": self.fault_key,
         }
+        if self.reset_when_idle:
+            out["reset_when_idle"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Classification:
@@ -108,7 +117,20 @@ class Classification:
             action=RecommendedAction(data["action"]),
             reason=data["reason"],
             fault_key=data["fault_key"],
+            reset_when_idle=bool(data.get("reset_when_idle", False)),
         )
+
+
+COUNTER_FAULTS_NAMED_BY_XID: Mapping[str, frozenset[int]] = {
+    "ecc_dbe": frozenset({48, 94, 95}),
+    "row_remap_pending": frozenset({48, 94, 95}),
+}
+"""Faults seen in a counter (fault_key) → the Xids that report the same memory error from the kernel log.
+
+The counter says an uncorrectable error happened; the Xid says what it did: 48 (a DBE: reset), 94
+(contained to one application: restart it, the rest may continue) or 95 (uncontained: reset). When
+both are seen on one GPU they are one incident (``correlate``), and the Xid, the more specific
+evidence, decides the repair; a counter seen first waits ``counter_hold_s`` for it (``escalation``)."""
 
 
 _SEVERITY_WORDS = {
@@ -122,6 +144,10 @@ _NVLINK_XIDS = frozenset({74, 136, 137, 144, 145, 146, 147, 148, 149, 150, 155})
 """Xids raised by the NVLink fabric rather than the GPU's engines."""
 
 _FALLEN_OFF_BUS_XID = 79
+_CONTAINED_XID = 94
+"""NVIDIA: "contained to one application ... must be restarted. All other applications ... are unaffected. It is
+recommended to reset the GPU when convenient. Applications can continue to be run until the reset can be
+performed." The catalog's bucket (RESTART_APP) is the repair; the reset waits for the drain."""
 _RECOVERY_XID = 154
 _NVLINK5_XIDS = (144, 150)
 """The Xids NVIDIA's NVLink5 register decode sheet covers (first, last)."""
@@ -303,8 +329,9 @@ def _classify_row_remap_pending(event: health.HealthEvent, pol: policy.Classific
         Component.GPU,
         Severity.WARNING,
         RecommendedAction.RESET_GPU,
-        f"a row remap is pending{spare}: a GPU reset applies it and the GPU stays in service",
+        f"a row remap is pending{spare}: a GPU reset applies it once the GPU is idle, and the GPU stays in service",
         "row_remap_pending",
+        reset_when_idle=True,
     )
 
 
@@ -314,8 +341,9 @@ def _classify_retired_pages(event: health.HealthEvent, pol: policy.Classificatio
             Component.GPU,
             Severity.WARNING,
             RecommendedAction.RESET_GPU,
-            "a page retirement is pending: a GPU reset applies it",
+            "a page retirement is pending: a GPU reset applies it once the GPU is idle",
             "retired_pages_pending",
+            reset_when_idle=True,
         )
     return Classification(
         Component.GPU,
@@ -503,6 +531,9 @@ def _classify_xid(
         action = RecommendedAction.REBOOT_NODE
         severity = Severity.FATAL
         reason = f"Xid {xid}: the GPU fell off the bus, a reset cannot reach it, the node must reboot"
+    if xid == _CONTAINED_XID and action is RecommendedAction.RESTART_PROCESS:
+        reason += "; the GPU is reset to remap the row once it is idle, the other applications continue"
+        return Classification(component, severity, action, reason, key, reset_when_idle=True)
     return Classification(component, severity, action, reason, key)
 
 

@@ -16,15 +16,26 @@ UPGRADE                 what would be a DUPLICATE or SECONDARY asks for a       
                         stronger repair than its incident (Xid 154 "reset" then
                         "reboot"; a DBE whose remap count reaches the RMA limit):
                         the incident takes the new classification
+NAMED                   an Xid 48/94/95 on a GPU whose incident was opened by a     yes
+                        counter that saw the same error first (the DBE count, a
+                        pending remap; ``classify.COUNTER_FAULTS_NAMED_BY_XID``):
+                        the incident takes the Xid's classification, whatever
+                        repair it asks for (Xid 94: restart, not reset)
 OBSERVED                nothing to act on (classification action "none")            no
 ======================  ==========================================================  ==============
+
+A finished repair ends a burst: once the ladder's repair of a target has run (``repaired_at``, from
+``escalation.repaired_at``), an event of that target neither joins nor details an incident opened
+before it. It opens a new incident (a sticky one recurs), and the ladder climbs on it: folding is
+right while a repair is due or running, not after it (issue #37).
 
 Secondary rules (each within ``secondary_window_s`` of the root's last event):
 
 - Xid 45 (preemptive cleanup) after any other Xid on the same GPU (else the same node);
 - Xid 43 (channel stopped) after an ERROR-or-worse incident on the same GPU;
-- Xid 63/64 (remap event/failure), 171/172 (DRAM/SRAM detail) after Xid 48 on the same GPU,
-  and ECC_DBE after Xid 48 (two sources for one DBE);
+- Xid 63/64 (remap event/failure), 171/172 (DRAM/SRAM detail) after Xid 48 on the same GPU;
+- ECC_DBE and ROW_REMAP_PENDING (the counters) after Xid 48, 94 or 95 on the same GPU: two sources
+  for one uncorrectable error, one incident whichever comes first (the reverse order is NAMED);
 - FALLEN_OFF_BUS and GPU_LOST after Xid 79 on the same GPU, and Xid 79 after either;
 - Xid 74 on a peer GPU of the same NVLink domain (``HealthEvent.nvlink_domain``), after an
   NVLink incident on another GPU: the peer is recorded in ``peer_gpu_uuids``, sympathetic.
@@ -63,6 +74,7 @@ class Outcome(enum.StrEnum):
     SECONDARY = "secondary"
     RECURRENCE = "recurrence"
     UPGRADE = "upgrade"
+    NAMED = "named"
     OBSERVED = "observed"
 
 
@@ -188,8 +200,8 @@ class Correlation:
 
     @property
     def needs_decision(self) -> bool:
-        """True when escalation must see it (NEW or RECURRENCE)."""
-        return self.outcome in (Outcome.NEW, Outcome.RECURRENCE, Outcome.UPGRADE)
+        """True when escalation must see it (NEW, RECURRENCE, UPGRADE or NAMED)."""
+        return self.outcome in (Outcome.NEW, Outcome.RECURRENCE, Outcome.UPGRADE, Outcome.NAMED)
 
 
 _MAX_SECONDARY_KEYS = 32
@@ -211,7 +223,11 @@ _SECONDARY_OF_48 = frozenset({63, 64, 171, 172})
 _SECONDARY_XIDS = frozenset({43, 45, 74, 79}) | _SECONDARY_OF_48
 """Xids some rule of `_secondary_root` is about: it returns before any rule for the others, so a new
 rule there adds its Xid here (or its kind to `_SECONDARY_KINDS`)."""
-_SECONDARY_KINDS = frozenset({EventKind.ECC_DBE, EventKind.FALLEN_OFF_BUS, EventKind.GPU_LOST})
+_COUNTER_KEYS = {EventKind.ECC_DBE: "ecc_dbe", EventKind.ROW_REMAP_PENDING: "row_remap_pending"}
+"""Counter events an Xid can name (`classify.COUNTER_FAULTS_NAMED_BY_XID`), by kind → their fault_key."""
+_NAMING_XIDS = frozenset().union(*classify.COUNTER_FAULTS_NAMED_BY_XID.values())
+"""The Xids that name a counter's memory error (48, 94, 95)."""
+_SECONDARY_KINDS = frozenset({EventKind.FALLEN_OFF_BUS, EventKind.GPU_LOST, *_COUNTER_KEYS})
 """Event kinds some rule of `_secondary_root` is about, whatever their Xid (see `_SECONDARY_XIDS`)."""
 
 
@@ -278,11 +294,17 @@ def _secondary_root(
         for inc in same_gpu:
             if inc.classification.severity >= Severity.ERROR:
                 return inc, f"Xid 43 follows the {inc.fault_key} fault that stopped the channel"
-    if xid in _SECONDARY_OF_48 or event.kind is EventKind.ECC_DBE:
+    if xid in _SECONDARY_OF_48:
         for inc in same_gpu:
             if inc.xid == 48:
-                what = f"Xid {xid}" if xid is not None else "the DBE counter"
-                return inc, f"{what} details the Xid 48 double-bit error"
+                return inc, f"Xid {xid} details the Xid 48 double-bit error"
+    counter_key = _COUNTER_KEYS.get(event.kind)
+    if counter_key is not None:
+        named_by = classify.COUNTER_FAULTS_NAMED_BY_XID[counter_key]
+        for inc in same_gpu:
+            if inc.xid in named_by:
+                what = "the DBE counter" if event.kind is EventKind.ECC_DBE else "the pending row remap"
+                return inc, f"{what} reports the Xid {inc.xid} memory error"
     off_bus_kinds = (EventKind.FALLEN_OFF_BUS, EventKind.GPU_LOST)
     if event.kind in off_bus_kinds or xid == 79:
         for inc in same_gpu:
@@ -330,6 +352,7 @@ def correlate(
     catalog: xid_catalog.XidCatalog,
     policy: policy.RemediationPolicy,
     nvlink5_rules: tuple[xid_catalog.Nvlink5Rule, ...] | None = None,
+    repaired_at: float | None = None,
 ) -> Correlation:
     """Classify one event and fold it into the open incidents. Pure.
 
@@ -344,8 +367,8 @@ def correlate(
       change ("ib_flap"); any later flap on that node while it is open → DUPLICATE.
 
     The steps, in order, each answering when its rule applies: `_join_flap_storm`, `_join_burst`
-    (DUPLICATE or UPGRADE), `_fold_secondary` (SECONDARY or UPGRADE), `_recur` (RECURRENCE), and
-    `_open_incident` (OBSERVED or NEW) for what is left.
+    (DUPLICATE or UPGRADE), `_name_counter_fault` (NAMED), `_fold_secondary` (SECONDARY or
+    UPGRADE), `_recur` (RECURRENCE), and `_open_incident` (OBSERVED or NEW) for what is left.
 
     Args:
         state: the open incidents and port histories.
@@ -354,6 +377,10 @@ def correlate(
         catalog: NVIDIA's XID catalog.
         policy: all remediation settings (classification and correlation parts are used).
         nvlink5_rules: NVIDIA's Xid 144-150 decode sheet, passed on to ``classify`` (None: the catalog's).
+        repaired_at: when the ladder's repair of the event's target finished (``escalation.repaired_at``),
+            or None while one is due or running. An incident of that GPU (or node) opened before it
+            is not joined as a duplicate or a secondary: the fault is back after its repair, which
+            is the evidence the ladder climbs on. Sticky recurrences are recurrences either way.
 
     Returns:
         The new state, the outcome, the incident and the event's classification.
@@ -378,8 +405,8 @@ def correlate(
         for i in incidents
         if i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid and i.fault_key == cls.fault_key
     )
-    fold = _Fold(state, event, scope, incidents, ports, cls, same_target, now_s, corr_pol)
-    for step in (_join_flap_storm, _join_burst, _fold_secondary, _recur):
+    fold = _Fold(state, event, scope, incidents, ports, cls, same_target, now_s, corr_pol, repaired_at)
+    for step in (_join_flap_storm, _join_burst, _name_counter_fault, _fold_secondary, _recur):
         found = step(fold)
         if found is not None:
             return found
@@ -402,6 +429,23 @@ class _Fold:
     """Open incidents of the event's node, GPU and fault key, oldest first."""
     now_s: float
     pol: policy.CorrelationPolicy
+    repaired_at: float | None = None
+    """When the ladder's repair of the event's target finished (see `correlate`)."""
+
+    def joinable(self, incidents: tuple[Incident, ...]) -> tuple[Incident, ...]:
+        """incidents without those of the event's target opened before its repair finished.
+
+        Those are the faults the repair was for: the event comes after it, so it is no part of their
+        burst and no detail of them (`_join_burst`, `_fold_secondary`).
+        """
+        at, event = self.repaired_at, self.event
+        if at is None:
+            return incidents
+        return tuple(
+            i
+            for i in incidents
+            if not (i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid and i.opened_at < at)
+        )
 
     def answer(
         self, new_incidents: tuple[Incident, ...], outcome: Outcome, inc: Incident | None, why: str
@@ -464,7 +508,7 @@ def _join_flap_storm(fold: _Fold) -> Correlation | None:
 def _join_burst(fold: _Fold) -> Correlation | None:
     """The same fault on the same target within the dedupe window: DUPLICATE, or UPGRADE when stronger."""
     window_s = fold.pol.dedupe_window_s
-    for inc in reversed(fold.same_target):
+    for inc in reversed(fold.joinable(fold.same_target)):
         if fold.now_s - inc.opened_at <= window_s:
             if _stronger(fold.cls, inc.classification):
                 return fold.upgrade(inc)
@@ -479,14 +523,58 @@ def _join_burst(fold: _Fold) -> Correlation | None:
     return None
 
 
+def _name_counter_fault(fold: _Fold) -> Correlation | None:
+    """An Xid that names the memory error a counter of its GPU reported first: NAMED (see the module table).
+
+    The counter incident (``ecc_dbe``, ``row_remap_pending``), opened within ``secondary_window_s``
+    and not named yet, takes the Xid's classification and fault key (the Xid is the more specific
+    evidence: Xid 94 says restart, where the DBE count alone says reset) and keeps its id; the
+    counter's key joins its secondaries. Later reports of the same error fold into it as usual.
+    """
+    event = fold.event
+    xid = event.xid if event.kind is EventKind.XID else None
+    if xid not in _NAMING_XIDS or fold.cls.action is classify.RecommendedAction.NONE:
+        return None
+    for inc in reversed(fold.joinable(fold.incidents)):
+        named_by = classify.COUNTER_FAULTS_NAMED_BY_XID.get(inc.fault_key, frozenset())
+        if (
+            xid in named_by
+            and inc.xid is None
+            and inc.node_id == event.node_id
+            and inc.gpu_uuid == event.gpu_uuid
+            and fold.now_s - inc.last_seen_at <= fold.pol.secondary_window_s
+        ):
+            named = dataclasses.replace(
+                inc,
+                classification=fold.cls,
+                xid=xid,
+                last_seen_at=fold.now_s,
+                event_count=inc.event_count + 1,
+                sticky=xid in fold.pol.sticky_xids,
+                secondary_keys=(*inc.secondary_keys, inc.fault_key)[-_MAX_SECONDARY_KEYS:],
+            )
+            return fold.answer(
+                fold.replace(inc, named),
+                Outcome.NAMED,
+                named,
+                f"Xid {xid} names the {inc.fault_key} error its counter reported first (incident "
+                f"{inc.incident_id}): {fold.cls.reason}",
+            )
+    return None
+
+
 def _fold_secondary(fold: _Fold) -> Correlation | None:
     """A consequence of an open incident (`_secondary_root`): SECONDARY, or UPGRADE of the root on the same GPU."""
     event = fold.event
-    root = _secondary_root(event, fold.incidents, fold.now_s, fold.pol)
+    root = _secondary_root(event, fold.joinable(fold.incidents), fold.now_s, fold.pol)
     if root is None:
         return None
     inc, why = root
-    if _stronger(fold.cls, inc.classification) and inc.gpu_uuid == event.gpu_uuid:
+    # A counter's generic rule ("any uncorrectable ECC → reset") never overrides the Xid that names the
+    # same error (Xid 94: restart): the more specific evidence decides. Evidence of its own (spare rows
+    # used up: RMA) has another fault key, and upgrades as any secondary does.
+    generic = fold.cls.fault_key in classify.COUNTER_FAULTS_NAMED_BY_XID and inc.xid in _NAMING_XIDS
+    if _stronger(fold.cls, inc.classification) and inc.gpu_uuid == event.gpu_uuid and not generic:
         return fold.upgrade(inc)
     peers = inc.peer_gpu_uuids
     if event.gpu_uuid and event.gpu_uuid != inc.gpu_uuid and event.gpu_uuid not in peers:

@@ -9,7 +9,9 @@ cannot work are skipped: a row-remap failure starts at RMA; a GPU that fell off 
 starts at REBOOT_NODE and never gets a reset, because a ticket's rung never goes down; Xid 154
 "Node Reboot Required" starts at REBOOT_NODE. A ticket climbs one rung when its action fails,
 times out, is refused or unsupported, when post-repair validation fails, or when the fault comes
-back on the same target within ``recurrence_window_s`` after the repair. Every rung has an attempt
+back on the same target within ``recurrence_window_s`` after the repair (also within correlation's
+dedupe window: once a repair has run, ``handle_event`` tells ``correlate`` so with `repaired_at`, and
+the fault's return is a recurrence, never a duplicate of the fault it repaired). Every rung has an attempt
 budget per target (GPU for restart/reset, node for reboot/power-cycle) over
 ``attempt_budget_window_s``; an exhausted rung is skipped, so a ticket reaches RMA in at most five
 steps and the same fault cannot loop, ever.
@@ -20,6 +22,15 @@ its quarantines and runs validation (``RunValidation``); it releases them only o
 process restart does not touch the GPU, so it is only watched (unless ``validate_after_restart``).
 A GPU whose remapped rows are within spare capacity never gets a ticket: classification says
 "none" or "reset to apply the remap" and the GPU returns to service after validation.
+
+Counters and Xids (issue #37): a memory error seen first in a counter (the DBE count, a pending
+row remap) waits ``counter_hold_s`` for the Xid that names it; ``correlate`` makes them one incident
+either way, and the Xid, the more specific evidence, decides: Xid 94 (contained) restarts the
+application and does not reset the GPU at once. The reset that applies its row remap (and a
+pending remap's or page retirement's, ``reset_when_idle``) waits in DRAINING, the GPU in service,
+until the service sees it idle (`gpu_idle`): no work is stopped for a remap. A repair reset the
+agent refuses because compute processes run stops them (restart_process's kill) and resets again
+before any reboot.
 One quarantine of a target can stand for several holders (two tickets of the node, or an
 operator's ``rasctl quarantine``, ``RemediationState.operator_holds``): a release lifts it only
 when the last of them lets go, and a forced release takes it from all.
@@ -34,6 +45,8 @@ Ticket state machine (`TicketState`); "—" is "no ticket":
 from               on                                              to                 actions
 =================  ==============================================  =================  ==========================
 —                  fault, required rung restart..power-cycle       ACTING             [Quarantine*] + repair
+—                  memory error seen first in a counter (DBE,      WAITING (hold)     — (``counter_hold_s``)
+                   pending remap) that an Xid would name
 —                  fault, node busy with another node command      WAITING (or fold)  —
 —                  fault, required RMA                             RMA_PENDING        Quarantine + OpenRma + Notify
 —                  fault, SDC accusation ("validate")              VALIDATING         QuarantineGpu + RunValidation
@@ -44,9 +57,19 @@ from               on                                              to           
                    contact_support/investigate
 —                  fault, mild investigate/contact_support         —                  Notify
 WAITING            node command reported back (or expired)         ACTING             repair (budgets re-checked)
+WAITING (hold)     the Xid that names the error (NAMED)            ACTING / DRAINING  the Xid's repair
+WAITING (hold)     hold over, no Xid (tick)                        ACTING / DRAINING  the counter's repair
+—, WAITING         a reset owed ``reset_when_idle`` is due         DRAINING           — (GPU stays in service)
+DRAINING           `gpu_idle` (the service saw the GPU idle)       ACTING (reset)     QuarantineGpu + ResetGpu
+ACTING (drained    reset REFUSED (work started on it meanwhile)    DRAINING           Release(gpu)
+reset)
 ACTING             result SUCCEEDED (or DRY_RUN)                   VALIDATING         RunValidation
+ACTING             restart SUCCEEDED, ``reset_when_idle`` (Xid 94)  DRAINING           —
 ACTING             restart SUCCEEDED, no validate_after_restart    WATCHING           —
+ACTING             reset REFUSED (compute processes run), first    ACTING (reset)     RestartProcess (stop them)
+ACTING             those processes stopped                         ACTING (reset)     ResetGpu (again)
 ACTING             result FAILED/TIMED_OUT/REFUSED/NOT_SUPPORTED   ACTING (rung+1)    next repair, or RMA
+                   (the stop of the processes, or the reset again)
 ACTING             fault needing a higher rung                     ACTING (higher)    that repair (supersedes)
 ACTING             fault needing the same or a lower rung          ACTING             — (absorbed)
 VALIDATING         verdict pass / software_drift                   WATCHING           Release per hold
@@ -65,6 +88,7 @@ VALIDATING         sweep: fail/suspect                             VALIDATING   
 VALIDATING         verdict fail, operator release                  AWAITING_OPERATOR  Notify
 VALIDATING         fault on the target                             ACTING (rung+1)    next repair, or RMA
 WATCHING           fault on the target within the window           ACTING (rung+1)    next repair, or RMA
+DRAINING           fault on the target                             ACTING (rung+1)    a reset that stops work
 WATCHING           window over (tick)                              — (closed)         —
 AWAITING_OPERATOR  operator release                                VALIDATING         RunValidation
 AWAITING_OPERATOR  operator force release                          — (closed)         Release(forced) per hold
@@ -135,13 +159,18 @@ class TicketState(enum.StrEnum):
     """Where a repair ticket is (transition table in the module docstring)."""
 
     WAITING = "waiting"
-    """A repair is due but the node has a reboot or power-cycle in flight."""
+    """A repair is due but waits: for the node's reboot or power-cycle in flight, or (``hold_until``) for
+    the kernel log's Xid that names a memory error a counter reported first."""
     ACTING = "acting"
     """A repair command is out; waiting for its result."""
     VALIDATING = "validating"
     """Held out of service while a validation run decides."""
     WATCHING = "watching"
     """Back in service; the same fault within the recurrence window climbs the ladder."""
+    DRAINING = "draining"
+    """In service with a reset owed that must not stop work (``reset_when_idle``: a pending row remap):
+    it starts when the service sees the GPU idle (`gpu_idle`); a fault of the target climbs as from
+    WATCHING."""
     AWAITING_OPERATOR = "awaiting_operator"
     """Isolated; a person decides (investigate, contact support, IB flap storm)."""
     RMA_PENDING = "rma_pending"
@@ -224,6 +253,20 @@ class Ticket:
     """An accusation's validation verdicts in order, hot-retest ones prefixed (``sdc.judge_accusation``)."""
     reason: str = ""
     """The reason of the last decision that touched it."""
+    hold_until: float | None = None
+    """For WAITING: a memory error seen first in a counter waits until then for the Xid that names it
+    (``classify.COUNTER_FAULTS_NAMED_BY_XID``); the Xid's classification then decides the repair."""
+    reset_when_idle: bool = False
+    """The reset this ticket owes applies a pending remap and waits for the GPU to drain (DRAINING) rather
+    than stop its work (``Classification.reset_when_idle``); any climb ends that patience."""
+    processes_stopped: bool = False
+    """The current reset was refused while compute processes ran on the GPU and they were stopped for
+    it (restart_process's kill, `_stop_processes`): the reset is tried once more, and a second refusal
+    climbs."""
+    repaired_at: float | None = None
+    """When its last repair command succeeded, while nothing newer was started: from then on a fault
+    of its target is evidence that the repair did not hold, never a duplicate of the incident before
+    it (`repaired_at`, ``correlate``'s ``repaired_at``). None while a repair is due or running."""
 
     def covers_gpu(self, gpu_uuid: str) -> bool:
         """True when a fault on ``gpu_uuid`` belongs to this ticket."""
@@ -548,12 +591,14 @@ def _summary(skipped: Iterable[str]) -> str:
 # Starting rungs
 
 
-def _begin(w: _Work, tid: str, start: Rung, why: str) -> str:
+def _begin(w: _Work, tid: str, start: Rung, why: str, *, drained: bool = False) -> str:
     """Start the first usable rung at or above ``start`` on ticket ``tid``. Returns the reason.
 
     While another ticket's reboot or power-cycle is in flight, nothing below RMA starts: the
     ticket folds into that node-level ticket (its post-reboot validation covers every GPU) or,
     when no ticket waits for that command any more, waits (WAITING) for it to report back.
+    A reset owed ``reset_when_idle`` waits for the GPU to drain (DRAINING) unless ``drained``
+    (`gpu_idle` saw it idle).
     """
     if start < Rung.RMA and w.node_command_id:
         owner = w.node_owner()
@@ -564,7 +609,17 @@ def _begin(w: _Work, tid: str, start: Rung, why: str) -> str:
             w.note(tid, f"{why}; {start.word} waits for the node's command {w.node_command_id} in flight")
             return w.tickets[tid].reason
     rung, skipped = w.choose_rung(w.tickets[tid].gpu_uuid, start)
+    if rung is Rung.RESET_GPU and w.tickets[tid].reset_when_idle and not drained:
+        return _drain(w, tid, f"{why}{_summary(skipped)}")
     return _start_rung(w, tid, rung, f"{why}{_summary(skipped)}")
+
+
+def _drain(w: _Work, tid: str, why: str) -> str:
+    """Owe the ticket's GPU a reset that waits for it to have no work (DRAINING): no command, no hold."""
+    w.update(tid, state=TicketState.DRAINING, waiting_rung=None, hold_until=None, pending=None, watch_until=None)
+    line = f"{why}: the reset waits for {w.tickets[tid].gpu_uuid} to drain (no work is stopped for it)"
+    w.note(tid, line)
+    return line
 
 
 def _start_rung(w: _Work, tid: str, rung: Rung, why: str) -> str:
@@ -602,6 +657,8 @@ def _start_rung(w: _Work, tid: str, rung: Rung, why: str) -> str:
         held=tuple(held),
         watch_until=None,
         validation_runs=0,
+        repaired_at=None,
+        processes_stopped=False,
     )
     used = w.used(_target(gpu, rung), rung)
     w.note(tid, f"{reason} (attempt {used} of {w.pol.max_attempts(rung.word)})")
@@ -619,6 +676,7 @@ def _absorb_node_tickets(w: _Work, tid: str) -> None:
             TicketState.ACTING,
             TicketState.VALIDATING,
             TicketState.WAITING,
+            TicketState.DRAINING,  # a reboot applies the remap it waits for
         ):
             continue
         _fold_into(w, other.ticket_id, tid, "the node is about to reboot")
@@ -671,6 +729,7 @@ def _open_rma(w: _Work, tid: str, why: str) -> str:
         held=tuple(held),
         watch_until=None,
         validation_runs=0,
+        repaired_at=None,
     )
     if t.gpu_uuid and "node" in held and not w.node_command_id:
         _validate_rest_of_node(w, tid)
@@ -697,6 +756,7 @@ def _validate_rest_of_node(w: _Work, tid: str) -> None:
 
 
 def _climb(w: _Work, tid: str, why: str, at_least: Rung | None = None) -> str:
+    w.update(tid, reset_when_idle=False)  # the gentle way did not hold: a reset now stops what runs
     t = w.tickets[tid]
     start = Rung(t.rung + 1) if t.rung is not None and t.rung < Rung.RMA else (t.rung or Rung.RESTART_PROCESS)
     for bound in (t.floor, at_least):
@@ -783,6 +843,13 @@ def _wake_waiting(w: _Work) -> list[str]:
         if t.ticket_id not in w.tickets:
             continue  # folded into a reboot started earlier in this loop
         if t.state is TicketState.WAITING and t.waiting_rung is not None:
+            if t.hold_until is not None:
+                if w.now_s < t.hold_until:
+                    continue
+                w.update(t.ticket_id, hold_until=None)
+                why = f"no Xid named the {t.fault_key} error within {w.pol.counter_hold_s:g}s"
+                reasons.append(_begin(w, t.ticket_id, t.waiting_rung, why))
+                continue
             reasons.append(_begin(w, t.ticket_id, t.waiting_rung, "the node is free again"))
         elif (
             t.state is TicketState.RMA_PENDING
@@ -857,6 +924,8 @@ def decide(
         return w.decision(_on_waiting_ticket(w, t, incident, required))
     if t.state is TicketState.ACTING:
         return w.decision(_on_acting_ticket(w, t, incident, required))
+    if t.state is TicketState.DRAINING and required is None:
+        return w.decision(f"{cls.fault_key} recorded on ticket {tid}, whose reset waits for the GPU to drain")
     return w.decision(_on_repaired_ticket(w, t, incident, required))
 
 
@@ -872,7 +941,24 @@ def _on_held_ticket(w: _Work, t: Ticket, incident: correlate.Incident, required:
 
 
 def _on_waiting_ticket(w: _Work, t: Ticket, incident: correlate.Incident, required: Rung | None) -> str:
-    """A fault on a ticket that waits for the node's reboot: it raises the rung the ticket will start at."""
+    """A fault on a ticket that waits: the Xid naming its counter's error decides; else it raises the rung.
+
+    A ticket held for the Xid (``hold_until``) whose own incident comes back named (``correlate``'s
+    NAMED: the same incident id, the Xid's classification) starts the repair the Xid asks for now,
+    whether stronger or weaker than the counter's. Any other fault raises the rung the ticket will
+    start at (a reboot in flight, or the hold, ends first).
+    """
+    cls = incident.classification
+    if t.hold_until is not None and required is not None and incident.incident_id in t.incident_ids:
+        w.update(
+            t.ticket_id,
+            hold_until=None,
+            fault_key=cls.fault_key,
+            floor=required,
+            waiting_rung=required,
+            reset_when_idle=cls.reset_when_idle,
+        )
+        return _begin(w, t.ticket_id, required, f"{cls.reason} (it names the counter's error)")
     if required is not None and (t.waiting_rung is None or required > t.waiting_rung):
         w.update(t.ticket_id, waiting_rung=required)
     fault_key = incident.classification.fault_key
@@ -913,6 +999,7 @@ def _on_repaired_ticket(w: _Work, t: Ticket, incident: correlate.Incident, requi
     after = t.rung.word if t.rung is not None else "release"
     why = f"{cls.fault_key} recurred {phase} after {after}"
     if t.rung is None:
+        w.update(tid, reset_when_idle=cls.reset_when_idle)
         return _begin(w, tid, required or Rung.RESTART_PROCESS, why)
     return _climb(w, tid, why, at_least=required)
 
@@ -958,8 +1045,11 @@ def _new_ticket(w: _Work, incident: correlate.Incident, required: Rung | None) -
         floor=required,
         incident_ids=(incident.incident_id,),
         ib_port=incident.ib_port,
+        reset_when_idle=cls.reset_when_idle,
     )
     w.note(tid, f"fault {cls.fault_key}: {cls.reason}")
+    if required is not None and cls.fault_key in classify.COUNTER_FAULTS_NAMED_BY_XID:
+        return _hold_for_xid(w, tid, required, cls)
     if required is not None:
         return _begin(w, tid, required, cls.reason)
     if purpose is Purpose.ACCUSATION:
@@ -994,6 +1084,64 @@ def _new_ticket(w: _Work, incident: correlate.Incident, required: Rung | None) -
     w.update(tid, state=TicketState.AWAITING_OPERATOR, held=held)
     w.note(tid, f"{cls.reason}: isolated, waiting for an operator")
     return w.tickets[tid].reason
+
+
+_REPAIRED_STATES = frozenset({TicketState.VALIDATING, TicketState.WATCHING})
+"""Ticket states after a repair ran: a fault of the target now is evidence against the repair."""
+
+
+def repaired_at(state: RemediationState, gpu_uuid: str) -> float | None:
+    """When the repair of the ticket covering ``gpu_uuid`` ("": the node's) finished, or None. Pure.
+
+    Set while the ticket validates or watches the repair it ran, None while a repair is due or
+    running (a repeat then folds into its incident as part of the same burst). ``handle_event``
+    passes it to ``correlate``: an incident of that target opened before it is no longer joined by
+    a new event, so a fault back 120 s after its restart climbs the ladder instead of being taken
+    for a duplicate of the fault the restart repaired.
+    """
+    for t in state.tickets:
+        if t.repaired_at is not None and t.state in _REPAIRED_STATES and t.covers_gpu(gpu_uuid):
+            return t.repaired_at
+    return None
+
+
+def _hold_for_xid(w: _Work, tid: str, required: Rung, cls: classify.Classification) -> str:
+    """A memory error a counter saw first: wait ``counter_hold_s`` for the Xid that names it (WAITING)."""
+    hold_s = w.pol.counter_hold_s
+    w.update(tid, state=TicketState.WAITING, waiting_rung=required, hold_until=w.now_s + hold_s)
+    line = f"{cls.reason}; waits up to {hold_s:g}s for the Xid that names the error before {required.word}"
+    w.note(tid, line)
+    return line
+
+
+def gpu_idle(state: RemediationState, gpu_uuid: str, *, now_s: float, policy: policy.EscalationPolicy) -> Decision:
+    """The service sees ``gpu_uuid`` idle: the reset that waits for it to drain starts now. Pure.
+
+    Example: ticket DRAINING after Xid 94's restart (its row remap pending); the GPU's draw falls under
+    the idle share of its limit → ACTING reset_gpu: ``(QuarantineGpu(GPU-1), ResetGpu(GPU-1))``; the
+    validation and release follow as after any reset. The agent still refuses the reset if a compute
+    process runs after all: the GPU is then given back and waits again (`_busy_reset`), never stopped.
+    With the reset budget spent a person is told (AWAITING_OPERATOR): a reboot is no way to apply a
+    remap on a GPU that works.
+    """
+    w = _Work(state, now_s, policy)
+    t = next((x for x in w.tickets.values() if x.state is TicketState.DRAINING and x.gpu_uuid == gpu_uuid), None)
+    if t is None:
+        return w.decision(f"no reset waits for {gpu_uuid} to drain on {state.node_id}")
+    tid = t.ticket_id
+    budget = policy.max_attempts(Rung.RESET_GPU.word)
+    if w.used(gpu_uuid, Rung.RESET_GPU) >= budget:
+        line = f"{gpu_uuid} drained, but its reset budget ({budget}) is spent: the pending remap needs a person"
+        w.emit(tid, actions.Notify, line, severity="warning", summary=f"{w.node_id}/{gpu_uuid}: {line}")
+        w.update(tid, state=TicketState.AWAITING_OPERATOR, reset_when_idle=False)
+        w.note(tid, line)
+        return w.decision(line)
+    return w.decision(_begin(w, tid, Rung.RESET_GPU, f"{gpu_uuid} is idle", drained=True))
+
+
+def draining_gpus(state: RemediationState) -> tuple[str, ...]:
+    """The GPUs of the node whose reset waits for them to drain (for the service's idle check). Pure."""
+    return tuple(t.gpu_uuid for t in state.tickets if t.state is TicketState.DRAINING and t.gpu_uuid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1032,7 +1180,13 @@ def handle_event(
         The correlation (carrying the new correlation state) and the decision.
     """
     corr = correlate.correlate(
-        correlation_state, event, now_s=now_s, catalog=catalog, policy=policy, nvlink5_rules=nvlink5_rules
+        correlation_state,
+        event,
+        now_s=now_s,
+        catalog=catalog,
+        policy=policy,
+        nvlink5_rules=nvlink5_rules,
+        repaired_at=repaired_at(state, event.gpu_uuid),
     )
     if corr.needs_decision and corr.incident is not None:
         decision = decide(state, corr.incident, now_s=now_s, policy=policy.escalation)
@@ -1096,9 +1250,17 @@ def _apply_result(w: _Work, result: ActionResult) -> str:
     if kind == "run_validation":
         return _apply_validation(w, tid, result, detail)
     w.note(tid, f"{kind} {result.outcome.name.lower()}{detail}")
+    if t.rung is Rung.RESET_GPU and kind in (Rung.RESET_GPU.word, Rung.RESTART_PROCESS.word):
+        busy = _busy_reset(w, tid, kind, result, detail)
+        if busy:
+            return busy
     if result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN):
-        w.update(tid, pending=None)
+        w.update(tid, pending=None, repaired_at=w.now_s)
         dry = " (dry run)" if result.outcome is Outcome.DRY_RUN else ""
+        if t.rung is Rung.RESTART_PROCESS and t.reset_when_idle:
+            return _drain(w, tid, f"restart_process succeeded{dry}; a reset still owes the GPU its row remap")
+        if t.rung is Rung.RESET_GPU:
+            w.update(tid, reset_when_idle=False)
         if t.rung is Rung.RESTART_PROCESS and not w.pol.validate_after_restart:
             w.update(tid, state=TicketState.WATCHING, watch_until=w.now_s + w.pol.recurrence_window_s)
             window = w.pol.recurrence_window_s
@@ -1107,6 +1269,53 @@ def _apply_result(w: _Work, result: ActionResult) -> str:
             return line
         return _start_validation(w, tid, w.pol.post_repair_suite, f"{kind} succeeded{dry}")
     return _climb(w, tid, f"{kind} {result.outcome.name.lower()}{detail}")
+
+
+def _busy_reset(w: _Work, tid: str, kind: str, result: ActionResult, detail: str) -> str:
+    """A reset refused because compute processes run: stop them, then reset again. Returns the reason, or "".
+
+    The agent refuses a reset while a compute process runs on the GPU (REFUSED is its only refusal
+    of one). That says nothing against the reset: the ladder stops the processes (restart_process's
+    kill, SIGTERM then SIGKILL after ``restart_grace_s``) and tries the reset once more; only if
+    the processes do not stop, or the reset is refused or fails again, does it climb to a reboot.
+    Both commands count against their rung's budget like any other; a spent budget climbs at once.
+    "" when the result is not one of these steps (the caller goes on as for any result).
+    """
+    t = w.tickets[tid]
+    gpu = t.gpu_uuid
+    if kind == Rung.RESET_GPU.word:
+        if result.outcome is not Outcome.REFUSED or t.processes_stopped:
+            return ""
+        if t.reset_when_idle:
+            # A reset that waited for the drain: work started on the GPU meanwhile. It is not stopped
+            # for a remap; the GPU goes back to service and the reset waits for the next drain.
+            why = f"reset_gpu refused{detail}: the GPU is busy again"
+            stays = _release_holds(w, tid, f"{why}; back to service until it drains", keep=("node",))
+            return _drain(w, tid, f"{why}{stays}")
+        spent = w.used(gpu, Rung.RESTART_PROCESS) >= w.pol.max_attempts(Rung.RESTART_PROCESS.word)
+        if spent:
+            why = f"reset_gpu refused{detail}; restart_process budget spent, so its processes cannot be stopped"
+            return _climb(w, tid, why)
+        why = f"reset_gpu refused{detail}: stop the GPU's processes, then reset again"
+        cmd = w.emit(tid, actions.RestartProcess, why, gpu_uuid=gpu, grace_s=w.pol.restart_grace_s)
+        w.attempts.append(Attempt(gpu, Rung.RESTART_PROCESS, w.now_s))
+        w.update(tid, pending=Pending(cmd.command_id, cmd.kind, w.now_s), processes_stopped=True)
+        w.note(tid, why)
+        return why
+    # The processes were stopped for the reset (a restart_process answer while the rung is the reset).
+    if result.outcome not in (Outcome.SUCCEEDED, Outcome.DRY_RUN):
+        return _climb(
+            w, tid, f"the GPU's processes could not be stopped for its reset ({result.outcome.name.lower()}{detail})"
+        )
+    if w.used(gpu, Rung.RESET_GPU) >= w.pol.max_attempts(Rung.RESET_GPU.word):
+        return _climb(w, tid, "processes stopped, but the reset_gpu budget is spent")
+    why = f"processes stopped{detail}: reset again"
+    cmd = w.emit(tid, actions.ResetGpu, why, gpu_uuid=gpu)
+    w.attempts.append(Attempt(gpu, Rung.RESET_GPU, w.now_s))
+    w.update(tid, pending=Pending(cmd.command_id, cmd.kind, w.now_s))
+    used = w.used(gpu, Rung.RESET_GPU)
+    w.note(tid, f"{why} (attempt {used} of {w.pol.max_attempts(Rung.RESET_GPU.word)})")
+    return w.tickets[tid].reason
 
 
 def _apply_validation(w: _Work, tid: str, result: ActionResult, detail: str) -> str:
@@ -1414,7 +1623,10 @@ def tick_due_at(state: RemediationState, *, policy: policy.EscalationPolicy) -> 
         if t.state is TicketState.WATCHING and t.watch_until is not None:
             due = min(due, t.watch_until)
         if t.state is TicketState.WAITING and t.waiting_rung is not None:  # `_wake_waiting`
-            wakes = True
+            if t.hold_until is not None and not state.node_command_id:
+                due = min(due, t.hold_until)
+            elif t.hold_until is None:
+                wakes = True
         elif t.state is TicketState.RMA_PENDING and t.gpu_uuid and "node" in t.held:
             wakes = wakes or (t.pending is None and t.validation_runs == 0)
     if wakes and not state.node_command_id:

@@ -236,6 +236,10 @@ class EscalationPolicy:
     """Whether a process restart is followed by validation (the GPU itself was not touched)."""
     restart_grace_s: float = 30.0
     """SIGTERM-to-SIGKILL grace of a process restart."""
+    counter_hold_s: float = 5.0
+    """A memory error seen first in a counter (the DBE count, a pending row remap) waits this long for the
+    kernel log's Xid that names it (48, 94, 95), whose catalog entry then decides the repair: Xid 94 restarts
+    the application where the counter alone would reset the GPU. Counters are read about once a second."""
     post_repair_suite: str = "post-repair"
     """Validation suite run after a reset or reboot, and before an operator release."""
     accusation_suite: str = "accusation"

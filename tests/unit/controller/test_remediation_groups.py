@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
 from rasd.controller import wiring
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import actions
 from rasd.controller.core.remediation import events as health
@@ -618,3 +619,113 @@ def test_the_breakers_demand_is_stored_apart_from_the_budget_document_and_surviv
         **documents,
         remediation_mod.BUDGET_DEMAND_PREFIX + repr(earlier_s): {"at": earlier_s, "nodes": ["node-0"]},
     }
+
+
+def test_a_tripped_breaker_still_validates_and_releases_the_nodes_it_rebooted_before(store_url):
+    """Issue #37: the nodes already rebooted when the breaker tripped were never validated, so they stayed out."""
+    pol = policy_mod.RemediationPolicy(
+        disruption=policy_mod.DisruptionPolicy(
+            breaker_quarantine_pct=20.0,
+            breaker_min_nodes=3,
+            max_disrupted_nodes_pct=50.0,
+            domain_max_nodes={},
+            domain_max_pct={},
+        )
+    )
+    rig = _Rig(store_url, pol)
+    nodes = [f"node-{i}" for i in range(1, 11)]
+    for node in nodes[1:]:
+        rig.store.register_hello(_hello(node), NOW_NS)
+
+    async def run() -> tuple:
+        sent = rig.outlet.capture()
+        await rig.start()
+        for node in nodes[:2]:  # 2 of 10 nodes: at the breaker's limit, not over it
+            await rig.service.on_events(node, [_event(node, 1, 79)], {"rack": "r1"})
+        reboots = {c.node_id: c for c in rig.service.store.commands() if c.kind == "reboot_node"}
+        for node in nodes[2:6]:  # 6 of 10: the breaker trips, their reboots wait
+            await rig.service.on_events(node, [_event(node, 1, 79)], {"rack": "r1"})
+        tripped = rig.service.budget.breaker_tripped
+        for node, reboot in reboots.items():
+            await rig.service.on_result(node, msgs.AgentResult(reboot.command_id, msgs.Outcome.SUCCEEDED))
+        validations = {c.node_id: c for c in rig.service.store.commands() if c.kind == "run_validation"}
+        for node, run in validations.items():
+            await rig.service.on_result(
+                node, msgs.AgentResult(run.command_id, msgs.Outcome.SUCCEEDED, validation_verdict="pass")
+            )
+        statuses = {(c.node_id, c.kind): c.status for c in rig.service.store.commands()}
+        out = rig.service.budget.disrupted_nodes()
+        held = rig.service.budget.breaker_tripped
+        await rig.stop()
+        return reboots, tripped, validations, sent, statuses, out, held
+
+    reboots, tripped, validations, sent, statuses, out, held = asyncio.run(run())
+    assert set(reboots) == {"node-1", "node-2"} and tripped
+    assert set(validations) == {"node-1", "node-2"}
+    assert all(run.command_id in sent for run in validations.values()), "the post-repair runs were sent"
+    assert statuses[("node-1", "release")] == statuses[("node-2", "release")] == "succeeded"
+    assert not {"node-1", "node-2"} & out, "back in service"
+    assert held and all(statuses[(n, "reboot_node")] == "pending" for n in nodes[2:6]), "nothing new leaves"
+
+
+def test_an_xid94s_remap_is_applied_by_a_reset_once_the_telemetry_shows_the_gpu_idle(rig):
+    """Issue #37: Xid 94 restarts the application; the reset that remaps waits for the GPU to drain, never kills."""
+
+    async def run() -> tuple:
+        sent = rig.outlet.capture()
+        rig.ingest.remember_remote_node("node-1", {"rack": "r1"}, tuple(GPUS))
+        await rig.start()
+        await rig.service.on_events("node-1", [_event("node-1", 1, 94)], {"rack": "r1"})
+        restart = next(c for c in rig.service.store.commands() if c.kind == "restart_process")
+        await rig.service.on_result("node-1", msgs.AgentResult(restart.command_id, msgs.Outcome.SUCCEEDED))
+        busy = fleet.GpuLatest(power_w=650.0, power_sample_unix_ns=NOW_NS, enforced_power_limit_w=700)
+        rig.wired.streams.latest[GPUS[0]] = busy
+        await rig.service.tick()
+        while_busy = [c.kind for c in rig.service.store.commands()]
+        rig.wired.streams.latest[GPUS[0]] = dataclasses.replace(busy, power_w=70.0)
+        await rig.service.tick()
+        after = [(c.kind, c.status) for c in rig.service.store.commands()]
+        await rig.stop()
+        return sent, while_busy, after
+
+    sent, while_busy, after = asyncio.run(run())
+    assert while_busy == ["restart_process"], "the GPU works: nothing is stopped, nothing is held"
+    assert sorted(after) == [
+        ("quarantine_gpu", "succeeded"),
+        ("reset_gpu", "dispatched"),
+        ("restart_process", "succeeded"),
+    ]
+    assert len(sent) == 2, "the restart, then the reset once idle"
+
+
+def test_a_gpu_held_at_its_smoothing_floor_drains_when_its_fresh_counters_show_no_kernel(rig):
+    """Issue #37: idle means no kernel runs (utilization 0 %), not low power: smoothing holds idle GPUs at a floor."""
+
+    async def run() -> tuple:
+        rig.ingest.remember_remote_node("node-1", {"rack": "r1"}, tuple(GPUS))
+        await rig.start()
+        await rig.service.on_events("node-1", [_event("node-1", 1, 94)], {"rack": "r1"})
+        restart = next(c for c in rig.service.store.commands() if c.kind == "restart_process")
+        await rig.service.on_result("node-1", msgs.AgentResult(restart.command_id, msgs.Outcome.SUCCEEDED))
+        at_floor = fleet.GpuLatest(
+            power_w=620.0, power_sample_unix_ns=NOW_NS, enforced_power_limit_w=1000, utilization_gpu_pct=100
+        )
+        streams = rig.wired.streams
+        streams.latest[GPUS[0]] = at_floor
+        streams.latest_controller_ns[GPUS[0]] = NOW_NS
+        await rig.service.tick()
+        while_working = [c.kind for c in rig.service.store.commands()]
+        streams.latest[GPUS[0]] = dataclasses.replace(at_floor, utilization_gpu_pct=0)
+        streams.latest_controller_ns[GPUS[0]] = NOW_NS - 60 * 10**9
+        await rig.service.tick()
+        while_stale = [c.kind for c in rig.service.store.commands()]
+        streams.latest_controller_ns[GPUS[0]] = NOW_NS
+        await rig.service.tick()
+        after = sorted(c.kind for c in rig.service.store.commands())
+        await rig.stop()
+        return while_working, while_stale, after
+
+    while_working, while_stale, after = asyncio.run(run())
+    assert while_working == ["restart_process"], "a kernel runs: the GPU works, whatever it draws"
+    assert while_stale == ["restart_process"], "counters a minute old say nothing about now"
+    assert after == ["quarantine_gpu", "reset_gpu", "restart_process"], "idle at its floor: the remap reset starts"

@@ -510,3 +510,56 @@ def test_random_failures_never_exceed_the_budget(sequence):
             if a.kind == "reboot_node":
                 assert a.node_id in state.disrupted_nodes()
         assert all(state.quarantined_gpus.values()), "a node whose GPUs were all released is not listed"
+
+
+def test_a_tripped_breaker_lets_the_repairs_in_flight_validate_and_release():
+    """100 of 256 nodes lose a GPU at once: the 8 rebooted before the trip are validated and returned."""
+    view = fleet(nodes=256, rack_size=8)
+    pol = policy.RemediationPolicy()
+    nodes = sorted(view.node_labels)
+    first_states, first = _fail_nodes(nodes[::33], pol, T0)  # 8 nodes of 8 racks and 4 feeds: no domain cap binds
+    admitted, deferred, state, _ = blast_radius.admit(
+        blast_radius.BudgetState(), first, view, now_s=T0, policy=pol.disruption
+    )
+    assert not deferred and not state.breaker_tripped
+    rebooted = {a.node_id: a for a in admitted if a.kind == "reboot_node"}
+    assert len(rebooted) == 8
+    _, storm = _fail_nodes([n for n in nodes if n not in rebooted][:92], pol, T0 + 60)
+    _, deferred, state, _ = blast_radius.admit(state, storm, view, now_s=T0 + 60, policy=pol.disruption)
+    assert state.breaker_tripped and len(deferred) == len(storm)
+
+    # The reboots come back: each ladder asks for its post-repair validation, then releases on a pass.
+    now = T0 + 300
+    validations = []
+    for node, reboot in rebooted.items():
+        state = blast_radius.complete(state, reboot.command_id, now_s=now)
+        ladder = escalation.mark_dispatched(first_states[node], reboot.command_id, now_s=T0)
+        done = escalation.on_result(
+            ladder, escalation.ActionResult(reboot.command_id, escalation.Outcome.SUCCEEDED), now_s=now,
+            policy=pol.escalation,
+        )  # fmt: skip
+        first_states[node] = done.state
+        validations.extend(done.actions)
+    assert [a.kind for a in validations] == ["run_validation"] * 8
+    admitted, deferred, state, _ = blast_radius.admit(
+        state, [*deferred, *validations], view, now_s=now, policy=pol.disruption
+    )
+    assert sorted(a.node_id for a in admitted) == sorted(rebooted)  # the validations, nothing new
+    assert {a.kind for a in admitted} == {"run_validation"} and len(deferred) == len(storm)
+
+    releases = []
+    for validation in admitted:
+        ladder = escalation.mark_dispatched(first_states[validation.node_id], validation.command_id, now_s=now)
+        passed = escalation.on_result(
+            ladder,
+            escalation.ActionResult(validation.command_id, escalation.Outcome.SUCCEEDED, validation_verdict="pass"),
+            now_s=now + 60,
+            policy=pol.escalation,
+        )
+        releases.extend(passed.actions)
+    admitted, deferred, state, _ = blast_radius.admit(
+        state, [*deferred, *releases], view, now_s=now + 60, policy=pol.disruption
+    )
+    assert {a.kind for a in admitted} == {"release"} and {a.node_id for a in admitted} == set(rebooted)
+    assert state.breaker_tripped and len(deferred) == len(storm)  # still nothing new gets through
+    assert not set(rebooted) & state.disrupted_nodes()

@@ -24,10 +24,18 @@ class Feed:
         self.pol = pol
 
     def __call__(
-        self, kind: EventKind, *, node: str = "n1", gpu: str = "GPU-1", **fields: object
+        self,
+        kind: EventKind,
+        *,
+        node: str = "n1",
+        gpu: str = "GPU-1",
+        repaired_at: float | None = None,
+        **fields: object,
     ) -> correlate.Correlation:
         ev = health.HealthEvent(node_id=node, kind=kind, observed_at=self.now, gpu_uuid=gpu, **fields)
-        result = correlate.correlate(self.state, ev, now_s=self.now, catalog=CATALOG, policy=self.pol)
+        result = correlate.correlate(
+            self.state, ev, now_s=self.now, catalog=CATALOG, policy=self.pol, repaired_at=repaired_at
+        )
         self.state = result.state
         return result
 
@@ -237,3 +245,18 @@ def test_the_same_seq_at_another_time_is_another_incident_id():
     assert again.outcome is Outcome.NEW
     assert again.incident.incident_id != first.incident.incident_id
     assert first.incident.incident_id.startswith("n1/GPU-1/xid:79/1t")
+
+
+def test_after_its_repair_finished_a_repeat_opens_a_new_incident_and_a_dbe_is_no_detail_of_the_old_xid48():
+    feed = Feed()
+    old = feed.xid(13).incident
+    feed.xid(48, gpu="GPU-2")
+    feed.now += 60
+    repaired = feed.now - 30
+    again = feed.xid(13, repaired_at=repaired)
+    assert again.outcome is Outcome.NEW and again.incident.incident_id != old.incident_id
+    feed.now += 1  # the recurrence's own burst folds into it
+    assert feed.xid(13, repaired_at=repaired).outcome is Outcome.DUPLICATE
+    assert feed(EventKind.ECC_DBE, gpu="GPU-2", repaired_at=repaired).outcome is Outcome.NEW
+    # Another GPU's repair changes nothing here: its faults still fold.
+    assert feed.xid(45, gpu="GPU-2", repaired_at=None).outcome is Outcome.SECONDARY

@@ -45,15 +45,16 @@ class Node:
 
     def event(self, kind: EventKind, gpu: str = "GPU-1", **fields: object) -> escalation.Decision | None:
         ev = health.HealthEvent(node_id=self.node_id, kind=kind, observed_at=self.clock.now, gpu_uuid=gpu, **fields)
-        corr = correlate.correlate(self.corr, ev, now_s=self.clock.now, catalog=CATALOG, policy=self.policy)
-        self.corr = corr.state
-        self.outcomes.append(corr.outcome)
-        if not corr.needs_decision:
-            return None
-        assert corr.incident is not None
-        return self._take(
-            escalation.decide(self.state, corr.incident, now_s=self.clock.now, policy=self.policy.escalation)
+        # The service's whole pipeline: correlation reads the ladder's state too (a finished repair).
+        handled = escalation.handle_event(
+            self.corr, self.state, ev, now_s=self.clock.now, catalog=CATALOG, policy=self.policy
         )
+        self.corr = handled.correlation.state
+        self.outcomes.append(handled.correlation.outcome)
+        if not handled.correlation.needs_decision:
+            return None
+        assert handled.correlation.incident is not None
+        return self._take(handled.decision)
 
     def xid(self, xid: int, gpu: str = "GPU-1", **fields: object) -> escalation.Decision | None:
         return self.event(EventKind.XID, gpu, xid=xid, **fields)
@@ -340,7 +341,12 @@ def test_the_watch_closes_the_ticket_after_the_recurrence_window():
 def test_remap_pending_within_spare_capacity_resets_and_returns_to_service():
     node = Node()
     decision = node.event(EventKind.ROW_REMAP_PENDING, remapped_rows_uncorrectable=3)
-    assert node.kinds(decision) == ["quarantine_gpu", "reset_gpu"]
+    assert node.kinds(decision) == []  # the counter waits for an Xid that would say more (issue #37)
+    node.clock.advance(node.policy.escalation.counter_hold_s)
+    assert node.kinds(node.tick()) == []  # then the reset that applies the remap waits for the drain
+    assert node.ticket().state is TicketState.DRAINING and node.ticket().held == ()
+    drained = escalation.gpu_idle(node.state, "GPU-1", now_s=node.clock.now, policy=node.policy.escalation)
+    assert node.kinds(node._take(drained)) == ["quarantine_gpu", "reset_gpu"]
     node.result("reset_gpu", Outcome.SUCCEEDED)
     released = node.result("run_validation", Outcome.SUCCEEDED, "pass")
     assert [(a.kind, a.gpu_uuid) for a in released.actions] == [("release", "GPU-1")]
@@ -897,3 +903,159 @@ def test_a_ticket_update_is_dataclasses_replace_and_never_reuses_the_old_values_
     assert escalation._ticket_to_dict(evolved)["state"] == "watching" and before["state"] == "acting"
     with pytest.raises(TypeError, match="statee"):
         escalation._evolve(ticket, statee=escalation.TicketState.WATCHING)
+
+
+# ---- issue #37: the ladder and correlation after a repair, counters and Xids, busy GPUs ---------
+
+
+def test_a_fault_back_within_the_dedupe_window_after_its_restart_finished_climbs_to_a_reset():
+    """Xid 13 again 120 s after its restart succeeded: the repair did not hold, it is no duplicate."""
+    node = Node()
+    node.xid(13)
+    node.clock.advance(5)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node.clock.advance(120)  # within the 180 s dedupe window of the first incident
+    again = node.xid(13)
+    assert node.kinds(again) == ["quarantine_gpu", "reset_gpu"]
+    assert "recurred" in again.reason
+    node.clock.advance(2)  # the recurrence's own burst still folds into it: one reset, not two
+    assert node.xid(13) is None
+    assert node.all_kinds().count("reset_gpu") == 1
+
+
+def test_a_fresh_dbe_after_a_finished_reset_and_release_climbs_to_a_reboot():
+    """A new uncorrectable error 12 s after the GPU came back is no detail of the old Xid 48: it climbs."""
+    node = Node()
+    node.xid(48)
+    node.clock.advance(10)
+    node.result("reset_gpu", Outcome.SUCCEEDED)
+    node.clock.advance(30)
+    released = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert node.kinds(released) == ["release"]
+    node.clock.advance(12)
+    fresh = node.event(EventKind.ECC_DBE)
+    assert node.kinds(fresh) == ["quarantine_node", "reboot_node"]
+    assert node.ticket().rung is escalation.Rung.REBOOT_NODE
+
+
+def test_a_repeat_while_the_repair_still_runs_folds_into_it():
+    node = Node()
+    node.xid(13)
+    node.clock.advance(60)
+    assert node.xid(13) is None  # the restart has not answered: a duplicate
+    assert node.all_kinds() == ["restart_process"]
+
+
+def test_a_reset_refused_for_running_processes_stops_them_and_resets_again():
+    node = Node()
+    node.xid(95)  # RESET_GPU bucket
+    refused = node.result("reset_gpu", Outcome.REFUSED)
+    assert node.kinds(refused) == ["restart_process"]
+    assert refused.actions[0].gpu_uuid == "GPU-1"
+    assert "refused" in refused.reason and "stop" in refused.reason
+    assert node.ticket().rung is escalation.Rung.RESET_GPU and node.ticket().held == ("gpu:GPU-1",)
+    stopped = node.result("restart_process", Outcome.SUCCEEDED)
+    assert node.kinds(stopped) == ["reset_gpu"]
+    node.result("reset_gpu", Outcome.SUCCEEDED)
+    node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert "reboot_node" not in node.all_kinds()
+    assert node.ticket().state is TicketState.WATCHING
+
+
+@pytest.mark.parametrize("how", ["refused again", "stop failed", "stop timed out"])
+def test_a_reset_still_refused_or_whose_processes_do_not_stop_climbs_to_a_reboot(how):
+    node = Node()
+    node.xid(95)
+    node.result("reset_gpu", Outcome.REFUSED)
+    if how == "refused again":
+        node.result("restart_process", Outcome.SUCCEEDED)
+        climbed = node.result("reset_gpu", Outcome.REFUSED)
+    elif how == "stop failed":
+        climbed = node.result("restart_process", Outcome.FAILED)
+    else:
+        node.clock.advance(node.policy.escalation.restart_process_timeout_s)
+        climbed = node.tick()
+    assert node.kinds(climbed) == ["quarantine_node", "reboot_node"]
+    assert node.all_kinds().count("reset_gpu") == (2 if how == "refused again" else 1)
+
+
+def test_an_xid48_after_its_dbe_counter_change_is_the_same_incident_and_one_reset():
+    """The counter is read at 1 Hz and may be seen first: the Xid that follows names it, one incident either way."""
+    node = Node()
+    assert node.event(EventKind.ECC_DBE) is not None  # held briefly for the Xid that names it
+    assert node.all_kinds() == []
+    node.clock.advance(1)
+    named = node.xid(48)
+    assert node.kinds(named) == ["quarantine_gpu", "reset_gpu"]
+    assert node.outcomes == [correlate.Outcome.NEW, correlate.Outcome.NAMED]
+    (incident,) = node.corr.open_incidents()
+    assert incident.xid == 48 and incident.fault_key == "xid:48" and "ecc_dbe" in incident.secondary_keys
+    node.clock.advance(1)
+    node.xid(45)  # its cleanup folds in too
+    assert len(node.corr.open_incidents()) == 1 and node.all_kinds() == ["quarantine_gpu", "reset_gpu"]
+
+
+def test_a_dbe_counter_change_no_xid_names_is_reset_once_its_hold_ends():
+    node = Node()
+    node.event(EventKind.ECC_DBE)
+    hold_s = node.policy.escalation.counter_hold_s
+    node.clock.advance(hold_s - 1)
+    assert node.kinds(node.tick()) == []
+    node.clock.advance(1)
+    assert node.kinds(node.tick()) == ["quarantine_gpu", "reset_gpu"]
+
+
+@pytest.mark.parametrize("counter_first", [False, True])
+def test_a_contained_xid94_restarts_the_application_and_its_dbe_counter_does_not_reset_the_gpu(counter_first):
+    """NVIDIA: Xid 94 is contained, restart the application; the GPU is reset to remap only when convenient."""
+    node = Node()
+    if counter_first:
+        node.event(EventKind.ECC_DBE)
+        node.clock.advance(1)
+        node.xid(94)
+    else:
+        node.xid(94)
+        node.clock.advance(1)
+        node.event(EventKind.ECC_DBE)
+    node.clock.advance(1)
+    node.event(EventKind.ROW_REMAP_PENDING, remapped_rows_uncorrectable=1)
+    assert node.all_kinds() == ["restart_process"]
+    assert len(node.corr.open_incidents()) == 1
+    ticket = node.ticket()
+    assert ticket.rung is escalation.Rung.RESTART_PROCESS and ticket.held == ()
+
+    # The restart is done: the GPU stays in service, its remap waits for it to drain (no kill, no quarantine).
+    node.clock.advance(5)
+    restarted = node.result("restart_process", Outcome.SUCCEEDED)
+    assert node.kinds(restarted) == [] and node.ticket().state is TicketState.DRAINING
+    assert escalation.draining_gpus(node.state) == ("GPU-1",)
+    node.clock.advance(3600)
+    assert node.kinds(node.tick()) == []
+    drained = node._take(escalation.gpu_idle(node.state, "GPU-1", now_s=node.clock.now, policy=node.policy.escalation))
+    assert node.kinds(drained) == ["quarantine_gpu", "reset_gpu"]
+    node.result("reset_gpu", Outcome.SUCCEEDED)
+    released = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert node.kinds(released) == ["release"] and node.ticket().state is TicketState.WATCHING
+    assert node.all_kinds().count("restart_process") == 1
+
+
+def test_a_drained_reset_refused_after_all_gives_the_gpu_back_and_waits_for_the_next_drain():
+    node = Node()
+    node.xid(94)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node._take(escalation.gpu_idle(node.state, "GPU-1", now_s=node.clock.now, policy=node.policy.escalation))
+    refused = node.result("reset_gpu", Outcome.REFUSED)  # work started on it meanwhile: no kill for a remap
+    assert node.kinds(refused) == ["release"]
+    assert node.ticket().state is TicketState.DRAINING and node.ticket().held == ()
+
+
+def test_a_fault_back_while_the_remap_waits_for_the_drain_climbs_to_a_real_reset():
+    node = Node()
+    node.xid(94)
+    node.clock.advance(5)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node.clock.advance(600)
+    again = node.xid(94)
+    assert node.kinds(again) == ["quarantine_gpu", "reset_gpu"]
+    refused = node.result("reset_gpu", Outcome.REFUSED)  # a repair reset stops the processes (item 4)
+    assert node.kinds(refused) == ["restart_process"]
