@@ -19,10 +19,13 @@ to the end; unmanaged figures over the same instants):
   minimum for the chosen floor is `swing.floor_energy_overhead_pct` over the unmanaged per-GPU draw;
 - stranded_power_pct: the allocator's stranded watts (headroom held by uncapped GPUs while some GPU
   is capped), mean over the window's control periods, as % of the cluster budget;
-- budget_violations: samples where the limits the GPUs enforce exceed a domain's budget, outside the
-  enforcement time of a budget cut (reported per cut as budget_cuts[].enforced_s, measured by polling
-  the GPUs every 10 ms after the SetPowerBudget call), counted from the first instant every budget
-  held (budgets_first_enforced_s: GPUs boot at their default limits, which may exceed the budgets).
+- budget_violations: samples where the limits the GPUs enforce exceed a domain's budget, plus the
+  limit changes between samples that left a budget exceeded (budget_violation_changes: every limit
+  change is judged, so a GPU held at its default limit for an instant by a reset or a reboot counts
+  whether or not a sample falls in that instant), outside the enforcement time of a budget cut
+  (reported per cut as budget_cuts[].enforced_s, measured by polling the GPUs every 10 ms after the
+  SetPowerBudget call), counted from the first instant every budget held (budgets_first_enforced_s:
+  GPUs boot at their default limits, which may exceed the budgets).
 
 GPUs the controller quarantines leave the job in both twins (the scheduler evicts them), so a GPU
 held at its minimum cap does not stall the synchronous step.
@@ -131,6 +134,8 @@ class PowerTrace:
     smoothing_mode: str
     managed: bool
     initial_enforced_s: float | None = None
+    violation_changes: int = 0
+    """Limit changes between samples that left a budget exceeded (counted in `violations` too)."""
     load_changes_s: list[float] = dataclasses.field(default_factory=list)
     job_start_s: float | None = None
     """Seconds after the run's start at which the job's first step began."""
@@ -180,6 +185,12 @@ class PowerProbe:
         self._budget: list[float] = []
         self._caps: list[tuple[float, float]] = []
         self.violations = 0
+        self.violation_changes = 0
+        self._caps_in_force = job.watch_caps()
+        """The limits in force as the limit changes replayed so far left them (`judge_limit_changes`)."""
+        self._tree_before: power_tree.PowerTree | None = None
+        self._node_idx: tuple[Any, np.ndarray] | None = None
+        """(the tree index it was built for, each rank's node index in it)."""
         self.violation_domains: set[str] = set()
         self.violation_times_s: list[float] = []
         self.cuts: list[BudgetCut] = []
@@ -192,11 +203,41 @@ class PowerProbe:
     def _elapsed_s(self) -> float:
         return (self.clock() - self.started_ns) / 1e9
 
-    def _over(self, tree: power_tree.PowerTree) -> list[str]:
+    def _over(self, tree: power_tree.PowerTree, caps_w: np.ndarray | None = None) -> list[str]:
+        """The domains whose budget the limits exceed (caps_w: the job's limits in force now)."""
         idx = tree.index
-        node_idx = np.array([idx.node_of_name.get(n, -1) for n in self.rank_nodes], dtype=np.intp)
+        if self._node_idx is None or self._node_idx[0] is not idx:
+            node_idx = np.array([idx.node_of_name.get(n, -1) for n in self.rank_nodes], dtype=np.intp)
+            self._node_idx = (idx, node_idx)
+        node_idx = self._node_idx[1]
         known = node_idx >= 0
-        return idx.over_budget(node_idx[known], self.job.cap_w[known])
+        return idx.over_budget(node_idx[known], (self.job.cap_w if caps_w is None else caps_w)[known])
+
+    def judge_limit_changes(self, tree: power_tree.PowerTree) -> None:
+        """Replay the limit changes since the last wake-up and count each that left a budget exceeded.
+
+        A change is judged against the budgets in force at this wake-up and at the one before (a cut
+        made in between must not be held against a limit set before it): over both, it is a
+        violation, unless it falls in a cut's enforcement time or before the budgets first held.
+        """
+        before = self._tree_before or tree
+        self._tree_before = tree
+        start_s = self.started_ns / 1e9
+        for at_s, rank, cap_w in self.job.take_cap_changes():
+            self._caps_in_force[rank] = cap_w
+            t = at_s - start_s
+            if self.initial_enforced_s is None or t < self.initial_enforced_s:
+                continue
+            if any(c.at_s <= t < c.at_s + CUT_GRACE_S for c in self.cuts):
+                continue
+            over = self._over(tree, self._caps_in_force)
+            if over:
+                over = [d for d in self._over(before, self._caps_in_force) if d in over]
+            if over:
+                self.violations += 1
+                self.violation_changes += 1
+                self.violation_domains.update(over)
+                self.violation_times_s.append(round(t, 2))
 
     async def sample(self, duration_s: float) -> None:
         """Sample both jobs on a uniform 10 Hz grid until duration_s after the start.
@@ -217,6 +258,8 @@ class PowerProbe:
                 await self._evict_quarantined()
             elapsed = min(self._elapsed_s(), duration_s)
             loop = self.loop
+            if loop is not None:
+                self.judge_limit_changes(loop.tree)
             budget = float(loop.tree.domains[0].budget_w or math.nan) if loop is not None else math.nan
             # The limits are read at the wake-up, which a busy loop delays: kept with the time they were read.
             self._caps.append((self._elapsed_s(), float(self.job.cap_w.sum())))
@@ -325,6 +368,7 @@ class PowerProbe:
             cluster_budget_w=np.array(self._budget),
             managed_cap_w=np.array(self._caps).reshape(-1, 2),
             violations=self.violations,
+            violation_changes=self.violation_changes,
             violation_domains=sorted(self.violation_domains),
             violation_times_s=self.violation_times_s[:50],
             cuts=self.cuts,
@@ -383,6 +427,7 @@ def report_section(
     return {
         "managed": trace.managed,
         "budget_violations": trace.violations,
+        "budget_violation_changes": trace.violation_changes,
         "budgets_first_enforced_s": _r(trace.initial_enforced_s, 2),
         "budget_violation_domains": trace.violation_domains,
         "budget_violation_times_s": trace.violation_times_s,

@@ -9,7 +9,8 @@ import numpy as np
 from rasd.agent.gpu import step_job
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.power import swing
-from rasd.sim import power_sim
+from rasd.controller.core.power import tree as power_tree
+from rasd.sim import power_sim, scenario
 
 SHAPE = step_job.JobShape(period_s=1.0, compute_fraction=0.7, rank_jitter_s=(0.005, 0.02), anchor_unix_s=0.0)
 
@@ -100,3 +101,61 @@ def test_the_start_delay_pairs_twin_steps_by_index_even_when_one_list_lacks_the_
     figures = power_sim.job_start_section(trace, period_s=1.0)
     assert figures["full_speed_after_s"] == 4.5
     assert figures["job_start_delay_s"] == 1.5  # by position step 3 would pair with step 4: 0.5 s
+
+
+# --- every limit in force is judged, not only the sampled ones (issue #37 item 8) ----------------------
+
+TREE = power_tree.PowerTree.from_mapping(
+    {
+        "name": "cluster",
+        "budget_w": 7000,
+        "rows": [{"name": "row", "racks": [{"name": "rack", "nodes": [{"name": "n"}]}]}],
+    }
+)
+
+
+class _Loop:
+    """What the probe reads of the power loop when it judges limit changes: the budget tree in force."""
+
+    def __init__(self, tree: power_tree.PowerTree) -> None:
+        self.tree = tree
+
+
+def _probe(job: step_job.StepJob) -> power_sim.PowerProbe:
+    probe = power_sim.PowerProbe(job, 3, ["n"] * 8, [f"g{i}" for i in range(8)], 1000.0, scenario.PowerScenario(), 0)
+    probe.initial_enforced_s = 0.0  # every budget has held since the start
+    return probe
+
+
+def _eight_ranks_at(cap_w: float) -> step_job.StepJob:
+    job = step_job.StepJob(SHAPE, seed=3)
+    job.add_ranks([650.0] * 8, [120.0] * 8, [1000.0] * 8)
+    for rank in range(8):
+        job.set_cap(rank, cap_w, 0.0)
+    return job
+
+
+def test_a_reboot_that_holds_default_limits_for_an_instant_between_samples_is_a_violation():
+    """A reboot puts every GPU of the node back at its default limit until the agent restores the caps: no
+    10 Hz sample need fall in that instant, but each limit change that left the budget exceeded counts."""
+    job = _eight_ranks_at(800.0)  # 6,400 W under a 7,000 W budget
+    probe = _probe(job)
+    probe.judge_limit_changes(TREE)
+    for rank in range(8):
+        job.set_cap(rank, 1000.0, 1.0)  # the reboot: default limits
+    for rank in range(8):
+        job.set_cap(rank, 800.0, 1.001)  # the agent puts the caps back
+    probe.judge_limit_changes(TREE)
+    assert probe._over(TREE) == [], "a sample now sees nothing wrong"
+    # Over 7,000 W from the 4th default limit (7,200 W) until the 5th restored cap (7,000 W).
+    assert probe.violation_changes == 5 + 4 and probe.violations == 9
+    assert probe.violation_domains == {"cluster"} and probe.violation_times_s[0] == 1.0
+
+
+def test_a_limit_set_before_a_budget_cut_is_not_held_against_the_cut():
+    job = _eight_ranks_at(800.0)
+    probe = _probe(job)
+    probe.judge_limit_changes(TREE)
+    job.set_cap(0, 850.0, 1.0)  # 6,450 W: within 7,000 W, and over the 6,000 W cut made after it
+    probe.judge_limit_changes(TREE.with_budget("cluster", 6000))
+    assert probe.violations == 0
