@@ -11,6 +11,9 @@ to the end; unmanaged figures over the same instants):
 
 - swing_p2p_w_*: max - min of aggregate draw; swing_reduction_pct = 1 - managed / unmanaged;
 - band_power_attenuation_db: 10 log10 of unmanaged over managed aggregate power in 0.1-2 Hz (Welch);
+  band_power_attenuation_db_undisturbed: the same over the GPUs whose work and smoothing profile no
+  event changed from one step before the window to its end (no rank evicted or rejoining, no
+  profile cleared by a reset or a reboot), with band_attenuation_note saying what the difference is;
 - max_ramp_w_per_s: largest |P(t + 1 s) - P(t)| of the managed aggregate over the whole run (a job
   that runs before the controller has seen it, or before the detector has, swings unmanaged until
   then); max_ramp_w_per_s_window: the same over the measurement window;
@@ -136,6 +139,10 @@ class PowerTrace:
     initial_enforced_s: float | None = None
     violation_changes: int = 0
     """Limit changes between samples that left a budget exceeded (counted in `violations` too)."""
+    managed_per_gpu_w: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    """(samples, gpus), float32: the managed job's draws, for the figures over undisturbed GPUs."""
+    disturbed: list[tuple[float, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    """(s since start, ranks) whenever ranks left or rejoined the job or lost their smoothing floor."""
     load_changes_s: list[float] = dataclasses.field(default_factory=list)
     job_start_s: float | None = None
     """Seconds after the run's start at which the job's first step began."""
@@ -182,6 +189,10 @@ class PowerProbe:
         self._managed: list[float] = []
         self._unmanaged: list[float] = []
         self._per_gpu: list[np.ndarray] = []
+        self._per_gpu_managed: list[np.ndarray] = []
+        self._disturbed: list[tuple[float, tuple[int, ...]]] = []
+        self._seen_ranks = (job.active.copy(), job.floor_w.copy())
+        """The job's membership and smoothing floors at the last wake-up (`_note_disturbances`)."""
         self._budget: list[float] = []
         self._caps: list[tuple[float, float]] = []
         self.violations = 0
@@ -260,6 +271,7 @@ class PowerProbe:
             loop = self.loop
             if loop is not None:
                 self.judge_limit_changes(loop.tree)
+            self._note_disturbances()
             budget = float(loop.tree.domains[0].budget_w or math.nan) if loop is not None else math.nan
             # The limits are read at the wake-up, which a busy loop delays: kept with the time they were read.
             self._caps.append((self._elapsed_s(), float(self.job.cap_w.sum())))
@@ -274,6 +286,7 @@ class PowerProbe:
                 self._managed.append(float(managed.sum()))
                 self._unmanaged.append(float(unmanaged.sum()))
                 self._per_gpu.append(unmanaged.astype(np.float32))
+                self._per_gpu_managed.append(managed.astype(np.float32))
                 self._budget.append(budget)
             if loop is None or not due:
                 continue
@@ -295,6 +308,20 @@ class PowerProbe:
                 self.violations += len(due)
                 self.violation_domains.update(over)
                 self.violation_times_s.append(round(due[0], 1))
+
+    def _note_disturbances(self) -> None:
+        """Record the ranks that left or rejoined the job, or lost their smoothing floor, since the last wake-up.
+
+        A floor that goes to 0 while the job runs is a profile a reset or a reboot cleared (the
+        controller puts it back once telemetry shows it gone); the controller's own floor changes
+        are not disturbances.
+        """
+        active, floor = self.job.active.copy(), self.job.floor_w.copy()
+        was_active, was_floor = self._seen_ranks
+        changed = np.flatnonzero((active != was_active) | ((floor != was_floor) & (floor == 0)))
+        if len(changed):
+            self._disturbed.append((self._elapsed_s(), tuple(int(r) for r in changed)))
+        self._seen_ranks = (active, floor)
 
     def _apply_load_changes(self) -> None:
         now = self._elapsed_s()
@@ -365,6 +392,8 @@ class PowerProbe:
             managed_w=np.array(self._managed),
             unmanaged_w=np.array(self._unmanaged),
             unmanaged_per_gpu_w=np.array(self._per_gpu, dtype=np.float32),
+            managed_per_gpu_w=np.array(self._per_gpu_managed, dtype=np.float32),
+            disturbed=list(self._disturbed),
             cluster_budget_w=np.array(self._budget),
             managed_cap_w=np.array(self._caps).reshape(-1, 2),
             violations=self.violations,
@@ -435,6 +464,7 @@ def report_section(
         "swing_p2p_w_managed": _r(p2p_m),
         "swing_reduction_pct": _r(100.0 * (1.0 - p2p_m / p2p_u), 2) if p2p_u > 0 else None,
         "band_power_attenuation_db": _r(swing.attenuation_db(band_u, band_m), 2),
+        **_undisturbed_band(trace, window, start, policy, swing.attenuation_db(band_u, band_m)),
         "band_hz": [policy.band_low_hz, policy.band_high_hz],
         "max_ramp_w_per_s": _r(ramp),
         "max_ramp_w_per_s_unmanaged": _r(ramp_u),
@@ -455,6 +485,53 @@ def report_section(
         "control_period_ms_p99": _r(float(np.percentile(trace.loop_step_ms, 99)), 2) if trace.loop_step_ms else None,
         "budget_cuts": [_cut_row(c) for c in trace.cuts],
     }
+
+
+BAND_GOAL_DB = 20.0
+"""The in-band attenuation goal (bench/power.py's GOALS)."""
+
+
+def _undisturbed_band(
+    trace: PowerTrace, window: np.ndarray, start_s: float, policy: Any, all_db: float
+) -> dict[str, Any]:
+    """The band attenuation over the GPUs no event disturbed in the window, and what the difference says.
+
+    A rank that leaves or rejoins the job, or whose smoothing profile a reset or a reboot clears until
+    the controller puts it back, changes the fleet's load in a step that no smoothing damps and whose
+    spectrum falls in the band too; in a small fleet each such step is a large share of the load.
+    """
+    per_gpu_m, per_gpu_u = trace.managed_per_gpu_w, trace.unmanaged_per_gpu_w
+    if per_gpu_m.shape != per_gpu_u.shape or per_gpu_m.ndim != 2 or per_gpu_m.shape[0] != len(trace.t_s):
+        return {}
+    gpus = per_gpu_m.shape[1]
+    # A change up to one step before the window still shapes the window's first step.
+    steps = [length for _, length, _ in trace.managed_steps_s]
+    lead_s = float(np.median(steps)) if steps else SETTLE_S
+    disturbed = {r for at_s, ranks in trace.disturbed if at_s >= start_s - lead_s for r in ranks}
+    keep = np.array([r not in disturbed for r in range(gpus)], dtype=bool)
+    if not keep.any():
+        return {"undisturbed_gpus": 0, "disturbed_gpus": gpus}
+    band = [
+        swing.band_power(series[window][:, keep].sum(axis=1).astype(np.float64), SAMPLE_HZ,
+                         policy.band_low_hz, policy.band_high_hz)
+        for series in (per_gpu_u, per_gpu_m)
+    ]  # fmt: skip
+    undisturbed_db = swing.attenuation_db(band[0], band[1])
+    out: dict[str, Any] = {
+        "band_power_attenuation_db_undisturbed": _r(undisturbed_db, 2),
+        "undisturbed_gpus": int(keep.sum()),
+        "disturbed_gpus": gpus - int(keep.sum()),
+    }
+    if disturbed and math.isfinite(all_db) and all_db < BAND_GOAL_DB:
+        verdict = "met" if undisturbed_db >= BAND_GOAL_DB else "not met either"
+        out["band_attenuation_note"] = (
+            f"over the {int(keep.sum())} GPUs no event disturbed it is {undisturbed_db:.1f} dB "
+            f"({BAND_GOAL_DB:g} dB goal {verdict}), over all {gpus} {all_db:.1f} dB: events took "
+            f"{len(disturbed)} GPUs' work out of the job or back in, or cleared their smoothing profile "
+            f"({100.0 * len(disturbed) / gpus:.0f}% of this fleet), load steps that no smoothing damps and "
+            "that fall in the band; the same events are a smaller share of a larger fleet"
+        )
+    return out
 
 
 def _measure_window(
@@ -603,6 +680,16 @@ def _full_speed(trace: PowerTrace, start: float) -> tuple[float | None, float | 
     return None, None
 
 
+def _undisturbed_text(power: dict[str, Any]) -> str:
+    """The band figure over undisturbed GPUs for report.md's row ("" when every GPU was undisturbed)."""
+    if not power.get("disturbed_gpus") or power.get("band_power_attenuation_db_undisturbed") is None:
+        return ""
+    return (
+        f"; {power['band_power_attenuation_db_undisturbed']} dB over the {power['undisturbed_gpus']} GPUs "
+        f"no event disturbed (goal {BAND_GOAL_DB:g} dB)"
+    )
+
+
 def markdown_rows(power: dict[str, Any]) -> list[str]:
     """Rows for report.md's table: the managed-power figures, or why there are none."""
     if "swing_p2p_w_managed" not in power:
@@ -615,7 +702,7 @@ def markdown_rows(power: dict[str, Any]) -> list[str]:
     return [
         f"| swing peak-to-peak unmanaged / managed | {power['swing_p2p_w_unmanaged']} W / "
         f"{power['swing_p2p_w_managed']} W ({power['swing_reduction_pct']} % less) |",
-        f"| in-band (0.1-2 Hz) power attenuation | {power['band_power_attenuation_db']} dB |",
+        f"| in-band (0.1-2 Hz) power attenuation | {power['band_power_attenuation_db']} dB{_undisturbed_text(power)} |",
         f"| max ramp managed / unmanaged | {power['max_ramp_w_per_s']} W/s / "
         f"{power['max_ramp_w_per_s_unmanaged']} W/s |",
         f"| step-time cost / energy overhead | {power['step_time_cost_pct']} % / {power['energy_overhead_pct']} % "
@@ -626,4 +713,4 @@ def markdown_rows(power: dict[str, Any]) -> list[str]:
         f"{power['stranded_power_pct_max']} % |",
         f"| budget violations (limits in force over a budget) | {power['budget_violations']} |",
         f"| budget cuts enforced on the GPUs | {cuts} |",
-    ]
+    ] + (["", f"In-band attenuation: {power['band_attenuation_note']}."] if power.get("band_attenuation_note") else [])

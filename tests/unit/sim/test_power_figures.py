@@ -159,3 +159,61 @@ def test_a_limit_set_before_a_budget_cut_is_not_held_against_the_cut():
     job.set_cap(0, 850.0, 1.0)  # 6,450 W: within 7,000 W, and over the 6,000 W cut made after it
     probe.judge_limit_changes(TREE.with_budget("cluster", 6000))
     assert probe.violations == 0
+
+
+def _trace_with_evictions(evicted: range, at_s: tuple[float, float]) -> power_sim.PowerTrace:
+    """The smoothed job and its twin, with `evicted` ranks out of both from at_s[0] until at_s[1]."""
+    managed, unmanaged = _job(), _job()
+    for rank in range(64):
+        managed.set_smoothing(rank, floor_w=620.0, ramp_up_w_per_s=300.0, ramp_down_w_per_s=300.0)
+    t = np.arange(0.0, 60.0, 0.1)
+    per_gpu_m, per_gpu_u = [], []
+    for x in t:
+        for rank in evicted:
+            for job in (managed, unmanaged):
+                job.set_active(rank, not at_s[0] <= x < at_s[1])
+        per_gpu_m.append(managed.draw_w(slice(None), x))
+        per_gpu_u.append(unmanaged.draw_w(slice(None), x))
+    trace = _trace(floor_w=620.0, ramp_w_per_s=300.0)
+    trace.managed_per_gpu_w = np.array(per_gpu_m, dtype=np.float32)
+    trace.unmanaged_per_gpu_w = np.array(per_gpu_u, dtype=np.float32)
+    trace.managed_w = trace.managed_per_gpu_w.sum(axis=1).astype(np.float64)
+    trace.unmanaged_w = trace.unmanaged_per_gpu_w.sum(axis=1).astype(np.float64)
+    if len(evicted):
+        trace.disturbed = [(at_s[0], tuple(evicted)), (at_s[1], tuple(evicted))]
+    return trace
+
+
+def test_ranks_evicted_in_the_window_cost_the_band_figure_and_the_undisturbed_ranks_keep_theirs():
+    """An eviction is a load step in both twins that no smoothing damps: the all-GPU figure falls, and the
+    figure over the GPUs no event touched is what the same GPUs reach with no eviction at all."""
+    policy = power_policy.PowerPolicy()
+    quiet = power_sim.report_section(_trace_with_evictions(range(0), (0.0, 0.0)), policy, measure_from_s=5.0)
+    evicted = power_sim.report_section(_trace_with_evictions(range(16), (30.0, 40.0)), policy, measure_from_s=5.0)
+    assert "band_power_attenuation_db_undisturbed" in quiet and quiet["disturbed_gpus"] == 0
+    assert "band_attenuation_note" not in quiet
+    assert evicted["disturbed_gpus"] == 16 and evicted["undisturbed_gpus"] == 48
+    assert evicted["band_power_attenuation_db"] < quiet["band_power_attenuation_db"] - 3
+    assert abs(evicted["band_power_attenuation_db_undisturbed"] - quiet["band_power_attenuation_db"]) < 1.5
+    assert "16 GPUs' work out of the job or back in" in evicted["band_attenuation_note"]
+    assert any("GPUs no event disturbed" in row for row in power_sim.markdown_rows(evicted))
+
+
+def test_an_event_before_the_window_minus_one_step_does_not_count_as_a_disturbance():
+    policy = power_policy.PowerPolicy()
+    figures = power_sim.report_section(_trace_with_evictions(range(8), (1.0, 2.0)), policy, measure_from_s=5.0)
+    assert figures["disturbed_gpus"] == 0 and figures["undisturbed_gpus"] == 64
+
+
+def test_the_probe_notes_ranks_leaving_or_rejoining_and_floors_cleared_but_not_floors_the_controller_sets():
+    job = _eight_ranks_at(800.0)
+    probe = _probe(job)
+    job.set_smoothing(1, floor_w=600.0, ramp_up_w_per_s=300.0, ramp_down_w_per_s=300.0)  # the controller's
+    probe._note_disturbances()
+    assert probe._disturbed == []
+    job.set_active(2, False)
+    job.set_smoothing(1, floor_w=0.0, ramp_up_w_per_s=0.0, ramp_down_w_per_s=0.0)  # a reset cleared it
+    probe._note_disturbances()
+    job.set_active(2, True)
+    probe._note_disturbances()
+    assert [ranks for _, ranks in probe._disturbed] == [(1, 2), (2,)]
