@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
+from typing import Any
 
 import numpy as np
 
@@ -217,3 +220,22 @@ def test_the_probe_notes_ranks_leaving_or_rejoining_and_floors_cleared_but_not_f
     job.set_active(2, True)
     probe._note_disturbances()
     assert [ranks for _, ranks in probe._disturbed] == [(1, 2), (2,)]
+
+
+def test_a_short_quarantine_evicts_its_ranks_for_as_long_as_it_lasts_not_for_a_second_by_chance():
+    """The probe evicts what the controller holds quarantined; a reset or a reboot holds a GPU for ~50 ms. Read
+    once a second, such a quarantine went unseen, or, when a read fell in it, kept its ranks out of the job for
+    a whole second: the demo's rank evictions, step-time cost and stranded power depended on that chance."""
+    job = _eight_ranks_at(800.0)
+    probe = _probe(job)
+    probe.started_ns = time.time_ns()
+
+    async def quarantined() -> list[dict[str, Any]]:
+        held = 0.35 <= probe._elapsed_s() < 0.55
+        return [{"node_id": "n", "gpu_uuid": "g3", "port": ""}] if held else []
+
+    probe.quarantined = quarantined
+    asyncio.run(probe.sample(1.2))
+    out, back = probe._disturbed
+    assert out[1] == (3,) and back[1] == (3,)
+    assert 0.35 <= out[0] < 0.55 and 0.55 <= back[0] < 0.9  # a busy machine wakes the probe late
