@@ -27,7 +27,9 @@ from rasd.controller.executors import bmc, quarantine
 from rasd.controller.ingest import service as ingest
 from rasd.controller.observability import audit, metrics, recording
 from rasd.controller.power import loop as power_loop
+from rasd.controller.power import repair_gate
 from rasd.controller.remediation import adapters
+from rasd.controller.remediation import outlet as outlet_mod
 from rasd.controller.replication import aggregates as aggregates_mod
 from rasd.controller.replication import leader as leader_mod
 from rasd.controller.rpc import admin_service, agent_service, authn, authz, leader_gate, services, store_outage
@@ -212,6 +214,8 @@ class Controller:
         if settings.record_path is not None:
             self.recorder = recording.Recorder(settings.record_path, policy=settings.remediation_policy)
         self.commit_writer = _commit_writer(settings, self.leadership)
+        self.repair_gate: repair_gate.RepairGate | None = None
+        """The ladder's outlet when a power loop runs: resets and reboots wait for power headroom."""
         self.wired = _wire_services(settings, self.store, self.metrics, self.leadership, self._ladder())
         self.ingest = self.wired.ingest
         self.remediation = self.wired.remediation
@@ -222,6 +226,8 @@ class Controller:
             self.leadership.on_elected(lambda _token: remediation.start())
             self.leadership.on_deposed(remediation.stop)
         self.power = _power_loop(settings, self.wired, self.leadership, self.send_command)  # started after remediation
+        if self.power is not None and self.repair_gate is not None:
+            self.repair_gate.attach(self.power)
         self._register_collectors()
         self.tokens = authn.TokenStore(settings.security.tokens_file)
         self.audit = audit.AuditLog(self.ingest, clock=time.time_ns)
@@ -254,7 +260,13 @@ class Controller:
             recorder=self.recorder,
             fence=self.leadership.fence,
             writer=self.commit_writer,
+            wrap_outlet=self._gate_repairs if settings.power is not None else None,
         )
+
+    def _gate_repairs(self, outlet: outlet_mod.CommandOutlet) -> outlet_mod.CommandOutlet:
+        """The ladder's outlet behind the power loop's repair gate (attached once the loop is built)."""
+        self.repair_gate = repair_gate.RepairGate(outlet)
+        return self.repair_gate
 
     def _register_collectors(self) -> None:
         """The fleet's and the power loop's metrics, read from the services at each scrape."""

@@ -53,6 +53,8 @@ class Ladder:
     """Where the ladder's commits run (None: the store thread)."""
     outlet: outlet_mod.CommandOutlet | None = None
     """Where its agent commands go (None: this replica's streams, or with lease election the relay's courier)."""
+    wrap_outlet: Callable[[outlet_mod.CommandOutlet], outlet_mod.CommandOutlet] | None = None
+    """Wraps that outlet (the power loop's `repair_gate.RepairGate`: resets and reboots wait for power headroom)."""
 
 
 DEFAULT_LADDER = Ladder()
@@ -97,13 +99,16 @@ def _ladder(
     outlet: outlet_mod.CommandOutlet | None,
     clock: Callable[[], int],
 ) -> remediation_mod.RemediationService:
+    outlet = ladder.outlet or outlet or outlet_mod.LocalStreams(agent_streams, ladder.policy.escalation)
+    if ladder.wrap_outlet is not None:
+        outlet = ladder.wrap_outlet(outlet)
     return remediation_mod.RemediationService(
         store,
         thread,
         agent_streams,
         controller_metrics,
         event_log=event_log,
-        outlet=ladder.outlet or outlet,
+        outlet=outlet,
         recorder=ladder.recorder,
         policy=ladder.policy,
         executors=ladder.executors,

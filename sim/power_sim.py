@@ -11,6 +11,9 @@ to the end; unmanaged figures over the same instants):
 
 - swing_p2p_w_*: max - min of aggregate draw; swing_reduction_pct = 1 - managed / unmanaged;
 - band_power_attenuation_db: 10 log10 of unmanaged over managed aggregate power in 0.1-2 Hz (Welch);
+  band_power_attenuation_db_undisturbed: the same over the GPUs whose work and smoothing profile no
+  event changed from one step before the window to its end (no rank evicted or rejoining, no
+  profile cleared by a reset or a reboot), with band_attenuation_note saying what the difference is;
 - max_ramp_w_per_s: largest |P(t + 1 s) - P(t)| of the managed aggregate over the whole run (a job
   that runs before the controller has seen it, or before the detector has, swings unmanaged until
   then); max_ramp_w_per_s_window: the same over the measurement window;
@@ -19,13 +22,17 @@ to the end; unmanaged figures over the same instants):
   minimum for the chosen floor is `swing.floor_energy_overhead_pct` over the unmanaged per-GPU draw;
 - stranded_power_pct: the allocator's stranded watts (headroom held by uncapped GPUs while some GPU
   is capped), mean over the window's control periods, as % of the cluster budget;
-- budget_violations: samples where the limits the GPUs enforce exceed a domain's budget, outside the
-  enforcement time of a budget cut (reported per cut as budget_cuts[].enforced_s, measured by polling
-  the GPUs every 10 ms after the SetPowerBudget call), counted from the first instant every budget
-  held (budgets_first_enforced_s: GPUs boot at their default limits, which may exceed the budgets).
+- budget_violations: samples where the limits the GPUs enforce exceed a domain's budget, plus the
+  limit changes between samples that left a budget exceeded (budget_violation_changes: every limit
+  change is judged, so a GPU held at its default limit for an instant by a reset or a reboot counts
+  whether or not a sample falls in that instant), outside the enforcement time of a budget cut
+  (reported per cut as budget_cuts[].enforced_s, measured by polling the GPUs every 10 ms after the
+  SetPowerBudget call), counted from the first instant every budget held (budgets_first_enforced_s:
+  GPUs boot at their default limits, which may exceed the budgets).
 
 GPUs the controller quarantines leave the job in both twins (the scheduler evicts them), so a GPU
-held at its minimum cap does not stall the synchronous step.
+held at its minimum cap does not stall the synchronous step; the quarantines are read at every
+sample, so an eviction lasts as long as its quarantine.
 """
 
 from __future__ import annotations
@@ -131,6 +138,12 @@ class PowerTrace:
     smoothing_mode: str
     managed: bool
     initial_enforced_s: float | None = None
+    violation_changes: int = 0
+    """Limit changes between samples that left a budget exceeded (counted in `violations` too)."""
+    managed_per_gpu_w: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    """(samples, gpus), float32: the managed job's draws, for the figures over undisturbed GPUs."""
+    disturbed: list[tuple[float, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    """(s since start, ranks) whenever ranks left or rejoined the job or lost their smoothing floor."""
     load_changes_s: list[float] = dataclasses.field(default_factory=list)
     job_start_s: float | None = None
     """Seconds after the run's start at which the job's first step began."""
@@ -179,9 +192,19 @@ class PowerProbe:
         self._managed: list[float] = []
         self._unmanaged: list[float] = []
         self._per_gpu: list[np.ndarray] = []
+        self._per_gpu_managed: list[np.ndarray] = []
+        self._disturbed: list[tuple[float, tuple[int, ...]]] = []
+        self._seen_ranks = (job.active.copy(), job.floor_w.copy())
+        """The job's membership and smoothing floors at the last wake-up (`_note_disturbances`)."""
         self._budget: list[float] = []
         self._caps: list[tuple[float, float]] = []
         self.violations = 0
+        self.violation_changes = 0
+        self._caps_in_force = job.watch_caps()
+        """The limits in force as the limit changes replayed so far left them (`judge_limit_changes`)."""
+        self._tree_before: power_tree.PowerTree | None = None
+        self._node_idx: tuple[Any, np.ndarray] | None = None
+        """(the tree index it was built for, each rank's node index in it)."""
         self.violation_domains: set[str] = set()
         self.violation_times_s: list[float] = []
         self.cuts: list[BudgetCut] = []
@@ -194,11 +217,41 @@ class PowerProbe:
     def _elapsed_s(self) -> float:
         return (self.clock() - self.started_ns) / 1e9
 
-    def _over(self, tree: power_tree.PowerTree) -> list[str]:
+    def _over(self, tree: power_tree.PowerTree, caps_w: np.ndarray | None = None) -> list[str]:
+        """The domains whose budget the limits exceed (caps_w: the job's limits in force now)."""
         idx = tree.index
-        node_idx = np.array([idx.node_of_name.get(n, -1) for n in self.rank_nodes], dtype=np.intp)
+        if self._node_idx is None or self._node_idx[0] is not idx:
+            node_idx = np.array([idx.node_of_name.get(n, -1) for n in self.rank_nodes], dtype=np.intp)
+            self._node_idx = (idx, node_idx)
+        node_idx = self._node_idx[1]
         known = node_idx >= 0
-        return idx.over_budget(node_idx[known], self.job.cap_w[known])
+        return idx.over_budget(node_idx[known], (self.job.cap_w if caps_w is None else caps_w)[known])
+
+    def judge_limit_changes(self, tree: power_tree.PowerTree) -> None:
+        """Replay the limit changes since the last wake-up and count each that left a budget exceeded.
+
+        A change is judged against the budgets in force at this wake-up and at the one before (a cut
+        made in between must not be held against a limit set before it): over both, it is a
+        violation, unless it falls in a cut's enforcement time or before the budgets first held.
+        """
+        before = self._tree_before or tree
+        self._tree_before = tree
+        start_s = self.started_ns / 1e9
+        for at_s, rank, cap_w in self.job.take_cap_changes():
+            self._caps_in_force[rank] = cap_w
+            t = at_s - start_s
+            if self.initial_enforced_s is None or t < self.initial_enforced_s:
+                continue
+            if any(c.at_s <= t < c.at_s + CUT_GRACE_S for c in self.cuts):
+                continue
+            over = self._over(tree, self._caps_in_force)
+            if over:
+                over = [d for d in self._over(before, self._caps_in_force) if d in over]
+            if over:
+                self.violations += 1
+                self.violation_changes += 1
+                self.violation_domains.update(over)
+                self.violation_times_s.append(round(t, 2))
 
     async def sample(self, duration_s: float) -> None:
         """Sample both jobs on a uniform 10 Hz grid until duration_s after the start.
@@ -208,17 +261,22 @@ class PowerProbe:
         are read at the wake-up.
         """
         period = 1.0 / SAMPLE_HZ
-        n = wakes = 0
+        n = 0
         start_s = self.started_ns / 1e9
         while n * period <= duration_s:
             await asyncio.sleep(max(0.0, n * period - self._elapsed_s()))
-            wakes += 1
             if self._loads and self._loads[0].at_s <= self._elapsed_s():
                 self._apply_load_changes()
-            if self.quarantined is not None and wakes % int(SAMPLE_HZ) == 1:
+            if self.quarantined is not None:
+                # At every wake-up, so an eviction lasts as long as its quarantine (to a sample): read once
+                # a second, the ~50 ms quarantine of a reset or a reboot was seen by chance and then kept
+                # its ranks out of the job for the whole second, a cost no real scheduler would add.
                 await self._evict_quarantined()
             elapsed = min(self._elapsed_s(), duration_s)
             loop = self.loop
+            if loop is not None:
+                self.judge_limit_changes(loop.tree)
+            self._note_disturbances()
             budget = float(loop.tree.domains[0].budget_w or math.nan) if loop is not None else math.nan
             # The limits are read at the wake-up, which a busy loop delays: kept with the time they were read.
             self._caps.append((self._elapsed_s(), float(self.job.cap_w.sum())))
@@ -233,6 +291,7 @@ class PowerProbe:
                 self._managed.append(float(managed.sum()))
                 self._unmanaged.append(float(unmanaged.sum()))
                 self._per_gpu.append(unmanaged.astype(np.float32))
+                self._per_gpu_managed.append(managed.astype(np.float32))
                 self._budget.append(budget)
             if loop is None or not due:
                 continue
@@ -254,6 +313,20 @@ class PowerProbe:
                 self.violations += len(due)
                 self.violation_domains.update(over)
                 self.violation_times_s.append(round(due[0], 1))
+
+    def _note_disturbances(self) -> None:
+        """Record the ranks that left or rejoined the job, or lost their smoothing floor, since the last wake-up.
+
+        A floor that goes to 0 while the job runs is a profile a reset or a reboot cleared (the
+        controller puts it back once telemetry shows it gone); the controller's own floor changes
+        are not disturbances.
+        """
+        active, floor = self.job.active.copy(), self.job.floor_w.copy()
+        was_active, was_floor = self._seen_ranks
+        changed = np.flatnonzero((active != was_active) | ((floor != was_floor) & (floor == 0)))
+        if len(changed):
+            self._disturbed.append((self._elapsed_s(), tuple(int(r) for r in changed)))
+        self._seen_ranks = (active, floor)
 
     def _apply_load_changes(self) -> None:
         now = self._elapsed_s()
@@ -326,9 +399,12 @@ class PowerProbe:
             managed_w=np.array(self._managed),
             unmanaged_w=np.array(self._unmanaged),
             unmanaged_per_gpu_w=np.array(self._per_gpu, dtype=np.float32),
+            managed_per_gpu_w=np.array(self._per_gpu_managed, dtype=np.float32),
+            disturbed=list(self._disturbed),
             cluster_budget_w=np.array(self._budget),
             managed_cap_w=np.array(self._caps).reshape(-1, 2),
             violations=self.violations,
+            violation_changes=self.violation_changes,
             violation_domains=sorted(self.violation_domains),
             violation_times_s=self.violation_times_s[:50],
             cuts=self.cuts,
@@ -387,6 +463,7 @@ def report_section(
     return {
         "managed": trace.managed,
         "budget_violations": trace.violations,
+        "budget_violation_changes": trace.violation_changes,
         "budgets_first_enforced_s": _r(trace.initial_enforced_s, 2),
         "budget_violation_domains": trace.violation_domains,
         "budget_violation_times_s": trace.violation_times_s,
@@ -394,6 +471,7 @@ def report_section(
         "swing_p2p_w_managed": _r(p2p_m),
         "swing_reduction_pct": _r(100.0 * (1.0 - p2p_m / p2p_u), 2) if p2p_u > 0 else None,
         "band_power_attenuation_db": _r(swing.attenuation_db(band_u, band_m), 2),
+        **_undisturbed_band(trace, window, start, policy, swing.attenuation_db(band_u, band_m)),
         "band_hz": [policy.band_low_hz, policy.band_high_hz],
         "max_ramp_w_per_s": _r(ramp),
         "max_ramp_w_per_s_unmanaged": _r(ramp_u),
@@ -414,6 +492,53 @@ def report_section(
         "control_period_ms_p99": _r(float(np.percentile(trace.loop_step_ms, 99)), 2) if trace.loop_step_ms else None,
         "budget_cuts": [_cut_row(c) for c in trace.cuts],
     }
+
+
+BAND_GOAL_DB = 20.0
+"""The in-band attenuation goal (bench/power.py's GOALS)."""
+
+
+def _undisturbed_band(
+    trace: PowerTrace, window: np.ndarray, start_s: float, policy: Any, all_db: float
+) -> dict[str, Any]:
+    """The band attenuation over the GPUs no event disturbed in the window, and what the difference says.
+
+    A rank that leaves or rejoins the job, or whose smoothing profile a reset or a reboot clears until
+    the controller puts it back, changes the fleet's load in a step that no smoothing damps and whose
+    spectrum falls in the band too; in a small fleet each such step is a large share of the load.
+    """
+    per_gpu_m, per_gpu_u = trace.managed_per_gpu_w, trace.unmanaged_per_gpu_w
+    if per_gpu_m.shape != per_gpu_u.shape or per_gpu_m.ndim != 2 or per_gpu_m.shape[0] != len(trace.t_s):
+        return {}
+    gpus = per_gpu_m.shape[1]
+    # A change up to one step before the window still shapes the window's first step.
+    steps = [length for _, length, _ in trace.managed_steps_s]
+    lead_s = float(np.median(steps)) if steps else SETTLE_S
+    disturbed = {r for at_s, ranks in trace.disturbed if at_s >= start_s - lead_s for r in ranks}
+    keep = np.array([r not in disturbed for r in range(gpus)], dtype=bool)
+    if not keep.any():
+        return {"undisturbed_gpus": 0, "disturbed_gpus": gpus}
+    band = [
+        swing.band_power(series[window][:, keep].sum(axis=1).astype(np.float64), SAMPLE_HZ,
+                         policy.band_low_hz, policy.band_high_hz)
+        for series in (per_gpu_u, per_gpu_m)
+    ]  # fmt: skip
+    undisturbed_db = swing.attenuation_db(band[0], band[1])
+    out: dict[str, Any] = {
+        "band_power_attenuation_db_undisturbed": _r(undisturbed_db, 2),
+        "undisturbed_gpus": int(keep.sum()),
+        "disturbed_gpus": gpus - int(keep.sum()),
+    }
+    if disturbed and math.isfinite(all_db) and all_db < BAND_GOAL_DB:
+        verdict = "met" if undisturbed_db >= BAND_GOAL_DB else "not met either"
+        out["band_attenuation_note"] = (
+            f"over the {int(keep.sum())} GPUs no event disturbed it is {undisturbed_db:.1f} dB "
+            f"({BAND_GOAL_DB:g} dB goal {verdict}), over all {gpus} {all_db:.1f} dB: events took "
+            f"{len(disturbed)} GPUs' work out of the job or back in, or cleared their smoothing profile "
+            f"({100.0 * len(disturbed) / gpus:.0f}% of this fleet), load steps that no smoothing damps and "
+            "that fall in the band; the same events are a smaller share of a larger fleet"
+        )
+    return out
 
 
 def _measure_window(
@@ -562,6 +687,16 @@ def _full_speed(trace: PowerTrace, start: float) -> tuple[float | None, float | 
     return None, None
 
 
+def _undisturbed_text(power: dict[str, Any]) -> str:
+    """The band figure over undisturbed GPUs for report.md's row ("" when every GPU was undisturbed)."""
+    if not power.get("disturbed_gpus") or power.get("band_power_attenuation_db_undisturbed") is None:
+        return ""
+    return (
+        f"; {power['band_power_attenuation_db_undisturbed']} dB over the {power['undisturbed_gpus']} GPUs "
+        f"no event disturbed (goal {BAND_GOAL_DB:g} dB)"
+    )
+
+
 def markdown_rows(power: dict[str, Any]) -> list[str]:
     """Rows for report.md's table: the managed-power figures, or why there are none."""
     if "swing_p2p_w_managed" not in power:
@@ -574,7 +709,7 @@ def markdown_rows(power: dict[str, Any]) -> list[str]:
     return [
         f"| swing peak-to-peak unmanaged / managed | {power['swing_p2p_w_unmanaged']} W / "
         f"{power['swing_p2p_w_managed']} W ({power['swing_reduction_pct']} % less) |",
-        f"| in-band (0.1-2 Hz) power attenuation | {power['band_power_attenuation_db']} dB |",
+        f"| in-band (0.1-2 Hz) power attenuation | {power['band_power_attenuation_db']} dB{_undisturbed_text(power)} |",
         f"| max ramp managed / unmanaged | {power['max_ramp_w_per_s']} W/s / "
         f"{power['max_ramp_w_per_s_unmanaged']} W/s |",
         f"| step-time cost / energy overhead | {power['step_time_cost_pct']} % / {power['energy_overhead_pct']} % "
@@ -585,4 +720,4 @@ def markdown_rows(power: dict[str, Any]) -> list[str]:
         f"{power['stranded_power_pct_max']} % |",
         f"| budget violations (limits in force over a budget) | {power['budget_violations']} |",
         f"| budget cuts enforced on the GPUs | {cuts} |",
-    ]
+    ] + (["", f"In-band attenuation: {power['band_attenuation_note']}."] if power.get("band_attenuation_note") else [])

@@ -21,9 +21,11 @@ Recognised messages:
   suffix (``PCI:0000:3b:00 GPU-I:01 GPU-CI:02``) or a ``0000:3b:00.0`` address; Xid 74 NVLink
   registers; Xid 144-150 ``<SUBCODE> <Fatal|Nonfatal> XC0 i0 Link N (<7 registers>)``; Xid 154
   ``GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)``.
-* "fallen off the bus" without an Xid: ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`` and
-  the three-line probe message ``NVRM: The NVIDIA GPU 0000:b3:00.0`` / ``(PCI ID: ...) installed in
-  this system has`` / ``fallen off the bus and is not responding to commands.``
+* "fallen off the bus" without an Xid: ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.``, the
+  older drivers' ``NVRM: GPU at 0000:01:00.0 has fallen off the bus.`` and the three-line probe
+  message ``NVRM: The NVIDIA GPU 0000:b3:00.0`` / ``(PCI ID: ...) installed in this system has`` /
+  ``fallen off the bus and is not responding to commands.`` (tests/fixtures/kmsg/
+  fallen_off_bus_wordings.txt holds every wording known, with its source).
 * ``nvidia-nvswitchN: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 48 LTSSM Fault Up``. The driver
   prints each SXid as up to three lines (``Data {...}``, the description, ``Severity N Engine
   instance ...``); only the description line is an event, so one fault is one event.
@@ -85,9 +87,12 @@ _RECOVERY = re.compile(
     re.IGNORECASE,
 )
 _GPU_AT = re.compile(r"NVRM: GPU at (?P<pci>PCI:[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
+# "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus." (the driver's GPU-lost handler, with or without an
+# Xid 79 before it) and the older drivers' "NVRM: GPU at 0000:01:00.0 has fallen off the bus.", which no
+# Xid line accompanies.
 _FALLEN_ONE_LINE = re.compile(
-    r"NVRM: GPU (?P<pci>(?:PCI:)?[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?):\s*"
-    r"(?P<text>GPU has fallen off the bus.*)$",
+    r"NVRM: GPU (?:at )?(?P<pci>(?:PCI:)?[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?):?\s+"
+    r"(?P<text>(?:GPU )?has fallen off the bus.*)$",
     re.IGNORECASE,
 )
 _FALLEN_START = re.compile(

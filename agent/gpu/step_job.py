@@ -139,6 +139,7 @@ class StepJob:
         self.active = np.zeros(0, dtype=bool)
         self.steps: list[Step] = []
         self._starts: list[float] = []
+        self._cap_changes: list[tuple[float, int, float]] | None = None
 
     # -- ranks and their settings ----------------------------------------------------------------
     @_locked
@@ -174,12 +175,33 @@ class StepJob:
         self.active[rank] = active
 
     @_locked
+    def watch_caps(self) -> np.ndarray:
+        """Keep every limit change from now on for `take_cap_changes`; returns the limits in force now.
+
+        For an observer that must judge every limit that was ever in force (the simulator's budget
+        check), not only those its samples happen to catch: a GPU reset holds its default limit for
+        the instant before the agent puts its cap back.
+        """
+        self._cap_changes = []
+        return self.cap_w.copy()
+
+    @_locked
+    def take_cap_changes(self) -> list[tuple[float, int, float]]:
+        """The limit changes since the last call, in order: (unix s, rank, W); empty unless `watch_caps` ran."""
+        if self._cap_changes is None:
+            return []
+        changes, self._cap_changes = self._cap_changes, []
+        return changes
+
+    @_locked
     def set_cap(self, rank: int, cap_w: float, at_s: float) -> None:
         """The rank's enforced power limit, W, from unix time at_s on.
 
         It clamps the draw at once and re-times the rest of the rank's compute phase from at_s (the
         DVFS model in the module docstring). Before the job's first reading the cap simply applies from the first step.
         """
+        if self._cap_changes is not None:
+            self._cap_changes.append((at_s, rank, float(cap_w)))
         if self._frozen and self.running(at_s):
             self._advance(at_s)  # steps that began before at_s ran under the old cap
             self.cap_w[rank] = cap_w

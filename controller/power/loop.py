@@ -53,9 +53,12 @@ from rasd.controller.core.power import commands, fallback, period, start_smoothi
 from rasd.controller.core.power import inputs as period_inputs
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.power import remote as remote_inputs
+from rasd.controller.core.power import repairs as power_repairs
 from rasd.controller.core.power import status as power_status
 from rasd.controller.core.power import tree as power_tree
+from rasd.controller.core.remediation import actions
 from rasd.controller.ingest import service as ingest_mod
+from rasd.controller.power import repair_gate
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 from rasd.controller.wire import commands as wire_commands
@@ -109,6 +112,9 @@ class PowerSettings:
     """A GPU's draw is its peak over this long (at least one control period, and stretched to one
     detected step plus a telemetry batch, `power.draw_window_s`): it must span whole training steps,
     or a window that falls in a communication phase makes a busy GPU look idle."""
+    repair_wait_s: float = 10.0
+    """A reset or a reboot waits at most this long for the budget to hold its GPUs' default limits
+    (`repair_gate`); then it leaves regardless, logged as an error."""
     seed: int = 0
     """Seed of the raise jitter."""
 
@@ -138,6 +144,7 @@ class PowerSettings:
             "bmc_fallback_after_s",
             "min_step_interval_s",
             "draw_window_s",
+            "repair_wait_s",
         ):
             settings_check.require(getattr(settings, key) > 0, f"{prefix}{key}", "must be > 0",
                                    getattr(settings, key), PowerSettingsError)  # fmt: skip
@@ -153,6 +160,7 @@ class _ScalarSettings:
     bmc_fallback_after_s: float = 10.0
     min_step_interval_s: float = 0.2
     draw_window_s: float = 5.0
+    repair_wait_s: float = 10.0
     seed: int = 0
 
 
@@ -286,6 +294,8 @@ class PowerLoop:
             self.status = dataclasses.replace(power_status.NOT_STARTED, reason=NOT_LEADING)
         self.stats = PowerStats()
         self.on_step: StepHook | None = None
+        self.repairs = repair_gate.RepairHold(wait_s=settings.repair_wait_s)
+        """Resets and reboots counted at their GPUs' default limits, held until there is room (`repair_gate`)."""
 
     # -- what the loop holds -------------------------------------------------------------------------
     @property
@@ -313,6 +323,36 @@ class PowerLoop:
         """The job-start smoothing profiles the loop believes are on the GPUs (`core.power.start_smoothing`)."""
         return self._period.start
 
+    @property
+    def running(self) -> bool:
+        """Whether the control loop runs (between `start` and `stop`)."""
+        return self._task is not None
+
+    def hold_repair(self, action: actions.Action, send: repair_gate.Send) -> bool:
+        """Count a reset's or a reboot's GPUs at their default limits; send it once the budget holds them.
+
+        Returns False (the caller sends it) for any other action, and for a node outside the power tree.
+        """
+        node = action.node_id
+        if node not in self.tree.index.node_of_name:
+            return False
+        repair = power_repairs.repair_for(
+            action.kind,
+            command_id=action.command_id,
+            node_id=node,
+            gpu_uuid=getattr(action, "gpu_uuid", ""),
+            node_gpus=self._ingest.node_gpus(node),
+            boot_id=self._ingest.boot_ids.get(node, ""),
+            now_s=self._now(),
+        )
+        if repair is None:
+            return False
+        log.info("power_repair_held", command_id=repair.command_id, kind=repair.kind, node=node,
+                 gpus=len(repair.gpu_uuids))  # fmt: skip
+        self.repairs.add(repair, send)
+        self._wake.set()  # a period counts it now, not at the next tick
+        return True
+
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the persisted state (budgets, policy, apply state, smoothing) and start the control loop."""
@@ -335,6 +375,7 @@ class PowerLoop:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self.repairs.release_all("the power loop stopped")
         for task in list(self._sends):
             task.cancel()
         await asyncio.gather(*self._sends, return_exceptions=True)
@@ -432,11 +473,11 @@ class PowerLoop:
         now = self._now()
         self._last_step_s = now
         assert self._started, "start() first"
-        quarantines = await self._ingest.run_in_store(lambda: self._docs.quarantines(active_only=True))
+        quarantines, statuses = await self._ingest.run_in_store(self._read_store, self.repairs.nodes_sent())
         await self._read_remote()
         # From here to `period.step`, no await: the inputs are one picture of the ingest.
         before = self._period
-        inputs = self._gather(before, now, quarantines)
+        inputs = self._gather(before, now, quarantines, statuses)
         try:
             result = period.step(before, inputs, now)
             if self.on_step is not None:
@@ -446,6 +487,7 @@ class PowerLoop:
                 self._acks[:0] = inputs.acks  # kept for when there are GPUs to manage
                 self._period = result.state
                 self.status = dataclasses.replace(self.status, at_unix_s=now, reason=result.status.reason)
+                self.repairs.release_all(result.status.reason)
                 return None
             await self._persist(before, result)
         except BaseException:
@@ -456,6 +498,8 @@ class PowerLoop:
         assert plan is not None
         self._waiting = plan.waiting
         self._send(result.commands, now)
+        # After this period's decreases: a repair leaves once a period that counted it found every budget holding.
+        self.repairs.release(inputs.repairing_ids, over_budget=bool(plan.over_budget), now_s=now)
         if before.smoothing.plan is not None and result.state.smoothing.plan is None:
             await self._forget_plan()
         self.status = result.status.power
@@ -463,13 +507,22 @@ class PowerLoop:
         await self._ask_replicas(before, inputs, now)
         return plan
 
+    def _read_store(self, repair_nodes: set[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """(the active quarantines, command id -> outbox status of the repair nodes' commands); store thread."""
+        quarantines = self._docs.quarantines(active_only=True)
+        statuses = {c.command_id: c.status for node in repair_nodes for c in self._docs.commands(node_id=node)}
+        return quarantines, statuses
+
     def _gather(
-        self, state: period.PeriodState, now: float, quarantines: list[dict[str, Any]]
+        self, state: period.PeriodState, now: float, quarantines: list[dict[str, Any]], statuses: dict[str, str]
     ) -> period_inputs.PeriodInputs:
         """This period's inputs; takes what came back from earlier commands."""
         remote = self._remote_view
         fleet_view = remote_inputs.fleet_view(self._fleet_view(), remote)
         reads = period.window_reads(state, fleet_view, now)
+        quarantined_nodes = frozenset(q["node_id"] for q in quarantines if not q["gpu_uuid"] and not q["port"])
+        self.repairs.settle(statuses, fleet_view.boot_ids, quarantined_nodes)
+        repairing, repairing_ids = self.repairs.counted()
         nodes = state.tree.index.node_names
         limiter = self._limiter
         outcomes = period_inputs.SendOutcomes(
@@ -480,8 +533,10 @@ class PowerLoop:
         inputs = period_inputs.PeriodInputs(
             fleet=fleet_view,
             window=remote_inputs.window_view(self._window_view(reads), remote, reads),
-            quarantined_nodes=frozenset(q["node_id"] for q in quarantines if not q["gpu_uuid"] and not q["port"]),
+            quarantined_nodes=quarantined_nodes,
             quarantined_gpus=frozenset(q["gpu_uuid"] for q in quarantines if q["gpu_uuid"]),
+            repairing_gpus=repairing,
+            repairing_ids=repairing_ids,
             acks=tuple(self._acks),
             node_limit_results=tuple(self._node_limit_results),
             bmc_nodes=frozenset(n for n in nodes if limiter.configured(n)) if limiter is not None else frozenset(),

@@ -305,13 +305,27 @@ def forget_node(state: ApplyState, node_id: str, *, now_s: float, policy: power_
     forgotten with it; their targets are below the maximum assumed now.
     """
     on_node = np.array([g.node_id == node_id for g in state.gpus], dtype=bool)
+    return forget_gpus(state, on_node, now_s=now_s, policy=policy)
+
+
+def forget_gpus(state: ApplyState, which: np.ndarray, *, now_s: float, policy: power_policy.PowerPolicy) -> ApplyState:
+    """Treat the GPUs marked in `which` as unknown again from now_s (see `forget_node`).
+
+    Each counts at its maximum, gets no command (its synthetic pending entry is not one to settle by
+    an ack), and is known again only from a read-back taken more than one command lifetime after
+    now_s. Forgetting a GPU every period while a reset or reboot may return it to its default limit
+    keeps it counted at that limit until one command lifetime after the last period that did.
+    """
+    which = np.asarray(which, dtype=bool)
+    if not which.any():
+        return state
     return state._replace(
-        confirmed_w=np.where(on_node, np.nan, state.confirmed_w),
-        confirmed_at_s=np.where(on_node, now_s, state.confirmed_at_s),
-        pending_w=np.where(on_node, state.max_w, state.pending_w),
-        pending_seq=np.where(on_node, UNKNOWN_COMMAND, state.pending_seq),
-        pending_issued_s=np.where(on_node, now_s, state.pending_issued_s),
-        pending_deadline_s=np.where(on_node, now_s + policy.command_ttl_s, state.pending_deadline_s),
+        confirmed_w=np.where(which, np.nan, state.confirmed_w),
+        confirmed_at_s=np.where(which, now_s, state.confirmed_at_s),
+        pending_w=np.where(which, state.max_w, state.pending_w),
+        pending_seq=np.where(which, UNKNOWN_COMMAND, state.pending_seq),
+        pending_issued_s=np.where(which, now_s, state.pending_issued_s),
+        pending_deadline_s=np.where(which, now_s + policy.command_ttl_s, state.pending_deadline_s),
     )
 
 

@@ -129,6 +129,14 @@ class PeriodInputs:
     window: WindowView
     quarantined_nodes: frozenset[str] = frozenset()
     quarantined_gpus: frozenset[str] = frozenset()
+    repairing_gpus: frozenset[str] = frozenset()
+    """GPUs a repair may return to their default power limit now (a GPU reset, its node's reboot):
+    from when the ladder hands the repair over until its outcome is known. Each counts at its
+    maximum and keeps it in the allocation, so that the repair leaves only into watts the budget
+    holds for it (invariant 1: a reset or a reboot raises a GPU's limit without a cap command)."""
+    repairing_ids: frozenset[str] = frozenset()
+    """The command ids of the repairs counted in `repairing_gpus` (the loop sends those a period
+    found room for: `core.power.repairs.due`)."""
     acks: tuple[power_apply.CapAck, ...] = ()
     """SetPowerCap results since the last period, per GPU."""
     node_limit_results: tuple[NodeLimitResult, ...] = ()

@@ -10,7 +10,8 @@ must be durable and sends the commands. Each period:
 2. inventory: the GPUs of the tree's nodes (`views.inventory`); a node that came back with a new boot
    id is forgotten (its limits reset to default: `apply.forget_node`);
 3. fold in the SetPowerCap acks and the enforced limits in telemetry (`apply.record`), and the
-   limits BMCs confirmed for unreachable nodes (`fallback.count_confirmed_limits`);
+   limits BMCs confirmed for unreachable nodes (`fallback.count_confirmed_limits`); GPUs a repair
+   may return to their default limit (`inputs.PeriodInputs.repairing_gpus`) count at their maximum;
 4. views (`views.gpu_views`), `allocate.allocate`, the aggregate ramp-rate limit on raises
    (`swing.limit_aggregate_raise`), the job-start ceiling (`ramp.job_start_ramp`; it only lowers
    targets), emulated smoothing's peak cap (it only lowers targets), then `apply.plan`: decreases
@@ -229,6 +230,11 @@ def _caps(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) 
         state.apply, acks=inputs.acks, readbacks=views.readbacks(state.apply.gpus, fleet_view, now_s), policy=policy
     )
     apply = fallback.count_confirmed_limits(apply, state.fallback, fleet_view.sessions, policy)
+    if inputs.repairing_gpus:
+        # A reset or a reboot brings the default limit back without a cap command: counted at the
+        # maximum from now until one command lifetime after its outcome is known (`apply.forget_gpus`).
+        repairing = np.array([g.gpu_uuid in inputs.repairing_gpus for g in apply.gpus], dtype=bool)
+        apply = power_apply.forget_gpus(apply, repairing, now_s=now_s, policy=policy)
     detected = state.smoothing.unmanaged
     ctx = views.ViewContext(
         now_s=now_s,

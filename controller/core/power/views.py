@@ -14,6 +14,7 @@ This module owns the step from the gathered telemetry (`inputs.FleetView`) to th
   job-start ramp still rising) marks it capped; nodes without a stream are unreachable; GPUs whose
   cap went up less than one detected step plus one telemetry batch ago are settling; quarantined
   GPUs (or GPUs of quarantined nodes) the work has left are ineligible (`allocate.released`);
+  GPUs under a repair that may return them to their default limit keep their maximum;
 - **idleness** (`idle`, `job_running`, `idle_for_s`): from the GPUs' utilisation.
 
 Pure: no I/O, no logging, no clock reads; `now_s` comes in.
@@ -227,13 +228,15 @@ def gpu_views(
     quarantined = np.array(
         [g.node_id in inputs.quarantined_nodes or g.gpu_uuid in inputs.quarantined_gpus for g in gpus], dtype=bool
     )
+    repairing = np.array([g.gpu_uuid in inputs.repairing_gpus for g in gpus], dtype=bool)
     views = power.GpuViews(
         gpu_uuids=tuple(g.gpu_uuid for g in gpus),
         node_idx=np.array([tree.index.node_of_name[g.node_id] for g in gpus], dtype=np.intp),
         priority=np.array([priority(view.node_labels.get(g.node_id, {})) for g in gpus]),
         draw_w=draw,
         cap_w=power_apply.may_be_in_force_w(state),
-        min_w=state.min_w,
+        # A GPU under a repair keeps its default limit's watts: the others make room for it.
+        min_w=np.where(repairing, state.max_w, state.min_w) if inputs.repairing_gpus else state.min_w,
         max_w=state.max_w,
         throttled=throttled,
         eligible=~power.released(quarantined, idle_for, settle),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from rasd.agent import wire
 from rasd.agent.core import kmsg, model
 from rasd.api.v1 import health_pb2 as health_pb
@@ -106,3 +108,32 @@ def test_the_controller_stores_the_facts_in_the_text_form_its_classifier_reads()
     assert facts is not None and facts.registers[:2] == (0x025001C6, 0) and facts.nvlink_subcode == "NETIR_LINK_EVT"
     result = classify.classify(event, catalog=xid_catalog.load_catalog(), policy=policy.ClassificationPolicy())
     assert "NVLink5 decode bucket RESET_GPU" in result.reason
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[   49.261458] NVRM: GPU at 0000:18:00.0 has fallen off the bus.",  # older drivers, no Xid
+        "<4>NVRM: GPU at 0000:18:00.0 has fallen off the bus.",
+        "Dec  4 10:00:00 gpu-node-03 kernel: NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.",
+    ],
+)
+def test_a_gpu_lost_from_the_bus_without_an_xid_reaches_the_controller_as_a_reboot(line):
+    """Issue #37 item 7: the facts of a fallen-off-bus line without an Xid number become a reboot decision."""
+    batch = wire.events([_kernel_event(line)], frozenset({PRESENT})).events
+    validate_input.check_events(batch, validate_input.StreamIdentity(None, {}), validate_input.InputLimits())
+    (stored,) = controller_wire.events_from_wire(batch, frozenset({PRESENT}), 5, "node-k")
+
+    assert (stored.kind, stored.xid, stored.gpu_uuid) == (health.EventKind.FALLEN_OFF_BUS, None, PRESENT)
+    event = health.HealthEvent(
+        node_id="node-k", kind=health.EventKind(stored.kind), observed_at=0.0, gpu_uuid=stored.gpu_uuid,
+        xid=stored.xid, message=stored.message, attributes=stored.attributes,
+    )  # fmt: skip
+    facts = health.kernel_log_of(event)
+    assert facts is not None and facts.pci == "0000:18:00.0"
+    result = classify.classify(event, catalog=xid_catalog.load_catalog(), policy=policy.ClassificationPolicy())
+    assert (result.severity, result.action, result.fault_key) == (
+        classify.Severity.FATAL,
+        classify.RecommendedAction.REBOOT_NODE,
+        "off_bus",
+    )

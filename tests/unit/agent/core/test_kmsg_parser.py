@@ -501,3 +501,98 @@ def test_journalctl_short_output_of_the_multiline_probe_message():
     (e,) = parse_lines(lines)
     assert (e.kind, e.pci) == (KernelEventKind.FALLEN_OFF_BUS, "0000:b3:00.0")
     assert e.raw == "\n".join(lines)
+
+
+# --- every wording of a GPU lost from the bus, in every rendering (issue #37 item 7) ------------------
+
+
+def _wordings() -> list[tuple[dict[str, str], list[str]]]:
+    """The blocks of fallen_off_bus_wordings.txt: (header fields, message lines)."""
+    blocks = []
+    for block in (FIXTURES / "fallen_off_bus_wordings.txt").read_text().split("\n\n"):
+        lines = block.strip().splitlines()
+        header = [line for line in lines if line.startswith("# kind=")]
+        if not header:
+            continue
+        fields = dict(part.split("=", 1) for part in header[0][2:].split(" ")[:2])
+        blocks.append((fields, [line for line in lines if not line.startswith("#")]))
+    return blocks
+
+
+_STAMP = "[   49.261458] "
+_SYSLOG = "Dec  4 10:00:00 gpu-node-03 kernel: "
+# How a message of one or more lines reaches the parser: each entry is the list of inputs fed to it.
+_RENDERINGS = {
+    "bare": lambda lines: lines,
+    # dmesg prints one multi-line record with its continuation lines indented under the first
+    "dmesg": lambda lines: [_STAMP + lines[0]] + [" " * len(_STAMP) + line for line in lines[1:]],
+    # kernels before the lockless ring buffer stored each line as its own record
+    "dmesg_each_line": lambda lines: [_STAMP + line for line in lines],
+    "dmesg_ctime": lambda lines: ["[Thu Dec  4 10:00:00 2025] " + line for line in lines],
+    "syslog": lambda lines: [_SYSLOG + line for line in lines],
+    "syslog_with_dmesg_stamp": lambda lines: [_SYSLOG + _STAMP + line for line in lines],
+    # /proc/kmsg, `dmesg -r` and klogd keep the level prefix; the issue's reports had <4>
+    "level_prefix": lambda lines: ["<4>" + line for line in lines],
+    "level_prefix_with_stamp": lambda lines: ["<3>" + _STAMP + line for line in lines],
+    # one /dev/kmsg record, the newlines escaped as the kmsg ABI does
+    "kmsg_record": lambda lines: ["3,1208,49261458,-;" + "\\x0a".join(lines)],
+    # one journald entry: MESSAGE holds the newlines
+    "journald_entry": lambda lines: ["\n".join(lines)],
+    # rsyslog writes a journald entry's newlines as #012 (its default control-character escape)
+    "rsyslog_escaped": lambda lines: [_SYSLOG + "#012".join(lines)],
+}
+
+
+@pytest.mark.parametrize("rendering", sorted(_RENDERINGS))
+@pytest.mark.parametrize(
+    ("fields", "lines"), _wordings(), ids=[f"{f['kind']}-{lines[0][:28]}" for f, lines in _wordings()]
+)
+def test_every_wording_of_a_gpu_lost_from_the_bus_is_one_event(fields, lines, rendering):
+    """Issue #37 item 7: a GPU lost without an Xid line is caught, whatever the driver or the log printed."""
+    events = parse_lines(_RENDERINGS[rendering](lines))
+    assert [(e.kind.value, e.pci) for e in events] == [(fields["kind"], fields["pci"])], events
+    (e,) = events
+    assert "fallen off the bus" in e.message
+    assert e.xid == (79 if e.kind is KernelEventKind.XID else None)
+
+
+def test_the_wordings_fixture_covers_the_older_wording_and_the_three_without_an_xid():
+    kinds = [fields["kind"] for fields, _ in _wordings()]
+    assert kinds.count("fallen_off_bus") == 3
+    assert any(lines == ["NVRM: GPU at 0000:01:00.0 has fallen off the bus."] for _, lines in _wordings())
+
+
+def test_older_drivers_fallen_off_bus_burst():
+    """Bumblebee #554: an older driver prints the message twice, with no Xid; both are events of that GPU."""
+    events = fixture_events("dmesg_old_fallen_off_bus.txt")
+    assert [(e.kind, e.pci, e.xid, e.kernel_time_us) for e in events] == [
+        (KernelEventKind.FALLEN_OFF_BUS, "0000:01:00.0", None, 49261458),
+        (KernelEventKind.FALLEN_OFF_BUS, "0000:01:00.0", None, 49261472),
+    ]
+    assert events[0].message == "has fallen off the bus."
+
+
+def test_the_older_wording_takes_the_gpu_uuid_from_an_earlier_gpu_at_line():
+    events = parse_lines(
+        [
+            "NVRM: GPU at PCI:0000:01:00: GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b",
+            "NVRM: GPU at 0000:01:00.0 has fallen off the bus.",
+        ]
+    )
+    assert [(e.kind, e.gpu_uuid) for e in events] == [
+        (KernelEventKind.FALLEN_OFF_BUS, "GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b")
+    ]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: fallen off the bus and is not responding to commands.",  # a continuation line on its own
+        "NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x22:0x56:667)",  # an init failure, not a lost GPU
+        "NVRM: RmInitAdapter failed! (0x26:0xffff:1281)",
+        "NVRM: rm_init_adapter failed for device bearing minor number 0",
+        "Unable to determine the device handle for GPU0000:01:00.0: GPU has fallen off the bus.",  # nvidia-smi
+    ],
+)
+def test_lines_that_are_not_a_gpu_lost_from_the_bus(line):
+    assert [e for e in parse_lines([line]) if e.kind is KernelEventKind.FALLEN_OFF_BUS] == []

@@ -148,3 +148,88 @@ def test_a_bmc_that_reads_back_no_limit_does_not_count():
     assert not fallback.confirmed(answer)
     state = fallback.fold_results(fallback.FallbackState(in_flight=frozenset({"node-a"})), [answer])
     assert state.limits_w == {} and state.in_flight == frozenset()
+
+
+# --- a repair returns a GPU to its default limit (issue #37 item 8) ------------------------------------
+
+TIGHT = power_tree.PowerTree.from_mapping(
+    {"name": "cluster", "budget_w": 2400, "rows": [{"name": "row", "racks": [{"name": "rack", "nodes": NODES}]}]}
+)
+
+
+def _capped_fleet(at_s: float, limits_w: dict[str, int]) -> period_inputs.FleetView:
+    """Every GPU busy and held by its cap (SW power cap), its limit read back 0.5 s before at_s."""
+    sample_ns = int((at_s - 0.5) * 1e9)
+    view = _fleet(at_s=at_s)
+    latest = {
+        g: fleet.GpuLatest(
+            power_w=limits_w[g] - 5.0,
+            power_sample_unix_ns=sample_ns,
+            enforced_power_limit_w=limits_w[g],
+            utilization_gpu_pct=100,
+            clock_event_reasons=0x4,
+            counters_unix_ns=sample_ns,
+        )
+        for g in GPUS
+    }
+    return period_inputs.FleetView(
+        **{**view.__dict__, "latest": latest, "latest_controller_ns": dict.fromkeys(GPUS, sample_ns)}
+    )
+
+
+def _steady(at_s: float) -> period.PeriodState:
+    """All three GPUs confirmed at 800 W under the 2,400 W cluster budget, nothing in flight."""
+    gpus = [
+        power_apply.GpuLimits(g, r.node_id, 200, 1000)
+        for g, r in sorted(GPUS.items(), key=lambda x: (x[1].node_id, x[0]))
+    ]
+    apply = power_apply.ApplyState.unknown(gpus, now_s=at_s - 60, policy=POLICY, epoch="e")
+    apply = power_apply.record(
+        apply, readbacks=[power_apply.CapReadback(g.gpu_uuid, 800.0, at_s - 1) for g in gpus], policy=POLICY
+    )
+    state = period.initial_state(period_inputs.PeriodConfig(), TIGHT, POLICY, apply, seed=0)
+    return period.dataclasses.replace(state, boot_ids={"node-a": "boot-a", "node-b": "boot-b"})
+
+
+def _caps_in_force(state: period.PeriodState) -> dict[str, float]:
+    bound = power_apply.may_be_in_force_w(state.apply)
+    return {g.gpu_uuid: float(w) for g, w in zip(state.apply.gpus, bound, strict=True)}
+
+
+def test_a_gpu_under_a_repair_counts_at_its_default_limit_and_the_others_make_room_first():
+    """A reset (or a reboot) returns the GPU to its default limit without a cap command: until its outcome
+    is known the GPU counts at its maximum, it gets no command, the others come down, and only once their
+    decreases are confirmed does the budget hold with it (so the repair may leave)."""
+    limits = {"a0": 800, "a1": 800, "b0": 800}
+    first = period.step(_steady(NOW), _inputs(_capped_fleet(NOW, limits), repairing_gpus=frozenset({"b0"})), NOW)
+    plan = first.commands.caps
+    assert plan is not None
+    assert _caps_in_force(first.state)["b0"] == 1000.0
+    assert plan.over_budget == ("cluster",), "the default limit does not fit before the others come down"
+    assert not plan.increases and {c.gpu_uuid for c in plan.decreases} == {"a0", "a1"}
+    assert sum(c.limit_w for c in plan.decreases) <= 2400 - 1000
+    # The agent confirms the decreases; the budget now holds with b0 at its default limit.
+    acks = tuple(power_apply.CapAck(c.command_id, c.gpu_uuid, float(c.limit_w), NOW + 0.3) for c in plan.decreases)
+    lowered = {**limits, **{c.gpu_uuid: c.limit_w for c in plan.decreases}}
+    later = NOW + 1.0
+    second = period.step(
+        first.state, _inputs(_capped_fleet(later, lowered), repairing_gpus=frozenset({"b0"}), acks=acks), later
+    )
+    assert second.commands.caps is not None and second.commands.caps.over_budget == ()
+    assert not second.commands.caps.increases and not second.commands.caps.decreases
+    assert sum(_caps_in_force(second.state).values()) <= 2400
+
+
+def test_after_the_repair_the_gpu_counts_at_its_default_limit_for_one_command_lifetime():
+    """A read-back taken right after the repair's outcome may predate the limit the repair left: the GPU
+    is known again only from one taken more than a command lifetime after the last period that counted it."""
+    limits = {"a0": 700, "a1": 700, "b0": 800}
+    state = period.step(_steady(NOW), _inputs(_capped_fleet(NOW, limits), repairing_gpus=frozenset({"b0"})), NOW).state
+    soon = NOW + 1.0
+    after = period.step(state, _inputs(_capped_fleet(soon, limits)), soon)
+    assert _caps_in_force(after.state)["b0"] == 1000.0
+    late = NOW + POLICY.command_ttl_s + POLICY.clock_skew_margin_s + 1.0
+    settled = period.step(after.state, _inputs(_capped_fleet(late, limits)), late)
+    assert _caps_in_force(settled.state)["b0"] < 1000.0, (
+        "known again from the read-back: 800 W, and any raise from there"
+    )
