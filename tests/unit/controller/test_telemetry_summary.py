@@ -217,3 +217,7 @@ def test_the_welcome_chooses_summaries_only_for_an_agent_that_offers_them():
         assert welcome.welcome.config.telemetry_format == chosen
         assert agent_wire.summaries_chosen(welcome.welcome.config) == summaries
     assert not agent_wire.summaries_chosen(agent_pb.AgentConfig()), "a controller before summaries: raw batches"
+
+
+def test_the_agent_never_sends_a_longer_node_series_than_the_controller_accepts():
+    assert core_summary.MAX_GRID_BUCKETS <= wire.MAX_SAMPLES_PER_SERIES
