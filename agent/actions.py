@@ -288,6 +288,10 @@ class ActionExecutor:
         """Move every slewing raise to where its rate allows now; returns the failures (`PowerActions`)."""
         return self._power.step_slews()
 
+    def slewing(self) -> bool:
+        """Whether a raise is in progress (`PowerActions.slewing`): the sampler steps slews only then."""
+        return self._power.slewing()
+
     def slew_targets(self) -> dict[str, int]:
         """GPU -> the target of its raise in progress."""
         return self._power.slew_targets()

@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry, start_http_server
 from rasd.agent import doctor, gpu, install, kmsg_source, node_ops, runtime, sources, spool, systemd
 from rasd.agent import metrics as agent_metrics
 from rasd.agent import settings as agent_settings
-from rasd.agent.gpu import simulated
 from rasd.common import VERSION
 from rasd.common import logging as rasd_logging
 
@@ -146,6 +145,9 @@ def open_backend(settings: agent_settings.AgentSettings) -> gpu.GpuBackend:
     """
     gpu_settings = settings.gpu
     if gpu_settings.backend == "simulated":
+        # Imported here: it brings numpy, which an agent on real GPUs does not need (its memory).
+        from rasd.agent.gpu import simulated
+
         period_s = gpu_settings.sim_step_period_s
         workload = simulated.StepWorkload(period_s=period_s) if period_s > 0 else None
         faults = simulated.load_faults(gpu_settings.sim_scenario) if gpu_settings.sim_scenario else ()
@@ -160,8 +162,9 @@ def open_backend(settings: agent_settings.AgentSettings) -> gpu.GpuBackend:
     # Imported here so that machines without libnvidia-ml never load pynvml.
     from rasd.agent.gpu import nvml
 
+    # The driver's power-sample buffer is used where it samples at least as often as the agent would.
     try:
-        return nvml.open_nvml_backend()
+        return nvml.open_nvml_backend(power_buffer_max_spacing_ms=settings.sampling.power_sample_interval_ms)
     except gpu.BackendError as exc:
         if doctor.nvml_extra_missing(exc):
             raise SystemExit(f"rasd-agent: {doctor.NVML_EXTRA_MISSING} (or --backend simulated)") from None
@@ -190,6 +193,7 @@ async def _serve(settings: agent_settings.AgentSettings) -> int:
         node=settings.node_id,
         backend=backend.name,
         gpus=len(backend.inventory()),
+        power_buffer=getattr(backend, "power_buffer_note", "none"),
         controller=settings.link.controller_address,
         spool_depth=journal.depth(),
         kernel_log=settings.kernel_log.source,
@@ -236,8 +240,8 @@ def _start_metrics(agent: runtime.Agent, port: int) -> int | None:
 
 def _node_ops(settings: agent_settings.AgentSettings, backend: gpu.GpuBackend) -> node_ops.NodeOps:
     """Simulated GPUs get simulated repairs; real ones get the host's commands."""
-    if isinstance(backend, simulated.SimulatedBackend):
-        return node_ops.SimulatedNodeOps(backend)
+    if backend.name == "simulated":
+        return node_ops.SimulatedNodeOps(backend)  # type: ignore[arg-type]
     return node_ops.HostNodeOps(settings.commands)
 
 

@@ -16,10 +16,12 @@ import signal
 import subprocess
 import threading
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rasd.agent import settings as agent_settings
-from rasd.agent.gpu import simulated
+
+if TYPE_CHECKING:  # numpy comes with it: an NVML agent never loads the simulated backend
+    from rasd.agent.gpu import simulated
 
 
 class NodeOpError(Exception):

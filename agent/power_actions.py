@@ -86,6 +86,10 @@ class PowerActions:
                     failures.append(f"{gpu_uuid}: {type(exc).__name__}: {exc}")
             return failures
 
+    def slewing(self) -> bool:
+        """Whether a raise is in progress; read without the lock (one that begins just after is stepped next tick)."""
+        return bool(self._slews)
+
     def slew_targets(self) -> dict[str, int]:
         """GPU -> the target of its raise in progress."""
         with self._slew_lock:

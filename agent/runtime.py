@@ -2,14 +2,15 @@
 
 Two things run for the agent's whole life:
 
-1. The sampler (`rasd.agent.sampler`) reads power at 10 Hz and counters at 1 Hz into bounded
-   buffers, and polls the backend for health observations, which go straight into the durable
-   spool. It keeps running while the controller is unreachable, so no event is missed during an
-   outage, and checks the power fail-safe (`rasd.agent.failsafe`) every cycle.
+1. The sampler (`rasd.agent.sampler`) reads power at 10 Hz (or the driver's own sample buffer)
+   and counters at 1 Hz into bounded buffers, and polls the backend for health observations, which
+   go straight into the durable spool. It keeps running while the controller is unreachable, so no
+   event is missed during an outage, and checks the power fail-safe (`rasd.agent.failsafe`) every cycle.
 2. The link keeps one bidirectional stream to the controller, reconnecting with exponential backoff
    and full jitter. Per stream: Hello → Welcome (with the controller's acked spool position) →
-   resend every unacked event → then telemetry batches, new events and heartbeats go out through a
-   single writer task (gRPC streams must not be written concurrently), while acks and commands come
+   resend every unacked event → then telemetry (per-second summaries, or every sample to a
+   controller before summaries: the Welcome's `telemetry_format`), new events and heartbeats go out
+   through a single writer task (gRPC streams must not be written concurrently), while acks and commands come
    in. Commands run in a worker thread so a slow action never stalls telemetry.
 
 Telemetry is not spooled: it is high-rate and only its freshness matters. Buffers are bounded and
@@ -57,6 +58,9 @@ SESSION_CLEANUP_S = 5.0
 
 LONG_ACTIONS = (model.RunValidation, model.ResetGpu, model.RestartProcess, model.RebootNode)
 """Commands that may run for minutes: run beside the stream's reader, not in it."""
+
+EVENT_WAIT_S = 1.0
+"""How long one wait of the GPU-events thread lasts (`Agent._watch_gpu_events`): the most it delays stopping."""
 
 COMMAND_DRAIN_S = 20.0
 """How long a stopping agent waits for a command under way (a reset) to end and write its result.
@@ -129,6 +133,12 @@ class Agent:
         # Simulated backends answer instantly; NVML calls can block for milliseconds per GPU and
         # must not stall the event loop.
         self._blocking = getattr(backend, "blocking", backend.name != "simulated")
+        # A backend whose event poll blocks until an event comes (NVML's event set) gets a thread of
+        # its own that waits there: events are spooled as they happen, and the sampler does not
+        # hand a poll to a worker thread five times a second (bench/RESULTS.md "Agent overhead").
+        self._events_thread = bool(getattr(backend, "event_wait_blocks", False))
+        if self._events_thread:
+            self._threads.append(("gpu-events", self._watch_gpu_events))
         self._log = log.bind(node=identity.node_id)
         self.failsafe = failsafe.FailSafe(
             settings.failsafe,
@@ -149,6 +159,7 @@ class Agent:
             observe=self.observe,
             clock=clock,
             call=self._call,
+            poll_events=not self._events_thread,
         )
 
     def attach_kernel_log(
@@ -210,6 +221,23 @@ class Agent:
     # -- backend calls and sources -------------------------------------------------------------
     async def _call(self, fn, *args):  # type: ignore[no-untyped-def]
         return await asyncio.to_thread(fn, *args) if self._blocking else fn(*args)
+
+    def _watch_gpu_events(self, stop: threading.Event) -> None:
+        """Wait in the backend's event poll (it blocks, the GIL released) and spool what it reports at once.
+
+        Runs in its own thread until stop is set; the wait is cut into EVENT_WAIT_S slices so that
+        the agent stops within one, before the backend is closed (a close must not race a wait).
+        """
+        while not stop.is_set():
+            try:
+                observations = self.backend.poll_events(self._clock(), EVENT_WAIT_S)
+            except gpu.BackendError as exc:
+                # A failing poll must not end event watching; lost GPUs also surface through reads.
+                self._log.warning("gpu_event_wait_failed", error=str(exc), error_type=type(exc).__name__)
+                stop.wait(EVENT_WAIT_S)
+                continue
+            if observations:
+                self.observe(list(observations))
 
     def _keep_running(self, name: str, target: Callable[[threading.Event], None], stop: threading.Event) -> None:
         """Run a source thread; if it fails (e.g. /dev/kmsg unreadable), log it and start it again."""
@@ -345,6 +373,7 @@ class Agent:
                 sent_unix_ns=self._clock(),
                 spool_id=self.spool.spool_id,
                 spool_acked_seq=self.spool.acked_seq(),
+                summaries=self.settings.link.telemetry_summaries,
             )
         )
         first = await asyncio.wait_for(call.read(), timeout=self.settings.link.welcome_timeout_s)
@@ -352,6 +381,7 @@ class Agent:
             raise ConnectionError("controller did not answer Hello with Welcome")
         welcome = first.welcome
         self._apply_config(welcome.config)
+        self._sampler.stream_started(summaries=wire.summaries_chosen(welcome.config))
         self.spool.ack(welcome.acked_seq)
         self.stats.connects += 1
         self.stats.connected = True
@@ -439,7 +469,7 @@ class Agent:
                         last_write = loop.time()
             if loop.time() >= next_send:
                 next_send = sampler.next_tick(next_send, self._send_interval_ms, loop.time())
-                batch = self._sampler.drain_telemetry()
+                batch = await self._sampler.drain_telemetry()
                 if batch is not None:
                     await outbox.put(batch)
                     self.stats.telemetry_batches_sent += 1
@@ -487,6 +517,8 @@ class Agent:
                     task.add_done_callback(self._command_tasks.discard)
                 else:
                     await self._run_command(command, outbox)
+            elif which == "full_rate":
+                self._sampler.full_rate = wire.full_rate_from_wire(message.full_rate, self._known_gpus)
             else:
                 self._log.warning("controller_message_unexpected", payload=which)
 

@@ -19,7 +19,8 @@ agent.toml keys (agent/packaging/agent.toml) and the groups they fill:
 | controller (--controller) | link.controller_address |
 | insecure (--insecure), [tls] ca, cert, key, server_name (--tls-*) | tls |
 | backend, gpus, seed, sim_step_period_s, sim_scenario (same flags) | gpu |
-| [sampling] power_sample_interval_ms, counter_interval_ms, event_poll_interval_ms, buffer_s | sampling |
+| [sampling] power_sample_interval_ms, counter_interval_ms, event_poll_interval_ms, buffer_s, | sampling |
+| [sampling] power_buffer_interval_ms, counters_heartbeat_s | sampling |
 | state_dir (--state-dir) | spool.state_dir |
 | kernel_log, kmsg_path (--kernel-log, --kmsg-path) | kernel_log |
 | ib_sysfs_root (--ib-sysfs-root) | ib.sysfs_root |
@@ -83,6 +84,9 @@ class LinkSettings:
     """How long an unanswered ping may wait before the stream is declared dead and the agent reconnects."""
     max_events_per_message: int = 500
     """Cap on events per HealthEventBatch."""
+    telemetry_summaries: bool = True
+    """Offer the controller telemetry summaries (`core.summary`); False sends every sample, as agents
+    before summaries did (for comparisons and tests)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +129,12 @@ class SamplingSettings:
     """How often the backend is polled for health observations."""
     buffer_s: float = 60.0
     """Seconds of power samples kept per GPU while the stream is down."""
+    power_buffer_interval_ms: int = 1000
+    """Where the backend keeps its own power samples (NVML's driver buffer, `nvmlDeviceGetSamples`):
+    how often the agent reads them, instead of reading every GPU every power_sample_interval_ms."""
+    counters_heartbeat_s: float = 30.0
+    """With telemetry summaries: every GPU's counters go out at least this often; otherwise a GPU's
+    counters go out only when they change (`core.summary.counters_changed`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,6 +379,10 @@ def _sampling(source: _Source) -> SamplingSettings:
         counter_interval_ms=interval_ms("counter_interval_ms"),
         event_poll_interval_ms=interval_ms("event_poll_interval_ms"),
         buffer_s=source.number(("sampling", "buffer_s"), SamplingSettings.buffer_s, above=0.0),
+        power_buffer_interval_ms=interval_ms("power_buffer_interval_ms"),
+        counters_heartbeat_s=source.number(
+            ("sampling", "counters_heartbeat_s"), SamplingSettings.counters_heartbeat_s, above=0.0
+        ),
     )
 
 

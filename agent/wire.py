@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from rasd.agent.core import model
+from rasd.agent.core import summary as core_summary
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
@@ -51,8 +52,12 @@ def hello(
     sent_unix_ns: int = 0,
     spool_id: str = "",
     spool_acked_seq: int = 0,
+    summaries: bool = True,
 ) -> agent_pb.AgentMessage:
-    """The first message of every stream; sent_unix_ns is the agent's clock as it sends it."""
+    """The first message of every stream; sent_unix_ns is the agent's clock as it sends it.
+
+    summaries: offer TELEMETRY_FORMAT_SUMMARY beside the raw batches every controller takes.
+    """
     return agent_pb.AgentMessage(
         hello=agent_pb.Hello(
             node_id=node_id,
@@ -66,27 +71,44 @@ def hello(
             sent_unix_ns=sent_unix_ns,
             spool_id=spool_id,
             spool_acked_seq=spool_acked_seq,
+            telemetry_formats=TELEMETRY_FORMATS if summaries else (health_pb.TELEMETRY_FORMAT_RAW,),
         )
     )
 
 
-def power_series(gpu_uuid: str, readings: Sequence[model.PowerReading], interval_ms: int) -> health_pb.PowerSeries:
-    """Pack one GPU's consecutive power readings."""
+TELEMETRY_FORMATS = (health_pb.TELEMETRY_FORMAT_RAW, health_pb.TELEMETRY_FORMAT_SUMMARY)
+"""What this agent can send; the controller picks one in Welcome."""
+
+
+def summaries_chosen(config: agent_pb.AgentConfig) -> bool:
+    """Whether the Welcome chose telemetry summaries (unset, as from controllers before them: raw batches)."""
+    return config.telemetry_format == health_pb.TELEMETRY_FORMAT_SUMMARY
+
+
+def full_rate_from_wire(request: agent_pb.FullRateRequest, known_gpus: frozenset[str]) -> frozenset[str]:
+    """The GPUs whose full series the controller wants, of this node's (any other name is ignored)."""
+    return frozenset(request.gpu_uuids) & known_gpus
+
+
+def power_series(samples: model.PowerSamples, interval_ms: int) -> health_pb.PowerSeries:
+    """One GPU's consecutive samples, packed (their spacing taken as interval_ms)."""
     return health_pb.PowerSeries(
-        gpu_uuid=gpu_uuid,
-        first_sample_unix_ns=readings[0].time_unix_ns,
+        gpu_uuid=samples.gpu_uuid,
+        first_sample_unix_ns=samples.times_unix_ns[0],
         sample_interval_ms=interval_ms,
-        power_w=[r.power_w for r in readings],
+        power_w=samples.watts,
     )
 
 
-def counters_to_wire(counters: model.GpuCounters) -> health_pb.GpuCounters:
-    """GpuCounters; a None (unsupported) counter stays absent on the wire."""
-    message = health_pb.GpuCounters(
-        gpu_uuid=counters.gpu_uuid,
-        sample_unix_ns=counters.sample_unix_ns,
-        nvlink_sample_unix_ns=counters.nvlink_sample_unix_ns or counters.sample_unix_ns,
-    )
+def counters_to_wire(
+    counters: model.GpuCounters, message: health_pb.GpuCounters | None = None
+) -> health_pb.GpuCounters:
+    """GpuCounters (into message, when given); a None (unsupported) counter stays absent on the wire."""
+    if message is None:
+        message = health_pb.GpuCounters()
+    message.gpu_uuid = counters.gpu_uuid
+    message.sample_unix_ns = counters.sample_unix_ns
+    message.nvlink_sample_unix_ns = counters.nvlink_sample_unix_ns or counters.sample_unix_ns
     for field in _COUNTER_FIELDS:
         value = getattr(counters, field)
         if value is not None:
@@ -101,17 +123,71 @@ def counters_to_wire(counters: model.GpuCounters) -> health_pb.GpuCounters:
 
 
 def telemetry(
-    power: Mapping[str, Sequence[model.PowerReading]],
-    counters: Sequence[model.GpuCounters],
-    interval_ms: int,
+    power: Sequence[model.PowerSamples], counters: Sequence[model.GpuCounters], interval_ms: int
 ) -> agent_pb.AgentMessage:
-    """One telemetry batch: packed power series per GPU and the latest counters."""
+    """One telemetry batch with every sample (TELEMETRY_FORMAT_RAW): power series per GPU, the latest counters."""
     return agent_pb.AgentMessage(
         telemetry=health_pb.TelemetryBatch(
-            power=[power_series(uuid, readings, interval_ms) for uuid, readings in power.items() if readings],
+            power=[power_series(samples, interval_ms) for samples in power if samples.watts],
             counters=[counters_to_wire(c) for c in counters],
         )
     )
+
+
+# The control values a GpuPowerSummary carries from the newest counters (same names on both sides).
+_CONTROL_FIELDS = ("enforced_power_limit_w", "power_limit_slew_target_w", "clock_event_reasons", "utilization_gpu_pct")
+
+
+def summary(
+    power: core_summary.PowerSummary,
+    latest_counters: Mapping[str, model.GpuCounters],
+    counters: Sequence[model.GpuCounters],
+    gpu_order: Sequence[str],
+) -> agent_pb.AgentMessage:
+    """One `TelemetrySummary` (TELEMETRY_FORMAT_SUMMARY), built straight into the message that is sent.
+
+    Args:
+        power: The interval's power summary (`core.summary.summarize`).
+        latest_counters: Each GPU's newest counters: its summary carries their limit, slew target,
+            clock event reasons and utilisation, with their sample time.
+        counters: The counters to send whole (changed since last sent, or the heartbeat's).
+        gpu_order: The node's GPUs in inventory order.
+    """
+    message = agent_pb.AgentMessage()
+    out = message.summary
+    draws = {d.gpu_uuid: d for d in power.draws}
+    for gpu_uuid in gpu_order:
+        draw = draws.get(gpu_uuid)
+        control = latest_counters.get(gpu_uuid)
+        if draw is None and control is None:
+            continue
+        gpu = out.gpus.add(gpu_uuid=gpu_uuid)
+        if draw is not None:
+            gpu.samples = draw.samples
+            gpu.mean_w, gpu.min_w, gpu.max_w, gpu.last_w = draw.mean_w, draw.min_w, draw.max_w, draw.last_w
+            gpu.last_sample_unix_ns = draw.last_sample_unix_ns
+        if control is not None:
+            gpu.counters_sample_unix_ns = control.sample_unix_ns
+            for field in _CONTROL_FIELDS:
+                value = getattr(control, field)
+                if value is not None:
+                    setattr(gpu, field, value)
+    if power.node is not None:
+        node = out.node_power
+        node.first_sample_unix_ns = power.node.first_sample_unix_ns
+        node.sample_interval_ms = power.node.interval_ms
+        node.power_w.extend(power.node.power_w)
+        node.gpus.extend(power.node.gpus)
+    for series in power.full_rate:
+        out.full_rate.add(
+            gpu_uuid=series.gpu_uuid,
+            first_sample_unix_ns=series.first_sample_unix_ns,
+            sample_interval_ms=series.interval_ms,
+            power_w=series.power_w,
+        )
+    for c in counters:
+        counters_to_wire(c, out.counters.add())
+    return message
 
 
 # The controller refuses longer text (rasd.controller.rpc.validate_input); a refused event would block the

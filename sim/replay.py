@@ -486,6 +486,8 @@ async def _feed_inbound(
         return False
     if kind == "telemetry":
         ingest.on_telemetry(session, wire_stream.telemetry_from_wire(message.telemetry, session.known_gpus))
+    elif kind == "summary":
+        ingest.on_summary(session, wire_stream.summary_from_wire(message.summary, session.node_id, session.known_gpus))
     elif kind == "events":
         events = wire.events_from_wire(
             message.events, session.known_gpus, ingest.clock(), session.node_id, spool_epoch=session.spool_epoch

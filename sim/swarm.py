@@ -12,11 +12,14 @@ A `SwarmAgent` speaks the same wire protocol with far less work, for the scale b
   results, with acks and commands coming back, as `Agent` does;
 - each keeps its own state: node id, boot id, 8 (or N) GPUs with UUIDs as the simulated backend
   makes them, its event sequence and spool, its connection state and counters;
-- telemetry is what a real agent sends at the default rates: every ``send_interval_ms`` one
-  ``TelemetryBatch`` with a ``PowerSeries`` per GPU (10 Hz → 10 samples per second) and one
-  ``GpuCounters`` per GPU per counter interval. Power values come from one precomputed
-  step-synchronous waveform shared by the swarm (so building a batch is cheap), not from a
-  per-GPU model;
+- telemetry is what a real agent sends at the default rates, in the format the Welcome chose: every
+  ``send_interval_ms`` one ``TelemetrySummary`` (per GPU its draw over the interval and its limit;
+  the node's summed draw per 100 ms bucket; whole counters only on the counters heartbeat, since a
+  swarm's counters never change), or, from a controller before summaries (or with
+  ``telemetry_summaries`` off), one ``TelemetryBatch`` with a ``PowerSeries`` per GPU (10 Hz → 10
+  samples per second) and one ``GpuCounters`` per GPU per counter interval. Power values come from
+  one precomputed step-synchronous waveform shared by the swarm (so building a message is cheap),
+  not from a per-GPU model;
 - health events are injected by the caller (`SwarmAgent.inject`), get the next seq and stay in the
   agent's spool until acked. **The spool is in memory** (a dict), not on disk: the swarm never
   restarts an agent process, so durability across agent restarts is not what it exercises;
@@ -72,6 +75,10 @@ class SwarmSettings:
     """How often each agent sends a telemetry batch."""
     heartbeat_interval_ms: int = agent_settings.LinkSettings.heartbeat_interval_ms
     """Heartbeat when telemetry is off (send_interval_ms = 0)."""
+    telemetry_summaries: bool = agent_settings.LinkSettings.telemetry_summaries
+    """Offer TelemetrySummary in Hello, as a real agent does; False: raw batches only."""
+    counters_heartbeat_s: float = agent_settings.SamplingSettings.counters_heartbeat_s
+    """With summaries: every GPU's whole counters go out this often (they never change in a swarm)."""
     seed: int = 0
     """GPU UUIDs and phases derive from it (the same seed gives the same fleet)."""
     reconnect_initial_s: float = agent_settings.LinkSettings.reconnect_initial_s
@@ -156,6 +163,10 @@ class SwarmAgent:
         self._events_ready = asyncio.Event()
         self._outbox: asyncio.Queue[agent_pb.AgentMessage | None] | None = None
         self._connected = asyncio.Event()
+        self._summaries = False
+        """The stream's Welcome chose TelemetrySummary."""
+        self._counters_sent_unix_ns = 0
+        """When whole counters last went out in a summary (0: due)."""
 
     # -- what callers do ---------------------------------------------------------------------
     def inject(
@@ -238,6 +249,11 @@ class SwarmAgent:
                     gpus=self.gpus,
                     labels=self.labels,
                     spool_head_seq=self._seq,
+                    telemetry_formats=(
+                        (health_pb.TELEMETRY_FORMAT_RAW, health_pb.TELEMETRY_FORMAT_SUMMARY)
+                        if self.settings.telemetry_summaries
+                        else (health_pb.TELEMETRY_FORMAT_RAW,)
+                    ),
                 )
             )
         )
@@ -245,6 +261,8 @@ class SwarmAgent:
         if first is grpc.aio.EOF or not first.HasField("welcome"):
             raise ConnectionError("controller did not answer Hello with Welcome")
         self._ack(first.welcome.acked_seq)
+        self._summaries = first.welcome.config.telemetry_format == health_pb.TELEMETRY_FORMAT_SUMMARY
+        self._counters_sent_unix_ns = 0  # whole counters in a new stream's first summary, as `Agent` does
         now = self._clock()
         self.stats.connects += 1
         self.stats.connected = True
@@ -308,7 +326,9 @@ class SwarmAgent:
                 next_send += interval_s
                 if next_send < loop.time():  # fell behind (an overloaded loop): skip, never burst
                     next_send = loop.time() + interval_s
-                if self.settings.send_interval_ms:
+                if self.settings.send_interval_ms and self._summaries:
+                    await outbox.put(agent_pb.AgentMessage(summary=self._summary()))
+                elif self.settings.send_interval_ms:
                     await outbox.put(agent_pb.AgentMessage(telemetry=self._telemetry()))
                 else:
                     await outbox.put(
@@ -348,6 +368,45 @@ class SwarmAgent:
         self.stats.telemetry_batches += 1
         self.stats.power_samples_sent += count * len(self.gpus)
         return batch
+
+    def _summary(self) -> health_pb.TelemetrySummary:
+        """What `rasd.agent.core.summary` makes of the interval's samples, built straight from the waveform.
+
+        Every GPU of a swarm node draws the same waveform, so the node's sum per bucket is that
+        sample times the GPU count; the grid is the last `count` complete 100 ms buckets.
+        """
+        interval_ms = self.settings.power_sample_interval_ms
+        step_ns = interval_ms * 1_000_000
+        count = max(1, self.settings.send_interval_ms // interval_ms)
+        now = self._clock()
+        first_ns = (now // step_ns - count) * step_ns
+        last_ns = first_ns + (count - 1) * step_ns
+        samples = self._waveform.window(self._phase, count)
+        self._phase += count
+        gpus = len(self.gpus)
+        mean_w, min_w, max_w, last_w = sum(samples) / count, min(samples), max(samples), samples[-1]
+        summary = health_pb.TelemetrySummary()
+        for gpu in self.gpus:
+            summary.gpus.add(
+                gpu_uuid=gpu.uuid, samples=count, mean_w=mean_w, min_w=min_w, max_w=max_w, last_w=last_w,
+                last_sample_unix_ns=last_ns, counters_sample_unix_ns=now, enforced_power_limit_w=700,
+                utilization_gpu_pct=97,
+            )  # fmt: skip
+        node = summary.node_power
+        node.first_sample_unix_ns = first_ns
+        node.sample_interval_ms = interval_ms
+        node.power_w.extend(w * gpus for w in samples)
+        node.gpus.extend([gpus] * count)
+        if now - self._counters_sent_unix_ns >= self.settings.counters_heartbeat_s * 1e9:
+            self._counters_sent_unix_ns = now
+            for gpu in self.gpus:
+                summary.counters.add(
+                    gpu_uuid=gpu.uuid, sample_unix_ns=now, enforced_power_limit_w=700, temperature_c=62,
+                    utilization_gpu_pct=97, ecc_dbe_volatile=0, remapped_rows_uncorrectable=0,
+                )  # fmt: skip
+        self.stats.telemetry_batches += 1
+        self.stats.power_samples_sent += count * gpus
+        return summary
 
     async def _reader(self, call, outbox: asyncio.Queue) -> None:  # type: ignore[no-untyped-def]
         while True:

@@ -8,6 +8,7 @@ support them, which is different from a zero count. The vocabulary shared with t
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import enum
 from collections.abc import Mapping
@@ -43,6 +44,17 @@ class PowerReading:
     gpu_uuid: str
     time_unix_ns: int
     power_w: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PowerSamples:
+    """One GPU's power samples in time order, as two flat arrays: no Python object per sample."""
+
+    gpu_uuid: str
+    times_unix_ns: array.array[int]
+    """array('q') of sample times, Unix ns."""
+    watts: array.array[float]
+    """array('d') of draws, W, as long as times_unix_ns."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,12 +43,23 @@ class GpuBackend(Protocol):
     name: str
     """Short backend name reported in Hello: "nvml", "simulated", "replay"."""
 
+    power_sample_buffer: bool
+    """True when the backend keeps the GPUs' power samples itself (NVML's driver buffer): the agent
+    then reads them with `read_power_samples` every so often instead of `read_power` at its rate."""
+
     def inventory(self) -> Sequence[model.GpuInfo]:
         """The node's GPUs, in a stable order."""
         ...
 
     def read_power(self, now_unix_ns: int) -> Sequence[model.PowerReading]:
         """Instant power of every GPU that answers; a lost GPU is skipped, not zero."""
+        ...
+
+    def read_power_samples(self, now_unix_ns: int) -> Sequence[model.PowerSamples]:
+        """The power samples each answering GPU took since the last call, in time order.
+
+        None when `power_sample_buffer` is False; a lost GPU is skipped, not zero.
+        """
         ...
 
     def read_counters(self, now_unix_ns: int) -> Sequence[model.GpuCounters]:

@@ -8,7 +8,8 @@ opens the library and hands the imported module to its parts, one module per con
   units and error codes to `rasd.agent.core.model` types and the `rasd.agent.gpu` errors; per-GPU
   capability memory; lost GPUs marked by UUID and reported once);
 * `nvml_inventory`: which GPUs the node has and what they can do, read at open;
-* `nvml_sampling`: power and counters, the agent's hot path;
+* `nvml_sampling`: power (the driver's sample buffer where it keeps one) and counters in batched
+  field-value calls, the agent's hot path;
 * `nvml_control`: power limits read back, and power-smoothing profiles;
 * `nvml_events`: the NVML event set that turns XID, ECC and row-remap events into observations.
 
@@ -38,12 +39,22 @@ class NvmlBackend:
         max_events_per_poll: Upper bound on events drained by one `poll_events` call, so an event
             storm cannot starve the power loop.
         nvlink_interval_s: How often per-link NVLink state and error counters are read.
+        power_buffer_max_spacing_ms: Read power from the driver's own sample buffer
+            (`power_sample_buffer`) when every GPU's holds samples at least every this many ms
+            (the agent's power sample interval); 0 never does, and the agent polls `read_power`.
 
     Raises:
         BackendError: NVML could not be initialised (no library, driver not loaded, version mismatch).
     """
 
     name = "nvml"
+    power_sample_buffer = False
+    """Set at open: the driver's power-sample buffer is read (`read_power_samples`)."""
+    power_buffer_note = "not probed"
+    """Why the buffer is or is not used, for the agent's start-up log."""
+    event_wait_blocks = True
+    """`poll_events` waits in nvmlEventSetWait (the GIL released) up to its timeout: the agent gives
+    it a thread of its own rather than polling."""
 
     def __init__(
         self,
@@ -52,8 +63,9 @@ class NvmlBackend:
         watch_events: bool = True,
         max_events_per_poll: int = 256,
         nvlink_interval_s: float = 10.0,
+        power_buffer_max_spacing_ms: float = 0.0,
     ):
-        """Initialise NVML, read the inventory and (with watch_events) register the event set."""
+        """Initialise NVML, read the inventory, probe the power buffer and (with watch_events) the event set."""
         self._devices = nvml_device.NvmlDevices(nvml)
         self._sampler = nvml_sampling.NvmlSampler(self._devices, nvlink_interval_s=nvlink_interval_s)
         self._control = nvml_control.NvmlControl(self._devices)
@@ -65,6 +77,9 @@ class NvmlBackend:
         try:
             self._devices.set_gpus(nvml_inventory.enumerate_gpus(self._devices))
             self._inventory = tuple(g.info for g in self._devices.gpus if g.info is not None)
+            if power_buffer_max_spacing_ms > 0:
+                probe = self._sampler.probe_power_buffer(power_buffer_max_spacing_ms)
+                self.power_sample_buffer, self.power_buffer_note = probe.usable, probe.why
             if watch_events:
                 self._events.open()
         except BaseException:
@@ -79,6 +94,13 @@ class NvmlBackend:
         """Instant power of every answering GPU; lost or power-blind GPUs are skipped, never zero."""
         self._devices.check_open()
         return self._sampler.read_power(now_unix_ns)
+
+    def read_power_samples(self, now_unix_ns: int) -> Sequence[model.PowerSamples]:
+        """Every answering GPU's power samples since the last read, from the driver's buffer (none without one)."""
+        self._devices.check_open()
+        if not self.power_sample_buffer:
+            return ()
+        return self._sampler.read_power_samples(now_unix_ns)
 
     def read_counters(self, now_unix_ns: int) -> Sequence[model.GpuCounters]:
         """Counters of every answering GPU; a field the GPU does not support is None, never 0."""
@@ -133,7 +155,11 @@ class NvmlBackend:
 
 
 def open_nvml_backend(
-    *, watch_events: bool = True, max_events_per_poll: int = 256, nvlink_interval_s: float = 10.0
+    *,
+    watch_events: bool = True,
+    max_events_per_poll: int = 256,
+    nvlink_interval_s: float = 10.0,
+    power_buffer_max_spacing_ms: float = 0.0,
 ) -> NvmlBackend:
     """Import pynvml and open the NVML backend.
 
@@ -141,6 +167,7 @@ def open_nvml_backend(
         watch_events: Register an NVML event set for XID/ECC events.
         max_events_per_poll: Upper bound on events drained by one `poll_events` call.
         nvlink_interval_s: How often per-link NVLink state and error counters are read.
+        power_buffer_max_spacing_ms: As for `NvmlBackend` (0: never read the driver's power buffer).
 
     Returns:
         The open backend; call `close()` when done.
@@ -153,5 +180,9 @@ def open_nvml_backend(
     except ImportError as e:
         raise backend_api.BackendError("the nvml backend needs nvidia-ml-py (pip install rasd[nvml])") from e
     return NvmlBackend(
-        pynvml, watch_events=watch_events, max_events_per_poll=max_events_per_poll, nvlink_interval_s=nvlink_interval_s
+        pynvml,
+        watch_events=watch_events,
+        max_events_per_poll=max_events_per_poll,
+        nvlink_interval_s=nvlink_interval_s,
+        power_buffer_max_spacing_ms=power_buffer_max_spacing_ms,
     )

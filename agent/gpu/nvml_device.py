@@ -18,9 +18,12 @@ importer). Reference: shared/reference/nvml-api.md (pynvml 13.615.71).
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
+import ctypes
 import dataclasses
+import struct
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -50,7 +53,11 @@ ABSENT = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND})
 LIBRARY_FATAL = frozenset({UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH})
 """Codes that mean the library as a whole stopped working; no per-GPU answer is meaningful."""
 
-_FIELD_UNION = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+FIELD_UNION = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+"""nvmlValue_t's member by NVML_VALUE_TYPE_* (field values and samples)."""
+FIELD_ABSENT = frozenset({*ABSENT, INVALID_ARGUMENT})
+"""A field-value entry's codes that mean "no such field (or scope) here", for good: an older driver
+answers INVALID_ARGUMENT for a field id it does not know."""
 
 # NVML field ids (nvml.h), used through nvmlDeviceGetFieldValues.
 FI_POWER_INSTANT = 186
@@ -80,10 +87,98 @@ class NvmlGpu:
     lost: bool = False
     nvlinks: tuple[model.NvLinkCounters, ...] = ()  # last per-link reading
     nvlinks_unix_ns: int | None = None  # when it was taken
+    power_seen_us: int = 0  # the driver's stamp of the newest power sample read from its buffer
 
 
 class Lost(Exception):
     """Internal to the NVML backend: an NVML call on this GPU answered GPU_IS_LOST."""
+
+
+class DirectCalls:
+    """The agent's two hot NVML calls (field values, power samples), made through pynvml's C symbol lookup.
+
+    pynvml's wrappers build and read their structures through pynvml's own Python
+    `__getattribute__`/`__setattr__` (~1.6 µs an attribute, which decode strings), and
+    `nvmlDeviceGetSamples` asks twice (size, then fill) and returns one Python object per sample.
+    At 17 counter fields of 8 GPUs a second and some 50 power samples per GPU a second, that was a
+    large share of the agent's CPU. Here the request array is copied from a template built once,
+    the samples land in an array that holds a driver's whole ring (one call: NVML fills what fits),
+    and both are read from their memory. Errors are pynvml's `NVMLError`, as from the wrappers.
+
+    It uses `pynvml._nvmlGetFunctionPointer` (nvidia-ml-py is pinned; a canary test checks the name)
+    and checks the structures' layouts; where either differs, `usable` is False and the callers use
+    the public wrappers.
+    """
+
+    SAMPLE_CAPACITY = 256
+    """Samples one read takes at most (a driver's ring holds ~120); the rest come with the next read."""
+
+    def __init__(self, nvml: ModuleType) -> None:
+        """Check the layouts and the symbol lookup of this pynvml."""
+        self._n = nvml
+        fv, sample, value = nvml.c_nvmlFieldValue_t, nvml.c_nvmlSample_t, nvml.c_nvmlValue_t
+        self.usable = (
+            callable(getattr(nvml, "_nvmlGetFunctionPointer", None))
+            and ctypes.sizeof(fv) == 40
+            and (fv.fieldId.offset, fv.scopeId.offset) == (0, 4)
+            and (fv.valueType.offset, fv.nvmlReturn.offset, fv.value.offset) == (24, 28, 32)
+            and ctypes.sizeof(sample) == 16
+            and (sample.timeStamp.offset, sample.sampleValue.offset) == (0, 8)
+            and ctypes.sizeof(value) == 8
+        )
+        self._request = struct.Struct("=II32x")
+        self._entry = struct.Struct("=24xII8s")
+        self._templates: dict[tuple[tuple[int, int], ...], bytes] = {}
+        ul = "Q" if ctypes.sizeof(ctypes.c_ulong) == 8 else "I"
+        self._value_formats = {0: "=d", 1: "=I", 2: "=" + ul, 3: "=Q", 4: "=q", 5: "=i", 6: "=H"}
+        # A sample's value as array items: (typecode, items per 16-byte sample, index of the value).
+        self._sample_layout = {0: ("d", 2, 1), 1: ("I", 4, 2), 2: (ul, 16 // ctypes.sizeof(ctypes.c_ulong), 1),
+                               3: ("Q", 2, 1), 4: ("q", 2, 1), 5: ("i", 4, 2), 6: ("H", 8, 4)}  # fmt: skip
+
+    def _call(self, name: str, *args: Any) -> None:
+        ret = self._n._nvmlGetFunctionPointer(name)(*args)
+        if ret != 0:
+            raise self._n.NVMLError(ret)
+
+    def field_values(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> list[tuple[int, Any]]:
+        """nvmlDeviceGetFieldValues: (nvmlReturn, value or None) of each (field id, scope), in order.
+
+        Raises:
+            NVMLError: the call failed as a whole.
+        """
+        template = self._templates.get(ask)
+        if template is None:
+            template = self._templates[ask] = b"".join(self._request.pack(f, scope) for f, scope in ask)
+        values = (self._n.c_nvmlFieldValue_t * len(ask)).from_buffer_copy(template)
+        self._call("nvmlDeviceGetFieldValues", handle, ctypes.c_int32(len(ask)), ctypes.byref(values))
+        formats, out = self._value_formats, []
+        for value_type, ret, union in self._entry.iter_unpack(
+            ctypes.string_at(ctypes.addressof(values), 40 * len(ask))
+        ):
+            fmt = formats.get(value_type) if ret == 0 else None  # a value type newer than this code: unknown
+            out.append((ret, struct.unpack_from(fmt, union)[0] if fmt else None))
+        return out
+
+    def samples(self, handle: Any, sampling_type: int, last_seen_us: int) -> tuple[array.array[int], array.array[Any]]:
+        """nvmlDeviceGetSamples: (timestamps µs, values) of the samples newer than last_seen_us.
+
+        Raises:
+            NVMLError: as the wrapper does (NOT_FOUND: no newer sample).
+        """
+        n = self._n
+        buffer = (n.c_nvmlSample_t * self.SAMPLE_CAPACITY)()
+        value_type, count = ctypes.c_uint(), ctypes.c_uint(self.SAMPLE_CAPACITY)
+        self._call(
+            "nvmlDeviceGetSamples", handle, ctypes.c_uint(sampling_type), ctypes.c_ulonglong(last_seen_us),
+            ctypes.byref(value_type), ctypes.byref(count), buffer,
+        )  # fmt: skip
+        filled = min(count.value, self.SAMPLE_CAPACITY)
+        layout = self._sample_layout.get(value_type.value)
+        if layout is None or not filled:
+            return array.array("Q"), array.array("Q")
+        raw = ctypes.string_at(ctypes.addressof(buffer), 16 * filled)
+        typecode, per_sample, index = layout
+        return array.array("Q", raw)[0::2], array.array(typecode, raw)[index::per_sample]
 
 
 class NvmlDevices:
@@ -102,6 +197,7 @@ class NvmlDevices:
         """Lost-GPU observations waiting for `poll_events`."""
         self.closed = threading.Event()
         self._lock = threading.Lock()
+        self.direct = DirectCalls(nvml)
 
     def set_gpus(self, gpus: list[NvmlGpu]) -> None:
         """The GPUs found at open time, in inventory order."""
@@ -142,24 +238,59 @@ class NvmlDevices:
             return None  # transient (UNKNOWN, NO_DATA, ...): unknown for this sample only
 
     def fields(self, g: NvmlGpu, field_ids: list[int]) -> dict[int, Any]:
-        """Field values by id (scope 0); None where the entry's own nvmlReturn is not SUCCESS."""
-        out: dict[int, Any] = dict.fromkeys(field_ids)
-        wanted = [f for f in field_ids if f"field:{f}" not in g.absent]
-        if not wanted:
+        """Field values by id (scope 0); None where the entry's own nvmlReturn is not SUCCESS.
+
+        An entry answering NOT_SUPPORTED, FUNCTION_NOT_FOUND or INVALID_ARGUMENT is absent
+        (`field_absent`) and not asked again.
+        """
+        values = self.scoped_fields(g, [(f, 0) for f in field_ids], scoped_keys=False)
+        return {field_id: values[(field_id, 0)] for field_id in field_ids}
+
+    def scoped_fields(
+        self, g: NvmlGpu, wanted: list[tuple[int, int]], *, scoped_keys: bool = True
+    ) -> dict[tuple[int, int], Any]:
+        """Field values by (id, scope) in one call; None where the entry's nvmlReturn is not SUCCESS.
+
+        An absent entry is remembered as ``field:{id}:{scope}`` (``field:{id}`` for scope 0 with
+        scoped_keys False, as `fields` keys them); nvmlDeviceGetFieldValues itself absent (very old
+        drivers) makes every field absent.
+        """
+        out: dict[tuple[int, int], Any] = dict.fromkeys(wanted)
+
+        def key(field_id: int, scope: int) -> str:
+            return f"field:{field_id}:{scope}" if scoped_keys else f"field:{field_id}"
+
+        ask = [(f, scope) for f, scope in wanted if key(f, scope) not in g.absent]
+        if not ask:
             return out
-        values = self.optional(g, "field_values", self.n.nvmlDeviceGetFieldValues, wanted)
-        if values is None:
+        if self.direct.usable:
+            entries = self.optional(g, "field_values", self._direct_fields, tuple(ask))
+        else:
+            entries = self.optional(g, "field_values", self._wrapped_fields, ask)
+        if entries is None:
+            if "field_values" in g.absent:
+                g.absent.update(key(f, scope) for f, scope in ask)
             return out
-        for fv in values:
+        # Entries come back in the order asked.
+        for (field_id, scope), (ret, value) in zip(ask, entries, strict=True):
             # The call succeeds as a whole; each entry carries its own return code (nvml-api.md §2.3).
-            if fv.nvmlReturn == 0:
-                member = _FIELD_UNION.get(fv.valueType)  # a value type newer than this code: unknown
-                out[fv.fieldId] = getattr(fv.value, member) if member else None
-            elif fv.nvmlReturn == GPU_IS_LOST:
+            if ret == 0:
+                out[(field_id, scope)] = value  # a value type newer than this code: None, unknown
+            elif ret == GPU_IS_LOST:
                 raise Lost
-            elif fv.nvmlReturn in ABSENT:
-                g.absent.add(f"field:{fv.fieldId}")
+            elif ret in FIELD_ABSENT:
+                g.absent.add(key(field_id, scope))
         return out
+
+    def _direct_fields(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> list[tuple[int, Any]]:
+        return self.direct.field_values(handle, ask)
+
+    def _wrapped_fields(self, handle: Any, ask: list[tuple[int, int]]) -> list[tuple[int, Any]]:
+        values = self.n.nvmlDeviceGetFieldValues(handle, ask)
+        return [
+            (fv.nvmlReturn, getattr(fv.value, FIELD_UNION[fv.valueType]) if fv.valueType in FIELD_UNION else None)
+            for fv in values
+        ]
 
     def library_error(self, e: Any, during: str) -> backend_api.BackendError:
         """The BackendError for an NVML error no GPU-level answer explains."""

@@ -367,6 +367,8 @@ class SimulatedBackend:
     """Deterministic fake GPUs for one node. Satisfies `rasd.agent.gpu.GpuBackend`."""
 
     name = "simulated"
+    power_sample_buffer = False
+    """Draw is computed when read (a cap set since changes it), so the agent polls `read_power`."""
 
     def __init__(
         self,
@@ -464,6 +466,10 @@ class SimulatedBackend:
             sim.last_energy_ns = now_unix_ns
             readings.append(model.PowerReading(sim.info.uuid, now_unix_ns, power_w))
         return readings
+
+    def read_power_samples(self, now_unix_ns: int) -> Sequence[model.PowerSamples]:
+        """None: the simulated GPUs keep no sample buffer (`power_sample_buffer` is False)."""
+        return ()
 
     def read_counters(self, now_unix_ns: int) -> Sequence[model.GpuCounters]:
         """Counters of every GPU that is not lost."""

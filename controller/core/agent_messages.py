@@ -20,9 +20,12 @@ __all__ = [
     "AgentResult",
     "CheckVerdict",
     "EnforcedLimit",
+    "GpuPeak",
+    "NodePower",
     "Outcome",
     "PowerSeries",
     "Telemetry",
+    "TelemetrySummary",
     "ValidationRun",
     "Welcome",
 ]
@@ -47,6 +50,43 @@ class Telemetry:
     """The freshest values per GPU in the batch (`wire.agent.latest_from_telemetry`)."""
     newest_counters_unix_ns: int | None
     """The agent's stamp of the batch's newest counters sample (None: the batch has none)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuPeak:
+    """One GPU's highest sample over a summary interval."""
+
+    gpu_uuid: str
+    last_sample_unix_ns: int
+    """When the interval's last sample was taken."""
+    max_w: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodePower:
+    """A node's summed draw per bucket: power_w[i] over gpus[i] GPUs at first + i * interval."""
+
+    node_id: str
+    first_sample_unix_ns: int
+    sample_interval_ms: int
+    power_w: Sequence[float]
+    gpus: Sequence[int]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TelemetrySummary:
+    """A validated telemetry summary (`TelemetrySummary` on the wire): what the controller's loops read."""
+
+    latest: Mapping[str, fleet.GpuLatest]
+    """Per GPU: its last sample, its power-loop counters, and whole counters where they came (`fleet.merge_summary`)."""
+    peaks: tuple[GpuPeak, ...]
+    node_power: NodePower | None
+    full_rate: tuple[PowerSeries, ...]
+    """The series of the GPUs the controller asked for (`FullRateRequest`)."""
+    samples: int
+    """Power samples the agent summarised."""
+    newest_counters_unix_ns: int | None
+    """The agent's stamp of the newest counters sample in it (None: none)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,6 +158,8 @@ class Welcome:
     controller_version: str
     agent_config: Mapping[str, int]
     """AgentConfig fields (`IngestSettings.agent_config`)."""
+    summaries: bool = False
+    """The stream sends telemetry summaries (the agent offered them and this controller takes them)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

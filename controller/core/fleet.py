@@ -73,6 +73,8 @@ class NodeHello:
     """The spool's identity ("" from agents that do not send one); a new one is a new spool epoch."""
     spool_acked_seq: int = 0
     """The highest seq the agent's spool has had acked and dropped (0: not sent)."""
+    summaries_offered: bool = False
+    """The agent can send telemetry summaries (its Hello lists TELEMETRY_FORMAT_SUMMARY)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +118,27 @@ def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
         ),
         power_limit_slew_target_w=(
             update.power_limit_slew_target_w if counters_newer else previous.power_limit_slew_target_w
+        ),
+    )
+
+
+def merge_summary(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
+    """`merge_latest` for a telemetry summary's values, which carry no temperature or smoothing state.
+
+    A summary brings a GPU's draw and its power-loop counters (limit, slew target, clock event
+    reasons, utilisation) every second, and its counters whole only when they changed: a temperature
+    or smoothing state it does not bring stays as it was.
+    """
+    merged = merge_latest(previous, update)
+    if previous is None or merged is previous:
+        return merged
+    return dataclasses.replace(
+        merged,
+        temperature_c=previous.temperature_c if update.temperature_c is None else merged.temperature_c,
+        power_smoothing_enabled=(
+            previous.power_smoothing_enabled
+            if update.power_smoothing_enabled is None
+            else merged.power_smoothing_enabled
         ),
     )
 
@@ -179,17 +202,27 @@ def matches_selector(labels: Mapping[str, str], selector: Mapping[str, str]) -> 
 class PowerWindow:
     """Fleet power in fixed buckets over a bounded span, and each GPU's recent peak.
 
-    Memory is O(buckets + GPUs), not O(buckets × GPUs): a bucket keeps the fleet's sum and the
+    Memory is O(buckets + sources), not O(buckets × GPUs): a bucket keeps the fleet's sum and the
     number of GPUs in it (16,384 GPUs at 10 Hz over 600 s would otherwise be 98 M entries).
 
-    Each GPU contributes at most one sample per bucket, its latest, so the bucket total is the
-    fleet's draw at that instant even when agents' sampling clocks drift against the grid. A GPU's
-    samples are taken in time order: one for a bucket before the GPU's newest (a duplicate after a
-    reconnect, or a reordered old batch) is dropped, so nothing is counted twice; a late sample is
-    lost from the aggregate, never misplaced. Per GPU, the peak of each series it sent is kept for
-    ``detail_s`` for `gpu_max_w`. A small set of GPUs can also be summed on their own (`track`,
-    `series(tracked=True)`): the power loop's canaries, whose draw shows the swing that smoothing
-    profiles mask on every other GPU. Not thread-safe; the ingest owns one.
+    What comes in, by the agent's telemetry format:
+
+    * every sample of every GPU (`add`, from `TelemetryBatch`): each GPU is a source that counts
+      once per bucket;
+    * a node's summed draw per bucket (`add_node`, from `TelemetrySummary`): the node is a source
+      that counts as the GPUs its sum is over; and each GPU's peak per summary (`add_peak`);
+    * the full series of a tracked GPU (`add_tracked`): into the tracked sums only, since its node's
+      sum holds it already.
+
+    Each source contributes at most one value per bucket, its latest, so the bucket total is the
+    fleet's draw at that instant even when agents' sampling clocks drift against the grid. A
+    source's values are taken in time order: one for a bucket before the source's newest (a
+    duplicate after a reconnect, or a reordered old batch) is dropped, so nothing is counted twice;
+    a late value is lost from the aggregate, never misplaced. Per GPU, the peak of each series (or
+    summary) it sent is kept for ``detail_s`` for `gpu_max_w`. A small set of GPUs can also be
+    summed on their own (`track`, `series(tracked=True)`): the power loop's canaries, whose draw
+    shows the swing that smoothing profiles mask on every other GPU. Not thread-safe; the ingest
+    owns one.
     """
 
     def __init__(self, bucket_ms: int = 100, span_s: float = 600.0, detail_s: float = 30.0) -> None:
@@ -204,13 +237,18 @@ class PowerWindow:
         self._order: collections.deque[int] = collections.deque()
         """Buckets in the order they first appeared (nearly time order), for trimming."""
         self._newest = 0
-        self._last: dict[str, tuple[int, float]] = {}
-        """GPU → (its newest bucket, the watts it put there)."""
+        self._last: dict[object, tuple[int, float, int]] = {}
+        """Source (a GPU uuid, ("node", id) or ("tracked", uuid)) → (its newest bucket, the W and GPUs it put there)."""
         self._peaks: dict[str, collections.deque[tuple[int, float]]] = {}
         """GPU → (last bucket of a series, the series' peak W), for ``detail_s``."""
         self._tracked: frozenset[str] = frozenset()
         self._tracked_sums: dict[int, list[float]] = {}
         """bucket → [sum W, GPUs] of the tracked GPUs alone."""
+
+    @property
+    def tracked(self) -> frozenset[str]:
+        """The GPUs summed on their own (`track`)."""
+        return self._tracked
 
     def track(self, gpu_uuids: Iterable[str]) -> None:
         """Sum these GPUs on their own from now on (`series(tracked=True)`), forgetting any set tracked before."""
@@ -219,43 +257,94 @@ class PowerWindow:
             self._tracked, self._tracked_sums = tracked, {}
 
     def add(self, gpu_uuid: str, first_sample_unix_ns: int, interval_ms: int, power_w: Sequence[float]) -> int:
-        """Record one GPU's packed series; returns how many samples were kept."""
-        if interval_ms <= 0 or not power_w:
+        """Record one GPU's packed series (every sample); returns how many samples were kept."""
+        tracked = self._tracked_sums if gpu_uuid in self._tracked else None
+        kept, peak, last_bucket = self._add_series(
+            gpu_uuid, first_sample_unix_ns, interval_ms, power_w, None, self._sums, tracked
+        )
+        if kept:
+            self._note_peak(gpu_uuid, last_bucket, peak)
+        return kept
+
+    def add_node(
+        self,
+        node_id: str,
+        first_sample_unix_ns: int,
+        interval_ms: int,
+        power_w: Sequence[float],
+        gpus: Sequence[int],
+    ) -> int:
+        """Record a node's summed draw per bucket (power_w[i] over gpus[i] GPUs); returns the buckets kept.
+
+        A value over no GPU is skipped.
+        """
+        kept, _, _ = self._add_series(("node", node_id), first_sample_unix_ns, interval_ms, power_w, gpus, self._sums)
+        return kept
+
+    def add_peak(self, gpu_uuid: str, last_sample_unix_ns: int, max_w: float) -> None:
+        """One GPU's peak over a summary whose last sample was at last_sample_unix_ns (`gpu_max_w`)."""
+        bucket = last_sample_unix_ns // self.bucket_ns
+        if bucket > self._newest - self._max_buckets:
+            self._note_peak(gpu_uuid, bucket, max_w)
+
+    def add_tracked(self, gpu_uuid: str, first_sample_unix_ns: int, interval_ms: int, power_w: Sequence[float]) -> int:
+        """Record a tracked GPU's full series into the tracked sums alone; 0 for a GPU not tracked."""
+        if gpu_uuid not in self._tracked:
             return 0
+        kept, _, _ = self._add_series(
+            ("tracked", gpu_uuid), first_sample_unix_ns, interval_ms, power_w, None, None, self._tracked_sums
+        )
+        return kept
+
+    def _add_series(
+        self,
+        source: object,
+        first_sample_unix_ns: int,
+        interval_ms: int,
+        power_w: Sequence[float],
+        gpus: Sequence[int] | None,
+        sums: dict[int, list[float]] | None,
+        tracked: dict[int, list[float]] | None = None,
+    ) -> tuple[int, float, int]:
+        """Add one source's evenly spaced values to sums (and tracked); (values kept, their peak W, last bucket)."""
+        if interval_ms <= 0 or not power_w:
+            return 0, -1.0, -1
         step_ns = interval_ms * 1_000_000
         bucket_ns = self.bucket_ns
-        sums = self._sums
-        last_bucket, last_w = self._last.get(gpu_uuid, (-1, 0.0))
+        last_bucket, last_w, last_gpus = self._last.get(source, (-1, 0.0, 0))
         oldest_allowed = self._newest - self._max_buckets
-        tracked = self._tracked_sums if gpu_uuid in self._tracked else None
         kept = 0
         peak = -1.0
         t_ns = first_sample_unix_ns
-        for watts in power_w:
+        for i, watts in enumerate(power_w):
             bucket = t_ns // bucket_ns
             t_ns += step_ns
-            if bucket < last_bucket or bucket <= oldest_allowed:
+            count = 1 if gpus is None else gpus[i]
+            if bucket < last_bucket or bucket <= oldest_allowed or count <= 0:
                 continue
-            if _accumulate(sums, bucket, watts, last_w if bucket == last_bucket else None):
+            replaces = (last_w, last_gpus) if bucket == last_bucket else None
+            if sums is not None and _accumulate(sums, bucket, watts, count, replaces):
                 self._order.append(bucket)
             if tracked is not None:
-                _accumulate(tracked, bucket, watts, last_w if bucket == last_bucket else None)
-            last_bucket, last_w = bucket, watts
+                _accumulate(tracked, bucket, watts, count, replaces)
+            last_bucket, last_w, last_gpus = bucket, watts, count
             peak = max(peak, watts)
             kept += 1
         if not kept:
-            return 0
-        self._last[gpu_uuid] = (last_bucket, last_w)
+            return 0, peak, last_bucket
+        self._last[source] = (last_bucket, last_w, last_gpus)
+        if last_bucket > self._newest:
+            self._newest = last_bucket
+            self._trim()
+        return kept, peak, last_bucket
+
+    def _note_peak(self, gpu_uuid: str, last_bucket: int, peak: float) -> None:
         peaks = self._peaks.get(gpu_uuid)
         if peaks is None:
             peaks = self._peaks[gpu_uuid] = collections.deque()
         peaks.append((last_bucket, peak))
         while peaks[0][0] <= last_bucket - self._detail_buckets:
             peaks.popleft()
-        if last_bucket > self._newest:
-            self._newest = last_bucket
-            self._trim()
-        return kept
 
     def series(
         self, since_unix_ns: int = 0, until_unix_ns: int | None = None, *, tracked: bool = False
@@ -280,7 +369,8 @@ class PowerWindow:
 
         The power loop's "recent draw": a GPU in a step-synchronous job spends part of every step near
         idle, so its instant sample says little about the cap it needs; its peak over a control
-        period does. A series (one batch, about a second) counts whole when its last sample is recent.
+        period does. A series (one batch or summary, about a second) counts whole when its last
+        sample is recent.
         """
         first = since_unix_ns // self.bucket_ns
         out: dict[str, float] = {}
@@ -304,20 +394,23 @@ class PowerWindow:
             self._order = collections.deque(sorted(self._sums))
 
 
-def _accumulate(sums: dict[int, list[float]], bucket: int, watts: float, replaces_w: float | None) -> bool:
-    """Add one GPU's sample to a bucket's [sum W, GPUs]; True when the bucket is new.
+def _accumulate(
+    sums: dict[int, list[float]], bucket: int, watts: float, gpus: int, replaces: tuple[float, int] | None
+) -> bool:
+    """Add one source's value over `gpus` GPUs to a bucket's [sum W, GPUs]; True when the bucket is new.
 
-    `replaces_w`: that GPU's older sample in the same bucket, which the new one replaces.
+    `replaces`: that source's older value (W, GPUs) in the same bucket, which the new one replaces.
     """
     cell = sums.get(bucket)
     if cell is None:
-        sums[bucket] = [watts, 1]
+        sums[bucket] = [watts, gpus]
         return True
-    if replaces_w is not None:
-        cell[0] += watts - replaces_w  # this GPU's newer sample replaces its older one
+    if replaces is not None:
+        cell[0] += watts - replaces[0]  # this source's newer value replaces its older one
+        cell[1] += gpus - replaces[1]
     else:
         cell[0] += watts
-        cell[1] += 1
+        cell[1] += gpus
     return False
 
 

@@ -75,6 +75,9 @@ class IngestSettings:
     """AgentConfig fields sent in Welcome."""
     mark_all_disconnected_at_start: bool = True
     """False with several replicas: the other replicas' streams stay open while this one starts."""
+    telemetry_summaries: bool = True
+    """Take telemetry summaries from agents that offer them (TELEMETRY_FORMAT_SUMMARY); False: every
+    sample, as from agents before summaries."""
 
 
 class Ingest:
@@ -104,6 +107,8 @@ class Ingest:
         self.clock = clock
         """The controller's clock (unix ns): events are stamped received by it (`wire.agent.events_from_wire`)."""
         self.power_window = fleet.PowerWindow(span_s=self.settings.power_window_span_s)
+        self._full_rate_for: frozenset[str] = self.power_window.tracked
+        """The tracked set the streams were last asked about (`_follow_tracked`)."""
         self._dirty: dict[str, fleet.GpuLatest] = {}
         self._last_seen: dict[str, int] = {}
         self._result_tasks: set[asyncio.Task[None]] = set()
@@ -230,6 +235,7 @@ class Ingest:
             opened_unix_ns=now,
             spool_epoch=outcome.spool_epoch,
             acked_seq=outcome.acked_seq,
+            summaries=node_hello.summaries_offered and self.settings.telemetry_summaries,
         )
         session.note_stamp(sent_unix_ns, now)
         previous = self.streams.open(node_hello, session)
@@ -253,7 +259,9 @@ class Ingest:
             acked_seq=outcome.acked_seq,
             controller_version=VERSION,
             agent_config=self.settings.agent_config,
+            summaries=session.summaries,
         )
+        self._ask_full_rate(session)  # queued behind the Welcome
         return session, welcome
 
     def _note_lost(self, node_id: str, lost_seqs: tuple[int, int]) -> None:
@@ -293,6 +301,58 @@ class Ingest:
             if merged.counters_unix_ns:
                 self.latest_controller_ns[gpu_uuid] = session.to_controller_ns(merged.counters_unix_ns, now)
         self._last_seen[session.node_id] = now
+
+    def on_summary(self, session: Session, summary: msgs.TelemetrySummary) -> None:
+        """Absorb a validated telemetry summary (`wire.stream.summary_from_wire`) into the in-memory view.
+
+        Into the power window go the node's summed draw per bucket, each GPU's peak, and the full
+        series of the GPUs the power loop tracks; into the latest view, each GPU's last sample and
+        its power-loop counters.
+        """
+        window = self.power_window
+        if window.tracked is not self._full_rate_for:
+            self._follow_tracked()
+        for peak in summary.peaks:
+            window.add_peak(peak.gpu_uuid, peak.last_sample_unix_ns, peak.max_w)
+        node = summary.node_power
+        if node is not None:
+            window.add_node(node.node_id, node.first_sample_unix_ns, node.sample_interval_ms, node.power_w, node.gpus)
+        for series in summary.full_rate:
+            window.add_tracked(series.gpu_uuid, series.first_sample_unix_ns, series.sample_interval_ms, series.power_w)
+        self.samples_ingested += summary.samples
+        self.metrics.power_samples.inc(summary.samples)
+        now = self.clock()
+        if summary.newest_counters_unix_ns is not None:
+            session.note_stamp(summary.newest_counters_unix_ns, now)
+        latest, controller_ns = self.latest, self.latest_controller_ns
+        for gpu_uuid, update in summary.latest.items():
+            merged = fleet.merge_summary(latest.get(gpu_uuid), update)
+            latest[gpu_uuid] = merged
+            self._dirty[gpu_uuid] = merged
+            if merged.counters_unix_ns:
+                controller_ns[gpu_uuid] = session.to_controller_ns(merged.counters_unix_ns, now)
+        self._last_seen[session.node_id] = now
+
+    def _follow_tracked(self) -> None:
+        """Ask every summaries stream for the full series of its tracked GPUs, now that the tracked set changed.
+
+        The power loop names its canaries to the power window (`PowerWindow.track`); their own swing
+        shows only in their full series, which a summary carries only when asked.
+        """
+        self._full_rate_for = self.power_window.tracked
+        for session in self.sessions.values():
+            self._ask_full_rate(session)
+
+    def _ask_full_rate(self, session: Session) -> None:
+        """Queue a `FullRateRequest` on a summaries stream whose wanted GPUs changed since last asked."""
+        wanted = session.known_gpus & self.power_window.tracked
+        if not session.summaries or wanted == session.full_rate:
+            return
+        try:
+            session.outbound.put_nowait(wire_stream.full_rate_message(wanted))
+        except asyncio.QueueFull:  # a stuck stream: asked again once the tracked set changes
+            return
+        session.full_rate = wanted
 
     async def take_events(self, session: Session, events: list[repo.StoredEvent], *, started: float) -> None:
         """Hand validated events (`wire.agent.events_from_wire`) on; ack them once durable; return once decided.

@@ -94,6 +94,10 @@ class Session:
     acked_seq: int | None = None
     """The node's acked position as this stream last heard it from the store (its Hello's, then each
     stored batch's): the seq its next new event has, if the agent sends in order."""
+    summaries: bool = False
+    """The stream's telemetry comes as summaries (TELEMETRY_FORMAT_SUMMARY), not every sample."""
+    full_rate: frozenset[str] = frozenset()
+    """The node's GPUs whose full power series this stream was asked for (`FullRateRequest`)."""
     agent_ahead_ns: int | None = None
     """How far the agent's clock runs ahead of this controller's at least, ns (negative: behind by at
     least that much); None until a stamped message arrived. Each agent stamp (a heartbeat's send

@@ -216,10 +216,14 @@ def telemetry_certainly_valid(batch: health_pb.TelemetryBatch, identity: StreamI
     """
     if len(batch.power) > limits.max_series_per_batch or len(batch.counters) > limits.max_counters_per_batch:
         return False
+    return _series_certainly_valid(batch.power, identity) and _counters_certainly_valid(batch.counters, identity)
+
+
+def _series_certainly_valid(series_list: Iterable[health_pb.PowerSeries], identity: StreamIdentity) -> bool:
     me = identity.node_id
     owners = identity.gpu_owners
     is_uuid = wire.GPU_UUID_RE.match
-    for series in batch.power:
+    for series in series_list:
         gpu = series.gpu_uuid
         if (me is not None and gpu and owners.get(gpu, me) != me) or not is_uuid(gpu):
             return False
@@ -228,7 +232,14 @@ def telemetry_certainly_valid(batch: health_pb.TelemetryBatch, identity: StreamI
         samples = series.power_w
         if len(samples) > wire.MAX_SAMPLES_PER_SERIES or not all(0.0 <= w <= MAX_POWER_W for w in samples):
             return False
-    for counters in batch.counters:
+    return True
+
+
+def _counters_certainly_valid(counters_list: Iterable[health_pb.GpuCounters], identity: StreamIdentity) -> bool:
+    me = identity.node_id
+    owners = identity.gpu_owners
+    is_uuid = wire.GPU_UUID_RE.match
+    for counters in counters_list:
         gpu = counters.gpu_uuid
         if (me is not None and gpu and owners.get(gpu, me) != me) or not is_uuid(gpu):
             return False
@@ -259,8 +270,13 @@ def check_telemetry_fields(batch: health_pb.TelemetryBatch, identity: StreamIden
     """Every rule for a telemetry batch, field by field; raises naming the first bad field."""
     _count("telemetry.power", batch.power, limits.max_series_per_batch)
     _count("telemetry.counters", batch.counters, limits.max_counters_per_batch)
-    for index, series in enumerate(batch.power):
-        field = f"telemetry.power[{index}]"
+    _check_series_fields("telemetry.power", batch.power, identity)
+    _check_counters_fields("telemetry.counters", batch.counters, identity)
+
+
+def _check_series_fields(prefix: str, series_list: Iterable[health_pb.PowerSeries], identity: StreamIdentity) -> None:
+    for index, series in enumerate(series_list):
+        field = f"{prefix}[{index}]"
         _owned(f"{field}.gpu_uuid", series.gpu_uuid, identity)
         _gpu_uuid(f"{field}.gpu_uuid", series.gpu_uuid)
         _time(f"{field}.first_sample_unix_ns", series.first_sample_unix_ns)
@@ -271,8 +287,13 @@ def check_telemetry_fields(batch: health_pb.TelemetryBatch, identity: StreamIden
         if not all(0.0 <= watts <= MAX_POWER_W for watts in series.power_w):
             for sample_index, watts in enumerate(series.power_w):
                 _range(f"{field}.power_w[{sample_index}]", watts, 0.0, MAX_POWER_W)
-    for index, counters in enumerate(batch.counters):
-        field = f"telemetry.counters[{index}]"
+
+
+def _check_counters_fields(
+    prefix: str, counters_list: Iterable[health_pb.GpuCounters], identity: StreamIdentity
+) -> None:
+    for index, counters in enumerate(counters_list):
+        field = f"{prefix}[{index}]"
         _owned(f"{field}.gpu_uuid", counters.gpu_uuid, identity)
         _gpu_uuid(f"{field}.gpu_uuid", counters.gpu_uuid)
         _time(f"{field}.sample_unix_ns", counters.sample_unix_ns)
@@ -299,6 +320,94 @@ def check_telemetry_fields(batch: health_pb.TelemetryBatch, identity: StreamIden
             for name in ("crc_errors", "replay_errors", "recovery_errors"):
                 if link.HasField(name):
                     _range(f"{field}.nvlinks[{link_index}].{name}", getattr(link, name), 0, INT63)
+
+
+MAX_SUMMARY_SAMPLES = 1_000_000
+"""Power samples one GPU summary may stand for (a minute's backlog of a driver buffer is ~3,000)."""
+MAX_NODE_POWER_W = MAX_POWER_W * MAX_GPUS
+"""A node's summed draw at most."""
+_SUMMARY_DRAWS = ("mean_w", "min_w", "max_w", "last_w")
+
+
+def summary_certainly_valid(summary: health_pb.TelemetrySummary, identity: StreamIdentity, limits: InputLimits) -> bool:
+    """True only when `check_summary` would accept the summary; decided without naming fields (as for telemetry)."""
+    if (
+        len(summary.gpus) > limits.max_series_per_batch
+        or len(summary.full_rate) > limits.max_series_per_batch
+        or len(summary.counters) > limits.max_counters_per_batch
+    ):
+        return False
+    me = identity.node_id
+    owners = identity.gpu_owners
+    is_uuid = wire.GPU_UUID_RE.match
+    for gpu in summary.gpus:
+        uuid = gpu.gpu_uuid
+        if (me is not None and uuid and owners.get(uuid, me) != me) or not is_uuid(uuid):
+            return False
+        if gpu.samples > MAX_SUMMARY_SAMPLES or not gpu.min_w <= gpu.max_w:
+            return False
+        if not all(0.0 <= w <= MAX_POWER_W for w in (gpu.mean_w, gpu.min_w, gpu.max_w, gpu.last_w)):
+            return False
+        if not (0 <= gpu.last_sample_unix_ns <= MAX_UNIX_NS and 0 <= gpu.counters_sample_unix_ns <= MAX_UNIX_NS):
+            return False
+        if gpu.enforced_power_limit_w > MAX_POWER_W or gpu.power_limit_slew_target_w > MAX_POWER_W:
+            return False
+        if gpu.utilization_gpu_pct > 100 or gpu.clock_event_reasons > INT63:
+            return False
+    if summary.HasField("node_power"):
+        node = summary.node_power
+        if not (0 <= node.first_sample_unix_ns <= MAX_UNIX_NS and 1 <= node.sample_interval_ms <= 60_000):
+            return False
+        watts, gpus = node.power_w, node.gpus
+        if len(watts) > wire.MAX_SAMPLES_PER_SERIES or len(gpus) != len(watts):
+            return False
+        if not all(0.0 <= w <= MAX_NODE_POWER_W for w in watts) or not all(n <= MAX_GPUS for n in gpus):
+            return False
+    return _series_certainly_valid(summary.full_rate, identity) and _counters_certainly_valid(
+        summary.counters, identity
+    )
+
+
+def check_summary(summary: health_pb.TelemetrySummary, identity: StreamIdentity, limits: InputLimits) -> None:
+    """Validate a telemetry summary (the ingest then checks the GPUs against the node's Hello)."""
+    if not summary_certainly_valid(summary, identity, limits):
+        check_summary_fields(summary, identity, limits)
+
+
+def check_summary_fields(summary: health_pb.TelemetrySummary, identity: StreamIdentity, limits: InputLimits) -> None:
+    """Every rule for a telemetry summary, field by field; raises naming the first bad field."""
+    _count("summary.gpus", summary.gpus, limits.max_series_per_batch)
+    _count("summary.full_rate", summary.full_rate, limits.max_series_per_batch)
+    _count("summary.counters", summary.counters, limits.max_counters_per_batch)
+    for index, gpu in enumerate(summary.gpus):
+        field = f"summary.gpus[{index}]"
+        _owned(f"{field}.gpu_uuid", gpu.gpu_uuid, identity)
+        _gpu_uuid(f"{field}.gpu_uuid", gpu.gpu_uuid)
+        _range(f"{field}.samples", gpu.samples, 0, MAX_SUMMARY_SAMPLES)
+        for name in _SUMMARY_DRAWS:
+            _range(f"{field}.{name}", getattr(gpu, name), 0.0, MAX_POWER_W)
+        _range(f"{field}.max_w", gpu.max_w, gpu.min_w, MAX_POWER_W)
+        _time(f"{field}.last_sample_unix_ns", gpu.last_sample_unix_ns)
+        _time(f"{field}.counters_sample_unix_ns", gpu.counters_sample_unix_ns)
+        _range(f"{field}.enforced_power_limit_w", gpu.enforced_power_limit_w, 0, MAX_POWER_W)
+        _range(f"{field}.power_limit_slew_target_w", gpu.power_limit_slew_target_w, 0, MAX_POWER_W)
+        _range(f"{field}.utilization_gpu_pct", gpu.utilization_gpu_pct, 0, 100)
+        _range(f"{field}.clock_event_reasons", gpu.clock_event_reasons, 0, INT63)
+    if summary.HasField("node_power"):
+        node = summary.node_power
+        _time("summary.node_power.first_sample_unix_ns", node.first_sample_unix_ns)
+        _range("summary.node_power.sample_interval_ms", node.sample_interval_ms, 1, 60_000)
+        _count("summary.node_power.power_w", node.power_w, wire.MAX_SAMPLES_PER_SERIES)
+        if len(node.gpus) != len(node.power_w):
+            raise wire.WireError(
+                "summary.node_power.gpus", f"{len(node.gpus)} entries, not one per power_w entry ({len(node.power_w)})"
+            )
+        for sample_index, watts in enumerate(node.power_w):
+            _range(f"summary.node_power.power_w[{sample_index}]", watts, 0.0, MAX_NODE_POWER_W)
+        for sample_index, count in enumerate(node.gpus):
+            _range(f"summary.node_power.gpus[{sample_index}]", count, 0, MAX_GPUS)
+    _check_series_fields("summary.full_rate", summary.full_rate, identity)
+    _check_counters_fields("summary.counters", summary.counters, identity)
 
 
 def check_events(batch: agent_pb.HealthEventBatch, identity: StreamIdentity, limits: InputLimits) -> None:
@@ -377,6 +486,8 @@ def check_message(message: agent_pb.AgentMessage, identity: StreamIdentity, limi
     kind = message.WhichOneof("payload")
     if kind == "telemetry":
         check_telemetry(message.telemetry, identity, limits)
+    elif kind == "summary":
+        check_summary(message.summary, identity, limits)
     elif kind == "events":
         check_events(message.events, identity, limits)
     elif kind == "action_result":

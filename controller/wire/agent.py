@@ -98,6 +98,7 @@ def hello_from_wire(message: agent_pb.Hello) -> fleet.NodeHello:
         spool_head_seq=message.spool_head_seq,
         spool_id=_check_text("hello.spool_id", message.spool_id, 64),
         spool_acked_seq=message.spool_acked_seq,
+        summaries_offered=health_pb.TELEMETRY_FORMAT_SUMMARY in message.telemetry_formats,
     )
 
 
@@ -143,6 +144,50 @@ def check_telemetry(batch: health_pb.TelemetryBatch, known_gpus: frozenset[str])
             )
 
 
+def check_summary(summary: health_pb.TelemetrySummary, known_gpus: frozenset[str]) -> None:
+    """Reject a summary that names a GPU the node did not announce in Hello (the edge checked the rest)."""
+    for name, entries in (("gpus", summary.gpus), ("full_rate", summary.full_rate), ("counters", summary.counters)):
+        for index, entry in enumerate(entries):
+            if entry.gpu_uuid not in known_gpus:
+                raise WireError(
+                    f"summary.{name}[{index}].gpu_uuid", f"{entry.gpu_uuid[:80]!r} is not one of this node's GPUs"
+                )
+
+
+def latest_from_summary(summary: health_pb.TelemetrySummary) -> dict[str, fleet.GpuLatest]:
+    """The freshest values per GPU in a (validated) summary, for `fleet.merge_summary`.
+
+    Each GPU's summary gives its last sample and the power loop's counters as of its newest counters
+    sample; the counters a summary brings whole (they changed) add temperature and smoothing state.
+    """
+    whole: dict[str, health_pb.GpuCounters] = {}
+    for counters in summary.counters:
+        seen = whole.get(counters.gpu_uuid)
+        if seen is None or counters.sample_unix_ns >= seen.sample_unix_ns:
+            whole[counters.gpu_uuid] = counters
+    latest: dict[str, fleet.GpuLatest] = {}
+    for gpu in summary.gpus:
+        c = whole.pop(gpu.gpu_uuid, None)
+        latest[gpu.gpu_uuid] = fleet.GpuLatest(
+            power_w=float(gpu.last_w) if gpu.samples else None,
+            power_sample_unix_ns=gpu.last_sample_unix_ns if gpu.samples else 0,
+            enforced_power_limit_w=gpu.enforced_power_limit_w if gpu.HasField("enforced_power_limit_w") else None,
+            temperature_c=c.temperature_c if c is not None and c.HasField("temperature_c") else None,
+            utilization_gpu_pct=gpu.utilization_gpu_pct if gpu.HasField("utilization_gpu_pct") else None,
+            clock_event_reasons=gpu.clock_event_reasons if gpu.HasField("clock_event_reasons") else None,
+            counters_unix_ns=gpu.counters_sample_unix_ns,
+            power_smoothing_enabled=(
+                c.power_smoothing_enabled if c is not None and c.HasField("power_smoothing_enabled") else None
+            ),
+            power_limit_slew_target_w=(
+                gpu.power_limit_slew_target_w if gpu.HasField("power_limit_slew_target_w") else None
+            ),
+        )
+    for gpu_uuid, c in whole.items():  # counters of a GPU without a summary this interval
+        latest[gpu_uuid] = _latest_from_counters(c, None, 0)
+    return latest
+
+
 def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.GpuLatest]:
     """The freshest values per GPU in a (validated) batch: one `GpuLatest` per GPU.
 
@@ -171,20 +216,22 @@ def latest_from_telemetry(batch: health_pb.TelemetryBatch) -> dict[str, fleet.Gp
         if c is None:
             latest[gpu_uuid] = fleet.GpuLatest(power_w=watts, power_sample_unix_ns=power_ns)
             continue
-        latest[gpu_uuid] = fleet.GpuLatest(
-            power_w=watts,
-            power_sample_unix_ns=power_ns,
-            enforced_power_limit_w=c.enforced_power_limit_w if c.HasField("enforced_power_limit_w") else None,
-            temperature_c=c.temperature_c if c.HasField("temperature_c") else None,
-            utilization_gpu_pct=c.utilization_gpu_pct if c.HasField("utilization_gpu_pct") else None,
-            clock_event_reasons=c.clock_event_reasons if c.HasField("clock_event_reasons") else None,
-            counters_unix_ns=c.sample_unix_ns,
-            power_smoothing_enabled=c.power_smoothing_enabled if c.HasField("power_smoothing_enabled") else None,
-            power_limit_slew_target_w=(
-                c.power_limit_slew_target_w if c.HasField("power_limit_slew_target_w") else None
-            ),
-        )
+        latest[gpu_uuid] = _latest_from_counters(c, watts, power_ns)
     return latest
+
+
+def _latest_from_counters(c: health_pb.GpuCounters, watts: float | None, power_ns: int) -> fleet.GpuLatest:
+    return fleet.GpuLatest(
+        power_w=watts,
+        power_sample_unix_ns=power_ns,
+        enforced_power_limit_w=c.enforced_power_limit_w if c.HasField("enforced_power_limit_w") else None,
+        temperature_c=c.temperature_c if c.HasField("temperature_c") else None,
+        utilization_gpu_pct=c.utilization_gpu_pct if c.HasField("utilization_gpu_pct") else None,
+        clock_event_reasons=c.clock_event_reasons if c.HasField("clock_event_reasons") else None,
+        counters_unix_ns=c.sample_unix_ns,
+        power_smoothing_enabled=c.power_smoothing_enabled if c.HasField("power_smoothing_enabled") else None,
+        power_limit_slew_target_w=c.power_limit_slew_target_w if c.HasField("power_limit_slew_target_w") else None,
+    )
 
 
 def events_from_wire(

@@ -1,4 +1,4 @@
-"""An agent stream's messages: inbound telemetry as domain values, outbound Welcome, acks and commands.
+"""An agent stream's messages: inbound telemetry as domain values; outbound Welcome, acks, commands, full-rate asks.
 
 The ingest queues what it sends a node as `ControllerMessage`s built here; the stream's writer
 (`rpc.agent_service`) writes them as they are. Inbound telemetry is checked (`agent.check_telemetry`)
@@ -34,16 +34,55 @@ def telemetry_from_wire(batch: health_pb.TelemetryBatch, known_gpus: frozenset[s
     )
 
 
+def summary_from_wire(
+    summary: health_pb.TelemetrySummary, node_id: str, known_gpus: frozenset[str]
+) -> msgs.TelemetrySummary:
+    """Validate a telemetry summary against the node's GPUs and convert it.
+
+    Raises:
+        wire_agent.WireError: a field names a GPU the node did not announce.
+    """
+    wire_agent.check_summary(summary, known_gpus)
+    node = summary.node_power if summary.HasField("node_power") else None
+    counters = summary.counters
+    stamps = [g.counters_sample_unix_ns for g in summary.gpus if g.counters_sample_unix_ns]
+    stamps.extend(c.sample_unix_ns for c in counters)
+    return msgs.TelemetrySummary(
+        latest=wire_agent.latest_from_summary(summary),
+        peaks=tuple(msgs.GpuPeak(g.gpu_uuid, g.last_sample_unix_ns, g.max_w) for g in summary.gpus if g.samples),
+        node_power=(
+            msgs.NodePower(node_id, node.first_sample_unix_ns, node.sample_interval_ms, node.power_w, node.gpus)
+            if node is not None and node.power_w
+            else None
+        ),
+        full_rate=tuple(
+            msgs.PowerSeries(s.gpu_uuid, s.first_sample_unix_ns, s.sample_interval_ms, s.power_w)
+            for s in summary.full_rate
+        ),
+        samples=sum(g.samples for g in summary.gpus),
+        newest_counters_unix_ns=max(stamps) if stamps else None,
+    )
+
+
 def welcome_message(welcome: msgs.Welcome) -> agent_pb.ControllerMessage:
-    """The Welcome answering a Hello."""
+    """The Welcome answering a Hello, with the stream's telemetry format."""
+    config = agent_pb.AgentConfig(**welcome.agent_config)
+    config.telemetry_format = (
+        health_pb.TELEMETRY_FORMAT_SUMMARY if welcome.summaries else health_pb.TELEMETRY_FORMAT_RAW
+    )
     return agent_pb.ControllerMessage(
         welcome=agent_pb.Welcome(
             controller_version=welcome.controller_version,
             acked_seq=welcome.acked_seq,
             session_id=welcome.session_id,
-            config=agent_pb.AgentConfig(**welcome.agent_config),
+            config=config,
         )
     )
+
+
+def full_rate_message(gpu_uuids: frozenset[str]) -> agent_pb.ControllerMessage:
+    """Ask a node for the full power series of these of its GPUs (none: stop)."""
+    return agent_pb.ControllerMessage(full_rate=agent_pb.FullRateRequest(gpu_uuids=sorted(gpu_uuids)))
 
 
 def ack_message(acked_seq: int) -> agent_pb.ControllerMessage:

@@ -80,3 +80,38 @@ def test_a_swarm_streams_telemetry_gets_repairs_and_reconnects_after_a_controlle
             await controller.stop()
 
     asyncio.run(scenario())
+
+
+def test_swarm_agents_send_summaries_and_raw_batches_and_the_window_counts_every_gpu_once(tmp_path, free_port):
+    """Summaries (as a real agent sends them now) and raw batches (as agents before them) side by side."""
+
+    async def scenario() -> None:
+        controller = _controller(tmp_path, free_port)
+        await controller.start()
+        fleets = [
+            swarm.Swarm(
+                [f"{kind}-{i}" for i in range(4)],
+                swarm.SwarmSettings(controller_address=controller.address, telemetry_summaries=kind == "summary"),
+            )
+            for kind in ("summary", "raw")
+        ]
+        stop = asyncio.Event()
+        runners = [asyncio.create_task(f.run(stop)) for f in fleets]
+        try:
+            await _until(lambda: len(controller.ingest.sessions) == 8)
+            sessions = controller.ingest.sessions
+            assert all(s.summaries == node.startswith("summary") for node, s in sessions.items())
+            await _until(lambda: all(a.stats.telemetry_batches >= 3 for f in fleets for a in f.agents))
+            # A bucket that every node has sent: every GPU of both kinds counted, once.
+            rows = controller.ingest.power_window.series()
+            assert max(gpus for _, _, gpus in rows) == 8 * 8
+            assert all(gpus <= 8 * 8 for _, _, gpus in rows)
+            summarised = next(a for a in fleets[0].agents)
+            latest = controller.ingest.latest[summarised.gpus[0].uuid]
+            assert latest.enforced_power_limit_w == 700 and latest.temperature_c == 62
+        finally:
+            stop.set()
+            await asyncio.gather(*runners)
+            await controller.stop()
+
+    asyncio.run(scenario())

@@ -15,19 +15,35 @@ State model (borrowed from DCGM's NVML injection library, §10.2):
   arguments (`(error_type, counter_type)`). A key that is absent means NOT_SUPPORTED; a key that is
   present without that extra means INVALID_ARGUMENT (a link or location the GPU does not have).
 * Field values: `fields[(field_id, scope_id)] = (nvml_return, value_type, value)`; absent means
-  NOT_SUPPORTED per entry. Power fields (185/186) are derived from the power model.
+  NOT_SUPPORTED per entry. Power fields (185/186) are derived from the power model, and the fields
+  that have a function twin (limits 190/192, energy 83, ECC 3-6, retired pages 29-31, row remaps
+  142-145, PCIe replays 94, per-link NVLink state 165 and errors 161-163) from the same state the
+  function reads, through the same overrides and one-shot queues (`_DERIVED_FIELDS`), as the
+  driver answers both from one place. A state the function answers INVALID_ARGUMENT for (a link
+  the GPU lacks) is INVALID_ARGUMENT in the entry too. Field 163 (DL_CRC) is taken to be the flit
+  CRC count that nvmlDeviceGetNvLinkErrorCounter reports as NVML_NVLINK_ERROR_DL_CRC_FLIT; a
+  recorder run on a GPU node should confirm it.
+* Power samples (`nvmlDeviceGetSamples`, NVML_TOTAL_POWER_SAMPLES): the driver samples each GPU's
+  draw every `power_sample_period_ms` into a ring of `power_buffer_size` samples, stamped in µs on
+  the fake clock (or the wall clock with `wall_clock=True`, for benchmarks that run in real time).
+  A query for samples newer than its timestamp answers NOT_FOUND when there is none, as the driver
+  does. `power_sample_period_ms = None` makes the call NOT_SUPPORTED. The 20 ms default is what
+  nvidia-smi's "Power Samples" shows on A100/H100-class boards (119 samples over ~2.4 s); other
+  drivers sample slower, which the agent's open-time probe must handle.
 * Precedence, lowest first: preset state < `inject()` overrides < `inject_following()` one-shot queues.
   `reset(index)` drops the overrides and queues.
 * Library flags: `driver_loaded`, `rm_mismatch` (also after init: driver upgraded under the agent),
   `is_root` (setters return NO_PERMISSION when False), the init refcount (0 => UNINITIALIZED).
 * Events: per event set, a queue of events stamped with a due time on a fake millisecond clock.
   `nvmlEventSetWait_v2` returns the first event due within the timeout (advancing the fake clock to
-  it), or advances the clock by the whole timeout and returns TIMEOUT; nothing really sleeps.
+  it), or advances the clock by the whole timeout and returns TIMEOUT; nothing really sleeps. With
+  `wall_clock=True` it blocks in real time, as the driver does, until an event is emitted or a GPU
+  lost, or the timeout passes.
   A lost GPU registered in the set makes the wait return GPU_IS_LOST, as the real driver does.
 * Strict mode (go-nvml moq style): a symbol the fake does not implement raises AssertionError, which
   pynvml does not turn into FUNCTION_NOT_FOUND, so an unexpected call fails the test loudly.
   `absent_symbols` simulates an older driver (AttributeError -> NVMLError_FunctionNotFound).
-* `calls` logs every symbol call with its arguments.
+* `calls` logs every symbol call with its arguments (the newest `call_log_limit` of them, when set).
 
 The preset numbers are representative of the named boards (datasheet power limits, link counts) but
 were not captured from real nodes; a recorder run on a GPU node should replace them (§10.2).
@@ -41,6 +57,9 @@ from __future__ import annotations
 import collections
 import ctypes
 import dataclasses
+import struct
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -126,6 +145,8 @@ class FakeGpu:
     energy_mj: int = 0
     base_clock_reasons: int = 0
     power_instant_field: bool = True
+    power_sample_period_ms: float | None = 20.0
+    power_buffer_size: int = 120
     lost: bool = False
     removed: bool = False
 
@@ -281,7 +302,15 @@ class _EventSet:
 class FakeNvml:
     """The fake C library. Install with `install(fake)`; see the module docstring."""
 
-    def __init__(self, gpus: Iterable[FakeGpu], *, strict: bool = True, absent_symbols: Iterable[str] = ()):
+    def __init__(
+        self,
+        gpus: Iterable[FakeGpu],
+        *,
+        strict: bool = True,
+        absent_symbols: Iterable[str] = (),
+        wall_clock: bool = False,
+        call_log_limit: int | None = None,
+    ):
         self.gpus: list[FakeGpu] = list(gpus)
         self.strict = strict
         self.absent_symbols: set[str] = set(absent_symbols)
@@ -290,7 +319,12 @@ class FakeNvml:
         self.is_root = True
         self.refcount = 0
         self.now_ms = 0.0
+        self.wall_clock = wall_clock
         self.calls: list[tuple[str, tuple]] = []
+        self._call_log_limit = call_log_limit
+        self._event_wake = threading.Condition()  # wall-clock waits: woken by emit() and lose()
+        self._power_buffers: dict[int, collections.deque[tuple[int, int]]] = {}
+        self._power_sampled_us: dict[int, int] = {}
         self._overrides: dict[tuple[int, str, tuple | None], Attr] = {}
         self._queues: dict[tuple[int, str, tuple], collections.deque[Attr]] = {}
         self._event_sets: list[_EventSet] = []
@@ -321,6 +355,8 @@ class FakeNvml:
     def lose(self, index: int) -> None:
         """The GPU falls off the bus: every call on it (and waits on sets holding it) return GPU_IS_LOST."""
         self.gpus[index].lost = True
+        with self._event_wake:
+            self._event_wake.notify_all()
 
     def remove(self, index: int) -> None:
         """The driver drops a lost GPU: it leaves enumeration; old handles stay lost (nvmlRemoveGpu)."""
@@ -331,8 +367,17 @@ class FakeNvml:
         self.gpus[index].lost = False
         self.gpus[index].removed = False
 
+    def now_us(self) -> int:
+        """The driver's CPU clock, µs since 1970: the fake clock, or the wall clock with `wall_clock`."""
+        return int(time.time() * 1e6) if self.wall_clock else _EPOCH_US + int(self.now_ms * 1000)
+
     def advance(self, seconds: float) -> None:
-        """Move the fake clock; energy integrates the power each GPU draws (mW * s = mJ)."""
+        """Move the fake clock; energy integrates the power each GPU draws (mW * s = mJ).
+
+        The power buffers sample the draw as it was up to now before the clock moves.
+        """
+        for gpu_id in range(len(self.gpus)):
+            self._sample_power(gpu_id)
         self.now_ms += seconds * 1000.0
         for gpu in self.gpus:
             if not gpu.lost:
@@ -352,6 +397,8 @@ class FakeNvml:
             if not es.freed and es.registered.get(index, 0) & event_type:
                 es.queue.append(_Event(self.now_ms + after_ms, index, event_type, data))
                 es.queue.sort(key=lambda e: e.due_ms)
+        with self._event_wake:
+            self._event_wake.notify_all()
 
     def emit_xid(self, index: int, xid: int, *, after_ms: float = 0.0) -> None:
         self.emit(index, pynvml.nvmlEventTypeXidCriticalError, xid, after_ms=after_ms)
@@ -385,6 +432,9 @@ class FakeNvml:
         # A plain function, not a bound method: pynvml assigns `fn.restype` (nvmlErrorString).
         def symbol(*args: Any) -> Any:
             self.calls.append((name, args))
+            limit = self._call_log_limit
+            if limit is not None and len(self.calls) > 2 * limit:
+                del self.calls[:-limit]
             return impl(self, *args)
 
         symbol.__name__ = name
@@ -429,20 +479,12 @@ class FakeNvml:
 
     @staticmethod
     def _dynamic(gpu: FakeGpu, key: str) -> Attr | None:
-        values = {
-            "PowerUsage": gpu.power_mw,
-            "PowerManagementLimit": lambda: gpu.requested_limit_mw,
-            "EnforcedPowerLimit": gpu.read_enforced_limit_mw,
-            "PowerManagementDefaultLimit": lambda: gpu.power_default_mw,
-            "PowerManagementLimitConstraints": lambda: (gpu.power_min_mw, gpu.power_max_mw),
-            "TotalEnergyConsumption": lambda: gpu.energy_mj,
-            "CurrentClocksEventReasons": gpu.clock_reasons,
-            "SupportedEventTypes": lambda: gpu.supported_events,
-        }
+        fn = _DYNAMIC.get(key)
+        if fn is None:
+            return None
         if key == "TotalEnergyConsumption" and "TotalEnergyConsumption" in gpu.attrs:
             return None  # an explicit preset entry (e.g. NOT_SUPPORTED) wins over the model
-        fn = values.get(key)
-        return ok(fn()) if fn else None
+        return ok(fn(gpu))
 
     def _scalar(self, handle: Any, key: str, ref: Any, extra: tuple = ()) -> int:
         ret, gpu_id = self._device(handle)
@@ -634,6 +676,55 @@ class FakeNvml:
             return NOT_SUPPORTED
         return self._set_limit(gpu_id, value.powerValueMw)
 
+    def _sample_power(self, gpu_id: int) -> collections.deque[tuple[int, int]]:
+        """The GPU's power ring, sampled up to now at its period with the draw the model gives now."""
+        gpu = self.gpus[gpu_id]
+        period_us = int((gpu.power_sample_period_ms or 0) * 1000)
+        ring = self._power_buffers.setdefault(gpu_id, collections.deque(maxlen=gpu.power_buffer_size))
+        if period_us <= 0 or gpu.lost:
+            return ring
+        now = self.now_us()
+        # A driver that has run a while holds a full ring; a long gap refills only the newest ring.
+        oldest = now - period_us * gpu.power_buffer_size
+        t = max(self._power_sampled_us.get(gpu_id, oldest), oldest) + period_us
+        draw = gpu.power_mw()
+        while t <= now:
+            ring.append((t, draw))
+            t += period_us
+        self._power_sampled_us[gpu_id] = t - period_us
+        return ring
+
+    def _sym_nvmlDeviceGetSamples(
+        self, handle: Any, sampling: Any, last_seen: Any, value_type: Any, count: Any, samples: Any
+    ) -> int:
+        ret, gpu_id = self._device(handle)
+        if ret:
+            return ret
+        scripted = self._scripted(gpu_id, "Samples")
+        if scripted is not None and scripted != SUCCESS:
+            return scripted
+        gpu = self.gpus[gpu_id]
+        if (
+            gpu.power_sample_period_ms is None
+            or getattr(sampling, "value", sampling) != pynvml.NVML_TOTAL_POWER_SAMPLES
+        ):
+            return NOT_SUPPORTED
+        seen = getattr(last_seen, "value", last_seen)
+        newer = [entry for entry in self._sample_power(gpu_id) if entry[0] > seen]
+        if not newer:
+            return NOT_FOUND  # nvml.h: no sample since lastSeenTimeStamp
+        value_type._obj.value = UINT  # power samples are unsigned int, mW
+        if samples is None:  # the size query
+            count._obj.value = len(newer)
+            return SUCCESS
+        filled = min(count._obj.value, len(newer))
+        for i, (t_us, mw) in enumerate(newer[:filled]):
+            sample = samples[i]
+            _SAMPLE_TIME.__set__(sample, t_us)
+            _SAMPLE_VALUE.__get__(sample).uiVal = mw
+        count._obj.value = filled
+        return SUCCESS
+
     # Power smoothing (Blackwell+): supported where field 251 (PWR_SMOOTHING_ENABLED) is present.
     def _smoothing(self, handle: Any, ref: Any) -> tuple[int, int, Any]:
         ret, gpu_id = self._device(handle)
@@ -688,18 +779,19 @@ class FakeNvml:
         if ret:
             return ret
         gpu, values = self.gpus[gpu_id], ref._obj
-        for i in range(count.value):
-            fv = values[i]
-            key = (fv.fieldId, fv.scopeId)
-            entry = self._field(gpu_id, gpu, key)
-            fv.timestamp = _EPOCH_US + int(self.now_ms * 1000)
-            fv.latencyUsec = 12
-            fv.nvmlReturn, fv.valueType, value = entry
-            if entry[0] == SUCCESS:
-                setattr(fv.value, _UNION_MEMBER[entry[1]], value)
+        looked_up: dict[tuple[str, tuple], Attr] = {}  # one driver query per state per call
+        now_us = self.now_us()
+        # As C would: read the requests from the array's memory and write each entry back whole.
+        memory = (ctypes.c_char * (_FV_SIZE * count.value)).from_address(ctypes.addressof(values))
+        for i, (field_id, scope) in enumerate(_FV_REQUEST.iter_unpack(memory.raw)):
+            ret, value_type, value = self._field(gpu_id, gpu, (field_id, scope), looked_up)
+            union = _VALUE_PACK[value_type].pack(value) if ret == SUCCESS else bytes(8)
+            _FV_ENTRY.pack_into(memory, i * _FV_SIZE, field_id, scope, now_us, 12, value_type, ret, union)
         return SUCCESS
 
-    def _field(self, gpu_id: int, gpu: FakeGpu, key: tuple[int, int]) -> tuple[int, int, Any]:
+    def _field(
+        self, gpu_id: int, gpu: FakeGpu, key: tuple[int, int], looked_up: dict[tuple[str, tuple], Attr]
+    ) -> tuple[int, int, Any]:
         override = self._overrides.get((gpu_id, f"field:{key[0]}", (key[1],)))
         if override is not None:
             return (override[0], UINT, override[1])
@@ -710,7 +802,19 @@ class FakeNvml:
             (pynvml.NVML_FI_DEV_POWER_AVERAGE, 0),
         ):
             return (SUCCESS, UINT, gpu.power_mw())
-        return (NOT_SUPPORTED, 0, None)
+        derived = _DERIVED_FIELDS.get(key[0])
+        if derived is None:
+            return (NOT_SUPPORTED, 0, None)
+        state_key, extra_of, value_of, value_type = derived
+        extra = extra_of(key[1])
+        if extra is None:  # a scope the field does not have
+            return (INVALID_ARGUMENT, 0, None)
+        if (state_key, extra) not in looked_up:
+            looked_up[(state_key, extra)] = self._lookup(gpu_id, state_key, extra)
+        ret, state = looked_up[(state_key, extra)]
+        if ret != SUCCESS:
+            return (ret, 0, None)
+        return (SUCCESS, value_type, value_of(state))
 
     # ----- telemetry --------------------------------------------------------------------------------
 
@@ -843,6 +947,18 @@ class FakeNvml:
             return INVALID_ARGUMENT
         if any(self.gpus[gpu_id].lost for gpu_id in es.registered):
             return GPU_IS_LOST
+        if self.wall_clock:
+            # In real time (benchmarks): block as the driver does until an event is queued or a
+            # registered GPU is lost, or the timeout passes; an event's due time is not kept then.
+            with self._event_wake:
+                self._event_wake.wait_for(
+                    lambda: es.queue or any(self.gpus[i].lost for i in es.registered), timeout_ms.value / 1000
+                )
+            if any(self.gpus[gpu_id].lost for gpu_id in es.registered):
+                return GPU_IS_LOST
+            if not es.queue:
+                return TIMEOUT
+            es.queue[0].due_ms = self.now_ms
         deadline = self.now_ms + timeout_ms.value
         if not es.queue or es.queue[0].due_ms > deadline:
             self.now_ms = deadline
@@ -857,6 +973,85 @@ class FakeNvml:
         data.gpuInstanceId = event.gpu_instance_id
         data.computeInstanceId = event.compute_instance_id
         return SUCCESS
+
+
+_DYNAMIC: dict[str, Callable[[FakeGpu], Any]] = {
+    # Values the power model computes when asked (the rest are stored in `FakeGpu.attrs`).
+    "PowerUsage": FakeGpu.power_mw,
+    "PowerManagementLimit": lambda gpu: gpu.requested_limit_mw,
+    "EnforcedPowerLimit": FakeGpu.read_enforced_limit_mw,
+    "PowerManagementDefaultLimit": lambda gpu: gpu.power_default_mw,
+    "PowerManagementLimitConstraints": lambda gpu: (gpu.power_min_mw, gpu.power_max_mw),
+    "TotalEnergyConsumption": lambda gpu: gpu.energy_mj,
+    "CurrentClocksEventReasons": FakeGpu.clock_reasons,
+    "SupportedEventTypes": lambda gpu: gpu.supported_events,
+}
+
+# The fake is C: it reads and writes the structures' memory, not through pynvml's Python
+# `__getattribute__`/`__setattr__` (which decode and encode strings). Layout of c_nvmlFieldValue_t:
+# fieldId, scopeId (u32), timestamp, latencyUsec (i64), valueType, nvmlReturn (u32), value (8 bytes).
+_FV_SIZE = ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
+_FV_REQUEST = struct.Struct("=II32x")
+_FV_ENTRY = struct.Struct("=IIqqII8s")
+assert _FV_SIZE == _FV_ENTRY.size == _FV_REQUEST.size, "pynvml's c_nvmlFieldValue_t changed"
+_VALUE_PACK = {
+    value_type: struct.Struct("=" + code + "x" * (8 - struct.calcsize("=" + code)))
+    for value_type, code in {0: "d", 1: "I", 2: "Q" if ctypes.sizeof(ctypes.c_ulong) == 8 else "I",
+                             3: "Q", 4: "q", 5: "i", 6: "H"}.items()
+}  # fmt: skip
+_SAMPLE_TIME = pynvml.c_nvmlSample_t.timeStamp
+_SAMPLE_VALUE = pynvml.c_nvmlSample_t.sampleValue
+
+
+def _link_extra(*rest: int) -> Callable[[int], tuple | None]:
+    """The function's extra arguments for a link-scoped field (scope = link)."""
+    return lambda scope: (scope, *rest) if 0 <= scope < pynvml.NVML_NVLINK_MAX_LINKS else None
+
+
+def _unscoped(extra: tuple) -> Callable[[int], tuple | None]:
+    return lambda scope: extra if scope == 0 else None
+
+
+def _nvlink_state(enabled: int) -> int:
+    """GetNvLinkState's FEATURE_ENABLED/DISABLED as field 165's NVML_NVLINK_STATE_ACTIVE/INACTIVE."""
+    return (
+        pynvml.NVML_NVLINK_STATE_ACTIVE if enabled == pynvml.NVML_FEATURE_ENABLED else pynvml.NVML_NVLINK_STATE_INACTIVE
+    )
+
+
+_RETIRE_SBE = pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+_RETIRE_DBE = pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+_SAME = lambda value: value  # noqa: E731
+
+_DERIVED_FIELDS: dict[int, tuple[str, Callable[[int], tuple | None], Callable[[Any], Any], int]] = {
+    # field id: (state key, its extra from the scope, the field's value from the state, value type)
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: ("TotalEccErrors", _unscoped((_SBE, _VOL)), _SAME, ULL),
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: ("TotalEccErrors", _unscoped((_DBE, _VOL)), _SAME, ULL),
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: ("TotalEccErrors", _unscoped((_SBE, _AGG)), _SAME, ULL),
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: ("TotalEccErrors", _unscoped((_DBE, _AGG)), _SAME, ULL),
+    pynvml.NVML_FI_DEV_RETIRED_SBE: ("RetiredPages", _unscoped((_RETIRE_SBE,)), len, ULL),
+    pynvml.NVML_FI_DEV_RETIRED_DBE: ("RetiredPages", _unscoped((_RETIRE_DBE,)), len, ULL),
+    pynvml.NVML_FI_DEV_RETIRED_PENDING: ("RetiredPagesPendingStatus", _unscoped(()), _SAME, UINT),
+    pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: ("TotalEnergyConsumption", _unscoped(()), _SAME, ULL),
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: ("PcieReplayCounter", _unscoped(()), _SAME, UINT),
+    pynvml.NVML_FI_DEV_REMAPPED_COR: ("RemappedRows", _unscoped(()), lambda rows: rows[0], UINT),
+    pynvml.NVML_FI_DEV_REMAPPED_UNC: ("RemappedRows", _unscoped(()), lambda rows: rows[1], UINT),
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING: ("RemappedRows", _unscoped(()), lambda rows: rows[2], UINT),
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE: ("RemappedRows", _unscoped(()), lambda rows: rows[3], UINT),
+    pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT: ("EnforcedPowerLimit", _unscoped(()), _SAME, UINT),
+    pynvml.NVML_FI_DEV_POWER_REQUESTED_LIMIT: ("PowerManagementLimit", _unscoped(()), _SAME, UINT),
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: ("NvLinkState", _link_extra(), _nvlink_state, UINT),
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: (
+        "NvLinkErrorCounter", _link_extra(pynvml.NVML_NVLINK_ERROR_DL_REPLAY), _SAME, ULL,
+    ),
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: (
+        "NvLinkErrorCounter", _link_extra(pynvml.NVML_NVLINK_ERROR_DL_RECOVERY), _SAME, ULL,
+    ),
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: (
+        "NvLinkErrorCounter", _link_extra(pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT), _SAME, ULL,
+    ),
+}  # fmt: skip
+"""Fields the driver answers from the state its functions read (see the module doc)."""
 
 
 def install(fake: FakeNvml) -> None:

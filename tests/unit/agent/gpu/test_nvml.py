@@ -27,8 +27,8 @@ SBE, DBE = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_MEMORY_ERROR_TYP
 VOL, AGG = pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC
 
 
-def counters_of(backend, uuid):
-    (counters,) = [c for c in backend.read_counters(NOW) if c.gpu_uuid == uuid]
+def counters_of(backend, uuid, now=NOW):
+    (counters,) = [c for c in backend.read_counters(now) if c.gpu_uuid == uuid]
     return counters
 
 
@@ -198,15 +198,60 @@ def test_counters_a_gpu_does_not_support_are_none_never_zero(install_fake, open_
     assert backend.inventory()[0].serial == ""
 
 
+def _fields_asked(fake) -> list[set[int]]:
+    """The field ids of each nvmlDeviceGetFieldValues call, in order."""
+    asked = []
+    for name, args in fake.calls:
+        if name == "nvmlDeviceGetFieldValues":
+            count, values = args[1].value, args[2]._obj
+            asked.append({values[i].fieldId for i in range(count)})
+    return asked
+
+
 def test_an_unsupported_call_is_not_asked_again(install_fake, open_backend):
     fake = install_fake(fake_nvml.FakeNvml([fake_nvml.consumer(0)]))
     backend = open_backend()
     backend.read_counters(NOW)
     first = {name: fake.call_count(name) for name in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows")}
+    first_fields = _fields_asked(fake)[-1]
     backend.read_counters(NOW)
+    # Their fields answered NOT_SUPPORTED, then their functions did too, once each.
     assert first == {"nvmlDeviceGetTotalEccErrors": 4, "nvmlDeviceGetRemappedRows": 1}
     assert {name: fake.call_count(name) for name in first} == first
-    assert fake.call_count("nvmlDeviceGetPcieReplayCounter") == 2  # supported calls keep going
+    second_fields = _fields_asked(fake)[-1]
+    ecc_and_remap = {3, 4, 5, 6, 142, 143, 144, 145}
+    assert ecc_and_remap <= first_fields and not ecc_and_remap & second_fields
+    assert pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER in second_fields  # supported counters keep going
+
+
+def test_counters_take_one_field_value_call_per_gpu(fake, open_backend):
+    backend = open_backend()
+    backend.read_counters(NOW)  # the first read also finds which fields this driver has
+    fake.calls.clear()
+    backend.read_counters(NOW)
+    per_gpu = {name: fake.call_count(name) / 2 for name, _ in fake.calls}
+    # Temperature, utilisation and clock event reasons have no field id; links are not due yet.
+    assert per_gpu == {
+        "nvmlDeviceGetFieldValues": 1,
+        "nvmlDeviceGetTemperatureV": 1,
+        "nvmlDeviceGetUtilizationRates": 1,
+        "nvmlDeviceGetCurrentClocksEventReasons": 1,
+    }
+
+
+def test_an_older_driver_without_the_counter_fields_is_read_through_the_functions(install_fake, open_backend):
+    gpu = fake_nvml.h100_sxm5(0)
+    fake = install_fake(fake_nvml.FakeNvml([gpu]))
+    for field_id in (190, 192, 83, 3, 4, 5, 6, 94, 142, 143, 144, 145):
+        fake.inject_field(0, field_id, ret=pynvml.NVML_ERROR_INVALID_ARGUMENT)  # ids it does not know
+    gpu.set_attr("TotalEccErrors", (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC), value=3)
+    gpu.set_attr("RemappedRows", value=(4, 2, 1, 0))
+    backend = open_backend()
+    for _ in range(2):
+        c = counters_of(backend, gpu.uuid)
+        assert (c.enforced_power_limit_w, c.requested_power_limit_w, c.ecc_dbe_volatile) == (700, 700, 3)
+        assert (c.remapped_rows_uncorrectable, c.remapped_rows_pending, c.pcie_replay_count) == (2, True, 0)
+    assert fake.call_count("nvmlDeviceGetEnforcedPowerLimit") == 2
 
 
 def test_a_transient_error_is_unknown_for_that_sample_only(fake, open_backend):
@@ -223,8 +268,36 @@ def test_links_past_the_last_one_are_not_reported(install_fake, open_backend):
     fake = install_fake(fake_nvml.FakeNvml([gpu]))
     links = [link.link for link in counters_of(open_backend(), gpu.uuid).nvlinks]
     assert links == list(range(17))
-    # Probed once at open across all NVML_NVLINK_MAX_LINKS indexes, then only the 17 real links.
-    assert fake.call_count("nvmlDeviceGetNvLinkState") == pynvml.NVML_NVLINK_MAX_LINKS + 17
+    # Probed once at open across all NVML_NVLINK_MAX_LINKS indexes, then only the 17 real links,
+    # all in one field-value call.
+    assert fake.call_count("nvmlDeviceGetNvLinkState") == pynvml.NVML_NVLINK_MAX_LINKS
+    link_calls = [asked for asked in _link_scopes_asked(fake) if asked]
+    assert link_calls == [set(range(17))]
+
+
+def _link_scopes_asked(fake) -> list[set[int]]:
+    """The links (scopes) of NVLink state fields in each nvmlDeviceGetFieldValues call."""
+    asked = []
+    for name, args in fake.calls:
+        if name == "nvmlDeviceGetFieldValues":
+            count, values = args[1].value, args[2]._obj
+            asked.append({values[i].scopeId for i in range(count) if values[i].fieldId == 165})
+    return asked
+
+
+def test_an_older_driver_without_the_link_fields_reads_each_link(install_fake, open_backend):
+    gpu = fake_nvml.h100_sxm5(0)
+    gpu.set_attr("NvLinkState", (2,), value=pynvml.NVML_FEATURE_DISABLED)
+    gpu.set_attr("NvLinkErrorCounter", (2, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT), value=5)
+    fake = install_fake(fake_nvml.FakeNvml([gpu]))
+    for field_id in (161, 162, 163, 165):
+        for link in range(18):
+            fake.inject_field(0, field_id, scope=link, ret=pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    backend = open_backend(nvlink_interval_s=0.0)
+    for t in (NOW, NOW + 1):
+        link2 = counters_of(backend, gpu.uuid, t).nvlinks[2]
+        assert link2 == model.NvLinkCounters(2, active=False, crc_errors=5, replay_errors=0, recovery_errors=0)
+    assert [asked for asked in _link_scopes_asked(fake) if asked] == [set(range(18))]  # asked once
 
 
 def test_nvlink_error_counters_are_none_where_unsupported_but_state_is_reported(install_fake, open_backend):

@@ -71,12 +71,60 @@ def test_error_string_for_codes_without_builtin_text_comes_from_the_fake_library
 def test_field_values_carry_a_return_code_per_entry(fake):
     pynvml.nvmlInit()
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    # NVLink5's per-link receive errors: not an H100 counter.
     instant, link3 = pynvml.nvmlDeviceGetFieldValues(
-        h, [pynvml.NVML_FI_DEV_POWER_INSTANT, (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 3)]
+        h, [pynvml.NVML_FI_DEV_POWER_INSTANT, (pynvml.NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS, 3)]
     )
     assert (instant.nvmlReturn, instant.valueType, instant.value.uiVal) == (0, 1, 350_000)
     assert instant.timestamp > 0
-    assert (link3.fieldId, link3.scopeId, link3.nvmlReturn) == (161, 3, pynvml.NVML_ERROR_NOT_SUPPORTED)
+    assert (link3.fieldId, link3.scopeId, link3.nvmlReturn) == (208, 3, pynvml.NVML_ERROR_NOT_SUPPORTED)
+    pynvml.nvmlShutdown()
+
+
+def test_fields_with_a_function_twin_answer_what_the_function_answers(fake):
+    gpu = fake.gpu(0)
+    gpu.set_attr("TotalEccErrors", (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC), value=5)
+    gpu.set_attr("RemappedRows", value=(4, 2, 1, 0))
+    gpu.set_attr("NvLinkState", (2,), value=pynvml.NVML_FEATURE_DISABLED)
+    gpu.set_attr("NvLinkErrorCounter", (2, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT), value=9)
+    fake.inject(0, "PcieReplayCounter", value=7)
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    ids = [4, 143, 144, 94, 190, 192, (165, 2), (165, 1), (163, 2), (165, 40)]
+    got = {(fv.fieldId, fv.scopeId): (fv.nvmlReturn, fv.value.ullVal if fv.valueType == 3 else fv.value.uiVal)
+           for fv in pynvml.nvmlDeviceGetFieldValues(h, ids)}  # fmt: skip
+    assert got[(4, 0)] == (0, pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 0)) == (0, 5)
+    assert got[(143, 0)] == (0, 2) and got[(144, 0)] == (0, 1)
+    assert got[(94, 0)] == (0, pynvml.nvmlDeviceGetPcieReplayCounter(h))  # the override reaches both
+    assert got[(190, 0)] == (0, pynvml.nvmlDeviceGetEnforcedPowerLimit(h))
+    assert got[(192, 0)] == (0, pynvml.nvmlDeviceGetPowerManagementLimit(h))
+    assert got[(165, 2)] == (0, pynvml.NVML_NVLINK_STATE_INACTIVE)
+    assert got[(165, 1)] == (0, pynvml.NVML_NVLINK_STATE_ACTIVE)
+    assert got[(163, 2)] == (0, 9)
+    assert got[(165, 40)][0] == pynvml.NVML_ERROR_INVALID_ARGUMENT  # past NVML_NVLINK_MAX_LINKS
+    pynvml.nvmlShutdown()
+
+
+def test_the_power_sample_buffer_returns_samples_newer_than_asked_or_not_found(fake):
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    value_type, samples = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_TOTAL_POWER_SAMPLES, 0)
+    assert value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+    assert len(samples) == fake.gpu(0).power_buffer_size  # a driver that has run a while: a full ring
+    assert {s.sampleValue.uiVal for s in samples} == {350_000}
+    stamps = [s.timeStamp for s in samples]
+    assert stamps == sorted(stamps) and stamps[1] - stamps[0] == 20_000  # every 20 ms, in µs
+    with pytest.raises(pynvml.NVMLError_NotFound):  # nothing newer yet
+        pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_TOTAL_POWER_SAMPLES, stamps[-1])
+    fake.gpu(0).demand_mw = 500_000
+    fake.advance(0.1)
+    _, newer = pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_TOTAL_POWER_SAMPLES, stamps[-1])
+    assert [s.timeStamp - stamps[-1] for s in newer] == [20_000, 40_000, 60_000, 80_000, 100_000]
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    fake.gpu(1).power_sample_period_ms = None  # a driver without the buffer
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetSamples(pynvml.nvmlDeviceGetHandleByIndex(1), pynvml.NVML_TOTAL_POWER_SAMPLES, 0)
     pynvml.nvmlShutdown()
 
 

@@ -26,7 +26,7 @@ from rasd.api.v1 import commands_pb2 as rasd_dot_api_dot_v1_dot_commands__pb2
 from rasd.api.v1 import health_pb2 as rasd_dot_api_dot_v1_dot_health__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1frasd/api/v1/agent_service.proto\x12\x0brasd.api.v1\x1a\x1arasd/api/v1/commands.proto\x1a\x18rasd/api/v1/health.proto\"\xbf\x02\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\"\n\x04gpus\x18\x04 \x03(\x0b\x32\x14.rasd.api.v1.GpuInfo\x12.\n\x06labels\x18\x05 \x03(\x0b\x32\x1e.rasd.api.v1.Hello.LabelsEntry\x12\x10\n\x08hostname\x18\x06 \x01(\t\x12\x16\n\x0espool_head_seq\x18\x07 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x08 \x01(\t\x12\x14\n\x0csent_unix_ns\x18\t \x01(\x03\x12\x10\n\x08spool_id\x18\n \x01(\t\x12\x17\n\x0fspool_acked_seq\x18\x0b \x01(\x04\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"6\n\tHeartbeat\x12\x14\n\x0csent_unix_ns\x18\x01 \x01(\x03\x12\x13\n\x0bspool_depth\x18\x02 \x01(\x04\"<\n\x10HealthEventBatch\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.rasd.api.v1.HealthEvent\"\x82\x02\n\x0c\x41gentMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.rasd.api.v1.HelloH\x00\x12\x30\n\ttelemetry\x18\x02 \x01(\x0b\x32\x1b.rasd.api.v1.TelemetryBatchH\x00\x12/\n\x06\x65vents\x18\x03 \x01(\x0b\x32\x1d.rasd.api.v1.HealthEventBatchH\x00\x12\x32\n\raction_result\x18\x04 \x01(\x0b\x32\x19.rasd.api.v1.ActionResultH\x00\x12+\n\theartbeat\x18\x05 \x01(\x0b\x32\x16.rasd.api.v1.HeartbeatH\x00\x42\t\n\x07payload\"\x8f\x01\n\x0b\x41gentConfig\x12 \n\x18power_sample_interval_ms\x18\x01 \x01(\r\x12\x1b\n\x13\x63ounter_interval_ms\x18\x02 \x01(\r\x12\"\n\x1atelemetry_send_interval_ms\x18\x03 \x01(\r\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\r\"v\n\x07Welcome\x12\x1a\n\x12\x63ontroller_version\x18\x01 \x01(\t\x12\x11\n\tacked_seq\x18\x02 \x01(\x04\x12(\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x18.rasd.api.v1.AgentConfig\x12\x12\n\nsession_id\x18\x04 \x01(\t\"\x1d\n\x08\x45ventAck\x12\x11\n\tacked_seq\x18\x01 \x01(\x04\"\x96\x01\n\x11\x43ontrollerMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.rasd.api.v1.WelcomeH\x00\x12$\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x15.rasd.api.v1.EventAckH\x00\x12\'\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x14.rasd.api.v1.CommandH\x00\x42\t\n\x07payload2X\n\x0c\x41gentService\x12H\n\x07\x43onnect\x12\x19.rasd.api.v1.AgentMessage\x1a\x1e.rasd.api.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1frasd/api/v1/agent_service.proto\x12\x0brasd.api.v1\x1a\x1arasd/api/v1/commands.proto\x1a\x18rasd/api/v1/health.proto\"\xf8\x02\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\"\n\x04gpus\x18\x04 \x03(\x0b\x32\x14.rasd.api.v1.GpuInfo\x12.\n\x06labels\x18\x05 \x03(\x0b\x32\x1e.rasd.api.v1.Hello.LabelsEntry\x12\x10\n\x08hostname\x18\x06 \x01(\t\x12\x16\n\x0espool_head_seq\x18\x07 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\x08 \x01(\t\x12\x14\n\x0csent_unix_ns\x18\t \x01(\x03\x12\x10\n\x08spool_id\x18\n \x01(\t\x12\x17\n\x0fspool_acked_seq\x18\x0b \x01(\x04\x12\x37\n\x11telemetry_formats\x18\x0c \x03(\x0e\x32\x1c.rasd.api.v1.TelemetryFormat\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"6\n\tHeartbeat\x12\x14\n\x0csent_unix_ns\x18\x01 \x01(\x03\x12\x13\n\x0bspool_depth\x18\x02 \x01(\x04\"<\n\x10HealthEventBatch\x12(\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x18.rasd.api.v1.HealthEvent\"\xb4\x02\n\x0c\x41gentMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.rasd.api.v1.HelloH\x00\x12\x30\n\ttelemetry\x18\x02 \x01(\x0b\x32\x1b.rasd.api.v1.TelemetryBatchH\x00\x12/\n\x06\x65vents\x18\x03 \x01(\x0b\x32\x1d.rasd.api.v1.HealthEventBatchH\x00\x12\x32\n\raction_result\x18\x04 \x01(\x0b\x32\x19.rasd.api.v1.ActionResultH\x00\x12+\n\theartbeat\x18\x05 \x01(\x0b\x32\x16.rasd.api.v1.HeartbeatH\x00\x12\x30\n\x07summary\x18\x06 \x01(\x0b\x32\x1d.rasd.api.v1.TelemetrySummaryH\x00\x42\t\n\x07payload\"\xc7\x01\n\x0b\x41gentConfig\x12 \n\x18power_sample_interval_ms\x18\x01 \x01(\r\x12\x1b\n\x13\x63ounter_interval_ms\x18\x02 \x01(\r\x12\"\n\x1atelemetry_send_interval_ms\x18\x03 \x01(\r\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\r\x12\x36\n\x10telemetry_format\x18\x05 \x01(\x0e\x32\x1c.rasd.api.v1.TelemetryFormat\"v\n\x07Welcome\x12\x1a\n\x12\x63ontroller_version\x18\x01 \x01(\t\x12\x11\n\tacked_seq\x18\x02 \x01(\x04\x12(\n\x06\x63onfig\x18\x03 \x01(\x0b\x32\x18.rasd.api.v1.AgentConfig\x12\x12\n\nsession_id\x18\x04 \x01(\t\"$\n\x0f\x46ullRateRequest\x12\x11\n\tgpu_uuids\x18\x01 \x03(\t\"\x1d\n\x08\x45ventAck\x12\x11\n\tacked_seq\x18\x01 \x01(\x04\"\xc9\x01\n\x11\x43ontrollerMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.rasd.api.v1.WelcomeH\x00\x12$\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x15.rasd.api.v1.EventAckH\x00\x12\'\n\x07\x63ommand\x18\x03 \x01(\x0b\x32\x14.rasd.api.v1.CommandH\x00\x12\x31\n\tfull_rate\x18\x04 \x01(\x0b\x32\x1c.rasd.api.v1.FullRateRequestH\x00\x42\t\n\x07payload2X\n\x0c\x41gentService\x12H\n\x07\x43onnect\x12\x19.rasd.api.v1.AgentMessage\x1a\x1e.rasd.api.v1.ControllerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,23 +36,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO_LABELSENTRY']._loaded_options = None
   _globals['_HELLO_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_HELLO']._serialized_start=103
-  _globals['_HELLO']._serialized_end=422
-  _globals['_HELLO_LABELSENTRY']._serialized_start=377
-  _globals['_HELLO_LABELSENTRY']._serialized_end=422
-  _globals['_HEARTBEAT']._serialized_start=424
-  _globals['_HEARTBEAT']._serialized_end=478
-  _globals['_HEALTHEVENTBATCH']._serialized_start=480
-  _globals['_HEALTHEVENTBATCH']._serialized_end=540
-  _globals['_AGENTMESSAGE']._serialized_start=543
-  _globals['_AGENTMESSAGE']._serialized_end=801
-  _globals['_AGENTCONFIG']._serialized_start=804
-  _globals['_AGENTCONFIG']._serialized_end=947
-  _globals['_WELCOME']._serialized_start=949
-  _globals['_WELCOME']._serialized_end=1067
-  _globals['_EVENTACK']._serialized_start=1069
-  _globals['_EVENTACK']._serialized_end=1098
-  _globals['_CONTROLLERMESSAGE']._serialized_start=1101
-  _globals['_CONTROLLERMESSAGE']._serialized_end=1251
-  _globals['_AGENTSERVICE']._serialized_start=1253
-  _globals['_AGENTSERVICE']._serialized_end=1341
+  _globals['_HELLO']._serialized_end=479
+  _globals['_HELLO_LABELSENTRY']._serialized_start=434
+  _globals['_HELLO_LABELSENTRY']._serialized_end=479
+  _globals['_HEARTBEAT']._serialized_start=481
+  _globals['_HEARTBEAT']._serialized_end=535
+  _globals['_HEALTHEVENTBATCH']._serialized_start=537
+  _globals['_HEALTHEVENTBATCH']._serialized_end=597
+  _globals['_AGENTMESSAGE']._serialized_start=600
+  _globals['_AGENTMESSAGE']._serialized_end=908
+  _globals['_AGENTCONFIG']._serialized_start=911
+  _globals['_AGENTCONFIG']._serialized_end=1110
+  _globals['_WELCOME']._serialized_start=1112
+  _globals['_WELCOME']._serialized_end=1230
+  _globals['_FULLRATEREQUEST']._serialized_start=1232
+  _globals['_FULLRATEREQUEST']._serialized_end=1268
+  _globals['_EVENTACK']._serialized_start=1270
+  _globals['_EVENTACK']._serialized_end=1299
+  _globals['_CONTROLLERMESSAGE']._serialized_start=1302
+  _globals['_CONTROLLERMESSAGE']._serialized_end=1503
+  _globals['_AGENTSERVICE']._serialized_start=1505
+  _globals['_AGENTSERVICE']._serialized_end=1593
 # @@protoc_insertion_point(module_scope)

@@ -35,6 +35,12 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_POWER_EXCURSION: _ClassVar[EventKind]
     EVENT_KIND_THERMAL: _ClassVar[EventKind]
     EVENT_KIND_SDC_SUSPECT: _ClassVar[EventKind]
+
+class TelemetryFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TELEMETRY_FORMAT_UNSPECIFIED: _ClassVar[TelemetryFormat]
+    TELEMETRY_FORMAT_RAW: _ClassVar[TelemetryFormat]
+    TELEMETRY_FORMAT_SUMMARY: _ClassVar[TelemetryFormat]
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
 SEVERITY_WARNING: Severity
@@ -58,6 +64,9 @@ EVENT_KIND_RECOVERY_ACTION: EventKind
 EVENT_KIND_POWER_EXCURSION: EventKind
 EVENT_KIND_THERMAL: EventKind
 EVENT_KIND_SDC_SUSPECT: EventKind
+TELEMETRY_FORMAT_UNSPECIFIED: TelemetryFormat
+TELEMETRY_FORMAT_RAW: TelemetryFormat
+TELEMETRY_FORMAT_SUMMARY: TelemetryFormat
 
 class GpuInfo(_message.Message):
     __slots__ = ("uuid", "model", "pci_bus_id", "serial", "vbios_version", "memory_total_mib", "power_limit_min_w", "power_limit_max_w", "power_limit_default_w", "power_smoothing_supported", "labels")
@@ -179,6 +188,58 @@ class TelemetryBatch(_message.Message):
     power: _containers.RepeatedCompositeFieldContainer[PowerSeries]
     counters: _containers.RepeatedCompositeFieldContainer[GpuCounters]
     def __init__(self, power: _Optional[_Iterable[_Union[PowerSeries, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[GpuCounters, _Mapping]]] = ...) -> None: ...
+
+class GpuPowerSummary(_message.Message):
+    __slots__ = ("gpu_uuid", "samples", "mean_w", "min_w", "max_w", "last_w", "last_sample_unix_ns", "counters_sample_unix_ns", "enforced_power_limit_w", "power_limit_slew_target_w", "clock_event_reasons", "utilization_gpu_pct")
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    MEAN_W_FIELD_NUMBER: _ClassVar[int]
+    MIN_W_FIELD_NUMBER: _ClassVar[int]
+    MAX_W_FIELD_NUMBER: _ClassVar[int]
+    LAST_W_FIELD_NUMBER: _ClassVar[int]
+    LAST_SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ENFORCED_POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
+    POWER_LIMIT_SLEW_TARGET_W_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_GPU_PCT_FIELD_NUMBER: _ClassVar[int]
+    gpu_uuid: str
+    samples: int
+    mean_w: float
+    min_w: float
+    max_w: float
+    last_w: float
+    last_sample_unix_ns: int
+    counters_sample_unix_ns: int
+    enforced_power_limit_w: int
+    power_limit_slew_target_w: int
+    clock_event_reasons: int
+    utilization_gpu_pct: int
+    def __init__(self, gpu_uuid: _Optional[str] = ..., samples: _Optional[int] = ..., mean_w: _Optional[float] = ..., min_w: _Optional[float] = ..., max_w: _Optional[float] = ..., last_w: _Optional[float] = ..., last_sample_unix_ns: _Optional[int] = ..., counters_sample_unix_ns: _Optional[int] = ..., enforced_power_limit_w: _Optional[int] = ..., power_limit_slew_target_w: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., utilization_gpu_pct: _Optional[int] = ...) -> None: ...
+
+class NodePowerSeries(_message.Message):
+    __slots__ = ("first_sample_unix_ns", "sample_interval_ms", "power_w", "gpus")
+    FIRST_SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    first_sample_unix_ns: int
+    sample_interval_ms: int
+    power_w: _containers.RepeatedScalarFieldContainer[float]
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, first_sample_unix_ns: _Optional[int] = ..., sample_interval_ms: _Optional[int] = ..., power_w: _Optional[_Iterable[float]] = ..., gpus: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TelemetrySummary(_message.Message):
+    __slots__ = ("gpus", "node_power", "full_rate", "counters")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    NODE_POWER_FIELD_NUMBER: _ClassVar[int]
+    FULL_RATE_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuPowerSummary]
+    node_power: NodePowerSeries
+    full_rate: _containers.RepeatedCompositeFieldContainer[PowerSeries]
+    counters: _containers.RepeatedCompositeFieldContainer[GpuCounters]
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuPowerSummary, _Mapping]]] = ..., node_power: _Optional[_Union[NodePowerSeries, _Mapping]] = ..., full_rate: _Optional[_Iterable[_Union[PowerSeries, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[GpuCounters, _Mapping]]] = ...) -> None: ...
 
 class HealthEvent(_message.Message):
     __slots__ = ("seq", "observed_unix_ns", "kind", "gpu_uuid", "xid", "severity", "message", "source", "attributes", "kernel_log")
