@@ -235,7 +235,13 @@ class Ingest:
         session.note_stamp(sent_unix_ns, now)
         previous = self.streams.open(node_hello, session)
         self.metrics.agent_streams.set(len(self.sessions))
-        await self.consumer.connected(session.node_id)
+        try:
+            await self.consumer.connected(session.node_id)
+        except BaseException:
+            # No stream will serve it (the caller gets no session to close): left open, the node
+            # showed as connected for ever and its commands went nowhere.
+            await self.close_session(session)
+            raise
         log.info(
             "agent_connected",
             node=session.node_id,

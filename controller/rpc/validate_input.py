@@ -14,8 +14,10 @@ Three outcomes:
 
 Rules, for the record: numbers finite and inside physical ranges; enums known and not UNSPECIFIED
 where the agent always sets them; GPU ids in NVML UUID form; strings bounded and free of NUL (which
-PostgreSQL cannot store); integers that land in signed 64-bit SQL columns below 2**63; repeated
-fields and maps bounded (`InputLimits`).
+PostgreSQL cannot store); integers that land in signed 64-bit SQL columns below 2**63; every time a
+unix time in ns before 2100 (so that no offset or deadline computed from one leaves 64 bits); every
+seq and spool position within what a spool can reach (`MAX_SPOOL_SEQ`); repeated fields and maps
+bounded (`InputLimits`).
 
 Rate: `TokenBucket` paces each stream's messages. A stream over its rate is not cut: the servicer
 waits before reading its next message, so gRPC flow control slows the sender and nothing is lost.
@@ -35,6 +37,11 @@ from rasd.controller.wire import agent as wire
 
 INT63 = 2**63 - 1
 """Largest value a signed 64-bit SQL column holds (seqs and times are stored there)."""
+MAX_SPOOL_SEQ = 2**40
+"""Highest seq an agent's spool can have reached: it numbers its health events one by one from 1, and
+2**40 is a thousand events a second for 35 years. A Hello's spool positions and an event's seq above
+it are a hostile or corrupt sender (a Hello claiming 2**63 - 1 acked added 9.2e18 to the events lost
+by the store and made its later events count as duplicates)."""
 MAX_UNIX_NS = 4_102_444_800 * 1_000_000_000
 """2100-01-01: a later timestamp is a corrupt clock or a hostile sender."""
 MAX_POWER_W = wire.MAX_POWER_W
@@ -162,9 +169,10 @@ def check_hello(hello: agent_pb.Hello, identity: StreamIdentity, *, connected: I
     _text("hello.agent_version", hello.agent_version, 64)
     _text("hello.hostname", hello.hostname, 253)
     _text("hello.backend", hello.backend, 32, pattern=TOKEN_RE)
-    _range("hello.spool_head_seq", hello.spool_head_seq, 0, INT63)
+    _time("hello.sent_unix_ns", hello.sent_unix_ns)
+    _range("hello.spool_head_seq", hello.spool_head_seq, 0, MAX_SPOOL_SEQ)
     _text("hello.spool_id", hello.spool_id, 64, pattern=TOKEN_RE)
-    _range("hello.spool_acked_seq", hello.spool_acked_seq, 0, min(INT63, hello.spool_head_seq))
+    _range("hello.spool_acked_seq", hello.spool_acked_seq, 0, hello.spool_head_seq)
     _map("hello.labels", hello.labels)
     _count("hello.gpus", hello.gpus, MAX_GPUS)
     live = set(connected)
@@ -307,7 +315,7 @@ def check_events(batch: agent_pb.HealthEventBatch, identity: StreamIdentity, lim
     for index, event in enumerate(batch.events):
         field = f"events.events[{index}]"
         _owned(f"{field}.gpu_uuid", event.gpu_uuid, identity)
-        _range(f"{field}.seq", event.seq, 1, INT63)
+        _range(f"{field}.seq", event.seq, 1, MAX_SPOOL_SEQ)
         _time(f"{field}.observed_unix_ns", event.observed_unix_ns)
         _enum(f"{field}.kind", event.kind, health_pb.EventKind)
         _enum(f"{field}.severity", event.severity, health_pb.Severity, allow_unspecified=True)
