@@ -127,3 +127,34 @@ def test_a_hello_with_overflowing_times_and_spool_positions_is_refused(tmp_path,
     assert welcome.HasField("welcome") and ack.ack.acked_seq == 2
     assert sorted(e.seq for e in stored) == [1, 2]
     assert lost == 0.0
+
+
+def _series(registry, family_name):
+    return [
+        sample.labels
+        for family in registry.collect()
+        if family.name == family_name
+        for sample in family.samples
+        if sample.name == f"{family_name}_total"
+    ]
+
+
+def test_label_keys_built_to_mint_metric_series_add_none(tmp_path, pki):
+    """Item 14: a Hello label key with `]` added a rasd_wire_rejections_total series per stream."""
+
+    async def scenario():
+        controller = _controller(tmp_path, pki)
+        await controller.start()
+        codes = set()
+        for index in range(40):
+            hello = _hello("node-a", GPU_A, labels={f"x]{index}\x00": "v", "rack": "r1"})
+            channel, _call, reply = await _connect(controller, pki, "node-a", hello)
+            codes.add(reply.code() if isinstance(reply, grpc.aio.AioRpcError) else "welcomed")
+            await channel.close()
+        series = _series(controller.registry, "rasd_wire_rejections")
+        await controller.stop()
+        return codes, series
+
+    codes, series = asyncio.run(scenario())
+    assert codes == {grpc.StatusCode.INVALID_ARGUMENT}
+    assert series == [{"field": "hello.labels[]"}]
