@@ -217,7 +217,8 @@ def _run_rma(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: T
         )
     else:
         approved = stub.ApproveRma(admin_pb.ApproveRmaRequest(rma_id=args.rma_id), timeout=timeout)
-        print(f"RMA {approved.ticket.rma_id}: {approved.ticket.state}", file=out)
+        ticket = approved.ticket
+        print(f"RMA {output.printable(ticket.rma_id)}: {output.printable(ticket.state)}", file=out)
 
 
 def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO) -> None:
@@ -232,12 +233,13 @@ def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out
         )
         outcome = dict(call.trailing_metadata() or ()).get("rasd-outcome", "")
         state = admin_pb.ComponentState.Name(released.state).removeprefix("COMPONENT_STATE_").lower()
-        print(f"{args.target}: {state}" + (f" ({outcome})" if outcome else ""), file=out)
+        print(f"{args.target}: {state}" + (f" ({output.printable(outcome)})" if outcome else ""), file=out)
     elif args.command == "validate":
         started = stub.Validate(
             admin_pb.ValidateRequest(target=_target(args.target), suite=args.suite, seed=args.seed), timeout=timeout
         )
-        print(f"validation {started.validation_id} started on {args.target}; see `rasctl validations`", file=out)
+        validation_id = output.printable(started.validation_id)
+        print(f"validation {validation_id} started on {args.target}; see `rasctl validations`", file=out)
     elif args.command == "sdc":
         stub.AccuseSdc(
             admin_pb.AccuseSdcRequest(target=_target(args.target), reason=args.reason),
@@ -249,7 +251,8 @@ def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out
             admin_pb.SetAutomationPausedRequest(paused=args.action == "pause", reason=args.reason), timeout=timeout
         )
         word = "paused" if status.paused else "running"
-        print(f"automation {word}" + (f": {status.reason}" if status.paused and status.reason else ""), file=out)
+        reason = f": {output.printable(status.reason)}" if status.paused and status.reason else ""
+        print(f"automation {word}{reason}", file=out)
 
 
 def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
@@ -277,7 +280,8 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
         _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out)
     except grpc.RpcError as exc:
         code = exc.code()  # type: ignore[attr-defined]
-        print(f"rasctl: {args.command}: {code.name}: {exc.details()}", file=err)  # type: ignore[attr-defined]
+        details = output.printable(exc.details() or "")  # type: ignore[attr-defined]
+        print(f"rasctl: {args.command}: {code.name}: {details}", file=err)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             print(f"rasctl: is rasd-controller running at {args.controller}?", file=err)
             return EXIT_UNREACHABLE

@@ -1,7 +1,8 @@
 """Structured logging set-up, called once by each entry point's main().
 
-JSON lines when stderr is not a TTY (systemd journal, Kubernetes), a readable console renderer when
-it is. Nothing configures logging at import time.
+JSON lines when stderr is not a TTY (systemd journal, Kubernetes), a readable console renderer
+when it is, with control characters in values escaped so that no value can forge a line. Nothing
+configures logging at import time.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 import orjson
 import structlog
+
+from rasd.common import text
 
 
 def configure(level: str = "info", *, json: bool | None = None) -> None:
@@ -26,10 +29,10 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
     use_json = (not sys.stderr.isatty()) if json is None else json
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer(serializer=_json_line)
+    renderers: list[structlog.types.Processor] = (
+        [structlog.processors.JSONRenderer(serializer=_json_line)]
         if use_json
-        else structlog.dev.ConsoleRenderer(colors=False)
+        else [_printable_strings, structlog.dev.ConsoleRenderer(colors=False)]
     )
     structlog.configure(
         processors=[
@@ -37,7 +40,7 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            renderer,
+            *renderers,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
@@ -45,6 +48,20 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
     )
     # Third-party libraries log through stdlib logging; keep them quiet unless debugging.
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr, force=True)
+
+
+def _printable_strings(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """Escape control characters in string values before the console renderer prints them raw.
+
+    A node's hostname, an event's text or a caller's reason with a newline forged a log line, and
+    an ESC sequence reached the terminal (`rasd.common.text`). JSON lines need none of it: JSON
+    escapes control characters and cannot span lines. Other values are printed with ``repr``,
+    which escapes them already; a traceback keeps its own line breaks.
+    """
+    return {
+        key: text.printable(value, keep_newlines=key == "exception") if isinstance(value, str) else value
+        for key, value in event_dict.items()
+    }
 
 
 def _json_line(event: Any, **kw: Any) -> str:
