@@ -192,7 +192,7 @@ class Controller:
         self.power = _power_loop(settings, self.ingest, self.leadership)  # after remediation: started after it
         self._register_collectors()
         self.tokens = authn.TokenStore(settings.security.tokens_file)
-        self.audit = audit.AuditLog(self.ingest, clock=time.time_ns)
+        self.audit = audit.AuditLog(self.ingest, clock=time.time_ns, registry=self.registry)
         self.security = authz.SecurityMetrics(self.registry)
         self.tls: tls.ReloadingServerCredentials | None = None
         if settings.security.tls is not None:

@@ -66,16 +66,19 @@ class AgentService(agent_grpc.AgentServiceServicer):
     ) -> None:
         if self._security is not None:
             self._security.identity_rejections.labels(kind=kind).inc()
+        recorded = True
         if self._audit is not None:
-            await self._audit.record(
+            recorded = await self._audit.record_denial(
                 actor=authz.actor(),
+                peer=context.peer() or "",
                 action="AgentService.Connect",
                 node_id=claimed,
                 reason=str(error),
                 outcome=f"denied:{grpc.StatusCode.PERMISSION_DENIED.name}",
-                details={"kind": kind, "field": error.field},
+                details={"kind": kind, "field": error.field[:200]},
             )
-        log.warning("agent_identity_denied", actor=authz.actor(), kind=kind, field=error.field, error=str(error))
+        if recorded:
+            log.warning("agent_identity_denied", actor=authz.actor(), kind=kind, field=error.field, error=str(error))
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
 
     async def Connect(self, request_iterator, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]

@@ -198,6 +198,21 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | No
     return None
 
 
+def certificate_principal(auth_context: Mapping[str, Sequence[bytes]]) -> Principal | None:
+    """The principal of the call's verified client certificate (module docstring, 2.), or None without one.
+
+    Also what a refused call is audited as when its bearer token was not recognised: the
+    connection's certificate was verified all the same, and names who presented the token.
+    """
+    peer = tls.peer_certificate(auth_context)
+    if peer is None:
+        return None
+    if NODE_UNIT in peer.units:
+        return Principal(name=f"node:{peer.node_id}", kind="node", node_id=peer.node_id)
+    roles = [Role.parse(u) for u in peer.units if u.upper() in Role.__members__]
+    return Principal(name=f"cert:{peer.common_name}", kind="cert", role=max(roles) if roles else None)
+
+
 def resolve(
     auth_context: Mapping[str, Sequence[bytes]],
     metadata: Sequence[tuple[str, str | bytes]] | None,
@@ -216,12 +231,9 @@ def resolve(
         if entry is None:
             raise AuthError("bearer token not recognised")
         return Principal(name=f"token:{entry.name}", kind="token", role=entry.role)
-    peer = tls.peer_certificate(auth_context)
-    if peer is not None:
-        if NODE_UNIT in peer.units:
-            return Principal(name=f"node:{peer.node_id}", kind="node", node_id=peer.node_id)
-        roles = [Role.parse(u) for u in peer.units if u.upper() in Role.__members__]
-        return Principal(name=f"cert:{peer.common_name}", kind="cert", role=max(roles) if roles else None)
+    by_certificate = certificate_principal(auth_context)
+    if by_certificate is not None:
+        return by_certificate
     if settings.tls is None and settings.insecure_role is not None:
         return Principal(name="anonymous", kind="anonymous", role=settings.insecure_role)
     raise AuthError("no client certificate and no bearer token")

@@ -13,10 +13,12 @@ import asyncio
 import grpc
 import pytest
 
+from rasd.api.v1 import admin_service_pb2 as admin_pb
+from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.api.v1 import health_pb2 as health_pb
-from rasd.common import devcerts, tls
+from rasd.common import devcerts, tls, tokens
 from rasd.controller import server
 from rasd.controller.rpc import authn
 
@@ -36,13 +38,13 @@ def _files(pki, pair):
     return tls.TlsFiles(pki.ca.cert, pair.cert, pair.key)
 
 
-def _controller(tmp_path, pki, **settings):
+def _controller(tmp_path, pki, *, tokens_file=None, **settings):
     return server.Controller(
         server.ControllerSettings(
             listen="127.0.0.1:0",
             db_url=f"sqlite:///{tmp_path / 'rasd.db'}",
             metrics_port=None,
-            security=authn.SecuritySettings(tls=_files(pki, pki.controller)),
+            security=authn.SecuritySettings(tls=_files(pki, pki.controller), tokens_file=tokens_file),
             commit_writer="thread",
             **settings,
         )
@@ -158,3 +160,51 @@ def test_label_keys_built_to_mint_metric_series_add_none(tmp_path, pki):
     codes, series = asyncio.run(scenario())
     assert codes == {grpc.StatusCode.INVALID_ARGUMENT}
     assert series == [{"field": "hello.labels[]"}]
+
+
+async def _audit_rows(controller):
+    return await controller.ingest.run_in_store(lambda: controller.remediation.store.audit(limit=10_000))
+
+
+def test_a_refused_caller_is_named_by_its_certificate_and_peer_and_cannot_flood_the_audit_log(tmp_path, pki):
+    """Item 16: a bad token on a verified connection was audited as 'unauthenticated' with no peer, and
+    one node certificate wrote 4.9 MB of reasons of its choosing in 15 s."""
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text(f"alice operator {tokens.hash_token(tokens.new_token())}\n")
+
+    async def scenario():
+        controller = _controller(tmp_path, pki, tokens_file=tokens_file)
+        await controller.start()
+        viewer = tls.aio_channel(controller.address, _files(pki, pki.operators["viewer"]))
+        with pytest.raises(grpc.aio.AioRpcError) as bad_token:
+            await admin_grpc.AdminServiceStub(viewer).ListNodes(
+                admin_pb.ListNodesRequest(), metadata=(("authorization", f"Bearer {tokens.new_token()}"),)
+            )
+        await viewer.close()
+        node = tls.aio_channel(controller.address, _files(pki, pki.nodes["node-a"]))
+        stub = admin_grpc.AdminServiceStub(node)
+        codes = set()
+        for _ in range(300):
+            try:
+                await stub.Quarantine(
+                    admin_pb.QuarantineRequest(target=admin_pb.Target(node_id="node-b"), reason="\u202e" + "A" * 60_000)
+                )
+            except grpc.aio.AioRpcError as exc:
+                codes.add(exc.code())
+        await node.close()
+        rows = await _audit_rows(controller)
+        dropped = controller.registry.get_sample_value("rasd_audit_denials_dropped_total")
+        await controller.stop()
+        return bad_token.value, codes, rows, dropped
+
+    bad_token, codes, rows, dropped = asyncio.run(scenario())
+    assert bad_token.code() == grpc.StatusCode.UNAUTHENTICATED
+    (refused_token,) = [r for r in rows if r["action"] == "ListNodes"]
+    assert refused_token["actor"] == "cert:dev-viewer" and refused_token["outcome"] == "denied:UNAUTHENTICATED"
+    assert refused_token["details"]["peer"].startswith("ipv4:127.0.0.1:")
+    assert codes == {grpc.StatusCode.PERMISSION_DENIED}
+    flood = [r for r in rows if r["actor"] == "node:node-a"]
+    assert 1 <= len(flood) <= 25  # a burst of 20, then one every 5 s
+    assert dropped == 300 - len(flood)
+    assert max(len(r["reason"]) for r in flood) <= 128
+    assert sum(len(r["reason"]) + len(str(r["details"])) for r in flood) < 25 * 1024

@@ -307,7 +307,8 @@ def test_roles_are_enforced_and_every_refusal_is_audited(tmp_path, free_port, pk
     assert ("cert:dev-admin", "Release", "node-op", "OK") in rows
     assert ("cert:dev-admin", "release", "node-op", "forced") in rows
     assert ("token:ci-bot", "SetAutomationPaused", "", "denied:PERMISSION_DENIED") in rows
-    assert ("unauthenticated", "ListNodes", "", "denied:UNAUTHENTICATED") in rows
+    # A bad token on a connection whose certificate was verified is that certificate's (issue #37 item 16).
+    assert ("cert:dev-admin", "ListNodes", "", "denied:UNAUTHENTICATED") in rows
     assert ("cert:dev-operator", "SetPowerBudget", "", "denied:PERMISSION_DENIED") in rows
     # rasctl audit shows the same trail.
     listed = json.loads(results["admin audit"][1])

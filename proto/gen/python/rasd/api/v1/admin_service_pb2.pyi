@@ -572,20 +572,24 @@ class AutomationStatus(_message.Message):
     def __init__(self, paused: _Optional[bool] = ..., breaker_tripped: _Optional[bool] = ..., reason: _Optional[str] = ..., since_unix_ns: _Optional[int] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
-    __slots__ = ("at_unix_ns", "actor", "action", "target", "reason", "outcome")
+    __slots__ = ("at_unix_ns", "actor", "action", "target", "reason", "outcome", "peer", "dropped_before")
     AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     at_unix_ns: int
     actor: str
     action: str
     target: Target
     reason: str
     outcome: str
-    def __init__(self, at_unix_ns: _Optional[int] = ..., actor: _Optional[str] = ..., action: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ..., outcome: _Optional[str] = ...) -> None: ...
+    peer: str
+    dropped_before: int
+    def __init__(self, at_unix_ns: _Optional[int] = ..., actor: _Optional[str] = ..., action: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ..., outcome: _Optional[str] = ..., peer: _Optional[str] = ..., dropped_before: _Optional[int] = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
     __slots__ = ("since_unix_ns", "limit")
