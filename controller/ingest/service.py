@@ -93,10 +93,13 @@ class Ingest:
     ) -> None:
         """Bind to the store and its thread, the streams, metrics and the consumer; call `start()` in the loop.
 
-        consumer: who makes events durable and acts on them and on results (`consumer`).
+        consumer: who makes events durable and acts on them and on results (`consumer`). Operator
+        reads (`run_read`) get threads of their own (`store_thread.ReadThreads`, closed by `stop`),
+        or the store thread for an in-memory SQLite store.
         """
         self.store = store
         self.thread = thread
+        self._read_threads = store_thread.ReadThreads() if store.reads_beside_writer else None
         self.streams = agent_streams
         self.metrics = controller_metrics
         self.consumer = consumer
@@ -178,6 +181,16 @@ class Ingest:
         """Run a blocking store call on the store thread (serialised with every other write)."""
         return await self.thread.run(fn, *args)
 
+    async def run_read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a blocking read (an operator's listing) beside the store thread, never on it.
+
+        Raises:
+            store_thread.ReadsBusy: too many reads wait already.
+        """
+        if self._read_threads is None:
+            return await self.thread.run(fn, *args)
+        return await self._read_threads.run(fn, *args)
+
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Mark every node disconnected (no stream is open yet), warm the event path up, start the flush loop."""
@@ -204,6 +217,8 @@ class Ingest:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self.flush()
+        if self._read_threads is not None:
+            await asyncio.to_thread(self._read_threads.close)
 
     # -- sessions ----------------------------------------------------------------------------------------
     async def register_hello(self, node_hello: fleet.NodeHello, now_unix_ns: int) -> repo.HelloOutcome:
@@ -458,21 +473,27 @@ class Ingest:
         )
 
     # -- reads and flushing -------------------------------------------------------------------------------
-    async def list_nodes(self, selector: Mapping[str, str] | None = None) -> list[fleet.NodeStatus]:
-        """The fleet from the store, overlaid with this replica's fresher in-memory telemetry.
+    async def list_nodes(
+        self, selector: Mapping[str, str] | None = None, *, node_ids: Sequence[str] | None = None
+    ) -> list[fleet.NodeStatus]:
+        """The fleet (or the named nodes) from the store, overlaid with this replica's fresher in-memory telemetry.
 
-        No flush first: the overlay already shows this replica's latest values, and a read (the
-        simulator's live table, a dashboard's poll) must not cost a write of every GPU's telemetry.
+        Read beside the store thread (`run_read`). No flush first: the overlay already shows this
+        replica's latest values, and a read (the simulator's live table, a dashboard's poll) must
+        not cost a write of every GPU's telemetry.
         """
-        nodes = await self.thread.run(self.store.list_nodes)
+        nodes = await self.run_read(self.store.list_nodes, node_ids)
         return [
-            self._overlaid(node)
+            self.overlaid(node)
             for node in nodes
             if not selector or fleet.matches_selector(node.labels, selector)
         ]  # fmt: skip
 
-    def _overlaid(self, node: fleet.NodeStatus) -> fleet.NodeStatus:
-        """A stored node with this replica's stream, last-seen time and telemetry laid over it."""
+    def overlaid(self, node: fleet.NodeStatus) -> fleet.NodeStatus:
+        """A stored node with this replica's stream, last-seen time and telemetry laid over it.
+
+        Only reads this replica's maps (key lookups), so a read thread may call it.
+        """
         connected = node.node_id in self.sessions or node.connected
         now = self.clock()
         gpus = tuple(
@@ -495,8 +516,8 @@ class Ingest:
         )
 
     async def list_events(self, *, node_id: str, since_unix_ns: int, limit: int) -> list[repo.StoredEvent]:
-        """Stored events, newest first."""
-        return await self.thread.run(
+        """Stored events, newest first (read beside the store thread)."""
+        return await self.run_read(
             lambda: self.store.list_events(node_id=node_id, since_unix_ns=since_unix_ns, limit=limit)
         )
 

@@ -22,7 +22,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.orm import Session, sessionmaker
 
 from rasd.controller.core import fleet
-from rasd.controller.store import migrate, schema
+from rasd.controller.store import migrate, paging, schema
 
 
 class WriterLost(Exception):
@@ -367,6 +367,15 @@ class Store:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._checkpointer = WalCheckpointer.for_engine(engine)
 
+    @property
+    def reads_beside_writer(self) -> bool:
+        """Whether reads may run on connections of their own beside the writer's.
+
+        Not on in-memory SQLite: each connection of that is a database of its own.
+        """
+        url = self.engine.url
+        return url.get_backend_name() != "sqlite" or url.database not in (None, "", ":memory:")
+
     @classmethod
     def open(cls, url: str) -> Store:
         """Open the store at a SQLAlchemy URL."""
@@ -477,8 +486,13 @@ class Store:
             )
             return {node_id: fleet.ComponentState(int(state)) for node_id, state in rows}
 
-    def list_nodes(self, node_ids: Iterable[str] | None = None) -> list[fleet.NodeStatus]:
-        """Every node (or the named ones) with GPUs and stored latest telemetry, sorted by id."""
+    def list_nodes(
+        self, node_ids: Iterable[str] | None = None, *, after: str = "", limit: int | None = None
+    ) -> list[fleet.NodeStatus]:
+        """Every node (or the named ones) with GPUs and stored latest telemetry, sorted by id.
+
+        after, limit: a page of them, the first `limit` nodes whose id sorts after `after`.
+        """
         with self._sessions() as session:
             node_query = sa.select(schema.NodeRow).order_by(schema.NodeRow.node_id)
             gpu_query = sa.select(schema.GpuRow).order_by(schema.GpuRow.node_id, schema.GpuRow.pci_bus_id)
@@ -486,7 +500,17 @@ class Store:
                 wanted = list(node_ids)
                 node_query = node_query.where(schema.NodeRow.node_id.in_(wanted))
                 gpu_query = gpu_query.where(schema.GpuRow.node_id.in_(wanted))
+            if after:
+                node_query = node_query.where(schema.NodeRow.node_id > after)
+            if limit is not None:
+                node_query = node_query.limit(limit)
             nodes = session.scalars(node_query).all()
+            if not nodes:
+                return []
+            if limit is not None:  # the page's nodes' GPUs only
+                gpu_query = gpu_query.where(
+                    schema.GpuRow.node_id >= nodes[0].node_id, schema.GpuRow.node_id <= nodes[-1].node_id
+                )
             gpus_by_node: dict[str, list[schema.GpuRow]] = {}
             for row in session.scalars(gpu_query):
                 gpus_by_node.setdefault(row.node_id, []).append(row)
@@ -545,34 +569,55 @@ class Store:
             session.flush()
 
     def list_events(self, *, node_id: str = "", since_unix_ns: int = 0, limit: int = 100) -> list[StoredEvent]:
-        """Stored events, newest first."""
+        """Stored events, newest first (up to limit, however large: for the controller's own reads and tests)."""
+        return self.events_page(node_id=node_id, since_unix_ns=since_unix_ns, limit=limit, max_bytes=None).items
+
+    def events_page(
+        self,
+        *,
+        node_id: str = "",
+        since_unix_ns: int = 0,
+        after: paging.Position | None = None,
+        limit: int = 100,
+        max_bytes: int | None = None,
+    ) -> paging.Page[StoredEvent]:
+        """One page of stored events, newest first, after the position a previous page ended at (`paging`)."""
+        events = schema.HealthEventRow
         with self._sessions() as session:
-            query = sa.select(schema.HealthEventRow).where(schema.HealthEventRow.received_unix_ns >= since_unix_ns)
+            query = sa.select(events).where(events.received_unix_ns >= since_unix_ns)
             if node_id:
-                query = query.where(schema.HealthEventRow.node_id == node_id)
-            query = query.order_by(schema.HealthEventRow.received_unix_ns.desc(), schema.HealthEventRow.id.desc())
-            rows = session.scalars(query.limit(limit)).all()
-            return [
-                StoredEvent(
-                    node_id=r.node_id,
-                    seq=r.seq,
-                    observed_unix_ns=r.observed_unix_ns,
-                    received_unix_ns=r.received_unix_ns,
-                    kind=r.kind,
-                    severity=r.severity,
-                    gpu_uuid=r.gpu_uuid,
-                    xid=r.xid,
-                    message=r.message,
-                    source=r.source,
-                    attributes=dict(r.attributes or {}),
-                )
-                for r in rows
-            ]
+                query = query.where(events.node_id == node_id)
+            return paging.read_page(
+                session, query, order=events.received_unix_ns, key=events.id, after=after, limit=limit,
+                max_bytes=max_bytes, convert=_listed_event, size_of=event_bytes,
+            )  # fmt: skip
 
     def count_events(self) -> int:
         """How many health events are stored in total."""
         with self._sessions() as session:
             return int(session.scalar(sa.select(sa.func.count()).select_from(schema.HealthEventRow)) or 0)
+
+
+def _listed_event(r: schema.HealthEventRow) -> StoredEvent:
+    return StoredEvent(
+        node_id=r.node_id,
+        seq=r.seq,
+        observed_unix_ns=r.observed_unix_ns,
+        received_unix_ns=r.received_unix_ns,
+        kind=r.kind,
+        severity=r.severity,
+        gpu_uuid=r.gpu_uuid,
+        xid=r.xid,
+        message=r.message,
+        source=r.source,
+        attributes=dict(r.attributes or {}),
+    )
+
+
+def event_bytes(event: StoredEvent) -> int:
+    """About what a stored event takes in a ListEvents answer: its text, and 64 bytes for the rest."""
+    attributes = sum(paging.text_bytes(k, v) + 4 for k, v in event.attributes.items())
+    return 64 + paging.text_bytes(event.node_id, event.gpu_uuid, event.message, event.source) + attributes
 
 
 def _known_nodes(conn: sa.Connection, node_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -140,8 +140,10 @@ class AdminServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def ListNodes(self, request, context):
-        """The fleet: every node that ever connected, with its GPUs and latest power.
-        Status codes: OK; UNAUTHENTICATED / PERMISSION_DENIED per the caller's role.
+        """The fleet: every node that ever connected, with its GPUs and latest power, a page at a time.
+        Status codes: OK; UNAUTHENTICATED / PERMISSION_DENIED per the caller's role; INVALID_ARGUMENT
+        for a page_token this controller did not issue. Every listing below pages the same way, and
+        answers RESOURCE_EXHAUSTED when too many reads wait already (retry later).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,7 +157,7 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListEvents(self, request, context):
-        """Stored health events, newest first. INVALID_ARGUMENT if limit > 10000.
+        """Stored health events, newest first, a page at a time. INVALID_ARGUMENT if limit > 10000.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
