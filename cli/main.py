@@ -96,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     rma_show.add_argument("rma_id")
     rma_approve = rma_commands.add_parser("approve", help="approve a pending ticket")
     rma_approve.add_argument("rma_id")
+    gpu = commands.add_parser("gpu", help="a GPU's place in the fleet")
+    gpu_commands = gpu.add_subparsers(dest="gpu_command", required=True, metavar="GPU_COMMAND")
+    forget = gpu_commands.add_parser(
+        "forget-owner",
+        help="NODE/GPU was moved out of NODE by hand: the next node whose Hello lists the GPU owns it (admin)",
+    )
+    forget.add_argument("target", metavar="NODE/GPU")
+    forget.add_argument("--reason", required=True)
     automation = commands.add_parser("automation", help="pause or resume automated repairs")
     automation.add_argument("action", choices=("pause", "resume"))
     automation.add_argument("--reason", default="")
@@ -265,7 +273,7 @@ def _run_rma(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: T
 
 
 def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO) -> None:
-    """The commands that change something: quarantine, release, validate, sdc accuse, automation."""
+    """The commands that change something: quarantine, release, validate, sdc accuse, gpu forget-owner, automation."""
     timeout = args.timeout_s
     if args.command == "quarantine":
         stub.Quarantine(admin_pb.QuarantineRequest(target=_target(args.target), reason=args.reason), timeout=timeout)
@@ -289,6 +297,11 @@ def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out
             timeout=timeout,
         )
         print(f"accused {args.target}: quarantined for the accusation suite", file=out)
+    elif args.command == "gpu":
+        stub.ForgetGpuOwner(
+            admin_pb.ForgetGpuOwnerRequest(target=_target(args.target), reason=args.reason), timeout=timeout
+        )
+        print(f"{args.target}: no longer its node's; the next node whose Hello lists it owns it", file=out)
     elif args.command == "automation":
         status = stub.SetAutomationPaused(
             admin_pb.SetAutomationPausedRequest(paused=args.action == "pause", reason=args.reason), timeout=timeout

@@ -159,6 +159,20 @@ class Ingest:
         """The GPU UUIDs a node announced in its last Hello."""
         return self.streams.node_gpus(node_id)
 
+    async def forget_gpu_owner(self, node_id: str, gpu_uuid: str) -> None:
+        """An operator says node_id's GPU left it: the next node whose Hello lists it owns it (the store's record).
+
+        Raises:
+            LookupError: the GPU is not node_id's.
+            ValueError: node_id is connected here and its Hello lists the GPU.
+        """
+        session = self.sessions.get(node_id)
+        if session is not None and gpu_uuid in session.known_gpus:
+            raise ValueError(f"node {node_id} is connected and its Hello lists {gpu_uuid}")
+        if not await self.thread.run(self.store.forget_gpu_owner, gpu_uuid, node_id):
+            raise LookupError(f"GPU {gpu_uuid} is not node {node_id}'s")
+        self.streams.forget_gpu_owner(gpu_uuid, node_id)
+
     def remember_remote_node(self, node_id: str, labels: Mapping[str, str], gpu_uuids: tuple[str, ...]) -> None:
         """Know a node whose stream another replica holds (`AgentStreams.remember_remote_node`)."""
         self.streams.remember_remote_node(node_id, labels, gpu_uuids)
@@ -221,23 +235,31 @@ class Ingest:
             await asyncio.to_thread(self._read_threads.close)
 
     # -- sessions ----------------------------------------------------------------------------------------
-    async def register_hello(self, node_hello: fleet.NodeHello, now_unix_ns: int) -> repo.HelloOutcome:
+    async def register_hello(
+        self, node_hello: fleet.NodeHello, now_unix_ns: int, *, certified: bool = False
+    ) -> repo.HelloOutcome:
         """Register a Hello on the store thread, together with every other Hello waiting then.
+
+        certified: its stream's certificate names its node (`repo.Store.register_hello`).
 
         After a controller restart or a failover every agent reconnects at once; Hellos registered
         in groups cost ~0.35 ms a node on the store thread against ~1.5 ms one by one (2,000 agents in
         tests/chaos/test_reconnect_storm.py: all back in 8.6 s instead of 18.8 s), so agents are
         welcomed before their Welcome timeouts make them retry.
         """
-        return await self._hellos.submit(node_hello, now_unix_ns)
+        return await self._hellos.submit(node_hello, now_unix_ns, certified)
 
-    async def open_session(self, node_hello: fleet.NodeHello, *, sent_unix_ns: int = 0) -> tuple[Session, msgs.Welcome]:
+    async def open_session(
+        self, node_hello: fleet.NodeHello, *, sent_unix_ns: int = 0, certified: bool = False
+    ) -> tuple[Session, msgs.Welcome]:
         """Register a node from its (validated) Hello; returns its session and the Welcome to send.
 
-        sent_unix_ns: when the agent sent the Hello, on its clock (0: not stamped).
+        sent_unix_ns: when the agent sent the Hello, on its clock (0: not stamped). certified: its
+        stream's certificate names its node, so another node's GPU it lists is refused
+        (`repo.GpuClaimRefused`).
         """
         now = self.clock()
-        outcome = await self.register_hello(node_hello, now)
+        outcome = await self.register_hello(node_hello, now, certified=certified)
         session = Session(
             session_id=uuid.uuid4().hex,
             node_id=node_hello.node_id,

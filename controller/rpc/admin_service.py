@@ -336,6 +336,23 @@ class AdminService(admin_grpc.AdminServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"rma_id: {request.rma_id!r} unknown")
         return admin_pb.ApproveRmaResponse(ticket=wire.rma_to_wire(row))
 
+    async def ForgetGpuOwner(
+        self, request: admin_pb.ForgetGpuOwnerRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ForgetGpuOwnerResponse:
+        """A GPU was moved out of its node by hand: the next node whose Hello lists it owns it."""
+        target = request.target
+        if not target.node_id or not target.gpu_uuid:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target: NODE/GPU, the node the GPU was taken out of")
+        if not request.reason:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason: required (it goes to the audit log)")
+        try:
+            await self._ingest.forget_gpu_owner(target.node_id, target.gpu_uuid)
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"target: {exc}")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"target: {exc}")
+        return admin_pb.ForgetGpuOwnerResponse()
+
     async def SetAutomationPaused(
         self, request: admin_pb.SetAutomationPausedRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.AutomationStatus:

@@ -92,7 +92,7 @@ class AgentService(agent_grpc.AgentServiceServicer):
         self._ingest.metrics.agent_messages.labels(kind="hello").inc()
         identity = self.identity()
         try:
-            validate_input.check_hello(first.hello, identity, connected=self._ingest.sessions)
+            validate_input.check_hello(first.hello, identity)
         except validate_input.IdentityError as exc:
             await self._deny_identity(context, exc, "hello", first.hello.node_id[:253])
         except wire.WireError as exc:
@@ -100,10 +100,15 @@ class AgentService(agent_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             node_hello = wire.hello_from_wire(first.hello)
-            session, welcome = await self._ingest.open_session(node_hello, sent_unix_ns=first.hello.sent_unix_ns)
+            session, welcome = await self._ingest.open_session(
+                node_hello, sent_unix_ns=first.hello.sent_unix_ns, certified=identity.node_id is not None
+            )
         except wire.WireError as exc:
             self._ingest.metrics.rejected(exc.field)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except repo.GpuClaimRefused as exc:  # another node's GPU, by the store's record (any replica, any restart)
+            claim = validate_input.IdentityError(exc.field, exc.problem)
+            await self._deny_identity(context, claim, "hello", first.hello.node_id[:253])
         except repo.STORE_UNAVAILABLE as exc:
             await store_outage.abort_unavailable(
                 context, exc, "store_unavailable_stream_ended", node=first.hello.node_id[:253]

@@ -16,6 +16,7 @@ Release                                             operator;   always
                                                     admin with
                                                     force=true
 SetPowerBudget SetPowerPolicy ApproveRma            admin       always
+ForgetGpuOwner
 AgentService/Connect                                a node      on denial (identity
                                                     cert        mismatches are audited by
                                                                 the AgentService servicer)
@@ -91,7 +92,10 @@ METHOD_RULES: dict[str, Rule] = {
         for name in ("Quarantine", "Validate", "AccuseSdc", "SetAutomationPaused")
     },
     ADMIN + "Release": Rule(_release_role, mutating=True),
-    **{ADMIN + name: Rule(Role.ADMIN, mutating=True) for name in ("SetPowerBudget", "SetPowerPolicy", "ApproveRma")},
+    **{
+        ADMIN + name: Rule(Role.ADMIN, mutating=True)
+        for name in ("SetPowerBudget", "SetPowerPolicy", "ApproveRma", "ForgetGpuOwner")
+    },
     AGENT_CONNECT: Rule(NODE),
     "/grpc.health.v1.Health/Check": Rule(PUBLIC),
     "/grpc.health.v1.Health/Watch": Rule(PUBLIC),

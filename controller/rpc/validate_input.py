@@ -151,13 +151,13 @@ def _owned(field: str, gpu_uuid: str, identity: StreamIdentity) -> None:
 
 
 # -- messages -----------------------------------------------------------------------------------------
-def check_hello(hello: agent_pb.Hello, identity: StreamIdentity, *, connected: Iterable[str] = ()) -> None:
-    """Validate a Hello; with a certificate, it must name the certificate's node.
+def check_hello(hello: agent_pb.Hello, identity: StreamIdentity) -> None:
+    """Validate a Hello; with a certificate, it must name the certificate's node and none of another node's GPUs.
 
-    Args:
-        hello: the message.
-        identity: the stream's certificate identity.
-        connected: nodes with an open stream now; their GPUs cannot be claimed by another node.
+    A GPU is another node's while that node's last Hello (on this replica) listed it, connected or
+    not: a claim alone never moves a GPU (the store holds the same rule for every replica,
+    `repo.GpuClaimRefused`). Before, only a connected node's GPUs were kept, and a Hello naming an
+    offline node's GPUs took them.
     """
     if identity.node_id is not None and hello.node_id != identity.node_id:
         raise IdentityError(
@@ -175,13 +175,12 @@ def check_hello(hello: agent_pb.Hello, identity: StreamIdentity, *, connected: I
     _range("hello.spool_acked_seq", hello.spool_acked_seq, 0, hello.spool_head_seq)
     _map("hello.labels", hello.labels)
     _count("hello.gpus", hello.gpus, MAX_GPUS)
-    live = set(connected)
     for index, gpu in enumerate(hello.gpus):
         field = f"hello.gpus[{index}]"
         _gpu_uuid(f"{field}.uuid", gpu.uuid)
         owner = identity.gpu_owners.get(gpu.uuid)
-        if identity.node_id is not None and owner not in (None, identity.node_id) and owner in live:
-            raise IdentityError(f"{field}.uuid", f"GPU {gpu.uuid} is announced by connected node {owner}")
+        if identity.node_id is not None and owner not in (None, identity.node_id):
+            raise IdentityError(f"{field}.uuid", f"GPU {gpu.uuid} belongs to node {owner}, whose last Hello listed it")
         _text(f"{field}.model", gpu.model, 96)
         _text(f"{field}.pci_bus_id", gpu.pci_bus_id, 32)
         _text(f"{field}.serial", gpu.serial, 64)

@@ -9,6 +9,7 @@ refused and audited against itself; viewers reading in a loop do not slow a heal
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import statistics
@@ -23,6 +24,7 @@ from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
 from rasd.api.v1 import health_pb2 as health_pb
+from rasd.cli import main as rasctl
 from rasd.common import devcerts, tls, tokens
 from rasd.controller import server
 from rasd.controller.rpc import authn
@@ -317,3 +319,97 @@ def _benign_event(seq):
             ]
         )
     )  # fmt: skip
+
+
+GPU_C = "GPU-0000000c-0000-4000-8000-00000000000c"
+
+
+def test_a_node_cannot_take_an_offline_nodes_gpus_by_claiming_them(tmp_path, pki):
+    """Item 11: node-b's Hello listing offline node-a's GPUs moved them to node-b; its fatal event on
+    them was acted on, and node-a was then refused (PERMISSION_DENIED, audited against node-a)."""
+
+    async def claim(controller):
+        channel, call, reply = await _connect(controller, pki, "node-b", _hello("node-b", GPU_C, GPU_A))
+        if not isinstance(reply, grpc.aio.AioRpcError):  # taken: act on a fatal event on the victim's GPU
+            await call.write(_events(1, gpu=GPU_A, message="Xid 79: fell off the bus"))
+            await call.read()
+        await channel.close()
+        return reply
+
+    async def scenario():
+        controller = _controller(tmp_path, pki)
+        await controller.start()
+        channel, _call, welcome = await _connect(controller, pki, "node-a", _hello("node-a", GPU_A, GPU_B))
+        assert welcome.HasField("welcome")
+        await channel.close()
+        assert await _gone(controller, "node-a")  # node-a is offline
+        while_known = await claim(controller)  # this replica heard node-a's Hello
+        await controller.stop()
+        controller = _controller(tmp_path, pki)  # a restarted controller knows node-a from the store only
+        await controller.start()
+        after_restart = await claim(controller)
+        owner_back = await _connect(controller, pki, "node-a", _hello("node-a", GPU_A, GPU_B))
+        await owner_back[1].write(_events(1, gpu=GPU_A))
+        owner_ack = await owner_back[1].read()
+        await owner_back[0].close()
+        audit = await _audit_rows(controller)
+        commands = await controller.ingest.run_in_store(controller.remediation.store.commands)
+        owners = {g.record.uuid: n.node_id for n in await controller.ingest.list_nodes() for g in n.gpus}
+        await controller.stop()
+        return while_known, after_restart, owner_back[2], owner_ack, audit, commands, owners
+
+    while_known, after_restart, welcome, ack, audit, commands, owners = asyncio.run(scenario())
+    for refusal in (while_known, after_restart):
+        assert isinstance(refusal, grpc.aio.AioRpcError), "the claim was welcomed"
+        assert refusal.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert refusal.details().startswith("hello.gpus[1].uuid") and "node-a" in refusal.details()
+    assert welcome.HasField("welcome") and ack.ack.acked_seq == 1  # the real owner is not locked out
+    assert owners[GPU_A] == "node-a" and owners[GPU_B] == "node-a"
+    assert not [c for c in commands if c.node_id == "node-b"]
+    claims = [r for r in audit if r["outcome"] == "denied:PERMISSION_DENIED"]
+    assert len(claims) == 2 and all(r["actor"] == "node:node-b" and r["node_id"] == "node-b" for r in claims)
+    assert not [r for r in audit if r["actor"] == "node:node-a" and r["outcome"].startswith("denied")]
+
+
+def test_an_admin_can_say_a_gpu_moved_and_the_new_node_then_owns_it(tmp_path, pki):
+    """Item 11: the other way a GPU changes node (besides its node's Hello leaving it out)."""
+
+    async def scenario():
+        controller = _controller(tmp_path, pki)
+        await controller.start()
+        channel, _call, _welcome = await _connect(controller, pki, "node-a", _hello("node-a", GPU_A, GPU_B))
+        await channel.close()
+        assert await _gone(controller, "node-a")
+        operator = tls.aio_channel(controller.address, _files(pki, pki.operators["operator"]))
+        request = admin_pb.ForgetGpuOwnerRequest(
+            target=admin_pb.Target(node_id="node-a", gpu_uuid=GPU_A), reason="moved to node-b by hand, ticket 7"
+        )
+        codes = {}
+        try:
+            await admin_grpc.AdminServiceStub(operator).ForgetGpuOwner(request)
+            codes["operator"] = grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as exc:
+            codes["operator"] = exc.code()
+        admin = pki.operators["admin"]
+        rasctl_argv = ["--controller", controller.address, "--tls-ca", str(pki.ca.cert), "--tls-cert",
+                       str(admin.cert), "--tls-key", str(admin.key), "gpu", "forget-owner", f"node-a/{GPU_A}",
+                       "--reason", "moved to node-b by hand, ticket 7"]  # fmt: skip
+        out, err = io.StringIO(), io.StringIO()
+        rasctl_code = await asyncio.to_thread(rasctl.run, rasctl_argv, out, err)
+        codes["admin"] = grpc.StatusCode.OK if rasctl_code == 0 else err.getvalue()
+        assert "no longer its node's" in out.getvalue()
+        channel, _call, moved = await _connect(controller, pki, "node-b", _hello("node-b", GPU_A))
+        await channel.close()
+        channel, _call, still_b = await _connect(controller, pki, "node-b", _hello("node-b", GPU_B))
+        await channel.close()
+        await operator.close()
+        audit = await _audit_rows(controller)
+        await controller.stop()
+        return codes, moved, still_b, audit
+
+    codes, moved, still_b, audit = asyncio.run(scenario())
+    assert codes == {"operator": grpc.StatusCode.PERMISSION_DENIED, "admin": grpc.StatusCode.OK}
+    assert moved.HasField("welcome")
+    assert isinstance(still_b, grpc.aio.AioRpcError) and still_b.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert any(r["actor"] == "cert:dev-admin" and r["action"] == "ForgetGpuOwner" and r["outcome"] == "OK"
+               and r["reason"].startswith("moved to node-b") for r in audit)  # fmt: skip

@@ -43,6 +43,7 @@ def test_every_rpc_of_the_api_has_a_rule():
         ("SetPowerBudget", admin_pb.SetPowerBudgetRequest(), Role.ADMIN),
         ("SetPowerPolicy", admin_pb.SetPowerPolicyRequest(), Role.ADMIN),
         ("ApproveRma", admin_pb.ApproveRmaRequest(), Role.ADMIN),
+        ("ForgetGpuOwner", admin_pb.ForgetGpuOwnerRequest(), Role.ADMIN),
     ],
 )
 def test_least_role_per_method(method, request_, role):

@@ -573,6 +573,18 @@ class ApproveRmaResponse(_message.Message):
     ticket: RmaTicket
     def __init__(self, ticket: _Optional[_Union[RmaTicket, _Mapping]] = ...) -> None: ...
 
+class ForgetGpuOwnerRequest(_message.Message):
+    __slots__ = ("target", "reason")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    reason: str
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ForgetGpuOwnerResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class SetAutomationPausedRequest(_message.Message):
     __slots__ = ("paused", "reason")
     PAUSED_FIELD_NUMBER: _ClassVar[int]
