@@ -311,6 +311,23 @@ def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out
         print(f"automation {word}{reason}", file=out)
 
 
+def unreachable_hint(details: str, args: argparse.Namespace) -> str:
+    """What an UNAVAILABLE (or timed-out) call most likely means, for the operator to act on.
+
+    Every one of them said "is rasd-controller running?": a controller that refused the client
+    certificate (gRPC reports only "Socket closed") or whose store was down sent operators looking
+    for a process that was running.
+    """
+    if "store unavailable" in details:
+        return f"store unavailable: rasd-controller at {args.controller} runs, but cannot reach its store; retry later"
+    if "Socket closed" in details and getattr(args, "tls_cert", None):
+        return (
+            f"certificate refused: rasd-controller at {args.controller} closed the TLS connection; check that "
+            f"{args.tls_cert} is signed by the controller's CA and not expired"
+        )
+    return f"is rasd-controller running at {args.controller}?"
+
+
 def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
     """Run rasctl with argv, printing to out/err; returns the exit code."""
     parser = build_parser()
@@ -339,7 +356,7 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
         details = output.printable(exc.details() or "")  # type: ignore[attr-defined]
         print(f"rasctl: {args.command}: {code.name}: {details}", file=err)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            print(f"rasctl: is rasd-controller running at {args.controller}?", file=err)
+            print(f"rasctl: {unreachable_hint(details, args)}", file=err)
             return EXIT_UNREACHABLE
         return EXIT_RPC_ERROR
     finally:
