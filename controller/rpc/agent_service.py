@@ -83,7 +83,14 @@ class AgentService(agent_grpc.AgentServiceServicer):
 
     async def Connect(self, request_iterator, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
         """Run one node's stream until either side ends it."""
-        first = await context.read()
+        try:
+            first = await asyncio.wait_for(context.read(), self._limits.hello_timeout_s)
+        except TimeoutError:
+            self._ingest.metrics.rejected("hello")
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"hello: none within {self._limits.hello_timeout_s:g} s of opening the stream",
+            )
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("payload") != "hello":

@@ -68,6 +68,9 @@ class InputLimits:
     """Sustained messages per second per stream (an agent sends a few per second)."""
     burst_messages: int = 2000
     """Messages a stream may send at once (a reconnect resends its spool in batches)."""
+    hello_timeout_s: float = 30.0
+    """How long a new stream may wait before its Hello (an agent sends it at once): a stream that
+    never said Hello was held for ever, and 17,000 such were held by one client."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

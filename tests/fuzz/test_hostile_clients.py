@@ -27,7 +27,7 @@ from rasd.api.v1 import health_pb2 as health_pb
 from rasd.cli import main as rasctl
 from rasd.common import devcerts, tls, tokens
 from rasd.controller import server
-from rasd.controller.rpc import authn
+from rasd.controller.rpc import authn, validate_input
 from rasd.controller.store import repo
 from rasd.controller.wire import agent as wire
 
@@ -413,3 +413,33 @@ def test_an_admin_can_say_a_gpu_moved_and_the_new_node_then_owns_it(tmp_path, pk
     assert isinstance(still_b, grpc.aio.AioRpcError) and still_b.code() == grpc.StatusCode.PERMISSION_DENIED
     assert any(r["actor"] == "cert:dev-admin" and r["action"] == "ForgetGpuOwner" and r["outcome"] == "OK"
                and r["reason"].startswith("moved to node-b") for r in audit)  # fmt: skip
+
+
+def test_a_stream_that_never_says_hello_is_ended(tmp_path, pki):
+    """Item 18: a stream that never sent Hello was held without a timeout (17,000 held by one client)."""
+
+    async def scenario():
+        limits = validate_input.InputLimits(hello_timeout_s=0.5)
+        security = authn.SecuritySettings(tls=_files(pki, pki.controller), limits=limits)
+        controller = server.Controller(
+            server.ControllerSettings(
+                listen="127.0.0.1:0", db_url=f"sqlite:///{tmp_path / 'rasd.db'}", metrics_port=None, security=security
+            )
+        )
+        await controller.start()
+        channel = tls.aio_channel(controller.address, _files(pki, pki.nodes["node-a"]))
+        call = agent_grpc.AgentServiceStub(channel).Connect()
+        started = time.monotonic()
+        try:
+            ended = await asyncio.wait_for(call.read(), timeout=10)  # says nothing, waits
+        except (grpc.aio.AioRpcError, TimeoutError) as exc:  # TimeoutError: still held after 10 s
+            ended = exc
+        waited_s = time.monotonic() - started
+        await channel.close()
+        await controller.stop()
+        return ended, waited_s
+
+    ended, waited_s = asyncio.run(scenario())
+    assert isinstance(ended, grpc.aio.AioRpcError), f"the stream was held: {ended!r}"
+    assert ended.code() == grpc.StatusCode.DEADLINE_EXCEEDED and ended.details().startswith("hello: none within 0.5 s")
+    assert waited_s < 5
