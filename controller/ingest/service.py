@@ -230,7 +230,10 @@ class Ingest:
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
-        await self.flush()
+        try:
+            await self.flush()
+        except repo.STORE_UNAVAILABLE as exc:  # latest telemetry and last-seen times only: no event is lost
+            log.error("final_flush_failed", error=str(exc).splitlines()[0][:300], error_type=type(exc).__name__)
         if self._read_threads is not None:
             await asyncio.to_thread(self._read_threads.close)
 

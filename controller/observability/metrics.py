@@ -151,6 +151,12 @@ class ControllerMetrics:
         self.breaker_tripped = Gauge(
             "rasd_breaker_tripped", "1 while the circuit breaker holds all automation.", registry=registry
         )
+        self.store_file_lost = Gauge(
+            "rasd_store_file_lost",
+            "1 once the store's SQLite file was deleted or replaced under this replica: nothing is acked "
+            "and health is NOT_SERVING until it is restarted.",
+            registry=registry,
+        )
         self.automation_paused = Gauge(
             "rasd_automation_paused", "1 while an operator has paused automation.", registry=registry
         )

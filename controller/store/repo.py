@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,16 +23,30 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.orm import Session, sessionmaker
 
 from rasd.controller.core import fleet
-from rasd.controller.store import migrate, paging, schema
+from rasd.controller.store import file_identity, migrate, paging, schema
 
 
 class WriterLost(Exception):
     """The store writer process (`rasd.controller.store.writer`) died during a call: a store outage."""
 
 
-STORE_UNAVAILABLE: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError, WriterLost)
+STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    sa.exc.OperationalError,
+    sa.exc.InterfaceError,
+    WriterLost,
+    file_identity.StoreFileLost,
+)
 """What a store call raises while the database is unreachable, restarting or locked: nothing of the
-call was committed, and the same call can succeed later (the pool's pre-ping replaces dead connections)."""
+call was committed, and the same call can succeed later (the pool's pre-ping replaces dead connections;
+a SQLite file deleted under the controller needs its restart)."""
+
+_FILE_IDENTITIES: weakref.WeakKeyDictionary[sa.Engine, file_identity.SqliteFileIdentity] = weakref.WeakKeyDictionary()
+
+
+def file_problem(engine: sa.Engine) -> str | None:
+    """Why engine's SQLite file is no longer the one it opened (deleted, replaced); None if it is, or not a file."""
+    identity = _FILE_IDENTITIES.get(engine)
+    return identity.problem() if identity is not None else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +174,14 @@ def create_engine(url: str) -> sa.Engine:
         engine = sa.create_engine(
             url, connect_args={"timeout": 30, "check_same_thread": False}, json_serializer=json_text
         )
+        identity = None
+        if parsed.database not in (None, "", ":memory:"):
+            identity = file_identity.SqliteFileIdentity(str(parsed.database))
+            _FILE_IDENTITIES[engine] = identity
+
+            @sa_event.listens_for(engine, "begin")
+            def _same_file(_connection: sa.Connection) -> None:
+                identity.check()  # a stat (~2 us): never commit, nor ack, into a deleted file
 
         @sa_event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -174,6 +197,8 @@ def create_engine(url: str) -> sa.Engine:
                 cursor.execute("PRAGMA synchronous=FULL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
+            if identity is not None:
+                identity.note_opened()
 
         return engine
     if parsed.get_backend_name() != "postgresql":
@@ -376,6 +401,8 @@ class WalCheckpointer:
             self.checkpoints += 1
         except sa.exc.SQLAlchemyError:  # busy or closing: the next round checkpoints what is left
             pass
+        except file_identity.StoreFileLost:
+            self._stopped.set()  # replaced under us: the controller reports it (server._watch_store)
 
 
 class Store:

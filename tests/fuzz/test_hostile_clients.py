@@ -18,6 +18,7 @@ import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
@@ -92,6 +93,23 @@ async def _connect(controller, pki, node_id, hello):
         return channel, call, await call.read()
     except grpc.aio.AioRpcError as exc:
         return channel, call, exc
+
+
+async def _acks_within(call, timeout_s, *, until_seq):
+    """The acked positions the stream sends within timeout_s (or until one reaches until_seq), and its error."""
+    acks = []
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    try:
+        while not acks or acks[-1] < until_seq:
+            left_s = deadline - asyncio.get_running_loop().time()
+            reply = await asyncio.wait_for(call.read(), timeout=max(left_s, 0.001))
+            if reply.HasField("ack"):
+                acks.append(reply.ack.acked_seq)
+    except TimeoutError:
+        return acks, None
+    except grpc.aio.AioRpcError as exc:
+        return acks, exc
+    return acks, None
 
 
 async def _gone(controller, node_id, timeout_s=5.0):
@@ -443,3 +461,35 @@ def test_a_stream_that_never_says_hello_is_ended(tmp_path, pki):
     assert isinstance(ended, grpc.aio.AioRpcError), f"the stream was held: {ended!r}"
     assert ended.code() == grpc.StatusCode.DEADLINE_EXCEEDED and ended.details().startswith("hello: none within 0.5 s")
     assert waited_s < 5
+
+
+def test_a_store_deleted_under_the_controller_stops_acks_and_reports_not_serving(tmp_path, pki):
+    """Item 17: with the SQLite files deleted, the controller kept acking into the unlinked file,
+    logged nothing and stayed SERVING; on restart what it had acked was gone."""
+
+    async def scenario():
+        controller = _controller(tmp_path, pki, store_check_interval_s=0.05)
+        await controller.start()
+        channel, call, welcome = await _connect(controller, pki, "node-a", _hello("node-a", GPU_A))
+        assert welcome.HasField("welcome")
+        await call.write(_events(1, 2))
+        before, _ended = await _acks_within(call, 2, until_seq=2)
+        for suffix in ("", "-wal", "-shm"):
+            (tmp_path / f"rasd.db{suffix}").unlink(missing_ok=True)
+        await call.write(_events(3, 4))
+        after, ended = await _acks_within(call, 3, until_seq=4)
+        await asyncio.sleep(0.5)  # a few of the store watch's rounds
+        health = health_pb2_grpc.HealthStub(channel)
+        status = (await health.Check(health_pb2.HealthCheckRequest(service=""))).status
+        lost_gauge = controller.registry.get_sample_value("rasd_store_file_lost")
+        await channel.close()
+        await controller.stop()
+        return before, after, ended, status, lost_gauge
+
+    before, after, ended, status, lost_gauge = asyncio.run(scenario())
+    assert before == [2]
+    assert after == [], f"acked into a deleted file: {after}"
+    if ended is not None:
+        assert ended.code() == grpc.StatusCode.UNAVAILABLE  # the agent keeps 3 and 4 in its spool
+    assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert lost_gauge == 1
