@@ -54,13 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     events = command("events", "stored health events, newest first")
     events.add_argument("--node", default="")
-    events.add_argument("--limit", type=int, default=50)
+    events.add_argument("--limit", type=int, default=50, help="at most this many (default %(default)s)")
     incidents = command("incidents", "correlated incidents, newest first")
     incidents.add_argument("--node", default="")
     incidents.add_argument("--open", action="store_true", help="only open incidents")
+    incidents.add_argument("--limit", type=int, default=100, help="at most this many (default %(default)s)")
     repairs = command("repairs", "repair tickets: state, rung and why")
     repairs.add_argument("--node", default="")
     repairs.add_argument("--open", action="store_true", help="only open tickets")
+    repairs.add_argument("--limit", type=int, default=100, help="at most this many (default %(default)s)")
     quarantine = command("quarantine", "take NODE or NODE/GPU out of scheduling", json=False)
     quarantine.add_argument("target", metavar="NODE[/GPU]")
     quarantine.add_argument("--reason", required=True)
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--seed", type=int, default=0)
     validations = command("validations", "validation runs and verdicts")
     validations.add_argument("--node", default="")
+    validations.add_argument("--limit", type=int, default=100, help="at most this many (default %(default)s)")
     sdc = commands.add_parser("sdc", help="silent data corruption")
     sdc_commands = sdc.add_subparsers(dest="sdc_command", required=True, metavar="SDC_COMMAND")
     accuse = sdc_commands.add_parser("accuse", help="accuse NODE/GPU of SDC: quarantine and run the accusation suite")
@@ -93,11 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
     rma_show.add_argument("rma_id")
     rma_approve = rma_commands.add_parser("approve", help="approve a pending ticket")
     rma_approve.add_argument("rma_id")
+    gpu = commands.add_parser("gpu", help="a GPU's place in the fleet")
+    gpu_commands = gpu.add_subparsers(dest="gpu_command", required=True, metavar="GPU_COMMAND")
+    forget = gpu_commands.add_parser(
+        "forget-owner",
+        help="NODE/GPU was moved out of NODE by hand: the next node whose Hello lists the GPU owns it (admin)",
+    )
+    forget.add_argument("target", metavar="NODE/GPU")
+    forget.add_argument("--reason", required=True)
     automation = commands.add_parser("automation", help="pause or resume automated repairs")
     automation.add_argument("action", choices=("pause", "resume"))
     automation.add_argument("--reason", default="")
     audit = command("audit", "who did what, when, to what, why, and how it ended")
-    audit.add_argument("--limit", type=int, default=50)
+    audit.add_argument("--limit", type=int, default=50, help="at most this many (default %(default)s)")
 
     credentials.add_commands(commands)
     power_views.add_parser(commands)
@@ -131,10 +142,35 @@ _LISTINGS = frozenset({"nodes", "node", "events", "incidents", "repairs", "valid
 """Commands that only read (``sdc list`` and ``rma list``/``show`` are read under their groups)."""
 
 
-def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO) -> None:
+PAGE_ITEMS = 1000
+"""Items rasctl asks for per page (the controller's most: `rasd.controller.rpc.pages.MAX_PAGE_SIZE`)."""
+
+
+def _paged(
+    call: Callable[..., Any], request: Any, items: str, *, limit: int | None, timeout: float, size_field: str = "limit"
+) -> tuple[list[Any], bool]:
+    """The items of a listing page after page, until limit (None: all); and whether more were left.
+
+    The controller answers a listing a page at a time (at most 1,000 items and about 2 MiB a page);
+    rasctl follows ``next_page_token`` so that ``--limit`` means what it says.
+    """
+    listed: list[Any] = []
+    while True:
+        wanted = PAGE_ITEMS if limit is None else max(1, min(PAGE_ITEMS, limit - len(listed)))
+        setattr(request, size_field, wanted)
+        response = call(request, timeout=timeout)
+        listed.extend(getattr(response, items))
+        if limit is not None and len(listed) >= limit:
+            return listed[:limit], bool(response.next_page_token) or len(listed) > limit
+        if not response.next_page_token:
+            return listed, False
+        request.page_token = response.next_page_token
+
+
+def _run_command(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, err: TextIO) -> None:
     now = time.time_ns()
     if args.command in _LISTINGS or (args.command == "sdc" and args.sdc_command == "list"):
-        _run_listing(args, stub, out, now)
+        _run_listing(args, stub, out, err, now)
     elif args.command == "rma":
         _run_rma(args, stub, out, now)
     elif args.command == "power":
@@ -157,37 +193,52 @@ def _show(
         table(list(messages), now, out)
 
 
-def _run_listing(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, now: int) -> None:
+_LISTING_CALLS: dict[str, Callable[[admin_grpc.AdminServiceStub, argparse.Namespace], tuple[Any, Any, str, Any]]] = {
+    "events": lambda stub, args: (
+        stub.ListEvents, admin_pb.ListEventsRequest(node_id=args.node), "events", views.events_table
+    ),
+    "incidents": lambda stub, args: (
+        stub.ListIncidents, admin_pb.ListIncidentsRequest(node_id=args.node, open_only=args.open), "incidents",
+        rviews.incidents_table,
+    ),
+    "repairs": lambda stub, args: (
+        stub.ListRepairs, admin_pb.ListRepairsRequest(node_id=args.node, open_only=args.open), "repairs",
+        rviews.repairs_table,
+    ),
+    "validations": lambda stub, args: (
+        stub.ListValidations, admin_pb.ListValidationsRequest(node_id=args.node), "validations",
+        rviews.validations_table,
+    ),
+    "audit": lambda stub, args: (stub.ListAudit, admin_pb.ListAuditRequest(), "records", rviews.audit_table),
+}  # fmt: skip
+"""The paged listings: (call, its request, the answer's item field, the table that shows them) per command."""
+
+
+def _run_listing(
+    args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, err: TextIO, now: int
+) -> None:
     """The commands that read: nodes, node, events, incidents, repairs, validations, sdc list, audit."""
     timeout = args.timeout_s
     if args.command == "nodes":
-        response = stub.ListNodes(admin_pb.ListNodesRequest(label_selector=_selector(args.selector)), timeout=timeout)
+        request = admin_pb.ListNodesRequest(label_selector=_selector(args.selector))
+        nodes, _more = _paged(stub.ListNodes, request, "nodes", limit=None, timeout=timeout, size_field="page_size")
         if getattr(args, "json", False):
-            output.dump_json(views.nodes_json(list(response.nodes)), out)
+            output.dump_json(views.nodes_json(nodes), out)
         else:
-            views.nodes_table(list(response.nodes), now, out)
-    elif args.command == "node":
+            views.nodes_table(nodes, now, out)
+        return
+    if args.command == "node":
         _show_node(args, stub.GetNode(admin_pb.GetNodeRequest(node_id=args.node_id), timeout=timeout), now, out)
-    elif args.command == "events":
-        listed = stub.ListEvents(admin_pb.ListEventsRequest(node_id=args.node, limit=args.limit), timeout=timeout)
-        _show(args, listed.events, views.events_table, now, out)
-    elif args.command == "incidents":
-        listed = stub.ListIncidents(
-            admin_pb.ListIncidentsRequest(node_id=args.node, open_only=args.open), timeout=timeout
-        )
-        _show(args, listed.incidents, rviews.incidents_table, now, out)
-    elif args.command == "repairs":
-        listed = stub.ListRepairs(admin_pb.ListRepairsRequest(node_id=args.node, open_only=args.open), timeout=timeout)
-        _show(args, listed.repairs, rviews.repairs_table, now, out)
-    elif args.command == "validations":
-        listed = stub.ListValidations(admin_pb.ListValidationsRequest(node_id=args.node), timeout=timeout)
-        _show(args, listed.validations, rviews.validations_table, now, out)
-    elif args.command == "sdc":
+        return
+    if args.command == "sdc":
         listed = stub.ListSdc(admin_pb.ListSdcRequest(limit=args.limit), timeout=timeout)
         _show(args, listed.gpus, rviews.sdc_table, now, out)
-    elif args.command == "audit":
-        listed = stub.ListAudit(admin_pb.ListAuditRequest(limit=args.limit), timeout=timeout)
-        _show(args, listed.records, rviews.audit_table, now, out)
+        return
+    call, request, items, table = _LISTING_CALLS[args.command](stub, args)
+    listed, more = _paged(call, request, items, limit=args.limit, timeout=timeout)
+    _show(args, listed, table, now, out)
+    if more:
+        print(f"rasctl: {args.command}: more than {len(listed)}; --limit N shows more", file=err)
 
 
 def _show_node(args: argparse.Namespace, detail: admin_pb.GetNodeResponse, now: int, out: TextIO) -> None:
@@ -217,11 +268,12 @@ def _run_rma(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: T
         )
     else:
         approved = stub.ApproveRma(admin_pb.ApproveRmaRequest(rma_id=args.rma_id), timeout=timeout)
-        print(f"RMA {approved.ticket.rma_id}: {approved.ticket.state}", file=out)
+        ticket = approved.ticket
+        print(f"RMA {output.printable(ticket.rma_id)}: {output.printable(ticket.state)}", file=out)
 
 
 def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO) -> None:
-    """The commands that change something: quarantine, release, validate, sdc accuse, automation."""
+    """The commands that change something: quarantine, release, validate, sdc accuse, gpu forget-owner, automation."""
     timeout = args.timeout_s
     if args.command == "quarantine":
         stub.Quarantine(admin_pb.QuarantineRequest(target=_target(args.target), reason=args.reason), timeout=timeout)
@@ -232,24 +284,48 @@ def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out
         )
         outcome = dict(call.trailing_metadata() or ()).get("rasd-outcome", "")
         state = admin_pb.ComponentState.Name(released.state).removeprefix("COMPONENT_STATE_").lower()
-        print(f"{args.target}: {state}" + (f" ({outcome})" if outcome else ""), file=out)
+        print(f"{args.target}: {state}" + (f" ({output.printable(outcome)})" if outcome else ""), file=out)
     elif args.command == "validate":
         started = stub.Validate(
             admin_pb.ValidateRequest(target=_target(args.target), suite=args.suite, seed=args.seed), timeout=timeout
         )
-        print(f"validation {started.validation_id} started on {args.target}; see `rasctl validations`", file=out)
+        validation_id = output.printable(started.validation_id)
+        print(f"validation {validation_id} started on {args.target}; see `rasctl validations`", file=out)
     elif args.command == "sdc":
         stub.AccuseSdc(
             admin_pb.AccuseSdcRequest(target=_target(args.target), reason=args.reason),
             timeout=timeout,
         )
         print(f"accused {args.target}: quarantined for the accusation suite", file=out)
+    elif args.command == "gpu":
+        stub.ForgetGpuOwner(
+            admin_pb.ForgetGpuOwnerRequest(target=_target(args.target), reason=args.reason), timeout=timeout
+        )
+        print(f"{args.target}: no longer its node's; the next node whose Hello lists it owns it", file=out)
     elif args.command == "automation":
         status = stub.SetAutomationPaused(
             admin_pb.SetAutomationPausedRequest(paused=args.action == "pause", reason=args.reason), timeout=timeout
         )
         word = "paused" if status.paused else "running"
-        print(f"automation {word}" + (f": {status.reason}" if status.paused and status.reason else ""), file=out)
+        reason = f": {output.printable(status.reason)}" if status.paused and status.reason else ""
+        print(f"automation {word}{reason}", file=out)
+
+
+def unreachable_hint(details: str, args: argparse.Namespace) -> str:
+    """What an UNAVAILABLE (or timed-out) call most likely means, for the operator to act on.
+
+    Every one of them said "is rasd-controller running?": a controller that refused the client
+    certificate (gRPC reports only "Socket closed") or whose store was down sent operators looking
+    for a process that was running.
+    """
+    if "store unavailable" in details:
+        return f"store unavailable: rasd-controller at {args.controller} runs, but cannot reach its store; retry later"
+    if "Socket closed" in details and getattr(args, "tls_cert", None):
+        return (
+            f"certificate refused: rasd-controller at {args.controller} closed the TLS connection; check that "
+            f"{args.tls_cert} is signed by the controller's CA and not expired"
+        )
+    return f"is rasd-controller running at {args.controller}?"
 
 
 def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
@@ -274,12 +350,13 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
         print(f"rasctl: {exc}", file=err)
         return EXIT_USAGE
     try:
-        _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out)
+        _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out, err)
     except grpc.RpcError as exc:
         code = exc.code()  # type: ignore[attr-defined]
-        print(f"rasctl: {args.command}: {code.name}: {exc.details()}", file=err)  # type: ignore[attr-defined]
+        details = output.printable(exc.details() or "")  # type: ignore[attr-defined]
+        print(f"rasctl: {args.command}: {code.name}: {details}", file=err)
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            print(f"rasctl: is rasd-controller running at {args.controller}?", file=err)
+            print(f"rasctl: {unreachable_hint(details, args)}", file=err)
             return EXIT_UNREACHABLE
         return EXIT_RPC_ERROR
     finally:

@@ -1,4 +1,8 @@
-"""Rendering of rasctl output: aligned text tables for people, JSON for machines."""
+"""Rendering of rasctl output: aligned text tables for people, JSON for machines.
+
+Text for people shows what nodes and callers wrote with control characters escaped (`printable`):
+every table cell is, and each view passes the strings it prints outside a table through it.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,15 @@ from typing import Any, TextIO
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from rasd.common import text
+
+printable = text.printable
+"""Escape control characters, line breaks and bidirectional overrides (`rasd.common.text.printable`)."""
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
-    """Print rows under headers with columns padded to width; numbers right-aligned."""
-    text_rows = [[str(cell) for cell in row] for row in rows]
+    """Print rows under headers with columns padded to width; numbers right-aligned; each cell `printable`."""
+    text_rows = [[printable(str(cell)) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in text_rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]

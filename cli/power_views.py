@@ -98,7 +98,7 @@ def run(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO
         )
         domain = response.domain
         budget = f"{domain.budget_w} W" if domain.has_budget else "no own budget"
-        print(f"{domain.level} {domain.domain_id}: {budget}", file=out)
+        print(f"{output.printable(domain.level)} {output.printable(domain.domain_id)}: {budget}", file=out)
     elif args.policy_command == "show":
         text = stub.GetPowerPolicy(admin_pb.GetPowerPolicyRequest(), timeout=timeout).policy_toml
         if args.json:
@@ -144,7 +144,9 @@ def status_table(status: admin_pb.GetPowerStatusResponse, out: TextIO) -> None:
         walk(status.root, 0)
     output.table(["DOMAIN", "LEVEL", "BUDGET kW", "ALLOCATED kW", "TARGET kW", "DRAWN kW", "HEADROOM kW"], rows, out)
     smoothing = (
-        f"{status.smoothing_mode}, floor {status.smoothing_floor_w:.0f} W/GPU" if status.smoothing_active else "off"
+        f"{output.printable(status.smoothing_mode)}, floor {status.smoothing_floor_w:.0f} W/GPU"
+        if status.smoothing_active
+        else "off"
     )
     period = f"{status.swing_period_s:.2f} s" if status.swing_period_s else "-"
     print(
@@ -154,4 +156,5 @@ def status_table(status: admin_pb.GetPowerStatusResponse, out: TextIO) -> None:
         file=out,
     )
     if status.over_budget:
-        print(f"over budget until decreases are confirmed: {', '.join(status.over_budget)}", file=out)
+        over = ", ".join(output.printable(name) for name in status.over_budget)
+        print(f"over budget until decreases are confirmed: {over}", file=out)

@@ -35,10 +35,11 @@ def repairs_table(repairs: list[admin_pb.Repair], now: int, out: TextIO) -> None
 
 def repair_history(repairs: list[admin_pb.Repair], out: TextIO) -> None:
     """Each ticket's evidence trail, one line per fault, action and result."""
+    shown = output.printable
     for repair in repairs:
-        print(f"ticket {repair.ticket_id}: {repair.state} at rung {repair.rung or '-'}", file=out)
+        print(f"ticket {shown(repair.ticket_id)}: {shown(repair.state)} at rung {shown(repair.rung or '-')}", file=out)
         for step in repair.steps:
-            print(f"  {step.reason}", file=out)
+            print(f"  {shown(step.reason)}", file=out)
 
 
 def quarantines_table(records: list[admin_pb.QuarantineRecord], now: int, out: TextIO) -> None:

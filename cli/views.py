@@ -56,13 +56,15 @@ def nodes_json(nodes: list[admin_pb.NodeStatus]) -> list[dict[str, Any]]:
 def node_detail(response: admin_pb.GetNodeResponse, now_unix_ns: int, out: TextIO) -> None:
     """One node: header, GPU table, recent events."""
     node = response.node
+    shown = output.printable
     print(
-        f"node {node.node_id}  state {_state_name(node.state)}  connected {node.connected}  "
-        f"last seen {output.age(now_unix_ns, node.last_seen_unix_ns)}  agent {node.agent_version} ({node.backend})",
+        f"node {shown(node.node_id)}  state {_state_name(node.state)}  connected {node.connected}  "
+        f"last seen {output.age(now_unix_ns, node.last_seen_unix_ns)}  "
+        f"agent {shown(node.agent_version)} ({shown(node.backend)})",
         file=out,
     )
     if node.labels:
-        print("labels " + ", ".join(f"{k}={v}" for k, v in sorted(node.labels.items())), file=out)
+        print("labels " + ", ".join(f"{shown(k)}={shown(v)}" for k, v in sorted(node.labels.items())), file=out)
     rows = [
         [
             gpu.uuid,

@@ -12,7 +12,8 @@ the entry's priority: `journalctl -p warning -u rasd-agent` then shows only warn
 
 rasd's events keep their own fast path (structlog's WriteLogger, no `logging.LogRecord`): the
 controller logs each decision on its decision thread. Both paths write whole lines in one write
-call, so their lines never interleave. Nothing configures logging at import time.
+call, so their lines never interleave. On the console renderer control characters in values are
+escaped, so that no value can forge a line. Nothing configures logging at import time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any
 
 import orjson
 import structlog
+
+from rasd.common import text
 
 SYSLOG_PRIORITY = {"critical": 2, "error": 3, "exception": 3, "warning": 4, "warn": 4, "info": 6, "debug": 7}
 """syslog priority of each level name: the `<N>` prefix journald reads (sd-daemon(3))."""
@@ -47,6 +50,7 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
     use_json = (not sys.stderr.isatty()) if json is None else json
+    escape: list[structlog.types.Processor] = [] if use_json else [_printable_strings]
     renderer: Renderer = (
         structlog.processors.JSONRenderer(serializer=_json_line)
         if use_json
@@ -60,7 +64,7 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        processors=[*shared, structlog.processors.format_exc_info, *escape, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.WriteLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=False,
@@ -72,6 +76,7 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 structlog.processors.format_exc_info,
+                *escape,
                 renderer,
             ],
         )
@@ -111,6 +116,20 @@ class _JournalPriority:
     def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> str:
         level = str(event_dict.get("level", method_name)).lower()
         return f"<{SYSLOG_PRIORITY.get(level, 6)}>{self._renderer(logger, method_name, event_dict)}"
+
+
+def _printable_strings(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """Escape control characters in string values before the console renderer prints them raw.
+
+    A node's hostname, an event's text or a caller's reason with a newline forged a log line, and
+    an ESC sequence reached the terminal (`rasd.common.text`). JSON lines need none of it: JSON
+    escapes control characters and cannot span lines. Other values are printed with ``repr``,
+    which escapes them already; a traceback keeps its own line breaks.
+    """
+    return {
+        key: text.printable(value, keep_newlines=key == "exception") if isinstance(value, str) else value
+        for key, value in event_dict.items()
+    }
 
 
 def _json_line(event: Any, **kw: Any) -> str:

@@ -32,7 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-port", type=int, default=9464, help="Prometheus port; -1 disables (default %(default)s)"
     )
-    parser.add_argument("--metrics-addr", default="0.0.0.0", help="Prometheus bind address (default %(default)s)")
+    parser.add_argument(
+        "--metrics-addr",
+        help="Prometheus bind address (default 127.0.0.1 with --insecure, else 0.0.0.0 for the cluster's scraper)",
+    )
     parser.add_argument(
         "--insecure",
         action="store_true",
@@ -111,6 +114,17 @@ async def _serve(settings: server.ControllerSettings) -> int:
     return 0
 
 
+def metrics_bind_address(args: argparse.Namespace) -> str:
+    """Where the Prometheus port listens: as asked, else loopback for a plaintext (--insecure) controller.
+
+    A plaintext controller is a loopback demo or a developer's; its metrics (node names, GPU
+    uuids, labels) bound to every interface were open to the network the gRPC port refused.
+    """
+    if args.metrics_addr is not None:
+        return str(args.metrics_addr)
+    return "127.0.0.1" if args.insecure else "0.0.0.0"  # the cluster's scraper reaches the pod, as before
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one controller replica until SIGTERM or SIGINT."""
     parser = build_parser()
@@ -142,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         listen=args.listen,
         db_url=args.db,
         metrics_port=None if args.metrics_port == -1 else args.metrics_port,
-        metrics_addr=args.metrics_addr,
+        metrics_addr=metrics_bind_address(args),
         remediation=not args.no_remediation,
         remediation_policy=config.get("remediation_policy", policy.RemediationPolicy()),
         quarantine=config.get("quarantine", {}),

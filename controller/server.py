@@ -80,6 +80,8 @@ class ControllerSettings:
     """The `[leader]` table: election (lease on PostgreSQL), lease and renewal times, replica id."""
     power: Mapping[str, Any] | None = None
     """The `[power]` table (budget tree, policy); None: no power loop."""
+    store_check_interval_s: float = 1.0
+    """How often the store's SQLite file is checked to still be the one opened (deleted, replaced)."""
     commit_writer: str = "thread"
     """Where the repair ladder's commits run: "process" (a writer process, `store.writer`: deciding
     and committing use two cores; what `rasd-controller` runs) or "thread" (the store thread)."""
@@ -230,7 +232,7 @@ class Controller:
             self.repair_gate.attach(self.power)
         self._register_collectors()
         self.tokens = authn.TokenStore(settings.security.tokens_file)
-        self.audit = audit.AuditLog(self.ingest, clock=time.time_ns)
+        self.audit = audit.AuditLog(self.ingest, clock=time.time_ns, registry=self.registry)
         self.security = authz.SecurityMetrics(self.registry)
         self.tls: tls.ReloadingServerCredentials | None = None
         if settings.security.tls is not None:
@@ -248,6 +250,7 @@ class Controller:
         self.health_port: int | None = None
         self._metrics_server = None
         self._health = health.aio.HealthServicer()
+        self._store_watch: asyncio.Task[None] | None = None
 
     def _ladder(self) -> wiring.Ladder | None:
         """What the repair ladder is built with (None: no remediation): adapters, recording, fence, writer."""
@@ -341,8 +344,8 @@ class Controller:
             )
             self.metrics_port = self._metrics_server.server_port
         self.collector.start()  # last: a start that failed above leaves no task and no gc callback behind
-        for service in ("", "rasd.api.v1.AgentService", "rasd.api.v1.AdminService"):
-            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._store_watch = asyncio.create_task(self._watch_store(), name="rasd-store-watch")
         log.info(
             "controller_started",
             listen=self.settings.listen,
@@ -363,6 +366,9 @@ class Controller:
         "cannot schedule new futures after shutdown").
         """
         await self._health.enter_graceful_shutdown()
+        if self._store_watch is not None:
+            self._store_watch.cancel()
+            await asyncio.gather(self._store_watch, return_exceptions=True)
         await self.collector.stop()
         await self.leadership.stop()  # stops the leader's loops and hands the lease over at once
         if self.wired.shipper is not None:
@@ -385,6 +391,26 @@ class Controller:
         if self.recorder is not None:
             self.recorder.close()
         log.info("controller_stopped")
+
+    async def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+        for service in ("", "rasd.api.v1.AgentService", "rasd.api.v1.AdminService"):
+            await self._health.set(service, status)
+
+    async def _watch_store(self) -> None:
+        """Report a store file deleted or replaced under this replica: log, metric, NOT_SERVING.
+
+        Its transactions are refused by then (`store.file_identity`), so nothing is acked; this makes
+        it seen. Before, the controller kept acking into the unlinked file, logged nothing and stayed
+        SERVING. It stays so until restarted: the file it had is gone.
+        """
+        while True:
+            await asyncio.sleep(self.settings.store_check_interval_s)
+            problem = repo.file_problem(self.store.engine)
+            if problem is not None:
+                log.error("store_file_lost", problem=problem, acking=False, health="NOT_SERVING")
+                self.metrics.store_file_lost.set(1)
+                await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+                return
 
     async def send_command(
         self, node_id: str, command: wire_commands.Command, *, timeout_s: float = 30.0

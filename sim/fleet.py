@@ -400,11 +400,29 @@ async def _play(
     )
     # Let the last telemetry batch and event acks land before measuring.
     await asyncio.sleep(1.5)
-    final_nodes = list((await admin.ListNodes(admin_pb.ListNodesRequest(), timeout=10)).nodes)
+    final_nodes = await _every_node(admin, timeout_s=10)
     print(f"\nfleet after {settings.duration_s:g} s:", file=out)
     views.nodes_table(final_nodes, clock(), out)
-    events = await admin.ListEvents(admin_pb.ListEventsRequest(limit=10_000), timeout=10)
-    return final_nodes, events
+    events = admin_pb.ListEventsResponse()
+    request = admin_pb.ListEventsRequest(limit=1000)
+    while True:  # the controller answers a page at a time
+        page = await admin.ListEvents(request, timeout=10)
+        events.events.extend(page.events)
+        if not page.next_page_token:
+            return final_nodes, events
+        request.page_token = page.next_page_token
+
+
+async def _every_node(admin: admin_grpc.AdminServiceStub, *, timeout_s: float) -> list[admin_pb.NodeStatus]:
+    """Every node, page after page."""
+    nodes: list[admin_pb.NodeStatus] = []
+    request = admin_pb.ListNodesRequest()
+    while True:
+        page = await admin.ListNodes(request, timeout=timeout_s)
+        nodes.extend(page.nodes)
+        if not page.next_page_token:
+            return nodes
+        request.page_token = page.next_page_token
 
 
 async def _controller_record(controller: server.Controller, started_ns: int) -> _ControllerRecord:
@@ -574,7 +592,7 @@ async def _show_table(
     while at_s < settings.duration_s:
         await _at(started_ns, at_s, clock)
         try:
-            nodes = list((await admin.ListNodes(admin_pb.ListNodesRequest(), timeout=5)).nodes)
+            nodes = await _every_node(admin, timeout_s=5)
         except grpc.aio.AioRpcError as exc:
             print(f"[t={at_s:5.1f}s] ListNodes failed: {exc.code().name}", file=out, flush=True)
         else:

@@ -96,10 +96,13 @@ class Ingest:
     ) -> None:
         """Bind to the store and its thread, the streams, metrics and the consumer; call `start()` in the loop.
 
-        consumer: who makes events durable and acts on them and on results (`consumer`).
+        consumer: who makes events durable and acts on them and on results (`consumer`). Operator
+        reads (`run_read`) get threads of their own (`store_thread.ReadThreads`, closed by `stop`),
+        or the store thread for an in-memory SQLite store.
         """
         self.store = store
         self.thread = thread
+        self._read_threads = store_thread.ReadThreads() if store.reads_beside_writer else None
         self.streams = agent_streams
         self.metrics = controller_metrics
         self.consumer = consumer
@@ -161,6 +164,20 @@ class Ingest:
         """The GPU UUIDs a node announced in its last Hello."""
         return self.streams.node_gpus(node_id)
 
+    async def forget_gpu_owner(self, node_id: str, gpu_uuid: str) -> None:
+        """An operator says node_id's GPU left it: the next node whose Hello lists it owns it (the store's record).
+
+        Raises:
+            LookupError: the GPU is not node_id's.
+            ValueError: node_id is connected here and its Hello lists the GPU.
+        """
+        session = self.sessions.get(node_id)
+        if session is not None and gpu_uuid in session.known_gpus:
+            raise ValueError(f"node {node_id} is connected and its Hello lists {gpu_uuid}")
+        if not await self.thread.run(self.store.forget_gpu_owner, gpu_uuid, node_id):
+            raise LookupError(f"GPU {gpu_uuid} is not node {node_id}'s")
+        self.streams.forget_gpu_owner(gpu_uuid, node_id)
+
     def remember_remote_node(self, node_id: str, labels: Mapping[str, str], gpu_uuids: tuple[str, ...]) -> None:
         """Know a node whose stream another replica holds (`AgentStreams.remember_remote_node`)."""
         self.streams.remember_remote_node(node_id, labels, gpu_uuids)
@@ -182,6 +199,16 @@ class Ingest:
     async def run_in_store(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a blocking store call on the store thread (serialised with every other write)."""
         return await self.thread.run(fn, *args)
+
+    async def run_read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a blocking read (an operator's listing) beside the store thread, never on it.
+
+        Raises:
+            store_thread.ReadsBusy: too many reads wait already.
+        """
+        if self._read_threads is None:
+            return await self.thread.run(fn, *args)
+        return await self._read_threads.run(fn, *args)
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -208,25 +235,38 @@ class Ingest:
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
-        await self.flush()
+        try:
+            await self.flush()
+        except repo.STORE_UNAVAILABLE as exc:  # latest telemetry and last-seen times only: no event is lost
+            log.error("final_flush_failed", error=str(exc).splitlines()[0][:300], error_type=type(exc).__name__)
+        if self._read_threads is not None:
+            await asyncio.to_thread(self._read_threads.close)
 
     # -- sessions ----------------------------------------------------------------------------------------
-    async def register_hello(self, node_hello: fleet.NodeHello, now_unix_ns: int) -> repo.HelloOutcome:
+    async def register_hello(
+        self, node_hello: fleet.NodeHello, now_unix_ns: int, *, certified: bool = False
+    ) -> repo.HelloOutcome:
         """Register a Hello on the store thread, together with every other Hello waiting then.
+
+        certified: its stream's certificate names its node (`repo.Store.register_hello`).
 
         After a controller restart or a failover every agent reconnects at once; registering Hellos
         in groups costs the store thread a fraction of one by one (tests/chaos/test_reconnect_storm.py
         reconnects 2,000 agents), so agents are welcomed before their Welcome timeouts make them retry.
         """
-        return await self._hellos.submit(node_hello, now_unix_ns)
+        return await self._hellos.submit(node_hello, now_unix_ns, certified)
 
-    async def open_session(self, node_hello: fleet.NodeHello, *, sent_unix_ns: int = 0) -> tuple[Session, msgs.Welcome]:
+    async def open_session(
+        self, node_hello: fleet.NodeHello, *, sent_unix_ns: int = 0, certified: bool = False
+    ) -> tuple[Session, msgs.Welcome]:
         """Register a node from its (validated) Hello; returns its session and the Welcome to send.
 
-        sent_unix_ns: when the agent sent the Hello, on its clock (0: not stamped).
+        sent_unix_ns: when the agent sent the Hello, on its clock (0: not stamped). certified: its
+        stream's certificate names its node, so another node's GPU it lists is refused
+        (`repo.GpuClaimRefused`).
         """
         now = self.clock()
-        outcome = await self.register_hello(node_hello, now)
+        outcome = await self.register_hello(node_hello, now, certified=certified)
         session = Session(
             session_id=uuid.uuid4().hex,
             node_id=node_hello.node_id,
@@ -240,7 +280,13 @@ class Ingest:
         session.note_stamp(sent_unix_ns, now)
         previous = self.streams.open(node_hello, session)
         self.metrics.agent_streams.set(len(self.sessions))
-        await self.consumer.connected(session.node_id)
+        try:
+            await self.consumer.connected(session.node_id)
+        except BaseException:
+            # No stream will serve it (the caller gets no session to close): left open, the node
+            # showed as connected for ever and its commands went nowhere.
+            await self.close_session(session)
+            raise
         log.info(
             "agent_connected",
             node=session.node_id,
@@ -511,21 +557,27 @@ class Ingest:
         )
 
     # -- reads and flushing -------------------------------------------------------------------------------
-    async def list_nodes(self, selector: Mapping[str, str] | None = None) -> list[fleet.NodeStatus]:
-        """The fleet from the store, overlaid with this replica's fresher in-memory telemetry.
+    async def list_nodes(
+        self, selector: Mapping[str, str] | None = None, *, node_ids: Sequence[str] | None = None
+    ) -> list[fleet.NodeStatus]:
+        """The fleet (or the named nodes) from the store, overlaid with this replica's fresher in-memory telemetry.
 
-        No flush first: the overlay already shows this replica's latest values, and a read (the
-        simulator's live table, a dashboard's poll) must not cost a write of every GPU's telemetry.
+        Read beside the store thread (`run_read`). No flush first: the overlay already shows this
+        replica's latest values, and a read (the simulator's live table, a dashboard's poll) must
+        not cost a write of every GPU's telemetry.
         """
-        nodes = await self.thread.run(self.store.list_nodes)
+        nodes = await self.run_read(self.store.list_nodes, node_ids)
         return [
-            self._overlaid(node)
+            self.overlaid(node)
             for node in nodes
             if not selector or fleet.matches_selector(node.labels, selector)
         ]  # fmt: skip
 
-    def _overlaid(self, node: fleet.NodeStatus) -> fleet.NodeStatus:
-        """A stored node with this replica's stream, last-seen time and telemetry laid over it."""
+    def overlaid(self, node: fleet.NodeStatus) -> fleet.NodeStatus:
+        """A stored node with this replica's stream, last-seen time and telemetry laid over it.
+
+        Only reads this replica's maps (key lookups), so a read thread may call it.
+        """
         connected = node.node_id in self.sessions or node.connected
         now = self.clock()
         gpus = tuple(
@@ -548,8 +600,8 @@ class Ingest:
         )
 
     async def list_events(self, *, node_id: str, since_unix_ns: int, limit: int) -> list[repo.StoredEvent]:
-        """Stored events, newest first."""
-        return await self.thread.run(
+        """Stored events, newest first (read beside the store thread)."""
+        return await self.run_read(
             lambda: self.store.list_events(node_id=node_id, since_unix_ns=since_unix_ns, limit=limit)
         )
 

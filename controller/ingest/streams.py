@@ -146,7 +146,7 @@ class AgentStreams:
         self.sessions: dict[str, Session] = {}
         self.node_labels: LabelsByNode = LabelsByNode()
         self.gpu_nodes: dict[str, str] = {}
-        """GPU uuid → the node whose Hello announced it."""
+        """GPU uuid → the node whose last Hello on this replica listed it."""
         self.gpu_records: dict[str, fleet.GpuRecord] = {}
         """Each GPU's inventory record (power-limit constraints) from its node's last Hello."""
         self.boot_ids: dict[str, str] = {}
@@ -166,6 +166,10 @@ class AgentStreams:
             previous.replaced = True
             previous.outbound.put_nowait(None)
         self.sessions[session.node_id] = session
+        listed = {gpu.uuid for gpu in node_hello.gpus}
+        for gpu_uuid in self._node_gpus.get(node_hello.node_id, ()):
+            if gpu_uuid not in listed and self.gpu_nodes.get(gpu_uuid) == node_hello.node_id:
+                del self.gpu_nodes[gpu_uuid]  # it left the node: another node's Hello may list it now
         for gpu in node_hello.gpus:
             self.gpu_nodes[gpu.uuid] = gpu.node_id
         self.node_labels[session.node_id] = dict(node_hello.labels)
@@ -192,6 +196,12 @@ class AgentStreams:
         """End every open stream (its agent reconnects, to another replica if there is one)."""
         for session in list(self.sessions.values()):
             session.outbound.put_nowait(None)
+
+    def forget_gpu_owner(self, gpu_uuid: str, node_id: str) -> None:
+        """node_id's GPU left it (an operator said so): it is no node's until a node's Hello lists it."""
+        if self.gpu_nodes.get(gpu_uuid) == node_id:
+            del self.gpu_nodes[gpu_uuid]
+        self._node_gpus[node_id] = tuple(g for g in self._node_gpus.get(node_id, ()) if g != gpu_uuid)
 
     def node_gpus(self, node_id: str) -> tuple[str, ...]:
         """The GPU UUIDs a node announced in its last Hello."""

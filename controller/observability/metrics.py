@@ -14,13 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rasd.common import xid_catalog
 from rasd.controller.core import fleet
+from rasd.controller.wire import fields as wire_fields
 from rasd.controller.wire import stream as wire_stream
 
 if TYPE_CHECKING:
     from rasd.controller.power import loop as power_loop
-
-_INDEX_RE = re.compile(r"\[[^\]]*\]")
 
 
 class ControllerMetrics:
@@ -58,7 +58,8 @@ class ControllerMetrics:
         )
         self.wire_rejections = Counter(
             "rasd_wire_rejections",
-            "Agent messages rejected as INVALID_ARGUMENT, by field (indices removed).",
+            "Agent messages rejected as INVALID_ARGUMENT, by the field's place in the message (list indices "
+            "and map keys as [], other for a name that is none).",
             ["field"],
             registry=registry,
         )
@@ -93,7 +94,7 @@ class ControllerMetrics:
         """The repair path's metrics: incidents, actions, its latencies, the budget and quarantines."""
         self.incidents = Counter(
             "rasd_incidents",
-            "New incidents, by cause (fault key) and component.",
+            "New incidents, by cause (the fault's kind, with the Xid when NVIDIA's catalog lists it) and component.",
             ["cause", "component"],
             registry=registry,
         )
@@ -150,6 +151,12 @@ class ControllerMetrics:
         self.breaker_tripped = Gauge(
             "rasd_breaker_tripped", "1 while the circuit breaker holds all automation.", registry=registry
         )
+        self.store_file_lost = Gauge(
+            "rasd_store_file_lost",
+            "1 once the store's SQLite file was deleted or replaced under this replica: nothing is acked "
+            "and health is NOT_SERVING until it is restarted.",
+            registry=registry,
+        )
         self.automation_paused = Gauge(
             "rasd_automation_paused", "1 while an operator has paused automation.", registry=registry
         )
@@ -185,9 +192,33 @@ class ControllerMetrics:
                 child = children[kind] = self.health_events.labels(kind=wire_stream.event_kind_name(kind))
             child.inc()
 
+    def incident_opened(self, fault_key: str, component: str) -> None:
+        """Count a new incident under ``rasd_incidents`` by its cause's kind (`incident_cause_label`) and component."""
+        self.incidents.labels(cause=incident_cause_label(fault_key), component=component).inc()
+
     def rejected(self, field: str) -> None:
-        """Count a rejected message under its field with list indices stripped (bounded labels)."""
-        self.wire_rejections.labels(field=_INDEX_RE.sub("[]", field)).inc()
+        """Count a rejected message under its field's place in the message (`wire.fields`: a fixed set of labels)."""
+        self.wire_rejections.labels(field=wire_fields.rejection_label(field)).inc()
+
+
+_CAUSE_KIND_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def incident_cause_label(fault_key: str) -> str:
+    """An incident's cause as a label from a fixed set: the fault key's kind, with the Xid when NVIDIA lists it.
+
+    A fault key names the fault's kind and, after a colon, what the event said: ``xid:79``,
+    ``ib_flap:mlx5_0/1``, ``nvlink_down:3``. The part after the colon comes from the node (any Xid
+    up to 99,999, any port name), so as a label it minted a series per value a node chose. Kept
+    whole only for an Xid in NVIDIA's catalog (about a hundred); otherwise the kind alone
+    (``xid:other`` for an Xid the catalog does not list).
+    """
+    kind, colon, detail = fault_key.partition(":")
+    if not _CAUSE_KIND_RE.fullmatch(kind):
+        return "other"
+    if kind == "xid" and colon:
+        return fault_key if detail.isdigit() and int(detail) in xid_catalog.load_catalog() else "xid:other"
+    return kind
 
 
 class FleetCollector(Collector):

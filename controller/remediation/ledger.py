@@ -393,9 +393,7 @@ class Ledger:
         for seconds in done.detect_s:
             metrics.time_to_detect_seconds.observe(seconds)
         for incident in done.new_incidents:
-            metrics.incidents.labels(
-                cause=incident.fault_key, component=str(incident.classification.component.value)
-            ).inc()
+            metrics.incident_opened(incident.fault_key, str(incident.classification.component.value))
             self._note_incident_opened(incident)
 
     def _note_incident_opened(self, incident: correlate.Incident) -> None:

@@ -3,25 +3,44 @@
 The power RPCs answer FAILED_PRECONDITION on a controller without a power loop (no `[power]` table).
 Every state-changing call is audited with the caller the auth interceptor authenticated
 (``authz.actor()``); who may call what is decided there, never here.
+
+Listings answer a page at a time, bounded in items and bytes (`pages`), and read beside the store
+thread (`Ingest.run_read`), never on it: the store thread serializes every write, agents' acks
+included, and a viewer's read there held every node's ack behind it. A page is read and converted
+to its answer on the read thread, so the event loop that serves the agents only sends it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
 
 import grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
+from rasd.controller.core import fleet
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.power import tree as power_tree
 from rasd.controller.core.remediation import repair_queue
 from rasd.controller.ingest import service as ingest
 from rasd.controller.power import loop as power_loop
 from rasd.controller.remediation import service as remediation_mod
-from rasd.controller.rpc import authz
+from rasd.controller.rpc import authz, pages
+from rasd.controller.store import paging
+from rasd.controller.store import thread as store_thread
 from rasd.controller.wire import agent as wire
 from rasd.controller.wire import power as power_wire
 
 MAX_LIST_LIMIT = 10_000
+"""ListEvents' limit above this is INVALID_ARGUMENT (as before pages; up to it, a page holds at most
+`pages.MAX_PAGE_SIZE`)."""
+RECENT_EVENTS = 50
+"""Events GetNode shows."""
+RECENT_TICKETS = 20
+"""Repair tickets GetNode shows."""
+
+AnswerT = TypeVar("AnswerT")
 
 
 class AdminService(admin_grpc.AdminServiceServicer):
@@ -38,6 +57,22 @@ class AdminService(admin_grpc.AdminServiceServicer):
         self._ingest = service
         self._remediation = remediation
         self._power = power
+
+    async def _read(self, context: grpc.aio.ServicerContext, read: Callable[[], AnswerT]) -> AnswerT:
+        """Run read beside the store thread (`Ingest.run_read`); RESOURCE_EXHAUSTED when too many reads wait."""
+        try:
+            return await self._ingest.run_read(read)
+        except store_thread.ReadsBusy as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            raise  # unreachable: abort raises
+
+    async def _after(self, listing: str, page_token: str, context: grpc.aio.ServicerContext) -> paging.Position | None:
+        """Where the page a request's page_token names starts; INVALID_ARGUMENT for a token not of this listing."""
+        try:
+            return pages.position(listing, page_token)
+        except pages.BadPageToken as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # unreachable: abort raises
 
     async def _need_power(self, context: grpc.aio.ServicerContext) -> power_loop.PowerLoop:
         if self._power is None:
@@ -106,8 +141,8 @@ class AdminService(admin_grpc.AdminServiceServicer):
     async def _known_target(self, target: admin_pb.Target, context: grpc.aio.ServicerContext) -> None:
         if not target.node_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target.node_id: required")
-        nodes = {n.node_id: n for n in await self._ingest.list_nodes()}
-        node = nodes.get(target.node_id)
+        nodes = await self._ingest.list_nodes(node_ids=[target.node_id])
+        node = nodes[0] if nodes else None
         if node is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"target.node_id: {target.node_id!r} never connected")
         if target.gpu_uuid and target.gpu_uuid not in {g.record.uuid for g in node.gpus}:
@@ -118,26 +153,36 @@ class AdminService(admin_grpc.AdminServiceServicer):
     async def ListIncidents(
         self, request: admin_pb.ListIncidentsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListIncidentsResponse:
-        """Incidents, newest first."""
-        service = await self._need_remediation(context)
-        rows = await self._ingest.run_in_store(
-            lambda: service.store.incidents(
-                node_id=request.node_id, open_only=request.open_only, limit=request.limit or 100
+        """Incidents, newest first, a page at a time."""
+        store = (await self._need_remediation(context)).store
+        after = await self._after("incidents", request.page_token, context)
+
+        def read() -> admin_pb.ListIncidentsResponse:
+            page = store.incidents_page(node_id=request.node_id, open_only=request.open_only, after=after,
+                                        limit=pages.page_size(request.limit), max_bytes=pages.PAGE_BYTES)  # fmt: skip
+            return admin_pb.ListIncidentsResponse(
+                incidents=[wire.incident_to_wire(r) for r in page.items],
+                next_page_token=pages.token("incidents", page.next_after),
             )
-        )
-        return admin_pb.ListIncidentsResponse(incidents=[wire.incident_to_wire(r) for r in rows])
+
+        return await self._read(context, read)
 
     async def ListRepairs(
         self, request: admin_pb.ListRepairsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListRepairsResponse:
-        """Repair tickets, most recently updated first."""
-        service = await self._need_remediation(context)
-        rows = await self._ingest.run_in_store(
-            lambda: service.store.tickets(
-                node_id=request.node_id, open_only=request.open_only, limit=request.limit or 100
+        """Repair tickets, most recently updated first, a page at a time."""
+        store = (await self._need_remediation(context)).store
+        after = await self._after("repairs", request.page_token, context)
+
+        def read() -> admin_pb.ListRepairsResponse:
+            page = store.tickets_page(node_id=request.node_id, open_only=request.open_only, after=after,
+                                      limit=pages.page_size(request.limit), max_bytes=pages.PAGE_BYTES)  # fmt: skip
+            return admin_pb.ListRepairsResponse(
+                repairs=[wire.repair_to_wire(r) for r in page.items],
+                next_page_token=pages.token("repairs", page.next_after),
             )
-        )
-        return admin_pb.ListRepairsResponse(repairs=[wire.repair_to_wire(r) for r in rows])
+
+        return await self._read(context, read)
 
     async def Quarantine(
         self, request: admin_pb.QuarantineRequest, context: grpc.aio.ServicerContext
@@ -221,19 +266,26 @@ class AdminService(admin_grpc.AdminServiceServicer):
     async def ListValidations(
         self, request: admin_pb.ListValidationsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListValidationsResponse:
-        """Validation runs, newest first."""
-        service = await self._need_remediation(context)
-        rows = await self._ingest.run_in_store(
-            lambda: service.store.validations(node_id=request.node_id, limit=request.limit or 100)
-        )
-        return admin_pb.ListValidationsResponse(validations=[wire.validation_to_wire(r) for r in rows])
+        """Validation runs, newest first, a page at a time."""
+        store = (await self._need_remediation(context)).store
+        after = await self._after("validations", request.page_token, context)
+
+        def read() -> admin_pb.ListValidationsResponse:
+            page = store.validations_page(node_id=request.node_id, after=after, limit=pages.page_size(request.limit),
+                                          max_bytes=pages.PAGE_BYTES)  # fmt: skip
+            return admin_pb.ListValidationsResponse(
+                validations=[wire.validation_to_wire(r) for r in page.items],
+                next_page_token=pages.token("validations", page.next_after),
+            )
+
+        return await self._read(context, read)
 
     async def ListSdc(
         self, request: admin_pb.ListSdcRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListSdcResponse:
-        """GPUs with SDC history or under watch, most suspicious first."""
+        """GPUs with SDC history or under watch, most suspicious first (at most `pages.MAX_PAGE_SIZE`)."""
         service = await self._need_remediation(context)
-        rows = service.sdc_records()[: request.limit or 1000]
+        rows = service.sdc_records()[: pages.page_size(request.limit, default=pages.MAX_PAGE_SIZE)]
         return admin_pb.ListSdcResponse(gpus=[wire.sdc_gpu_to_wire(r) for r in rows])
 
     async def ListRma(
@@ -241,8 +293,8 @@ class AdminService(admin_grpc.AdminServiceServicer):
     ) -> admin_pb.ListRmaResponse:
         """RMA tickets."""
         service = await self._need_remediation(context)
-        rows = await self._ingest.run_in_store(lambda: service.store.rmas(pending_only=request.pending_only))
-        quarantined = await self._ingest.run_in_store(service.store.quarantines)
+        rows = await self._read(context, lambda: service.store.rmas(pending_only=request.pending_only))
+        quarantined = await self._read(context, service.store.quarantines)
         items = repair_queue.build_items(
             [r for r in rows if r["state"] == "pending"],
             node_gpu_counts={r["node_id"]: len(self._ingest.node_gpus(r["node_id"])) or 8 for r in rows},
@@ -265,7 +317,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
     ) -> admin_pb.GetRmaResponse:
         """One RMA ticket with its evidence bundle."""
         service = await self._need_remediation(context)
-        rows = await self._ingest.run_in_store(lambda: service.store.rmas())
+        rows = await self._read(context, lambda: service.store.rmas())
         row = next((r for r in rows if r["rma_id"] == request.rma_id), None)
         if row is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"rma_id: {request.rma_id!r} unknown")
@@ -284,6 +336,23 @@ class AdminService(admin_grpc.AdminServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"rma_id: {request.rma_id!r} unknown")
         return admin_pb.ApproveRmaResponse(ticket=wire.rma_to_wire(row))
 
+    async def ForgetGpuOwner(
+        self, request: admin_pb.ForgetGpuOwnerRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ForgetGpuOwnerResponse:
+        """A GPU was moved out of its node by hand: the next node whose Hello lists it owns it."""
+        target = request.target
+        if not target.node_id or not target.gpu_uuid:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target: NODE/GPU, the node the GPU was taken out of")
+        if not request.reason:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason: required (it goes to the audit log)")
+        try:
+            await self._ingest.forget_gpu_owner(target.node_id, target.gpu_uuid)
+        except LookupError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"target: {exc}")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"target: {exc}")
+        return admin_pb.ForgetGpuOwnerResponse()
+
     async def SetAutomationPaused(
         self, request: admin_pb.SetAutomationPausedRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.AutomationStatus:
@@ -299,49 +368,91 @@ class AdminService(admin_grpc.AdminServiceServicer):
     async def ListAudit(
         self, request: admin_pb.ListAuditRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListAuditResponse:
-        """Audit records, newest first."""
-        service = await self._need_remediation(context)
-        rows = await self._ingest.run_in_store(
-            lambda: service.store.audit(since_unix_ns=request.since_unix_ns, limit=request.limit or 100)
-        )
-        return admin_pb.ListAuditResponse(records=[wire.audit_to_wire(r) for r in rows])
+        """Audit records, newest first, a page at a time."""
+        store = (await self._need_remediation(context)).store
+        after = await self._after("audit", request.page_token, context)
+
+        def read() -> admin_pb.ListAuditResponse:
+            page = store.audit_page(since_unix_ns=request.since_unix_ns, after=after,
+                                    limit=pages.page_size(request.limit), max_bytes=pages.PAGE_BYTES)  # fmt: skip
+            return admin_pb.ListAuditResponse(
+                records=[wire.audit_to_wire(r) for r in page.items],
+                next_page_token=pages.token("audit", page.next_after),
+            )
+
+        return await self._read(context, read)
 
     async def ListNodes(
         self, request: admin_pb.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListNodesResponse:
-        """Every node with its GPUs and latest power."""
-        nodes = await self._ingest.list_nodes(dict(request.label_selector))
-        return admin_pb.ListNodesResponse(nodes=[wire.node_status_to_wire(n) for n in nodes])
+        """Nodes with their GPUs and latest power, sorted by id, a page at a time."""
+        after = await self._after("nodes", request.page_token, context)
+        size = pages.page_size(request.page_size, default=pages.MAX_PAGE_SIZE)
+        selector = dict(request.label_selector)
+        ingest = self._ingest
+
+        def read() -> admin_pb.ListNodesResponse:
+            nodes = ingest.store.list_nodes(after=str(after[1]) if after else "", limit=size + 1)
+            listed: list[admin_pb.NodeStatus] = []
+            used, last = 0, ""
+            for node in nodes[:size]:
+                if not selector or fleet.matches_selector(node.labels, selector):
+                    message = wire.node_status_to_wire(ingest.overlaid(node))
+                    if listed and used + message.ByteSize() > pages.PAGE_BYTES:
+                        return admin_pb.ListNodesResponse(nodes=listed, next_page_token=pages.token("nodes", (0, last)))
+                    listed.append(message)
+                    used += message.ByteSize()
+                last = node.node_id
+            more = len(nodes) > size
+            return admin_pb.ListNodesResponse(
+                nodes=listed, next_page_token=pages.token("nodes", (0, last)) if more else ""
+            )
+
+        return await self._read(context, read)
 
     async def GetNode(
         self, request: admin_pb.GetNodeRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.GetNodeResponse:
-        """One node and its 50 most recent events."""
+        """One node, its most recent events, repair tickets and quarantines."""
         if not request.node_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id: required")
-        nodes = [n for n in await self._ingest.list_nodes() if n.node_id == request.node_id]
+        nodes = await self._ingest.list_nodes(node_ids=[request.node_id])
         if not nodes:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"node_id: {request.node_id!r} never connected")
-        events = await self._ingest.list_events(node_id=request.node_id, since_unix_ns=0, limit=50)
-        response = admin_pb.GetNodeResponse(
-            node=wire.node_status_to_wire(nodes[0]),
-            recent_events=[wire.stored_event_to_wire(e) for e in events],
-        )
-        if self._remediation is not None:
-            store = self._remediation.store
-            tickets = await self._ingest.run_in_store(lambda: store.tickets(node_id=request.node_id, limit=20))
-            quarantines = await self._ingest.run_in_store(lambda: store.quarantines(node_id=request.node_id))
-            response.repairs.extend(wire.repair_to_wire(t) for t in tickets)
-            response.quarantines.extend(wire.quarantine_to_wire(q) for q in quarantines)
-        return response
+        store, remediation = self._ingest.store, self._remediation
+
+        def read() -> admin_pb.GetNodeResponse:
+            events = store.events_page(node_id=request.node_id, limit=RECENT_EVENTS, max_bytes=pages.PAGE_BYTES // 2)
+            response = admin_pb.GetNodeResponse(
+                node=wire.node_status_to_wire(nodes[0]),
+                recent_events=[wire.stored_event_to_wire(e) for e in events.items],
+            )
+            if remediation is not None:
+                tickets = remediation.store.tickets_page(
+                    node_id=request.node_id, limit=RECENT_TICKETS, max_bytes=pages.PAGE_BYTES // 4
+                )
+                response.repairs.extend(wire.repair_to_wire(t) for t in tickets.items)
+                quarantines = remediation.store.quarantines(node_id=request.node_id)
+                response.quarantines.extend(wire.quarantine_to_wire(q) for q in quarantines)
+            return response
+
+        return await self._read(context, read)
 
     async def ListEvents(
         self, request: admin_pb.ListEventsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListEventsResponse:
-        """Stored health events, newest first."""
+        """Stored health events, newest first, a page at a time."""
         if request.limit > MAX_LIST_LIMIT:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit: at most {MAX_LIST_LIMIT}")
-        events = await self._ingest.list_events(
-            node_id=request.node_id, since_unix_ns=request.since_unix_ns, limit=request.limit or 100
-        )
-        return admin_pb.ListEventsResponse(events=[wire.stored_event_to_wire(e) for e in events])
+        after = await self._after("events", request.page_token, context)
+        store = self._ingest.store
+
+        def read() -> admin_pb.ListEventsResponse:
+            page = store.events_page(node_id=request.node_id, since_unix_ns=request.since_unix_ns, after=after,
+                                     limit=pages.page_size(request.limit), max_bytes=pages.PAGE_BYTES)  # fmt: skip
+            return admin_pb.ListEventsResponse(
+                events=[wire.stored_event_to_wire(e) for e in page.items],
+                next_page_token=pages.token("events", page.next_after),
+            )
+
+        return await self._read(context, read)

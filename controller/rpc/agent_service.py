@@ -66,21 +66,31 @@ class AgentService(agent_grpc.AgentServiceServicer):
     ) -> None:
         if self._security is not None:
             self._security.identity_rejections.labels(kind=kind).inc()
+        recorded = True
         if self._audit is not None:
-            await self._audit.record(
+            recorded = await self._audit.record_denial(
                 actor=authz.actor(),
+                peer=context.peer() or "",
                 action="AgentService.Connect",
                 node_id=claimed,
                 reason=str(error),
                 outcome=f"denied:{grpc.StatusCode.PERMISSION_DENIED.name}",
-                details={"kind": kind, "field": error.field},
+                details={"kind": kind, "field": error.field[:200]},
             )
-        log.warning("agent_identity_denied", actor=authz.actor(), kind=kind, field=error.field, error=str(error))
+        if recorded:
+            log.warning("agent_identity_denied", actor=authz.actor(), kind=kind, field=error.field, error=str(error))
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(error))
 
     async def Connect(self, request_iterator, context: grpc.aio.ServicerContext):  # type: ignore[no-untyped-def]
         """Run one node's stream until either side ends it."""
-        first = await context.read()
+        try:
+            first = await asyncio.wait_for(context.read(), self._limits.hello_timeout_s)
+        except TimeoutError:
+            self._ingest.metrics.rejected("hello")
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"hello: none within {self._limits.hello_timeout_s:g} s of opening the stream",
+            )
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("payload") != "hello":
@@ -89,7 +99,7 @@ class AgentService(agent_grpc.AgentServiceServicer):
         self._ingest.metrics.agent_messages.labels(kind="hello").inc()
         identity = self.identity()
         try:
-            validate_input.check_hello(first.hello, identity, connected=self._ingest.sessions)
+            validate_input.check_hello(first.hello, identity)
         except validate_input.IdentityError as exc:
             await self._deny_identity(context, exc, "hello", first.hello.node_id[:253])
         except wire.WireError as exc:
@@ -97,10 +107,15 @@ class AgentService(agent_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             node_hello = wire.hello_from_wire(first.hello)
-            session, welcome = await self._ingest.open_session(node_hello, sent_unix_ns=first.hello.sent_unix_ns)
+            session, welcome = await self._ingest.open_session(
+                node_hello, sent_unix_ns=first.hello.sent_unix_ns, certified=identity.node_id is not None
+            )
         except wire.WireError as exc:
             self._ingest.metrics.rejected(exc.field)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except repo.GpuClaimRefused as exc:  # another node's GPU, by the store's record (any replica, any restart)
+            claim = validate_input.IdentityError(exc.field, exc.problem)
+            await self._deny_identity(context, claim, "hello", first.hello.node_id[:253])
         except repo.STORE_UNAVAILABLE as exc:
             await store_outage.abort_unavailable(
                 context, exc, "store_unavailable_stream_ended", node=first.hello.node_id[:253]

@@ -22,15 +22,18 @@ why one SHA-256 is enough).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import hmac
 import pathlib
 from collections.abc import Mapping, Sequence
 
+import structlog
+
 from rasd.common import tls, tokens
 from rasd.controller.rpc import validate_input
+
+log = structlog.get_logger("rasd.controller")
 
 NODE_UNIT = "node"
 
@@ -83,13 +86,21 @@ class TokenEntry:
 
 
 class TokenStore:
-    """Bearer tokens by hash, read from a file; re-read when the file changes (no restart)."""
+    """Bearer tokens by hash, read from a file; re-read when the file changes (no restart).
+
+    A file that is deleted or cannot be read grants no token from then on (logged once, as an
+    error): an operator who removes the file, or a volume that went away, must not leave the
+    tokens it held valid. A file that reads but does not parse (an edit half done) keeps the last
+    good entries, and says so.
+    """
 
     def __init__(self, path: pathlib.Path | None) -> None:
         """Load the file now (raising ValueError with the line number on a bad line)."""
         self.path = path
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self._entries: dict[str, TokenEntry] = {}
+        self._unreadable: str | None = None
+        """Why the file could not be read at the last look (None: it could)."""
         if path is not None:
             self._reload(force=True)
 
@@ -115,18 +126,35 @@ class TokenStore:
     def _reload(self, *, force: bool = False) -> None:
         assert self.path is not None
         st = self.path.stat()
-        stamp = (st.st_mtime_ns, st.st_size)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         if stamp == self._stamp and not force:
             return
-        self._entries = self.parse(self.path.read_text(), source=str(self.path))
-        self._stamp = stamp
+        text = self.path.read_text()
+        self._stamp = stamp  # a file that does not parse is looked at again once it changes, not at every call
+        self._entries = self.parse(text, source=str(self.path))
+
+    def _refresh(self) -> None:
+        """Re-read the file if it changed: unreadable, no tokens; unparsable, the last good ones."""
+        try:
+            self._reload()
+        except OSError as exc:
+            self._entries, self._stamp = {}, None
+            problem = f"{type(exc).__name__}: {exc.strerror or exc}"
+            if problem != self._unreadable:
+                log.error("tokens_file_unreadable", path=str(self.path), error=problem, tokens_valid=0)
+            self._unreadable = problem
+            return
+        except ValueError as exc:
+            log.error("tokens_file_invalid", path=str(self.path), error=str(exc), kept=len(self._entries))
+            return
+        if self._unreadable is not None:
+            log.info("tokens_file_readable_again", path=str(self.path), tokens_valid=len(self._entries))
+            self._unreadable = None
 
     def lookup(self, token: str) -> TokenEntry | None:
         """The entry for a presented token, or None."""
         if self.path is not None:
-            # A half-written file keeps the last good entries.
-            with contextlib.suppress(OSError, ValueError):
-                self._reload()
+            self._refresh()
         digest = tokens.digest(token)
         for known, entry in self._entries.items():
             if hmac.compare_digest(known, digest):
@@ -170,6 +198,21 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | No
     return None
 
 
+def certificate_principal(auth_context: Mapping[str, Sequence[bytes]]) -> Principal | None:
+    """The principal of the call's verified client certificate (module docstring, 2.), or None without one.
+
+    Also what a refused call is audited as when its bearer token was not recognised: the
+    connection's certificate was verified all the same, and names who presented the token.
+    """
+    peer = tls.peer_certificate(auth_context)
+    if peer is None:
+        return None
+    if NODE_UNIT in peer.units:
+        return Principal(name=f"node:{peer.node_id}", kind="node", node_id=peer.node_id)
+    roles = [Role.parse(u) for u in peer.units if u.upper() in Role.__members__]
+    return Principal(name=f"cert:{peer.common_name}", kind="cert", role=max(roles) if roles else None)
+
+
 def resolve(
     auth_context: Mapping[str, Sequence[bytes]],
     metadata: Sequence[tuple[str, str | bytes]] | None,
@@ -188,12 +231,9 @@ def resolve(
         if entry is None:
             raise AuthError("bearer token not recognised")
         return Principal(name=f"token:{entry.name}", kind="token", role=entry.role)
-    peer = tls.peer_certificate(auth_context)
-    if peer is not None:
-        if NODE_UNIT in peer.units:
-            return Principal(name=f"node:{peer.node_id}", kind="node", node_id=peer.node_id)
-        roles = [Role.parse(u) for u in peer.units if u.upper() in Role.__members__]
-        return Principal(name=f"cert:{peer.common_name}", kind="cert", role=max(roles) if roles else None)
+    by_certificate = certificate_principal(auth_context)
+    if by_certificate is not None:
+        return by_certificate
     if settings.tls is None and settings.insecure_role is not None:
         return Principal(name="anonymous", kind="anonymous", role=settings.insecure_role)
     raise AuthError("no client certificate and no bearer token")

@@ -16,6 +16,7 @@ Release                                             operator;   always
                                                     admin with
                                                     force=true
 SetPowerBudget SetPowerPolicy ApproveRma            admin       always
+ForgetGpuOwner
 AgentService/Connect                                a node      on denial (identity
                                                     cert        mismatches are audited by
                                                                 the AgentService servicer)
@@ -23,8 +24,10 @@ grpc.health.v1.Health/*                             anyone      never (Kubernete
 ==================================================  ==========  ==========================
 
 Status codes: UNAUTHENTICATED (no or unknown credentials on a TLS controller, a bad bearer
-token), PERMISSION_DENIED (role too low, not a node certificate, unknown method). Every denial is
-written to the audit log with the caller (or "unauthenticated") and the method.
+token), PERMISSION_DENIED (role too low, not a node certificate, unknown method). A denial is
+written to the audit log with the caller (the certificate the connection presented when its bearer
+token was refused; "unauthenticated" without one), its peer address and the method, within the
+caller's allowance (`audit.AuditLog.record_denial`: a shorter reason, rationed per caller).
 """
 
 from __future__ import annotations
@@ -89,7 +92,10 @@ METHOD_RULES: dict[str, Rule] = {
         for name in ("Quarantine", "Validate", "AccuseSdc", "SetAutomationPaused")
     },
     ADMIN + "Release": Rule(_release_role, mutating=True),
-    **{ADMIN + name: Rule(Role.ADMIN, mutating=True) for name in ("SetPowerBudget", "SetPowerPolicy", "ApproveRma")},
+    **{
+        ADMIN + name: Rule(Role.ADMIN, mutating=True)
+        for name in ("SetPowerBudget", "SetPowerPolicy", "ApproveRma", "ForgetGpuOwner")
+    },
     AGENT_CONNECT: Rule(NODE),
     "/grpc.health.v1.Health/Check": Rule(PUBLIC),
     "/grpc.health.v1.Health/Watch": Rule(PUBLIC),
@@ -248,19 +254,22 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         actor: str,
         request: Any = None,
     ) -> None:
-        """Count, audit and abort one refused call."""
+        """Count, audit (within the caller's allowance, `audit.AuditLog.record_denial`) and abort one refused call."""
         node_id, gpu_uuid, reason = _target_of(request) if request is not None else ("", "", "")
         self._metrics.auth_denials.labels(method=_short(method), code=code.name).inc()
-        await self._audit.record(
+        peer = _peer_of(context)
+        recorded = await self._audit.record_denial(
             actor=actor,
+            peer=peer,
             action=_short(method),
             node_id=node_id,
             gpu_uuid=gpu_uuid,
             reason=reason or detail,
             outcome=f"denied:{code.name}",
-            details={"method": method, "detail": detail},
+            details={"method": method, "detail": detail[: audit.DENIED_REASON_CHARS]},
         )
-        log.warning("rpc_denied", method=method, actor=actor, code=code.name, detail=detail)
+        if recorded:  # a caller refused over its allowance floods neither the audit log nor this one
+            log.warning("rpc_denied", method=method, actor=actor, peer=peer, code=code.name, detail=detail[:200])
         await context.abort(code, detail)
 
     async def _authorize(
@@ -276,9 +285,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 context.auth_context(), metadata, token_store=self._tokens, settings=self._settings
             )
         except authn.AuthError as exc:
-            await self.deny(
-                method, context, grpc.StatusCode.UNAUTHENTICATED, str(exc), actor="unauthenticated", request=request
-            )
+            # A bad token on a connection with a verified certificate: the certificate says who sent it.
+            presented = authn.certificate_principal(context.auth_context())
+            actor = presented.name if presented is not None else "unauthenticated"
+            await self.deny(method, context, grpc.StatusCode.UNAUTHENTICATED, str(exc), actor=actor, request=request)
             raise  # unreachable: abort raises
         if rule is None:
             await self.deny(
@@ -340,6 +350,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 outcome=outcome,
                 details={"method": method, "role": principal.role.label if principal.role else ""},
             )
+
+
+def _peer_of(context: grpc.aio.ServicerContext) -> str:
+    """The caller's address as gRPC names it (``ipv4:10.0.0.5:41234``), or "" when the context has none."""
+    try:
+        return str(context.peer() or "")
+    except (AttributeError, NotImplementedError):
+        return ""
 
 
 def _code_of(context: grpc.aio.ServicerContext) -> grpc.StatusCode | None:

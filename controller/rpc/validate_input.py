@@ -14,8 +14,10 @@ Three outcomes:
 
 Rules, for the record: numbers finite and inside physical ranges; enums known and not UNSPECIFIED
 where the agent always sets them; GPU ids in NVML UUID form; strings bounded and free of NUL (which
-PostgreSQL cannot store); integers that land in signed 64-bit SQL columns below 2**63; repeated
-fields and maps bounded (`InputLimits`).
+PostgreSQL cannot store); integers that land in signed 64-bit SQL columns below 2**63; every time a
+unix time in ns before 2100 (so that no offset or deadline computed from one leaves 64 bits); every
+seq and spool position within what a spool can reach (`MAX_SPOOL_SEQ`); repeated fields and maps
+bounded (`InputLimits`).
 
 Rate: `TokenBucket` paces each stream's messages. A stream over its rate is not cut: the servicer
 waits before reading its next message, so gRPC flow control slows the sender and nothing is lost.
@@ -35,6 +37,11 @@ from rasd.controller.wire import agent as wire
 
 INT63 = 2**63 - 1
 """Largest value a signed 64-bit SQL column holds (seqs and times are stored there)."""
+MAX_SPOOL_SEQ = 2**40
+"""Highest seq an agent's spool can have reached: it numbers its health events one by one from 1, and
+2**40 is a thousand events a second for 35 years. A Hello's spool positions and an event's seq above
+it are a hostile or corrupt sender (a Hello claiming 2**63 - 1 acked added 9.2e18 to the events lost
+by the store and made its later events count as duplicates)."""
 MAX_UNIX_NS = 4_102_444_800 * 1_000_000_000
 """2100-01-01: a later timestamp is a corrupt clock or a hostile sender."""
 MAX_POWER_W = wire.MAX_POWER_W
@@ -61,6 +68,9 @@ class InputLimits:
     """Sustained messages per second per stream (an agent sends a few per second)."""
     burst_messages: int = 2000
     """Messages a stream may send at once (a reconnect resends its spool in batches)."""
+    hello_timeout_s: float = 30.0
+    """How long a new stream may wait before its Hello (an agent sends it at once): a stream that
+    never said Hello was held for ever, and 17,000 such were held by one client."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -144,13 +154,13 @@ def _owned(field: str, gpu_uuid: str, identity: StreamIdentity) -> None:
 
 
 # -- messages -----------------------------------------------------------------------------------------
-def check_hello(hello: agent_pb.Hello, identity: StreamIdentity, *, connected: Iterable[str] = ()) -> None:
-    """Validate a Hello; with a certificate, it must name the certificate's node.
+def check_hello(hello: agent_pb.Hello, identity: StreamIdentity) -> None:
+    """Validate a Hello; with a certificate, it must name the certificate's node and none of another node's GPUs.
 
-    Args:
-        hello: the message.
-        identity: the stream's certificate identity.
-        connected: nodes with an open stream now; their GPUs cannot be claimed by another node.
+    A GPU is another node's while that node's last Hello (on this replica) listed it, connected or
+    not: a claim alone never moves a GPU (the store holds the same rule for every replica,
+    `repo.GpuClaimRefused`). Before, only a connected node's GPUs were kept, and a Hello naming an
+    offline node's GPUs took them.
     """
     if identity.node_id is not None and hello.node_id != identity.node_id:
         raise IdentityError(
@@ -162,18 +172,18 @@ def check_hello(hello: agent_pb.Hello, identity: StreamIdentity, *, connected: I
     _text("hello.agent_version", hello.agent_version, 64)
     _text("hello.hostname", hello.hostname, 253)
     _text("hello.backend", hello.backend, 32, pattern=TOKEN_RE)
-    _range("hello.spool_head_seq", hello.spool_head_seq, 0, INT63)
+    _time("hello.sent_unix_ns", hello.sent_unix_ns)
+    _range("hello.spool_head_seq", hello.spool_head_seq, 0, MAX_SPOOL_SEQ)
     _text("hello.spool_id", hello.spool_id, 64, pattern=TOKEN_RE)
-    _range("hello.spool_acked_seq", hello.spool_acked_seq, 0, min(INT63, hello.spool_head_seq))
+    _range("hello.spool_acked_seq", hello.spool_acked_seq, 0, hello.spool_head_seq)
     _map("hello.labels", hello.labels)
     _count("hello.gpus", hello.gpus, MAX_GPUS)
-    live = set(connected)
     for index, gpu in enumerate(hello.gpus):
         field = f"hello.gpus[{index}]"
         _gpu_uuid(f"{field}.uuid", gpu.uuid)
         owner = identity.gpu_owners.get(gpu.uuid)
-        if identity.node_id is not None and owner not in (None, identity.node_id) and owner in live:
-            raise IdentityError(f"{field}.uuid", f"GPU {gpu.uuid} is announced by connected node {owner}")
+        if identity.node_id is not None and owner not in (None, identity.node_id):
+            raise IdentityError(f"{field}.uuid", f"GPU {gpu.uuid} belongs to node {owner}, whose last Hello listed it")
         _text(f"{field}.model", gpu.model, 96)
         _text(f"{field}.pci_bus_id", gpu.pci_bus_id, 32)
         _text(f"{field}.serial", gpu.serial, 64)
@@ -416,7 +426,7 @@ def check_events(batch: agent_pb.HealthEventBatch, identity: StreamIdentity, lim
     for index, event in enumerate(batch.events):
         field = f"events.events[{index}]"
         _owned(f"{field}.gpu_uuid", event.gpu_uuid, identity)
-        _range(f"{field}.seq", event.seq, 1, INT63)
+        _range(f"{field}.seq", event.seq, 1, MAX_SPOOL_SEQ)
         _time(f"{field}.observed_unix_ns", event.observed_unix_ns)
         _enum(f"{field}.kind", event.kind, health_pb.EventKind)
         _enum(f"{field}.severity", event.severity, health_pb.Severity, allow_unspecified=True)

@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from rasd.controller.core import fleet
-from rasd.controller.store import records, repo, schema
+from rasd.controller.store import paging, records, repo, schema
 
 # Command statuses: pending → dispatched → a final one; or cancelled before dispatch.
 FINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "refused", "not_supported", "dry_run", "cancelled"})
@@ -250,13 +250,29 @@ class RemediationStore:
     # -- operator views ----------------------------------------------------------------------------------
     def incidents(self, *, node_id: str = "", open_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
         """Incidents, newest first."""
-        return self._rows(schema.IncidentRow, schema.IncidentRow.opened_unix_ns, node_id, limit,
-                          (schema.IncidentRow.state == "open") if open_only else None)  # fmt: skip
+        return self.incidents_page(node_id=node_id, open_only=open_only, limit=limit).items
+
+    def incidents_page(
+        self, *, node_id: str = "", open_only: bool = False, after: paging.Position | None = None,
+        limit: int = 100, max_bytes: int | None = None,
+    ) -> paging.Page[dict[str, Any]]:  # fmt: skip
+        """One page of incidents, newest first (`paging`)."""
+        table = schema.IncidentRow
+        return self._page(table, table.opened_unix_ns, table.incident_id, node_id,
+                          (table.state == "open") if open_only else None, after, limit, max_bytes)  # fmt: skip
 
     def tickets(self, *, node_id: str = "", open_only: bool = False, limit: int = 100) -> list[dict[str, Any]]:
         """Repair tickets, most recently updated first."""
-        return self._rows(schema.RepairTicketRow, schema.RepairTicketRow.updated_unix_ns, node_id, limit,
-                          schema.RepairTicketRow.closed.is_(False) if open_only else None)  # fmt: skip
+        return self.tickets_page(node_id=node_id, open_only=open_only, limit=limit).items
+
+    def tickets_page(
+        self, *, node_id: str = "", open_only: bool = False, after: paging.Position | None = None,
+        limit: int = 100, max_bytes: int | None = None,
+    ) -> paging.Page[dict[str, Any]]:  # fmt: skip
+        """One page of repair tickets, most recently updated first (`paging`: a ticket updated meanwhile moves)."""
+        table = schema.RepairTicketRow
+        return self._page(table, table.updated_unix_ns, table.ticket_id, node_id,
+                          table.closed.is_(False) if open_only else None, after, limit, max_bytes)  # fmt: skip
 
     def quarantines(self, *, active_only: bool = True, node_id: str = "") -> list[dict[str, Any]]:
         """Quarantines, newest first."""
@@ -281,12 +297,28 @@ class RemediationStore:
 
     def validations(self, *, node_id: str = "", limit: int = 100) -> list[dict[str, Any]]:
         """Validation runs, newest first."""
-        return self._rows(schema.ValidationRow, schema.ValidationRow.started_unix_ns, node_id, limit, None)
+        return self.validations_page(node_id=node_id, limit=limit).items
+
+    def validations_page(
+        self, *, node_id: str = "", after: paging.Position | None = None, limit: int = 100,
+        max_bytes: int | None = None,
+    ) -> paging.Page[dict[str, Any]]:  # fmt: skip
+        """One page of validation runs, newest first (`paging`)."""
+        table = schema.ValidationRow
+        return self._page(table, table.started_unix_ns, table.validation_id, node_id, None, after, limit, max_bytes)
 
     def audit(self, *, since_unix_ns: int = 0, limit: int = 100) -> list[dict[str, Any]]:
         """Audit records, newest first."""
-        return self._rows(schema.AuditRow, schema.AuditRow.at_unix_ns, "", limit,
-                          schema.AuditRow.at_unix_ns >= since_unix_ns)  # fmt: skip
+        return self.audit_page(since_unix_ns=since_unix_ns, limit=limit).items
+
+    def audit_page(
+        self, *, since_unix_ns: int = 0, after: paging.Position | None = None, limit: int = 100,
+        max_bytes: int | None = None,
+    ) -> paging.Page[dict[str, Any]]:  # fmt: skip
+        """One page of audit records, newest first (`paging`)."""
+        table = schema.AuditRow
+        return self._page(table, table.at_unix_ns, table.id, "", table.at_unix_ns >= since_unix_ns, after, limit,
+                          max_bytes)  # fmt: skip
 
     def approve_rma(self, rma_id: str, *, actor: str, now_unix_ns: int) -> dict[str, Any] | None:
         """Mark a pending RMA approved; None when unknown. Raises ValueError when not pending."""
@@ -300,6 +332,19 @@ class RemediationStore:
             row.approved_by = actor
             row.approved_unix_ns = now_unix_ns
             return _as_dict(row)
+
+    def _page(
+        self, table: Any, order: Any, key: Any, node_id: str, condition: Any, after: paging.Position | None,
+        limit: int, max_bytes: int | None,
+    ) -> paging.Page[dict[str, Any]]:  # fmt: skip
+        with self._sessions() as session:
+            query = sa.select(table)
+            if node_id:
+                query = query.where(table.node_id == node_id)
+            if condition is not None:
+                query = query.where(condition)
+            return paging.read_page(session, query, order=order, key=key, after=after, limit=limit,
+                                    max_bytes=max_bytes, convert=_as_dict, size_of=paging.mapping_bytes)  # fmt: skip
 
     def _rows(self, table: Any, order: Any, node_id: str, limit: int, condition: Any) -> list[dict[str, Any]]:
         with self._sessions() as session:

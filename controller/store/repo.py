@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,16 +23,30 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.orm import Session, sessionmaker
 
 from rasd.controller.core import fleet
-from rasd.controller.store import migrate, schema
+from rasd.controller.store import file_identity, migrate, paging, schema
 
 
 class WriterLost(Exception):
     """The store writer process (`rasd.controller.store.writer`) died during a call: a store outage."""
 
 
-STORE_UNAVAILABLE: tuple[type[Exception], ...] = (sa.exc.OperationalError, sa.exc.InterfaceError, WriterLost)
+STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    sa.exc.OperationalError,
+    sa.exc.InterfaceError,
+    WriterLost,
+    file_identity.StoreFileLost,
+)
 """What a store call raises while the database is unreachable, restarting or locked: nothing of the
-call was committed, and the same call can succeed later (the pool's pre-ping replaces dead connections)."""
+call was committed, and the same call can succeed later (the pool's pre-ping replaces dead connections;
+a SQLite file deleted under the controller needs its restart)."""
+
+_FILE_IDENTITIES: weakref.WeakKeyDictionary[sa.Engine, file_identity.SqliteFileIdentity] = weakref.WeakKeyDictionary()
+
+
+def file_problem(engine: sa.Engine) -> str | None:
+    """Why engine's SQLite file is no longer the one it opened (deleted, replaced); None if it is, or not a file."""
+    identity = _FILE_IDENTITIES.get(engine)
+    return identity.problem() if identity is not None else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +101,30 @@ class EventsNotAsExpected(Exception):
     """Storing arriving events gave another outcome than the caller expected (`ExpectedAppend`): nothing was written."""
 
 
+class GpuClaimRefused(Exception):
+    """A Hello lists a GPU that another node's last Hello listed: a claim alone never moves a GPU.
+
+    A GPU changes node only on evidence that it moved: its node's own Hello leaves it out, or an
+    operator says so (`Store.forget_gpu_owner`). Before, a node's Hello that named an offline
+    node's GPUs took them, its fatal events on them were acted on, and the real owner was then
+    refused as the impostor.
+    """
+
+    def __init__(self, field: str, gpu_uuid: str, owner: str) -> None:
+        self.problem = (
+            f"GPU {gpu_uuid} belongs to node {owner}, whose last Hello listed it; it moves only once "
+            f"{owner}'s Hello leaves it out or an operator forgets its owner (rasctl gpu forget-owner)"
+        )
+        super().__init__(f"{field}: {self.problem}")
+        self.field = field
+        self.gpu_uuid = gpu_uuid
+        self.owner = owner
+
+
+HelloArrival = tuple[fleet.NodeHello, int] | tuple[fleet.NodeHello, int, bool]
+"""A Hello, when it arrived (unix ns) and, optionally, whether it was certified (`Store.register_hello`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class HelloOutcome:
     """What registering a Hello decided about the node's event spool."""
@@ -135,6 +174,14 @@ def create_engine(url: str) -> sa.Engine:
         engine = sa.create_engine(
             url, connect_args={"timeout": 30, "check_same_thread": False}, json_serializer=json_text
         )
+        identity = None
+        if parsed.database not in (None, "", ":memory:"):
+            identity = file_identity.SqliteFileIdentity(str(parsed.database))
+            _FILE_IDENTITIES[engine] = identity
+
+            @sa_event.listens_for(engine, "begin")
+            def _same_file(_connection: sa.Connection) -> None:
+                identity.check()  # a stat (~2 us): never commit, nor ack, into a deleted file
 
         @sa_event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -150,6 +197,8 @@ def create_engine(url: str) -> sa.Engine:
                 cursor.execute("PRAGMA synchronous=FULL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
+            if identity is not None:
+                identity.note_opened()
 
         return engine
     if parsed.get_backend_name() != "postgresql":
@@ -352,6 +401,8 @@ class WalCheckpointer:
             self.checkpoints += 1
         except sa.exc.SQLAlchemyError:  # busy or closing: the next round checkpoints what is left
             pass
+        except file_identity.StoreFileLost:
+            self._stopped.set()  # replaced under us: the controller reports it (server._watch_store)
 
 
 class Store:
@@ -367,6 +418,15 @@ class Store:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         self._checkpointer = WalCheckpointer.for_engine(engine)
 
+    @property
+    def reads_beside_writer(self) -> bool:
+        """Whether reads may run on connections of their own beside the writer's.
+
+        Not on in-memory SQLite: each connection of that is a database of its own.
+        """
+        url = self.engine.url
+        return url.get_backend_name() != "sqlite" or url.database not in (None, "", ":memory:")
+
     @classmethod
     def open(cls, url: str) -> Store:
         """Open the store at a SQLAlchemy URL."""
@@ -381,30 +441,68 @@ class Store:
             self._checkpointer.close()
 
     # -- nodes and GPUs -----------------------------------------------------------------------------
-    def register_hello(self, hello: fleet.NodeHello, now_unix_ns: int) -> HelloOutcome:
+    def register_hello(self, hello: fleet.NodeHello, now_unix_ns: int, certified: bool = False) -> HelloOutcome:
         """Upsert a node and its GPUs from Hello; decide the acked spool position to welcome it with.
 
         If the agent's spool head is behind what we acked, its spool started over (state dir lost):
         begin a new epoch at 0 so its new events are stored rather than dropped as duplicates.
-        """
-        return self.register_hellos([(hello, now_unix_ns)])[0]
+        GPUs its Hello no longer lists stop being its own (another node's Hello may then list them).
 
-    def register_hellos(self, hellos: Sequence[tuple[fleet.NodeHello, int]]) -> list[HelloOutcome]:
-        """`register_hello` for many (Hello, arrival time) pairs in one transaction, in order.
+        Args:
+            hello: the node's Hello.
+            now_unix_ns: when it arrived.
+            certified: it came on a stream whose certificate names its node. Only then is another
+                node's GPU it lists refused: without a certificate a Hello may name any node (the
+                victim itself included), so the rule would protect nothing there.
+
+        Raises:
+            GpuClaimRefused: a certified Hello lists a GPU another node's last Hello listed; nothing
+                is written.
+        """
+        (outcome,) = self.register_hellos([(hello, now_unix_ns, certified)])
+        if isinstance(outcome, GpuClaimRefused):
+            raise outcome
+        return outcome
+
+    def register_hellos(self, hellos: Sequence[HelloArrival]) -> list[HelloOutcome | GpuClaimRefused]:
+        """`register_hello` for many (Hello, arrival time[, certified]) tuples in one transaction, in order.
 
         A reconnect storm (a controller restart, a failover) brings thousands of Hellos at once: one
         read of their nodes, one of their GPUs and one upsert of each, instead of an ORM round for
         every node (~2 ms per known node, ~5 ms per new one). A node that appears twice is
-        registered twice, in order, as one by one would.
+        registered twice, in order, as one by one would. A certified Hello that claims another
+        node's GPU gets a `GpuClaimRefused` in its place, and nothing of it is written; the others are.
         """
         if not hellos:
             return []
         with self._sessions.begin() as session:
             conn = session.connection()
-            plan = _HelloPlan(known=_known_nodes(conn, list(dict.fromkeys(hello.node_id for hello, _now in hellos))))
-            outcomes = [plan.welcome(hello, now) for hello, now in hellos]
+            node_ids = list(dict.fromkeys(arrival[0].node_id for arrival in hellos))
+            gpu_uuids = list(dict.fromkeys(gpu.uuid for arrival in hellos for gpu in arrival[0].gpus))
+            plan = _HelloPlan(known=_known_nodes(conn, node_ids), owners=_gpu_owners(conn, gpu_uuids, node_ids))
+            outcomes: list[HelloOutcome | GpuClaimRefused] = []
+            for arrival in hellos:
+                try:
+                    outcomes.append(
+                        plan.welcome(arrival[0], arrival[1], certified=len(arrival) > 2 and bool(arrival[2]))
+                    )
+                except GpuClaimRefused as refused:
+                    outcomes.append(refused)
             plan.write(session, conn)
             return outcomes
+
+    def forget_gpu_owner(self, gpu_uuid: str, node_id: str) -> bool:
+        """An operator says node_id's GPU left it: the next node whose Hello lists it owns it.
+
+        False when the GPU is not node_id's. The GPU keeps its row: its state, a quarantine
+        included, goes with it to its next node.
+        """
+        gpus = schema.GpuRow.__table__
+        with self._sessions.begin() as session:
+            forgotten = session.execute(
+                sa.update(gpus).where(gpus.c.uuid == gpu_uuid, gpus.c.node_id == node_id).values(listed=False)
+            )
+            return bool(forgotten.rowcount)
 
     def mark_disconnected(self, node_id: str, now_unix_ns: int) -> None:
         """Record that a node's stream ended."""
@@ -477,8 +575,13 @@ class Store:
             )
             return {node_id: fleet.ComponentState(int(state)) for node_id, state in rows}
 
-    def list_nodes(self, node_ids: Iterable[str] | None = None) -> list[fleet.NodeStatus]:
-        """Every node (or the named ones) with GPUs and stored latest telemetry, sorted by id."""
+    def list_nodes(
+        self, node_ids: Iterable[str] | None = None, *, after: str = "", limit: int | None = None
+    ) -> list[fleet.NodeStatus]:
+        """Every node (or the named ones) with GPUs and stored latest telemetry, sorted by id.
+
+        after, limit: a page of them, the first `limit` nodes whose id sorts after `after`.
+        """
         with self._sessions() as session:
             node_query = sa.select(schema.NodeRow).order_by(schema.NodeRow.node_id)
             gpu_query = sa.select(schema.GpuRow).order_by(schema.GpuRow.node_id, schema.GpuRow.pci_bus_id)
@@ -486,7 +589,17 @@ class Store:
                 wanted = list(node_ids)
                 node_query = node_query.where(schema.NodeRow.node_id.in_(wanted))
                 gpu_query = gpu_query.where(schema.GpuRow.node_id.in_(wanted))
+            if after:
+                node_query = node_query.where(schema.NodeRow.node_id > after)
+            if limit is not None:
+                node_query = node_query.limit(limit)
             nodes = session.scalars(node_query).all()
+            if not nodes:
+                return []
+            if limit is not None:  # the page's nodes' GPUs only
+                gpu_query = gpu_query.where(
+                    schema.GpuRow.node_id >= nodes[0].node_id, schema.GpuRow.node_id <= nodes[-1].node_id
+                )
             gpus_by_node: dict[str, list[schema.GpuRow]] = {}
             for row in session.scalars(gpu_query):
                 gpus_by_node.setdefault(row.node_id, []).append(row)
@@ -545,34 +658,55 @@ class Store:
             session.flush()
 
     def list_events(self, *, node_id: str = "", since_unix_ns: int = 0, limit: int = 100) -> list[StoredEvent]:
-        """Stored events, newest first."""
+        """Stored events, newest first (up to limit, however large: for the controller's own reads and tests)."""
+        return self.events_page(node_id=node_id, since_unix_ns=since_unix_ns, limit=limit, max_bytes=None).items
+
+    def events_page(
+        self,
+        *,
+        node_id: str = "",
+        since_unix_ns: int = 0,
+        after: paging.Position | None = None,
+        limit: int = 100,
+        max_bytes: int | None = None,
+    ) -> paging.Page[StoredEvent]:
+        """One page of stored events, newest first, after the position a previous page ended at (`paging`)."""
+        events = schema.HealthEventRow
         with self._sessions() as session:
-            query = sa.select(schema.HealthEventRow).where(schema.HealthEventRow.received_unix_ns >= since_unix_ns)
+            query = sa.select(events).where(events.received_unix_ns >= since_unix_ns)
             if node_id:
-                query = query.where(schema.HealthEventRow.node_id == node_id)
-            query = query.order_by(schema.HealthEventRow.received_unix_ns.desc(), schema.HealthEventRow.id.desc())
-            rows = session.scalars(query.limit(limit)).all()
-            return [
-                StoredEvent(
-                    node_id=r.node_id,
-                    seq=r.seq,
-                    observed_unix_ns=r.observed_unix_ns,
-                    received_unix_ns=r.received_unix_ns,
-                    kind=r.kind,
-                    severity=r.severity,
-                    gpu_uuid=r.gpu_uuid,
-                    xid=r.xid,
-                    message=r.message,
-                    source=r.source,
-                    attributes=dict(r.attributes or {}),
-                )
-                for r in rows
-            ]
+                query = query.where(events.node_id == node_id)
+            return paging.read_page(
+                session, query, order=events.received_unix_ns, key=events.id, after=after, limit=limit,
+                max_bytes=max_bytes, convert=_listed_event, size_of=event_bytes,
+            )  # fmt: skip
 
     def count_events(self) -> int:
         """How many health events are stored in total."""
         with self._sessions() as session:
             return int(session.scalar(sa.select(sa.func.count()).select_from(schema.HealthEventRow)) or 0)
+
+
+def _listed_event(r: schema.HealthEventRow) -> StoredEvent:
+    return StoredEvent(
+        node_id=r.node_id,
+        seq=r.seq,
+        observed_unix_ns=r.observed_unix_ns,
+        received_unix_ns=r.received_unix_ns,
+        kind=r.kind,
+        severity=r.severity,
+        gpu_uuid=r.gpu_uuid,
+        xid=r.xid,
+        message=r.message,
+        source=r.source,
+        attributes=dict(r.attributes or {}),
+    )
+
+
+def event_bytes(event: StoredEvent) -> int:
+    """About what a stored event takes in a ListEvents answer: its text, and 64 bytes for the rest."""
+    attributes = sum(paging.text_bytes(k, v) + 4 for k, v in event.attributes.items())
+    return 64 + paging.text_bytes(event.node_id, event.gpu_uuid, event.message, event.source) + attributes
 
 
 def _known_nodes(conn: sa.Connection, node_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -593,20 +727,55 @@ def _known_nodes(conn: sa.Connection, node_ids: Sequence[str]) -> dict[str, dict
     return known
 
 
+def _gpu_owners(conn: sa.Connection, gpu_uuids: Sequence[str], node_ids: Sequence[str]) -> dict[str, tuple[str, bool]]:
+    """GPU → (its node, whether that node's last Hello listed it): the GPUs named and those of the nodes named.
+
+    Locked (PostgreSQL) in uuid order, so that two replicas' groups cannot both take one GPU.
+    """
+    gpus = schema.GpuRow.__table__
+    owners: dict[str, tuple[str, bool]] = {}
+    for column, values in ((gpus.c.uuid, gpu_uuids), (gpus.c.node_id, node_ids)):
+        for start in range(0, len(values), 500):  # bounded IN lists
+            query = (
+                sa.select(gpus.c.uuid, gpus.c.node_id, gpus.c.listed)
+                .where(column.in_(values[start : start + 500]))
+                .order_by(gpus.c.uuid)
+                .with_for_update()
+            )
+            owners.update({row.uuid: (row.node_id, bool(row.listed)) for row in conn.execute(query)})
+    return owners
+
+
 @dataclasses.dataclass
 class _HelloPlan:
     """The rows a group of Hellos writes, worked out Hello by Hello in order (`Store.register_hellos`)."""
 
     known: dict[str, dict[str, Any]]
     """Node → its row as stored before the group."""
+    owners: dict[str, tuple[str, bool]] = dataclasses.field(default_factory=dict)
+    """GPU → (its node, listed) as stored before the group, then as the group's Hellos leave it."""
+    unlisted: dict[str, str] = dataclasses.field(default_factory=dict)
+    """GPU → the node whose Hello in this group left it out."""
+    _by_node: dict[str, set[str]] | None = dataclasses.field(default=None, repr=False)
+    """Node → the GPUs it owns (listed or not), built from `owners` at the first Hello."""
     node_rows: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     gpu_rows: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     spool_resets: set[str] = dataclasses.field(default_factory=set)
     caught_up: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     """Node → (epoch, acked seq) moved up to what the agent had acked (and the store lost)."""
 
-    def welcome(self, hello: fleet.NodeHello, now: int) -> HelloOutcome:
-        """Plan one Hello's node and GPU rows (after the group's earlier Hellos); its outcome."""
+    def welcome(self, hello: fleet.NodeHello, now: int, *, certified: bool = False) -> HelloOutcome:
+        """Plan one Hello's node and GPU rows (after the group's earlier Hellos); its outcome.
+
+        Raises:
+            GpuClaimRefused: it is certified and lists a GPU another node still lists; nothing of it
+                is planned.
+        """
+        for index, record in enumerate(hello.gpus):
+            owner, listed = self.owners.get(record.uuid, (hello.node_id, False))
+            if certified and owner != hello.node_id and listed:
+                raise GpuClaimRefused(f"hello.gpus[{index}].uuid", record.uuid, owner)
+        self._take_gpus(hello)
         node = self.node_rows.get(hello.node_id) or self.known.get(hello.node_id)
         boot_id = _text(hello.boot_id)
         acked_seq = int(node["acked_seq"] or 0) if node else 0
@@ -648,10 +817,28 @@ class _HelloPlan:
             "acked_seq": acked_seq,
             "spool_id": _text(hello.spool_id) or known_spool,
         }
-        self.gpu_rows.update((record.uuid, _gpu_row(record)) for record in hello.gpus)
         return HelloOutcome(
             acked_seq=acked_seq, spool_reset=spool_reset, rebooted=rebooted, lost_seqs=lost, spool_epoch=epoch
         )
+
+    def _take_gpus(self, hello: fleet.NodeHello) -> None:
+        """Plan the Hello's GPUs as its node's, listed; and its node's other GPUs as no longer listed."""
+        if self._by_node is None:
+            self._by_node = {}
+            for uuid, (owner, _listed) in self.owners.items():
+                self._by_node.setdefault(owner, set()).add(uuid)
+        owned = self._by_node.setdefault(hello.node_id, set())
+        listed = {record.uuid for record in hello.gpus}
+        for uuid in owned - listed:
+            self.owners[uuid] = (hello.node_id, False)
+            self.unlisted[uuid] = hello.node_id
+        for record in hello.gpus:
+            previous, _listed = self.owners.get(record.uuid, (hello.node_id, False))
+            self._by_node.get(previous, set()).discard(record.uuid)
+            owned.add(record.uuid)
+            self.owners[record.uuid] = (hello.node_id, True)
+            self.unlisted.pop(record.uuid, None)
+            self.gpu_rows[record.uuid] = _gpu_row(record)
 
     def write(self, session: Session, conn: sa.Connection) -> None:
         """Write the planned rows: nodes first (the GPU rows reference them), then GPUs, then caught-up positions.
@@ -672,6 +859,11 @@ class _HelloPlan:
             list(self.gpu_rows.values()),
             insert_only=("state", "power_sample_unix_ns", "counters_unix_ns"),
         )
+        gpus_t = schema.GpuRow.__table__
+        for uuid, node_id in self.unlisted.items():
+            conn.execute(
+                sa.update(gpus_t).where(gpus_t.c.uuid == uuid, gpus_t.c.node_id == node_id).values(listed=False)
+            )
         nodes_t = _NODES
         for node_id, (epoch, acked_seq) in self.caught_up.items():  # only ever up: another replica may ack too
             conn.execute(
@@ -697,6 +889,7 @@ def _gpu_row(record: fleet.GpuRecord) -> dict[str, Any]:
         "power_smoothing_supported": record.power_smoothing_supported,
         "labels": _text_map(record.labels),
         "state": int(fleet.ComponentState.HEALTHY),  # a new GPU's; a known one keeps its own
+        "listed": True,
         "power_sample_unix_ns": 0,
         "counters_unix_ns": 0,
     }

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy import true as sa_true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Every constraint and index gets a deterministic name, the same on SQLite and PostgreSQL, so a
@@ -90,6 +91,9 @@ class GpuRow(Base):
     power_smoothing_supported: Mapped[bool] = mapped_column(Boolean, default=False)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     state: Mapped[int] = mapped_column(Integer, default=1)
+    # Whether node_id's last Hello listed it. Its owner changes only once this is false (the node's
+    # own Hello left it out, or an operator said it moved): another node's Hello alone never takes it.
+    listed: Mapped[bool] = mapped_column(Boolean, default=True, server_default=sa_true())
     # Latest telemetry, flushed from memory every few seconds.
     power_w: Mapped[float | None] = mapped_column(Float, nullable=True)
     power_sample_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -494,7 +494,8 @@ def rma_to_wire(row: dict) -> admin_pb.RmaTicket:
 
 
 def audit_to_wire(row: dict) -> admin_pb.AuditRecord:
-    """An audit record."""
+    """An audit record (the peer and the refusals left out before it come from its details)."""
+    details = row.get("details") or {}
     return admin_pb.AuditRecord(
         at_unix_ns=int(row["at_unix_ns"]),
         actor=row["actor"],
@@ -502,4 +503,6 @@ def audit_to_wire(row: dict) -> admin_pb.AuditRecord:
         target=_target(row["node_id"], row["gpu_uuid"]),
         reason=row["reason"],
         outcome=row["outcome"],
+        peer=str(details.get("peer", ""))[:128],
+        dropped_before=min(int(details.get("dropped_before", 0) or 0), 2**32 - 1),
     )

@@ -81,6 +81,9 @@ def command_from_bytes(payload: bytes) -> commands_pb.Command:
     return commands_pb.Command.FromString(payload)
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def stamp_agent_deadline(command: commands_pb.Command, agent_ahead_ns: int | None) -> None:
     """Give command its deadline on the agent's clock (``deadline_agent_unix_ns``), once the offset is bounded.
 
@@ -88,7 +91,9 @@ def stamp_agent_deadline(command: commands_pb.Command, agent_ahead_ns: int | Non
     (`ingest.streams.Session.agent_ahead_ns`); None: not known yet, no agent deadline (0).
     """
     if command.deadline_unix_ns and agent_ahead_ns is not None:
-        command.deadline_agent_unix_ns = command.deadline_unix_ns + agent_ahead_ns
+        # Within 1 ns .. 2**63 - 1 whatever the offset: the edge bounds every agent stamp
+        # (`validate_input`), and a deadline outside int64 raised in the middle of a dispatch.
+        command.deadline_agent_unix_ns = min(max(command.deadline_unix_ns + agent_ahead_ns, 1), _INT64_MAX)
     else:
         command.deadline_agent_unix_ns = 0
 

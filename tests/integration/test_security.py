@@ -106,6 +106,26 @@ def _rasctl(address, pki, role, *argv, token=None):
     return code, out.getvalue(), err.getvalue()
 
 
+def test_rasctl_says_certificate_refused_when_the_controller_refuses_its_certificate(tmp_path, free_port, pki):
+    """Issue #37 item 18: a certificate of another CA showed as "Socket closed ... is rasd-controller running?"."""
+    foreign = devcerts.init(tmp_path / "foreign", ["node-a"]).operators["admin"]
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port, pki)
+        await controller.start()
+        out, err = io.StringIO(), io.StringIO()
+        flags = ["--controller", controller.address, "--tls-ca", str(pki.ca.cert), "--tls-cert", str(foreign.cert)]
+        argv = [*flags, "--tls-key", str(foreign.key), "--timeout-s", "10", "nodes"]
+        code = await asyncio.to_thread(rasctl.run, argv, out, err)
+        await controller.stop()
+        return code, err.getvalue()
+
+    code, err = asyncio.run(scenario())
+    assert code == rasctl.EXIT_UNREACHABLE
+    assert f"rasctl: certificate refused: rasd-controller at 127.0.0.1:{free_port}" in err, err
+    assert "is rasd-controller running" not in err
+
+
 def test_an_agent_without_a_client_certificate_cannot_connect(tmp_path, free_port, pki):
     async def scenario():
         controller = _controller(tmp_path, free_port, pki)
@@ -305,7 +325,8 @@ def test_roles_are_enforced_and_every_refusal_is_audited(tmp_path, free_port, pk
     assert ("cert:dev-admin", "Release", "node-op", "OK") in rows
     assert ("cert:dev-admin", "release", "node-op", "forced") in rows
     assert ("token:ci-bot", "SetAutomationPaused", "", "denied:PERMISSION_DENIED") in rows
-    assert ("unauthenticated", "ListNodes", "", "denied:UNAUTHENTICATED") in rows
+    # A bad token on a connection whose certificate was verified is that certificate's (issue #37 item 16).
+    assert ("cert:dev-admin", "ListNodes", "", "denied:UNAUTHENTICATED") in rows
     assert ("cert:dev-operator", "SetPowerBudget", "", "denied:PERMISSION_DENIED") in rows
     # rasctl audit shows the same trail.
     listed = json.loads(results["admin audit"][1])

@@ -113,3 +113,28 @@ def test_a_journal_stream_that_is_not_stderr_adds_no_prefix(tmp_path, monkeypatc
         stream.close()
     (line,) = (tmp_path / "journal-stream").read_text().splitlines()
     assert json.loads(line)["event"] == "plain"
+
+
+def test_a_console_log_line_cannot_be_forged_or_hijack_the_terminal(monkeypatch, restore_logging):
+    """Issue #37 item 15: the console renderer printed a node's text raw; a newline in it forged a log line."""
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", out)
+    rasd_logging.configure("info", json=False)
+    try:
+        log = structlog.get_logger("rasd.test")
+        hostile = "x\n2026-01-01T00:00:00Z [error    ] forged\x1b[2J\r\x07\u202eevil"
+        log.info("agent_connected", node=hostile, hostname=hostile, labels={"k": hostile})
+        log.info(f"event\n{hostile}")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("failed", why=hostile)
+    finally:
+        structlog.reset_defaults()
+    printed = out.getvalue()
+    for character in ("\x1b", "\r", "\x07", "\u202e"):
+        assert character not in printed
+    lines = printed.splitlines()
+    assert not any(line.startswith("2026-01-01T00:00:00Z") for line in lines)
+    assert sum(1 for line in lines if "[info" in line or "[error" in line) == 3
+    assert any(line.startswith("Traceback") for line in lines)  # a traceback keeps its own lines

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
+from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.controller.core.power import apply as power_apply
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.power import tree as power_tree
 from rasd.controller.ingest import service as ingest
+from rasd.controller.wire import commands as wire_commands
 
 S = 1_000_000_000
 AHEAD_NS = 7200 * S
@@ -124,3 +127,11 @@ def test_a_cap_delivered_after_its_deadline_is_refused_on_an_agent_2h_ahead():
     on_time.command_id = "cap-e1-8"
     assert deliver(on_time, t0 + 30 * S + 5_000_000).outcome is model.ActionOutcome.SUCCEEDED
     assert backend.read_counters(0)[0].enforced_power_limit_w == 600
+
+
+@pytest.mark.parametrize("ahead_ns", [2**63 - 1 - 1_800_000_000 * S, -(2**63) + 1, 4 * 10**18])
+def test_an_agent_deadline_stays_a_64_bit_time_whatever_the_offset(ahead_ns):
+    """Issue #37 item 12: deadline plus an absurd agent offset raised ValueError (int64 overflow) in dispatch."""
+    command = commands_pb.Command(command_id="c1", deadline_unix_ns=1_800_000_000 * S + 30 * S)
+    wire_commands.stamp_agent_deadline(command, ahead_ns)
+    assert 1 <= command.deadline_agent_unix_ns <= 2**63 - 1

@@ -6,6 +6,7 @@ import asyncio
 
 import grpc
 import pytest
+import structlog
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import agent_service_pb2 as agent_pb
@@ -42,6 +43,7 @@ def test_every_rpc_of_the_api_has_a_rule():
         ("SetPowerBudget", admin_pb.SetPowerBudgetRequest(), Role.ADMIN),
         ("SetPowerPolicy", admin_pb.SetPowerPolicyRequest(), Role.ADMIN),
         ("ApproveRma", admin_pb.ApproveRmaRequest(), Role.ADMIN),
+        ("ForgetGpuOwner", admin_pb.ForgetGpuOwnerRequest(), Role.ADMIN),
     ],
 )
 def test_least_role_per_method(method, request_, role):
@@ -139,3 +141,25 @@ def test_a_method_missing_from_the_table_is_denied_and_audited(tmp_path, free_po
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "denied by default" in error.details()
     assert calls == []
     assert [(r["actor"], r["action"], r["outcome"]) for r in rows] == [("anonymous", "Do", "denied:PERMISSION_DENIED")]
+
+
+@pytest.mark.parametrize("how", ["deleted", "unreadable"])
+def test_a_deleted_or_unreadable_tokens_file_leaves_no_token_valid_and_says_so(tmp_path, how):
+    """Issue #37 item 13: the tokens a file no longer grants are refused at once, with an error logged."""
+    path = tmp_path / "tokens"
+    token = tokens.new_token()
+    path.write_text(f"alice admin {tokens.hash_token(token)}\n")
+    store = authn.TokenStore(path)
+    assert store.lookup(token).name == "alice"
+    path.unlink()
+    if how == "unreadable":
+        path.mkdir()  # a directory where the file was: read_text fails, as for a file nobody may read
+    with structlog.testing.capture_logs() as logs:
+        assert store.lookup(token) is None
+        assert store.lookup(token) is None
+    assert [entry["event"] for entry in logs] == ["tokens_file_unreadable"]  # once, not per call
+    assert logs[0]["log_level"] == "error" and str(path) in logs[0]["path"]
+    if how == "unreadable":
+        path.rmdir()
+    path.write_text(f"alice admin {tokens.hash_token(token)}\n")
+    assert store.lookup(token).name == "alice"  # back once the file is

@@ -159,7 +159,7 @@ def test_a_certified_stream_cannot_name_another_nodes_gpu(message, field):
     validate_input.check_message(message, PLAINTEXT, LIMITS)
 
 
-def test_hello_must_name_the_certificates_node_and_not_claim_a_connected_nodes_gpu():
+def test_hello_must_name_the_certificates_node_and_not_claim_another_nodes_gpu():
     hello = agent_pb.Hello(
         node_id="node-b", gpus=[health_pb.GpuInfo(uuid=GPU, power_limit_min_w=100, power_limit_max_w=700)]
     )
@@ -168,9 +168,10 @@ def test_hello_must_name_the_certificates_node_and_not_claim_a_connected_nodes_g
     claim = agent_pb.Hello(
         node_id="node-a", gpus=[health_pb.GpuInfo(uuid=OTHER, power_limit_min_w=100, power_limit_max_w=700)]
     )
+    # node-b's last Hello listed it: connected or not, a claim alone never moves it (issue #37 item 11;
+    # it was taken once node-b had disconnected).
     with pytest.raises(validate_input.IdentityError, match=r"hello.gpus\[0\].uuid"):
-        validate_input.check_hello(claim, MINE, connected={"node-b"})
-    validate_input.check_hello(claim, MINE, connected=set())  # node-b is gone: the GPU may have moved
+        validate_input.check_hello(claim, MINE)
     with pytest.raises(wire.WireError, match=r"hello\.backend"):
         validate_input.check_hello(agent_pb.Hello(node_id="node-a", backend="nvml\x00"), MINE)
     with pytest.raises(wire.WireError, match=r"hello.gpus\[0\].power_limit_min_w"):
@@ -266,3 +267,36 @@ def test_the_telemetry_fast_path_implies_the_field_checks(power_edits, samples, 
     fast = validate_input.telemetry_certainly_valid(batch, identity, LIMITS)
     assert not (fast and refused), f"the fast path accepted what the field check refuses: {refused}"
     assert fast or refused is not None, "the fast path refused a valid batch (correct, but slow: keep them equal)"
+
+
+@pytest.mark.parametrize(
+    ("hello", "field"),
+    [
+        (agent_pb.Hello(node_id="node-a", sent_unix_ns=2**63 - 1), "hello.sent_unix_ns"),
+        (agent_pb.Hello(node_id="node-a", sent_unix_ns=-1), "hello.sent_unix_ns"),
+        (
+            agent_pb.Hello(node_id="node-a", spool_head_seq=2**63 - 1, spool_acked_seq=2**63 - 1),
+            "hello.spool_head_seq",
+        ),
+        (
+            agent_pb.Hello(
+                node_id="node-a",
+                spool_head_seq=validate_input.MAX_SPOOL_SEQ + 1,
+                spool_acked_seq=validate_input.MAX_SPOOL_SEQ + 1,
+            ),
+            "hello.spool_head_seq",
+        ),
+        (agent_pb.Hello(node_id="node-a", spool_head_seq=5, spool_acked_seq=6), "hello.spool_acked_seq"),
+    ],
+)
+def test_hello_times_and_spool_positions_are_bounded(hello, field):
+    """Issue #37 item 12: a Hello's send time overflowed a command deadline, its spool position the lost count."""
+    with pytest.raises(wire.WireError) as raised:
+        validate_input.check_hello(hello, MINE)
+    assert raised.value.field == field
+
+
+def test_event_seqs_stay_within_what_a_spool_can_reach():
+    validate_input.check_message(_event(seq=validate_input.MAX_SPOOL_SEQ), MINE, LIMITS)
+    with pytest.raises(wire.WireError, match=r"events\.events\[0\]\.seq"):
+        validate_input.check_message(_event(seq=validate_input.MAX_SPOOL_SEQ + 1), MINE, LIMITS)

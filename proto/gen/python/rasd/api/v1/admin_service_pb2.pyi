@@ -97,7 +97,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., state: _Optional[_Union[ComponentState, str]] = ..., connected: _Optional[bool] = ..., last_seen_unix_ns: _Optional[int] = ..., boot_id: _Optional[str] = ..., agent_version: _Optional[str] = ..., backend: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuStatus, _Mapping]]] = ..., power_draw_w: _Optional[float] = ..., power_cap_w: _Optional[int] = ..., hostname: _Optional[str] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
-    __slots__ = ("label_selector",)
+    __slots__ = ("label_selector", "page_size", "page_token")
     class LabelSelectorEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -106,14 +106,20 @@ class ListNodesRequest(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     label_selector: _containers.ScalarMap[str, str]
-    def __init__(self, label_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, label_selector: _Optional[_Mapping[str, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListNodesResponse(_message.Message):
-    __slots__ = ("nodes",)
+    __slots__ = ("nodes", "next_page_token")
     NODES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetNodeRequest(_message.Message):
     __slots__ = ("node_id",)
@@ -158,20 +164,24 @@ class StoredEvent(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., event: _Optional[_Union[_health_pb2.HealthEvent, _Mapping]] = ..., received_unix_ns: _Optional[int] = ...) -> None: ...
 
 class ListEventsRequest(_message.Message):
-    __slots__ = ("node_id", "since_unix_ns", "limit")
+    __slots__ = ("node_id", "since_unix_ns", "limit", "page_token")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     since_unix_ns: int
     limit: int
-    def __init__(self, node_id: _Optional[str] = ..., since_unix_ns: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, node_id: _Optional[str] = ..., since_unix_ns: _Optional[int] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListEventsResponse(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "next_page_token")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[StoredEvent]
-    def __init__(self, events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class Incident(_message.Message):
     __slots__ = ("incident_id", "target", "cause", "severity", "opened_unix_ns", "closed_unix_ns", "event_seqs", "state")
@@ -194,20 +204,24 @@ class Incident(_message.Message):
     def __init__(self, incident_id: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., cause: _Optional[str] = ..., severity: _Optional[_Union[_health_pb2.Severity, str]] = ..., opened_unix_ns: _Optional[int] = ..., closed_unix_ns: _Optional[int] = ..., event_seqs: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ...) -> None: ...
 
 class ListIncidentsRequest(_message.Message):
-    __slots__ = ("node_id", "open_only", "limit")
+    __slots__ = ("node_id", "open_only", "limit", "page_token")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     OPEN_ONLY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     open_only: bool
     limit: int
-    def __init__(self, node_id: _Optional[str] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, node_id: _Optional[str] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListIncidentsResponse(_message.Message):
-    __slots__ = ("incidents",)
+    __slots__ = ("incidents", "next_page_token")
     INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     incidents: _containers.RepeatedCompositeFieldContainer[Incident]
-    def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class RepairStep(_message.Message):
     __slots__ = ("command_id", "rung", "outcome", "reason", "at_unix_ns")
@@ -246,20 +260,24 @@ class Repair(_message.Message):
     def __init__(self, ticket_id: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., incident_id: _Optional[str] = ..., state: _Optional[str] = ..., rung: _Optional[str] = ..., reason: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[RepairStep, _Mapping]]] = ..., opened_unix_ns: _Optional[int] = ..., updated_unix_ns: _Optional[int] = ...) -> None: ...
 
 class ListRepairsRequest(_message.Message):
-    __slots__ = ("node_id", "open_only", "limit")
+    __slots__ = ("node_id", "open_only", "limit", "page_token")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     OPEN_ONLY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     open_only: bool
     limit: int
-    def __init__(self, node_id: _Optional[str] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, node_id: _Optional[str] = ..., open_only: _Optional[bool] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListRepairsResponse(_message.Message):
-    __slots__ = ("repairs",)
+    __slots__ = ("repairs", "next_page_token")
     REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     repairs: _containers.RepeatedCompositeFieldContainer[Repair]
-    def __init__(self, repairs: _Optional[_Iterable[_Union[Repair, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, repairs: _Optional[_Iterable[_Union[Repair, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class QuarantineRequest(_message.Message):
     __slots__ = ("target", "reason")
@@ -348,18 +366,22 @@ class Validation(_message.Message):
     def __init__(self, validation_id: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., suite: _Optional[str] = ..., verdict: _Optional[str] = ..., started_unix_ns: _Optional[int] = ..., finished_unix_ns: _Optional[int] = ..., evidence_json: _Optional[str] = ...) -> None: ...
 
 class ListValidationsRequest(_message.Message):
-    __slots__ = ("node_id", "limit")
+    __slots__ = ("node_id", "limit", "page_token")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     limit: int
-    def __init__(self, node_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, node_id: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListValidationsResponse(_message.Message):
-    __slots__ = ("validations",)
+    __slots__ = ("validations", "next_page_token")
     VALIDATIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     validations: _containers.RepeatedCompositeFieldContainer[Validation]
-    def __init__(self, validations: _Optional[_Iterable[_Union[Validation, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, validations: _Optional[_Iterable[_Union[Validation, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SdcGpu(_message.Message):
     __slots__ = ("target", "suspicion", "accusations", "runs", "fails", "suspects", "passes", "last_verdict", "last_unix_ns", "watch_until_unix_ns")
@@ -551,6 +573,18 @@ class ApproveRmaResponse(_message.Message):
     ticket: RmaTicket
     def __init__(self, ticket: _Optional[_Union[RmaTicket, _Mapping]] = ...) -> None: ...
 
+class ForgetGpuOwnerRequest(_message.Message):
+    __slots__ = ("target", "reason")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    reason: str
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ForgetGpuOwnerResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class SetAutomationPausedRequest(_message.Message):
     __slots__ = ("paused", "reason")
     PAUSED_FIELD_NUMBER: _ClassVar[int]
@@ -572,31 +606,39 @@ class AutomationStatus(_message.Message):
     def __init__(self, paused: _Optional[bool] = ..., breaker_tripped: _Optional[bool] = ..., reason: _Optional[str] = ..., since_unix_ns: _Optional[int] = ...) -> None: ...
 
 class AuditRecord(_message.Message):
-    __slots__ = ("at_unix_ns", "actor", "action", "target", "reason", "outcome")
+    __slots__ = ("at_unix_ns", "actor", "action", "target", "reason", "outcome", "peer", "dropped_before")
     AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BEFORE_FIELD_NUMBER: _ClassVar[int]
     at_unix_ns: int
     actor: str
     action: str
     target: Target
     reason: str
     outcome: str
-    def __init__(self, at_unix_ns: _Optional[int] = ..., actor: _Optional[str] = ..., action: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ..., outcome: _Optional[str] = ...) -> None: ...
+    peer: str
+    dropped_before: int
+    def __init__(self, at_unix_ns: _Optional[int] = ..., actor: _Optional[str] = ..., action: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., reason: _Optional[str] = ..., outcome: _Optional[str] = ..., peer: _Optional[str] = ..., dropped_before: _Optional[int] = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
-    __slots__ = ("since_unix_ns", "limit")
+    __slots__ = ("since_unix_ns", "limit", "page_token")
     SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     since_unix_ns: int
     limit: int
-    def __init__(self, since_unix_ns: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, since_unix_ns: _Optional[int] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListAuditResponse(_message.Message):
-    __slots__ = ("records",)
+    __slots__ = ("records", "next_page_token")
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[AuditRecord]
-    def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -134,14 +134,21 @@ class AdminServiceStub:
                 request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListAuditRequest.SerializeToString,
                 response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListAuditResponse.FromString,
                 _registered_method=True)
+        self.ForgetGpuOwner = channel.unary_unary(
+                '/rasd.api.v1.AdminService/ForgetGpuOwner',
+                request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerRequest.SerializeToString,
+                response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def ListNodes(self, request, context):
-        """The fleet: every node that ever connected, with its GPUs and latest power.
-        Status codes: OK; UNAUTHENTICATED / PERMISSION_DENIED per the caller's role.
+        """The fleet: every node that ever connected, with its GPUs and latest power, a page at a time.
+        Status codes: OK; UNAUTHENTICATED / PERMISSION_DENIED per the caller's role; INVALID_ARGUMENT
+        for a page_token this controller did not issue. Every listing below pages the same way, and
+        answers RESOURCE_EXHAUSTED when too many reads wait already (retry later).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -155,7 +162,7 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListEvents(self, request, context):
-        """Stored health events, newest first. INVALID_ARGUMENT if limit > 10000.
+        """Stored health events, newest first, a page at a time. INVALID_ARGUMENT if limit > 10000.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -279,6 +286,17 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetGpuOwner(self, request, context):
+        """A GPU was moved out of target.node_id by hand: forget that it is that node's, so that the next
+        node whose Hello lists it owns it. Until then, or until the node's own Hello leaves it out, a
+        Hello of another node that lists it is refused (PERMISSION_DENIED). Admin only, audited.
+        INVALID_ARGUMENT without target.gpu_uuid or a reason; NOT_FOUND if the GPU is not that node's;
+        FAILED_PRECONDITION while the node is connected and its Hello lists the GPU.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -381,6 +399,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListAudit,
                     request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListAuditRequest.FromString,
                     response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListAuditResponse.SerializeToString,
+            ),
+            'ForgetGpuOwner': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetGpuOwner,
+                    request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerRequest.FromString,
+                    response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -923,6 +946,33 @@ class AdminService:
             '/rasd.api.v1.AdminService/ListAudit',
             rasd_dot_api_dot_v1_dot_admin__service__pb2.ListAuditRequest.SerializeToString,
             rasd_dot_api_dot_v1_dot_admin__service__pb2.ListAuditResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetGpuOwner(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rasd.api.v1.AdminService/ForgetGpuOwner',
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerRequest.SerializeToString,
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerResponse.FromString,
             options,
             channel_credentials,
             insecure,
