@@ -93,9 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     rma_show.add_argument("rma_id")
     rma_approve = rma_commands.add_parser("approve", help="approve a pending ticket")
     rma_approve.add_argument("rma_id")
-    automation = commands.add_parser("automation", help="pause or resume automated repairs")
-    automation.add_argument("action", choices=("pause", "resume"))
+    automation = commands.add_parser("automation", help="pause or resume automated repairs, or show whether they run")
+    automation.add_argument("action", choices=("pause", "resume", "status"), help="status only reads")
     automation.add_argument("--reason", default="")
+    automation.add_argument("--json", action="store_true", help="machine-readable output (status)")
     audit = command("audit", "who did what, when, to what, why, and how it ended")
     audit.add_argument("--limit", type=int, default=50)
 
@@ -245,11 +246,27 @@ def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out
         )
         print(f"accused {args.target}: quarantined for the accusation suite", file=out)
     elif args.command == "automation":
-        status = stub.SetAutomationPaused(
-            admin_pb.SetAutomationPausedRequest(paused=args.action == "pause", reason=args.reason), timeout=timeout
-        )
-        word = "paused" if status.paused else "running"
-        print(f"automation {word}" + (f": {status.reason}" if status.paused and status.reason else ""), file=out)
+        if args.action == "status":
+            status = stub.GetAutomationStatus(admin_pb.GetAutomationStatusRequest(), timeout=timeout)
+        else:
+            status = stub.SetAutomationPaused(
+                admin_pb.SetAutomationPausedRequest(paused=args.action == "pause", reason=args.reason), timeout=timeout
+            )
+        if args.json:
+            output.dump_json(output.message_json(status), out)
+        else:
+            print(_automation_line(status), file=out)
+
+
+def _automation_line(status: admin_pb.AutomationStatus) -> str:
+    """One line: running, paused by an operator, or held by the circuit breaker (since when), and why."""
+    if not status.paused:
+        return "automation running"
+    who = "the circuit breaker" if status.breaker_tripped else "an operator"
+    since = ""
+    if status.since_unix_ns:
+        since = time.strftime(" since %Y-%m-%dT%H:%M:%SZ", time.gmtime(status.since_unix_ns / 1e9))
+    return f"automation paused by {who}{since}" + (f": {status.reason}" if status.reason else "")
 
 
 def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:

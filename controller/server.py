@@ -28,6 +28,7 @@ from rasd.controller.ingest import service as ingest
 from rasd.controller.observability import audit, metrics, recording
 from rasd.controller.power import loop as power_loop
 from rasd.controller.remediation import adapters
+from rasd.controller.remediation import service as remediation_service
 from rasd.controller.replication import aggregates as aggregates_mod
 from rasd.controller.replication import leader as leader_mod
 from rasd.controller.rpc import admin_service, agent_service, authn, authz, leader_gate, services, store_outage
@@ -189,6 +190,17 @@ def _power_loop(
     return power
 
 
+def _pending_rmas(remediation: remediation_service.RemediationService) -> int | None:
+    """RMA tickets awaiting approval, read at scrape time; None while the store is unreachable.
+
+    A store outage must not fail the whole scrape: every other series still tells the operator what happens.
+    """
+    try:
+        return len(remediation.store.rmas(pending_only=True))
+    except repo.STORE_UNAVAILABLE:
+        return None
+
+
 class Controller:
     """One running replica. `await start()`, then `await stop()`."""
 
@@ -261,6 +273,15 @@ class Controller:
             )
         )
         self.registry.register(metrics.PowerCollector(lambda: self.power.status if self.power is not None else None))
+        if self.remediation is not None:
+            remediation = self.remediation
+            self.registry.register(
+                metrics.RemediationCollector(
+                    self.leadership.is_leader,
+                    rma_pending=lambda: _pending_rmas(remediation),
+                    sdc_records=remediation.sdc_records,
+                )
+            )
 
     async def start(self) -> None:
         """Start ingest, bind gRPC and metrics, and report SERVING."""

@@ -47,7 +47,11 @@ NAMESPACE = "rasd-system"
 KUBE_VERSIONS = ("1.34.0", "1.37.0")
 # Custom resources: their schemas come with their operators' CRDs, not with Kubernetes, so
 # kubernetes-validate has none. They are checked field by field in their own tests below.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("cert-manager.io/v1", "Certificate")}
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),  # against its CRD's schema in test_alert_rules.py
+    ("cert-manager.io/v1", "Certificate"),
+}
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -69,6 +73,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "tls": {"certManager": {"enabled": True, "issuerRef": {"name": "rasd-ca"}, "extraDnsNames": ["rasd.example"]}},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "agent": {
             "enabled": True,
             "config": {"destructive_actions": True, "failsafe_power_limit_w": 500, "labels": {"row": "row-3"}},
@@ -208,7 +213,14 @@ def test_default_render_is_the_controller_alone(chart):
 
 def test_everything_on_renders_every_optional_object(chart):
     kinds = {kind for kind, _ in render(chart, VALUE_SETS["everything-on"])}
-    assert kinds >= {"DaemonSet", "ServiceMonitor", "Certificate", "ClusterRole", "ClusterRoleBinding"}
+    assert kinds >= {
+        "DaemonSet",
+        "ServiceMonitor",
+        "PrometheusRule",
+        "Certificate",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    }
 
 
 # --------------------------------------------------------------------------------------------

@@ -600,3 +600,7 @@ class ListAuditResponse(_message.Message):
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[AuditRecord]
     def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ...) -> None: ...
+
+class GetAutomationStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
