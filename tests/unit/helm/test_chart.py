@@ -51,6 +51,7 @@ CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),  # against its CRD's schema in test_alert_rules.py
     ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
 }
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -550,6 +551,22 @@ def test_tls_secret_is_mounted_and_cert_manager_issues_it(chart):
     mounts = {m["name"]: m for m in controller_container(objects)["volumeMounts"]}
     assert mounts["tls"] == {"name": "tls", "mountPath": "/etc/rasd/tls", "readOnly": True}
     assert ("Certificate", RELEASE) not in render(chart, VALUE_SETS["sqlite-persistent-slurm"])
+
+
+def test_a_self_signed_ca_of_the_releases_own_issues_the_serving_certificate(chart):
+    """cert-manager's CA bootstrap: self-signed Issuer → CA Certificate → CA Issuer → the serving certificate."""
+    objects = render(chart, {"tls": {"certManager": {"enabled": True, "selfSignedCA": True}}})
+    assert the(objects, "Issuer", f"{RELEASE}-selfsigned")["spec"] == {"selfSigned": {}}
+    ca = the(objects, "Certificate", f"{RELEASE}-ca")["spec"]
+    assert ca["isCA"] is True and ca["secretName"] == f"{RELEASE}-ca"
+    assert ca["issuerRef"] == {"name": f"{RELEASE}-selfsigned", "kind": "Issuer", "group": "cert-manager.io"}
+    assert the(objects, "Issuer", f"{RELEASE}-ca")["spec"] == {"ca": {"secretName": f"{RELEASE}-ca"}}
+    serving = the(objects, "Certificate")["spec"]
+    assert serving["issuerRef"] == {"name": f"{RELEASE}-ca", "kind": "Issuer", "group": "cert-manager.io"}
+    assert serving["secretName"] == f"{RELEASE}-tls"
+    volumes = {v["name"]: v for v in the(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == f"{RELEASE}-tls"
+    assert "BLOCKER" not in notes(chart, {"tls": {"certManager": {"enabled": True, "selfSignedCA": True}}})
 
 
 def test_service_and_service_monitor_expose_grpc_and_metrics(chart):
