@@ -9,6 +9,7 @@ an error, 2 usage error, 3 unreachable.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 import time
@@ -26,6 +27,8 @@ from rasd.common import VERSION
 EXIT_RPC_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+LEADER_ADDRESS_KEY = "rasd-leader-address"
+"""Trailing metadata of a follower's FAILED_PRECONDITION: where the leader serves (controller/rpc/leader_gate.py)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,7 +294,19 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
         print(f"rasctl: {exc}", file=err)
         return EXIT_USAGE
     try:
-        _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out)
+        try:
+            _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out)
+        except grpc.RpcError as refused:
+            leader_args = _at_the_leader(args, refused)
+            if leader_args is None:
+                raise
+            print(f"rasctl: {args.controller} does not lead; calling the leader at {leader_args.controller}", file=err)
+            channel.close()
+            args, channel = leader_args, credentials.channel(leader_args)
+            _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out)
+    except ValueError as exc:  # the leader's address cannot be dialled as the first one was
+        print(f"rasctl: {exc}", file=err)
+        return EXIT_USAGE
     except grpc.RpcError as exc:
         code = exc.code()  # type: ignore[attr-defined]
         print(f"rasctl: {args.command}: {code.name}: {exc.details()}", file=err)  # type: ignore[attr-defined]
@@ -302,6 +317,34 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
     finally:
         channel.close()
     return 0
+
+
+def _at_the_leader(args: argparse.Namespace, refused: grpc.RpcError) -> argparse.Namespace | None:
+    """args aimed at the leader a follower's refusal names; None when the error is not such a refusal.
+
+    The leader serves the same certificate as the replica first called (one Secret), so the TLS name
+    checked stays the one the operator dialled (or --tls-server-name) although the address is the
+    leader pod's own. One retry: a second refusal (the leader changed meanwhile) is the answer.
+    """
+    if refused.code() is not grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+        return None
+    trailers = dict(refused.trailing_metadata() or ())  # type: ignore[attr-defined]
+    address = trailers.get(LEADER_ADDRESS_KEY, "")
+    if not address or address == args.controller:
+        return None
+    server_name = args.tls_server_name
+    if not server_name:
+        host = args.controller.rpartition(":")[0].strip("[]")
+        server_name = "" if _is_ip_address(host) else host  # an IP: the leader's own address is checked
+    return argparse.Namespace(**{**vars(args), "controller": address, "tls_server_name": server_name})
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import pathlib
 import time
 from collections.abc import Mapping
@@ -190,6 +191,23 @@ def _power_loop(
     return power
 
 
+def advertised_address(listen: str, port: int, environ: Mapping[str, str]) -> str:
+    """Where rasctl reaches this replica, advertised to the others for their refusals' hint.
+
+    $RASD_ADVERTISE_ADDRESS, else the listen host (the pod's IP, $POD_IP, for a wildcard) with the
+    bound port; "" when neither says.
+    """
+    explicit = environ.get("RASD_ADVERTISE_ADDRESS", "")
+    if explicit:
+        return explicit
+    host = listen.rpartition(":")[0].strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = environ.get("POD_IP", "")
+    if not host:
+        return ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _pending_rmas(remediation: remediation_service.RemediationService) -> int | None:
     """RMA tickets awaiting approval, read at scrape time; None while the store is unreachable.
 
@@ -298,7 +316,9 @@ class Controller:
                 store_outage.StoreOutageInterceptor(),
                 authz.AuthInterceptor(self.settings.security, self.tokens, self.audit, self.security),
                 leader_gate.LeaderGate(
-                    self.leadership.is_leader, lambda: f"leader: {self.leadership.leader_id or 'unknown'}"
+                    self.leadership.is_leader,
+                    lambda: f"leader: {self.leadership.leader_id or 'unknown'}",
+                    lambda: (self.leadership.leader_id, self.leadership.leader_address),
                 ),
             ],
             options=[
@@ -331,6 +351,7 @@ class Controller:
             raise OSError(f"could not bind gRPC to {self.settings.listen}")
         await server.start()
         self._server = server
+        await self.leadership.advertise(advertised_address(self.settings.listen, self.port, os.environ))
         if self.settings.health_listen is not None:
             # Health only, no rasd service: safe in plaintext on the pod IP, and reachable by probes.
             health_server = grpc.aio.server()

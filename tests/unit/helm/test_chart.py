@@ -284,6 +284,7 @@ def test_replicas_elect_a_leader_named_by_their_pod(chart):
     assert "2 replicas" in text and "leader" in text and "Secret rasd-db" in text
     env = {e["name"]: e for e in controller_container(render(chart))["env"]}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}  # the advertised address
     assert env["RASD_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "rasd-db", "key": "url"}
     config = tomllib.loads(the(render(chart), "ConfigMap")["data"]["controller.toml"])
     assert config["leader"] == {"election": "auto", "lease_s": 15.0, "renew_s": 5.0, "relay_poll_s": 0.5}
