@@ -32,7 +32,12 @@ def add_global_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-ca", default=env("RASD_TLS_CA"), help="CA bundle of the controller ($RASD_TLS_CA)")
     parser.add_argument("--tls-cert", default=env("RASD_TLS_CERT"), help="your client certificate ($RASD_TLS_CERT)")
     parser.add_argument("--tls-key", default=env("RASD_TLS_KEY"), help="its private key ($RASD_TLS_KEY)")
-    parser.add_argument("--tls-server-name", default=env("RASD_TLS_SERVER_NAME", ""), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--tls-server-name",
+        default=env("RASD_TLS_SERVER_NAME", ""),
+        help="the name to check the controller's certificate against when --controller is another address, "
+        "e.g. rasd.rasd.svc through a port-forward ($RASD_TLS_SERVER_NAME)",
+    )
     parser.add_argument("--token", default=env("RASD_TOKEN"), help="bearer token ($RASD_TOKEN)")
 
 

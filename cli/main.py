@@ -9,6 +9,7 @@ an error, 2 usage error, 3 unreachable.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 import time
@@ -26,6 +27,8 @@ from rasd.common import VERSION
 EXIT_RPC_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+LEADER_ADDRESS_KEY = "rasd-leader-address"
+"""Trailing metadata of a follower's FAILED_PRECONDITION: where the leader serves (controller/rpc/leader_gate.py)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,9 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     forget.add_argument("target", metavar="NODE/GPU")
     forget.add_argument("--reason", required=True)
-    automation = commands.add_parser("automation", help="pause or resume automated repairs")
-    automation.add_argument("action", choices=("pause", "resume"))
+    automation = commands.add_parser("automation", help="pause or resume automated repairs, or show whether they run")
+    automation.add_argument("action", choices=("pause", "resume", "status"), help="status only reads")
     automation.add_argument("--reason", default="")
+    automation.add_argument("--json", action="store_true", help="machine-readable output (status)")
     audit = command("audit", "who did what, when, to what, why, and how it ended")
     audit.add_argument("--limit", type=int, default=50, help="at most this many (default %(default)s)")
 
@@ -303,12 +307,27 @@ def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out
         )
         print(f"{args.target}: no longer its node's; the next node whose Hello lists it owns it", file=out)
     elif args.command == "automation":
-        status = stub.SetAutomationPaused(
-            admin_pb.SetAutomationPausedRequest(paused=args.action == "pause", reason=args.reason), timeout=timeout
-        )
-        word = "paused" if status.paused else "running"
-        reason = f": {output.printable(status.reason)}" if status.paused and status.reason else ""
-        print(f"automation {word}{reason}", file=out)
+        if args.action == "status":
+            status = stub.GetAutomationStatus(admin_pb.GetAutomationStatusRequest(), timeout=timeout)
+        else:
+            status = stub.SetAutomationPaused(
+                admin_pb.SetAutomationPausedRequest(paused=args.action == "pause", reason=args.reason), timeout=timeout
+            )
+        if args.json:
+            output.dump_json(output.message_json(status), out)
+        else:
+            print(_automation_line(status), file=out)
+
+
+def _automation_line(status: admin_pb.AutomationStatus) -> str:
+    """One line: running, paused by an operator, or held by the circuit breaker (since when), and why."""
+    if not status.paused:
+        return "automation running"
+    who = "the circuit breaker" if status.breaker_tripped else "an operator"
+    since = ""
+    if status.since_unix_ns:
+        since = time.strftime(" since %Y-%m-%dT%H:%M:%SZ", time.gmtime(status.since_unix_ns / 1e9))
+    return f"automation paused by {who}{since}" + (f": {output.printable(status.reason)}" if status.reason else "")
 
 
 def unreachable_hint(details: str, args: argparse.Namespace) -> str:
@@ -350,7 +369,19 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
         print(f"rasctl: {exc}", file=err)
         return EXIT_USAGE
     try:
-        _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out, err)
+        try:
+            _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out, err)
+        except grpc.RpcError as refused:
+            leader_args = _at_the_leader(args, refused)
+            if leader_args is None:
+                raise
+            print(f"rasctl: {args.controller} does not lead; calling the leader at {leader_args.controller}", file=err)
+            channel.close()
+            args, channel = leader_args, credentials.channel(leader_args)
+            _run_command(args, admin_grpc.AdminServiceStub(credentials.authenticated(args, channel)), out, err)
+    except ValueError as exc:  # the leader's address cannot be dialled as the first one was
+        print(f"rasctl: {exc}", file=err)
+        return EXIT_USAGE
     except grpc.RpcError as exc:
         code = exc.code()  # type: ignore[attr-defined]
         details = output.printable(exc.details() or "")  # type: ignore[attr-defined]
@@ -362,6 +393,34 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
     finally:
         channel.close()
     return 0
+
+
+def _at_the_leader(args: argparse.Namespace, refused: grpc.RpcError) -> argparse.Namespace | None:
+    """args aimed at the leader a follower's refusal names; None when the error is not such a refusal.
+
+    The leader serves the same certificate as the replica first called (one Secret), so the TLS name
+    checked stays the one the operator dialled (or --tls-server-name) although the address is the
+    leader pod's own. One retry: a second refusal (the leader changed meanwhile) is the answer.
+    """
+    if refused.code() is not grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+        return None
+    trailers = dict(refused.trailing_metadata() or ())  # type: ignore[attr-defined]
+    address = trailers.get(LEADER_ADDRESS_KEY, "")
+    if not address or address == args.controller:
+        return None
+    server_name = args.tls_server_name
+    if not server_name:
+        host = args.controller.rpartition(":")[0].strip("[]")
+        server_name = "" if _is_ip_address(host) else host  # an IP: the leader's own address is checked
+    return argparse.Namespace(**{**vars(args), "controller": address, "tls_server_name": server_name})
+
+
+def _is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def main() -> int:

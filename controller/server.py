@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import pathlib
 import time
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from rasd.controller.power import loop as power_loop
 from rasd.controller.power import repair_gate
 from rasd.controller.remediation import adapters
 from rasd.controller.remediation import outlet as outlet_mod
+from rasd.controller.remediation import service as remediation_service
 from rasd.controller.replication import aggregates as aggregates_mod
 from rasd.controller.replication import leader as leader_mod
 from rasd.controller.rpc import admin_service, agent_service, authn, authz, leader_gate, services, store_outage
@@ -197,6 +199,34 @@ def _power_loop(
     return power
 
 
+def advertised_address(listen: str, port: int, environ: Mapping[str, str]) -> str:
+    """Where rasctl reaches this replica, advertised to the others for their refusals' hint.
+
+    $RASD_ADVERTISE_ADDRESS, else the listen host (the pod's IP, $POD_IP, for a wildcard) with the
+    bound port; "" when neither says.
+    """
+    explicit = environ.get("RASD_ADVERTISE_ADDRESS", "")
+    if explicit:
+        return explicit
+    host = listen.rpartition(":")[0].strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = environ.get("POD_IP", "")
+    if not host:
+        return ""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _pending_rmas(remediation: remediation_service.RemediationService) -> int | None:
+    """RMA tickets awaiting approval, read at scrape time; None while the store is unreachable.
+
+    A store outage must not fail the whole scrape: every other series still tells the operator what happens.
+    """
+    try:
+        return len(remediation.store.rmas(pending_only=True))
+    except repo.STORE_UNAVAILABLE:
+        return None
+
+
 class Controller:
     """One running replica. `await start()`, then `await stop()`."""
 
@@ -280,6 +310,15 @@ class Controller:
             )
         )
         self.registry.register(metrics.PowerCollector(lambda: self.power.status if self.power is not None else None))
+        if self.remediation is not None:
+            remediation = self.remediation
+            self.registry.register(
+                metrics.RemediationCollector(
+                    self.leadership.is_leader,
+                    rma_pending=lambda: _pending_rmas(remediation),
+                    sdc_records=remediation.sdc_records,
+                )
+            )
 
     async def start(self) -> None:
         """Start ingest, bind gRPC and metrics, and report SERVING."""
@@ -296,7 +335,9 @@ class Controller:
                 store_outage.StoreOutageInterceptor(),
                 authz.AuthInterceptor(self.settings.security, self.tokens, self.audit, self.security),
                 leader_gate.LeaderGate(
-                    self.leadership.is_leader, lambda: f"leader: {self.leadership.leader_id or 'unknown'}"
+                    self.leadership.is_leader,
+                    lambda: f"leader: {self.leadership.leader_id or 'unknown'}",
+                    lambda: (self.leadership.leader_id, self.leadership.leader_address),
                 ),
             ],
             options=[
@@ -329,6 +370,7 @@ class Controller:
             raise OSError(f"could not bind gRPC to {self.settings.listen}")
         await server.start()
         self._server = server
+        await self.leadership.advertise(advertised_address(self.settings.listen, self.port, os.environ))
         if self.settings.health_listen is not None:
             # Health only, no rasd service: safe in plaintext on the pod IP, and reachable by probes.
             health_server = grpc.aio.server()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -258,6 +258,47 @@ class FleetCollector(Collector):
         for state_name, count in counts.items():
             nodes.add_metric([state_name], count)
         yield nodes
+
+
+SDC_SUSPECT_MARKS = frozenset({"accusation", "fail", "suspect"})
+"""The SDC marks that leave a GPU a suspect until a later passing run clears it."""
+
+
+def sdc_suspects(records: Iterable[Mapping[str, Any]]) -> int:
+    """GPUs whose latest SDC mark is an accusation, a failed run or a suspect run (`rasctl sdc list` rows)."""
+    return sum(1 for record in records if record.get("marks") and record["marks"][-1][0] in SDC_SUSPECT_MARKS)
+
+
+class RemediationCollector(Collector):
+    """Scrape-time gauges of the leader's repair queues: RMA tickets awaiting approval and SDC suspects.
+
+    Only the leader exports them (followers' ladders stand still, and the store is shared), so a
+    fleet has one series of each and alerts need no de-duplication.
+    """
+
+    def __init__(
+        self,
+        is_leader: Callable[[], bool],
+        rma_pending: Callable[[], int | None],
+        sdc_records: Callable[[], Iterable[Mapping[str, Any]]],
+    ) -> None:
+        """Read leadership, the pending RMA count (a store query) and the SDC rows through callables."""
+        self._is_leader = is_leader
+        self._rma_pending = rma_pending
+        self._sdc_records = sdc_records
+
+    def collect(self) -> Iterable[Metric]:
+        """Yield rasd_rma_pending and rasd_sdc_suspects on the leader; nothing on a follower."""
+        if not self._is_leader():
+            return
+        pending = self._rma_pending()
+        if pending is not None:  # None: the store is unreachable now
+            yield GaugeMetricFamily("rasd_rma_pending", "RMA tickets awaiting an operator's approval.", value=pending)
+        yield GaugeMetricFamily(
+            "rasd_sdc_suspects",
+            "GPUs whose latest SDC mark is an accusation, a failed or a suspect run (no passing run since).",
+            value=sdc_suspects(self._sdc_records()),
+        )
 
 
 SMOOTHING_MODES = ("off", "firmware", "emulated")

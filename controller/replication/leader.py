@@ -114,6 +114,10 @@ class Leadership:
         self.store = lease_store.LeaseStore(engine)
         self.leader_id = ""
         """The replica that held the lease at the last look ("" when unknown)."""
+        self.leader_address = ""
+        """Where that replica serves rasctl, as it advertised (`advertise`); "" when unknown."""
+        self._address_of = ""
+        """The replica leader_address belongs to."""
         self._token: int | None = None
         self._holds_until = 0.0
         self._elected: list[Elected] = []
@@ -201,6 +205,24 @@ class Leadership:
             except Exception as exc:  # the lease then simply expires
                 log.warning("leader_release_failed", error=str(exc), error_type=type(exc).__name__)
 
+    async def advertise(self, address: str) -> None:
+        """Publish where this replica serves rasctl; a follower names it when it refuses a leader's call."""
+        await asyncio.to_thread(self.store.advertise, self.replica_id, address)
+        if self.leader_id == self.replica_id:
+            self.leader_address, self._address_of = address, self.replica_id
+
+    async def _learn_leader_address(self) -> None:
+        """Read the leader's advertised address when the leader changed, or until it has advertised one."""
+        holder = self.leader_id
+        if not holder or (holder == self._address_of and self.leader_address):
+            return
+        try:
+            address = await asyncio.to_thread(self.store.address_of, holder)
+        except Exception as exc:  # only the hint in a follower's refusal is missing; the next look retries
+            log.warning("leader_address_unread", replica=self.replica_id, error=str(exc))
+            return
+        self.leader_address, self._address_of = address, holder
+
     async def wait_changed(self) -> None:
         """Wait until this replica starts or ends a term (tests, tools)."""
         self._changed.clear()
@@ -242,6 +264,8 @@ class Leadership:
             self._next_wait_s = wait
             return
         self.leader_id = lease.holder
+        if not decision.leader:
+            await self._learn_leader_address()
         margin_s = min(1.0, lease_s / 10)
         if decision.leader:
             if decision.verdict is lease_core.Verdict.ACQUIRED and self._token is not None:

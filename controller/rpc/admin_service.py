@@ -22,7 +22,7 @@ from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.controller.core import fleet
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.power import tree as power_tree
-from rasd.controller.core.remediation import repair_queue
+from rasd.controller.core.remediation import blast_radius, repair_queue
 from rasd.controller.ingest import service as ingest
 from rasd.controller.power import loop as power_loop
 from rasd.controller.remediation import service as remediation_mod
@@ -41,6 +41,17 @@ RECENT_TICKETS = 20
 """Repair tickets GetNode shows."""
 
 AnswerT = TypeVar("AnswerT")
+
+
+def automation_status_to_wire(budget: blast_radius.BudgetState) -> admin_pb.AutomationStatus:
+    """The pause and the breaker as rasctl shows them; since_unix_ns is the breaker's trip (0 for a pause)."""
+    tripped_at_s = budget.breaker_tripped_at
+    return admin_pb.AutomationStatus(
+        paused=budget.paused or budget.breaker_tripped,
+        breaker_tripped=budget.breaker_tripped,
+        reason=budget.breaker_reason or budget.pause_reason,
+        since_unix_ns=int(tripped_at_s * 1e9) if tripped_at_s is not None else 0,
+    )
 
 
 class AdminService(admin_grpc.AdminServiceServicer):
@@ -359,11 +370,16 @@ class AdminService(admin_grpc.AdminServiceServicer):
         """Pause automation, or resume it (which also resets a tripped circuit breaker)."""
         service = await self._need_remediation(context)
         budget = await service.set_paused(request.paused, reason=request.reason or "operator", actor=authz.actor())
-        return admin_pb.AutomationStatus(
-            paused=budget.paused or budget.breaker_tripped,
-            breaker_tripped=budget.breaker_tripped,
-            reason=budget.breaker_reason or budget.pause_reason,
-        )
+        return automation_status_to_wire(budget)
+
+    async def GetAutomationStatus(
+        self, request: admin_pb.GetAutomationStatusRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.AutomationStatus:
+        """Whether automation is paused and why, from the stored budget (every replica reads the same)."""
+        service = await self._need_remediation(context)
+        stored = await self._ingest.run_in_store(lambda: service.store.load_doc("budget"))
+        budget = blast_radius.BudgetState.from_dict(stored) if stored is not None else blast_radius.BudgetState()
+        return automation_status_to_wire(budget)
 
     async def ListAudit(
         self, request: admin_pb.ListAuditRequest, context: grpc.aio.ServicerContext

@@ -11,6 +11,7 @@ method (rasd.api.v1.AdminService/...)               least role  audited
 ListNodes GetNode ListEvents ListIncidents          viewer      on denial
 ListRepairs ListValidations GetPowerStatus
 GetPowerPolicy ListRma GetRma ListAudit ListSdc
+GetAutomationStatus
 Quarantine Validate AccuseSdc SetAutomationPaused   operator    always (with outcome)
 Release                                             operator;   always
                                                     admin with
@@ -85,6 +86,7 @@ METHOD_RULES: dict[str, Rule] = {
             "GetRma",
             "ListAudit",
             "ListSdc",  # on main (SDC sweeps) and not yet on this branch: reads only
+            "GetAutomationStatus",
         )
     },
     **{

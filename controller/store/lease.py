@@ -13,6 +13,7 @@ token and is refused. Every write is thus ordered before the takeover or refused
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 
 import sqlalchemy as sa
@@ -23,6 +24,17 @@ from rasd.controller.store import schema
 
 ROLE = "controller"
 """The lease of the controller's fleet-wide loops."""
+
+ADDRESS_PREFIX = "replica/address/"
+"""Documents (controller_states) in which each replica advertises where rasctl reaches it."""
+
+
+def _address_doc(replica_id: str) -> str:
+    """The document name of a replica's address; a replica id too long for the column is hashed."""
+    name = ADDRESS_PREFIX + replica_id
+    if len(name) <= 64:
+        return name
+    return ADDRESS_PREFIX + hashlib.sha256(replica_id.encode()).hexdigest()[:40]
 
 
 class NotLeaderError(RuntimeError):
@@ -152,6 +164,25 @@ class LeaseStore:
             row.holder = released.holder
             row.expires_unix_ns = released.expires_unix_ns
             return True
+
+    def advertise(self, replica_id: str, address: str) -> None:
+        """Record where this replica serves rasctl, so that followers can name the leader's address."""
+        with self._sessions.begin() as session:
+            name = _address_doc(replica_id)
+            state = {"replica_id": replica_id, "address": address}
+            row = session.get(schema.ControllerStateRow, name)
+            if row is None:
+                session.add(schema.ControllerStateRow(name=name, state=state, updated_unix_ns=time.time_ns()))
+            else:
+                row.state, row.updated_unix_ns = state, time.time_ns()
+
+    def address_of(self, replica_id: str) -> str:
+        """The address replica_id advertised ("" when it advertised none)."""
+        with self._sessions() as session:
+            row = session.get(schema.ControllerStateRow, _address_doc(replica_id))
+            if row is None or row.state.get("replica_id") != replica_id:
+                return ""
+            return str(row.state.get("address", ""))
 
     def current(self) -> lease_core.Lease | None:
         """The lease as it stands (None before the first election)."""

@@ -60,20 +60,38 @@ def test_operator_story(tmp_path, free_port):
 
         (rma,) = wait_for(rma_open)
         assert rma["target"]["gpu_uuid"] == gpus[2] and rma["state"] == "pending"
+        # The alert rules' queues (deploy/prometheus/rasd-rules.yaml): one ticket waits, one GPU is suspect.
+        registry = fleet.controller.registry
+        assert registry.get_sample_value("rasd_rma_pending") == 1
+        assert registry.get_sample_value("rasd_sdc_suspects") == 1
         assert rma["gpus_per_technician_hour"] == 0.5
         code, out, _ = fleet.rasctl("rma", "show", rma["rma_id"])
         assert code == 0 and "evidence_json" in out
         assert fleet.rasctl("rma", "approve", rma["rma_id"])[0] == 0
+        assert registry.get_sample_value("rasd_rma_pending") == 0
         code, _, err = fleet.rasctl("rma", "approve", rma["rma_id"])
         assert code == 1 and "not pending" in err
         code, out, _ = fleet.rasctl("validations")
         assert code == 0 and "fail" in out
 
         # Automation pause and resume, then the audit trail of everything above.
+        assert fleet.rasctl("automation", "status") == (0, "automation running\n", "")
         code, out, _ = fleet.rasctl("automation", "pause", "--reason", "maintenance window")
         assert code == 0 and "paused" in out
+        # Read only, from the store: status says who paused and why, and changes nothing.
+        for _ in range(2):
+            code, out, _ = fleet.rasctl("automation", "status")
+            assert (code, out) == (0, "automation paused by an operator: maintenance window\n")
+        code, out, _ = fleet.rasctl("automation", "status", "--json")
+        assert json.loads(out) == {
+            "paused": True,
+            "breaker_tripped": False,
+            "reason": "maintenance window",
+            "since_unix_ns": "0",
+        }
         code, out, _ = fleet.rasctl("automation", "resume")
         assert code == 0 and "running" in out
+        assert fleet.rasctl("automation", "status")[:2] == (0, "automation running\n")
         code, out, _ = fleet.rasctl("audit", "--json", "--limit", "200")
         actions_seen = {(r["actor"], r["action"]) for r in json.loads(out)}
         # A plaintext controller's callers are "anonymous"; tests/integration/test_security.py checks

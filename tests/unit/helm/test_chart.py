@@ -47,7 +47,12 @@ NAMESPACE = "rasd-system"
 KUBE_VERSIONS = ("1.34.0", "1.37.0")
 # Custom resources: their schemas come with their operators' CRDs, not with Kubernetes, so
 # kubernetes-validate has none. They are checked field by field in their own tests below.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("cert-manager.io/v1", "Certificate")}
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),  # against its CRD's schema in test_alert_rules.py
+    ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
+}
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -69,6 +74,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "tls": {"certManager": {"enabled": True, "issuerRef": {"name": "rasd-ca"}, "extraDnsNames": ["rasd.example"]}},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "agent": {
             "enabled": True,
             "config": {"destructive_actions": True, "failsafe_power_limit_w": 500, "labels": {"row": "row-3"}},
@@ -208,7 +214,14 @@ def test_default_render_is_the_controller_alone(chart):
 
 def test_everything_on_renders_every_optional_object(chart):
     kinds = {kind for kind, _ in render(chart, VALUE_SETS["everything-on"])}
-    assert kinds >= {"DaemonSet", "ServiceMonitor", "Certificate", "ClusterRole", "ClusterRoleBinding"}
+    assert kinds >= {
+        "DaemonSet",
+        "ServiceMonitor",
+        "PrometheusRule",
+        "Certificate",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,6 +284,7 @@ def test_replicas_elect_a_leader_named_by_their_pod(chart):
     assert "2 replicas" in text and "leader" in text and "Secret rasd-db" in text
     env = {e["name"]: e for e in controller_container(render(chart))["env"]}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}  # the advertised address
     assert env["RASD_DB_URL"]["valueFrom"]["secretKeyRef"] == {"name": "rasd-db", "key": "url"}
     config = tomllib.loads(the(render(chart), "ConfigMap")["data"]["controller.toml"])
     assert config["leader"] == {"election": "auto", "lease_s": 15.0, "renew_s": 5.0, "relay_poll_s": 0.5}
@@ -538,6 +552,22 @@ def test_tls_secret_is_mounted_and_cert_manager_issues_it(chart):
     mounts = {m["name"]: m for m in controller_container(objects)["volumeMounts"]}
     assert mounts["tls"] == {"name": "tls", "mountPath": "/etc/rasd/tls", "readOnly": True}
     assert ("Certificate", RELEASE) not in render(chart, VALUE_SETS["sqlite-persistent-slurm"])
+
+
+def test_a_self_signed_ca_of_the_releases_own_issues_the_serving_certificate(chart):
+    """cert-manager's CA bootstrap: self-signed Issuer → CA Certificate → CA Issuer → the serving certificate."""
+    objects = render(chart, {"tls": {"certManager": {"enabled": True, "selfSignedCA": True}}})
+    assert the(objects, "Issuer", f"{RELEASE}-selfsigned")["spec"] == {"selfSigned": {}}
+    ca = the(objects, "Certificate", f"{RELEASE}-ca")["spec"]
+    assert ca["isCA"] is True and ca["secretName"] == f"{RELEASE}-ca"
+    assert ca["issuerRef"] == {"name": f"{RELEASE}-selfsigned", "kind": "Issuer", "group": "cert-manager.io"}
+    assert the(objects, "Issuer", f"{RELEASE}-ca")["spec"] == {"ca": {"secretName": f"{RELEASE}-ca"}}
+    serving = the(objects, "Certificate")["spec"]
+    assert serving["issuerRef"] == {"name": f"{RELEASE}-ca", "kind": "Issuer", "group": "cert-manager.io"}
+    assert serving["secretName"] == f"{RELEASE}-tls"
+    volumes = {v["name"]: v for v in the(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == f"{RELEASE}-tls"
+    assert "BLOCKER" not in notes(chart, {"tls": {"certManager": {"enabled": True, "selfSignedCA": True}}})
 
 
 def test_service_and_service_monitor_expose_grpc_and_metrics(chart):

@@ -642,3 +642,7 @@ class ListAuditResponse(_message.Message):
     records: _containers.RepeatedCompositeFieldContainer[AuditRecord]
     next_page_token: str
     def __init__(self, records: _Optional[_Iterable[_Union[AuditRecord, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetAutomationStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

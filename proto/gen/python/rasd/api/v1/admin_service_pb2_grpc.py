@@ -139,6 +139,11 @@ class AdminServiceStub:
                 request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerRequest.SerializeToString,
                 response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerResponse.FromString,
                 _registered_method=True)
+        self.GetAutomationStatus = channel.unary_unary(
+                '/rasd.api.v1.AdminService/GetAutomationStatus',
+                request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.GetAutomationStatusRequest.SerializeToString,
+                response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.AutomationStatus.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -297,6 +302,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAutomationStatus(self, request, context):
+        """Whether automation is paused, by an operator or the circuit breaker, and why; read only, from
+        the shared store, so every replica answers it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -404,6 +417,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ForgetGpuOwner,
                     request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerRequest.FromString,
                     response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerResponse.SerializeToString,
+            ),
+            'GetAutomationStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAutomationStatus,
+                    request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.GetAutomationStatusRequest.FromString,
+                    response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.AutomationStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -973,6 +991,33 @@ class AdminService:
             '/rasd.api.v1.AdminService/ForgetGpuOwner',
             rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerRequest.SerializeToString,
             rasd_dot_api_dot_v1_dot_admin__service__pb2.ForgetGpuOwnerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAutomationStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rasd.api.v1.AdminService/GetAutomationStatus',
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.GetAutomationStatusRequest.SerializeToString,
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.AutomationStatus.FromString,
             options,
             channel_credentials,
             insecure,
