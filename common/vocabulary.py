@@ -16,6 +16,11 @@ import dataclasses
 import enum
 from collections.abc import Mapping
 
+XID_MAX = 99_999
+"""The largest Xid number rasd takes: NVIDIA's catalog ends in the hundreds, so a larger number is a
+garbled line, not a fault. The agent's parser drops such a line and the controller's edge refuses
+it, from this one bound, so that no line the agent parses makes the controller refuse its batch."""
+
 
 class Severity(enum.IntEnum):
     """Severity of an observation or incident, lowest first (rasd.api.v1.Severity)."""

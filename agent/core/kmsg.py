@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from rasd.agent.core.model import Observation, Severity
 from rasd.common import kernel_log, xid_catalog
 from rasd.common.kernel_log import KernelEvent, KernelEventKind
+from rasd.common.vocabulary import XID_MAX
 from rasd.common.xid_catalog import RecoveryAction
 
 OBSERVATION_SOURCE = "kmsg"
@@ -312,6 +313,8 @@ def _opt(event: KernelEvent | None) -> list[KernelEvent]:
 def _parse_xid(m: re.Match[str], raw: str, time_us: int | None) -> KernelEvent | None:
     loc = m["loc"]
     xid = int(m["xid"])
+    if not 1 <= xid <= XID_MAX:
+        return None  # a garbled number: no Xid the catalog knows, and the controller would refuse it
     gi = _MIG_GI.search(loc)
     ci = _MIG_CI.search(loc[gi.end() :] if gi else loc)
     rest = (m["rest"] or "").strip()

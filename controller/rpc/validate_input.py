@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
+from rasd.common import vocabulary
 from rasd.controller.wire import agent as wire
 
 INT63 = 2**63 - 1
@@ -432,7 +433,7 @@ def check_events(batch: agent_pb.HealthEventBatch, identity: StreamIdentity, lim
         _enum(f"{field}.severity", event.severity, health_pb.Severity, allow_unspecified=True)
         _gpu_uuid(f"{field}.gpu_uuid", event.gpu_uuid, required=False)
         if event.HasField("xid"):
-            _range(f"{field}.xid", event.xid, 1, 99_999)
+            _range(f"{field}.xid", event.xid, 1, vocabulary.XID_MAX)
         _text(f"{field}.message", event.message, wire.MAX_TEXT)
         _text(f"{field}.source", event.source, MAX_SOURCE_CHARS, pattern=TOKEN_RE)
         _map(f"{field}.attributes", event.attributes)

@@ -596,3 +596,20 @@ def test_the_older_wording_takes_the_gpu_uuid_from_an_earlier_gpu_at_line():
 )
 def test_lines_that_are_not_a_gpu_lost_from_the_bus(line):
     assert [e for e in parse_lines([line]) if e.kind is KernelEventKind.FALLEN_OFF_BUS] == []
+
+
+@pytest.mark.parametrize("number", ["0", "141202", "99999999999"])
+def test_an_xid_number_outside_the_catalogs_range_is_no_event(number):
+    """A garbled Xid number (the kmsg fuzzer made 141202 from a real line) is dropped at the parser.
+
+    Before, the agent sent it and the controller's edge refused the whole batch (xid outside
+    [1, XID_MAX]): every event spooled behind it waited on a batch that could never be taken.
+    """
+    assert parse_lines([XID_79.replace(": 79,", f": {number},")]) == []
+
+
+def test_the_largest_xid_the_controller_takes_is_parsed():
+    from rasd.common.vocabulary import XID_MAX
+
+    (event,) = parse_lines([XID_79.replace(": 79,", f": {XID_MAX},")])
+    assert event.xid == XID_MAX
