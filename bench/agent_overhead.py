@@ -186,8 +186,8 @@ def _table(runs: dict[str, dict[str, list[dict]]], baseline: bool) -> tuple[list
     return lines, worst_pct, worst_rss
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the backends, print the table, update bench/RESULTS.md; exit 1 if the goal is missed."""
+def _parser() -> argparse.ArgumentParser:
+    """The bench's command line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration-s", type=float, default=30.0)
     parser.add_argument("--warmup-s", type=float, default=3.0)
@@ -202,19 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--controller", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:  # first: a baseline tree's older parser must not see the newer options
-        report = asyncio.run(_child(args.child, args.controller, args.gpus, args.duration_s, args.warmup_s))
-        print(json.dumps(report))
-        return 0
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = sorted(set(backends) - set(BACKENDS))
-    if unknown or not backends:
-        parser.error(f"--backends: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(BACKENDS)}")
+    return parser
+
+
+def _section_text(
+    args: argparse.Namespace, backends: list[str], runs: dict[str, dict[str, list[dict]]], started: str
+) -> tuple[str, str, bool]:
+    """(the RESULTS.md section's title, its text, whether the goal was met) for these runs."""
     section = REAL_GPU_SECTION if "nvml-real" in backends else SECTION
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    header = results.machine()
-    runs = _measure(args, backends)
     lines, worst_pct, worst_rss = _table(runs, args.baseline_tree is not None)
     met = worst_pct <= GOAL_PCT and worst_rss <= GOAL_RSS_MIB
     # The real GPUs' models, as the agent measured saw them (no second NVML session here).
@@ -236,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             section,
             "",
             f"Command: `{command}`  ",
-            f"Machine: {header}, load average {os.getloadavg()[0]:.2f} at the end{gpu_names}  ",
+            f"Machine: {results.machine()}, load average {os.getloadavg()[0]:.2f} at the end{gpu_names}  ",
             f"Run: {started}; each agent alone in its own process for {args.duration_s:g} s after "
             f"{args.warmup_s:g} s warm-up, streaming to a real controller in another process. CPU = user + system "
             "of the agent process, all threads; peak RSS = the agent process's maximum resident set. "
@@ -253,6 +248,24 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
     )
+    return section, text, met
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the backends, print the table, update bench/RESULTS.md; exit 1 if the goal is missed."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.child:  # first: a baseline tree's older parser must not see the newer options
+        report = asyncio.run(_child(args.child, args.controller, args.gpus, args.duration_s, args.warmup_s))
+        print(json.dumps(report))
+        return 0
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown or not backends:
+        parser.error(f"--backends: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(BACKENDS)}")
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    runs = _measure(args, backends)
+    section, text, met = _section_text(args, backends, runs, started)
     print(text)
     if not args.no_write:
         results.write_section(section, text)
