@@ -82,6 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     validations = command("validations", "validation runs and verdicts")
     validations.add_argument("--node", default="")
     validations.add_argument("--limit", type=int, default=100, help="at most this many (default %(default)s)")
+    _add_groups(commands)
+    audit = command("audit", "who did what, when, to what, why, and how it ended")
+    audit.add_argument("--limit", type=int, default=50, help="at most this many (default %(default)s)")
+
+    credentials.add_commands(commands)
+    power_views.add_parser(commands)
+    return parser
+
+
+def _add_groups(commands: Any) -> None:
+    """The commands with verbs of their own: sdc, rma, gpu, automation, kmsg."""
     sdc = commands.add_parser("sdc", help="silent data corruption")
     sdc_commands = sdc.add_subparsers(dest="sdc_command", required=True, metavar="SDC_COMMAND")
     accuse = sdc_commands.add_parser("accuse", help="accuse NODE/GPU of SDC: quarantine and run the accusation suite")
@@ -111,18 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     automation.add_argument("action", choices=("pause", "resume", "status"), help="status only reads")
     automation.add_argument("--reason", default="")
     automation.add_argument("--json", action="store_true", help="machine-readable output (status)")
-    audit = command("audit", "who did what, when, to what, why, and how it ended")
-    audit.add_argument("--limit", type=int, default=50, help="at most this many (default %(default)s)")
-
-    credentials.add_commands(commands)
-    power_views.add_parser(commands)
-
     kmsg = commands.add_parser("kmsg", help="kernel-log tools that need no controller")
     kmsg_commands = kmsg.add_subparsers(dest="kmsg_command", required=True, metavar="KMSG_COMMAND")
     kmsg_commands.add_parser(
         "classify", help="read kernel log text on stdin; print one JSON object per GPU/IB event found"
     )
-    return parser
 
 
 def _selector(pairs: Sequence[str]) -> dict[str, str]:

@@ -135,22 +135,8 @@ class AgentService(agent_grpc.AgentServiceServicer):
                 await asyncio.wait_for(writer, timeout=5.0)
             for task in done:
                 error = task.exception()
-                if isinstance(error, validate_input.IdentityError):
-                    await self._deny_identity(context, error, error.field.split(".", 1)[0], session.node_id)
-                if isinstance(error, wire.WireError):
-                    self._ingest.metrics.rejected(error.field)
-                    log.warning("agent_message_rejected", node=session.node_id, field=error.field, error=str(error))
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-                if isinstance(error, repo.SpoolEpochChanged):
-                    await context.abort(
-                        grpc.StatusCode.ABORTED, f"a newer stream for this node replaced this one: {error}"
-                    )
-                if isinstance(error, repo.STORE_UNAVAILABLE):
-                    await store_outage.abort_unavailable(
-                        context, error, "store_unavailable_stream_ended", node=session.node_id
-                    )
                 if error is not None:
-                    raise error
+                    await self._end_for(context, session, error)
             if session.replaced:
                 await context.abort(grpc.StatusCode.ABORTED, "a newer stream for this node replaced this one")
         finally:
@@ -166,6 +152,20 @@ class AgentService(agent_grpc.AgentServiceServicer):
             self._closing.add(cleanup)
             cleanup.add_done_callback(self._closing.discard)
             await asyncio.shield(cleanup)
+
+    async def _end_for(self, context: grpc.aio.ServicerContext, session: ingest.Session, error: BaseException) -> None:
+        """End the call with the status that says why one half of the stream failed; raises always."""
+        if isinstance(error, validate_input.IdentityError):
+            await self._deny_identity(context, error, error.field.split(".", 1)[0], session.node_id)
+        if isinstance(error, wire.WireError):
+            self._ingest.metrics.rejected(error.field)
+            log.warning("agent_message_rejected", node=session.node_id, field=error.field, error=str(error))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if isinstance(error, repo.SpoolEpochChanged):
+            await context.abort(grpc.StatusCode.ABORTED, f"a newer stream for this node replaced this one: {error}")
+        if isinstance(error, repo.STORE_UNAVAILABLE):
+            await store_outage.abort_unavailable(context, error, "store_unavailable_stream_ended", node=session.node_id)
+        raise error
 
     async def _close(self, session: ingest.Session, *tasks: asyncio.Task[None]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
