@@ -85,12 +85,15 @@ async def _run(pg: chaoslib.PrivatePostgres, tmp_path, figures):
     producing.set()
 
     async def produce() -> None:
-        # A steady trickle of health events on every node, through the agents' real spool path.
+        # A steady trickle of health events on every node, through the agents' real spool path. Xid 63
+        # (a row-remapping record) is decided and asks for nothing: an actionable Xid repeating every
+        # 0.25 s would, rightly, climb its own ladder after each repair (restart, reset, reboot) and
+        # hold the disruption budget that the Xid 48 ladders under test need.
         while producing.is_set():
             for agent, backend, _ in fleet:
                 gpu = backend.inventory()[GPUS - 1].uuid
                 agent.observe(
-                    [model.Observation(model.EventKind.XID, time.time_ns(), "NVRM: Xid 13 (chaos)", "kmsg", gpu, 13)]
+                    [model.Observation(model.EventKind.XID, time.time_ns(), "NVRM: Xid 63 (chaos)", "kmsg", gpu, 63)]
                 )
                 produced["n"] += 1
             await asyncio.sleep(EVENT_PERIOD_S)

@@ -108,6 +108,12 @@ class Incident:
     """fault_keys of secondaries folded in, in arrival order (bounded)."""
     peer_gpu_uuids: tuple[str, ...] = ()
     """Other GPUs whose sympathetic errors folded in (peer Xid 74)."""
+    newest_seq: int = 0
+    """The highest agent seq folded in (0: none had one). With `newest_observed_at`, it tells an event
+    that was observed before evidence the incident already holds, arriving late (a spool replay, a
+    reordered batch), from a new sighting (`_Fold.joinable`)."""
+    newest_observed_at: float = 0.0
+    """The latest observed time folded in, on the agent's own clock (never compared with the controller's)."""
 
     @property
     def fault_key(self) -> str:
@@ -234,6 +240,19 @@ _SECONDARY_KINDS = frozenset({EventKind.FALLEN_OFF_BUS, EventKind.GPU_LOST, *_CO
 def scope_of(event: health.HealthEvent) -> str:
     """The correlation scope of an event: its NVLink domain when known, else its node."""
     return f"nvl:{event.nvlink_domain}" if event.nvlink_domain else f"node:{event.node_id}"
+
+
+def _observed_before_newest(event: health.HealthEvent, inc: Incident) -> bool:
+    """Whether the agent observed event before the newest event inc already holds.
+
+    Such an event arrived late (reordered, replayed from a spool after a broken stream): it belongs to
+    the burst the repair was for, not to a recurrence after it. Both the seq and the observed time
+    must say so, each on the agent's own numbering and clock: a spool reset numbers from 1 again,
+    but its events are observed later; a clock stepped back leaves the seq still rising.
+    """
+    return (
+        event.node_id == inc.node_id and 0 < event.seq < inc.newest_seq and event.observed_at <= inc.newest_observed_at
+    )
 
 
 def _incident_id(event: health.HealthEvent, fault_key: str) -> str:
@@ -444,8 +463,24 @@ class _Fold:
         return tuple(
             i
             for i in incidents
-            if not (i.node_id == event.node_id and i.gpu_uuid == event.gpu_uuid and i.opened_at < at)
+            if not (
+                i.node_id == event.node_id
+                and i.gpu_uuid == event.gpu_uuid
+                and i.opened_at < at
+                and not _observed_before_newest(event, i)
+            )
         )
+
+    def seen(self, inc: Incident, **changes: Any) -> Incident:
+        """inc with the event folded in: last seen now, one more event, its seq and observed time kept."""
+        event = self.event
+        newest: dict[str, Any] = {}
+        if event.node_id == inc.node_id:
+            newest = {
+                "newest_seq": max(inc.newest_seq, event.seq),
+                "newest_observed_at": max(inc.newest_observed_at, event.observed_at),
+            }
+        return dataclasses.replace(inc, last_seen_at=self.now_s, event_count=inc.event_count + 1, **newest, **changes)
 
     def answer(
         self, new_incidents: tuple[Incident, ...], outcome: Outcome, inc: Incident | None, why: str
@@ -468,11 +503,9 @@ class _Fold:
     def upgrade(self, inc: Incident) -> Correlation:
         """UPGRADE: the incident keeps its identity (fault_key) and takes the event's stronger verdict."""
         cls = self.cls
-        stronger = dataclasses.replace(
+        stronger = self.seen(
             inc,
             classification=dataclasses.replace(cls, fault_key=inc.fault_key),
-            last_seen_at=self.now_s,
-            event_count=inc.event_count + 1,
             secondary_keys=(*inc.secondary_keys, cls.fault_key)[-_MAX_SECONDARY_KEYS:],
         )
         return self.answer(
@@ -495,7 +528,7 @@ def _join_flap_storm(fold: _Fold) -> Correlation | None:
     for inc in fold.incidents:
         same_key = inc.fault_key == key or (not key.startswith("ib_flap") and inc.fault_key == "ib_flap")
         if inc.node_id == event.node_id and same_key:
-            joined = dataclasses.replace(inc, last_seen_at=fold.now_s, event_count=inc.event_count + 1)
+            joined = fold.seen(inc)
             return fold.answer(
                 fold.replace(inc, joined),
                 Outcome.DUPLICATE,
@@ -512,7 +545,7 @@ def _join_burst(fold: _Fold) -> Correlation | None:
         if fold.now_s - inc.opened_at <= window_s:
             if _stronger(fold.cls, inc.classification):
                 return fold.upgrade(inc)
-            joined = dataclasses.replace(inc, last_seen_at=fold.now_s, event_count=inc.event_count + 1)
+            joined = fold.seen(inc)
             return fold.answer(
                 fold.replace(inc, joined),
                 Outcome.DUPLICATE,
@@ -544,12 +577,10 @@ def _name_counter_fault(fold: _Fold) -> Correlation | None:
             and inc.gpu_uuid == event.gpu_uuid
             and fold.now_s - inc.last_seen_at <= fold.pol.secondary_window_s
         ):
-            named = dataclasses.replace(
+            named = fold.seen(
                 inc,
                 classification=fold.cls,
                 xid=xid,
-                last_seen_at=fold.now_s,
-                event_count=inc.event_count + 1,
                 sticky=xid in fold.pol.sticky_xids,
                 secondary_keys=(*inc.secondary_keys, inc.fault_key)[-_MAX_SECONDARY_KEYS:],
             )
@@ -593,9 +624,7 @@ def _recur(fold: _Fold) -> Correlation | None:
     """A sticky fault seen again after the dedupe window: RECURRENCE of its incident."""
     for inc in reversed(fold.same_target):
         if inc.sticky:
-            again = dataclasses.replace(
-                inc, last_seen_at=fold.now_s, event_count=inc.event_count + 1, occurrences=inc.occurrences + 1
-            )
+            again = fold.seen(inc, occurrences=inc.occurrences + 1)
             return fold.answer(
                 fold.replace(inc, again),
                 Outcome.RECURRENCE,
@@ -623,5 +652,7 @@ def _open_incident(fold: _Fold) -> Correlation:
         nvlink_domain=event.nvlink_domain,
         ib_port=event.ib_port,
         sticky=xid is not None and xid in fold.pol.sticky_xids,
+        newest_seq=event.seq,
+        newest_observed_at=event.observed_at,
     )
     return fold.answer((*fold.incidents, new), Outcome.NEW, new, f"new incident: {cls.reason}")

@@ -260,3 +260,24 @@ def test_after_its_repair_finished_a_repeat_opens_a_new_incident_and_a_dbe_is_no
     assert feed(EventKind.ECC_DBE, gpu="GPU-2", repaired_at=repaired).outcome is Outcome.NEW
     # Another GPU's repair changes nothing here: its faults still fold.
     assert feed.xid(45, gpu="GPU-2", repaired_at=None).outcome is Outcome.SECONDARY
+
+
+def test_an_event_the_agent_observed_before_the_burst_arriving_after_the_repair_joins_the_burst():
+    """A reordered or replayed event is no recurrence: the agent saw it before evidence already folded."""
+    feed = Feed()
+    burst = feed.xid(13, seq=24).incident  # seq 24 arrived first; seq 4 was held up on a broken stream
+    feed.now += 60
+    repaired = feed.now - 30
+    late = health.HealthEvent(node_id="n1", kind=EventKind.XID, xid=13, gpu_uuid="GPU-1", seq=4, observed_at=T0 - 5)
+    joined = correlate.correlate(feed.state, late, now_s=feed.now, catalog=CATALOG, policy=POLICY, repaired_at=repaired)
+    assert joined.outcome is Outcome.DUPLICATE and joined.incident.incident_id == burst.incident_id
+    # Seen after the newest folded event (a higher seq), it is a recurrence: a new incident.
+    assert feed.xid(13, seq=25, repaired_at=repaired).outcome is Outcome.NEW
+
+
+def test_after_a_spool_reset_a_low_seq_observed_later_is_still_a_recurrence():
+    """Seqs start at 1 again after a spool reset; the observed time tells the new sighting apart."""
+    feed = Feed()
+    feed.xid(13, seq=24)
+    feed.now += 60
+    assert feed.xid(13, seq=1, repaired_at=feed.now - 30).outcome is Outcome.NEW
