@@ -711,7 +711,7 @@ def test_dashboard_uses_only_metrics_the_controller_exposes(chart):
         "rasd_quarantined",
         "rasd_breaker_tripped",
         "rasd_fleet_power_watts",
-        "rasd_gpu_power_watts",
+        "rasd_controller_gpu_power_watts",
         "rasd_time_to_first_action_seconds_bucket",
     }
     rows = [panel["title"] for panel in dashboard["panels"] if panel["type"] == "row"]
