@@ -49,6 +49,7 @@ KUBE_VERSIONS = ("1.34.0", "1.37.0")
 # kubernetes-validate has none. They are checked field by field in their own tests below.
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),  # against its CRD's schema in test_alert_rules.py
     ("cert-manager.io/v1", "Certificate"),
     ("cert-manager.io/v1", "Issuer"),
@@ -217,6 +218,7 @@ def test_everything_on_renders_every_optional_object(chart):
     assert kinds >= {
         "DaemonSet",
         "ServiceMonitor",
+        "PodMonitor",
         "PrometheusRule",
         "Certificate",
         "ClusterRole",
@@ -583,6 +585,22 @@ def test_service_and_service_monitor_expose_grpc_and_metrics(chart):
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_the_agents_are_scraped_on_their_own_port_by_a_pod_monitor(chart):
+    objects = render(chart, VALUE_SETS["everything-on"])
+    pod = the(objects, "DaemonSet", f"{RELEASE}-agent")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8455, "protocol": "TCP"}]
+    monitor = the(objects, "PodMonitor", f"{RELEASE}-agent")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    off = {
+        **VALUE_SETS["everything-on"],
+        "agent": {**VALUE_SETS["everything-on"]["agent"], "config": {"metrics_port": -1}},
+    }
+    assert "PodMonitor" not in {kind for kind, _ in render(chart, off)}
 
 
 # --------------------------------------------------------------------------------------------
