@@ -47,7 +47,7 @@ ENV PATH=/opt/rasd/bin:$PATH \
 FROM runtime AS agent
 COPY --from=agent-venv /opt/rasd /opt/rasd
 USER 10001:10001
-EXPOSE 9400
+EXPOSE 8455
 ENTRYPOINT ["rasd-agent"]
 
 # ---- the controller (default target) -----------------------------------------------------------

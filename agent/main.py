@@ -65,7 +65,7 @@ def build_parser(prog: str = "rasd-agent") -> argparse.ArgumentParser:
         "--state-dir", type=pathlib.Path, help="where the event spool lives (default /var/lib/rasd-agent)"
     )
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="topology label (repeatable)")
-    parser.add_argument("--metrics-port", type=int, help="Prometheus exporter port; -1 disables (default 9400)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus exporter port; -1 disables (default 8455)")
     parser.add_argument(
         "--kernel-log",
         choices=agent_settings.KERNEL_LOG_SOURCES,
@@ -184,7 +184,7 @@ async def _serve(settings: agent_settings.AgentSettings) -> int:
         settings, backend, journal, boot_id=_boot_id(), hostname=socket.gethostname(), ops=_node_ops(settings, backend)
     )
     _attach_sources(agent, settings)
-    metrics_port = _start_metrics(agent, settings.metrics.port)
+    metrics_port = _start_metrics(agent, settings.metrics)
     notifier = systemd.Notifier()
     watchdog = asyncio.create_task(_pet_watchdog(agent, notifier, stop))
     log = structlog.get_logger("rasd.agent")
@@ -225,12 +225,15 @@ def _attach_sources(agent: runtime.Agent, settings: agent_settings.AgentSettings
         agent.attach_ib_poller(sources.IbPoller(settings.ib.sysfs_root))
 
 
-def _start_metrics(agent: runtime.Agent, port: int) -> int | None:
-    """Serve the agent's metrics on port (-1: not at all); returns the port bound."""
+def _start_metrics(agent: runtime.Agent, metrics: agent_settings.MetricsSettings) -> int | None:
+    """Serve the agent's metrics on metrics.port (-1: not at all); returns the port bound."""
+    port = metrics.port
     if port < 0:
         return None
     registry = CollectorRegistry()
-    agent_metrics.register(registry, agent)
+    # dcgm-exporter's `Hostname`, taken as it takes it: the pod's node in Kubernetes, else the host name.
+    hostname = os.environ.get("NODE_NAME") or socket.gethostname()
+    agent_metrics.register(registry, agent, hostname, metrics.nvlink_per_link)
     try:
         metrics_server, _ = start_http_server(port, registry=registry)
     except OSError as exc:

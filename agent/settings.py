@@ -25,7 +25,7 @@ agent.toml keys (agent/packaging/agent.toml) and the groups they fill:
 | kernel_log, kmsg_path (--kernel-log, --kmsg-path) | kernel_log |
 | ib_sysfs_root (--ib-sysfs-root) | ib.sysfs_root |
 | failsafe_power_limit_w, failsafe_after_s (same flags) | failsafe |
-| metrics_port (--metrics-port) | metrics.port |
+| metrics_port (--metrics-port), metrics_nvlink_per_link | metrics |
 | destructive_actions (--enable-destructive-actions) | actions.destructive_enabled |
 | [commands] reset_gpu, reboot, validate, ... | commands |
 
@@ -181,8 +181,12 @@ class FailsafeSettings:
 class MetricsSettings:
     """The Prometheus exporter."""
 
-    port: int = 9400
-    """TCP port of the exporter; -1 disables it, 0 picks a free one."""
+    port: int = 8455
+    """TCP port of the exporter; -1 disables it, 0 picks a free one. Not dcgm-exporter's 9400 nor
+    node-exporter's 9100, which run on the same GPU nodes (docs/metrics.md says why 8455)."""
+    nvlink_per_link: bool = False
+    """Export NVLink state and errors per link too (18 links per H100: most of a node's series);
+    the per-GPU sums are always exported."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +273,7 @@ KeyPath = tuple[str, ...]
 SCALAR_KEYS = (
     "node_id", "controller", "insecure", "log_level", "backend", "gpus", "seed", "sim_step_period_s",
     "sim_scenario", "state_dir", "kernel_log", "kmsg_path", "ib_sysfs_root", "failsafe_power_limit_w",
-    "failsafe_after_s", "metrics_port", "destructive_actions",
+    "failsafe_after_s", "metrics_port", "metrics_nvlink_per_link", "destructive_actions",
 )  # fmt: skip
 """The top-level keys of agent.toml that hold a value."""
 TABLE_KEYS: dict[str, tuple[str, ...] | None] = {
@@ -348,7 +352,10 @@ def load(
             power_limit_w=source.optional_integer(("failsafe_power_limit_w",), low=50, high=5000, unit="W"),
             after_s=source.number(("failsafe_after_s",), FailsafeSettings.after_s, minimum=0.0),
         ),
-        metrics=MetricsSettings(port=source.integer(("metrics_port",), MetricsSettings.port, low=-1, high=65535)),
+        metrics=MetricsSettings(
+            port=source.integer(("metrics_port",), MetricsSettings.port, low=-1, high=65535),
+            nvlink_per_link=source.boolean(("metrics_nvlink_per_link",), MetricsSettings.nvlink_per_link),
+        ),
         actions=ActionSettings(destructive_enabled=source.boolean(("destructive_actions",), False)),
         commands=_commands(source),
     )

@@ -1,4 +1,5 @@
-"""Shared fixtures: free loopback ports, the venv's console scripts, and the test PostgreSQL.
+"""Shared fixtures: free loopback ports, the venv's console scripts, the test PostgreSQL, and promtool's
+check of an exposition.
 
 PostgreSQL comes from RASD_TEST_POSTGRES_URL (`.ci/postgres.sh` starts one and prints the line to
 export). Unset or unreachable: tests that need it are skipped with a message saying so, unless
@@ -14,9 +15,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
+import shutil
 import socket
+import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
@@ -56,6 +61,34 @@ def free_ports():
 def venv_bin() -> pathlib.Path:
     """Folder of the running interpreter's console scripts (rasd-agent, rasctl, ...)."""
     return VENV_BIN
+
+
+DCGM_CAMEL_CASE_LABELS = {"UUID": "uuid", "Hostname": "hostname", "modelName": "model_name"}
+"""dcgm-exporter's label names that promtool's lint calls camelCase: rasd's per-GPU series share them
+so the two exporters' series join (docs/metrics.md), and accept that one lint finding."""
+
+
+@pytest.fixture
+def check_metrics() -> Callable[[str], None]:
+    """`promtool check metrics` on an exposition (skipped without promtool): it must parse, and lint
+    clean except for dcgm-exporter's camelCase label names (clean once those are renamed)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus; .ci/run installs it)")
+
+    def run(text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+
+    def check(text: str) -> None:
+        result = run(text)
+        if result.returncode == 0:
+            return
+        assert result.returncode == 3, result.stdout + result.stderr  # 3: lint findings only; 1: unparsable
+        snake = re.sub(r"\b(UUID|Hostname|modelName)=", lambda m: DCGM_CAMEL_CASE_LABELS[m[1]] + "=", text)
+        renamed = run(snake)
+        assert renamed.returncode == 0, "lint beyond dcgm-exporter's label names: " + renamed.stdout + renamed.stderr
+
+    return check
 
 
 @pytest.fixture

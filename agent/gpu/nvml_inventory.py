@@ -26,7 +26,7 @@ def enumerate_gpus(devices: device.NvmlDevices) -> list[device.NvmlGpu]:
     for index in range(n.nvmlDeviceGetCount()):
         try:
             handle = n.nvmlDeviceGetHandleByIndex(index)
-            gpus.append(_describe(devices, handle))
+            gpus.append(_describe(devices, handle, index))
         except (n.NVMLError, device.Lost) as e:
             if isinstance(e, device.Lost) or e.value == device.GPU_IS_LOST:
                 # Lost before we learnt its UUID: report it by NVML index and PCI order instead.
@@ -48,7 +48,7 @@ def enumerate_gpus(devices: device.NvmlDevices) -> list[device.NvmlGpu]:
     return gpus
 
 
-def _describe(devices: device.NvmlDevices, handle: Any) -> device.NvmlGpu:
+def _describe(devices: device.NvmlDevices, handle: Any, index: int) -> device.NvmlGpu:
     n, optional = devices.n, devices.optional
     uuid = n.nvmlDeviceGetUUID(handle)
     g = device.NvmlGpu(uuid=uuid, handle=handle)
@@ -69,6 +69,8 @@ def _describe(devices: device.NvmlDevices, handle: Any) -> device.NvmlGpu:
         vbios_version=optional(g, "vbios", n.nvmlDeviceGetVbiosVersion) or "",
         memory_total_mib=memory.total // (1024 * 1024) if memory is not None else 0,
         power_smoothing_supported=smoothing is not None,
+        # The NVML index, as dcgm-exporter's `gpu` label has it (the exporter's join key; never a name).
+        labels={"index": str(index)},
     )
     g.links = _nvlinks(devices, g)
     return g

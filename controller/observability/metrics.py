@@ -1,7 +1,10 @@
 """Prometheus metrics of the controller. The registry is injected; nothing uses the global one.
 
 Per-GPU gauges are computed at scrape time from the ingest's in-memory latest telemetry by a custom
-collector, so ingest pays nothing per sample for them.
+collector, so ingest pays nothing per sample for them. They are named `rasd_controller_gpu_*`, not
+the agent's `rasd_gpu_*`: a Prometheus that scrapes both must not count each GPU twice in a
+`sum by (node)`. The controller keeps its view because the chart scrapes only the controller, and it
+is the fleet's power as the power loop saw it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rasd.common import xid_catalog
+from rasd.common import exposition, xid_catalog
 from rasd.controller.core import fleet
 from rasd.controller.wire import fields as wire_fields
 from rasd.controller.wire import stream as wire_stream
@@ -27,8 +30,9 @@ class ControllerMetrics:
     """Counters and gauges the ingest and RPC layers update."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        """Register every metric on registry."""
+        """Register every metric on registry, with `rasd_build_info` and without `_created` series."""
         self.registry = registry
+        exposition.prepare_registry(registry)
         self._register_ingest(registry)
         self._register_remediation(registry)
         self._register_power(registry)
@@ -236,9 +240,14 @@ class FleetCollector(Collector):
         self._node_states = node_states
 
     def collect(self) -> Iterable[Metric]:
-        """Yield per-GPU power gauges, the fleet total and nodes by state."""
-        power = GaugeMetricFamily("rasd_gpu_power_watts", "Latest GPU power draw.", labels=["node", "gpu"])
-        limit = GaugeMetricFamily("rasd_gpu_power_limit_watts", "Enforced GPU power limit.", labels=["node", "gpu"])
+        """Yield per-GPU power gauges (labelled `node` and dcgm-exporter's `UUID`), the fleet total, nodes by state."""
+        labels = ["node", "UUID"]
+        power = GaugeMetricFamily(
+            "rasd_controller_gpu_power_watts", "Latest GPU power draw the controller received.", labels=labels
+        )
+        limit = GaugeMetricFamily(
+            "rasd_controller_gpu_power_limit_watts", "Enforced GPU power limit the controller received.", labels=labels
+        )
         gpu_nodes = self._gpu_nodes()
         total_w = 0.0
         for uuid, latest in self._latest().items():
@@ -305,7 +314,7 @@ SMOOTHING_MODES = ("off", "firmware", "emulated")
 
 POWER_LEVELS = ("cluster", "row", "rack")
 """Levels of the budget tree the power gauges cover; nodes are left out (thousands of series, and
-rasd_gpu_power_watts already has each GPU)."""
+rasd_controller_gpu_power_watts already has each GPU)."""
 
 
 class PowerCollector(Collector):

@@ -29,7 +29,8 @@ def test_no_file_and_no_flags_give_the_documented_defaults():
     assert settings.gpu == agent_settings.GpuSettings(backend="nvml")
     assert settings.kernel_log.source == "kmsg"  # with nvml
     assert settings.spool.state_dir == pathlib.Path("/var/lib/rasd-agent")
-    assert settings.metrics.port == 9400
+    assert settings.metrics == agent_settings.MetricsSettings(port=8455, nvlink_per_link=False)
+    assert _load({"metrics_nvlink_per_link": True}).metrics.nvlink_per_link is True
     assert settings.failsafe == agent_settings.FailsafeSettings(power_limit_w=None, after_s=300.0)
     assert settings.actions.destructive_enabled is False
     assert settings.commands == agent_settings.CommandSettings()
@@ -52,7 +53,7 @@ def test_the_shipped_agent_toml_loads_into_every_group(repo_root):
 
 
 def test_flags_win_over_the_file():
-    table = {"gpus": 4, "backend": "nvml", "labels": {"rack": "r1", "row": "w1"}, "metrics_port": 9400}
+    table = {"gpus": 4, "backend": "nvml", "labels": {"rack": "r1", "row": "w1"}, "metrics_port": 8455}
     settings = _load(
         table,
         ["--gpus", "2", "--backend", "simulated", "--label", "rack=r9", "--metrics-port", "0",
@@ -118,6 +119,11 @@ def test_the_sampling_table_sets_the_rates():
         ({"metrics_port": True}, (), "agent.toml: metrics_port: expected an integer in -1..65535, got true"),
         # actions and their commands
         ({"destructive_actions": 1}, (), "agent.toml: destructive_actions: expected true or false, got 1"),
+        (
+            {"metrics_nvlink_per_link": "yes"},
+            (),
+            'agent.toml: metrics_nvlink_per_link: expected true or false, got "yes"',
+        ),
         (
             {"commands": {"reboot": []}},
             (),

@@ -27,7 +27,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from rasd.agent import main as agent_main
+from rasd.agent import metrics as agent_metrics
 from rasd.agent import settings as agent_settings
+from rasd.agent.gpu import simulated
 from rasd.common import tls
 from rasd.controller import main as controller_main
 from rasd.controller import server
@@ -49,6 +51,7 @@ KUBE_VERSIONS = ("1.34.0", "1.37.0")
 # kubernetes-validate has none. They are checked field by field in their own tests below.
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),  # against its CRD's schema in test_alert_rules.py
     ("cert-manager.io/v1", "Certificate"),
     ("cert-manager.io/v1", "Issuer"),
@@ -217,6 +220,7 @@ def test_everything_on_renders_every_optional_object(chart):
     assert kinds >= {
         "DaemonSet",
         "ServiceMonitor",
+        "PodMonitor",
         "PrometheusRule",
         "Certificate",
         "ClusterRole",
@@ -585,6 +589,22 @@ def test_service_and_service_monitor_expose_grpc_and_metrics(chart):
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
 
+def test_the_agents_are_scraped_on_their_own_port_by_a_pod_monitor(chart):
+    objects = render(chart, VALUE_SETS["everything-on"])
+    pod = the(objects, "DaemonSet", f"{RELEASE}-agent")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8455, "protocol": "TCP"}]
+    monitor = the(objects, "PodMonitor", f"{RELEASE}-agent")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    off = {
+        **VALUE_SETS["everything-on"],
+        "agent": {**VALUE_SETS["everything-on"]["agent"], "config": {"metrics_port": -1}},
+    }
+    assert "PodMonitor" not in {kind for kind, _ in render(chart, off)}
+
+
 # --------------------------------------------------------------------------------------------
 # RBAC
 
@@ -684,11 +704,7 @@ def test_agent_is_off_by_default(chart):
 # The Grafana dashboard
 
 
-def _controller_metric_names() -> set[str]:
-    """Every series name the controller exposes, built from its own metric definitions."""
-    registry = CollectorRegistry()
-    controller_metrics.ControllerMetrics(registry)
-    registry.register(controller_metrics.FleetCollector(dict, dict, dict))
+def _series_names(registry: CollectorRegistry) -> set[str]:
     names = set()
     for family in registry.collect():
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
@@ -696,14 +712,37 @@ def _controller_metric_names() -> set[str]:
     return names
 
 
-def test_dashboard_uses_only_metrics_the_controller_exposes(chart):
+def _controller_metric_names() -> set[str]:
+    """Every series name the controller exposes, built from its own metric definitions."""
+    registry = CollectorRegistry()
+    controller_metrics.ControllerMetrics(registry)
+    registry.register(controller_metrics.FleetCollector(dict, dict, dict))
+    return _series_names(registry)
+
+
+def _agent_metric_names() -> set[str]:
+    """Every series name an agent exposes (per-link NVLink on), from its collector over a simulated node."""
+    backend = simulated.SimulatedBackend("node-a", 1, 0)
+    power = {r.gpu_uuid: r for r in backend.read_power(1)}
+    counters = {c.gpu_uuid: c for c in backend.read_counters(1)}
+    stats = {"spool_depth": 0, "connected": 1.0, "power_samples": 0, "failsafe_applied": 0}
+    registry = CollectorRegistry()
+    registry.register(
+        agent_metrics.AgentCollector(
+            "node-a", "node-a", backend.inventory(), lambda: power, lambda: counters, lambda: stats, dict, True
+        )
+    )
+    return _series_names(registry)
+
+
+def test_dashboard_uses_only_metrics_rasd_exposes(chart):
     objects = render(chart)
     configmap = the(objects, "ConfigMap", f"{RELEASE}-dashboards")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(configmap["data"]["rasd-fleet.json"])
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
     used = {name for expr in exprs for name in re.findall(r"\brasd_[a-z_]+", expr)}
-    assert used - _controller_metric_names() == set()
+    assert used - _controller_metric_names() - _agent_metric_names() == set()
     assert used >= {
         "rasd_nodes",
         "rasd_incidents_total",
@@ -711,10 +750,14 @@ def test_dashboard_uses_only_metrics_the_controller_exposes(chart):
         "rasd_quarantined",
         "rasd_breaker_tripped",
         "rasd_fleet_power_watts",
-        "rasd_gpu_power_watts",
+        "rasd_controller_gpu_power_watts",
         "rasd_time_to_first_action_seconds_bucket",
+        "rasd_gpu_clock_event_reason",
+        "rasd_gpu_ecc_errors_total",
+        "rasd_gpu_remapped_rows_pending",
+        "rasd_agent_controller_connected",
     }
     rows = [panel["title"] for panel in dashboard["panels"] if panel["type"] == "row"]
-    assert rows == ["Fleet health", "Incidents", "Repairs by rung", "Power and swing"]
+    assert rows == ["Fleet health", "Incidents", "Repairs by rung", "Power and swing", "GPU health (agents)"]
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids))

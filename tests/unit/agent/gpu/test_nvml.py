@@ -53,6 +53,7 @@ def test_inventory_names_each_gpu_by_uuid_with_identity_and_limits_in_watts(fake
         vbios_version="96.00.74.00.01",
         memory_total_mib=80 * 1024,
         power_smoothing_supported=False,
+        labels={"index": "0"},
     )
 
 
@@ -60,7 +61,9 @@ def test_inventory_is_ordered_by_pci_bus_id_not_by_nvml_index(install_fake, open
     late, early = fake_nvml.h100_sxm5(0), fake_nvml.h100_sxm5(1)
     late.pci_bus_id, early.pci_bus_id = "00000000:DB:00.0", "00000000:19:00.0"
     install_fake(fake_nvml.FakeNvml([late, early]))
-    assert [i.uuid for i in open_backend().inventory()] == [early.uuid, late.uuid]
+    inventory = open_backend().inventory()
+    assert [i.uuid for i in inventory] == [early.uuid, late.uuid]
+    assert [i.labels["index"] for i in inventory] == ["1", "0"]  # the NVML index each had: dcgm-exporter's `gpu`
 
 
 def test_power_smoothing_support_comes_from_its_field(install_fake, open_backend):
