@@ -51,6 +51,15 @@ RBAC the controller's ServiceAccount needs (a ClusterRole; the Helm chart render
     - apiGroups: [""]
       resources: ["events"]
       verbs: ["create"]
+    - apiGroups: [""]
+      resources: ["pods"]
+      verbs: ["list"]
+    - apiGroups: [""]
+      resources: ["pods/eviction"]
+      verbs: ["create"]
+
+(Drains list the node's pods and evict them; a PodDisruptionBudget's refusal comes back in the
+eviction's 429, so rasd never reads PDBs.)
 
 Errors: 404 → ``NODE_NOT_FOUND`` outcome; 409 → re-read and retry (``conflict_retries`` times, then
 `QuarantineUnavailableError`); no connection, timeouts, 429 and 5xx → `QuarantineUnavailableError`;
