@@ -147,6 +147,14 @@ class KubernetesSettings:
     """A drain's first wait after a PDB refusal (or for pods still terminating); doubles each time."""
     drain_backoff_max_s: float = 30.0
     """A drain's longest wait between rounds of evictions."""
+    zone_label: str = "topology.kubernetes.io/zone"
+    """Node label read as the ``zone`` blast-radius domain ("": not read)."""
+    nvlink_domain_label: str = "nvidia.com/gpu.clique"
+    """Node label read as the ``nvlink_domain`` domain (GPU Feature Discovery's NVLink clique)."""
+    rack_label: str = "rasd.io/rack"
+    """Node label read as the ``rack`` domain (Kubernetes has no standard one: name the cluster's own)."""
+    node_sync_s: float = 60.0
+    """How often the leader reads the Nodes' topology and refreshes ``RasdHealthy``'s heartbeat (0: never)."""
 
     def validate(self, prefix: str) -> None:
         """Check values; raise `QuarantineSettingsError` naming the key."""
@@ -154,6 +162,7 @@ class KubernetesSettings:
         require(self.conflict_retries >= 0, f"{prefix}conflict_retries", "must be >= 0", self.conflict_retries)
         require(bool(self.event_namespace), f"{prefix}event_namespace", "must not be empty", self.event_namespace)
         require(bool(self.gpu_resource), f"{prefix}gpu_resource", "must not be empty", self.gpu_resource)
+        require(self.node_sync_s >= 0, f"{prefix}node_sync_s", "must be >= 0", self.node_sync_s)
         require(self.drain_backoff_s > 0, f"{prefix}drain_backoff_s", "must be > 0", self.drain_backoff_s)
         require(
             self.drain_backoff_max_s >= self.drain_backoff_s,
@@ -307,18 +316,38 @@ class KubernetesQuarantine:
         self._post_event(node, _Plan(Status.QUARANTINED, f"{report}: {reason}", event_reason="RasdDrained"))
         return report
 
-    def heartbeat(self, node_ids: Iterable[str]) -> int:
-        """Keep ``RasdHealthy`` present and fresh on these nodes (NPD style); returns how many were written.
+    @property
+    def sync_period_s(self) -> float:
+        """How often `sync_nodes` should run (0: never)."""
+        return self._settings.node_sync_s
 
-        A node without the condition gets it (True unless its label says rasd holds it); one with it
-        gets a new ``lastHeartbeatTime``. A node the API server does not know is skipped.
+    def sync_nodes(self, node_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+        """One list of the Nodes: every Node's topology (`k8s_state.topology_of`), and a heartbeat for these.
+
+        The heartbeat keeps ``RasdHealthy`` present and fresh on the nodes rasd knows (NPD style): a
+        node without it gets it (True unless its label says rasd holds it), one with it a new
+        ``lastHeartbeatTime``. A node the API server does not list is skipped.
         """
+        nodes = json.loads(self._call(self._core.list_node, what="list nodes")).get("items") or []
+        settings = self._settings
+        keys = {"zone": settings.zone_label, "nvlink_domain": settings.nvlink_domain_label, "rack": settings.rack_label}
+        by_name = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
+        self._heartbeat(by_name, node_ids)
+        return {name: node_state.topology_of(node, keys) for name, node in by_name.items()}
+
+    def heartbeat(self, node_ids: Iterable[str]) -> int:
+        """`sync_nodes`'s heartbeat alone, each node read first; returns how many were written."""
+        nodes = {node_id: node for node_id in node_ids if (node := self._read(node_id)) is not None}
+        return self._heartbeat(nodes, nodes)
+
+    def _heartbeat(self, nodes: dict[str, dict[str, Any]], node_ids: Iterable[str]) -> int:
         written = 0
+        now = _rfc3339(self._clock())
         for node_id in node_ids:
-            node = self._read(node_id)
+            node = nodes.get(node_id)
             if node is None:
                 continue
-            patch = node_state.heartbeat_patch(node, now=_rfc3339(self._clock()))
+            patch = node_state.heartbeat_patch(node, now=now)
             try:
                 self._call(self._core.patch_node_status, node_id, patch, _content_type=_STRATEGIC, what="heartbeat")
             except _NotFound:

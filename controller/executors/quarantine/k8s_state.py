@@ -12,6 +12,11 @@ node-problem-detector style tooling see what rasd does:
   reason, a message and ``lastHeartbeatTime`` (each write, and `heartbeat`); ``lastTransitionTime``
   changes only when the status does.
 
+Topology for the blast radius (`topology_of`): the Node's own labels, under the keys the settings
+name (defaults: ``topology.kubernetes.io/zone`` → ``zone``, GPU Feature Discovery's
+``nvidia.com/gpu.clique`` → ``nvlink_domain``, ``rasd.io/rack`` → ``rack``), which the ladder lays
+over the agent's agent.toml labels (those stay the fallback outside Kubernetes).
+
 Every function here is a pure function of the node as read and ``now`` (RFC 3339 text).
 """
 
@@ -85,3 +90,13 @@ def heartbeat_patch(node: dict[str, Any], *, now: str) -> dict[str, Any]:
             now=now,
         )
     return {"status": {"conditions": [{"type": CONDITION_TYPE, "lastHeartbeatTime": now}]}}
+
+
+def topology_of(node: dict[str, Any], keys: dict[str, str]) -> dict[str, str]:
+    """The blast-radius domains a Node's labels give: ``{domain: value}`` for each ``domain → label key``.
+
+    Example: ``topology_of(node, {"nvlink_domain": "nvidia.com/gpu.clique"})`` →
+    ``{"nvlink_domain": "<cluster uuid>.<clique id>"}``; a key that is empty or absent on the node gives nothing.
+    """
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return {domain: str(labels[key]) for domain, key in keys.items() if key and labels.get(key)}

@@ -119,7 +119,7 @@ def _state(api) -> str:
 
 
 def test_quarantine_drain_reset_validate_release_with_a_blocking_pdb(tmp_path, api):
-    """The PDB refuses until the trainer's replacement is up elsewhere; only then is the pod evicted and the GPU reset."""
+    """The PDB refuses until the trainer's replacement is up elsewhere; only then is the pod evicted, the GPU reset."""
     rig = _Rig(f"sqlite:///{tmp_path / 'rasd.db'}", api, drain_deadline_s=20.0)
     healthy_at_eviction: list[int] = []
 
@@ -169,17 +169,18 @@ def test_a_pdb_that_never_yields_holds_the_reboot_and_asks_an_operator(tmp_path,
         assert drain.status == "failed"
         assert "The disruption budget trainer-pdb needs 2 healthy pods and has 2 currently" in drain.result["message"]
         notice = await rig.settled("notify")
-        assert "an operator decides" in notice.result["message"] or notice.status == "succeeded"
+        assert notice.status == "succeeded" and "an operator decides" in notice.payload["summary"]
+        assert "trainer-pdb needs 2 healthy pods" in notice.payload["summary"]
+        [ticket] = rig.service.state.node_states[NODE].tickets
+        tickets.append(ticket)
 
+    tickets: list = []
     rig.run(scenario)
 
     kinds = [c.kind for c in rig.service.store.commands(node_id=NODE, limit=1000)]
     assert "reboot_node" not in kinds, "no reboot while the budget refuses"
-    [ticket] = (
-        rig.service.store.remediation_states()[NODE].tickets
-        if hasattr(rig.service.store, "remediation_states")
-        else [None]
-    )
+    assert tickets[0].state.value == "awaiting_operator" and tickets[0].held == ("node",)
+    assert "trainer-pdb" in tickets[0].reason
     assert api.pods_on(NODE) == ["kube-system/dcgm-exporter-a", "ml/trainer-0"], "the PDB is respected"
     assert len(api.refused) >= 2
     node = api.node(NODE)
