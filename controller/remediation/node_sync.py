@@ -33,6 +33,11 @@ class NodeSync:
         self._period_s = period_s
         self._task: asyncio.Task[None] | None = None
 
+    @classmethod
+    def configured(cls, state: state_mod.LadderState, sync: SyncNodes | None, *, period_s: float) -> NodeSync | None:
+        """The loop, or None without a sync call or with a period of 0."""
+        return cls(state, sync, period_s=period_s) if sync is not None and period_s > 0 else None
+
     def start(self) -> None:
         """Start the loop: a first sync at once (the budget wants the topology before a storm)."""
         self._task = asyncio.create_task(self._forever(), name="rasd-node-sync")

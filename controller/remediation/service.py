@@ -133,11 +133,7 @@ class RemediationService:
             tick_interval_s=tick_interval_s,
             power_stale_after_s=power_stale_after_s,
         )
-        self.node_sync = (
-            node_sync_mod.NodeSync(self.state, node_sync, period_s=node_sync_s)
-            if node_sync is not None and node_sync_s > 0
-            else None
-        )
+        self.node_sync = node_sync_mod.NodeSync.configured(self.state, node_sync, period_s=node_sync_s)
         self.sweeps = sweeps_mod.Sweeps(
             self.state, self.ledger, self.dispatcher, self.sdc, power_stale_after_s=power_stale_after_s
         )

@@ -18,7 +18,10 @@ from rasd.controller.core import fleet
 from rasd.controller.core.remediation import events as health
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.executors import quarantine
+from rasd.controller.ingest import streams as streams_mod
 from rasd.controller.observability import metrics
+from rasd.controller.remediation import node_sync
+from rasd.controller.remediation import state as state_mod
 from rasd.controller.store import repo
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "fakes"))
@@ -153,3 +156,30 @@ def test_the_nvlink_clique_from_node_labels_bounds_the_reboots_the_agents_labels
 
     without = _run_two_reboots(tmp_path / "agent-only", api, node_sync=False)
     assert without == {"a": "succeeded", "b": "succeeded"}, "agent.toml named no NVLink domain"
+
+
+def test_a_failed_sync_keeps_the_last_topology_and_agent_labels_fill_what_node_labels_lack(api):
+    streams = streams_mod.AgentStreams(clock=lambda: T0_NS)
+    streams.remember_remote_node("a", {"rack": "agent-rack", "power_feed": "pdu-1"}, ("GPU-a",))
+    state = state_mod.LadderState(
+        policy=policy_mod.RemediationPolicy(), clock=lambda: T0_NS, streams=streams,
+        metrics=metrics.ControllerMetrics(CollectorRegistry()),
+    )  # fmt: skip
+    adapter = _adapter(api)
+    sync = node_sync.NodeSync.configured(state, adapter.sync_nodes, period_s=60)
+
+    async def rounds() -> list[bool]:
+        first = await sync.sync_once()
+        api.unavailable = True
+        second = await sync.sync_once()
+        return [first, second]
+
+    try:
+        assert asyncio.run(rounds()) == [True, False]
+    finally:
+        adapter.close()
+
+    assert state.fleet_view().node_labels["a"] == {
+        "rack": "agent-rack", "power_feed": "pdu-1", "zone": "z1", "nvlink_domain": "nvl-1",
+    }, "the API server's outage kept the topology; agent.toml's labels fill what the Node does not say"  # fmt: skip
+    assert node_sync.NodeSync.configured(state, adapter.sync_nodes, period_s=0) is None
