@@ -352,6 +352,9 @@ class KubernetesQuarantine:
                 self._call(self._core.patch_node_status, node_id, patch, _content_type=_STRATEGIC, what="heartbeat")
             except _NotFound:
                 continue
+            except QuarantineError as exc:  # one node's refusal must not cost the others theirs, nor the topology
+                log.warning("node_heartbeat_failed", node=node_id, error=str(exc))
+                continue
             written += 1
         return written
 
