@@ -14,7 +14,13 @@ strategic-merge patch of the ``/status`` subresource):
 - label ``rasd.io/state=quarantined`` and node condition ``type=RasdHealthy, status=False,
   reason=RasdQuarantined, message=<reason>`` in ``status.conditions`` (merged by ``type``). A release
   sets ``rasd.io/state=healthy`` and ``RasdHealthy=True`` (reason ``RasdReleased``): the condition is
-  never deleted, NPD style (`k8s_state`; `heartbeat` keeps it present and fresh on every GPU node).
+  never deleted, NPD style (`k8s_state`; `sync_nodes`, every ``node_sync_s``, keeps it present and
+  fresh on every node rasd knows).
+
+A drain before a reset or reboot (`drain_node`, `k8s_drain`) labels a held node ``repairing`` and
+evicts its pods through the Eviction API, PDBs honoured; an RMA of the node (`mark_rma`) labels it
+``rma``. `sync_nodes` also reads each Node's topology labels (zone, NVLink clique, rack) for the
+ladder's blast radius.
 
 GPU quarantine keeps the node schedulable: the UUIDs go into the annotation
 ``rasd.io/quarantined-gpus`` (comma-separated, sorted). Only when *every* GPU of the node is
