@@ -118,10 +118,12 @@ def _commit_writer(
 
 
 def _executors(
-    settings: ControllerSettings, store: repo.Store, leadership: leader_mod.Leadership
+    settings: ControllerSettings,
+    store: repo.Store,
+    leadership: leader_mod.Leadership,
+    adapter: quarantine.QuarantineAdapter,
 ) -> dict[str, adapters.Executor]:
     """The controller-side adapters: quarantine through the configured scheduler, BMC power cycles if configured."""
-    adapter = quarantine.open_quarantine(settings.quarantine)
     executors = dict(quarantine.executors(adapter))
     if settings.bmc is not None:
         # A deposed replica's adapter thread may still run: its journal write is refused before it
@@ -287,9 +289,13 @@ class Controller:
         settings = self.settings
         if not settings.remediation:
             return None
+        adapter = quarantine.open_quarantine(settings.quarantine)
         return wiring.Ladder(
             policy=settings.remediation_policy,
-            executors=_executors(settings, self.store, self.leadership),
+            executors=_executors(settings, self.store, self.leadership, adapter),
+            # The Kubernetes adapter reads the Nodes' topology and keeps RasdHealthy's heartbeat.
+            node_sync=getattr(adapter, "sync_nodes", None),
+            node_sync_s=getattr(adapter, "sync_period_s", 0.0),
             recorder=self.recorder,
             fence=self.leadership.fence,
             writer=self.commit_writer,

@@ -26,6 +26,7 @@ from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.ingest import streams as streams_mod
 from rasd.controller.observability import metrics as metrics_mod
 from rasd.controller.remediation import adapters as adapters_mod
+from rasd.controller.remediation import node_sync as node_sync_mod
 from rasd.controller.remediation import outlet as outlet_mod
 from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.replication import aggregates as aggregates_mod
@@ -55,6 +56,9 @@ class Ladder:
     """Where its agent commands go (None: this replica's streams, or with lease election the relay's courier)."""
     wrap_outlet: Callable[[outlet_mod.CommandOutlet], outlet_mod.CommandOutlet] | None = None
     """Wraps that outlet (the power loop's `repair_gate.RepairGate`: resets and reboots wait for power headroom)."""
+    node_sync: node_sync_mod.SyncNodes | None = None
+    """The scheduler's periodic node read: topology for the budget, heartbeats (Kubernetes adapter's ``sync_nodes``)."""
+    node_sync_s: float = 60.0
 
 
 DEFAULT_LADDER = Ladder()
@@ -117,6 +121,8 @@ def _ladder(
         power_stale_after_s=settings.power_stale_after_s,
         fence=ladder.fence,
         writer=ladder.writer,
+        node_sync=ladder.node_sync,
+        node_sync_s=ladder.node_sync_s,
     )
 
 

@@ -23,9 +23,10 @@ from rasd.controller.core.remediation import actions
 from rasd.controller.remediation import sender as sender_mod
 from rasd.controller.remediation import state as state_mod
 
-LONG_ADAPTER_KINDS = frozenset({"power_cycle_bmc"})
+LONG_ADAPTER_KINDS = frozenset({"power_cycle_bmc", "drain_node"})
 """Controller-side actions whose adapter takes minutes (a BMC power cycle is polled until the node is
-back): their own threads (`LONG_ADAPTER_THREADS`), so that they never hold up a quarantine's."""
+back; a drain retries a disruption budget's refusals until its deadline): their own threads
+(`LONG_ADAPTER_THREADS`), so that they never hold up a quarantine's."""
 ADAPTER_THREADS = 16
 """Adapter calls in flight at once (quarantines and releases through the scheduler's API, RMA hooks):
 a storm dispatches hundreds a second, each a few round trips to the API server."""

@@ -426,7 +426,7 @@ class Decider:
         states = decided.states
         corr = decided.correlation
         node_state = states.get(node_id) or shared.state_of(node_id)
-        nvlink_domain = labels.get("nvlink_domain", "")
+        nvlink_domain = shared.labels_of(node_id, labels).get("nvlink_domain", "")
         scopes, port_nodes, detect_s = decided.scopes, decided.port_nodes, decided.detect_s
         catalog, policy = shared.catalog, shared.policy
         for stored in events:

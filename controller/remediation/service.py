@@ -39,6 +39,7 @@ from rasd.controller.remediation import adapters as adapters_mod
 from rasd.controller.remediation import decider as decider_mod
 from rasd.controller.remediation import dispatch as dispatch_mod
 from rasd.controller.remediation import ledger as ledger_mod
+from rasd.controller.remediation import node_sync as node_sync_mod
 from rasd.controller.remediation import operator as operator_mod
 from rasd.controller.remediation import outlet as outlet_mod
 from rasd.controller.remediation import passes, sdc_ledger, startup
@@ -81,6 +82,8 @@ class RemediationService:
         power_stale_after_s: float = 10.0,
         fence: Callable[[Session], None] | None = None,
         writer: store_writer.CommitProcess | None = None,
+        node_sync: node_sync_mod.SyncNodes | None = None,
+        node_sync_s: float = 60.0,
     ) -> None:
         """Wire the parts; call `start()` inside the event loop (again at each leader term).
 
@@ -99,6 +102,8 @@ class RemediationService:
             power_stale_after_s: telemetry older than this does not make a node idle (SDC sweeps).
             fence: refuses the ladder's commits once this replica's term as leader ended (`Leadership.fence`).
             writer: a commit writer process (`use_writer`); None: commits run on the store thread.
+            node_sync: the scheduler's node read (topology, heartbeats: `node_sync`); None: none.
+            node_sync_s: its period.
         """
         policy = policy or policy_mod.RemediationPolicy()
         self.state = state_mod.LadderState(
@@ -128,6 +133,7 @@ class RemediationService:
             tick_interval_s=tick_interval_s,
             power_stale_after_s=power_stale_after_s,
         )
+        self.node_sync = node_sync_mod.NodeSync.configured(self.state, node_sync, period_s=node_sync_s)
         self.sweeps = sweeps_mod.Sweeps(
             self.state, self.ledger, self.dispatcher, self.sdc, power_stale_after_s=power_stale_after_s
         )
@@ -209,6 +215,8 @@ class RemediationService:
         )
         self.ticker.start()
         self.sweeps.start()
+        if self.node_sync is not None:
+            self.node_sync.start()
         self.ledger.export_budget()
         await self.ledger.export_quarantines()
         startup.await_answers(state, self.sender, unfinished)
@@ -243,6 +251,8 @@ class RemediationService:
         """
         await self.ticker.stop()
         await self.sweeps.stop()
+        if self.node_sync is not None:
+            await self.node_sync.stop()
         await self.adapters.stop()
         await self.decider.stop()
 

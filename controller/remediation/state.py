@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from rasd.common import xid_catalog
 from rasd.controller.core.remediation import actions, blast_radius, correlate, escalation
@@ -129,9 +129,14 @@ class LadderState:
     """A commit changed quarantines: the next tick refreshes ``rasd_quarantined`` (`Ticker.tick`)."""
     term_ended: bool = False
     """The service stopped and has not started since: nothing is decided (`TermEnded`)."""
+    topology: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    """Node → blast-radius domains read from the scheduler (Kubernetes Node labels, `node_sync`); laid over
+    the agent's own labels (agent.toml), which stay the fallback for what the scheduler does not say."""
+    topology_version: int = 0
+    """Moves with every change of `topology` (`set_topology`)."""
     _fleet: blast_radius.FleetView | None = None
-    _fleet_version: int = -1
-    """The labels' version the fleet view was built from."""
+    _fleet_version: tuple[int, int] = (-1, -1)
+    """The labels' and the topology's versions the fleet view was built from."""
 
     def clear_transient(self) -> None:
         """Forget the outbox's in-memory lists: a new term starts from the store alone."""
@@ -163,11 +168,25 @@ class LadderState:
         telling whether anything changed is one compare.
         """
         labels = self.streams.node_labels
-        if self._fleet is None or self._fleet_version != labels.version:
+        if self._fleet is None or self._fleet_version != (labels.version, self.topology_version):
             # A node's GPUs are set with its labels (its Hello), so the labels' version covers them.
-            self._fleet_version = labels.version
+            self._fleet_version = (labels.version, self.topology_version)
             self._fleet = blast_radius.FleetView(
-                node_labels={n: dict(v) for n, v in labels.items()},
+                node_labels={n: self.labels_of(n, v) for n, v in labels.items()},
                 node_gpu_counts={n: len(self.streams.node_gpus(n)) for n in labels},
             )
         return self._fleet
+
+    def labels_of(self, node_id: str, agent_labels: Mapping[str, str]) -> dict[str, str]:
+        """A node's labels as the ladder reads them: the agent's, with the scheduler's topology over them."""
+        topology = self.topology.get(node_id)
+        return {**agent_labels, **topology} if topology else dict(agent_labels)
+
+    def set_topology(self, topology: Mapping[str, Mapping[str, str]]) -> bool:
+        """Take the scheduler's topology (`node_sync`); True when it changed (the fleet view is rebuilt)."""
+        fresh = {node: dict(domains) for node, domains in topology.items() if domains}
+        if fresh == self.topology:
+            return False
+        self.topology = fresh
+        self.topology_version += 1
+        return True

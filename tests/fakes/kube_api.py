@@ -10,7 +10,14 @@ It serves, on 127.0.0.1 and a free port:
   ``{"$patch": "delete"}``; the main resource ignores ``status`` and the status subresource ignores
   everything else; a ``metadata.resourceVersion`` in the patch is a precondition (409 when stale);
   taints are validated (label-value syntax, effect, duplicates → 422);
-- ``POST /api/v1/namespaces/{ns}/events`` (201).
+- ``POST /api/v1/namespaces/{ns}/events`` (201);
+- ``GET /api/v1/nodes?labelSelector=…`` (equality selectors: ``k=v``, ``k!=v``, ``k``, comma-joined);
+- pods and PodDisruptionBudgets (`add_pod`, `add_pdb`): ``GET /api/v1/pods?fieldSelector=spec.nodeName=…``
+  and ``POST /api/v1/namespaces/{ns}/pods/{name}/eviction`` (a ``policy/v1`` Eviction) with the
+  disruption controller's arithmetic: a PDB's desired healthy count is ``minAvailable`` (an integer or
+  a percentage of its expected pods) or expected − ``maxUnavailable``; an eviction that would leave
+  fewer healthy matching pods is 429 with the real server's message and cause; a pod under two PDBs
+  is 500; otherwise the pod is deleted at once (201).
 
 Every change bumps the node's ``resourceVersion``. Tests can inject a concurrent writer
 (`FakeKubeApi.race_next`), make the server answer 503 (``unavailable``), add a round-trip time to
@@ -30,6 +37,7 @@ import re
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -38,6 +46,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
 _NODE = re.compile(r"^/api/v1/nodes/([^/]+)(/status)?$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+_EVICTION = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/eviction$")
 STRATEGIC = "application/strategic-merge-patch+json"
 
 
@@ -95,12 +104,61 @@ def _taint_errors(taints: list[dict[str, Any]]) -> list[str]:
     return errors
 
 
+def _selector_matches(selector: str, labels: dict[str, str]) -> bool:
+    """Equality-based label selector: ``k=v``, ``k==v``, ``k!=v`` and ``k`` (exists), comma-joined."""
+    for term in (t.strip() for t in selector.split(",") if t.strip()):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _pdb_selects(pdb: dict[str, Any], pod: dict[str, Any]) -> bool:
+    if pdb["metadata"]["namespace"] != pod["metadata"]["namespace"]:
+        return False
+    wanted = (pdb["spec"].get("selector") or {}).get("matchLabels") or {}
+    labels = pod["metadata"].get("labels") or {}
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def _pdb_refusal(pdb: dict[str, Any], pods: list[dict[str, Any]]) -> str:
+    """The 429 cause's message when evicting one more of the PDB's pods breaks it; "" when allowed."""
+    healthy = sum(1 for p in pods if _pdb_selects(pdb, p) and p["status"].get("phase") == "Running")
+    expected = pdb["expected_pods"]
+    spec = pdb["spec"]
+    if "minAvailable" in spec:
+        wanted = spec["minAvailable"]
+        desired = -(-expected * int(wanted[:-1]) // 100) if isinstance(wanted, str) else int(wanted)
+    else:
+        desired = expected - int(spec.get("maxUnavailable", 0))
+    if healthy - desired >= 1:
+        return ""
+    name = pdb["metadata"]["name"]
+    return f"The disruption budget {name} needs {desired} healthy pods and has {healthy} currently"
+
+
 class FakeKubeApi:
     """The fake server; `start` it, point ``kubernetes.client.Configuration(host=fake.url)`` at it."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        """(namespace, name) → pod."""
+        self.pdbs: list[dict[str, Any]] = []
+        self.evicted: list[str] = []
+        """``namespace/name`` of the pods evicted, in order."""
+        self.refused: list[str] = []
+        """``namespace/name`` of each eviction a PDB refused (429), in order."""
+        self.on_refusal: Callable[[int], None] | None = None
+        """Called (under the server's lock) with the refusal count after each 429: a test's rescheduler."""
         self.requests: list[tuple[str, str, str, Any]] = []  # (method, path, content-type, body)
         self.unavailable = False
         self.latency_s = 0.0
@@ -134,6 +192,58 @@ class FakeKubeApi:
                     "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
                 },
             }
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        gpus: int = 0,
+        labels: dict[str, str] | None = None,
+        owner_kind: str = "ReplicaSet",
+    ) -> None:
+        """A Running pod on ``node``, requesting ``gpus`` ``nvidia.com/gpu`` (0: none), owned by owner_kind."""
+        resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+        with self._lock:
+            self.pods[(namespace, name)] = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}",
+                    "labels": dict(labels or {}),
+                    "ownerReferences": [{"kind": owner_kind, "name": f"{name}-owner", "controller": True}],
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "main", "resources": resources}]},
+                "status": {"phase": "Running"},
+            }  # fmt: skip
+
+    def add_pdb(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        match_labels: dict[str, str],
+        min_available: int | str | None = None,
+        max_unavailable: int | None = None,
+        expected_pods: int | None = None,
+    ) -> None:
+        """A policy/v1 PodDisruptionBudget; expected_pods: its workload's replicas (default: its pods now)."""
+        spec: dict[str, Any] = {"selector": {"matchLabels": dict(match_labels)}}
+        if min_available is not None:
+            spec["minAvailable"] = min_available
+        if max_unavailable is not None:
+            spec["maxUnavailable"] = max_unavailable
+        with self._lock:
+            pdb = {"metadata": {"name": name, "namespace": namespace}, "spec": spec, "expected_pods": 0}
+            matching = sum(1 for p in self.pods.values() if _pdb_selects(pdb, p))
+            pdb["expected_pods"] = expected_pods if expected_pods is not None else matching
+            self.pdbs.append(pdb)
+
+    def pods_on(self, node: str) -> list[str]:
+        """``namespace/name`` of the pods on the node, sorted."""
+        with self._lock:
+            return sorted(f"{ns}/{n}" for (ns, n), p in self.pods.items() if p["spec"]["nodeName"] == node)
 
     def node(self, name: str) -> dict[str, Any]:
         """A copy of the stored node."""
@@ -206,7 +316,8 @@ class FakeKubeApi:
     # ---- request handling -----------------------------------------------------------------
 
     def _handle(self, handler: Any, method: str) -> None:
-        path = handler.path.split("?", 1)[0]
+        path, _, query = handler.path.partition("?")
+        params = {k: v[0] for k, v in urllib.parse.parse_qs(query).items()}
         content_type = handler.headers.get("Content-Type", "")
         body = handler._body()
         self.requests.append((method, path, content_type, body))
@@ -217,13 +328,26 @@ class FakeKubeApi:
                 503, _status(503, "ServiceUnavailable", "the server is currently unable to handle the request")
             )
             return
-        code, answer = self._route(method, path, content_type, body)
+        code, answer = self._route(method, path, content_type, body, params)
         handler._send(code, answer)
 
-    def _route(self, method: str, path: str, content_type: str, body: Any) -> tuple[int, dict[str, Any]]:
+    def _route(
+        self, method: str, path: str, content_type: str, body: Any, params: dict[str, str]
+    ) -> tuple[int, dict[str, Any]]:
         if method == "GET" and path == "/api/v1/nodes":
+            selector = params.get("labelSelector", "")
             with self._lock:
-                return 200, {"kind": "NodeList", "apiVersion": "v1", "items": copy.deepcopy(list(self.nodes.values()))}
+                items = [n for n in self.nodes.values() if _selector_matches(selector, n["metadata"].get("labels", {}))]
+                return 200, {"kind": "NodeList", "apiVersion": "v1", "items": copy.deepcopy(items)}
+        if method == "GET" and path == "/api/v1/pods":
+            field = params.get("fieldSelector", "")
+            node = field.removeprefix("spec.nodeName=") if field.startswith("spec.nodeName=") else None
+            with self._lock:
+                items = [p for p in self.pods.values() if node is None or p["spec"]["nodeName"] == node]
+                return 200, {"kind": "PodList", "apiVersion": "v1", "items": copy.deepcopy(items)}
+        eviction = _EVICTION.match(path)
+        if method == "POST" and eviction:
+            return self._evict(eviction.group(1), eviction.group(2), body)
         events = _EVENTS.match(path)
         if method == "POST" and events:
             # Like the real server, a missing Content-Type means JSON.
@@ -278,6 +402,32 @@ class FakeKubeApi:
                 updated["metadata"]["resourceVersion"] = str(self._rv)
                 self.nodes[name] = updated
             return 200, copy.deepcopy(self.nodes[name])
+
+    def _evict(self, namespace: str, name: str, body: Any) -> tuple[int, dict[str, Any]]:
+        if not isinstance(body, dict) or body.get("kind") != "Eviction" or body.get("apiVersion") != "policy/v1":
+            return 400, _status(400, "BadRequest", "expected a policy/v1 Eviction")
+        with self._lock:
+            pod = self.pods.get((namespace, name))
+            if pod is None:
+                return 404, _status(404, "NotFound", f'pods "{name}" not found')
+            pdbs = [b for b in self.pdbs if _pdb_selects(b, pod)]
+            if len(pdbs) > 1:
+                message = (
+                    "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
+                )
+                return 500, _status(500, "InternalError", message)
+            refusal = _pdb_refusal(pdbs[0], list(self.pods.values())) if pdbs else ""
+            if refusal:
+                self.refused.append(f"{namespace}/{name}")
+                if self.on_refusal is not None:
+                    self.on_refusal(len(self.refused))
+                message = "Cannot evict pod as it would violate the pod's disruption budget."
+                status = _status(429, "TooManyRequests", message)
+                status["details"] = {"causes": [{"reason": "DisruptionBudget", "message": refusal}]}
+                return 429, status
+            del self.pods[(namespace, name)]
+            self.evicted.append(f"{namespace}/{name}")
+            return 201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
 
 
 def main(argv: list[str] | None = None) -> int:

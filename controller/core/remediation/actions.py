@@ -138,6 +138,28 @@ class PowerCycleBmc(_Action):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class DrainNode(_Action):
+    """Move the node's workload off it before a repair: its pods evicted, disruption budgets honoured.
+
+    Carried out by the scheduler's adapter (Kubernetes: the Eviction API, a PDB's refusal retried
+    until ``deadline_s``); an adapter without drains records it. The repair it precedes
+    (``repair_kind``) is decided when it succeeds; one not finished by its deadline is the
+    ladder's ``EscalationPolicy.drain_on_timeout`` to settle.
+    """
+
+    pods: str = "gpu"
+    """"gpu": the pods that use a GPU; "all": every pod but DaemonSets' and static ones."""
+    deadline_s: float = 600.0
+    """How long the drain may take, from when its adapter starts it."""
+    repair_kind: str = ""
+    """The repair that waits for it ("reset_gpu", "reboot_node", "power_cycle_bmc")."""
+    gpu_uuid: str = ""
+    """The GPU the repair is for ("" for a node repair); the drain covers the node's pods either way."""
+
+    kind = "drain_node"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class QuarantineGpu(_Action):
     """Take one GPU out of scheduling; the node's other GPUs stay schedulable."""
 
@@ -226,6 +248,7 @@ Action = (
     | ResetGpu
     | RebootNode
     | PowerCycleBmc
+    | DrainNode
     | QuarantineGpu
     | QuarantineNode
     | QuarantinePort
@@ -243,6 +266,7 @@ ACTION_TYPES: Mapping[str, type[Action]] = {
         ResetGpu,
         RebootNode,
         PowerCycleBmc,
+        DrainNode,
         QuarantineGpu,
         QuarantineNode,
         QuarantinePort,

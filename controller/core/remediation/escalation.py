@@ -63,6 +63,11 @@ WAITING (hold)     hold over, no Xid (tick)                        ACTING / DRAI
 DRAINING           `gpu_idle` (the service saw the GPU idle)       ACTING (reset)     QuarantineGpu + ResetGpu
 ACTING (drained    reset REFUSED (work started on it meanwhile)    DRAINING           Release(gpu)
 reset)
+—, WAITING, ...     repair listed in ``drain_before`` starts        ACTING (drain)     [Quarantine*] + DrainNode
+ACTING (drain)     drain SUCCEEDED                                 ACTING             the repair
+ACTING (drain)     drain not finished, ``drain_on_timeout``         AWAITING_OPERATOR  Notify (pods left, PDB's
+                   "operator"                                                         words)
+ACTING (drain)     drain not finished, "escalate"                  ACTING             Notify + the repair
 ACTING             result SUCCEEDED (or DRY_RUN)                   VALIDATING         RunValidation
 ACTING             restart SUCCEEDED, ``reset_when_idle`` (Xid 94)  DRAINING           —
 ACTING             restart SUCCEEDED, no validate_after_restart    WATCHING           —
@@ -623,20 +628,25 @@ def _drain(w: _Work, tid: str, why: str) -> str:
 
 
 def _start_rung(w: _Work, tid: str, rung: Rung, why: str) -> str:
-    """Start ``rung`` on ticket ``tid`` now (the caller checked the node is free). Returns the reason."""
+    """Start ``rung`` on ticket ``tid`` now (the caller checked the node is free). Returns the reason.
+
+    A repair listed in ``drain_before`` starts with its quarantine and a `DrainNode`; the repair
+    itself is emitted when the drain succeeds (`_on_drain`).
+    """
     t = w.tickets[tid]
     if rung is Rung.RMA:
         return _open_rma(w, tid, why)
     gpu = t.gpu_uuid
     held = list(t.held)
     reason = f"{why}: {rung.word}"
+    drain = rung.word in w.pol.drain_before
     if rung is Rung.RESTART_PROCESS:
         cmd = w.emit(tid, actions.RestartProcess, reason, gpu_uuid=gpu, grace_s=w.pol.restart_grace_s)
     elif rung is Rung.RESET_GPU:
         if f"gpu:{gpu}" not in held and "node" not in held:
             w.emit(tid, actions.QuarantineGpu, reason, gpu_uuid=gpu)
             held.append(f"gpu:{gpu}")
-        cmd = w.emit(tid, actions.ResetGpu, reason, gpu_uuid=gpu)
+        cmd = _drain_node(w, tid, rung, reason) if drain else w.emit(tid, actions.ResetGpu, reason, gpu_uuid=gpu)
     else:
         _absorb_node_tickets(w, tid)
         held = list(w.tickets[tid].held)
@@ -644,7 +654,7 @@ def _start_rung(w: _Work, tid: str, rung: Rung, why: str) -> str:
             w.emit(tid, actions.QuarantineNode, reason)
             held.append("node")
         cls = actions.RebootNode if rung is Rung.REBOOT_NODE else actions.PowerCycleBmc
-        cmd = w.emit(tid, cls, reason)
+        cmd = _drain_node(w, tid, rung, reason) if drain else w.emit(tid, cls, reason)
         w.node_command_id = cmd.command_id
         w.node_command_at = w.now_s
     w.attempts.append(Attempt(_target(gpu, rung), rung, w.now_s))
@@ -661,8 +671,53 @@ def _start_rung(w: _Work, tid: str, rung: Rung, why: str) -> str:
         processes_stopped=False,
     )
     used = w.used(_target(gpu, rung), rung)
-    w.note(tid, f"{reason} (attempt {used} of {w.pol.max_attempts(rung.word)})")
+    w.note(tid, f"{reason}{' after a drain' if drain else ''} (attempt {used} of {w.pol.max_attempts(rung.word)})")
     return w.tickets[tid].reason
+
+
+def _drain_node(w: _Work, tid: str, rung: Rung, reason: str) -> actions.Action:
+    """Emit the drain that precedes ``rung``'s repair (policy ``drain_before``)."""
+    return w.emit(
+        tid, actions.DrainNode, reason, pods=w.pol.drain_pods, deadline_s=w.pol.drain_deadline_s,
+        repair_kind=rung.word, gpu_uuid=w.tickets[tid].gpu_uuid,
+    )  # fmt: skip
+
+
+def _emit_repair(w: _Work, tid: str, reason: str) -> str:
+    """Emit the repair of the ticket's current rung, now that its drain is over; it becomes the pending command."""
+    t = w.tickets[tid]
+    if t.rung is Rung.RESET_GPU:
+        cmd = w.emit(tid, actions.ResetGpu, reason, gpu_uuid=t.gpu_uuid)
+    else:
+        cmd = w.emit(tid, actions.RebootNode if t.rung is Rung.REBOOT_NODE else actions.PowerCycleBmc, reason)
+        w.node_command_id = cmd.command_id
+        w.node_command_at = w.now_s
+    w.update(tid, pending=Pending(cmd.command_id, cmd.kind, w.now_s))
+    w.note(tid, reason)
+    return reason
+
+
+def _on_drain(w: _Work, tid: str, result: ActionResult, detail: str) -> str:
+    """The drain before a repair answered: the repair now, or (not drained) the policy's ``drain_on_timeout``.
+
+    "operator": the ticket waits for a person (AWAITING_OPERATOR, its holds kept) with an error
+    notice that carries the adapter's words (the pods left and the disruption budget's message);
+    "escalate": the repair goes ahead anyway, with a warning notice.
+    """
+    t = w.tickets[tid]
+    repair = t.rung.word if t.rung is not None else "repair"
+    if result.outcome in (Outcome.SUCCEEDED, Outcome.DRY_RUN):
+        return _emit_repair(w, tid, f"drain_node succeeded{detail}: {repair}")
+    why = f"drain before {repair} {result.outcome.name.lower()}{detail}"
+    if w.pol.drain_on_timeout == "escalate":
+        summary = f"{t.node_id}: {why}; {repair} goes ahead without it (drain_on_timeout=escalate)"
+        w.emit(tid, actions.Notify, summary, severity="warning", summary=summary)
+        return _emit_repair(w, tid, summary)
+    summary = f"{t.node_id}: {why}; {repair} not started, an operator decides (drain_on_timeout=operator)"
+    w.emit(tid, actions.Notify, summary, severity="error", summary=summary)
+    w.update(tid, state=TicketState.AWAITING_OPERATOR, pending=None)
+    w.note(tid, summary)
+    return summary
 
 
 def _absorb_node_tickets(w: _Work, tid: str) -> None:
@@ -1250,6 +1305,8 @@ def _apply_result(w: _Work, result: ActionResult) -> str:
     if kind == "run_validation":
         return _apply_validation(w, tid, result, detail)
     w.note(tid, f"{kind} {result.outcome.name.lower()}{detail}")
+    if kind == actions.DrainNode.kind:
+        return _on_drain(w, tid, result, detail)
     if t.rung is Rung.RESET_GPU and kind in (Rung.RESET_GPU.word, Rung.RESTART_PROCESS.word):
         busy = _busy_reset(w, tid, kind, result, detail)
         if busy:

@@ -252,6 +252,24 @@ class EscalationPolicy:
     """The longer, hot suite that decides a one-off failure (sustained and pulsed stress included)."""
     sdc_watch_s: float = 14 * 86400.0
     """After an accused GPU is cleared, a second accusation within this long quarantines it at once."""
+    drain_before: tuple[str, ...] = ()
+    """Repairs preceded by a drain of the node's workload (``DrainNode``): any of "reset_gpu",
+    "reboot_node", "power_cycle_bmc". Empty (the default): none, as with a scheduler that cannot evict
+    (record only, Slurm, whose quarantine is a drain already); the Helm chart's Kubernetes install
+    sets all three."""
+    drain_pods: str = "gpu"
+    """What a drain evicts: "gpu" (pods using a GPU) or "all" (every pod but DaemonSets' and static ones)."""
+    drain_deadline_s: float = 600.0
+    """How long a drain may wait for disruption budgets (429 answers are retried with a backoff)."""
+    drain_on_timeout: str = "operator"
+    """A drain not finished by its deadline: "operator" (the ticket waits for a person, AWAITING_OPERATOR,
+    with a notice naming the pods and the budget) or "escalate" (the repair goes ahead anyway, with a
+    notice: the fault outranks the budget)."""
+
+    @property
+    def drain_node_timeout_s(self) -> float:
+        """A drain's ladder timeout: its deadline and a minute for the last round and the answer."""
+        return self.drain_deadline_s + 60.0
 
     def max_attempts(self, rung_name: str) -> int:
         """The attempt budget of a rung by its action word ("reset_gpu", ...)."""
@@ -271,6 +289,16 @@ class EscalationPolicy:
                 _require(value > 0, f"{prefix}{f.name}", "must be > 0", value)
             elif f.name.startswith("max_attempts_") or f.name == "validation_retries":
                 _require(value >= 0, f"{prefix}{f.name}", "must be >= 0", value)
+        rungs = ("reset_gpu", "reboot_node", "power_cycle_bmc")
+        for word in self.drain_before:
+            _require(word in rungs, f"{prefix}drain_before", f"must list only {', '.join(rungs)}", word)
+        _require(self.drain_pods in ("gpu", "all"), f"{prefix}drain_pods", "must be gpu or all", self.drain_pods)
+        _require(
+            self.drain_on_timeout in ("operator", "escalate"),
+            f"{prefix}drain_on_timeout",
+            "must be operator or escalate",
+            self.drain_on_timeout,
+        )
         for name in ("post_repair_suite", "accusation_suite", "sdc_hot_retest_suite"):
             _require(bool(getattr(self, name)), f"{prefix}{name}", "must not be empty", getattr(self, name))
         _require(self.sdc_confirm_fails >= 1, f"{prefix}sdc_confirm_fails", "must be >= 1", self.sdc_confirm_fails)

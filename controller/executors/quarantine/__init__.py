@@ -49,6 +49,7 @@ from rasd.controller.executors.quarantine.k8s import (
     ANN_QUARANTINED,
     API_CONNECTIONS,
     CONDITION_TYPE,
+    STATE_LABEL,
     TAINT_ALL_GPUS,
     TAINT_QUARANTINED,
     KubernetesQuarantine,
@@ -56,6 +57,7 @@ from rasd.controller.executors.quarantine.k8s import (
     api_client,
     label_value,
 )
+from rasd.controller.executors.quarantine.k8s_drain import DrainBlockedError, DrainReport
 from rasd.controller.executors.quarantine.record import RecordOnlyQuarantine
 from rasd.controller.executors.quarantine.slurm import SLURM_REASON_PREFIX, SlurmQuarantine, SlurmSettings, slurm_reason
 
@@ -68,8 +70,11 @@ __all__ = [
     "API_CONNECTIONS",
     "CONDITION_TYPE",
     "SLURM_REASON_PREFIX",
+    "STATE_LABEL",
     "TAINT_ALL_GPUS",
     "TAINT_QUARANTINED",
+    "DrainBlockedError",
+    "DrainReport",
     "KubernetesQuarantine",
     "KubernetesSettings",
     "QuarantineAdapter",
@@ -153,7 +158,37 @@ def executors(adapter: QuarantineAdapter) -> dict[str, Callable[[actions.Action]
     # for the outcome.
     run.blocking = getattr(adapter, "blocking", True)  # type: ignore[attr-defined]
     kinds = (actions.QuarantineNode.kind, actions.QuarantineGpu.kind, actions.QuarantinePort.kind, actions.Release.kind)
-    return dict.fromkeys(kinds, run)
+    table: dict[str, Callable[[actions.Action], Any]] = dict.fromkeys(kinds, run)
+    table.update(_node_state_executors(adapter))
+    return table
+
+
+def _node_state_executors(adapter: QuarantineAdapter) -> dict[str, Callable[[actions.Action], Any]]:
+    """Drains and RMA marks, for an adapter that has them (Kubernetes); others record them (no entry)."""
+    table: dict[str, Callable[[actions.Action], Any]] = {}
+    drain_node = getattr(adapter, "drain_node", None)
+    mark_rma = getattr(adapter, "mark_rma", None)
+    if drain_node is not None:
+
+        def drain(action: actions.Action) -> Any:
+            assert isinstance(action, actions.DrainNode)
+            report = drain_node(
+                action.node_id, reason=action.reason, ticket_id=action.ticket_id,
+                pods=action.pods, deadline_s=action.deadline_s,
+            )  # fmt: skip
+            log.info("drain_executed", node=action.node_id, ticket=action.ticket_id, detail=str(report))
+            return report
+
+        table[actions.DrainNode.kind] = drain
+    if mark_rma is not None:
+
+        def rma(action: actions.Action) -> Any:
+            if getattr(action, "gpu_uuid", ""):
+                return f"{action.kind}: a GPU's RMA leaves node {action.node_id}'s state label alone"
+            return mark_rma(action.node_id, reason=action.reason, ticket_id=action.ticket_id)
+
+        table[actions.OpenRma.kind] = rma
+    return table
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,8 +11,16 @@ strategic-merge patch of the ``/status`` subresource):
   precondition; a 409 re-reads and retries, keeping taints others added meanwhile).
 - annotation ``rasd.io/quarantined: <ticket>`` (the full ticket id; taint values are limited to 63
   label-value characters).
-- node condition ``type=RasdHealthy, status=False, reason=RasdQuarantined, message=<reason>`` in
-  ``status.conditions`` (merged by ``type``). A release deletes it (``$patch: delete``).
+- label ``rasd.io/state=quarantined`` and node condition ``type=RasdHealthy, status=False,
+  reason=RasdQuarantined, message=<reason>`` in ``status.conditions`` (merged by ``type``). A release
+  sets ``rasd.io/state=healthy`` and ``RasdHealthy=True`` (reason ``RasdReleased``): the condition is
+  never deleted, NPD style (`k8s_state`; `sync_nodes`, every ``node_sync_s``, keeps it present and
+  fresh on every node rasd knows).
+
+A drain before a reset or reboot (`drain_node`, `k8s_drain`) labels a held node ``repairing`` and
+evicts its pods through the Eviction API, PDBs honoured; an RMA of the node (`mark_rma`) labels it
+``rma``. `sync_nodes` also reads each Node's topology labels (zone, NVLink clique, rack) for the
+ladder's blast radius.
 
 GPU quarantine keeps the node schedulable: the UUIDs go into the annotation
 ``rasd.io/quarantined-gpus`` (comma-separated, sorted). Only when *every* GPU of the node is
@@ -49,6 +57,15 @@ RBAC the controller's ServiceAccount needs (a ClusterRole; the Helm chart render
     - apiGroups: [""]
       resources: ["events"]
       verbs: ["create"]
+    - apiGroups: [""]
+      resources: ["pods"]
+      verbs: ["list"]
+    - apiGroups: [""]
+      resources: ["pods/eviction"]
+      verbs: ["create"]
+
+(Drains list the node's pods and evict them; a PodDisruptionBudget's refusal comes back in the
+eviction's 429, so rasd never reads PDBs.)
 
 Errors: 404 → ``NODE_NOT_FOUND`` outcome; 409 → re-read and retry (``conflict_retries`` times, then
 `QuarantineUnavailableError`); no connection, timeouts, 429 and 5xx → `QuarantineUnavailableError`;
@@ -62,12 +79,15 @@ import datetime as dt
 import hashlib
 import json
 import re
+import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from rasd.controller.executors.quarantine import k8s_drain
+from rasd.controller.executors.quarantine import k8s_state as node_state
 from rasd.controller.executors.quarantine.adapter import (
     QuarantineError,
     QuarantineOutcome,
@@ -96,8 +116,10 @@ ANN_GPUS = "rasd.io/quarantined-gpus"
 """Annotation: quarantined GPU UUIDs, comma-separated, sorted."""
 ANN_PORTS = "rasd.io/quarantined-ports"
 """Annotation: quarantined InfiniBand ports ("mlx5_0/1"), comma-separated, sorted."""
-CONDITION_TYPE = "RasdHealthy"
-"""Node condition type rasd owns (status False while quarantined; deleted on release)."""
+CONDITION_TYPE = node_state.CONDITION_TYPE
+"""Node condition type rasd owns (False while rasd holds the node, True after; never deleted)."""
+STATE_LABEL = node_state.STATE_LABEL
+"""Node label with the node's state as rasd sees it (healthy, quarantined, repairing, rma)."""
 
 
 API_CONNECTIONS = 16
@@ -127,6 +149,18 @@ class KubernetesSettings:
     """Re-reads after a 409 before giving up with `QuarantineUnavailableError`."""
     component: str = "rasd-controller"
     """``source.component`` and ``reportingComponent`` of posted Events."""
+    drain_backoff_s: float = 1.0
+    """A drain's first wait after a PDB refusal (or for pods still terminating); doubles each time."""
+    drain_backoff_max_s: float = 30.0
+    """A drain's longest wait between rounds of evictions."""
+    zone_label: str = "topology.kubernetes.io/zone"
+    """Node label read as the ``zone`` blast-radius domain ("": not read)."""
+    nvlink_domain_label: str = "nvidia.com/gpu.clique"
+    """Node label read as the ``nvlink_domain`` domain (GPU Feature Discovery's NVLink clique)."""
+    rack_label: str = "rasd.io/rack"
+    """Node label read as the ``rack`` domain (Kubernetes has no standard one: name the cluster's own)."""
+    node_sync_s: float = 60.0
+    """How often the leader reads the Nodes' topology and refreshes ``RasdHealthy``'s heartbeat (0: never)."""
 
     def validate(self, prefix: str) -> None:
         """Check values; raise `QuarantineSettingsError` naming the key."""
@@ -134,6 +168,14 @@ class KubernetesSettings:
         require(self.conflict_retries >= 0, f"{prefix}conflict_retries", "must be >= 0", self.conflict_retries)
         require(bool(self.event_namespace), f"{prefix}event_namespace", "must not be empty", self.event_namespace)
         require(bool(self.gpu_resource), f"{prefix}gpu_resource", "must not be empty", self.gpu_resource)
+        require(self.node_sync_s >= 0, f"{prefix}node_sync_s", "must be >= 0", self.node_sync_s)
+        require(self.drain_backoff_s > 0, f"{prefix}drain_backoff_s", "must be > 0", self.drain_backoff_s)
+        require(
+            self.drain_backoff_max_s >= self.drain_backoff_s,
+            f"{prefix}drain_backoff_max_s",
+            f"must be >= drain_backoff_s ({self.drain_backoff_s})",
+            self.drain_backoff_max_s,
+        )
         require(
             not self.host or self.host.startswith(("http://", "https://")),
             f"{prefix}host",
@@ -241,6 +283,87 @@ class KubernetesQuarantine:
             "release", "port", node_id, port, ticket_id, lambda n: self._plan_port(n, port, reason, add=False)
         )
 
+    def mark_rma(self, node_id: str, *, reason: str, ticket_id: str) -> QuarantineOutcome:
+        """An RMA is open for the node: ``rasd.io/state=rma``, ``RasdHealthy=False`` (reason ``RasdRma``)."""
+        return self._apply(
+            "rma", "node", node_id, "", ticket_id, lambda n: self._plan_state(n, node_state.RMA, "RasdRma", reason)
+        )
+
+    def drain_node(
+        self, node_id: str, *, reason: str, ticket_id: str, pods: str, deadline_s: float
+    ) -> k8s_drain.DrainReport:
+        """Evict the node's pods (``pods``: "gpu" or "all") through the Eviction API before a repair.
+
+        A node rasd holds is labelled ``repairing`` first. Events: ``RasdDrained`` when done,
+        ``RasdDrainBlocked`` (Warning) when the deadline passes. Cordons and taints are not touched.
+
+        Raises:
+            k8s_drain.DrainBlockedError: pods remain at the deadline (named, with the PDB's words).
+            QuarantineUnavailableError, QuarantineRejectedError: the API failed.
+        """
+        marked = self._apply(
+            "repair", "node", node_id, "", ticket_id,
+            lambda n: self._plan_state(n, node_state.REPAIRING, "RasdRepairing", reason, only_if_held=True),
+        )  # fmt: skip
+        if marked.status is Status.NODE_NOT_FOUND:
+            return k8s_drain.DrainReport(node_id, (), 0, 0.0)
+        edges = k8s_drain.DrainEdges(self._list_pods, self._evict, time.monotonic, time.sleep)
+        node = {"metadata": {"name": node_id}}
+        try:
+            report = k8s_drain.drain(
+                node_id, scope=pods, gpu_resource=self._settings.gpu_resource, deadline_s=deadline_s,
+                backoff_s=self._settings.drain_backoff_s, backoff_max_s=self._settings.drain_backoff_max_s,
+                edges=edges,
+            )  # fmt: skip
+        except k8s_drain.DrainBlockedError as exc:
+            blocked = _Plan(Status.QUARANTINED, str(exc), event_reason="RasdDrainBlocked", event_type="Warning")
+            self._post_event(node, blocked)
+            raise
+        self._post_event(node, _Plan(Status.QUARANTINED, f"{report}: {reason}", event_reason="RasdDrained"))
+        return report
+
+    @property
+    def sync_period_s(self) -> float:
+        """How often `sync_nodes` should run (0: never)."""
+        return self._settings.node_sync_s
+
+    def sync_nodes(self, node_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+        """One list of the Nodes: every Node's topology (`k8s_state.topology_of`), and a heartbeat for these.
+
+        The heartbeat keeps ``RasdHealthy`` present and fresh on the nodes rasd knows (NPD style): a
+        node without it gets it (True unless its label says rasd holds it), one with it a new
+        ``lastHeartbeatTime``. A node the API server does not list is skipped.
+        """
+        nodes = json.loads(self._call(self._core.list_node, what="list nodes")).get("items") or []
+        settings = self._settings
+        keys = {"zone": settings.zone_label, "nvlink_domain": settings.nvlink_domain_label, "rack": settings.rack_label}
+        by_name = {(n.get("metadata") or {}).get("name", ""): n for n in nodes}
+        self._heartbeat(by_name, node_ids)
+        return {name: node_state.topology_of(node, keys) for name, node in by_name.items()}
+
+    def heartbeat(self, node_ids: Iterable[str]) -> int:
+        """`sync_nodes`'s heartbeat alone, each node read first; returns how many were written."""
+        nodes = {node_id: node for node_id in node_ids if (node := self._read(node_id)) is not None}
+        return self._heartbeat(nodes, nodes)
+
+    def _heartbeat(self, nodes: dict[str, dict[str, Any]], node_ids: Iterable[str]) -> int:
+        written = 0
+        now = _rfc3339(self._clock())
+        for node_id in node_ids:
+            node = nodes.get(node_id)
+            if node is None:
+                continue
+            patch = node_state.heartbeat_patch(node, now=now)
+            try:
+                self._call(self._core.patch_node_status, node_id, patch, _content_type=_STRATEGIC, what="heartbeat")
+            except _NotFound:
+                continue
+            except QuarantineError as exc:  # one node's refusal must not cost the others theirs, nor the topology
+                log.warning("node_heartbeat_failed", node=node_id, error=str(exc))
+                continue
+            written += 1
+        return written
+
     def close(self) -> None:
         """Close the API client's connection pool."""
         self._api_client.close()
@@ -252,43 +375,39 @@ class KubernetesQuarantine:
         annotations = meta.get("annotations") or {}
         taints = list(spec.get("taints") or [])
         has_taint = any(t.get("key") == TAINT_QUARANTINED for t in taints)
-        has_condition = (_condition(node, CONDITION_TYPE) or {}).get("status") == "False"
+        has_condition = (node_state.condition_of(node) or {}).get("status") == "False"
+        has_label = node_state.state_of(node) in node_state.HELD_STATES
         has_annotation = ANN_QUARANTINED in annotations
         unschedulable = bool(spec.get("unschedulable"))
         kept = ("cordon set by someone else",) if unschedulable and ANN_CORDONED not in annotations else ()
-        if has_taint and has_condition and has_annotation and unschedulable:
+        if has_taint and has_condition and has_label and has_annotation and unschedulable:
             held = annotations[ANN_QUARANTINED]
             return _Plan(Status.ALREADY_QUARANTINED, f"already quarantined by rasd (ticket {held})", kept=kept)
-        new_annotations: dict[str, Any] = {}
+        new_meta: dict[str, Any] = {"annotations": {}}
         patch_spec: dict[str, Any] = {}
         done: list[str] = []
         if not has_annotation:
-            new_annotations[ANN_QUARANTINED] = ticket_id
+            new_meta["annotations"][ANN_QUARANTINED] = ticket_id
         if not unschedulable:
             patch_spec["unschedulable"] = True
-            new_annotations[ANN_CORDONED] = ticket_id
+            new_meta["annotations"][ANN_CORDONED] = ticket_id
             done.append("cordoned")
         if not has_taint:
             taints.append({"key": TAINT_QUARANTINED, "value": label_value(ticket_id), "effect": "NoSchedule"})
             patch_spec["taints"] = taints
             done.append(f"tainted {TAINT_QUARANTINED}:NoSchedule")
-        patch: dict[str, Any] | None = None
-        if new_annotations or patch_spec:
-            patch = {"metadata": {"annotations": new_annotations}} if new_annotations else {}
-            if patch_spec:
-                patch["spec"] = patch_spec
+        if not has_label:
+            new_meta.update(node_state.label_patch(node_state.QUARANTINED))
+            done.append(f"labelled {node_state.STATE_LABEL}={node_state.QUARANTINED}")
+        patch: dict[str, Any] = {"metadata": new_meta}
+        if patch_spec:
+            patch["spec"] = patch_spec
         status_patch = None
         if not has_condition:
-            now = _rfc3339(self._clock())
-            condition = {
-                "type": CONDITION_TYPE,
-                "status": "False",
-                "reason": "RasdQuarantined",
-                "message": f"{reason} (ticket {ticket_id})",
-                "lastHeartbeatTime": now,
-                "lastTransitionTime": now,
-            }
-            status_patch = {"status": {"conditions": [condition]}}
+            status_patch = node_state.condition_patch(
+                node, healthy=False, reason="RasdQuarantined", message=f"{reason} (ticket {ticket_id})",
+                now=_rfc3339(self._clock()),
+            )  # fmt: skip
             done.append(f"condition {CONDITION_TYPE}=False")
         if not done:
             done.append("annotated")
@@ -307,14 +426,21 @@ class KubernetesQuarantine:
         annotations = meta.get("annotations") or {}
         taints = list(spec.get("taints") or [])
         kept_taints = [t for t in taints if t.get("key") != TAINT_QUARANTINED]
-        has_condition = _condition(node, CONDITION_TYPE) is not None
+        unhealthy = (node_state.condition_of(node) or {}).get("status") == "False"
+        held_label = node_state.state_of(node) in node_state.HELD_STATES
         rasd_cordoned = ANN_CORDONED in annotations
         unschedulable = bool(spec.get("unschedulable"))
         kept = ("cordon set by someone else",) if unschedulable and not rasd_cordoned else ()
-        if len(kept_taints) == len(taints) and not has_condition and ANN_QUARANTINED not in annotations:
+        untouched = len(kept_taints) == len(taints) and ANN_QUARANTINED not in annotations
+        if untouched and not unhealthy and not held_label:
             return _Plan(Status.NOT_QUARANTINED, "rasd holds no node quarantine here; nothing changed", kept=kept)
         done: list[str] = []
-        patch: dict[str, Any] = {"metadata": {"annotations": {ANN_QUARANTINED: None, ANN_CORDONED: None}}}
+        patch: dict[str, Any] = {
+            "metadata": {
+                "annotations": {ANN_QUARANTINED: None, ANN_CORDONED: None},
+                **node_state.label_patch(node_state.HEALTHY),
+            }
+        }
         patch_spec: dict[str, Any] = {}
         if len(kept_taints) != len(taints):
             patch_spec["taints"] = kept_taints
@@ -324,13 +450,32 @@ class KubernetesQuarantine:
             done.append("uncordoned")
         if patch_spec:
             patch["spec"] = patch_spec
-        status_patch = None
-        if has_condition:
-            status_patch = {"status": {"conditions": [{"type": CONDITION_TYPE, "$patch": "delete"}]}}
-            done.append(f"removed condition {CONDITION_TYPE}")
-        if not done:
-            done.append("removed annotations")
+        done.append(f"labelled {node_state.STATE_LABEL}={node_state.HEALTHY}")
+        # NPD style: the condition stays, True, so "not rasd's concern any more" reads as healthy.
+        status_patch = node_state.condition_patch(
+            node, healthy=True, reason="RasdReleased", message=f"released: {reason}", now=_rfc3339(self._clock())
+        )
+        done.append(f"condition {CONDITION_TYPE}=True")
         return _Plan(Status.RELEASED, ", ".join(done) + f": {reason}", patch, status_patch, kept, "RasdReleased")
+
+    def _plan_state(
+        self, node: dict[str, Any], state: str, why: str, reason: str, *, only_if_held: bool = False
+    ) -> _Plan:
+        """Set ``rasd.io/state`` (and ``RasdHealthy=False`` with reason ``why``); only_if_held: on a node rasd holds."""
+        current = node_state.state_of(node)
+        if only_if_held and current not in node_state.HELD_STATES:
+            return _Plan(Status.NOT_QUARANTINED, f"node not held by rasd; {node_state.STATE_LABEL} left {current!r}")
+        if current == node_state.RMA and state != node_state.RMA:
+            return _Plan(Status.ALREADY_QUARANTINED, f"an RMA is open; {node_state.STATE_LABEL} stays rma")
+        condition = node_state.condition_of(node) or {}
+        if current == state and condition.get("status") == "False" and condition.get("reason") == why:
+            return _Plan(Status.ALREADY_QUARANTINED, f"already {node_state.STATE_LABEL}={state}; nothing changed")
+        status_patch = node_state.condition_patch(
+            node, healthy=False, reason=why, message=reason, now=_rfc3339(self._clock())
+        )
+        detail = f"labelled {node_state.STATE_LABEL}={state}, condition {CONDITION_TYPE}=False ({why}): {reason}"
+        patch = {"metadata": node_state.label_patch(state)}
+        return _Plan(Status.QUARANTINED, detail, patch, status_patch, (), why, "Warning")
 
     def _plan_gpu(self, node: dict[str, Any], gpu_uuid: str, reason: str, *, add: bool) -> _Plan:
         meta, spec = node.get("metadata") or {}, node.get("spec") or {}
@@ -445,18 +590,55 @@ class KubernetesQuarantine:
             f"{self._settings.conflict_retries} retries (the node keeps changing)"
         )
 
+    def _list_pods(self, node_id: str) -> list[dict[str, Any]]:
+        """The node's pods, every namespace (field selector ``spec.nodeName``)."""
+        body = self._call(
+            self._core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node_id}", what="list pods"
+        )
+        return list(json.loads(body).get("items") or [])
+
+    def _evict(self, pod: dict[str, Any]) -> tuple[k8s_drain.Eviction, str]:
+        """One policy/v1 Eviction: accepted, gone (404), or blocked by a PDB (429, with its message)."""
+        import kubernetes.client.exceptions
+
+        meta = pod.get("metadata") or {}
+        try:
+            self._call(
+                self._core.create_namespaced_pod_eviction, meta.get("name", ""), meta.get("namespace", ""),
+                k8s_drain.eviction_body(pod), _headers={"Content-Type": "application/json"}, what="evict pod",
+                raw_errors=(429,),
+            )  # fmt: skip
+        except _NotFound:
+            return k8s_drain.Eviction.GONE, ""
+        except kubernetes.client.exceptions.ApiException as exc:
+            try:
+                status = json.loads(_api_message(exc, limit=4096))
+            except ValueError:
+                status = {}
+            return k8s_drain.Eviction.BLOCKED, k8s_drain.refusal_message(status if isinstance(status, dict) else {})
+        return k8s_drain.Eviction.ACCEPTED, ""
+
     def _read(self, node_id: str) -> dict[str, Any] | None:
         try:
             return json.loads(self._call(self._core.read_node, node_id, what="read node"))
         except _NotFound:
             return None
 
-    def _call(self, method: Callable[..., Any], *args: Any, what: str, conflict: bool = False, **kwargs: Any) -> bytes:
+    def _call(
+        self,
+        method: Callable[..., Any],
+        *args: Any,
+        what: str,
+        conflict: bool = False,
+        raw_errors: tuple[int, ...] = (),
+        **kwargs: Any,
+    ) -> bytes:
         """Call the API; its answer's body as sent; failures mapped onto this module's errors (404, 409: private).
 
         The body is not turned into the client's model objects: a quarantine storm makes hundreds of
         calls a second, the models cost more CPU than the HTTP, and the plans read plain JSON anyway.
-        A non-2xx answer still raises the client's ``ApiException``.
+        A non-2xx answer still raises the client's ``ApiException``; one whose status is in
+        raw_errors is raised as that ``ApiException`` (a 429 from an eviction is a PDB's answer).
         """
         import kubernetes.client.exceptions
         import urllib3.exceptions
@@ -468,6 +650,8 @@ class KubernetesQuarantine:
             return bytes(response.data)  # read to the end: the connection goes back to the pool
         except kubernetes.client.exceptions.ApiException as exc:
             status = exc.status or 0
+            if status in raw_errors:
+                raise
             if status == 404:
                 raise _NotFound from exc
             if status == 409 and conflict:
@@ -520,13 +704,6 @@ class _Conflict(Exception):
     """409 on a guarded patch (internal signal)."""
 
 
-def _condition(node: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    for condition in (node.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind:
-            return condition
-    return None
-
-
 def _int_quantity(value: Any) -> int:
     """An integer resource quantity ("8") as int; 0 when absent or not a plain integer."""
     try:
@@ -539,11 +716,11 @@ def _rfc3339(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _api_message(exc: Any) -> str:
+def _api_message(exc: Any, *, limit: int = 300) -> str:
     body = getattr(exc, "body", None) or ""
     if isinstance(body, bytes):
         body = body.decode(errors="replace")
-    return str(body)[:300]
+    return str(body)[:limit]
 
 
 # --------------------------------------------------------------------------------------------

@@ -102,7 +102,11 @@ def test_release_lifts_rasds_own_cordon_taint_condition_and_annotations(api, k8s
     assert not node["spec"].get("unschedulable")
     assert _taints(node) == set()
     assert not node["metadata"].get("annotations")
-    assert _condition(node, "RasdHealthy") is None
+    assert node["metadata"]["labels"]["rasd.io/state"] == "healthy"
+    condition = _condition(node, "RasdHealthy")
+    assert (condition["status"], condition["reason"]) == ("True", "RasdReleased"), "never deleted (NPD style)"
+    assert "validation passed" in condition["message"]
+    assert condition["lastHeartbeatTime"] and condition["lastTransitionTime"]
     assert _condition(node, "Ready") is not None
     assert [e["reason"] for e in api.events] == ["RasdQuarantined", "RasdReleased"]
 
@@ -117,7 +121,7 @@ def test_someone_elses_cordon_survives_release(api, k8s):
     assert "rasd.io/cordoned-by-rasd" not in api.node("n2")["metadata"]["annotations"]
     node = api.node("n2")
     assert node["spec"]["unschedulable"] is True, "rasd never lifts a cordon it did not set"
-    assert _taints(node) == set() and _condition(node, "RasdHealthy") is None
+    assert _taints(node) == set() and _condition(node, "RasdHealthy")["status"] == "True"
     assert released.status is quarantine.Status.RELEASED
     assert released.kept == ("cordon set by someone else",)
 

@@ -67,6 +67,20 @@ POLICIES = {
     "bmc": policy.RemediationPolicy.from_mapping(
         {"escalation": {"bmc_power_cycle_enabled": True, "max_attempts_reset_gpu": 1, "validate_after_restart": True}}
     ),
+    # Drains before every repair (issue #38): the drain's answer decides whether the repair goes.
+    "drain": policy.RemediationPolicy.from_mapping(
+        {
+            "escalation": {
+                "bmc_power_cycle_enabled": True,
+                "drain_before": ["reset_gpu", "reboot_node", "power_cycle_bmc"],
+                "drain_deadline_s": 300.0,
+                "drain_on_timeout": "escalate",
+            }
+        }
+    ),
+    "drain-operator": policy.RemediationPolicy.from_mapping(
+        {"escalation": {"drain_before": ["reset_gpu", "reboot_node"], "drain_deadline_s": 300.0}}
+    ),
 }
 
 
@@ -130,7 +144,7 @@ def _run(sequence, pol: policy.RemediationPolicy) -> None:
                 assert holders == [], (action, holders, decision.reason)
         state = decision.state
         for action in decision.actions:
-            if action.kind in (*rung_of, "run_validation"):
+            if action.kind in (*rung_of, "run_validation", "drain_node"):
                 state = escalation.mark_dispatched(state, action.command_id, now_s=now)
         for t in state.tickets:
             if t.state is escalation.TicketState.ACTING:
@@ -194,6 +208,12 @@ def test_random_sequences_keep_the_ladder_invariants(sequence):
 @given(sequence=ops)
 def test_random_sequences_keep_the_invariants_with_the_bmc_rung(sequence):
     _run(sequence, POLICIES["bmc"])
+
+
+@settings(max_examples=MAX_EXAMPLES // 2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=ops, name=st.sampled_from(["drain", "drain-operator"]))
+def test_random_sequences_keep_the_invariants_with_drains_before_repairs(sequence, name):
+    _run(sequence, POLICIES[name])
 
 
 @settings(max_examples=MAX_EXAMPLES // 3, deadline=None)

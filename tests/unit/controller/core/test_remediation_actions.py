@@ -24,6 +24,7 @@ EXAMPLES = [
     ),
     actions.OpenRma(ticket_id="t", step=9, node_id="n1", gpu_uuid="GPU-1", evidence=("a", "b")),
     actions.Notify(ticket_id="t", step=10, node_id="n1", severity="error", summary="s"),
+    actions.DrainNode(ticket_id="t", step=11, node_id="n1", pods="all", deadline_s=30.0, repair_kind="reboot_node"),
 ]
 
 

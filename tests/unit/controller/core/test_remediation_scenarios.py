@@ -17,7 +17,7 @@ Outcome = escalation.Outcome
 TicketState = escalation.TicketState
 CATALOG = xid_catalog.load_catalog()
 T0 = 1_780_000_000.0
-REPAIR_KINDS = ("restart_process", "reset_gpu", "reboot_node", "power_cycle_bmc", "run_validation")
+REPAIR_KINDS = ("restart_process", "reset_gpu", "reboot_node", "power_cycle_bmc", "run_validation", "drain_node")
 
 
 class FakeClock:
@@ -1059,3 +1059,109 @@ def test_a_fault_back_while_the_remap_waits_for_the_drain_climbs_to_a_real_reset
     assert node.kinds(again) == ["quarantine_gpu", "reset_gpu"]
     refused = node.result("reset_gpu", Outcome.REFUSED)  # a repair reset stops the processes (item 4)
     assert node.kinds(refused) == ["restart_process"]
+
+
+# ---- drains before repairs (issue #38 item 1) ---------------------------------------------------
+
+
+def _draining(**escalation_fields: object) -> Node:
+    fields = {"drain_before": ("reset_gpu", "reboot_node"), "drain_deadline_s": 300.0, **escalation_fields}
+    return Node(policy.RemediationPolicy(escalation=policy.EscalationPolicy(**fields)))
+
+
+def test_a_reboot_waits_for_its_drain_and_the_node_takes_no_gpu_action_meanwhile():
+    node = _draining(drain_pods="all")
+    decision = node.xid(79, gpu="GPU-3")
+    assert node.kinds(decision) == ["quarantine_node", "drain_node"]
+    drain = decision.actions[1]
+    assert isinstance(drain, actions.DrainNode)
+    assert (drain.pods, drain.deadline_s, drain.repair_kind) == ("all", 300.0, "reboot_node")
+
+    node.clock.advance(30)
+    assert node.kinds(node.xid(13, gpu="GPU-1")) == [], "no reset while the node drains for its reboot"
+
+    drained = node.result("drain_node", Outcome.SUCCEEDED)
+    assert node.kinds(drained) == ["reboot_node"]
+    assert "drain_node succeeded" in drained.reason
+    assert node.state.node_command_id == drained.actions[0].command_id
+    node.result("reboot_node", Outcome.SUCCEEDED)
+    passed = node.result("run_validation", Outcome.SUCCEEDED, "pass")
+    assert any(isinstance(a, actions.Release) and not a.gpu_uuid for a in passed.actions)
+
+
+def test_a_reset_waits_for_its_drain():
+    node = _draining()
+    node.xid(13)
+    node.result("restart_process", Outcome.SUCCEEDED)
+    node.clock.advance(600)
+
+    again = node.xid(13)
+    assert node.kinds(again) == ["quarantine_gpu", "drain_node"]
+    assert again.actions[1].gpu_uuid == "GPU-1" and again.actions[1].pods == "gpu"
+    assert node.kinds(node.result("drain_node", Outcome.SUCCEEDED)) == ["reset_gpu"]
+    assert node.kinds(node.result("reset_gpu", Outcome.SUCCEEDED)) == ["run_validation"]
+
+
+def test_a_blocked_drain_asks_an_operator_and_starts_no_repair():
+    node = _draining()
+    node.xid(79, gpu="GPU-3")
+
+    blocked = node.result("drain_node", Outcome.FAILED)
+
+    assert node.kinds(blocked) == ["notify"]
+    assert node.ticket("GPU-3").state is TicketState.AWAITING_OPERATOR
+    assert node.ticket("GPU-3").held == ("node",), "the node stays quarantined"
+    assert "reboot_node" not in node.all_kinds()
+    assert blocked.actions[0].severity == "error" and "operator" in blocked.actions[0].summary
+
+    ticket_id = node.ticket("GPU-3").ticket_id
+    released = escalation.operator_release(node.state, ticket_id, now_s=node.clock.now, policy=node.policy.escalation)
+    assert [a.kind for a in released.actions] == ["run_validation"]
+
+
+def test_a_blocked_drain_message_reaches_the_notice():
+    node = _draining()
+    node.xid(79, gpu="GPU-3")
+    cmd = node.pending("drain_node")
+    words = "The disruption budget trainer-pdb needs 2 healthy pods and has 2 currently"
+
+    decision = node._take(
+        escalation.on_result(
+            node.state, escalation.ActionResult(cmd, Outcome.FAILED, message=f"DrainBlockedError: {words}"),
+            now_s=node.clock.now, policy=node.policy.escalation,
+        )
+    )  # fmt: skip
+
+    assert words in decision.actions[0].summary and words in decision.reason
+    assert any(words in line for line in node.ticket("GPU-3").history)
+
+
+def test_escalate_goes_ahead_with_the_repair_and_says_so():
+    node = _draining(drain_on_timeout="escalate")
+    node.xid(79, gpu="GPU-3")
+
+    blocked = node.result("drain_node", Outcome.FAILED)
+
+    assert node.kinds(blocked) == ["notify", "reboot_node"]
+    assert blocked.actions[0].severity == "warning" and "escalate" in blocked.actions[0].summary
+    assert node.state.node_command_id == blocked.actions[1].command_id
+
+
+def test_a_drain_that_never_answers_times_out_after_its_deadline_and_a_minute():
+    node = _draining()
+    node.xid(79, gpu="GPU-3")
+
+    node.clock.advance(300 + 59)
+    assert node.kinds(node.tick()) == []
+    node.clock.advance(2)
+    timed_out = node.tick()
+
+    assert node.kinds(timed_out) == ["notify"]
+    assert node.ticket("GPU-3").state is TicketState.AWAITING_OPERATOR
+
+
+def test_drain_policy_names_a_bad_value():
+    with pytest.raises(policy.PolicyError, match=r"escalation\.drain_before"):
+        policy.RemediationPolicy.from_mapping({"escalation": {"drain_before": ["restart_process"]}})
+    with pytest.raises(policy.PolicyError, match=r"escalation\.drain_on_timeout"):
+        policy.RemediationPolicy.from_mapping({"escalation": {"drain_on_timeout": "ignore"}})
