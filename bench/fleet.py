@@ -364,7 +364,8 @@ def render(f: dict[str, Any], args: argparse.Namespace, machine: str, when: str)
         SECTION,
         "",
         f"Command: `RASD_TEST_POSTGRES_URL=... .venv/bin/python bench/fleet.py --nodes {args.nodes} --replicas "
-        f"{args.replicas} --measure-s {args.measure_s:g} --leader-cpu {args.leader_cpu} "
+        f"{args.replicas} --measure-s {args.measure_s:g} --settle-timeout-s {args.settle_timeout_s:g} "
+        f"--leader-cpu {args.leader_cpu} "
         f"--feeder-cpu {args.feeder_cpu}`  ",
         f"Machine: {machine}  ",
         f"Run: {when}; a real leader (`server.Controller`, lease election on PostgreSQL, remediation on and idle, "
