@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import pathlib
-import signal
 import sys
 import tomllib
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
+
 from rasd.common import VERSION, gc_policy, net
 from rasd.common import logging as rasd_logging
-from rasd.controller import server
+from rasd.controller import server, workers
 from rasd.controller.core.remediation import policy
 from rasd.controller.executors import bmc, quarantine
 from rasd.controller.power import loop as power_loop
@@ -60,6 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
         "two cores) or the store thread (an in-memory SQLite store needs thread)",
     )
     parser.add_argument(
+        "--ingest-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve agent streams from N processes on the same port (PostgreSQL only; each a replica of its own, "
+        "see docs/operator-guide.md; default %(default)s)",
+    )
+    parser.add_argument(
         "--record",
         type=pathlib.Path,
         metavar="PATH",
@@ -99,21 +108,6 @@ def load_config(path: pathlib.Path) -> dict[str, Any]:
     return config
 
 
-async def _serve(settings: server.ControllerSettings) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    controller = server.Controller(settings)
-    await controller.start()
-    gc_policy.freeze_startup_heap()  # modules, compiled statements, loaded state: never walked again
-    try:
-        await stop.wait()
-    finally:
-        await controller.stop()
-    return 0
-
-
 def metrics_bind_address(args: argparse.Namespace) -> str:
     """Where the Prometheus port listens: as asked, else loopback for a plaintext (--insecure) controller.
 
@@ -125,10 +119,8 @@ def metrics_bind_address(args: argparse.Namespace) -> str:
     return "127.0.0.1" if args.insecure else "0.0.0.0"  # the cluster's scraper reaches the pod, as before
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one controller replica until SIGTERM or SIGINT."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> server.ControllerSettings:
+    """The controller's settings from its parsed command line; a bad argument exits through parser.error."""
     try:
         host, _port = net.split_host_port(args.listen)
     except ValueError as exc:
@@ -150,9 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config) if args.config else {}
     except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
         parser.error(f"--config {args.config}: {exc}")
-    rasd_logging.configure(args.log_level)
-    gc_policy.configure()
-    settings = server.ControllerSettings(
+    return server.ControllerSettings(
         listen=args.listen,
         db_url=args.db,
         metrics_port=None if args.metrics_port == -1 else args.metrics_port,
@@ -168,8 +158,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         power=config.get("power"),
         commit_writer=args.commit_writer,
     )
+
+
+def settings_from_argv(argv: Sequence[str]) -> server.ControllerSettings:
+    """`settings_from_args` of a command line (an ingest worker builds its settings from the parent's)."""
+    parser = build_parser()
+    return settings_from_args(parser, parser.parse_args(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one controller replica (or its ingest workers) until SIGTERM or SIGINT."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    settings = settings_from_args(parser, args)
+    rasd_logging.configure(args.log_level)
+    gc_policy.configure()
+    if args.ingest_workers != 1:
+        refused = workers.problem(settings, args.ingest_workers)
+        if refused is None:
+            return workers.run(settings, args.ingest_workers, log_level=args.log_level,
+                               build=(settings_from_argv, argv))  # fmt: skip
+        if args.ingest_workers < 1 or settings.db_url.startswith("postgresql"):
+            parser.error(refused)
+        structlog.get_logger("rasd.controller").warning("ingest_workers_ignored", reason=refused, workers=1)
     try:
-        return asyncio.run(_serve(settings))
+        return asyncio.run(workers.serve(settings))
     except ValueError as exc:  # e.g. a malformed --db URL, raised before anything listens
         parser.error(str(exc))
 

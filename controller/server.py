@@ -84,6 +84,13 @@ class ControllerSettings:
     """The `[power]` table (budget tree, policy); None: no power loop."""
     store_check_interval_s: float = 1.0
     """How often the store's SQLite file is checked to still be the one opened (deleted, replaced)."""
+    reuse_port: bool = False
+    """Share `listen` with other processes (SO_REUSEPORT: the kernel spreads new connections over them),
+    as ingest workers do (`rasd.controller.workers`). False: binding a port another process serves
+    fails, rather than silently taking half of its new connections (gRPC's own default shares it)."""
+    own_listen: str | None = None
+    """A second address served by this process alone, advertised to rasctl instead of `listen` (an
+    ingest worker's: `listen` is shared, so a hint to it could land on another worker)."""
     commit_writer: str = "thread"
     """Where the repair ladder's commits run: "process" (a writer process, `store.writer`: deciding
     and committing use two cores; what `rasd-controller` runs) or "thread" (the store thread)."""
@@ -356,6 +363,7 @@ class Controller:
                 ("grpc.http2.ping_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", tls.SERVER_MIN_PING_INTERVAL_MS),
                 ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.so_reuseport", int(self.settings.reuse_port)),
             ],
         )
         agents = agent_service.AgentService(
@@ -368,15 +376,15 @@ class Controller:
         admin = admin_service.AdminService(self.ingest, self.remediation, power=self.power)
         services.add_services(server, agents, admin)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        if self.tls is not None:
-            self.port = server.add_secure_port(self.settings.listen, self.tls.credentials)
-        else:
-            self.port = server.add_insecure_port(self.settings.listen)
-        if self.port == 0:
-            raise OSError(f"could not bind gRPC to {self.settings.listen}")
+        self.port = self._bind(server, self.settings.listen)
+        advertised = advertised_address(self.settings.listen, self.port, os.environ)
+        if self.settings.own_listen is not None:
+            own_port = self._bind(server, self.settings.own_listen)
+            shared = {k: v for k, v in os.environ.items() if k != "RASD_ADVERTISE_ADDRESS"}  # names the shared port
+            advertised = advertised_address(self.settings.own_listen, own_port, shared)
         await server.start()
         self._server = server
-        await self.leadership.advertise(advertised_address(self.settings.listen, self.port, os.environ))
+        await self.leadership.advertise(advertised)
         if self.settings.health_listen is not None:
             # Health only, no rasd service: safe in plaintext on the pod IP, and reachable by probes.
             health_server = grpc.aio.server()
@@ -402,6 +410,16 @@ class Controller:
             metrics_port=self.metrics_port,
             db=repo.redact_url(self.settings.db_url),
         )
+
+    def _bind(self, server: grpc.aio.Server, address: str) -> int:
+        """Add address to server (TLS unless plaintext); the bound port."""
+        if self.tls is not None:
+            port = server.add_secure_port(address, self.tls.credentials)
+        else:
+            port = server.add_insecure_port(address)
+        if port == 0:
+            raise OSError(f"could not bind gRPC to {address}")
+        return port
 
     async def stop(self) -> None:
         """Stop taking calls, let in-flight ones finish within the grace, flush the store.

@@ -101,25 +101,7 @@ def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
     Power and counters arrive at different rates and can be reordered after a reconnect, so each
     family keeps its own timestamp and an older message never overwrites a newer value.
     """
-    if previous is None:
-        return update
-    power_newer = update.power_sample_unix_ns >= previous.power_sample_unix_ns and update.power_w is not None
-    counters_newer = update.counters_unix_ns >= previous.counters_unix_ns and update.counters_unix_ns > 0
-    return GpuLatest(
-        power_w=update.power_w if power_newer else previous.power_w,
-        power_sample_unix_ns=update.power_sample_unix_ns if power_newer else previous.power_sample_unix_ns,
-        enforced_power_limit_w=(update.enforced_power_limit_w if counters_newer else previous.enforced_power_limit_w),
-        temperature_c=update.temperature_c if counters_newer else previous.temperature_c,
-        utilization_gpu_pct=update.utilization_gpu_pct if counters_newer else previous.utilization_gpu_pct,
-        clock_event_reasons=update.clock_event_reasons if counters_newer else previous.clock_event_reasons,
-        counters_unix_ns=update.counters_unix_ns if counters_newer else previous.counters_unix_ns,
-        power_smoothing_enabled=(
-            update.power_smoothing_enabled if counters_newer else previous.power_smoothing_enabled
-        ),
-        power_limit_slew_target_w=(
-            update.power_limit_slew_target_w if counters_newer else previous.power_limit_slew_target_w
-        ),
-    )
+    return _merge(previous, update, keep_unsent=False)
 
 
 def merge_summary(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
@@ -129,17 +111,31 @@ def merge_summary(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
     reasons, utilisation) every second, and its counters whole only when they changed: a temperature
     or smoothing state it does not bring stays as it was.
     """
-    merged = merge_latest(previous, update)
-    if previous is None or merged is previous:
-        return merged
-    return dataclasses.replace(
-        merged,
-        temperature_c=previous.temperature_c if update.temperature_c is None else merged.temperature_c,
-        power_smoothing_enabled=(
-            previous.power_smoothing_enabled
-            if update.power_smoothing_enabled is None
-            else merged.power_smoothing_enabled
-        ),
+    return _merge(previous, update, keep_unsent=True)
+
+
+def _merge(previous: GpuLatest | None, update: GpuLatest, *, keep_unsent: bool) -> GpuLatest:
+    """`merge_latest`, and with keep_unsent `merge_summary`: one value built (this runs per GPU per second)."""
+    if previous is None:
+        return update
+    power_newer = update.power_sample_unix_ns >= previous.power_sample_unix_ns and update.power_w is not None
+    counters_newer = update.counters_unix_ns >= previous.counters_unix_ns and update.counters_unix_ns > 0
+    temperature_c, smoothing = update.temperature_c, update.power_smoothing_enabled
+    if not counters_newer or (keep_unsent and temperature_c is None):
+        temperature_c = previous.temperature_c
+    if not counters_newer or (keep_unsent and smoothing is None):
+        smoothing = previous.power_smoothing_enabled
+    update_counters = update if counters_newer else previous
+    return GpuLatest(
+        power_w=update.power_w if power_newer else previous.power_w,
+        power_sample_unix_ns=update.power_sample_unix_ns if power_newer else previous.power_sample_unix_ns,
+        enforced_power_limit_w=update_counters.enforced_power_limit_w,
+        temperature_c=temperature_c,
+        utilization_gpu_pct=update_counters.utilization_gpu_pct,
+        clock_event_reasons=update_counters.clock_event_reasons,
+        counters_unix_ns=update_counters.counters_unix_ns,
+        power_smoothing_enabled=smoothing,
+        power_limit_slew_target_w=update_counters.power_limit_slew_target_w,
     )
 
 

@@ -258,6 +258,15 @@ class Relay:
         self.leadership = leadership
         self.ladder = ladder
         self.poll_s = poll_s
+        store = courier.store
+        # A power period's caps come back from every node here at once: one transaction for all then.
+        self._results: group_commit.GroupCommit[bool] = group_commit.GroupCommit(
+            "rasd-relay-results", thread.run, store.save_results,
+            lambda command_id, node_id, result, replica_id, now_unix_ns: store.save_result(
+                command_id=command_id, node_id=node_id, result=result, replica_id=replica_id, now_unix_ns=now_unix_ns
+            ),
+            MAX_RELAY_GROUP,
+        )  # fmt: skip
         self._intake_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._leading = False
@@ -302,15 +311,8 @@ class Relay:
 
     async def result(self, node_id: str, result: msgs.AgentResult) -> None:
         """Store a result for the leader (it applies stored results in arrival order)."""
-        await self._thread.run(
-            lambda: self.store.save_result(
-                command_id=result.command_id,
-                node_id=node_id,
-                result=wire_commands.result_to_bytes(result),
-                replica_id=self.leadership.replica_id,
-                now_unix_ns=time.time_ns(),
-            )
-        )
+        payload = wire_commands.result_to_bytes(result)
+        await self._results.submit(result.command_id, node_id, payload, self.leadership.replica_id, time.time_ns())
         self.results_relayed += 1
         self._intake_wake.set()
 

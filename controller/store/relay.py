@@ -46,6 +46,32 @@ class RelayStore:
             )
             return True
 
+    def save_results(self, rows: Sequence[tuple[str, str, bytes, str, int]]) -> list[bool]:
+        """`save_result` of several in one transaction: (command_id, node_id, result, replica_id, now) each.
+
+        A power period's caps come back from every node of a replica at once (`Relay.result` groups
+        them): at 2,000 nodes a transaction each kept a follower's store thread busy for seconds,
+        and caps expired before the leader read their results. True per row that was new.
+        """
+        ids = [row[0] for row in rows]
+        with self._sessions.begin() as session:
+            kept = set(
+                session.scalars(
+                    sa.select(schema.CommandResultRow.command_id).where(schema.CommandResultRow.command_id.in_(ids))
+                )
+            )
+            outcomes = []
+            for command_id, node_id, result, replica_id, now_unix_ns in rows:
+                outcomes.append(command_id not in kept)
+                if command_id in kept:
+                    continue
+                kept.add(command_id)  # a repeat within the group too
+                session.add(
+                    schema.CommandResultRow(command_id=command_id, node_id=node_id, result=result,
+                                            received_unix_ns=now_unix_ns, replica_id=replica_id)
+                )  # fmt: skip
+        return outcomes
+
     def results(self, limit: int = 1000) -> list[tuple[str, str, bytes]]:
         """Kept results for the ladder, oldest first: (command_id, node_id, serialized ActionResult).
 

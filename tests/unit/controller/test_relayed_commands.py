@@ -17,6 +17,7 @@ from sqlalchemy import event as sa_event
 
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.controller import wiring
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.observability import metrics
 from rasd.controller.replication import leader
@@ -81,3 +82,31 @@ def test_commands_relayed_at_once_are_written_and_withdrawn_in_few_transactions(
     assert all(isinstance(o, TimeoutError) for o in outcomes)
     assert left == []
     assert len(commits) <= 4, f"{len(commits)} transactions for 200 relayed commands"
+
+
+def test_results_arriving_at_once_are_stored_in_few_transactions_and_each_kept_once(tmp_path):
+    """A power period's caps come back from every node of a follower at once (a transaction each took seconds)."""
+    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+    commits: list[int] = []
+    sa_event.listen(store.engine, "commit", lambda _conn: commits.append(1))
+    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id="ctl-b"), election="lease")
+    wired = wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
+                              settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+
+    async def answers():
+        results = [
+            wired.relay.result(f"node-{n}", msgs.AgentResult(f"cap-e-{n}", msgs.Outcome.SUCCEEDED)) for n in range(200)
+        ]
+        await asyncio.gather(*results)
+        await wired.relay.result("node-7", msgs.AgentResult("cap-e-7", msgs.Outcome.SUCCEEDED))
+
+    try:
+        commits.clear()
+        asyncio.run(answers())
+        kept = wired.relay.store.results(limit=1000)
+    finally:
+        wired.thread.close()
+        store.close()
+    assert sorted(command_id for command_id, _node, _payload in kept) == sorted(f"cap-e-{n}" for n in range(200))
+    assert len(commits) <= 4, f"{len(commits)} transactions for 200 results"
+    assert wired.relay.results_relayed == 201  # the repeat is taken, and kept once

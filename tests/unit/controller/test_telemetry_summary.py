@@ -8,9 +8,12 @@ view end up with the same values for what the controller's loops read.
 from __future__ import annotations
 
 import array
+import dataclasses
 import math
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from rasd.agent import wire as agent_wire
 from rasd.agent.core import model
@@ -221,3 +224,38 @@ def test_the_welcome_chooses_summaries_only_for_an_agent_that_offers_them():
 
 def test_the_agent_never_sends_a_longer_node_series_than_the_controller_accepts():
     assert core_summary.MAX_GRID_BUCKETS <= wire.MAX_SAMPLES_PER_SERIES
+
+
+_maybe_int = st.none() | st.integers(0, 1000)
+
+
+@st.composite
+def _latest(draw):
+    return fleet.GpuLatest(
+        power_w=draw(st.none() | st.floats(0, 1000)),
+        power_sample_unix_ns=draw(st.integers(0, 3)),
+        enforced_power_limit_w=draw(_maybe_int),
+        temperature_c=draw(_maybe_int),
+        utilization_gpu_pct=draw(_maybe_int),
+        clock_event_reasons=draw(_maybe_int),
+        counters_unix_ns=draw(st.integers(0, 3)),
+        power_smoothing_enabled=draw(st.none() | st.booleans()),
+        power_limit_slew_target_w=draw(_maybe_int),
+    )
+
+
+@hypothesis.given(previous=_latest(), update=_latest())
+def test_merge_summary_is_merge_latest_keeping_what_a_summary_does_not_bring(previous, update):
+    """One value built per GPU per second (the ingest's hot path), with `merge_latest`'s rule per family."""
+    merged = fleet.merge_latest(previous, update)
+    expected = dataclasses.replace(
+        merged,
+        temperature_c=previous.temperature_c if update.temperature_c is None else merged.temperature_c,
+        power_smoothing_enabled=(
+            previous.power_smoothing_enabled
+            if update.power_smoothing_enabled is None
+            else merged.power_smoothing_enabled
+        ),
+    )
+    assert fleet.merge_summary(previous, update) == expected
+    assert fleet.merge_summary(None, update) == update
