@@ -84,6 +84,9 @@ class ControllerSettings:
     """The `[power]` table (budget tree, policy); None: no power loop."""
     store_check_interval_s: float = 1.0
     """How often the store's SQLite file is checked to still be the one opened (deleted, replaced)."""
+    store_probe_interval_s: float = 5.0
+    """How often a PostgreSQL store is write-probed (`store.write_probe`): a store that refuses writes
+    is reported within about this long."""
     commit_writer: str = "thread"
     """Where the repair ladder's commits run: "process" (a writer process, `store.writer`: deciding
     and committing use two cores; what `rasd-controller` runs) or "thread" (the store thread)."""
@@ -281,6 +284,8 @@ class Controller:
         self._metrics_server = None
         self._health = health.aio.HealthServicer()
         self._store_watch: asyncio.Task[None] | None = None
+        self._store_unwritable = False
+        """Whether the last write probe failed (`_watch_store`)."""
 
     def _ladder(self) -> wiring.Ladder | None:
         """What the repair ladder is built with (None: no remediation): adapters, recording, fence, writer."""
@@ -439,12 +444,17 @@ class Controller:
             await self._health.set(service, status)
 
     async def _watch_store(self) -> None:
-        """Report a store file deleted or replaced under this replica: log, metric, NOT_SERVING.
+        """Report a store that cannot take writes: a SQLite file lost, a PostgreSQL refusing writes.
 
-        Its transactions are refused by then (`store.file_identity`), so nothing is acked; this makes
-        it seen. Before, the controller kept acking into the unlinked file, logged nothing and stayed
-        SERVING. It stays so until restarted: the file it had is gone.
+        A SQLite file deleted or replaced under this replica (`store.file_identity`) is checked every
+        `store_check_interval_s`; its transactions are refused by then, so nothing is acked; this makes
+        it seen (log, `rasd_store_file_lost`, NOT_SERVING) until restarted: the file it had is gone.
+        A PostgreSQL store is write-probed every `store_probe_interval_s` (`store.write_probe`): while
+        the probe fails, `rasd_store_unwritable` is 1 and health NOT_SERVING; it recovers by itself.
         """
+        probe = repo.write_probe_of(self.store.engine)
+        probing: asyncio.Task[str | None] | None = None
+        started_s = due_s = 0.0
         while True:
             await asyncio.sleep(self.settings.store_check_interval_s)
             problem = repo.file_problem(self.store.engine)
@@ -453,6 +463,36 @@ class Controller:
                 self.metrics.store_file_lost.set(1)
                 await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
                 return
+            if probe is None:
+                continue
+            now_s = time.monotonic()
+            if probing is not None and probing.done():
+                await self._note_write_probe(probing.result())
+                probing = None
+            elif probing is not None and now_s - started_s > 2 * probe.timeout_s:
+                # A write that hangs (a commit waiting for a synchronous standby that is gone) is no write.
+                probe.record(f"store write probe has not committed after {now_s - started_s:.0f} s")
+                await self._note_write_probe(probe.problem)
+            if probing is None and now_s >= due_s:
+                # While it fails, probed every check: acks resume within a second of writes working.
+                settings = self.settings
+                every_s = settings.store_check_interval_s if self._store_unwritable else settings.store_probe_interval_s
+                started_s, due_s = now_s, now_s + every_s
+                probing = asyncio.ensure_future(asyncio.to_thread(probe.run))
+
+    async def _note_write_probe(self, problem: str | None) -> None:
+        """Log, count and report a write probe's outcome when it changes the store's writability."""
+        if (problem is not None) == self._store_unwritable:
+            return
+        self._store_unwritable = problem is not None
+        if problem is not None:
+            log.error("store_unwritable", problem=problem, acking=False, health="NOT_SERVING")
+            self.metrics.store_unwritable.set(1)
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        else:
+            log.warning("store_writable_again", acking=True, health="SERVING")
+            self.metrics.store_unwritable.set(0)
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     async def send_command(
         self, node_id: str, command: wire_commands.Command, *, timeout_s: float = 30.0

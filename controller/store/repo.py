@@ -23,7 +23,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.orm import Session, sessionmaker
 
 from rasd.controller.core import fleet
-from rasd.controller.store import file_identity, migrate, paging, schema
+from rasd.controller.store import file_identity, migrate, paging, schema, write_probe
 
 
 class WriterLost(Exception):
@@ -35,12 +35,32 @@ STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
     sa.exc.InterfaceError,
     WriterLost,
     file_identity.StoreFileLost,
+    write_probe.StoreUnwritable,
 )
 """What a store call raises while the database is unreachable, restarting or locked: nothing of the
 call was committed, and the same call can succeed later (the pool's pre-ping replaces dead connections;
-a SQLite file deleted under the controller needs its restart)."""
+a SQLite file deleted under the controller needs its restart; a PostgreSQL that refuses writes is
+probed until it takes them again, `write_probe`)."""
 
 _FILE_IDENTITIES: weakref.WeakKeyDictionary[sa.Engine, file_identity.SqliteFileIdentity] = weakref.WeakKeyDictionary()
+
+
+_WRITE_PROBES: weakref.WeakKeyDictionary[sa.Engine, write_probe.WriteProbe] = weakref.WeakKeyDictionary()
+
+
+def probe_writes(engine: sa.Engine) -> str | None:
+    """Run engine's write probe (PostgreSQL; blocking): why its store refuses writes, or None.
+
+    None too for engines without a probe (SQLite: its writes fail as they happen, and its file is
+    watched by `file_problem`). While the probe fails, the engine's transactions are refused.
+    """
+    probe = _WRITE_PROBES.get(engine)
+    return probe.run() if probe is not None else None
+
+
+def write_probe_of(engine: sa.Engine) -> write_probe.WriteProbe | None:
+    """engine's write probe (PostgreSQL engines of `create_engine`), or None."""
+    return _WRITE_PROBES.get(engine)
 
 
 def file_problem(engine: sa.Engine) -> str | None:
@@ -203,8 +223,23 @@ def create_engine(url: str) -> sa.Engine:
         return engine
     if parsed.get_backend_name() != "postgresql":
         return sa.create_engine(url, pool_pre_ping=True, json_serializer=json_text)
+    engine = _postgres_engine(url, pool_pre_ping=True)
+    probe = write_probe.WriteProbe(_postgres_engine(url, poolclass=sa.pool.NullPool))
+    _WRITE_PROBES[engine] = probe
+
+    @sa_event.listens_for(engine, "begin")
+    def _writable(_connection: sa.Connection) -> None:
+        probe.check()  # while the last write probe failed, nothing is committed, nor acked
+
+    return engine
+
+
+def _postgres_engine(url: str, **options: Any) -> sa.Engine:
+    """A PostgreSQL engine with the store's client and session settings; a refused write raises StoreUnwritable."""
+    parsed = sa.engine.make_url(url)
     client = {name: value for name, value in POSTGRES_CLIENT_SETTINGS.items() if name not in parsed.query}
-    engine = sa.create_engine(url, pool_pre_ping=True, json_serializer=json_text, connect_args=client)
+    engine = sa.create_engine(url, json_serializer=json_text, connect_args=client, **options)
+    sa_event.listen(engine, "handle_error", write_probe.raise_unwritable)
     # Settings the URL's own `options` name are the operator's: kept.
     session = {name: value for name, value in POSTGRES_SESSION_SETTINGS.items() if name not in url}
 
