@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.common import gc_policy, tls
@@ -34,7 +34,16 @@ from rasd.controller.remediation import outlet as outlet_mod
 from rasd.controller.remediation import service as remediation_service
 from rasd.controller.replication import aggregates as aggregates_mod
 from rasd.controller.replication import leader as leader_mod
-from rasd.controller.rpc import admin_service, agent_service, authn, authz, leader_gate, services, store_outage
+from rasd.controller.rpc import (
+    admin_service,
+    agent_service,
+    authn,
+    authz,
+    health_watch,
+    leader_gate,
+    services,
+    store_outage,
+)
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
@@ -76,6 +85,8 @@ class ControllerSettings:
     health_listen: str | None = None
     """Extra plaintext address serving only grpc.health.v1 (kubelet probes cannot present a client
     certificate); None: health is served on `listen` only."""
+    health_watch: health_watch.WatchLimits = dataclasses.field(default_factory=health_watch.WatchLimits)
+    """How many health Watch streams are held at once, and for how long each (no credentials needed)."""
     record_path: pathlib.Path | None = None
     """Record inbound agent streams, sent commands and decisions to this file (observability/recording.py)."""
     leader: leader_mod.LeaderSettings = dataclasses.field(default_factory=leader_mod.LeaderSettings)
@@ -282,7 +293,7 @@ class Controller:
         self._health_server: grpc.aio.Server | None = None
         self.health_port: int | None = None
         self._metrics_server = None
-        self._health = health.aio.HealthServicer()
+        self._health = health_watch.BoundedHealthServicer(settings.health_watch)
         self._store_watch: asyncio.Task[None] | None = None
         self._store_unwritable = False
         """Whether the last write probe failed (`_watch_store`)."""

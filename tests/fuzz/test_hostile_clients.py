@@ -29,7 +29,7 @@ from rasd.api.v1 import health_pb2 as health_pb
 from rasd.cli import main as rasctl
 from rasd.common import devcerts, tls, tokens
 from rasd.controller import server
-from rasd.controller.rpc import authn, validate_input
+from rasd.controller.rpc import authn, health_watch, validate_input
 from rasd.controller.store import repo
 from rasd.controller.wire import agent as wire
 
@@ -561,3 +561,47 @@ def test_a_postgresql_store_that_refuses_writes_stops_acks_reports_not_serving_a
         assert ended.code() == grpc.StatusCode.UNAVAILABLE, ended  # the agent keeps 3 and 4 in its spool
     assert serving and gauge_up == 0
     assert after == [4]
+
+
+def test_health_watch_streams_are_capped_and_time_limited(tmp_path, pki):
+    """Item 18: health Watch streams (no credentials needed) were held without cap or end: one client held
+    17,000. One over the cap is refused with RESOURCE_EXHAUSTED; each ends after its time limit."""
+
+    async def watch(channel):
+        call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        try:
+            return call, await asyncio.wait_for(call.read(), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            return call, exc
+
+    async def scenario():
+        limits = health_watch.WatchLimits(max_watches=3, max_s=1.0)
+        controller = _controller(tmp_path, pki, health_listen="127.0.0.1:0", health_watch=limits)
+        await controller.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{controller.health_port}")  # kubelet's port: no certificate
+        held = [await watch(channel) for _ in range(3)]
+        refused_call, refused = await watch(channel)
+        refused_call.cancel()
+        held[0][0].cancel()
+        await asyncio.sleep(0.2)
+        after_call, after_one_left = await watch(channel)
+        started = time.monotonic()
+        try:
+            ends = await asyncio.wait_for(asyncio.gather(*(call.code() for call, _first in held[1:])), timeout=5)
+        except TimeoutError:
+            ends = "still held after 5 s"
+        held_s = time.monotonic() - started
+        check = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+        for call in (after_call, *(call for call, _first in held)):
+            call.cancel()
+        await channel.close()
+        await controller.stop()
+        return held, refused, after_one_left, ends, held_s, check.status
+
+    held, refused, after_one_left, ends, held_s, check = asyncio.run(scenario())
+    assert all(first.status == health_pb2.HealthCheckResponse.SERVING for _call, first in held)
+    assert isinstance(refused, grpc.aio.AioRpcError), f"a fourth Watch was held: {refused!r}"
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "3 Watch streams" in refused.details()
+    assert after_one_left.status == health_pb2.HealthCheckResponse.SERVING  # one ended: its place is free
+    assert ends == [grpc.StatusCode.OK, grpc.StatusCode.OK] and held_s < 3  # ended by the limit, not held
+    assert check == health_pb2.HealthCheckResponse.SERVING  # Check is not limited
