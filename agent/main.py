@@ -67,6 +67,9 @@ def build_parser(prog: str = "rasd-agent") -> argparse.ArgumentParser:
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="topology label (repeatable)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus exporter port; -1 disables (default 9400)")
     parser.add_argument(
+        "--metrics-addr", help="address the exporter binds (default 0.0.0.0; 127.0.0.1 with --insecure)"
+    )
+    parser.add_argument(
         "--kernel-log",
         choices=agent_settings.KERNEL_LOG_SOURCES,
         help="kernel log source (default: kmsg with nvml, else none)",
@@ -184,7 +187,7 @@ async def _serve(settings: agent_settings.AgentSettings) -> int:
         settings, backend, journal, boot_id=_boot_id(), hostname=socket.gethostname(), ops=_node_ops(settings, backend)
     )
     _attach_sources(agent, settings)
-    metrics_port = _start_metrics(agent, settings.metrics.port)
+    metrics_port = _start_metrics(agent, settings.metrics)
     notifier = systemd.Notifier()
     watchdog = asyncio.create_task(_pet_watchdog(agent, notifier, stop))
     log = structlog.get_logger("rasd.agent")
@@ -225,16 +228,16 @@ def _attach_sources(agent: runtime.Agent, settings: agent_settings.AgentSettings
         agent.attach_ib_poller(sources.IbPoller(settings.ib.sysfs_root))
 
 
-def _start_metrics(agent: runtime.Agent, port: int) -> int | None:
-    """Serve the agent's metrics on port (-1: not at all); returns the port bound."""
-    if port < 0:
+def _start_metrics(agent: runtime.Agent, metrics: agent_settings.MetricsSettings) -> int | None:
+    """Serve the agent's metrics on metrics.addr and .port (port -1: not at all); returns the port bound."""
+    if metrics.port < 0:
         return None
     registry = CollectorRegistry()
     agent_metrics.register(registry, agent)
     try:
-        metrics_server, _ = start_http_server(port, registry=registry)
+        metrics_server, _ = start_http_server(metrics.port, addr=metrics.addr, registry=registry)
     except OSError as exc:
-        raise SystemExit(f"rasd-agent: metrics port {port}: {exc.strerror}") from None
+        raise SystemExit(f"rasd-agent: metrics {metrics.addr} port {metrics.port}: {exc.strerror}") from None
     return metrics_server.server_port
 
 
