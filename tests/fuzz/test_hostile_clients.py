@@ -605,3 +605,42 @@ def test_health_watch_streams_are_capped_and_time_limited(tmp_path, pki):
     assert after_one_left.status == health_pb2.HealthCheckResponse.SERVING  # one ended: its place is free
     assert ends == [grpc.StatusCode.OK, grpc.StatusCode.OK] and held_s < 3  # ended by the limit, not held
     assert check == health_pb2.HealthCheckResponse.SERVING  # Check is not limited
+
+
+def test_error_details_never_echo_request_fields_whole(tmp_path, pki):
+    """Item 18: a detail repeated the request's field whole: a 4 KiB node id with ESC and U+202E
+    came back as it was, to the caller's terminal and to every log line that prints it."""
+    hostile = "\x1b[2J\u202e" + "n" * 4096
+
+    async def scenario():
+        controller = _controller(tmp_path, pki)
+        await controller.start()
+        channel = tls.aio_channel(controller.address, _files(pki, pki.operators["admin"]))
+        stub = admin_grpc.AdminServiceStub(channel)
+        calls = {
+            "GetNode": stub.GetNode(admin_pb.GetNodeRequest(node_id=hostile)),
+            "GetRma": stub.GetRma(admin_pb.GetRmaRequest(rma_id=hostile)),
+            "Quarantine": stub.Quarantine(
+                admin_pb.QuarantineRequest(target=admin_pb.Target(node_id=hostile), reason="r")
+            ),
+            "ForgetGpuOwner": stub.ForgetGpuOwner(
+                admin_pb.ForgetGpuOwnerRequest(target=admin_pb.Target(node_id=hostile, gpu_uuid=hostile), reason="r")
+            ),
+        }
+        details = {}
+        for name, call in calls.items():
+            try:
+                await call
+                details[name] = "(answered)"
+            except grpc.aio.AioRpcError as exc:
+                details[name] = (exc.code(), exc.details())
+        await channel.close()
+        await controller.stop()
+        return details
+
+    details = asyncio.run(scenario())
+    for name, (code, detail) in details.items():
+        assert code == grpc.StatusCode.NOT_FOUND, (name, code, detail[:200])
+        assert len(detail) < 400, f"{name} echoed {len(detail)} characters"
+        assert "\x1b" not in detail and "\u202e" not in detail, (name, detail[:100])
+        assert f"({len(hostile):,} characters)" in detail, (name, detail[:200])  # cut, and says so
