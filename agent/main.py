@@ -67,6 +67,9 @@ def build_parser(prog: str = "rasd-agent") -> argparse.ArgumentParser:
     parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="topology label (repeatable)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus exporter port; -1 disables (default 8455)")
     parser.add_argument(
+        "--metrics-addr", help="address the exporter binds (default 0.0.0.0; 127.0.0.1 with --insecure)"
+    )
+    parser.add_argument(
         "--kernel-log",
         choices=agent_settings.KERNEL_LOG_SOURCES,
         help="kernel log source (default: kmsg with nvml, else none)",
@@ -226,18 +229,17 @@ def _attach_sources(agent: runtime.Agent, settings: agent_settings.AgentSettings
 
 
 def _start_metrics(agent: runtime.Agent, metrics: agent_settings.MetricsSettings) -> int | None:
-    """Serve the agent's metrics on metrics.port (-1: not at all); returns the port bound."""
-    port = metrics.port
-    if port < 0:
+    """Serve the agent's metrics on metrics.addr and .port (port -1: not at all); returns the port bound."""
+    if metrics.port < 0:
         return None
     registry = CollectorRegistry()
     # dcgm-exporter's `Hostname`, taken as it takes it: the pod's node in Kubernetes, else the host name.
     hostname = os.environ.get("NODE_NAME") or socket.gethostname()
     agent_metrics.register(registry, agent, hostname, metrics.nvlink_per_link)
     try:
-        metrics_server, _ = start_http_server(port, registry=registry)
+        metrics_server, _ = start_http_server(metrics.port, addr=metrics.addr, registry=registry)
     except OSError as exc:
-        raise SystemExit(f"rasd-agent: metrics port {port}: {exc.strerror}") from None
+        raise SystemExit(f"rasd-agent: metrics {metrics.addr} port {metrics.port}: {exc.strerror}") from None
     return metrics_server.server_port
 
 

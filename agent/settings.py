@@ -25,7 +25,7 @@ agent.toml keys (agent/packaging/agent.toml) and the groups they fill:
 | kernel_log, kmsg_path (--kernel-log, --kmsg-path) | kernel_log |
 | ib_sysfs_root (--ib-sysfs-root) | ib.sysfs_root |
 | failsafe_power_limit_w, failsafe_after_s (same flags) | failsafe |
-| metrics_port (--metrics-port), metrics_nvlink_per_link | metrics |
+| metrics_port, metrics_addr (--metrics-port, --metrics-addr), metrics_nvlink_per_link | metrics |
 | destructive_actions (--enable-destructive-actions) | actions.destructive_enabled |
 | [commands] reset_gpu, reboot, validate, ... | commands |
 
@@ -187,6 +187,10 @@ class MetricsSettings:
     nvlink_per_link: bool = False
     """Export NVLink state and errors per link too (18 links per H100: most of a node's series);
     the per-GPU sums are always exported."""
+    addr: str = "0.0.0.0"
+    """Address it binds. Unless set: every interface (the cluster's scraper), but loopback with
+    `insecure`: a plaintext agent talks to a loopback controller (a demo, a developer's), and its
+    metrics (node name, GPU uuids, labels) were open to the network all the same."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +277,7 @@ KeyPath = tuple[str, ...]
 SCALAR_KEYS = (
     "node_id", "controller", "insecure", "log_level", "backend", "gpus", "seed", "sim_step_period_s",
     "sim_scenario", "state_dir", "kernel_log", "kmsg_path", "ib_sysfs_root", "failsafe_power_limit_w",
-    "failsafe_after_s", "metrics_port", "metrics_nvlink_per_link", "destructive_actions",
+    "failsafe_after_s", "metrics_port", "metrics_addr", "metrics_nvlink_per_link", "destructive_actions",
 )  # fmt: skip
 """The top-level keys of agent.toml that hold a value."""
 TABLE_KEYS: dict[str, tuple[str, ...] | None] = {
@@ -300,6 +304,7 @@ FLAGS: dict[str, tuple[KeyPath, str]] = {
     "failsafe_power_limit_w": (("failsafe_power_limit_w",), "--failsafe-power-limit-w"),
     "failsafe_after_s": (("failsafe_after_s",), "--failsafe-after-s"),
     "metrics_port": (("metrics_port",), "--metrics-port"),
+    "metrics_addr": (("metrics_addr",), "--metrics-addr"),
     "destructive_actions": (("destructive_actions",), "--enable-destructive-actions"),
     "tls_ca": (("tls", "ca"), "--tls-ca"),
     "tls_cert": (("tls", "cert"), "--tls-cert"),
@@ -328,12 +333,13 @@ def load(
     source = _Source(table, _flag_values(flags), file_name)
     source.check_keys()
     gpu_settings = _gpu(source)
+    tls_settings = _tls(source)
     settings = AgentSettings(
         node_id=source.string(("node_id",), host.hostname, max_length=253),
         labels=_labels(source, flags.get("label") or ()),
         log_level=_log_level(source),
         link=LinkSettings(controller_address=_controller_address(source)),
-        tls=_tls(source),
+        tls=tls_settings,
         gpu=gpu_settings,
         sampling=_sampling(source),
         spool=SpoolSettings(state_dir=pathlib.Path(source.string(("state_dir",), str(SpoolSettings.state_dir)))),
@@ -352,10 +358,7 @@ def load(
             power_limit_w=source.optional_integer(("failsafe_power_limit_w",), low=50, high=5000, unit="W"),
             after_s=source.number(("failsafe_after_s",), FailsafeSettings.after_s, minimum=0.0),
         ),
-        metrics=MetricsSettings(
-            port=source.integer(("metrics_port",), MetricsSettings.port, low=-1, high=65535),
-            nvlink_per_link=source.boolean(("metrics_nvlink_per_link",), MetricsSettings.nvlink_per_link),
-        ),
+        metrics=_metrics(source, plaintext=tls_settings.files is None),
         actions=ActionSettings(destructive_enabled=source.boolean(("destructive_actions",), False)),
         commands=_commands(source),
     )
@@ -364,6 +367,15 @@ def load(
         if not net.is_loopback_host(host_name):
             source.refuse(("insecure",), f"refusing plaintext gRPC to non-loopback controller {host_name!r}")
     return settings
+
+
+def _metrics(source: _Source, *, plaintext: bool) -> MetricsSettings:
+    """The exporter's port and address; loopback by default for a plaintext agent (`MetricsSettings.addr`)."""
+    return MetricsSettings(
+        port=source.integer(("metrics_port",), MetricsSettings.port, low=-1, high=65535),
+        addr=source.string(("metrics_addr",), "127.0.0.1" if plaintext else MetricsSettings.addr, max_length=253),
+        nvlink_per_link=source.boolean(("metrics_nvlink_per_link",), MetricsSettings.nvlink_per_link),
+    )
 
 
 def _gpu(source: _Source) -> GpuSettings:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -338,17 +339,32 @@ def unreachable_hint(details: str, args: argparse.Namespace) -> str:
     """What an UNAVAILABLE (or timed-out) call most likely means, for the operator to act on.
 
     Every one of them said "is rasd-controller running?": a controller that refused the client
-    certificate (gRPC reports only "Socket closed") or whose store was down sent operators looking
-    for a process that was running.
+    certificate (gRPC reports only "Socket closed"), a controller certificate this client does not
+    trust or that does not carry the name dialled (a failed TLS handshake), and a controller whose
+    store was down sent operators looking for a process that was running.
     """
+    controller = args.controller
     if "store unavailable" in details:
-        return f"store unavailable: rasd-controller at {args.controller} runs, but cannot reach its store; retry later"
+        return f"store unavailable: rasd-controller at {controller} runs, but cannot reach its store; retry later"
+    if "Hostname Verification" in details or "No match found for server name" in details:
+        name = getattr(args, "tls_server_name", None) or controller.rpartition(":")[0].strip("[]")
+        return (
+            f"certificate name mismatch: rasd-controller at {controller} presented a certificate not issued for "
+            f"{name!r}; dial a name its certificate carries, or pass --tls-server-name"
+        )
+    verify = re.search(r"CERTIFICATE_VERIFY_FAILED(?::\s*([^:]+))?", details)
+    if verify is not None or "handshake failed" in details.lower():
+        reason = f" ({verify.group(1).strip()})" if verify is not None and verify.group(1) else ""
+        return (
+            f"certificate not trusted: the TLS handshake with rasd-controller at {controller} failed{reason}; check "
+            f"that its certificate is signed by {getattr(args, 'tls_ca', None) or 'the CA given'} and not expired"
+        )
     if "Socket closed" in details and getattr(args, "tls_cert", None):
         return (
-            f"certificate refused: rasd-controller at {args.controller} closed the TLS connection; check that "
+            f"certificate refused: rasd-controller at {controller} closed the TLS connection; check that "
             f"{args.tls_cert} is signed by the controller's CA and not expired"
         )
-    return f"is rasd-controller running at {args.controller}?"
+    return f"is rasd-controller running at {controller}?"
 
 
 def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:

@@ -7,6 +7,9 @@ record), a BEL rings, and a bidirectional override (U+202E) makes what is read d
 is stored. `printable` escapes each of those as Python would (``\x1b``, ``\n``, ``\u202e``); all
 other text, any language's included, is left as it is. JSON output needs none of this: JSON
 escapes control characters itself and cannot span lines.
+
+`echoed` is how an error names a value a caller sent: quoted, escaped and cut to a few dozen
+characters, so that a detail never carries a caller's megabytes (or terminal controls) back out.
 """
 
 from __future__ import annotations
@@ -31,6 +34,24 @@ def printable(value: str, *, keep_newlines: bool = False) -> str:
     if keep_newlines:
         return "\n".join(_UNSAFE_RE.sub(_escaped, line) for line in value.split("\n"))
     return _UNSAFE_RE.sub(_escaped, value)
+
+
+ECHO_MAX_CHARS = 80
+"""How much of a caller's value an error detail or log line repeats (`echoed`)."""
+
+
+def echoed(value: object, max_chars: int = ECHO_MAX_CHARS) -> str:
+    r"""A caller's value as an error names it: quoted like repr, escaped (`printable`), cut to max_chars.
+
+    A longer value keeps its first max_chars characters and says how long it was:
+    ``'xxxx'... (4,096 characters)``. Every error detail that repeats a request field goes through
+    this; before, details echoed node ids, RMA ids and power domains whole.
+    """
+    text = value if isinstance(value, str) else str(value)
+    shown = printable(repr(text[:max_chars]))
+    if len(text) <= max_chars:
+        return shown
+    return f"{shown}... ({len(text):,} characters)"
 
 
 def _escaped(match: re.Match[str]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 from rasd.common import gc_policy, tls
@@ -34,7 +34,16 @@ from rasd.controller.remediation import outlet as outlet_mod
 from rasd.controller.remediation import service as remediation_service
 from rasd.controller.replication import aggregates as aggregates_mod
 from rasd.controller.replication import leader as leader_mod
-from rasd.controller.rpc import admin_service, agent_service, authn, authz, leader_gate, services, store_outage
+from rasd.controller.rpc import (
+    admin_service,
+    agent_service,
+    authn,
+    authz,
+    health_watch,
+    leader_gate,
+    services,
+    store_outage,
+)
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
 from rasd.controller.store import writer as store_writer
@@ -76,6 +85,8 @@ class ControllerSettings:
     health_listen: str | None = None
     """Extra plaintext address serving only grpc.health.v1 (kubelet probes cannot present a client
     certificate); None: health is served on `listen` only."""
+    health_watch: health_watch.WatchLimits = dataclasses.field(default_factory=health_watch.WatchLimits)
+    """How many health Watch streams are held at once, and for how long each (no credentials needed)."""
     record_path: pathlib.Path | None = None
     """Record inbound agent streams, sent commands and decisions to this file (observability/recording.py)."""
     leader: leader_mod.LeaderSettings = dataclasses.field(default_factory=leader_mod.LeaderSettings)
@@ -91,6 +102,9 @@ class ControllerSettings:
     own_listen: str | None = None
     """A second address served by this process alone, advertised to rasctl instead of `listen` (an
     ingest worker's: `listen` is shared, so a hint to it could land on another worker)."""
+    store_probe_interval_s: float = 5.0
+    """How often a PostgreSQL store is write-probed (`store.write_probe`): a store that refuses writes
+    is reported within about this long."""
     commit_writer: str = "thread"
     """Where the repair ladder's commits run: "process" (a writer process, `store.writer`: deciding
     and committing use two cores; what `rasd-controller` runs) or "thread" (the store thread)."""
@@ -288,8 +302,10 @@ class Controller:
         self._health_server: grpc.aio.Server | None = None
         self.health_port: int | None = None
         self._metrics_server = None
-        self._health = health.aio.HealthServicer()
+        self._health = health_watch.BoundedHealthServicer(settings.health_watch)
         self._store_watch: asyncio.Task[None] | None = None
+        self._store_unwritable = False
+        """Whether the last write probe failed (`_watch_store`)."""
 
     def _ladder(self) -> wiring.Ladder | None:
         """What the repair ladder is built with (None: no remediation): adapters, recording, fence, writer."""
@@ -463,12 +479,17 @@ class Controller:
             await self._health.set(service, status)
 
     async def _watch_store(self) -> None:
-        """Report a store file deleted or replaced under this replica: log, metric, NOT_SERVING.
+        """Report a store that cannot take writes: a SQLite file lost, a PostgreSQL refusing writes.
 
-        Its transactions are refused by then (`store.file_identity`), so nothing is acked; this makes
-        it seen. Before, the controller kept acking into the unlinked file, logged nothing and stayed
-        SERVING. It stays so until restarted: the file it had is gone.
+        A SQLite file deleted or replaced under this replica (`store.file_identity`) is checked every
+        `store_check_interval_s`; its transactions are refused by then, so nothing is acked; this makes
+        it seen (log, `rasd_store_file_lost`, NOT_SERVING) until restarted: the file it had is gone.
+        A PostgreSQL store is write-probed every `store_probe_interval_s` (`store.write_probe`): while
+        the probe fails, `rasd_store_unwritable` is 1 and health NOT_SERVING; it recovers by itself.
         """
+        probe = repo.write_probe_of(self.store.engine)
+        probing: asyncio.Task[str | None] | None = None
+        started_s = due_s = 0.0
         while True:
             await asyncio.sleep(self.settings.store_check_interval_s)
             problem = repo.file_problem(self.store.engine)
@@ -477,6 +498,36 @@ class Controller:
                 self.metrics.store_file_lost.set(1)
                 await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
                 return
+            if probe is None:
+                continue
+            now_s = time.monotonic()
+            if probing is not None and probing.done():
+                await self._note_write_probe(probing.result())
+                probing = None
+            elif probing is not None and now_s - started_s > 2 * probe.timeout_s:
+                # A write that hangs (a commit waiting for a synchronous standby that is gone) is no write.
+                probe.record(f"store write probe has not committed after {now_s - started_s:.0f} s")
+                await self._note_write_probe(probe.problem)
+            if probing is None and now_s >= due_s:
+                # While it fails, probed every check: acks resume within a second of writes working.
+                settings = self.settings
+                every_s = settings.store_check_interval_s if self._store_unwritable else settings.store_probe_interval_s
+                started_s, due_s = now_s, now_s + every_s
+                probing = asyncio.ensure_future(asyncio.to_thread(probe.run))
+
+    async def _note_write_probe(self, problem: str | None) -> None:
+        """Log, count and report a write probe's outcome when it changes the store's writability."""
+        if (problem is not None) == self._store_unwritable:
+            return
+        self._store_unwritable = problem is not None
+        if problem is not None:
+            log.error("store_unwritable", problem=problem, acking=False, health="NOT_SERVING")
+            self.metrics.store_unwritable.set(1)
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        else:
+            log.warning("store_writable_again", acking=True, health="SERVING")
+            self.metrics.store_unwritable.set(0)
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
     async def send_command(
         self, node_id: str, command: wire_commands.Command, *, timeout_s: float = 30.0

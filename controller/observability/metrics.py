@@ -161,6 +161,12 @@ class ControllerMetrics:
             "and health is NOT_SERVING until it is restarted.",
             registry=registry,
         )
+        self.store_unwritable = Gauge(
+            "rasd_store_unwritable",
+            "1 while the store's write probe fails (PostgreSQL read-only, out of disk or privileges): nothing "
+            "is acked and health is NOT_SERVING until a probe commits again.",
+            registry=registry,
+        )
         self.automation_paused = Gauge(
             "rasd_automation_paused", "1 while an operator has paused automation.", registry=registry
         )

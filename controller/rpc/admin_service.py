@@ -19,6 +19,7 @@ import grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
+from rasd.common.text import echoed
 from rasd.controller.core import fleet
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.power import tree as power_tree
@@ -105,7 +106,9 @@ class AdminService(admin_grpc.AdminServiceServicer):
         if not request.domain_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "domain_id: required")
         if request.domain_id not in {d.name for d in loop.tree.domains}:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"domain_id: {request.domain_id!r} is not in the power tree")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"domain_id: {echoed(request.domain_id)} is not in the power tree"
+            )
         reason = request.reason or "operator"
         try:
             domain = await loop.set_budget(
@@ -155,10 +158,11 @@ class AdminService(admin_grpc.AdminServiceServicer):
         nodes = await self._ingest.list_nodes(node_ids=[target.node_id])
         node = nodes[0] if nodes else None
         if node is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"target.node_id: {target.node_id!r} never connected")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"target.node_id: {echoed(target.node_id)} never connected")
         if target.gpu_uuid and target.gpu_uuid not in {g.record.uuid for g in node.gpus}:
             await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"target.gpu_uuid: {target.gpu_uuid!r} is not a GPU of {target.node_id}"
+                grpc.StatusCode.NOT_FOUND,
+                f"target.gpu_uuid: {echoed(target.gpu_uuid)} is not a GPU of {target.node_id}",
             )
 
     async def ListIncidents(
@@ -331,7 +335,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
         rows = await self._read(context, lambda: service.store.rmas())
         row = next((r for r in rows if r["rma_id"] == request.rma_id), None)
         if row is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"rma_id: {request.rma_id!r} unknown")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"rma_id: {echoed(request.rma_id)} unknown")
         return admin_pb.GetRmaResponse(ticket=wire.rma_to_wire(row))
 
     async def ApproveRma(
@@ -344,7 +348,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if row is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"rma_id: {request.rma_id!r} unknown")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"rma_id: {echoed(request.rma_id)} unknown")
         return admin_pb.ApproveRmaResponse(ticket=wire.rma_to_wire(row))
 
     async def ForgetGpuOwner(
@@ -358,9 +362,10 @@ class AdminService(admin_grpc.AdminServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason: required (it goes to the audit log)")
         try:
             await self._ingest.forget_gpu_owner(target.node_id, target.gpu_uuid)
-        except LookupError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"target: {exc}")
-        except ValueError as exc:
+        except LookupError:  # its text repeats the request's fields whole: named here, echoed
+            detail = f"target: GPU {echoed(target.gpu_uuid)} is not node {echoed(target.node_id)}'s"
+            await context.abort(grpc.StatusCode.NOT_FOUND, detail)
+        except ValueError as exc:  # the node is connected and lists the GPU: both known, bounded
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"target: {exc}")
         return admin_pb.ForgetGpuOwnerResponse()
 
@@ -434,7 +439,7 @@ class AdminService(admin_grpc.AdminServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id: required")
         nodes = await self._ingest.list_nodes(node_ids=[request.node_id])
         if not nodes:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"node_id: {request.node_id!r} never connected")
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"node_id: {echoed(request.node_id)} never connected")
         store, remediation = self._ingest.store, self._remediation
 
         def read() -> admin_pb.GetNodeResponse:

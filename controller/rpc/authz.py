@@ -42,6 +42,7 @@ import grpc
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from rasd.common.text import echoed
 from rasd.controller.observability import audit
 from rasd.controller.rpc import authn
 
@@ -297,7 +298,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 method,
                 context,
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"{method} is not in the authorization table; denied by default",
+                f"{echoed(method, 120)} is not in the authorization table; denied by default",
                 actor=principal.name,
                 request=request,
             )
@@ -375,7 +376,7 @@ def _denying_handler(handler: grpc.RpcMethodHandler, method: str, interceptor: A
             method,
             context,
             grpc.StatusCode.PERMISSION_DENIED,
-            f"{method}: this streaming kind is not served",
+            f"{echoed(method, 120)}: this streaming kind is not served",
             actor="unchecked",
         )
 

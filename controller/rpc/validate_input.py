@@ -34,6 +34,7 @@ from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.common import vocabulary
+from rasd.common.text import echoed
 from rasd.controller.wire import agent as wire
 
 INT63 = 2**63 - 1
@@ -104,21 +105,21 @@ def _text(field: str, value: str, max_len: int, *, pattern: re.Pattern[str] | No
     if "\x00" in value:
         raise wire.WireError(field, "contains a NUL character")
     if pattern is not None and not pattern.match(value):
-        raise wire.WireError(field, f"{value[:80]!r} has characters outside {pattern.pattern}")
+        raise wire.WireError(field, f"{echoed(value)} has characters outside {pattern.pattern}")
 
 
 def _gpu_uuid(field: str, value: str, *, required: bool = True) -> None:
     if not value and not required:
         return
     if not wire.GPU_UUID_RE.match(value):
-        raise wire.WireError(field, f"{value[:80]!r} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+        raise wire.WireError(field, f"{echoed(value)} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
 
 
 def _range(field: str, value: float, lo: float, hi: float) -> None:
     if isinstance(value, float) and not math.isfinite(value):
-        raise wire.WireError(field, f"{value!r} is not a finite number")
+        raise wire.WireError(field, f"{echoed(value)} is not a finite number")
     if not lo <= value <= hi:
-        raise wire.WireError(field, f"{value!r} is outside [{lo:g}, {hi:g}]")
+        raise wire.WireError(field, f"{echoed(value)} is outside [{lo:g}, {hi:g}]")
 
 
 def _time(field: str, value: int) -> None:
@@ -135,8 +136,8 @@ def _count(field: str, items: Iterable[object] | int, limit: int) -> None:
 def _map(field: str, mapping: Mapping[str, str], *, max_entries: int = wire.MAX_LABELS) -> None:
     _count(field, len(mapping), max_entries)
     for key, value in mapping.items():
-        _text(f"{field}[{key[:40]!r}]", key, MAX_ATTRIBUTE_CHARS)
-        _text(f"{field}[{key[:40]!r}]", value, MAX_ATTRIBUTE_CHARS)
+        _text(f"{field}[{echoed(key, 40)}]", key, MAX_ATTRIBUTE_CHARS)
+        _text(f"{field}[{echoed(key, 40)}]", value, MAX_ATTRIBUTE_CHARS)
 
 
 def _enum(field: str, value: int, enum_type: object, *, allow_unspecified: bool = False) -> None:
@@ -151,7 +152,7 @@ def _owned(field: str, gpu_uuid: str, identity: StreamIdentity) -> None:
         return
     owner = identity.gpu_owners.get(gpu_uuid)
     if owner is not None and owner != identity.node_id:
-        raise IdentityError(field, f"GPU {gpu_uuid} belongs to node {owner}, not {identity.node_id}")
+        raise IdentityError(field, f"GPU {echoed(gpu_uuid)} belongs to node {owner}, not {identity.node_id}")
 
 
 # -- messages -----------------------------------------------------------------------------------------
@@ -165,10 +166,11 @@ def check_hello(hello: agent_pb.Hello, identity: StreamIdentity) -> None:
     """
     if identity.node_id is not None and hello.node_id != identity.node_id:
         raise IdentityError(
-            "hello.node_id", f"{hello.node_id[:80]!r} is not this stream's certificate identity {identity.node_id!r}"
+            "hello.node_id",
+            f"{echoed(hello.node_id)} is not this stream's certificate identity {echoed(identity.node_id)}",
         )
     if not wire.NODE_ID_RE.match(hello.node_id):
-        raise wire.WireError("hello.node_id", f"{hello.node_id[:80]!r} is not a valid node id")
+        raise wire.WireError("hello.node_id", f"{echoed(hello.node_id)} is not a valid node id")
     _text("hello.boot_id", hello.boot_id, 64, pattern=TOKEN_RE)
     _text("hello.agent_version", hello.agent_version, 64)
     _text("hello.hostname", hello.hostname, 253)
@@ -184,7 +186,9 @@ def check_hello(hello: agent_pb.Hello, identity: StreamIdentity) -> None:
         _gpu_uuid(f"{field}.uuid", gpu.uuid)
         owner = identity.gpu_owners.get(gpu.uuid)
         if identity.node_id is not None and owner not in (None, identity.node_id):
-            raise IdentityError(f"{field}.uuid", f"GPU {gpu.uuid} belongs to node {owner}, whose last Hello listed it")
+            raise IdentityError(
+                f"{field}.uuid", f"GPU {echoed(gpu.uuid)} belongs to node {owner}, whose last Hello listed it"
+            )
         _text(f"{field}.model", gpu.model, 96)
         _text(f"{field}.pci_bus_id", gpu.pci_bus_id, 32)
         _text(f"{field}.serial", gpu.serial, 64)

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.orm import Session, sessionmaker
 
 from rasd.controller.core import fleet
-from rasd.controller.store import file_identity, migrate, paging, schema
+from rasd.controller.store import file_identity, migrate, paging, schema, write_probe
 
 
 class WriterLost(Exception):
@@ -35,12 +36,32 @@ STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
     sa.exc.InterfaceError,
     WriterLost,
     file_identity.StoreFileLost,
+    write_probe.StoreUnwritable,
 )
 """What a store call raises while the database is unreachable, restarting or locked: nothing of the
 call was committed, and the same call can succeed later (the pool's pre-ping replaces dead connections;
-a SQLite file deleted under the controller needs its restart)."""
+a SQLite file deleted under the controller needs its restart; a PostgreSQL that refuses writes is
+probed until it takes them again, `write_probe`)."""
 
 _FILE_IDENTITIES: weakref.WeakKeyDictionary[sa.Engine, file_identity.SqliteFileIdentity] = weakref.WeakKeyDictionary()
+
+
+_WRITE_PROBES: weakref.WeakKeyDictionary[sa.Engine, write_probe.WriteProbe] = weakref.WeakKeyDictionary()
+
+
+def probe_writes(engine: sa.Engine) -> str | None:
+    """Run engine's write probe (PostgreSQL; blocking): why its store refuses writes, or None.
+
+    None too for engines without a probe (SQLite: its writes fail as they happen, and its file is
+    watched by `file_problem`). While the probe fails, the engine's transactions are refused.
+    """
+    probe = _WRITE_PROBES.get(engine)
+    return probe.run() if probe is not None else None
+
+
+def write_probe_of(engine: sa.Engine) -> write_probe.WriteProbe | None:
+    """engine's write probe (PostgreSQL engines of `create_engine`), or None."""
+    return _WRITE_PROBES.get(engine)
 
 
 def file_problem(engine: sa.Engine) -> str | None:
@@ -172,7 +193,9 @@ def create_engine(url: str) -> sa.Engine:
         raise ValueError(f"--db {_redact_unparsed(url)!r} is not a SQLAlchemy URL: {exc}") from None
     if parsed.get_backend_name() == "sqlite":
         engine = sa.create_engine(
-            url, connect_args={"timeout": 30, "check_same_thread": False}, json_serializer=json_text
+            url,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+            json_serializer=json_text,
         )
         identity = None
         if parsed.database not in (None, "", ":memory:"):
@@ -203,8 +226,23 @@ def create_engine(url: str) -> sa.Engine:
         return engine
     if parsed.get_backend_name() != "postgresql":
         return sa.create_engine(url, pool_pre_ping=True, json_serializer=json_text)
+    engine = _postgres_engine(url, pool_pre_ping=True)
+    probe = write_probe.WriteProbe(_postgres_engine(url, poolclass=sa.pool.NullPool))
+    _WRITE_PROBES[engine] = probe
+
+    @sa_event.listens_for(engine, "begin")
+    def _writable(_connection: sa.Connection) -> None:
+        probe.check()  # while the last write probe failed, nothing is committed, nor acked
+
+    return engine
+
+
+def _postgres_engine(url: str, **options: Any) -> sa.Engine:
+    """A PostgreSQL engine with the store's client and session settings; a refused write raises StoreUnwritable."""
+    parsed = sa.engine.make_url(url)
     client = {name: value for name, value in POSTGRES_CLIENT_SETTINGS.items() if name not in parsed.query}
-    engine = sa.create_engine(url, pool_pre_ping=True, json_serializer=json_text, connect_args=client)
+    engine = sa.create_engine(url, json_serializer=json_text, connect_args=client, **options)
+    sa_event.listen(engine, "handle_error", write_probe.raise_unwritable)
     # Settings the URL's own `options` name are the operator's: kept.
     session = {name: value for name, value in POSTGRES_SESSION_SETTINGS.items() if name not in url}
 
@@ -263,6 +301,24 @@ POSTGRES_CLIENT_SETTINGS = {
 WAL_CHECKPOINT_AFTER_BYTES = 4 * 1024 * 1024
 """How much of the write-ahead log gathers before `WalCheckpointer` copies it into the database
 (SQLite's own automatic checkpoint runs at 1,000 pages, 4 MiB at the default page size)."""
+
+WAL_TRUNCATE_ABOVE_BYTES = 64 * 1024 * 1024
+"""The WAL file size past which `WalCheckpointer` truncates it (a TRUNCATE checkpoint).
+
+A PASSIVE checkpoint copies the log into the database, and the next commit writes the log again
+from its start, but the file keeps the largest size it ever had: a burst while a reader held an
+old snapshot (so no checkpoint could catch up) left a 373 MB WAL that was never given back while
+the controller ran. Sixteen times the checkpoint threshold: a steady store never reaches it."""
+
+WAL_TRUNCATE_EVERY_S = 10.0
+"""At most how often a truncation is tried: one that finds a reader in the log gives up after
+`WAL_TRUNCATE_BUSY_MS` (writers wait that long), and is tried again this much later."""
+
+WAL_TRUNCATE_BUSY_MS = 200
+"""How long a TRUNCATE checkpoint waits for readers and the writer, holding new writers back meanwhile."""
+
+SQLITE_BUSY_TIMEOUT_S = 30
+"""How long a SQLite connection of the store waits for another's lock before it fails (busy)."""
 
 # The wal-index header at the start of the -shm file (https://www.sqlite.org/walformat.html §2.1),
 # in the machine's byte order: two copies of WalIndexHdr (48 bytes each), then WalCkptInfo.
@@ -351,18 +407,33 @@ class WalCheckpointer:
     pip install) one sync took 80 to 800 ms, a decision's dispatch waiting behind it. Waiting for
     4 MiB makes that one restart per 4 MiB written. Durability is unchanged: a commit is synced into
     the WAL (``synchronous=FULL``) either way.
+
+    A log restarted from its start keeps its file's size, so a WAL file past ``truncate_above_bytes``
+    is emptied by a TRUNCATE checkpoint, tried at most every ``truncate_every_s``
+    (`WAL_TRUNCATE_ABOVE_BYTES`): the file stays bounded while the controller runs.
     """
 
     def __init__(
-        self, engine: sa.Engine, interval_s: float = 0.5, checkpoint_after_bytes: int = WAL_CHECKPOINT_AFTER_BYTES
+        self,
+        engine: sa.Engine,
+        interval_s: float = 0.5,
+        checkpoint_after_bytes: int = WAL_CHECKPOINT_AFTER_BYTES,
+        truncate_above_bytes: int = WAL_TRUNCATE_ABOVE_BYTES,
+        truncate_every_s: float = WAL_TRUNCATE_EVERY_S,
     ) -> None:
         """Start watching engine's database every interval_s (call `stop` to end it)."""
         self._engine = engine
         self._interval_s = interval_s
         self._checkpoint_after_bytes = checkpoint_after_bytes
+        self._truncate_above_bytes = truncate_above_bytes
+        self._truncate_every_s = truncate_every_s
+        self._wal_path = (engine.url.database or "") + "-wal"
+        self._truncate_tried_s = float("-inf")
         self._index = WalIndex(engine.url.database or "")
         self.checkpoints = 0
         """Checkpoints run so far (for tests and diagnostics)."""
+        self.truncations = 0
+        """TRUNCATE checkpoints that emptied the WAL file so far (for tests and diagnostics)."""
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rasd-wal-checkpoint", daemon=True)
         self._thread.start()
@@ -373,7 +444,7 @@ class WalCheckpointer:
         if not without_autocheckpoint(engine):
             return None
         engine.dispose()  # connections opened before (the migration's) are replaced by ones without it
-        return cls(engine)
+        return cls(engine, truncate_above_bytes=WAL_TRUNCATE_ABOVE_BYTES)  # read now: bench/wal_size.py sets it
 
     def stop(self) -> None:
         """Stop the thread after a last checkpoint of everything in the log (then `close`)."""
@@ -390,14 +461,38 @@ class WalCheckpointer:
             pending = self._index.pending_bytes()
             if pending is None or pending >= self._checkpoint_after_bytes:
                 self._checkpoint()
+            if self._wal_bytes() > self._truncate_above_bytes and self._truncate_due():
+                self._checkpoint("TRUNCATE")
 
-    def _checkpoint(self) -> None:
+    def _wal_bytes(self) -> int:
+        try:
+            return os.stat(self._wal_path).st_size
+        except OSError:
+            return 0
+
+    def _truncate_due(self) -> bool:
+        now_s = time.monotonic()
+        if now_s - self._truncate_tried_s < self._truncate_every_s:
+            return False
+        self._truncate_tried_s = now_s
+        return True
+
+    def _checkpoint(self, mode: str = "PASSIVE") -> None:
+        """PASSIVE never waits; TRUNCATE waits up to `WAL_TRUNCATE_BUSY_MS` for readers, then empties the file."""
         if not os.path.exists(self._engine.url.database or ""):
             self._stopped.set()  # the file is gone (a test's temporary directory): connecting would recreate it
             return
         try:
             with self._engine.connect() as connection:
-                connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+                if mode == "PASSIVE":
+                    connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+                else:
+                    connection.exec_driver_sql(f"PRAGMA busy_timeout = {WAL_TRUNCATE_BUSY_MS}")
+                    try:
+                        busy = connection.exec_driver_sql(f"PRAGMA wal_checkpoint({mode})").one()[0]
+                    finally:
+                        connection.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_S * 1000}")
+                    self.truncations += busy == 0
             self.checkpoints += 1
         except sa.exc.SQLAlchemyError:  # busy or closing: the next round checkpoints what is left
             pass

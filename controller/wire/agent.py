@@ -15,6 +15,7 @@ from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.common import kernel_log, vocabulary, xid_catalog
+from rasd.common.text import echoed
 from rasd.controller.core import fleet
 from rasd.controller.store import repo
 
@@ -46,15 +47,15 @@ def _check_labels(field: str, labels: dict[str, str] | object) -> dict[str, str]
     if len(result) > MAX_LABELS:
         raise WireError(field, f"more than {MAX_LABELS} labels")
     for key, value in result.items():
-        _check_text(f"{field}[{key[:40]!r}]", key, 253)
-        _check_text(f"{field}[{key[:40]!r}]", value, 253)
+        _check_text(f"{field}[{echoed(key, 40)}]", key, 253)
+        _check_text(f"{field}[{echoed(key, 40)}]", value, 253)
     return result
 
 
 def hello_from_wire(message: agent_pb.Hello) -> fleet.NodeHello:
     """Validate and convert a Hello."""
     if not NODE_ID_RE.match(message.node_id):
-        raise WireError("hello.node_id", f"{message.node_id[:80]!r} is not a valid node id")
+        raise WireError("hello.node_id", f"{echoed(message.node_id)} is not a valid node id")
     if len(message.gpus) > MAX_GPUS_PER_NODE:
         raise WireError("hello.gpus", f"more than {MAX_GPUS_PER_NODE} GPUs")
     seen: set[str] = set()
@@ -62,9 +63,9 @@ def hello_from_wire(message: agent_pb.Hello) -> fleet.NodeHello:
     for index, gpu in enumerate(message.gpus):
         field = f"hello.gpus[{index}]"
         if not GPU_UUID_RE.match(gpu.uuid):
-            raise WireError(f"{field}.uuid", f"{gpu.uuid[:80]!r} is not a GPU UUID")
+            raise WireError(f"{field}.uuid", f"{echoed(gpu.uuid)} is not a GPU UUID")
         if gpu.uuid in seen:
-            raise WireError(f"{field}.uuid", f"{gpu.uuid} appears twice")
+            raise WireError(f"{field}.uuid", f"{echoed(gpu.uuid)} appears twice")
         seen.add(gpu.uuid)
         if not 0 < gpu.power_limit_min_w <= gpu.power_limit_max_w <= MAX_POWER_W:
             raise WireError(
@@ -104,7 +105,7 @@ def hello_from_wire(message: agent_pb.Hello) -> fleet.NodeHello:
 
 def _finite(field: str, value: float, lo: float, hi: float) -> float:
     if not math.isfinite(value) or not lo <= value <= hi:
-        raise WireError(field, f"{value!r} is not a finite number in [{lo:g}, {hi:g}]")
+        raise WireError(field, f"{echoed(value)} is not a finite number in [{lo:g}, {hi:g}]")
     return value
 
 
@@ -116,7 +117,7 @@ def check_telemetry(batch: health_pb.TelemetryBatch, known_gpus: frozenset[str])
     for index, series in enumerate(batch.power):
         if series.gpu_uuid not in known_gpus:
             raise WireError(
-                f"telemetry.power[{index}].gpu_uuid", f"{series.gpu_uuid[:80]!r} is not one of this node's GPUs"
+                f"telemetry.power[{index}].gpu_uuid", f"{echoed(series.gpu_uuid)} is not one of this node's GPUs"
             )
         if not 1 <= series.sample_interval_ms <= 60_000:
             raise WireError(
@@ -131,7 +132,7 @@ def check_telemetry(batch: health_pb.TelemetryBatch, known_gpus: frozenset[str])
     for index, counters in enumerate(batch.counters):
         if counters.gpu_uuid not in known_gpus:
             raise WireError(
-                f"telemetry.counters[{index}].gpu_uuid", f"{counters.gpu_uuid[:80]!r} is not one of this node's GPUs"
+                f"telemetry.counters[{index}].gpu_uuid", f"{echoed(counters.gpu_uuid)} is not one of this node's GPUs"
             )
         if counters.HasField("temperature_c") and not -50 <= counters.temperature_c <= 200:
             raise WireError(
@@ -150,7 +151,7 @@ def check_summary(summary: health_pb.TelemetrySummary, known_gpus: frozenset[str
         for index, entry in enumerate(entries):
             if entry.gpu_uuid not in known_gpus:
                 raise WireError(
-                    f"summary.{name}[{index}].gpu_uuid", f"{entry.gpu_uuid[:80]!r} is not one of this node's GPUs"
+                    f"summary.{name}[{index}].gpu_uuid", f"{echoed(entry.gpu_uuid)} is not one of this node's GPUs"
                 )
 
 
@@ -255,7 +256,7 @@ def events_from_wire(
         if event.severity not in severities:
             raise WireError(f"{field}.severity", f"{event.severity} is not a known Severity")
         if event.gpu_uuid and event.gpu_uuid not in known_gpus:
-            raise WireError(f"{field}.gpu_uuid", f"{event.gpu_uuid[:80]!r} is not one of this node's GPUs")
+            raise WireError(f"{field}.gpu_uuid", f"{echoed(event.gpu_uuid)} is not one of this node's GPUs")
         if event.HasField("xid") and not 0 < event.xid < 100_000:
             raise WireError(f"{field}.xid", f"{event.xid} is not a plausible Xid")
         xid = event.xid if event.HasField("xid") else None

@@ -18,6 +18,7 @@ import time
 
 import grpc
 import pytest
+import sqlalchemy as sa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rasd.api.v1 import admin_service_pb2 as admin_pb
@@ -28,7 +29,7 @@ from rasd.api.v1 import health_pb2 as health_pb
 from rasd.cli import main as rasctl
 from rasd.common import devcerts, tls, tokens
 from rasd.controller import server
-from rasd.controller.rpc import authn, validate_input
+from rasd.controller.rpc import authn, health_watch, validate_input
 from rasd.controller.store import repo
 from rasd.controller.wire import agent as wire
 
@@ -52,10 +53,9 @@ def _controller(tmp_path, pki, *, tokens_file=None, **settings):
     return server.Controller(
         server.ControllerSettings(
             listen="127.0.0.1:0",
-            db_url=f"sqlite:///{tmp_path / 'rasd.db'}",
             metrics_port=None,
             security=authn.SecuritySettings(tls=_files(pki, pki.controller), tokens_file=tokens_file),
-            **{"commit_writer": "thread", **settings},
+            **{"commit_writer": "thread", "db_url": f"sqlite:///{tmp_path / 'rasd.db'}", **settings},
         )
     )
 
@@ -493,3 +493,154 @@ def test_a_store_deleted_under_the_controller_stops_acks_and_reports_not_serving
         assert ended.code() == grpc.StatusCode.UNAVAILABLE  # the agent keeps 3 and 4 in its spool
     assert status == health_pb2.HealthCheckResponse.NOT_SERVING
     assert lost_gauge == 1
+
+
+async def _health_becomes(channel, status, timeout_s=10.0):
+    """Poll the controller's overall health until it reports status; whether it did within timeout_s."""
+    health = health_pb2_grpc.HealthStub(channel)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        if (await health.Check(health_pb2.HealthCheckRequest(service=""))).status == status:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def _grant_writes(url, grant):
+    """Revoke (or grant back) the store role's writes on its own tables, in this test's schema only."""
+    admin = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    what = "INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {}"
+    verb = f"GRANT {what} TO" if grant else f"REVOKE {what} FROM"
+    with admin.begin() as connection:
+        schema = connection.exec_driver_sql("SELECT current_schema()").scalar_one()
+        connection.exec_driver_sql(verb.format(f'"{schema}"') + " CURRENT_USER")
+    admin.dispose()
+
+
+def test_a_postgresql_store_that_refuses_writes_stops_acks_reports_not_serving_and_recovers(
+    tmp_path, pki, postgres_schema_url
+):
+    """Item 17: a store that accepts connections but cannot write (read only after a failover, disk full,
+    privileges lost) failed every ingest write while health stayed SERVING and nothing said why."""
+
+    async def scenario():
+        controller = _controller(
+            tmp_path, pki, db_url=postgres_schema_url, store_check_interval_s=0.05, store_probe_interval_s=0.1
+        )
+        await controller.start()
+        channel, call, welcome = await _connect(controller, pki, "node-a", _hello("node-a", GPU_A))
+        assert welcome.HasField("welcome")
+        await call.write(_events(1, 2))
+        before, _ended = await _acks_within(call, 3, until_seq=2)
+        _grant_writes(postgres_schema_url, grant=False)
+        not_serving = await _health_becomes(channel, health_pb2.HealthCheckResponse.NOT_SERVING)
+        gauge_down = controller.registry.get_sample_value("rasd_store_unwritable")
+        await call.write(_events(3, 4))
+        during, ended = await _acks_within(call, 2, until_seq=4)
+        _grant_writes(postgres_schema_url, grant=True)
+        serving = await _health_becomes(channel, health_pb2.HealthCheckResponse.SERVING)
+        gauge_up = controller.registry.get_sample_value("rasd_store_unwritable")
+        call.cancel()
+        _channel, again, welcome = await _connect(
+            controller, pki, "node-a", _hello("node-a", GPU_A, spool_head_seq=4, spool_acked_seq=2)
+        )
+        await again.write(_events(3, 4))
+        after, _ended = await _acks_within(again, 5, until_seq=4)
+        again.cancel()
+        await channel.close()
+        await _channel.close()
+        await controller.stop()
+        return before, not_serving, gauge_down, during, ended, serving, gauge_up, after
+
+    before, not_serving, gauge_down, during, ended, serving, gauge_up, after = asyncio.run(scenario())
+    assert before == [2]
+    assert not_serving, "health stayed SERVING on a store that refuses writes"
+    assert gauge_down == 1
+    assert during == [], f"acked while the store refused writes: {during}"
+    if ended is not None:
+        assert ended.code() == grpc.StatusCode.UNAVAILABLE, ended  # the agent keeps 3 and 4 in its spool
+    assert serving and gauge_up == 0
+    assert after == [4]
+
+
+def test_health_watch_streams_are_capped_and_time_limited(tmp_path, pki):
+    """Item 18: health Watch streams (no credentials needed) were held without cap or end: one client held
+    17,000. One over the cap is refused with RESOURCE_EXHAUSTED; each ends after its time limit."""
+
+    async def watch(channel):
+        call = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""))
+        try:
+            return call, await asyncio.wait_for(call.read(), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            return call, exc
+
+    async def scenario():
+        limits = health_watch.WatchLimits(max_watches=3, max_s=1.0)
+        controller = _controller(tmp_path, pki, health_listen="127.0.0.1:0", health_watch=limits)
+        await controller.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{controller.health_port}")  # kubelet's port: no certificate
+        held = [await watch(channel) for _ in range(3)]
+        refused_call, refused = await watch(channel)
+        refused_call.cancel()
+        held[0][0].cancel()
+        await asyncio.sleep(0.2)
+        after_call, after_one_left = await watch(channel)
+        started = time.monotonic()
+        try:
+            ends = await asyncio.wait_for(asyncio.gather(*(call.code() for call, _first in held[1:])), timeout=5)
+        except TimeoutError:
+            ends = "still held after 5 s"
+        held_s = time.monotonic() - started
+        check = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+        for call in (after_call, *(call for call, _first in held)):
+            call.cancel()
+        await channel.close()
+        await controller.stop()
+        return held, refused, after_one_left, ends, held_s, check.status
+
+    held, refused, after_one_left, ends, held_s, check = asyncio.run(scenario())
+    assert all(first.status == health_pb2.HealthCheckResponse.SERVING for _call, first in held)
+    assert isinstance(refused, grpc.aio.AioRpcError), f"a fourth Watch was held: {refused!r}"
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "3 Watch streams" in refused.details()
+    assert after_one_left.status == health_pb2.HealthCheckResponse.SERVING  # one ended: its place is free
+    assert ends == [grpc.StatusCode.OK, grpc.StatusCode.OK] and held_s < 3  # ended by the limit, not held
+    assert check == health_pb2.HealthCheckResponse.SERVING  # Check is not limited
+
+
+def test_error_details_never_echo_request_fields_whole(tmp_path, pki):
+    """Item 18: a detail repeated the request's field whole: a 4 KiB node id with ESC and U+202E
+    came back as it was, to the caller's terminal and to every log line that prints it."""
+    hostile = "\x1b[2J\u202e" + "n" * 4096
+
+    async def scenario():
+        controller = _controller(tmp_path, pki)
+        await controller.start()
+        channel = tls.aio_channel(controller.address, _files(pki, pki.operators["admin"]))
+        stub = admin_grpc.AdminServiceStub(channel)
+        calls = {
+            "GetNode": stub.GetNode(admin_pb.GetNodeRequest(node_id=hostile)),
+            "GetRma": stub.GetRma(admin_pb.GetRmaRequest(rma_id=hostile)),
+            "Quarantine": stub.Quarantine(
+                admin_pb.QuarantineRequest(target=admin_pb.Target(node_id=hostile), reason="r")
+            ),
+            "ForgetGpuOwner": stub.ForgetGpuOwner(
+                admin_pb.ForgetGpuOwnerRequest(target=admin_pb.Target(node_id=hostile, gpu_uuid=hostile), reason="r")
+            ),
+        }
+        details = {}
+        for name, call in calls.items():
+            try:
+                await call
+                details[name] = "(answered)"
+            except grpc.aio.AioRpcError as exc:
+                details[name] = (exc.code(), exc.details())
+        await channel.close()
+        await controller.stop()
+        return details
+
+    details = asyncio.run(scenario())
+    for name, (code, detail) in details.items():
+        assert code == grpc.StatusCode.NOT_FOUND, (name, code, detail[:200])
+        assert len(detail) < 400, f"{name} echoed {len(detail)} characters"
+        assert "\x1b" not in detail and "\u202e" not in detail, (name, detail[:100])
+        assert f"({len(hostile):,} characters)" in detail, (name, detail[:200])  # cut, and says so

@@ -126,6 +126,28 @@ def test_rasctl_says_certificate_refused_when_the_controller_refuses_its_certifi
     assert "is rasd-controller running" not in err
 
 
+def test_rasctl_says_certificate_not_trusted_when_the_controllers_is_of_another_ca(tmp_path, free_port, pki):
+    """Issue #37 item 18: a failed TLS handshake (the controller's certificate not of --tls-ca's CA)
+    read "is rasd-controller running?"."""
+    foreign_ca = devcerts.init(tmp_path / "foreign", ["node-a"]).ca.cert
+    admin = pki.operators["admin"]
+
+    async def scenario():
+        controller = _controller(tmp_path, free_port, pki)
+        await controller.start()
+        out, err = io.StringIO(), io.StringIO()
+        flags = ["--controller", controller.address, "--tls-ca", str(foreign_ca), "--tls-cert", str(admin.cert)]
+        argv = [*flags, "--tls-key", str(admin.key), "--timeout-s", "10", "nodes"]
+        code = await asyncio.to_thread(rasctl.run, argv, out, err)
+        await controller.stop()
+        return code, err.getvalue()
+
+    code, err = asyncio.run(scenario())
+    assert code == rasctl.EXIT_UNREACHABLE
+    assert f"rasctl: certificate not trusted: the TLS handshake with rasd-controller at 127.0.0.1:{free_port}" in err
+    assert str(foreign_ca) in err and "is rasd-controller running" not in err
+
+
 def test_an_agent_without_a_client_certificate_cannot_connect(tmp_path, free_port, pki):
     async def scenario():
         controller = _controller(tmp_path, free_port, pki)

@@ -15,12 +15,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from rasd.common.text import echoed
+
 
 class PolicyError(ValueError):
     """A power policy mapping is invalid; `key` names the offending entry."""
 
     def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"power policy: {key}: {message}")
+        named = key if len(key) <= 80 and (key.isidentifier() or key == "<toml>") else echoed(key)  # a caller's key
+        super().__init__(f"power policy: {named}: {message}")
         self.key = key
 
 
@@ -160,14 +163,14 @@ class PowerPolicy:
             default = fields[key].default
             if isinstance(default, bool):
                 if not isinstance(value, bool):
-                    raise PolicyError(key, f"expected true or false, got {value!r}")
+                    raise PolicyError(key, f"expected true or false, got {echoed(value)}")
                 values[key] = value
             elif value is None and default is None:
                 values[key] = None
             elif isinstance(value, bool) or not isinstance(value, int | float):
-                raise PolicyError(key, f"expected a number, got {value!r}")
+                raise PolicyError(key, f"expected a number, got {echoed(value)}")
             elif not math.isfinite(value):
-                raise PolicyError(key, f"expected a finite number, got {value!r}")
+                raise PolicyError(key, f"expected a finite number, got {echoed(value)}")
             else:
                 values[key] = float(value)
         policy = cls(**values)

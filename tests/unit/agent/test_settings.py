@@ -170,3 +170,14 @@ def test_every_flag_of_the_parser_maps_to_a_key_path():
         if action.option_strings and action.dest not in ("help", "version", "config", "label")
     }
     assert flags == {dest: flag for dest, (_, flag) in agent_settings.FLAGS.items()}
+
+
+def test_a_plaintext_agent_binds_its_metrics_to_loopback_unless_told():
+    """Issue #37 item 18: with --insecure (a loopback controller) the exporter still bound every interface."""
+    assert _load().metrics.addr == "0.0.0.0"  # mutual TLS: the cluster's scraper reaches the node
+    assert _load(argv=["--insecure"]).metrics.addr == "127.0.0.1"
+    assert _load({"insecure": True}).metrics.addr == "127.0.0.1"
+    assert _load(argv=["--insecure", "--metrics-addr", "0.0.0.0"]).metrics.addr == "0.0.0.0"
+    assert _load({"insecure": True, "metrics_addr": "10.0.0.7"}).metrics.addr == "10.0.0.7"
+    with pytest.raises(agent_settings.SettingsError, match="metrics_addr"):
+        _load({"metrics_addr": ""})

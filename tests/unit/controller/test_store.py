@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sqlite3
 import subprocess
 import sys
@@ -584,6 +585,47 @@ def test_the_checkpointer_waits_for_the_wal_to_gather_before_it_checkpoints(tmp_
         engine.dispose()
         checkpointer.close()
         index.close()
+
+
+def _wal_file_bytes(path):
+    return os.path.getsize(path + "-wal") if os.path.exists(path + "-wal") else 0
+
+
+def test_the_checkpointer_truncates_a_wal_file_that_grew_past_its_bound(tmp_path):
+    """Issue #37 item 18: a write burst while a reader held an old snapshot left a 373 MB WAL file.
+
+    PASSIVE checkpoints copy the log into the database once the reader is gone, and the next commit
+    writes the log from its start again, but the file kept its size for as long as the controller ran.
+    """
+    path = str(tmp_path / "wal.db")
+    engine = _wal_database(path)
+    bound = 512 * 1024
+    checkpointer = repo.WalCheckpointer(
+        engine, interval_s=0.01, checkpoint_after_bytes=64 * 1024, truncate_above_bytes=bound, truncate_every_s=0.05
+    )
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM t").fetchone()  # an old snapshot: no checkpoint catches up past it
+        for first in range(0, 1000, 100):
+            _write_rows(engine, first, 100)  # ~3 MB in ten commits
+        grown = _wal_file_bytes(path)
+        assert grown > 2 * 1024 * 1024
+        reader.execute("COMMIT")
+        deadline = time.monotonic() + 5
+        while (_wal_file_bytes(path) > bound or checkpointer.truncations == 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _wal_file_bytes(path) <= bound, f"the WAL file stayed at {_wal_file_bytes(path)} bytes (was {grown})"
+        assert checkpointer.truncations >= 1
+        _write_rows(engine, 5000, 10)  # the store goes on writing
+        with engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT count(*) FROM t").scalar() == 1010
+            assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == repo.SQLITE_BUSY_TIMEOUT_S * 1000
+    finally:
+        reader.close()
+        checkpointer.stop()
+        engine.dispose()
+        checkpointer.close()
 
 
 def test_watching_the_wal_never_drops_this_processs_sqlite_locks(tmp_path):

@@ -28,6 +28,8 @@ EXPECTED_ALERTS = {
     "RasdCircuitBreakerTripped",  # breaker tripped
     "RasdAutomationPaused",  # automation paused
     "RasdEventsLost",  # events lost
+    "RasdStoreUnwritable",  # the PostgreSQL store refuses writes (issue #37 item 17)
+    "RasdStoreFileLost",  # the SQLite file deleted under the controller (issue #37 item 17)
     "RasdNoLeader",  # no leader
     "RasdLeaderFlapping",  # leader flapping
     "RasdAgentDisconnected",  # agent disconnected

@@ -43,3 +43,14 @@ def test_from_mapping_names_the_bad_key(mapping, key):
     with pytest.raises(power_policy.PolicyError) as err:
         power_policy.PowerPolicy.from_mapping(mapping)
     assert err.value.key == key
+
+
+def test_a_policy_error_echoes_a_callers_key_and_value_cut_and_escaped():
+    """Issue #37 item 18: SetPowerPolicy's detail repeated an unknown key or a bad value whole."""
+    with pytest.raises(power_policy.PolicyError) as unknown:
+        power_policy.PowerPolicy.from_mapping({"\x1b[2J" + "k" * 5000: 1})
+    with pytest.raises(power_policy.PolicyError) as bad:
+        power_policy.PowerPolicy.from_mapping({"control_period_s": "\x1b" + "v" * 5000})
+    for error, length in ((unknown.value, 5004), (bad.value, 5001)):
+        assert len(str(error)) < 300 and "\x1b" not in str(error) and f"({length:,} characters)" in str(error)
+    assert str(bad.value).startswith("power policy: control_period_s: expected a number, got '\\x1bvvv")
