@@ -28,8 +28,9 @@ from rasd.sim.goodput import Fault, World, gpu_uuid, node_id
 
 _REPAIR_KINDS = frozenset({"restart_process", "reset_gpu", "reboot_node", "power_cycle_bmc"})
 _NODE_RUNGS = frozenset({"reboot_node", "power_cycle_bmc"})
-RETRY_S = 60.0
-"""How often deferred actions are proposed again (the controller's dispatch tick)."""
+MIN_IDLE_TICK_S = 60.0
+MAX_IDLE_TICK_S = 3600.0
+"""A node whose tick is due and finds nothing to do is ticked again after 1 min, 2, 4, ... up to an hour."""
 
 
 def _hold_key(action: actions.Action) -> str:
@@ -110,10 +111,13 @@ class RasdArm:
         self.deferred_ids.update(a.command_id for a in admission.deferred)
         for action in admission.admitted:
             self._carry_out(action, now)
-        self._call_people(now)
-        if self._deferred and self._retry_at is None:
-            self._retry_at = now + RETRY_S
-            self._world.at(self._retry_at, self._retry)
+        self._call_people({a.node_id for a in admission.admitted if a.kind == "notify"}, now)
+        cooldown_until = self._budget.cooldown_until
+        if self._deferred and cooldown_until is not None and cooldown_until > now and self._retry_at is None:
+            # Only the end of a storm's cooldown frees budget with time; everything else that does (a
+            # result, a release, a resume) reaches the core through `_take`, which proposes again.
+            self._retry_at = cooldown_until
+            self._world.at(cooldown_until, self._retry)
         if self._budget.breaker_tripped_at is not None and self._resume_at is None:
             self.breaker_trips += 1
             self._resume_at = now + self._world.params.manual_delay_s
@@ -186,11 +190,11 @@ class RasdArm:
                 self._world.fix(fault)
         self._release(action.node_id, action.ticket_id)
 
-    def _call_people(self, now: float) -> None:
-        """A ticket the core left to a person: they mend the node and ask for its release."""
+    def _call_people(self, nodes: set[str], now: float) -> None:
+        """A ticket of nodes the core left to a person (it notified): they mend the node and ask for its release."""
         p = self._world.params
-        for node, state in self._states.items():
-            for ticket in state.tickets:
+        for node in nodes:
+            for ticket in self._state(node).tickets:
                 waits = ticket.state is escalation.TicketState.AWAITING_OPERATOR
                 if waits and ticket.ticket_id not in self._people_called:
                     self._people_called.add(ticket.ticket_id)
@@ -210,23 +214,34 @@ class RasdArm:
 
     # Time ----------------------------------------------------------------------------------
 
-    def _plan_tick(self, node: str, now: float) -> None:
+    def _plan_tick(self, node: str, now: float, idle_s: float = 0.0) -> None:
+        """Tick the node when `tick_due_at` says; a due time already past backs off (idle_s, doubling to an hour).
+
+        The due time is a bound: a node whose reboot the budget holds past ``reboot_node_timeout_s``
+        stays due, and a tick finds nothing to do (the controller ticks it every period for nothing).
+        """
         due = escalation.tick_due_at(self._state(node), policy=self._pol.escalation)
         if due == math.inf:
             self._tick_at.pop(node, None)
             return
-        when = max(due, now + 1.0)
+        backoff_s = min(MAX_IDLE_TICK_S, max(MIN_IDLE_TICK_S, 2 * idle_s))
+        when = due if due > now else now + backoff_s
         if self._tick_at.get(node, math.inf) > when or self._tick_at.get(node, 0.0) < now:
             self._tick_at[node] = when
-            self._world.at(when, self._tick, node, when)
+            self._world.at(when, self._tick, node, when, backoff_s if due <= now else 0.0)
 
-    def _tick(self, node: str, when: float) -> None:
+    def _tick(self, node: str, when: float, idle_s: float) -> None:
         if self._tick_at.get(node) != when:
             return  # a later plan replaced this one
         del self._tick_at[node]
         now = self._world.now
         self._corr = correlate.expire(self._corr, now, self._pol)
-        self._take(node, escalation.tick(self._state(node), now_s=now, policy=self._pol.escalation), now)
+        before = self._state(node)
+        decision = escalation.tick(before, now_s=now, policy=self._pol.escalation)
+        idle = decision.state == before and not decision.actions
+        self._states[node] = decision.state
+        self._propose(decision.actions, now)
+        self._plan_tick(node, now, idle_s if idle else 0.0)
 
     def summary(self) -> dict[str, Any]:
         """Commands admitted by kind, how many ever waited for budget, what was left to people."""
