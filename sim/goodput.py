@@ -209,6 +209,8 @@ class World:
 
     def strike(self, fault: Fault, arm: Arm) -> None:
         """A fault lands on the job's rank-th node: the job stops; its detection is scheduled."""
+        if not self.job:
+            return  # every node is out and no spare is left: nothing runs that could fault
         fault.node = sorted(self.job)[fault.rank % len(self.job)]
         self.faults_on[fault.node].append(fault)
         self.struck.append(fault)

@@ -151,3 +151,15 @@ def test_a_bad_policy_file_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         goodput_cli.main(["--policy", str(bad), "--out", str(tmp_path)])
     assert "max_attempts_reset_gpu: must be >= 0" in capsys.readouterr().err
+
+
+def test_a_fault_while_every_node_is_out_and_no_spare_is_left_hits_nothing():
+    host = gf.Variant(1.0, "", gf.FIX_PERSON, node_down=True)
+    faults = [
+        goodput.Fault(0, 2000.0, "psu", host, rank=0, gpu=0),
+        goodput.Fault(1, 3000.0, "ssd", host, rank=0, gpu=0),
+    ]
+    result = goodput.simulate(_tiny(spare_nodes=0), faults, goodput.BaselineArm)
+    assert result.interruptions == {"psu": 1} and result.faults_while_down == 0
+    # Down from 2,000 s: 300 s until NotReady, then 600 s + 4 h for a person, with no spare to run on.
+    assert result.time_lost_h["repair"] == pytest.approx((600 + 4 * 3600) / 3600)
