@@ -72,9 +72,14 @@ def params_from(args: argparse.Namespace) -> goodput.Params:
     repair_s = dict(goodput.Params().repair_s)
     for item in args.repair_s:
         rung, sep, seconds = item.partition("=")
-        if not sep or rung not in repair_s:
-            raise ValueError(f"--repair-s {item!r}: expected RUNG=SECONDS with RUNG one of {', '.join(repair_s)}")
-        repair_s[rung] = float(seconds)
+        try:
+            if not sep or rung not in repair_s:
+                raise ValueError(rung)
+            repair_s[rung] = float(seconds)
+        except ValueError:
+            raise ValueError(
+                f"--repair-s {item!r}: expected RUNG=SECONDS with RUNG one of {', '.join(repair_s)}"
+            ) from None
     values = {name: getattr(args, name) for name in (*_INT_PARAMS, *_FLOAT_PARAMS)}
     return goodput.Params(**values, repair_s=repair_s)
 
@@ -121,8 +126,8 @@ def markdown(report: Mapping[str, Any]) -> str:
         "# rasd-sim goodput",
         "",
         f"{p['gpus']:,} GPUs ({p['job_nodes']:,} nodes, {p['spare_nodes']} spares), {p['days']:g} days, seed "
-        f"{p['seed']}, {report['faults_injected']} faults (Llama 3: {goodput_faults.LLAMA3_UNEXPECTED} in "
-        f"{goodput_faults.LLAMA3_DAYS:g} days on {goodput_faults.LLAMA3_GPUS:,} GPUs × {p['rate_scale']:g}); "
+        f"{p['seed']}, {report['faults_injected']} faults (Llama 3's rate per GPU, {goodput_faults.LLAMA3_UNEXPECTED} "
+        f"in {goodput_faults.LLAMA3_DAYS:g} days on {goodput_faults.LLAMA3_GPUS:,} GPUs, × {p['rate_scale']:g}); "
         f"checkpoint every {p['checkpoint_interval_s']:g} s, restart {p['restart_s']:g} s, a person after "
         f"{p['manual_delay_s']:g} s. Simulated in {report['elapsed_s']:.1f} s.",
         "",

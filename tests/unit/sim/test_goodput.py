@@ -134,6 +134,7 @@ def test_rasd_sim_goodput_writes_its_report(tmp_path, capsys):
     ("argv", "message"),
     [
         (["--repair-s", "reboot=5"], "--repair-s 'reboot=5': expected RUNG=SECONDS"),
+        (["--repair-s", "reset_gpu=soon"], "--repair-s 'reset_gpu=soon': expected RUNG=SECONDS"),
         (["--gpus", "12"], "gpus: 12 is not a positive multiple of gpus_per_node 8"),
         (["--restart-s", "-1"], "restart_s: must be >= 0"),
     ],
