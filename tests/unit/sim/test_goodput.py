@@ -164,3 +164,12 @@ def test_a_fault_while_every_node_is_out_and_no_spare_is_left_hits_nothing():
     assert result.interruptions == {"psu": 1} and result.faults_while_down == 0
     # Down from 2,000 s: 300 s until NotReady, then 600 s + 4 h for a person, with no spare to run on.
     assert result.time_lost_h["repair"] == pytest.approx((600 + 4 * 3600) / 3600)
+
+
+def test_an_ib_port_flapping_is_a_flap_storm_to_the_core_and_a_person_mends_the_link():
+    """Six state changes: the core quarantines the node and calls a person, who mends it; validation, release."""
+    fault = goodput.Fault(0, 2000.0, "nic", gf.Variant(1.0, "ib_flap", gf.FIX_PERSON), rank=0, gpu=0)
+    rasd = goodput.simulate(_tiny(), [fault], _rasd())
+    assert rasd.detail["commands"] == {"quarantine_node": 1, "notify": 1, "run_validation": 1, "release": 1}
+    assert rasd.detail["left_to_person"] == 0 and rasd.people == 1
+    assert rasd.time_lost_h["repair"] == 0.0  # the spare took the node's place at once
