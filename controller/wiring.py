@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from sqlalchemy.orm import Session
 
+from rasd.controller import changes as changes_mod
 from rasd.controller.core import aggregates as aggregates_core
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.ingest import consumer as consumer_mod
@@ -76,6 +77,8 @@ class Wired:
     """With several replicas: ships this replica's aggregate to the leader while it does not lead."""
     fleet: aggregates_mod.FleetReader | None = None
     """With several replicas: the leader's read of the other replicas' aggregates."""
+    changes: changes_mod.Changes = dataclasses.field(default_factory=changes_mod.Changes)
+    """What changed, for the operators watching (AdminService ``Watch*``)."""
 
     async def stop(self) -> None:
         """Stop the ladder, the shipper and the ingest (flushed), then the store thread (the store stays open)."""
@@ -142,8 +145,18 @@ def single_replica(
             clock=clock,
         )  # fmt: skip
         consumer = remediation
-    ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, consumer, settings, clock=clock)
-    return Wired(store, thread, agent_streams, event_log, ingest, remediation)
+    changes = _watched(remediation)
+    watched = changes_mod.Watched(consumer, changes)
+    ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, watched, settings, clock=clock)
+    return Wired(store, thread, agent_streams, event_log, ingest, remediation, changes=changes)
+
+
+def _watched(remediation: remediation_mod.RemediationService | None) -> changes_mod.Changes:
+    """The replica's watch fan-out, fed every commit of the ladder (when it runs)."""
+    changes = changes_mod.Changes()
+    if remediation is not None:
+        remediation.ledger.on_commit = changes.publish_commit
+    return changes
 
 
 def replicated(
@@ -181,8 +194,10 @@ def replicated(
     relay = relay_mod.Relay(
         courier, event_log, leadership, remediation, agent_streams=agent_streams, thread=thread, poll_s=poll_s
     )
-    ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, relay, settings, clock=clock)
-    wired = Wired(store, thread, agent_streams, event_log, ingest, remediation, relay)
+    changes = _watched(remediation)
+    watched = changes_mod.Watched(relay, changes)
+    ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, watched, settings, clock=clock)
+    wired = Wired(store, thread, agent_streams, event_log, ingest, remediation, relay, changes=changes)
     if aggregate_reads is not None:
         records = aggregate_store.AggregateStore(store.engine)
         wired.shipper = aggregates_mod.Shipper(ingest, records, leadership, defaults=aggregate_reads, clock=clock)
