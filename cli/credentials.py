@@ -22,11 +22,13 @@ from typing import TextIO
 
 import grpc
 
-from rasd.common import devcerts, net, tls, tokens
+from rasd.common import net, tls
 
 
 def run_offline(args: argparse.Namespace, out: TextIO) -> bool:
     """Run ``create certs`` and ``create token`` (``certs init``, ``tokens new``); False for another command."""
+    from rasd.common import devcerts, tokens  # only here: cryptography costs every other command's start
+
     if args.command == "certs":
         nodes = [n for item in args.nodes for n in item.split(",") if n]
         pki = devcerts.init(args.dir, nodes, controller_names=args.controller_name)
