@@ -133,22 +133,39 @@ def _selector(args: argparse.Namespace) -> dict[str, str]:
 def _watch(
     args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, err: TextIO, listed: list[Any]
 ) -> None:
-    """After a listing, its changes as the controller streams them, until interrupted (`listings.follow`)."""
+    """After a listing, its changes as the controller streams them (`listings.follow`).
+
+    Until interrupted, or for --timeout-s when it was given (kubectl's --request-timeout): its end
+    is then the watch's, not an error.
+    """
     out.flush()
+    try:
+        _follow(args, stub, out, err, listed)
+    except grpc.RpcError as exc:
+        if args.watch_timeout_s is None or exc.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
+            raise
+
+
+def _follow(
+    args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, err: TextIO, listed: list[Any]
+) -> None:
+    timeout = args.watch_timeout_s
     listing = kinds.LISTINGS[args.command]
     if args.command == "nodes":
-        answers = stub.WatchNodes(admin_pb.WatchNodesRequest(label_selector=_selector(args)))
+        answers = stub.WatchNodes(admin_pb.WatchNodesRequest(label_selector=_selector(args)), timeout=timeout)
         listings.follow(listing, answers, lambda a: a.nodes, args.output, out, err)
     elif args.command == "events":
         # From just after the newest event listed: none stored between the listing and the watch is missed.
         since = max((e.received_unix_ns for e in listed), default=args.since_unix_ns - 1) + 1
-        answers = stub.WatchEvents(admin_pb.WatchEventsRequest(node_id=args.node, since_unix_ns=max(since, 0)))
+        answers = stub.WatchEvents(
+            admin_pb.WatchEventsRequest(node_id=args.node, since_unix_ns=max(since, 0)), timeout=timeout
+        )
         listings.follow(listing, answers, lambda a: a.events, args.output, out, err)
     elif args.command == "incidents":
-        answers = stub.WatchIncidents(admin_pb.WatchIncidentsRequest(node_id=args.node))
+        answers = stub.WatchIncidents(admin_pb.WatchIncidentsRequest(node_id=args.node), timeout=timeout)
         listings.follow(listing, answers, lambda a: [i for i in a.incidents if _open(args, i)], args.output, out, err)
     else:
-        answers = stub.WatchRepairs(admin_pb.WatchRepairsRequest(node_id=args.node))
+        answers = stub.WatchRepairs(admin_pb.WatchRepairsRequest(node_id=args.node), timeout=timeout)
         listings.follow(listing, answers, lambda a: a.repairs, args.output, out, err)
 
 

@@ -100,6 +100,7 @@ def settle(args: argparse.Namespace) -> None:
         setattr(args, attribute, value)
     args.controller = args.controller or DEFAULT_CONTROLLER
     args.tls_server_name = args.tls_server_name or ""
+    args.watch_timeout_s = args.timeout_s  # a --watch streams until interrupted, or for --timeout-s when given
     args.timeout_s = DEFAULT_TIMEOUT_S if args.timeout_s is None else args.timeout_s
 
 

@@ -113,7 +113,7 @@ class Changes:
         self.publish("incidents", (record.row() for record in change.incidents))
         self.publish("repairs", (record.row() for record in change.tickets))
         nodes = {*change.node_states, *(q.node_id for q in change.quarantines)}
-        nodes.update(record.node_id for record in change.tickets)
+        nodes.update(record.node_id for record in (*change.incidents, *change.tickets))
         self.publish("nodes", sorted(nodes))
 
 
