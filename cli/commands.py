@@ -233,7 +233,7 @@ def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out
             admin_pb.ValidateRequest(target=target(args.target), suite=args.suite, seed=args.seed), timeout=timeout
         )
         validation_id = output.printable(started.validation_id)
-        print(f"validation {validation_id} started on {args.target}; see `rasctl validations`", file=out)
+        print(f"validation {validation_id} started on {args.target}; see `rasctl get validations`", file=out)
     elif args.command == "sdc":
         stub.AccuseSdc(
             admin_pb.AccuseSdcRequest(target=target(args.target), reason=args.reason),
