@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import grpc
@@ -38,8 +38,24 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad arguments before dialling (ValueError naming what was wrong)."""
     if hasattr(args, "target"):
         target(args.target)
+    selector(getattr(args, "selector", []))
     power_views.parse_changes(getattr(args, "changes", None) or [])
     args.since_unix_ns = listings.since_unix_ns(getattr(args, "since", ""), time.time_ns())
+
+
+def selector(pairs: Sequence[str]) -> dict[str, str]:
+    """-l KEY=VALUE pairs as a label selector.
+
+    Raises:
+        ValueError: a pair that is not KEY=VALUE.
+    """
+    selector = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--selector {pair!r} is not KEY=VALUE")
+        selector[key] = value
+    return selector
 
 
 def paged(
@@ -104,7 +120,7 @@ def _run_listing(
     timeout, form = args.timeout_s, args.output
     listing = kinds.LISTINGS[args.command]
     if args.command == "nodes":
-        request = admin_pb.ListNodesRequest(label_selector=_selector(args))
+        request = admin_pb.ListNodesRequest(label_selector=selector(args.selector))
         nodes, _more = paged(stub.ListNodes, request, "nodes", limit=None, timeout=timeout, size_field="page_size")
         listings.render(listing, nodes, form, now, out)
         if args.watch:
@@ -124,10 +140,6 @@ def _run_listing(
         print(f"rasctl: {args.command}: more than {len(found)}; --limit N shows more", file=err)
     if getattr(args, "watch", False):
         _watch(args, stub, out, err, found)
-
-
-def _selector(args: argparse.Namespace) -> dict[str, str]:
-    return dict(pair.split("=", 1) for pair in getattr(args, "selector", []))
 
 
 def _watch(
@@ -152,7 +164,7 @@ def _follow(
     timeout = args.watch_timeout_s
     listing = kinds.LISTINGS[args.command]
     if args.command == "nodes":
-        answers = stub.WatchNodes(admin_pb.WatchNodesRequest(label_selector=_selector(args)), timeout=timeout)
+        answers = stub.WatchNodes(admin_pb.WatchNodesRequest(label_selector=selector(args.selector)), timeout=timeout)
         listings.follow(listing, answers, lambda a: a.nodes, args.output, out, err)
     elif args.command == "events":
         # From just after the newest event listed: none stored between the listing and the watch is missed.
@@ -180,7 +192,7 @@ def _show_node(args: argparse.Namespace, detail: admin_pb.GetNodeResponse, now: 
 
     if args.output in ("json", "yaml"):
         data = output.message_json(detail)
-        output.dump_json(data, out) if args.output == "json" else listings.dump_yaml(data, out)
+        listings.dump(data, args.output, out)
         return
     if args.output in ("name", "wide"):
         listings.render(kinds.LISTINGS["node"], [detail], args.output, now, out)
@@ -254,7 +266,7 @@ def _run_change(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out
             )
         if args.output in ("json", "yaml"):
             data = output.message_json(status)
-            output.dump_json(data, out) if args.output == "json" else listings.dump_yaml(data, out)
+            listings.dump(data, args.output, out)
         else:
             print(automation_line(status), file=out)
 

@@ -56,7 +56,8 @@ def load(file: pathlib.Path) -> dict[str, Any]:
     """The file's contents ({} when there is none).
 
     Raises:
-        ValueError: not TOML, or a context that is not a table or has a key rasctl does not know.
+        ValueError: not TOML, or a context that is not a table, has a key rasctl does not know or a
+            value that is not a string.
     """
     try:
         text = file.read_text()
@@ -72,6 +73,9 @@ def load(file: pathlib.Path) -> dict[str, Any]:
         unknown = sorted(set(context) - set(KEYS))
         if unknown:
             raise ValueError(f"{file}: contexts.{name}.{unknown[0]}: unknown key; known: {', '.join(KEYS)}")
+        for key, value in context.items():
+            if not isinstance(value, str):
+                raise ValueError(f"{file}: contexts.{name}.{key}: a string, got {value!r}")
     return data
 
 

@@ -65,6 +65,14 @@ def render_change(listing: Listing, items: list[Any], form: str, now: int, out: 
     out.flush()
 
 
+def dump(data: Any, form: str, out: TextIO) -> None:
+    """data as YAML for form "yaml", else as JSON."""
+    if form == "yaml":
+        dump_yaml(data, out)
+    else:
+        output.dump_json(data, out)
+
+
 def dump_yaml(data: Any, out: TextIO) -> None:
     """data as block YAML (PyYAML's safe dumper: plain data only), keys in their order."""
     import yaml  # imported when asked for: rasctl starts faster without it

@@ -35,16 +35,6 @@ LEADER_ADDRESS_KEY = "rasd-leader-address"
 """Trailing metadata of a follower's FAILED_PRECONDITION: where the leader serves (controller/rpc/leader_gate.py)."""
 
 
-def _selector(pairs: Sequence[str]) -> dict[str, str]:
-    selector = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--selector {pair!r} is not KEY=VALUE")
-        selector[key] = value
-    return selector
-
-
 def _automation_line(status: admin_pb.AutomationStatus) -> str:
     """`commands.automation_line` (imported when needed)."""
     from rasd.cli import commands
@@ -86,7 +76,6 @@ def run(argv: Sequence[str] | None, out: TextIO, err: TextIO) -> int:
 
     try:
         commands.check_arguments(args)
-        _selector(getattr(args, "selector", []))
         channel = credentials.channel(args)
     except (OSError, ValueError) as exc:
         print(f"rasctl: {exc}", file=err)

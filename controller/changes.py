@@ -109,7 +109,12 @@ class Changes:
             watcher.offer(batch)
 
     def publish_commit(self, change: Any) -> None:
-        """A remediation transaction committed (`rstore.Commit`): its incidents, tickets and nodes."""
+        """A remediation transaction committed (`rstore.Commit`): its incidents, tickets and nodes.
+
+        Called on the store thread for every commit: with no watcher it returns at once.
+        """
+        if not any(self._watchers.values()):
+            return
         self.publish("incidents", (record.row() for record in change.incidents))
         self.publish("repairs", (record.row() for record in change.tickets))
         nodes = {*change.node_states, *(q.node_id for q in change.quarantines)}

@@ -80,6 +80,8 @@ class WatchRpcs:
         """Events as they are stored, oldest first; those since request.since_unix_ns first."""
         store = self._ingest.store
         last_received = [request.since_unix_ns]
+        first_sent: set[tuple[str, int]] = set()
+        """The events sent first: one stored as the watch began may come again from the fan-out."""
 
         async def since(since_unix_ns: int, resync: bool) -> list[admin_pb.WatchEventsResponse]:
             page = await self._read(
@@ -93,6 +95,8 @@ class WatchRpcs:
 
         def events(items: list[Any], resync: bool) -> list[admin_pb.WatchEventsResponse]:
             items = [e for e in items if not request.node_id or e.node_id == request.node_id]
+            if not resync:
+                items = [e for e in items if (e.node_id, e.seq) not in first_sent]
             if items:
                 last_received[0] = max(last_received[0], max(e.received_unix_ns for e in items))
             return [
@@ -104,7 +108,11 @@ class WatchRpcs:
             return await since(last_received[0], True) if resync else events(items, False)
 
         async def first() -> list[admin_pb.WatchEventsResponse]:
-            return await since(request.since_unix_ns, False) if request.since_unix_ns > 0 else []
+            if request.since_unix_ns <= 0:
+                return []
+            answers = await since(request.since_unix_ns, False)
+            first_sent.update((e.node_id, e.event.seq) for a in answers for e in a.events)
+            return answers
 
         await _stream(self, context, "events", answer, first)
 

@@ -182,3 +182,66 @@ def test_a_listing_imports_grpc_but_not_yaml_structlog_or_cryptography():
     modules = _imported("import rasd.cli.main, rasd.cli.commands, rasd.cli.credentials")
     assert "grpc" in modules
     assert not {m for m in modules if m.startswith(("yaml", "structlog", "cryptography"))}
+
+
+def _settled(tmp_path, monkeypatch, text: str, *argv: str):  # type: ignore[no-untyped-def]
+    from rasd.cli import contexts
+
+    config = tmp_path / "rasctl.toml"
+    config.write_text(text)
+    monkeypatch.setenv("RASCTL_CONFIG", str(config))
+    for name in ("RASD_CONTROLLER", "RASD_TLS_CA", "RASD_TLS_CERT", "RASD_TLS_KEY", "RASD_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    args = build_parser().parse_args([*argv, "get", "nodes"])
+    contexts.settle(args)
+    return args
+
+
+CONTEXTS = """current-context = "a"
+[contexts.a]
+controller = "a:1"
+tls-ca = "~/ca.crt"
+token = "ta"
+[contexts.b]
+controller = "b:1"
+"""
+
+
+def test_a_flag_wins_over_the_environment_which_wins_over_the_context(tmp_path, monkeypatch):
+    args = _settled(tmp_path, monkeypatch, CONTEXTS)
+    assert (args.controller, args.token, args.timeout_s) == ("a:1", "ta", 10.0)
+    assert args.tls_ca.endswith("/ca.crt") and not args.tls_ca.startswith("~")
+    assert _settled(tmp_path, monkeypatch, CONTEXTS, "--context", "b").controller == "b:1"
+    monkeypatch.setenv("RASD_CONTROLLER", "env:1")
+    from rasd.cli import contexts
+
+    args = build_parser().parse_args(["get", "nodes"])
+    contexts.settle(args)
+    assert args.controller == "env:1"
+    args = build_parser().parse_args(["get", "nodes", "--controller", "flag:1"])
+    contexts.settle(args)
+    assert args.controller == "flag:1"
+
+
+def test_without_a_contexts_file_the_defaults_hold(tmp_path, monkeypatch):
+    monkeypatch.setenv("RASCTL_CONFIG", str(tmp_path / "absent.toml"))
+    monkeypatch.delenv("RASD_CONTROLLER", raising=False)
+    from rasd.cli import contexts
+
+    args = build_parser().parse_args(["get", "nodes"])
+    contexts.settle(args)
+    assert (args.controller, args.tls_server_name) == ("127.0.0.1:7443", "")
+
+
+@pytest.mark.parametrize(
+    ("text", "argv", "message"),
+    [
+        ("[contexts.a]\ncontroler = 'x'\n", (), r"contexts\.a\.controler: unknown key; known: controller"),
+        ("[contexts.a]\ncontroller = 7443\n", (), r"contexts\.a\.controller: a string, got 7443"),
+        ("[contexts\n", (), r"not TOML"),
+        ("[contexts.a]\ncontroller = 'x:1'\n", ("--context", "c"), r"context 'c' is not in .*\(contexts: a\)"),
+    ],
+)
+def test_a_bad_contexts_file_is_named_key_by_key(tmp_path, monkeypatch, text, argv, message):
+    with pytest.raises(ValueError, match=message):
+        _settled(tmp_path, monkeypatch, text, *argv)
