@@ -1,6 +1,7 @@
 """What changed in the controller, fanned out to the operators watching it (AdminService ``Watch*``).
 
-Publishers are the ingest's consumer (`Watched`: new events, and the nodes they came from) and the
+Publishers are the ingest's consumer (`Watched`: new events, and the nodes they came from; with
+lease election the leader's relay, as it takes every replica's events from the store) and the
 ladder's commits (`Changes.publish_commit`: incidents, repair tickets and the nodes whose state
 moved). A publisher never waits on a watcher: `publish` hands the items to the event loop
 (thread-safe, the ladder commits on the store thread) and returns; on the loop each watcher's queue
@@ -108,6 +109,12 @@ class Changes:
         for watcher in list(self._watchers[kind]):
             watcher.offer(batch)
 
+    def publish_events(self, events: Sequence[Any]) -> None:
+        """New stored events (`repo.StoredEvent`), and the nodes they came from."""
+        if events:
+            self.publish("events", events)
+            self.publish("nodes", sorted({event.node_id for event in events}))
+
     def publish_commit(self, change: Any) -> None:
         """A remediation transaction committed (`rstore.Commit`): its incidents, tickets and nodes.
 
@@ -125,17 +132,21 @@ class Changes:
 class Watched:
     """An ingest consumer that also publishes the events it made durable, and the nodes that connected."""
 
-    def __init__(self, inner: consumer_mod.IngestConsumer, changes: Changes) -> None:
-        """Pass everything on to inner; publish to changes."""
+    def __init__(self, inner: consumer_mod.IngestConsumer, changes: Changes, *, events: bool = True) -> None:
+        """Pass everything on to inner; publish to changes.
+
+        events: False where the events reach the watchers another way (with lease election the
+        leader publishes every replica's as its relay takes them from the store, `Changes.publish_events`).
+        """
         self.inner = inner
         self.changes = changes
+        self._events = events
 
     async def events(self, batch: consumer_mod.EventBatch) -> consumer_mod.TakenEvents:
         """`IngestConsumer.events`, then the new events (and their node) go to the watchers."""
         taken = await self.inner.events(batch)
-        if taken.fresh:
-            self.changes.publish("events", taken.fresh)
-            self.changes.publish("nodes", (batch.node_id,))
+        if taken.fresh and self._events:
+            self.changes.publish_events(taken.fresh)
         return taken
 
     async def result(self, node_id: str, result: Any) -> None:

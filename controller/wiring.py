@@ -195,7 +195,9 @@ def replicated(
         courier, event_log, leadership, remediation, agent_streams=agent_streams, thread=thread, poll_s=poll_s
     )
     changes = _watched(remediation)
-    watched = changes_mod.Watched(relay, changes)
+    if remediation is not None:  # the leader publishes every replica's events as its relay takes them
+        relay.on_fresh = changes.publish_events
+    watched = changes_mod.Watched(relay, changes, events=remediation is None)
     ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, watched, settings, clock=clock)
     wired = Wired(store, thread, agent_streams, event_log, ingest, remediation, relay, changes=changes)
     if aggregate_reads is not None:

@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 import threading
+import time
 
 import fleetlib
 import yaml
@@ -247,15 +248,19 @@ def test_watches_are_authorized_as_the_listings(tmp_path, free_port):
     }
 
 
-def test_a_follower_refuses_a_watch_naming_the_leader_and_rasctl_watches_there(postgres_schema_url):
-    """The watches follow the leader's changes: a follower refuses them as it refuses changes."""
+def test_a_follower_refuses_a_watch_and_the_leader_streams_every_replicas_events(postgres_schema_url, tmp_path):
+    """Two replicas: a follower refuses a watch naming the leader (rasctl then watches there), and the
+    leader's watch sees an event of a node that streams to the follower (published as its relay takes it)."""
     import asyncio
 
     import grpc
     from test_rasctl_reaches_the_leader import _controller
 
+    from rasd.agent import node_ops, runtime, spool
+    from rasd.agent import settings as agent_settings
     from rasd.api.v1 import admin_service_pb2 as admin_pb
     from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
+    from rasd.cli import main as rasctl
     from rasd.controller.rpc import leader_gate
 
     async def refusal(address: str) -> tuple[grpc.StatusCode, dict[str, str]]:
@@ -267,24 +272,48 @@ def test_a_follower_refuses_a_watch_naming_the_leader_and_rasctl_watches_there(p
                 return exc.code(), dict(exc.trailing_metadata() or ())
         raise AssertionError("a follower served a watch")
 
+    async def first_event(address: str, backend: simulated.SimulatedBackend, leader) -> admin_pb.WatchEventsResponse:  # type: ignore[no-untyped-def]
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = admin_grpc.AdminServiceStub(channel).WatchEvents(admin_pb.WatchEventsRequest(node_id="node-r"))
+            while leader.wired.changes.watchers("events") == 0:
+                await asyncio.sleep(0.05)
+            backend.fire(simulated.ScriptedFault(at_s=0, kind="xid", gpu=0, xid=31), time.time_ns())
+            answer = await asyncio.wait_for(call.read(), 20)
+            call.cancel()
+            return answer
+
     async def scenario() -> None:
         first = _controller(postgres_schema_url, "a")
         await first.start()
         second = _controller(postgres_schema_url, "b")
         await second.start()
+        backend = simulated.SimulatedBackend("node-r", 2, 0, workload=simulated.StepWorkload())
+        agent = runtime.Agent(
+            agent_settings.AgentSettings(
+                node_id="node-r", link=agent_settings.LinkSettings(controller_address=second.address)
+            ),
+            backend,
+            spool.Spool(str(tmp_path / "spool.db")),
+            boot_id="boot-1",
+            ops=node_ops.SimulatedNodeOps(backend),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(agent.run(stop))
         try:
-            while second.leadership.leader_address != first.address:
+            while second.leadership.leader_address != first.address or "node-r" not in second.ingest.sessions:
                 await asyncio.sleep(0.05)
             code, trailers = await refusal(second.address)
             assert code == grpc.StatusCode.FAILED_PRECONDITION
             assert trailers[leader_gate.LEADER_ADDRESS_KEY] == first.address
-            from rasd.cli import main as rasctl
-
             argv = ["--controller", second.address, "get", "events", "--watch", "--timeout-s", "2"]
             code, _, err = await asyncio.to_thread(_run, rasctl, argv)
             # The listing is served here; the watch is refused, and rasctl runs the command at the leader.
             assert code == 0 and f"calling the leader at {first.address}" in err, err
+            answer = await first_event(first.address, backend, first)
+            assert [(e.node_id, e.event.xid) for e in answer.events] == [("node-r", 31)]
         finally:
+            stop.set()
+            await task
             await second.stop()
             await first.stop()
 

@@ -96,3 +96,20 @@ def test_a_commit_publishes_its_incidents_tickets_and_the_nodes_they_touch():
     assert [row["incident_id"] for row in taken["incidents"]] == ["i1"]
     assert [row["ticket_id"] for row in taken["repairs"]] == ["t1"]
     assert taken["nodes"] == ["n1", "n2", "n3"]
+
+
+def test_new_events_go_to_event_watchers_and_their_nodes_to_node_watchers():
+    class Event:
+        def __init__(self, node_id: str, seq: int) -> None:
+            self.node_id, self.seq = node_id, seq
+
+    async def scenario() -> tuple[list[object], list[object]]:
+        hub = changes.Changes()
+        events, nodes = hub.watch("events"), hub.watch("nodes")
+        batch = [Event("n2", 1), Event("n1", 7), Event("n2", 2)]
+        hub.publish_events(batch)
+        hub.publish_events([])
+        await asyncio.sleep(0)
+        return [(e.node_id, e.seq) for e in (await events.take())[0]], (await nodes.take())[0]
+
+    assert _run(scenario()) == ([("n2", 1), ("n1", 7), ("n2", 2)], ["n1", "n2"])
