@@ -167,7 +167,8 @@ def _follow(
         answers = stub.WatchNodes(admin_pb.WatchNodesRequest(label_selector=selector(args.selector)), timeout=timeout)
         listings.follow(listing, answers, lambda a: a.nodes, args.output, out, err)
     elif args.command == "events":
-        # From just after the newest event listed: none stored between the listing and the watch is missed.
+        # From just after the newest event listed (the controller's clock): none stored between the
+        # listing and the watch is missed. With none listed, from --since, or only new ones.
         since = max((e.received_unix_ns for e in listed), default=args.since_unix_ns - 1) + 1
         answers = stub.WatchEvents(
             admin_pb.WatchEventsRequest(node_id=args.node, since_unix_ns=max(since, 0)), timeout=timeout

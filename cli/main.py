@@ -24,8 +24,6 @@ from rasd.cli.parser import build_parser
 if TYPE_CHECKING:
     import grpc
 
-    from rasd.api.v1 import admin_service_pb2 as admin_pb
-
 __all__ = ["build_parser", "main", "run", "unreachable_hint"]
 
 EXIT_RPC_ERROR = 1
@@ -33,13 +31,6 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 LEADER_ADDRESS_KEY = "rasd-leader-address"
 """Trailing metadata of a follower's FAILED_PRECONDITION: where the leader serves (controller/rpc/leader_gate.py)."""
-
-
-def _automation_line(status: admin_pb.AutomationStatus) -> str:
-    """`commands.automation_line` (imported when needed)."""
-    from rasd.cli import commands
-
-    return commands.automation_line(status)
 
 
 def unreachable_hint(details: str, args: argparse.Namespace) -> str:
