@@ -2,13 +2,15 @@
 
 Run: .venv/bin/python bench/rasctl_startup.py [--runs 20]
 
-Each figure is the wall time of a fresh process (median and p90 of --runs, after 2 warm-up runs
-that fill the bytecode caches), next to the interpreter's own start (``python -c pass``) in the same
-run, since the shared cores' speed drifts:
+Each figure is the wall time of a fresh process (median and p90 of --runs, after 2 warm-up rounds
+that fill the bytecode caches; the cases interleaved round by round), next to the interpreter's own
+start (``python -c pass``) in the same run, since the shared cores' speed drifts:
 
+- ``import grpc``: what any command that calls the controller pays first, whatever rasctl does.
 - ``rasctl --help``: the console script; it imports the parser only.
 - listing start: what ``rasctl get nodes`` imports and parses before it dials (``rasd.cli.main``,
-  ``rasd.cli.commands``, ``rasd.cli.credentials``; gRPC, protobuf and the generated API among them).
+  ``rasd.cli.commands``, ``rasd.cli.credentials``; gRPC, protobuf and the generated API among them),
+  run as ``python -P -c`` so that, as for the console script, the working directory is not searched.
 - whole listing: ``rasctl get nodes -o name`` against a loopback AdminService that answers at once
   (started by this script in its own process, one node), connection and RPC included.
 
@@ -53,17 +55,23 @@ server.wait_for_termination()
 """
 
 
-def _timed(argv: list[str], runs: int, env: dict[str, str]) -> list[float]:
-    """Wall seconds of argv, runs times (after 2 warm-up runs); a failure stops the benchmark."""
-    seconds = []
+def _timed(cases: dict[str, list[str]], runs: int, env: dict[str, str]) -> dict[str, list[float]]:
+    """Wall seconds of each case's argv, runs times each (after 2 warm-up rounds), the cases interleaved.
+
+    Round by round, each case once: the shared cores' load drifts over seconds, and interleaving
+    spreads the drift over every case instead of loading it onto whichever ran then. A failure
+    stops the benchmark.
+    """
+    seconds: dict[str, list[float]] = {case: [] for case in cases}
     for i in range(runs + 2):
-        started = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-        elapsed = time.perf_counter() - started
-        if done.returncode != 0:
-            raise SystemExit(f"{argv}: exit {done.returncode}: {done.stderr[-500:]}")
-        if i >= 2:
-            seconds.append(elapsed)
+        for case, argv in cases.items():
+            started = time.perf_counter()
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+            elapsed = time.perf_counter() - started
+            if done.returncode != 0:
+                raise SystemExit(f"{argv}: exit {done.returncode}: {done.stderr[-500:]}")
+            if i >= 2:
+                seconds[case].append(elapsed)
     return seconds
 
 
@@ -93,16 +101,19 @@ def run(runs: int) -> tuple[dict[str, list[float]], list[tuple[str, float]]]:
     with subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=subprocess.PIPE, text=True) as server:
         try:
             assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-            timings = {
-                "python -c pass (the interpreter alone)": _timed([sys.executable, "-c", "pass"], runs, env),
-                "rasctl --help": _timed([str(BIN / "rasctl"), "--help"], runs, env),
-                "listing start (imports and parse of get nodes)": _timed(
-                    [sys.executable, "-c", LISTING_START], runs, env
-                ),
-                "whole listing: rasctl get nodes -o name (loopback)": _timed(
-                    [str(BIN / "rasctl"), "--controller", f"127.0.0.1:{port}", "get", "nodes", "-o", "name"], runs, env
-                ),
-            }
+            timings = _timed(
+                {
+                    "python -c pass (the interpreter alone)": [sys.executable, "-P", "-c", "pass"],
+                    "python -c 'import grpc' (the floor of any gRPC call)": [sys.executable, "-P", "-c", "import grpc"],
+                    "rasctl --help": [str(BIN / "rasctl"), "--help"],
+                    "listing start (imports and parse of get nodes)": [sys.executable, "-P", "-c", LISTING_START],
+                    "whole listing: rasctl get nodes -o name (loopback)": [
+                        str(BIN / "rasctl"), "--controller", f"127.0.0.1:{port}", "get", "nodes", "-o", "name"
+                    ],
+                },
+                runs,
+                env,
+            )  # fmt: skip
         finally:
             server.terminate()
     return timings, _heaviest_imports(env)
@@ -124,7 +135,7 @@ def section(timings: dict[str, list[float]], heaviest: list[tuple[str, float]], 
         "Command: `.venv/bin/python bench/rasctl_startup.py" + (f" --runs {runs}`" if runs != 20 else "`") + "  ",
         f"Machine: {machine}, load average {os.getloadavg()[0]:.2f} at the end  ",
         f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; wall time of a fresh process, {runs} runs each "
-        "after 2 warm-up runs; bytecode caches warm.",
+        "after 2 warm-up rounds, the cases interleaved; bytecode caches warm.",
         "",
         "| case | median s | p90 s |",
         "|---|---:|---:|",
