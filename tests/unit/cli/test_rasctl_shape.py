@@ -245,3 +245,29 @@ def test_without_a_contexts_file_the_defaults_hold(tmp_path, monkeypatch):
 def test_a_bad_contexts_file_is_named_key_by_key(tmp_path, monkeypatch, text, argv, message):
     with pytest.raises(ValueError, match=message):
         _settled(tmp_path, monkeypatch, text, *argv)
+
+
+def test_a_watch_prints_each_change_in_the_form_asked_and_says_when_it_resynced():
+    from rasd.api.v1 import admin_service_pb2 as admin_pb
+    from rasd.api.v1 import health_pb2 as health_pb
+    from rasd.cli import kinds
+
+    def event(seq: int) -> admin_pb.StoredEvent:
+        return admin_pb.StoredEvent(node_id="n1", event=health_pb.HealthEvent(seq=seq, message="m"), received_unix_ns=1)
+
+    answers = [admin_pb.WatchEventsResponse(events=[event(1), event(2)]),
+               admin_pb.WatchEventsResponse(events=[event(3)], resync=True)]  # fmt: skip
+    printed: dict[str, str] = {}
+    for form in ("", "wide", "json", "yaml", "name"):
+        out, err = io.StringIO(), io.StringIO()
+        listings.follow(kinds.LISTINGS["events"], answers, lambda a: a.events, form, out, err)
+        printed[form] = out.getvalue()
+        assert err.getvalue().count("fell behind") == 1
+    assert printed["name"] == "event/n1/1\nevent/n1/2\nevent/n1/3\n"
+    # proto3 JSON writes 64-bit integers as strings, as rasctl get events -o json always has
+    assert [json.loads(line)["event"]["seq"] for line in printed["json"].splitlines()] == ["1", "2", "3"]
+    import yaml
+
+    assert [doc["event"]["seq"] for doc in yaml.safe_load_all(printed["yaml"])] == ["1", "2", "3"]
+    assert "RECEIVED" not in printed[""] and len(printed[""].splitlines()) == 3, "rows, no header again"
+    assert len(printed["wide"].splitlines()[0]) > len(printed[""].splitlines()[0])
