@@ -16,17 +16,28 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from rasd.controller.ingest import consumer as consumer_mod
+from rasd.controller.ingest import streams as streams_mod
 
 KINDS = ("nodes", "events", "incidents", "repairs")
-"""What can be watched. Items: node ids, `repo.StoredEvent`, incident rows, ticket rows (dicts)."""
+"""What can be watched. Items: node ids (or `Disconnected`), `repo.StoredEvent`, incident and ticket rows (dicts)."""
 MAX_WATCHERS = 64
 """Watch RPCs open at once, all kinds together; one more is refused (RESOURCE_EXHAUSTED)."""
 MAX_QUEUED = 1024
 """Items a watcher may hold unsent; one more drops them all and marks the watcher to resync."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Disconnected:
+    """A node's stream on this replica closed.
+
+    Published before the store records it: the reader must not take the store's "connected" for the truth.
+    """
+
+    node_id: str
 
 
 class TooManyWatchers(Exception):
@@ -157,3 +168,19 @@ class Watched:
         """`IngestConsumer.connected`, then the node goes to the watchers."""
         await self.inner.connected(node_id)
         self.changes.publish("nodes", (node_id,))
+
+
+class WatchedStreams(streams_mod.AgentStreams):
+    """The replica's agent streams; one that closes tells the node watchers that its node went offline."""
+
+    def __init__(self, changes: Changes, *, clock: Callable[[], int]) -> None:
+        """`streams_mod.AgentStreams`, publishing to changes."""
+        super().__init__(clock=clock)
+        self.changes = changes
+
+    def close(self, session: streams_mod.Session) -> bool:
+        """`AgentStreams.close`; the node goes to the watchers when it was its current stream."""
+        current = super().close(session)
+        if current:
+            self.changes.publish("nodes", (Disconnected(session.node_id),))
+        return current

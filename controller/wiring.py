@@ -135,7 +135,8 @@ def single_replica(
     """The ingest and, unless ladder is None, the repair ladder as its consumer, on this replica's streams."""
     settings = settings or ingest_mod.IngestSettings()
     thread = thread or store_thread.StoreThread()
-    agent_streams = streams_mod.AgentStreams(clock=clock)
+    changes = changes_mod.Changes()
+    agent_streams = changes_mod.WatchedStreams(changes, clock=clock)
     event_log = consumer_mod.EventLog(store, thread, controller_metrics)
     remediation = None
     consumer: consumer_mod.IngestConsumer = consumer_mod.StoreOnly(event_log)
@@ -145,18 +146,16 @@ def single_replica(
             clock=clock,
         )  # fmt: skip
         consumer = remediation
-    changes = _watched(remediation)
+    _watch_commits(changes, remediation)
     watched = changes_mod.Watched(consumer, changes)
     ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, watched, settings, clock=clock)
     return Wired(store, thread, agent_streams, event_log, ingest, remediation, changes=changes)
 
 
-def _watched(remediation: remediation_mod.RemediationService | None) -> changes_mod.Changes:
-    """The replica's watch fan-out, fed every commit of the ladder (when it runs)."""
-    changes = changes_mod.Changes()
+def _watch_commits(changes: changes_mod.Changes, remediation: remediation_mod.RemediationService | None) -> None:
+    """Feed the replica's watch fan-out every commit of the ladder (when it runs)."""
     if remediation is not None:
         remediation.ledger.on_commit = changes.publish_commit
-    return changes
 
 
 def replicated(
@@ -178,7 +177,8 @@ def replicated(
     every replica's.
     """
     thread = store_thread.StoreThread()
-    agent_streams = streams_mod.AgentStreams(clock=clock)
+    changes = changes_mod.Changes()
+    agent_streams = changes_mod.WatchedStreams(changes, clock=clock)
     event_log = consumer_mod.EventLog(store, thread, controller_metrics)
     policy = (ladder.policy if ladder is not None else policy_mod.RemediationPolicy()).escalation
     remediation = None
@@ -194,7 +194,7 @@ def replicated(
     relay = relay_mod.Relay(
         courier, event_log, leadership, remediation, agent_streams=agent_streams, thread=thread, poll_s=poll_s
     )
-    changes = _watched(remediation)
+    _watch_commits(changes, remediation)
     if remediation is not None:  # the leader publishes every replica's events as its relay takes them
         relay.on_fresh = changes.publish_events
     watched = changes_mod.Watched(relay, changes, events=remediation is None)

@@ -9,6 +9,7 @@ most, and then the changes again. Who may watch is decided in `authz` (viewer, a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -38,6 +39,11 @@ class _Servicer(Protocol):
     async def _read(self, context: grpc.aio.ServicerContext, read: Callable[[], AnswerT]) -> AnswerT: ...
 
     async def _need_remediation(self, context: grpc.aio.ServicerContext) -> remediation_mod.RemediationService: ...
+
+
+def _offline(node: fleet.NodeStatus) -> fleet.NodeStatus:
+    """node, its stream closed here: the store may not say so yet (`changes.Disconnected`)."""
+    return dataclasses.replace(node, connected=False, state=fleet.effective_node_state(node.state, connected=False))
 
 
 def _chunks(items: Sequence[Any]) -> list[Sequence[Any]]:
@@ -153,16 +159,22 @@ class WatchRpcs:
     async def WatchNodes(
         self: _Servicer, request: admin_pb.WatchNodesRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        """Nodes whose state, connection or events changed, each as it is now; a resync: the fleet's first page."""
+        """Nodes that connected, disconnected, or whose state or events changed, each as it is now.
+
+        A resync is the fleet's first page.
+        """
         selector = dict(request.label_selector)
         ingest_service = self._ingest
 
-        async def answer(node_ids: list[str], resync: bool) -> list[admin_pb.WatchNodesResponse]:
+        async def answer(items: list[Any], resync: bool) -> list[admin_pb.WatchNodesResponse]:
             if resync:
                 listed = await self._read(context, lambda: ingest_service.store.list_nodes(limit=pages.MAX_PAGE_SIZE))
                 nodes = [ingest_service.overlaid(n) for n in listed]
             else:
-                nodes = await ingest_service.list_nodes(node_ids=sorted(set(node_ids)))
+                gone = {i.node_id for i in items if isinstance(i, changes_mod.Disconnected)}
+                node_ids = {i.node_id if isinstance(i, changes_mod.Disconnected) else i for i in items}
+                nodes = [_offline(n) if n.node_id in gone and n.node_id not in ingest_service.sessions else n
+                         for n in await ingest_service.list_nodes(node_ids=sorted(node_ids))]  # fmt: skip
             nodes = [n for n in nodes if not selector or fleet.matches_selector(n.labels, selector)]
             chunks = _chunks([wire.node_status_to_wire(n) for n in nodes]) or ([[]] if resync else [])
             return [admin_pb.WatchNodesResponse(nodes=chunk, resync=resync) for chunk in chunks]

@@ -318,3 +318,48 @@ def test_a_follower_refuses_a_watch_and_the_leader_streams_every_replicas_events
             await first.stop()
 
     asyncio.run(scenario())
+
+
+def test_watch_nodes_sees_a_node_connect_and_disconnect(tmp_path, free_port):
+    import asyncio
+
+    import grpc
+
+    from rasd.api.v1 import admin_service_pb2 as admin_pb
+    from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
+    from rasd.api.v1 import agent_service_pb2 as agent_pb
+    from rasd.api.v1 import agent_service_pb2_grpc as agent_grpc
+    from rasd.api.v1 import health_pb2 as health_pb
+    from rasd.controller import server
+
+    hello = agent_pb.AgentMessage(
+        hello=agent_pb.Hello(node_id="node-w", boot_id="b", gpus=[health_pb.GpuInfo(uuid="GPU-00000000-0000-0000-0000-0000000000aa", power_limit_min_w=200,
+                                                                                   power_limit_max_w=700)])
+    )  # fmt: skip
+
+    async def scenario() -> list[tuple[str, bool, int]]:
+        controller = server.Controller(fleetlib.sqlite_settings(tmp_path, free_port))
+        await controller.start()
+        seen: list[tuple[str, bool, int]] = []
+        try:
+            async with grpc.aio.insecure_channel(controller.address) as channel:
+                watch = admin_grpc.AdminServiceStub(channel).WatchNodes(admin_pb.WatchNodesRequest())
+                while controller.wired.changes.watchers("nodes") == 0:
+                    await asyncio.sleep(0.05)
+                agent = agent_grpc.AgentServiceStub(channel).Connect()
+                await agent.write(hello)
+                await agent.read()  # the Welcome
+                answer = await asyncio.wait_for(watch.read(), 10)
+                seen += [(n.node_id, n.connected, n.state) for n in answer.nodes]
+                agent.cancel()
+                answer = await asyncio.wait_for(watch.read(), 10)
+                seen += [(n.node_id, n.connected, n.state) for n in answer.nodes]
+                watch.cancel()
+        finally:
+            await controller.stop()
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        ("node-w", True, admin_pb.COMPONENT_STATE_HEALTHY),
+        ("node-w", False, admin_pb.COMPONENT_STATE_OFFLINE),
+    ]

@@ -335,7 +335,7 @@ class AdminServiceServicer:
         answer with resync set says the watcher fell behind and changes were dropped: it holds the
         current state re-read from the store instead (a page at most). The leader serves them (a
         follower refuses them as it refuses changes); RESOURCE_EXHAUSTED when too many watches are open.
-        Nodes whose state, connection or events changed (not every telemetry sample).
+        Nodes that connected or disconnected, or whose state or events changed (not every telemetry sample).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
