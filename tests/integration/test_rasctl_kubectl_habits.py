@@ -332,10 +332,9 @@ def test_watch_nodes_sees_a_node_connect_and_disconnect(tmp_path, free_port):
     from rasd.api.v1 import health_pb2 as health_pb
     from rasd.controller import server
 
-    hello = agent_pb.AgentMessage(
-        hello=agent_pb.Hello(node_id="node-w", boot_id="b", gpus=[health_pb.GpuInfo(uuid="GPU-00000000-0000-0000-0000-0000000000aa", power_limit_min_w=200,
-                                                                                   power_limit_max_w=700)])
-    )  # fmt: skip
+    gpu = health_pb.GpuInfo(uuid="GPU-00000000-0000-0000-0000-0000000000aa", power_limit_min_w=200,
+                            power_limit_max_w=700)  # fmt: skip
+    hello = agent_pb.AgentMessage(hello=agent_pb.Hello(node_id="node-w", boot_id="b", gpus=[gpu]))
 
     async def scenario() -> list[tuple[str, bool, int]]:
         controller = server.Controller(fleetlib.sqlite_settings(tmp_path, free_port))
