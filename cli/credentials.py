@@ -10,56 +10,25 @@ Channel rules:
   members each hold a token).
 * none of the TLS flags: plaintext, to a loopback controller only (one started with ``--insecure``).
 
-``rasctl certs init`` makes a dev PKI (``rasd.common.devcerts``); ``rasctl tokens new`` makes a
+``rasctl create certs`` makes a dev PKI (``rasd.common.devcerts``); ``rasctl create token`` makes a
 token and prints the line for the controller's ``--tokens-file``. Neither needs a controller.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
-from typing import Any, TextIO
+from typing import TextIO
 
 import grpc
 
-from rasd.common import devcerts, net, tls, tokens
-
-
-def add_global_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags that choose how rasctl authenticates."""
-    env = os.environ.get
-    parser.add_argument("--tls-ca", default=env("RASD_TLS_CA"), help="CA bundle of the controller ($RASD_TLS_CA)")
-    parser.add_argument("--tls-cert", default=env("RASD_TLS_CERT"), help="your client certificate ($RASD_TLS_CERT)")
-    parser.add_argument("--tls-key", default=env("RASD_TLS_KEY"), help="its private key ($RASD_TLS_KEY)")
-    parser.add_argument(
-        "--tls-server-name",
-        default=env("RASD_TLS_SERVER_NAME", ""),
-        help="the name to check the controller's certificate against when --controller is another address, "
-        "e.g. rasd.rasd.svc through a port-forward ($RASD_TLS_SERVER_NAME)",
-    )
-    parser.add_argument("--token", default=env("RASD_TOKEN"), help="bearer token ($RASD_TOKEN)")
-
-
-def add_commands(commands: Any) -> None:
-    """`certs init` and `tokens new`."""
-    certs = commands.add_parser("certs", help="development certificates (no controller needed)")
-    certs_commands = certs.add_subparsers(dest="certs_command", required=True, metavar="CERTS_COMMAND")
-    init = certs_commands.add_parser(
-        "init", help="make a throwaway CA, a loopback controller cert, node certs and one operator cert per role"
-    )
-    init.add_argument("--dir", type=pathlib.Path, default=pathlib.Path("dev-certs"), help="output folder")
-    init.add_argument("--nodes", nargs="*", default=[], metavar="NODE", help="node ids that get a client cert")
-    init.add_argument("--controller-name", action="append", default=[], help="extra DNS name or IP of the controller")
-    tokens = commands.add_parser("tokens", help="bearer tokens (no controller needed)")
-    tokens_commands = tokens.add_subparsers(dest="tokens_command", required=True, metavar="TOKENS_COMMAND")
-    new = tokens_commands.add_parser("new", help="make a token; print it and the line for --tokens-file")
-    new.add_argument("--name", required=True, help="who holds it (the audit log's actor: token:NAME)")
-    new.add_argument("--role", required=True, choices=("viewer", "operator", "admin"))
+from rasd.common import net, tls
 
 
 def run_offline(args: argparse.Namespace, out: TextIO) -> bool:
-    """Run `certs` and `tokens` subcommands; False when args is another command."""
+    """Run ``create certs`` and ``create token`` (``certs init``, ``tokens new``); False for another command."""
+    from rasd.common import devcerts, tokens  # only here: cryptography costs every other command's start
+
     if args.command == "certs":
         nodes = [n for item in args.nodes for n in item.split(",") if n]
         pki = devcerts.init(args.dir, nodes, controller_names=args.controller_name)
@@ -105,8 +74,8 @@ def channel(args: argparse.Namespace) -> grpc.Channel:
     return tls.sync_channel(args.controller, None)
 
 
-class _BearerToken(grpc.UnaryUnaryClientInterceptor):
-    """Adds ``authorization: Bearer <token>`` to every call."""
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call, the watches' streams included."""
 
     def __init__(self, token: str) -> None:
         self._header = ("authorization", f"Bearer {token}")
@@ -114,6 +83,9 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor):
     def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
         details = client_call_details._replace(metadata=(*(client_call_details.metadata or ()), self._header))
         return continuation(details, request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        return self.intercept_unary_unary(continuation, client_call_details, request)
 
 
 def authenticated(args: argparse.Namespace, base: grpc.Channel) -> grpc.Channel:

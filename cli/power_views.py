@@ -1,10 +1,12 @@
-"""rasctl power: the budget tree (status), run-time budgets, and the power policy.
+"""rasctl's power commands: the budget tree (status), run-time budgets, and the power policy.
 
-rasctl power status [--json]                 the tree: budget, allocated, target, drawn, headroom; swing now
-rasctl power budget set DOMAIN WATTS         change one domain's budget (persisted, enforced at once)
-rasctl power budget clear DOMAIN             remove a domain's own budget (not the cluster's)
-rasctl power policy show [--json]            the policy in force, as TOML
-rasctl power policy set [--file F] [K=V ...] replace it: F's TOML (or the current policy) with K=V changes
+rasctl get power [-o ...]                   the tree: budget, allocated, target, drawn, headroom; swing now
+rasctl set budget DOMAIN WATTS              change one domain's budget (persisted, enforced at once)
+rasctl delete budget DOMAIN                 remove a domain's own budget (not the cluster's)
+rasctl get power-policy [-o json|yaml]      the policy in force, as TOML
+rasctl set power-policy [--file F] [K=V ..] replace it: F's TOML (or the current policy) with K=V changes
+
+(The spellings ``power status``, ``power budget set|clear``, ``power policy show|set`` still work.)
 """
 
 from __future__ import annotations
@@ -18,41 +20,6 @@ from typing import Any, TextIO
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.cli import output
-
-
-def add_parser(commands: Any) -> None:
-    """Add `power` and its subcommands to rasctl's subparsers."""
-    power = commands.add_parser("power", help="power budget tree, budgets and policy")
-    sub = power.add_subparsers(dest="power_command", required=True, metavar="POWER_COMMAND")
-    status = sub.add_parser("status", help="the budget tree: budget, allocated, drawn, headroom; swing now")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
-    budget = sub.add_parser("budget", help="change a domain's budget")
-    budget_sub = budget.add_subparsers(dest="budget_command", required=True, metavar="BUDGET_COMMAND")
-    budget_set = budget_sub.add_parser("set", help="set DOMAIN's budget to WATTS")
-    budget_set.add_argument("domain")
-    budget_set.add_argument("watts", type=_watts)
-    budget_set.add_argument("--reason", default="operator")
-    budget_clear = budget_sub.add_parser("clear", help="remove DOMAIN's own budget")
-    budget_clear.add_argument("domain")
-    budget_clear.add_argument("--reason", default="operator")
-    policy = sub.add_parser("policy", help="show or replace the power policy")
-    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="POLICY_COMMAND")
-    show = policy_sub.add_parser("show", help="the policy in force (TOML)")
-    show.add_argument("--json", action="store_true", help="machine-readable output")
-    change = policy_sub.add_parser("set", help="replace the policy")
-    change.add_argument("--file", help="TOML file with the whole policy ('-' reads stdin)")
-    change.add_argument("changes", nargs="*", metavar="KEY=VALUE", help="changes on top (TOML values)")
-    change.add_argument("--reason", default="operator")
-
-
-def _watts(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"WATTS must be a whole number of watts, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"WATTS must be >= 0, got {value}")
-    return value
 
 
 def parse_changes(pairs: list[str]) -> dict[str, Any]:
@@ -83,11 +50,11 @@ def _toml(mapping: dict[str, Any]) -> str:
 def run(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, timeout: float) -> None:
     """Carry out one `rasctl power ...` command."""
     if args.power_command == "status":
+        from rasd.cli import kinds, listings
+
         status = stub.GetPowerStatus(admin_pb.GetPowerStatusRequest(), timeout=timeout)
-        if args.json:
-            output.dump_json(output.message_json(status), out)
-        else:
-            status_table(status, out)
+        items = kinds.domains(status) if args.output == "name" else [status]
+        listings.render(kinds.power_listing(), items, args.output, 0, out)
     elif args.power_command == "budget":
         clear = args.budget_command == "clear"
         response = stub.SetPowerBudget(
@@ -101,10 +68,7 @@ def run(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO
         print(f"{output.printable(domain.level)} {output.printable(domain.domain_id)}: {budget}", file=out)
     elif args.policy_command == "show":
         text = stub.GetPowerPolicy(admin_pb.GetPowerPolicyRequest(), timeout=timeout).policy_toml
-        if args.json:
-            output.dump_json(tomllib.loads(text), out)
-        else:
-            out.write(text)
+        _show_policy(text, args.output, out)
     else:
         if args.file:
             text = sys.stdin.read() if args.file == "-" else pathlib.Path(args.file).read_text()
@@ -117,12 +81,32 @@ def run(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO
         out.write(response.policy_toml)
 
 
+def _show_policy(text: str, form: str, out: TextIO) -> None:
+    """The policy as TOML (table, wide), JSON or YAML; ``-o name`` is the one name it has."""
+    from rasd.cli import listings
+
+    if form == "json":
+        output.dump_json(tomllib.loads(text), out)
+    elif form == "yaml":
+        listings.dump_yaml(tomllib.loads(text), out)
+    elif form == "name":
+        print("power-policy/current", file=out)
+    else:
+        out.write(text)
+
+
 def _kw(watts: float) -> str:
     return f"{watts / 1000:.1f}"
 
 
 def status_table(status: admin_pb.GetPowerStatusResponse, out: TextIO) -> None:
     """The tree, indented by level, then one line on the swing and smoothing."""
+    output.table(*status_rows(status), out)
+    status_footer(status, out)
+
+
+def status_rows(status: admin_pb.GetPowerStatusResponse) -> output.Rows:
+    """The tree, indented by level: budget, allocated, target, drawn, headroom."""
     rows: list[list[Any]] = []
 
     def walk(domain: admin_pb.PowerDomain, depth: int) -> None:
@@ -142,7 +126,11 @@ def status_table(status: admin_pb.GetPowerStatusResponse, out: TextIO) -> None:
 
     if status.HasField("root"):
         walk(status.root, 0)
-    output.table(["DOMAIN", "LEVEL", "BUDGET kW", "ALLOCATED kW", "TARGET kW", "DRAWN kW", "HEADROOM kW"], rows, out)
+    return ["DOMAIN", "LEVEL", "BUDGET kW", "ALLOCATED kW", "TARGET kW", "DRAWN kW", "HEADROOM kW"], rows
+
+
+def status_footer(status: admin_pb.GetPowerStatusResponse, out: TextIO) -> None:
+    """One line on the swing and smoothing; the domains over budget."""
     smoothing = (
         f"{output.printable(status.smoothing_mode)}, floor {status.smoothing_floor_w:.0f} W/GPU"
         if status.smoothing_active

@@ -13,9 +13,10 @@ def _state_name(value: int) -> str:
     return admin_pb.ComponentState.Name(value).removeprefix("COMPONENT_STATE_").lower()
 
 
-def nodes_table(nodes: list[admin_pb.NodeStatus], now_unix_ns: int, out: TextIO) -> None:
-    """The fleet: node, GPUs, state, last seen, draw and cap."""
-    rows = [
+def nodes_rows(nodes: list[admin_pb.NodeStatus], now_unix_ns: int, wide: bool = False) -> output.Rows:
+    """The fleet: node, GPUs, state, last seen, draw and cap; wide adds connection, agent, backend and labels."""
+    headers = ["NODE", "GPUS", "STATE", "LAST SEEN", "DRAW W", "CAP W"]
+    rows: list[list[Any]] = [
         [
             node.node_id,
             len(node.gpus),
@@ -26,7 +27,23 @@ def nodes_table(nodes: list[admin_pb.NodeStatus], now_unix_ns: int, out: TextIO)
         ]
         for node in nodes
     ]
-    output.table(["NODE", "GPUS", "STATE", "LAST SEEN", "DRAW W", "CAP W"], rows, out)
+    if wide:
+        headers += ["CONNECTED", "AGENT", "BACKEND", "HOSTNAME", "LABELS"]
+        for row, node in zip(rows, nodes, strict=True):
+            labels = ",".join(f"{k}={v}" for k, v in sorted(node.labels.items()))
+            row += [str(node.connected).lower(), node.agent_version or "-", node.backend or "-",
+                    node.hostname or "-", labels or "-"]  # fmt: skip
+    return headers, rows
+
+
+def nodes_table(nodes: list[admin_pb.NodeStatus], now_unix_ns: int, out: TextIO, *, wide: bool = False) -> None:
+    """The fleet as a table, then one line of totals."""
+    output.table(*nodes_rows(nodes, now_unix_ns, wide), out)
+    nodes_summary(nodes, out)
+
+
+def nodes_summary(nodes: list[admin_pb.NodeStatus], out: TextIO) -> None:
+    """One line: nodes, GPUs, draw and cap."""
     total_gpus = sum(len(n.gpus) for n in nodes)
     total_draw = sum(n.power_draw_w for n in nodes)
     total_cap = sum(n.power_cap_w for n in nodes)
@@ -83,9 +100,10 @@ def node_detail(response: admin_pb.GetNodeResponse, now_unix_ns: int, out: TextI
         events_table(list(response.recent_events), now_unix_ns, out)
 
 
-def events_table(events: list[admin_pb.StoredEvent], now_unix_ns: int, out: TextIO) -> None:
-    """Stored events, newest first."""
-    rows = [
+def events_rows(events: list[admin_pb.StoredEvent], now_unix_ns: int, wide: bool = False) -> output.Rows:
+    """Stored events, newest first; wide adds severity, source and the whole message, and the time received."""
+    headers = ["RECEIVED", "NODE", "SEQ", "KIND", "XID", "GPU", "MESSAGE"]
+    rows: list[list[Any]] = [
         [
             output.age(now_unix_ns, e.received_unix_ns),
             e.node_id,
@@ -93,8 +111,18 @@ def events_table(events: list[admin_pb.StoredEvent], now_unix_ns: int, out: Text
             health_pb.EventKind.Name(e.event.kind).removeprefix("EVENT_KIND_").lower(),
             e.event.xid if e.event.HasField("xid") else "-",
             e.event.gpu_uuid or "-",
-            e.event.message[:60],
+            e.event.message if wide else e.event.message[:60],
         ]
         for e in events
     ]
-    output.table(["RECEIVED", "NODE", "SEQ", "KIND", "XID", "GPU", "MESSAGE"], rows, out)
+    if wide:
+        headers += ["SEVERITY", "SOURCE", "RECEIVED AT"]
+        for row, e in zip(rows, events, strict=True):
+            severity = health_pb.Severity.Name(e.event.severity).removeprefix("SEVERITY_").lower()
+            row += [severity, e.event.source or "-", output.timestamp(e.received_unix_ns)]
+    return headers, rows
+
+
+def events_table(events: list[admin_pb.StoredEvent], now_unix_ns: int, out: TextIO) -> None:
+    """Stored events, newest first."""
+    output.table(*events_rows(events, now_unix_ns), out)

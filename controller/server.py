@@ -389,7 +389,7 @@ class Controller:
             audit_log=self.audit,
             recorder=self.recorder,
         )
-        admin = admin_service.AdminService(self.ingest, self.remediation, power=self.power)
+        admin = admin_service.AdminService(self.ingest, self.remediation, power=self.power, changes=self.wired.changes)
         services.add_services(server, agents, admin)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.port = self._bind(server, self.settings.listen)

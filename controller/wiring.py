@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from sqlalchemy.orm import Session
 
+from rasd.controller import changes as changes_mod
 from rasd.controller.core import aggregates as aggregates_core
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.ingest import consumer as consumer_mod
@@ -80,6 +81,8 @@ class Wired:
     """With several replicas: ships this replica's aggregate to the leader while it does not lead."""
     fleet: aggregates_mod.FleetReader | None = None
     """With several replicas: the leader's read of the other replicas' aggregates."""
+    changes: changes_mod.Changes = dataclasses.field(default_factory=changes_mod.Changes)
+    """What changed, for the operators watching (AdminService ``Watch*``)."""
 
     async def stop(self) -> None:
         """Stop the ladder, the shipper and the ingest (flushed), then the store thread (the store stays open)."""
@@ -138,7 +141,8 @@ def single_replica(
     """The ingest and, unless ladder is None, the repair ladder as its consumer, on this replica's streams."""
     settings = settings or ingest_mod.IngestSettings()
     thread = thread or store_thread.StoreThread()
-    agent_streams = streams_mod.AgentStreams(clock=clock)
+    changes = changes_mod.Changes()
+    agent_streams = changes_mod.WatchedStreams(changes, clock=clock)
     event_log = consumer_mod.EventLog(store, thread, controller_metrics)
     remediation = None
     consumer: consumer_mod.IngestConsumer = consumer_mod.StoreOnly(event_log)
@@ -148,8 +152,16 @@ def single_replica(
             clock=clock,
         )  # fmt: skip
         consumer = remediation
-    ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, consumer, settings, clock=clock)
-    return Wired(store, thread, agent_streams, event_log, ingest, remediation)
+    _watch_commits(changes, remediation)
+    watched = changes_mod.Watched(consumer, changes)
+    ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, watched, settings, clock=clock)
+    return Wired(store, thread, agent_streams, event_log, ingest, remediation, changes=changes)
+
+
+def _watch_commits(changes: changes_mod.Changes, remediation: remediation_mod.RemediationService | None) -> None:
+    """Feed the replica's watch fan-out every commit of the ladder (when it runs)."""
+    if remediation is not None:
+        remediation.ledger.on_commit = changes.publish_commit
 
 
 def replicated(
@@ -171,7 +183,8 @@ def replicated(
     every replica's.
     """
     thread = store_thread.StoreThread()
-    agent_streams = streams_mod.AgentStreams(clock=clock)
+    changes = changes_mod.Changes()
+    agent_streams = changes_mod.WatchedStreams(changes, clock=clock)
     event_log = consumer_mod.EventLog(store, thread, controller_metrics)
     policy = (ladder.policy if ladder is not None else policy_mod.RemediationPolicy()).escalation
     remediation = None
@@ -187,8 +200,12 @@ def replicated(
     relay = relay_mod.Relay(
         courier, event_log, leadership, remediation, agent_streams=agent_streams, thread=thread, poll_s=poll_s
     )
-    ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, relay, settings, clock=clock)
-    wired = Wired(store, thread, agent_streams, event_log, ingest, remediation, relay)
+    _watch_commits(changes, remediation)
+    if remediation is not None:  # the leader publishes every replica's events as its relay takes them
+        relay.on_fresh = changes.publish_events
+    watched = changes_mod.Watched(relay, changes, events=remediation is None)
+    ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, watched, settings, clock=clock)
+    wired = Wired(store, thread, agent_streams, event_log, ingest, remediation, relay, changes=changes)
     if aggregate_reads is not None:
         records = aggregate_store.AggregateStore(store.engine)
         wired.shipper = aggregates_mod.Shipper(ingest, records, leadership, defaults=aggregate_reads, clock=clock)

@@ -120,6 +120,9 @@ class Ledger:
         self._sender = sender
         self._recorder = recorder
         self._leaves_after_commit = leaves_after_commit
+        self.on_commit: Callable[[rstore.Commit], None] | None = None
+        """Told of every transaction that committed, on the thread that committed it (the watchers'
+        fan-out, `rasd.controller.changes.Changes.publish_commit`): it must not block."""
         self.last_incident_s: dict[str, float] = {}
         """Node → when its latest incident opened (``rasd_time_between_incidents_seconds``); from the store at start."""
 
@@ -138,6 +141,8 @@ class Ledger:
         seconds = time.perf_counter() - started
         self._state.metrics.remediation_commit_seconds.observe(seconds)
         self._state.stats.commit_s.append(seconds)
+        if self.on_commit is not None:
+            self.on_commit(change)
         return fresh
 
     async def commit(self, change: rstore.Commit) -> list[str]:

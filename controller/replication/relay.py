@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -49,6 +50,7 @@ from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.replication import leader as leader_mod
 from rasd.controller.store import relay as relay_store
 from rasd.controller.store import remediation as rstore
+from rasd.controller.store import repo
 from rasd.controller.store import thread as store_thread
 from rasd.controller.wire import commands as wire_commands
 
@@ -269,6 +271,9 @@ class Relay:
         )  # fmt: skip
         self._intake_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.on_fresh: Callable[[list[repo.StoredEvent]], None] | None = None
+        """Told of the events the leader takes from the store to decide, every replica's (the watchers'
+        fan-out, `rasd.controller.changes.Changes.publish_events`): it must not block."""
         self._leading = False
         self._inventory_at = 0.0
         self._swept_at = 0.0
@@ -375,6 +380,8 @@ class Relay:
             await self.refresh_inventory()  # a node the leader has not heard of yet
         for node_id, (labels, _events) in fresh.items():  # blast radius needs every node's topology
             streams.remember_remote_node(node_id, labels, streams.node_gpus(node_id))
+        if self.on_fresh is not None:
+            self.on_fresh([event for _labels, events in fresh.values() for event in events])
         await asyncio.gather(
             *(ladder.on_events(node_id, events, labels) for node_id, (labels, events) in fresh.items())
         )

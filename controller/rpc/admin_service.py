@@ -20,6 +20,7 @@ import grpc
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.common.text import echoed
+from rasd.controller import changes as changes_mod
 from rasd.controller.core import fleet
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.power import tree as power_tree
@@ -27,7 +28,7 @@ from rasd.controller.core.remediation import blast_radius, repair_queue
 from rasd.controller.ingest import service as ingest
 from rasd.controller.power import loop as power_loop
 from rasd.controller.remediation import service as remediation_mod
-from rasd.controller.rpc import authz, pages
+from rasd.controller.rpc import authz, pages, watch_rpcs
 from rasd.controller.store import paging
 from rasd.controller.store import thread as store_thread
 from rasd.controller.wire import agent as wire
@@ -55,8 +56,8 @@ def automation_status_to_wire(budget: blast_radius.BudgetState) -> admin_pb.Auto
     )
 
 
-class AdminService(admin_grpc.AdminServiceServicer):
-    """Serves the operator API."""
+class AdminService(watch_rpcs.WatchRpcs, admin_grpc.AdminServiceServicer):
+    """Serves the operator API (its watches: `watch_rpcs`)."""
 
     def __init__(
         self,
@@ -64,9 +65,14 @@ class AdminService(admin_grpc.AdminServiceServicer):
         remediation: remediation_mod.RemediationService | None = None,
         *,
         power: power_loop.PowerLoop | None = None,
+        changes: changes_mod.Changes | None = None,
     ) -> None:
-        """Bind to the ingest service and (when they run) the remediation service and the power loop."""
+        """Bind to the ingest service and (when they run) the remediation service and the power loop.
+
+        changes: what the watches follow (the replica's `wiring.Wired.changes`; None: a fan-out nothing publishes to).
+        """
         self._ingest = service
+        self._changes = changes if changes is not None else changes_mod.Changes()
         self._remediation = remediation
         self._power = power
 

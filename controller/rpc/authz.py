@@ -11,7 +11,8 @@ method (rasd.api.v1.AdminService/...)               least role  audited
 ListNodes GetNode ListEvents ListIncidents          viewer      on denial
 ListRepairs ListValidations GetPowerStatus
 GetPowerPolicy ListRma GetRma ListAudit ListSdc
-GetAutomationStatus
+GetAutomationStatus WatchNodes WatchEvents
+WatchIncidents WatchRepairs
 Quarantine Validate AccuseSdc SetAutomationPaused   operator    always (with outcome)
 Release                                             operator;   always
                                                     admin with
@@ -88,6 +89,10 @@ METHOD_RULES: dict[str, Rule] = {
             "ListAudit",
             "ListSdc",  # on main (SDC sweeps) and not yet on this branch: reads only
             "GetAutomationStatus",
+            "WatchNodes",
+            "WatchEvents",
+            "WatchIncidents",
+            "WatchRepairs",
         )
     },
     **{
@@ -228,6 +233,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+        if handler.unary_stream is not None:
+            return self._unary_stream(handler, method, rule, metadata)
         if handler.stream_stream is not None:
             stream_behavior = handler.stream_stream
 
@@ -244,8 +251,28 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        # No rasd method streams one way; refuse rather than serve a kind this check does not wrap.
+        # No rasd method streams from the client alone; refuse rather than serve a kind this check does not wrap.
         return _denying_handler(handler, method, self)
+
+    def _unary_stream(
+        self, handler: grpc.RpcMethodHandler, method: str, rule: Rule | None, metadata: tuple[Any, ...]
+    ) -> grpc.RpcMethodHandler:
+        """A server-streaming handler (the AdminService watches) behind the check; they only read."""
+        behavior = handler.unary_stream
+
+        async def watch(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            principal = await self._authorize(method, rule, request, metadata, context)
+            token = _principal.set(principal)
+            try:
+                return await behavior(request, context)
+            finally:
+                _principal.reset(token)
+
+        return grpc.unary_stream_rpc_method_handler(
+            watch,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
     async def deny(
         self,

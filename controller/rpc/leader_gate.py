@@ -68,4 +68,7 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message, trailing_metadata=trailers)
 
+        handler = await continuation(handler_call_details)
+        if handler is not None and handler.unary_stream is not None:  # a watch: refused as a stream
+            return grpc.unary_stream_rpc_method_handler(refuse)
         return grpc.unary_unary_rpc_method_handler(refuse)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rasd.cli import main as rasctl
+from rasd.cli import commands
 from rasd.controller.core.remediation import blast_radius
 from rasd.controller.rpc import admin_service, authz, leader_gate
 
@@ -14,16 +14,16 @@ def test_a_tripped_breaker_says_since_when_and_why():
     status = admin_service.automation_status_to_wire(budget)
     assert (status.paused, status.breaker_tripped) == (True, True)
     assert status.since_unix_ns == int(TRIPPED_AT_S * 1e9)
-    assert rasctl._automation_line(status) == (
+    assert commands.automation_line(status) == (
         "automation paused by the circuit breaker since 2026-05-28T20:26:40Z: 12% of nodes in 600 s"
     )
 
 
 def test_an_operators_pause_and_running():
     paused = admin_service.automation_status_to_wire(blast_radius.BudgetState(paused=True, pause_reason="upgrade"))
-    assert rasctl._automation_line(paused) == "automation paused by an operator: upgrade"
+    assert commands.automation_line(paused) == "automation paused by an operator: upgrade"
     running = admin_service.automation_status_to_wire(blast_radius.BudgetState())
-    assert rasctl._automation_line(running) == "automation running"
+    assert commands.automation_line(running) == "automation running"
     assert running.since_unix_ns == 0
 
 

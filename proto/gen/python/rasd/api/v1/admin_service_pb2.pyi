@@ -646,3 +646,68 @@ class ListAuditResponse(_message.Message):
 class GetAutomationStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class WatchNodesRequest(_message.Message):
+    __slots__ = ("label_selector",)
+    class LabelSelectorEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    LABEL_SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    label_selector: _containers.ScalarMap[str, str]
+    def __init__(self, label_selector: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class WatchNodesResponse(_message.Message):
+    __slots__ = ("nodes", "resync")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    resync: bool
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., resync: _Optional[bool] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("node_id", "since_unix_ns")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    since_unix_ns: int
+    def __init__(self, node_id: _Optional[str] = ..., since_unix_ns: _Optional[int] = ...) -> None: ...
+
+class WatchEventsResponse(_message.Message):
+    __slots__ = ("events", "resync")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[StoredEvent]
+    resync: bool
+    def __init__(self, events: _Optional[_Iterable[_Union[StoredEvent, _Mapping]]] = ..., resync: _Optional[bool] = ...) -> None: ...
+
+class WatchIncidentsRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class WatchIncidentsResponse(_message.Message):
+    __slots__ = ("incidents", "resync")
+    INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    incidents: _containers.RepeatedCompositeFieldContainer[Incident]
+    resync: bool
+    def __init__(self, incidents: _Optional[_Iterable[_Union[Incident, _Mapping]]] = ..., resync: _Optional[bool] = ...) -> None: ...
+
+class WatchRepairsRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class WatchRepairsResponse(_message.Message):
+    __slots__ = ("repairs", "resync")
+    REPAIRS_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    repairs: _containers.RepeatedCompositeFieldContainer[Repair]
+    resync: bool
+    def __init__(self, repairs: _Optional[_Iterable[_Union[Repair, _Mapping]]] = ..., resync: _Optional[bool] = ...) -> None: ...

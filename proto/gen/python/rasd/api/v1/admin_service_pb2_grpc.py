@@ -144,6 +144,26 @@ class AdminServiceStub:
                 request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.GetAutomationStatusRequest.SerializeToString,
                 response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.AutomationStatus.FromString,
                 _registered_method=True)
+        self.WatchNodes = channel.unary_stream(
+                '/rasd.api.v1.AdminService/WatchNodes',
+                request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchNodesRequest.SerializeToString,
+                response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchNodesResponse.FromString,
+                _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/rasd.api.v1.AdminService/WatchEvents',
+                request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchEventsResponse.FromString,
+                _registered_method=True)
+        self.WatchIncidents = channel.unary_stream(
+                '/rasd.api.v1.AdminService/WatchIncidents',
+                request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchIncidentsRequest.SerializeToString,
+                response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchIncidentsResponse.FromString,
+                _registered_method=True)
+        self.WatchRepairs = channel.unary_stream(
+                '/rasd.api.v1.AdminService/WatchRepairs',
+                request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchRepairsRequest.SerializeToString,
+                response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchRepairsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -310,6 +330,38 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchNodes(self, request, context):
+        """Watches: one answer per change as the controller makes it, until the caller cancels. Each
+        answer with resync set says the watcher fell behind and changes were dropped: it holds the
+        current state re-read from the store instead (a page at most). The leader serves them (a
+        follower refuses them as it refuses changes); RESOURCE_EXHAUSTED when too many watches are open.
+        Nodes that connected or disconnected, or whose state or events changed (not every telemetry sample).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchEvents(self, request, context):
+        """Health events as they are stored; since_unix_ns > 0 first sends those received since then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchIncidents(self, request, context):
+        """Incidents as the repair ladder opens, grows and closes them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchRepairs(self, request, context):
+        """Repair tickets as the repair ladder opens and moves them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -422,6 +474,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetAutomationStatus,
                     request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.GetAutomationStatusRequest.FromString,
                     response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.AutomationStatus.SerializeToString,
+            ),
+            'WatchNodes': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchNodes,
+                    request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchNodesRequest.FromString,
+                    response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchNodesResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchEventsRequest.FromString,
+                    response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchEventsResponse.SerializeToString,
+            ),
+            'WatchIncidents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchIncidents,
+                    request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchIncidentsRequest.FromString,
+                    response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchIncidentsResponse.SerializeToString,
+            ),
+            'WatchRepairs': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRepairs,
+                    request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchRepairsRequest.FromString,
+                    response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchRepairsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1018,6 +1090,114 @@ class AdminService:
             '/rasd.api.v1.AdminService/GetAutomationStatus',
             rasd_dot_api_dot_v1_dot_admin__service__pb2.GetAutomationStatusRequest.SerializeToString,
             rasd_dot_api_dot_v1_dot_admin__service__pb2.AutomationStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rasd.api.v1.AdminService/WatchNodes',
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchNodesRequest.SerializeToString,
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rasd.api.v1.AdminService/WatchEvents',
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchEventsRequest.SerializeToString,
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchIncidents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rasd.api.v1.AdminService/WatchIncidents',
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchIncidentsRequest.SerializeToString,
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchIncidentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRepairs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/rasd.api.v1.AdminService/WatchRepairs',
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchRepairsRequest.SerializeToString,
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.WatchRepairsResponse.FromString,
             options,
             channel_credentials,
             insecure,
