@@ -307,13 +307,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 @contextlib.contextmanager
-def kubernetes_adapter(
-    nodes: int, latency_ms: float, tmp: str, *, own_process: bool = True
-) -> Iterator[tuple[dict, pathlib.Path, pathlib.Path | None]]:
-    """Quarantine executors through the Kubernetes adapter and a fake API server process.
-
-    Yields them, the server's /proc and the adapter's own process's /proc (None: it runs in this one).
-    """
+def fake_api_server(nodes: int, latency_ms: float, tmp: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """The fake Kubernetes API server of tests/fakes/kube_api.py in a process of its own; yields its URL and process."""
     names = pathlib.Path(tmp) / f"nodes-{uuid.uuid4().hex[:8]}.txt"
     names.write_text("".join(f"{node_name(i)}\n" for i in range(nodes)))
     server = subprocess.Popen(
@@ -326,6 +321,22 @@ def kubernetes_adapter(
         url = server.stdout.readline().strip()
         if not url.startswith("http://"):
             raise RuntimeError(f"the fake API server did not start: {url!r}")
+        yield url, server
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def kubernetes_adapter(
+    nodes: int, latency_ms: float, tmp: str, *, own_process: bool = True
+) -> Iterator[tuple[dict, pathlib.Path, pathlib.Path | None]]:
+    """Quarantine executors through the Kubernetes adapter and a fake API server process.
+
+    Yields them, the server's /proc and the adapter's own process's /proc (None: it runs in this one).
+    """
+    with fake_api_server(nodes, latency_ms, tmp) as (url, server):
         # As rasd-controller builds it from its [quarantine] table.
         adapter = quarantine.open_quarantine(
             {"adapter": "kubernetes", "kubernetes": {"host": url, "request_timeout_s": 30, "own_process": own_process}}
@@ -342,10 +353,6 @@ def kubernetes_adapter(
             )
         finally:
             adapter.close()
-    finally:
-        if server.stdin is not None:
-            server.stdin.close()
-        server.wait(timeout=30)
 
 
 @contextlib.contextmanager
