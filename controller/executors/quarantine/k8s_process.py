@@ -204,14 +204,18 @@ class KubernetesProcess:
         return conn
 
     def _reap(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        """Wait for the child to end (killed after `STOP_TIMEOUT_S`), then close the socket.
+
+        In that order: answers the child sends while it finishes still reach their calls.
+        """
         if self._process is not None:
             try:
                 self._process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait(STOP_TIMEOUT_S)
+        if self._conn is not None:
+            self._conn.close()
         self._process, self._conn = None, None
 
 

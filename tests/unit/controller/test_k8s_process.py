@@ -175,3 +175,20 @@ def test_own_process_false_keeps_the_adapter_in_this_process(api):
         assert adapter.quarantine_node("n1", reason="r", ticket_id=TICKET).event_posted is True
     finally:
         adapter.close()
+
+
+def test_close_lets_the_calls_in_flight_finish(api, own_child):
+    own_child.start()
+    api.latency_s = 0.3
+    outcomes = []
+    caller = threading.Thread(
+        target=lambda: outcomes.append(own_child.quarantine_gpu("n1", "GPU-1", reason="r", ticket_id=TICKET))
+    )
+    caller.start()
+    time.sleep(0.2)
+
+    own_child.close()
+    caller.join(timeout=10)
+
+    assert [o.status for o in outcomes] == [quarantine.Status.QUARANTINED]
+    assert own_child.pid is None
