@@ -50,10 +50,12 @@ nodes and 100 %, storm_cooldown_s 0. Everything else is the default policy.
 Quarantines and releases go through the adapter rasd-controller is configured with
 (``--quarantine``): ``record`` (its default, `RecordOnlyQuarantine`: nothing changes on a cluster,
 and since its calls wait on nothing the service makes them in the dispatch round); ``kubernetes``:
-`KubernetesQuarantine` and the real ``kubernetes`` client, over HTTP to the fake API server of
-``tests/fakes/kube_api.py`` in a process of its own, every answer ``--api-latency-ms`` late (a read,
-a patch and an Event per quarantine; a node's adds its status patch), figures in their own section,
-the server's CPU shown apart (a real API server runs elsewhere); ``none``: no adapter, the
+`KubernetesQuarantine` and the real ``kubernetes`` client in the adapter's own process
+(`KubernetesProcess`, as rasd-controller runs it), over HTTP to the fake API server of
+``tests/fakes/kube_api.py`` in a process of its own, every answer ``--api-latency-ms`` late (a read
+and a patch per quarantine, a node's adds its status patch, then an Event after the call has
+returned), figures in their own section, the server's CPU shown apart (a real API server runs
+elsewhere) and the adapter process's too; ``none``: no adapter, the
 quarantine is its record (as this bench ran before 59c13c6). A burst ends when every event's call
 has returned, every adapter call's outcome is committed and
 every repair that waited for its quarantine has been sent.
@@ -305,8 +307,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 @contextlib.contextmanager
-def kubernetes_adapter(nodes: int, latency_ms: float, tmp: str) -> Iterator[tuple[dict, pathlib.Path]]:
-    """Quarantine executors through `KubernetesQuarantine` and a fake API server process; yields them and its /proc."""
+def fake_api_server(nodes: int, latency_ms: float, tmp: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """The fake Kubernetes API server of tests/fakes/kube_api.py in a process of its own; yields its URL and process."""
     names = pathlib.Path(tmp) / f"nodes-{uuid.uuid4().hex[:8]}.txt"
     names.write_text("".join(f"{node_name(i)}\n" for i in range(nodes)))
     server = subprocess.Popen(
@@ -319,18 +321,38 @@ def kubernetes_adapter(nodes: int, latency_ms: float, tmp: str) -> Iterator[tupl
         url = server.stdout.readline().strip()
         if not url.startswith("http://"):
             raise RuntimeError(f"the fake API server did not start: {url!r}")
-        # As rasd-controller builds it from its [quarantine] table.
-        adapter = quarantine.open_quarantine(
-            {"adapter": "kubernetes", "kubernetes": {"host": url, "request_timeout_s": 30}}
-        )
-        try:
-            yield dict(quarantine.executors(adapter)), pathlib.Path(f"/proc/{server.pid}")
-        finally:
-            adapter.close()
+        yield url, server
     finally:
         if server.stdin is not None:
             server.stdin.close()
         server.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def kubernetes_adapter(
+    nodes: int, latency_ms: float, tmp: str, *, own_process: bool = True
+) -> Iterator[tuple[dict, pathlib.Path, pathlib.Path | None]]:
+    """Quarantine executors through the Kubernetes adapter and a fake API server process.
+
+    Yields them, the server's /proc and the adapter's own process's /proc (None: it runs in this one).
+    """
+    with fake_api_server(nodes, latency_ms, tmp) as (url, server):
+        # As rasd-controller builds it from its [quarantine] table.
+        adapter = quarantine.open_quarantine(
+            {"adapter": "kubernetes", "kubernetes": {"host": url, "request_timeout_s": 30, "own_process": own_process}}
+        )
+        start = getattr(adapter, "start", None)
+        if start is not None:
+            start()  # as rasd-controller's first node sync does: the child is up before the storm
+        pid = getattr(adapter, "pid", None)
+        try:
+            yield (
+                dict(quarantine.executors(adapter)),
+                pathlib.Path(f"/proc/{server.pid}"),
+                pathlib.Path(f"/proc/{pid}") if pid is not None else None,
+            )
+        finally:
+            adapter.close()
 
 
 @contextlib.contextmanager
@@ -557,6 +579,8 @@ class Row:
     """Adapter calls (and the repairs waiting for them) not done when the burst's drain timeout ended."""
     api_cpu_s: float | None = None
     """CPU seconds of the fake Kubernetes API server during the burst (``--quarantine kubernetes``)."""
+    adapter_cpu_s: float | None = None
+    """CPU seconds of the Kubernetes adapter's own process during the burst (``KubernetesProcess``)."""
     events_stored: int | None = None
     """Burst events the ingest stored (None: the path stores none, or a tree without the count)."""
     events_stored_with_decision: int | None = None
@@ -717,9 +741,11 @@ async def measure(
     with contextlib.ExitStack() as stack:
         no_flush_wait = "-csynchronous_commit=off" if args.pg_no_flush_wait else ""
         url = stack.enter_context(database(backend, tmp, pg_settings=no_flush_wait))
-        executors, api_proc = None, None
+        executors, api_proc, adapter_proc = None, None, None
         if args.quarantine == "kubernetes":
-            executors, api_proc = stack.enter_context(kubernetes_adapter(args.nodes, args.api_latency_ms, tmp))
+            executors, api_proc, adapter_proc = stack.enter_context(
+                kubernetes_adapter(args.nodes, args.api_latency_ms, tmp, own_process=not args.kubernetes_in_process)
+            )
         elif args.quarantine == "record":
             executors = dict(quarantine.executors(quarantine.open_quarantine({})))  # rasd-controller's default
         # Built before the start: frozen with the start-up heap (the load generator's, not the controller's).
@@ -742,9 +768,12 @@ async def measure(
                 await rig.ingest.run_in_store(store_profiler.enable)  # the store thread has its own profile
                 profiler.enable()
             api_cpu0 = _proc_cpu_s(api_proc) if api_proc is not None else None
+            adapter_cpu0 = _proc_cpu_s(adapter_proc) if adapter_proc is not None else None
             await burst(rig, arrivals, args.rate, args.drain_timeout_s, heavy, path=args.path)
             if api_proc is not None and api_cpu0 is not None:
                 heavy.api_cpu_s = _proc_cpu_s(api_proc) - api_cpu0
+            if adapter_proc is not None and adapter_cpu0 is not None:
+                heavy.adapter_cpu_s = _proc_cpu_s(adapter_proc) - adapter_cpu0
             if profiler is not None and store_profiler is not None:
                 profiler.disable()
                 await rig.ingest.run_in_store(store_profiler.disable)
@@ -828,6 +857,11 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             "with an adapter that waits on nothing both are dispatched in the decision's own commit; with one that "
             "waits on another system, it leaves after the dispatch round's commit, once the adapter has returned)"
             + ("" if r.api_cpu_s is None else f"; the fake API server's CPU in the burst: {r.api_cpu_s:.1f} s")
+            + (
+                ""
+                if r.adapter_cpu_s is None
+                else f"; the Kubernetes adapter process's CPU in the burst: {r.adapter_cpu_s:.1f} s"
+            )
             + (
                 ""
                 if r.events_stored is None
@@ -916,6 +950,11 @@ def _parser() -> argparse.ArgumentParser:
         "--api-latency-ms", type=float, default=5.0, help="with --quarantine kubernetes: added to every API answer"
     )
     parser.add_argument(
+        "--kubernetes-in-process",
+        action="store_true",
+        help="with --quarantine kubernetes: the client in the controller's process (own_process = false), to compare",
+    )
+    parser.add_argument(
         "--pg-no-flush-wait",
         action="store_true",
         help="diagnostic, never how rasd runs: PostgreSQL commits return before their WAL is flushed "
@@ -990,7 +1029,8 @@ def _report(
         "record": "Quarantines go through `RecordOnlyQuarantine`, rasd-controller's default adapter (its calls "
         "wait on nothing: made with the decision, in its transaction, the repair that follows dispatched in it too).",
         "none": "Quarantines call no adapter (`--quarantine none`): each is its record.",
-        "kubernetes": "Quarantines go through `KubernetesQuarantine` (the real `kubernetes` client) to the fake API "
+        "kubernetes": "Quarantines go through `KubernetesQuarantine` (the real `kubernetes` client) in the adapter's "
+        "own process (`KubernetesProcess`, its Events posted after each call returns) to the fake API "
         f"server of tests/fakes/kube_api.py in its own process, each answer {args.api_latency_ms:g} ms late.",
     }[args.quarantine]
     text = "\n".join(

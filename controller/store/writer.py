@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.connection
 import pickle
-import socket
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from rasd.common import child_process
 from rasd.controller.store import repo
 
 SWITCH_INTERVAL_S = 0.00002
@@ -131,17 +131,8 @@ class CommitProcess:
         if self._conn is not None and self._process is not None and self._process.poll() is None:
             return self._conn
         self._reap()
-        # A plain child interpreter on a socket pair, not multiprocessing's spawn: that re-imports
-        # the parent's __main__, which a console script or pytest may not allow. The URL goes over
-        # the socket, not the command line, where `ps` would show a password in it.
-        ours, theirs = socket.socketpair()
-        with ours, theirs:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "rasd.controller.store.writer", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-            )
-            conn = multiprocessing.connection.Connection(ours.detach())
+        # The URL goes over the socket, not the command line, where `ps` would show a password in it.
+        process, conn = child_process.spawn("rasd.controller.store.writer")
         self._process, self._conn = process, conn
         try:
             conn.send_bytes(pickle.dumps(self._url))
@@ -190,7 +181,7 @@ def serve(conn: multiprocessing.connection.Connection) -> None:
     except (EOFError, OSError):
         return
     except Exception as exc:
-        conn.send_bytes(_pickled("error", exc))
+        conn.send_bytes(child_process.pickled("error", exc))
         return
     conn.send_bytes(pickle.dumps(("ready", None)))
     while True:
@@ -203,22 +194,14 @@ def serve(conn: multiprocessing.connection.Connection) -> None:
         change, fence = pickle.loads(message)
         store.fence = fence
         try:
-            reply = _pickled("ok", store.commit(change))
+            reply = child_process.pickled("ok", store.commit(change))
         except Exception as exc:
-            reply = _pickled("error", exc)
+            reply = child_process.pickled("error", exc)
         try:
             conn.send_bytes(reply)
         except OSError:
             break
     engine.dispose()
-
-
-def _pickled(status: str, value: Any) -> bytes:
-    """(status, value) pickled; an exception that does not pickle goes back as a RuntimeError naming it."""
-    try:
-        return pickle.dumps((status, value), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        return pickle.dumps((status, RuntimeError(f"{type(value).__name__}: {value}")))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ it out on the cluster's scheduler through one `QuarantineAdapter`:
 
 - `RecordOnlyQuarantine` (the default): remembers what it was asked and changes nothing.
 - `KubernetesQuarantine`: cordon, taint, node condition, annotations and Events, through the official
-  ``kubernetes`` client.
+  ``kubernetes`` client; in the controller it runs in a process of its own (`KubernetesProcess`).
 - `SlurmQuarantine`: ``scontrol update nodename=<n> state=drain|resume``.
 
 Every call is idempotent: quarantining twice, or releasing something that is not quarantined, changes
@@ -20,7 +20,8 @@ nothing and says so in the returned `QuarantineOutcome`. Expected results ("node
 by a rasd release (NVSentinel #1424: "don't uncordon nodes cordoned by others").
 
 The adapters, one module each: `record` (`RecordOnlyQuarantine`), `k8s` (`KubernetesQuarantine`,
-`KubernetesSettings`) and `slurm` (`SlurmQuarantine`, `SlurmSettings`); `adapter` holds what they share.
+`KubernetesSettings`; `k8s_process`: `KubernetesProcess`) and `slurm` (`SlurmQuarantine`,
+`SlurmSettings`); `adapter` holds what they share.
 This package re-exports their public names, so callers write ``quarantine.KubernetesQuarantine``.
 """
 
@@ -58,6 +59,7 @@ from rasd.controller.executors.quarantine.k8s import (
     label_value,
 )
 from rasd.controller.executors.quarantine.k8s_drain import DrainBlockedError, DrainReport
+from rasd.controller.executors.quarantine.k8s_process import KubernetesProcess
 from rasd.controller.executors.quarantine.record import RecordOnlyQuarantine
 from rasd.controller.executors.quarantine.slurm import SLURM_REASON_PREFIX, SlurmQuarantine, SlurmSettings, slurm_reason
 
@@ -75,6 +77,7 @@ __all__ = [
     "TAINT_QUARANTINED",
     "DrainBlockedError",
     "DrainReport",
+    "KubernetesProcess",
     "KubernetesQuarantine",
     "KubernetesSettings",
     "QuarantineAdapter",
@@ -215,7 +218,8 @@ def open_quarantine(settings: Mapping[str, Any], *, prefix: str = "quarantine.")
 
     Returns:
         The adapter. A Kubernetes adapter loads ``host`` if set, else the in-cluster service account,
-        else ``kubeconfig``.
+        else ``kubeconfig``; it runs in a process of its own (`KubernetesProcess`, started by the first
+        call or its ``start``) unless ``own_process`` is false.
 
     Raises:
         QuarantineSettingsError: an unknown key or a bad value, named by its path.
@@ -232,7 +236,11 @@ def open_quarantine(settings: Mapping[str, Any], *, prefix: str = "quarantine.")
     k8s = build_settings(KubernetesSettings, settings.get("kubernetes", {}), f"{prefix}kubernetes.")
     slurm = build_settings(SlurmSettings, settings.get("slurm", {}), f"{prefix}slurm.")
     if adapter == "kubernetes":
-        return KubernetesQuarantine(api_client(k8s, f"{prefix}kubernetes."), k8s)
+        client = api_client(k8s, f"{prefix}kubernetes.")  # here too: a bad kubeconfig is named at once
+        if k8s.own_process:
+            client.close()
+            return KubernetesProcess(k8s)
+        return KubernetesQuarantine(client, k8s)
     if adapter == "slurm":
         return SlurmQuarantine(slurm)
     return RecordOnlyQuarantine()

@@ -70,7 +70,7 @@ class QuarantineOutcome:
     kept: tuple[str, ...] = ()
     """Things left in place because they belong to someone else (another cordon or drain)."""
     event_posted: bool | None = None
-    """Kubernetes: whether the Event was created (None: no Event was due)."""
+    """Kubernetes: whether the Event was created (None: no Event was due, or it is posted after the call)."""
 
     @property
     def changed(self) -> bool:

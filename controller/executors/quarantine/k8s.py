@@ -44,7 +44,8 @@ the port in the fabric (subnet manager, NIC disable) is outside this adapter.
 Every change also creates a core/v1 ``Event`` (``involvedObject`` = the Node, namespace
 ``event_namespace``, ``source.component`` ``rasd-controller``); a repeat that changes nothing posts
 none. An Event that cannot be posted does not undo the change: the outcome says
-``event_posted=False``.
+``event_posted=False``. In the controller the adapter runs in its own process (`k8s_process`), which
+posts a quarantine's Event after the call has returned, so the repair that waits for it leaves first.
 
 RBAC the controller's ServiceAccount needs (a ClusterRole; the Helm chart renders it)::
 
@@ -76,6 +77,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 import re
@@ -161,6 +163,9 @@ class KubernetesSettings:
     """Node label read as the ``rack`` domain (Kubernetes has no standard one: name the cluster's own)."""
     node_sync_s: float = 60.0
     """How often the leader reads the Nodes' topology and refreshes ``RasdHealthy``'s heartbeat (0: never)."""
+    own_process: bool = True
+    """Run the client in a process of its own (`k8s_process`), off the interpreter that decides, and post
+    quarantines' Events after the call returns; false: in the controller's process, Events before."""
 
     def validate(self, prefix: str) -> None:
         """Check values; raise `QuarantineSettingsError` naming the key."""
@@ -229,6 +234,10 @@ class KubernetesQuarantine:
             `close`.
         settings: namespaces, timeouts, names.
         clock: current UTC time, for condition and Event timestamps.
+        post_later: takes a quarantine's or release's Event post (a callable) to run after the call has
+            returned (`k8s_process` hands it to its own threads), so that the repair waiting for the call
+            does not wait for the Event too; the outcome's ``event_posted`` is then None and a failed post
+            is logged. None: posted before the call returns.
     """
 
     name = "kubernetes"
@@ -239,6 +248,7 @@ class KubernetesQuarantine:
         settings: KubernetesSettings | None = None,
         *,
         clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        post_later: Callable[[Callable[[], bool]], Any] | None = None,
     ) -> None:
         import kubernetes.client  # optional extra: imported only when this adapter is configured
 
@@ -246,6 +256,7 @@ class KubernetesQuarantine:
         self._core = kubernetes.client.CoreV1Api(api_client)
         self._settings = settings or KubernetesSettings()
         self._clock = clock
+        self._post_later = post_later
 
     # ---- public API -----------------------------------------------------------------------
 
@@ -583,6 +594,9 @@ class KubernetesQuarantine:
                 continue
             except _NotFound:
                 return outcome(not_found)
+            if self._post_later is not None:
+                self._post_later(functools.partial(self._post_event, node, plan))
+                return outcome(plan, applied=True)
             posted = self._post_event(node, plan)
             return outcome(plan, event_posted=posted, applied=True)
         raise QuarantineUnavailableError(

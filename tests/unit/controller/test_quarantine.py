@@ -488,11 +488,14 @@ def test_open_quarantine_defaults_to_record_only():
 
 
 def test_the_kubernetes_client_keeps_a_connection_for_each_adapter_call_the_service_makes_at_once():
+    from rasd.controller.executors.quarantine import k8s_process
     from rasd.controller.remediation import adapters as remediation
 
-    adapter = quarantine.open_quarantine({"adapter": "kubernetes", "kubernetes": {"host": "http://127.0.0.1:9"}})
+    settings = {"host": "http://127.0.0.1:9", "own_process": False}  # the child builds its client the same way
+    adapter = quarantine.open_quarantine({"adapter": "kubernetes", "kubernetes": settings})
     try:
         assert adapter._api_client.configuration.connection_pool_maxsize >= remediation.ADAPTER_THREADS
+        assert adapter._api_client.configuration.connection_pool_maxsize >= k8s_process.CALL_THREADS
     finally:
         adapter.close()
 

@@ -1,0 +1,311 @@
+"""The Kubernetes adapter in its own process, so that the ``kubernetes`` client's Python never takes the decider's GIL.
+
+`KubernetesQuarantine` blocks on HTTP, so the remediation service calls it in threads; but the
+client's own work per call (building the request, urllib3, reading the answer) is Python that holds
+the interpreter lock, and in a quarantine storm hundreds of calls a second take it from the event loop
+that decides. Here `KubernetesProcess` is the adapter the controller holds: each call is a small
+pickled message to a child interpreter that owns the client (`serve`), and the calling thread waits
+on the answer without the GIL. The child runs the calls in its own threads, as many at once as the
+service makes them, and posts each quarantine's Event after its answer has gone back (`post_later`):
+the repair that waits for the quarantine leaves one round trip sooner.
+
+What stays the same: every call's semantics (the child runs `KubernetesQuarantine`), its outcome, and
+its errors (sent back as they were raised). A child that dies fails the calls in flight with
+`QuarantineUnavailableError` (retried as any API outage is) and the next call starts a new one. The
+child starts on the first call or on `start`, and reads its settings from the socket.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import itertools
+import multiprocessing.connection
+import pickle
+import subprocess
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+
+from rasd.common import child_process
+from rasd.common import logging as rasd_logging
+from rasd.controller.executors.quarantine import k8s, k8s_drain
+from rasd.controller.executors.quarantine.adapter import QuarantineOutcome, QuarantineUnavailableError
+
+log = structlog.get_logger("rasd.controller")
+
+CALLS = frozenset(
+    {
+        "quarantine_node", "release_node", "quarantine_gpu", "release_gpu", "quarantine_port", "release_port",
+        "mark_rma", "drain_node", "sync_nodes", "heartbeat",
+    }
+)  # fmt: skip
+"""The adapter's methods a parent may call in the child."""
+LONG_CALLS = frozenset({"drain_node"})
+"""Calls that take minutes (a drain waits out disruption budgets): their own threads, as in the service."""
+CALL_THREADS = k8s.API_CONNECTIONS
+"""Short calls the child runs at once (the service's adapter threads; one API connection each)."""
+LONG_CALL_THREADS = 32
+EVENT_THREADS = 4
+"""Threads that post Events after the calls that caused them have returned."""
+START_TIMEOUT_S = 60.0
+"""How long a new child may take to import the client, load its configuration and answer."""
+STOP_TIMEOUT_S = 10.0
+
+
+class KubernetesProcess:
+    """`KubernetesQuarantine` in a child process; the same methods, outcomes and errors. Thread-safe.
+
+    Args:
+        settings: the adapter's settings (the child builds its API client from them, `k8s.api_client`).
+    """
+
+    name = "kubernetes"
+    blocking = True
+    """Its calls wait on another system (the service runs them after their dispatch commits)."""
+
+    def __init__(self, settings: k8s.KubernetesSettings) -> None:
+        self._settings = settings
+        self._lock = threading.Lock()
+        """Held to start or stop the child and to send (one message at a time on the socket)."""
+        self._process: subprocess.Popen[bytes] | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+        self._pending: dict[int, _Pending] = {}
+        """The running child's calls waiting for an answer (a new child gets a new table)."""
+        self._lost = threading.Event()
+        """Set when the running child's socket has closed (before the child can be reaped)."""
+        self._ids = itertools.count(1)
+        self.started = 0
+        """Children started so far (for tests and diagnostics)."""
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id, if one runs."""
+        process = self._process
+        return process.pid if process is not None and process.poll() is None else None
+
+    @property
+    def sync_period_s(self) -> float:
+        """How often `sync_nodes` should run (0: never)."""
+        return self._settings.node_sync_s
+
+    def start(self) -> None:
+        """Start the child unless one runs, and wait until its client is configured (blocking)."""
+        with self._lock:
+            self._ensure_started()
+
+    # ---- the adapter's methods, run in the child ----------------------------------------------
+
+    def quarantine_node(self, node_id: str, *, reason: str, ticket_id: str) -> QuarantineOutcome:
+        """`KubernetesQuarantine.quarantine_node` in the child."""
+        return self._call("quarantine_node", node_id, reason=reason, ticket_id=ticket_id)
+
+    def release_node(self, node_id: str, *, reason: str, ticket_id: str) -> QuarantineOutcome:
+        """`KubernetesQuarantine.release_node` in the child."""
+        return self._call("release_node", node_id, reason=reason, ticket_id=ticket_id)
+
+    def quarantine_gpu(self, node_id: str, gpu_uuid: str, *, reason: str, ticket_id: str) -> QuarantineOutcome:
+        """`KubernetesQuarantine.quarantine_gpu` in the child."""
+        return self._call("quarantine_gpu", node_id, gpu_uuid, reason=reason, ticket_id=ticket_id)
+
+    def release_gpu(self, node_id: str, gpu_uuid: str, *, reason: str, ticket_id: str) -> QuarantineOutcome:
+        """`KubernetesQuarantine.release_gpu` in the child."""
+        return self._call("release_gpu", node_id, gpu_uuid, reason=reason, ticket_id=ticket_id)
+
+    def quarantine_port(self, node_id: str, port: str, *, reason: str, ticket_id: str) -> QuarantineOutcome:
+        """`KubernetesQuarantine.quarantine_port` in the child."""
+        return self._call("quarantine_port", node_id, port, reason=reason, ticket_id=ticket_id)
+
+    def release_port(self, node_id: str, port: str, *, reason: str, ticket_id: str) -> QuarantineOutcome:
+        """`KubernetesQuarantine.release_port` in the child."""
+        return self._call("release_port", node_id, port, reason=reason, ticket_id=ticket_id)
+
+    def mark_rma(self, node_id: str, *, reason: str, ticket_id: str) -> QuarantineOutcome:
+        """`KubernetesQuarantine.mark_rma` in the child."""
+        return self._call("mark_rma", node_id, reason=reason, ticket_id=ticket_id)
+
+    def drain_node(
+        self, node_id: str, *, reason: str, ticket_id: str, pods: str, deadline_s: float
+    ) -> k8s_drain.DrainReport:
+        """`KubernetesQuarantine.drain_node` in the child."""
+        return self._call("drain_node", node_id, reason=reason, ticket_id=ticket_id, pods=pods, deadline_s=deadline_s)
+
+    def sync_nodes(self, node_ids: Iterable[str]) -> dict[str, dict[str, str]]:
+        """`KubernetesQuarantine.sync_nodes` in the child."""
+        return self._call("sync_nodes", list(node_ids))
+
+    def heartbeat(self, node_ids: Iterable[str]) -> int:
+        """`KubernetesQuarantine.heartbeat` in the child."""
+        return self._call("heartbeat", list(node_ids))
+
+    def close(self) -> None:
+        """Ask the child to finish (after the calls in flight and the Events queued) and wait for it."""
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(OSError):
+                    self._conn.send_bytes(b"")
+            self._reap()
+
+    # ---- the parent's side of the socket ------------------------------------------------------
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Send one call, wait for its answer (without the GIL); its value, or what it raised."""
+        pending = _Pending()
+        with self._lock:
+            conn = self._ensure_started()
+            call_id = next(self._ids)
+            self._pending[call_id] = pending
+            try:
+                conn.send_bytes(pickle.dumps((call_id, method, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL))
+            except OSError as exc:
+                self._pending.pop(call_id, None)
+                raise QuarantineUnavailableError(f"{method}: the Kubernetes adapter process is gone: {exc}") from exc
+        pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.value
+
+    def _ensure_started(self) -> multiprocessing.connection.Connection:
+        """The running child's connection; a new child (and its answer reader) if none runs. Under the lock."""
+        alive = self._process is not None and self._process.poll() is None and not self._lost.is_set()
+        if self._conn is not None and alive:
+            return self._conn
+        self._reap()
+        process, conn = child_process.spawn("rasd.controller.executors.quarantine.k8s_child")
+        self._process, self._conn = process, conn
+        try:
+            conn.send_bytes(pickle.dumps(self._settings))
+            if not conn.poll(START_TIMEOUT_S):
+                raise QuarantineUnavailableError(
+                    f"the Kubernetes adapter process did not start within {START_TIMEOUT_S:.0f} s"
+                )
+            status, value = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            self._reap()
+            why = exc or "EOF"
+            raise QuarantineUnavailableError(f"the Kubernetes adapter process exited while starting ({why})") from exc
+        except BaseException:
+            self._reap()
+            raise
+        if status != "ready":
+            self._reap()
+            raise value
+        self._pending, self._lost = {}, threading.Event()
+        reader = threading.Thread(
+            target=_read_answers,
+            args=(conn, self._pending, self._lost, self._lock),
+            name="rasd-k8s-answers",
+            daemon=True,
+        )
+        reader.start()
+        self.started += 1
+        return conn
+
+    def _reap(self) -> None:
+        """Wait for the child to end (killed after `STOP_TIMEOUT_S`), then close the socket.
+
+        In that order: answers the child sends while it finishes still reach their calls.
+        """
+        if self._process is not None:
+            try:
+                self._process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(STOP_TIMEOUT_S)
+        if self._conn is not None:
+            self._conn.close()
+        self._process, self._conn = None, None
+
+
+def _read_answers(
+    conn: multiprocessing.connection.Connection,
+    pending: dict[int, _Pending],
+    lost: threading.Event,
+    lock: threading.Lock,
+) -> None:
+    """Hand each answer to its waiting call; when the child is gone, say so and fail the calls waiting on it.
+
+    Under lock (`KubernetesProcess._lock`): no call can join pending once lost is set.
+    """
+    while True:
+        try:
+            call_id, status, value = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break
+        waiting = pending.pop(call_id, None)
+        if waiting is not None:
+            waiting.settle(status, value)
+    error = QuarantineUnavailableError("the Kubernetes adapter process exited during the call")
+    with lock:
+        lost.set()
+        while pending:
+            _call_id, waiting = pending.popitem()
+            waiting.settle("error", error)
+
+
+class _Pending:
+    """One call waiting for its answer."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def settle(self, status: str, value: Any) -> None:
+        if status == "ok":
+            self.value = value
+        else:
+            self.error = value if isinstance(value, BaseException) else RuntimeError(str(value))
+        self.done.set()
+
+
+# --------------------------------------------------------------------------------------------
+# The child
+
+
+def serve(conn: multiprocessing.connection.Connection) -> None:
+    """The child: one `KubernetesQuarantine`, calls run in threads, until an empty message or the parent is gone."""
+    rasd_logging.configure()
+    try:
+        settings = pickle.loads(conn.recv_bytes())
+        events = concurrent.futures.ThreadPoolExecutor(EVENT_THREADS, "rasd-k8s-events")
+        adapter = k8s.KubernetesQuarantine(
+            k8s.api_client(settings, "quarantine.kubernetes."), settings, post_later=events.submit
+        )
+    except (EOFError, OSError):
+        return
+    except Exception as exc:
+        conn.send_bytes(child_process.pickled("error", exc))
+        return
+    conn.send_bytes(pickle.dumps(("ready", None)))
+    sending = threading.Lock()
+    calls = concurrent.futures.ThreadPoolExecutor(CALL_THREADS, "rasd-k8s-calls")
+    long_calls = concurrent.futures.ThreadPoolExecutor(LONG_CALL_THREADS, "rasd-k8s-long-calls")
+
+    def run(call_id: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            if method not in CALLS:
+                raise ValueError(f"not a method of the Kubernetes adapter: {method!r}")
+            reply = child_process.pickled(call_id, "ok", getattr(adapter, method)(*args, **kwargs))
+        except Exception as exc:
+            reply = child_process.pickled(call_id, "error", exc)
+        try:
+            with sending:
+                conn.send_bytes(reply)
+        except OSError:
+            log.warning("kubernetes_answer_lost", call=method, why="the parent is gone")
+
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
+            break  # the parent is gone
+        if not message:
+            break
+        call_id, method, args, kwargs = pickle.loads(message)
+        (long_calls if method in LONG_CALLS else calls).submit(run, call_id, method, args, kwargs)
+    for pool in (calls, long_calls, events):
+        pool.shutdown(wait=True)
+    adapter.close()
