@@ -31,7 +31,7 @@ from rasd.common import VERSION
 from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.ingest import consumer as consumer_mod
-from rasd.controller.ingest import group_commit, streams
+from rasd.controller.ingest import group_commit, priority, streams
 from rasd.controller.observability import metrics
 from rasd.controller.store import repo
 from rasd.controller.store import thread as store_thread
@@ -47,6 +47,9 @@ MAX_HELLO_GROUP = 256
 
 FLUSH_CHUNK = 512
 """Rows of latest telemetry (GPUs) or last-seen times (nodes) written in one store call by `Ingest.flush`."""
+
+ABSORB_SLICE_NODES = 128
+"""Nodes whose waiting summaries `Ingest` absorbs before it lets the event loop's other work run."""
 
 Session = streams.Session
 """One open agent stream (`streams.Session`)."""
@@ -119,6 +122,10 @@ class Ingest:
         self._last_seen: dict[str, int] = {}
         self._result_tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
+        self.events_first = priority.EventsFirst()
+        """The event batches in flight; absorbing summaries and flushing wait behind them (`priority`)."""
+        self._summaries: priority.PendingSummaries[tuple[Session, msgs.TelemetrySummary]] = priority.PendingSummaries()
+        self._absorber: asyncio.Task[None] | None = None
         self._hellos: group_commit.GroupCommit[repo.HelloOutcome] = group_commit.GroupCommit(
             "rasd-hello-registrar", thread.run, store.register_hellos, store.register_hello, MAX_HELLO_GROUP
         )
@@ -223,6 +230,7 @@ class Ingest:
         except repo.STORE_UNAVAILABLE as exc:
             log.warning("ingest_warm_up_skipped", error=str(exc))
         self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
+        self._absorber = asyncio.create_task(self._absorb_forever(), name="rasd-summary-absorber")
 
     def end_sessions(self) -> None:
         """End every open agent stream (its agent reconnects, to another replica if there is one)."""
@@ -235,9 +243,12 @@ class Ingest:
         call it still takes would find no store (the Controller does).
         """
         self.end_sessions()
-        if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
+        for task in (self._flusher, self._absorber):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._absorber = None
+        self._absorb(len(self._summaries))  # what waited goes into the final flush
         try:
             await self.flush()
         except repo.STORE_UNAVAILABLE as exc:  # latest telemetry and last-seen times only: no event is lost
@@ -351,6 +362,38 @@ class Ingest:
                 self.latest_controller_ns[gpu_uuid] = session.to_controller_ns(merged.counters_unix_ns, now)
         self._last_seen[session.node_id] = now
 
+    def queue_summary(self, session: Session, summary: msgs.TelemetrySummary) -> None:
+        """Absorb a validated telemetry summary once no health-event batch is in flight (`priority`).
+
+        A stream's summary costs the event loop tens of µs to absorb (`on_summary`); at 2,048 nodes
+        a second's worth sat in front of every step of a fault's batch. So it waits, per node in
+        order (nothing is dropped: a node's fifth waiting summary pushes its oldest to be absorbed
+        at once, counted). Absorbed at once when the ingest does not run (not started, or stopped).
+        """
+        if self._absorber is None or self._absorber.done():
+            self.on_summary(session, summary)
+            return
+        pushed_out = self._summaries.put(session.node_id, (session, summary))
+        if pushed_out is not None:
+            self.metrics.summaries_absorbed_at_once.inc()
+            self.on_summary(*pushed_out)
+
+    async def _absorb_forever(self) -> None:
+        """Absorb waiting summaries, `ABSORB_SLICE_NODES` nodes a turn, each turn behind the event batches in flight."""
+        while True:
+            await self._summaries.ready.wait()
+            await self.events_first.telemetry_turn()
+            self._absorb(ABSORB_SLICE_NODES)
+            await asyncio.sleep(0)
+
+    def _absorb(self, max_nodes: int) -> None:
+        """Absorb what the first max_nodes nodes with summaries waiting have waiting."""
+        for session, summary in self._summaries.take(max_nodes):
+            try:
+                self.on_summary(session, summary)
+            except Exception as exc:  # one node's bad summary must not stop everyone's
+                log.error("summary_not_absorbed", node=session.node_id, error=f"{type(exc).__name__}: {exc}")
+
     def on_summary(self, session: Session, summary: msgs.TelemetrySummary) -> None:
         """Absorb a validated telemetry summary (`wire.stream.summary_from_wire`) into the in-memory view.
 
@@ -432,19 +475,22 @@ class Ingest:
         # commits. The commit lands anyway and a resend is then a duplicate, so the hand-over must
         # not depend on this caller still waiting: cancelled here, the events were stored and acked
         # but never decided (and the node's next decision moved the replay watermark past them).
-        try:
-            taken, ack_queued_at = await asyncio.shield(asyncio.ensure_future(self._hand_over(session, events)))
-        except repo.SpoolEpochChanged as exc:
-            # The node came back with a new spool (a newer Hello, here or at another replica) while
-            # this older stream still sent: nothing of it is stored or acked, and the stream ends.
-            log.warning("events_of_a_left_spool", node=session.node_id, seqs=[e.seq for e in events], error=str(exc))
-            raise
-        self._last_seen[session.node_id] = now
-        if ack_queued_at is None:
-            await session.outbound.put(wire_stream.ack_message(taken.acked_seq))
-        self.metrics.event_persist_seconds.observe((ack_queued_at or time.perf_counter()) - started)
-        if taken.decided is not None:
-            await taken.decided  # the stream reads on once they are decided: a storm waits in the agents' spools
+        with self.events_first.event_batch():  # telemetry's absorbing and flushing wait meanwhile
+            try:
+                handing = asyncio.ensure_future(self._hand_over(session, events))
+                taken, ack_queued_at = await asyncio.shield(handing)
+            except repo.SpoolEpochChanged as exc:
+                # The node came back with a new spool (a newer Hello, here or at another replica) while
+                # this older stream still sent: nothing of it is stored or acked, and the stream ends.
+                seqs = [e.seq for e in events]
+                log.warning("events_of_a_left_spool", node=session.node_id, seqs=seqs, error=str(exc))
+                raise
+            self._last_seen[session.node_id] = now
+            if ack_queued_at is None:
+                await session.outbound.put(wire_stream.ack_message(taken.acked_seq))
+            self.metrics.event_persist_seconds.observe((ack_queued_at or time.perf_counter()) - started)
+            if taken.decided is not None:
+                await taken.decided  # the stream reads on once they are decided: a storm waits in the agents' spools
 
     async def _hand_over(
         self, session: Session, events: Sequence[repo.StoredEvent]
@@ -626,7 +672,8 @@ class Ingest:
 
         In chunks, so that an event batch queued on the store thread meanwhile waits for one chunk,
         not for the whole fleet's rows: at 2,048 nodes one transaction of 16,384 GPUs held the store
-        thread for about 0.9 s, and every ack and decision behind it (bench/scale.py's p99).
+        thread for about 0.9 s, and every ack and decision behind it (bench/scale.py's p99). No
+        chunk starts while an event batch is in flight (`priority.EventsFirst`, for a bounded wait).
         """
         dirty, self._dirty = self._dirty, {}
         last_seen, self._last_seen = self._last_seen, {}
@@ -637,9 +684,11 @@ class Ingest:
         node_chunks = _chunks(last_seen, FLUSH_CHUNK)
         try:
             while gpu_chunks:
+                await self.events_first.telemetry_turn()
                 await self.thread.run(self.store.save_latest, gpu_chunks[0])
                 gpu_chunks.pop(0)
             while node_chunks:
+                await self.events_first.telemetry_turn()
                 await self.thread.run(self.store.touch_nodes, node_chunks[0])
                 node_chunks.pop(0)
         except Exception:

@@ -228,7 +228,8 @@ async def deliver(
     if kind == "telemetry":
         service.on_telemetry(session, wire_stream.telemetry_from_wire(message.telemetry, session.known_gpus))
     elif kind == "summary":
-        service.on_summary(session, wire_stream.summary_from_wire(message.summary, session.node_id, session.known_gpus))
+        summary = wire_stream.summary_from_wire(message.summary, session.node_id, session.known_gpus)
+        service.queue_summary(session, summary)
     elif kind == "events":
         started = time.perf_counter()
         events = wire.events_from_wire(
