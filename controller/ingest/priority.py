@@ -11,6 +11,7 @@ So telemetry work that can wait does:
   storm of events cannot starve the power loop's view of the fleet.
 - `PendingSummaries` holds the summaries read and not absorbed yet, per node in arrival order. Nothing
   is dropped: when a node has `per_node` waiting, its oldest is handed back to be absorbed at once.
+- `Absorber` absorbs them, a slice of nodes a turn, each turn behind the batches in flight.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ import asyncio
 import collections
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
+
+import structlog
+
+log = structlog.get_logger("rasd.controller")
 
 ItemT = TypeVar("ItemT")
 
@@ -65,7 +70,7 @@ class EventsFirst:
 
 
 class PendingSummaries(Generic[ItemT]):
-    """Summaries read and not absorbed yet: per node, in arrival order; nodes in the order they first waited."""
+    """Items (summaries) read and not absorbed yet: per node, in arrival order; nodes in the order they first waited."""
 
     def __init__(self, *, per_node: int = 4) -> None:
         """Empty; a node holds per_node summaries waiting at most (a newer one pushes its oldest out to be absorbed)."""
@@ -101,3 +106,60 @@ class PendingSummaries(Generic[ItemT]):
         if not self._by_node:
             self.ready.clear()
         return taken
+
+
+class Absorber(Generic[ItemT]):
+    """Absorbs what nodes' streams read (`put`) once no event batch is in flight, a slice of nodes a turn."""
+
+    def __init__(
+        self,
+        absorb: Callable[[ItemT], None],
+        events_first: EventsFirst,
+        *,
+        pushed_out: Callable[[], None],
+        per_node: int = 4,
+        slice_nodes: int = 128,
+    ) -> None:
+        """absorb: takes one item in (it must not block); pushed_out: counts an item absorbed at once under pressure."""
+        self._absorb_one = absorb
+        self._events_first = events_first
+        self._pushed_out = pushed_out
+        self._slice_nodes = slice_nodes
+        self.pending: PendingSummaries[ItemT] = PendingSummaries(per_node=per_node)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Absorb from now on in turns (until then every item is absorbed as it is put)."""
+        self._task = asyncio.create_task(self._absorb_forever(), name="rasd-summary-absorber")
+
+    async def stop(self) -> None:
+        """Stop taking turns, and absorb what waits (so that a final flush writes it)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._absorb(len(self.pending))
+
+    def put(self, node_id: str, item: ItemT) -> None:
+        """Queue node_id's item for its turn; absorbed at once when no turns are taken (not started, or stopped)."""
+        if self._task is None or self._task.done():
+            self._absorb_one(item)
+            return
+        pushed_out = self.pending.put(node_id, item)
+        if pushed_out is not None:
+            self._pushed_out()
+            self._absorb_one(pushed_out)
+
+    async def _absorb_forever(self) -> None:
+        while True:
+            await self.pending.ready.wait()
+            await self._events_first.telemetry_turn()
+            self._absorb(self._slice_nodes)
+            await asyncio.sleep(0)  # the loop's other work (a batch that just arrived) between slices
+
+    def _absorb(self, max_nodes: int) -> None:
+        for item in self.pending.take(max_nodes):
+            try:
+                self._absorb_one(item)
+            except Exception as exc:  # one node's bad summary must not stop everyone's
+                log.error("summary_not_absorbed", error=f"{type(exc).__name__}: {exc}")

@@ -48,9 +48,6 @@ MAX_HELLO_GROUP = 256
 FLUSH_CHUNK = 512
 """Rows of latest telemetry (GPUs) or last-seen times (nodes) written in one store call by `Ingest.flush`."""
 
-ABSORB_SLICE_NODES = 128
-"""Nodes whose waiting summaries `Ingest` absorbs before it lets the event loop's other work run."""
-
 Session = streams.Session
 """One open agent stream (`streams.Session`)."""
 
@@ -122,10 +119,11 @@ class Ingest:
         self._last_seen: dict[str, int] = {}
         self._result_tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
-        self.events_first = priority.EventsFirst()
-        """The event batches in flight; absorbing summaries and flushing wait behind them (`priority`)."""
-        self._summaries: priority.PendingSummaries[tuple[Session, msgs.TelemetrySummary]] = priority.PendingSummaries()
-        self._absorber: asyncio.Task[None] | None = None
+        self.events_first = priority.EventsFirst()  # absorbing summaries and flushing wait behind event batches
+        absorbed_at_once = self.metrics.summaries_absorbed_at_once.inc
+        self._summaries: priority.Absorber[tuple[Session, msgs.TelemetrySummary]] = priority.Absorber(
+            lambda item: self.on_summary(*item), self.events_first, pushed_out=absorbed_at_once
+        )
         self._hellos: group_commit.GroupCommit[repo.HelloOutcome] = group_commit.GroupCommit(
             "rasd-hello-registrar", thread.run, store.register_hellos, store.register_hello, MAX_HELLO_GROUP
         )
@@ -230,7 +228,7 @@ class Ingest:
         except repo.STORE_UNAVAILABLE as exc:
             log.warning("ingest_warm_up_skipped", error=str(exc))
         self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
-        self._absorber = asyncio.create_task(self._absorb_forever(), name="rasd-summary-absorber")
+        self._summaries.start()
 
     def end_sessions(self) -> None:
         """End every open agent stream (its agent reconnects, to another replica if there is one)."""
@@ -243,12 +241,10 @@ class Ingest:
         call it still takes would find no store (the Controller does).
         """
         self.end_sessions()
-        for task in (self._flusher, self._absorber):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._absorber = None
-        self._absorb(len(self._summaries))  # what waited goes into the final flush
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._summaries.stop()  # what waited goes into the final flush
         try:
             await self.flush()
         except repo.STORE_UNAVAILABLE as exc:  # latest telemetry and last-seen times only: no event is lost
@@ -370,29 +366,7 @@ class Ingest:
         order (nothing is dropped: a node's fifth waiting summary pushes its oldest to be absorbed
         at once, counted). Absorbed at once when the ingest does not run (not started, or stopped).
         """
-        if self._absorber is None or self._absorber.done():
-            self.on_summary(session, summary)
-            return
-        pushed_out = self._summaries.put(session.node_id, (session, summary))
-        if pushed_out is not None:
-            self.metrics.summaries_absorbed_at_once.inc()
-            self.on_summary(*pushed_out)
-
-    async def _absorb_forever(self) -> None:
-        """Absorb waiting summaries, `ABSORB_SLICE_NODES` nodes a turn, each turn behind the event batches in flight."""
-        while True:
-            await self._summaries.ready.wait()
-            await self.events_first.telemetry_turn()
-            self._absorb(ABSORB_SLICE_NODES)
-            await asyncio.sleep(0)
-
-    def _absorb(self, max_nodes: int) -> None:
-        """Absorb what the first max_nodes nodes with summaries waiting have waiting."""
-        for session, summary in self._summaries.take(max_nodes):
-            try:
-                self.on_summary(session, summary)
-            except Exception as exc:  # one node's bad summary must not stop everyone's
-                log.error("summary_not_absorbed", node=session.node_id, error=f"{type(exc).__name__}: {exc}")
+        self._summaries.put(session.node_id, (session, summary))
 
     def on_summary(self, session: Session, summary: msgs.TelemetrySummary) -> None:
         """Absorb a validated telemetry summary (`wire.stream.summary_from_wire`) into the in-memory view.
@@ -477,8 +451,7 @@ class Ingest:
         # but never decided (and the node's next decision moved the replay watermark past them).
         with self.events_first.event_batch():  # telemetry's absorbing and flushing wait meanwhile
             try:
-                handing = asyncio.ensure_future(self._hand_over(session, events))
-                taken, ack_queued_at = await asyncio.shield(handing)
+                taken, ack_queued_at = await asyncio.shield(asyncio.ensure_future(self._hand_over(session, events)))
             except repo.SpoolEpochChanged as exc:
                 # The node came back with a new spool (a newer Hello, here or at another replica) while
                 # this older stream still sent: nothing of it is stored or acked, and the stream ends.
