@@ -121,8 +121,8 @@ class Ingest:
         self._flusher: asyncio.Task[None] | None = None
         self.events_first = priority.EventsFirst()  # absorbing summaries and flushing wait behind event batches
         absorbed_at_once = self.metrics.summaries_absorbed_at_once.inc
-        self._summaries: priority.Absorber[tuple[Session, msgs.TelemetrySummary]] = priority.Absorber(
-            lambda item: self.on_summary(*item), self.events_first, pushed_out=absorbed_at_once
+        self._summaries: priority.Absorber[tuple[Session, Callable[[], msgs.TelemetrySummary]]] = priority.Absorber(
+            lambda item: self.on_summary(item[0], item[1]()), self.events_first, pushed_out=absorbed_at_once
         )
         self._hellos: group_commit.GroupCommit[repo.HelloOutcome] = group_commit.GroupCommit(
             "rasd-hello-registrar", thread.run, store.register_hellos, store.register_hello, MAX_HELLO_GROUP
@@ -358,15 +358,16 @@ class Ingest:
                 self.latest_controller_ns[gpu_uuid] = session.to_controller_ns(merged.counters_unix_ns, now)
         self._last_seen[session.node_id] = now
 
-    def queue_summary(self, session: Session, summary: msgs.TelemetrySummary) -> None:
-        """Absorb a validated telemetry summary once no health-event batch is in flight (`priority`).
+    def queue_summary(self, session: Session, convert: Callable[[], msgs.TelemetrySummary]) -> None:
+        """Convert and absorb a checked telemetry summary once no health-event batch is in flight (`priority`).
 
-        A stream's summary costs the event loop tens of µs to absorb (`on_summary`); at 2,048 nodes
-        a second's worth sat in front of every step of a fault's batch. So it waits, per node in
-        order (nothing is dropped: a node's fifth waiting summary pushes its oldest to be absorbed
-        at once, counted). Absorbed at once when the ingest does not run (not started, or stopped).
+        convert: the summary's conversion (`wire.stream.summary_from_wire` on a message the edge
+        checked: it cannot fail). Converting and absorbing a stream's summary costs the event loop
+        tens of µs (`on_summary`); at 2,048 nodes a second's worth sat in front of every step of a
+        fault's batch. So it waits, per node in order (none is dropped: a node's fifth waiting pushes
+        its oldest in at once, counted); at once too while the ingest does not run (`start`, `stop`).
         """
-        self._summaries.put(session.node_id, (session, summary))
+        self._summaries.put(session.node_id, (session, convert))
 
     def on_summary(self, session: Session, summary: msgs.TelemetrySummary) -> None:
         """Absorb a validated telemetry summary (`wire.stream.summary_from_wire`) into the in-memory view.
