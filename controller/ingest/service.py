@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -654,25 +655,23 @@ class Ingest:
         if not dirty and not last_seen:
             return
         started = time.perf_counter()
-        gpu_chunks = _chunks(dirty, FLUSH_CHUNK)
-        node_chunks = _chunks(last_seen, FLUSH_CHUNK)
         try:
-            while gpu_chunks:
-                await self.events_first.telemetry_turn()
-                await self.thread.run(self.store.save_latest, gpu_chunks[0])
-                gpu_chunks.pop(0)
-            while node_chunks:
-                await self.events_first.telemetry_turn()
-                await self.thread.run(self.store.touch_nodes, node_chunks[0])
-                node_chunks.pop(0)
-        except Exception:
-            # Keep what could not be written; newer values that arrived meanwhile win.
-            for chunk in gpu_chunks:
-                for uuid_, value in chunk.items():
-                    self._dirty.setdefault(uuid_, value)
-            for chunk in node_chunks:
-                for node_id, ts in chunk.items():
-                    self._last_seen.setdefault(node_id, ts)
+            for rows, write in ((dirty, self.store.save_latest), (last_seen, self.store.touch_nodes)):
+                while rows:
+                    await self.events_first.telemetry_turn()
+                    chunk = _take(rows, FLUSH_CHUNK)  # each as its turn comes: cutting 16,384 at once stalled the loop
+                    try:
+                        await self.thread.run(write, chunk)
+                    except BaseException:
+                        rows.update(chunk)
+                        raise
+        except BaseException:
+            # Keep what could not be written (for the next flush, or the final one at stop); newer
+            # values that arrived meanwhile win.
+            for uuid_, value in dirty.items():
+                self._dirty.setdefault(uuid_, value)
+            for node_id, ts in last_seen.items():
+                self._last_seen.setdefault(node_id, ts)
             raise
         self.metrics.store_flush_seconds.observe(time.perf_counter() - started)
 
@@ -685,7 +684,6 @@ class Ingest:
                 log.error("telemetry_flush_failed", error=str(exc), error_type=type(exc).__name__)
 
 
-def _chunks(rows: dict[Any, Any], size: int) -> list[dict[Any, Any]]:
-    """rows cut into dicts of at most size entries, in order."""
-    items = list(rows.items())
-    return [dict(items[i : i + size]) for i in range(0, len(items), size)]
+def _take(rows: dict[Any, Any], size: int) -> dict[Any, Any]:
+    """The first size entries of rows (all, if fewer), removed from rows."""
+    return {key: rows.pop(key) for key in list(itertools.islice(rows, size))}

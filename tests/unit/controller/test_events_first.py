@@ -197,3 +197,38 @@ def test_pending_summaries_keep_each_nodes_order_and_refuse_a_zero_bound():
     assert pending.take(5) == [10] and len(pending) == 0 and not pending.ready.is_set()
     with pytest.raises(ValueError, match="per_node"):
         priority.PendingSummaries(per_node=0)
+
+
+def test_a_flush_that_fails_midway_keeps_every_row_not_written_for_the_next(rig, monkeypatch):
+    """Chunks are cut as their turn comes; a refused chunk and those after it wait for the next flush."""
+    store, ingest = rig
+    monkeypatch.setattr(ingest_mod, "FLUSH_CHUNK", 2)
+    written: list[list[str]] = []
+    save_latest = store.save_latest
+
+    def refuses_the_second(latest):
+        if len(written) == 1:
+            written.append([])
+            raise OSError("store gone")
+        written.append(sorted(latest))
+        save_latest(latest)
+
+    monkeypatch.setattr(store, "save_latest", refuses_the_second)
+
+    async def scenario():
+        for n in range(5):
+            await _open(ingest, n)
+            ingest._dirty[_gpu(n)] = fleet.GpuLatest(power_w=100.0 + n, power_sample_unix_ns=5)
+        with pytest.raises(OSError, match="store gone"):
+            await ingest.flush()
+        kept = sorted(ingest._dirty)
+        await ingest.flush()
+        return kept
+
+    kept = asyncio.run(scenario())
+    assert written[0] == [_gpu(0), _gpu(1)]
+    assert kept == [_gpu(n) for n in range(2, 5)], "the refused chunk and the one after it were dropped"
+    assert sorted(uuid for chunk in written[2:] for uuid in chunk) == kept
+    assert {gpu.record.uuid: gpu.latest.power_w for node in store.list_nodes() for gpu in node.gpus} == {
+        _gpu(n): 100.0 + n for n in range(5)
+    }
