@@ -157,6 +157,7 @@ def controller_process(
                             "flushes": controller.registry.get_sample_value("rasd_store_flush_seconds_count") or 0.0,
                             "persist_s": controller.registry.get_sample_value("rasd_event_persist_seconds_sum") or 0.0,
                             "persists": controller.registry.get_sample_value("rasd_event_persist_seconds_count") or 0.0,
+                            **_gc_pauses(controller.metrics.gc_pause_seconds),
                         }
                     )
                 elif request == "stop":
@@ -412,7 +413,38 @@ def _row(
         "persist_mean_ms": 1000
         * (after["persist_s"] - before["persist_s"])
         / max(1.0, after["persists"] - before["persists"]),
+        "gc_pause_s": after["gc_pause_s"] - before["gc_pause_s"],
+        "gc_long_pauses": after["gc_long_pauses"] - before["gc_long_pauses"],
+        "gc_long_by_generation": {
+            key[-1]: after[key] - before.get(key, 0.0)
+            for key in sorted(after)
+            if key.startswith("gc_long_pauses_gen") and after[key] - before.get(key, 0.0)
+        },
     }
+
+
+GC_LONG_PAUSE_S = "0.1"
+"""A garbage-collector pause longer than this (a bucket bound of ``rasd_gc_pause_seconds``) is counted as long."""
+
+
+def _gc_pauses(histogram: Any) -> dict[str, float]:
+    """The controller's garbage-collector pauses so far: their total seconds, and how many were long by generation.
+
+    Read from ``rasd_gc_pause_seconds`` alone, not through the registry's every collector.
+    """
+    pauses: dict[str, float] = {"gc_pause_s": 0.0, "gc_long_pauses": 0.0}
+    for metric in histogram.collect():
+        for sample in metric.samples:
+            long_key = f"gc_long_pauses_gen{sample.labels.get('generation')}"
+            if sample.name.endswith("_sum"):
+                pauses["gc_pause_s"] += sample.value
+            elif sample.name.endswith("_count"):
+                pauses["gc_long_pauses"] += sample.value
+                pauses[long_key] = pauses.get(long_key, 0.0) + sample.value
+            elif sample.name.endswith("_bucket") and sample.labels.get("le") == GC_LONG_PAUSE_S:
+                pauses["gc_long_pauses"] -= sample.value
+                pauses[long_key] = pauses.get(long_key, 0.0) - sample.value
+    return pauses
 
 
 def _fmt(value: float, digits: int = 1) -> str:
@@ -477,7 +509,10 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, machine: str, w
             f"(connect storm included); agent processes CPU {r['agent_cpu_s']:.1f} s; flushing the latest "
             f"telemetry took {r['flush_busy_pct']:.0f} % of the window (mean flush {r['flush_mean_s']:.2f} s, in "
             "chunks between the store thread's other calls); health-event batch receive → ack mean "
-            f"{r['persist_mean_ms']:.0f} ms; "
+            f"{r['persist_mean_ms']:.0f} ms; garbage-collector pauses {r['gc_pause_s']:.2f} s in the window, "
+            f"{r['gc_long_pauses']:.0f} over {float(GC_LONG_PAUSE_S) * 1000:.0f} ms"
+            + "".join(f", generation {g}: {n:.0f}" for g, n in r["gc_long_by_generation"].items())
+            + "; "
             f"remediation commit p99 {_fmt(r['commit_p99_ms'])} ms; slowest event → dispatch "
             + ", ".join(f"{1000 * s:,.0f} ms ({kind})" for s, kind in r["slowest"])
             + "."

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +32,7 @@ from rasd.common import VERSION
 from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.ingest import consumer as consumer_mod
-from rasd.controller.ingest import group_commit, streams
+from rasd.controller.ingest import group_commit, priority, streams
 from rasd.controller.observability import metrics
 from rasd.controller.store import repo
 from rasd.controller.store import thread as store_thread
@@ -119,6 +120,11 @@ class Ingest:
         self._last_seen: dict[str, int] = {}
         self._result_tasks: set[asyncio.Task[None]] = set()
         self._flusher: asyncio.Task[None] | None = None
+        self.events_first = priority.EventsFirst()  # absorbing summaries and flushing wait behind event batches
+        absorbed_at_once = self.metrics.summaries_absorbed_at_once.inc
+        self._summaries: priority.Absorber[tuple[Session, Callable[[], msgs.TelemetrySummary]]] = priority.Absorber(
+            lambda item: self.on_summary(item[0], item[1]()), self.events_first, pushed_out=absorbed_at_once
+        )
         self._hellos: group_commit.GroupCommit[repo.HelloOutcome] = group_commit.GroupCommit(
             "rasd-hello-registrar", thread.run, store.register_hellos, store.register_hello, MAX_HELLO_GROUP
         )
@@ -223,6 +229,7 @@ class Ingest:
         except repo.STORE_UNAVAILABLE as exc:
             log.warning("ingest_warm_up_skipped", error=str(exc))
         self._flusher = asyncio.create_task(self._flush_forever(), name="rasd-telemetry-flush")
+        self._summaries.start()
 
     def end_sessions(self) -> None:
         """End every open agent stream (its agent reconnects, to another replica if there is one)."""
@@ -238,6 +245,7 @@ class Ingest:
         if self._flusher is not None:
             self._flusher.cancel()
             await asyncio.gather(self._flusher, return_exceptions=True)
+        await self._summaries.stop()  # what waited goes into the final flush
         try:
             await self.flush()
         except repo.STORE_UNAVAILABLE as exc:  # latest telemetry and last-seen times only: no event is lost
@@ -351,6 +359,17 @@ class Ingest:
                 self.latest_controller_ns[gpu_uuid] = session.to_controller_ns(merged.counters_unix_ns, now)
         self._last_seen[session.node_id] = now
 
+    def queue_summary(self, session: Session, convert: Callable[[], msgs.TelemetrySummary]) -> None:
+        """Convert and absorb a checked telemetry summary once no health-event batch is in flight (`priority`).
+
+        convert: the summary's conversion (`wire.stream.summary_from_wire` on a message the edge
+        checked: it cannot fail). Converting and absorbing a stream's summary costs the event loop
+        tens of µs (`on_summary`); at 2,048 nodes a second's worth sat in front of every step of a
+        fault's batch. So it waits, per node in order (none is dropped: a node's fifth waiting pushes
+        its oldest in at once, counted); at once too while the ingest does not run (`start`, `stop`).
+        """
+        self._summaries.put(session.node_id, (session, convert))
+
     def on_summary(self, session: Session, summary: msgs.TelemetrySummary) -> None:
         """Absorb a validated telemetry summary (`wire.stream.summary_from_wire`) into the in-memory view.
 
@@ -432,19 +451,21 @@ class Ingest:
         # commits. The commit lands anyway and a resend is then a duplicate, so the hand-over must
         # not depend on this caller still waiting: cancelled here, the events were stored and acked
         # but never decided (and the node's next decision moved the replay watermark past them).
-        try:
-            taken, ack_queued_at = await asyncio.shield(asyncio.ensure_future(self._hand_over(session, events)))
-        except repo.SpoolEpochChanged as exc:
-            # The node came back with a new spool (a newer Hello, here or at another replica) while
-            # this older stream still sent: nothing of it is stored or acked, and the stream ends.
-            log.warning("events_of_a_left_spool", node=session.node_id, seqs=[e.seq for e in events], error=str(exc))
-            raise
-        self._last_seen[session.node_id] = now
-        if ack_queued_at is None:
-            await session.outbound.put(wire_stream.ack_message(taken.acked_seq))
-        self.metrics.event_persist_seconds.observe((ack_queued_at or time.perf_counter()) - started)
-        if taken.decided is not None:
-            await taken.decided  # the stream reads on once they are decided: a storm waits in the agents' spools
+        with self.events_first.event_batch():  # telemetry's absorbing and flushing wait meanwhile
+            try:
+                taken, ack_queued_at = await asyncio.shield(asyncio.ensure_future(self._hand_over(session, events)))
+            except repo.SpoolEpochChanged as exc:
+                # The node came back with a new spool (a newer Hello, here or at another replica) while
+                # this older stream still sent: nothing of it is stored or acked, and the stream ends.
+                seqs = [e.seq for e in events]
+                log.warning("events_of_a_left_spool", node=session.node_id, seqs=seqs, error=str(exc))
+                raise
+            self._last_seen[session.node_id] = now
+            if ack_queued_at is None:
+                await session.outbound.put(wire_stream.ack_message(taken.acked_seq))
+            self.metrics.event_persist_seconds.observe((ack_queued_at or time.perf_counter()) - started)
+            if taken.decided is not None:
+                await taken.decided  # the stream reads on once they are decided: a storm waits in the agents' spools
 
     async def _hand_over(
         self, session: Session, events: Sequence[repo.StoredEvent]
@@ -626,30 +647,31 @@ class Ingest:
 
         In chunks, so that an event batch queued on the store thread meanwhile waits for one chunk,
         not for the whole fleet's rows: at 2,048 nodes one transaction of 16,384 GPUs held the store
-        thread for about 0.9 s, and every ack and decision behind it (bench/scale.py's p99).
+        thread for about 0.9 s, and every ack and decision behind it (bench/scale.py's p99). No
+        chunk starts while an event batch is in flight (`priority.EventsFirst`, for a bounded wait).
         """
         dirty, self._dirty = self._dirty, {}
         last_seen, self._last_seen = self._last_seen, {}
         if not dirty and not last_seen:
             return
         started = time.perf_counter()
-        gpu_chunks = _chunks(dirty, FLUSH_CHUNK)
-        node_chunks = _chunks(last_seen, FLUSH_CHUNK)
         try:
-            while gpu_chunks:
-                await self.thread.run(self.store.save_latest, gpu_chunks[0])
-                gpu_chunks.pop(0)
-            while node_chunks:
-                await self.thread.run(self.store.touch_nodes, node_chunks[0])
-                node_chunks.pop(0)
-        except Exception:
-            # Keep what could not be written; newer values that arrived meanwhile win.
-            for chunk in gpu_chunks:
-                for uuid_, value in chunk.items():
-                    self._dirty.setdefault(uuid_, value)
-            for chunk in node_chunks:
-                for node_id, ts in chunk.items():
-                    self._last_seen.setdefault(node_id, ts)
+            for rows, write in ((dirty, self.store.save_latest), (last_seen, self.store.touch_nodes)):
+                while rows:
+                    await self.events_first.telemetry_turn()
+                    chunk = _take(rows, FLUSH_CHUNK)  # each as its turn comes: cutting 16,384 at once stalled the loop
+                    try:
+                        await self.thread.run(write, chunk)
+                    except BaseException:
+                        rows.update(chunk)
+                        raise
+        except BaseException:
+            # Keep what could not be written (for the next flush, or the final one at stop); newer
+            # values that arrived meanwhile win.
+            for uuid_, value in dirty.items():
+                self._dirty.setdefault(uuid_, value)
+            for node_id, ts in last_seen.items():
+                self._last_seen.setdefault(node_id, ts)
             raise
         self.metrics.store_flush_seconds.observe(time.perf_counter() - started)
 
@@ -662,7 +684,6 @@ class Ingest:
                 log.error("telemetry_flush_failed", error=str(exc), error_type=type(exc).__name__)
 
 
-def _chunks(rows: dict[Any, Any], size: int) -> list[dict[Any, Any]]:
-    """rows cut into dicts of at most size entries, in order."""
-    items = list(rows.items())
-    return [dict(items[i : i + size]) for i in range(0, len(items), size)]
+def _take(rows: dict[Any, Any], size: int) -> dict[Any, Any]:
+    """The first size entries of rows (all, if fewer), removed from rows."""
+    return {key: rows.pop(key) for key in list(itertools.islice(rows, size))}

@@ -76,6 +76,12 @@ class ControllerMetrics:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=registry,
         )
+        self.summaries_absorbed_at_once = Counter(
+            "rasd_telemetry_summaries_absorbed_at_once",
+            "Telemetry summaries absorbed on arrival of a newer one of their node, rather than after the "
+            "health events in flight (the node had the most summaries waiting already): the ingest was behind.",
+            registry=registry,
+        )
         self.event_persist_seconds = Histogram(
             "rasd_event_persist_seconds",
             "Time from receiving a health-event batch to its ack being queued.",

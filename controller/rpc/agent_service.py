@@ -228,7 +228,13 @@ async def deliver(
     if kind == "telemetry":
         service.on_telemetry(session, wire_stream.telemetry_from_wire(message.telemetry, session.known_gpus))
     elif kind == "summary":
-        service.on_summary(session, wire_stream.summary_from_wire(message.summary, session.node_id, session.known_gpus))
+        # Checked now (a GPU the node did not announce ends the stream here); converted and absorbed
+        # on the ingest's telemetry turn, behind the health events in flight (`Ingest.queue_summary`).
+        wire.check_summary(message.summary, session.known_gpus)
+        node_id, known_gpus = session.node_id, session.known_gpus
+        service.queue_summary(
+            session, functools.partial(wire_stream.summary_from_wire, message.summary, node_id, known_gpus)
+        )
     elif kind == "events":
         started = time.perf_counter()
         events = wire.events_from_wire(
