@@ -6,6 +6,7 @@ import asyncio
 import gc
 import io
 import json
+import time
 import urllib.request
 
 import pytest
@@ -123,7 +124,15 @@ def test_controller_metrics_pass_promtool(tmp_path, free_port, check_metrics):
             await asyncio.sleep(0.05)
         gc.collect()  # a pause the controller's collector times (trigger "threshold": not its own)
         url = f"http://127.0.0.1:{controller.metrics_port}/metrics"
-        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+        # The pause is reported on the event loop at the collector's next check (QUIET_CHECK_S): scrape
+        # until it shows, so a scrape that beats the check is not taken for a lost pause.
+        deadline = time.monotonic() + 10
+        while True:
+            body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+            timed = b'rasd_gc_pause_seconds_count{generation="2",trigger="threshold"}' in body
+            if timed or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
         stop.set()
         await task
         await controller.stop()
