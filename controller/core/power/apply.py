@@ -429,6 +429,39 @@ def record(
     )
 
 
+class AlignedReadbacks(NamedTuple):
+    """At most one read-back per GPU, aligned with a state's `gpus` (each settles commands)."""
+
+    has: np.ndarray
+    """True where the GPU has a read-back."""
+    enforced_w: np.ndarray
+    sample_s: np.ndarray
+    """In controller time, seconds (any value where `has` is False)."""
+
+
+def record_aligned(state: ApplyState, readbacks: AlignedReadbacks, *, policy: power_policy.PowerPolicy) -> ApplyState:
+    """`record` of one read-back per GPU at most, over the arrays at once (the period's telemetry).
+
+    The same decisions as `record(state, readbacks=...)` with those read-backs, one per GPU: each
+    GPU's read-back is folded in on its own, so the per-GPU steps of `record` become array steps.
+    """
+    has, value, t = readbacks
+    newer = has & (t >= state.confirmed_at_s)
+    confirmed = np.where(newer, value, state.confirmed_w)
+    confirmed_at = np.where(newer, t, state.confirmed_at_s)
+    pending_seq, pending_w = state.pending_seq, state.pending_w
+    with np.errstate(invalid="ignore"):
+        landed = (t >= state.pending_issued_s) & (value == pending_w) & (pending_seq != UNKNOWN_COMMAND)
+        expired = t > state.pending_deadline_s + policy.clock_skew_margin_s
+    settled = has & (pending_seq != NO_COMMAND) & (landed | expired)
+    return state._replace(
+        confirmed_w=confirmed,
+        confirmed_at_s=confirmed_at,
+        pending_w=np.where(settled, np.nan, pending_w),
+        pending_seq=np.where(settled, NO_COMMAND, pending_seq),
+    )
+
+
 def plan(
     state: ApplyState,
     targets_w: np.ndarray,

@@ -20,6 +20,7 @@ Pure: no I/O, no logging, no clock reads.
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Mapping
 
@@ -43,15 +44,19 @@ def fleet_view(local: period_inputs.FleetView, remote: aggregates.FleetAggregate
     gpu_nodes = dict(local.gpu_nodes)
     latest = dict(local.latest)
     controller_ns = dict(local.latest_controller_ns)
+    # Locals, not attribute lookups: this loop runs once per remote GPU (100,000 a period at fleet scale).
+    remote_records, remote_latest, remote_ns = remote.records, remote.latest, remote.latest_controller_ns
+    local_latest, local_ns = local.latest, local.latest_controller_ns
     for stream in nodes.values():
+        node_id = stream.node_id
         for gpu_uuid in stream.gpu_uuids:
-            if (record := remote.records.get(gpu_uuid)) is not None:
+            if (record := remote_records.get(gpu_uuid)) is not None:
                 records[gpu_uuid] = record
-            gpu_nodes[gpu_uuid] = stream.node_id
-            if (reading := remote.latest.get(gpu_uuid)) is not None:
-                latest[gpu_uuid] = fleet.merge_latest(local.latest.get(gpu_uuid), reading)
-            if (at_ns := remote.latest_controller_ns.get(gpu_uuid)) is not None:
-                controller_ns[gpu_uuid] = max(at_ns, local.latest_controller_ns.get(gpu_uuid, 0))
+            gpu_nodes[gpu_uuid] = node_id
+            if (reading := remote_latest.get(gpu_uuid)) is not None:
+                latest[gpu_uuid] = fleet.merge_latest(local_latest.get(gpu_uuid), reading) if local_latest else reading
+            if (at_ns := remote_ns.get(gpu_uuid)) is not None:
+                controller_ns[gpu_uuid] = max(at_ns, local_ns.get(gpu_uuid, 0))
     return period_inputs.FleetView(
         records=types.MappingProxyType(records),
         known_records=local.known_records,
@@ -67,6 +72,8 @@ def fleet_view(local: period_inputs.FleetView, remote: aggregates.FleetAggregate
 
 
 def _peaks(local: Mapping[str, float], remote: Mapping[str, float]) -> dict[str, float]:
+    if not local:  # the leader holds no stream: the remote peaks as they are (a NaN never wins)
+        return {gpu_uuid: peak_w for gpu_uuid, peak_w in remote.items() if peak_w > -math.inf}
     out = dict(local)
     for gpu_uuid, peak_w in remote.items():
         if peak_w > out.get(gpu_uuid, float("-inf")):
