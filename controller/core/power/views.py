@@ -209,9 +209,11 @@ def _draw(
     drawn = np.zeros(n)
     known = np.zeros(n, dtype=bool)
     throttled = np.zeros(n, dtype=bool)
+    bound_w, ramping = bound.tolist(), ctx.ramping  # Python floats: cheaper to read one at a time
     for i, g in enumerate(state.gpus):
-        reading = latest.get(g.gpu_uuid)
-        peak = peaks.get(g.gpu_uuid)
+        gpu_uuid = g.gpu_uuid
+        reading = latest.get(gpu_uuid)
+        peak = peaks.get(gpu_uuid)
         fresh = reading is not None and reading.power_w is not None and reading.power_sample_unix_ns >= stale_ns
         if fresh and peak is not None:
             assert reading is not None
@@ -221,15 +223,52 @@ def _draw(
             known[i] = True
             drawn[i] = reading.power_w or 0.0
         else:
-            draw[i] = bound[i]  # stale telemetry: drawing at the cap that may be in force
+            draw[i] = bound_w[i]  # stale telemetry: drawing at the cap that may be in force
         if reading is not None and reading.clock_event_reasons is not None:
             throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
         # A GPU whose job-start ramp is still rising is held by its ceiling, and its limit lags
         # what the budget counts (the agent slews it): by the draw it would look uncapped and
         # get no raise, stalling its ramp.
-        if g.gpu_uuid in ctx.ramping:
+        if gpu_uuid in ramping:
             throttled[i] = True
     return draw, known, drawn, throttled
+
+
+def _marked(gpus: Sequence[power_apply.GpuLimits], uuids: Collection[str]) -> np.ndarray:
+    """True for each GPU in `uuids` (all False at once when it is empty, as it mostly is)."""
+    if not uuids:
+        return np.zeros(len(gpus), dtype=bool)
+    return np.array([g.gpu_uuid in uuids for g in gpus], dtype=bool)
+
+
+def _node_columns(
+    gpus: Sequence[power_apply.GpuLimits], tree: power_tree.PowerTree, inputs: period_inputs.PeriodInputs
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tree node index, priority class, reachable, node quarantined) per GPU, each judged once per node."""
+    view, quarantined_nodes = inputs.fleet, inputs.quarantined_nodes
+    node_of_name, sessions, labels = tree.index.node_of_name, view.sessions, view.node_labels
+    per_node: dict[str, tuple[int, int, bool, bool]] = {}
+    rows = []
+    for g in gpus:
+        node_id = g.node_id
+        row = per_node.get(node_id)
+        if row is None:
+            row = per_node[node_id] = (
+                node_of_name[node_id],
+                priority(labels.get(node_id, {})),
+                node_id in sessions,
+                node_id in quarantined_nodes,
+            )
+        rows.append(row)
+    if not rows:
+        return np.zeros(0, dtype=np.intp), np.array([]), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    node_idx, prio, reachable, quarantined = zip(*rows, strict=True)
+    return (
+        np.array(node_idx, dtype=np.intp),
+        np.array(prio),
+        np.array(reachable, dtype=bool),
+        np.array(quarantined, dtype=bool),
+    )
 
 
 def gpu_views(
@@ -242,7 +281,7 @@ def gpu_views(
     gpus = state.gpus
     draw, known, drawn, throttled = _draw(state, inputs, ctx)
     view = inputs.fleet
-    reachable = np.array([g.node_id in view.sessions for g in gpus], dtype=bool)
+    node_idx, node_priority, reachable, node_quarantined = _node_columns(gpus, tree, inputs)
     # Settling: the step, at most the configured draw window.
     step_s = min(ctx.step_s, ctx.config.draw_window_s) if ctx.step_s is not None else None
     settle = power.settle_s(step_s, ctx.policy.control_period_s, view.telemetry_interval_s)
@@ -250,14 +289,12 @@ def gpu_views(
     # A quarantined GPU releases its share once it has read idle for as long as a raise settles:
     # one step plus the telemetry delay (the scheduler takes a rank out at a step boundary).
     idle_for, idle_since = idle_for_s(gpus, view.latest, ctx.idle_since_s, ctx.now_s)
-    quarantined = np.array(
-        [g.node_id in inputs.quarantined_nodes or g.gpu_uuid in inputs.quarantined_gpus for g in gpus], dtype=bool
-    )
-    repairing = np.array([g.gpu_uuid in inputs.repairing_gpus for g in gpus], dtype=bool)
+    quarantined = node_quarantined | _marked(gpus, inputs.quarantined_gpus)
+    repairing = _marked(gpus, inputs.repairing_gpus)
     views = power.GpuViews(
         gpu_uuids=tuple(g.gpu_uuid for g in gpus),
-        node_idx=np.array([tree.index.node_of_name[g.node_id] for g in gpus], dtype=np.intp),
-        priority=np.array([priority(view.node_labels.get(g.node_id, {})) for g in gpus]),
+        node_idx=node_idx,
+        priority=node_priority,
         draw_w=draw,
         cap_w=power_apply.may_be_in_force_w(state),
         # A GPU under a repair keeps its default limit's watts: the others make room for it.
