@@ -244,31 +244,17 @@ def _marked(gpus: Sequence[power_apply.GpuLimits], uuids: Collection[str]) -> np
 def _node_columns(
     gpus: Sequence[power_apply.GpuLimits], tree: power_tree.PowerTree, inputs: period_inputs.PeriodInputs
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(tree node index, priority class, reachable, node quarantined) per GPU, each judged once per node."""
+    """(tree node index, priority class, reachable, node quarantined) per GPU, each judged once per tree node."""
     view, quarantined_nodes = inputs.fleet, inputs.quarantined_nodes
-    node_of_name, sessions, labels = tree.index.node_of_name, view.sessions, view.node_labels
-    per_node: dict[str, tuple[int, int, bool, bool]] = {}
-    rows = []
-    for g in gpus:
-        node_id = g.node_id
-        row = per_node.get(node_id)
-        if row is None:
-            row = per_node[node_id] = (
-                node_of_name[node_id],
-                priority(labels.get(node_id, {})),
-                node_id in sessions,
-                node_id in quarantined_nodes,
-            )
-        rows.append(row)
-    if not rows:
-        return np.zeros(0, dtype=np.intp), np.array([]), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
-    node_idx, prio, reachable, quarantined = zip(*rows, strict=True)
-    return (
-        np.array(node_idx, dtype=np.intp),
-        np.array(prio),
-        np.array(reachable, dtype=bool),
-        np.array(quarantined, dtype=bool),
-    )
+    node_of_name, names = tree.index.node_of_name, tree.index.node_names
+    node_idx = np.array([node_of_name[g.node_id] for g in gpus], dtype=np.intp)
+    labels, sessions = view.node_labels, view.sessions
+    by_node_priority = np.array([priority(labels.get(n, {})) for n in names])
+    by_node_reachable = np.array([n in sessions for n in names], dtype=bool)
+    by_node_quarantined = np.array([n in quarantined_nodes for n in names], dtype=bool)
+    if not len(node_idx):
+        return node_idx, np.array([]), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    return node_idx, by_node_priority[node_idx], by_node_reachable[node_idx], by_node_quarantined[node_idx]
 
 
 def gpu_views(
