@@ -236,10 +236,10 @@ def merge(
         # Every node in one aggregate only (no stream moved between replicas): `nodes` lists each
         # aggregate's nodes in turn, so each aggregate's GPUs can be taken whole, in the same order.
         for agg in aggregates:
-            _take_gpus(list(agg.nodes.values()), agg, records, latest, controller_ns)
+            take_gpus(list(agg.nodes.values()), agg, records, latest, controller_ns)
     else:
         for node_id, stream in nodes.items():
-            _take_gpus([stream], holders[node_id], records, latest, controller_ns)
+            take_gpus([stream], holders[node_id], records, latest, controller_ns)
     for agg in aggregates:  # a GPU's peak over the window, wherever its samples landed
         for source, into in ((agg.draw_peaks_w, draw), (agg.detect_peaks_w, detect)):
             for gpu_uuid, peak_w in source.items():
@@ -263,17 +263,17 @@ def merge(
     )
 
 
-def _take_gpus(
+def take_gpus(
     streams: Sequence[NodeStream],
-    agg: ReplicaAggregate,
+    agg: ReplicaAggregate | FleetAggregate,
     records: dict[str, fleet.GpuRecord],
     latest: dict[str, fleet.GpuLatest],
     controller_ns: dict[str, int],
 ) -> None:
-    """Add the streams' GPUs' record, reading and stamp from agg, in the streams' GPU order.
+    """Add the streams' GPUs' record, reading and stamp from agg (where it has one), in the streams' GPU order.
 
     A mapping that holds exactly those GPUs in that order (a replica's own aggregate, as it is
-    built) is added whole (one C-level update instead of 100,000 lookups at fleet scale).
+    built, and their merge) is added whole (one C-level update instead of 100,000 lookups at fleet scale).
     """
     gpu_uuids = [g for stream in streams for g in stream.gpu_uuids]
     for source, into in ((agg.records, records), (agg.latest, latest), (agg.latest_controller_ns, controller_ns)):

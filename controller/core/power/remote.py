@@ -44,6 +44,49 @@ def fleet_view(local: period_inputs.FleetView, remote: aggregates.FleetAggregate
     gpu_nodes = dict(local.gpu_nodes)
     latest = dict(local.latest)
     controller_ns = dict(local.latest_controller_ns)
+    if not (records or gpu_nodes or latest or controller_ns):
+        _lay_over_nothing(list(nodes.values()), remote, records, gpu_nodes, latest, controller_ns)
+    else:
+        _lay_over(local, nodes, remote, records, gpu_nodes, latest, controller_ns)
+    return period_inputs.FleetView(
+        records=types.MappingProxyType(records),
+        known_records=local.known_records,
+        gpu_nodes=types.MappingProxyType(gpu_nodes),
+        node_gpus={**local.node_gpus, **{n: s.gpu_uuids for n, s in nodes.items()}},
+        boot_ids={**local.boot_ids, **{n: s.boot_id for n, s in nodes.items()}},
+        sessions={**local.sessions, **{n: s.session_id for n, s in nodes.items()}},
+        node_labels={**local.node_labels, **{n: dict(s.labels) for n, s in nodes.items()}},
+        latest=types.MappingProxyType(latest),
+        latest_controller_ns=types.MappingProxyType(controller_ns),
+        telemetry_interval_s=local.telemetry_interval_s,
+    )
+
+
+def _lay_over_nothing(
+    streams: list[aggregates.NodeStream],
+    remote: aggregates.FleetAggregate,
+    records: dict[str, fleet.GpuRecord],
+    gpu_nodes: dict[str, str],
+    latest: dict[str, fleet.GpuLatest],
+    controller_ns: dict[str, int],
+) -> None:
+    """`_lay_over` for a leader that holds no GPU itself (the whole fleet is remote): whole mappings where it can."""
+    aggregates.take_gpus(streams, remote, records, latest, controller_ns)
+    gpu_nodes.update((g, stream.node_id) for stream in streams for g in stream.gpu_uuids)
+    if min(controller_ns.values(), default=0) < 0:  # as `_lay_over`: never below 0 (local has none)
+        controller_ns.update([(g, max(at_ns, 0)) for g, at_ns in controller_ns.items()])
+
+
+def _lay_over(
+    local: period_inputs.FleetView,
+    nodes: Mapping[str, aggregates.NodeStream],
+    remote: aggregates.FleetAggregate,
+    records: dict[str, fleet.GpuRecord],
+    gpu_nodes: dict[str, str],
+    latest: dict[str, fleet.GpuLatest],
+    controller_ns: dict[str, int],
+) -> None:
+    """Each remote node's GPUs over the leader's own mappings (see the module docstring)."""
     # Locals, not attribute lookups: this loop runs once per remote GPU (100,000 a period at fleet scale).
     remote_records, remote_latest, remote_ns = remote.records, remote.latest, remote.latest_controller_ns
     local_latest, local_ns = local.latest, local.latest_controller_ns
@@ -57,18 +100,6 @@ def fleet_view(local: period_inputs.FleetView, remote: aggregates.FleetAggregate
                 latest[gpu_uuid] = fleet.merge_latest(local_latest.get(gpu_uuid), reading) if local_latest else reading
             if (at_ns := remote_ns.get(gpu_uuid)) is not None:
                 controller_ns[gpu_uuid] = max(at_ns, local_ns.get(gpu_uuid, 0))
-    return period_inputs.FleetView(
-        records=types.MappingProxyType(records),
-        known_records=local.known_records,
-        gpu_nodes=types.MappingProxyType(gpu_nodes),
-        node_gpus={**local.node_gpus, **{n: s.gpu_uuids for n, s in nodes.items()}},
-        boot_ids={**local.boot_ids, **{n: s.boot_id for n, s in nodes.items()}},
-        sessions={**local.sessions, **{n: s.session_id for n, s in nodes.items()}},
-        node_labels={**local.node_labels, **{n: dict(s.labels) for n, s in nodes.items()}},
-        latest=types.MappingProxyType(latest),
-        latest_controller_ns=types.MappingProxyType(controller_ns),
-        telemetry_interval_s=local.telemetry_interval_s,
-    )
 
 
 def _peaks(local: Mapping[str, float], remote: Mapping[str, float]) -> dict[str, float]:
