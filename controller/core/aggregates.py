@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -231,19 +232,18 @@ def merge(
     controller_ns: dict[str, int] = {}
     draw: dict[str, float] = {}
     detect: dict[str, float] = {}
-    for node_id, stream in nodes.items():
-        agg = holders[node_id]
-        for gpu_uuid in stream.gpu_uuids:
-            if (record := agg.records.get(gpu_uuid)) is not None:
-                records[gpu_uuid] = record
-            if (reading := agg.latest.get(gpu_uuid)) is not None:
-                latest[gpu_uuid] = reading
-            if (at_ns := agg.latest_controller_ns.get(gpu_uuid)) is not None:
-                controller_ns[gpu_uuid] = at_ns
+    if len(nodes) == sum(len(agg.nodes) for agg in aggregates):
+        # Every node in one aggregate only (no stream moved between replicas): `nodes` lists each
+        # aggregate's nodes in turn, so each aggregate's GPUs can be taken whole, in the same order.
+        for agg in aggregates:
+            take_gpus(list(agg.nodes.values()), agg, records, latest, controller_ns)
+    else:
+        for node_id, stream in nodes.items():
+            take_gpus([stream], holders[node_id], records, latest, controller_ns)
     for agg in aggregates:  # a GPU's peak over the window, wherever its samples landed
         for source, into in ((agg.draw_peaks_w, draw), (agg.detect_peaks_w, detect)):
             for gpu_uuid, peak_w in source.items():
-                if gpu_uuid in records and peak_w > into.get(gpu_uuid, float("-inf")):
+                if gpu_uuid in records and peak_w > into.get(gpu_uuid, -math.inf):
                     into[gpu_uuid] = peak_w
     with_series = [agg for agg in aggregates if agg.series and agg.bucket_ns == bucket_ns]
     return FleetAggregate(
@@ -261,6 +261,28 @@ def merge(
         complete_until_ns=min((agg.built_unix_ns for agg in with_series), default=None),
         replicas=tuple(sorted(agg.replica_id for agg in aggregates)),
     )
+
+
+def take_gpus(
+    streams: Sequence[NodeStream],
+    agg: ReplicaAggregate | FleetAggregate,
+    records: dict[str, fleet.GpuRecord],
+    latest: dict[str, fleet.GpuLatest],
+    controller_ns: dict[str, int],
+) -> None:
+    """Add the streams' GPUs' record, reading and stamp from agg (where it has one), in the streams' GPU order.
+
+    A mapping that holds exactly those GPUs in that order (a replica's own aggregate, as it is
+    built, and their merge) is added whole (one C-level update instead of 100,000 lookups at fleet scale).
+    """
+    gpu_uuids = [g for stream in streams for g in stream.gpu_uuids]
+    for source, into in ((agg.records, records), (agg.latest, latest), (agg.latest_controller_ns, controller_ns)):
+        if len(source) == len(gpu_uuids) and list(source) == gpu_uuids:
+            into.update(source)
+            continue
+        for gpu_uuid in gpu_uuids:
+            if (value := source.get(gpu_uuid)) is not None:
+                into[gpu_uuid] = value
 
 
 def overlay_latest(

@@ -49,7 +49,6 @@ Pure: no I/O, no logging, no clock reads. `now` comes in as an argument.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -248,9 +247,23 @@ class ApplyState:
     def to_mapping(self) -> dict[str, Any]:
         """Plain data (JSON-safe) for the store; `from_mapping` rebuilds the same state."""
 
-        def num(x: float) -> float | None:
-            return None if not math.isfinite(x) else float(x)
+        def column(values: np.ndarray) -> list[float | None]:
+            # Whole columns to Python floats at once (a state can hold 100,000 GPUs); None where not finite.
+            out: list[float | None] = values.astype(np.float64, copy=False).tolist()
+            for i in np.flatnonzero(~np.isfinite(values)).tolist():
+                out[i] = None
+            return out
 
+        columns = zip(
+            self.gpus,
+            column(self.confirmed_w),
+            column(self.confirmed_at_s),
+            column(self.pending_w),
+            self.pending_seq.tolist(),
+            column(self.pending_issued_s),
+            column(self.pending_deadline_s),
+            strict=True,
+        )
         return {
             "epoch": self.epoch,
             "next_seq": self.next_seq,
@@ -260,14 +273,14 @@ class ApplyState:
                     "node_id": g.node_id,
                     "min_w": g.min_w,
                     "max_w": g.max_w,
-                    "confirmed_w": num(self.confirmed_w[i]),
-                    "confirmed_at_s": num(self.confirmed_at_s[i]),
-                    "pending_w": num(self.pending_w[i]),
-                    "pending_seq": int(self.pending_seq[i]),
-                    "pending_issued_s": num(self.pending_issued_s[i]),
-                    "pending_deadline_s": num(self.pending_deadline_s[i]),
+                    "confirmed_w": confirmed_w,
+                    "confirmed_at_s": confirmed_at_s,
+                    "pending_w": pending_w,
+                    "pending_seq": pending_seq,
+                    "pending_issued_s": issued_s,
+                    "pending_deadline_s": deadline_s,
                 }
-                for i, g in enumerate(self.gpus)
+                for g, confirmed_w, confirmed_at_s, pending_w, pending_seq, issued_s, deadline_s in columns
             ],
         }
 
@@ -426,6 +439,39 @@ def record(
             observe(i, float(rb.enforced_w), rb.sample_s, rb.settles_commands)
     return state._replace(
         confirmed_w=confirmed, confirmed_at_s=confirmed_at, pending_w=pending_w, pending_seq=pending_seq
+    )
+
+
+class AlignedReadbacks(NamedTuple):
+    """At most one read-back per GPU, aligned with a state's `gpus` (each settles commands)."""
+
+    has: np.ndarray
+    """True where the GPU has a read-back."""
+    enforced_w: np.ndarray
+    sample_s: np.ndarray
+    """In controller time, seconds (any value where `has` is False)."""
+
+
+def record_aligned(state: ApplyState, readbacks: AlignedReadbacks, *, policy: power_policy.PowerPolicy) -> ApplyState:
+    """`record` of one read-back per GPU at most, over the arrays at once (the period's telemetry).
+
+    The same decisions as `record(state, readbacks=...)` with those read-backs, one per GPU: each
+    GPU's read-back is folded in on its own, so the per-GPU steps of `record` become array steps.
+    """
+    has, value, t = readbacks
+    newer = has & (t >= state.confirmed_at_s)
+    confirmed = np.where(newer, value, state.confirmed_w)
+    confirmed_at = np.where(newer, t, state.confirmed_at_s)
+    pending_seq, pending_w = state.pending_seq, state.pending_w
+    with np.errstate(invalid="ignore"):
+        landed = (t >= state.pending_issued_s) & (value == pending_w) & (pending_seq != UNKNOWN_COMMAND)
+        expired = t > state.pending_deadline_s + policy.clock_skew_margin_s
+    settled = has & (pending_seq != NO_COMMAND) & (landed | expired)
+    return state._replace(
+        confirmed_w=confirmed,
+        confirmed_at_s=confirmed_at,
+        pending_w=np.where(settled, np.nan, pending_w),
+        pending_seq=np.where(settled, NO_COMMAND, pending_seq),
     )
 
 

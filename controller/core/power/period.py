@@ -226,8 +226,10 @@ class _Caps(NamedTuple):
 def _caps(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) -> _Caps:
     """Steps 3 and 4: fold in what the GPUs confirmed, allocate, limit, ramp and plan the caps."""
     policy, fleet_view = state.policy, inputs.fleet
-    apply = power_apply.record(
-        state.apply, acks=inputs.acks, readbacks=views.readbacks(state.apply.gpus, fleet_view, now_s), policy=policy
+    # Acks first, then the telemetry's read-backs (one per GPU: folded in as arrays), as `record` orders them.
+    apply = power_apply.record(state.apply, acks=inputs.acks, policy=policy)
+    apply = power_apply.record_aligned(
+        apply, views.readbacks_aligned(state.apply.gpus, fleet_view, now_s), policy=policy
     )
     apply = fallback.count_confirmed_limits(apply, state.fallback, fleet_view.sessions, policy)
     if inputs.repairing_gpus:

@@ -20,6 +20,7 @@ Pure: no I/O, no logging, no clock reads.
 
 from __future__ import annotations
 
+import math
 import types
 from collections.abc import Mapping
 
@@ -43,15 +44,10 @@ def fleet_view(local: period_inputs.FleetView, remote: aggregates.FleetAggregate
     gpu_nodes = dict(local.gpu_nodes)
     latest = dict(local.latest)
     controller_ns = dict(local.latest_controller_ns)
-    for stream in nodes.values():
-        for gpu_uuid in stream.gpu_uuids:
-            if (record := remote.records.get(gpu_uuid)) is not None:
-                records[gpu_uuid] = record
-            gpu_nodes[gpu_uuid] = stream.node_id
-            if (reading := remote.latest.get(gpu_uuid)) is not None:
-                latest[gpu_uuid] = fleet.merge_latest(local.latest.get(gpu_uuid), reading)
-            if (at_ns := remote.latest_controller_ns.get(gpu_uuid)) is not None:
-                controller_ns[gpu_uuid] = max(at_ns, local.latest_controller_ns.get(gpu_uuid, 0))
+    if not (records or gpu_nodes or latest or controller_ns):
+        _lay_over_nothing(list(nodes.values()), remote, records, gpu_nodes, latest, controller_ns)
+    else:
+        _lay_over(local, nodes, remote, records, gpu_nodes, latest, controller_ns)
     return period_inputs.FleetView(
         records=types.MappingProxyType(records),
         known_records=local.known_records,
@@ -66,7 +62,49 @@ def fleet_view(local: period_inputs.FleetView, remote: aggregates.FleetAggregate
     )
 
 
+def _lay_over_nothing(
+    streams: list[aggregates.NodeStream],
+    remote: aggregates.FleetAggregate,
+    records: dict[str, fleet.GpuRecord],
+    gpu_nodes: dict[str, str],
+    latest: dict[str, fleet.GpuLatest],
+    controller_ns: dict[str, int],
+) -> None:
+    """`_lay_over` for a leader that holds no GPU itself (the whole fleet is remote): whole mappings where it can."""
+    aggregates.take_gpus(streams, remote, records, latest, controller_ns)
+    gpu_nodes.update((g, stream.node_id) for stream in streams for g in stream.gpu_uuids)
+    if min(controller_ns.values(), default=0) < 0:  # as `_lay_over`: never below 0 (local has none)
+        controller_ns.update([(g, max(at_ns, 0)) for g, at_ns in controller_ns.items()])
+
+
+def _lay_over(
+    local: period_inputs.FleetView,
+    nodes: Mapping[str, aggregates.NodeStream],
+    remote: aggregates.FleetAggregate,
+    records: dict[str, fleet.GpuRecord],
+    gpu_nodes: dict[str, str],
+    latest: dict[str, fleet.GpuLatest],
+    controller_ns: dict[str, int],
+) -> None:
+    """Each remote node's GPUs over the leader's own mappings (see the module docstring)."""
+    # Locals, not attribute lookups: this loop runs once per remote GPU (100,000 a period at fleet scale).
+    remote_records, remote_latest, remote_ns = remote.records, remote.latest, remote.latest_controller_ns
+    local_latest, local_ns = local.latest, local.latest_controller_ns
+    for stream in nodes.values():
+        node_id = stream.node_id
+        for gpu_uuid in stream.gpu_uuids:
+            if (record := remote_records.get(gpu_uuid)) is not None:
+                records[gpu_uuid] = record
+            gpu_nodes[gpu_uuid] = node_id
+            if (reading := remote_latest.get(gpu_uuid)) is not None:
+                latest[gpu_uuid] = fleet.merge_latest(local_latest.get(gpu_uuid), reading) if local_latest else reading
+            if (at_ns := remote_ns.get(gpu_uuid)) is not None:
+                controller_ns[gpu_uuid] = max(at_ns, local_ns.get(gpu_uuid, 0))
+
+
 def _peaks(local: Mapping[str, float], remote: Mapping[str, float]) -> dict[str, float]:
+    if not local:  # the leader holds no stream: the remote peaks as they are (a NaN never wins)
+        return {gpu_uuid: peak_w for gpu_uuid, peak_w in remote.items() if peak_w > -math.inf}
     out = dict(local)
     for gpu_uuid, peak_w in remote.items():
         if peak_w > out.get(gpu_uuid, float("-inf")):

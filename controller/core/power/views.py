@@ -23,6 +23,7 @@ Pure: no I/O, no logging, no clock reads; `now_s` comes in.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
@@ -52,20 +53,27 @@ def inventory(
     the nodes that came back first while they still ran at their old caps.
     """
     records = {**view.known_records, **view.records}  # this process's Hellos are newest
+    gpu_nodes = view.gpu_nodes
+    # A GPU whose limits did not change keeps its object: the period compares inventories element by
+    # element, and identical objects compare at once (most GPUs, most periods).
+    known_by_uuid = {g.gpu_uuid: g for g in known}
     out: dict[str, power_apply.GpuLimits] = {}
     for gpu_uuid, record in records.items():
-        if record.node_id not in node_names:
+        node_id = record.node_id
+        if node_id not in node_names:
             continue
-        node_now = view.gpu_nodes.get(gpu_uuid)
-        if node_now is not None and node_now != record.node_id:
+        node_now = gpu_nodes.get(gpu_uuid)
+        if node_now is not None and node_now != node_id:
             continue  # moved to another node: counted under that node's record
-        out[gpu_uuid] = power_apply.GpuLimits(
-            gpu_uuid, record.node_id, int(record.power_limit_min_w), int(record.power_limit_max_w)
-        )
+        min_w, max_w = int(record.power_limit_min_w), int(record.power_limit_max_w)
+        same = known_by_uuid.get(gpu_uuid)
+        if same is None or same.node_id != node_id or same.min_w != min_w or same.max_w != max_w:
+            same = power_apply.GpuLimits(gpu_uuid, node_id, min_w, max_w)
+        out[gpu_uuid] = same
     for gpu in known:
         if gpu.gpu_uuid not in records and gpu.node_id in node_names:
             out[gpu.gpu_uuid] = gpu
-    return sorted(out.values(), key=lambda g: (g.node_id, g.gpu_uuid))
+    return sorted(out.values(), key=operator.attrgetter("node_id", "gpu_uuid"))
 
 
 def node_mins_w(gpus: Sequence[power_apply.GpuLimits]) -> dict[str, float]:
@@ -80,18 +88,35 @@ def readbacks(
     gpus: Sequence[power_apply.GpuLimits], view: period_inputs.FleetView, now_s: float
 ) -> list[power_apply.CapReadback]:
     """The enforced limits in telemetry, each at the most that may be in force, in controller time."""
+    has, enforced_w, sample_s = readbacks_aligned(gpus, view, now_s)
+    return [power_apply.CapReadback(gpus[i].gpu_uuid, enforced_w[i], sample_s[i]) for i in np.flatnonzero(has)]
+
+
+def readbacks_aligned(
+    gpus: Sequence[power_apply.GpuLimits], view: period_inputs.FleetView, now_s: float
+) -> power_apply.AlignedReadbacks:
+    """The enforced limits in telemetry (most that may be in force, controller time) as arrays aligned with `gpus`.
+
+    A raise the agent is still slewing gets to its target without another command: that is the most
+    that may be in force (power_apply's module doc). In controller time: the apply state compares it
+    with deadlines this clock set. One pass, no per-GPU objects (`apply.record_aligned` takes them).
+    """
     now_ns = int(now_s * 1e9)
-    out = []
-    for g in gpus:
-        reading = view.latest.get(g.gpu_uuid)
-        if reading is not None and reading.enforced_power_limit_w is not None and reading.counters_unix_ns:
-            # A raise the agent is still slewing gets to its target without another command:
-            # that is the most that may be in force (power_apply's module doc).
-            in_force_w = power_apply.in_force_w(reading.enforced_power_limit_w, reading.power_limit_slew_target_w)
-            # In controller time: the apply state compares it with deadlines this clock set.
-            at_ns = view.latest_controller_ns.get(g.gpu_uuid, min(reading.counters_unix_ns, now_ns))
-            out.append(power_apply.CapReadback(g.gpu_uuid, in_force_w, at_ns / 1e9))
-    return out
+    latest, controller_ns = view.latest, view.latest_controller_ns
+    n = len(gpus)
+    has = np.zeros(n, dtype=bool)
+    enforced_w = np.zeros(n)
+    sample_s = np.zeros(n)
+    for i, g in enumerate(gpus):
+        reading = latest.get(g.gpu_uuid)
+        if reading is None or reading.enforced_power_limit_w is None or not reading.counters_unix_ns:
+            continue
+        has[i] = True
+        # `apply.in_force_w`, inlined (100,000 calls a period): the higher of the limit and the slew target.
+        limit_w, target_w = float(reading.enforced_power_limit_w), float(reading.power_limit_slew_target_w or 0.0)
+        enforced_w[i] = target_w if target_w > limit_w else limit_w
+        sample_s[i] = controller_ns.get(g.gpu_uuid, min(reading.counters_unix_ns, now_ns)) / 1e9
+    return power_apply.AlignedReadbacks(has, enforced_w, sample_s)
 
 
 def priority(labels: Mapping[str, str]) -> int:
@@ -184,9 +209,11 @@ def _draw(
     drawn = np.zeros(n)
     known = np.zeros(n, dtype=bool)
     throttled = np.zeros(n, dtype=bool)
+    bound_w, ramping = bound.tolist(), ctx.ramping  # Python floats: cheaper to read one at a time
     for i, g in enumerate(state.gpus):
-        reading = latest.get(g.gpu_uuid)
-        peak = peaks.get(g.gpu_uuid)
+        gpu_uuid = g.gpu_uuid
+        reading = latest.get(gpu_uuid)
+        peak = peaks.get(gpu_uuid)
         fresh = reading is not None and reading.power_w is not None and reading.power_sample_unix_ns >= stale_ns
         if fresh and peak is not None:
             assert reading is not None
@@ -196,15 +223,38 @@ def _draw(
             known[i] = True
             drawn[i] = reading.power_w or 0.0
         else:
-            draw[i] = bound[i]  # stale telemetry: drawing at the cap that may be in force
+            draw[i] = bound_w[i]  # stale telemetry: drawing at the cap that may be in force
         if reading is not None and reading.clock_event_reasons is not None:
             throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
         # A GPU whose job-start ramp is still rising is held by its ceiling, and its limit lags
         # what the budget counts (the agent slews it): by the draw it would look uncapped and
         # get no raise, stalling its ramp.
-        if g.gpu_uuid in ctx.ramping:
+        if gpu_uuid in ramping:
             throttled[i] = True
     return draw, known, drawn, throttled
+
+
+def _marked(gpus: Sequence[power_apply.GpuLimits], uuids: Collection[str]) -> np.ndarray:
+    """True for each GPU in `uuids` (all False at once when it is empty, as it mostly is)."""
+    if not uuids:
+        return np.zeros(len(gpus), dtype=bool)
+    return np.array([g.gpu_uuid in uuids for g in gpus], dtype=bool)
+
+
+def _node_columns(
+    gpus: Sequence[power_apply.GpuLimits], tree: power_tree.PowerTree, inputs: period_inputs.PeriodInputs
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tree node index, priority class, reachable, node quarantined) per GPU, each judged once per tree node."""
+    view, quarantined_nodes = inputs.fleet, inputs.quarantined_nodes
+    node_of_name, names = tree.index.node_of_name, tree.index.node_names
+    node_idx = np.array([node_of_name[g.node_id] for g in gpus], dtype=np.intp)
+    labels, sessions = view.node_labels, view.sessions
+    by_node_priority = np.array([priority(labels.get(n, {})) for n in names])
+    by_node_reachable = np.array([n in sessions for n in names], dtype=bool)
+    by_node_quarantined = np.array([n in quarantined_nodes for n in names], dtype=bool)
+    if not len(node_idx):
+        return node_idx, np.array([]), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool)
+    return node_idx, by_node_priority[node_idx], by_node_reachable[node_idx], by_node_quarantined[node_idx]
 
 
 def gpu_views(
@@ -217,7 +267,7 @@ def gpu_views(
     gpus = state.gpus
     draw, known, drawn, throttled = _draw(state, inputs, ctx)
     view = inputs.fleet
-    reachable = np.array([g.node_id in view.sessions for g in gpus], dtype=bool)
+    node_idx, node_priority, reachable, node_quarantined = _node_columns(gpus, tree, inputs)
     # Settling: the step, at most the configured draw window.
     step_s = min(ctx.step_s, ctx.config.draw_window_s) if ctx.step_s is not None else None
     settle = power.settle_s(step_s, ctx.policy.control_period_s, view.telemetry_interval_s)
@@ -225,14 +275,12 @@ def gpu_views(
     # A quarantined GPU releases its share once it has read idle for as long as a raise settles:
     # one step plus the telemetry delay (the scheduler takes a rank out at a step boundary).
     idle_for, idle_since = idle_for_s(gpus, view.latest, ctx.idle_since_s, ctx.now_s)
-    quarantined = np.array(
-        [g.node_id in inputs.quarantined_nodes or g.gpu_uuid in inputs.quarantined_gpus for g in gpus], dtype=bool
-    )
-    repairing = np.array([g.gpu_uuid in inputs.repairing_gpus for g in gpus], dtype=bool)
+    quarantined = node_quarantined | _marked(gpus, inputs.quarantined_gpus)
+    repairing = _marked(gpus, inputs.repairing_gpus)
     views = power.GpuViews(
         gpu_uuids=tuple(g.gpu_uuid for g in gpus),
-        node_idx=np.array([tree.index.node_of_name[g.node_id] for g in gpus], dtype=np.intp),
-        priority=np.array([priority(view.node_labels.get(g.node_id, {})) for g in gpus]),
+        node_idx=node_idx,
+        priority=node_priority,
         draw_w=draw,
         cap_w=power_apply.may_be_in_force_w(state),
         # A GPU under a repair keeps its default limit's watts: the others make room for it.

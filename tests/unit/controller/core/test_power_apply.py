@@ -450,3 +450,45 @@ def report_step_count():
             f"{STEPS_RUN['commands']} commands, {STEPS_RUN['restarts']} restarts "
             f"({STEPS_RUN['lost_state']} with state lost), 0 budget violations"
         )
+
+
+def _column(draw, values):
+    return np.array(draw(st.lists(st.sampled_from(values), min_size=6, max_size=6)), dtype=np.float64)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.data())
+def test_aligned_read_backs_decide_exactly_as_record_does(data):
+    """`record_aligned` (the period's array path) leaves the state `record` leaves with the same read-backs."""
+    gpus = [power_apply.GpuLimits(f"g{i}", f"n{i // 2}", 200, 700) for i in range(6)]
+    times = [-np.inf, 0.0, 4.0, 5.0, 6.0, 9.0]
+    watts = [np.nan, 300.0, 450.0, 600.0, 700.0]
+    state = power_apply.ApplyState(
+        epoch="e1",
+        next_seq=7,
+        gpus=tuple(gpus),
+        confirmed_w=_column(data.draw, watts),
+        confirmed_at_s=_column(data.draw, times),
+        pending_w=_column(data.draw, watts),
+        pending_seq=np.array(
+            data.draw(
+                st.lists(
+                    st.sampled_from([power_apply.NO_COMMAND, power_apply.UNKNOWN_COMMAND, 3, 6]), min_size=6, max_size=6
+                )
+            ),
+            dtype=np.int64,
+        ),
+        pending_issued_s=_column(data.draw, times[1:]),
+        pending_deadline_s=_column(data.draw, times[1:]),
+    )
+    has = np.array(data.draw(st.lists(st.booleans(), min_size=6, max_size=6)))
+    enforced = _column(data.draw, watts[1:])
+    at = _column(data.draw, times[1:])
+    policy = power_policy.PowerPolicy(command_ttl_s=5.0, clock_skew_margin_s=data.draw(st.sampled_from([0.0, 1.0])))
+    scalar = power_apply.record(
+        state,
+        readbacks=[power_apply.CapReadback(g.gpu_uuid, enforced[i], at[i]) for i, g in enumerate(gpus) if has[i]],
+        policy=policy,
+    )
+    aligned = power_apply.record_aligned(state, power_apply.AlignedReadbacks(has, enforced, at), policy=policy)
+    assert json.dumps(aligned.to_mapping()) == json.dumps(scalar.to_mapping())
