@@ -46,8 +46,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import cProfile
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -57,6 +59,7 @@ import resource
 import sys
 import tempfile
 import time
+import tracemalloc
 from typing import Any
 
 import results
@@ -114,10 +117,16 @@ def controller_process(
     profile_path: str = "",
     cpu: int | None = None,
     commit_writer: str = "process",
+    census: bool = False,
 ) -> None:
-    """Run one controller until told to stop; answer status requests on conn (profile_path: cProfile its loop)."""
+    """Run one controller until told to stop; answer status requests on conn (profile_path: cProfile its loop).
+
+    census: trace allocations from the start (tracemalloc) and answer ``census`` requests (`_heap_census`).
+    """
     _pin(cpu)
     _raise_fd_limit()
+    if census:
+        tracemalloc.start()
     from rasd.common import logging as rasd_logging
     from rasd.controller import server
 
@@ -160,6 +169,8 @@ def controller_process(
                             **_gc_pauses(controller.metrics.gc_pause_seconds),
                         }
                     )
+                elif request == "census":
+                    conn.send(_heap_census())
                 elif request == "stop":
                     break
         finally:
@@ -182,6 +193,27 @@ def controller_process(
             )
 
     asyncio.run(main())
+
+
+CENSUS_TOP = 25
+"""How many object types and allocation sites a heap census lists."""
+
+
+def _heap_census() -> str:
+    """What the collector walks (tracked objects by generation and type) and where the traced bytes are."""
+    gc.collect()
+    by_generation = [len(gc.get_objects(generation=g)) for g in range(3)]
+    types = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    lines = [
+        f"tracked objects by generation {by_generation}, frozen {gc.get_freeze_count():,}",
+        *(f"  {n:>10,}  {name}" for name, n in types.most_common(CENSUS_TOP)),
+    ]
+    if tracemalloc.is_tracing():
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        stats = snapshot.statistics("lineno")
+        lines.append(f"traced {sum(s.size for s in stats) / 2**20:,.1f} MiB; top sites:")
+        lines += [f"  {s.size / 2**20:>8.2f} MiB {s.count:>9,}  {s.traceback[0]}" for s in stats[:CENSUS_TOP]]
+    return "\n".join(lines)
 
 
 # -- an agent process -------------------------------------------------------------------------------
@@ -326,6 +358,8 @@ def _drive(
             break
         time.sleep(0.5)
     time.sleep(args.warmup_s)
+    if args.heap_census:
+        print(f"{nodes} nodes, heap census after warm-up:\n{_ask(parent, 'census', timeout_s=300)}", flush=True)
     before = _ask(parent, "status")
     faults, mix_counts, plans = _plan_burst(nodes, swarms, args)
     time.sleep(args.measure_s / 3)
@@ -346,7 +380,14 @@ def run_size(nodes: int, args: argparse.Namespace, work: pathlib.Path) -> dict[s
     profile = str(args.profile.with_suffix(f".{nodes}.pstats")) if args.profile else ""
     controller = ctx.Process(
         target=controller_process,
-        args=(child, str(work / f"scale-{nodes}.db"), profile, args.controller_cpu, args.commit_writer),
+        args=(
+            child,
+            str(work / f"scale-{nodes}.db"),
+            profile,
+            args.controller_cpu,
+            args.commit_writer,
+            args.heap_census,
+        ),
         daemon=True,
     )
     controller.start()
@@ -573,6 +614,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     parser.add_argument(
         "--profile", type=pathlib.Path, help="cProfile the controller's event loop to PROFILE.<nodes>.pstats (slower)"
+    )
+    parser.add_argument(
+        "--heap-census",
+        action="store_true",
+        help="trace the controller's allocations and print what the collector walks and where the bytes are, "
+        "after warm-up (slower; figures not comparable)",
     )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
