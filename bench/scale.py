@@ -127,10 +127,12 @@ def controller_process(
     _raise_fd_limit()
     if census:
         tracemalloc.start()
+    from rasd.common import gc_policy
     from rasd.common import logging as rasd_logging
     from rasd.controller import server
 
     rasd_logging.configure("info", json=True)
+    gc_policy.configure()  # as rasd-controller's main does
     # The controller's JSON logs are written (their cost is part of the controller's), to /dev/null.
     sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the process's lifetime)
 
@@ -141,6 +143,7 @@ def controller_process(
             )
         )
         await controller.start()
+        gc_policy.freeze_startup_heap()  # as rasd-controller does after start (`workers.serve`)
         conn.send(("ready", controller.port))
         profiler = cProfile.Profile() if profile_path else None
         if profiler is not None:
