@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from rasd.controller.core import fleet
@@ -105,7 +107,7 @@ def test_power_window_memory_does_not_grow_with_gpus_times_buckets():
     rows = window.series()
     assert len(rows) == 20 and all(count == 200 for _, _, count in rows)
     assert len(window._sums) <= 20
-    assert all(len(peaks) <= 1 for peaks in window._peaks.values())
+    assert all(len(peaks) <= 2 for peaks in window._peaks.values())  # one (bucket, W) pair
 
 
 def test_gpu_max_w_is_each_gpus_peak_over_recent_series():
@@ -131,3 +133,14 @@ def test_tracked_gpus_are_summed_on_their_own():
     assert len(window.series(tracked=True)) <= 11
     window.track({"a"})
     assert window.series(tracked=True) == [], "a new set starts afresh"
+
+
+def test_a_gpus_peaks_are_kept_flat_in_a_few_hundred_bytes():
+    window = fleet.PowerWindow(bucket_ms=100, span_s=60, detail_s=10)
+    for second in range(30):
+        window.add_peak("g0", second * 1_000_000_000, 400.0 + second)
+    peaks = window._peaks["g0"]
+    # 16,384 GPUs keep 30 s each: a deque of (bucket, W) tuples was about 4 KiB per GPU.
+    assert sys.getsizeof(peaks) <= 64 + 2 * 8 * 10 * 2
+    assert list(peaks[::2]) == [float(s * 10) for s in range(20, 30)]  # detail_s: the last 10 s of buckets
+    assert window.gpu_max_w(25 * 1_000_000_000) == {"g0": 429.0}
