@@ -152,26 +152,7 @@ def controller_process(
             while True:
                 request = await asyncio.to_thread(conn.recv)
                 if request == "status":
-                    cpu_s, rss = _usage()
-                    conn.send(
-                        {
-                            "at_ns": time.time_ns(),
-                            "sessions": len(controller.ingest.sessions),
-                            "samples": controller.ingest.samples_ingested,
-                            "events": controller.ingest.events_stored,
-                            "decisions": len(controller.remediation.stats.decision_latency_s)
-                            if controller.remediation
-                            else 0,
-                            "cpu_s": cpu_s,
-                            "rss_mib": rss,
-                            # The single store thread: time spent writing the latest telemetry.
-                            "flush_s": controller.registry.get_sample_value("rasd_store_flush_seconds_sum") or 0.0,
-                            "flushes": controller.registry.get_sample_value("rasd_store_flush_seconds_count") or 0.0,
-                            "persist_s": controller.registry.get_sample_value("rasd_event_persist_seconds_sum") or 0.0,
-                            "persists": controller.registry.get_sample_value("rasd_event_persist_seconds_count") or 0.0,
-                            **_gc_pauses(controller.metrics.gc_pause_seconds),
-                        }
-                    )
+                    conn.send(_status(controller))
                 elif request == "census":
                     conn.send(_heap_census())
                 elif request == "stop":
@@ -196,6 +177,26 @@ def controller_process(
             )
 
     asyncio.run(main())
+
+
+def _status(controller: Any) -> dict[str, Any]:
+    """The controller's counters now, for the driver's window."""
+    cpu_s, rss = _usage()
+    return {
+        "at_ns": time.time_ns(),
+        "sessions": len(controller.ingest.sessions),
+        "samples": controller.ingest.samples_ingested,
+        "events": controller.ingest.events_stored,
+        "decisions": len(controller.remediation.stats.decision_latency_s) if controller.remediation else 0,
+        "cpu_s": cpu_s,
+        "rss_mib": rss,
+        # The single store thread: time spent writing the latest telemetry.
+        "flush_s": controller.registry.get_sample_value("rasd_store_flush_seconds_sum") or 0.0,
+        "flushes": controller.registry.get_sample_value("rasd_store_flush_seconds_count") or 0.0,
+        "persist_s": controller.registry.get_sample_value("rasd_event_persist_seconds_sum") or 0.0,
+        "persists": controller.registry.get_sample_value("rasd_event_persist_seconds_count") or 0.0,
+        **_gc_pauses(controller.metrics.gc_pause_seconds),
+    }
 
 
 CENSUS_TOP = 25
