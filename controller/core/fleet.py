@@ -11,6 +11,7 @@ simulator's report read. High-rate series never go to SQL.
 from __future__ import annotations
 
 import array
+import bisect
 import collections
 import dataclasses
 import enum
@@ -236,10 +237,10 @@ class PowerWindow:
         self._newest = 0
         self._last: dict[object, tuple[int, float, int]] = {}
         """Source (a GPU uuid, ("node", id) or ("tracked", uuid)) → (its newest bucket, the W and GPUs it put there)."""
-        self._peaks: dict[str, array.array[float]] = {}
-        """GPU → its series' (last bucket, peak W) pairs for ``detail_s``, flat: bucket, W, bucket, W, ….
-        A flat array of doubles (a bucket number is far below 2**53) rather than a deque of tuples: a
-        fifth of the bytes per GPU, and no tuple, int or float object per pair."""
+        self._peaks: dict[str, tuple[array.array[int], array.array[float]]] = {}
+        """GPU → (last buckets of its series in order, the series' peak W), for ``detail_s``. Two flat
+        arrays rather than a deque of (bucket, W) tuples: a fifth of the bytes per GPU, no object per
+        series, and `gpu_max_w` finds its start by bisection."""
         self._tracked: frozenset[str] = frozenset()
         self._tracked_sums: dict[int, list[float]] = {}
         """bucket → [sum W, GPUs] of the tracked GPUs alone."""
@@ -338,16 +339,20 @@ class PowerWindow:
         return kept, peak, last_bucket
 
     def _note_peak(self, gpu_uuid: str, last_bucket: int, peak: float) -> None:
-        peaks = self._peaks.get(gpu_uuid)
-        if peaks is None:
-            peaks = self._peaks[gpu_uuid] = array.array("d")
-        peaks.append(last_bucket)
-        peaks.append(peak)
-        oldest_kept = last_bucket - self._detail_buckets
-        stale = 0
-        while peaks[stale] <= oldest_kept:
-            stale += 2
+        kept = self._peaks.get(gpu_uuid)
+        if kept is None:
+            kept = self._peaks[gpu_uuid] = (array.array("q"), array.array("d"))
+        buckets, peaks = kept
+        if buckets and last_bucket < buckets[-1]:  # a reordered series: keep the buckets in order
+            at = bisect.bisect_right(buckets, last_bucket)
+            buckets.insert(at, last_bucket)
+            peaks.insert(at, peak)
+        else:
+            buckets.append(last_bucket)
+            peaks.append(peak)
+        stale = bisect.bisect_right(buckets, buckets[-1] - self._detail_buckets)
         if stale:
+            del buckets[:stale]
             del peaks[:stale]
 
     def series(
@@ -378,8 +383,8 @@ class PowerWindow:
         """
         first = since_unix_ns // self.bucket_ns
         out: dict[str, float] = {}
-        for gpu_uuid, peaks in self._peaks.items():
-            best = max((peaks[i + 1] for i in range(0, len(peaks), 2) if peaks[i] >= first), default=None)
+        for gpu_uuid, (buckets, peaks) in self._peaks.items():
+            best = max(peaks[bisect.bisect_left(buckets, first) :], default=None)
             if best is not None:
                 out[gpu_uuid] = best
         return out
