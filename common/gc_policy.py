@@ -24,8 +24,8 @@ pauses land can be chosen.
   (every node's stream, session and views). A frozen object that later becomes cyclic garbage is
   not collected until a thaw: once the frozen heap grew by `THAW_GROWTH` since the last thaw, a
   full collection unfreezes everything first (one walk of the whole heap, then frozen again). So
-  uncollected cycles stay below `THAW_GROWTH` times the heap the last thaw left; `old_collection`
-  decides, from counts passed in.
+  the frozen heap, live or cyclic garbage, stays within 1 + `THAW_GROWTH` times what the last thaw
+  left: nothing leaks without bound. `old_collection` decides, from counts passed in.
 - `freeze_startup_heap()`: after start-up has loaded the durable state, one collection and then
   `gc.freeze()`: what start-up built (modules, compiled statements, the loaded state) moves to the
   permanent generation, which no later collection walks. Call it once, after loading.
@@ -55,8 +55,8 @@ OLD_GROWTH = 0.25
 """A full collection only once the old generation holds this share of the long-lived (frozen) heap (CPython's
 25 %: its rule compares what was promoted since the last full collection with what survived it)."""
 THAW_GROWTH = 0.5
-"""A full collection thaws the frozen heap first once that grew by this share since the last thaw: the bound on
-cyclic garbage left among frozen objects, as a share of the heap."""
+"""A full collection thaws the frozen heap first once that grew by this share since the last thaw: what bounds
+the cyclic garbage that can wait among frozen objects."""
 QUIET_CHECK_S = 0.05
 """How often `QuietCollector` looks for a quiet moment (and reports the pauses timed meanwhile)."""
 MAX_UNREPORTED_PAUSES = 10_000
@@ -72,7 +72,8 @@ def freeze_startup_heap() -> None:
     """Collect once, then move every surviving object out of reach of later collections.
 
     For what start-up built and keeps for the life of the process; later garbage is collected as
-    before. Calling it again freezes what was built since, so call it at start-up only.
+    before. Calling it again freezes what was built since, so call it at start-up only:
+    `QuietCollector` freezes after its full collections itself, and thaws to bound what stays frozen.
     """
     gc.collect()
     gc.freeze()
