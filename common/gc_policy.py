@@ -167,11 +167,18 @@ class QuietCollector:
         self._task = asyncio.create_task(self._run(), name="rasd-quiet-gc")
 
     async def stop(self) -> None:
-        """Stop looking and stop watching (the pauses timed so far are reported)."""
+        """Stop looking and stop watching (the pauses timed so far are reported); unfreeze what it froze.
+
+        Unfrozen so that a process that goes on without this collector (a test run, a restart in
+        place) collects its cycles again; start-up's frozen heap is unfrozen with it.
+        """
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._frozen is not None and self.collections[2]:
+            gc.unfreeze()
+            self._frozen = None
         if self._timed in gc.callbacks:
             gc.callbacks.remove(self._timed)
         self.report_pauses()

@@ -285,3 +285,18 @@ def test_a_pause_is_reported_outside_the_collection_that_made_it(manual_gc: None
 
     asyncio.run(scenario())
     assert could_lock == [True]
+
+
+def test_stopping_unfreezes_what_the_collector_froze(manual_gc: None) -> None:
+    gc.unfreeze()
+
+    async def scenario() -> None:
+        collector = gc_policy.QuietCollector(lambda: True, min_young=50, check_s=60)
+        collector.start()
+        kept: list[list[_Box]] = []
+        _full(collector, kept)
+        assert gc.get_freeze_count() > 0
+        await collector.stop()
+
+    asyncio.run(scenario())
+    assert gc.get_freeze_count() == 0  # the process collects its cycles as before
