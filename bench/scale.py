@@ -32,7 +32,9 @@ first command that node receives after it (one clock: all processes share the ho
 Also reported: how long flushing the latest telemetry took, in chunks between the store thread's
 other calls (``rasd_store_flush_seconds``), the mean health-event batch receive → ack time
 (``rasd_event_persist_seconds``), the ladder's commit p99 and the slowest decisions with their
-kinds; ``--profile PATH`` writes a cProfile of the controller's event loop. ``--controller-cpu N``
+kinds; ``--profile PATH`` writes a cProfile of the controller's event loop; ``--heap-census objects``
+prints after warm-up the objects the controller's collector walks, by type (``bytes``: also the top
+allocation sites, traced). ``--controller-cpu N``
 pins the controller (and the commit writer it starts) to one CPU, ``--agents-cpu M`` the agents to
 another, as `taskset -c` would.
 
@@ -46,8 +48,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import cProfile
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -57,6 +61,7 @@ import resource
 import sys
 import tempfile
 import time
+import tracemalloc
 from typing import Any
 
 import results
@@ -114,14 +119,22 @@ def controller_process(
     profile_path: str = "",
     cpu: int | None = None,
     commit_writer: str = "process",
+    census: str | None = None,
 ) -> None:
-    """Run one controller until told to stop; answer status requests on conn (profile_path: cProfile its loop)."""
+    """Run one controller until told to stop; answer status requests on conn (profile_path: cProfile its loop).
+
+    census: answer ``census`` requests (`_heap_census`); ``"bytes"``: trace allocations from the start.
+    """
     _pin(cpu)
     _raise_fd_limit()
+    if census == "bytes":
+        tracemalloc.start()
+    from rasd.common import gc_policy
     from rasd.common import logging as rasd_logging
     from rasd.controller import server
 
     rasd_logging.configure("info", json=True)
+    gc_policy.configure()  # as rasd-controller's main does
     # The controller's JSON logs are written (their cost is part of the controller's), to /dev/null.
     sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the process's lifetime)
 
@@ -132,6 +145,7 @@ def controller_process(
             )
         )
         await controller.start()
+        gc_policy.freeze_startup_heap()  # as rasd-controller does after start (`workers.serve`)
         conn.send(("ready", controller.port))
         profiler = cProfile.Profile() if profile_path else None
         if profiler is not None:
@@ -140,26 +154,9 @@ def controller_process(
             while True:
                 request = await asyncio.to_thread(conn.recv)
                 if request == "status":
-                    cpu_s, rss = _usage()
-                    conn.send(
-                        {
-                            "at_ns": time.time_ns(),
-                            "sessions": len(controller.ingest.sessions),
-                            "samples": controller.ingest.samples_ingested,
-                            "events": controller.ingest.events_stored,
-                            "decisions": len(controller.remediation.stats.decision_latency_s)
-                            if controller.remediation
-                            else 0,
-                            "cpu_s": cpu_s,
-                            "rss_mib": rss,
-                            # The single store thread: time spent writing the latest telemetry.
-                            "flush_s": controller.registry.get_sample_value("rasd_store_flush_seconds_sum") or 0.0,
-                            "flushes": controller.registry.get_sample_value("rasd_store_flush_seconds_count") or 0.0,
-                            "persist_s": controller.registry.get_sample_value("rasd_event_persist_seconds_sum") or 0.0,
-                            "persists": controller.registry.get_sample_value("rasd_event_persist_seconds_count") or 0.0,
-                            **_gc_pauses(controller.metrics.gc_pause_seconds),
-                        }
-                    )
+                    conn.send(_status(controller))
+                elif request == "census":
+                    conn.send(_heap_census())
                 elif request == "stop":
                     break
         finally:
@@ -182,6 +179,53 @@ def controller_process(
             )
 
     asyncio.run(main())
+
+
+def _status(controller: Any) -> dict[str, Any]:
+    """The controller's counters now, for the driver's window."""
+    cpu_s, rss = _usage()
+    return {
+        "at_ns": time.time_ns(),
+        "sessions": len(controller.ingest.sessions),
+        "samples": controller.ingest.samples_ingested,
+        "events": controller.ingest.events_stored,
+        "decisions": len(controller.remediation.stats.decision_latency_s) if controller.remediation else 0,
+        "cpu_s": cpu_s,
+        "rss_mib": rss,
+        # The single store thread: time spent writing the latest telemetry.
+        "flush_s": controller.registry.get_sample_value("rasd_store_flush_seconds_sum") or 0.0,
+        "flushes": controller.registry.get_sample_value("rasd_store_flush_seconds_count") or 0.0,
+        "persist_s": controller.registry.get_sample_value("rasd_event_persist_seconds_sum") or 0.0,
+        "persists": controller.registry.get_sample_value("rasd_event_persist_seconds_count") or 0.0,
+        **_gc_pauses(controller.metrics.gc_pause_seconds),
+    }
+
+
+CENSUS_TOP = 25
+"""How many object types and allocation sites a heap census lists."""
+
+
+def _heap_census() -> str:
+    """What a full collection that thaws walks (tracked objects by type) and where the traced bytes are.
+
+    The frozen heap is counted too: unfrozen for the census, then frozen again as a thaw would leave it.
+    """
+    gc.collect()
+    by_generation = [len(gc.get_objects(generation=g)) for g in range(3)]
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    types = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    gc.freeze()
+    lines = [
+        f"tracked objects by generation {by_generation}, frozen {frozen:,}; all of them by type:",
+        *(f"  {n:>10,}  {name}" for name, n in types.most_common(CENSUS_TOP)),
+    ]
+    if tracemalloc.is_tracing():
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        stats = snapshot.statistics("lineno")
+        lines.append(f"traced {sum(s.size for s in stats) / 2**20:,.1f} MiB; top sites:")
+        lines += [f"  {s.size / 2**20:>8.2f} MiB {s.count:>9,}  {s.traceback[0]}" for s in stats[:CENSUS_TOP]]
+    return "\n".join(lines)
 
 
 # -- an agent process -------------------------------------------------------------------------------
@@ -326,6 +370,8 @@ def _drive(
             break
         time.sleep(0.5)
     time.sleep(args.warmup_s)
+    if args.heap_census:
+        print(f"{nodes} nodes, heap census after warm-up:\n{_ask(parent, 'census', timeout_s=300)}", flush=True)
     before = _ask(parent, "status")
     faults, mix_counts, plans = _plan_burst(nodes, swarms, args)
     time.sleep(args.measure_s / 3)
@@ -346,7 +392,14 @@ def run_size(nodes: int, args: argparse.Namespace, work: pathlib.Path) -> dict[s
     profile = str(args.profile.with_suffix(f".{nodes}.pstats")) if args.profile else ""
     controller = ctx.Process(
         target=controller_process,
-        args=(child, str(work / f"scale-{nodes}.db"), profile, args.controller_cpu, args.commit_writer),
+        args=(
+            child,
+            str(work / f"scale-{nodes}.db"),
+            profile,
+            args.controller_cpu,
+            args.commit_writer,
+            args.heap_census,
+        ),
         daemon=True,
     )
     controller.start()
@@ -573,6 +626,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     parser.add_argument(
         "--profile", type=pathlib.Path, help="cProfile the controller's event loop to PROFILE.<nodes>.pstats (slower)"
+    )
+    parser.add_argument(
+        "--heap-census",
+        choices=("objects", "bytes"),
+        help="print after warm-up what the controller's collector walks (objects), and with bytes where the "
+        "traced bytes are (tracemalloc: far slower, a storm of 2,048 connects does not finish; figures not "
+        "comparable)",
     )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]

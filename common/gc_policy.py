@@ -19,6 +19,13 @@ pauses land can be chosen.
   ``threshold`` in ``rasd_gc_pause_seconds``. Collecting between passes in a burst, so that the
   backstop's single pause would come as ten short ones, raised the burst's p99 instead: the young
   objects a pause walks early are partly ones reference counting would have freed.
+- Full collections walk only what is new: after each, `QuietCollector` freezes what survived
+  (`gc.freeze()`), so the next one walks the objects promoted since, not the whole long-lived heap
+  (every node's stream, session and views). A frozen object that later becomes cyclic garbage is
+  not collected until a thaw: once the frozen heap grew by `THAW_GROWTH` since the last thaw, a
+  full collection unfreezes everything first (one walk of the whole heap, then frozen again). So
+  the frozen heap, live or cyclic garbage, stays within 1 + `THAW_GROWTH` times what the last thaw
+  left: nothing leaks without bound. `old_collection` decides, from counts passed in.
 - `freeze_startup_heap()`: after start-up has loaded the durable state, one collection and then
   `gc.freeze()`: what start-up built (modules, compiled statements, the loaded state) moves to the
   permanent generation, which no later collection walks. Call it once, after loading.
@@ -45,7 +52,11 @@ generation grew by `OLD_GROWTH` since the last (CPython's rule, which `QuietColl
 QUIET_MIN_YOUNG = 10_000
 """Young objects before a quiet collection is worth its pause (~7 ms on a 2-core VM)."""
 OLD_GROWTH = 0.25
-"""A full collection walks the whole old generation: only once it grew by this share (CPython's 25 %)."""
+"""A full collection only once the old generation holds this share of the long-lived (frozen) heap (CPython's
+25 %: its rule compares what was promoted since the last full collection with what survived it)."""
+THAW_GROWTH = 0.5
+"""A full collection thaws the frozen heap first once that grew by this share since the last thaw: what bounds
+the cyclic garbage that can wait among frozen objects."""
 QUIET_CHECK_S = 0.05
 """How often `QuietCollector` looks for a quiet moment (and reports the pauses timed meanwhile)."""
 MAX_UNREPORTED_PAUSES = 10_000
@@ -61,7 +72,8 @@ def freeze_startup_heap() -> None:
     """Collect once, then move every surviving object out of reach of later collections.
 
     For what start-up built and keeps for the life of the process; later garbage is collected as
-    before. Calling it again freezes what was built since, so call it at start-up only.
+    before. Calling it again freezes what was built since, so call it at start-up only:
+    `QuietCollector` freezes after its full collections itself, and thaws to bound what stays frozen.
     """
     gc.collect()
     gc.freeze()
@@ -93,6 +105,25 @@ def due_generation(
     return 0
 
 
+def old_collection(old_objects: int, frozen_objects: int, frozen_after_thaw: int) -> str | None:
+    """What a due full collection should do: None (skip it), ``"full"`` or ``"thaw"``. Pure.
+
+    old_objects: the old generation's objects (promoted since the last full collection, which froze
+    the rest); frozen_objects: the frozen heap now; frozen_after_thaw: the frozen heap the last thaw
+    left. A full collection waits until the old generation holds `OLD_GROWTH` of the frozen heap; it
+    thaws first (walks everything, so frozen cycles are collected) once the heap, frozen and old
+    together, grew by `THAW_GROWTH` since the last thaw.
+
+    Examples: (10_000, 100_000, 100_000) → None; (30_000, 100_000, 100_000) → "full";
+    (40_000, 130_000, 100_000) → "thaw"; (5, 0, 0) → "thaw" (nothing frozen: an ordinary full one).
+    """
+    if old_objects <= frozen_objects * OLD_GROWTH:
+        return None
+    if frozen_objects + old_objects > frozen_after_thaw * (1 + THAW_GROWTH):
+        return "thaw"
+    return "full"
+
+
 class QuietCollector:
     """Runs the collector in the decider's quiet moments, and times every pause of the process.
 
@@ -118,13 +149,17 @@ class QuietCollector:
         self._check_s = check_s
         self._ours = False
         self._started_at = 0.0
-        self._old_after_full: int | None = None
-        """The old generation's size after this collector's last full collection (None: none yet)."""
+        self._frozen: int | None = None
+        """The frozen heap after this collector's last full collection (None: none yet; then what is frozen)."""
+        self._frozen_after_thaw = 0
+        """The frozen heap after this collector's last thaw (`old_collection`)."""
         self._pauses: collections.deque[tuple[int, str, float]] = collections.deque(maxlen=MAX_UNREPORTED_PAUSES)
         """Pauses timed and not yet handed to observe (generation, trigger, seconds)."""
         self._task: asyncio.Task[None] | None = None
         self.collections = [0, 0, 0]
         """This collector's collections by generation."""
+        self.thaws = 0
+        """This collector's full collections that unfroze the frozen heap first."""
 
     def start(self) -> None:
         """Watch every collection and start looking for quiet moments (inside the event loop)."""
@@ -132,11 +167,18 @@ class QuietCollector:
         self._task = asyncio.create_task(self._run(), name="rasd-quiet-gc")
 
     async def stop(self) -> None:
-        """Stop looking and stop watching (the pauses timed so far are reported)."""
+        """Stop looking and stop watching (the pauses timed so far are reported); unfreeze what it froze.
+
+        Unfrozen so that a process that goes on without this collector (a test run, a restart in
+        place) collects its cycles again; start-up's frozen heap is unfrozen with it.
+        """
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._frozen is not None and self.collections[2]:
+            gc.unfreeze()
+            self._frozen = None
         if self._timed in gc.callbacks:
             gc.callbacks.remove(self._timed)
         self.report_pauses()
@@ -167,21 +209,31 @@ class QuietCollector:
         generation = due_generation(gc.get_count(), min_young=self._min_young)
         if generation is None:
             return None
-        if generation == 2:
-            # CPython's rule: walking the whole old generation is worth it only once it grew enough.
-            # (Measured only now: listing the old generation costs a walk of its own.)
-            before = self._old_after_full
-            if before is not None and len(gc.get_objects(generation=2)) - before <= before * OLD_GROWTH:
-                generation = 1
+        plan = self._old_plan() if generation == 2 else None
+        if generation == 2 and plan is None:
+            generation = 1
         self._ours = True
         try:
+            if plan == "thaw":
+                gc.unfreeze()  # the frozen heap back into the old generation: this collection walks it all
             gc.collect(generation)
+            if plan is not None:
+                gc.freeze()  # what survived stays out of later walks until the next thaw
         finally:
             self._ours = False
-        if generation == 2:
-            self._old_after_full = len(gc.get_objects(generation=2))
+        if plan is not None:
+            self._frozen = gc.get_freeze_count()
+            if plan == "thaw":
+                self._frozen_after_thaw = self._frozen
+                self.thaws += 1
         self.collections[generation] += 1
         return generation
+
+    def _old_plan(self) -> str | None:
+        """`old_collection` for this process now (listing the old generation walks only what is not frozen)."""
+        if self._frozen is None:
+            self._frozen = self._frozen_after_thaw = gc.get_freeze_count()
+        return old_collection(len(gc.get_objects(generation=2)), self._frozen, self._frozen_after_thaw)
 
     def _timed(self, phase: str, info: dict[str, Any]) -> None:
         # Takes no lock and calls nothing that could (`report_pauses` says why); never raises.

@@ -126,7 +126,26 @@ def test_a_quiet_moment_collects_the_young_generation_and_its_cycles(manual_gc: 
     assert len(kept) == 200
 
 
-def test_older_generations_follow_in_quiet_moments_and_a_full_one_waits_for_growth(manual_gc: None) -> None:
+@pytest.mark.parametrize(
+    ("old", "frozen", "frozen_after_thaw", "plan"),
+    [
+        (10_000, 100_000, 100_000, None),  # the old generation is under a quarter of the frozen heap
+        (25_000, 100_000, 100_000, None),
+        (30_000, 100_000, 100_000, "full"),  # walks the 30,000, freezes the survivors
+        (40_000, 130_000, 100_000, "thaw"),  # 170,000 > 1.5 × 100,000: walk everything once
+        (60_000, 100_000, 100_000, "thaw"),
+        (5, 0, 0, "thaw"),  # nothing frozen yet: an ordinary full collection (then frozen)
+        (0, 0, 0, None),
+    ],
+)
+def test_old_collection_waits_for_growth_and_thaws_past_its_bound(
+    old: int, frozen: int, frozen_after_thaw: int, plan: str | None
+) -> None:
+    assert gc_policy.old_collection(old, frozen, frozen_after_thaw) == plan
+
+
+def test_older_generations_follow_in_quiet_moments_and_a_full_one_freezes_its_survivors(manual_gc: None) -> None:
+    gc.unfreeze()
     collector = gc_policy.QuietCollector(lambda: True, min_young=50)
     generations = []
     kept = []
@@ -136,19 +155,21 @@ def test_older_generations_follow_in_quiet_moments_and_a_full_one_waits_for_grow
     assert None not in generations
     # Every eleventh is a middle collection (ten young ones since the last), as CPython orders them.
     assert generations[: gc_policy.GEN1_THRESHOLD + 1] == [0] * gc_policy.GEN1_THRESHOLD + [1]
-    # After ten middle ones a full one: the first is always run (no size to compare growth with).
+    # After ten middle ones a full one (nothing was frozen: it thaws nothing and freezes the survivors).
     assert generations[-1] == 2
     assert generations.count(2) == 1
     assert generations.count(1) == gc_policy.GEN2_THRESHOLD
     assert collector.collections == [generations.count(0), gc_policy.GEN2_THRESHOLD, 1]
-    assert collector._old_after_full is not None
+    assert gc.get_freeze_count() >= sum(len(k) for k in kept)
+    assert gc.get_objects(generation=2) == []  # the next full collection walks only what comes after
 
 
-def test_a_full_collection_is_skipped_while_the_old_generation_has_not_grown(manual_gc: None) -> None:
+def test_a_full_collection_is_skipped_while_the_old_generation_is_small_beside_the_frozen_heap(
+    manual_gc: None,
+) -> None:
     collector = gc_policy.QuietCollector(lambda: True, min_young=50)
-    ballast = _young(20_000)  # a large old generation
-    gc.collect()  # ballast is old now
-    collector._old_after_full = len(gc.get_objects(generation=2))
+    ballast = _young(20_000)  # a large long-lived heap
+    gc_policy.freeze_startup_heap()
     generations = []
     for _ in range(gc_policy.GEN1_THRESHOLD * gc_policy.GEN2_THRESHOLD + gc_policy.GEN1_THRESHOLD + 5):
         garbage = _young(60)  # dies before the collection: nothing is promoted
@@ -156,9 +177,55 @@ def test_a_full_collection_is_skipped_while_the_old_generation_has_not_grown(man
         junk = _young(60)
         generations.append(collector.collect_if_quiet())
         del junk
-    assert 2 not in generations  # due by the counts, but the old generation did not grow 25 %
+    assert 2 not in generations  # due by the counts, but the old generation is no quarter of the frozen heap
     assert generations.count(1) >= gc_policy.GEN2_THRESHOLD
     assert len(ballast) == 20_000
+
+
+def _full(collector: gc_policy.QuietCollector, survivors: list[list[_Box]], per_round: int = 60) -> int:
+    """Quiet collections until the collector runs a full one; the survivors are kept in `survivors`."""
+    for _ in range(10_000):
+        survivors.append(_young(per_round))
+        if collector.collect_if_quiet() == 2:
+            return collector.thaws
+    raise AssertionError("no full collection")
+
+
+class _Peer:
+    peer: object = None
+
+
+def test_a_cycle_made_after_the_collector_froze_the_heap_is_still_collected(manual_gc: None) -> None:
+    gc.unfreeze()
+    collector = gc_policy.QuietCollector(lambda: True, min_young=50)
+    kept: list[list[_Box]] = []
+    _full(collector, kept)
+    assert gc.get_freeze_count() > 0
+    a, b = _Peer(), _Peer()
+    a.peer, b.peer = b, a
+    watch = weakref.ref(a)
+    del a, b
+    kept.append(_young(100))
+    assert collector.collect_if_quiet() == 0  # a young collection: the frozen heap is not walked
+    assert watch() is None
+
+
+def test_a_frozen_cycle_that_became_garbage_is_collected_at_the_next_thaw(manual_gc: None) -> None:
+    gc.unfreeze()
+    collector = gc_policy.QuietCollector(lambda: True, min_young=50)
+    kept: list[list[_Box]] = []
+    a, b = _Peer(), _Peer()  # a node's session: alive, so a full collection freezes it
+    a.peer, b.peer = b, a
+    watch = weakref.ref(a)
+    thaws = _full(collector, kept)
+    assert gc.get_freeze_count() > 0
+    del a, b  # the node left: its cycle is garbage, but frozen
+    assert watch() is not None
+    while collector.thaws == thaws:  # the heap grows: full collections, then (past THAW_GROWTH) a thaw
+        assert watch() is not None  # the full collections before it walk only what is not frozen
+        _full(collector, kept)
+    assert watch() is None
+    assert gc.get_objects(generation=2) == []  # frozen again after the thaw
 
 
 def test_every_pause_is_timed_with_its_trigger(manual_gc: None) -> None:
@@ -218,3 +285,18 @@ def test_a_pause_is_reported_outside_the_collection_that_made_it(manual_gc: None
 
     asyncio.run(scenario())
     assert could_lock == [True]
+
+
+def test_stopping_unfreezes_what_the_collector_froze(manual_gc: None) -> None:
+    gc.unfreeze()
+
+    async def scenario() -> None:
+        collector = gc_policy.QuietCollector(lambda: True, min_young=50, check_s=60)
+        collector.start()
+        kept: list[list[_Box]] = []
+        _full(collector, kept)
+        assert gc.get_freeze_count() > 0
+        await collector.stop()
+
+    asyncio.run(scenario())
+    assert gc.get_freeze_count() == 0  # the process collects its cycles as before

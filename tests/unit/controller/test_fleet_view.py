@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from rasd.controller.core import fleet
@@ -105,7 +107,7 @@ def test_power_window_memory_does_not_grow_with_gpus_times_buckets():
     rows = window.series()
     assert len(rows) == 20 and all(count == 200 for _, _, count in rows)
     assert len(window._sums) <= 20
-    assert all(len(peaks) <= 1 for peaks in window._peaks.values())
+    assert all(len(peaks) <= 1 for _buckets, peaks in window._peaks.values())
 
 
 def test_gpu_max_w_is_each_gpus_peak_over_recent_series():
@@ -131,3 +133,26 @@ def test_tracked_gpus_are_summed_on_their_own():
     assert len(window.series(tracked=True)) <= 11
     window.track({"a"})
     assert window.series(tracked=True) == [], "a new set starts afresh"
+
+
+def test_a_gpus_peaks_are_kept_flat_in_a_few_hundred_bytes():
+    window = fleet.PowerWindow(bucket_ms=100, span_s=60, detail_s=10)
+    for second in range(30):
+        window.add_peak("g0", second * 1_000_000_000, 400.0 + second)
+    buckets, peaks = window._peaks["g0"]
+    # 16,384 GPUs keep 30 s each: a deque of (bucket, W) tuples was about 4 KiB per GPU.
+    assert sys.getsizeof(buckets) + sys.getsizeof(peaks) <= 2 * (64 + 8 * 10 * 2)
+    assert list(buckets) == [s * 10 for s in range(20, 30)]  # detail_s: the last 10 s of buckets
+    assert window.gpu_max_w(25 * 1_000_000_000) == {"g0": 429.0}
+
+
+def test_a_reordered_peak_takes_its_place_in_time():
+    window = fleet.PowerWindow(bucket_ms=100, span_s=60, detail_s=10)
+    window.add_peak("g0", 20_000_000_000, 300.0)
+    window.add_peak("g0", 12_000_000_000, 900.0)  # older: arrived late, after a reconnect
+    window.add_peak("g0", 15_000_000_000, 500.0)
+    assert list(window._peaks["g0"][0]) == [120, 150, 200]
+    assert window.gpu_max_w(15_000_000_000) == {"g0": 500.0}  # the late, older peak is before the window
+    assert window.gpu_max_w(0) == {"g0": 900.0}
+    window.add_peak("g0", 25_000_000_000, 100.0)
+    assert list(window._peaks["g0"][0]) == [200, 250]  # 10 s back from the newest
