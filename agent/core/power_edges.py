@@ -5,12 +5,31 @@ compute ends; a slow rank falls later than the others, step after step, by about
 (issue #40). This finds those falling edges in sampled power, to sub-sample precision: the crossing
 of a threshold between the two levels, interpolated linearly between the samples on either side.
 
+On the node (`interval_edges`), each summary interval's samples are searched with what the last
+interval left (`EdgeCarry`): the GPU's last sample, so that a fall between two intervals' samples is
+found once, in the later one; and its recent samples, whose 10th and 90th percentiles set its levels
+(one interval of a 2 s step may hold only compute samples).
+
 Pure: arrays in, arrays out; no clock, no I/O.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
+
 import numpy as np
+
+from rasd.agent.core import model
+
+MAX_EDGES_PER_SUMMARY = 8
+"""Edges one GPU sends per summary at most (the newest); a 1 s summary of a step job holds one or two."""
+HISTORY_SAMPLES = 100
+"""Recent samples per GPU its levels are taken from: 10 s at 10 Hz, several steps of a training job."""
+MIN_SWING_W = 100.0
+"""Below this gap between a GPU's levels it has no step swing (idle, steady load): no edges, not noise."""
+MAX_CARRY_GAP_NS = 1_000_000_000
+"""A last sample older than this before the next one is not bridged (a sampling outage, not an edge)."""
 
 
 def midpoint_w(draws_w: np.ndarray) -> np.ndarray:
@@ -48,3 +67,46 @@ def falling_edges(times_s: np.ndarray, draws_w: np.ndarray, threshold_w: np.ndar
     gpu, at = gpu[order], at[order]
     bounds = np.searchsorted(gpu, np.arange(draws_w.shape[1] + 1))
     return [at[bounds[i] : bounds[i + 1]] for i in range(draws_w.shape[1])]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EdgeCarry:
+    """What the next interval's edge search needs of this one, per GPU."""
+
+    last: Mapping[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    """GPU -> its last sample (Unix ns, W)."""
+    recent_w: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """GPU -> its newest `HISTORY_SAMPLES` draws, W."""
+
+
+def interval_edges(
+    samples: Sequence[model.PowerSamples], carry: EdgeCarry
+) -> tuple[dict[str, tuple[int, ...]], EdgeCarry]:
+    """Per GPU, the falling edges (Unix ns) in this interval's samples, and the carry for the next.
+
+    Example: a GPU whose last sample was 680 W at t = 0.9 s and whose next is 120 W at 1.0 s, levels
+    120 and 680 W: one edge at 0.95 s, sent in this interval (the last one could not see it).
+    """
+    last = dict(carry.last)
+    recent = dict(carry.recent_w)
+    found: dict[str, tuple[int, ...]] = {}
+    for gpu in samples:
+        if not gpu.watts:
+            continue
+        times = np.asarray(gpu.times_unix_ns, dtype=np.int64)
+        watts = np.array(gpu.watts, dtype=float)
+        history = np.concatenate([recent.get(gpu.gpu_uuid, np.zeros(0)), watts])[-HISTORY_SAMPLES:]
+        previous = last.get(gpu.gpu_uuid)
+        if previous is not None and 0 <= times[0] - previous[0] <= MAX_CARRY_GAP_NS:
+            times = np.concatenate([[previous[0]], times])
+            watts = np.concatenate([[previous[1]], watts])
+        low, high = np.percentile(history, [10.0, 90.0])
+        if high - low >= MIN_SWING_W and len(times) >= 2:
+            base = int(times[0])
+            (at_s,) = falling_edges((times - base) / 1e9, watts[:, None], np.array([(low + high) / 2.0]))
+            edges = tuple(base + round(float(t) * 1e9) for t in at_s[-MAX_EDGES_PER_SUMMARY:])
+            if edges:
+                found[gpu.gpu_uuid] = edges
+        last[gpu.gpu_uuid] = (int(times[-1]), float(watts[-1]))
+        recent[gpu.gpu_uuid] = history
+    return found, EdgeCarry(last, recent)

@@ -179,6 +179,23 @@ class ControllerMetrics:
         self.quarantined = Gauge(
             "rasd_quarantined", "Active quarantines, by scope (node, gpu, port).", ["scope"], registry=registry
         )
+        self.straggler_steps = Counter(
+            "rasd_straggler_steps",
+            "Training steps whose compute -> communication edges the straggler watch judged.",
+            registry=registry,
+        )
+        self.straggler_suspect = Gauge(
+            "rasd_straggler_suspect",
+            "1 for a GPU named a straggler: its edge lagged its job's median step after step (issue #40).",
+            ["node", "gpu"],
+            registry=registry,
+        )
+        self.straggler_lag_seconds = Gauge(
+            "rasd_straggler_lag_seconds",
+            "A suspect straggler's mean lag behind its job's median edge while its score climbed.",
+            ["node", "gpu"],
+            registry=registry,
+        )
 
     def _register_power(self, registry: CollectorRegistry) -> None:
         """The power loop's metrics."""
