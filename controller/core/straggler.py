@@ -168,7 +168,7 @@ def complete_steps(
     """The complete steps among the pending (edge time s, GPU) pairs, oldest first, and the pairs left pending.
 
     In each step a GPU counts with its first edge. Example: edges at 1.00, 1.02, 1.09 s (three
-    GPUs), then 3.01 s and 4.2 s with settle 3 s: nothing is complete yet; once an edge at 4.5 s has
+    GPUs), then 3.01 s and 4.0 s with settle 3 s: nothing is complete yet; once an edge at 4.5 s has
     arrived, the step {1.00, 1.02, 1.09} is.
     """
     ordered = sorted(pending)
