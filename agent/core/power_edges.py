@@ -70,13 +70,29 @@ def falling_edges(times_s: np.ndarray, draws_w: np.ndarray, threshold_w: np.ndar
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class EdgeCarry:
-    """What the next interval's edge search needs of this one, per GPU."""
+class GpuEdgeState:
+    """One GPU's part of the carry: its last sample, its recent draws and the threshold they set."""
 
-    last: Mapping[str, tuple[int, float]] = dataclasses.field(default_factory=dict)
-    """GPU -> its last sample (Unix ns, W)."""
-    recent_w: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
-    """GPU -> its newest `HISTORY_SAMPLES` draws, W."""
+    last_unix_ns: int
+    last_w: float
+    recent_w: tuple[float, ...]
+    """Its newest `HISTORY_SAMPLES` draws, W."""
+    threshold_w: float | None
+    """Midway between its levels; None: no step swing (the levels lie under `MIN_SWING_W` apart)."""
+    since_threshold: int
+    """Samples added since the threshold was set (it is set again after `REFRESH_SAMPLES`)."""
+
+
+REFRESH_SAMPLES = 50
+"""The levels are taken again after this many new samples: a percentile per GPU per summary cost
+more than the summary itself (a rasd-sim fleet runs thousands of agents in a few processes)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EdgeCarry:
+    """What the next interval's edge search needs of this one: GPU -> its `GpuEdgeState`."""
+
+    gpus: Mapping[str, GpuEdgeState] = dataclasses.field(default_factory=dict)
 
 
 def interval_edges(
@@ -87,26 +103,40 @@ def interval_edges(
     Example: a GPU whose last sample was 680 W at t = 0.9 s and whose next is 120 W at 1.0 s, levels
     120 and 680 W: one edge at 0.95 s, sent in this interval (the last one could not see it).
     """
-    last = dict(carry.last)
-    recent = dict(carry.recent_w)
+    states = dict(carry.gpus)
     found: dict[str, tuple[int, ...]] = {}
     for gpu in samples:
         if not gpu.watts:
             continue
-        times = np.asarray(gpu.times_unix_ns, dtype=np.int64)
-        watts = np.array(gpu.watts, dtype=float)
-        history = np.concatenate([recent.get(gpu.gpu_uuid, np.zeros(0)), watts])[-HISTORY_SAMPLES:]
-        previous = last.get(gpu.gpu_uuid)
-        if previous is not None and 0 <= times[0] - previous[0] <= MAX_CARRY_GAP_NS:
-            times = np.concatenate([[previous[0]], times])
-            watts = np.concatenate([[previous[1]], watts])
-        low, high = np.percentile(history, [10.0, 90.0])
-        if high - low >= MIN_SWING_W and len(times) >= 2:
-            base = int(times[0])
-            (at_s,) = falling_edges((times - base) / 1e9, watts[:, None], np.array([(low + high) / 2.0]))
-            edges = tuple(base + round(float(t) * 1e9) for t in at_s[-MAX_EDGES_PER_SUMMARY:])
+        old = states.get(gpu.gpu_uuid)
+        recent = ((old.recent_w if old else ()) + tuple(gpu.watts))[-HISTORY_SAMPLES:]
+        threshold, since = (old.threshold_w, old.since_threshold + len(gpu.watts)) if old else (None, REFRESH_SAMPLES)
+        if threshold is None or since >= REFRESH_SAMPLES:  # no swing yet: looked for again every interval
+            threshold, since = _threshold_w(recent), 0
+        times, watts = list(gpu.times_unix_ns), list(gpu.watts)
+        if old is not None and 0 <= times[0] - old.last_unix_ns <= MAX_CARRY_GAP_NS:
+            times.insert(0, old.last_unix_ns)
+            watts.insert(0, old.last_w)
+        if threshold is not None:
+            edges = _falls_ns(times, watts, threshold)[-MAX_EDGES_PER_SUMMARY:]
             if edges:
                 found[gpu.gpu_uuid] = edges
-        last[gpu.gpu_uuid] = (int(times[-1]), float(watts[-1]))
-        recent[gpu.gpu_uuid] = history
-    return found, EdgeCarry(last, recent)
+        states[gpu.gpu_uuid] = GpuEdgeState(times[-1], watts[-1], recent, threshold, since)
+    return found, EdgeCarry(states)
+
+
+def _threshold_w(recent_w: Sequence[float]) -> float | None:
+    if max(recent_w) - min(recent_w) < MIN_SWING_W:  # an idle or steady GPU: no percentile needed
+        return None
+    low, high = np.percentile(recent_w, [10.0, 90.0])
+    return float(low + high) / 2.0 if high - low >= MIN_SWING_W else None
+
+
+def _falls_ns(times: Sequence[int], watts: Sequence[float], threshold_w: float) -> tuple[int, ...]:
+    """`falling_edges` for one short series in Python (a few samples: numpy's overhead would dominate)."""
+    out = []
+    for k in range(len(watts) - 1):
+        before, after = watts[k], watts[k + 1]
+        if before >= threshold_w > after:
+            out.append(times[k] + round((before - threshold_w) / (before - after) * (times[k + 1] - times[k])))
+    return tuple(out)
