@@ -255,7 +255,8 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListStragglers(self, request, context):
-        """GPUs named stragglers by their power edges (issue #40), in the order named.
+        """GPUs named stragglers by their power edges (issue #40), in the order named, as this replica's
+        streams showed them (at most 1,000; one page, no token). Status codes: OK, or as ListNodes'.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
