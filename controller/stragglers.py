@@ -69,6 +69,8 @@ class StragglerWatch:
 
         latest: the ingest's view of each GPU's freshest values; its clock event reasons are the evidence.
         """
+        if not edges:
+            return
         for gpu_uuid, times in edges.items():
             self._node_of[gpu_uuid] = node_id
             self._pending.extend((at / 1e9, gpu_uuid) for at in times)
