@@ -28,6 +28,9 @@ HISTORY_SAMPLES = 100
 """Recent samples per GPU its levels are taken from: 10 s at 10 Hz, several steps of a training job."""
 MIN_SWING_W = 100.0
 """Below this gap between a GPU's levels it has no step swing (idle, steady load): no edges, not noise."""
+MIN_HISTORY_SAMPLES = 40
+"""No edges until a GPU has this many recent samples (4 s at 10 Hz, two steps): levels taken from the
+first few samples of a job are off, and edges found against them lag or lead for seconds."""
 MAX_CARRY_GAP_NS = 1_000_000_000
 """A last sample older than this before the next one is not bridged (a sampling outage, not an edge)."""
 
@@ -126,7 +129,7 @@ def interval_edges(
 
 
 def _threshold_w(recent_w: Sequence[float]) -> float | None:
-    if max(recent_w) - min(recent_w) < MIN_SWING_W:  # an idle or steady GPU: no percentile needed
+    if len(recent_w) < MIN_HISTORY_SAMPLES or max(recent_w) - min(recent_w) < MIN_SWING_W:  # no percentile needed
         return None
     low, high = np.percentile(recent_w, [10.0, 90.0])
     return float(low + high) / 2.0 if high - low >= MIN_SWING_W else None

@@ -48,21 +48,30 @@ def _step_trace(steps: int) -> list[float]:
 
 
 def test_an_edge_between_two_summaries_is_found_once_in_the_later_one():
-    trace = _step_trace(3)  # falls between samples 13|14, 33|34, 53|54
+    trace = _step_trace(5)  # falls between samples 13|14, 33|34, 53|54, 73|74, 93|94
     carry = power_edges.EdgeCarry()
     sent: list[int] = []
-    for first, last in ((0, 14), (14, 34), (34, 60)):  # cuts right at the first and second falls
+    for first, last in ((0, 54), (54, 74), (74, 100)):  # cuts right at the third and fourth falls
         edges, carry = power_edges.interval_edges([_samples("GPU-a", first * 0.1, trace[first:last])], carry)
         sent.extend(edges.get("GPU-a", ()))
-    assert len(sent) == 3
-    assert [round(e / 1e6) for e in sent] == [1350, 3350, 5350]  # ms: halfway between 680 and 120 W
+    assert [round(e / 1e6) for e in sent] == [1350, 3350, 5350, 7350, 9350]  # ms: halfway between 680 and 120 W
 
 
 def test_one_summary_of_compute_samples_alone_still_finds_the_edge_with_the_levels_carried():
-    trace = _step_trace(2)
+    trace = _step_trace(3)
     carry = power_edges.EdgeCarry()
-    _, carry = power_edges.interval_edges([_samples("GPU-a", 0.0, trace[:30])], carry)
-    edges, carry = power_edges.interval_edges([_samples("GPU-a", 3.0, trace[30:40])], carry)
+    _, carry = power_edges.interval_edges([_samples("GPU-a", 0.0, trace[:40])], carry)
+    edges, carry = power_edges.interval_edges([_samples("GPU-a", 4.0, trace[40:54])], carry)  # compute only
+    assert edges == {}
+    edges, carry = power_edges.interval_edges([_samples("GPU-a", 5.4, trace[54:60])], carry)
+    assert [round(e / 1e6) for e in edges["GPU-a"]] == [5350]
+
+
+def test_no_edges_until_the_levels_rest_on_two_steps_of_samples():
+    trace = _step_trace(2)
+    edges, carry = power_edges.interval_edges([_samples("GPU-a", 0.0, trace[:30])], power_edges.EdgeCarry())
+    assert edges == {}
+    edges, _ = power_edges.interval_edges([_samples("GPU-a", 3.0, trace[30:40])], carry)
     assert [round(e / 1e6) for e in edges["GPU-a"]] == [3350]
 
 
@@ -81,8 +90,7 @@ def test_at_most_the_newest_edges_are_sent_per_summary():
 
 def test_a_sampling_outage_is_not_bridged_into_an_edge():
     carry = power_edges.EdgeCarry()
-    _, carry = power_edges.interval_edges([_samples("GPU-a", 0.0, _step_trace(1)[:14])], carry)
-    _, carry = power_edges.interval_edges([_samples("GPU-a", 1.4, [120.0] * 6)], carry)
-    _, carry = power_edges.interval_edges([_samples("GPU-a", 2.0, [680.0] * 5)], carry)
-    edges, _ = power_edges.interval_edges([_samples("GPU-a", 5.0, [120.0] * 5)], carry)  # 2.6 s later
+    _, carry = power_edges.interval_edges([_samples("GPU-a", 0.0, _step_trace(2))], carry)
+    _, carry = power_edges.interval_edges([_samples("GPU-a", 4.0, [680.0] * 5)], carry)
+    edges, _ = power_edges.interval_edges([_samples("GPU-a", 7.0, [120.0] * 5)], carry)  # 2.6 s later
     assert edges == {}
