@@ -31,7 +31,7 @@ import structlog
 
 from rasd.agent import actions, failsafe, gpu, wire
 from rasd.agent import settings as agent_settings
-from rasd.agent.core import health, model, summary
+from rasd.agent.core import health, model, power_edges, summary
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 
 if TYPE_CHECKING:
@@ -154,6 +154,7 @@ class Sampler:
             max_samples *= 10
         self._power = PowerBuffers(self._order, max_samples)
         self._grid = summary.GridCarry()
+        self._edges = power_edges.EdgeCarry()
         self._counters: dict[str, model.GpuCounters] = {}
         """Newest counters per GPU read since the last drain."""
         self._latest_counters: dict[str, model.GpuCounters] = {}
@@ -186,10 +187,11 @@ class Sampler:
             power, carry=self._grid, interval_ms=self.power_interval_ms, until_unix_ns=now_ns, full_rate=self.full_rate
         )
         self._grid = power_summary.carry
+        edges, self._edges = power_edges.interval_edges(power, self._edges)
         counters = self._counters_to_send()
         if not power_summary.draws and power_summary.node is None and not counters:
             return None
-        return wire.summary(power_summary, self._latest_counters, counters, self._order)
+        return wire.summary(power_summary, self._latest_counters, counters, self._order, edges)
 
     def _counters_to_send(self) -> list[model.GpuCounters]:
         """The GPUs' newest counters that changed since sent, or every GPU's when the heartbeat is due."""

@@ -143,6 +143,7 @@ def summary(
     latest_counters: Mapping[str, model.GpuCounters],
     counters: Sequence[model.GpuCounters],
     gpu_order: Sequence[str],
+    edges: Mapping[str, Sequence[int]] | None = None,
 ) -> agent_pb.AgentMessage:
     """One `TelemetrySummary` (TELEMETRY_FORMAT_SUMMARY), built straight into the message that is sent.
 
@@ -152,6 +153,8 @@ def summary(
             clock event reasons and utilisation, with their sample time.
         counters: The counters to send whole (changed since last sent, or the heartbeat's).
         gpu_order: The node's GPUs in inventory order.
+        edges: Per GPU, its compute -> communication edges this interval, Unix ns
+            (`core.power_edges.interval_edges`).
     """
     message = agent_pb.AgentMessage()
     out = message.summary
@@ -166,6 +169,8 @@ def summary(
             gpu.samples = draw.samples
             gpu.mean_w, gpu.min_w, gpu.max_w, gpu.last_w = draw.mean_w, draw.min_w, draw.max_w, draw.last_w
             gpu.last_sample_unix_ns = draw.last_sample_unix_ns
+            if edges and gpu_uuid in edges:
+                gpu.falling_edge_unix_ns.extend(edges[gpu_uuid])
         if control is not None:
             gpu.counters_sample_unix_ns = control.sample_unix_ns
             for field in _CONTROL_FIELDS:

@@ -18,7 +18,7 @@ from rasd.cli import kinds, listings, output, power_views
 
 PAGE_ITEMS = 1000
 """Items rasctl asks for per page (the controller's most: `rasd.controller.rpc.pages.MAX_PAGE_SIZE`)."""
-_LISTINGS = frozenset({"nodes", "node", "events", "incidents", "repairs", "validations", "audit"})
+_LISTINGS = frozenset({"nodes", "node", "events", "incidents", "repairs", "validations", "audit", "stragglers"})
 """Commands that only read (``get sdc``, ``get rma`` and ``describe rma`` are read under their groups)."""
 
 
@@ -116,7 +116,7 @@ _LISTING_CALLS: dict[str, Callable[[admin_grpc.AdminServiceStub, argparse.Namesp
 def _run_listing(
     args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, err: TextIO, now: int
 ) -> None:
-    """The commands that read: nodes, node, events, incidents, repairs, validations, sdc, audit."""
+    """The commands that read: nodes, node, events, incidents, repairs, validations, sdc, audit, stragglers."""
     timeout, form = args.timeout_s, args.output
     listing = kinds.LISTINGS[args.command]
     if args.command == "nodes":
@@ -132,6 +132,12 @@ def _run_listing(
     if args.command == "sdc":
         listed = stub.ListSdc(admin_pb.ListSdcRequest(limit=args.limit), timeout=timeout)
         listings.render(listing, list(listed.gpus), form, now, out)
+        return
+    if args.command == "stragglers":
+        named = stub.ListStragglers(admin_pb.ListStragglersRequest(limit=args.limit), timeout=timeout)
+        listings.render(listing, list(named.stragglers), form, now, out)
+        if not named.stragglers and not form:
+            print(f"rasctl: no stragglers named ({named.steps_judged} steps judged)", file=err)
         return
     call, request, items = _LISTING_CALLS[args.command](stub, args)
     found, more = paged(call, request, items, limit=args.limit, timeout=timeout)

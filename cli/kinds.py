@@ -41,6 +41,7 @@ LISTINGS: dict[str, listings.Listing] = {
     "audit": listings.Listing("audit", rviews.audit_rows, lambda r: f"{r.at_unix_ns}/{r.action}"),
     "sdc": listings.Listing("gpu", rviews.sdc_rows, lambda g: _target_name(g.target)),
     "rma": listings.Listing("rma", rviews.rma_rows, lambda t: t.rma_id),
+    "stragglers": listings.Listing("gpu", rviews.straggler_rows, lambda s: _target_name(s.target)),
 }
 """Per command, how its items are shown."""
 

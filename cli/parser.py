@@ -83,7 +83,7 @@ def _node_filter(parser: argparse.ArgumentParser, limit: int | None = 100, *, op
 
 def _add_get(commands: Any) -> None:
     """``get RESOURCE``: every listing."""
-    get = commands.add_parser("get", help="list a resource: nodes, events, incidents, repairs, ...")
+    get = commands.add_parser("get", help="list a resource: nodes, events, incidents, repairs, stragglers, ...")
     resources = get.add_subparsers(dest="resource", required=True, metavar="RESOURCE")
     nodes = _leaf(resources, "nodes", "the fleet: nodes, GPUs, state, last seen, power draw and cap", command="nodes")
     nodes.add_argument("-l", "--selector", action="append", default=[], metavar="KEY=VALUE", help="label filter")
@@ -106,6 +106,10 @@ def _add_get(commands: Any) -> None:
     sdc = _leaf(resources, "sdc", "GPUs with SDC history, most suspicious first", command="sdc", sdc_command="list")
     sdc.add_argument("--limit", type=int, default=100)
     add_output(sdc)
+    stragglers = _leaf(resources, "stragglers", "GPUs whose power edge lags their job's step after step, in the "
+                       "order named, with score, lag and why", command="stragglers")  # fmt: skip
+    stragglers.add_argument("--limit", type=int, default=100, help="at most this many (default %(default)s)")
+    add_output(stragglers)
     rma = _leaf(resources, "rma", "RMA tickets", command="rma", rma_command="list")
     rma.add_argument("--pending", action="store_true")
     add_output(rma)

@@ -117,6 +117,16 @@ def sdc_rows(gpus: list[admin_pb.SdcGpu], now: int, wide: bool = False) -> outpu
     return headers, rows
 
 
+def straggler_rows(stragglers: list[admin_pb.StragglerRecord], now: int, wide: bool = False) -> output.Rows:
+    """GPUs named stragglers, in the order named; wide shows the whole reason."""
+    rows = [
+        [target_text(s.target), f"{s.mean_lag_s * 1000:.0f}ms", f"{s.score:.0f}", s.steps,
+         output.age(now, s.named_unix_ns), s.reason if wide else s.reason.split("; ", 1)[-1][:60]]
+        for s in stragglers
+    ]  # fmt: skip
+    return ["GPU", "LAG", "SCORE", "STEPS", "NAMED", "EVIDENCE" if not wide else "REASON"], rows
+
+
 def rma_rows(tickets: list[admin_pb.RmaTicket], now: int, wide: bool = False) -> output.Rows:
     """RMA tickets; pending ones in technician order; wide adds the GPUs a repair returns and the whole reason."""
     rows: list[list[Any]] = [

@@ -121,6 +121,9 @@ class SimResult:
     """Ground truth of the power loop's effect (scenarios with a `[power]` table)."""
     quarantines: list[dict[str, object]] = dataclasses.field(default_factory=list)
     """The controller's active quarantines at the end (node, GPU, port)."""
+    stragglers: list[dict[str, object]] = dataclasses.field(default_factory=list)
+    """The GPUs the controller named stragglers, in the order named (node, GPU, when, steps, lag, reason)."""
+    straggler_steps_judged: int = 0
 
 
 def _node_id(index: int) -> str:
@@ -158,6 +161,8 @@ class _ControllerRecord:
     outbox: list[dict[str, object]]
     tickets: list[dict[str, object]]
     quarantines: list[dict[str, object]]
+    stragglers: list[dict[str, object]]
+    straggler_steps_judged: int
 
 
 async def run(
@@ -435,7 +440,14 @@ async def _controller_record(controller: server.Controller, started_ns: int) -> 
         outbox = [dataclasses.asdict(c) for c in await controller.ingest.run_in_store(remediation.store.commands)]
         tickets = await controller.ingest.run_in_store(lambda: remediation.store.tickets(limit=10_000))
         quarantines = await controller.ingest.run_in_store(remediation.store.quarantines)
-    return _ControllerRecord(power_rows, samples, outbox, tickets, quarantines)
+    stragglers = [
+        {"node_id": named.node_id, "gpu_uuid": gpu_uuid, "named_unix_ns": named.named_unix_ns,
+         "steps": named.verdict.steps, "mean_lag_s": named.verdict.mean_lag_s, "reason": named.verdict.reason}
+        for gpu_uuid, named in controller.ingest.stragglers.suspects.items()
+    ]  # fmt: skip
+    return _ControllerRecord(
+        power_rows, samples, outbox, tickets, quarantines, stragglers, controller.ingest.stragglers.steps_judged
+    )
 
 
 def _result(
@@ -494,6 +506,8 @@ def _result(
         agent_streams_mtls=controller.security.streams_mtls,
         power_trace=session.probe.trace(finished_ns) if session.probe else None,
         quarantines=record.quarantines,
+        stragglers=record.stragglers,
+        straggler_steps_judged=record.straggler_steps_judged,
     )
 
 

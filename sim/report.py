@@ -258,7 +258,30 @@ def build(result: SimResult) -> dict[str, Any]:
         },
         "commands": _commands_section(result),
         "power": _power_section(result),
+        "stragglers": _stragglers_section(result),
         **({"expectations": checked} if (checked := expectations(result)) is not None else {}),
+    }
+
+
+def _stragglers_section(result: SimResult) -> dict[str, Any]:
+    """Stragglers injected (fault kind "straggler") against those the controller named (issue #40).
+
+    Steps to localise: the named verdict's steps (its score climbed over them, from the first step the
+    slowed GPU lagged); time to localise: from the fault to its naming, which adds the steps the
+    controller waits for every node's edges.
+    """
+    injected = {(f.node_id, f.fired.gpu_uuid): f for f in result.injected if f.fired.fault.kind == "straggler"}
+    named = {(str(s["node_id"]), str(s["gpu_uuid"])): s for s in result.stragglers}
+    localised = [(injected[key], named[key]) for key in injected if key in named]
+    steps = [float(n["steps"]) for _, n in localised]  # type: ignore[arg-type]
+    seconds = [(int(n["named_unix_ns"]) - f.fired.fired_unix_ns) / 1e9 for f, n in localised]  # type: ignore[call-overload]
+    return {
+        "injected": len(injected),
+        "localised": len(localised),
+        "false_positives": sorted(f"{node}/{gpu}" for node, gpu in named if (node, gpu) not in injected),
+        "steps_to_localise_max": max(steps, default=None),
+        "time_to_localise_s_max": _round(max(seconds, default=None)),
+        "steps_judged": result.straggler_steps_judged,
     }
 
 
@@ -281,7 +304,7 @@ def _faults_section(result: SimResult) -> tuple[dict[str, Any], list[float], int
         entry = by_kind.setdefault(fault.fired.fault.kind, {"injected": 0, "detected": 0})
         entry["injected"] += 1
         entry["detected"] += event is not None
-    silent = [f for f, _ in matches if f.fired.fault.expected_event_kind is None]
+    silent = [f for f, _ in matches if f.fired.fault.expected_event_kind is None and f.fired.fault.kind != "straggler"]
     silent_found = {id(f): found for f in silent if (found := validation_detection(f, result.outbox)) is not None}
     detect_latencies += [(found - f.fired.fired_unix_ns) / 1e9 for f in silent if (found := silent_found.get(id(f)))]
     for fault in silent:
@@ -409,6 +432,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"| fleet power mean / peak-to-peak swing | {power['fleet_power_w_mean']} W / "
         f"{power['swing_p2p_w_observed']} W |",
     ]
+    lines.append(_stragglers_row(report["stragglers"]))
     if "before_operator_cap" in power:
         lines.append(
             f"| mean fleet power before / after the operator cap | {power['before_operator_cap'].get('mean_w')} W / "
@@ -427,6 +451,16 @@ def markdown(report: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _stragglers_row(found: dict[str, Any]) -> str:
+    """The report's stragglers line: injected / localised / steps and time to localise / false positives."""
+    fps = found["false_positives"]
+    return (
+        f"| stragglers injected / localised / steps (time) to localise, max / false positives | {found['injected']} / "
+        f"{found['localised']} / {found['steps_to_localise_max'] or '-'} ({found['time_to_localise_s_max'] or '-'} s)"
+        f" / {len(fps)}{' (' + ', '.join(fps) + ')' if fps else ''} |"
+    )
 
 
 def write(report: dict[str, Any], json_path: pathlib.Path, md_path: pathlib.Path) -> None:

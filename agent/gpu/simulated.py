@@ -140,6 +140,9 @@ FAULT_EVENT_KINDS: Mapping[str, model.EventKind | None] = {
     "recovery_action": model.EventKind.RECOVERY_ACTION,
     "thermal": model.EventKind.THERMAL,
     "sdc": None,
+    # A power brake holds the GPU's draw below its compute demand: it runs `slowdown` slower and the
+    # whole job waits for it; no event, only its clock event reasons and its power edges show it.
+    "straggler": None,
 }
 NODE_LEVEL_FAULTS = frozenset({"ib_link_flap"})
 
@@ -171,6 +174,8 @@ class ScriptedFault:
     """ib_link_flap: from one flap's DOWN to the next's (count flaps), unless flap_at_s says."""
     flap_at_s: tuple[float, ...] = ()
     """ib_link_flap: each flap's DOWN, seconds after at_s (overrides count and flap_every_s)."""
+    slowdown: float = 0.05
+    """straggler: how much longer the GPU's compute phase lasts (0.05: 5 % slower), for the rest of the run."""
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_EVENT_KINDS:
@@ -187,6 +192,8 @@ class ScriptedFault:
             raise ValueError(f"bare must be true or false, got {self.bare!r}")
         if self.bare and self.kind != "xid":
             raise ValueError(f"bare applies to an xid fault only, not {self.kind!r}")
+        if isinstance(self.slowdown, bool) or not isinstance(self.slowdown, int | float) or not 0 < self.slowdown < 1:
+            raise ValueError(f"slowdown must be a number in (0, 1), got {self.slowdown!r}")
         self._check_flaps()
 
     def _check_flaps(self) -> None:
@@ -341,6 +348,8 @@ class _SimGpu:
     recovery_action: int = 0
     remapped_correctable: int = 0
     sdc: bool = False
+    brake_w: float | None = None
+    """A straggler's power brake: its job's cap is held at or below this (None: none)."""
     smoothing_enabled: bool = False
     smoothing_floor_w: float = 0.0
     filler_floor_w: float = 0.0
@@ -485,6 +494,8 @@ class SimulatedBackend:
                 reasons |= model.ClockEventReason.SW_POWER_CAP
             if now_unix_ns < sim.thermal_until_ns:
                 reasons |= model.ClockEventReason.HW_THERMAL_SLOWDOWN
+            if sim.brake_w is not None:
+                reasons |= model.ClockEventReason.HW_POWER_BRAKE_SLOWDOWN
             if self._workload is None:
                 reasons |= model.ClockEventReason.GPU_IDLE
             counters.append(
@@ -672,6 +683,9 @@ class SimulatedBackend:
             sim.recovery_action = fault.value
         elif kind == "sdc":
             sim.sdc = True
+        elif kind == "straggler" and self._job is not None and sim.rank >= 0:
+            sim.brake_w = float(self._job.compute_w[sim.rank]) / (1.0 + fault.slowdown)
+            self._set_limit(sim, sim.enforced_limit_w)
         elif kind == "ib_link_flap":
             self._flap(fault, now_unix_ns)
         if uuid_ and self.workload_crashed(uuid_):
@@ -799,7 +813,7 @@ class SimulatedBackend:
         sim.enforced_limit_w = limit_w
         if self._job is not None and sim.rank >= 0:
             now_ns = self._clock() if self._clock is not None else self._last_reading_ns
-            self._job.set_cap(sim.rank, limit_w, now_ns / NS_PER_S)
+            self._job.set_cap(sim.rank, min(limit_w, sim.brake_w or limit_w), now_ns / NS_PER_S)
 
     def _job_running(self, now_unix_ns: int, sim: _SimGpu | None = None) -> bool:
         """Whether the job runs (on this GPU, when given: an evicted GPU runs nothing)."""

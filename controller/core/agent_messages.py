@@ -87,6 +87,8 @@ class TelemetrySummary:
     """Power samples the agent summarised."""
     newest_counters_unix_ns: int | None
     """The agent's stamp of the newest counters sample in it (None: none)."""
+    edges: Mapping[str, Sequence[int]] = dataclasses.field(default_factory=dict)
+    """Per GPU with any, its compute -> communication edges this interval, Unix ns (agent clock)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -17,7 +17,14 @@ The verdict names the mean lag while the score climbed and the corroborating sig
 gives for that GPU (clock event reasons, a downtrained PCIe link, NVLink or correctable-ECC rates),
 or says there was none.
 
-Pure: values in, values out; ``now`` is not needed (steps are the clock).
+Online (the controller's `rasd.controller.stragglers`), edges arrive per node per summary, in no
+order across nodes: `complete_steps` cuts the pending edges of a job into steps where consecutive
+edges lie more than ``gap_s`` apart (a step's edges lie within its jitter and its stragglers' lag,
+tens to hundreds of ms; steps are seconds apart) and hands out a step once an edge ``settle_s``
+later has arrived (by then every node's summary of that step is in). `clock_signals` names the clock
+event reasons that corroborate a slow GPU.
+
+Pure: values in, values out; ``now`` is not needed (steps are the clock, edge times the agents').
 """
 
 from __future__ import annotations
@@ -141,3 +148,63 @@ def _verdict(gpu: str, track: Track, evidence: Sequence[str]) -> Verdict:
         f"(score {track.score:.0f}); {corroborated}"
     )
     return Verdict(gpu, track.score, mean_lag_s, track.steps, reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepGrouping:
+    """How pending edges are cut into steps (see the module doc)."""
+
+    gap_s: float = 0.5
+    """Edges further apart than this belong to different steps: below the job's communication phase."""
+    settle_s: float = 3.0
+    """A step is complete once an edge this much later has arrived (a few summary intervals)."""
+    max_pending: int = 200_000
+    """Pending edges kept at most (the newest): a job that stopped leaves its last edges here."""
+
+
+def complete_steps(
+    pending: Sequence[tuple[float, str]], grouping: StepGrouping
+) -> tuple[list[dict[str, float]], list[tuple[float, str]]]:
+    """The complete steps among the pending (edge time s, GPU) pairs, oldest first, and the pairs left pending.
+
+    In each step a GPU counts with its first edge. Example: edges at 1.00, 1.02, 1.09 s (three
+    GPUs), then 3.01 s and 4.0 s with settle 3 s: nothing is complete yet; once an edge at 4.5 s has
+    arrived, the step {1.00, 1.02, 1.09} is.
+    """
+    ordered = sorted(pending)
+    if not ordered:
+        return [], []
+    newest_s = ordered[-1][0]
+    steps: list[dict[str, float]] = []
+    start = 0
+    for index in range(1, len(ordered) + 1):
+        if index < len(ordered) and ordered[index][0] - ordered[index - 1][0] <= grouping.gap_s:
+            continue
+        if ordered[index - 1][0] > newest_s - grouping.settle_s:
+            break
+        step: dict[str, float] = {}
+        for at_s, gpu in ordered[start:index]:
+            step.setdefault(gpu, at_s)
+        steps.append(step)
+        start = index
+    return steps, ordered[start:][-grouping.max_pending :]
+
+
+# NVML clock event reasons that slow a GPU's clocks below what its load asks (nvmlClocksEventReason*);
+# the SW power cap bit is left out: it follows every training step of a capped job.
+_SLOWING_REASONS = (
+    (0x8, "hardware slowdown"),
+    (0x20, "software thermal slowdown"),
+    (0x40, "hardware thermal slowdown"),
+    (0x80, "hardware power brake"),
+)
+
+
+def clock_signals(clock_event_reasons: int | None) -> tuple[str, ...]:
+    """The slowing clock event reasons set in a GPU's bitmask, as evidence ("clock event: ...").
+
+    Example: 0x44 → ("clock event: hardware thermal slowdown",).
+    """
+    if not clock_event_reasons:
+        return ()
+    return tuple(f"clock event: {name}" for bit, name in _SLOWING_REASONS if clock_event_reasons & bit)

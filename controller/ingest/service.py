@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 
 from rasd.common import VERSION
+from rasd.controller import stragglers
 from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.ingest import consumer as consumer_mod
@@ -114,6 +115,7 @@ class Ingest:
         self.clock = clock
         """The controller's clock (unix ns): events are stamped received by it (`wire.agent.events_from_wire`)."""
         self.power_window = fleet.PowerWindow(span_s=self.settings.power_window_span_s)
+        self.stragglers = stragglers.StragglerWatch(controller_metrics)  # each summary's edges judged (#40)
         self._full_rate_for: frozenset[str] = self.power_window.tracked
         """The tracked set the streams were last asked about (`_follow_tracked`)."""
         self._dirty: dict[str, fleet.GpuLatest] = {}
@@ -399,6 +401,7 @@ class Ingest:
             self._dirty[gpu_uuid] = merged
             if merged.counters_unix_ns:
                 controller_ns[gpu_uuid] = session.to_controller_ns(merged.counters_unix_ns, now)
+        self.stragglers.add_edges(session.node_id, summary.edges, now, latest)
         self._last_seen[session.node_id] = now
 
     def _follow_tracked(self) -> None:

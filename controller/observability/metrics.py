@@ -36,6 +36,7 @@ class ControllerMetrics:
         self._register_ingest(registry)
         self._register_remediation(registry)
         self._register_power(registry)
+        self._register_stragglers(registry)
 
     def _register_ingest(self, registry: CollectorRegistry) -> None:
         """The agent streams' and the ingest's metrics: messages, samples, events, store writes."""
@@ -178,6 +179,26 @@ class ControllerMetrics:
         )
         self.quarantined = Gauge(
             "rasd_quarantined", "Active quarantines, by scope (node, gpu, port).", ["scope"], registry=registry
+        )
+
+    def _register_stragglers(self, registry: CollectorRegistry) -> None:
+        """The straggler watch's metrics (issue #40)."""
+        self.straggler_steps = Counter(
+            "rasd_straggler_steps",
+            "Training steps whose compute -> communication edges the straggler watch judged.",
+            registry=registry,
+        )
+        self.straggler_suspect = Gauge(
+            "rasd_straggler_suspect",
+            "1 for a GPU named a straggler: its edge lagged its job's median step after step (issue #40).",
+            ["node", "gpu"],
+            registry=registry,
+        )
+        self.straggler_lag_seconds = Gauge(
+            "rasd_straggler_lag_seconds",
+            "A suspect straggler's mean lag behind its job's median edge while its score climbed.",
+            ["node", "gpu"],
+            registry=registry,
         )
 
     def _register_power(self, registry: CollectorRegistry) -> None:

@@ -309,6 +309,17 @@ class AdminService(watch_rpcs.WatchRpcs, admin_grpc.AdminServiceServicer):
         rows = service.sdc_records()[: pages.page_size(request.limit, default=pages.MAX_PAGE_SIZE)]
         return admin_pb.ListSdcResponse(gpus=[wire.sdc_gpu_to_wire(r) for r in rows])
 
+    async def ListStragglers(
+        self, request: admin_pb.ListStragglersRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb.ListStragglersResponse:
+        """GPUs named stragglers on this replica's streams, in the order named (at most `pages.MAX_PAGE_SIZE`)."""
+        watch = self._ingest.stragglers
+        found = watch.listing()[: pages.page_size(request.limit, default=pages.MAX_PAGE_SIZE)]
+        return admin_pb.ListStragglersResponse(
+            stragglers=[wire.straggler_to_wire(s.node_id, s.verdict, s.named_unix_ns) for s in found],
+            steps_judged=watch.steps_judged,
+        )
+
     async def ListRma(
         self, request: admin_pb.ListRmaRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb.ListRmaResponse:

@@ -11,7 +11,8 @@ method (rasd.api.v1.AdminService/...)               least role  audited
 ListNodes GetNode ListEvents ListIncidents          viewer      on denial
 ListRepairs ListValidations GetPowerStatus
 GetPowerPolicy ListRma GetRma ListAudit ListSdc
-GetAutomationStatus WatchNodes WatchEvents
+ListStragglers GetAutomationStatus WatchNodes
+WatchEvents
 WatchIncidents WatchRepairs
 Quarantine Validate AccuseSdc SetAutomationPaused   operator    always (with outcome)
 Release                                             operator;   always
@@ -88,6 +89,7 @@ METHOD_RULES: dict[str, Rule] = {
             "GetRma",
             "ListAudit",
             "ListSdc",  # on main (SDC sweeps) and not yet on this branch: reads only
+            "ListStragglers",
             "GetAutomationStatus",
             "WatchNodes",
             "WatchEvents",

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import commands_pb2 as commands_pb
@@ -342,6 +343,19 @@ MAX_SUMMARY_SAMPLES = 1_000_000
 MAX_NODE_POWER_W = MAX_POWER_W * MAX_GPUS
 """A node's summed draw at most."""
 _SUMMARY_DRAWS = ("mean_w", "min_w", "max_w", "last_w")
+MAX_SUMMARY_EDGES = 8
+"""Compute -> communication edges one GPU's summary may carry (the agent sends its newest 8 at most)."""
+
+
+def _edges(field: str, edges: Sequence[int]) -> None:
+    """A GPU's falling edges: at most `MAX_SUMMARY_EDGES`, each a time, strictly in order."""
+    _count(field, edges, MAX_SUMMARY_EDGES)
+    for index, at in enumerate(edges):
+        _time(f"{field}[{index}]", at)
+        if at == 0:
+            raise wire.WireError(f"{field}[{index}]", "must be a time after the Unix epoch, got 0")
+        if index and at <= edges[index - 1]:
+            raise wire.WireError(f"{field}[{index}]", f"{at} is not after the edge before it ({edges[index - 1]})")
 
 
 def summary_certainly_valid(summary: health_pb.TelemetrySummary, identity: StreamIdentity, limits: InputLimits) -> bool:
@@ -368,6 +382,11 @@ def summary_certainly_valid(summary: health_pb.TelemetrySummary, identity: Strea
         if gpu.enforced_power_limit_w > MAX_POWER_W or gpu.power_limit_slew_target_w > MAX_POWER_W:
             return False
         if gpu.utilization_gpu_pct > 100 or gpu.clock_event_reasons > INT63:
+            return False
+        edges = gpu.falling_edge_unix_ns
+        if edges and (len(edges) > MAX_SUMMARY_EDGES or not all(map(operator.lt, edges, edges[1:]))):
+            return False
+        if edges and not 0 < edges[0] <= edges[-1] <= MAX_UNIX_NS:
             return False
     if summary.HasField("node_power"):
         node = summary.node_power
@@ -408,6 +427,7 @@ def check_summary_fields(summary: health_pb.TelemetrySummary, identity: StreamId
         _range(f"{field}.power_limit_slew_target_w", gpu.power_limit_slew_target_w, 0, MAX_POWER_W)
         _range(f"{field}.utilization_gpu_pct", gpu.utilization_gpu_pct, 0, 100)
         _range(f"{field}.clock_event_reasons", gpu.clock_event_reasons, 0, INT63)
+        _edges(f"{field}.falling_edge_unix_ns", gpu.falling_edge_unix_ns)
     if summary.HasField("node_power"):
         node = summary.node_power
         _time("summary.node_power.first_sample_unix_ns", node.first_sample_unix_ns)

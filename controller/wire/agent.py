@@ -16,7 +16,7 @@ from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.common import kernel_log, vocabulary, xid_catalog
 from rasd.common.text import echoed
-from rasd.controller.core import fleet
+from rasd.controller.core import fleet, straggler
 from rasd.controller.store import repo
 
 GPU_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -450,6 +450,18 @@ def quarantine_to_wire(row: dict) -> admin_pb.QuarantineRecord:
         reason=row["reason"],
         source=row["source"],
         since_unix_ns=int(row["since_unix_ns"]),
+    )
+
+
+def straggler_to_wire(node_id: str, verdict: straggler.Verdict, named_unix_ns: int) -> admin_pb.StragglerRecord:
+    """A GPU named a straggler (`rasd.controller.stragglers.Suspect`)."""
+    return admin_pb.StragglerRecord(
+        target=_target(node_id, verdict.gpu_uuid),
+        score=verdict.score,
+        mean_lag_s=verdict.mean_lag_s,
+        steps=verdict.steps,
+        reason=verdict.reason,
+        named_unix_ns=named_unix_ns,
     )
 
 

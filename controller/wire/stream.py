@@ -61,6 +61,7 @@ def summary_from_wire(
         ),
         samples=sum(g.samples for g in summary.gpus),
         newest_counters_unix_ns=max(stamps) if stamps else None,
+        edges={g.gpu_uuid: tuple(g.falling_edge_unix_ns) for g in summary.gpus if g.falling_edge_unix_ns},
     )
 
 

@@ -163,3 +163,25 @@ def test_the_trough_filler_holds_the_floor_and_lands_softly_when_switched_off():
     assert backend.read_power(10 * NS)[0].power_w == pytest.approx(70, abs=2)
     with pytest.raises(gpu.InvalidValue, match="ramp_down_w_per_s"):
         backend.fill_troughs(info.uuid, 0.0, ramp_down_w_per_s=-1.0)
+
+
+def test_a_straggler_fault_brakes_the_rank_below_its_demand_whatever_limit_is_set_after():
+    backend = _backend()
+    gpu = backend.inventory()[2]
+    job = backend._job
+    assert job is not None
+    rank = 2
+    demand_w = float(job.compute_w[rank])
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="straggler", gpu=2, slowdown=0.05), 0)
+    assert job.cap_w[rank] == pytest.approx(demand_w / 1.05)
+    backend.set_power_limit(gpu.uuid, gpu.power_limit_max_w)  # a raised limit does not lift the brake
+    assert job.cap_w[rank] == pytest.approx(demand_w / 1.05)
+    counters = {c.gpu_uuid: c for c in backend.read_counters(1_000_000_000)}
+    assert counters[gpu.uuid].clock_event_reasons & model.ClockEventReason.HW_POWER_BRAKE_SLOWDOWN
+    assert backend.poll_events(1_000_000_000, 0.0) == []  # silent: no event
+
+
+@pytest.mark.parametrize("slowdown", [0, 1.0, -0.1, True, "5%"])
+def test_a_straggler_slowdown_outside_0_1_is_refused_naming_it(slowdown):
+    with pytest.raises(ValueError, match="slowdown must be a number in"):
+        simulated.ScriptedFault(at_s=0, kind="straggler", slowdown=slowdown)

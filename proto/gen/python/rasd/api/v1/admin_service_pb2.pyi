@@ -407,6 +407,36 @@ class SdcGpu(_message.Message):
     watch_until_unix_ns: int
     def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., suspicion: _Optional[float] = ..., accusations: _Optional[int] = ..., runs: _Optional[int] = ..., fails: _Optional[int] = ..., suspects: _Optional[int] = ..., passes: _Optional[int] = ..., last_verdict: _Optional[str] = ..., last_unix_ns: _Optional[int] = ..., watch_until_unix_ns: _Optional[int] = ...) -> None: ...
 
+class StragglerRecord(_message.Message):
+    __slots__ = ("target", "score", "mean_lag_s", "steps", "reason", "named_unix_ns")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LAG_S_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NAMED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    target: Target
+    score: float
+    mean_lag_s: float
+    steps: int
+    reason: str
+    named_unix_ns: int
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., score: _Optional[float] = ..., mean_lag_s: _Optional[float] = ..., steps: _Optional[int] = ..., reason: _Optional[str] = ..., named_unix_ns: _Optional[int] = ...) -> None: ...
+
+class ListStragglersRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListStragglersResponse(_message.Message):
+    __slots__ = ("stragglers", "steps_judged")
+    STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_JUDGED_FIELD_NUMBER: _ClassVar[int]
+    stragglers: _containers.RepeatedCompositeFieldContainer[StragglerRecord]
+    steps_judged: int
+    def __init__(self, stragglers: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ..., steps_judged: _Optional[int] = ...) -> None: ...
+
 class ListSdcRequest(_message.Message):
     __slots__ = ("limit",)
     LIMIT_FIELD_NUMBER: _ClassVar[int]

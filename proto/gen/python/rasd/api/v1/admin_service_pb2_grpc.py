@@ -89,6 +89,11 @@ class AdminServiceStub:
                 request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcRequest.SerializeToString,
                 response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcResponse.FromString,
                 _registered_method=True)
+        self.ListStragglers = channel.unary_unary(
+                '/rasd.api.v1.AdminService/ListStragglers',
+                request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListStragglersRequest.SerializeToString,
+                response_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListStragglersResponse.FromString,
+                _registered_method=True)
         self.GetPowerStatus = channel.unary_unary(
                 '/rasd.api.v1.AdminService/GetPowerStatus',
                 request_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.GetPowerStatusRequest.SerializeToString,
@@ -244,6 +249,14 @@ class AdminServiceServicer:
 
     def ListSdc(self, request, context):
         """GPUs with SDC history or under watch, most suspicious first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStragglers(self, request, context):
+        """GPUs named stragglers by their power edges (issue #40), in the order named, as this replica's
+        streams showed them (at most 1,000; one page, no token). Status codes: OK, or as ListNodes'.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -419,6 +432,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListSdc,
                     request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcRequest.FromString,
                     response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcResponse.SerializeToString,
+            ),
+            'ListStragglers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStragglers,
+                    request_deserializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListStragglersRequest.FromString,
+                    response_serializer=rasd_dot_api_dot_v1_dot_admin__service__pb2.ListStragglersResponse.SerializeToString,
             ),
             'GetPowerStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPowerStatus,
@@ -793,6 +811,33 @@ class AdminService:
             '/rasd.api.v1.AdminService/ListSdc',
             rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcRequest.SerializeToString,
             rasd_dot_api_dot_v1_dot_admin__service__pb2.ListSdcResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStragglers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rasd.api.v1.AdminService/ListStragglers',
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.ListStragglersRequest.SerializeToString,
+            rasd_dot_api_dot_v1_dot_admin__service__pb2.ListStragglersResponse.FromString,
             options,
             channel_credentials,
             insecure,

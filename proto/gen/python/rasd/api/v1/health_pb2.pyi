@@ -190,7 +190,7 @@ class TelemetryBatch(_message.Message):
     def __init__(self, power: _Optional[_Iterable[_Union[PowerSeries, _Mapping]]] = ..., counters: _Optional[_Iterable[_Union[GpuCounters, _Mapping]]] = ...) -> None: ...
 
 class GpuPowerSummary(_message.Message):
-    __slots__ = ("gpu_uuid", "samples", "mean_w", "min_w", "max_w", "last_w", "last_sample_unix_ns", "counters_sample_unix_ns", "enforced_power_limit_w", "power_limit_slew_target_w", "clock_event_reasons", "utilization_gpu_pct")
+    __slots__ = ("gpu_uuid", "samples", "mean_w", "min_w", "max_w", "last_w", "last_sample_unix_ns", "counters_sample_unix_ns", "enforced_power_limit_w", "power_limit_slew_target_w", "clock_event_reasons", "utilization_gpu_pct", "falling_edge_unix_ns")
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     MEAN_W_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +203,7 @@ class GpuPowerSummary(_message.Message):
     POWER_LIMIT_SLEW_TARGET_W_FIELD_NUMBER: _ClassVar[int]
     CLOCK_EVENT_REASONS_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_GPU_PCT_FIELD_NUMBER: _ClassVar[int]
+    FALLING_EDGE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     gpu_uuid: str
     samples: int
     mean_w: float
@@ -215,7 +216,8 @@ class GpuPowerSummary(_message.Message):
     power_limit_slew_target_w: int
     clock_event_reasons: int
     utilization_gpu_pct: int
-    def __init__(self, gpu_uuid: _Optional[str] = ..., samples: _Optional[int] = ..., mean_w: _Optional[float] = ..., min_w: _Optional[float] = ..., max_w: _Optional[float] = ..., last_w: _Optional[float] = ..., last_sample_unix_ns: _Optional[int] = ..., counters_sample_unix_ns: _Optional[int] = ..., enforced_power_limit_w: _Optional[int] = ..., power_limit_slew_target_w: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., utilization_gpu_pct: _Optional[int] = ...) -> None: ...
+    falling_edge_unix_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, gpu_uuid: _Optional[str] = ..., samples: _Optional[int] = ..., mean_w: _Optional[float] = ..., min_w: _Optional[float] = ..., max_w: _Optional[float] = ..., last_w: _Optional[float] = ..., last_sample_unix_ns: _Optional[int] = ..., counters_sample_unix_ns: _Optional[int] = ..., enforced_power_limit_w: _Optional[int] = ..., power_limit_slew_target_w: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., utilization_gpu_pct: _Optional[int] = ..., falling_edge_unix_ns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NodePowerSeries(_message.Message):
     __slots__ = ("first_sample_unix_ns", "sample_interval_ms", "power_w", "gpus")

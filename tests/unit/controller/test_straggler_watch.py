@@ -1,0 +1,41 @@
+"""The straggler watch: summaries' edges in, suspects with evidence and metrics out (issue #40)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from rasd.controller import stragglers
+from rasd.controller.core import fleet
+from rasd.controller.observability import metrics
+
+NS = 1_000_000_000
+GPUS = [f"GPU-{i:02d}" for i in range(10)]
+
+
+def _feed(watch: stragglers.StragglerWatch, steps: int, late: dict[str, float], latest) -> None:
+    """Each step 2 s apart; one summary per node (5 GPUs each) per step; late GPUs' edges later by late[gpu] s."""
+    for k in range(steps):
+        for node, members in (("n0", GPUS[:5]), ("n1", GPUS[5:])):
+            edges = {g: [round((2.0 * k + 1.4 + 0.002 * i + late.get(g, 0.0)) * NS)] for i, g in enumerate(members)}
+            watch.add_edges(node, edges, (2 * k + 2) * NS, latest)
+
+
+def test_a_late_gpu_is_named_once_with_its_clock_reason_as_evidence_and_exported():
+    registry = CollectorRegistry()
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(registry))
+    latest = {"GPU-07": fleet.GpuLatest(clock_event_reasons=0x84)}  # SW power cap (not named) and power brake
+    _feed(watch, 20, {"GPU-07": 0.15}, latest)
+    (named,) = watch.listing()
+    assert (named.node_id, named.verdict.gpu_uuid) == ("n1", "GPU-07")
+    assert named.verdict.reason.endswith("; clock event: hardware power brake")
+    assert watch.steps_judged >= 15
+    labels = {"node": "n1", "gpu": "GPU-07"}
+    assert registry.get_sample_value("rasd_straggler_suspect", labels) == 1.0
+    assert registry.get_sample_value("rasd_straggler_lag_seconds", labels) > 0.1
+    assert registry.get_sample_value("rasd_straggler_steps_total") == watch.steps_judged
+
+
+def test_a_whole_job_slowing_down_names_nobody():
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
+    _feed(watch, 20, {g: 0.2 for g in GPUS}, {})
+    assert watch.listing() == [] and watch.steps_judged >= 15
