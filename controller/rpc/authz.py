@@ -235,43 +235,34 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        if handler.unary_stream is not None:
-            return self._unary_stream(handler, method, rule, metadata)
-        if handler.stream_stream is not None:
-            stream_behavior = handler.stream_stream
-
-            async def stream(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-                principal = await self._authorize(method, rule, None, metadata, context)
-                token = _principal.set(principal)
-                try:
-                    return await stream_behavior(request_iterator, context)
-                finally:
-                    _principal.reset(token)
-
-            return grpc.stream_stream_rpc_method_handler(
-                stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+        if handler.unary_stream is not None or handler.stream_stream is not None:
+            return self._streaming(handler, method, rule, metadata)
         # No rasd method streams from the client alone; refuse rather than serve a kind this check does not wrap.
         return _denying_handler(handler, method, self)
 
-    def _unary_stream(
+    def _streaming(
         self, handler: grpc.RpcMethodHandler, method: str, rule: Rule | None, metadata: tuple[Any, ...]
     ) -> grpc.RpcMethodHandler:
-        """A server-streaming handler (the AdminService watches) behind the check; they only read."""
-        behavior = handler.unary_stream
+        """A streaming handler behind the check, either kind rasd serves.
 
-        async def watch(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        Server-streaming (the AdminService watches, which only read) is authorised by its request;
+        bidirectional (the agent's stream) by the caller alone, as its requests come later.
+        """
+        client_streams = handler.stream_stream is not None
+        behavior = handler.stream_stream if client_streams else handler.unary_stream
+        wrap = grpc.stream_stream_rpc_method_handler if client_streams else grpc.unary_stream_rpc_method_handler
+
+        async def serve(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            request = None if client_streams else request_or_iterator
             principal = await self._authorize(method, rule, request, metadata, context)
             token = _principal.set(principal)
             try:
-                return await behavior(request, context)
+                return await behavior(request_or_iterator, context)
             finally:
                 _principal.reset(token)
 
-        return grpc.unary_stream_rpc_method_handler(
-            watch,
+        return wrap(
+            serve,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
