@@ -44,6 +44,7 @@ from typing import Annotated, Any, Protocol
 
 import pydantic
 import structlog
+import tomli_w
 
 from rasd.common import aio
 from rasd.common import settings as settings_check
@@ -842,13 +843,7 @@ def _audit(now_ns: int, actor: str, action: str, reason: str) -> dict[str, Any]:
 
 def policy_to_toml(policy: power_policy.PowerPolicy) -> str:
     """A policy as TOML text, one `key = value` per line (`PowerPolicy.from_mapping` reads it back)."""
-    lines = []
-    for key, value in policy.to_mapping().items():
-        if isinstance(value, bool):
-            lines.append(f"{key} = {'true' if value else 'false'}")
-        else:
-            lines.append(f"{key} = {value!r}")
-    return "\n".join(lines) + "\n"
+    return tomli_w.dumps(policy.to_mapping())
 
 
 def policy_from_toml(text: str) -> dict[str, Any]:
