@@ -24,6 +24,7 @@ import functools
 import inspect
 import itertools
 import json
+import re
 import textwrap
 import tomllib
 import types
@@ -179,13 +180,43 @@ def _problem(model: type[pydantic.BaseModel], error: Any) -> Problem:
     kind = error["type"]
     if loc and loc[-1] == "[key]":  # a table key of the wrong type (Xid overrides' keys are numbers)
         return Problem(loc[:-1], f"the key must be {_expected(error)}")
-    got = f", got {_show(error['input'])}"
+    got = f", got {show(error['input'])}"
     if kind == "extra_forbidden":
         known = _known_keys(model, loc[:-1])
         return Problem(loc, "unknown setting" + (f" (known: {', '.join(known)})" if known else ""))
     if kind == "missing":
         return Problem(loc, "required")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return Problem(loc, f"expected {_range(model, loc)}{got}")
     return Problem(loc, f"expected {_expected(error)}{got}")
+
+
+def _range(model: type[pydantic.BaseModel], loc: tuple[Any, ...]) -> str:
+    """The whole range a number takes, as one phrase: "an integer in 50..5000", "a number > 0"."""
+    node: Any = model
+    for part in loc[:-1]:
+        node = _field_type(node, part) if node is not None else None
+    field = node.model_fields.get(loc[-1]) if isinstance(node, type) and issubclass(node, pydantic.BaseModel) else None
+    if field is None:
+        return "a number in range"
+    bounds = {type(m).__name__: getattr(m, type(m).__name__.lower()) for m in _constraints(field)}
+    low = f">= {bounds['Ge']}" if "Ge" in bounds else f"> {bounds['Gt']}" if "Gt" in bounds else ""
+    high = f"<= {bounds['Le']}" if "Le" in bounds else f"< {bounds['Lt']}" if "Lt" in bounds else ""
+    noun = "an integer" if _unwrap(field.annotation) is int else "a number"
+    if "Ge" in bounds and "Le" in bounds:
+        return f"{noun} in {bounds['Ge']}..{bounds['Le']}"
+    return f"{noun} {' and '.join(b for b in (low, high) if b)}"
+
+
+def _constraints(field: Any) -> list[Any]:
+    """The annotated_types bounds of a field, wherever its hint put them (also inside `X | None`)."""
+    found = list(field.metadata)
+    hint = field.annotation
+    for arg in typing.get_args(hint) if typing.get_origin(hint) in (types.UnionType, typing.Union) else ():
+        if typing.get_origin(arg) is typing.Annotated:
+            for extra in typing.get_args(arg)[1:]:
+                found.extend(getattr(extra, "metadata", [extra]))
+    return [m for m in found if type(m).__name__ in ("Ge", "Gt", "Le", "Lt")]
 
 
 _PLAINER = {"a valid integer": "an integer", "a valid number": "a number", "a valid string": "a string",
@@ -193,16 +224,25 @@ _PLAINER = {"a valid integer": "an integer", "a valid number": "a number", "a va
             "a valid list": "a list", "a valid array": "a list", "a valid tuple": "a list"}  # fmt: skip
 
 
+_SIZED = re.compile(r"(String|List|Tuple|Dictionary) should have (.*?)(?: after validation)?(?:, not \d+)?$")
+
+
 def _expected(error: Any) -> str:
-    message = str(error["msg"]).removeprefix("Input should be ")
+    message = str(error["msg"])
+    sized = _SIZED.match(message)
+    if sized:  # "String should have at least 1 character" -> "a string of at least 1 character"
+        kind = {"String": "string", "Dictionary": "table"}.get(sized[1], "list")
+        return f"a {kind} of {sized[2]}"
+    message = message.removeprefix("Input should be ")
     for pydantic_words, ours in _PLAINER.items():
         if message.startswith(pydantic_words):
             return ours + message[len(pydantic_words) :]
     return message
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
+def show(value: Any) -> str:
+    """A value as TOML spells it, nearly: "fast", true, 12, ["a"] (JSON's scalars are TOML's)."""
+    text = json.dumps(value, default=repr, ensure_ascii=False)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -213,7 +253,9 @@ def _known_keys(model: type[pydantic.BaseModel], path: tuple[Any, ...]) -> list[
         node = _field_type(node, part)
         if node is None:
             return []
-    return sorted(node.model_fields) if isinstance(node, type) and issubclass(node, pydantic.BaseModel) else []
+    if not (isinstance(node, type) and issubclass(node, pydantic.BaseModel)):
+        return []
+    return sorted(field.alias or name for name, field in node.model_fields.items())
 
 
 def _field_type(node: Any, part: Any) -> Any:
