@@ -171,7 +171,12 @@ class Problem:
         """The key path as written in messages: ``power.tree.rows[0].budget_w``."""
         text = prefix.rstrip(".")
         for part in self.path:
-            text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+            if isinstance(part, int):
+                text += f"[{part}]"
+                continue
+            # A key as typed, unless it could garble the terminal or the log line: then quoted and cut.
+            name = part if part.isprintable() and len(part) <= 80 else show(part)
+            text += f".{name}" if text else name
         return text or "<root>"
 
 

@@ -133,3 +133,14 @@ def test_every_problem_is_reported_at_once_and_nothing_is_used(tmp_path, monkeyp
     assert 'metrics_port (env RASD_METRICS_PORT): expected an integer, got "many"' in err
     assert f"leader.election ({path}): expected 'auto', 'lease' or 'static', got \"raft\"" in err
     assert f"power.draw_window_s ({path}): expected a number > 0, got 0" in err
+
+
+def test_an_odd_key_is_quoted_and_cut_in_the_message(tmp_path):
+    """A key is echoed as typed unless it holds control characters or runs long (a log line, a terminal)."""
+    path = tmp_path / "controller.toml"
+    path.write_text('[leader]\n"\\u001b[2J' + "k" * 200 + '" = 1\n')
+    with pytest.raises(config_mod.ConfigError) as raised:
+        config_mod.load(file=path, environ={})
+    (line,) = str(raised.value).splitlines()
+    assert line.startswith('leader."\\u001b[2Jkkk') and "\x1b" not in line and len(line) < 300
+    assert "unknown setting (known: election, lease_s" in line
