@@ -16,7 +16,7 @@ XDIST := -n $(TEST_WORKERS)
 # the sources again.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-all lint proto install clean
+.PHONY: demo test test-all lint proto schema install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ lint: $(STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
+
+# The chart's values.schema.json: config: from the controller's settings model (docs/configuration.md).
+schema: $(STAMP)
+	$(BIN)/python -m rasd.controller.config schema > helm/rasd/values.schema.json.new
+	mv helm/rasd/values.schema.json.new helm/rasd/values.schema.json
 
 clean:
 	rm -rf $(VENV) demo-out build *.egg-info

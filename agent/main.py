@@ -132,7 +132,8 @@ def load_settings(args: argparse.Namespace) -> agent_settings.AgentSettings:
     host = agent_settings.HostDefaults(
         hostname=socket.gethostname(), ib_sysfs_present=pathlib.Path(agent_settings.IB_SYSFS_ROOT).is_dir()
     )
-    return agent_settings.load(table, vars(args), host, file_name=config_path.name if config_path else "agent.toml")
+    file_name = config_path.name if config_path else "agent.toml"
+    return agent_settings.load(table, vars(args), host, file_name=file_name, environ=os.environ)
 
 
 def _config_path(args: argparse.Namespace) -> pathlib.Path | None:

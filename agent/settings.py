@@ -1,15 +1,18 @@
 """rasd-agent's settings: frozen dataclasses by concern, and `load()`, which builds them from agent.toml and flags.
 
-`load()` is the one place that reads settings: it takes the parsed agent.toml table and the
-command-line flags (flags win), checks every value, and names the offending key path, where it came
+`load()` is the one place that reads settings: it takes the parsed agent.toml table, the ``RASD_*``
+variables and the command-line flags (flags > variables > file > defaults), checks them all with
+the `AgentFile` model (rasd.common.settings), and names every bad one by its key path, where it came
 from and what it accepts::
 
-    agent.toml: [sampling] power_sample_interval_ms: expected an integer > 0, got "fast"
-    --gpus: expected an integer in 1..64, got 99
+    sampling.power_sample_interval_ms (agent.toml): expected an integer, got "fast"
+    gpus (--gpus): expected an integer in 1..64, got 99
+    sampling.buffer_s (env RASD_SAMPLING__BUFFER_S): expected a number > 0, got 0
 
 The rest of the agent gets the typed `AgentSettings` (or the group it needs) and never indexes a
-dict by a string. Pure: `load()` reads no file and no environment; what the defaults depend on that
-only the host knows (its name, whether it has InfiniBand) comes in as `HostDefaults`.
+dict by a string. Pure: `load()` reads no file and no environment (main.py passes both in); what
+the defaults depend on that only the host knows (its name, whether it has InfiniBand) comes in as
+`HostDefaults`.
 
 agent.toml keys (agent/packaging/agent.toml) and the groups they fill:
 
@@ -36,18 +39,19 @@ a daemon; tests and rasd-sim set them by building the dataclasses.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import pathlib
-from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+import typing
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, NoReturn
+
+import pydantic
 
 from rasd.agent import gpu
 from rasd.agent.core import health
 from rasd.common import net, tls
+from rasd.common import settings as settings_layer
 
-KERNEL_LOG_SOURCES = ("kmsg", "journal", "none")
-"""Where the kernel log is read from; none turns it off."""
 TLS_DEFAULTS = {"ca": "/etc/rasd/tls/ca.crt", "cert": "/etc/rasd/tls/agent.crt", "key": "/etc/rasd/tls/agent.key"}
 """Where a systemd agent finds its certificate (README, "Certificates")."""
 IB_SYSFS_ROOT = "/sys/class/infiniband"
@@ -121,18 +125,18 @@ class GpuSettings:
 class SamplingSettings:
     """How often the agent reads its GPUs, and how much it keeps while the controller is away."""
 
-    power_sample_interval_ms: int = 100
+    power_sample_interval_ms: Annotated[int, pydantic.Field(ge=1)] = 100
     """Power sampling period (10 Hz); the controller may override it in Welcome."""
-    counter_interval_ms: int = 1000
+    counter_interval_ms: Annotated[int, pydantic.Field(ge=1)] = 1000
     """Counter sampling period (1 Hz); the controller may override it in Welcome."""
-    event_poll_interval_ms: int = 200
+    event_poll_interval_ms: Annotated[int, pydantic.Field(ge=1)] = 200
     """How often the backend is polled for health observations."""
-    buffer_s: float = 60.0
+    buffer_s: Annotated[float, pydantic.Field(gt=0)] = 60.0
     """Seconds of power samples kept per GPU while the stream is down."""
-    power_buffer_interval_ms: int = 1000
+    power_buffer_interval_ms: Annotated[int, pydantic.Field(ge=1)] = 1000
     """Where the backend keeps its own power samples (NVML's driver buffer, `nvmlDeviceGetSamples`):
     how often the agent reads them, instead of reading every GPU every power_sample_interval_ms."""
-    counters_heartbeat_s: float = 30.0
+    counters_heartbeat_s: Annotated[float, pydantic.Field(gt=0)] = 30.0
     """With telemetry summaries: every GPU's counters go out at least this often; otherwise a GPU's
     counters go out only when they change (`core.summary.counters_changed`)."""
 
@@ -269,24 +273,82 @@ class HostDefaults:
     """Whether IB_SYSFS_ROOT exists: the default ib_sysfs_root then."""
 
 
-# ----- load: agent.toml + flags -> AgentSettings ---------------------------------------------------
+# ----- load: agent.toml + $RASD_* + flags -> AgentSettings ------------------------------------------
 
 KeyPath = tuple[str, ...]
 """A key's place in agent.toml: ("gpus",) at the top level, ("tls", "ca") in a table."""
 
-SCALAR_KEYS = (
-    "node_id", "controller", "insecure", "log_level", "backend", "gpus", "seed", "sim_step_period_s",
-    "sim_scenario", "state_dir", "kernel_log", "kmsg_path", "ib_sysfs_root", "failsafe_power_limit_w",
-    "failsafe_after_s", "metrics_port", "metrics_addr", "metrics_nvlink_per_link", "destructive_actions",
-)  # fmt: skip
-"""The top-level keys of agent.toml that hold a value."""
-TABLE_KEYS: dict[str, tuple[str, ...] | None] = {
-    "labels": None,  # any key: the label's name
-    "tls": ("ca", "cert", "key", "server_name"),
-    "sampling": tuple(f.name for f in dataclasses.fields(SamplingSettings)),
-    "commands": tuple(f.name for f in dataclasses.fields(CommandSettings) if f.name != "timeout_s"),
-}
-"""The tables of agent.toml and the keys each takes (None: any)."""
+_NonEmpty = Annotated[str, pydantic.Field(min_length=1)]
+_HostName = Annotated[str, pydantic.Field(min_length=1, max_length=253)]
+_Argv = Annotated[tuple[_NonEmpty, ...], pydantic.Field(min_length=1)]
+
+
+KernelLogSource = Literal["kmsg", "journal", "none"]
+"""Where the kernel log is read from; none turns it off."""
+
+
+class _Table(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class TlsTable(_Table):
+    """agent.toml's [tls]: the node's certificate files (read even with insecure, so a bad one is named)."""
+
+    ca: _NonEmpty = TLS_DEFAULTS["ca"]
+    cert: _NonEmpty = TLS_DEFAULTS["cert"]
+    key: _NonEmpty = TLS_DEFAULTS["key"]
+    server_name: str = ""
+
+
+class CommandsTable(_Table):
+    """agent.toml's [commands]: each a non-empty argv replacing the default (`CommandSettings`)."""
+
+    list_compute_apps: _Argv | None = None
+    reset_gpu: _Argv | None = None
+    restart_unit: _Argv | None = None
+    reboot: _Argv | None = None
+    validate_: _Argv | None = pydantic.Field(default=None, alias="validate")  # BaseModel has a validate()
+    trough_filler: _Argv | None = None
+
+
+class AgentFile(_Table):
+    """agent.toml's keys, each with its type, its range or allowed values, and its default.
+
+    None where the default depends on other keys or on the host (`load` fills it in).
+    """
+
+    node_id: _HostName | None = None
+    controller: str = LinkSettings.controller_address
+    insecure: bool = False
+    log_level: str = "info"
+    backend: Literal[gpu.BACKEND_NAMES] = "nvml"  # type: ignore[valid-type]
+    gpus: Annotated[int, pydantic.Field(ge=1, le=64)] = GpuSettings.gpus
+    seed: int = GpuSettings.seed
+    sim_step_period_s: Annotated[float, pydantic.Field(ge=0)] = GpuSettings.sim_step_period_s
+    sim_scenario: str = ""
+    state_dir: _NonEmpty = str(SpoolSettings.state_dir)
+    kernel_log: KernelLogSource | None = None
+    kmsg_path: _NonEmpty = KernelLogSettings.kmsg_path
+    ib_sysfs_root: str | None = None
+    failsafe_power_limit_w: Annotated[int, pydantic.Field(ge=50, le=5000)] | None = None
+    failsafe_after_s: Annotated[float, pydantic.Field(ge=0)] = FailsafeSettings.after_s
+    metrics_port: Annotated[int, pydantic.Field(ge=-1, le=65535)] = MetricsSettings.port
+    metrics_addr: _HostName | None = None
+    metrics_nvlink_per_link: bool = MetricsSettings.nvlink_per_link
+    destructive_actions: bool = False
+    labels: dict[str, str] = pydantic.Field(default_factory=dict)
+    tls: TlsTable = pydantic.Field(default_factory=TlsTable)
+    sampling: settings_layer.model_of(SamplingSettings) = pydantic.Field(  # type: ignore[valid-type]
+        default_factory=settings_layer.model_of(SamplingSettings)
+    )
+    commands: CommandsTable = pydantic.Field(default_factory=CommandsTable)
+
+
+KERNEL_LOG_SOURCES: tuple[str, ...] = typing.get_args(
+    typing.get_args(AgentFile.model_fields["kernel_log"].annotation)[0]
+)
+"""Where the kernel log is read from; none turns it off."""
+
 FLAGS: dict[str, tuple[KeyPath, str]] = {
     "node_id": (("node_id",), "--node-id"),
     "controller": (("controller",), "--controller"),
@@ -315,9 +377,14 @@ FLAGS: dict[str, tuple[KeyPath, str]] = {
 
 
 def load(
-    table: Mapping[str, Any], flags: Mapping[str, Any], host: HostDefaults, *, file_name: str = "agent.toml"
+    table: Mapping[str, Any],
+    flags: Mapping[str, Any],
+    host: HostDefaults,
+    *,
+    file_name: str = "agent.toml",
+    environ: Mapping[str, str] | None = None,
 ) -> AgentSettings:
-    """Build the agent's settings from agent.toml's table and the flags set (flags win).
+    """Build the agent's settings: flags over ``RASD_*`` variables over agent.toml over the defaults.
 
     Args:
         table: agent.toml as `tomllib` parsed it ({} without a file).
@@ -325,275 +392,95 @@ def load(
             "not given". `label` is a list of KEY=VALUE.
         host: the defaults only the host knows.
         file_name: how messages name the file.
+        environ: the environment (``RASD_GPUS``, ``RASD_SAMPLING__BUFFER_S`` ...); None: none.
 
     Raises:
-        SettingsError: an unknown key or a bad value; the message names its key path or flag, what
-            it accepts, and what it got.
+        SettingsError: one line per bad setting, each naming its key path, where it came from (the
+            file, the variable or the flag), what it accepts and what it got.
     """
-    source = _Source(table, _flag_values(flags), file_name)
-    source.check_keys()
-    gpu_settings = _gpu(source)
-    tls_settings = _tls(source)
-    settings = AgentSettings(
-        node_id=source.string(("node_id",), host.hostname, max_length=253),
-        labels=_labels(source, flags.get("label") or ()),
-        log_level=_log_level(source),
-        link=LinkSettings(controller_address=_controller_address(source)),
-        tls=tls_settings,
-        gpu=gpu_settings,
-        sampling=_sampling(source),
-        spool=SpoolSettings(state_dir=pathlib.Path(source.string(("state_dir",), str(SpoolSettings.state_dir)))),
-        kernel_log=KernelLogSettings(
-            source=source.choice(
-                ("kernel_log",), "kmsg" if gpu_settings.backend == "nvml" else "none", KERNEL_LOG_SOURCES
-            ),
-            kmsg_path=source.string(("kmsg_path",), KernelLogSettings.kmsg_path),
-        ),
-        ib=IbSettings(
-            sysfs_root=source.string(
-                ("ib_sysfs_root",), IB_SYSFS_ROOT if host.ib_sysfs_present else "", allow_empty=True
-            )
-        ),
-        failsafe=FailsafeSettings(
-            power_limit_w=source.optional_integer(("failsafe_power_limit_w",), low=50, high=5000, unit="W"),
-            after_s=source.number(("failsafe_after_s",), FailsafeSettings.after_s, minimum=0.0),
-        ),
-        metrics=_metrics(source, plaintext=tls_settings.files is None),
-        actions=ActionSettings(destructive_enabled=source.boolean(("destructive_actions",), False)),
-        commands=_commands(source),
-    )
-    if settings.tls.files is None:
-        host_name, _ = net.split_host_port(settings.link.controller_address)
-        if not net.is_loopback_host(host_name):
-            source.refuse(("insecure",), f"refusing plaintext gRPC to non-loopback controller {host_name!r}")
-    return settings
+    layers = settings_layer.Layers()
+    layers.add(table, lambda path: file_name)
+    layers.add(settings_layer.env_table(AgentFile, environ or {}), lambda path: f"env {settings_layer.env_name(path)}")
+    given, flag_of = _flag_table(flags)
+    layers.add(given, lambda path: flag_of.get(path, "--label"))
+    checked, problems = settings_layer.validate(AgentFile, layers.data)
+    if checked is None:
+        raise SettingsError("\n".join(f"{p.dotted()} ({layers.source_of(p.path)}): {p.message}" for p in problems))
+    return _settings(checked, host, lambda path, why: _refuse(layers, path, why))
 
 
-def _metrics(source: _Source, *, plaintext: bool) -> MetricsSettings:
-    """The exporter's port and address; loopback by default for a plaintext agent (`MetricsSettings.addr`)."""
-    return MetricsSettings(
-        port=source.integer(("metrics_port",), MetricsSettings.port, low=-1, high=65535),
-        addr=source.string(("metrics_addr",), "127.0.0.1" if plaintext else MetricsSettings.addr, max_length=253),
-        nvlink_per_link=source.boolean(("metrics_nvlink_per_link",), MetricsSettings.nvlink_per_link),
-    )
+def _refuse(layers: settings_layer.Layers, path: KeyPath, why: str) -> NoReturn:
+    raise SettingsError(f"{'.'.join(path)} ({layers.source_of(path)}): {why}")
 
 
-def _gpu(source: _Source) -> GpuSettings:
-    scenario = source.string(("sim_scenario",), "", allow_empty=True)
-    return GpuSettings(
-        backend=source.choice(("backend",), GpuSettings.backend, gpu.BACKEND_NAMES),
-        gpus=source.integer(("gpus",), GpuSettings.gpus, low=1, high=64),
-        seed=source.integer(("seed",), GpuSettings.seed),
-        sim_step_period_s=source.number(("sim_step_period_s",), GpuSettings.sim_step_period_s, minimum=0.0),
-        sim_scenario=scenario or None,
-    )
-
-
-def _sampling(source: _Source) -> SamplingSettings:
-    def interval_ms(name: str) -> int:
-        return source.integer(("sampling", name), getattr(SamplingSettings, name), low=1)
-
-    return SamplingSettings(
-        power_sample_interval_ms=interval_ms("power_sample_interval_ms"),
-        counter_interval_ms=interval_ms("counter_interval_ms"),
-        event_poll_interval_ms=interval_ms("event_poll_interval_ms"),
-        buffer_s=source.number(("sampling", "buffer_s"), SamplingSettings.buffer_s, above=0.0),
-        power_buffer_interval_ms=interval_ms("power_buffer_interval_ms"),
-        counters_heartbeat_s=source.number(
-            ("sampling", "counters_heartbeat_s"), SamplingSettings.counters_heartbeat_s, above=0.0
-        ),
-    )
-
-
-def _tls(source: _Source) -> TlsSettings:
-    """Mutual TLS with the [tls] files (TLS_DEFAULTS where unset), or plaintext with `insecure`."""
-    # Read even when insecure, so that a bad value is named rather than ignored.
-    paths = {key: source.string(("tls", key), default) for key, default in TLS_DEFAULTS.items()}
-    server_name = source.string(("tls", "server_name"), "", allow_empty=True)
-    if source.boolean(("insecure",), False):
-        return TlsSettings(files=None, server_name=server_name)
-    files = tls.TlsFiles(ca=pathlib.Path(paths["ca"]), cert=pathlib.Path(paths["cert"]), key=pathlib.Path(paths["key"]))
-    return TlsSettings(files=files, server_name=server_name)
-
-
-def _controller_address(source: _Source) -> str:
-    path = ("controller",)
-    address = source.string(path, LinkSettings.controller_address)
+def _settings(file: AgentFile, host: HostDefaults, refuse: Callable[[KeyPath, str], NoReturn]) -> AgentSettings:
+    """The checked keys as the agent's settings; the defaults that depend on others filled in."""
     try:
-        net.split_host_port(address)
+        host_name, _ = net.split_host_port(file.controller)
     except ValueError:
-        source.fail(path, "host:port", address)
-    return address
-
-
-def _log_level(source: _Source) -> str:
-    path = ("log_level",)
-    level = source.string(path, AgentSettings.log_level)
+        refuse(("controller",), f"expected host:port, got {settings_layer.show(file.controller)}")
     # Any name the logging module knows (warn, critical, ...) works, as it did before it was checked.
-    if level.upper() not in logging.getLevelNamesMapping():
-        source.fail(path, "one of debug, info, warning, error", level)
-    return level
+    if file.log_level.upper() not in logging.getLevelNamesMapping():
+        refuse(
+            ("log_level",), f"expected one of debug, info, warning, error, got {settings_layer.show(file.log_level)}"
+        )
+    if file.insecure and not net.is_loopback_host(host_name):
+        refuse(("insecure",), f"refusing plaintext gRPC to non-loopback controller {host_name!r}")
+    paths = {key: pathlib.Path(getattr(file.tls, key)) for key in TLS_DEFAULTS}
+    commands = file.commands.model_dump(by_alias=True, exclude_none=True)
+    return AgentSettings(
+        node_id=file.node_id or host.hostname,
+        labels=dict(file.labels),
+        log_level=file.log_level,
+        link=LinkSettings(controller_address=file.controller),
+        tls=TlsSettings(files=None if file.insecure else tls.TlsFiles(**paths), server_name=file.tls.server_name),
+        gpu=GpuSettings(
+            backend=file.backend,
+            gpus=file.gpus,
+            seed=file.seed,
+            sim_step_period_s=file.sim_step_period_s,
+            sim_scenario=file.sim_scenario or None,
+        ),
+        sampling=settings_layer.to_dataclass(file.sampling),
+        spool=SpoolSettings(state_dir=pathlib.Path(file.state_dir)),
+        kernel_log=KernelLogSettings(
+            source=file.kernel_log or ("kmsg" if file.backend == "nvml" else "none"), kmsg_path=file.kmsg_path
+        ),
+        ib=IbSettings(sysfs_root=_ib_sysfs_root(file, host)),
+        failsafe=FailsafeSettings(power_limit_w=file.failsafe_power_limit_w, after_s=file.failsafe_after_s),
+        metrics=MetricsSettings(
+            port=file.metrics_port,
+            addr=file.metrics_addr or ("127.0.0.1" if file.insecure else MetricsSettings.addr),
+            nvlink_per_link=file.metrics_nvlink_per_link,
+        ),
+        actions=ActionSettings(destructive_enabled=file.destructive_actions),
+        commands=CommandSettings(**commands),
+    )
 
 
-def _labels(source: _Source, flag_pairs: Sequence[str]) -> dict[str, str]:
-    """[labels] with each --label KEY=VALUE added over it."""
-    labels = {}
-    for key, value in source.table("labels").items():
-        if not isinstance(value, str):
-            source.fail(("labels", key), "a string", value)
-        labels[key] = value
-    for pair in flag_pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SettingsError(f"--label: expected KEY=VALUE, got {_show(pair)}")
-        labels[key] = value
-    return labels
+def _ib_sysfs_root(file: AgentFile, host: HostDefaults) -> str:
+    """As set ("" reads none), else IB_SYSFS_ROOT where the host has it."""
+    if file.ib_sysfs_root is not None:
+        return file.ib_sysfs_root
+    return IB_SYSFS_ROOT if host.ib_sysfs_present else ""
 
 
-def _commands(source: _Source) -> CommandSettings:
-    overrides = {}
-    for name in source.table("commands"):
-        argv = source.raw(("commands", name), None)
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            source.fail(("commands", name), "a non-empty list of strings", argv)
-        overrides[name] = tuple(argv)
-    return CommandSettings(**overrides)
-
-
-def _flag_values(flags: Mapping[str, Any]) -> dict[KeyPath, tuple[Any, str]]:
-    """The flags given, by the key path they override, with how each was typed."""
-    given = {}
+def _flag_table(flags: Mapping[str, Any]) -> tuple[dict[str, Any], dict[KeyPath, str]]:
+    """The flags given as a table like agent.toml's, and the flag that set each key path."""
+    table: dict[str, Any] = {}
+    flag_of: dict[KeyPath, str] = {}
     for dest, (path, flag) in FLAGS.items():
         value = flags.get(dest)
         if value is None or value is False:  # not given (a switch's False is its absence)
             continue
-        given[path] = (str(value) if isinstance(value, pathlib.PurePath) else value, flag)
-    return given
-
-
-def _show(value: object) -> str:
-    """A value as agent.toml would spell it: "fast", true, 12."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return repr(value)
-
-
-class _Source:
-    """agent.toml's table and the flags given, read by key path and checked; flags win."""
-
-    def __init__(self, table: Mapping[str, Any], flags: Mapping[KeyPath, tuple[Any, str]], file_name: str) -> None:
-        self._table = table
-        self._flags = flags
-        self._file = file_name
-
-    def where(self, path: KeyPath) -> str:
-        """How a message names the key: its flag when one set it, else its place in the file."""
-        if path in self._flags:
-            return self._flags[path][1]
-        if len(path) == 1:
-            return f"{self._file}: {path[0]}"
-        return f"{self._file}: [{path[0]}] {'.'.join(path[1:])}"
-
-    def fail(self, path: KeyPath, expected: str, value: object) -> NoReturn:
-        """Raise SettingsError for a value that is not what the key takes."""
-        raise SettingsError(f"{self.where(path)}: expected {expected}, got {_show(value)}")
-
-    def refuse(self, path: KeyPath, why: str) -> NoReturn:
-        """Raise SettingsError for a value that is well-formed but not allowed with the others."""
-        raise SettingsError(f"{self.where(path)}: {why}")
-
-    def check_keys(self) -> None:
-        """Refuse unknown keys, and a table key that holds no table, naming the key."""
-        for key, value in self._table.items():
-            if key in TABLE_KEYS:
-                if not isinstance(value, Mapping):
-                    raise SettingsError(f"{self._file}: [{key}]: expected a table, got {_show(value)}")
-                known = TABLE_KEYS[key]
-                unknown = sorted(set(value) - set(known)) if known is not None else []
-                if unknown:
-                    raise SettingsError(
-                        f"{self._file}: [{key}] {unknown[0]}: unknown key (known: {', '.join(known or ())})"
-                    )
-            elif key not in SCALAR_KEYS:
-                known_keys = ", ".join(sorted((*SCALAR_KEYS, *TABLE_KEYS)))
-                raise SettingsError(f"{self._file}: {key}: unknown key (known: {known_keys})")
-
-    def table(self, name: str) -> Mapping[str, Any]:
-        """A table of the file ({} when absent); `check_keys` made sure it is one."""
-        return self._table.get(name, {})
-
-    def raw(self, path: KeyPath, default: Any) -> Any:
-        """The value at path as given (flag first), or default."""
-        if path in self._flags:
-            return self._flags[path][0]
-        node: Mapping[str, Any] = self._table
+        node = table
         for part in path[:-1]:
-            node = node.get(part, {})
-        return node.get(path[-1], default)
-
-    def string(self, path: KeyPath, default: str, *, allow_empty: bool = False, max_length: int | None = None) -> str:
-        """A string: non-empty unless allow_empty ("" then means none), at most max_length characters."""
-        value = self.raw(path, default)
-        if not isinstance(value, str):
-            self.fail(path, "a string", value)
-        if max_length is not None and not 1 <= len(value) <= max_length:
-            self.fail(path, f"a string of 1..{max_length} characters", value)
-        if not value and not allow_empty:
-            self.fail(path, "a non-empty string", value)
-        return value
-
-    def choice(self, path: KeyPath, default: str, choices: Sequence[str]) -> str:
-        """One of choices."""
-        value = self.raw(path, default)
-        if value not in choices:
-            self.fail(path, f"one of {', '.join(choices)}", value)
-        return value
-
-    def boolean(self, path: KeyPath, default: bool) -> bool:
-        """true or false."""
-        value = self.raw(path, default)
-        if not isinstance(value, bool):
-            self.fail(path, "true or false", value)
-        return value
-
-    def integer(self, path: KeyPath, default: int, *, low: int | None = None, high: int | None = None) -> int:
-        """An integer, in low..high where given."""
-        value = self.raw(path, default)
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        if ok and ((low is not None and value < low) or (high is not None and value > high)):
-            ok = False
-        if not ok:
-            self.fail(path, _integer_range(low, high), value)
-        return value
-
-    def optional_integer(self, path: KeyPath, *, low: int, high: int, unit: str) -> int | None:
-        """An integer in low..high, or None when the key is absent."""
-        value = self.raw(path, None)
-        if value is None:
-            return None
-        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-            self.fail(path, f"an integer in {low}..{high} ({unit})", value)
-        return value
-
-    def number(
-        self, path: KeyPath, default: float, *, minimum: float | None = None, above: float | None = None
-    ) -> float:
-        """A number (an integer is widened), >= minimum or > above where given."""
-        value = self.raw(path, default)
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if ok and ((minimum is not None and value < minimum) or (above is not None and value <= above)):
-            ok = False
-        if not ok:
-            bound = f" >= {minimum:g}" if minimum is not None else f" > {above:g}" if above is not None else ""
-            self.fail(path, f"a number{bound}", value)
-        return float(value)
-
-
-def _integer_range(low: int | None, high: int | None) -> str:
-    if low is not None and high is not None:
-        return f"an integer in {low}..{high}"
-    if low is not None:
-        return f"an integer >= {low}" if low != 1 else "an integer > 0"
-    return "an integer"
+            node = node.setdefault(part, {})
+        node[path[-1]] = str(value) if isinstance(value, pathlib.PurePath) else value
+        flag_of[path] = flag
+    for pair in flags.get("label") or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SettingsError(f"--label: expected KEY=VALUE, got {settings_layer.show(pair)}")
+        table.setdefault("labels", {})[key] = value
+    return table, flag_of

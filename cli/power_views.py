@@ -41,10 +41,10 @@ def parse_changes(pairs: list[str]) -> dict[str, Any]:
 
 
 def _toml(mapping: dict[str, Any]) -> str:
-    lines = []
-    for key, value in mapping.items():
-        lines.append(f"{key} = {'true' if value is True else 'false' if value is False else repr(value)}")
-    return "\n".join(lines) + "\n"
+    """The policy changes as a TOML table (written by a TOML writer: strings quoted and escaped by the spec)."""
+    import tomli_w  # only `rasctl power policy set` writes TOML
+
+    return tomli_w.dumps(mapping)
 
 
 def run(args: argparse.Namespace, stub: admin_grpc.AdminServiceStub, out: TextIO, timeout: float) -> None:

@@ -6,19 +6,15 @@ import argparse
 import asyncio
 import pathlib
 import sys
-import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
 
 from rasd.common import VERSION, gc_policy, net
 from rasd.common import logging as rasd_logging
+from rasd.controller import config as config_mod
 from rasd.controller import server, workers
-from rasd.controller.core.remediation import policy
-from rasd.controller.executors import bmc, quarantine
-from rasd.controller.power import loop as power_loop
-from rasd.controller.replication import leader as leader_mod
 from rasd.controller.rpc import security
 
 
@@ -28,10 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rasd-controller",
         description="rasd controller: ingests agent streams, keeps the fleet's state, serves rasctl.",
     )
-    parser.add_argument("--listen", default="127.0.0.1:7443", help="gRPC listen address (default %(default)s)")
-    parser.add_argument("--db", default="sqlite:///rasd.db", help="SQLAlchemy URL of the store (default %(default)s)")
+    # The settings flags default to None (not given): config.load puts them over $RASD_* and controller.toml.
+    parser.add_argument("--listen", help="gRPC listen address ($RASD_LISTEN; default 127.0.0.1:7443)")
+    parser.add_argument("--db", help="SQLAlchemy URL of the store ($RASD_DB; default sqlite:///rasd.db)")
     parser.add_argument(
-        "--metrics-port", type=int, default=9464, help="Prometheus port; -1 disables (default %(default)s)"
+        "--metrics-port", type=int, help="Prometheus port; -1 disables ($RASD_METRICS_PORT; default 9464)"
     )
     parser.add_argument(
         "--metrics-addr",
@@ -52,21 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=pathlib.Path,
         help="controller.toml with [remediation], [quarantine], [bmc] and [power] tables (see controller/packaging/)",
     )
-    parser.add_argument("--no-remediation", action="store_true", help="record health events only; never act on them")
+    parser.add_argument("--no-remediation", action="store_true", default=None,
+                        help="record health events only; never act on them")  # fmt: skip
     parser.add_argument(
         "--commit-writer",
         choices=("process", "thread"),
-        default="process",
         help="where the repair ladder's commits run: a writer process (default; deciding and committing use "
         "two cores) or the store thread (an in-memory SQLite store needs thread)",
     )
     parser.add_argument(
         "--ingest-workers",
         type=int,
-        default=1,
         metavar="N",
         help="serve agent streams from N processes on the same port (PostgreSQL only; each a replica of its own, "
-        "see docs/operator-guide.md; default %(default)s)",
+        "see docs/operator-guide.md; default 1)",
     )
     parser.add_argument(
         "--record",
@@ -74,60 +70,59 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="record every inbound agent message, sent command and decision to PATH (replay: rasd-sim --replay)",
     )
-    parser.add_argument("--log-level", default="info", help="debug|info|warning|error (default %(default)s)")
+    parser.add_argument("--log-level", help="debug|info|warning|error ($RASD_LOG_LEVEL; default info)")
     parser.add_argument("--version", action="version", version=f"rasd-controller {VERSION}")
     return parser
 
 
-def load_config(path: pathlib.Path) -> dict[str, Any]:
-    """Read and validate controller.toml; every error names the offending key.
+def load_config(path: pathlib.Path, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Read and check controller.toml (and the $RASD_* variables over it); every error names its key.
 
     Returns:
-        remediation_policy (a RemediationPolicy), quarantine (table), bmc (table or absent),
-        leader (LeaderSettings or absent).
+        remediation_policy (a RemediationPolicy), leader (LeaderSettings), and each of the
+        quarantine, bmc and power tables that is set (plain data).
     """
-    data = tomllib.loads(path.read_text())
-    known = ("remediation", "quarantine", "bmc", "leader", "power")
-    unknown = set(data) - set(known)
-    if unknown:
-        raise ValueError(f"unknown table(s) {', '.join(sorted(unknown))} (known: {', '.join(known)})")
-    config: dict[str, Any] = {
-        "remediation_policy": policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
-    }
-    quarantine_table = data.get("quarantine", {})
-    quarantine.open_quarantine(quarantine_table).close()  # validates the table (names the bad key)
-    config["quarantine"] = quarantine_table
-    if "bmc" in data:
-        bmc.BmcSettings.from_mapping(data["bmc"])
-        config["bmc"] = data["bmc"]
-    if "leader" in data:
-        config["leader"] = leader_mod.LeaderSettings.from_mapping(data["leader"])
-    if "power" in data:
-        power_loop.PowerSettings.from_mapping(data["power"])  # validates the table (names the bad key)
-        config["power"] = data["power"]
-    return config
+    return config_mod.load(file=path, environ={} if environ is None else environ)[1]
 
 
-def metrics_bind_address(args: argparse.Namespace) -> str:
+def metrics_bind_address(config: config_mod.ControllerConfig, insecure: bool) -> str:
     """Where the Prometheus port listens: as asked, else loopback for a plaintext (--insecure) controller.
 
     A plaintext controller is a loopback demo or a developer's; its metrics (node names, GPU
     uuids, labels) bound to every interface were open to the network the gRPC port refused.
     """
-    if args.metrics_addr is not None:
-        return str(args.metrics_addr)
-    return "127.0.0.1" if args.insecure else "0.0.0.0"  # the cluster's scraper reaches the pod, as before
+    if config.metrics_addr is not None:
+        return config.metrics_addr
+    return "127.0.0.1" if insecure else "0.0.0.0"  # the cluster's scraper reaches the pod, as before
+
+
+def config_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[config_mod.ControllerConfig, dict[str, Any]]:
+    """The settings of flags over $RASD_* over --config's file; a bad one exits through parser.error."""
+    try:
+        return config_mod.load(file=args.config, flags=config_mod.flags_of(args))
+    except config_mod.ConfigError as exc:
+        parser.error(f"bad settings:\n{exc}")
 
 
 def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> server.ControllerSettings:
     """The controller's settings from its parsed command line; a bad argument exits through parser.error."""
+    return settings_and_config(parser, args)[0]
+
+
+def settings_and_config(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[server.ControllerSettings, config_mod.ControllerConfig]:
+    """`settings_from_args`, with the checked model (log level, ingest workers) beside them."""
+    config, tables = config_from_args(parser, args)
     try:
-        host, _port = net.split_host_port(args.listen)
+        host, _port = net.split_host_port(config.listen)
     except ValueError as exc:
         parser.error(f"--listen: {exc}")
-    if args.health_listen is not None:
+    if config.health_listen is not None:
         try:
-            net.split_host_port(args.health_listen)
+            net.split_host_port(config.health_listen)
         except ValueError as exc:
             parser.error(f"--health-listen: {exc}")
     if args.insecure and not net.is_loopback_host(host):
@@ -136,28 +131,22 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         security_settings = security.settings_from_args(args)
     except (OSError, ValueError) as exc:
         parser.error(str(exc))
-    if not -1 <= args.metrics_port <= 65535:
-        parser.error(f"--metrics-port: {args.metrics_port} is not a port")
-    try:
-        config = load_config(args.config) if args.config else {}
-    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
-        parser.error(f"--config {args.config}: {exc}")
     return server.ControllerSettings(
-        listen=args.listen,
-        db_url=args.db,
-        metrics_port=None if args.metrics_port == -1 else args.metrics_port,
-        metrics_addr=metrics_bind_address(args),
-        remediation=not args.no_remediation,
-        remediation_policy=config.get("remediation_policy", policy.RemediationPolicy()),
-        quarantine=config.get("quarantine", {}),
-        bmc=config.get("bmc"),
+        listen=config.listen,
+        db_url=config.db,
+        metrics_port=None if config.metrics_port == -1 else config.metrics_port,
+        metrics_addr=metrics_bind_address(config, args.insecure),
+        remediation=not config.no_remediation,
+        remediation_policy=tables["remediation_policy"],
+        quarantine=tables.get("quarantine", {}),
+        bmc=tables.get("bmc"),
         security=security_settings,
-        health_listen=args.health_listen,
+        health_listen=config.health_listen,
         record_path=args.record,
-        leader=config.get("leader", leader_mod.LeaderSettings()),
-        power=config.get("power"),
-        commit_writer=args.commit_writer,
-    )
+        leader=tables["leader"],
+        power=tables.get("power"),
+        commit_writer=config.commit_writer,
+    ), config
 
 
 def settings_from_argv(argv: Sequence[str]) -> server.ControllerSettings:
@@ -171,15 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    settings = settings_from_args(parser, args)
-    rasd_logging.configure(args.log_level)
+    settings, config = settings_and_config(parser, args)
+    rasd_logging.configure(config.log_level)
     gc_policy.configure()
-    if args.ingest_workers != 1:
-        refused = workers.problem(settings, args.ingest_workers)
+    if config.ingest_workers != 1:
+        refused = workers.problem(settings, config.ingest_workers)
         if refused is None:
-            return workers.run(settings, args.ingest_workers, log_level=args.log_level,
+            return workers.run(settings, config.ingest_workers, log_level=config.log_level,
                                build=(settings_from_argv, argv))  # fmt: skip
-        if args.ingest_workers < 1 or settings.db_url.startswith("postgresql"):
+        if config.ingest_workers < 1 or settings.db_url.startswith("postgresql"):
             parser.error(refused)
         structlog.get_logger("rasd.controller").warning("ingest_workers_ignored", reason=refused, workers=1)
     try:

@@ -39,7 +39,7 @@ import pathlib
 import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import structlog
 
@@ -162,7 +162,7 @@ class BmcSettings:
     """How often sushy tries a request that cannot connect or gets a 5xx (0: sushy's 3)."""
     retry_delay_s: float = 3.0
     """Seconds between those tries."""
-    auth: str = "basic"
+    auth: Literal["basic", "session"] = "basic"
     """"basic" (HTTP basic auth per request: nothing to leak) or "session" (an X-Auth-Token session,
     deleted afterwards; for BMCs that disable basic auth)."""
     prefer_power_cycle: bool = True
@@ -182,18 +182,9 @@ class BmcSettings:
             BmcSettingsError: e.g. ``"bmc.nodes.gpu-001.password_env: set exactly one of password_env
                 and password_file"``.
         """
-        values = _typed(cls, data, prefix, skip={"nodes"})
-        nodes_data = data.get("nodes", {})
-        if not isinstance(nodes_data, Mapping):
-            raise BmcSettingsError(f"{prefix}nodes: expected a table, got {nodes_data!r}")
-        nodes: dict[str, BmcNodeSettings] = {}
-        for node_id, node_data in nodes_data.items():
+        settings = cls(**settings_check.typed_values(cls, data, prefix, BmcSettingsError))
+        for node_id, node in settings.nodes.items():
             path = f"{prefix}nodes.{node_id}."
-            if not isinstance(node_data, Mapping):
-                raise BmcSettingsError(f"{path.rstrip('.')}: expected a table, got {node_data!r}")
-            if "url" not in node_data:
-                raise BmcSettingsError(f"{path}url: required")
-            node = BmcNodeSettings(**_typed(BmcNodeSettings, node_data, path))
             _require(node.url.startswith(("http://", "https://")), f"{path}url", "must be an http(s) URL", node.url)
             _require(
                 bool(node.password_env) != bool(node.password_file),
@@ -201,23 +192,15 @@ class BmcSettings:
                 "set exactly one of password_env and password_file",
                 (node.password_env, node.password_file),
             )
-            nodes[str(node_id)] = node
-        settings = cls(nodes=nodes, **values)
         for name in ("timeout_s", "transition_window_s", "poll_interval_s", "request_timeout_s", "retry_delay_s"):
             _require(getattr(settings, name) > 0, f"{prefix}{name}", "must be > 0", getattr(settings, name))
         _require(settings.server_side_retries >= 0, f"{prefix}server_side_retries", "must be >= 0",
                  settings.server_side_retries)  # fmt: skip
-        _require(settings.auth in ("basic", "session"), f"{prefix}auth", 'must be "basic" or "session"', settings.auth)
         return settings
 
 
 def _require(ok: bool, path: str, message: str, value: Any) -> None:
     settings_check.require(ok, path, message, value, BmcSettingsError)
-
-
-def _typed(cls: type[Any], data: Any, prefix: str, skip: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
-    """Check ``data``'s keys and scalar types against dataclass ``cls``'s fields and defaults."""
-    return settings_check.typed_values(cls, data, prefix, BmcSettingsError, skip=skip)
 
 
 # --------------------------------------------------------------------------------------------

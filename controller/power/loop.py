@@ -40,9 +40,11 @@ import tomllib
 import types
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
+import pydantic
 import structlog
+import tomli_w
 
 from rasd.common import aio
 from rasd.common import settings as settings_check
@@ -88,6 +90,10 @@ StepHook = Callable[[period.PeriodState, period_inputs.PeriodInputs, float, peri
 """Called with (state before, inputs, now s, result) right after each `period.step` (a recorder)."""
 
 
+Positive = Annotated[float, pydantic.Field(gt=0)]
+"""A duration or window of the `[power]` table (the settings layer and the chart's schema refuse 0)."""
+
+
 class PowerSettingsError(ValueError):
     """A bad `[power]` table; the message starts with the offending key's path."""
 
@@ -100,19 +106,19 @@ class PowerSettings:
     """The budget tree from `[power.tree]`."""
     policy: power_policy.PowerPolicy = dataclasses.field(default_factory=power_policy.PowerPolicy)
     """From `[power.policy]`."""
-    telemetry_stale_s: float = 5.0
+    telemetry_stale_s: Positive = 5.0
     """A GPU whose last power sample is older than this is treated as drawing at its cap."""
-    detect_window_s: float = 20.0
+    detect_window_s: Positive = 20.0
     """Unmanaged aggregate power the swing detector needs before it plans smoothing, s."""
-    bmc_fallback_after_s: float = 10.0
+    bmc_fallback_after_s: Positive = 10.0
     """A node without a stream this long whose caps must come down gets a BMC power limit."""
-    min_step_interval_s: float = 0.2
+    min_step_interval_s: Positive = 0.2
     """Earliest next period after an early wake-up (a budget change, acks with raises waiting)."""
-    draw_window_s: float = 5.0
+    draw_window_s: Positive = 5.0
     """A GPU's draw is its peak over this long (at least one control period, and stretched to one
     detected step plus a telemetry batch, `power.draw_window_s`): it must span whole training steps,
     or a window that falls in a communication phase makes a busy GPU look idle."""
-    repair_wait_s: float = 10.0
+    repair_wait_s: Positive = 10.0
     """A reset or a reboot waits at most this long for the budget to hold its GPUs' default limits
     (`repair_gate`); then it leaves regardless, logged as an error."""
     seed: int = 0
@@ -125,43 +131,18 @@ class PowerSettings:
         Raises:
             PowerSettingsError: any bad key or value.
         """
-        scalars = {k: v for k, v in data.items() if k not in ("tree", "policy")}
-        values = settings_check.typed_values(_ScalarSettings, scalars, prefix, PowerSettingsError)
+        values = settings_check.typed_values(cls, data, prefix, PowerSettingsError, skip={"tree", "policy"})
         if "tree" not in data:
             raise PowerSettingsError(f"{prefix}tree: required (the budget tree)")
         try:
-            tree = power_tree.PowerTree.from_mapping(data["tree"])
+            values["tree"] = power_tree.PowerTree.from_mapping(data["tree"])
         except power_tree.PowerTreeError as exc:
             raise PowerSettingsError(f"{prefix}tree.{exc.key}: {exc}") from None
         try:
-            policy = power_policy.PowerPolicy.from_mapping(data.get("policy", {}))
+            values["policy"] = power_policy.PowerPolicy.from_mapping(data.get("policy", {}))
         except power_policy.PolicyError as exc:
             raise PowerSettingsError(f"{prefix}policy.{exc.key}: {exc}") from None
-        settings = cls(tree=tree, policy=policy, **values)
-        for key in (
-            "telemetry_stale_s",
-            "detect_window_s",
-            "bmc_fallback_after_s",
-            "min_step_interval_s",
-            "draw_window_s",
-            "repair_wait_s",
-        ):
-            settings_check.require(getattr(settings, key) > 0, f"{prefix}{key}", "must be > 0",
-                                   getattr(settings, key), PowerSettingsError)  # fmt: skip
-        return settings
-
-
-@dataclasses.dataclass(frozen=True)
-class _ScalarSettings:
-    """The scalar keys of `[power]`, for the shared settings checker."""
-
-    telemetry_stale_s: float = 5.0
-    detect_window_s: float = 20.0
-    bmc_fallback_after_s: float = 10.0
-    min_step_interval_s: float = 0.2
-    draw_window_s: float = 5.0
-    repair_wait_s: float = 10.0
-    seed: int = 0
+        return cls(**values)
 
 
 class CommandSender(Protocol):
@@ -862,13 +843,7 @@ def _audit(now_ns: int, actor: str, action: str, reason: str) -> dict[str, Any]:
 
 def policy_to_toml(policy: power_policy.PowerPolicy) -> str:
     """A policy as TOML text, one `key = value` per line (`PowerPolicy.from_mapping` reads it back)."""
-    lines = []
-    for key, value in policy.to_mapping().items():
-        if isinstance(value, bool):
-            lines.append(f"{key} = {'true' if value else 'false'}")
-        else:
-            lines.append(f"{key} = {value!r}")
-    return "\n".join(lines) + "\n"
+    return tomli_w.dumps(policy.to_mapping())
 
 
 def policy_from_toml(text: str) -> dict[str, Any]:

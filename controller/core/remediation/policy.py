@@ -20,69 +20,19 @@ from __future__ import annotations
 
 import dataclasses
 import types
-import typing
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any, Literal, Self
+
+from rasd.common import settings
 
 
 class PolicyError(ValueError):
     """A policy mapping has an unknown key or a bad value; the message starts with the key path."""
 
 
-def _check_type(path: str, value: Any, hint: Any) -> Any:
-    """Check (and lightly coerce: int -> float, list -> tuple) one value against a type hint."""
-    origin = typing.get_origin(hint)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise PolicyError(f"{path}: expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PolicyError(f"{path}: expected an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise PolicyError(f"{path}: expected a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise PolicyError(f"{path}: expected a string, got {value!r}")
-        return value
-    if origin is tuple:
-        (item_hint, _ellipsis) = typing.get_args(hint)
-        if not isinstance(value, list | tuple):
-            raise PolicyError(f"{path}: expected a list, got {value!r}")
-        return tuple(_check_type(f"{path}[{i}]", item, item_hint) for i, item in enumerate(value))
-    if origin in (Mapping, dict) or hint is Mapping:
-        key_hint, value_hint = typing.get_args(hint)
-        if not isinstance(value, Mapping):
-            raise PolicyError(f"{path}: expected a table, got {value!r}")
-        out = {}
-        for raw_key, item in value.items():
-            key: Any = raw_key
-            if key_hint is int:
-                # TOML table keys are strings; "79" names Xid 79.
-                try:
-                    key = int(raw_key)
-                except (TypeError, ValueError):
-                    raise PolicyError(f"{path}.{raw_key}: expected an integer key") from None
-            out[key] = _check_type(f"{path}.{raw_key}", item, value_hint)
-        return types.MappingProxyType(out)
-    raise TypeError(f"{path}: unsupported setting type {hint!r}")  # a bug here, not bad input
-
-
 def _build(cls: type[Any], data: Mapping[str, Any], prefix: str) -> Any:
     """Build dataclass ``cls`` from ``data``, naming any unknown key or bad value."""
-    if not isinstance(data, Mapping):
-        raise PolicyError(f"{prefix.rstrip('.') or '<root>'}: expected a table, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in known:
-            raise PolicyError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(known))})")
-        values[key] = _check_type(f"{prefix}{key}", value, hints[key])
-    obj = cls(**values)
+    obj = cls(**settings.typed_values(cls, data, prefix, PolicyError))
     obj.validate(prefix)
     return obj
 
@@ -92,15 +42,8 @@ def _require(ok: bool, path: str, message: str, value: Any) -> None:
         raise PolicyError(f"{path}: {message}, got {value!r}")
 
 
-_ACTION_WORDS = (
-    "none",
-    "restart_process",
-    "reset_gpu",
-    "reboot_node",
-    "rma",
-    "contact_support",
-    "investigate",
-)
+ActionWord = Literal["none", "restart_process", "reset_gpu", "reboot_node", "rma", "contact_support", "investigate"]
+"""The actions an Xid override may recommend (the settings layer refuses any other word, listing these)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,9 +64,9 @@ class ClassificationPolicy:
     """IB port state changes within ``ib_flap_window_s`` that make a flap storm (6 = 3 down/up)."""
     ib_flap_window_s: float = 600.0
     """Window for counting IB port state changes."""
-    ib_flap_isolation: str = "node"
+    ib_flap_isolation: Literal["node", "port"] = "node"
     """What a flap storm isolates: "node" (quarantine the node) or "port" (only that port)."""
-    xid_action_overrides: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    xid_action_overrides: Mapping[int, ActionWord] = dataclasses.field(default_factory=dict)
     """Per-Xid recommended action replacing the catalog's (TOML: ``[classification.xid_action_overrides]
     "13" = "reset_gpu"``). Values: none, restart_process, reset_gpu, reboot_node, rma,
     contact_support, investigate."""
@@ -147,19 +90,6 @@ class ClassificationPolicy:
             "must be >= 2 (one flap is two state changes)",
             self.ib_flap_state_changes,
         )
-        _require(
-            self.ib_flap_isolation in ("node", "port"),
-            f"{prefix}ib_flap_isolation",
-            'must be "node" or "port"',
-            self.ib_flap_isolation,
-        )
-        for xid, word in self.xid_action_overrides.items():
-            _require(
-                word in _ACTION_WORDS,
-                f"{prefix}xid_action_overrides.{xid}",
-                f"must be one of {', '.join(_ACTION_WORDS)}",
-                word,
-            )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "classification.") -> Self:
@@ -252,16 +182,16 @@ class EscalationPolicy:
     """The longer, hot suite that decides a one-off failure (sustained and pulsed stress included)."""
     sdc_watch_s: float = 14 * 86400.0
     """After an accused GPU is cleared, a second accusation within this long quarantines it at once."""
-    drain_before: tuple[str, ...] = ()
+    drain_before: tuple[Literal["reset_gpu", "reboot_node", "power_cycle_bmc"], ...] = ()
     """Repairs preceded by a drain of the node's workload (``DrainNode``): any of "reset_gpu",
     "reboot_node", "power_cycle_bmc". Empty (the default): none, as with a scheduler that cannot evict
     (record only, Slurm, whose quarantine is a drain already); the Helm chart's Kubernetes install
     sets all three."""
-    drain_pods: str = "gpu"
+    drain_pods: Literal["gpu", "all"] = "gpu"
     """What a drain evicts: "gpu" (pods using a GPU) or "all" (every pod but DaemonSets' and static ones)."""
     drain_deadline_s: float = 600.0
     """How long a drain may wait for disruption budgets (429 answers are retried with a backoff)."""
-    drain_on_timeout: str = "operator"
+    drain_on_timeout: Literal["operator", "escalate"] = "operator"
     """A drain not finished by its deadline: "operator" (the ticket waits for a person, AWAITING_OPERATOR,
     with a notice naming the pods and the budget) or "escalate" (the repair goes ahead anyway, with a
     notice: the fault outranks the budget)."""
@@ -289,16 +219,6 @@ class EscalationPolicy:
                 _require(value > 0, f"{prefix}{f.name}", "must be > 0", value)
             elif f.name.startswith("max_attempts_") or f.name == "validation_retries":
                 _require(value >= 0, f"{prefix}{f.name}", "must be >= 0", value)
-        rungs = ("reset_gpu", "reboot_node", "power_cycle_bmc")
-        for word in self.drain_before:
-            _require(word in rungs, f"{prefix}drain_before", f"must list only {', '.join(rungs)}", word)
-        _require(self.drain_pods in ("gpu", "all"), f"{prefix}drain_pods", "must be gpu or all", self.drain_pods)
-        _require(
-            self.drain_on_timeout in ("operator", "escalate"),
-            f"{prefix}drain_on_timeout",
-            "must be operator or escalate",
-            self.drain_on_timeout,
-        )
         for name in ("post_repair_suite", "accusation_suite", "sdc_hot_retest_suite"):
             _require(bool(getattr(self, name)), f"{prefix}{name}", "must not be empty", getattr(self, name))
         _require(self.sdc_confirm_fails >= 1, f"{prefix}sdc_confirm_fails", "must be >= 1", self.sdc_confirm_fails)

@@ -27,11 +27,14 @@ This package re-exports their public names, so callers write ``quarantine.Kubern
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
+from rasd.common import settings as settings_check
 from rasd.controller.core.remediation import actions
 from rasd.controller.executors.quarantine.adapter import (
     QuarantineAdapter,
@@ -41,7 +44,6 @@ from rasd.controller.executors.quarantine.adapter import (
     QuarantineSettingsError,
     QuarantineUnavailableError,
     Status,
-    build_settings,
 )
 from rasd.controller.executors.quarantine.k8s import (
     ANN_CORDONED,
@@ -84,6 +86,7 @@ __all__ = [
     "QuarantineError",
     "QuarantineOutcome",
     "QuarantineRejectedError",
+    "QuarantineSettings",
     "QuarantineSettingsError",
     "QuarantineUnavailableError",
     "RecordOnlyQuarantine",
@@ -198,7 +201,17 @@ def _node_state_executors(adapter: QuarantineAdapter) -> dict[str, Callable[[act
 # Factory
 
 
-ADAPTERS = ("record", "kubernetes", "slurm")
+@dataclasses.dataclass(frozen=True)
+class QuarantineSettings:
+    """The ``[quarantine]`` table: which adapter, and one table of settings per adapter."""
+
+    adapter: Literal["record", "kubernetes", "slurm"] = "record"
+    """record (log only), kubernetes (cordon, taint, condition, Events, drains) or slurm (drain)."""
+    kubernetes: KubernetesSettings = dataclasses.field(default_factory=KubernetesSettings)
+    slurm: SlurmSettings = dataclasses.field(default_factory=SlurmSettings)
+
+
+ADAPTERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(QuarantineSettings)["adapter"])
 """Names accepted by ``adapter`` in the quarantine settings."""
 
 
@@ -224,17 +237,11 @@ def open_quarantine(settings: Mapping[str, Any], *, prefix: str = "quarantine.")
     Raises:
         QuarantineSettingsError: an unknown key or a bad value, named by its path.
     """
-    if not isinstance(settings, Mapping):
-        raise QuarantineSettingsError(f"{prefix.rstrip('.')}: expected a table, got {settings!r}")
-    known = {"adapter", *ADAPTERS[1:]}
-    for key in settings:
-        if key not in known:
-            raise QuarantineSettingsError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(known))})")
-    adapter = settings.get("adapter", "record")
-    if adapter not in ADAPTERS:
-        raise QuarantineSettingsError(f"{prefix}adapter: must be one of {', '.join(ADAPTERS)}, got {adapter!r}")
-    k8s = build_settings(KubernetesSettings, settings.get("kubernetes", {}), f"{prefix}kubernetes.")
-    slurm = build_settings(SlurmSettings, settings.get("slurm", {}), f"{prefix}slurm.")
+    table = QuarantineSettings(**settings_check.typed_values(QuarantineSettings, settings, prefix,
+                                                             QuarantineSettingsError))  # fmt: skip
+    adapter, k8s, slurm = table.adapter, table.kubernetes, table.slurm
+    k8s.validate(f"{prefix}kubernetes.")
+    slurm.validate(f"{prefix}slurm.")
     if adapter == "kubernetes":
         client = api_client(k8s, f"{prefix}kubernetes.")  # here too: a bad kubeconfig is named at once
         if k8s.own_process:

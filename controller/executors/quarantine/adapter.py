@@ -3,7 +3,7 @@
 Expected results ("node not found", "already quarantined") are outcomes; failures the caller can retry
 raise `QuarantineUnavailableError`, and refusals that a retry cannot fix (RBAC, validation) raise
 `QuarantineRejectedError`. Bad settings raise `QuarantineSettingsError` naming the key
-(`require`, `build_settings`).
+(`require`).
 """
 
 from __future__ import annotations
@@ -124,13 +124,6 @@ class QuarantineAdapter(Protocol):
 def require(ok: bool, path: str, message: str, value: Any) -> None:
     """Raise `QuarantineSettingsError` naming ``path`` unless ``ok``."""
     settings_check.require(ok, path, message, value, QuarantineSettingsError)
-
-
-def build_settings(cls: type[Any], data: Any, prefix: str) -> Any:
-    """A settings dataclass from a mapping; unknown keys and wrong types name the key."""
-    settings = cls(**settings_check.typed_values(cls, data, prefix, QuarantineSettingsError))
-    settings.validate(prefix)
-    return settings
 
 
 def split_items(value: str | None) -> set[str]:

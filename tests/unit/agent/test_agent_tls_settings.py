@@ -37,14 +37,16 @@ def test_flags_override_the_table_and_unknown_keys_are_named(tmp_path):
     assert files is not None
     assert files.cert == pki.nodes["n1"].cert and settings.tls.server_name == "rasd.example"
     files.read()
-    with pytest.raises(ValueError, match=r"agent\.toml: \[tls\] certificate: unknown key"):
+    with pytest.raises(
+        ValueError, match=r"tls\.certificate \(agent\.toml\): unknown setting \(known: ca, cert, key, server_name\)"
+    ):
         _settings([], {"tls": {"certificate": "x"}})
 
 
 def test_insecure_means_plaintext_and_only_to_a_loopback_controller():
     assert _settings(["--insecure"], {}).tls.files is None
     with pytest.raises(
-        ValueError, match=r"--insecure: refusing plaintext gRPC to non-loopback controller '10\.0\.0\.1'"
+        ValueError, match=r"insecure \(--insecure\): refusing plaintext gRPC to non-loopback controller .10\.0\.0\.1."
     ):
         _settings(["--insecure", "--controller", "10.0.0.1:7443"], {})
 

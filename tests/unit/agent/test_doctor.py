@@ -216,7 +216,7 @@ def test_the_check_command_names_a_bad_setting(venv_bin, tmp_path):
     )
     assert done.returncode == 1
     (line,) = done.stdout.splitlines()
-    assert line.startswith("fail  config      agent.toml: gpus: expected an integer")
+    assert line.startswith('fail  config      gpus (agent.toml): expected an integer, got "many"')
 
 
 def test_the_agent_without_the_nvml_extra_says_so_in_one_line(tmp_path):

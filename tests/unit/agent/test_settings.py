@@ -78,60 +78,64 @@ def test_the_sampling_table_sets_the_rates():
     ("table", "argv", "message"),
     [
         # AgentSettings itself
-        ({"node_id": ""}, (), 'agent.toml: node_id: expected a string of 1..253 characters, got ""'),
-        ({"labels": {"rack": 12}}, (), "agent.toml: [labels] rack: expected a string, got 12"),
+        ({"node_id": ""}, (), 'node_id (agent.toml): expected a string of at least 1 character, got ""'),
+        ({"labels": {"rack": 12}}, (), "labels.rack (agent.toml): expected a string, got 12"),
         ({}, ("--label", "oops"), '--label: expected KEY=VALUE, got "oops"'),
-        ({"log_level": "loud"}, (), 'agent.toml: log_level: expected one of debug, info, warning, error, got "loud"'),
+        ({"log_level": "loud"}, (), 'log_level (agent.toml): expected one of debug, info, warning, error, got "loud"'),
         # link
-        ({"controller": "rasd"}, (), 'agent.toml: controller: expected host:port, got "rasd"'),
+        ({"controller": "rasd"}, (), 'controller (agent.toml): expected host:port, got "rasd"'),
         # tls
-        ({"tls": {"ca": 7}}, (), "agent.toml: [tls] ca: expected a string, got 7"),
-        ({"insecure": "yes"}, (), 'agent.toml: insecure: expected true or false, got "yes"'),
-        ({"tls": "on"}, (), 'agent.toml: [tls]: expected a table, got "on"'),
+        ({"tls": {"ca": 7}}, (), "tls.ca (agent.toml): expected a string, got 7"),
+        ({"insecure": "yes"}, (), 'insecure (agent.toml): expected true or false, got "yes"'),
+        ({"tls": "on"}, (), 'tls (agent.toml): expected a table, got "on"'),
         # gpu
-        ({"backend": "cuda"}, (), 'agent.toml: backend: expected one of simulated, nvml, got "cuda"'),
-        ({}, ("--gpus", "99"), "--gpus: expected an integer in 1..64, got 99"),
-        ({"sim_step_period_s": -1}, (), "agent.toml: sim_step_period_s: expected a number >= 0, got -1"),
+        ({"backend": "cuda"}, (), "backend (agent.toml): expected 'simulated' or 'nvml', got \"cuda\""),
+        ({}, ("--gpus", "99"), "gpus (--gpus): expected an integer in 1..64, got 99"),
+        ({"sim_step_period_s": -1}, (), "sim_step_period_s (agent.toml): expected a number >= 0, got -1"),
         # sampling
         (
             {"sampling": {"power_sample_interval_ms": "fast"}},
             (),
-            'agent.toml: [sampling] power_sample_interval_ms: expected an integer > 0, got "fast"',
+            'sampling.power_sample_interval_ms (agent.toml): expected an integer, got "fast"',
         ),
-        ({"sampling": {"buffer_s": 0}}, (), "agent.toml: [sampling] buffer_s: expected a number > 0, got 0"),
-        ({"sampling": {"power_hz": 10}}, (), "agent.toml: [sampling] power_hz: unknown key"),
+        ({"sampling": {"buffer_s": 0}}, (), "sampling.buffer_s (agent.toml): expected a number > 0, got 0"),
+        ({"sampling": {"power_hz": 10}}, (), "sampling.power_hz (agent.toml): unknown setting (known: buffer_s, "),
         # spool
-        ({"state_dir": 5}, (), "agent.toml: state_dir: expected a string, got 5"),
+        ({"state_dir": 5}, (), "state_dir (agent.toml): expected a string, got 5"),
         # kernel log
-        ({"kernel_log": "dmesg"}, (), 'agent.toml: kernel_log: expected one of kmsg, journal, none, got "dmesg"'),
-        ({"kmsg_path": ""}, (), 'agent.toml: kmsg_path: expected a non-empty string, got ""'),
+        ({"kernel_log": "dmesg"}, (), "kernel_log (agent.toml): expected 'kmsg', 'journal' or 'none', got \"dmesg\""),
+        ({"kmsg_path": ""}, (), 'kmsg_path (agent.toml): expected a string of at least 1 character, got ""'),
         # ib
-        ({"ib_sysfs_root": False}, (), "agent.toml: ib_sysfs_root: expected a string, got false"),
+        ({"ib_sysfs_root": False}, (), "ib_sysfs_root (agent.toml): expected a string, got false"),
         # power fail-safe
         (
             {"failsafe_power_limit_w": 20},
             (),
-            "agent.toml: failsafe_power_limit_w: expected an integer in 50..5000 (W), got 20",
+            "failsafe_power_limit_w (agent.toml): expected an integer in 50..5000, got 20",
         ),
-        ({}, ("--failsafe-after-s", "-5"), "--failsafe-after-s: expected a number >= 0, got -5.0"),
+        ({}, ("--failsafe-after-s", "-5"), "failsafe_after_s (--failsafe-after-s): expected a number >= 0, got -5.0"),
         # metrics
-        ({"metrics_port": 70000}, (), "agent.toml: metrics_port: expected an integer in -1..65535, got 70000"),
-        ({"metrics_port": True}, (), "agent.toml: metrics_port: expected an integer in -1..65535, got true"),
+        ({"metrics_port": 70000}, (), "metrics_port (agent.toml): expected an integer in -1..65535, got 70000"),
+        ({"metrics_port": True}, (), "metrics_port (agent.toml): expected an integer, got true"),
         # actions and their commands
-        ({"destructive_actions": 1}, (), "agent.toml: destructive_actions: expected true or false, got 1"),
+        ({"destructive_actions": 1}, (), "destructive_actions (agent.toml): expected true or false, got 1"),
         (
             {"metrics_nvlink_per_link": "yes"},
             (),
-            'agent.toml: metrics_nvlink_per_link: expected true or false, got "yes"',
+            'metrics_nvlink_per_link (agent.toml): expected true or false, got "yes"',
         ),
         (
             {"commands": {"reboot": []}},
             (),
-            "agent.toml: [commands] reboot: expected a non-empty list of strings, got []",
+            "commands.reboot (agent.toml): expected a list of at least 1 item, got []",
         ),
-        ({"commands": {"timeout_s": 5}}, (), "agent.toml: [commands] timeout_s: unknown key"),
+        (
+            {"commands": {"timeout_s": 5}},
+            (),
+            "commands.timeout_s (agent.toml): unknown setting (known: list_compute_apps, ",
+        ),
         # the file's top level
-        ({"contoller": "x:1"}, (), "agent.toml: contoller: unknown key"),
+        ({"contoller": "x:1"}, (), "contoller (agent.toml): unknown setting (known: backend, commands, controller, "),
     ],
 )
 def test_a_bad_value_is_named_by_its_key_path(table, argv, message):
@@ -141,7 +145,7 @@ def test_a_bad_value_is_named_by_its_key_path(table, argv, message):
 
 
 def test_the_message_names_the_config_file_it_came_from():
-    with pytest.raises(agent_settings.SettingsError, match=r"^site\.toml: gpus: expected an integer in 1\.\.64"):
+    with pytest.raises(agent_settings.SettingsError, match=r"^gpus \(site\.toml\): expected an integer in 1\.\.64"):
         agent_settings.load({"gpus": 0}, {}, HOST, file_name="site.toml")
 
 
@@ -151,7 +155,7 @@ def test_a_bad_config_file_stops_the_daemon_with_the_message(tmp_path, capsys):
     with pytest.raises(SystemExit) as raised:
         agent_main.main(["--config", str(config)])
     assert raised.value.code == 2
-    assert '[sampling] power_sample_interval_ms: expected an integer > 0, got "fast"' in capsys.readouterr().err
+    assert 'sampling.power_sample_interval_ms (agent.toml): expected an integer, got "fast"' in capsys.readouterr().err
 
 
 def test_a_file_that_is_not_toml_is_named(tmp_path, capsys):
@@ -181,3 +185,17 @@ def test_a_plaintext_agent_binds_its_metrics_to_loopback_unless_told():
     assert _load({"insecure": True, "metrics_addr": "10.0.0.7"}).metrics.addr == "10.0.0.7"
     with pytest.raises(agent_settings.SettingsError, match="metrics_addr"):
         _load({"metrics_addr": ""})
+
+
+def test_rasd_variables_sit_between_the_file_and_the_flags():
+    environ = {"RASD_GPUS": "4", "RASD_SAMPLING__BUFFER_S": "30", "RASD_AGENT_ARGS": "--gpus 9"}  # ARGS: not a key
+    flags = vars(agent_main.build_parser().parse_args(["--gpus", "2"]))
+    settings = agent_settings.load({"gpus": 6, "seed": 1}, flags, HOST, environ=environ)
+    assert (settings.gpu.gpus, settings.sampling.buffer_s, settings.gpu.seed) == (2, 30.0, 1)  # flag, env, file
+    assert agent_settings.load({"gpus": 6}, {}, HOST, environ=environ).gpu.gpus == 4  # env over file
+    with pytest.raises(agent_settings.SettingsError) as raised:
+        agent_settings.load({"gpus": 0}, {}, HOST, environ={"RASD_SAMPLING__BUFFER_S": "long"})
+    assert str(raised.value).splitlines() == [  # every problem at once, each with its source
+        "gpus (agent.toml): expected an integer in 1..64, got 0",
+        'sampling.buffer_s (env RASD_SAMPLING__BUFFER_S): expected a number, got "long"',
+    ]

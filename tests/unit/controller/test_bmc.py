@@ -243,8 +243,11 @@ def test_missing_password_and_unknown_node_are_configuration_errors(tmp_path):
         ({"nodes": {"n1": {"url": "https://b", "password": "hunter2"}}}, "bmc.nodes.n1.password: unknown setting"),
         ({"nodes": {"n1": {"url": "https://b"}}}, "bmc.nodes.n1.password_env: set exactly one"),
         ({"timeout_s": 0}, "bmc.timeout_s: must be > 0"),
-        ({"auth": "digest"}, "bmc.auth: must be"),
-        ({"nodes": {"n1": {"url": "https://b", "password_env": "X", "verify_tls": "no"}}}, "verify_tls: expected bool"),
+        ({"auth": "digest"}, "bmc.auth: expected 'basic' or 'session', got \"digest\""),
+        (
+            {"nodes": {"n1": {"url": "https://b", "password_env": "X", "verify_tls": "no"}}},
+            'verify_tls: expected true or false, got "no"',
+        ),
     ],
 )
 def test_settings_name_the_bad_key(data, message):

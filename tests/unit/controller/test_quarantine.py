@@ -504,10 +504,13 @@ def test_the_kubernetes_client_keeps_a_connection_for_each_adapter_call_the_serv
     ("settings", "message"),
     [
         ({"adaptor": "slurm"}, "quarantine.adaptor: unknown setting"),
-        ({"adapter": "pbs"}, "quarantine.adapter: must be one of"),
+        ({"adapter": "pbs"}, "quarantine.adapter: expected 'record', 'kubernetes' or 'slurm', got \"pbs\""),
         ({"slurm": {"timeout": 3}}, "quarantine.slurm.timeout: unknown setting"),
         ({"slurm": {"timeout_s": 0}}, "quarantine.slurm.timeout_s: must be > 0"),
-        ({"kubernetes": {"conflict_retries": "5"}}, "quarantine.kubernetes.conflict_retries: expected int"),
+        (
+            {"kubernetes": {"conflict_retries": "5"}},
+            'quarantine.kubernetes.conflict_retries: expected an integer, got "5"',
+        ),
         ({"kubernetes": {"host": "10.0.0.1:6443"}}, "quarantine.kubernetes.host: must be an http"),
         ({"kubernetes": []}, "quarantine.kubernetes: expected a table"),
     ],

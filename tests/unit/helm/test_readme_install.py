@@ -250,12 +250,14 @@ def started(install, objects, tmp_path, free_ports) -> Iterator[tuple[int, Any, 
             args[i] = f"{arg.rsplit(':', 1)[0]}:{ports[flag]}"  # still 0.0.0.0: TLS is required there
         elif flag == "--metrics-port":
             args[i] = str(metrics_port)
-        elif flag == "--db":  # the README's PostgreSQL is not here; the URL is the one thing replaced
-            args[i] = f"sqlite:///{tmp_path / 'rasd.db'}"
         for mount_path, where in local.items():
             if arg == mount_path or arg.startswith(mount_path + "/"):
                 args[i] = str(where) + arg.removeprefix(mount_path)
     env = {**os.environ, "POD_NAME": f"{install.release}-0"}
+    # The store's URL comes from the Secret as $RASD_DB; the README's PostgreSQL is not here, so its URL
+    # is the one thing replaced.
+    assert "RASD_DB" in {item["name"] for item in container["env"]}
+    env["RASD_DB"] = f"sqlite:///{tmp_path / 'rasd.db'}"
     # The Kubernetes quarantine adapter reads the in-cluster config in a pod; here a kubeconfig to a
     # fake API server stands in for it (the only other thing replaced).
     api = kube_api.FakeKubeApi()
