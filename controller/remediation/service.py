@@ -42,7 +42,7 @@ from rasd.controller.remediation import ledger as ledger_mod
 from rasd.controller.remediation import node_sync as node_sync_mod
 from rasd.controller.remediation import operator as operator_mod
 from rasd.controller.remediation import outlet as outlet_mod
-from rasd.controller.remediation import passes, sdc_ledger, startup
+from rasd.controller.remediation import passes, sdc_ledger, startup, stragglers
 from rasd.controller.remediation import results as results_mod
 from rasd.controller.remediation import sender as sender_mod
 from rasd.controller.remediation import state as state_mod
@@ -141,6 +141,8 @@ class RemediationService:
             self.state, self.ledger, self.dispatcher, self.adapters, self.decider,
             node_store=store, outlet=self.outlet, recorder=recorder, sdc_records=self.sdc,
         )  # fmt: skip
+        self.stragglers = stragglers.StragglerActions(self.state, self.ledger, self.decider)
+        """The straggler watch's effects: audited, and its validate/quarantine rungs decided here (#40)."""
         self.deciding = consumer_mod.Deciding()
         """Decisions on events stored apart, running on their own (`events`)."""
         if writer is not None:
@@ -250,6 +252,7 @@ class RemediationService:
         that says so; the BMC journal never cycles a node twice for one ticket).
         """
         await self.ticker.stop()
+        await self.stragglers.stop()
         await self.sweeps.stop()
         if self.node_sync is not None:
             await self.node_sync.stop()
