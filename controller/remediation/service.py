@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,10 +43,11 @@ from rasd.controller.remediation import ledger as ledger_mod
 from rasd.controller.remediation import node_sync as node_sync_mod
 from rasd.controller.remediation import operator as operator_mod
 from rasd.controller.remediation import outlet as outlet_mod
-from rasd.controller.remediation import passes, sdc_ledger, startup, stragglers
+from rasd.controller.remediation import passes, sdc_ledger, startup
 from rasd.controller.remediation import results as results_mod
 from rasd.controller.remediation import sender as sender_mod
 from rasd.controller.remediation import state as state_mod
+from rasd.controller.remediation import stragglers as stragglers_mod
 from rasd.controller.remediation import sweeps as sweeps_mod
 from rasd.controller.remediation import ticker as ticker_mod
 from rasd.controller.store import remediation as rstore
@@ -141,12 +143,15 @@ class RemediationService:
             self.state, self.ledger, self.dispatcher, self.adapters, self.decider,
             node_store=store, outlet=self.outlet, recorder=recorder, sdc_records=self.sdc,
         )  # fmt: skip
-        self.stragglers = stragglers.StragglerActions(self.state, self.ledger, self.decider)
-        """The straggler watch's effects: audited, and its validate/quarantine rungs decided here (#40)."""
         self.deciding = consumer_mod.Deciding()
         """Decisions on events stored apart, running on their own (`events`)."""
         if writer is not None:
             self.use_writer(writer)
+
+    @functools.cached_property
+    def stragglers(self) -> stragglers_mod.StragglerActions:
+        """The straggler watch's effects: audited, and its validate/quarantine rungs decided here (#40)."""
+        return stragglers_mod.StragglerActions(self.state, self.ledger, self.decider)
 
     # -- the shared state, read ----------------------------------------------------------------------------
     @property
