@@ -313,7 +313,7 @@ def _step_time_around_action(result: SimResult, fault: InjectedFault, named: Map
             mean_job, mean_clean = sum(job) / len(job), sum(clean) / len(clean)
             row[f"step_s_{name}"] = _round(mean_job, 4)
             row[f"clean_step_s_{name}"] = _round(mean_clean, 4)
-            row[f"step_time_cost_pct_{name}"] = _round(100.0 * (mean_job / mean_clean - 1.0), 3)
+            row[f"step_time_cost_pct_{name}"] = _round(100.0 * (mean_job / mean_clean - 1.0), 3) or 0.0  # not -0.0
             row[f"steps_{name}"] = len(job)
     return row
 
