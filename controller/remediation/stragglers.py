@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import structlog
+
 from rasd.controller.core import straggler_actions
 from rasd.controller.core.remediation import events as health
 from rasd.controller.remediation import decider as decider_mod
@@ -25,6 +27,8 @@ from rasd.controller.remediation import ledger as ledger_mod
 from rasd.controller.remediation import state as state_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
+
+log = structlog.get_logger("rasd.controller")
 
 ACTOR = "straggler-watch"
 _LADDER_RUNGS = frozenset({"validate", "quarantine"})
@@ -41,7 +45,7 @@ class StragglerActions:
         self._queue: asyncio.Queue[straggler_actions.Effect] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
         self.failures = 0
-        """Effects whose commit or decision raised (logged by the task's exception, counted here)."""
+        """Effects whose commit or decision raised (each logged)."""
 
     def take(self, effects: Sequence[straggler_actions.Effect]) -> None:
         """Queue effects; the worker carries them out in order (call from the event loop)."""
@@ -66,8 +70,9 @@ class StragglerActions:
             effect = self._queue.get_nowait()
             try:
                 await self.carry_out(effect)
-            except Exception:  # one effect that fails must not stop the next: counted, and audited nowhere
+            except Exception:  # one effect that fails must not stop the next: logged and counted
                 self.failures += 1
+                log.exception("straggler_action_failed", kind=effect.kind, node=effect.node_id, gpu=effect.gpu_uuid)
 
     async def carry_out(self, effect: straggler_actions.Effect) -> None:
         """One effect: its audit row, and for a ladder rung the STRAGGLER event decided by the ladder."""
