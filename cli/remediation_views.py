@@ -118,13 +118,18 @@ def sdc_rows(gpus: list[admin_pb.SdcGpu], now: int, wide: bool = False) -> outpu
 
 
 def straggler_rows(stragglers: list[admin_pb.StragglerRecord], now: int, wide: bool = False) -> output.Rows:
-    """GPUs named stragglers, in the order named; wide shows the whole reason."""
+    """GPUs named stragglers, in the order named, with their actions' rung; wide shows the whole reasons."""
     rows = [
         [target_text(s.target), f"{s.mean_lag_s * 1000:.0f}ms", f"{s.score:.0f}", s.steps,
-         output.age(now, s.named_unix_ns), s.reason if wide else s.reason.split("; ", 1)[-1][:60]]
+         output.age(now, s.named_unix_ns), s.action or "-", s.reason if wide else s.reason.split("; ", 1)[-1][:60]]
         for s in stragglers
     ]  # fmt: skip
-    return ["GPU", "LAG", "SCORE", "STEPS", "NAMED", "EVIDENCE" if not wide else "REASON"], rows
+    headers = ["GPU", "LAG", "SCORE", "STEPS", "NAMED", "ACTION", "EVIDENCE" if not wide else "REASON"]
+    if wide:
+        headers.append("LAST ACTION")
+        for row, s in zip(rows, stragglers, strict=True):
+            row.append(s.action_reason or "-")
+    return headers, rows
 
 
 def rma_rows(tickets: list[admin_pb.RmaTicket], now: int, wide: bool = False) -> output.Rows:

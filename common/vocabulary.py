@@ -53,6 +53,7 @@ class EventKind(enum.IntEnum):
     POWER_EXCURSION = 15
     THERMAL = 16
     SDC_SUSPECT = 17
+    STRAGGLER = 18
 
 
 class ActionOutcome(enum.IntEnum):

@@ -4,6 +4,11 @@ It owns the scorer's state, the edges not yet cut into steps, and the suspects n
 the node each GPU streams from; it keeps ``rasd_straggler_suspect{node,gpu}`` and
 ``rasd_straggler_lag_seconds{node,gpu}`` for every suspect, and `rasctl get stragglers` lists them.
 
+Each suspect opens a case of `core.straggler_actions` (notify, raise its cap, validate, quarantine, by
+policy: `ACTION_POLICY`); its effects count in ``rasd_straggler_actions_total{action}`` and go to
+`actuator` (the ladder's `remediation.stragglers.StragglerActions`, where this replica has a ladder;
+none: counted and listed only). A cleared case resets the GPU's score and removes its series.
+
 Which GPUs step together: nothing in rasd names a job yet (no job or workload label reaches the
 controller), so every GPU whose summaries this replica ingests counts as one job, which is what
 rasd-sim runs (one `StepJob` over the fleet). A fleet running several jobs needs a job key first;
@@ -14,10 +19,11 @@ restarted controller starts the scores again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from rasd.controller.core import fleet, straggler
+from rasd.controller.core import fleet, straggler, straggler_actions
 from rasd.controller.observability import metrics as metrics_mod
 
 LIVE_POLICY = straggler.StragglerPolicy(min_spread_s=0.030)
@@ -30,6 +36,8 @@ lagged enough steps in a row to be named: 7 clean GPUs of one node in a 30 s ras
 CUT_EVERY_NS = 500_000_000
 """Pending edges are cut into steps at most this often (controller clock), not at every summary:
 sorting them costs ~25 ms at 16,384 GPUs, and 2,048 nodes send 2,048 summaries a second."""
+ACTION_POLICY = straggler_actions.ActionPolicy()
+"""The actions' rungs and the steps between them: the defaults (not in controller.toml yet)."""
 MAX_SUSPECTS = 1024
 """Suspects listed and exported at most (the oldest are kept): a bound on the metric's series."""
 
@@ -41,6 +49,10 @@ class Suspect:
     node_id: str
     verdict: straggler.Verdict
     named_unix_ns: int
+    action: str = ""
+    """Its case's rung (`straggler_actions.Rung`), "" before any."""
+    action_reason: str = ""
+    """The last action's reason."""
 
 
 class StragglerWatch:
@@ -52,10 +64,16 @@ class StragglerWatch:
         *,
         policy: straggler.StragglerPolicy | None = None,
         grouping: straggler.StepGrouping | None = None,
+        action_policy: straggler_actions.ActionPolicy | None = None,
     ) -> None:
-        """Bind to the metrics; `LIVE_POLICY` and the default grouping unless given."""
+        """Bind to the metrics; `LIVE_POLICY`, the default grouping and `ACTION_POLICY` unless given."""
         self._metrics = controller_metrics
         self.policy = policy or LIVE_POLICY
+        self.action_policy = action_policy or ACTION_POLICY
+        self.cases: dict[str, straggler_actions.Case] = {}
+        """GPU -> its open case (a suspect not yet cleared)."""
+        self.actuator: Callable[[Sequence[straggler_actions.Effect]], None] | None = None
+        """Carries the effects out (the ladder's `StragglerActions.take`); None: counted and listed only."""
         self.grouping = grouping or straggler.StepGrouping()
         self._state = straggler.StragglerState()
         self._pending: list[tuple[float, str]] = []
@@ -92,17 +110,66 @@ class StragglerWatch:
         for step in steps:
             signals = {gpu: _signals(latest.get(gpu)) for gpu in step}
             self._state, verdicts = straggler.observe_step(self._state, step, policy=self.policy, signals=signals)
-            for verdict in verdicts:
-                self._name(verdict, now_ns)
+            self._act_on(step, verdicts, now_ns)
         self._metrics.straggler_steps.inc(len(steps))
 
-    def _name(self, verdict: straggler.Verdict, now_ns: int) -> None:
-        if len(self.suspects) >= MAX_SUSPECTS:
+    def _act_on(self, step: Mapping[str, float], verdicts: Sequence[straggler.Verdict], now_ns: int) -> None:
+        """The cases' next rungs after this step, then a case for each new suspect; their effects carried out."""
+        effects: list[straggler_actions.Effect] = []
+        if self.cases and len(step) >= self.policy.min_gpus:
+            self.cases, climbed = straggler_actions.on_step(
+                self.cases,
+                straggler.step_lags(step),
+                now_s=now_ns / 1e9,
+                policy=self.action_policy,
+                allowance_s=self.policy.allowance_s,
+            )
+            effects.extend(climbed)
+        for verdict in verdicts:
+            if not self._name(verdict, now_ns):
+                continue
+            node_id = self.suspects[verdict.gpu_uuid].node_id
+            self.cases, opened = straggler_actions.open_case(
+                self.cases, verdict, node_id, now_s=now_ns / 1e9, policy=self.action_policy
+            )
+            effects.extend(opened)
+        self._carry_out(effects)
+
+    def released(self, gpu_uuid: str, why: str) -> None:
+        """The ladder released or repaired gpu_uuid: its case clears and its score starts again."""
+        self.cases, effects = straggler_actions.on_released(self.cases, gpu_uuid, why=why)
+        self._carry_out(effects)
+
+    def _carry_out(self, effects: Sequence[straggler_actions.Effect]) -> None:
+        for effect in effects:
+            self._metrics.straggler_actions.labels(action=effect.kind).inc()
+            if effect.kind == "clear":
+                self._clear(effect.gpu_uuid)
+            elif (suspect := self.suspects.get(effect.gpu_uuid)) is not None:
+                case = self.cases.get(effect.gpu_uuid)
+                rung = case.rung.value if case is not None else suspect.action
+                self.suspects[effect.gpu_uuid] = dataclasses.replace(suspect, action=rung, action_reason=effect.reason)
+        if effects and self.actuator is not None:
+            self.actuator(effects)
+
+    def _clear(self, gpu_uuid: str) -> None:
+        """Forget a suspect: its score, its listing and its metric series."""
+        self._state = straggler.forget(self._state, gpu_uuid)
+        suspect = self.suspects.pop(gpu_uuid, None)
+        if suspect is None:
             return
+        for gauge in (self._metrics.straggler_suspect, self._metrics.straggler_lag_seconds):
+            with contextlib.suppress(KeyError):  # never set (the suspects' bound)
+                gauge.remove(suspect.node_id, gpu_uuid)
+
+    def _name(self, verdict: straggler.Verdict, now_ns: int) -> bool:
+        if len(self.suspects) >= MAX_SUSPECTS:
+            return False
         node_id = self._node_of.get(verdict.gpu_uuid, "")
         self.suspects[verdict.gpu_uuid] = Suspect(node_id, verdict, now_ns)
         self._metrics.straggler_suspect.labels(node=node_id, gpu=verdict.gpu_uuid).set(1)
         self._metrics.straggler_lag_seconds.labels(node=node_id, gpu=verdict.gpu_uuid).set(verdict.mean_lag_s)
+        return True
 
     def listing(self, keep: Callable[[Suspect], bool] = lambda _: True) -> list[Suspect]:
         """The suspects in the order named (those keep accepts)."""

@@ -155,6 +155,8 @@ def single_replica(
     _watch_commits(changes, remediation)
     watched = changes_mod.Watched(consumer, changes)
     ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, watched, settings, clock=clock)
+    if remediation is not None:  # the straggler watch's validate and quarantine rungs go up this ladder (#40)
+        ingest.stragglers.actuator = remediation.stragglers.take
     return Wired(store, thread, agent_streams, event_log, ingest, remediation, changes=changes)
 
 

@@ -11,7 +11,7 @@ import datetime
 import json
 import math
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rasd.agent.gpu import simulated
@@ -282,7 +282,40 @@ def _stragglers_section(result: SimResult) -> dict[str, Any]:
         "steps_to_localise_max": max(steps, default=None),
         "time_to_localise_s_max": _round(max(seconds, default=None)),
         "steps_judged": result.straggler_steps_judged,
+        "step_time": [_step_time_around_action(result, f, n) for f, n in localised],
     }
+
+
+ACTION_SETTLE_S = 2.0
+"""Steps that start within this after the action are in neither window (the eviction lands at the next sample)."""
+
+
+def _step_time_around_action(result: SimResult, fault: InjectedFault, named: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's step time against its clean twin's, from the fault to the first action and after the last.
+
+    The first action is the naming (its notice); the last, the quarantine that is still held at the end
+    (the scheduler replaced the GPU: it left both twins). Steps are the probe's (scenarios with `[power]`).
+    """
+    gpu = fault.fired.gpu_uuid
+    held = [int(q["since_unix_ns"]) for q in result.quarantines if q.get("gpu_uuid") == gpu]
+    row: dict[str, Any] = {"gpu": f"{fault.node_id}/{gpu}", "action": "quarantine_gpu" if held else None}
+    trace = result.power_trace
+    if trace is None:
+        return {**row, "note": "no [power] table: no clean twin stepped beside the job"}
+    base_ns = result.started_unix_ns
+    windows = {"before": ((fault.fired.fired_unix_ns - base_ns) / 1e9, (int(named["named_unix_ns"]) - base_ns) / 1e9)}
+    if held:
+        windows["after"] = ((max(held) - base_ns) / 1e9 + ACTION_SETTLE_S, math.inf)
+    for name, (since_s, until_s) in windows.items():
+        job = [d for start, d, _ in trace.managed_steps_s if since_s <= start and start + d <= until_s]
+        clean = [d for start, d, _ in trace.unmanaged_steps_s if since_s <= start and start + d <= until_s]
+        if job and clean:
+            mean_job, mean_clean = sum(job) / len(job), sum(clean) / len(clean)
+            row[f"step_s_{name}"] = _round(mean_job, 4)
+            row[f"clean_step_s_{name}"] = _round(mean_clean, 4)
+            row[f"step_time_cost_pct_{name}"] = _round(100.0 * (mean_job / mean_clean - 1.0), 3) or 0.0  # not -0.0
+            row[f"steps_{name}"] = len(job)
+    return row
 
 
 def _faults_section(result: SimResult) -> tuple[dict[str, Any], list[float], int]:
@@ -460,6 +493,10 @@ def _stragglers_row(found: dict[str, Any]) -> str:
         f"| stragglers injected / localised / steps (time) to localise, max / false positives | {found['injected']} / "
         f"{found['localised']} / {found['steps_to_localise_max'] or '-'} ({found['time_to_localise_s_max'] or '-'} s)"
         f" / {len(fps)}{' (' + ', '.join(fps) + ')' if fps else ''} |"
+    ) + "".join(
+        f"\n| straggler {row['gpu']}: step-time cost vs clean twin before / after {row['action'] or 'no action'} | "
+        f"{row.get('step_time_cost_pct_before', '-')} % / {row.get('step_time_cost_pct_after', '-')} % |"
+        for row in found.get("step_time", [])
     )
 
 

@@ -140,6 +140,12 @@ def observe_step(
     return StragglerState(tracks, suspects, state.steps_judged + 1), tuple(new)
 
 
+def forget(state: StragglerState, gpu_uuid: str) -> StragglerState:
+    """The state with gpu_uuid's score reset and its suspect cleared: it can be named again (issue #40 item 3)."""
+    tracks = {gpu: track for gpu, track in state.tracks.items() if gpu != gpu_uuid}
+    return StragglerState(tracks, state.suspects - {gpu_uuid}, state.steps_judged)
+
+
 def _verdict(gpu: str, track: Track, evidence: Sequence[str]) -> Verdict:
     mean_lag_s = track.lag_sum_s / track.steps
     corroborated = "; ".join(evidence) if evidence else "no corroborating signal"

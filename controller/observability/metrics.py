@@ -188,6 +188,12 @@ class ControllerMetrics:
             "Training steps whose compute -> communication edges the straggler watch judged.",
             registry=registry,
         )
+        self.straggler_actions = Counter(
+            "rasd_straggler_actions",
+            "Actions the straggler watch took, by kind: notify, raise_cap, validate, quarantine, clear (issue #40).",
+            ["action"],
+            registry=registry,
+        )
         self.straggler_suspect = Gauge(
             "rasd_straggler_suspect",
             "1 for a GPU named a straggler: its edge lagged its job's median step after step (issue #40).",

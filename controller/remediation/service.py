@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -46,6 +47,7 @@ from rasd.controller.remediation import passes, sdc_ledger, startup
 from rasd.controller.remediation import results as results_mod
 from rasd.controller.remediation import sender as sender_mod
 from rasd.controller.remediation import state as state_mod
+from rasd.controller.remediation import stragglers as stragglers_mod
 from rasd.controller.remediation import sweeps as sweeps_mod
 from rasd.controller.remediation import ticker as ticker_mod
 from rasd.controller.store import remediation as rstore
@@ -145,6 +147,11 @@ class RemediationService:
         """Decisions on events stored apart, running on their own (`events`)."""
         if writer is not None:
             self.use_writer(writer)
+
+    @functools.cached_property
+    def stragglers(self) -> stragglers_mod.StragglerActions:
+        """The straggler watch's effects: audited, and its validate/quarantine rungs decided here (#40)."""
+        return stragglers_mod.StragglerActions(self.state, self.ledger, self.decider)
 
     # -- the shared state, read ----------------------------------------------------------------------------
     @property
@@ -250,6 +257,7 @@ class RemediationService:
         that says so; the BMC journal never cycles a node twice for one ticket).
         """
         await self.ticker.stop()
+        await self.stragglers.stop()
         await self.sweeps.stop()
         if self.node_sync is not None:
             await self.node_sync.stop()

@@ -316,7 +316,12 @@ class AdminService(watch_rpcs.WatchRpcs, admin_grpc.AdminServiceServicer):
         watch = self._ingest.stragglers
         found = watch.listing()[: pages.page_size(request.limit, default=pages.MAX_PAGE_SIZE)]
         return admin_pb.ListStragglersResponse(
-            stragglers=[wire.straggler_to_wire(s.node_id, s.verdict, s.named_unix_ns) for s in found],
+            stragglers=[
+                wire.straggler_to_wire(
+                    s.node_id, s.verdict, s.named_unix_ns, action=s.action, action_reason=s.action_reason
+                )
+                for s in found
+            ],
             steps_judged=watch.steps_judged,
         )
 

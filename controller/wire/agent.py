@@ -453,8 +453,10 @@ def quarantine_to_wire(row: dict) -> admin_pb.QuarantineRecord:
     )
 
 
-def straggler_to_wire(node_id: str, verdict: straggler.Verdict, named_unix_ns: int) -> admin_pb.StragglerRecord:
-    """A GPU named a straggler (`rasd.controller.stragglers.Suspect`)."""
+def straggler_to_wire(
+    node_id: str, verdict: straggler.Verdict, named_unix_ns: int, *, action: str = "", action_reason: str = ""
+) -> admin_pb.StragglerRecord:
+    """A GPU named a straggler (`rasd.controller.stragglers.Suspect`), with its actions' rung and last reason."""
     return admin_pb.StragglerRecord(
         target=_target(node_id, verdict.gpu_uuid),
         score=verdict.score,
@@ -462,6 +464,8 @@ def straggler_to_wire(node_id: str, verdict: straggler.Verdict, named_unix_ns: i
         steps=verdict.steps,
         reason=verdict.reason,
         named_unix_ns=named_unix_ns,
+        action=action,
+        action_reason=action_reason,
     )
 
 

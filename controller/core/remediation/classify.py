@@ -425,6 +425,30 @@ def _classify_sdc_suspect(event: health.HealthEvent, pol: policy.ClassificationP
     )
 
 
+def _classify_straggler(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    """The straggler watch's rungs (issue #40).
+
+    "validate" holds the GPU for the accusation suite (a pass releases it); "quarantine" isolates it for
+    a person, so the scheduler replaces it meanwhile.
+    """
+    rung = event.attributes.get("rung", "quarantine")
+    if rung == "validate":
+        return Classification(
+            Component.GPU,
+            Severity.ERROR,
+            RecommendedAction.VALIDATE,
+            f"straggler: {event.message}; hold it and run the validation suite",
+            "straggler:validate",
+        )
+    return Classification(
+        Component.GPU,
+        Severity.ERROR,
+        RecommendedAction.INVESTIGATE,
+        f"straggler: {event.message}; quarantined for a person",
+        "straggler:quarantine",
+    )
+
+
 def _classify_power_or_thermal(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
     name = event.kind.name.lower()
     return Classification(
@@ -448,6 +472,7 @@ _BY_KIND: Mapping[EventKind, Callable[[health.HealthEvent, policy.Classification
     EventKind.NVLINK_ERRORS: _classify_nvlink_errors,
     EventKind.PCIE_REPLAY: _classify_pcie_replay,
     EventKind.SDC_SUSPECT: _classify_sdc_suspect,
+    EventKind.STRAGGLER: _classify_straggler,
     EventKind.POWER_EXCURSION: _classify_power_or_thermal,
     EventKind.THERMAL: _classify_power_or_thermal,
 }

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from rasd.controller import wiring
 from rasd.controller.core import agent_messages as msgs
-from rasd.controller.core import fleet
+from rasd.controller.core import fleet, straggler_actions
 from rasd.controller.core.remediation import events as health
 from rasd.controller.observability import metrics
 from rasd.controller.store import repo
@@ -157,3 +157,34 @@ def test_a_node_an_operator_held_through_a_repair_leaves_the_budget_once_release
     assert out["counted"] == (NODE,) and out["held"] == ["node"]
     assert out["release"] == "released after a passing validation"
     assert out["budget"] == () and out["stored"] == [], out
+
+
+def test_a_stragglers_rungs_go_up_the_ladder_validate_then_quarantine_each_audited(rig):
+    """The straggler watch's effects (issue #40): validation holds and tests the GPU, a pass releases it,
+    the quarantine rung isolates it for a person; every effect has its audit row."""
+    out = {}
+    effect = straggler_actions.Effect
+
+    async def scenario() -> None:
+        actions = rig.service.stragglers
+        await actions.carry_out(effect("notify", GPU_A, NODE, "straggler named: lags 70 ms"))
+        out["after_notify"] = [c.kind for c in rig.service.store.commands(node_id=NODE)]
+        await actions.carry_out(effect("validate", GPU_A, NODE, "still lags 70 ms: run the validation suite"))
+        out["validating"] = rig.quarantined()
+        await rig.answer("run_validation", "pass")
+        out["released"] = rig.quarantined()
+        rig.now_ns += 10 * 10**9
+        await actions.carry_out(effect("quarantine", GPU_A, NODE, "still lags 70 ms after its validation"))
+        out["quarantined"] = rig.quarantined()
+        out["audit"] = [
+            (a["action"], a["outcome"]) for a in rig.service.store.audit() if a["actor"] == "straggler-watch"
+        ]
+
+    rig.run(scenario)
+    assert out["after_notify"] == []  # a notice alone changes nothing on the ladder
+    assert out["validating"] == [GPU_A] and out["released"] == [] and out["quarantined"] == [GPU_A]
+    assert sorted(out["audit"]) == [
+        ("straggler_notify", "recorded"),
+        ("straggler_quarantine", "handed to the ladder"),
+        ("straggler_validate", "handed to the ladder"),
+    ]

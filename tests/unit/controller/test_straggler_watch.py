@@ -5,16 +5,16 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from rasd.controller import stragglers
-from rasd.controller.core import fleet
+from rasd.controller.core import fleet, straggler_actions
 from rasd.controller.observability import metrics
 
 NS = 1_000_000_000
 GPUS = [f"GPU-{i:02d}" for i in range(10)]
 
 
-def _feed(watch: stragglers.StragglerWatch, steps: int, late: dict[str, float], latest) -> None:
+def _feed(watch: stragglers.StragglerWatch, steps: int, late: dict[str, float], latest, *, first: int = 0) -> None:
     """Each step 2 s apart; one summary per node (5 GPUs each) per step; late GPUs' edges later by late[gpu] s."""
-    for k in range(steps):
+    for k in range(first, first + steps):
         for node, members in (("n0", GPUS[:5]), ("n1", GPUS[5:])):
             edges = {g: [round((2.0 * k + 1.4 + 0.002 * i + late.get(g, 0.0)) * NS)] for i, g in enumerate(members)}
             watch.add_edges(node, edges, (2 * k + 2) * NS, latest)
@@ -39,3 +39,23 @@ def test_a_whole_job_slowing_down_names_nobody():
     watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
     _feed(watch, 20, {g: 0.2 for g in GPUS}, {})
     assert watch.listing() == [] and watch.steps_judged >= 15
+
+
+def test_a_named_straggler_that_keeps_lagging_is_notified_validated_then_quarantined_and_a_vanished_lag_clears_it():
+    registry = CollectorRegistry()
+    policy = straggler_actions.ActionPolicy(steps_per_rung=3, clear_after_quiet_steps=4)
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(registry), action_policy=policy)
+    taken: list[straggler_actions.Effect] = []
+    watch.actuator = taken.extend
+    _feed(watch, 20, {"GPU-07": 0.15}, {})  # nothing here takes it out of the job: it lags on
+    assert [(e.kind, e.gpu_uuid, e.node_id) for e in taken] == [
+        ("notify", "GPU-07", "n1"),
+        ("validate", "GPU-07", "n1"),
+        ("quarantine", "GPU-07", "n1"),
+    ]
+    (named,) = watch.listing()
+    assert named.action == "quarantined" and "quarantine it so the scheduler replaces it" in named.action_reason
+    assert registry.get_sample_value("rasd_straggler_actions_total", {"action": "validate"}) == 1.0
+    _feed(watch, 12, {}, {}, first=20)  # back without its lag (repaired, or replaced by a healthy GPU of that name)
+    assert taken[-1].kind == "clear" and watch.listing() == [] and watch.cases == {}
+    assert registry.get_sample_value("rasd_straggler_suspect", {"node": "n1", "gpu": "GPU-07"}) is None

@@ -408,20 +408,24 @@ class SdcGpu(_message.Message):
     def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., suspicion: _Optional[float] = ..., accusations: _Optional[int] = ..., runs: _Optional[int] = ..., fails: _Optional[int] = ..., suspects: _Optional[int] = ..., passes: _Optional[int] = ..., last_verdict: _Optional[str] = ..., last_unix_ns: _Optional[int] = ..., watch_until_unix_ns: _Optional[int] = ...) -> None: ...
 
 class StragglerRecord(_message.Message):
-    __slots__ = ("target", "score", "mean_lag_s", "steps", "reason", "named_unix_ns")
+    __slots__ = ("target", "score", "mean_lag_s", "steps", "reason", "named_unix_ns", "action", "action_reason")
     TARGET_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     MEAN_LAG_S_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     NAMED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    ACTION_REASON_FIELD_NUMBER: _ClassVar[int]
     target: Target
     score: float
     mean_lag_s: float
     steps: int
     reason: str
     named_unix_ns: int
-    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., score: _Optional[float] = ..., mean_lag_s: _Optional[float] = ..., steps: _Optional[int] = ..., reason: _Optional[str] = ..., named_unix_ns: _Optional[int] = ...) -> None: ...
+    action: str
+    action_reason: str
+    def __init__(self, target: _Optional[_Union[Target, _Mapping]] = ..., score: _Optional[float] = ..., mean_lag_s: _Optional[float] = ..., steps: _Optional[int] = ..., reason: _Optional[str] = ..., named_unix_ns: _Optional[int] = ..., action: _Optional[str] = ..., action_reason: _Optional[str] = ...) -> None: ...
 
 class ListStragglersRequest(_message.Message):
     __slots__ = ("limit",)

@@ -35,6 +35,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_POWER_EXCURSION: _ClassVar[EventKind]
     EVENT_KIND_THERMAL: _ClassVar[EventKind]
     EVENT_KIND_SDC_SUSPECT: _ClassVar[EventKind]
+    EVENT_KIND_STRAGGLER: _ClassVar[EventKind]
 
 class TelemetryFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -64,6 +65,7 @@ EVENT_KIND_RECOVERY_ACTION: EventKind
 EVENT_KIND_POWER_EXCURSION: EventKind
 EVENT_KIND_THERMAL: EventKind
 EVENT_KIND_SDC_SUSPECT: EventKind
+EVENT_KIND_STRAGGLER: EventKind
 TELEMETRY_FORMAT_UNSPECIFIED: TelemetryFormat
 TELEMETRY_FORMAT_RAW: TelemetryFormat
 TELEMETRY_FORMAT_SUMMARY: TelemetryFormat

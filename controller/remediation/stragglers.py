@@ -1,0 +1,100 @@
+"""The ladder's side of the straggler watch's actions (issue #40 item 3): audit rows and ladder events.
+
+`rasd.controller.core.straggler_actions` decides; `rasd.controller.stragglers` (the watch, in the ingest)
+hands its effects here, in order:
+
+- every effect is an audit row (actor ``straggler-watch``), committed like an operator's;
+- "validate" and "quarantine" enter the ladder as a health event of kind STRAGGLER (attribute
+  ``rung``), as an accusation does (`operator.OperatorCommands.accuse`), so classification, the
+  disruption budget, the audit trail and the ladder's command ids apply: "validate" holds the GPU
+  and runs the accusation suite (a pass releases it), "quarantine" isolates it for a person and
+  the scheduler replaces it;
+- "raise_cap" is audited only: the power loop takes no per-GPU floor yet (its priority classes come
+  from node labels), so the watch never has the headroom to raise within (docs/straggler.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import structlog
+
+from rasd.controller.core import straggler_actions
+from rasd.controller.core.remediation import events as health
+from rasd.controller.remediation import decider as decider_mod
+from rasd.controller.remediation import ledger as ledger_mod
+from rasd.controller.remediation import state as state_mod
+from rasd.controller.store import remediation as rstore
+from rasd.controller.store import repo
+
+log = structlog.get_logger("rasd.controller")
+
+ACTOR = "straggler-watch"
+_LADDER_RUNGS = frozenset({"validate", "quarantine"})
+
+
+class StragglerActions:
+    """Carries out the watch's effects one after another, in the order given (see the module docstring)."""
+
+    def __init__(self, state: state_mod.LadderState, ledger: ledger_mod.Ledger, decider: decider_mod.Decider) -> None:
+        """Share the ladder's state, ledger and decider."""
+        self._state = state
+        self._ledger = ledger
+        self._decider = decider
+        self._queue: asyncio.Queue[straggler_actions.Effect] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+        self.failures = 0
+        """Effects whose commit or decision raised (each logged)."""
+
+    def take(self, effects: Sequence[straggler_actions.Effect]) -> None:
+        """Queue effects; the worker carries them out in order (call from the event loop)."""
+        for effect in effects:
+            self._queue.put_nowait(effect)
+        if effects and (self._worker is None or self._worker.done()):
+            self._worker = asyncio.get_running_loop().create_task(self._run(), name="rasd-straggler-actions")
+
+    async def drain(self) -> None:
+        """Wait until every queued effect was carried out."""
+        while self._worker is not None and not self._worker.done():
+            await asyncio.wait({self._worker})
+
+    async def stop(self) -> None:
+        """Cancel what is still queued."""
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while not self._queue.empty():
+            effect = self._queue.get_nowait()
+            try:
+                await self.carry_out(effect)
+            except Exception:  # one effect that fails must not stop the next: logged and counted
+                self.failures += 1
+                log.exception("straggler_action_failed", kind=effect.kind, node=effect.node_id, gpu=effect.gpu_uuid)
+
+    async def carry_out(self, effect: straggler_actions.Effect) -> None:
+        """One effect: its audit row, and for a ladder rung the STRAGGLER event decided by the ladder."""
+        now_ns = self._state.clock()
+        outcome = "handed to the ladder" if effect.kind in _LADDER_RUNGS else "recorded"
+        row = ledger_mod.audit_record(
+            now_ns, ACTOR, f"straggler_{effect.kind}", effect.node_id, effect.gpu_uuid, effect.reason, outcome
+        )
+        await self._ledger.commit(rstore.Commit(now_unix_ns=now_ns, audit=[row]))
+        if effect.kind not in _LADDER_RUNGS:
+            return
+        event = repo.StoredEvent(
+            node_id=effect.node_id,
+            seq=0,
+            observed_unix_ns=now_ns,
+            received_unix_ns=now_ns,
+            kind=int(health.EventKind.STRAGGLER),
+            severity=int(health.Severity.ERROR),
+            gpu_uuid=effect.gpu_uuid,
+            xid=None,
+            message=effect.reason,
+            source="straggler",
+            attributes={"rung": effect.kind},
+        )
+        await self._decider.on_events(effect.node_id, [event], self._state.streams.node_labels.get(effect.node_id, {}))
