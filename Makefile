@@ -68,10 +68,9 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
-# The chart's values.schema.json: config: from the controller's settings model (docs/configuration.md).
+# The chart's values.schema.json: config and agent.config from the settings models (docs/configuration.md).
 schema: $(STAMP)
-	$(BIN)/python -m rasd.controller.config schema > helm/rasd/values.schema.json.new
-	mv helm/rasd/values.schema.json.new helm/rasd/values.schema.json
+	$(BIN)/python helm/generate_schema.py
 
 clean:
 	rm -rf $(VENV) demo-out build *.egg-info

@@ -281,6 +281,13 @@ KeyPath = tuple[str, ...]
 _NonEmpty = Annotated[str, pydantic.Field(min_length=1)]
 _HostName = Annotated[str, pydantic.Field(min_length=1, max_length=253)]
 _Argv = Annotated[tuple[_NonEmpty, ...], pydantic.Field(min_length=1)]
+# Any name the logging module knows, in any case (`_settings` checks it); the schema says the same.
+_LogLevel = Annotated[
+    str,
+    pydantic.Field(
+        json_schema_extra={"pattern": "^(?i:" + "|".join(sorted(logging.getLevelNamesMapping())).lower() + ")$"}
+    ),
+]
 
 
 KernelLogSource = Literal["kmsg", "journal", "none"]
@@ -320,7 +327,7 @@ class AgentFile(_Table):
     node_id: _HostName | None = None
     controller: str = LinkSettings.controller_address
     insecure: bool = False
-    log_level: str = "info"
+    log_level: _LogLevel = "info"
     backend: Literal[gpu.BACKEND_NAMES] = "nvml"  # type: ignore[valid-type]
     gpus: Annotated[int, pydantic.Field(ge=1, le=64)] = GpuSettings.gpus
     seed: int = GpuSettings.seed
@@ -342,6 +349,30 @@ class AgentFile(_Table):
         default_factory=settings_layer.model_of(SamplingSettings)
     )
     commands: CommandsTable = pydantic.Field(default_factory=CommandsTable)
+
+
+CHART_SETS: tuple[str, ...] = ("node_id", "state_dir", "tls")
+"""agent.toml keys the Helm chart sets itself (the Node's name, agent.stateDir, the certificates'
+host path), so its ``agent.config`` leaves them out."""
+
+
+def chart_config_schema() -> dict[str, Any]:
+    """The JSON Schema of the chart's ``agent.config``: agent.toml's keys but `CHART_SETS`.
+
+    No defaults: the chart renders only the keys a user sets, and the agent fills in the rest.
+    """
+    full = settings_layer.schema_of(AgentFile)
+    properties = {key: value for key, value in full["properties"].items() if key not in CHART_SETS}
+    for value in properties.values():
+        value.pop("default", None)
+    properties["controller"]["description"] = "host:port; default: this release's Service"
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "agent.toml key for key, except " + ", ".join(CHART_SETS) + " (set by the chart) "
+        "(generated: python helm/generate_schema.py)",
+        "properties": properties,
+    }
 
 
 KERNEL_LOG_SOURCES: tuple[str, ...] = typing.get_args(

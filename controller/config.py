@@ -10,19 +10,17 @@ code at once. `load` checks the merged sources in one go and raises `ConfigError
 key (its path, its source, the type or the allowed values) before anything is used; then the
 semantic checks of each table run (ranges between keys, URLs), the same way.
 
-``python -m rasd.controller.config schema`` prints the Helm chart's values.schema.json: the hand-kept
-part (helm/values.schema.base.json: image, replicas, resources ...) with ``config`` generated here.
+`chart_config_schema` is the Helm chart's ``config`` in its values.schema.json (helm/generate_schema.py
+puts it there).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
-import sys
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -33,10 +31,6 @@ from rasd.controller.core.remediation import policy
 from rasd.controller.executors import bmc, quarantine
 from rasd.controller.power import loop as power_loop
 from rasd.controller.replication import leader
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-SCHEMA_BASE = REPO / "helm" / "values.schema.base.json"
-"""The chart's schema without ``config``: kept by hand (the chart's own values)."""
 
 TABLES = ("remediation", "quarantine", "bmc", "leader", "power")
 """The tables of controller.toml (and of the chart's ``config``)."""
@@ -205,37 +199,18 @@ def _built_tables(checked: ControllerConfig, layers: settings.Layers) -> dict[st
     return built
 
 
-def chart_schema() -> dict[str, Any]:
-    """values.schema.json: the hand-kept part with ``config`` (controller.toml's tables) generated."""
-    schema = json.loads(SCHEMA_BASE.read_text())
+def chart_config_schema() -> dict[str, Any]:
+    """The JSON Schema of the chart's ``config``: controller.toml's tables.
+
+    No defaults: the chart renders only the keys a user sets.
+    """
     full = settings.schema_of(ControllerConfig)
     config = {
         "type": "object",
         "additionalProperties": False,
-        "description": "controller.toml, table for table and key for key "
-        "(generated: python -m rasd.controller.config schema)",
+        "description": "controller.toml, table for table and key for key (generated: python helm/generate_schema.py)",
         "properties": {key: full["properties"][key] for key in TABLES},
     }
     for table in config["properties"].values():
         table.pop("default", None)
-    schema["properties"]["config"] = config  # in the place the base keeps for it
-    return schema
-
-
-def chart_schema_text() -> str:
-    """`chart_schema` as the committed file's text."""
-    return json.dumps(chart_schema(), indent=2) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m rasd.controller.config schema``: print the chart's values.schema.json."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args != ["schema"]:
-        print("usage: python -m rasd.controller.config schema > helm/rasd/values.schema.json", file=sys.stderr)
-        return 2
-    sys.stdout.write(chart_schema_text())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return config
