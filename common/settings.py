@@ -193,6 +193,8 @@ def _problem(model: type[pydantic.BaseModel], error: Any) -> Problem:
         return Problem(loc, "required")
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return Problem(loc, f"expected {_range(model, loc)}{got}")
+    if kind == "string_pattern_mismatch":
+        return Problem(loc, f"expected a string matching {error['ctx']['pattern']}{got}")
     return Problem(loc, f"expected {_expected(error)}{got}")
 
 

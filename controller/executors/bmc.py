@@ -39,8 +39,9 @@ import pathlib
 import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
+import pydantic
 import structlog
 
 from rasd.common import settings as settings_check
@@ -129,7 +130,7 @@ class BmcPowerCycler(Protocol):
 class BmcNodeSettings:
     """One node's BMC."""
 
-    url: str
+    url: Annotated[str, pydantic.Field(pattern=r"^https?://")]
     """The BMC's base URL ("https://10.1.2.3"); the service root is ``/redfish/v1/`` below it."""
     username: str = ""
     password_env: str = ""
@@ -185,7 +186,6 @@ class BmcSettings:
         settings = cls(**settings_check.typed_values(cls, data, prefix, BmcSettingsError))
         for node_id, node in settings.nodes.items():
             path = f"{prefix}nodes.{node_id}."
-            _require(node.url.startswith(("http://", "https://")), f"{path}url", "must be an http(s) URL", node.url)
             _require(
                 bool(node.password_env) != bool(node.password_file),
                 f"{path}password_env",

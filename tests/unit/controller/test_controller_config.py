@@ -108,6 +108,10 @@ def test_flags_beat_the_environment_which_beats_the_file(tmp_path, monkeypatch):
             "", {"RASD_LEADER__RENEW_S": "10"}, {},
             "leader.renew_s (env RASD_LEADER__RENEW_S): must be at most lease_s / 2, got 10.0",
         ),
+        (  # a BMC that is no http(s) URL: the pattern the chart's schema has too
+            '[bmc.nodes.gpu-001]\nurl = "ftp://10.0.0.11"\npassword_env = "BMC_PASSWORD"\n', {}, {},
+            'bmc.nodes.gpu-001.url ({path}): expected a string matching ^https?://, got "ftp://10.0.0.11"',
+        ),
         (  # a bad Xid override: the actions listed
             '[remediation.classification.xid_action_overrides]\n13 = "explode"\n', {}, {},
             "remediation.classification.xid_action_overrides.13 ({path}): expected 'none', 'restart_process', "
