@@ -29,6 +29,7 @@ import textwrap
 import tomllib
 import types
 import typing
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -73,7 +74,11 @@ def model_of(cls: type[Any], skip: frozenset[str] = frozenset()) -> type[pydanti
         else:
             default = pydantic.Field(**described)
         fields[field.name] = (hint, default)
-    model = pydantic.create_model(cls.__name__, __config__=_STRICT, __doc__=_first_line(cls.__doc__), **fields)
+    with warnings.catch_warnings():
+        # A setting may be named like a BaseModel method ("validate": run the validation suite); the
+        # model is only ever read field by field (its values live in the instance), so the shadow is harmless.
+        warnings.filterwarnings("ignore", message=r'Field name ".*" in ".*" shadows an attribute in parent "BaseModel"')
+        model = pydantic.create_model(cls.__name__, __config__=_STRICT, __doc__=_first_line(cls.__doc__), **fields)
     _DATACLASS_OF[model] = cls
     return model
 

@@ -26,13 +26,14 @@ from typing import Annotated, Any, Literal
 import pydantic
 
 from rasd.common import settings
+from rasd.controller import stragglers
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.remediation import policy
 from rasd.controller.executors import bmc, quarantine
 from rasd.controller.power import loop as power_loop
 from rasd.controller.replication import leader
 
-TABLES = ("remediation", "quarantine", "bmc", "leader", "power")
+TABLES = ("remediation", "quarantine", "bmc", "leader", "power", "stragglers")
 """The tables of controller.toml (and of the chart's ``config``)."""
 
 
@@ -99,6 +100,7 @@ RemediationModel = settings.model_of(policy.RemediationPolicy)
 QuarantineModel = settings.model_of(quarantine.QuarantineSettings)
 BmcModel = settings.model_of(bmc.BmcSettings)
 LeaderModel = settings.model_of(leader.LeaderSettings)
+StragglersModel = settings.model_of(stragglers.StragglerSettings)
 
 
 class ControllerConfig(_Table):
@@ -118,6 +120,7 @@ class ControllerConfig(_Table):
     bmc: BmcModel = pydantic.Field(default_factory=BmcModel)  # type: ignore[valid-type]
     leader: LeaderModel = pydantic.Field(default_factory=LeaderModel)  # type: ignore[valid-type]
     power: PowerTable = None  # type: ignore[assignment]  # absent: no power loop
+    stragglers: StragglersModel = pydantic.Field(default_factory=StragglersModel)  # type: ignore[valid-type]
 
 
 FLAG_KEYS = tuple(key for key in ControllerConfig.model_fields if key not in TABLES)
@@ -144,7 +147,7 @@ def load(
 
     Returns:
         The checked model, and the tables that were set (plain data, as controller.toml has them)
-        with `remediation_policy` and `leader` built.
+        with `remediation_policy`, `leader` and `stragglers` built.
 
     Raises:
         ConfigError: every problem, one per line; nothing is returned half-checked.
@@ -176,8 +179,13 @@ def _built_tables(checked: ControllerConfig, layers: settings.Layers) -> dict[st
         "bmc": bmc.BmcSettings.from_mapping,
         "leader": leader.LeaderSettings.from_mapping,
         "power": power_loop.PowerSettings.from_mapping,
+        "stragglers": stragglers.StragglerSettings.from_mapping,
     }
-    built: dict[str, Any] = {"remediation_policy": policy.RemediationPolicy(), "leader": leader.LeaderSettings()}
+    built: dict[str, Any] = {
+        "remediation_policy": policy.RemediationPolicy(),
+        "leader": leader.LeaderSettings(),
+        "stragglers": stragglers.StragglerSettings(),
+    }
     problems = []
     for key, table in tables.items():
         try:
@@ -190,8 +198,8 @@ def _built_tables(checked: ControllerConfig, layers: settings.Layers) -> dict[st
             continue
         if key == "remediation":
             built["remediation_policy"] = value
-        elif key == "leader":
-            built["leader"] = value
+        elif key in ("leader", "stragglers"):
+            built[key] = value
         else:
             built[key] = table
     if problems:

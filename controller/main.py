@@ -15,6 +15,7 @@ from rasd.common import VERSION, gc_policy, net
 from rasd.common import logging as rasd_logging
 from rasd.controller import config as config_mod
 from rasd.controller import server, workers
+from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.rpc import security
 
 
@@ -79,8 +80,8 @@ def load_config(path: pathlib.Path, environ: Mapping[str, str] | None = None) ->
     """Read and check controller.toml (and the $RASD_* variables over it); every error names its key.
 
     Returns:
-        remediation_policy (a RemediationPolicy), leader (LeaderSettings), and each of the
-        quarantine, bmc and power tables that is set (plain data).
+        remediation_policy (a RemediationPolicy), leader (LeaderSettings), stragglers
+        (StragglerSettings), and each of the quarantine, bmc and power tables that is set (plain data).
     """
     return config_mod.load(file=path, environ={} if environ is None else environ)[1]
 
@@ -146,6 +147,7 @@ def settings_and_config(
         leader=tables["leader"],
         power=tables.get("power"),
         commit_writer=config.commit_writer,
+        ingest=ingest_mod.IngestSettings(stragglers=tables["stragglers"]),
     ), config
 
 

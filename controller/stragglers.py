@@ -5,9 +5,10 @@ the node each GPU streams from; it keeps ``rasd_straggler_suspect{node,gpu}`` an
 ``rasd_straggler_lag_seconds{node,gpu}`` for every suspect, and `rasctl get stragglers` lists them.
 
 Each suspect opens a case of `core.straggler_actions` (notify, raise its cap, validate, quarantine, by
-policy: `ACTION_POLICY`); its effects count in ``rasd_straggler_actions_total{action}`` and go to
-`actuator` (the ladder's `remediation.stragglers.StragglerActions`, where this replica has a ladder;
-none: counted and listed only). A cleared case resets the GPU's score and removes its series.
+policy: controller.toml's ``[stragglers.actions]``); its effects count in
+``rasd_straggler_actions_total{action}`` and go to `actuator` (the ladder's
+`remediation.stragglers.StragglerActions`, where this replica has a ladder; none: counted and listed
+only). A cleared case resets the GPU's score and removes its series.
 
 Which GPUs step together: nothing in rasd names a job yet (no job or workload label reaches the
 controller), so every GPU whose summaries this replica ingests counts as one job, which is what
@@ -22,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from rasd.common import settings
 from rasd.controller.core import fleet, straggler, straggler_actions
 from rasd.controller.observability import metrics as metrics_mod
 
@@ -37,7 +40,7 @@ CUT_EVERY_NS = 500_000_000
 """Pending edges are cut into steps at most this often (controller clock), not at every summary:
 sorting them costs ~25 ms at 16,384 GPUs, and 2,048 nodes send 2,048 summaries a second."""
 ACTION_POLICY = straggler_actions.ActionPolicy()
-"""The actions' rungs and the steps between them: the defaults (not in controller.toml yet)."""
+"""The actions' rungs and the steps between them: the defaults."""
 MAX_SUSPECTS = 1024
 """Suspects listed and exported at most (the oldest are kept): a bound on the metric's series."""
 
@@ -55,8 +58,49 @@ class Suspect:
     """The last action's reason."""
 
 
+@dataclasses.dataclass(frozen=True)
+class StragglerSettings:
+    """controller.toml's ``[stragglers]``: what makes a suspect, how edges form steps, what is done."""
+
+    detection: straggler.StragglerPolicy = LIVE_POLICY
+    """``[stragglers.detection]``: allowance, threshold, spread floor, fewest GPUs per step."""
+    steps: straggler.StepGrouping = dataclasses.field(default_factory=straggler.StepGrouping)
+    """``[stragglers.steps]``: the gap between steps' edges, how long a step settles, edges kept."""
+    actions: straggler_actions.ActionPolicy = ACTION_POLICY
+    """``[stragglers.actions]``: which rungs run (raise_cap, validate, quarantine) and the steps between."""
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "stragglers.") -> StragglerSettings:
+        """Build from a TOML table; a key left out keeps its default (the watch's, not the dataclass's).
+
+        Raises:
+            ValueError: one line per bad key, each naming its path (``stragglers.actions.steps_per_rung``).
+        """
+        values: dict[str, Any] = {}
+        for table in ("detection", "steps", "actions"):
+            default = getattr(cls(), table)
+            given = data.get(table, {})
+            try:
+                typed = settings.typed_values(type(default), given, f"{prefix}{table}.", ValueError)
+                values[table] = dataclasses.replace(default, **typed)
+            except ValueError as exc:
+                text = str(exc)
+                raise ValueError(text if text.startswith(prefix) else f"{prefix}{table}.{text}") from None
+        unknown = sorted(set(data) - set(values))
+        if unknown:
+            raise ValueError(f"{prefix}{unknown[0]}: unknown setting (known: detection, steps, actions)")
+        return cls(**values)
+
+
 class StragglerWatch:
     """Judges every step the edges complete; call `add_edges` with each summary's edges."""
+
+    @classmethod
+    def of(cls, controller_metrics: metrics_mod.ControllerMetrics, settings: StragglerSettings) -> StragglerWatch:
+        """The watch controller.toml's ``[stragglers]`` describes."""
+        return cls(
+            controller_metrics, policy=settings.detection, grouping=settings.steps, action_policy=settings.actions
+        )
 
     def __init__(
         self,

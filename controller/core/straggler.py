@@ -53,9 +53,9 @@ class StragglerPolicy:
         """Reject values that cannot mean anything, naming the field."""
         for name in ("allowance_s", "threshold", "min_spread_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"straggler.{name}: must be > 0, got {getattr(self, name)}")
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
         if self.min_gpus < 3:
-            raise ValueError(f"straggler.min_gpus: must be >= 3, got {self.min_gpus}")
+            raise ValueError(f"min_gpus: must be >= 3, got {self.min_gpus}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +166,14 @@ class StepGrouping:
     """A step is complete once an edge this much later has arrived (a few summary intervals)."""
     max_pending: int = 200_000
     """Pending edges kept at most (the newest): a job that stopped leaves its last edges here."""
+
+    def __post_init__(self) -> None:
+        """Reject values that cannot mean anything, naming the field."""
+        for name in ("gap_s", "settle_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.max_pending < 1:
+            raise ValueError(f"max_pending: must be >= 1, got {self.max_pending}")
 
 
 def complete_steps(

@@ -54,7 +54,7 @@ class Rung(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class ActionPolicy:
-    """Which rungs run and how many steps lie between them (defaults; not in controller.toml yet)."""
+    """Which rungs run and how many steps lie between them (controller.toml's ``[stragglers.actions]``)."""
 
     raise_cap: bool = True
     """Raise a power-throttled straggler's cap when the budget allows."""
@@ -75,10 +75,10 @@ class ActionPolicy:
         """Reject values that cannot mean anything, naming the field."""
         for name in ("steps_per_rung", "clear_after_quiet_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"straggler_actions.{name}: must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("raise_cap_w", "min_raise_w"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"straggler_actions.{name}: must be > 0, got {getattr(self, name)}")
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True)

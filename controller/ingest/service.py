@@ -83,6 +83,8 @@ class IngestSettings:
     telemetry_summaries: bool = True
     """Take telemetry summaries from agents that offer them (TELEMETRY_FORMAT_SUMMARY); False: every
     sample, as from agents before summaries."""
+    stragglers: stragglers.StragglerSettings = dataclasses.field(default_factory=stragglers.StragglerSettings)
+    """controller.toml's ``[stragglers]``: the straggler watch's detection, step grouping and actions."""
 
 
 class Ingest:
@@ -115,7 +117,7 @@ class Ingest:
         self.clock = clock
         """The controller's clock (unix ns): events are stamped received by it (`wire.agent.events_from_wire`)."""
         self.power_window = fleet.PowerWindow(span_s=self.settings.power_window_span_s)
-        self.stragglers = stragglers.StragglerWatch(controller_metrics)  # each summary's edges judged (#40)
+        self.stragglers = stragglers.StragglerWatch.of(controller_metrics, self.settings.stragglers)  # (#40)
         self._full_rate_for: frozenset[str] = self.power_window.tracked
         """The tracked set the streams were last asked about (`_follow_tracked`)."""
         self._dirty: dict[str, fleet.GpuLatest] = {}

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from rasd.controller import config as config_mod
-from rasd.controller import main
+from rasd.controller import main, stragglers, wiring
+from rasd.controller.observability import metrics
+from rasd.controller.store import repo
 
 
 def test_shipped_example_loads(repo_root):
@@ -67,6 +70,31 @@ def test_each_source_gives_the_same_settings(tmp_path, monkeypatch):
     assert from_file.leader.lease_s == from_env.leader.lease_s == 20.0
 
 
+def test_the_straggler_tables_reach_the_watch_a_left_out_key_keeping_the_watchs_default(tmp_path, monkeypatch):
+    """[stragglers] (issue #40): the rungs an operator turns off, and detection, reach the live watch."""
+    path = tmp_path / "controller.toml"
+    path.write_text(
+        "[stragglers.actions]\nquarantine = false\nsteps_per_rung = 3\n[stragglers.detection]\nthreshold = 20.0\n"
+    )
+    settings = _settings(["--config", str(path)], {"RASD_STRAGGLERS__ACTIONS__RAISE_CAP": "false"}, monkeypatch)
+    configured = settings.ingest.stragglers
+    assert (configured.actions.quarantine, configured.actions.raise_cap, configured.actions.steps_per_rung) == (
+        False, False, 3,
+    )  # fmt: skip
+    assert configured.detection.threshold == 20.0
+    # min_spread_s is the live watch's 30 ms floor, not the offline default, though [detection] was set
+    assert configured.detection.min_spread_s == stragglers.LIVE_POLICY.min_spread_s
+    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+    try:
+        wired = wiring.single_replica(store, metrics.ControllerMetrics(CollectorRegistry()), settings=settings.ingest)
+        watch = wired.ingest.stragglers
+        assert (watch.policy, watch.grouping, watch.action_policy) == (
+            configured.detection, configured.steps, configured.actions,
+        )  # fmt: skip
+    finally:
+        store.close()
+
+
 def test_flags_beat_the_environment_which_beats_the_file(tmp_path, monkeypatch):
     path = tmp_path / "controller.toml"
     path.write_text('db = "sqlite:///file.db"\nlog_level = "debug"\n[leader]\nlease_s = 20\nrenew_s = 2\n')
@@ -111,6 +139,10 @@ def test_flags_beat_the_environment_which_beats_the_file(tmp_path, monkeypatch):
         (  # a BMC that is no http(s) URL: the pattern the chart's schema has too
             '[bmc.nodes.gpu-001]\nurl = "ftp://10.0.0.11"\npassword_env = "BMC_PASSWORD"\n', {}, {},
             'bmc.nodes.gpu-001.url ({path}): expected a string matching ^https?://, got "ftp://10.0.0.11"',
+        ),
+        (  # a straggler rung count that cannot mean anything, deep in [stragglers]
+            "", {"RASD_STRAGGLERS__ACTIONS__STEPS_PER_RUNG": "0"}, {},
+            "stragglers.actions.steps_per_rung (env RASD_STRAGGLERS__ACTIONS__STEPS_PER_RUNG): must be >= 1, got 0",
         ),
         (  # a bad Xid override: the actions listed
             '[remediation.classification.xid_action_overrides]\n13 = "explode"\n', {}, {},

@@ -32,7 +32,8 @@ from rasd.agent.gpu import simulated
 from rasd.common import tls
 from rasd.controller import config as config_mod
 from rasd.controller import main as controller_main
-from rasd.controller import server
+from rasd.controller import server, stragglers
+from rasd.controller.core import straggler, straggler_actions
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.remediation import policy
 from rasd.controller.executors import bmc, quarantine
@@ -352,6 +353,10 @@ def test_schema_of_agent_config_is_agent_toml_but_what_the_chart_sets():
         (("leader",), leader.LeaderSettings),
         (("power",), power_loop.PowerSettings),
         (("power", "policy"), power_policy.PowerPolicy),
+        (("stragglers",), stragglers.StragglerSettings),
+        (("stragglers", "detection"), straggler.StragglerPolicy),
+        (("stragglers", "steps"), straggler.StepGrouping),
+        (("stragglers", "actions"), straggler_actions.ActionPolicy),
     ],
 )
 def test_schema_of_config_knows_exactly_the_controller_settings(schema_path, settings_class):

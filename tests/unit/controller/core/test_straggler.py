@@ -79,7 +79,7 @@ def test_a_step_with_too_few_edges_is_not_judged():
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
-    [("threshold", 0.0, "straggler.threshold: must be > 0"), ("min_gpus", 2, "straggler.min_gpus: must be >= 3")],
+    [("threshold", 0.0, "^threshold: must be > 0"), ("min_gpus", 2, "^min_gpus: must be >= 3")],
 )
 def test_bad_policy_values_are_named(field, value, message):
     with pytest.raises(ValueError, match=message):

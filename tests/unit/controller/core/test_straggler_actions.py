@@ -139,5 +139,5 @@ def test_forget_resets_the_score_so_the_gpu_can_be_named_again():
 
 @pytest.mark.parametrize("field", ["steps_per_rung", "clear_after_quiet_steps", "raise_cap_w", "min_raise_w"])
 def test_a_policy_that_cannot_mean_anything_is_refused_naming_the_field(field):
-    with pytest.raises(ValueError, match=f"straggler_actions.{field}"):
+    with pytest.raises(ValueError, match=f"^{field}: must be"):
         sa.ActionPolicy(**{field: 0})
