@@ -8,12 +8,13 @@ node has a session, then call `rasctl.run` from the test thread and poll for out
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import io
 import pathlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 from rasd.agent import kmsg_source, node_ops, runtime, spool
@@ -21,6 +22,7 @@ from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated
 from rasd.cli import main as rasctl
 from rasd.controller import server
+from rasd.controller.replication import leader
 
 T = TypeVar("T")
 
@@ -135,4 +137,58 @@ def sqlite_settings(tmp_path: Any, port: int, **overrides: Any) -> server.Contro
     """Controller settings on loopback with a SQLite store in tmp_path and no metrics port."""
     return server.ControllerSettings(
         listen=f"127.0.0.1:{port}", db_url=f"sqlite:///{tmp_path / 'rasd.db'}", metrics_port=None, **overrides
+    )
+
+
+@dataclasses.dataclass
+class TwoReplicas:
+    """Two controller replicas on one PostgreSQL, `first` leading, and node-r streaming to the follower."""
+
+    first: server.Controller
+    second: server.Controller
+    backend: simulated.SimulatedBackend
+
+
+@contextlib.asynccontextmanager
+async def two_replicas_a_node_on_the_follower(db_url: str, tmp_path: pathlib.Path) -> AsyncIterator[TwoReplicas]:
+    """The chart's default (two replicas behind one Service), started in this event loop.
+
+    Yields once node-r has a session on the follower and the follower knows the leader's address;
+    the agent and both replicas stop on the way out.
+    """
+    first = _replica(db_url, "a")
+    await first.start()
+    second = _replica(db_url, "b")
+    await second.start()
+    backend = simulated.SimulatedBackend("node-r", 2, 0, workload=simulated.StepWorkload())
+    agent = runtime.Agent(
+        agent_settings.AgentSettings(
+            node_id="node-r", link=agent_settings.LinkSettings(controller_address=second.address)
+        ),
+        backend,
+        spool.Spool(str(tmp_path / "spool.db")),
+        boot_id="boot-1",
+        ops=node_ops.SimulatedNodeOps(backend),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        while second.leadership.leader_address != first.address or "node-r" not in second.ingest.sessions:
+            await asyncio.sleep(0.05)
+        yield TwoReplicas(first, second, backend)
+    finally:
+        stop.set()
+        await task
+        await second.stop()
+        await first.stop()
+
+
+def _replica(db_url: str, name: str) -> server.Controller:
+    return server.Controller(
+        server.ControllerSettings(
+            listen="127.0.0.1:0",
+            db_url=db_url,
+            metrics_port=None,
+            leader=leader.LeaderSettings(replica_id=f"ctl-{name}", lease_s=3.0, renew_s=0.5, relay_poll_s=0.05),
+        )
     )

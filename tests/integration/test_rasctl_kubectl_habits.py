@@ -254,10 +254,7 @@ def test_a_follower_refuses_a_watch_and_the_leader_streams_every_replicas_events
     import asyncio
 
     import grpc
-    from test_rasctl_reaches_the_leader import _controller
 
-    from rasd.agent import node_ops, runtime, spool
-    from rasd.agent import settings as agent_settings
     from rasd.api.v1 import admin_service_pb2 as admin_pb
     from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
     from rasd.cli import main as rasctl
@@ -283,25 +280,8 @@ def test_a_follower_refuses_a_watch_and_the_leader_streams_every_replicas_events
             return answer
 
     async def scenario() -> None:
-        first = _controller(postgres_schema_url, "a")
-        await first.start()
-        second = _controller(postgres_schema_url, "b")
-        await second.start()
-        backend = simulated.SimulatedBackend("node-r", 2, 0, workload=simulated.StepWorkload())
-        agent = runtime.Agent(
-            agent_settings.AgentSettings(
-                node_id="node-r", link=agent_settings.LinkSettings(controller_address=second.address)
-            ),
-            backend,
-            spool.Spool(str(tmp_path / "spool.db")),
-            boot_id="boot-1",
-            ops=node_ops.SimulatedNodeOps(backend),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(agent.run(stop))
-        try:
-            while second.leadership.leader_address != first.address or "node-r" not in second.ingest.sessions:
-                await asyncio.sleep(0.05)
+        async with fleetlib.two_replicas_a_node_on_the_follower(postgres_schema_url, tmp_path) as replicas:
+            first, second = replicas.first, replicas.second
             code, trailers = await refusal(second.address)
             assert code == grpc.StatusCode.FAILED_PRECONDITION
             assert trailers[leader_gate.LEADER_ADDRESS_KEY] == first.address
@@ -309,13 +289,8 @@ def test_a_follower_refuses_a_watch_and_the_leader_streams_every_replicas_events
             code, _, err = await asyncio.to_thread(_run, rasctl, argv)
             # The listing is served here; the watch is refused, and rasctl runs the command at the leader.
             assert code == 0 and f"calling the leader at {first.address}" in err, err
-            answer = await first_event(first.address, backend, first)
+            answer = await first_event(first.address, replicas.backend, first)
             assert [(e.node_id, e.event.xid) for e in answer.events] == [("node-r", 31)]
-        finally:
-            stop.set()
-            await task
-            await second.stop()
-            await first.stop()
 
     asyncio.run(scenario())
 

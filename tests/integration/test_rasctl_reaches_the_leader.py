@@ -11,28 +11,13 @@ from __future__ import annotations
 import asyncio
 import io
 
+import fleetlib
 import grpc
 
-from rasd.agent import node_ops, runtime, spool
-from rasd.agent import settings as agent_settings
-from rasd.agent.gpu import simulated
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import admin_service_pb2_grpc as admin_grpc
 from rasd.cli import main as rasctl
-from rasd.controller import server
-from rasd.controller.replication import leader
 from rasd.controller.rpc import leader_gate
-
-
-def _controller(db_url, name):
-    return server.Controller(
-        server.ControllerSettings(
-            listen="127.0.0.1:0",
-            db_url=db_url,
-            metrics_port=None,
-            leader=leader.LeaderSettings(replica_id=f"ctl-{name}", lease_s=3.0, renew_s=0.5, relay_poll_s=0.05),
-        )
-    )
 
 
 async def _rasctl(*argv):
@@ -55,28 +40,9 @@ async def _refusal(address):
 
 def test_rasctl_quarantine_against_a_follower_reaches_the_leader(postgres_schema_url, tmp_path):
     async def scenario():
-        first = _controller(postgres_schema_url, "a")
-        await first.start()
-        second = _controller(postgres_schema_url, "b")
-        await second.start()
-        backend = simulated.SimulatedBackend("node-r", 2, 0, workload=simulated.StepWorkload())
-        agent = runtime.Agent(
-            agent_settings.AgentSettings(
-                node_id="node-r", link=agent_settings.LinkSettings(controller_address=second.address)
-            ),
-            backend,
-            spool.Spool(str(tmp_path / "spool.db")),
-            boot_id="boot-1",
-            ops=node_ops.SimulatedNodeOps(backend),
-        )
-        stop = asyncio.Event()
-        task = asyncio.create_task(agent.run(stop))
-        try:
-            while "node-r" not in second.ingest.sessions:
-                await asyncio.sleep(0.05)
-            while second.leadership.leader_address != first.address:  # the follower's next look
-                await asyncio.sleep(0.05)
-            gpu = backend.inventory()[0].uuid
+        async with fleetlib.two_replicas_a_node_on_the_follower(postgres_schema_url, tmp_path) as replicas:
+            first, second = replicas.first, replicas.second
+            gpu = replicas.backend.inventory()[0].uuid
             refusal = await _refusal(second.address)
             quarantined = await _rasctl(
                 "--controller", second.address, "quarantine", f"node-r/{gpu}", "--reason", "fan noise"
@@ -85,11 +51,6 @@ def test_rasctl_quarantine_against_a_follower_reaches_the_leader(postgres_schema
             again = await _rasctl("--controller", second.address, "quarantine", f"node-r/{gpu}", "--reason", "x")
             return (first.leadership.is_leader(), second.leadership.is_leader()), first.address, gpu, refusal, \
                 quarantined, rows, again  # fmt: skip
-        finally:
-            stop.set()
-            await task
-            await second.stop()
-            await first.stop()
 
     leads, leader_address, gpu, refusal, quarantined, rows, again = asyncio.run(scenario())
     assert leads == (True, False)
