@@ -278,6 +278,23 @@ def test_more_than_one_replica_needs_postgresql(chart):
     assert the(single, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
 
 
+def test_ingest_workers_render_the_flag_and_need_postgresql(chart):
+    """controller.ingestWorkers (issue #36): N processes serving agent streams in each pod."""
+    default = controller_container(render(chart))
+    assert "--ingest-workers" not in default["args"]
+    container = controller_container(render(chart, {"controller": {"ingestWorkers": 4}}))
+    args = controller_main.build_parser().parse_args(container["args"])
+    config, _tables = config_mod.load(
+        environ={"RASD_DB": "postgresql+psycopg://u:p@db/rasd"}, flags=config_mod.flags_of(args)
+    )
+    assert config.ingest_workers == 4
+    sqlite = {"controller": {"replicas": 1, "ingestWorkers": 2}, "database": {"urlSecret": {"name": ""}}}
+    with pytest.raises(helm.HelmRenderError, match=r"ingestWorkers > 1 needs PostgreSQL"):
+        chart.render(sqlite, name=RELEASE, namespace=NAMESPACE)
+    with pytest.raises(helm.HelmValuesError, match=r"at '/controller/ingestWorkers'"):
+        chart.render({"controller": {"ingestWorkers": 0}}, name=RELEASE, namespace=NAMESPACE)
+
+
 def test_static_election_on_postgresql_is_refused_where_two_pods_could_lead(chart):
     """Every statically elected pod leads: two replicas, or a rolling update's old and new pod, both act."""
     static = {"config": {"leader": {"election": "static"}}}
