@@ -12,11 +12,14 @@ the command line, where `ps` would show a password or a token in them.
 from __future__ import annotations
 
 import multiprocessing.connection
+import os
 import pickle
 import socket
 import subprocess
 import sys
 from typing import Any
+
+from rasd.common import logging as rasd_logging
 
 
 def spawn(module: str) -> tuple[subprocess.Popen[bytes], multiprocessing.connection.Connection]:
@@ -30,9 +33,15 @@ def spawn(module: str) -> tuple[subprocess.Popen[bytes], multiprocessing.connect
             [sys.executable, "-m", module, str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
+            env=child_environment(),
         )
         conn = multiprocessing.connection.Connection(ours.detach())
     return process, conn
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment, with the level it logs at for the child (`rasd_logging.configure_child`)."""
+    return {**os.environ, rasd_logging.CHILD_LEVEL_VARIABLE: rasd_logging.configured_level()}
 
 
 def pickled(*message: Any) -> bytes:

@@ -37,6 +37,10 @@ JOURNAL_STREAM = "JOURNAL_STREAM"
 
 Renderer = Callable[[Any, str, MutableMapping[str, Any]], str]
 
+CHILD_LEVEL_VARIABLE = "RASD_CHILD_LOG_LEVEL"
+"""Where a helper interpreter (`rasd.common.child_process`) finds the level its parent logs at."""
+_configured_level = "info"
+
 
 def configure(level: str = "info", *, json: bool | None = None) -> None:
     """Configure structlog and the stdlib root logger for this process.
@@ -46,9 +50,11 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
             libraries' records show from warning up (or from level, when that is higher).
         json: force JSON (True) or console (False) output; None picks JSON unless stderr is a TTY.
     """
+    global _configured_level
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
+    _configured_level = level.lower()
     use_json = (not sys.stderr.isatty()) if json is None else json
     escape: list[structlog.types.Processor] = [] if use_json else [_printable_strings]
     renderer: Renderer = (
@@ -156,3 +162,13 @@ class _CurrentStderr:
 
     def flush(self) -> None:
         sys.stderr.flush()
+
+
+def configured_level() -> str:
+    """The level `configure` was last called with in this process ("info" before any call)."""
+    return _configured_level
+
+
+def configure_child() -> None:
+    """`configure` in a helper interpreter, at the level its parent passed (`CHILD_LEVEL_VARIABLE`)."""
+    configure(os.environ.get(CHILD_LEVEL_VARIABLE) or "info")

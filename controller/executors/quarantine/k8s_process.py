@@ -267,7 +267,7 @@ class _Pending:
 
 def serve(conn: multiprocessing.connection.Connection) -> None:
     """The child: one `KubernetesQuarantine`, calls run in threads, until an empty message or the parent is gone."""
-    rasd_logging.configure()
+    rasd_logging.configure_child()  # at the parent's --log-level
     try:
         settings = pickle.loads(conn.recv_bytes())
         events = concurrent.futures.ThreadPoolExecutor(EVENT_THREADS, "rasd-k8s-events")

@@ -7,11 +7,13 @@ import io
 import json
 import logging
 import os
+import subprocess
 import sys
 
 import pytest
 import structlog
 
+from rasd.common import child_process
 from rasd.common import logging as rasd_logging
 
 
@@ -138,3 +140,22 @@ def test_a_console_log_line_cannot_be_forged_or_hijack_the_terminal(monkeypatch,
     assert not any(line.startswith("2026-01-01T00:00:00Z") for line in lines)
     assert sum(1 for line in lines if "[info" in line or "[error" in line) == 3
     assert any(line.startswith("Traceback") for line in lines)  # a traceback keeps its own lines
+
+
+def test_a_helper_interpreter_logs_at_its_parents_level(restore_logging):
+    """The Kubernetes adapter's child (`child_process.spawn`) logged at info whatever --log-level said."""
+    rasd_logging.configure("warning", json=True)
+    environ = child_process.child_environment()
+    assert environ[rasd_logging.CHILD_LEVEL_VARIABLE] == "warning"
+    program = (
+        "import structlog\n"
+        "from rasd.common import logging as rasd_logging\n"
+        "rasd_logging.configure_child()\n"
+        "log = structlog.get_logger('rasd.test')\n"
+        "log.info('below_the_parents_level')\n"
+        "log.warning('at_the_parents_level')\n"
+    )
+    child = subprocess.run([sys.executable, "-c", program], env=environ, capture_output=True, text=True, check=True)
+    assert "at_the_parents_level" in child.stderr
+    assert "below_the_parents_level" not in child.stderr
+    rasd_logging.configure("info", json=True)
