@@ -2,8 +2,8 @@
 
 `load()` is the one place that reads settings: it takes the parsed agent.toml table, the ``RASD_*``
 variables and the command-line flags (flags > variables > file > defaults), checks them all with
-the `AgentFile` model (rasd.common.settings), and names every bad one by its key path, where it came
-from and what it accepts::
+the `AgentFile` model (`settings_file.py`, on rasd.common.settings), and names every bad one by
+its key path, where it came from and what it accepts::
 
     sampling.power_sample_interval_ms (agent.toml): expected an integer, got "fast"
     gpus (--gpus): expected an integer in 1..64, got 99
