@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import structlog
 from prometheus_client import CollectorRegistry, start_http_server
 
-from rasd.agent import doctor, gpu, install, kmsg_source, node_ops, runtime, sources, spool, systemd
+from rasd.agent import gpu, kmsg_source, node_ops, runtime, sources, spool, systemd
 from rasd.agent import metrics as agent_metrics
 from rasd.agent import settings as agent_settings
 from rasd.common import VERSION
@@ -170,6 +170,8 @@ def open_backend(settings: agent_settings.AgentSettings) -> gpu.GpuBackend:
     try:
         return nvml.open_nvml_backend(power_buffer_max_spacing_ms=settings.sampling.power_sample_interval_ms)
     except gpu.BackendError as exc:
+        from rasd.agent import doctor  # see check()
+
         if doctor.nvml_extra_missing(exc):
             raise SystemExit(f"rasd-agent: {doctor.NVML_EXTRA_MISSING} (or --backend simulated)") from None
         raise SystemExit(f"rasd-agent: {exc} (is the NVIDIA driver loaded? `rasd-agent check` says more)") from None
@@ -264,6 +266,10 @@ async def _pet_watchdog(agent: runtime.Agent, notifier: systemd.Notifier, stop: 
 
 def check(argv: Sequence[str]) -> int:
     """`rasd-agent check`: print one ok/warn/fail line per check; 1 when any failed."""
+    # Imported by the subcommands that use them: the daemon would carry their imports (cryptography
+    # for the certificate checks, wheel installing) in its resident set for its whole life.
+    from rasd.agent import doctor
+
     parser = build_parser("rasd-agent check")
     parser.description = "Check that this node can run rasd-agent; each line says ok, warn or fail and what to fix."
     parser.add_argument(
@@ -297,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the agent until SIGTERM or SIGINT, or `rasd-agent install` / `rasd-agent check`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["install"]:
+        from rasd.agent import install  # see check()
+
         return install.main(argv[1:])
     if argv[:1] == ["check"]:
         return check(argv[1:])

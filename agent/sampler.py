@@ -7,7 +7,8 @@ waits in it); and the executor's slew steps while a raise is slewing. Findings a
 is unreachable, so no event is missed during an outage.
 
 Power comes one of two ways. A backend that keeps its own samples (NVML's driver buffer,
-`power_sample_buffer`) is read every `power_buffer_interval_ms` and again just before a send; any
+`power_sample_buffer`) is read just before each send, and by the loop where no read came within
+`power_buffer_interval_ms` (while the controller is away); any
 other is read every `power_interval_ms` (10 Hz). Either way the samples go into flat arrays per GPU
 (`PowerBuffers`, bounded by `buffer_s`, oldest dropped while the controller is away): no Python
 object is kept per sample.
@@ -36,6 +37,10 @@ from rasd.api.v1 import agent_service_pb2 as agent_pb
 
 if TYPE_CHECKING:
     from rasd.agent import runtime
+
+
+BUFFER_READ_SLACK = 1.05
+"""A driver buffer is read again this many ticks after its last read (by the loop or a drain), at most."""
 
 
 class PowerBuffers:
@@ -148,7 +153,7 @@ class Sampler:
         max_samples = max(1, int(settings.sampling.buffer_s * 1000 / settings.sampling.power_sample_interval_ms))
         self._buffered = bool(getattr(backend, "power_sample_buffer", False))
         self._buffer_read_lock = asyncio.Lock()
-        self._buffer_read_s = 0.0  # monotonic time of the last buffer read
+        self._buffer_read_s = 0.0  # the event loop's time of the last buffer read
         if self._buffered:
             # A driver buffer samples faster than the agent would: room for buffer_s of its samples too.
             max_samples *= 10
@@ -221,6 +226,12 @@ class Sampler:
                 if now_loop >= next_power:
                     await self._sample_power(now_ns)
                     next_power = next_tick(next_power, self._power_tick_ms(), now_loop)
+                if self._buffered:
+                    # The next read is due a tick after the last one, whoever made it: a connected
+                    # agent's drains read the buffer every second, and a read on this loop's own grid
+                    # as well (one call per GPU and a thread hop) took only what the next drain would.
+                    # A little after the tick, so that a drain due at the same moment reads first.
+                    next_power = self._buffer_read_s + BUFFER_READ_SLACK * self._power_tick_ms() / 1000
                 if now_loop >= next_counters:
                     await self._sample_counters(now_ns)
                     next_counters = next_tick(next_counters, self.counter_interval_ms, now_loop)
@@ -253,8 +264,8 @@ class Sampler:
 
     async def _sample_power(self, now_ns: int) -> None:
         if self._buffered:
-            # Read on this tick only if no drain read the buffer meanwhile.
-            if time.monotonic() - self._buffer_read_s >= 0.5 * self._power_tick_ms() / 1000:
+            # Read on this tick only if no drain read the buffer within one.
+            if asyncio.get_running_loop().time() - self._buffer_read_s >= self._power_tick_ms() / 1000:
                 await self._read_power_buffer(now_ns)
             return
         readings = await self._call(self._backend.read_power, now_ns)
@@ -267,7 +278,7 @@ class Sampler:
         # The sampling loop and a drain may both read; one at a time, or the backend's "seen up to"
         # marks race.
         async with self._buffer_read_lock:
-            self._buffer_read_s = time.monotonic()
+            self._buffer_read_s = asyncio.get_running_loop().time()
             for samples in await self._call(self._backend.read_power_samples, now_ns):
                 self._power.extend(samples)
                 self._stats.power_samples += len(samples.watts)

@@ -17,7 +17,7 @@ import pathlib
 import sys
 from typing import Any
 
-from rasd.agent import settings as agent_settings
+from rasd.agent import settings_file
 from rasd.controller import config as controller_config
 
 HELM = pathlib.Path(__file__).resolve().parent
@@ -29,7 +29,7 @@ def schema() -> dict[str, Any]:
     """The base with both generated parts in the places it keeps for them."""
     values = json.loads(BASE.read_text())
     values["properties"]["config"] = controller_config.chart_config_schema()
-    values["properties"]["agent"]["properties"]["config"] = agent_settings.chart_config_schema()
+    values["properties"]["agent"]["properties"]["config"] = settings_file.chart_config_schema()
     return values
 
 

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from rasd.agent.core import model
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_EDGES_PER_SUMMARY = 8
 """Edges one GPU sends per summary at most (the newest); a 1 s summary of a step job holds one or two."""
@@ -40,6 +42,8 @@ def midpoint_w(draws_w: np.ndarray) -> np.ndarray:
 
     Example: a column alternating 680 W and 120 W → 400 W.
     """
+    import numpy as np  # here, not at the top: the agent uses only interval_edges, and numpy costs it MiBs
+
     low, high = np.percentile(draws_w, [10.0, 90.0], axis=0)
     return (low + high) / 2.0
 
@@ -58,6 +62,8 @@ def falling_edges(times_s: np.ndarray, draws_w: np.ndarray, threshold_w: np.ndar
     Example: samples 680, 680, 120 W at 0.0, 0.1, 0.2 s with threshold 400 W → [0.15]
     (the crossing lies (680 - 400) / (680 - 120) = 0.5 of the way from 0.1 to 0.2).
     """
+    import numpy as np  # see midpoint_w
+
     if draws_w.ndim != 2 or draws_w.shape[0] != times_s.shape[0]:
         raise ValueError(f"draws_w must be (samples, gpus) with {times_s.shape[0]} samples, got {draws_w.shape}")
     above = draws_w >= threshold_w
@@ -131,8 +137,20 @@ def interval_edges(
 def _threshold_w(recent_w: Sequence[float]) -> float | None:
     if len(recent_w) < MIN_HISTORY_SAMPLES or max(recent_w) - min(recent_w) < MIN_SWING_W:  # no percentile needed
         return None
-    low, high = np.percentile(recent_w, [10.0, 90.0])
-    return float(low + high) / 2.0 if high - low >= MIN_SWING_W else None
+    ordered = sorted(recent_w)
+    low, high = percentile(ordered, 10.0), percentile(ordered, 90.0)
+    return (low + high) / 2.0 if high - low >= MIN_SWING_W else None
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of ordered (sorted, not empty), interpolated linearly as numpy's default.
+
+    In Python: for the hundred samples of one GPU, sorting them costs less than numpy's call.
+    """
+    position = (len(ordered) - 1) * q / 100.0
+    below = int(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
 def _falls_ns(times: Sequence[int], watts: Sequence[float], threshold_w: float) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from rasd.agent import main as agent_main
 from rasd.agent import metrics as agent_metrics
 from rasd.agent import settings as agent_settings
+from rasd.agent import settings_file
 from rasd.agent.gpu import simulated
 from rasd.common import tls
 from rasd.controller import config as config_mod
@@ -350,7 +351,7 @@ def test_schema_of_agent_config_is_agent_toml_but_what_the_chart_sets():
     """agent.config takes every agent.toml key the agent loads, except those the chart sets itself."""
     node = json.loads((CHART / "values.schema.json").read_text())["properties"]["agent"]["properties"]["config"]
     assert node["additionalProperties"] is False
-    assert set(node["properties"]) == set(agent_settings.AgentFile.model_fields) - set(agent_settings.CHART_SETS)
+    assert set(node["properties"]) == set(settings_file.AgentFile.model_fields) - set(settings_file.CHART_SETS)
     assert {"sampling", "metrics_addr", "commands"} <= set(node["properties"])
 
 

@@ -94,3 +94,11 @@ def test_a_sampling_outage_is_not_bridged_into_an_edge():
     _, carry = power_edges.interval_edges([_samples("GPU-a", 4.0, [680.0] * 5)], carry)
     edges, _ = power_edges.interval_edges([_samples("GPU-a", 7.0, [120.0] * 5)], carry)  # 2.6 s later
     assert edges == {}
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 40, 100])
+@pytest.mark.parametrize("q", [0.0, 10.0, 50.0, 90.0, 100.0])
+def test_percentile_interpolates_as_numpy_does(size: int, q: float) -> None:
+    # The agent takes a GPU's levels in Python (no numpy in its process): the same figures as numpy's.
+    draws = np.random.default_rng(size).uniform(100.0, 700.0, size)
+    assert power_edges.percentile(sorted(draws), q) == pytest.approx(float(np.percentile(draws, q)), abs=1e-9)
