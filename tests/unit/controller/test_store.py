@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sqlite3
@@ -591,20 +592,36 @@ def _wal_file_bytes(path):
     return os.path.getsize(path + "-wal") if os.path.exists(path + "-wal") else 0
 
 
+@contextlib.contextmanager
+def _checkpointed_database(tmp_path, bound, *, interval_s):
+    """A WAL database with its checkpointer (truncating past bound) and a reader connection; all closed after."""
+    path = str(tmp_path / "wal.db")
+    engine = _wal_database(path)
+    checkpointer = repo.WalCheckpointer(
+        engine,
+        interval_s=interval_s,
+        checkpoint_after_bytes=64 * 1024,
+        truncate_above_bytes=bound,
+        truncate_every_s=0.05,
+    )
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        yield path, engine, checkpointer, reader
+    finally:
+        reader.close()
+        checkpointer.stop()
+        engine.dispose()
+        checkpointer.close()
+
+
 def test_the_checkpointer_truncates_a_wal_file_that_grew_past_its_bound(tmp_path):
     """Issue #37 item 18: a write burst while a reader held an old snapshot left a 373 MB WAL file.
 
     PASSIVE checkpoints copy the log into the database once the reader is gone, and the next commit
     writes the log from its start again, but the file kept its size for as long as the controller ran.
     """
-    path = str(tmp_path / "wal.db")
-    engine = _wal_database(path)
     bound = 512 * 1024
-    checkpointer = repo.WalCheckpointer(
-        engine, interval_s=0.01, checkpoint_after_bytes=64 * 1024, truncate_above_bytes=bound, truncate_every_s=0.05
-    )
-    reader = sqlite3.connect(path, isolation_level=None)
-    try:
+    with _checkpointed_database(tmp_path, bound, interval_s=0.01) as (path, engine, checkpointer, reader):
         reader.execute("BEGIN")
         reader.execute("SELECT count(*) FROM t").fetchone()  # an old snapshot: no checkpoint catches up past it
         for first in range(0, 1000, 100):
@@ -621,11 +638,6 @@ def test_the_checkpointer_truncates_a_wal_file_that_grew_past_its_bound(tmp_path
         with engine.connect() as connection:
             assert connection.exec_driver_sql("SELECT count(*) FROM t").scalar() == 1010
             assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == repo.SQLITE_BUSY_TIMEOUT_S * 1000
-    finally:
-        reader.close()
-        checkpointer.stop()
-        engine.dispose()
-        checkpointer.close()
 
 
 def test_watching_the_wal_never_drops_this_processs_sqlite_locks(tmp_path):
@@ -686,14 +698,8 @@ def test_a_read_then_write_upsert_leaves_insert_only_columns_of_an_existing_row_
 def test_the_wal_file_is_not_truncated_while_commits_go_on_only_once_they_pause(tmp_path):
     """A TRUNCATE checkpoint holds new writers back while it runs: tried during a remediation burst
     whose WAL had passed the bound, it made the decision p99 3-5x worse. It waits for a pause."""
-    path = str(tmp_path / "wal.db")
-    engine = _wal_database(path)
     bound = 256 * 1024
-    checkpointer = repo.WalCheckpointer(
-        engine, interval_s=0.25, checkpoint_after_bytes=64 * 1024, truncate_above_bytes=bound, truncate_every_s=0.05
-    )
-    reader = sqlite3.connect(path, isolation_level=None)
-    try:
+    with _checkpointed_database(tmp_path, bound, interval_s=0.25) as (path, engine, checkpointer, reader):
         reader.execute("BEGIN")
         reader.execute("SELECT count(*) FROM t").fetchone()  # the log grows past the bound behind this snapshot
         _write_rows(engine, 0, 200)
@@ -712,8 +718,3 @@ def test_the_wal_file_is_not_truncated_while_commits_go_on_only_once_they_pause(
             time.sleep(0.01)
         assert checkpointer.truncations >= 1
         assert _wal_file_bytes(path) <= bound
-    finally:
-        reader.close()
-        checkpointer.stop()
-        engine.dispose()
-        checkpointer.close()
