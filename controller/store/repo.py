@@ -358,10 +358,7 @@ class WalIndex:
         is updating it): the caller should checkpoint, which is always safe.
         """
         frames = self.frames()
-        if frames is None:
-            return None
-        _change, page_size, max_frame, backfilled = frames
-        return max(0, max_frame - backfilled) * page_size
+        return None if frames is None else unbackfilled_bytes(frames)
 
     def frames(self) -> tuple[int, int, int, int] | None:
         """The write transactions counter, the page size, the frames in the log and those already copied.
@@ -388,6 +385,12 @@ class WalIndex:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def unbackfilled_bytes(frames: tuple[int, int, int, int]) -> int:
+    """Bytes of the log not yet copied into the database, from one `WalIndex.frames` reading."""
+    _change, page_size, max_frame, backfilled = frames
+    return max(0, max_frame - backfilled) * page_size
 
 
 def without_autocheckpoint(engine: sa.Engine) -> bool:
@@ -477,14 +480,14 @@ class WalCheckpointer:
     def _run(self) -> None:
         seen: tuple[int, int, int, int] | None = None
         while not self._stopped.wait(self._interval_s):
-            pending = self._index.pending_bytes()
-            if pending is None or pending >= self._checkpoint_after_bytes:
+            frames = self._index.frames()  # one read of the header a round, again only after a checkpoint
+            if frames is None or unbackfilled_bytes(frames) >= self._checkpoint_after_bytes:
                 self._checkpoint()
-            frames = self._index.frames()
+                frames = self._index.frames()
             idle, seen = frames is not None and frames == seen, frames
-            if not idle or self._wal_bytes() <= self._truncate_above_bytes:
+            if frames is None or not idle or self._wal_bytes() <= self._truncate_above_bytes:
                 continue
-            if self._index.pending_bytes() != 0:
+            if unbackfilled_bytes(frames) != 0:
                 self._checkpoint()  # idle now: copy the rest first, so the truncation itself copies nothing
                 seen = None  # looked at again next round, when this checkpoint's count is seen
             elif self._truncate_due():
