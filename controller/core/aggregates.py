@@ -41,6 +41,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from rasd.controller.core import fleet
 
 FORMAT_VERSION = 1
@@ -230,8 +232,6 @@ def merge(
     records: dict[str, fleet.GpuRecord] = {}
     latest: dict[str, fleet.GpuLatest] = {}
     controller_ns: dict[str, int] = {}
-    draw: dict[str, float] = {}
-    detect: dict[str, float] = {}
     if len(nodes) == sum(len(agg.nodes) for agg in aggregates):
         # Every node in one aggregate only (no stream moved between replicas): `nodes` lists each
         # aggregate's nodes in turn, so each aggregate's GPUs can be taken whole, in the same order.
@@ -240,11 +240,8 @@ def merge(
     else:
         for node_id, stream in nodes.items():
             take_gpus([stream], holders[node_id], records, latest, controller_ns)
-    for agg in aggregates:  # a GPU's peak over the window, wherever its samples landed
-        for source, into in ((agg.draw_peaks_w, draw), (agg.detect_peaks_w, detect)):
-            for gpu_uuid, peak_w in source.items():
-                if gpu_uuid in records and peak_w > into.get(gpu_uuid, -math.inf):
-                    into[gpu_uuid] = peak_w
+    draw = peak_maxima([agg.draw_peaks_w for agg in aggregates], records)
+    detect = peak_maxima([agg.detect_peaks_w for agg in aggregates], records)
     with_series = [agg for agg in aggregates if agg.series and agg.bucket_ns == bucket_ns]
     return FleetAggregate(
         nodes=nodes,
@@ -261,6 +258,29 @@ def merge(
         complete_until_ns=min((agg.built_unix_ns for agg in with_series), default=None),
         replicas=tuple(sorted(agg.replica_id for agg in aggregates)),
     )
+
+
+def peak_maxima(sources: Sequence[Mapping[str, float]], records: Mapping[str, Any]) -> dict[str, float]:
+    """A GPU's peak over the window, wherever its samples landed: the highest of the sources' peaks.
+
+    Only GPUs in `records` count, and a peak must be above -inf (a NaN never is). In the usual
+    case each GPU's samples landed on one replica only and every peak counts: the sources are then
+    joined whole (C-level updates and one array check instead of a comparison per GPU and source,
+    200,000 at fleet scale), which gives the same mapping, in the same order, as the loop.
+    """
+    joined: dict[str, float] = {}
+    for source in sources:
+        joined.update(source)
+    if len(joined) == sum(len(source) for source in sources) and joined.keys() <= records.keys():
+        peaks_w = np.fromiter(joined.values(), dtype=np.float64, count=len(joined))
+        if bool((peaks_w > -np.inf).all()):
+            return joined
+    out: dict[str, float] = {}
+    for source in sources:
+        for gpu_uuid, peak_w in source.items():
+            if gpu_uuid in records and peak_w > out.get(gpu_uuid, -math.inf):
+                out[gpu_uuid] = peak_w
+    return out
 
 
 def take_gpus(

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import zlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rasd.controller.core import aggregates, fleet
 
@@ -138,6 +141,43 @@ def test_a_node_on_two_replicas_is_the_newest_streams_and_its_gpus_its_data():
     # A GPU's peak over the window is the highest either replica saw (its samples landed on both).
     assert merged.draw_peaks_w == {"g1": 550.0, "g2": 150.0}
     assert merged.replicas == ("b", "c")
+
+
+def _peak_maxima_by_loop(sources, records):
+    """The per-GPU comparison `peak_maxima` must agree with, order included."""
+    out = {}
+    for source in sources:
+        for gpu_uuid, peak_w in source.items():
+            if gpu_uuid in records and peak_w > out.get(gpu_uuid, -math.inf):
+                out[gpu_uuid] = peak_w
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(["g1", "g2", "g3", "g4", "g5"]),
+            st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 900)),
+            max_size=5,
+        ),
+        max_size=4,
+    ),
+    st.frozensets(st.sampled_from(["g1", "g2", "g3", "g4", "g5"])),
+)
+def test_peak_maxima_taken_whole_equal_the_per_gpu_comparison_order_included(sources, known):
+    records = dict.fromkeys(sorted(known))
+    merged = aggregates.peak_maxima(sources, records)
+    expected = _peak_maxima_by_loop(sources, records)
+    assert list(merged.items()) == list(expected.items())  # a NaN peak is in neither
+
+
+def test_a_peak_seen_by_two_replicas_or_of_a_gpu_no_replica_records_is_not_taken_whole():
+    assert aggregates.peak_maxima([{"g1": 500.0}, {"g1": 550.0, "g2": 10.0}], dict.fromkeys(["g1", "g2"])) == {
+        "g1": 550.0, "g2": 10.0}  # fmt: skip
+    assert aggregates.peak_maxima([{"g1": 500.0, "gx": 9.0}, {"g2": 10.0}], dict.fromkeys(["g1", "g2"])) == {
+        "g1": 500.0, "g2": 10.0}  # fmt: skip
+    assert aggregates.peak_maxima([{"g1": -math.inf, "g2": 10.0}], dict.fromkeys(["g1", "g2"])) == {"g2": 10.0}
 
 
 def test_series_are_summed_per_bucket_and_complete_only_up_to_the_oldest_aggregate():

@@ -1,0 +1,76 @@
+"""`views.inventory`'s memo: the last answer is given back only while every input equals the last call's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rasd.controller.core import fleet
+from rasd.controller.core.power import apply as power_apply
+from rasd.controller.core.power import inputs as period_inputs
+from rasd.controller.core.power import views
+
+NODES = frozenset({"node-a", "node-b"})
+
+
+def _record(gpu: str, node: str, max_w: int = 1000) -> fleet.GpuRecord:
+    return fleet.GpuRecord(gpu, "B200", "", 200, max_w, max_w, node_id=node)
+
+
+def _view(records: dict[str, fleet.GpuRecord], known_records=None, gpu_nodes=None) -> period_inputs.FleetView:
+    return period_inputs.FleetView(
+        records=records,
+        known_records=known_records or {},
+        gpu_nodes=gpu_nodes if gpu_nodes is not None else {g: r.node_id for g, r in records.items()},
+        node_gpus={},
+        boot_ids={},
+        sessions={},
+        node_labels={},
+        latest={},
+        latest_controller_ns={},
+    )
+
+
+def _records() -> dict[str, fleet.GpuRecord]:
+    return {"b0": _record("b0", "node-b"), "a1": _record("a1", "node-a"), "a0": _record("a0", "node-a")}
+
+
+def _computed(node_names, view, known):
+    """The inventory with no memo to answer from."""
+    views._last_inventory.clear()
+    return views.inventory(node_names, view, known)
+
+
+def test_equal_inputs_give_the_last_answer_and_every_changed_input_a_new_one():
+    records = _records()
+    first = _computed(NODES, _view(records), ())
+    assert [g.gpu_uuid for g in first] == ["a0", "a1", "b0"]
+    # Equal inputs in new objects (a new period's view): the same answer, the same GpuLimits objects.
+    again = views.inventory(frozenset(NODES), _view(dict(records)), ())
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))
+    changes = {
+        "a record's limits": (NODES, _view({**records, "a0": _record("a0", "node-a", max_w=900)}), ()),
+        "a GPU moved": (NODES, _view(records, gpu_nodes={"a0": "node-b", "a1": "node-a", "b0": "node-b"}), ()),
+        "a store record": (NODES, _view(records, known_records={"c0": _record("c0", "node-b")}), ()),
+        "the tree's nodes": (frozenset({"node-a"}), _view(records), ()),
+        "the apply state's GPUs": (NODES, _view(records), (power_apply.GpuLimits("d0", "node-a", 100, 800),)),
+    }
+    for what, (node_names, view, known) in changes.items():
+        views.inventory(NODES, _view(records), ())  # the memo holds the first inputs again
+        assert views.inventory(node_names, view, known) == _computed(node_names, view, known), what
+
+
+def test_a_live_mapping_changed_after_the_call_is_not_answered_from_the_memo():
+    """The loop's view wraps the ingest's own dicts: the memo must hold copies, not the dicts."""
+    records = _records()
+    view = _view(records)
+    first = _computed(NODES, view, ())
+    records["a0"] = dataclasses.replace(records["a0"], power_limit_max_w=700)
+    second = views.inventory(NODES, view, ())
+    assert second != first and next(g for g in second if g.gpu_uuid == "a0").max_w == 700
+    assert second == _computed(NODES, view, ())
+
+
+def test_an_answer_from_the_memo_is_a_new_list():
+    first = _computed(NODES, _view(_records()), ())
+    first.clear()
+    assert len(views.inventory(NODES, _view(_records()), ())) == 3
