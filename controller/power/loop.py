@@ -264,6 +264,8 @@ class PowerLoop:
         self._start_unanswered: set[str] = set()
         self._start_answered: set[str] = set()
         self._smoothing_unanswered: set[str] = set()
+        self._caps_unanswered: list[tuple[str, str]] = []
+        """(node, error) of cap commands left unanswered since the last period's log line."""
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -485,6 +487,7 @@ class PowerLoop:
             await self._forget_plan()
         self.status = result.status.power
         self._count(result, inputs, now, started)
+        self._log_unanswered()
         await self._ask_replicas(before, inputs, now)
         return plan
 
@@ -649,6 +652,16 @@ class PowerLoop:
         stats.step_ms.append(elapsed_s * 1000)
         self._ingest.metrics.power_period_seconds.observe(elapsed_s)
 
+    def _log_unanswered(self) -> None:
+        """One line for the caps unanswered since the last one: how many, a few nodes, the errors by kind."""
+        if not self._caps_unanswered:
+            return
+        unanswered, self._caps_unanswered = self._caps_unanswered, []
+        nodes = sorted({node for node, _error in unanswered})
+        kinds = collections.Counter(error.split(":", 1)[0] for _node, error in unanswered)
+        log.info("power_caps_unanswered", commands=len(unanswered), nodes=len(nodes), first_nodes=nodes[:10],
+                 errors_by_kind=dict(kinds), first_error=unanswered[0][1])  # fmt: skip
+
     @staticmethod
     def _log(notes: tuple[commands.Note, ...]) -> None:
         for note in notes:
@@ -694,9 +707,10 @@ class PowerLoop:
         try:
             result = await self._deliver(command, issued_unix_ns=issued_unix_ns)
         except UNANSWERED as exc:
-            # No answer: the command stays pending until a read-back newer than its deadline.
-            log.info("power_cap_unanswered", node=command.node_id, command_id=command.limits[0].command_id,
-                     error=str(exc))  # fmt: skip
+            # No answer: the command stays pending until a read-back newer than its deadline. Logged
+            # once a period for all (`_log_unanswered`): a replica that stops answering leaves
+            # thousands unanswered each period, and a line each cost the leader more than its period.
+            self._caps_unanswered.append((command.node_id, f"{type(exc).__name__}: {exc}"))
             return
         finished_ns = result.finished_unix_ns
         at_ns = self._controller_ns(command.node_id, finished_ns) if finished_ns else self._clock()
