@@ -274,6 +274,14 @@ async def _feed(conn: multiprocessing.connection.Connection, db_url: str, args: 
             await asyncio.sleep(0.1)
 
     tasks = [asyncio.create_task(ship()), asyncio.create_task(answer())]
+    figures["errors"] = []
+
+    def failed(task: asyncio.Task[None]) -> None:  # a replica that stops must say why, not go quiet
+        if not task.cancelled() and task.exception() is not None:
+            figures["errors"].append(f"{task.get_name()}: {task.exception()!r}"[:500])
+
+    for task in tasks:
+        task.add_done_callback(failed)
     conn.send("ready")
     while await asyncio.to_thread(conn.recv) != "stop":
         conn.send({**figures, "cpu_s": _usage()[0]})
@@ -323,7 +331,8 @@ def run(db_url: str, args: argparse.Namespace) -> dict[str, Any]:
             led = _ask(lead, "status")
             print(f"{time.monotonic() - started:.0f} s: leader periods {led['periods']} (last "
                   f"{(led['step_ms'] or [0])[-1]:.0f} ms), caps sent {led['commands_sent']}, store calls waiting "
-                  f"{led['store_queued']}; replicas applied {fed['caps']} caps, over {fed['over_now'][:3]}",
+                  f"{led['store_queued']}; replicas applied {fed['caps']} caps, over {fed['over_now'][:3]}"
+                  + (f"; replicas failed: {fed['errors']}" if fed["errors"] else ""),
                   file=sys.stderr, flush=True)  # fmt: skip
         settle_s = time.monotonic() - started
         before, fed_before = _ask(lead, "status"), _ask(feed, "status")
