@@ -7,7 +7,12 @@ node's GPUs; --gpus is then ignored) and writes its own section, "## Agent overh
 so the two machines' figures never overwrite each other.
 
 Run: .venv/bin/python bench/agent_overhead.py [--duration-s 30] [--gpus 8] [--backends simulated,nvml-double]
-     [--baseline-tree DIR --rounds 3]
+     [--baseline-tree DIR --rounds 3] [--profile FILE]
+
+--profile FILE runs one agent of this tree per backend under cProfile on every Python thread (the
+event loop and the worker threads NVML calls hop to), writes the merged pstats to FILE and prints
+its split by area (ours, the double, pynvml, gRPC, asyncio); CPU figures under the profiler are ~2x
+and are not written to RESULTS.md.
 
 Each agent runs alone in a child process so its CPU time (user + system, all threads) and peak RSS
 are its own; the controller runs in a third process. With --baseline-tree (another checkout with
@@ -23,15 +28,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
+import marshal
 import os
 import pathlib
+import pstats
 import resource
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import results
@@ -69,10 +78,59 @@ def _open_backend(name: str, gpus: int, power_interval_ms: int):  # type: ignore
     return nvml.open_nvml_backend(power_buffer_max_spacing_ms=power_interval_ms)
 
 
-async def _child(backend_name: str, controller: str, gpus: int, duration_s: float, warmup_s: float) -> dict:
+class _EveryThreadProfile:
+    """cProfile on CPU time (not wall time: idle waits cost nothing) of every thread, from `start()` on.
+
+    Installed before the agent starts its threads (the event loop's worker threads start lazily,
+    during warm-up): each new thread gets a hook that turns into a profiler of its own once the
+    window opens.
+    """
+
+    def __init__(self) -> None:
+        """Hook every thread started from now on."""
+        self.profiles: list[cProfile.Profile] = []
+        self._open = threading.Event()
+        self._lock = threading.Lock()
+        threading.setprofile(self._hook)
+
+    def _hook(self, *_: object) -> None:
+        if not self._open.is_set():
+            return
+        # Enabling replaces this hook as the thread's own profile function.
+        profile = cProfile.Profile(time.thread_time)
+        with self._lock:
+            self.profiles.append(profile)
+        profile.enable()
+
+    def start(self) -> None:
+        """Open the window: this thread now, every other thread at its next Python call."""
+        self._open.set()
+        self._hook()
+
+    def dump(self, path: str) -> None:
+        """Merge the threads' profiles into one pstats file.
+
+        Only completed calls count: `disable()` would close the calls still in progress in other
+        threads (an idle worker's wait) with this thread's clock, a made-up figure.
+        """
+        threading.setprofile(None)
+        with tempfile.TemporaryDirectory() as tmp:
+            files = []
+            for i, profile in enumerate(self.profiles):
+                profile.snapshot_stats()
+                files.append(f"{tmp}/{i}.pstats")
+                with open(files[-1], "wb") as f:
+                    marshal.dump(profile.stats, f)  # type: ignore[attr-defined]
+            pstats.Stats(*files).dump_stats(path)
+
+
+async def _child(
+    backend_name: str, controller: str, gpus: int, duration_s: float, warmup_s: float, profile_to: str | None = None
+) -> dict:
     from rasd.agent import runtime, spool
     from rasd.agent import settings as agent_settings
 
+    profiler = _EveryThreadProfile() if profile_to else None
     settings = agent_settings.AgentSettings(
         node_id="bench-node", link=agent_settings.LinkSettings(controller_address=controller)
     )
@@ -82,6 +140,8 @@ async def _child(backend_name: str, controller: str, gpus: int, duration_s: floa
     stop = asyncio.Event()
     task = asyncio.create_task(agent.run(stop))
     await asyncio.sleep(warmup_s)
+    if profiler:
+        profiler.start()
     cpu0, wall0, samples0, batches0 = (
         _cpu_s(),
         time.monotonic(),
@@ -90,6 +150,8 @@ async def _child(backend_name: str, controller: str, gpus: int, duration_s: floa
     )
     await asyncio.sleep(duration_s)
     cpu1, wall1 = _cpu_s(), time.monotonic()
+    if profiler and profile_to:
+        profiler.dump(profile_to)
     samples = agent.stats.power_samples - samples0
     batches = agent.stats.telemetry_batches_sent - batches0
     stop.set()
@@ -109,6 +171,42 @@ async def _child(backend_name: str, controller: str, gpus: int, duration_s: floa
     }
 
 
+_AREAS = (
+    ("the double", "nvml_double/"),
+    ("pynvml", "pynvml.py"),
+    ("ours", "/rasd/"),
+    ("ours", "/agent/"),
+    ("ours", "/common/"),
+    ("gRPC", "grpc"),
+    ("protobuf", "google/protobuf"),
+    ("asyncio", "asyncio/"),
+    ("structlog", "structlog"),
+)
+
+
+def _profile_split(path: str, runs: dict[str, dict[str, list[dict]]]) -> str:
+    """The profile's own time (tottime) by area, and our code's top functions."""
+    stats = pstats.Stats(path)
+    by_area: dict[str, float] = {}
+    ours: list[tuple[float, str]] = []
+    for (filename, line, name), (_cc, _nc, tottime, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        area = next((a for a, mark in _AREAS if mark in filename), "other (C built-ins, threading, stdlib)")
+        by_area[area] = by_area.get(area, 0.0) + tottime
+        if area == "ours":
+            ours.append((tottime, f"{filename.split('/rasd/')[-1]}:{line} {name}"))
+    total = sum(by_area.values()) or 1.0
+    lines = [f"profile {path}: {total:.3f} s of CPU (own time) under the profiler"]
+    lines += [
+        f"  {area:<40} {t:7.3f} s {100 * t / total:5.1f} %" for area, t in sorted(by_area.items(), key=lambda x: -x[1])
+    ]
+    lines.append("  ours, top 15 by own time:")
+    lines += [f"    {t:7.3f} s  {where}" for t, where in sorted(ours, reverse=True)[:15]]
+    for backend, both in runs.items():
+        r = both["this"][0]
+        lines.append(f"  {backend}: {r['pct']:.2f} % of a core under the profiler")
+    return "\n".join(lines)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -120,7 +218,7 @@ def _run_child(tree: pathlib.Path, backend: str, address: str, args: argparse.Na
     child = subprocess.run(
         [str(tree / ".venv" / "bin" / "python"), str(tree / "bench" / "agent_overhead.py"), "--child", backend,
          "--controller", address, "--gpus", str(args.gpus), "--duration-s", str(args.duration_s),
-         "--warmup-s", str(args.warmup_s)],
+         "--warmup-s", str(args.warmup_s), *(["--profile-to", args.profile] if args.profile else [])],
         capture_output=True, text=True, check=True, cwd=tree,
     )  # fmt: skip
     report = json.loads(child.stdout.strip().splitlines()[-1])
@@ -200,7 +298,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=1, help="runs per backend (and tree), alternating")
     parser.add_argument("--baseline-tree", help="another checkout (with its .venv) to compare with, round by round")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--profile", metavar="FILE", help="profile one agent of this tree (pstats to FILE); no RESULTS")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-to", help=argparse.SUPPRESS)
     parser.add_argument("--controller", help=argparse.SUPPRESS)
     return parser
 
@@ -256,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.child:  # first: a baseline tree's older parser must not see the newer options
-        report = asyncio.run(_child(args.child, args.controller, args.gpus, args.duration_s, args.warmup_s))
+        report = asyncio.run(
+            _child(args.child, args.controller, args.gpus, args.duration_s, args.warmup_s, args.profile_to)
+        )
         print(json.dumps(report))
         return 0
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -264,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not backends:
         parser.error(f"--backends: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(BACKENDS)}")
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.profile:
+        args.rounds, args.baseline_tree = 1, None
+        runs = _measure(args, backends)
+        print(_profile_split(args.profile, runs))
+        return 0
     runs = _measure(args, backends)
     section, text, met = _section_text(args, backends, runs, started)
     print(text)
