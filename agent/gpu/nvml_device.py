@@ -88,10 +88,10 @@ class NvmlGpu:
     nvlinks: tuple[model.NvLinkCounters, ...] = ()  # last per-link reading
     nvlinks_unix_ns: int | None = None  # when it was taken
     power_seen_us: int = 0  # the driver's stamp of the newest power sample read from its buffer
-    field_plans: dict[Any, tuple[int, tuple[tuple[int, int], ...], tuple[str, ...]]] = dataclasses.field(
-        default_factory=dict
+    field_plans: dict[Any, tuple[int, tuple[tuple[int, int], ...], tuple[str, ...], tuple[int, ...]]] = (
+        dataclasses.field(default_factory=dict)
     )
-    """`NvmlDevices.scoped_fields`' requests as of len(absent): (that length, entries asked, their absence keys)."""
+    """Field-value requests as of len(absent): (that length, entries asked, their absence keys, places)."""
 
 
 class Lost(Exception):
@@ -142,8 +142,8 @@ class DirectCalls:
         if ret != 0:
             raise self._n.NVMLError(ret)
 
-    def field_values(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> list[tuple[int, Any]]:
-        """nvmlDeviceGetFieldValues: (nvmlReturn, value or None) of each (field id, scope), in order.
+    def field_values(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> tuple[list[int], list[Any]]:
+        """nvmlDeviceGetFieldValues: (nvmlReturn of each (field id, scope), value or None of each), in order.
 
         Raises:
             NVMLError: the call failed as a whole.
@@ -218,13 +218,18 @@ class _FieldRequest:
         """Write the request's ids and scopes back over the last answer."""
         self._bytes[:] = self.template
 
-    def read(self) -> list[tuple[int, Any]]:
-        """(nvmlReturn, value or None) of each entry; None also for a value type newer than this code."""
-        views, out = self._views, []
-        for i, (value_type, ret) in enumerate(zip(self._types.tolist(), self._returns.tolist(), strict=True)):
-            view = views.get(value_type) if ret == 0 else None
-            out.append((ret, None if view is None else view[i]))
-        return out
+    def read(self) -> tuple[list[int], list[Any]]:
+        """(each entry's nvmlReturn, its value or None): None also for a value type newer than this code."""
+        returns, types = self._returns.tolist(), self._types.tolist()
+        views = self._views
+        # One list per value type present (a C call each), then each entry's item from its type's list.
+        columns = {value_type: views[value_type].tolist() for value_type in set(types) if value_type in views}
+        unknown = [None] * len(types)
+        values = [
+            None if ret else columns.get(value_type, unknown)[i]
+            for i, (value_type, ret) in enumerate(zip(types, returns, strict=True))
+        ]
+        return returns, values
 
 
 class NvmlDevices:
@@ -289,21 +294,21 @@ class NvmlDevices:
         An entry answering NOT_SUPPORTED, FUNCTION_NOT_FOUND or INVALID_ARGUMENT is absent
         (`field_absent`) and not asked again.
         """
-        values = self.scoped_fields(g, tuple((f, 0) for f in field_ids), scoped_keys=False)
-        return {field_id: values[(field_id, 0)] for field_id in field_ids}
+        return dict(zip(field_ids, self._field_list(g, tuple((f, 0) for f in field_ids), False), strict=True))
 
-    def scoped_fields(
-        self, g: NvmlGpu, wanted: Sequence[tuple[int, int]], *, scoped_keys: bool = True
-    ) -> dict[tuple[int, int], Any]:
+    def scoped_fields(self, g: NvmlGpu, wanted: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Any]:
         """Field values by (id, scope) in one call; None where the entry's nvmlReturn is not SUCCESS.
 
-        An absent entry is remembered as ``field:{id}:{scope}`` (``field:{id}`` for scope 0 with
-        scoped_keys False, as `fields` keys them); nvmlDeviceGetFieldValues itself absent (very old
-        drivers) makes every field absent.
+        An absent entry is remembered as ``field:{id}:{scope}`` (``field:{id}`` by `fields`, for
+        scope 0); nvmlDeviceGetFieldValues itself absent (very old drivers) makes every field absent.
         """
         wanted = tuple(wanted)
-        out: dict[tuple[int, int], Any] = dict.fromkeys(wanted)
-        ask, keys = self._field_plan(g, wanted, scoped_keys)
+        return dict(zip(wanted, self._field_list(g, wanted, True), strict=True))
+
+    def _field_list(self, g: NvmlGpu, wanted: tuple[tuple[int, int], ...], scoped_keys: bool) -> list[Any]:
+        """The values of wanted, in its order (None where absent or failing), from one call."""
+        out: list[Any] = [None] * len(wanted)
+        ask, keys, positions = self._field_plan(g, wanted, scoped_keys)
         if not ask:
             return out
         if self.direct.usable:
@@ -314,11 +319,13 @@ class NvmlDevices:
             if "field_values" in g.absent:
                 g.absent.update(keys)
             return out
-        # Entries come back in the order asked.
-        for wanted_entry, key, (ret, value) in zip(ask, keys, entries, strict=True):
-            # The call succeeds as a whole; each entry carries its own return code (nvml-api.md §2.3).
+        returns, values = entries  # in the order asked; a value is None unless its entry succeeded
+        if len(ask) == len(wanted) and not any(returns):
+            return values
+        # The call succeeds as a whole; each entry carries its own return code (nvml-api.md §2.3).
+        for position, key, ret, value in zip(positions, keys, returns, values, strict=True):
             if ret == 0:
-                out[wanted_entry] = value  # a value type newer than this code: None, unknown
+                out[position] = value  # a value type newer than this code: None, unknown
             elif ret == GPU_IS_LOST:
                 raise Lost
             elif ret in FIELD_ABSENT:
@@ -328,27 +335,30 @@ class NvmlDevices:
     @staticmethod
     def _field_plan(
         g: NvmlGpu, wanted: tuple[tuple[int, int], ...], scoped_keys: bool
-    ) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
-        """(the entries of wanted still asked, their absence keys), built again only when g.absent grew."""
-        # g.absent only grows, so its size says whether a plan is still good; the hot path builds no key.
+    ) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...], tuple[int, ...]]:
+        """(the entries of wanted still asked, their absence keys, their places in wanted).
+
+        Built again only when g.absent grew: it only grows, so its size says whether a plan is still
+        good, and the hot path builds no key.
+        """
         plan = g.field_plans.get((wanted, scoped_keys))
         if plan is not None and plan[0] == len(g.absent):
-            return plan[1], plan[2]
+            return plan[1:]
         keys = [f"field:{f}:{scope}" if scoped_keys else f"field:{f}" for f, scope in wanted]
-        kept = [(entry, key) for entry, key in zip(wanted, keys, strict=True) if key not in g.absent]
-        ask, ask_keys = tuple(entry for entry, _ in kept), tuple(key for _, key in kept)
-        g.field_plans[(wanted, scoped_keys)] = (len(g.absent), ask, ask_keys)
-        return ask, ask_keys
+        kept = [(i, key) for i, key in enumerate(keys) if key not in g.absent]
+        positions = tuple(i for i, _ in kept)
+        plan = (len(g.absent), tuple(wanted[i] for i in positions), tuple(key for _, key in kept), positions)
+        g.field_plans[(wanted, scoped_keys)] = plan
+        return plan[1:]
 
-    def _direct_fields(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> list[tuple[int, Any]]:
+    def _direct_fields(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> tuple[list[int], list[Any]]:
         return self.direct.field_values(handle, ask)
 
-    def _wrapped_fields(self, handle: Any, ask: list[tuple[int, int]]) -> list[tuple[int, Any]]:
+    def _wrapped_fields(self, handle: Any, ask: list[tuple[int, int]]) -> tuple[list[int], list[Any]]:
         values = self.n.nvmlDeviceGetFieldValues(handle, ask)
-        return [
-            (fv.nvmlReturn, getattr(fv.value, FIELD_UNION[fv.valueType]) if fv.valueType in FIELD_UNION else None)
-            for fv in values
-        ]
+        returns = [fv.nvmlReturn for fv in values]
+        member = [FIELD_UNION.get(fv.valueType) if ret == 0 else None for fv, ret in zip(values, returns, strict=True)]
+        return returns, [None if m is None else getattr(fv.value, m) for fv, m in zip(values, member, strict=True)]
 
     def library_error(self, e: Any, during: str) -> backend_api.BackendError:
         """The BackendError for an NVML error no GPU-level answer explains."""

@@ -42,28 +42,29 @@ def test_every_value_type_reads_back_as_written_call_after_call(handle):
     fake, h = handle
     direct = nvml_device.DirectCalls(pynvml)
     assert direct.usable
-    expected = [(0, value) for _, value in BY_TYPE.values()]
-    assert direct.field_values(h, ASK) == expected
+    expected = [value for _, value in BY_TYPE.values()]
+    assert direct.field_values(h, ASK) == ([0] * len(ASK), expected)
     fake.gpus[0].set_field(pynvml.NVML_FI_DEV_MEMORY_TEMP, 85, value_type=pynvml.NVML_VALUE_TYPE_SIGNED_INT)
-    expected[5] = (0, 85)
-    assert direct.field_values(h, ASK) == expected  # the same array, read again
+    expected[5] = 85
+    assert direct.field_values(h, ASK) == ([0] * len(ASK), expected)  # the same array, read again
 
 
 def test_an_entry_that_failed_this_call_has_no_value_even_where_the_last_call_had_one(handle):
     fake, h = handle
     direct = nvml_device.DirectCalls(pynvml)
-    assert direct.field_values(h, ASK)[1] == (0, 4_000_000_000)
+    assert direct.field_values(h, ASK)[1][1] == 4_000_000_000
     fake.inject_field(0, pynvml.NVML_FI_DEV_POWER_INSTANT, ret=pynvml.NVML_ERROR_NOT_SUPPORTED)
-    got = direct.field_values(h, ASK)
-    assert got[1] == (pynvml.NVML_ERROR_NOT_SUPPORTED, None)
-    assert got[0] == (0, 1234.5)  # the other entries keep answering
+    returns, values = direct.field_values(h, ASK)
+    assert (returns[1], values[1]) == (pynvml.NVML_ERROR_NOT_SUPPORTED, None)
+    assert (returns[0], values[0]) == (0, 1234.5)  # the other entries keep answering
 
 
 def test_a_value_type_newer_than_this_code_reads_as_unknown(handle):
     fake, h = handle
     # NVML_VALUE_TYPE_COUNT (7) is one past the newest member this pynvml knows.
     fake.gpus[0].set_field(pynvml.NVML_FI_DEV_MEMORY_TEMP, 12, value_type=pynvml.NVML_VALUE_TYPE_COUNT)
-    assert nvml_device.DirectCalls(pynvml).field_values(h, ASK)[5] == (0, None)
+    returns, values = nvml_device.DirectCalls(pynvml).field_values(h, ASK)
+    assert (returns[5], values[5]) == (0, None)
 
 
 def test_a_reader_that_finds_the_prepared_request_busy_uses_one_of_its_own(handle):
@@ -76,4 +77,4 @@ def test_a_reader_that_finds_the_prepared_request_busy_uses_one_of_its_own(handl
         reader = threading.Thread(target=lambda: results.append(direct.field_values(h, ASK)))
         reader.start()
         reader.join(5)
-    assert results == [[(0, value) for _, value in BY_TYPE.values()]]
+    assert results == [([0] * len(ASK), [value for _, value in BY_TYPE.values()])]
