@@ -105,9 +105,11 @@ class DirectCalls:
     `__getattribute__`/`__setattr__` (~1.6 µs an attribute, which decode strings), and
     `nvmlDeviceGetSamples` asks twice (size, then fill) and returns one Python object per sample.
     At 17 counter fields of 8 GPUs a second and some 50 power samples per GPU a second, that was a
-    large share of the agent's CPU. Here the request array is copied from a template built once,
-    the samples land in an array that holds a driver's whole ring (one call: NVML fills what fits),
-    and both are read from their memory. Errors are pynvml's `NVMLError`, as from the wrappers.
+    large share of the agent's CPU. Here each distinct request's array is built once and reused
+    (`_FieldRequest`: its ids written back over the last answer, the answers read in bulk through
+    memoryviews), the samples land in an array that holds a driver's whole ring (one call: NVML
+    fills what fits), and both are read from their memory. Errors are pynvml's `NVMLError`, as from
+    the wrappers.
 
     It uses `pynvml._nvmlGetFunctionPointer` (nvidia-ml-py is pinned; a canary test checks the name)
     and checks the structures' layouts; where either differs, `usable` is False and the callers use

@@ -12,8 +12,10 @@ The hot path of the agent, so the calls made here and their order are what the a
 * **counters** (1 Hz): one `nvmlDeviceGetFieldValues` per GPU for every counter NVML has a field
   id for (`COUNTER_FIELDS`: limits, energy, ECC, retired pages, row remaps, PCIe replays, the
   recovery action, the smoothing state), plus temperature, utilisation and clock event reasons,
-  which have none. A field an older driver does not know falls back to its function, once known
-  absent;
+  which have none (nvml.h up to NVML_FI_MAX 308: field 82 is the memory's temperature, 193-196 the
+  thresholds, and 74/76/269-271 the cumulative time in ns each clock event reason was active, not
+  the current reasons mask). A field an older driver does not know falls back to its function,
+  once known absent;
 * **NVLink** (every `nvlink_interval_s`): state and error counters of every link in one field-value
   call (`link` as scope), the per-link functions (~4 calls a link) where those fields are absent.
 
