@@ -200,6 +200,19 @@ def _budget_check(feeder: list[Replica], nodes: int) -> tuple[bool, list[str]]:
     return not over, over
 
 
+def _failures_of(tasks: list[asyncio.Task[None]]) -> list[str]:
+    """A list that gets each task's exception if it fails: a replica that stops must say why, not go quiet."""
+    errors: list[str] = []
+
+    def failed(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            errors.append(f"{task.get_name()}: {task.exception()!r}"[:500])
+
+    for task in tasks:
+        task.add_done_callback(failed)
+    return errors
+
+
 def feeder_process(conn: multiprocessing.connection.Connection, db_url: str, args: dict[str, Any]) -> None:
     """Run the ingest replicas until told to stop; report what they did."""
     _pin(args["cpu"])
@@ -274,14 +287,7 @@ async def _feed(conn: multiprocessing.connection.Connection, db_url: str, args: 
             await asyncio.sleep(0.1)
 
     tasks = [asyncio.create_task(ship()), asyncio.create_task(answer())]
-    figures["errors"] = []
-
-    def failed(task: asyncio.Task[None]) -> None:  # a replica that stops must say why, not go quiet
-        if not task.cancelled() and task.exception() is not None:
-            figures["errors"].append(f"{task.get_name()}: {task.exception()!r}"[:500])
-
-    for task in tasks:
-        task.add_done_callback(failed)
+    figures["errors"] = _failures_of(tasks)
     conn.send("ready")
     while await asyncio.to_thread(conn.recv) != "stop":
         conn.send({**figures, "cpu_s": _usage()[0]})
