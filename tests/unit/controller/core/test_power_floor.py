@@ -171,3 +171,23 @@ def test_headroom_is_the_tightest_domain_and_the_gpus_own_maximum():
     room = power.gpu_headroom_w(tree=tight, views=views, caps_w=np.full(n, 350.0))
     # Node 1,400 W of 2,800 W, but its rack holds two such nodes: 3,000 - 2,800 = 200 W.
     assert room[0] == 0.0 and room[1] == 200.0 and room[15] == 200.0
+
+
+def test_floors_expire_and_leave_quarantined_gpus_and_nodes():
+    from rasd.controller.core.power import floors
+
+    held = {
+        "a": floors.floor("a", "n1", 650, "straggler", now_s=100.0, ttl_s=60.0),
+        "b": floors.floor("b", "n2", 650, "straggler", now_s=100.0),
+        "c": floors.floor("c", "n3", 650, "straggler", now_s=100.0),
+    }
+    assert set(floors.in_force(held, now_s=159.0)) == {"a", "b", "c"}
+    assert set(floors.in_force(held, now_s=160.0, quarantined_gpus={"b"}, quarantined_nodes={"n3"})) == set()
+    assert floors.floors_w(held) == {"a": 650.0, "b": 650.0, "c": 650.0}
+    for bad, field in (({"floor_w": 0.0}, "floor_w"), ({"expires_at_s": 100.0}, "expires_at_s")):
+        try:
+            floors.Floor(**{**held["a"].__dict__, **bad})
+        except ValueError as exc:
+            assert str(exc).startswith(field)
+        else:
+            raise AssertionError(f"accepted {bad}")
