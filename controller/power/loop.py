@@ -287,7 +287,8 @@ class PowerLoop:
         """GPU -> its floor (a straggler's raise, `core.power.floors`): served within the budgets' headroom."""
         self.room: power_status.GpuRoom | None = None
         """What each GPU could still be given after the latest period (None: no period managed GPUs)."""
-        self._room_index: dict[str, int] = {}
+        self._room_index: dict[str, int] | None = None
+        """GPU -> its position in `room`, built at the first `power_room` call after a period (rare: verdicts)."""
 
     # -- what the loop holds -------------------------------------------------------------------------
     @property
@@ -375,6 +376,8 @@ class PowerLoop:
         room = self.room
         if room is None or self._task is None or self._now() - room.at_unix_s > 2 * self.policy.control_period_s:
             return None
+        if self._room_index is None:
+            self._room_index = room.index()
         i = self._room_index.get(gpu_uuid)
         if i is None:
             return None
@@ -386,9 +389,7 @@ class PowerLoop:
         )
 
     def _set_room(self, room: power_status.GpuRoom | None) -> None:
-        if room is not None and (self.room is None or room.gpu_uuids != self.room.gpu_uuids):
-            self._room_index = room.index()
-        self.room = room
+        self.room, self._room_index = room, None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:

@@ -200,6 +200,7 @@ def test_a_stragglers_raise_cap_becomes_a_floor_of_the_power_loop_and_its_later_
         {"budget_w": 1400, "rows": [{"name": "r", "racks": [{"name": "k", "nodes": [{"name": NODE}]}]}]}
     )
     loop = power_loop.PowerLoop(rig.ingest, power_loop.PowerSettings(tree=tree))
+    assert loop.power_room(GPU_A) is None  # a loop that does not run (a follower's) knows no headroom
     effect = straggler_actions.Effect
     raise_cap = effect("raise_cap", GPU_A, NODE, "power-throttled: cap raised 600 → 650 W within the budget", 650.0)
     out = {}
