@@ -477,7 +477,7 @@ class PowerLoop:
             before = self._period
             fleet_view = remote_inputs.fleet_view(self._fleet_view(), self._remote_view)
             self._period, out = period.change_policy(before, policy, fleet_view, self._now())
-            self._log(out.notes)
+            _log_notes(out.notes)
             self._send(out, self._now())
             if before.smoothing.plan is not None:
                 await self._forget_plan()
@@ -523,7 +523,7 @@ class PowerLoop:
             result = period.step(before, inputs, now)
             if self.on_step is not None:
                 self.on_step(before, inputs, now, result)
-            self._log(result.commands.notes)
+            _log_notes(result.commands.notes)
             if result.status.power is None:
                 self._acks[:0] = inputs.acks  # kept for when there are GPUs to manage
                 self._period = result.state
@@ -547,7 +547,8 @@ class PowerLoop:
             await self._forget_plan()
         self.status = result.status.power
         self._count(result, inputs, now, started)
-        self._log_unanswered()
+        _log_unanswered(self._caps_unanswered)
+        self._caps_unanswered = []
         await self._ask_replicas(before, inputs, now)
         return plan
 
@@ -719,21 +720,6 @@ class PowerLoop:
         elapsed_s = time.perf_counter() - started
         stats.step_ms.append(elapsed_s * 1000)
         self._ingest.metrics.power_period_seconds.observe(elapsed_s)
-
-    def _log_unanswered(self) -> None:
-        """One line for the caps unanswered since the last one: how many, a few nodes, the errors by kind."""
-        if not self._caps_unanswered:
-            return
-        unanswered, self._caps_unanswered = self._caps_unanswered, []
-        nodes = sorted({node for node, _error in unanswered})
-        kinds = collections.Counter(error.split(":", 1)[0] for _node, error in unanswered)
-        log.info("power_caps_unanswered", commands=len(unanswered), nodes=len(nodes), first_nodes=nodes[:10],
-                 errors_by_kind=dict(kinds), first_error=unanswered[0][1])  # fmt: skip
-
-    @staticmethod
-    def _log(notes: tuple[commands.Note, ...]) -> None:
-        for note in notes:
-            getattr(log, note.level)(note.event, **note.fields)
 
     # -- sending -------------------------------------------------------------------------------------
     def _send(self, out: commands.Commands, now: float) -> None:
@@ -941,3 +927,19 @@ def policy_from_toml(text: str) -> dict[str, Any]:
     if set(data) == {"power"} and isinstance(data["power"], dict) and set(data["power"]) == {"policy"}:
         data = data["power"]["policy"]
     return data
+
+
+def _log_unanswered(unanswered: list[tuple[str, str]]) -> None:
+    """One line for the caps unanswered in a period, (node, error) each: how many, a few nodes, the errors by kind."""
+    if not unanswered:
+        return
+    nodes = sorted({node for node, _error in unanswered})
+    kinds = collections.Counter(error.split(":", 1)[0] for _node, error in unanswered)
+    log.info("power_caps_unanswered", commands=len(unanswered), nodes=len(nodes), first_nodes=nodes[:10],
+             errors_by_kind=dict(kinds), first_error=unanswered[0][1])  # fmt: skip
+
+
+def _log_notes(notes: tuple[commands.Note, ...]) -> None:
+    """Log a period's notes, each at its own level."""
+    for note in notes:
+        getattr(log, note.level)(note.event, **note.fields)
