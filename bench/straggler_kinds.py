@@ -25,6 +25,7 @@ from typing import Any
 
 import results
 
+from rasd.common import logging as rasd_logging
 from rasd.sim import fleet, report, scenario
 
 SECTION = "## Straggler localisation"
@@ -65,8 +66,8 @@ def _cost(found: dict[str, Any], when: str) -> str:
     values = [row[f"step_time_cost_pct_{when}"] for row in found["step_time"] if f"step_time_cost_pct_{when}" in row]
     if not values:
         return "-"
-    low, high = min(values), max(values)
-    return f"{high:.2f} %" if low == high else f"{low:.2f}-{high:.2f} %"
+    low, high = (f"{value + 0.0:.2f}".replace("-0.00", "0.00") for value in (min(values), max(values)))
+    return f"{high} %" if low == high else f"{low} to {high} %"
 
 
 def _row(label: str, name: str, found: dict[str, Any]) -> tuple[str, bool]:
@@ -92,7 +93,7 @@ def _row(label: str, name: str, found: dict[str, Any]) -> tuple[str, bool]:
         label,
         f"`{name}`",
         localised,
-        f"{steps:g} ({seconds:g} s)" if steps is not None else "-",
+        f"{steps:g} ({seconds:.0f} s)" if steps is not None else "-",
         str(fps),
         _evidence(found),
         _cost(found, "before"),
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    rasd_logging.configure("warning")  # as rasd-sim's default: the runs' info lines are not the result
     header = results.machine()
     started = time.perf_counter()
     rows, all_met = [], True
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             "from 1 s on, power unmanaged (the probe's clean twin beside it). Steps to localise: the named "
             "verdict's steps (max over the slowed GPUs); time: from the fault to the naming. Cost: the job's "
             "step time against its clean twin's, from the fault to the naming (before) and from 2 s after the "
-            "quarantine (after); a slow node's eight GPUs give eight windows (min-max). One run each: the "
+            "quarantine (after); a slow node's eight GPUs give eight windows (min to max). One run each: the "
             "steps vary by a few between runs on this loaded VM.",
             "",
             "| kind | scenario | localised | steps to localise (time) | false positives | evidence named "
