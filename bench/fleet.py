@@ -200,6 +200,19 @@ def _budget_check(feeder: list[Replica], nodes: int) -> tuple[bool, list[str]]:
     return not over, over
 
 
+def _failures_of(tasks: list[asyncio.Task[None]]) -> list[str]:
+    """A list that gets each task's exception if it fails: a replica that stops must say why, not go quiet."""
+    errors: list[str] = []
+
+    def failed(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            errors.append(f"{task.get_name()}: {task.exception()!r}"[:500])
+
+    for task in tasks:
+        task.add_done_callback(failed)
+    return errors
+
+
 def feeder_process(conn: multiprocessing.connection.Connection, db_url: str, args: dict[str, Any]) -> None:
     """Run the ingest replicas until told to stop; report what they did."""
     _pin(args["cpu"])
@@ -274,6 +287,7 @@ async def _feed(conn: multiprocessing.connection.Connection, db_url: str, args: 
             await asyncio.sleep(0.1)
 
     tasks = [asyncio.create_task(ship()), asyncio.create_task(answer())]
+    figures["errors"] = _failures_of(tasks)
     conn.send("ready")
     while await asyncio.to_thread(conn.recv) != "stop":
         conn.send({**figures, "cpu_s": _usage()[0]})
@@ -323,7 +337,8 @@ def run(db_url: str, args: argparse.Namespace) -> dict[str, Any]:
             led = _ask(lead, "status")
             print(f"{time.monotonic() - started:.0f} s: leader periods {led['periods']} (last "
                   f"{(led['step_ms'] or [0])[-1]:.0f} ms), caps sent {led['commands_sent']}, store calls waiting "
-                  f"{led['store_queued']}; replicas applied {fed['caps']} caps, over {fed['over_now'][:3]}",
+                  f"{led['store_queued']}; replicas applied {fed['caps']} caps, over {fed['over_now'][:3]}"
+                  + (f"; replicas failed: {fed['errors']}" if fed["errors"] else ""),
                   file=sys.stderr, flush=True)  # fmt: skip
         settle_s = time.monotonic() - started
         before, fed_before = _ask(lead, "status"), _ask(feed, "status")

@@ -746,6 +746,10 @@ async def measure(
             executors, api_proc, adapter_proc = stack.enter_context(
                 kubernetes_adapter(args.nodes, args.api_latency_ms, tmp, own_process=not args.kubernetes_in_process)
             )
+            if args.aside_cpu is not None:
+                for proc in (api_proc, adapter_proc):
+                    if proc is not None:
+                        os.sched_setaffinity(int(proc.name), {args.aside_cpu})
         elif args.quarantine == "record":
             executors = dict(quarantine.executors(quarantine.open_quarantine({})))  # rasd-controller's default
         # Built before the start: frozen with the start-up heap (the load generator's, not the controller's).
@@ -960,6 +964,17 @@ def _parser() -> argparse.ArgumentParser:
         help="diagnostic, never how rasd runs: PostgreSQL commits return before their WAL is flushed "
         "(synchronous_commit=off), to show what the disk's flush costs; results go to their own section",
     )
+    parser.add_argument(
+        "--decider-cpu",
+        type=int,
+        help="pin this process (the decider, the load generator) and its commit writer to this CPU (as `taskset -c N`)",
+    )
+    parser.add_argument(
+        "--aside-cpu",
+        type=int,
+        help="with --quarantine kubernetes: pin the adapter's own process and the fake API server to this CPU "
+        "(in production they run beside the decider, not on its core; the API server on other machines)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     return parser
 
@@ -1058,6 +1073,16 @@ def _report(
     return section, text, met
 
 
+def _pinning_text(args: argparse.Namespace) -> str:
+    """Which CPUs the processes were pinned to (`--decider-cpu`, `--aside-cpu`), or nothing."""
+    text = ""
+    if args.decider_cpu is not None:
+        text += f" The decider's process (the load generator in it) and its commit writer on CPU {args.decider_cpu}."
+    if args.aside_cpu is not None and args.quarantine == "kubernetes":
+        text += f" The adapter's own process and the fake API server pinned to CPU {args.aside_cpu}."
+    return text
+
+
 def _path_text(args: argparse.Namespace, adapters: str) -> str:
     """What was measured, and how (the section's long paragraph)."""
     return (
@@ -1091,6 +1116,7 @@ def _path_text(args: argparse.Namespace, adapters: str) -> str:
         "cooldown 0. Event mix: Xid 13/31/43/45/48/79/94/119, ECC DBE, row-remap pending, NVLink errors, "
         "IB link state; ~45 % repeats of an open fault (duplicates), 2 % IB flaps on 0.5 % of nodes "
         f"(node quarantine). {adapters}"
+        + _pinning_text(args)
         + (
             " Diagnostic (`--pg-no-flush-wait`): PostgreSQL sessions run with synchronous_commit=off, so a "
             "commit returns before its WAL reaches the disk. rasd never runs so (a dispatched command must be "
@@ -1115,6 +1141,8 @@ def main(argv: list[str] | None = None) -> int:
         print("RASD_TEST_POSTGRES_URL is unset: PostgreSQL skipped (.ci/postgres.sh starts one)", file=sys.stderr)
         backends.remove("postgresql")
     writers = ["process", "thread"] if args.commit_writer == "both" else [args.commit_writer]
+    if args.decider_cpu is not None:
+        os.sched_setaffinity(0, {args.decider_cpu})  # before the commit writer starts: it inherits the CPU
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = results.machine(f"SQLAlchemy {sa.__version__}")
     rasd_logging.configure(args.log_level, json=True)

@@ -283,6 +283,10 @@ class Controller:
         self.power = _power_loop(settings, self.wired, self.leadership, self.send_command)  # started after remediation
         if self.power is not None and self.repair_gate is not None:
             self.repair_gate.attach(self.power)
+        if self.power is not None:  # a straggler's raise is sized to the loop's headroom and served as a floor (#40)
+            self.ingest.stragglers.room = self.power.power_room
+            if self.remediation is not None:
+                self.remediation.stragglers.floors = self.power
         self._register_collectors()
         self.tokens = authn.TokenStore(settings.security.tokens_file)
         self.audit = audit.AuditLog(self.ingest, clock=time.time_ns, registry=self.registry)

@@ -118,6 +118,9 @@ class StragglerWatch:
         """GPU -> its open case (a suspect not yet cleared)."""
         self.actuator: Callable[[Sequence[straggler_actions.Effect]], None] | None = None
         """Carries the effects out (the ladder's `StragglerActions.take`); None: counted and listed only."""
+        self.room: Callable[[str], straggler_actions.PowerRoom | None] | None = None
+        """GPU -> what the power budget could still give it (the power loop's `power_room`); None: no
+        power loop runs here, and a case's "raise cap" says its headroom is not known."""
         self.grouping = grouping or straggler.StepGrouping()
         self._state = straggler.StragglerState()
         self._pending: list[tuple[float, str]] = []
@@ -176,8 +179,9 @@ class StragglerWatch:
             if not self._name(verdict, now_ns):
                 continue
             node_id = self.suspects[verdict.gpu_uuid].node_id
+            power = self.room(verdict.gpu_uuid) if self.room is not None else None
             self.cases, opened = straggler_actions.open_case(
-                self.cases, verdict, node_id, now_s=now_ns / 1e9, policy=self.action_policy
+                self.cases, verdict, node_id, now_s=now_ns / 1e9, policy=self.action_policy, power=power
             )
             effects.extend(opened)
         self._carry_out(effects)

@@ -169,8 +169,9 @@ def _nvlinks(change: _Change) -> Iterator[model.Observation]:
     links_before = previous.sample_unix_ns if previous.nvlink_sample_unix_ns is None else previous.nvlink_sample_unix_ns
     link_interval_s = max((links_now - links_before) / 1e9, 1e-3)
     # Links read less often than the other counters repeat their last reading: nothing new to compare.
-    same_link_sample = links_now == links_before
-    before_links = {} if same_link_sample else {link.link: link for link in previous.nvlinks}
+    if links_now == links_before:
+        return
+    before_links = {link.link: link for link in previous.nvlinks}
     for link in current.nvlinks:
         old = before_links.get(link.link)
         if old is None:

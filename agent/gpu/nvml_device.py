@@ -25,7 +25,7 @@ import ctypes
 import dataclasses
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -90,6 +90,10 @@ class NvmlGpu:
     pcie_link: tuple[int | None, int | None] = (None, None)  # width, generation: read with the NVLinks
     pcie_link_max: tuple[int | None, int | None] | None = None  # width, generation at best: read once
     power_seen_us: int = 0  # the driver's stamp of the newest power sample read from its buffer
+    field_plans: dict[Any, tuple[int, tuple[tuple[int, int], ...], tuple[str, ...], tuple[int, ...]]] = (
+        dataclasses.field(default_factory=dict)
+    )
+    """Field-value requests as of len(absent): (that length, entries asked, their absence keys, places)."""
 
 
 class Lost(Exception):
@@ -103,9 +107,11 @@ class DirectCalls:
     `__getattribute__`/`__setattr__` (~1.6 µs an attribute, which decode strings), and
     `nvmlDeviceGetSamples` asks twice (size, then fill) and returns one Python object per sample.
     At 17 counter fields of 8 GPUs a second and some 50 power samples per GPU a second, that was a
-    large share of the agent's CPU. Here the request array is copied from a template built once,
-    the samples land in an array that holds a driver's whole ring (one call: NVML fills what fits),
-    and both are read from their memory. Errors are pynvml's `NVMLError`, as from the wrappers.
+    large share of the agent's CPU. Here each distinct request's array is built once and reused
+    (`_FieldRequest`: its ids written back over the last answer, the answers read in bulk through
+    memoryviews), the samples land in an array that holds a driver's whole ring (one call: NVML
+    fills what fits), and both are read from their memory. Errors are pynvml's `NVMLError`, as from
+    the wrappers.
 
     It uses `pynvml._nvmlGetFunctionPointer` (nvidia-ml-py is pinned; a canary test checks the name)
     and checks the structures' layouts; where either differs, `usable` is False and the callers use
@@ -129,10 +135,8 @@ class DirectCalls:
             and ctypes.sizeof(value) == 8
         )
         self._request = struct.Struct("=II32x")
-        self._entry = struct.Struct("=24xII8s")
-        self._templates: dict[tuple[tuple[int, int], ...], bytes] = {}
+        self._requests: dict[tuple[tuple[int, int], ...], _FieldRequest] = {}
         ul = "Q" if ctypes.sizeof(ctypes.c_ulong) == 8 else "I"
-        self._value_formats = {0: "=d", 1: "=I", 2: "=" + ul, 3: "=Q", 4: "=q", 5: "=i", 6: "=H"}
         # A sample's value as array items: (typecode, items per 16-byte sample, index of the value).
         self._sample_layout = {0: ("d", 2, 1), 1: ("I", 4, 2), 2: (ul, 16 // ctypes.sizeof(ctypes.c_ulong), 1),
                                3: ("Q", 2, 1), 4: ("q", 2, 1), 5: ("i", 4, 2), 6: ("H", 8, 4)}  # fmt: skip
@@ -142,24 +146,26 @@ class DirectCalls:
         if ret != 0:
             raise self._n.NVMLError(ret)
 
-    def field_values(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> list[tuple[int, Any]]:
-        """nvmlDeviceGetFieldValues: (nvmlReturn, value or None) of each (field id, scope), in order.
+    def field_values(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> tuple[list[int], list[Any]]:
+        """nvmlDeviceGetFieldValues: (nvmlReturn of each (field id, scope), value or None of each), in order.
 
         Raises:
             NVMLError: the call failed as a whole.
         """
-        template = self._templates.get(ask)
-        if template is None:
-            template = self._templates[ask] = b"".join(self._request.pack(f, scope) for f, scope in ask)
-        values = (self._n.c_nvmlFieldValue_t * len(ask)).from_buffer_copy(template)
-        self._call("nvmlDeviceGetFieldValues", handle, ctypes.c_int32(len(ask)), ctypes.byref(values))
-        formats, out = self._value_formats, []
-        for value_type, ret, union in self._entry.iter_unpack(
-            ctypes.string_at(ctypes.addressof(values), 40 * len(ask))
-        ):
-            fmt = formats.get(value_type) if ret == 0 else None  # a value type newer than this code: unknown
-            out.append((ret, struct.unpack_from(fmt, union)[0] if fmt else None))
-        return out
+        request = self._requests.get(ask)
+        if request is None:
+            request = self._requests[ask] = _FieldRequest(self._n.c_nvmlFieldValue_t, ask, self._request)
+        # One reader at a time per prepared request; a concurrent one (a command's read-back while
+        # the sampler reads) gets a request of its own for this call.
+        if not request.lock.acquire(blocking=False):
+            request = _FieldRequest(self._n.c_nvmlFieldValue_t, ask, self._request)
+            request.lock.acquire()
+        try:
+            request.reset()
+            self._call("nvmlDeviceGetFieldValues", handle, request.count, request.ref)
+            return request.read()
+        finally:
+            request.lock.release()
 
     def samples(self, handle: Any, sampling_type: int, last_seen_us: int) -> tuple[array.array[int], array.array[Any]]:
         """nvmlDeviceGetSamples: (timestamps µs, values) of the samples newer than last_seen_us.
@@ -181,6 +187,53 @@ class DirectCalls:
         raw = ctypes.string_at(ctypes.addressof(buffer), 16 * filled)
         typecode, per_sample, index = layout
         return array.array("Q", raw)[0::2], array.array(typecode, raw)[index::per_sample]
+
+
+class _FieldRequest:
+    """A field-value request built once and reused: its array, and views that read the answers in place.
+
+    The array is the C call's own (no copy in or out): before each call the template (ids and
+    scopes, the rest zero) is written back over it, and the entries' return codes, value types and
+    union members are read through strided memoryviews of its bytes (a 40-byte entry: valueType at
+    byte 24, nvmlReturn at 28, the value union at 32).
+    """
+
+    _FORMATS = {0: "d", 1: "I", 2: "L", 3: "Q", 4: "q", 5: "i", 6: "H"}
+    """NVML_VALUE_TYPE_* -> the union member's memoryview format (L: C's unsigned long, this platform's)."""
+
+    def __init__(self, entry_type: Any, ask: tuple[tuple[int, int], ...], request: struct.Struct) -> None:
+        """Prepare the array for ask ((field id, scope) pairs) and its views."""
+        self.template = b"".join(request.pack(f, scope) for f, scope in ask)
+        self.values = (entry_type * len(ask))()
+        self.count = ctypes.c_int32(len(ask))
+        self.ref = ctypes.byref(self.values)
+        self.lock = threading.Lock()
+        self._bytes = memoryview(self.values).cast("B")
+        u32 = self._bytes.cast("I")
+        self._types, self._returns = u32[6::10], u32[7::10]
+        # The union's first item of each entry, for each value type: entry i's union begins at byte 40 i + 32.
+        self._views: dict[int, memoryview] = {}
+        for value_type, fmt in self._FORMATS.items():
+            items = self._bytes.cast(fmt)
+            per_8 = 8 // items.itemsize
+            self._views[value_type] = items[4 * per_8 :: 5 * per_8]
+
+    def reset(self) -> None:
+        """Write the request's ids and scopes back over the last answer."""
+        self._bytes[:] = self.template
+
+    def read(self) -> tuple[list[int], list[Any]]:
+        """(each entry's nvmlReturn, its value or None): None also for a value type newer than this code."""
+        returns, types = self._returns.tolist(), self._types.tolist()
+        views = self._views
+        # One list per value type present (a C call each), then each entry's item from its type's list.
+        columns = {value_type: views[value_type].tolist() for value_type in set(types) if value_type in views}
+        unknown = [None] * len(types)
+        values = [
+            None if ret else columns.get(value_type, unknown)[i]
+            for i, (value_type, ret) in enumerate(zip(types, returns, strict=True))
+        ]
+        return returns, values
 
 
 class NvmlDevices:
@@ -239,60 +292,77 @@ class NvmlDevices:
                 raise self.library_error(e, key) from e
             return None  # transient (UNKNOWN, NO_DATA, ...): unknown for this sample only
 
-    def fields(self, g: NvmlGpu, field_ids: list[int]) -> dict[int, Any]:
+    def fields(self, g: NvmlGpu, field_ids: Sequence[int]) -> dict[int, Any]:
         """Field values by id (scope 0); None where the entry's own nvmlReturn is not SUCCESS.
 
         An entry answering NOT_SUPPORTED, FUNCTION_NOT_FOUND or INVALID_ARGUMENT is absent
         (`field_absent`) and not asked again.
         """
-        values = self.scoped_fields(g, [(f, 0) for f in field_ids], scoped_keys=False)
-        return {field_id: values[(field_id, 0)] for field_id in field_ids}
+        return dict(zip(field_ids, self._field_list(g, tuple((f, 0) for f in field_ids), False), strict=True))
 
-    def scoped_fields(
-        self, g: NvmlGpu, wanted: list[tuple[int, int]], *, scoped_keys: bool = True
-    ) -> dict[tuple[int, int], Any]:
+    def scoped_fields(self, g: NvmlGpu, wanted: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Any]:
         """Field values by (id, scope) in one call; None where the entry's nvmlReturn is not SUCCESS.
 
-        An absent entry is remembered as ``field:{id}:{scope}`` (``field:{id}`` for scope 0 with
-        scoped_keys False, as `fields` keys them); nvmlDeviceGetFieldValues itself absent (very old
-        drivers) makes every field absent.
+        An absent entry is remembered as ``field:{id}:{scope}`` (``field:{id}`` by `fields`, for
+        scope 0); nvmlDeviceGetFieldValues itself absent (very old drivers) makes every field absent.
         """
-        out: dict[tuple[int, int], Any] = dict.fromkeys(wanted)
+        wanted = tuple(wanted)
+        return dict(zip(wanted, self._field_list(g, wanted, True), strict=True))
 
-        def key(field_id: int, scope: int) -> str:
-            return f"field:{field_id}:{scope}" if scoped_keys else f"field:{field_id}"
-
-        ask = [(f, scope) for f, scope in wanted if key(f, scope) not in g.absent]
+    def _field_list(self, g: NvmlGpu, wanted: tuple[tuple[int, int], ...], scoped_keys: bool) -> list[Any]:
+        """The values of wanted, in its order (None where absent or failing), from one call."""
+        out: list[Any] = [None] * len(wanted)
+        ask, keys, positions = self._field_plan(g, wanted, scoped_keys)
         if not ask:
             return out
         if self.direct.usable:
-            entries = self.optional(g, "field_values", self._direct_fields, tuple(ask))
+            entries = self.optional(g, "field_values", self._direct_fields, ask)
         else:
-            entries = self.optional(g, "field_values", self._wrapped_fields, ask)
+            entries = self.optional(g, "field_values", self._wrapped_fields, list(ask))
         if entries is None:
             if "field_values" in g.absent:
-                g.absent.update(key(f, scope) for f, scope in ask)
+                g.absent.update(keys)
             return out
-        # Entries come back in the order asked.
-        for (field_id, scope), (ret, value) in zip(ask, entries, strict=True):
-            # The call succeeds as a whole; each entry carries its own return code (nvml-api.md §2.3).
+        returns, values = entries  # in the order asked; a value is None unless its entry succeeded
+        if len(ask) == len(wanted) and not any(returns):
+            return values
+        # The call succeeds as a whole; each entry carries its own return code (nvml-api.md §2.3).
+        for position, key, ret, value in zip(positions, keys, returns, values, strict=True):
             if ret == 0:
-                out[(field_id, scope)] = value  # a value type newer than this code: None, unknown
+                out[position] = value  # a value type newer than this code: None, unknown
             elif ret == GPU_IS_LOST:
                 raise Lost
             elif ret in FIELD_ABSENT:
-                g.absent.add(key(field_id, scope))
+                g.absent.add(key)
         return out
 
-    def _direct_fields(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> list[tuple[int, Any]]:
+    @staticmethod
+    def _field_plan(
+        g: NvmlGpu, wanted: tuple[tuple[int, int], ...], scoped_keys: bool
+    ) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...], tuple[int, ...]]:
+        """(the entries of wanted still asked, their absence keys, their places in wanted).
+
+        Built again only when g.absent grew: it only grows, so its size says whether a plan is still
+        good, and the hot path builds no key.
+        """
+        plan = g.field_plans.get((wanted, scoped_keys))
+        if plan is not None and plan[0] == len(g.absent):
+            return plan[1:]
+        keys = [f"field:{f}:{scope}" if scoped_keys else f"field:{f}" for f, scope in wanted]
+        kept = [(i, key) for i, key in enumerate(keys) if key not in g.absent]
+        positions = tuple(i for i, _ in kept)
+        plan = (len(g.absent), tuple(wanted[i] for i in positions), tuple(key for _, key in kept), positions)
+        g.field_plans[(wanted, scoped_keys)] = plan
+        return plan[1:]
+
+    def _direct_fields(self, handle: Any, ask: tuple[tuple[int, int], ...]) -> tuple[list[int], list[Any]]:
         return self.direct.field_values(handle, ask)
 
-    def _wrapped_fields(self, handle: Any, ask: list[tuple[int, int]]) -> list[tuple[int, Any]]:
+    def _wrapped_fields(self, handle: Any, ask: list[tuple[int, int]]) -> tuple[list[int], list[Any]]:
         values = self.n.nvmlDeviceGetFieldValues(handle, ask)
-        return [
-            (fv.nvmlReturn, getattr(fv.value, FIELD_UNION[fv.valueType]) if fv.valueType in FIELD_UNION else None)
-            for fv in values
-        ]
+        returns = [fv.nvmlReturn for fv in values]
+        member = [FIELD_UNION.get(fv.valueType) if ret == 0 else None for fv, ret in zip(values, returns, strict=True)]
+        return returns, [None if m is None else getattr(fv.value, m) for fv, m in zip(values, member, strict=True)]
 
     def library_error(self, e: Any, during: str) -> backend_api.BackendError:
         """The BackendError for an NVML error no GPU-level answer explains."""

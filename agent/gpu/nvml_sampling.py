@@ -12,8 +12,10 @@ The hot path of the agent, so the calls made here and their order are what the a
 * **counters** (1 Hz): one `nvmlDeviceGetFieldValues` per GPU for every counter NVML has a field
   id for (`COUNTER_FIELDS`: limits, energy, ECC, retired pages, row remaps, PCIe replays, the
   recovery action, the smoothing state), plus temperature, utilisation and clock event reasons,
-  which have none. A field an older driver does not know falls back to its function, once known
-  absent;
+  which have none (nvml.h up to NVML_FI_MAX 308: field 82 is the memory's temperature, 193-196 the
+  thresholds, and 74/76/269-271 the cumulative time in ns each clock event reason was active, not
+  the current reasons mask). A field an older driver does not know falls back to its function,
+  once known absent;
 * **NVLink** (every `nvlink_interval_s`): state and error counters of every link in one field-value
   call (`link` as scope), the per-link functions (~4 calls a link) where those fields are absent;
   with them the PCIe link's width and generation (two calls; the link's best once per GPU).
@@ -67,6 +69,7 @@ COUNTER_FIELDS = (
 # ACTIVE_TRAFFIC_DISABLED 3 (carries nothing: as good as down for a job).
 _NVLINK_UP_STATES = frozenset({1, 2})
 _TOTAL_POWER_SAMPLES = 0  # NVML_TOTAL_POWER_SAMPLES (nvmlSamplingType_t)
+_POWER_INSTANT = (device.FI_POWER_INSTANT,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +117,7 @@ class NvmlSampler:
             )
 
         # A field an older driver lacks is read through the function the field replaces.
-        self._fallbacks: dict[int, Callable[[device.NvmlGpu], Any]] = {
+        fallbacks: dict[int, Callable[[device.NvmlGpu], Any]] = {
             FI_POWER_CURRENT_LIMIT: call("enforced_limit", n.nvmlDeviceGetEnforcedPowerLimit),
             FI_POWER_REQUESTED_LIMIT: call("requested_limit", n.nvmlDeviceGetPowerManagementLimit),
             FI_TOTAL_ENERGY: call("energy", n.nvmlDeviceGetTotalEnergyConsumption),
@@ -131,6 +134,8 @@ class NvmlSampler:
             FI_REMAPPED_FAILURE: remap(3),
             FI_PCIE_REPLAY: call("pcie_replay", n.nvmlDeviceGetPcieReplayCounter),
         }
+        # With the field's absence key (as `NvmlDevices.fields` records it), built once.
+        self._fallbacks = tuple((field_id, f"field:{field_id}", fn) for field_id, fn in fallbacks.items())
 
     # ----- power ------------------------------------------------------------------------------------
 
@@ -215,7 +220,7 @@ class NvmlSampler:
     def _power_mw(self, g: device.NvmlGpu) -> int | None:
         # nvmlDeviceGetPowerUsage is a 1 s average on Ampere (except GA100) and newer; the instant
         # field is what a 10 Hz sampler needs. Fall back where the field is absent (older drivers).
-        instant = self._devices.fields(g, [device.FI_POWER_INSTANT])[device.FI_POWER_INSTANT]
+        instant = self._devices.fields(g, _POWER_INSTANT)[device.FI_POWER_INSTANT]
         if instant is not None:
             return int(instant)
         return self._devices.optional(g, "power_usage", self._devices.n.nvmlDeviceGetPowerUsage)
@@ -236,9 +241,9 @@ class NvmlSampler:
 
     def _counter_values(self, g: device.NvmlGpu) -> dict[int, Any]:
         """COUNTER_FIELDS by id: one field-value call, then the functions of fields this driver lacks."""
-        values = self._devices.fields(g, list(COUNTER_FIELDS))
-        for field_id, fallback in self._fallbacks.items():
-            if f"field:{field_id}" in g.absent:
+        values = self._devices.fields(g, COUNTER_FIELDS)
+        for field_id, key, fallback in self._fallbacks:
+            if key in g.absent:
                 values[field_id] = fallback(g)
         return values
 
@@ -319,7 +324,7 @@ class NvmlSampler:
         """Every link's state and errors: one field-value call (scope = link), per-link calls where absent."""
         if not g.links:
             return ()
-        wanted = [(field_id, link) for link in g.links for field_id in _LINK_FIELDS]
+        wanted = tuple((field_id, link) for link in g.links for field_id in _LINK_FIELDS)
         values = self._devices.scoped_fields(g, wanted)
         n, out = self._devices.n, []
         for link in g.links:

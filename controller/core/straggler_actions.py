@@ -26,7 +26,8 @@ it opens no case and gets no action: nothing here acts without a verdict.
 
 Validate and Quarantine go through the repair ladder (the shell hands them in as health events), so
 the disruption budget, the audit trail and the ladder's idempotency apply to them; RaiseCap must go
-through the power loop's budget (`PowerRoom.headroom_w` is what the budget allows for this GPU).
+through the power loop's budget (`PowerRoom.headroom_w` is what the budget allows for this GPU; the
+loop serves the raise as a floor within every budget, `rasd.controller.core.power.floors`).
 
 Pure: values in, values out; ``now_s`` is passed in.
 """
@@ -90,7 +91,7 @@ class PowerRoom:
     headroom_w: float
     """Watts the GPU's budget domains could give it now without exceeding any budget."""
     capped: bool = False
-    """Drawing at its cap with the SW power cap clock reason set (power-throttled by its own cap)."""
+    """The power loop judged it capped (SW power cap clock reason, or drawing within a few % of its cap)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,9 +25,14 @@ period (`step`, with `now` from the injected clock) the loop:
 5. logs the period's notes and counts it (stats, metrics); with several replicas, tells them what
    to ship for the next period (`remote.ask`: the windows it read, the tracked GPUs, how often).
 
-A period runs early when acks let waiting raises go, when a BMC confirms a limit, and after a
-budget or policy change. Start and stop live in `start()`/`stop()` only, so a leader-election gate
-wraps exactly these two.
+The loop also holds the per-GPU floors (`floors`: a straggler's raise, set by the straggler watch's
+actions, `core.power.floors`), given to each period as an input, and what the latest period says
+each GPU could still be given within the budgets (`power_room`, what the straggler watch sizes a
+raise to).
+
+A period runs early when acks let waiting raises go, when a floor is set, when a BMC confirms a
+limit, and after a budget or policy change. Start and stop live in `start()`/`stop()` only, so a
+leader-election gate wraps exactly these two.
 """
 
 from __future__ import annotations
@@ -49,9 +54,10 @@ import tomli_w
 from rasd.common import aio
 from rasd.common import settings as settings_check
 from rasd.controller.core import agent_messages as msgs
-from rasd.controller.core import aggregates, fleet
+from rasd.controller.core import aggregates, fleet, straggler_actions
 from rasd.controller.core.power import apply as power_apply
 from rasd.controller.core.power import commands, fallback, period, start_smoothing, swing
+from rasd.controller.core.power import floors as power_floors
 from rasd.controller.core.power import inputs as period_inputs
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.power import remote as remote_inputs
@@ -264,6 +270,8 @@ class PowerLoop:
         self._start_unanswered: set[str] = set()
         self._start_answered: set[str] = set()
         self._smoothing_unanswered: set[str] = set()
+        self._caps_unanswered: list[tuple[str, str]] = []
+        """(node, error) of cap commands left unanswered since the last period's log line."""
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -277,6 +285,12 @@ class PowerLoop:
         self.on_step: StepHook | None = None
         self.repairs = repair_gate.RepairHold(wait_s=settings.repair_wait_s)
         """Resets and reboots counted at their GPUs' default limits, held until there is room (`repair_gate`)."""
+        self.floors: dict[str, power_floors.Floor] = {}
+        """GPU -> its floor (a straggler's raise, `core.power.floors`): served within the budgets' headroom."""
+        self.room: power_status.GpuRoom | None = None
+        """What each GPU could still be given after the latest period (None: no period managed GPUs)."""
+        self._room_index: dict[str, int] | None = None
+        """GPU -> its position in `room`, built at the first `power_room` call after a period (rare: verdicts)."""
 
     # -- what the loop holds -------------------------------------------------------------------------
     @property
@@ -334,6 +348,51 @@ class PowerLoop:
         self._wake.set()  # a period counts it now, not at the next tick
         return True
 
+    # -- floors (a straggler's raise) ----------------------------------------------------------------
+    def set_floor(self, gpu_uuid: str, node_id: str, floor_w: float, reason: str) -> power_floors.Floor:
+        """Give gpu_uuid a floor from the next period on (within the budgets' headroom); replaces its last one.
+
+        Raises:
+            ValueError: a floor that is not a positive number of watts.
+        """
+        floor = power_floors.floor(gpu_uuid, node_id, floor_w, reason, now_s=self._now())
+        self.floors[gpu_uuid] = floor
+        log.info("power_floor_set", gpu=gpu_uuid, node=node_id, floor_w=floor.floor_w, reason=reason,
+                 expires_at_s=floor.expires_at_s)  # fmt: skip
+        self._wake.set()
+        return floor
+
+    def clear_floor(self, gpu_uuid: str, why: str) -> bool:
+        """Remove gpu_uuid's floor; False when it had none."""
+        if self.floors.pop(gpu_uuid, None) is None:
+            return False
+        log.info("power_floor_removed", gpu=gpu_uuid, why=why)
+        return True
+
+    def power_room(self, gpu_uuid: str) -> straggler_actions.PowerRoom | None:
+        """What the latest period says gpu_uuid could still be given; None where this loop does not know.
+
+        None while the loop does not run (a follower replica, stopped), before a period managed GPUs,
+        when the latest period is older than two control periods, or for a GPU outside the tree.
+        """
+        room = self.room
+        if room is None or self._task is None or self._now() - room.at_unix_s > 2 * self.policy.control_period_s:
+            return None
+        if self._room_index is None:
+            self._room_index = room.index()
+        i = self._room_index.get(gpu_uuid)
+        if i is None:
+            return None
+        return straggler_actions.PowerRoom(
+            cap_w=float(room.cap_w[i]),
+            max_w=float(room.max_w[i]),
+            headroom_w=float(room.headroom_w[i]),
+            capped=bool(room.capped[i]),
+        )
+
+    def _set_room(self, room: power_status.GpuRoom | None) -> None:
+        self.room, self._room_index = room, None
+
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the persisted state (budgets, policy, apply state, smoothing) and start the control loop."""
@@ -357,6 +416,7 @@ class PowerLoop:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         self.repairs.release_all("the power loop stopped")
+        self._set_room(None)  # a stopped loop (a deposed leader) knows no headroom
         for task in list(self._sends):
             task.cancel()
         await asyncio.gather(*self._sends, return_exceptions=True)
@@ -417,7 +477,7 @@ class PowerLoop:
             before = self._period
             fleet_view = remote_inputs.fleet_view(self._fleet_view(), self._remote_view)
             self._period, out = period.change_policy(before, policy, fleet_view, self._now())
-            self._log(out.notes)
+            _log_notes(out.notes)
             self._send(out, self._now())
             if before.smoothing.plan is not None:
                 await self._forget_plan()
@@ -463,18 +523,20 @@ class PowerLoop:
             result = period.step(before, inputs, now)
             if self.on_step is not None:
                 self.on_step(before, inputs, now, result)
-            self._log(result.commands.notes)
+            _log_notes(result.commands.notes)
             if result.status.power is None:
                 self._acks[:0] = inputs.acks  # kept for when there are GPUs to manage
                 self._period = result.state
                 self.status = dataclasses.replace(self.status, at_unix_s=now, reason=result.status.reason)
                 self.repairs.release_all(result.status.reason)
+                self._set_room(None)
                 return None
             await self._persist(before, result)
         except BaseException:
             self._requeue(inputs)  # nothing of this period happened: its inputs are the next one's
             raise
         self._period = result.state
+        self._set_room(result.room)
         plan = result.commands.caps
         assert plan is not None
         self._waiting = plan.waiting
@@ -485,6 +547,8 @@ class PowerLoop:
             await self._forget_plan()
         self.status = result.status.power
         self._count(result, inputs, now, started)
+        _log_unanswered(self._caps_unanswered)
+        self._caps_unanswered = []
         await self._ask_replicas(before, inputs, now)
         return plan
 
@@ -502,6 +566,13 @@ class PowerLoop:
         fleet_view = remote_inputs.fleet_view(self._fleet_view(), remote)
         reads = period.window_reads(state, fleet_view, now)
         quarantined_nodes = frozenset(q["node_id"] for q in quarantines if not q["gpu_uuid"] and not q["port"])
+        quarantined_gpus = frozenset(q["gpu_uuid"] for q in quarantines if q["gpu_uuid"])
+        floors = power_floors.in_force(
+            self.floors, now_s=now, quarantined_gpus=quarantined_gpus, quarantined_nodes=quarantined_nodes
+        )
+        for gone in self.floors.keys() - floors.keys():
+            log.info("power_floor_removed", gpu=gone, why="expired, or the GPU or its node is quarantined")
+        self.floors = floors
         self.repairs.settle(statuses, fleet_view.boot_ids, quarantined_nodes)
         repairing, repairing_ids = self.repairs.counted()
         nodes = state.tree.index.node_names
@@ -515,13 +586,14 @@ class PowerLoop:
             fleet=fleet_view,
             window=remote_inputs.window_view(self._window_view(reads), remote, reads),
             quarantined_nodes=quarantined_nodes,
-            quarantined_gpus=frozenset(q["gpu_uuid"] for q in quarantines if q["gpu_uuid"]),
+            quarantined_gpus=quarantined_gpus,
             repairing_gpus=repairing,
             repairing_ids=repairing_ids,
             acks=tuple(self._acks),
             node_limit_results=tuple(self._node_limit_results),
             bmc_nodes=frozenset(n for n in nodes if limiter.configured(n)) if limiter is not None else frozenset(),
             outcomes=outcomes,
+            floors_w=power_floors.floors_w(floors),
         )
         self._acks, self._node_limit_results = [], []
         self._start_unanswered, self._start_answered, self._smoothing_unanswered = set(), set(), set()
@@ -649,11 +721,6 @@ class PowerLoop:
         stats.step_ms.append(elapsed_s * 1000)
         self._ingest.metrics.power_period_seconds.observe(elapsed_s)
 
-    @staticmethod
-    def _log(notes: tuple[commands.Note, ...]) -> None:
-        for note in notes:
-            getattr(log, note.level)(note.event, **note.fields)
-
     # -- sending -------------------------------------------------------------------------------------
     def _send(self, out: commands.Commands, now: float) -> None:
         """Send a period's (or a policy change's) commands, in order; results come back as inputs."""
@@ -694,9 +761,10 @@ class PowerLoop:
         try:
             result = await self._deliver(command, issued_unix_ns=issued_unix_ns)
         except UNANSWERED as exc:
-            # No answer: the command stays pending until a read-back newer than its deadline.
-            log.info("power_cap_unanswered", node=command.node_id, command_id=command.limits[0].command_id,
-                     error=str(exc))  # fmt: skip
+            # No answer: the command stays pending until a read-back newer than its deadline. Logged
+            # once a period for all (`_log_unanswered`): a replica that stops answering leaves
+            # thousands unanswered each period, and a line each cost the leader more than its period.
+            self._caps_unanswered.append((command.node_id, f"{type(exc).__name__}: {exc}"))
             return
         finished_ns = result.finished_unix_ns
         at_ns = self._controller_ns(command.node_id, finished_ns) if finished_ns else self._clock()
@@ -859,3 +927,19 @@ def policy_from_toml(text: str) -> dict[str, Any]:
     if set(data) == {"power"} and isinstance(data["power"], dict) and set(data["power"]) == {"policy"}:
         data = data["power"]["policy"]
     return data
+
+
+def _log_unanswered(unanswered: list[tuple[str, str]]) -> None:
+    """One line for the caps unanswered in a period, (node, error) each: how many, a few nodes, the errors by kind."""
+    if not unanswered:
+        return
+    nodes = sorted({node for node, _error in unanswered})
+    kinds = collections.Counter(error.split(":", 1)[0] for _node, error in unanswered)
+    log.info("power_caps_unanswered", commands=len(unanswered), nodes=len(nodes), first_nodes=nodes[:10],
+             errors_by_kind=dict(kinds), first_error=unanswered[0][1])  # fmt: skip
+
+
+def _log_notes(notes: tuple[commands.Note, ...]) -> None:
+    """Log a period's notes, each at its own level."""
+    for note in notes:
+        getattr(log, note.level)(note.event, **note.fields)

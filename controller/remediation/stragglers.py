@@ -9,14 +9,19 @@ hands its effects here, in order:
   disruption budget, the audit trail and the ladder's command ids apply: "validate" holds the GPU
   and runs the accusation suite (a pass releases it), "quarantine" isolates it for a person and
   the scheduler replaces it;
-- "raise_cap" is audited only: the power loop takes no per-GPU floor yet (its priority classes come
-  from node labels), so the watch never has the headroom to raise within (docs/straggler.md).
+- "raise_cap" (decided within the headroom the power loop published, `PowerLoop.power_room`) becomes
+  a floor of the power loop (`floors`, `PowerLoop.set_floor`): the next period's allocation serves it
+  within every budget's headroom and the two-phase apply carries it (decreases first, confirmed);
+  the audit row says "applied as a floor of N W". "clear", "validate" and "quarantine" remove the
+  floor (a held or quarantined GPU is ineligible anyway); a floor nobody removes expires
+  (`core.power.floors.TTL_S`). Without a power loop here a raise_cap is only recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Protocol
 
 import structlog
 
@@ -32,6 +37,19 @@ log = structlog.get_logger("rasd.controller")
 
 ACTOR = "straggler-watch"
 _LADDER_RUNGS = frozenset({"validate", "quarantine"})
+_ENDS_FLOOR = frozenset({"clear", "validate", "quarantine"})
+
+
+class Floors(Protocol):
+    """The power loop's floors registry (`power.loop.PowerLoop`)."""
+
+    def set_floor(self, gpu_uuid: str, node_id: str, floor_w: float, reason: str) -> object:
+        """Serve gpu_uuid at least floor_w from the next period on, within the budgets' headroom."""
+        ...
+
+    def clear_floor(self, gpu_uuid: str, why: str) -> bool:
+        """Remove gpu_uuid's floor; False when it had none."""
+        ...
 
 
 class StragglerActions:
@@ -46,6 +64,8 @@ class StragglerActions:
         self._worker: asyncio.Task[None] | None = None
         self.failures = 0
         """Effects whose commit or decision raised (each logged)."""
+        self.floors: Floors | None = None
+        """Where a raise_cap becomes a floor (the power loop, where one runs here); None: recorded only."""
 
     def take(self, effects: Sequence[straggler_actions.Effect]) -> None:
         """Queue effects; the worker carries them out in order (call from the event loop)."""
@@ -75,13 +95,18 @@ class StragglerActions:
                 log.exception("straggler_action_failed", kind=effect.kind, node=effect.node_id, gpu=effect.gpu_uuid)
 
     async def carry_out(self, effect: straggler_actions.Effect) -> None:
-        """One effect: its audit row, and for a ladder rung the STRAGGLER event decided by the ladder."""
+        """One effect: its audit row; a raise_cap's floor; for a ladder rung, the STRAGGLER event the ladder decides."""
         now_ns = self._state.clock()
-        outcome = "handed to the ladder" if effect.kind in _LADDER_RUNGS else "recorded"
+        floors = self.floors
+        if floors is not None and effect.kind in _ENDS_FLOOR:
+            floors.clear_floor(effect.gpu_uuid, f"straggler {effect.kind}: {effect.reason}")
+        outcome = _outcome(effect, floors is not None)
         row = ledger_mod.audit_record(
             now_ns, ACTOR, f"straggler_{effect.kind}", effect.node_id, effect.gpu_uuid, effect.reason, outcome
         )
         await self._ledger.commit(rstore.Commit(now_unix_ns=now_ns, audit=[row]))
+        if effect.kind == "raise_cap" and floors is not None and effect.to_w is not None:
+            floors.set_floor(effect.gpu_uuid, effect.node_id, effect.to_w, effect.reason)
         if effect.kind not in _LADDER_RUNGS:
             return
         event = repo.StoredEvent(
@@ -98,3 +123,12 @@ class StragglerActions:
             attributes={"rung": effect.kind},
         )
         await self._decider.on_events(effect.node_id, [event], self._state.streams.node_labels.get(effect.node_id, {}))
+
+
+def _outcome(effect: straggler_actions.Effect, has_floors: bool) -> str:
+    """The audit row's outcome for an effect."""
+    if effect.kind in _LADDER_RUNGS:
+        return "handed to the ladder"
+    if effect.kind == "raise_cap" and effect.to_w is not None:
+        return f"applied as a floor of {effect.to_w:.0f} W" if has_floors else "recorded: no power loop runs here"
+    return "recorded"

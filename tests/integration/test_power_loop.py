@@ -16,6 +16,7 @@ import time
 
 import grpc
 import pytest
+import structlog.testing
 
 from rasd.agent import runtime, spool
 from rasd.agent import settings as agent_settings
@@ -529,3 +530,35 @@ def test_a_controller_that_starts_after_the_job_ended_switches_off_its_predecess
     on_at_handover, left = asyncio.run(scenario())
     assert on_at_handover == 8
     assert left == {}, "the plan is deleted once it is off"
+
+
+def test_caps_left_unanswered_are_logged_once_a_period_not_once_a_command(tmp_path, free_port):
+    # A replica that stops answering leaves thousands of caps unanswered each period; a log line each
+    # once cost the leader more than its period (bench/fleet.py's profile).
+    async def scenario():
+        controller = _controller(tmp_path, free_port)
+        await controller.start()
+        fleet = Fleet(controller.address)
+        loop = controller.power
+        try:
+            await _until(lambda: _settled(controller))
+            await fleet.stop_agent("node-a")
+            await _until(lambda: "node-a" not in controller.ingest.sessions, timeout_s=60)
+            with structlog.testing.capture_logs() as logs:
+                await loop.set_budget("node-a", 1200, reason="feed maintenance")
+                await _until(lambda: any(e["event"] == "power_caps_unanswered" for e in logs), timeout_s=15)
+                periods_before = loop.stats.periods
+                await _until(lambda: loop.stats.periods >= periods_before + 2, timeout_s=15)
+            return logs, loop.stats.periods - periods_before
+        finally:
+            await fleet.close()
+            await controller.stop()
+
+    logs, periods = asyncio.run(scenario())
+    per_command = [e for e in logs if e["event"] == "power_cap_unanswered"]
+    summaries = [e for e in logs if e["event"] == "power_caps_unanswered"]
+    assert per_command == []
+    assert summaries and len(summaries) <= periods + 2  # at most one a period
+    first = summaries[0]
+    assert first["first_nodes"] == ["node-a"] and first["nodes"] == 1 and first["commands"] >= 1
+    assert set(first["errors_by_kind"]) <= {"LookupError", "TimeoutError", "ConnectionError"}

@@ -788,7 +788,8 @@ class FakeNvml:
         memory = (ctypes.c_char * (_FV_SIZE * count.value)).from_address(ctypes.addressof(values))
         for i, (field_id, scope) in enumerate(_FV_REQUEST.iter_unpack(memory.raw)):
             ret, value_type, value = self._field(gpu_id, gpu, (field_id, scope), looked_up)
-            union = _VALUE_PACK[value_type].pack(value) if ret == SUCCESS else bytes(8)
+            # A value type newer than pynvml's (a newer driver's) is written as its 8 raw bytes.
+            union = _VALUE_PACK.get(value_type, _VALUE_PACK[3]).pack(value) if ret == SUCCESS else bytes(8)
             _FV_ENTRY.pack_into(memory, i * _FV_SIZE, field_id, scope, now_us, 12, value_type, ret, union)
         return SUCCESS
 

@@ -17,14 +17,16 @@ Each period, per GPU (vectorised over all GPUs at once):
    (hysteresis). Ineligible GPUs (quarantined, drained) ask for their minimum, releasing the rest to
    the pool; marginal GPUs are limited to `marginal_cap_pct` of their maximum.
 3. Grant: every GPU first gets its minimum; then priority classes, highest first, receive their
-   demand above the minimum, limited by the headroom of their node, rack, row and cluster
+   floors (a per-GPU least cap, e.g. a straggler's raise: first within its class, see `_grant`),
+   then their demand above the minimum, limited by the headroom of their node, rack, row and cluster
    (bottom-up the demand is clipped to each domain's headroom, top-down the granted watts are split
    in proportion). Within a class, what GPUs hold or need (a capped GPU's current cap, anyone
    else's demand) is served before what capped GPUs ask beyond it; a shortage within a tier is
    shared in proportion to the requests. A capped GPU holds at most its class's mean capped hold,
    so when power is short, GPUs of one class converge towards equal caps.
 4. Raises are scaled by a seeded random factor in [1 - jitter, 1] and dropped when smaller than
-   `min_change_w`, so the controller never raises every GPU by the same amount at the same time.
+   `min_change_w`, so the controller never raises every GPU by the same amount at the same time;
+   the jitter never cuts a granted floor.
 
 The result never exceeds a budget at any level (a final pass checks and, if floating point ever
 disagreed, cuts), and every cap is within the GPU's [min, max] constraints.
@@ -72,6 +74,8 @@ class GpuView:
     settling: bool = False
     """Its cap was raised and no whole step has been measured under the new cap yet (the edge
     decides how long that takes: about one training step plus the telemetry delay)."""
+    floor_w: float | None = None
+    """The least cap it should get when the budget has room (a straggler's raise), W; None: its minimum."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -93,6 +97,9 @@ class GpuViews:
     """None means every GPU is reachable."""
     settling: np.ndarray | None = None
     """None means no GPU is settling after a raise."""
+    floor_w: np.ndarray | None = None
+    """The least cap each GPU should get within the budgets' headroom, W; None means every GPU's
+    `min_w` (no floor; kept None so that a `replace` of `min_w` never leaves a stale floor)."""
 
     def __post_init__(self) -> None:
         n = len(self.gpu_uuids)
@@ -101,10 +108,12 @@ class GpuViews:
                 object.__setattr__(self, "reachable", np.ones(n, dtype=bool))
             if f.name == "settling" and self.settling is None:
                 object.__setattr__(self, "settling", np.zeros(n, dtype=bool))
-            if f.name != "gpu_uuids" and np.shape(getattr(self, f.name)) != (n,):
+            if f.name not in ("gpu_uuids", "floor_w") and np.shape(getattr(self, f.name)) != (n,):
                 raise ValueError(f"GpuViews.{f.name} must have shape ({n},)")
         if np.any(self.min_w > self.max_w):
             raise ValueError("GpuViews: min_w above max_w for some GPU")
+        if self.floor_w is not None and (np.shape(self.floor_w) != (n,) or np.isnan(self.floor_w).any()):
+            raise ValueError(f"GpuViews.floor_w must have shape ({n},) and no NaN")
 
     def __len__(self) -> int:
         return len(self.gpu_uuids)
@@ -134,6 +143,9 @@ class GpuViews:
             marginal=np.array([v.marginal for v in views], dtype=bool),
             reachable=np.array([v.reachable for v in views], dtype=bool),
             settling=np.array([v.settling for v in views], dtype=bool),
+            floor_w=np.array([v.min_w if v.floor_w is None else v.floor_w for v in views], dtype=np.float64)
+            if any(v.floor_w is not None for v in views)
+            else None,
         )
 
     def replace(self, **changes: object) -> GpuViews:
@@ -277,10 +289,13 @@ def allocate(
         return Allocation(empty, np.zeros(0, bool), np.zeros(0), 0.0, 0.0, 0.0, (), "no GPUs to allocate")
     ref = views.cap_w if previous_caps is None else np.asarray(previous_caps, dtype=np.float64)
     lo, hi, step = _limits(views, policy)
+    floor = _floor(views, lo, hi)
     capped, donor = _classify(views, policy)
     demand, release = _demand(views, ref, capped, donor, lo, hi, step, policy)
-    target, infeasible = _grant(tree.index, views, ref, capped, demand, lo, hi)
-    target = _jitter_raises(views, ref, target, lo, hi, policy, rng)
+    if floor is not None:
+        demand = np.maximum(demand, floor)
+    target, infeasible = _grant(tree.index, views, ref, capped, demand, lo, hi, floor)
+    target = _jitter_raises(views, ref, target, lo, hi, policy, rng, floor)
     caps = _enforce(np.floor(target), lo, views.node_idx, tree.index)
     unmet = float(np.maximum(demand - caps, 0.0).sum())
     reason = (
@@ -301,6 +316,28 @@ def allocate(
     )
 
 
+def gpu_headroom_w(tree: power_tree.PowerTree, views: GpuViews, caps_w: np.ndarray) -> np.ndarray:
+    """Watts each GPU could still be given under `caps_w` without exceeding any budget, W, never negative.
+
+    Per GPU the least, over its node, rack, row and cluster, of (budget - the sum of the caps there),
+    and at most its max - its cap; 0 for an ineligible or unreachable GPU (it gets no raise). Each
+    GPU's figure assumes no other GPU takes the same watts: two GPUs of one node share its headroom.
+
+    Example: one node budget 1,200 W, caps (350, 691) of 700 W maxima -> (159, 9): the node has
+    159 W left, and the second GPU is 9 W under its maximum.
+    """
+    caps = np.asarray(caps_w, dtype=np.float64)
+    idx = tree.index
+    free = [b - s for b, s in zip(idx.level_budgets(), idx.sums(views.node_idx, caps), strict=True)]
+    rack = idx.rack_of_node[views.node_idx]
+    room = np.minimum(free[0][views.node_idx], free[1][rack])
+    room = np.minimum(np.minimum(room, free[2][idx.row_of_rack[rack]]), free[3][0])
+    room = np.minimum(room, views.max_w - caps)
+    assert views.reachable is not None
+    room = np.where(views.eligible & views.reachable, room, 0.0)
+    return np.maximum(room, 0.0)
+
+
 def _limits(views: GpuViews, policy: power_policy.PowerPolicy) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each GPU's (lowest cap, highest cap, hysteresis step), W.
 
@@ -314,6 +351,18 @@ def _limits(views: GpuViews, policy: power_policy.PowerPolicy) -> tuple[np.ndarr
     hi = np.where(views.eligible, hi, lo)
     step = np.maximum((views.max_w - views.min_w) * (policy.max_step_pct_of_range / 100.0), policy.min_change_w)
     return lo, hi, step
+
+
+def _floor(views: GpuViews, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+    """Each GPU's floor within its limits, whole watts; None when no GPU has one above its minimum.
+
+    Never above its highest cap (max, marginal cap, minimum when ineligible), and none for an
+    unreachable GPU (its cap is held where it may be until its agent is back).
+    """
+    if views.floor_w is None:
+        return None
+    floor = np.where(views.reachable, np.minimum(np.maximum(np.ceil(views.floor_w), lo), hi), lo)
+    return floor if bool((floor > lo).any()) else None
 
 
 def _classify(views: GpuViews, policy: power_policy.PowerPolicy) -> tuple[np.ndarray, np.ndarray]:
@@ -363,13 +412,22 @@ def _grant(
     demand: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
+    floor: np.ndarray | None = None,
 ) -> tuple[np.ndarray, tuple[str, ...]]:
     """Step 3: (each GPU's cap before jitter, domains whose minimums exceed their budget).
 
-    Minimums first; then, per priority class from the highest, first what each GPU holds or needs
-    (its current cap if capped, else its demand), then what capped GPUs ask beyond it. Serving known
-    needs before speculative asks keeps a shortage from squeezing a donor below its draw, which would
-    make it capped next period and start an oscillation of the controller's own.
+    Minimums first; then, per priority class from the highest, first the floors (`floor`, above
+    the minimums), then what each GPU holds or needs (its current cap if capped, else its demand),
+    then what capped GPUs ask beyond it. Serving known needs before speculative asks keeps a
+    shortage from squeezing a donor below its draw, which would make it capped next period and
+    start an oscillation of the controller's own.
+
+    A floor is served first within its class, not before higher classes: the priority classes are
+    the operator's order, and a straggler's raise must not take watts from a more important job.
+    Within its class it comes before the holds: a straggler paces its whole synchronous job, so
+    watts that lift it speed every rank, and the floor was sized to the headroom the budget had
+    (`gpu_headroom_w`), so it takes from the holds only when a budget was cut since. Like every
+    tier it is limited by the headroom of each domain above the GPU: a floor never breaks a budget.
     """
     cap = views.cap_w
     budgets = idx.level_budgets()
@@ -387,10 +445,14 @@ def _grant(
     hold_sum = np.bincount(class_idx, weights=np.where(capped, hold, 0.0), minlength=len(classes))
     fair = np.divide(hold_sum, n_capped, out=np.zeros(len(classes)), where=n_capped > 0)
     hold = np.where(capped, np.maximum(np.minimum(hold, fair[class_idx]), lo), hold)
+    tiers = (hold - lo, demand - hold)
+    if floor is not None:
+        hold = np.maximum(hold, floor)  # demand is at least the floor already
+        tiers = (floor - lo, hold - floor, demand - hold)
     grant = np.zeros(len(views))
     for p in classes[::-1]:
         in_class = views.priority == p
-        for extra in (hold - lo, demand - hold):
+        for extra in tiers:
             want = np.where(in_class, extra, 0.0)
             if not want.any():
                 continue
@@ -408,12 +470,16 @@ def _jitter_raises(
     hi: np.ndarray,
     policy: power_policy.PowerPolicy,
     rng: np.random.Generator,
+    floor: np.ndarray | None = None,
 ) -> np.ndarray:
     """Step 4: scale raises (relative to the previous target) by the seeded jitter; drop the small ones.
 
-    An unreachable GPU is never raised above what may already be in force there.
+    An unreachable GPU is never raised above what may already be in force there. The jitter never
+    cuts a floor: a GPU keeps as much of its floor as the grant gave it (never more than granted,
+    so every budget still holds).
     """
     reachable = views.reachable
+    granted = target
     rise = target - ref
     raising = (rise > 0) & reachable
     jitter = 1.0 - (policy.raise_jitter_pct / 100.0) * rng.random(len(views))
@@ -421,6 +487,8 @@ def _jitter_raises(
     target = np.where(raising, np.maximum(jittered, lo), target)
     target = np.where(raising & (target - ref < policy.min_change_w), np.maximum(ref, lo), target)
     target = np.where(reachable, target, np.minimum(target, np.maximum(views.cap_w, lo)))
+    if floor is not None:
+        target = np.maximum(target, np.minimum(granted, floor))
     return np.minimum(np.maximum(target, lo), hi)
 
 

@@ -143,3 +143,6 @@ class PeriodInputs:
     bmc_nodes: frozenset[str] = frozenset()
     """Nodes with a BMC to ask for a node power limit."""
     outcomes: SendOutcomes = dataclasses.field(default_factory=SendOutcomes)
+    floors_w: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """GPU -> the least cap it should get within the budgets' headroom, W (`core.power.floors`: a
+    straggler's raise); a GPU not here has none."""

@@ -18,7 +18,9 @@ must be durable and sends the commands. Each period:
    first, raises only into slack that counts unconfirmed decreases as not applied;
 5. the detected-swing plan and the job-start profiles (`smoothing`);
 6. node limits through the BMC for unreachable nodes whose caps must come down (`fallback`);
-7. the status (`status`).
+7. the status (`status`), with what each GPU could still be given within the budgets
+   (`status.GpuRoom`: the straggler watch sizes a raise to it). GPUs with a floor
+   (`inputs.PeriodInputs.floors_w`, a straggler's raise) get it within the headroom (`allocate`).
 
 Example: two GPUs of one 1,200 W node confirmed at 600 W; a draws 300 W, b draws 600 W and reports
 SW power cap -> commands: one SetCaps to the node with a -> 350 W (a decrease, sent at once); b's
@@ -102,6 +104,8 @@ class Period(NamedTuple):
     state: PeriodState
     commands: commands.Commands
     status: PeriodStatus
+    room: status.GpuRoom | None = None
+    """What each GPU could still be given within the budgets after the period (None: nothing managed)."""
 
 
 def initial_state(
@@ -364,7 +368,21 @@ def step(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) -
         track_gpus=profiles.start.canaries,
         notes=(*notes, *smoothing_notes, *profiles.notes),
     )
-    return Period(state, out, _status(state, caps, inputs, now_s, profiles.held))
+    return Period(state, out, _status(state, caps, inputs, now_s, profiles.held), _room(state, caps, now_s))
+
+
+def _room(state: PeriodState, caps: _Caps, now_s: float) -> status.GpuRoom:
+    """What each GPU could still be given, under the higher of its target and the cap that may be in force."""
+    cap_w = np.maximum(caps.targets_w, power_apply.may_be_in_force_w(state.apply))
+    views = caps.draw.views
+    return status.GpuRoom(
+        at_unix_s=now_s,
+        gpu_uuids=views.gpu_uuids,
+        cap_w=cap_w,
+        max_w=views.max_w,
+        headroom_w=power.gpu_headroom_w(state.tree, views, cap_w),
+        capped=caps.allocation.capped,
+    )
 
 
 def _status(

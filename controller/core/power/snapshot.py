@@ -58,6 +58,7 @@ TYPES: Mapping[str, type] = {
         period.Period,
         status.PowerStatus,
         status.DomainStatus,
+        status.GpuRoom,
         commands.SetCaps,
         commands.SetSmoothing,
         commands.SetTroughFiller,

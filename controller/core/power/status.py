@@ -47,6 +47,28 @@ class DomainStatus:
         return None if self.budget_w is None else self.budget_w - self.allocated_w
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class GpuRoom:
+    """What each GPU could still be given after a period: what a straggler's raise is sized to.
+
+    Aligned arrays, one entry per managed GPU; `cap_w` is the higher of the period's target and the
+    cap that may be in force (a raise still travelling counts), `headroom_w` is
+    `allocate.gpu_headroom_w` under those caps.
+    """
+
+    at_unix_s: float
+    gpu_uuids: tuple[str, ...]
+    cap_w: np.ndarray
+    max_w: np.ndarray
+    headroom_w: np.ndarray
+    capped: np.ndarray
+    """The allocator judged it capped (SW power cap reason, or drawing at its cap)."""
+
+    def index(self) -> dict[str, int]:
+        """GPU -> its position in the arrays."""
+        return {gpu: i for i, gpu in enumerate(self.gpu_uuids)}
+
+
 @dataclasses.dataclass(frozen=True)
 class PowerStatus:
     """The latest period's picture."""

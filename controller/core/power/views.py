@@ -14,7 +14,8 @@ This module owns the step from the gathered telemetry (`inputs.FleetView`) to th
   job-start ramp still rising) marks it capped; nodes without a stream are unreachable; GPUs whose
   cap went up less than one detected step plus one telemetry batch ago are settling; quarantined
   GPUs (or GPUs of quarantined nodes) the work has left are ineligible (`allocate.released`);
-  GPUs under a repair that may return them to their default limit keep their maximum;
+  GPUs under a repair that may return them to their default limit keep their maximum; a GPU's
+  floor (`inputs.PeriodInputs.floors_w`, a straggler's raise) is its floor column;
 - **idleness** (`idle`, `job_running`, `idle_for_s`): from the GPUs' utilisation.
 
 Pure: no I/O, no logging, no clock reads; `now_s` comes in.
@@ -342,5 +343,15 @@ def gpu_views(
         marginal=np.zeros(len(gpus), dtype=bool),
         reachable=reachable,
         settling=settling,
+        floor_w=_floors(gpus, state.min_w, inputs.floors_w),
     )
     return DrawViews(views, known, drawn, idle_since)
+
+
+def _floors(
+    gpus: Sequence[power_apply.GpuLimits], min_w: np.ndarray, floors_w: Mapping[str, float]
+) -> np.ndarray | None:
+    """Each GPU's floor (its minimum where it has none); None when no GPU has one, as mostly."""
+    if not floors_w:
+        return None
+    return np.array([floors_w.get(g.gpu_uuid, m) for g, m in zip(gpus, min_w.tolist(), strict=True)])

@@ -188,3 +188,47 @@ def test_a_stragglers_rungs_go_up_the_ladder_validate_then_quarantine_each_audit
         ("straggler_quarantine", "handed to the ladder"),
         ("straggler_validate", "handed to the ladder"),
     ]
+
+
+def test_a_stragglers_raise_cap_becomes_a_floor_of_the_power_loop_and_its_later_rungs_remove_it(rig):
+    """Issue #40: a raise_cap is handed to the power loop as a floor (audited as applied); a validate,
+    quarantine or clear takes the floor away; without a power loop the raise is only recorded."""
+    from rasd.controller.core.power import tree as power_tree
+    from rasd.controller.power import loop as power_loop
+
+    tree = power_tree.PowerTree.from_mapping(
+        {"budget_w": 1400, "rows": [{"name": "r", "racks": [{"name": "k", "nodes": [{"name": NODE}]}]}]}
+    )
+    loop = power_loop.PowerLoop(rig.ingest, power_loop.PowerSettings(tree=tree))
+    assert loop.power_room(GPU_A) is None  # a loop that does not run (a follower's) knows no headroom
+    effect = straggler_actions.Effect
+    raise_cap = effect("raise_cap", GPU_A, NODE, "power-throttled: cap raised 600 → 650 W within the budget", 650.0)
+    out = {}
+
+    async def scenario() -> None:
+        actions = rig.service.stragglers
+        await actions.carry_out(raise_cap)  # no power loop attached yet
+        actions.floors = loop
+        await actions.carry_out(raise_cap)
+        out["floor"] = loop.floors[GPU_A]
+        await actions.carry_out(effect("validate", GPU_A, NODE, "still lags 70 ms: run the validation suite"))
+        out["after_validate"] = dict(loop.floors)
+        await actions.carry_out(raise_cap)
+        await actions.carry_out(effect("clear", GPU_A, NODE, "its lag stayed under the allowance for 10 steps"))
+        out["after_clear"] = dict(loop.floors)
+        out["audit"] = [
+            (a["action"], a["outcome"]) for a in rig.service.store.audit() if a["actor"] == "straggler-watch"
+        ]
+
+    rig.run(scenario)
+    floor = out["floor"]
+    assert (floor.node_id, floor.floor_w, floor.reason) == (NODE, 650.0, raise_cap.reason)
+    assert floor.expires_at_s > floor.set_at_s
+    assert out["after_validate"] == {} and out["after_clear"] == {}
+    assert sorted(out["audit"]) == [
+        ("straggler_clear", "recorded"),
+        ("straggler_raise_cap", "applied as a floor of 650 W"),
+        ("straggler_raise_cap", "applied as a floor of 650 W"),
+        ("straggler_raise_cap", "recorded: no power loop runs here"),
+        ("straggler_validate", "handed to the ladder"),
+    ]

@@ -61,6 +61,35 @@ def test_a_named_straggler_that_keeps_lagging_is_notified_validated_then_quarant
     assert registry.get_sample_value("rasd_straggler_suspect", {"node": "n1", "gpu": "GPU-07"}) is None
 
 
+def test_a_power_braked_straggler_gets_a_raise_sized_to_the_room_the_power_loop_published():
+    """Issue #40: with a power loop in this process the watch asks it for the GPU's room (`PowerLoop.power_room`)."""
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
+    taken: list[straggler_actions.Effect] = []
+    watch.actuator = taken.extend
+    rooms = {"GPU-07": straggler_actions.PowerRoom(cap_w=600.0, max_w=700.0, headroom_w=30.0)}
+    watch.room = rooms.get
+    _feed(watch, 20, {"GPU-07": 0.15}, {"GPU-07": fleet.GpuLatest(clock_event_reasons=0x80)})  # power brake
+    assert [(e.kind, e.to_w) for e in taken[:2]] == [("notify", None), ("raise_cap", 630.0)]
+    assert "cap raised 600 → 630 W within the budget" in taken[0].reason
+    # Still lagging with its cap raised: it climbs on (nothing here takes it out of the job).
+    assert [e.kind for e in taken[2:]] == ["validate", "quarantine"] and "after its cap was raised" in taken[2].reason
+
+
+def test_without_a_power_loop_the_raise_is_refused_as_not_known_here_and_a_capped_gpu_is_raised_with_one():
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
+    taken: list[straggler_actions.Effect] = []
+    watch.actuator = taken.extend
+    _feed(watch, 20, {"GPU-07": 0.15}, {"GPU-07": fleet.GpuLatest(clock_event_reasons=0x80)})
+    assert [e.kind for e in taken] == ["notify", "validate", "quarantine"]
+    assert "headroom for this GPU is not known here" in taken[0].reason
+    # No brake in its clock reasons, but the power loop judged it capped at its limit: raised all the same.
+    other = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
+    other.actuator = (raised := []).extend
+    other.room = {"GPU-07": straggler_actions.PowerRoom(600.0, 700.0, 500.0, capped=True)}.get
+    _feed(other, 20, {"GPU-07": 0.15}, {})
+    assert [(e.kind, e.to_w) for e in raised[:2]] == [("notify", None), ("raise_cap", 650.0)]
+
+
 def test_a_gpu_behind_a_downtrained_pcie_link_is_named_with_the_link_from_the_latest_view():
     watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
     latest = {

@@ -233,3 +233,18 @@ def test_after_the_repair_the_gpu_counts_at_its_default_limit_for_one_command_li
     assert _caps_in_force(settled.state)["b0"] < 1000.0, (
         "known again from the read-back: 800 W, and any raise from there"
     )
+
+
+def test_a_floor_in_the_inputs_is_served_and_the_room_left_is_published():
+    first = period.step(_state(), _inputs(_fleet()), NOW)
+    later = NOW + POLICY.command_ttl_s + POLICY.clock_skew_margin_s + 1.0
+    plain = period.step(first.state, _inputs(_fleet(at_s=later)), later)
+    floored = period.step(first.state, _inputs(_fleet(at_s=later), floors_w={"a0": 950.0}), later)
+    gpus = [g.gpu_uuid for g in floored.state.apply.gpus]
+    a0 = gpus.index("a0")
+    assert plain.state.targets_w[a0] < 950 <= floored.state.targets_w[a0]
+    assert floored.state.targets_w.sum() <= 3000
+    room = floored.room
+    assert room is not None and room.gpu_uuids == tuple(gpus) and room.index()["a0"] == a0
+    # The room is under the higher of target and may-be-in-force cap (1,000 W, the boot limit, until confirmed).
+    assert list(room.cap_w) == [1000.0] * 3 and list(room.headroom_w) == [0.0] * 3
