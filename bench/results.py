@@ -55,3 +55,35 @@ def write_section(heading: str, text: str) -> None:
     pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
     found = pattern.search(old)
     RESULTS.write_text(pattern.sub(lambda _: text, old, count=1) if found else old.rstrip("\n") + "\n\n" + text)
+
+
+def _section_span(text: str, heading: str) -> re.Match[str] | None:
+    return re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL).search(text)
+
+
+def subsections(heading: str) -> str:
+    """The ``### `` subsections of the section that starts with heading, as they stand ("" if none).
+
+    A benchmark that rewrites a section appends these, so another benchmark's subsection survives it.
+    """
+    old = RESULTS.read_text() if RESULTS.exists() else ""
+    section = _section_span(old, heading)
+    if section is None:
+        return ""
+    start = re.search(r"^### ", section.group(0), re.MULTILINE)
+    return section.group(0)[start.start() :].rstrip("\n") + "\n" if start else ""
+
+
+def write_subsection(heading: str, subheading: str, text: str) -> None:
+    """Replace (or append) the ``### `` subsection subheading of the section heading; the rest stays as it is."""
+    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    section = _section_span(old, heading)
+    if section is None:
+        write_section(heading, f"{heading}\n\n{text}")
+        return
+    body = section.group(0)
+    pattern = re.compile(rf"^{re.escape(subheading)}\n.*?(?=^### |\Z)", re.MULTILINE | re.DOTALL)
+    found = pattern.search(body)
+    ending = "\n" if section.end() == len(old) else "\n\n"
+    body = (body[: found.start()] + text + body[found.end() :]) if found else body.rstrip("\n") + "\n\n" + text
+    RESULTS.write_text(old[: section.start()] + body.rstrip("\n") + ending + old[section.end() :])

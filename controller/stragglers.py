@@ -125,6 +125,7 @@ class StragglerWatch:
         self._state = straggler.StragglerState()
         self._pending: list[tuple[float, str]] = []
         self._node_of: dict[str, str] = {}
+        self._gpus_of: dict[str, dict[str, None]] = {}  # node -> its GPUs that sent edges, in order
         self._cut_ns = 0  # when the pending edges were last cut into steps
         self.suspects: dict[str, Suspect] = {}
         """GPU -> its suspect record, in the order named."""
@@ -143,21 +144,23 @@ class StragglerWatch:
     ) -> None:
         """One summary's edges (GPU -> Unix ns, agent clock): judge the steps they complete.
 
-        latest: the ingest's view of each GPU's freshest values; its clock event reasons are the evidence.
+        latest: the ingest's view of each GPU's freshest values: a named GPU's clock event reasons,
+            temperature and PCIe link are its evidence (with its node's lag, `_corroborated`).
         """
         if not edges:
             return
         for gpu_uuid, times in edges.items():
-            self._node_of[gpu_uuid] = node_id
+            if self._node_of.get(gpu_uuid) != node_id:
+                self._node_of[gpu_uuid] = node_id
+                self._gpus_of.setdefault(node_id, {})[gpu_uuid] = None
             self._pending.extend((at / 1e9, gpu_uuid) for at in times)
         if now_ns - self._cut_ns < CUT_EVERY_NS:
             return
         self._cut_ns = now_ns
         steps, self._pending = straggler.complete_steps(self._pending, self.grouping)
         for step in steps:
-            signals = {gpu: _signals(latest.get(gpu)) for gpu in step}
-            self._state, verdicts = straggler.observe_step(self._state, step, policy=self.policy, signals=signals)
-            self._act_on(step, verdicts, now_ns)
+            self._state, verdicts = straggler.observe_step(self._state, step, policy=self.policy)
+            self._act_on(step, [self._corroborated(v, latest) for v in verdicts], now_ns)
         self._metrics.straggler_steps.inc(len(steps))
 
     def _act_on(self, step: Mapping[str, float], verdicts: Sequence[straggler.Verdict], now_ns: int) -> None:
@@ -223,6 +226,15 @@ class StragglerWatch:
         """The suspects in the order named (those keep accepts)."""
         return [s for s in self.suspects.values() if keep(s)]
 
+    def _corroborated(self, verdict: straggler.Verdict, latest: Mapping[str, fleet.GpuLatest]) -> straggler.Verdict:
+        """The verdict naming its evidence: the GPU's own signals (latest view), or its whole node lagging.
 
-def _signals(latest: fleet.GpuLatest | None) -> tuple[str, ...]:
-    return straggler.clock_signals(latest.clock_event_reasons if latest is not None else None)
+        Gathered only for the GPUs a step named (a few per job), not for every GPU of every step.
+        """
+        gpu = latest.get(verdict.gpu_uuid)
+        evidence = (
+            straggler.gpu_signals(gpu.clock_event_reasons, gpu.temperature_c, gpu.pcie_link) if gpu is not None else ()
+        )
+        node_id = self._node_of.get(verdict.gpu_uuid, "")
+        node_wide = straggler.node_wide_signal(node_id, tuple(self._gpus_of.get(node_id, ())), self._state, self.policy)
+        return straggler.with_evidence(verdict, (*evidence, *node_wide))

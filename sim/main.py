@@ -25,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", type=int, default=8, help="simulated nodes (default %(default)s)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default %(default)s)")
     parser.add_argument(
-        "--scenario", default="demo", help=f"built-in name ({', '.join(scenario.builtin_names())}) or a TOML file"
+        "--scenario",
+        default="demo",
+        help=f"built-in name ({', '.join(scenario.builtin_names())}; ladder/..., stragglers/...) or a TOML file",
     )
     parser.add_argument("--duration-s", type=float, default=30.0, help="how long to run (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the simulated GPUs (default %(default)s)")

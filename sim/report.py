@@ -264,13 +264,17 @@ def build(result: SimResult) -> dict[str, Any]:
 
 
 def _stragglers_section(result: SimResult) -> dict[str, Any]:
-    """Stragglers injected (fault kind "straggler") against those the controller named (issue #40).
+    """Stragglers injected against those the controller named (issue #40), with each named one's verdict.
+
+    Injected: the fault kinds in `simulated.STRAGGLER_FAULTS` (a slow node: each of its GPUs).
 
     Steps to localise: the named verdict's steps (its score climbed over them, from the first step the
     slowed GPU lagged); time to localise: from the fault to its naming, which adds the steps the
     controller waits for every node's edges.
     """
-    injected = {(f.node_id, f.fired.gpu_uuid): f for f in result.injected if f.fired.fault.kind == "straggler"}
+    injected = {
+        (f.node_id, f.fired.gpu_uuid): f for f in result.injected if f.fired.fault.kind in simulated.STRAGGLER_FAULTS
+    }
     named = {(str(s["node_id"]), str(s["gpu_uuid"])): s for s in result.stragglers}
     localised = [(injected[key], named[key]) for key in injected if key in named]
     steps = [float(n["steps"]) for _, n in localised]  # type: ignore[arg-type]
@@ -282,6 +286,15 @@ def _stragglers_section(result: SimResult) -> dict[str, Any]:
         "steps_to_localise_max": max(steps, default=None),
         "time_to_localise_s_max": _round(max(seconds, default=None)),
         "steps_judged": result.straggler_steps_judged,
+        "named": [
+            {
+                "gpu": f"{f.node_id}/{f.fired.gpu_uuid}",
+                "kind": f.fired.fault.kind,
+                "steps": n["steps"],
+                "reason": n["reason"],
+            }
+            for f, n in localised
+        ],
         "step_time": [_step_time_around_action(result, f, n) for f, n in localised],
     }
 
@@ -337,7 +350,11 @@ def _faults_section(result: SimResult) -> tuple[dict[str, Any], list[float], int
         entry = by_kind.setdefault(fault.fired.fault.kind, {"injected": 0, "detected": 0})
         entry["injected"] += 1
         entry["detected"] += event is not None
-    silent = [f for f, _ in matches if f.fired.fault.expected_event_kind is None and f.fired.fault.kind != "straggler"]
+    silent = [
+        f
+        for f, _ in matches
+        if f.fired.fault.expected_event_kind is None and f.fired.fault.kind not in simulated.STRAGGLER_FAULTS
+    ]
     silent_found = {id(f): found for f in silent if (found := validation_detection(f, result.outbox)) is not None}
     detect_latencies += [(found - f.fired.fired_unix_ns) / 1e9 for f in silent if (found := silent_found.get(id(f)))]
     for fault in silent:

@@ -24,7 +24,7 @@ from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.remediation import policy
 
 OPERATOR_ACTIONS = ("set_power_cap", "accuse_sdc")
-LIBRARIES = ("ladder",)
+LIBRARIES = ("ladder", "stragglers")
 """Folders of built-in scenarios, loaded as ``<folder>/<name>``."""
 
 

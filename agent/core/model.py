@@ -100,6 +100,12 @@ class GpuCounters:
     power_limit_slew_target_w: int | None = None
     """The target of a raise the agent is still moving (`core.cap_slew`); None when none. Set by the
     agent's executor, not by a backend: enforced_power_limit_w stays the limit read back."""
+    pcie_link_width: int | None = None
+    """PCIe link lanes now; below pcie_link_width_max: trained down."""
+    pcie_link_width_max: int | None = None
+    pcie_link_gen: int | None = None
+    """PCIe generation now (it may drop at idle to save power); below pcie_link_gen_max under load: trained down."""
+    pcie_link_gen_max: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

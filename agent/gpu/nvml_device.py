@@ -87,6 +87,8 @@ class NvmlGpu:
     lost: bool = False
     nvlinks: tuple[model.NvLinkCounters, ...] = ()  # last per-link reading
     nvlinks_unix_ns: int | None = None  # when it was taken
+    pcie_link: tuple[int | None, int | None] = (None, None)  # width, generation: read with the NVLinks
+    pcie_link_max: tuple[int | None, int | None] | None = None  # width, generation at best: read once
     power_seen_us: int = 0  # the driver's stamp of the newest power sample read from its buffer
     field_plans: dict[Any, tuple[int, tuple[tuple[int, int], ...], tuple[str, ...], tuple[int, ...]]] = (
         dataclasses.field(default_factory=dict)

@@ -17,7 +17,8 @@ The hot path of the agent, so the calls made here and their order are what the a
   the current reasons mask). A field an older driver does not know falls back to its function,
   once known absent;
 * **NVLink** (every `nvlink_interval_s`): state and error counters of every link in one field-value
-  call (`link` as scope), the per-link functions (~4 calls a link) where those fields are absent.
+  call (`link` as scope), the per-link functions (~4 calls a link) where those fields are absent;
+  with them the PCIe link's width and generation (two calls; the link's best once per GPU).
 
 A lost GPU is skipped, never read as zero; a counter the GPU does not support is None, never 0.
 """
@@ -259,6 +260,8 @@ class NvmlSampler:
             reasons = opt(g, "clock_throttle", n.nvmlDeviceGetCurrentClocksThrottleReasons)
         enforced_mw, requested_mw = v[FI_POWER_CURRENT_LIMIT], v[FI_POWER_REQUESTED_LIMIT]
         smoothing = v[device.FI_PWR_SMOOTHING_ENABLED]
+        nvlinks = self._nvlinks_due(g, now_unix_ns)  # also refreshes g.pcie_link
+        width_max, gen_max = g.pcie_link_max or (None, None)
         return model.GpuCounters(
             gpu_uuid=g.uuid,
             sample_unix_ns=now_unix_ns,
@@ -282,9 +285,13 @@ class NvmlSampler:
             remapped_rows_failure=_flag(v[FI_REMAPPED_FAILURE]),
             pcie_replay_count=_int(v[FI_PCIE_REPLAY]),
             recovery_action=_int(v[device.FI_RECOVERY_ACTION]),
-            nvlinks=self._nvlinks_due(g, now_unix_ns),
+            nvlinks=nvlinks,
             power_smoothing_enabled=_flag(smoothing),
             nvlink_sample_unix_ns=g.nvlinks_unix_ns,
+            pcie_link_width=g.pcie_link[0],
+            pcie_link_width_max=width_max,
+            pcie_link_gen=g.pcie_link[1],
+            pcie_link_gen_max=gen_max,
         )
 
     # ----- NVLink -----------------------------------------------------------------------------------
@@ -294,7 +301,24 @@ class NvmlSampler:
         if g.nvlinks_unix_ns is None or now_unix_ns - g.nvlinks_unix_ns >= self._nvlink_interval_ns:
             g.nvlinks = self._nvlink_counters(g)
             g.nvlinks_unix_ns = now_unix_ns
+            self._read_pcie_link(g)
         return g.nvlinks
+
+    def _read_pcie_link(self, g: device.NvmlGpu) -> None:
+        """The PCIe link's width and generation, and once per GPU its best (the GPU and the slot together).
+
+        A link trains down rarely: two calls with the NVLinks' reading, not at the counters' rate.
+        """
+        n, opt = self._devices.n, self._devices.optional
+        if g.pcie_link_max is None:
+            g.pcie_link_max = (
+                opt(g, "pcie_width_max", n.nvmlDeviceGetMaxPcieLinkWidth),
+                opt(g, "pcie_gen_max", n.nvmlDeviceGetMaxPcieLinkGeneration),
+            )
+        g.pcie_link = (
+            opt(g, "pcie_width", n.nvmlDeviceGetCurrPcieLinkWidth),
+            opt(g, "pcie_gen", n.nvmlDeviceGetCurrPcieLinkGeneration),
+        )
 
     def _nvlink_counters(self, g: device.NvmlGpu) -> tuple[model.NvLinkCounters, ...]:
         """Every link's state and errors: one field-value call (scope = link), per-link calls where absent."""

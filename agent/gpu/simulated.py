@@ -140,11 +140,30 @@ FAULT_EVENT_KINDS: Mapping[str, model.EventKind | None] = {
     "recovery_action": model.EventKind.RECOVERY_ACTION,
     "thermal": model.EventKind.THERMAL,
     "sdc": None,
-    # A power brake holds the GPU's draw below its compute demand: it runs `slowdown` slower and the
-    # whole job waits for it; no event, only its clock event reasons and its power edges show it.
+    # Stragglers (issue #40): the GPU runs `slowdown` slower and the whole job waits for it every step.
+    # A power brake holds its draw below its compute demand: no event, only its clock event reasons
+    # (HW power brake) and its power edges show it ("straggler" is its first name).
     "straggler": None,
+    "power_brake": None,
+    # Thermal throttling: clocks held down to keep the temperature target (draw and speed fall as under
+    # a brake); its clock reasons say thermal and it runs hot, and the agent reports the thermal slowdown.
+    "thermal_throttle": model.EventKind.THERMAL,
+    # A PCIe link trained down (width or generation below its max): the input copy before each step's
+    # compute takes longer, so the compute starts late; full clocks, no clock reason.
+    "pcie_downtrain": None,
+    # A slow node (host CPU, memory, data loader): every GPU of the node starts its compute late; no
+    # GPU signal at all.
+    "slow_node": None,
 }
 NODE_LEVEL_FAULTS = frozenset({"ib_link_flap"})
+STRAGGLER_FAULTS = frozenset({"straggler", "power_brake", "thermal_throttle", "pcie_downtrain", "slow_node"})
+"""Fault kinds that make a straggler (`slowdown`): slow_node makes one of every GPU of its node."""
+THROTTLED_TEMPERATURE_C = 88
+"""What a thermal_throttle GPU reports: above an H100's 87 C slowdown target, under its 92 C HW slowdown."""
+PCIE_MAX = (16, 5)
+"""Every simulated GPU's PCIe link at its best: x16, Gen5 (an H100 SXM's)."""
+PCIE_DOWNTRAINED = (4, 5)
+"""A pcie_downtrain fault's link: x4 (a quarter of the lanes trained), Gen5."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +194,8 @@ class ScriptedFault:
     flap_at_s: tuple[float, ...] = ()
     """ib_link_flap: each flap's DOWN, seconds after at_s (overrides count and flap_every_s)."""
     slowdown: float = 0.05
-    """straggler: how much longer the GPU's compute phase lasts (0.05: 5 % slower), for the rest of the run."""
+    """Straggler kinds (`STRAGGLER_FAULTS`): how much longer the GPU's compute phase lasts (0.05: 5 %
+    slower), for the rest of the run; slow_node: every GPU of the node."""
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_EVENT_KINDS:
@@ -349,7 +369,11 @@ class _SimGpu:
     remapped_correctable: int = 0
     sdc: bool = False
     brake_w: float | None = None
-    """A straggler's power brake: its job's cap is held at or below this (None: none)."""
+    """A straggler's power brake or thermal throttle: its job's cap is held at or below this (None: none)."""
+    throttled: bool = False
+    """The brake is thermal (thermal_throttle): SW thermal clock reason and a hot GPU, not a power brake."""
+    pcie_link: tuple[int, int] = PCIE_MAX
+    """Current PCIe link width (lanes) and generation."""
     smoothing_enabled: bool = False
     smoothing_floor_w: float = 0.0
     filler_floor_w: float = 0.0
@@ -495,7 +519,12 @@ class SimulatedBackend:
             if now_unix_ns < sim.thermal_until_ns:
                 reasons |= model.ClockEventReason.HW_THERMAL_SLOWDOWN
             if sim.brake_w is not None:
-                reasons |= model.ClockEventReason.HW_POWER_BRAKE_SLOWDOWN
+                reasons |= (
+                    model.ClockEventReason.SW_THERMAL_SLOWDOWN
+                    if sim.throttled
+                    else model.ClockEventReason.HW_POWER_BRAKE_SLOWDOWN
+                )
+            temperature_c = int(32 + 48 * draw_w / self._model.power_limit_max_w)
             if self._workload is None:
                 reasons |= model.ClockEventReason.GPU_IDLE
             counters.append(
@@ -505,7 +534,7 @@ class SimulatedBackend:
                     enforced_power_limit_w=sim.enforced_limit_w,
                     requested_power_limit_w=sim.enforced_limit_w,
                     total_energy_mj=int(sim.energy_mj),
-                    temperature_c=int(32 + 48 * draw_w / self._model.power_limit_max_w),
+                    temperature_c=max(temperature_c, THROTTLED_TEMPERATURE_C) if sim.throttled else temperature_c,
                     utilization_gpu_pct=0
                     if not self._job_running(now_unix_ns, sim)
                     else (100 if demand_w > 400 else 35),
@@ -528,6 +557,10 @@ class SimulatedBackend:
                         for link in range(self._model.nvlink_count)
                     ),
                     power_smoothing_enabled=sim.smoothing_enabled if self._model.power_smoothing_supported else None,
+                    pcie_link_width=sim.pcie_link[0],
+                    pcie_link_width_max=PCIE_MAX[0],
+                    pcie_link_gen=sim.pcie_link[1],
+                    pcie_link_gen_max=PCIE_MAX[1],
                 )
             )
         return counters
@@ -683,9 +716,8 @@ class SimulatedBackend:
             sim.recovery_action = fault.value
         elif kind == "sdc":
             sim.sdc = True
-        elif kind == "straggler" and self._job is not None and sim.rank >= 0:
-            sim.brake_w = float(self._job.compute_w[sim.rank]) / (1.0 + fault.slowdown)
-            self._set_limit(sim, sim.enforced_limit_w)
+        elif kind in STRAGGLER_FAULTS:
+            return self._slow_down(fault, sim, now_unix_ns)
         elif kind == "ib_link_flap":
             self._flap(fault, now_unix_ns)
         if uuid_ and self.workload_crashed(uuid_):
@@ -693,6 +725,25 @@ class SimulatedBackend:
         fired = FiredFault(fault, now_unix_ns, uuid_)
         self.fired.append(fired)
         return fired
+
+    def _slow_down(self, fault: ScriptedFault, sim: _SimGpu, now_unix_ns: int) -> FiredFault:
+        """A straggler fault: the GPU (slow_node: every GPU of the node, each recorded) `slowdown` slower."""
+        slowed = list(self._gpus.values()) if fault.kind == "slow_node" else [sim]
+        fired = [FiredFault(fault, now_unix_ns, each.info.uuid) for each in slowed]
+        self.fired.extend(fired)
+        if self._job is None or sim.rank < 0:
+            return fired[0]
+        if fault.kind in ("straggler", "power_brake", "thermal_throttle"):
+            sim.brake_w = float(self._job.compute_w[sim.rank]) / (1.0 + fault.slowdown)
+            sim.throttled = fault.kind == "thermal_throttle"
+            self._set_limit(sim, sim.enforced_limit_w)
+            return fired[0]
+        if fault.kind == "pcie_downtrain":
+            sim.pcie_link = PCIE_DOWNTRAINED
+        shape = self._job.shape
+        for each in slowed:  # the compute starts late by `slowdown` of the compute phase
+            self._job.set_start_delay(each.rank, fault.slowdown * shape.compute_fraction * shape.period_s)
+        return fired[0]
 
     def _flap(self, fault: ScriptedFault, now_unix_ns: int) -> None:
         """Queue an IB flap's link states: each flap DOWN, then ACTIVE flap_down_s later, as mlx5 logs them."""

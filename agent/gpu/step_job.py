@@ -8,7 +8,8 @@ a real synchronous job; a standalone simulated agent runs a job of its own ranks
 The model, step k (all times in seconds, one vector entry per rank):
 
 - the step starts at S_k; rank r starts computing at cs = S_k + jitter (5-20 ms, redrawn every step
-  from a generator seeded by (seed, k), so two jobs with one seed see the same jitter);
+  from a generator seeded by (seed, k), so two jobs with one seed see the same jitter), plus its
+  start delay (`set_start_delay`: a straggler whose host, not GPU, is slow; 0 otherwise);
 - compute needs c0 = compute_fraction x period seconds at full demand. DVFS model: work is done at a
   rate proportional to power, so a rank drawing p < demand computes at p / demand of full speed.
   With the cap below demand the compute phase lasts c0 x demand / cap. A power-smoothing ramp-up
@@ -137,6 +138,7 @@ class StepJob:
         self.ramp_up_w_per_s = np.zeros(0)
         self.ramp_down_w_per_s = np.zeros(0)
         self.active = np.zeros(0, dtype=bool)
+        self.start_delay_s = np.zeros(0)
         self.steps: list[Step] = []
         self._starts: list[float] = []
         self._cap_changes: list[tuple[float, int, float]] | None = None
@@ -163,6 +165,7 @@ class StepJob:
         self.ramp_up_w_per_s = np.full(n, np.inf)
         self.ramp_down_w_per_s = np.full(n, np.inf)
         self.active = np.ones(n, dtype=bool)
+        self.start_delay_s = np.zeros(n)
         return range(first, n)
 
     @_locked
@@ -173,6 +176,18 @@ class StepJob:
         (its smoothing profile went with the job).
         """
         self.active[rank] = active
+
+    @_locked
+    def set_start_delay(self, rank: int, delay_s: float) -> None:
+        """Start the rank's compute delay_s late in every step from the next one (a straggler off the GPU).
+
+        What the host does before the GPU computes: a data loader or kernel launches on a slow CPU, the
+        input batch's copy over a PCIe link trained down. The rank draws its communication level while
+        it waits, at full clocks after: no clock reason, no lower peak, only a later edge.
+        """
+        if not math.isfinite(delay_s) or delay_s < 0:
+            raise ValueError(f"start delay must be a finite number of seconds >= 0, got {delay_s!r}")
+        self.start_delay_s[rank] = delay_s
 
     @_locked
     def watch_caps(self) -> np.ndarray:
@@ -262,7 +277,7 @@ class StepJob:
         start = first_start_s if not self.steps else self.steps[-1].end_s
         lo, hi = shape.rank_jitter_s
         rng = np.random.default_rng([self._seed, k])
-        cs = start + lo + (hi - lo) * rng.random(len(self.compute_w))
+        cs = start + lo + (hi - lo) * rng.random(len(self.compute_w)) + self.start_delay_s
         cap = np.maximum(self.cap_w, 1.0)
         peak = np.maximum(np.minimum(self.compute_w, cap), np.minimum(self.floor_w, cap))
         trough = np.minimum(np.maximum(self.comm_w, self.floor_w), cap)

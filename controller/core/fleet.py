@@ -15,6 +15,7 @@ import bisect
 import collections
 import dataclasses
 import enum
+import typing
 from collections.abc import Iterable, Mapping, Sequence
 
 from rasd.common.vocabulary import GpuInfo
@@ -79,6 +80,20 @@ class NodeHello:
     """The agent can send telemetry summaries (its Hello lists TELEMETRY_FORMAT_SUMMARY)."""
 
 
+class PcieLink(typing.NamedTuple):
+    """A GPU's PCIe link now and at its best: lanes and generation (a current below its max: trained down)."""
+
+    width: int
+    width_max: int
+    gen: int
+    gen_max: int
+
+    @property
+    def downtrained(self) -> bool:
+        """Fewer lanes or a lower generation than the link's best (the generation also drops at idle)."""
+        return self.width < self.width_max or self.gen < self.gen_max
+
+
 @dataclasses.dataclass(frozen=True)
 class GpuLatest:
     """The freshest telemetry of one GPU. None means not reported (yet, or unsupported)."""
@@ -95,6 +110,8 @@ class GpuLatest:
     power_limit_slew_target_w: int | None = None
     """The target of a raise the agent was still moving when the counters were read (None: none):
     the limit gets there without another command (`rasd.agent.core.cap_slew`)."""
+    pcie_link: PcieLink | None = None
+    """The PCIe link as of the counters that last carried it (None: not reported)."""
 
 
 def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
@@ -107,7 +124,7 @@ def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
 
 
 def merge_summary(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
-    """`merge_latest` for a telemetry summary's values, which carry no temperature or smoothing state.
+    """`merge_latest` for a telemetry summary's values, which carry no temperature, smoothing or PCIe state.
 
     A summary brings a GPU's draw and its power-loop counters (limit, slew target, clock event
     reasons, utilisation) every second, and its counters whole only when they changed: a temperature
@@ -127,6 +144,9 @@ def _merge(previous: GpuLatest | None, update: GpuLatest, *, keep_unsent: bool) 
         temperature_c = previous.temperature_c
     if not counters_newer or (keep_unsent and smoothing is None):
         smoothing = previous.power_smoothing_enabled
+    pcie_link = update.pcie_link
+    if not counters_newer or (keep_unsent and pcie_link is None):
+        pcie_link = previous.pcie_link
     update_counters = update if counters_newer else previous
     return GpuLatest(
         power_w=update.power_w if power_newer else previous.power_w,
@@ -138,6 +158,7 @@ def _merge(previous: GpuLatest | None, update: GpuLatest, *, keep_unsent: bool) 
         counters_unix_ns=update_counters.counters_unix_ns,
         power_smoothing_enabled=smoothing,
         power_limit_slew_target_w=update_counters.power_limit_slew_target_w,
+        pcie_link=pcie_link,
     )
 
 

@@ -14,8 +14,9 @@ in about h / (shift / spread − allowance / spread) steps; noise alone very rar
 alarm interval of a CUSUM grows about exponentially with h).
 
 The verdict names the mean lag while the score climbed and the corroborating signals the caller
-gives for that GPU (clock event reasons, a downtrained PCIe link, NVLink or correctable-ECC rates),
-or says there was none.
+gives for that GPU, or says there was none: `gpu_signals` (slowing clock event reasons, the
+temperature beside a thermal one, a PCIe link below its best width or generation) and
+`node_wide_signal` (every GPU of its node lagging: a host-side cause), which `with_evidence` names.
 
 Online (the controller's `rasd.controller.stragglers`), edges arrive per node per summary, in no
 order across nodes: `complete_steps` cuts the pending edges of a job into steps where consecutive
@@ -32,6 +33,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
+
+from rasd.controller.core import fleet
 
 MAD_TO_SIGMA = 1.4826
 
@@ -147,13 +150,21 @@ def forget(state: StragglerState, gpu_uuid: str) -> StragglerState:
 
 
 def _verdict(gpu: str, track: Track, evidence: Sequence[str]) -> Verdict:
-    mean_lag_s = track.lag_sum_s / track.steps
+    return with_evidence(Verdict(gpu, track.score, track.lag_sum_s / track.steps, track.steps, ""), evidence)
+
+
+def with_evidence(verdict: Verdict, evidence: Sequence[str]) -> Verdict:
+    """The verdict with its reason naming this evidence (or "no corroborating signal").
+
+    For a caller that gathers evidence only for the GPUs a step named (`gpu_signals`,
+    `node_wide_signal`), not for every GPU of every step.
+    """
     corroborated = "; ".join(evidence) if evidence else "no corroborating signal"
     reason = (
-        f"{gpu} lags the job's median edge by {mean_lag_s * 1000:.0f} ms over {track.steps} steps "
-        f"(score {track.score:.0f}); {corroborated}"
+        f"{verdict.gpu_uuid} lags the job's median edge by {verdict.mean_lag_s * 1000:.0f} ms over "
+        f"{verdict.steps} steps (score {verdict.score:.0f}); {corroborated}"
     )
-    return Verdict(gpu, track.score, mean_lag_s, track.steps, reason)
+    return dataclasses.replace(verdict, reason=reason)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,3 +233,48 @@ def clock_signals(clock_event_reasons: int | None) -> tuple[str, ...]:
     if not clock_event_reasons:
         return ()
     return tuple(f"clock event: {name}" for bit, name in _SLOWING_REASONS if clock_event_reasons & bit)
+
+
+_THERMAL_BITS = 0x20 | 0x40
+
+
+def gpu_signals(
+    clock_event_reasons: int | None, temperature_c: int | None, pcie_link: fleet.PcieLink | None
+) -> tuple[str, ...]:
+    """What one GPU's latest values say about why it is slow: slowing clock reasons, how hot, its PCIe link.
+
+    The temperature is named only beside a thermal reason; the link only when it runs below its best
+    (fewer lanes, or a lower generation: under load, as a straggler is, not the idle power saving).
+    Example: reasons 0x20, 88 C, link x4 of x16 → ("clock event: software thermal slowdown",
+    "temperature 88 C", "PCIe link x4 of x16").
+    """
+    signals = list(clock_signals(clock_event_reasons))
+    if clock_event_reasons and clock_event_reasons & _THERMAL_BITS and temperature_c is not None:
+        signals.append(f"temperature {temperature_c} C")
+    if pcie_link is not None and pcie_link.downtrained:
+        if pcie_link.width < pcie_link.width_max:
+            signals.append(f"PCIe link x{pcie_link.width} of x{pcie_link.width_max}")
+        if pcie_link.gen < pcie_link.gen_max:
+            signals.append(f"PCIe link Gen{pcie_link.gen} of Gen{pcie_link.gen_max}")
+    return tuple(signals)
+
+
+def node_wide_signal(
+    node_id: str, node_gpus: Sequence[str], state: StragglerState, policy: StragglerPolicy
+) -> tuple[str, ...]:
+    """Evidence that a suspect's whole node lags: every GPU of it judged so far climbs (or was named).
+
+    A cause off the GPUs (host CPU, memory, NIC, data loader) slows every GPU of its node alike and
+    shows no GPU signal. Each of the node's GPUs is named as it crosses the threshold; this says why.
+    "Climbs": a score of at least a quarter of the threshold (a clean GPU's CUSUM stays near zero).
+    A node with fewer than 2 judged GPUs says nothing; nor does a whole job that slows (nobody lags).
+    Example: node-3 with 8 GPUs all above 4 → ("node-wide: all 8 GPUs of node-3 lag (a host-side
+    cause: CPU, memory, NIC or data loader)",).
+    """
+    judged = [gpu for gpu in node_gpus if gpu in state.tracks]
+    if len(judged) < 2:
+        return ()
+    floor = policy.threshold / 4
+    if any(state.tracks[gpu].score < floor and gpu not in state.suspects for gpu in judged):
+        return ()
+    return (f"node-wide: all {len(judged)} GPUs of {node_id} lag (a host-side cause: CPU, memory, NIC or data loader)",)

@@ -202,6 +202,10 @@ def check_hello(hello: agent_pb.Hello, identity: StreamIdentity) -> None:
         _map(f"{field}.labels", gpu.labels)
 
 
+MAX_PCIE_LANES = 32
+"""A PCIe link's lanes at most (x32)."""
+MAX_PCIE_GEN = 8
+"""A PCIe generation at most (Gen8 is in draft; today's GPUs run Gen5 or Gen6)."""
 _COUNTER_RANGES = (
     ("enforced_power_limit_w", 0, MAX_POWER_W),
     ("requested_power_limit_w", 0, MAX_POWER_W),
@@ -215,6 +219,10 @@ _COUNTER_RANGES = (
     ("ecc_dbe_aggregate", 0, INT63),
     ("pcie_replay_count", 0, INT63),
     ("recovery_action", 0, 4),
+    ("pcie_link_width", 1, MAX_PCIE_LANES),
+    ("pcie_link_width_max", 1, MAX_PCIE_LANES),
+    ("pcie_link_gen", 1, MAX_PCIE_GEN),
+    ("pcie_link_gen_max", 1, MAX_PCIE_GEN),
 )
 _COUNTER_BOUNDS = {name: (lo, hi) for name, lo, hi in _COUNTER_RANGES}
 _LINK_COUNTERS = ("crc_errors", "replay_errors", "recovery_errors")
@@ -330,6 +338,9 @@ def _check_counters_fields(
         if counters.HasField("recovery_action"):
             # NVML's nvmlDeviceGpuRecoveryAction_t: NONE, GPU_RESET, NODE_REBOOT, DRAIN_P2P, DRAIN_AND_RESET.
             _range(f"{field}.recovery_action", counters.recovery_action, 0, 4)
+        for name in ("pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max"):
+            if counters.HasField(name):
+                _range(f"{field}.{name}", getattr(counters, name), *_COUNTER_BOUNDS[name])
         _count(f"{field}.nvlinks", counters.nvlinks, 64)
         for link_index, link in enumerate(counters.nvlinks):
             _range(f"{field}.nvlinks[{link_index}].link", link.link, 0, 63)

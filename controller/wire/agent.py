@@ -183,6 +183,7 @@ def latest_from_summary(summary: health_pb.TelemetrySummary) -> dict[str, fleet.
             power_limit_slew_target_w=(
                 gpu.power_limit_slew_target_w if gpu.HasField("power_limit_slew_target_w") else None
             ),
+            pcie_link=_pcie_link(c) if c is not None else None,
         )
     for gpu_uuid, c in whole.items():  # counters of a GPU without a summary this interval
         latest[gpu_uuid] = _latest_from_counters(c, None, 0)
@@ -232,7 +233,18 @@ def _latest_from_counters(c: health_pb.GpuCounters, watts: float | None, power_n
         counters_unix_ns=c.sample_unix_ns,
         power_smoothing_enabled=c.power_smoothing_enabled if c.HasField("power_smoothing_enabled") else None,
         power_limit_slew_target_w=c.power_limit_slew_target_w if c.HasField("power_limit_slew_target_w") else None,
+        pcie_link=_pcie_link(c),
     )
+
+
+_PCIE_FIELDS = ("pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max")
+
+
+def _pcie_link(c: health_pb.GpuCounters) -> fleet.PcieLink | None:
+    """The counters' PCIe link, when all four of its values are there (one alone says nothing)."""
+    if not all(c.HasField(name) for name in _PCIE_FIELDS):
+        return None
+    return fleet.PcieLink(c.pcie_link_width, c.pcie_link_width_max, c.pcie_link_gen, c.pcie_link_gen_max)
 
 
 def events_from_wire(

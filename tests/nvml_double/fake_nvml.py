@@ -196,6 +196,9 @@ def _datacenter_counters(gpu: FakeGpu) -> None:
     gpu.set_attr("UtilizationRates", value=(0, 0))
     gpu.set_attr("Temperature", (pynvml.NVML_TEMPERATURE_GPU,), value=35)
     gpu.set_attr("PcieReplayCounter", value=0)
+    for key, value in (("CurrPcieLinkWidth", 16), ("MaxPcieLinkWidth", 16), ("CurrPcieLinkGeneration", 5)):
+        gpu.set_attr(key, value=value)
+    gpu.set_attr("MaxPcieLinkGeneration", value=5)
     gpu.set_attr("PerformanceState", value=0)
     for link in range(gpu.nvlink_count):
         gpu.set_attr("NvLinkState", (link,), value=pynvml.NVML_FEATURE_ENABLED)
@@ -895,6 +898,18 @@ class FakeNvml:
 
     def _sym_nvmlDeviceGetPcieReplayCounter(self, handle: Any, ref: Any) -> int:
         return self._scalar(handle, "PcieReplayCounter", ref)
+
+    def _sym_nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any, ref: Any) -> int:
+        return self._scalar(handle, "CurrPcieLinkWidth", ref)
+
+    def _sym_nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any, ref: Any) -> int:
+        return self._scalar(handle, "MaxPcieLinkWidth", ref)
+
+    def _sym_nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any, ref: Any) -> int:
+        return self._scalar(handle, "CurrPcieLinkGeneration", ref)
+
+    def _sym_nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any, ref: Any) -> int:
+        return self._scalar(handle, "MaxPcieLinkGeneration", ref)
 
     # ----- events -----------------------------------------------------------------------------------
 

@@ -185,3 +185,58 @@ def test_a_straggler_fault_brakes_the_rank_below_its_demand_whatever_limit_is_se
 def test_a_straggler_slowdown_outside_0_1_is_refused_naming_it(slowdown):
     with pytest.raises(ValueError, match="slowdown must be a number in"):
         simulated.ScriptedFault(at_s=0, kind="straggler", slowdown=slowdown)
+
+
+def _reasons(backend: simulated.SimulatedBackend, uuid: str, at_ns: int) -> model.GpuCounters:
+    return {c.gpu_uuid: c for c in backend.read_counters(at_ns)}[uuid]
+
+
+def test_a_thermal_throttle_brakes_the_rank_and_shows_thermal_reasons_and_heat_not_a_power_brake():
+    backend = _backend()
+    gpu_info = backend.inventory()[1]
+    job = backend._job
+    assert job is not None
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="thermal_throttle", gpu=1, slowdown=0.05), 0)
+    assert job.cap_w[1] == pytest.approx(float(job.compute_w[1]) / 1.05)
+    counters = _reasons(backend, gpu_info.uuid, 1 * NS)
+    assert counters.clock_event_reasons & model.ClockEventReason.SW_THERMAL_SLOWDOWN
+    assert not counters.clock_event_reasons & model.ClockEventReason.HW_POWER_BRAKE_SLOWDOWN
+    assert counters.temperature_c >= simulated.THROTTLED_TEMPERATURE_C
+    assert simulated.ScriptedFault(at_s=0, kind="thermal_throttle").expected_event_kind == model.EventKind.THERMAL
+
+
+def test_a_pcie_downtrain_delays_the_compute_and_reports_the_link_below_its_max_with_no_clock_reason():
+    backend = _backend()
+    slow, clean = backend.inventory()[2], backend.inventory()[0]
+    job = backend._job
+    assert job is not None
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="pcie_downtrain", gpu=2, slowdown=0.05), 0)
+    assert list(job.start_delay_s) == pytest.approx([0.0, 0.0, 0.05 * 0.7 * 2.0, 0.0])
+    assert job.cap_w[2] == slow.power_limit_default_w  # full clocks: no brake
+    counters = _reasons(backend, slow.uuid, 1 * NS)
+    assert (counters.pcie_link_width, counters.pcie_link_width_max) == (4, 16)
+    assert (counters.pcie_link_gen, counters.pcie_link_gen_max) == (5, 5)
+    assert not counters.clock_event_reasons & ~int(model.ClockEventReason.SW_POWER_CAP)
+    assert _reasons(backend, clean.uuid, 1 * NS).pcie_link_width == 16
+    assert backend.poll_events(1 * NS, 0.0) == []
+
+
+def test_a_slow_node_delays_every_gpu_of_the_node_records_each_and_shows_no_gpu_signal():
+    backend = _backend()
+    job = backend._job
+    assert job is not None
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="slow_node", slowdown=0.05), 0)
+    assert list(job.start_delay_s) == pytest.approx([0.07] * 4)
+    assert [f.gpu_uuid for f in backend.fired] == [g.uuid for g in backend.inventory()]
+    for counters in backend.read_counters(1 * NS):
+        assert counters.pcie_link_width == counters.pcie_link_width_max
+        assert not counters.clock_event_reasons & ~int(model.ClockEventReason.SW_POWER_CAP)
+
+
+def test_power_brake_is_the_straggler_fault_by_its_own_name():
+    backend = _backend()
+    job = backend._job
+    assert job is not None
+    backend.fire(simulated.ScriptedFault(at_s=0, kind="power_brake", gpu=3, slowdown=0.1), 0)
+    assert job.cap_w[3] == pytest.approx(float(job.compute_w[3]) / 1.1)
+    assert _reasons(backend, backend.inventory()[3].uuid, NS).clock_event_reasons & 0x80

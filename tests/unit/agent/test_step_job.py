@@ -283,3 +283,19 @@ def test_readings_and_cap_changes_from_different_threads_keep_one_step_per_index
     assert indices == list(range(indices[0], indices[0] + len(indices)))
     starts = [s.start_s for s in job.steps]
     assert starts == sorted(starts) and len(set(starts)) == len(starts)
+
+
+def test_a_start_delay_makes_the_rank_compute_late_at_full_draw_and_the_step_wait_for_it():
+    job, clean = _job(), _job()
+    job.set_start_delay(1, 0.035)  # 5 % of a 0.7 s compute phase
+    for slow, twin in zip(
+        job.completed_steps(100.0, 120.0)[:10], clean.completed_steps(100.0, 120.0)[:10], strict=True
+    ):
+        assert slow.compute_start_s[1] - slow.start_s == pytest.approx(twin.compute_start_s[1] - twin.start_s + 0.035)
+        assert slow.compute_end_s[1] - slow.compute_start_s[1] == pytest.approx(0.7)  # full clocks once started
+        assert slow.peak_w[1] == 690.0
+    step = job.completed_steps(100.0, 110.0)[3]
+    assert job.draw_w(slice(1, 2), float(step.start_s + 0.030))[0] == pytest.approx(110.0)  # waiting at its trough
+    assert _mean_step_s(job) == pytest.approx(_mean_step_s(clean) + 0.035, abs=0.016)  # less what jitter hid
+    with pytest.raises(ValueError, match="start delay must be"):
+        job.set_start_delay(0, -0.1)

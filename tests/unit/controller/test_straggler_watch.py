@@ -88,3 +88,27 @@ def test_without_a_power_loop_the_raise_is_refused_as_not_known_here_and_a_cappe
     other.room = {"GPU-07": straggler_actions.PowerRoom(600.0, 700.0, 500.0, capped=True)}.get
     _feed(other, 20, {"GPU-07": 0.15}, {})
     assert [(e.kind, e.to_w) for e in raised[:2]] == [("notify", None), ("raise_cap", 650.0)]
+
+
+def test_a_gpu_behind_a_downtrained_pcie_link_is_named_with_the_link_from_the_latest_view():
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
+    latest = {
+        "GPU-02": fleet.GpuLatest(pcie_link=fleet.PcieLink(4, 16, 5, 5)),
+        "GPU-03": fleet.GpuLatest(pcie_link=fleet.PcieLink(16, 16, 5, 5)),
+    }
+    _feed(watch, 20, {"GPU-02": 0.15}, latest)
+    (named,) = watch.listing()
+    assert named.verdict.gpu_uuid == "GPU-02" and named.verdict.reason.endswith("; PCIe link x4 of x16")
+
+
+def test_every_gpu_of_a_slow_node_is_named_with_node_wide_evidence_and_no_gpu_of_the_other_node():
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
+    nodes = {f"n{n}": [f"GPU-{n}{i}" for i in range(8)] for n in range(4)}  # 32 GPUs: one slow node is a quarter
+    for k in range(20):
+        for node, members in nodes.items():
+            late = 0.15 if node == "n2" else 0.0
+            edges = {g: [round((2.0 * k + 1.4 + 0.002 * i + late) * NS)] for i, g in enumerate(members)}
+            watch.add_edges(node, edges, (2 * k + 2) * NS, {})
+    named = watch.listing()
+    assert sorted(s.verdict.gpu_uuid for s in named) == nodes["n2"]
+    assert all("; node-wide: all 8 GPUs of n2 lag" in s.verdict.reason for s in named)

@@ -122,6 +122,25 @@ def test_a_summary_without_whole_counters_keeps_the_temperature_it_had():
     assert (merged.power_w, merged.enforced_power_limit_w) == (400.0, 450)
 
 
+def test_the_pcie_link_reaches_the_latest_view_from_whole_counters_and_stays_while_summaries_lack_it():
+    counters = [_counters(GPU_A, pcie_link_width=4, pcie_link_width_max=16, pcie_link_gen=5, pcie_link_gen_max=5)]
+    power = core_summary.summarize(
+        [_samples(GPU_A, A_W)], carry=core_summary.GridCarry(), interval_ms=100, until_unix_ns=T0 + 1000 * MS
+    )
+    message = agent_wire.summary(power, {GPU_A: counters[0]}, counters, (GPU_A,))
+    assert validate_input.check_message(message, MINE, LIMITS) == "summary"
+    latest = wire_stream.summary_from_wire(message.summary, "node-a", KNOWN).latest[GPU_A]
+    assert latest.pcie_link == fleet.PcieLink(4, 16, 5, 5) and latest.pcie_link.downtrained
+    raw = wire_stream.telemetry_from_wire(agent_wire.telemetry([], counters, 100).telemetry, KNOWN)
+    assert raw.latest[GPU_A].pcie_link == fleet.PcieLink(4, 16, 5, 5)
+    later = dataclasses.replace(latest, pcie_link=None, counters_unix_ns=latest.counters_unix_ns + 1)
+    assert fleet.merge_summary(latest, later).pcie_link == fleet.PcieLink(4, 16, 5, 5)
+    unsent = message.summary.counters[0]
+    unsent.ClearField("pcie_link_gen_max")  # one value missing: no link, not a guess
+    assert wire.latest_from_summary(message.summary)[GPU_A].pcie_link is None
+    assert not fleet.PcieLink(16, 16, 5, 5).downtrained and fleet.PcieLink(16, 16, 4, 5).downtrained
+
+
 def test_the_canaries_full_series_go_into_the_tracked_sums_alone():
     summary = wire_stream.summary_from_wire(_summary_message(frozenset({GPU_A})).summary, "node-a", KNOWN)
     assert [s.gpu_uuid for s in summary.full_rate] == [GPU_A]
@@ -161,6 +180,9 @@ def _set(path: str, value):
         (lambda s: s.node_power.power_w.__setitem__(3, -5.0), "summary.node_power.power_w[3]"),
         (lambda s: s.node_power.gpus.__setitem__(2, 10_000), "summary.node_power.gpus[2]"),
         (_set("counters.temperature_c", 500), "summary.counters[0].temperature_c"),
+        (_set("counters.pcie_link_width", 0), "summary.counters[0].pcie_link_width"),
+        (_set("counters.pcie_link_width_max", 33), "summary.counters[0].pcie_link_width_max"),
+        (_set("counters.pcie_link_gen", 9), "summary.counters[0].pcie_link_gen"),
         (
             lambda s: s.full_rate.add(gpu_uuid=GPU_A, first_sample_unix_ns=T0, sample_interval_ms=0, power_w=[1.0]),
             "summary.full_rate[0].sample_interval_ms",
@@ -241,6 +263,7 @@ def _latest(draw):
         counters_unix_ns=draw(st.integers(0, 3)),
         power_smoothing_enabled=draw(st.none() | st.booleans()),
         power_limit_slew_target_w=draw(_maybe_int),
+        pcie_link=draw(st.none() | st.builds(fleet.PcieLink, *[st.integers(1, 16)] * 4)),
     )
 
 
@@ -256,6 +279,7 @@ def test_merge_summary_is_merge_latest_keeping_what_a_summary_does_not_bring(pre
             if update.power_smoothing_enabled is None
             else merged.power_smoothing_enabled
         ),
+        pcie_link=previous.pcie_link if update.pcie_link is None else merged.pcie_link,
     )
     assert fleet.merge_summary(previous, update) == expected
     assert fleet.merge_summary(None, update) == update

@@ -216,3 +216,19 @@ def test_the_ladder_library_loads_and_states_what_each_run_must_show():
         loaded = scenario.load(name)
         assert loaded.name == name and loaded.description, name
         assert loaded.expect is not None and loaded.expect.tickets is not None, name
+
+
+def test_the_stragglers_library_loads_one_scenario_per_kind_with_the_probes_clean_twin():
+    names = scenario.library_names("stragglers")
+    assert names == [
+        "stragglers/job_slowdown",
+        "stragglers/pcie_downtrain",
+        "stragglers/slow_node",
+        "stragglers/thermal_throttle",
+    ]
+    for name in names:
+        loaded = scenario.load(name)
+        assert loaded.name == name and loaded.description, name
+        assert loaded.power is not None and not loaded.power.managed, name  # the edges unsmoothed, the twin stepped
+        assert {f.fault.kind for f in loaded.faults} <= simulated.STRAGGLER_FAULTS, name
+    assert len(scenario.load("stragglers/job_slowdown").faults) == 8  # every node of an 8-node fleet

@@ -588,3 +588,27 @@ def test_close_wakes_a_poll_that_is_pacing_without_an_event_set(fake, open_backe
     assert backend.poll_events(NOW, 30.0) == []
     closer.join()
     assert time.monotonic() - started < 5.0
+
+
+def test_the_pcie_link_is_read_with_the_nvlinks_and_its_best_only_once(fake, open_backend):
+    g = fake.gpu(0)
+    g.set_attr("CurrPcieLinkWidth", value=8)
+    g.set_attr("CurrPcieLinkGeneration", value=4)
+    backend = open_backend(nvlink_interval_s=10.0)
+    c = counters_of(backend, H100_A)
+    assert (c.pcie_link_width, c.pcie_link_width_max, c.pcie_link_gen, c.pcie_link_gen_max) == (8, 16, 4, 5)
+    fake.calls.clear()
+    g.set_attr("CurrPcieLinkWidth", value=16)
+    assert counters_of(backend, H100_A, NOW + 1_000_000_000).pcie_link_width == 8  # not due: the last reading
+    assert fake.call_count("nvmlDeviceGetCurrPcieLinkWidth") == 0
+    assert counters_of(backend, H100_A, NOW + 10_000_000_000).pcie_link_width == 16  # due with the links
+    assert fake.call_count("nvmlDeviceGetMaxPcieLinkWidth") == 0  # the link's best: read once
+
+
+def test_a_gpu_without_pcie_link_calls_reports_none_for_the_link(install_fake, open_backend):
+    gpu = fake_nvml.h100_sxm5(0)
+    for key in ("CurrPcieLinkWidth", "MaxPcieLinkWidth", "CurrPcieLinkGeneration", "MaxPcieLinkGeneration"):
+        gpu.unsupport(key)
+    install_fake(fake_nvml.FakeNvml([gpu]))
+    c = counters_of(open_backend(), gpu.uuid)
+    assert (c.pcie_link_width, c.pcie_link_width_max, c.pcie_link_gen, c.pcie_link_gen_max) == (None,) * 4

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from rasd.controller.core import straggler
+from rasd.controller.core.fleet import PcieLink
 
 POLICY = straggler.StragglerPolicy()
 
@@ -84,3 +85,48 @@ def test_a_step_with_too_few_edges_is_not_judged():
 def test_bad_policy_values_are_named(field, value, message):
     with pytest.raises(ValueError, match=message):
         straggler.StragglerPolicy(**{field: value})
+
+
+def test_a_gpus_own_signals_name_thermal_reasons_with_its_temperature_and_a_link_below_its_best():
+    assert straggler.gpu_signals(0x24, 88, PcieLink(16, 16, 5, 5)) == (
+        "clock event: software thermal slowdown",
+        "temperature 88 C",
+    )
+    assert straggler.gpu_signals(0x4, 88, PcieLink(4, 16, 3, 5)) == ("PCIe link x4 of x16", "PCIe link Gen3 of Gen5")
+    assert straggler.gpu_signals(0x80, 70, None) == ("clock event: hardware power brake",)  # no heat named
+    assert straggler.gpu_signals(None, None, None) == ()
+
+
+def _climbing(node_lags: dict[str, float], steps: int = 3) -> straggler.StragglerState:
+    rng, state = random.Random(4), straggler.StragglerState()
+    for step in range(steps):
+        state, _ = straggler.observe_step(state, _edges(node_lags, rng=rng, start_s=2.0 * step), policy=POLICY)
+    return state
+
+
+NODE = [f"GPU-{i}" for i in range(8, 16)]
+
+
+def test_a_node_whose_gpus_all_climb_is_named_node_wide_and_one_clean_gpu_of_it_says_not():
+    state = _climbing(dict.fromkeys(NODE, 0.07))
+    (evidence,) = straggler.node_wide_signal("node-1", NODE, state, POLICY)
+    assert evidence.startswith("node-wide: all 8 GPUs of node-1 lag")
+    state = _climbing({gpu: 0.07 for gpu in NODE[1:]})
+    assert straggler.node_wide_signal("node-1", NODE, state, POLICY) == ()
+    assert straggler.node_wide_signal("node-1", NODE[:1], _climbing({NODE[0]: 0.07}), POLICY) == ()  # one GPU alone
+    assert straggler.node_wide_signal("node-0", [f"GPU-{i}" for i in range(8)], state, POLICY) == ()  # clean node
+
+
+def test_with_evidence_rewrites_only_the_reason():
+    _, (verdict,) = straggler.observe_step(
+        straggler.StragglerState(), _edges({"GPU-7": 0.2}, rng=random.Random(5)), policy=POLICY
+    )
+    corroborated = straggler.with_evidence(verdict, ("PCIe link x8 of x16", "node-wide: ..."))
+    assert corroborated.reason == verdict.reason.replace(
+        "no corroborating signal", "PCIe link x8 of x16; node-wide: ..."
+    )
+    assert (corroborated.score, corroborated.mean_lag_s, corroborated.steps) == (
+        verdict.score,
+        verdict.mean_lag_s,
+        verdict.steps,
+    )

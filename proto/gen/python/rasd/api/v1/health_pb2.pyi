@@ -130,7 +130,7 @@ class NvLinkCounters(_message.Message):
     def __init__(self, link: _Optional[int] = ..., active: _Optional[bool] = ..., crc_errors: _Optional[int] = ..., replay_errors: _Optional[int] = ..., recovery_errors: _Optional[int] = ...) -> None: ...
 
 class GpuCounters(_message.Message):
-    __slots__ = ("gpu_uuid", "sample_unix_ns", "enforced_power_limit_w", "requested_power_limit_w", "total_energy_mj", "temperature_c", "utilization_gpu_pct", "clock_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure", "pcie_replay_count", "recovery_action", "nvlinks", "power_smoothing_enabled", "nvlink_sample_unix_ns", "power_limit_slew_target_w")
+    __slots__ = ("gpu_uuid", "sample_unix_ns", "enforced_power_limit_w", "requested_power_limit_w", "total_energy_mj", "temperature_c", "utilization_gpu_pct", "clock_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending", "remapped_rows_failure", "pcie_replay_count", "recovery_action", "nvlinks", "power_smoothing_enabled", "nvlink_sample_unix_ns", "power_limit_slew_target_w", "pcie_link_width", "pcie_link_width_max", "pcie_link_gen", "pcie_link_gen_max")
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     ENFORCED_POWER_LIMIT_W_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,10 @@ class GpuCounters(_message.Message):
     POWER_SMOOTHING_ENABLED_FIELD_NUMBER: _ClassVar[int]
     NVLINK_SAMPLE_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     POWER_LIMIT_SLEW_TARGET_W_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_WIDTH_MAX_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_GEN_FIELD_NUMBER: _ClassVar[int]
+    PCIE_LINK_GEN_MAX_FIELD_NUMBER: _ClassVar[int]
     gpu_uuid: str
     sample_unix_ns: int
     enforced_power_limit_w: int
@@ -181,7 +185,11 @@ class GpuCounters(_message.Message):
     power_smoothing_enabled: bool
     nvlink_sample_unix_ns: int
     power_limit_slew_target_w: int
-    def __init__(self, gpu_uuid: _Optional[str] = ..., sample_unix_ns: _Optional[int] = ..., enforced_power_limit_w: _Optional[int] = ..., requested_power_limit_w: _Optional[int] = ..., total_energy_mj: _Optional[int] = ..., temperature_c: _Optional[int] = ..., utilization_gpu_pct: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., pcie_replay_count: _Optional[int] = ..., recovery_action: _Optional[int] = ..., nvlinks: _Optional[_Iterable[_Union[NvLinkCounters, _Mapping]]] = ..., power_smoothing_enabled: _Optional[bool] = ..., nvlink_sample_unix_ns: _Optional[int] = ..., power_limit_slew_target_w: _Optional[int] = ...) -> None: ...
+    pcie_link_width: int
+    pcie_link_width_max: int
+    pcie_link_gen: int
+    pcie_link_gen_max: int
+    def __init__(self, gpu_uuid: _Optional[str] = ..., sample_unix_ns: _Optional[int] = ..., enforced_power_limit_w: _Optional[int] = ..., requested_power_limit_w: _Optional[int] = ..., total_energy_mj: _Optional[int] = ..., temperature_c: _Optional[int] = ..., utilization_gpu_pct: _Optional[int] = ..., clock_event_reasons: _Optional[int] = ..., ecc_sbe_volatile: _Optional[int] = ..., ecc_dbe_volatile: _Optional[int] = ..., ecc_sbe_aggregate: _Optional[int] = ..., ecc_dbe_aggregate: _Optional[int] = ..., retired_pages_sbe: _Optional[int] = ..., retired_pages_dbe: _Optional[int] = ..., retired_pages_pending: _Optional[bool] = ..., remapped_rows_correctable: _Optional[int] = ..., remapped_rows_uncorrectable: _Optional[int] = ..., remapped_rows_pending: _Optional[bool] = ..., remapped_rows_failure: _Optional[bool] = ..., pcie_replay_count: _Optional[int] = ..., recovery_action: _Optional[int] = ..., nvlinks: _Optional[_Iterable[_Union[NvLinkCounters, _Mapping]]] = ..., power_smoothing_enabled: _Optional[bool] = ..., nvlink_sample_unix_ns: _Optional[int] = ..., power_limit_slew_target_w: _Optional[int] = ..., pcie_link_width: _Optional[int] = ..., pcie_link_width_max: _Optional[int] = ..., pcie_link_gen: _Optional[int] = ..., pcie_link_gen_max: _Optional[int] = ...) -> None: ...
 
 class TelemetryBatch(_message.Message):
     __slots__ = ("power", "counters")
