@@ -49,16 +49,16 @@ def python_speed_s(additions: int = 2_000_000, tries: int = 3) -> float:
     return best * 10_000_000 / additions
 
 
+def _section_span(text: str, heading: str) -> re.Match[str] | None:
+    """Where the section that starts with heading stands in text: up to the next ``## `` or the end."""
+    return re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL).search(text)
+
+
 def write_section(heading: str, text: str) -> None:
     """Replace (or append) the section that starts with heading, leaving every other section untouched."""
     old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    found = pattern.search(old)
-    RESULTS.write_text(pattern.sub(lambda _: text, old, count=1) if found else old.rstrip("\n") + "\n\n" + text)
-
-
-def _section_span(text: str, heading: str) -> re.Match[str] | None:
-    return re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL).search(text)
+    found = _section_span(old, heading)
+    RESULTS.write_text(old[: found.start()] + text + old[found.end() :] if found else old.rstrip("\n") + "\n\n" + text)
 
 
 def subsections(heading: str) -> str:
