@@ -196,9 +196,10 @@ def _datacenter_counters(gpu: FakeGpu) -> None:
     gpu.set_attr("UtilizationRates", value=(0, 0))
     gpu.set_attr("Temperature", (pynvml.NVML_TEMPERATURE_GPU,), value=35)
     gpu.set_attr("PcieReplayCounter", value=0)
-    for key, value in (("CurrPcieLinkWidth", 16), ("MaxPcieLinkWidth", 16), ("CurrPcieLinkGeneration", 5)):
+    for key, value in (
+        ("CurrPcieLinkWidth", 16), ("MaxPcieLinkWidth", 16), ("CurrPcieLinkGeneration", 5), ("MaxPcieLinkGeneration", 5)
+    ):  # fmt: skip
         gpu.set_attr(key, value=value)
-    gpu.set_attr("MaxPcieLinkGeneration", value=5)
     gpu.set_attr("PerformanceState", value=0)
     for link in range(gpu.nvlink_count):
         gpu.set_attr("NvLinkState", (link,), value=pynvml.NVML_FEATURE_ENABLED)
