@@ -181,6 +181,8 @@ class FleetReader:
         self._refused: set[tuple[str, int]] = set()
         self._inventories: dict[str, tuple[bytes, dict[str, fleet.GpuRecord]]] = {}
         """Replica -> (its encoded inventory, decoded): decoded again only when it changes."""
+        self._memos: dict[str, aggregates.DecodeMemo] = {}
+        """Replica -> what its last decode kept (its streams, decoded again only when they change)."""
         self.latest: aggregates.FleetAggregate = aggregates.EMPTY
         """The last merge read (the power loop dates remote agents' stamps with its streams)."""
 
@@ -205,7 +207,8 @@ class FleetReader:
                 known = self._inventories.get(replica_id)
                 if known is None or known[0] != inventory:
                     known = self._inventories[replica_id] = (inventory, aggregates.decode_records(inventory))
-                decoded.append(aggregates.decode(payload, records=known[1]))
+                memo = self._memos.setdefault(replica_id, aggregates.DecodeMemo())
+                decoded.append(aggregates.decode(payload, records=known[1], memo=memo))
             except aggregates.AggregateFormatError as exc:
                 if (replica_id, version) not in self._refused:  # not every period
                     self._refused.add((replica_id, version))

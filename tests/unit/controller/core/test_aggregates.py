@@ -226,3 +226,25 @@ def test_aggregate_reads_round_trip_and_a_bad_one_names_what_is_wrong():
         aggregates.AggregateReads.from_mapping({"draw_window_s": 1, "detect_window_s": 1})
     with pytest.raises(aggregates.AggregateFormatError, match="must be > 0"):
         aggregates.AggregateReads.from_mapping({"interval_s": 0, "draw_window_s": 1, "detect_window_s": 1})
+
+
+def test_a_remote_gpus_pcie_link_and_streams_come_back_as_they_were_sent():
+    """The PCIe link crosses as a JSON list and is read back as a PcieLink; unchanged streams come from the memo."""
+    from rasd.controller.core import aggregates as agg
+    from rasd.controller.core import fleet as fl
+
+    link = fl.PcieLink(8, 16, 4, 5)
+    latest = fl.GpuLatest(power_w=300.0, power_sample_unix_ns=5, enforced_power_limit_w=700, counters_unix_ns=5,
+                          pcie_link=link)  # fmt: skip
+    record = fl.GpuRecord("g1", "H100", "00000000:18:00.0", 200, 700, 700, node_id="n1")
+    stream = agg.NodeStream("n1", "s1", 1, "b1", {"rack": "r1"}, ("g1",), 0)
+    sent = agg.ReplicaAggregate("r1", 10, 1.5, {"n1": stream}, {"g1": record}, {"g1": latest}, {"g1": 9}, 5.0,
+                                {"g1": 300.0}, 20.0, {"g1": 310.0})  # fmt: skip
+    memo = agg.DecodeMemo()
+    first = agg.decode(agg.encode(sent), memo=memo)
+    second = agg.decode(agg.encode(sent), memo=memo)
+    assert first.latest["g1"] == latest
+    assert isinstance(first.latest["g1"].pcie_link, fl.PcieLink) and first.latest["g1"].pcie_link.downtrained
+    assert first.nodes == {"n1": stream}
+    assert second.nodes is first.nodes
+    assert second.draw_peaks_w == {"g1": 300.0} and second.detect_peaks_w == {"g1": 310.0}
