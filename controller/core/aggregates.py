@@ -53,7 +53,7 @@ Rows = tuple[tuple[int, float, int], ...]
 """`fleet.PowerWindow.series` rows: (bucket start unix ns, summed W, GPUs reporting)."""
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(fleet.GpuRecord))
-_LATEST_FIELDS = fleet.GpuLatest._fields
+_LATEST_FIELDS = tuple(f.name for f in dataclasses.fields(fleet.GpuLatest))
 
 
 class AggregateFormatError(ValueError):
@@ -475,7 +475,7 @@ def decode(
         raise AggregateFormatError(f"damaged aggregate from {doc.get('replica_id')!r}: {exc!r}") from None
 
 
-_LATEST_DEFAULTS = fleet.GpuLatest._field_defaults
+_LATEST_DEFAULTS = {f.name: f.default for f in dataclasses.fields(fleet.GpuLatest)}
 
 
 def _readings(columns: Mapping[str, list[Any]], count: int) -> list[fleet.GpuLatest]:
@@ -488,8 +488,7 @@ def _readings(columns: Mapping[str, list[Any]], count: int) -> list[fleet.GpuLat
     if any(link is not None for link in links):
         # JSON carries the NamedTuple as a list; the view's readers take its fields by name.
         fields[_PCIE_LINK] = [None if link is None else fleet.PcieLink(*link) for link in links]
-    new, cls = tuple.__new__, fleet.GpuLatest
-    return [new(cls, row) for row in zip(*fields, strict=True)]
+    return [fleet.GpuLatest(*row) for row in zip(*fields, strict=True)]
 
 
 _PCIE_LINK = _LATEST_FIELDS.index("pcie_link")

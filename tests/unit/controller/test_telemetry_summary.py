@@ -8,6 +8,7 @@ view end up with the same values for what the controller's loops read.
 from __future__ import annotations
 
 import array
+import dataclasses
 import math
 
 import hypothesis
@@ -132,7 +133,7 @@ def test_the_pcie_link_reaches_the_latest_view_from_whole_counters_and_stays_whi
     assert latest.pcie_link == fleet.PcieLink(4, 16, 5, 5) and latest.pcie_link.downtrained
     raw = wire_stream.telemetry_from_wire(agent_wire.telemetry([], counters, 100).telemetry, KNOWN)
     assert raw.latest[GPU_A].pcie_link == fleet.PcieLink(4, 16, 5, 5)
-    later = latest._replace(pcie_link=None, counters_unix_ns=latest.counters_unix_ns + 1)
+    later = dataclasses.replace(latest, pcie_link=None, counters_unix_ns=latest.counters_unix_ns + 1)
     assert fleet.merge_summary(latest, later).pcie_link == fleet.PcieLink(4, 16, 5, 5)
     unsent = message.summary.counters[0]
     unsent.ClearField("pcie_link_gen_max")  # one value missing: no link, not a guess
@@ -270,7 +271,8 @@ def _latest(draw):
 def test_merge_summary_is_merge_latest_keeping_what_a_summary_does_not_bring(previous, update):
     """One value built per GPU per second (the ingest's hot path), with `merge_latest`'s rule per family."""
     merged = fleet.merge_latest(previous, update)
-    expected = merged._replace(
+    expected = dataclasses.replace(
+        merged,
         temperature_c=previous.temperature_c if update.temperature_c is None else merged.temperature_c,
         power_smoothing_enabled=(
             previous.power_smoothing_enabled
