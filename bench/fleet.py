@@ -272,7 +272,7 @@ async def _feed(conn: multiprocessing.connection.Connection, db_url: str, args: 
                     figures["caps"] += 1
                 handled.add(command_id)
                 answers.append((command_id, node_id, wire_commands.result_to_bytes(result),
-                                holder[node_id].replica_id, time.time_ns()))  # fmt: skip
+                                holder[node_id].replica_id, time.time_ns(), True))  # fmt: skip
             # As a replica's Relay.result does with the results that arrive together: one transaction.
             for first in range(0, len(answers), 512):
                 await asyncio.to_thread(relay.save_results, answers[first : first + 512])

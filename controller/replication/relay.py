@@ -92,6 +92,9 @@ class Courier:
         self._policy = policy
         self._sent: dict[str, str] = {}
         """command id → the session it went out on (a new session of the node gets it again)."""
+        self.relayed_sent: set[str] = set()
+        """Ids of the relayed commands this replica delivered and has not seen withdrawn or expired:
+        their results are their senders' (`Relay.result` marks them), not the ladder's."""
         self._awaiting: dict[str, asyncio.Future[msgs.AgentResult]] = {}
         """Relayed commands this replica sent and waits for, by command id."""
         self._wake = asyncio.Event()
@@ -165,7 +168,7 @@ class Courier:
         """Pass the stored results of relayed commands to their waiting senders."""
         if not self._awaiting:
             return
-        found = await self._thread.run(self.store.results_of, list(self._awaiting))
+        found = await self._thread.run(self.store.results_for, self._replica_id)
         for command_id, payload in found.items():
             future = self._awaiting.get(command_id)
             if future is not None and not future.done():
@@ -206,6 +209,7 @@ class Courier:
         outstanding = {r.command_id for r in rows} | {command_id for command_id, _node, _payload in relayed}
         for command_id in [c for c in self._sent if c not in outstanding]:
             del self._sent[command_id]  # answered, cancelled or given up: never sent again
+            self.relayed_sent.discard(command_id)
         sent = 0
         for record in rows:
             if record.kind in remediation_mod.AGENT_KINDS and record.node_id in sessions:
@@ -216,6 +220,7 @@ class Courier:
                 continue
             if self._streams.dispatch(node_id, wire_commands.command_from_bytes(payload)):
                 self._sent[command_id] = session.session_id
+                self.relayed_sent.add(command_id)
                 self.commands_sent += 1
                 sent += 1
                 log.info("relay_command_sent", node=node_id, command_id=command_id, action="relayed",
@@ -264,8 +269,9 @@ class Relay:
         # A power period's caps come back from every node here at once: one transaction for all then.
         self._results: group_commit.GroupCommit[bool] = group_commit.GroupCommit(
             "rasd-relay-results", thread.run, store.save_results,
-            lambda command_id, node_id, result, replica_id, now_unix_ns: store.save_result(
-                command_id=command_id, node_id=node_id, result=result, replica_id=replica_id, now_unix_ns=now_unix_ns
+            lambda command_id, node_id, result, replica_id, now_unix_ns, relayed: store.save_result(
+                command_id=command_id, node_id=node_id, result=result, replica_id=replica_id, now_unix_ns=now_unix_ns,
+                relayed=relayed,
             ),
             MAX_RELAY_GROUP,
         )  # fmt: skip
@@ -315,9 +321,15 @@ class Relay:
         return taken
 
     async def result(self, node_id: str, result: msgs.AgentResult) -> None:
-        """Store a result for the leader (it applies stored results in arrival order)."""
+        """Store a result for the leader (it applies stored results in arrival order).
+
+        A relayed command's result this replica delivered is marked for its sender (`results_for`).
+        """
         payload = wire_commands.result_to_bytes(result)
-        await self._results.submit(result.command_id, node_id, payload, self.leadership.replica_id, time.time_ns())
+        relayed = result.command_id in self.courier.relayed_sent
+        await self._results.submit(
+            result.command_id, node_id, payload, self.leadership.replica_id, time.time_ns(), relayed
+        )
         self.results_relayed += 1
         self._intake_wake.set()
 

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy import false as sa_false
 from sqlalchemy import true as sa_true
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -304,6 +305,8 @@ class CommandResultRow(Base):
     result: Mapped[bytes] = mapped_column(LargeBinary)
     received_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0, index=True)
     replica_id: Mapped[str] = mapped_column(String(253), default="")
+    # A relayed command's (its sender collects it, `RelayStore.results_for`), not the ladder's.
+    relayed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
 
 
 class RelayedCommandRow(Base):
