@@ -232,8 +232,10 @@ def _caps(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) 
     policy, fleet_view = state.policy, inputs.fleet
     # Acks first, then the telemetry's read-backs (one per GPU: folded in as arrays), as `record` orders them.
     apply = power_apply.record(state.apply, acks=inputs.acks, policy=policy)
+    # The latest readings as columns, once for the period's three uses (read-backs, draw, idleness).
+    columns = views.latest_columns(state.apply.gpus, fleet_view)
     apply = power_apply.record_aligned(
-        apply, views.readbacks_aligned(state.apply.gpus, fleet_view, now_s), policy=policy
+        apply, views.readbacks_aligned(state.apply.gpus, fleet_view, now_s, columns), policy=policy
     )
     apply = fallback.count_confirmed_limits(apply, state.fallback, fleet_view.sessions, policy)
     if inputs.repairing_gpus:
@@ -251,7 +253,9 @@ def _caps(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) 
         raised_at_s=state.raised_at_s,
         idle_since_s=state.idle_since_s,
     )
-    draw = views.gpu_views(apply, state.tree, inputs, ctx)
+    if columns.gpus is not apply.gpus:  # an ack or a repair changed the list (rare)
+        columns = views.latest_columns(apply.gpus, fleet_view)
+    draw = views.gpu_views(apply, state.tree, inputs, ctx, columns)
     previous = state.targets_w if state.targets_w is not None and len(state.targets_w) == len(apply.gpus) else None
     rng = _generator(state.allocate_rng)
     allocation = power.allocate(state.tree, draw.views, previous, policy=policy, rng=rng)
@@ -263,7 +267,7 @@ def _caps(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) 
     ramp = power_ramp.job_start_ramp(
         state.ramp,
         gpu_uuids=[g.gpu_uuid for g in apply.gpus],
-        idle=views.idle(apply.gpus, fleet_view.latest),
+        idle=columns.idle(),
         targets_w=targets,
         min_w=apply.min_w,
         max_w=apply.max_w,
@@ -393,7 +397,13 @@ def _status(
     allocation, plan = caps.allocation, caps.plan
     power_status = status.PowerStatus(
         at_unix_s=now_s,
-        root=status.domain_tree(state.tree, state.apply, caps.targets_w, drawn),
+        root=status.domain_tree(
+            state.tree,
+            state.apply,
+            caps.targets_w,
+            drawn,
+            caps.draw.views.node_idx if state.apply.gpus is caps.before.gpus else None,
+        ),
         swing=status.recent_swing(inputs.window.status_rows, inputs.window.sample_hz, state.policy),
         smoothing=state.smoothing.plan,
         stranded_w=allocation.stranded_w,

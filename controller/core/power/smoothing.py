@@ -350,7 +350,7 @@ def start_profiles(
     notes = []
     if decision.handed_over:
         notes.append(commands.Note("info", "power_start_smoothing_handed_over", {"gpus": decision.handed_over}))
-    node_of = {g.gpu_uuid: g.node_id for g in gpus}
+    node_of = {g.gpu_uuid: g.node_id for g in gpus} if apply or release else {}  # mostly neither: 100,000 GPUs
     groups: dict[tuple[str, float | None], list[str]] = {}
     for gpu, rate in apply.items():
         groups.setdefault((node_of[gpu], rate), []).append(gpu)

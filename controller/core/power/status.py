@@ -95,10 +95,15 @@ def domain_tree(
     state: power_apply.ApplyState,
     targets_w: np.ndarray,
     drawn_w: np.ndarray,
+    node_idx: np.ndarray | None = None,
 ) -> DomainStatus:
-    """The tree with each domain's sums of may-be-in-force caps, targets and draw (per-GPU arrays)."""
+    """The tree with each domain's sums of may-be-in-force caps, targets and draw (per-GPU arrays).
+
+    node_idx: each GPU's tree node index, when the caller has it (`allocate.GpuViews.node_idx`).
+    """
     idx = tree.index
-    node_idx = np.array([idx.node_of_name[g.node_id] for g in state.gpus], dtype=np.intp)
+    if node_idx is None:
+        node_idx = np.array([idx.node_of_name[g.node_id] for g in state.gpus], dtype=np.intp)
     allocated = idx.sums(node_idx, power_apply.may_be_in_force_w(state))
     target = idx.sums(node_idx, targets_w.astype(np.float64))
     drawn = idx.sums(node_idx, drawn_w)

@@ -144,30 +144,88 @@ def readbacks(
     return [power_apply.CapReadback(gpus[i].gpu_uuid, enforced_w[i], sample_s[i]) for i in np.flatnonzero(has)]
 
 
+NO_NS = np.iinfo(np.int64).min
+"""`LatestColumns.controller_ns` where the fleet view has no controller time for the GPU."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LatestColumns:
+    """The latest readings' fields a period reads, one array each, aligned with `gpus`.
+
+    Built in one pass (`latest_columns`): read-backs, draw and idleness each walked 100,000 GPUs'
+    readings on their own, and those walks were half a fleet period. A missing reading reads as
+    None in every field.
+    """
+
+    gpus: Sequence[power_apply.GpuLimits]
+    present: np.ndarray
+    """True where the GPU has a reading."""
+    enforced_w: np.ndarray
+    """The enforced power limit, W (nan: none)."""
+    slew_target_w: np.ndarray
+    """The target of a raise the agent is still slewing, W (0: none)."""
+    counters_ns: np.ndarray
+    """When the counters were read, agent time (0: never)."""
+    power_w: np.ndarray
+    """The latest draw, W (nan: none)."""
+    power_sample_ns: np.ndarray
+    """When the draw was sampled (0: never)."""
+    utilization_pct: np.ndarray
+    """GPU utilisation, % (nan: not reported)."""
+    clock_event_reasons: np.ndarray
+    """NVML clock event reasons (0: none reported)."""
+    controller_ns: np.ndarray
+    """The counters' time in controller time (`NO_NS`: not known)."""
+
+    def idle(self) -> np.ndarray:
+        """`idle`: True where the reading shows no utilisation."""
+        return self.utilization_pct == 0
+
+    def busy(self) -> np.ndarray:
+        """True where the reading shows utilisation (a missing reading or utilisation is not busy)."""
+        return np.nan_to_num(self.utilization_pct, nan=0.0) != 0
+
+
+def latest_columns(gpus: Sequence[power_apply.GpuLimits], view: period_inputs.FleetView) -> LatestColumns:
+    """`LatestColumns` of `gpus` from the view's latest readings: one lookup per GPU, then a comprehension per field."""
+    get, controller_get = view.latest.get, view.latest_controller_ns.get
+    uuids = [g.gpu_uuid for g in gpus]
+    readings = [get(u) for u in uuids]
+    # numpy reads None as nan in a float array; integer columns take 0 for a missing reading. List
+    # comprehensions, not generators into np.fromiter: a third less time at 100,000 GPUs.
+    return LatestColumns(
+        gpus=gpus,
+        present=np.array([r is not None for r in readings], dtype=bool),
+        enforced_w=np.array([r and r.enforced_power_limit_w for r in readings], dtype=np.float64),
+        slew_target_w=np.array([(r and r.power_limit_slew_target_w) or 0.0 for r in readings], dtype=np.float64),
+        counters_ns=np.array([r.counters_unix_ns if r else 0 for r in readings], dtype=np.int64),
+        power_w=np.array([r and r.power_w for r in readings], dtype=np.float64),
+        power_sample_ns=np.array([r.power_sample_unix_ns if r else 0 for r in readings], dtype=np.int64),
+        utilization_pct=np.array([r and r.utilization_gpu_pct for r in readings], dtype=np.float64),
+        clock_event_reasons=np.array([(r and r.clock_event_reasons) or 0 for r in readings], dtype=np.int64),
+        controller_ns=np.array([controller_get(u, NO_NS) for u in uuids], dtype=np.int64),
+    )
+
+
 def readbacks_aligned(
-    gpus: Sequence[power_apply.GpuLimits], view: period_inputs.FleetView, now_s: float
+    gpus: Sequence[power_apply.GpuLimits],
+    view: period_inputs.FleetView,
+    now_s: float,
+    columns: LatestColumns | None = None,
 ) -> power_apply.AlignedReadbacks:
     """The enforced limits in telemetry (most that may be in force, controller time) as arrays aligned with `gpus`.
 
     A raise the agent is still slewing gets to its target without another command: that is the most
     that may be in force (power_apply's module doc). In controller time: the apply state compares it
-    with deadlines this clock set. One pass, no per-GPU objects (`apply.record_aligned` takes them).
+    with deadlines this clock set. No per-GPU objects (`apply.record_aligned` takes them). columns:
+    `latest_columns(gpus, view)`, when the caller has them.
     """
-    now_ns = int(now_s * 1e9)
-    latest, controller_ns = view.latest, view.latest_controller_ns
-    n = len(gpus)
-    has = np.zeros(n, dtype=bool)
-    enforced_w = np.zeros(n)
-    sample_s = np.zeros(n)
-    for i, g in enumerate(gpus):
-        reading = latest.get(g.gpu_uuid)
-        if reading is None or reading.enforced_power_limit_w is None or not reading.counters_unix_ns:
-            continue
-        has[i] = True
-        # `apply.in_force_w`, inlined (100,000 calls a period): the higher of the limit and the slew target.
-        limit_w, target_w = float(reading.enforced_power_limit_w), float(reading.power_limit_slew_target_w or 0.0)
-        enforced_w[i] = target_w if target_w > limit_w else limit_w
-        sample_s[i] = controller_ns.get(g.gpu_uuid, min(reading.counters_unix_ns, now_ns)) / 1e9
+    c = columns if columns is not None and columns.gpus is gpus else latest_columns(gpus, view)
+    has = c.present & ~np.isnan(c.enforced_w) & (c.counters_ns != 0)
+    # `apply.in_force_w`, as arrays: the higher of the limit and the slew target.
+    enforced_w = np.where(has, np.where(c.slew_target_w > c.enforced_w, c.slew_target_w, c.enforced_w), 0.0)
+    at_ns = np.where(c.controller_ns != NO_NS, c.controller_ns, np.minimum(c.counters_ns, int(now_s * 1e9)))
+    sample_s = np.where(has, at_ns / 1e9, 0.0)
     return power_apply.AlignedReadbacks(has, enforced_w, sample_s)
 
 
@@ -197,26 +255,22 @@ def job_running(gpus: Sequence[power_apply.GpuLimits], latest: Mapping[str, flee
 
 
 def idle_for_s(
-    gpus: Sequence[power_apply.GpuLimits],
-    latest: Mapping[str, fleet.GpuLatest],
-    idle_since_s: Mapping[str, float],
-    now_s: float,
+    columns: LatestColumns, idle_since_s: Mapping[str, float], now_s: float
 ) -> tuple[np.ndarray, dict[str, float]]:
     """How long each GPU's utilisation has read 0 (or not been reported), s; nan while it reads busy.
 
     Returns:
-        (the durations, aligned with `gpus`; GPU -> when the counters sample that began its current
-        run of 0 % utilisation was taken, for the next period).
+        (the durations, aligned with `columns.gpus`; GPU -> when the counters sample that began its
+        current run of 0 % utilisation was taken, for the next period).
     """
+    gpus, counters_ns = columns.gpus, columns.counters_ns
     since: dict[str, float] = {}
     out = np.full(len(gpus), np.nan)
-    for i, g in enumerate(gpus):
-        reading = latest.get(g.gpu_uuid)
-        if reading is not None and reading.utilization_gpu_pct:
-            continue
-        sampled = reading.counters_unix_ns / 1e9 if reading is not None and reading.counters_unix_ns else now_s
-        since[g.gpu_uuid] = idle_since_s.get(g.gpu_uuid, min(sampled, now_s))
-        out[i] = now_s - since[g.gpu_uuid]
+    for i in np.flatnonzero(~columns.busy()).tolist():  # mostly few: a training job keeps its GPUs busy
+        gpu_uuid, at_ns = gpus[i].gpu_uuid, int(counters_ns[i])
+        sampled = at_ns / 1e9 if at_ns else now_s
+        since[gpu_uuid] = idle_since_s.get(gpu_uuid, min(sampled, now_s))
+        out[i] = now_s - since[gpu_uuid]
     return out, since
 
 
@@ -250,39 +304,28 @@ class ViewContext:
 
 
 def _draw(
-    state: power_apply.ApplyState, inputs: period_inputs.PeriodInputs, ctx: ViewContext
+    state: power_apply.ApplyState, columns: LatestColumns, inputs: period_inputs.PeriodInputs, ctx: ViewContext
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(draw W, known, latest draw W, throttled) per GPU: each GPU's draw as the allocator judges it."""
-    bound = power_apply.may_be_in_force_w(state)
-    latest, peaks = inputs.fleet.latest, inputs.window.draw_peaks_w
+    peaks = inputs.window.draw_peaks_w
     stale_ns = int((ctx.now_s - ctx.config.telemetry_stale_s) * 1e9)
-    n = len(state.gpus)
-    draw = np.empty(n)
-    drawn = np.zeros(n)
-    known = np.zeros(n, dtype=bool)
-    throttled = np.zeros(n, dtype=bool)
-    bound_w, ramping = bound.tolist(), ctx.ramping  # Python floats: cheaper to read one at a time
-    for i, g in enumerate(state.gpus):
-        gpu_uuid = g.gpu_uuid
-        reading = latest.get(gpu_uuid)
-        peak = peaks.get(gpu_uuid)
-        fresh = reading is not None and reading.power_w is not None and reading.power_sample_unix_ns >= stale_ns
-        if fresh and peak is not None:
-            assert reading is not None
-            # An idle GPU (no utilisation: its job stopped or left) needs what it draws now; the
-            # window's peak would hold its watts for a whole window after a load change.
-            draw[i] = reading.power_w if reading.utilization_gpu_pct == 0 else peak
-            known[i] = True
-            drawn[i] = reading.power_w or 0.0
-        else:
-            draw[i] = bound_w[i]  # stale telemetry: drawing at the cap that may be in force
-        if reading is not None and reading.clock_event_reasons is not None:
-            throttled[i] = bool(reading.clock_event_reasons & SW_POWER_CAP)
+    uuids = [g.gpu_uuid for g in state.gpus]
+    has_peak = np.array([u in peaks for u in uuids], dtype=bool)
+    peak_w = np.array([peaks.get(u, 0.0) for u in uuids], dtype=np.float64)
+    power_w = columns.power_w
+    fresh = columns.present & ~np.isnan(power_w) & (columns.power_sample_ns >= stale_ns)
+    known = fresh & has_peak
+    # An idle GPU (no utilisation: its job stopped or left) needs what it draws now; the window's
+    # peak would hold its watts for a whole window after a load change. Stale telemetry: drawing
+    # at the cap that may be in force.
+    draw = np.where(known, np.where(columns.idle(), power_w, peak_w), power_apply.may_be_in_force_w(state))
+    drawn = np.where(known, np.nan_to_num(power_w, nan=0.0), 0.0)
+    throttled = (columns.clock_event_reasons & SW_POWER_CAP) != 0
+    if ctx.ramping:
         # A GPU whose job-start ramp is still rising is held by its ceiling, and its limit lags
         # what the budget counts (the agent slews it): by the draw it would look uncapped and
         # get no raise, stalling its ramp.
-        if gpu_uuid in ramping:
-            throttled[i] = True
+        throttled |= np.array([u in ctx.ramping for u in uuids], dtype=bool)
     return draw, known, drawn, throttled
 
 
@@ -314,10 +357,16 @@ def gpu_views(
     tree: power_tree.PowerTree,
     inputs: period_inputs.PeriodInputs,
     ctx: ViewContext,
+    columns: LatestColumns | None = None,
 ) -> DrawViews:
-    """The allocator's views of the state's GPUs this period (see the module docstring)."""
+    """The allocator's views of the state's GPUs this period (see the module docstring).
+
+    columns: `latest_columns(state.gpus, inputs.fleet)`, when the caller has them.
+    """
     gpus = state.gpus
-    draw, known, drawn, throttled = _draw(state, inputs, ctx)
+    if columns is None or columns.gpus is not gpus:
+        columns = latest_columns(gpus, inputs.fleet)
+    draw, known, drawn, throttled = _draw(state, columns, inputs, ctx)
     view = inputs.fleet
     node_idx, node_priority, reachable, node_quarantined = _node_columns(gpus, tree, inputs)
     # Settling: the step, at most the configured draw window.
@@ -326,7 +375,7 @@ def gpu_views(
     settling = np.array([ctx.now_s - ctx.raised_at_s.get(g.gpu_uuid, -np.inf) < settle for g in gpus])
     # A quarantined GPU releases its share once it has read idle for as long as a raise settles:
     # one step plus the telemetry delay (the scheduler takes a rank out at a step boundary).
-    idle_for, idle_since = idle_for_s(gpus, view.latest, ctx.idle_since_s, ctx.now_s)
+    idle_for, idle_since = idle_for_s(columns, ctx.idle_since_s, ctx.now_s)
     quarantined = node_quarantined | _marked(gpus, inputs.quarantined_gpus)
     repairing = _marked(gpus, inputs.repairing_gpus)
     views = power.GpuViews(

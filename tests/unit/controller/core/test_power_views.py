@@ -1,4 +1,6 @@
-"""`views.inventory`'s memo: the last answer is given back only while every input equals the last call's."""
+"""`views.inventory`'s memo: the last answer is given back only while every input equals the last call's.
+`views.latest_columns`: the period's one pass over the latest readings reads each field as the
+per-GPU code did (a missing reading or field, a raise still slewing, controller time or not)."""
 
 from __future__ import annotations
 
@@ -74,3 +76,29 @@ def test_an_answer_from_the_memo_is_a_new_list():
     first = _computed(NODES, _view(_records()), ())
     first.clear()
     assert len(views.inventory(NODES, _view(_records()), ())) == 3
+
+
+def test_latest_columns_read_each_gpus_reading_as_the_per_gpu_code_did():
+    gpus = [power_apply.GpuLimits(g, "node-a", 200, 1000) for g in ("none", "no-limit", "never", "slew", "plain")]
+    latest = {
+        "no-limit": fleet.GpuLatest(power_w=300.0, power_sample_unix_ns=5, counters_unix_ns=7, utilization_gpu_pct=0),
+        "never": fleet.GpuLatest(enforced_power_limit_w=600, counters_unix_ns=0),
+        "slew": fleet.GpuLatest(enforced_power_limit_w=500, power_limit_slew_target_w=700, counters_unix_ns=9 * 10**9,
+                                utilization_gpu_pct=80, clock_event_reasons=views.SW_POWER_CAP),
+        "plain": fleet.GpuLatest(enforced_power_limit_w=650, power_limit_slew_target_w=600, counters_unix_ns=8 * 10**9),
+    }  # fmt: skip
+    view = dataclasses.replace(_view({}), latest=latest, latest_controller_ns={"plain": 3 * 10**9})
+
+    columns = views.latest_columns(gpus, view)
+    has, enforced_w, sample_s = views.readbacks_aligned(gpus, view, now_s=10.0, columns=columns)
+    idle_for, since = views.idle_for_s(columns, {"no-limit": 2.0}, now_s=10.0)
+
+    assert has.tolist() == [False, False, False, True, True], "no reading, no limit, or never read: no read-back"
+    assert enforced_w.tolist() == [0, 0, 0, 700, 650], "a raise still slewing counts at its target"
+    assert sample_s.tolist() == [0, 0, 0, 9.0, 3.0], "controller time where known, else the counters' own"
+    assert columns.idle().tolist() == [False, True, False, False, False], "idle: utilisation read 0"
+    assert columns.busy().tolist() == [False, False, False, True, False]
+    assert ((columns.clock_event_reasons & views.SW_POWER_CAP) != 0).tolist() == [False, False, False, True, False]
+    assert since == {"none": 10.0, "no-limit": 2.0, "never": 10.0, "plain": 8.0}, "idle runs: kept, or from the sample"
+    assert idle_for.tolist()[:3] == [0.0, 8.0, 0.0] and idle_for.tolist()[4] == 2.0
+    assert str(idle_for[3]) == "nan", "a busy GPU has no idle run"
