@@ -265,17 +265,25 @@ def peak_maxima(sources: Sequence[Mapping[str, float]], records: Mapping[str, An
     """A GPU's peak over the window, wherever its samples landed: the highest of the sources' peaks.
 
     Only GPUs in `records` count, and a peak must be above -inf (a NaN never is). In the usual
-    case each GPU's samples landed on one replica only and every peak counts: the sources are then
-    joined whole (C-level updates and one array check instead of a comparison per GPU and source,
-    200,000 at fleet scale), which gives the same mapping, in the same order, as the loop.
+    case each GPU's samples landed on one replica only: the sources are then joined whole and the
+    GPUs that do not count taken out (C-level updates, one array check and a key-set difference
+    instead of a comparison per GPU and source, 200,000 at fleet scale), which gives the same
+    mapping, in the same order, as the loop. A GPU without samples in the window (-inf) or
+    without a record no longer sends every GPU down the loop.
     """
     joined: dict[str, float] = {}
     for source in sources:
         joined.update(source)
-    if len(joined) == sum(len(source) for source in sources) and joined.keys() <= records.keys():
+    if len(joined) == sum(len(source) for source in sources):
         peaks_w = np.fromiter(joined.values(), dtype=np.float64, count=len(joined))
-        if bool((peaks_w > -np.inf).all()):
-            return joined
+        out_of_count = np.flatnonzero(~(peaks_w > -np.inf)).tolist()
+        if out_of_count:
+            keys = list(joined)
+            for i in out_of_count:
+                del joined[keys[i]]
+        for gpu_uuid in joined.keys() - records.keys():
+            del joined[gpu_uuid]
+        return joined
     out: dict[str, float] = {}
     for source in sources:
         for gpu_uuid, peak_w in source.items():

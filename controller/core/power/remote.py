@@ -24,6 +24,8 @@ import math
 import types
 from collections.abc import Mapping
 
+import numpy as np
+
 from rasd.controller.core import aggregates, fleet
 from rasd.controller.core.power import inputs as period_inputs
 
@@ -104,6 +106,9 @@ def _lay_over(
 
 def _peaks(local: Mapping[str, float], remote: Mapping[str, float]) -> dict[str, float]:
     if not local:  # the leader holds no stream: the remote peaks as they are (a NaN never wins)
+        peaks_w = np.fromiter(remote.values(), dtype=np.float64, count=len(remote))
+        if bool((peaks_w > -np.inf).all()):  # as `aggregates.merge` leaves them: copied whole, not per GPU
+            return dict(remote)
         return {gpu_uuid: peak_w for gpu_uuid, peak_w in remote.items() if peak_w > -math.inf}
     out = dict(local)
     for gpu_uuid, peak_w in remote.items():

@@ -104,9 +104,10 @@ def domain_tree(
     idx = tree.index
     if node_idx is None:
         node_idx = np.array([idx.node_of_name[g.node_id] for g in state.gpus], dtype=np.intp)
-    allocated = idx.sums(node_idx, power_apply.may_be_in_force_w(state))
-    target = idx.sums(node_idx, targets_w.astype(np.float64))
-    drawn = idx.sums(node_idx, drawn_w)
+    # Python floats per level, read once: 12,500 node domains a period read numpy scalars one by one.
+    allocated = [level.tolist() for level in idx.sums(node_idx, power_apply.may_be_in_force_w(state))]
+    target = [level.tolist() for level in idx.sums(node_idx, targets_w.astype(np.float64))]
+    drawn = [level.tolist() for level in idx.sums(node_idx, drawn_w)]
     position = {
         "node": {n: i for i, n in enumerate(idx.node_names)},
         "rack": {n: i for i, n in enumerate(idx.rack_names)},
@@ -123,10 +124,10 @@ def domain_tree(
             name=d.name,
             level=d.level,
             budget_w=d.budget_w,
-            allocated_w=float(allocated[k][i]),
-            target_w=float(target[k][i]),
-            drawn_w=float(drawn[k][i]),
-            children=tuple(build(c) for c in children.get(d.name, [])),
+            allocated_w=allocated[k][i],
+            target_w=target[k][i],
+            drawn_w=drawn[k][i],
+            children=tuple([build(c) for c in children.get(d.name, ())]),
         )
 
     return build(tree.domains[0])

@@ -172,7 +172,7 @@ def test_peak_maxima_taken_whole_equal_the_per_gpu_comparison_order_included(sou
     assert list(merged.items()) == list(expected.items())  # a NaN peak is in neither
 
 
-def test_a_peak_seen_by_two_replicas_or_of_a_gpu_no_replica_records_is_not_taken_whole():
+def test_a_peak_seen_by_two_replicas_is_the_higher_and_one_without_a_record_or_samples_is_left_out():
     assert aggregates.peak_maxima([{"g1": 500.0}, {"g1": 550.0, "g2": 10.0}], dict.fromkeys(["g1", "g2"])) == {
         "g1": 550.0, "g2": 10.0}  # fmt: skip
     assert aggregates.peak_maxima([{"g1": 500.0, "gx": 9.0}, {"g2": 10.0}], dict.fromkeys(["g1", "g2"])) == {
