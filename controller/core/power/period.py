@@ -397,7 +397,7 @@ def _status(
     allocation, plan = caps.allocation, caps.plan
     power_status = status.PowerStatus(
         at_unix_s=now_s,
-        root=status.domain_tree(
+        sums=status.domain_sums(
             state.tree,
             state.apply,
             caps.targets_w,

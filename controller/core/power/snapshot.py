@@ -90,6 +90,11 @@ def to_plain(value: Any) -> Any:
         return {"numpy": value.dtype.str, "value": to_plain(value.item())}
     if isinstance(value, tuple) and type(value).__name__ in TYPES:  # a NamedTuple
         return {"type": type(value).__name__, "fields": {k: to_plain(v) for k, v in value._asdict().items()}}
+    if isinstance(value, status.PowerStatus):
+        # Recorded with its tree, as before the tree was built at the first read (`DomainSums`):
+        # recordings keep one form, and a replay compares trees.
+        fields = {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "sums"}
+        return {"type": "PowerStatus", "fields": {**fields, "root": to_plain(value.root)}}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         name = type(value).__name__
         if TYPES.get(name) is not type(value):
@@ -107,6 +112,14 @@ def to_plain(value: Any) -> Any:
             raise TypeError("only mappings with string keys have a plain form")
         return {"mapping": {k: to_plain(v) for k, v in value.items()}}
     raise TypeError(f"no plain form for {type(value)!r}")
+
+
+def _power_status(fields: dict[str, Any]) -> status.PowerStatus:
+    """A recorded status: its tree as recorded, in the place `PowerStatus.root` keeps the one it builds."""
+    root = fields.pop("root", None)
+    value = status.PowerStatus(sums=None, **fields)
+    value.__dict__["root"] = root  # functools.cached_property's own slot: read back as recorded
+    return value
 
 
 def from_plain(data: Any) -> Any:
@@ -137,5 +150,8 @@ def from_plain(data: Any) -> Any:
         cls = TYPES.get(data["type"])
         if cls is None:
             raise ValueError(f"unknown type {data['type']!r}")
-        return cls(**{k: from_plain(v) for k, v in data["fields"].items()})
+        fields = {k: from_plain(v) for k, v in data["fields"].items()}
+        if cls is status.PowerStatus:
+            return _power_status(fields)
+        return cls(**fields)
     raise ValueError(f"not plain data: {sorted(data)}")
