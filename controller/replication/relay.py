@@ -159,7 +159,14 @@ class Courier:
             payload = wire_commands.command_to_bytes(command)
             expires = now + int(timeout_s * 1e9)
             await self._relays.submit(command.command_id, node_id, payload, self._replica_id, now, expires)
-            return await asyncio.wait_for(future, timeout=timeout_s)
+            # The row's expiry is the sender's deadline: no courier delivers it after, so a slow
+            # write leaves only what is left of timeout_s to wait (none: it was written too late).
+            left_s = (expires - time.time_ns()) / 1e9
+            if left_s <= 0:
+                raise TimeoutError(
+                    f"relayed command {command.command_id} to node {node_id} was stored after its deadline"
+                )
+            return await asyncio.wait_for(future, timeout=left_s)
         finally:
             self._awaiting.pop(command.command_id, None)
             await self._withdrawals.submit((command.command_id,))

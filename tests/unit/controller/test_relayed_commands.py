@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import event as sa_event
 
@@ -140,3 +141,30 @@ def test_a_relayed_commands_result_goes_to_its_sender_and_never_to_the_ladder(tm
         store.close()
     assert ladder == ["restart-1"]
     assert list(for_a) == ["cap-from-a"] and list(for_c) == ["cap-from-c"]
+
+
+def test_a_relayed_command_stored_after_its_deadline_gives_up_at_once_and_is_withdrawn(tmp_path):
+    """No courier delivers a row past its expiry: the sender does not wait another whole timeout for it."""
+    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id="ctl-a"), election="lease")
+    wired = wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
+                              settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+
+    async def send():
+        busy = asyncio.create_task(wired.thread.run(time.sleep, 0.3))  # the store thread behind a long queue
+        await asyncio.sleep(0.01)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="stored after its deadline"):
+            await wired.relay.send_command("node-far", commands_pb.Command(command_id="cap-late"), timeout_s=0.2)
+        waited_s = time.monotonic() - started
+        await busy
+        return waited_s
+
+    try:
+        waited_s = asyncio.run(send())
+        left = wired.relay.store.relayed_commands(0)
+    finally:
+        wired.thread.close()
+        store.close()
+    assert waited_s < 1.0, f"waited {waited_s:.2f} s for a command stored 0.3 s after it was sent"
+    assert left == []
