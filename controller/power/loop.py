@@ -151,6 +151,24 @@ class PowerSettings:
         return cls(**values)
 
 
+def remote_max_age_s(loop: PowerLoop) -> float:
+    """How old another replica's aggregate may be and still count: the telemetry's staleness, 1.5 periods at least."""
+    return max(loop.settings.telemetry_stale_s, 1.5 * loop.policy.control_period_s)
+
+
+def _start_prefetch(loop: PowerLoop, remote: RemoteFleet) -> asyncio.Task[None]:
+    """`RemoteFleet.prefetch_forever` for the loop: replicas ship twice a period, looked for every eighth of one."""
+
+    def every_s() -> float:
+        return min(0.25, loop.policy.control_period_s / 8)
+
+    def max_age_s() -> float:
+        return remote_max_age_s(loop)
+
+    prefetch = remote.prefetch_forever(every_s=every_s, max_age_s=max_age_s)
+    return asyncio.create_task(prefetch, name="rasd-power-prefetch")
+
+
 class CommandSender(Protocol):
     """Sends a command to a node and waits for its result (`server.Controller.send_command`)."""
 
@@ -166,6 +184,10 @@ class RemoteFleet(Protocol):
 
     async def read(self, *, max_age_s: float, tracked: frozenset[str] = frozenset()) -> aggregates.FleetAggregate:
         """The other replicas' fresh aggregates, merged."""
+        ...
+
+    async def prefetch_forever(self, *, every_s: Callable[[], float], max_age_s: Callable[[], float]) -> None:
+        """Decode what lands as it lands (every every_s()), so that a `read` finds it decoded."""
         ...
 
     async def ask(self, reads: aggregates.AggregateReads) -> None:
@@ -275,6 +297,7 @@ class PowerLoop:
         self._wake = asyncio.Event()
         self._step_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._prefetch_task: asyncio.Task[None] | None = None
         self._sends: set[asyncio.Task[None]] = set()
         self._last_step_s = 0.0
         self._waiting = 0
@@ -406,15 +429,18 @@ class PowerLoop:
         self._known_gpus = {gpu.record.uuid: gpu.record for node in nodes for gpu in node.gpus}
         self._started = True
         self._task = asyncio.create_task(self._run(), name="rasd-power-loop")
+        if self._remote is not None:  # other replicas' aggregates decoded as they land, not in a period
+            self._prefetch_task = _start_prefetch(self, self._remote)
         log.info("power_loop_started", period_s=self.policy.control_period_s, domains=len(self.tree.domains),
                  gpus_known=len(self._known_gpus))  # fmt: skip
 
     async def stop(self) -> None:
         """Stop the loop and wait for commands in flight (their acks are dropped; read-backs settle them)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in (self._task, self._prefetch_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._prefetch_task = None
         self.repairs.release_all("the power loop stopped")
         self._set_room(None)  # a stopped loop (a deposed leader) knows no headroom
         for task in list(self._sends):
@@ -607,9 +633,8 @@ class PowerLoop:
         """
         if self._remote is None:
             return
-        max_age_s = max(self.settings.telemetry_stale_s, 1.5 * self.policy.control_period_s)
         try:
-            self._remote_view = await self._remote.read(max_age_s=max_age_s, tracked=self._tracked)
+            self._remote_view = await self._remote.read(max_age_s=remote_max_age_s(self), tracked=self._tracked)
         except repo.STORE_UNAVAILABLE as exc:
             # The period runs on what it knows: other replicas' nodes unreachable, counted at their caps.
             log.warning("power_aggregates_unread", error=str(exc))
