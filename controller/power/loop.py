@@ -157,7 +157,7 @@ def remote_max_age_s(loop: PowerLoop) -> float:
 
 
 def _start_prefetch(loop: PowerLoop, remote: RemoteFleet) -> asyncio.Task[None]:
-    """`RemoteFleet.prefetch_forever` for the loop: replicas ship twice a period, looked for every eighth of one."""
+    """`RemoteFleet.prefetch_forever` between periods: replicas ship twice a period, looked for every eighth."""
 
     def every_s() -> float:
         return min(0.25, loop.policy.control_period_s / 8)
@@ -165,7 +165,7 @@ def _start_prefetch(loop: PowerLoop, remote: RemoteFleet) -> asyncio.Task[None]:
     def max_age_s() -> float:
         return remote_max_age_s(loop)
 
-    prefetch = remote.prefetch_forever(every_s=every_s, max_age_s=max_age_s)
+    prefetch = remote.prefetch_forever(every_s=every_s, max_age_s=max_age_s, busy=loop.step_lock.locked)
     return asyncio.create_task(prefetch, name="rasd-power-prefetch")
 
 
@@ -186,8 +186,10 @@ class RemoteFleet(Protocol):
         """The other replicas' fresh aggregates, merged."""
         ...
 
-    async def prefetch_forever(self, *, every_s: Callable[[], float], max_age_s: Callable[[], float]) -> None:
-        """Decode what lands as it lands (every every_s()), so that a `read` finds it decoded."""
+    async def prefetch_forever(
+        self, *, every_s: Callable[[], float], max_age_s: Callable[[], float], busy: Callable[[], bool]
+    ) -> None:
+        """Decode what lands as it lands (every every_s(), not while busy()), so that a `read` finds it decoded."""
         ...
 
     async def ask(self, reads: aggregates.AggregateReads) -> None:
@@ -295,7 +297,8 @@ class PowerLoop:
         self._caps_unanswered: list[tuple[str, str]] = []
         """(node, error) of cap commands left unanswered since the last period's log line."""
         self._wake = asyncio.Event()
-        self._step_lock = asyncio.Lock()
+        self.step_lock = asyncio.Lock()
+        """Held by a period and by an operator's change (the other replicas' decodes wait while it is)."""
         self._task: asyncio.Task[None] | None = None
         self._prefetch_task: asyncio.Task[None] | None = None
         self._sends: set[asyncio.Task[None]] = set()
@@ -474,7 +477,7 @@ class PowerLoop:
         Raises:
             power_tree.PowerTreeError: unknown domain or a budget below the minimum caps under it.
         """
-        async with self._step_lock:  # not in the middle of a period: it would put the old tree back
+        async with self.step_lock:  # not in the middle of a period: it would put the old tree back
             tree = self.tree.with_budget(domain, budget_w)
             new_w = tree.domain(domain).budget_w
             overrides = {**self._budget_overrides, domain: new_w}
@@ -496,7 +499,7 @@ class PowerLoop:
             power_policy.PolicyError: naming the offending key.
         """
         policy = power_policy.PowerPolicy.from_mapping(mapping)
-        async with self._step_lock:
+        async with self.step_lock:
             audit = _audit(self._clock(), actor, "set_power_policy", reason)
             await self._save({POLICY_DOC: policy.to_mapping()}, audit=audit)
             log.warning("power_policy_set", reason=reason)
@@ -532,7 +535,7 @@ class PowerLoop:
     # -- one period ----------------------------------------------------------------------------------
     async def step(self) -> power_apply.CapPlan | None:
         """Run one control period now; returns the plan sent (None when there is nothing to manage)."""
-        async with self._step_lock:
+        async with self.step_lock:
             return await self._step()
 
     async def _step(self) -> power_apply.CapPlan | None:

@@ -199,16 +199,20 @@ class FleetReader:
         self.latest = aggregates.merge(fresh, tracked=tracked, bucket_ns=self._ingest.power_window.bucket_ns)
         return self.latest
 
-    async def prefetch_forever(self, *, every_s: Callable[[], float], max_age_s: Callable[[], float]) -> None:
+    async def prefetch_forever(
+        self, *, every_s: Callable[[], float], max_age_s: Callable[[], float], busy: Callable[[], bool]
+    ) -> None:
         """Every every_s(), decode the aggregates that landed since the last look, so that `read` finds them decoded.
 
         The power loop runs it beside its periods: a replica's aggregate took a tenth of a second to
         decode at 2,048 nodes, six of them nearly half of a 100,000-GPU period. Each row is decoded
-        once, here or in `read`, whichever sees it first; `read` still takes any newer row.
+        once, here or in `read`, whichever sees it first; `read` still takes any newer row. Not while
+        busy() (a period runs): a decode beside it takes the period's GIL time, not the idle time between.
         """
         while True:
             try:
-                await self._current(max_age_s(), self._clock())
+                if not busy():
+                    await self._current(max_age_s(), self._clock())
             except Exception as exc:  # the store may be briefly unavailable: the period's own read retries
                 log.warning("aggregates_prefetch_failed", error=str(exc), error_type=type(exc).__name__)
             await asyncio.sleep(every_s())

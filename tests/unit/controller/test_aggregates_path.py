@@ -179,7 +179,9 @@ def test_each_shipped_aggregate_is_decoded_once_and_as_it_lands_between_periods(
         after_two_reads = reader.decodes
         clock.now_ns += 10**8
         await follower.shipper.ship_once()  # a newer aggregate lands
-        prefetch = asyncio.create_task(reader.prefetch_forever(every_s=lambda: 0.01, max_age_s=lambda: 5.0))
+        prefetch = asyncio.create_task(
+            reader.prefetch_forever(every_s=lambda: 0.01, max_age_s=lambda: 5.0, busy=lambda: False)
+        )
         while reader.decodes == after_two_reads:
             await asyncio.sleep(0.01)
         prefetched = reader.decodes
