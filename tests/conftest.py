@@ -13,6 +13,7 @@ fuzzing summary (tests/fuzz): the inputs each run tried, added up from the tests
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import re
@@ -21,15 +22,28 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import sqlalchemy as sa
+import structlog
 
 from rasd.controller.store import repo
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 VENV_BIN = pathlib.Path(sys.executable).parent
+
+
+@pytest.fixture
+def debug_logs() -> Iterator[None]:
+    """Log at debug for the test: another test in the same worker may have configured a higher level
+    (as rasd-controller's `configure` does), and `structlog.testing.capture_logs` sees only what passes it."""
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
 
 
 @pytest.fixture

@@ -532,7 +532,7 @@ def test_a_controller_that_starts_after_the_job_ended_switches_off_its_predecess
     assert left == {}, "the plan is deleted once it is off"
 
 
-def test_caps_left_unanswered_are_logged_once_a_period_not_once_a_command(tmp_path, free_port):
+def test_caps_left_unanswered_are_logged_once_a_period_not_once_a_command(tmp_path, free_port, debug_logs):
     # A replica that stops answering leaves thousands of caps unanswered each period; a log line each
     # once cost the leader more than its period (bench/fleet.py's profile).
     async def scenario():

@@ -9,8 +9,6 @@ stored the old way, so no event is lost, decided twice, or acked before it is du
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -304,17 +302,6 @@ def test_events_that_arrive_after_the_term_ended_are_stored_acked_and_decided_by
             await rig.stop()
 
     asyncio.run(run())
-
-
-@pytest.fixture
-def debug_logs() -> Iterator[None]:
-    """Log at debug for the test (another test may have configured info, as rasd-controller does)."""
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
-    try:
-        yield
-    finally:
-        structlog.configure(**saved)
 
 
 def test_an_event_is_logged_as_received_before_the_decision_on_it_and_counted_once_stored(rig, debug_logs):
