@@ -16,7 +16,7 @@ This module owns the step from the gathered telemetry (`inputs.FleetView`) to th
   GPUs (or GPUs of quarantined nodes) the work has left are ineligible (`allocate.released`);
   GPUs under a repair that may return them to their default limit keep their maximum; a GPU's
   floor (`inputs.PeriodInputs.floors_w`, a straggler's raise) is its floor column;
-- **idleness** (`idle`, `job_running`, `idle_for_s`): from the GPUs' utilisation.
+- **idleness** (`LatestColumns.idle`, `job_running`, `idle_for_s`): from the GPUs' utilisation.
 
 Pure: no I/O, no logging, no clock reads; `now_s` comes in.
 """
@@ -158,6 +158,8 @@ class LatestColumns:
     """
 
     gpus: Sequence[power_apply.GpuLimits]
+    gpu_uuids: list[str]
+    """The GPUs' uuids, in order."""
     present: np.ndarray
     """True where the GPU has a reading."""
     enforced_w: np.ndarray
@@ -178,7 +180,7 @@ class LatestColumns:
     """The counters' time in controller time (`NO_NS`: not known)."""
 
     def idle(self) -> np.ndarray:
-        """`idle`: True where the reading shows no utilisation."""
+        """True where the reading shows no utilisation (no job runs on the GPU)."""
         return self.utilization_pct == 0
 
     def busy(self) -> np.ndarray:
@@ -195,6 +197,7 @@ def latest_columns(gpus: Sequence[power_apply.GpuLimits], view: period_inputs.Fl
     # comprehensions, not generators into np.fromiter: a third less time at 100,000 GPUs.
     return LatestColumns(
         gpus=gpus,
+        gpu_uuids=uuids,
         present=np.array([r is not None for r in readings], dtype=bool),
         enforced_w=np.array([r and r.enforced_power_limit_w for r in readings], dtype=np.float64),
         slew_target_w=np.array([(r and r.power_limit_slew_target_w) or 0.0 for r in readings], dtype=np.float64),
@@ -237,13 +240,6 @@ def priority(labels: Mapping[str, str]) -> int:
         return 0
 
 
-def idle(gpus: Sequence[power_apply.GpuLimits], latest: Mapping[str, fleet.GpuLatest]) -> np.ndarray:
-    """True for each GPU whose latest reading shows no utilisation (no job runs on it)."""
-    return np.array(
-        [(r := latest.get(g.gpu_uuid)) is not None and r.utilization_gpu_pct == 0 for g in gpus], dtype=bool
-    )
-
-
 def job_running(gpus: Sequence[power_apply.GpuLimits], latest: Mapping[str, fleet.GpuLatest]) -> bool:
     """At least half the managed GPUs report utilisation (the job runs)."""
     busy = sum(
@@ -263,11 +259,11 @@ def idle_for_s(
         (the durations, aligned with `columns.gpus`; GPU -> when the counters sample that began its
         current run of 0 % utilisation was taken, for the next period).
     """
-    gpus, counters_ns = columns.gpus, columns.counters_ns
+    uuids, counters_ns = columns.gpu_uuids, columns.counters_ns
     since: dict[str, float] = {}
-    out = np.full(len(gpus), np.nan)
+    out = np.full(len(uuids), np.nan)
     for i in np.flatnonzero(~columns.busy()).tolist():  # mostly few: a training job keeps its GPUs busy
-        gpu_uuid, at_ns = gpus[i].gpu_uuid, int(counters_ns[i])
+        gpu_uuid, at_ns = uuids[i], int(counters_ns[i])
         sampled = at_ns / 1e9 if at_ns else now_s
         since[gpu_uuid] = idle_since_s.get(gpu_uuid, min(sampled, now_s))
         out[i] = now_s - since[gpu_uuid]
@@ -309,7 +305,7 @@ def _draw(
     """(draw W, known, latest draw W, throttled) per GPU: each GPU's draw as the allocator judges it."""
     peaks = inputs.window.draw_peaks_w
     stale_ns = int((ctx.now_s - ctx.config.telemetry_stale_s) * 1e9)
-    uuids = [g.gpu_uuid for g in state.gpus]
+    uuids = columns.gpu_uuids
     has_peak = np.array([u in peaks for u in uuids], dtype=bool)
     peak_w = np.array([peaks.get(u, 0.0) for u in uuids], dtype=np.float64)
     power_w = columns.power_w
@@ -379,7 +375,7 @@ def gpu_views(
     quarantined = node_quarantined | _marked(gpus, inputs.quarantined_gpus)
     repairing = _marked(gpus, inputs.repairing_gpus)
     views = power.GpuViews(
-        gpu_uuids=tuple(g.gpu_uuid for g in gpus),
+        gpu_uuids=tuple(columns.gpu_uuids),
         node_idx=node_idx,
         priority=node_priority,
         draw_w=draw,
