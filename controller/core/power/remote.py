@@ -20,11 +20,8 @@ Pure: no I/O, no logging, no clock reads.
 
 from __future__ import annotations
 
-import math
 import types
 from collections.abc import Mapping
-
-import numpy as np
 
 from rasd.controller.core import aggregates, fleet
 from rasd.controller.core.power import inputs as period_inputs
@@ -105,11 +102,8 @@ def _lay_over(
 
 
 def _peaks(local: Mapping[str, float], remote: Mapping[str, float]) -> dict[str, float]:
-    if not local:  # the leader holds no stream: the remote peaks as they are (a NaN never wins)
-        peaks_w = np.fromiter(remote.values(), dtype=np.float64, count=len(remote))
-        if bool((peaks_w > -np.inf).all()):  # as `aggregates.merge` leaves them: copied whole, not per GPU
-            return dict(remote)
-        return {gpu_uuid: peak_w for gpu_uuid, peak_w in remote.items() if peak_w > -math.inf}
+    if not local:  # the leader holds no stream: the remote peaks that count (a NaN never does), copied whole
+        return aggregates.peak_maxima([remote], remote)
     out = dict(local)
     for gpu_uuid, peak_w in remote.items():
         if peak_w > out.get(gpu_uuid, float("-inf")):
