@@ -26,11 +26,16 @@ from rasd.controller.replication import relay as relay_mod
 from rasd.controller.store import repo
 
 
+def _relay_only(store: repo.Store, replica_id: str, election: str = "lease") -> wiring.Wired:
+    """One replica on store that runs no ladder: its relay and courier alone."""
+    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id=replica_id), election=election)
+    return wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
+                             settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+
+
 def test_the_leader_drops_relayed_commands_long_past_their_expiry_with_their_results(tmp_path):
     store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
-    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id="ctl-b"), election="static")
-    wired = wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
-                              settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+    wired = _relay_only(store, "ctl-b", election="static")
     relay, records = wired.relay, wired.relay.store
     now = time.time_ns()
     dead_expired = now - int((relay_mod.ABANDONED_AFTER_S + 5) * 1e9)
@@ -41,11 +46,11 @@ def test_the_leader_drops_relayed_commands_long_past_their_expiry_with_their_res
                             relayed=True)  # fmt: skip
 
     async def scenario():
-        await leadership.start()
+        await relay.leadership.start()
         try:
             await relay.take_in()
         finally:
-            await leadership.stop()
+            await relay.leadership.stop()
 
     try:
         asyncio.run(scenario())
@@ -63,9 +68,7 @@ def test_commands_relayed_at_once_are_written_and_withdrawn_in_few_transactions(
     store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
     commits: list[int] = []
     sa_event.listen(store.engine, "commit", lambda _conn: commits.append(1))
-    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id="ctl-a"), election="lease")
-    wired = wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
-                              settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+    wired = _relay_only(store, "ctl-a")
 
     async def period():
         # 200 nodes no replica holds: each command waits out its timeout and is withdrawn.
@@ -91,9 +94,7 @@ def test_results_arriving_at_once_are_stored_in_few_transactions_and_each_kept_o
     store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
     commits: list[int] = []
     sa_event.listen(store.engine, "commit", lambda _conn: commits.append(1))
-    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id="ctl-b"), election="lease")
-    wired = wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
-                              settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+    wired = _relay_only(store, "ctl-b")
 
     async def answers():
         results = [
@@ -118,9 +119,7 @@ def test_a_relayed_commands_result_goes_to_its_sender_and_never_to_the_ladder(tm
     """The replica that delivered a relayed command marks its result: the ladder's reads pass it by
     without an anti-join over every relayed command (a third of the leader's store thread at 12,500 caps)."""
     store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
-    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id="ctl-b"), election="lease")
-    wired = wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
-                              settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+    wired = _relay_only(store, "ctl-b")
     records, now = wired.relay.store, time.time_ns()
     for command_id, sender in (("cap-from-a", "ctl-a"), ("cap-from-c", "ctl-c")):
         records.relay_command(command_id=command_id, node_id="n1", command=b"c", replica_id=sender,
@@ -146,9 +145,7 @@ def test_a_relayed_commands_result_goes_to_its_sender_and_never_to_the_ladder(tm
 def test_a_relayed_command_stored_after_its_deadline_gives_up_at_once_and_is_withdrawn(tmp_path):
     """No courier delivers a row past its expiry: the sender does not wait another whole timeout for it."""
     store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
-    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id="ctl-a"), election="lease")
-    wired = wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
-                              settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+    wired = _relay_only(store, "ctl-a")
 
     async def send():
         busy = asyncio.create_task(wired.thread.run(time.sleep, 0.3))  # the store thread behind a long queue
