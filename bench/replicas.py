@@ -57,6 +57,7 @@ from rasd.agent import runtime, spool
 from rasd.agent import settings as agent_settings
 from rasd.agent.gpu import simulated, step_job
 from rasd.controller.core import aggregates, fleet
+from rasd.controller.core.power import apply as power_apply
 from rasd.controller.core.power import tree as power_tree
 
 SECTION = "## Replicas"
@@ -439,7 +440,10 @@ async def _kill_mid_period(cluster: Cluster, after_ns: int, timeout_s: float) ->
 
 def _in_flight(doc: dict[str, Any]) -> list[str]:
     """The nodes of the GPUs with a command in flight in a persisted apply state (one entry per GPU)."""
-    return [g["node_id"] for g in doc.get("gpus", ()) if int(g["pending_seq"]) >= 0]
+    if not doc:
+        return []
+    state = power_apply.ApplyState.from_mapping(doc)
+    return [state.gpus[i].node_id for i in np.flatnonzero(state.pending_seq >= 0).tolist()]
 
 
 def _ranks(setup: Setup, node_id: str) -> range:

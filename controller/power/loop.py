@@ -898,8 +898,14 @@ def restored_state(
             log.error("power_policy_override_dropped", error=str(exc))
     apply = None
     if docs.get(APPLY_DOC):
-        apply = power_apply.ApplyState.from_mapping(docs[APPLY_DOC])
-        log.info("power_state_restored", gpus=len(apply.gpus), next_seq=apply.next_seq)
+        try:
+            apply = power_apply.ApplyState.from_mapping(docs[APPLY_DOC])
+        except (KeyError, ValueError) as exc:
+            # Unreadable: start as a fresh state does, every GPU possibly at its maximum with a command
+            # that may still land (`ApplyState.unknown`), the most cautious reading of what is in force.
+            log.error("power_state_unreadable", doc=APPLY_DOC, error=repr(exc))
+        else:
+            log.info("power_state_restored", gpus=len(apply.gpus), next_seq=apply.next_seq)
     start = None
     if docs.get(START_DOC):
         try:

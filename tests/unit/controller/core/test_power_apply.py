@@ -199,6 +199,71 @@ def test_state_survives_a_restart_through_json():
     assert list(power_apply.may_be_in_force_w(again)) == list(power_apply.may_be_in_force_w(state))
 
 
+def _legacy_mapping(state):
+    """The document a controller before the packed format wrote: one JSON object per GPU, None for NaN."""
+
+    def value(x):
+        return None if not np.isfinite(x) else float(x)
+
+    return {
+        "epoch": state.epoch,
+        "next_seq": state.next_seq,
+        "gpus": [
+            {"gpu_uuid": g.gpu_uuid, "node_id": g.node_id, "min_w": g.min_w, "max_w": g.max_w,
+             "confirmed_w": value(state.confirmed_w[i]), "confirmed_at_s": value(state.confirmed_at_s[i]),
+             "pending_w": value(state.pending_w[i]), "pending_seq": int(state.pending_seq[i]),
+             "pending_issued_s": value(state.pending_issued_s[i]),
+             "pending_deadline_s": value(state.pending_deadline_s[i])}
+            for i, g in enumerate(state.gpus)
+        ],
+    }  # fmt: skip
+
+
+def _columns_equal(a, b):
+    return all(np.array_equal(getattr(a, n), getattr(b, n), equal_nan=True) for n in power_apply._COLUMNS)
+
+
+def test_a_state_written_one_object_per_gpu_still_restores():
+    tree = one_rack_tree(1_000)
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 600]), tree, now_s=10.0, policy=POLICY)
+    again = power_apply.ApplyState.from_mapping(json.loads(json.dumps(_legacy_mapping(state))))
+    assert again.gpus == state.gpus and again.next_seq == state.next_seq and again.epoch == state.epoch
+    assert _columns_equal(again, state)
+
+
+def test_the_packed_state_is_a_small_fraction_of_one_object_per_gpu():
+    """What a 100,000-GPU cap wave writes before its commands leave: 28 MB as an object per GPU."""
+    n = 10_000
+    gpus = [power_apply.GpuLimits(f"GPU-{i:08x}-0000-0000-0000-000000000000", f"node-{i // 8:05d}", 200, 700)
+            for i in range(n)]  # fmt: skip
+    state = power_apply.ApplyState.unknown(gpus, now_s=1.7e9, policy=POLICY, epoch="e1")
+    rng = np.random.default_rng(0)
+    state, _ = power_apply.plan(state, rng.uniform(300, 700, n), power_tree.PowerTree.from_mapping(
+        {"budget_w": 10**9, "rows": [{"name": "r", "racks": [{"name": "k", "nodes": [
+            {"name": f"node-{i:05d}"} for i in range(n // 8)]}]}]}), now_s=1.7e9, policy=POLICY)  # fmt: skip
+    packed = len(json.dumps(state.to_mapping()))
+    legacy = len(json.dumps(_legacy_mapping(state)))
+    assert packed < legacy / 8, (packed, legacy)
+    again = power_apply.ApplyState.from_mapping(json.loads(json.dumps(state.to_mapping())))
+    assert again.gpus == state.gpus and _columns_equal(again, state)
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda d: d["columns"].__setitem__("pending_w", "not base64!"), "column pending_w"),
+        (lambda d: d["columns"].__setitem__("confirmed_w", d["columns"]["pending_seq"][:12]), "column confirmed_w"),
+        (lambda d: d.__setitem__("gpus", d["columns"]["pending_w"]), "GPU inventory"),
+    ],
+)
+def test_a_damaged_packed_state_is_refused_naming_what_is_wrong(damage, named):
+    state, _ = power_apply.plan(two_gpu_state(), np.array([400, 600]), one_rack_tree(1_000), now_s=10.0, policy=POLICY)
+    doc = json.loads(json.dumps(state.to_mapping()))
+    damage(doc)
+    with pytest.raises(ValueError, match=named):
+        power_apply.ApplyState.from_mapping(doc)
+
+
 def test_a_state_that_was_lost_assumes_maximum_until_a_read_back_after_one_command_lifetime():
     gpus = [power_apply.GpuLimits("a", "n1", 200, 700)]
     state = power_apply.ApplyState.unknown(gpus, now_s=100.0, policy=POLICY, epoch="e2")
