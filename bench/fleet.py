@@ -23,8 +23,9 @@ store on is real:
    enforced limits, and stores each result (`save_result`) for the leader.
 
 Measured over `--measure-s` once every budget first held: the leader's CPU (its process's, every
-thread), each power period's duration (`PowerStats.step_ms`: store reads, the remote read and its
-decode, the period, persisting the apply state), and whether every budget held: after each batch of
+thread), each power period's duration (`PowerStats.step_ms`) and where it went (`step_phases_ms`:
+store reads, the remote read and its decode, the period, persisting the apply state, handing the
+commands to the senders), and whether every budget held: after each batch of
 caps the feeder applies, the enforced limits summed per rack and for the cluster against their
 budgets (a violation: any over). Writes the `## Fleet` section of bench/RESULTS.md.
 """
@@ -46,6 +47,8 @@ from typing import Any
 
 import replicas
 import results
+
+from rasd.controller.power.loop import STEP_PHASES
 
 SECTION = "## Fleet"
 GPUS_PER_NODE = 8
@@ -123,6 +126,7 @@ def leader_process(
                 conn.send({
                     "at_ns": time.time_ns(), "cpu_s": cpu_s, "rss_mib": rss,
                     "periods": stats.periods if stats else 0, "step_ms": list(stats.step_ms) if stats else [],
+                    "step_phases_ms": [list(p) for p in stats.step_phases_ms] if stats else [],
                     "commands_sent": stats.commands_sent if stats else 0,
                     "store_queued": controller.ingest.thread.queued,
                     "gpus": len(controller.power.state.gpus) if controller.power and controller.power.state else 0,
@@ -357,6 +361,7 @@ def run(db_url: str, args: argparse.Namespace) -> dict[str, Any]:
     window_s = (after["at_ns"] - before["at_ns"]) / 1e9
     periods = after["periods"] - before["periods"]
     steps = after["step_ms"][-periods:] if periods else []
+    phases = after["step_phases_ms"][-periods:] if periods else []
     return {
         "nodes": args.nodes, "gpus": after["gpus"], "replicas": args.replicas, "settle_s": settle_s,
         "window_s": window_s, "periods": periods, "step_p50_ms": _pct(steps, 50), "step_max_ms": max(steps, default=0),
@@ -367,7 +372,22 @@ def run(db_url: str, args: argparse.Namespace) -> dict[str, Any]:
         "publish_s": fed["publish_s"] / max(1, fed["publishes"]) * args.replicas,
         "feeder_cores": (fed["cpu_s"] - fed_before["cpu_s"]) / window_s,
         "store_queued_max": max(queued, default=0), "store_queued_mean": sum(queued) / max(1, len(queued)),
+        "phase_p50_ms": [_pct([p[i] for p in phases], 50) for i in range(len(STEP_PHASES))] if phases else [],
+        "phase_max_ms": [max(p[i] for p in phases) for i in range(len(STEP_PHASES))] if phases else [],
+        "slowest_phases_ms": max(phases, key=sum) if phases else [],
     }  # fmt: skip
+
+
+def _phases_line(f: dict[str, Any]) -> str:
+    """Where the window's periods went (`PowerStats.step_phases_ms`)."""
+    if not f["phase_p50_ms"]:
+        return "No period in the window."
+    parts = [
+        f"{name} {p50:,.0f} / {top:,.0f}"
+        for name, p50, top in zip(STEP_PHASES, f["phase_p50_ms"], f["phase_max_ms"], strict=True)
+    ]
+    slowest = ", ".join(f"{name} {ms:,.0f}" for name, ms in zip(STEP_PHASES, f["slowest_phases_ms"], strict=True))
+    return f"Where the periods went, p50 / max ms: {'; '.join(parts)}. The slowest period: {slowest} ms."
 
 
 def render(f: dict[str, Any], args: argparse.Namespace, machine: str, when: str) -> str:
@@ -397,7 +417,7 @@ def render(f: dict[str, Any], args: argparse.Namespace, machine: str, when: str)
         "| figure | measured | goal | |",
         "|---|---|---|---|",
         f"| GPUs managed by the leader's power loop | {f['gpus']:,} | 100,000 | |",
-        f"| power period (store reads, remote read and decode, period, persist), p50 / max | "
+        f"| power period ({', '.join(STEP_PHASES)}), p50 / max | "
         f"{f['step_p50_ms']:,.0f} / {f['step_max_ms']:,.0f} ms over {f['periods']} periods | ≤ "
         f"{GOAL_PERIOD_S * 1000:,.0f} ms | {'met' if met_period else 'NOT met'} |",
         f"| leader CPU over {f['window_s']:.0f} s | {f['leader_cores']:.2f} cores | ≤ {GOAL_CORES:g} | "
@@ -423,6 +443,8 @@ def render(f: dict[str, Any], args: argparse.Namespace, machine: str, when: str)
         f"second: mean {f['store_queued_mean']:.1f}, max {f['store_queued_max']}; the feeder spent "
         f"{f['publish_s']:.2f} s building and shipping the {f['replicas']} aggregates each interval "
         f"({f['feeder_cores']:.2f} cores).",
+        "",
+        _phases_line(f),
         "",
         f"Goal: the leader's loops over {f['nodes']:,} nodes × 8 GPUs on ≤ {GOAL_CORES:g} core, a power period in "
         f"≤ {GOAL_PERIOD_S:g} s, budgets held: " + ("met" if met else "NOT met") + ".",

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import time
 import tomllib
 import types
@@ -246,6 +247,14 @@ class PowerStats:
     settling_w: collections.deque[tuple[float, float]] = dataclasses.field(default_factory=_history)
     """(period time s, W granted by a raise and not yet drawn) for the latest periods."""
     step_ms: collections.deque[float] = dataclasses.field(default_factory=_history)
+    step_phases_ms: collections.deque[tuple[float, ...]] = dataclasses.field(default_factory=_history)
+    """Where each period's `step_ms` went, ms, in the order of `STEP_PHASES`."""
+
+
+STEP_PHASES = ("store reads", "remote read", "period", "persist", "send")
+"""A period's parts (`PowerStats.step_phases_ms`): the store thread's reads (quarantines, repair
+commands), the other replicas' aggregates (read, decode, merge), the inputs and the pure period,
+making its state durable, and handing its commands to the senders."""
 
 
 class PowerLoop:
@@ -539,12 +548,14 @@ class PowerLoop:
             return await self._step()
 
     async def _step(self) -> power_apply.CapPlan | None:
-        started = time.perf_counter()
+        marks = [time.perf_counter()]  # the ends of the `STEP_PHASES`, after the start
         now = self._now()
         self._last_step_s = now
         assert self._started, "start() first"
         quarantines, statuses = await self._ingest.run_in_store(self._read_store, self.repairs.nodes_sent())
+        marks.append(time.perf_counter())
         await self._read_remote()
+        marks.append(time.perf_counter())
         # From here to `period.step`, no await: the inputs are one picture of the ingest.
         before = self._period
         inputs = self._gather(before, now, quarantines, statuses)
@@ -560,7 +571,9 @@ class PowerLoop:
                 self.repairs.release_all(result.status.reason)
                 self._set_room(None)
                 return None
+            marks.append(time.perf_counter())
             await self._persist(before, result)
+            marks.append(time.perf_counter())
         except BaseException:
             self._requeue(inputs)  # nothing of this period happened: its inputs are the next one's
             raise
@@ -575,7 +588,7 @@ class PowerLoop:
         if before.smoothing.plan is not None and result.state.smoothing.plan is None:
             await self._forget_plan()
         self.status = result.status.power
-        self._count(result, inputs, now, started)
+        self._count(result, inputs, now, marks)
         _log_unanswered(self._caps_unanswered)
         self._caps_unanswered = []
         await self._ask_replicas(before, inputs, now)
@@ -733,8 +746,8 @@ class PowerLoop:
         if docs:
             await self._save(docs)
 
-    def _count(self, result: period.Period, inputs: period_inputs.PeriodInputs, now: float, started: float) -> None:
-        """The period's stats and metrics."""
+    def _count(self, result: period.Period, inputs: period_inputs.PeriodInputs, now: float, marks: list[float]) -> None:
+        """The period's stats and metrics; marks: its start and the ends of its phases but the last."""
         stats, out, status = self.stats, result.commands, result.status
         assert out.caps is not None
         stats.periods += 1
@@ -745,8 +758,10 @@ class PowerLoop:
         stats.start_smoothed = status.start_smoothed
         stats.stranded_w.append((now, status.stranded_w))
         stats.settling_w.append((now, status.settling_w))
-        elapsed_s = time.perf_counter() - started
+        marks = [*marks, time.perf_counter()]
+        elapsed_s = marks[-1] - marks[0]
         stats.step_ms.append(elapsed_s * 1000)
+        stats.step_phases_ms.append(tuple((end - begin) * 1000 for begin, end in itertools.pairwise(marks)))
         self._ingest.metrics.power_period_seconds.observe(elapsed_s)
 
     # -- sending -------------------------------------------------------------------------------------

@@ -110,9 +110,13 @@ def test_the_leaders_period_sees_the_followers_nodes_and_a_dead_follower_leaves_
         await follower.shipper.ship_once()  # takes up what the leader asked
         clock.now_ns += 10 * 10**9  # the follower stops shipping: its aggregate ages out
         await loop.step()
-        return shipped, asked
+        return shipped, asked, loop.stats
 
-    shipped, asked = asyncio.run(scenario())
+    shipped, asked, stats = asyncio.run(scenario())
+    assert stats.periods == len(stats.step_ms) == len(stats.step_phases_ms) == 2
+    for total_ms, phases_ms in zip(stats.step_ms, stats.step_phases_ms, strict=True):
+        assert len(phases_ms) == len(power_loop.STEP_PHASES) and min(phases_ms) >= 0
+        assert sum(phases_ms) == pytest.approx(total_ms), "the phases are the whole period"
     assert set(shipped.nodes) == {"node-c"} and shipped.draw_peaks_w == {"node-c-g0": 600.0, "node-c-g1": 600.0}
     (live, _first), (stale, later) = seen
     assert set(live.fleet.sessions) == {"node-a", "node-c"}, "the follower's node is reachable from the leader"
