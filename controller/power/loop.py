@@ -250,6 +250,23 @@ class PowerStats:
     step_phases_ms: collections.deque[tuple[float, ...]] = dataclasses.field(default_factory=_history)
     """Where each period's `step_ms` went, ms, in the order of `STEP_PHASES`."""
 
+    def count(self, result: period.Period, inputs: period_inputs.PeriodInputs, now: float, marks: list[float]) -> float:
+        """Count a period; marks: its start and the ends of its phases but the last. Returns its duration, s."""
+        out, status = result.commands, result.status
+        assert out.caps is not None
+        self.periods += 1
+        self.acks += len(inputs.acks)
+        self.decreases_sent += len(out.caps.decreases)
+        self.increases_sent += len(out.caps.increases)
+        self.ramp_parked, self.ramp_ramping = status.ramp_parked, status.ramp_ramping
+        self.start_smoothed = status.start_smoothed
+        self.stranded_w.append((now, status.stranded_w))
+        self.settling_w.append((now, status.settling_w))
+        marks = [*marks, time.perf_counter()]
+        self.step_ms.append((marks[-1] - marks[0]) * 1000)
+        self.step_phases_ms.append(tuple((end - begin) * 1000 for begin, end in itertools.pairwise(marks)))
+        return marks[-1] - marks[0]
+
 
 STEP_PHASES = ("store reads", "remote read", "period", "persist", "send")
 """A period's parts (`PowerStats.step_phases_ms`): the store thread's reads (quarantines, repair
@@ -588,7 +605,7 @@ class PowerLoop:
         if before.smoothing.plan is not None and result.state.smoothing.plan is None:
             await self._forget_plan()
         self.status = result.status.power
-        self._count(result, inputs, now, marks)
+        self._ingest.metrics.power_period_seconds.observe(self.stats.count(result, inputs, now, marks))
         _log_unanswered(self._caps_unanswered)
         self._caps_unanswered = []
         await self._ask_replicas(before, inputs, now)
@@ -745,24 +762,6 @@ class PowerLoop:
             docs[SMOOTHING_DOC] = {"plan": dataclasses.asdict(plan), "report": dataclasses.asdict(report)}
         if docs:
             await self._save(docs)
-
-    def _count(self, result: period.Period, inputs: period_inputs.PeriodInputs, now: float, marks: list[float]) -> None:
-        """The period's stats and metrics; marks: its start and the ends of its phases but the last."""
-        stats, out, status = self.stats, result.commands, result.status
-        assert out.caps is not None
-        stats.periods += 1
-        stats.acks += len(inputs.acks)
-        stats.decreases_sent += len(out.caps.decreases)
-        stats.increases_sent += len(out.caps.increases)
-        stats.ramp_parked, stats.ramp_ramping = status.ramp_parked, status.ramp_ramping
-        stats.start_smoothed = status.start_smoothed
-        stats.stranded_w.append((now, status.stranded_w))
-        stats.settling_w.append((now, status.settling_w))
-        marks = [*marks, time.perf_counter()]
-        elapsed_s = marks[-1] - marks[0]
-        stats.step_ms.append(elapsed_s * 1000)
-        stats.step_phases_ms.append(tuple((end - begin) * 1000 for begin, end in itertools.pairwise(marks)))
-        self._ingest.metrics.power_period_seconds.observe(elapsed_s)
 
     # -- sending -------------------------------------------------------------------------------------
     def _send(self, out: commands.Commands, now: float) -> None:
