@@ -44,9 +44,15 @@ def _row(checkpoint_s: float, runs: list[dict]) -> str:
     }
     return (
         f"| {checkpoint_s:g} | {_spread([a['ettr'] * 100 for a in rasd], '.2f')} | "
-        f"{_spread([a['ettr'] * 100 for a in base], '.2f')} | {lost['detection']} | {lost['repair']} | "
-        f"{lost['restart']} | {lost['lost_work']} |"
+        f"{_spread([a['ettr'] * 100 for a in base], '.2f')} | {_spread([_ceiling(a) * 100 for a in rasd], '.2f')} | "
+        f"{lost['detection']} | {lost['repair']} | {lost['restart']} | {lost['lost_work']} |"
     )
+
+
+def _ceiling(arm: dict) -> float:
+    """The ETTR the arm would have had with no detection or repair time: what restarts and lost work alone leave."""
+    lost_h = arm["time_lost_h"]
+    return arm["ettr"] + (lost_h["detection"] + lost_h["repair"]) / arm["wall_h"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,10 +83,13 @@ def main(argv: list[str] | None = None) -> int:
             f"(16,384 GPUs in 2,048 nodes + {defaults.spare_nodes} spares, 54 days, Llama 3's 419 interruptions "
             f"in 54 days by cause, restart {defaults.restart_s:g} s, a person after {defaults.manual_delay_s:g} s; "
             "the assumptions are in sim/goodput.py and sim/goodput_faults.py) but the seed (0..) and the "
-            "checkpoint interval. Figures: median (min-max) over the seeds; time lost in hours, rasd's arm.",
+            "checkpoint interval. Figures: median (min-max) over the seeds; time lost in hours, rasd's arm; "
+            "rasd's ceiling: its ETTR with no detection or repair time at all (the restarts and the work lost "
+            "since the last checkpoint alone).",
             "",
-            "| checkpoint s | ETTR rasd % | ETTR baseline % | detection h | repair h | restart h | lost work h |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
+            "| checkpoint s | ETTR rasd % | ETTR baseline % | rasd's ceiling % | detection h | repair h | restart h "
+            "| lost work h |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
             *(_row(c, runs) for c, runs in by_checkpoint.items()),
             "",
             f"Seed 0 at the defaults, rasd's commands: {', '.join(f'{k} {v}' for k, v in first['commands'].items())}; "
