@@ -225,6 +225,8 @@ class _Caps(NamedTuple):
     allocation: power.Allocation
     ramp: power_ramp.RampDecision
     draw: views.DrawViews
+    columns: views.LatestColumns
+    """The latest readings of `before`'s GPUs."""
 
 
 def _caps(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) -> _Caps:
@@ -301,7 +303,7 @@ def _caps(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) 
         raised_at_s=raised_at,
         idle_since_s=draw.idle_since_s,
     )
-    return _Caps(new, apply, plan, targets, allocation, ramp, draw)
+    return _Caps(new, apply, plan, targets, allocation, ramp, draw, columns)
 
 
 def step(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) -> Period:
@@ -337,6 +339,7 @@ def step(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) -
         window=inputs.window,
         start=state.start,
         ramped_at_s=state.ramped_at_s,
+        busy=caps.columns.busy(),
     )
     smooth, smoothing_commands, smoothing_notes = smoothing.smooth(state.smoothing, ctx)
     profiles = smoothing.start_profiles(

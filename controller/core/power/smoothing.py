@@ -78,6 +78,9 @@ class SmoothContext:
     """The job-start profiles in force (before this period's start decision)."""
     ramped_at_s: float | None
     """When a busy GPU was last under a job-start ceiling (this period included)."""
+    busy: np.ndarray | None = None
+    """Per GPU of `gpus`, whether its reading shows utilisation (`views.LatestColumns.busy`); None: judged
+    from `fleet.latest`."""
 
 
 Decision = tuple[SmoothingState, tuple[commands.NodeCommand, ...], tuple[commands.Note, ...]]
@@ -284,7 +287,7 @@ def smooth(state: SmoothingState, ctx: SmoothContext) -> Decision:
         # The predecessor's nodes are not known: every node now connected gets the plan again
         # (the same profile, harmless) or, if the job stopped, its "off".
         state = dataclasses.replace(state, restored=False, nodes=dict.fromkeys(ctx.fleet.sessions, "restored"))
-    running = views.job_running(ctx.gpus, ctx.fleet.latest)
+    running = views.job_running(ctx.gpus, ctx.fleet.latest, busy=ctx.busy)
     if state.plan is not None:
         if not running:
             state, sent, notes = disable(state, "the job stopped", fleet=ctx.fleet, now_s=ctx.now_s, policy=ctx.policy)

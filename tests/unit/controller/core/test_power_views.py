@@ -102,3 +102,25 @@ def test_latest_columns_read_each_gpus_reading_as_the_per_gpu_code_did():
     assert since == {"none": 10.0, "no-limit": 2.0, "never": 10.0, "plain": 8.0}, "idle runs: kept, or from the sample"
     assert idle_for.tolist()[:3] == [0.0, 8.0, 0.0] and idle_for.tolist()[4] == 2.0
     assert str(idle_for[3]) == "nan", "a busy GPU has no idle run"
+
+
+def test_job_running_reads_the_busy_column_as_it_reads_the_readings():
+    gpus = [power_apply.GpuLimits(g, "node-a", 200, 1000) for g in ("none", "no-util", "zero", "busy-1", "busy-2")]
+    readings = {
+        "no-util": fleet.GpuLatest(power_w=300.0),
+        "zero": fleet.GpuLatest(utilization_gpu_pct=0),
+        "busy-1": fleet.GpuLatest(utilization_gpu_pct=5),
+        "busy-2": fleet.GpuLatest(utilization_gpu_pct=100),
+    }
+    for busy_ones in ((), ("busy-1",), ("busy-1", "busy-2")):
+        latest = {g: r for g, r in readings.items() if not g.startswith("busy") or g in busy_ones}
+        view = dataclasses.replace(_view({}), latest=latest)
+        busy = views.latest_columns(gpus, view).busy()
+        by_readings = views.job_running(gpus, latest)
+        assert views.job_running(gpus, latest, busy=busy) == by_readings, busy_ones
+    assert views.job_running(gpus[3:], readings, busy=views.latest_columns(gpus[3:], _with(readings)).busy())
+    assert not views.job_running(gpus, readings, busy=views.latest_columns(gpus, _with(readings)).busy()), "2 of 5"
+
+
+def _with(latest):
+    return dataclasses.replace(_view({}), latest=latest)
