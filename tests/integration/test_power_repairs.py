@@ -4,7 +4,11 @@ A reset or a reboot returns GPUs to their default power limit before the agent c
 back. The simulator judges every limit change against the budgets (`sim.power_sim.PowerProbe.
 judge_limit_changes`), so the instant at default limits counts whether or not a sample falls in it:
 before the ladder's repairs waited for the power loop (`controller.power.repair_gate`), the compact
-scenario below showed 13 violations at the reboot (8.03 s) on every run, and the demo 3 (about 19 s).
+scenario below showed 13 violations at the reboot (then at 8.03 s) on every run, and the demo 3 (about 19 s).
+
+The compact scenario's faults come at 10 s and 12 s: its budgets first hold at 4-5 s on a quiet
+machine, and at 7.2 s once in CI while the demo test beside it ran two busy loops on the same two
+cores. The faults must come after the budgets hold, or the test judges the start and not the repairs.
 """
 
 from __future__ import annotations
@@ -28,14 +32,14 @@ compute_w = [650.0, 700.0]
 comm_w = [100.0, 150.0]
 
 [[faults]]                 # HBM: uncorrectable ECC, a GPU reset repairs it
-at_s = 6.0
+at_s = 10.0
 node = 2
 gpu = 0
 kind = "xid"
 xid = 48
 
 [[faults]]                 # a GPU falls off the bus: its node reboots
-at_s = 8.0
+at_s = 12.0
 node = 1
 gpu = 2
 kind = "fallen_off_bus"
@@ -57,6 +61,9 @@ storm_cooldown_s = 0.0
 """
 
 
+FIRST_FAULT_S = 10.0
+
+
 def _run(tmp_path, name: str, args: list[str]) -> dict:
     out = tmp_path / name
     assert sim_main.main([*args, "--out", str(out), "--table-interval-s", "0"]) == 0
@@ -67,9 +74,9 @@ def test_a_reset_and_a_reboot_leave_only_once_the_budget_holds_their_default_lim
     scenario = tmp_path / "repairs.toml"
     scenario.write_text(SCENARIO)
     report = _run(tmp_path, "out", ["--scenario", str(scenario), "--nodes", "4", "--gpus-per-node", "8",
-                                    "--duration-s", "14", "--seed", "7"])  # fmt: skip
+                                    "--duration-s", "18", "--seed", "7"])  # fmt: skip
     power = report["power"]
-    assert power["budgets_first_enforced_s"] is not None and power["budgets_first_enforced_s"] < 6.0
+    assert power["budgets_first_enforced_s"] is not None and power["budgets_first_enforced_s"] < FIRST_FAULT_S
     assert (power["budget_violations"], power["budget_violation_times_s"]) == (0, [])
     # The repairs still happened, and were the right ones.
     firsts = {f["fault"]: f["first_action"] for f in report["remediation"]["per_fault"]}
