@@ -339,7 +339,7 @@ def step(state: PeriodState, inputs: period_inputs.PeriodInputs, now_s: float) -
         window=inputs.window,
         start=state.start,
         ramped_at_s=state.ramped_at_s,
-        busy=caps.columns.busy(),
+        columns=caps.columns,
     )
     smooth, smoothing_commands, smoothing_notes = smoothing.smooth(state.smoothing, ctx)
     profiles = smoothing.start_profiles(

@@ -78,9 +78,8 @@ class SmoothContext:
     """The job-start profiles in force (before this period's start decision)."""
     ramped_at_s: float | None
     """When a busy GPU was last under a job-start ceiling (this period included)."""
-    busy: np.ndarray | None = None
-    """Per GPU of `gpus`, whether its reading shows utilisation (`views.LatestColumns.busy`); None: judged
-    from `fleet.latest`."""
+    columns: views.LatestColumns
+    """The latest readings of `gpus` (the period's `views.latest_columns`)."""
 
 
 Decision = tuple[SmoothingState, tuple[commands.NodeCommand, ...], tuple[commands.Note, ...]]
@@ -281,13 +280,13 @@ def _detect_and_plan(state: SmoothingState, ctx: SmoothContext) -> Decision:
 def smooth(state: SmoothingState, ctx: SmoothContext) -> Decision:
     """The detected-swing plan for one period: judge a restored plan, keep, resend, end or make one."""
     if state.restored:
-        reporting = sum(1 for g in ctx.gpus if g.gpu_uuid in ctx.fleet.latest)
+        reporting = int(np.count_nonzero(ctx.columns.present))
         if reporting < RESTORE_COVERAGE * len(ctx.gpus):
             return state, (), ()  # judged once the fleet's telemetry is back, or reconnecting GPUs read as idle
         # The predecessor's nodes are not known: every node now connected gets the plan again
         # (the same profile, harmless) or, if the job stopped, its "off".
         state = dataclasses.replace(state, restored=False, nodes=dict.fromkeys(ctx.fleet.sessions, "restored"))
-    running = views.job_running(ctx.gpus, ctx.fleet.latest, busy=ctx.busy)
+    running = views.job_running(ctx.columns)
     if state.plan is not None:
         if not running:
             state, sent, notes = disable(state, "the job stopped", fleet=ctx.fleet, now_s=ctx.now_s, policy=ctx.policy)

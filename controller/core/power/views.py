@@ -240,21 +240,9 @@ def priority(labels: Mapping[str, str]) -> int:
         return 0
 
 
-def job_running(
-    gpus: Sequence[power_apply.GpuLimits], latest: Mapping[str, fleet.GpuLatest], *, busy: np.ndarray | None = None
-) -> bool:
-    """At least half the managed GPUs report utilisation (the job runs).
-
-    busy: `LatestColumns.busy` of `gpus`, when the caller has it (no second pass over 100,000 readings).
-    """
-    if busy is not None and len(busy) == len(gpus):
-        return int(np.count_nonzero(busy)) >= 0.5 * len(gpus)
-    busy_count = sum(
-        1
-        for g in gpus
-        if (r := latest.get(g.gpu_uuid)) is not None and r.utilization_gpu_pct is not None and r.utilization_gpu_pct > 0
-    )
-    return busy_count >= 0.5 * len(gpus)
+def job_running(columns: LatestColumns) -> bool:
+    """At least half the managed GPUs report utilisation (the job runs)."""
+    return int(np.count_nonzero(columns.busy())) >= 0.5 * len(columns.gpus)
 
 
 def idle_for_s(

@@ -104,7 +104,8 @@ def test_latest_columns_read_each_gpus_reading_as_the_per_gpu_code_did():
     assert str(idle_for[3]) == "nan", "a busy GPU has no idle run"
 
 
-def test_job_running_reads_the_busy_column_as_it_reads_the_readings():
+def test_job_running_counts_the_gpus_whose_reading_shows_utilisation():
+    """At least half busy: a missing reading, a missing utilisation or 0 % is not busy."""
     gpus = [power_apply.GpuLimits(g, "node-a", 200, 1000) for g in ("none", "no-util", "zero", "busy-1", "busy-2")]
     readings = {
         "no-util": fleet.GpuLatest(power_w=300.0),
@@ -114,13 +115,8 @@ def test_job_running_reads_the_busy_column_as_it_reads_the_readings():
     }
     for busy_ones in ((), ("busy-1",), ("busy-1", "busy-2")):
         latest = {g: r for g, r in readings.items() if not g.startswith("busy") or g in busy_ones}
-        view = dataclasses.replace(_view({}), latest=latest)
-        busy = views.latest_columns(gpus, view).busy()
-        by_readings = views.job_running(gpus, latest)
-        assert views.job_running(gpus, latest, busy=busy) == by_readings, busy_ones
-    assert views.job_running(gpus[3:], readings, busy=views.latest_columns(gpus[3:], _with(readings)).busy())
-    assert not views.job_running(gpus, readings, busy=views.latest_columns(gpus, _with(readings)).busy()), "2 of 5"
-
-
-def _with(latest):
-    return dataclasses.replace(_view({}), latest=latest)
+        columns = views.latest_columns(gpus, dataclasses.replace(_view({}), latest=latest))
+        by_readings = sum(1 for r in latest.values() if r.utilization_gpu_pct) >= 0.5 * len(gpus)
+        assert views.job_running(columns) == by_readings, busy_ones
+    assert views.job_running(views.latest_columns(gpus[3:], dataclasses.replace(_view({}), latest=readings)))
+    assert not views.job_running(views.latest_columns(gpus, dataclasses.replace(_view({}), latest=readings))), "2 of 5"
