@@ -26,16 +26,31 @@ from rasd.controller.replication import relay as relay_mod
 from rasd.controller.store import repo
 
 
-def _relay_only(store: repo.Store, replica_id: str, election: str = "lease") -> wiring.Wired:
-    """One replica on store that runs no ladder: its relay and courier alone."""
-    leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id=replica_id), election=election)
-    return wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
-                             settings=ingest_mod.IngestSettings(), poll_s=0.05)  # fmt: skip
+@pytest.fixture
+def store(tmp_path):
+    opened = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+    yield opened
+    opened.close()
 
 
-def test_the_leader_drops_relayed_commands_long_past_their_expiry_with_their_results(tmp_path):
-    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
-    wired = _relay_only(store, "ctl-b", election="static")
+@pytest.fixture
+def relay_only(store):
+    """Makes a replica on store that runs no ladder (its relay and courier alone); its thread closes after the test."""
+    made: list[wiring.Wired] = []
+
+    def make(replica_id: str, election: str = "lease") -> wiring.Wired:
+        leadership = leader.Leadership(store.engine, leader.LeaderSettings(replica_id=replica_id), election=election)
+        made.append(wiring.replicated(store, metrics.ControllerMetrics(CollectorRegistry()), leadership, ladder=None,
+                                      settings=ingest_mod.IngestSettings(), poll_s=0.05))  # fmt: skip
+        return made[-1]
+
+    yield make
+    for wired in made:
+        wired.thread.close()
+
+
+def test_the_leader_drops_relayed_commands_long_past_their_expiry_with_their_results(relay_only):
+    wired = relay_only("ctl-b", election="static")
     relay, records = wired.relay, wired.relay.store
     now = time.time_ns()
     dead_expired = now - int((relay_mod.ABANDONED_AFTER_S + 5) * 1e9)
@@ -52,23 +67,18 @@ def test_the_leader_drops_relayed_commands_long_past_their_expiry_with_their_res
         finally:
             await relay.leadership.stop()
 
-    try:
-        asyncio.run(scenario())
-        left = [command_id for command_id, _node, _payload in records.relayed_commands(0)]
-        results = records.results_of(["cap-dead-1", "cap-live-1"])
-    finally:
-        wired.thread.close()
-        store.close()
+    asyncio.run(scenario())
+    left = [command_id for command_id, _node, _payload in records.relayed_commands(0)]
+    results = records.results_of(["cap-dead-1", "cap-live-1"])
     assert left == ["cap-live-1"]
     assert set(results) == {"cap-live-1"}
     assert relay.abandoned_dropped == 1
 
 
-def test_commands_relayed_at_once_are_written_and_withdrawn_in_few_transactions(tmp_path):
-    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
+def test_commands_relayed_at_once_are_written_and_withdrawn_in_few_transactions(store, relay_only):
     commits: list[int] = []
     sa_event.listen(store.engine, "commit", lambda _conn: commits.append(1))
-    wired = _relay_only(store, "ctl-a")
+    wired = relay_only("ctl-a")
 
     async def period():
         # 200 nodes no replica holds: each command waits out its timeout and is withdrawn.
@@ -78,23 +88,18 @@ def test_commands_relayed_at_once_are_written_and_withdrawn_in_few_transactions(
         ]
         return await asyncio.gather(*sends, return_exceptions=True)
 
-    try:
-        outcomes = asyncio.run(period())
-        left = wired.relay.store.relayed_commands(0)
-    finally:
-        wired.thread.close()
-        store.close()
+    outcomes = asyncio.run(period())
+    left = wired.relay.store.relayed_commands(0)
     assert all(isinstance(o, TimeoutError) for o in outcomes)
     assert left == []
     assert len(commits) <= 4, f"{len(commits)} transactions for 200 relayed commands"
 
 
-def test_results_arriving_at_once_are_stored_in_few_transactions_and_each_kept_once(tmp_path):
+def test_results_arriving_at_once_are_stored_in_few_transactions_and_each_kept_once(store, relay_only):
     """A power period's caps come back from every node of a follower at once (a transaction each took seconds)."""
-    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
     commits: list[int] = []
     sa_event.listen(store.engine, "commit", lambda _conn: commits.append(1))
-    wired = _relay_only(store, "ctl-b")
+    wired = relay_only("ctl-b")
 
     async def answers():
         results = [
@@ -103,23 +108,18 @@ def test_results_arriving_at_once_are_stored_in_few_transactions_and_each_kept_o
         await asyncio.gather(*results)
         await wired.relay.result("node-7", msgs.AgentResult("cap-e-7", msgs.Outcome.SUCCEEDED))
 
-    try:
-        commits.clear()
-        asyncio.run(answers())
-        kept = wired.relay.store.results(limit=1000)
-    finally:
-        wired.thread.close()
-        store.close()
+    commits.clear()
+    asyncio.run(answers())
+    kept = wired.relay.store.results(limit=1000)
     assert sorted(command_id for command_id, _node, _payload in kept) == sorted(f"cap-e-{n}" for n in range(200))
     assert len(commits) <= 4, f"{len(commits)} transactions for 200 results"
     assert wired.relay.results_relayed == 201  # the repeat is taken, and kept once
 
 
-def test_a_relayed_commands_result_goes_to_its_sender_and_never_to_the_ladder(tmp_path):
+def test_a_relayed_commands_result_goes_to_its_sender_and_never_to_the_ladder(relay_only):
     """The replica that delivered a relayed command marks its result: the ladder's reads pass it by
     without an anti-join over every relayed command (a third of the leader's store thread at 12,500 caps)."""
-    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
-    wired = _relay_only(store, "ctl-b")
+    wired = relay_only("ctl-b")
     records, now = wired.relay.store, time.time_ns()
     for command_id, sender in (("cap-from-a", "ctl-a"), ("cap-from-c", "ctl-c")):
         records.relay_command(command_id=command_id, node_id="n1", command=b"c", replica_id=sender,
@@ -131,21 +131,16 @@ def test_a_relayed_commands_result_goes_to_its_sender_and_never_to_the_ladder(tm
         await wired.relay.result("n1", msgs.AgentResult("cap-from-c", msgs.Outcome.SUCCEEDED))
         await wired.relay.result("n1", msgs.AgentResult("restart-1", msgs.Outcome.SUCCEEDED))  # the ladder's
 
-    try:
-        asyncio.run(answers())
-        ladder = [command_id for command_id, _node, _payload in records.results()]
-        for_a, for_c = records.results_for("ctl-a"), records.results_for("ctl-c")
-    finally:
-        wired.thread.close()
-        store.close()
+    asyncio.run(answers())
+    ladder = [command_id for command_id, _node, _payload in records.results()]
+    for_a, for_c = records.results_for("ctl-a"), records.results_for("ctl-c")
     assert ladder == ["restart-1"]
     assert list(for_a) == ["cap-from-a"] and list(for_c) == ["cap-from-c"]
 
 
-def test_a_relayed_command_stored_after_its_deadline_gives_up_at_once_and_is_withdrawn(tmp_path):
+def test_a_relayed_command_stored_after_its_deadline_gives_up_at_once_and_is_withdrawn(relay_only):
     """No courier delivers a row past its expiry: the sender does not wait another whole timeout for it."""
-    store = repo.Store.open(f"sqlite:///{tmp_path / 'rasd.db'}")
-    wired = _relay_only(store, "ctl-a")
+    wired = relay_only("ctl-a")
 
     async def send():
         busy = asyncio.create_task(wired.thread.run(time.sleep, 0.3))  # the store thread behind a long queue
@@ -157,11 +152,7 @@ def test_a_relayed_command_stored_after_its_deadline_gives_up_at_once_and_is_wit
         await busy
         return waited_s
 
-    try:
-        waited_s = asyncio.run(send())
-        left = wired.relay.store.relayed_commands(0)
-    finally:
-        wired.thread.close()
-        store.close()
+    waited_s = asyncio.run(send())
+    left = wired.relay.store.relayed_commands(0)
     assert waited_s < 1.0, f"waited {waited_s:.2f} s for a command stored 0.3 s after it was sent"
     assert left == []
