@@ -54,6 +54,7 @@ class EventKind(enum.IntEnum):
     THERMAL = 16
     SDC_SUSPECT = 17
     STRAGGLER = 18
+    NODE_LOST = 19
 
 
 class ActionOutcome(enum.IntEnum):

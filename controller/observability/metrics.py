@@ -188,6 +188,21 @@ class ControllerMetrics:
             "Training steps whose compute -> communication edges the straggler watch judged.",
             registry=registry,
         )
+        self.lost_nodes = Gauge(
+            "rasd_lost_nodes",
+            "In-service nodes no replica has heard from for lost_after_s (the leader's lost-node watch).",
+            registry=registry,
+        )
+        self.nodes_named_lost = Counter(
+            "rasd_nodes_named_lost",
+            "Nodes the lost-node watch handed to the ladder as lost (each is quarantined for a person).",
+            registry=registry,
+        )
+        self.lost_node_storm = Gauge(
+            "rasd_lost_node_storm",
+            "1 while more nodes fell silent at once than a failure of hosts explains: none is named lost.",
+            registry=registry,
+        )
         self.straggler_actions = Counter(
             "rasd_straggler_actions",
             "Actions the straggler watch took, by kind: notify, raise_cap, validate, quarantine, clear (issue #40).",

@@ -9,7 +9,8 @@ blast radius). This facade wires the parts that own the I/O around it, each arou
 - `sender`: agent commands to the `outlet`, held behind their quarantine's adapter, re-sent on reconnect;
 - `adapters`: controller-side executors in thread pools, and their outcomes;
 - `results`: command results into the ladder; `ticker`: timeouts, watch windows, expiry;
-- `sweeps`: rolling SDC sweeps; `operator`: quarantine, release, validate, accuse, RMA, pause;
+- `sweeps`: rolling SDC sweeps; `lost_nodes`: silent nodes to the ladder; `operator`: quarantine, release,
+  validate, accuse, RMA, pause;
 - `ledger`: what every transaction writes and what follows its commit; `startup`: a term's start.
 
 On a single replica the service is the ingest's consumer (`ingest.consumer.IngestConsumer`): an
@@ -40,6 +41,7 @@ from rasd.controller.remediation import adapters as adapters_mod
 from rasd.controller.remediation import decider as decider_mod
 from rasd.controller.remediation import dispatch as dispatch_mod
 from rasd.controller.remediation import ledger as ledger_mod
+from rasd.controller.remediation import lost_nodes as lost_nodes_mod
 from rasd.controller.remediation import node_sync as node_sync_mod
 from rasd.controller.remediation import operator as operator_mod
 from rasd.controller.remediation import outlet as outlet_mod
@@ -139,6 +141,7 @@ class RemediationService:
         self.sweeps = sweeps_mod.Sweeps(
             self.state, self.ledger, self.dispatcher, self.sdc, power_stale_after_s=power_stale_after_s
         )
+        self.lost_nodes = lost_nodes_mod.LostNodeWatch(self.state, self.ledger, self.decider, self._read_sightings)
         self.operator = operator_mod.OperatorCommands(
             self.state, self.ledger, self.dispatcher, self.adapters, self.decider,
             node_store=store, outlet=self.outlet, recorder=recorder, sdc_records=self.sdc,
@@ -222,6 +225,7 @@ class RemediationService:
         )
         self.ticker.start()
         self.sweeps.start()
+        self.lost_nodes.start()
         if self.node_sync is not None:
             self.node_sync.start()
         self.ledger.export_budget()
@@ -241,6 +245,12 @@ class RemediationService:
             nodes_replayed=replayed,
         )
 
+    async def _read_sightings(self) -> list[repo.NodeSighting]:
+        """The nodes' last-seen times for the lost-node watch: beside the store thread where the store allows."""
+        if self._node_store.reads_beside_writer:
+            return await asyncio.to_thread(self._node_store.node_sightings)
+        return await self.ledger.run(self._node_store.node_sightings)
+
     async def _replay_backlog(self) -> int:
         """Run events stored before a crash but never through the ladder, in order; how many nodes had some."""
         backlog = await self.ledger.run(self.store.unprocessed_events)
@@ -259,6 +269,7 @@ class RemediationService:
         await self.ticker.stop()
         await self.stragglers.stop()
         await self.sweeps.stop()
+        await self.lost_nodes.stop()
         if self.node_sync is not None:
             await self.node_sync.stop()
         await self.adapters.stop()

@@ -465,6 +465,10 @@ def check_events(batch: agent_pb.HealthEventBatch, identity: StreamIdentity, lim
         _range(f"{field}.seq", event.seq, 1, MAX_SPOOL_SEQ)
         _time(f"{field}.observed_unix_ns", event.observed_unix_ns)
         _enum(f"{field}.kind", event.kind, health_pb.EventKind)
+        if event.kind == health_pb.EVENT_KIND_NODE_LOST:
+            raise wire.WireError(
+                f"{field}.kind", "EVENT_KIND_NODE_LOST is the controller's own verdict, never an agent's"
+            )
         _enum(f"{field}.severity", event.severity, health_pb.Severity, allow_unspecified=True)
         _gpu_uuid(f"{field}.gpu_uuid", event.gpu_uuid, required=False)
         if event.HasField("xid"):

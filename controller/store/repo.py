@@ -99,6 +99,16 @@ class SpoolEpochChanged(Exception):
     """
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeSighting:
+    """When a node was last heard from by any replica, its stored state and labels (`Store.node_sightings`)."""
+
+    node_id: str
+    last_seen_unix_ns: int
+    state: fleet.ComponentState
+    labels: dict[str, str]
+
+
 @dataclasses.dataclass(frozen=True)
 class ExpectedAppend:
     """A node's events that a caller expects `append_events` to store every one of, and where that leaves the node.
@@ -651,9 +661,27 @@ class Store:
             session.execute(
                 sa.update(nodes)
                 .where(nodes.c.node_id == sa.bindparam("b_node_id"))
-                .values(last_seen_unix_ns=sa.bindparam("b_last_seen")),
+                .values(
+                    # Never backwards: another replica may already have written a later sighting.
+                    last_seen_unix_ns=sa.case(
+                        (nodes.c.last_seen_unix_ns < sa.bindparam("b_last_seen"), sa.bindparam("b_last_seen")),
+                        else_=nodes.c.last_seen_unix_ns,
+                    )
+                ),
                 [{"b_node_id": node_id, "b_last_seen": ts} for node_id, ts in last_seen.items()],
             )
+
+    def node_sightings(self) -> list[NodeSighting]:
+        """Every node's last-seen time, state and labels, in one query (the lost-node watch's read)."""
+        nodes = schema.NodeRow.__table__
+        with self._sessions() as session:
+            rows = session.execute(
+                sa.select(nodes.c.node_id, nodes.c.last_seen_unix_ns, nodes.c.state, nodes.c.labels)
+            ).all()
+        return [
+            NodeSighting(node_id, int(last_seen or 0), fleet.ComponentState(state or 0), dict(labels or {}))
+            for node_id, last_seen, state, labels in rows
+        ]
 
     def save_latest(self, latest: Mapping[str, fleet.GpuLatest]) -> None:
         """Bulk-write the latest telemetry of GPUs (rows exist since their node's Hello)."""

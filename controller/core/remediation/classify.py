@@ -22,6 +22,8 @@ Sources, in the order they are consulted:
 6. IB link flaps: ``ib_flap_state_changes`` state changes of one port within ``ib_flap_window_s``
    → quarantine the node (or only the port, ``ib_flap_isolation = "port"``). The count over the
    window comes from ``correlate``, which keeps the history; this module only judges it.
+7. The controller's own verdicts: a straggler's rung (``STRAGGLER``) → validate or isolate the GPU; a
+   lost node (``NODE_LOST``, `lost_nodes`: no replica hears its agent) → quarantine it for a person.
 
 The result's ``fault_key`` says what "the same fault" means for correlation ("xid:13",
 "ecc_dbe", "nvlink_down:3", "ib_flap"), and its ``action`` is a `RecommendedAction` word that the
@@ -449,6 +451,21 @@ def _classify_straggler(event: health.HealthEvent, pol: policy.ClassificationPol
     )
 
 
+def _classify_node_lost(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
+    """The lost-node watch's verdict (`lost_nodes`): the whole node is isolated for a person.
+
+    Nothing on the node can be commanded while its agent is silent, so no rung of the ladder applies; the
+    quarantine makes the scheduler move the work off it now rather than at its own NotReady timeout.
+    """
+    return Classification(
+        Component.NODE,
+        Severity.FATAL,
+        RecommendedAction.QUARANTINE_NODE,
+        f"node lost: {event.message}; quarantined for a person",
+        "node_lost",
+    )
+
+
 def _classify_power_or_thermal(event: health.HealthEvent, pol: policy.ClassificationPolicy) -> Classification:
     name = event.kind.name.lower()
     return Classification(
@@ -473,6 +490,7 @@ _BY_KIND: Mapping[EventKind, Callable[[health.HealthEvent, policy.Classification
     EventKind.PCIE_REPLAY: _classify_pcie_replay,
     EventKind.SDC_SUSPECT: _classify_sdc_suspect,
     EventKind.STRAGGLER: _classify_straggler,
+    EventKind.NODE_LOST: _classify_node_lost,
     EventKind.POWER_EXCURSION: _classify_power_or_thermal,
     EventKind.THERMAL: _classify_power_or_thermal,
 }

@@ -1,11 +1,12 @@
 """Remediation settings: thresholds, windows, budgets and limits, as frozen dataclasses.
 
-Four groups, one per core module, plus `RemediationPolicy` that holds them all:
+Groups, one per core module, plus `RemediationPolicy` that holds them all:
 
 - `ClassificationPolicy` (``classify``): counter thresholds, IB flap detection, XID overrides;
 - `CorrelationPolicy` (``correlate``): dedupe, secondary and sticky windows;
 - `EscalationPolicy` (``escalation``): the ladder's windows, per-rung attempt budgets, timeouts;
-- `DisruptionPolicy` (``blast_radius``): disruption budget, circuit breaker, storm cooldown.
+- `DisruptionPolicy` (``blast_radius``): disruption budget, circuit breaker, storm cooldown;
+- `SdcPolicy` (``sdc``): rolling sweeps; `LostNodePolicy` (``lost_nodes``): when a silent node is lost.
 
 Each has defaults that are safe for a fleet of 8-GPU nodes, and ``from_mapping`` that builds it
 from a plain dict (a parsed TOML table), checks every key and value, and raises `PolicyError`
@@ -335,6 +336,46 @@ class SdcPolicy:
         return _build(cls, data, prefix)
 
 
+MIN_LOST_AFTER_S = 20.0
+"""Four of the agent's 5 s heartbeats and of the replicas' 5 s last-seen flushes: any less, and a live node
+whose flush came late would be taken for lost."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LostNodePolicy:
+    """The lost-node watch (``[remediation.lost_nodes]``, `lost_nodes`): when a silent node is taken for lost."""
+
+    enabled: bool = True
+    """False: no node is ever taken for lost here (the scheduler's own NotReady timeout is all there is)."""
+    lost_after_s: float = 60.0
+    """Silence (no event, summary or heartbeat on any replica) after which an in-service node is lost. Far
+    above the agent's 5 s heartbeat and the replicas' 5 s last-seen flush, so a slow flush or an agent
+    restart (a few seconds under systemd) is never taken for a dead host; a node that went silent was
+    quarantined about this long after, against the 300 s a Kubernetes scheduler waits to evict its pods."""
+    check_interval_s: float = 10.0
+    """How often the leader reads the nodes' last-seen times (one query)."""
+    storm_min_nodes: int = 16
+    """Up to this many nodes lost at once are always believed (a rack's PDU trips)."""
+    storm_fraction_pct: float = 5.0
+    """More than this share of the nodes seen this term lost at once (and more than ``storm_min_nodes``) is
+    taken for the controller's own trouble (a partition, a store not taking last-seen writes): no node
+    is named; the storm is logged and exported."""
+
+    def validate(self, prefix: str = "") -> None:
+        """Check ranges; raise PolicyError naming the key."""
+        _require(self.lost_after_s >= MIN_LOST_AFTER_S, f"{prefix}lost_after_s", f"must be >= {MIN_LOST_AFTER_S:g}",
+                 self.lost_after_s)  # fmt: skip
+        _require(self.check_interval_s > 0, f"{prefix}check_interval_s", "must be > 0", self.check_interval_s)
+        _require(self.storm_min_nodes >= 1, f"{prefix}storm_min_nodes", "must be >= 1", self.storm_min_nodes)
+        value = self.storm_fraction_pct
+        _require(0 < value <= 100, f"{prefix}storm_fraction_pct", "must be in (0, 100]", value)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "lost_nodes.") -> Self:
+        """Build from a dict (a TOML table); unknown keys and bad values raise PolicyError."""
+        return _build(cls, data, prefix)
+
+
 @dataclasses.dataclass(frozen=True)
 class RemediationPolicy:
     """All remediation settings; the ``[remediation]`` part of ``controller.toml``."""
@@ -344,10 +385,11 @@ class RemediationPolicy:
     escalation: EscalationPolicy = EscalationPolicy()
     disruption: DisruptionPolicy = DisruptionPolicy()
     sdc: SdcPolicy = SdcPolicy()
+    lost_nodes: LostNodePolicy = LostNodePolicy()
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "") -> Self:
-        """Build from a dict with optional tables classification, correlation, escalation, disruption, sdc.
+        """Build from a dict with optional tables classification, correlation, escalation, disruption, sdc, lost_nodes.
 
         Example: ``from_mapping({"escalation": {"reboot_node_timeout_s": 900}})`` keeps every other
         default; ``from_mapping({"escalaton": {}})`` raises ``PolicyError("escalaton: unknown
@@ -361,6 +403,7 @@ class RemediationPolicy:
             "escalation": EscalationPolicy,
             "disruption": DisruptionPolicy,
             "sdc": SdcPolicy,
+            "lost_nodes": LostNodePolicy,
         }
         values: dict[str, Any] = {}
         for key, value in data.items():

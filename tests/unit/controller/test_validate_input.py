@@ -55,6 +55,7 @@ def _result(**fields):
         (_event(seq=2**63), "events.events[0].seq"),
         (_event(kind=0), "events.events[0].kind"),
         (_event(kind=999), "events.events[0].kind"),
+        (_event(kind=health_pb.EVENT_KIND_NODE_LOST, gpu_uuid=""), "events.events[0].kind"),
         (_event(severity=42), "events.events[0].severity"),
         (_event(gpu_uuid="GPU-nope"), "events.events[0].gpu_uuid"),
         (_event(xid=0), "events.events[0].xid"),

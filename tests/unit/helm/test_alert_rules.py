@@ -34,6 +34,8 @@ EXPECTED_ALERTS = {
     "RasdLeaderFlapping",  # leader flapping
     "RasdAgentDisconnected",  # agent disconnected
     "RasdAgentSpoolGrowing",  # agent spool growing
+    "RasdNodesLost",  # in-service nodes no replica hears (issue #40: the lost-node watch)
+    "RasdLostNodeStorm",  # too many at once: the watch holds back
     "RasdDecisionLatencyHigh",  # decision latency high
     "RasdPowerBudgetViolated",  # power budget violated
     "RasdPowerCapsOverBudget",

@@ -165,6 +165,17 @@ def test_ib_flaps_with_port_isolation_quarantine_the_port():
     assert (result.action, result.fault_key) == (Action.QUARANTINE_PORT, "ib_flap:mlx5_0/2")
 
 
+def test_a_lost_node_is_quarantined_whole_for_a_person():
+    result = run(event(EventKind.NODE_LOST, gpu="", message="no replica has heard from its agent for 61 s"))
+    assert (result.component, result.severity, result.action) == (
+        classify.Component.NODE,
+        Severity.FATAL,
+        Action.QUARANTINE_NODE,
+    )
+    assert result.fault_key == "node_lost"
+    assert result.reason.startswith("node lost: no replica has heard from its agent for 61 s")
+
+
 def test_classification_round_trips_through_a_dict():
     result = run(event(EventKind.XID, xid=48))
     assert classify.Classification.from_dict(result.to_dict()) == result

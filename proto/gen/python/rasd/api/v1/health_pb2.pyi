@@ -36,6 +36,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_THERMAL: _ClassVar[EventKind]
     EVENT_KIND_SDC_SUSPECT: _ClassVar[EventKind]
     EVENT_KIND_STRAGGLER: _ClassVar[EventKind]
+    EVENT_KIND_NODE_LOST: _ClassVar[EventKind]
 
 class TelemetryFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -66,6 +67,7 @@ EVENT_KIND_POWER_EXCURSION: EventKind
 EVENT_KIND_THERMAL: EventKind
 EVENT_KIND_SDC_SUSPECT: EventKind
 EVENT_KIND_STRAGGLER: EventKind
+EVENT_KIND_NODE_LOST: EventKind
 TELEMETRY_FORMAT_UNSPECIFIED: TelemetryFormat
 TELEMETRY_FORMAT_RAW: TelemetryFormat
 TELEMETRY_FORMAT_SUMMARY: TelemetryFormat

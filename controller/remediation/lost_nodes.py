@@ -1,0 +1,175 @@
+"""The lost-node watch: the leader reads every node's last-seen time and hands each lost node to the ladder.
+
+`rasd.controller.core.remediation.lost_nodes` decides which nodes are lost; this loop runs it every
+``check_interval_s`` while this replica leads (`RemediationService.start` .. `stop`):
+
+1. one read of the nodes' last-seen times, stored states and labels (`repo.Store.node_sightings`),
+   beside the store thread where the store allows it, so that the ladder's commits never wait for it;
+2. a node is judged only while it is in service: stored HEALTHY or DEGRADED, and no ticket of the
+   ladder on it that is acting, waiting, validating or held for a person (a reboot the ladder sent
+   silences the agent on purpose);
+3. each node named lost is an audit row (actor ``lost-node-watch``), then enters the ladder as a health
+   event of kind ``NODE_LOST`` (source ``controller``), as an accusation and the straggler watch's rungs
+   do, so classification, the disruption budget,
+   the circuit breaker, the audit trail and the quarantine adapter all apply: the node is
+   quarantined (Kubernetes: cordoned and tainted, so the scheduler moves the work now) and a person
+   is told.
+
+Metrics: ``rasd_lost_nodes`` (silent past ``lost_after_s`` now), ``rasd_nodes_named_lost`` (a counter) and
+``rasd_lost_node_storm`` (1 while more nodes fell silent at once than a failure of hosts explains;
+nothing is named then). A read that fails is logged and retried at the next check; it never stops
+the ladder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+import structlog
+
+from rasd.controller.core import fleet
+from rasd.controller.core.remediation import escalation, lost_nodes
+from rasd.controller.core.remediation import events as health
+from rasd.controller.core.remediation import policy as policy_mod
+from rasd.controller.remediation import ledger as ledger_mod
+from rasd.controller.remediation import state as state_mod
+from rasd.controller.store import remediation as rstore
+from rasd.controller.store import repo
+
+log = structlog.get_logger("rasd.controller")
+
+SOURCE = "controller"
+ACTOR = "lost-node-watch"
+IN_SERVICE = frozenset({fleet.ComponentState.HEALTHY, fleet.ComponentState.DEGRADED, fleet.ComponentState.UNSPECIFIED})
+"""Stored node states whose silence means the node is lost (UNSPECIFIED: a row from before states were kept)."""
+_LADDER_BUSY = frozenset(
+    {
+        escalation.TicketState.ACTING,
+        escalation.TicketState.WAITING,
+        escalation.TicketState.VALIDATING,
+        escalation.TicketState.AWAITING_OPERATOR,
+        escalation.TicketState.RMA_PENDING,
+    }
+)
+"""Ticket states under which the ladder may have silenced the node itself, or already holds it."""
+
+
+class Decide(Protocol):
+    """The ladder's decider (`decider.Decider.on_events`)."""
+
+    async def on_events(self, node_id: str, events: Sequence[repo.StoredEvent], labels: dict[str, str]) -> None:
+        """Decide stored events of one node."""
+        ...
+
+
+class LostNodeWatch:
+    """Runs `check_once` every ``check_interval_s`` while the service runs (when enabled)."""
+
+    def __init__(
+        self,
+        state: state_mod.LadderState,
+        ledger: ledger_mod.Ledger,
+        decider: Decide,
+        read_sightings: Callable[[], Awaitable[list[repo.NodeSighting]]],
+    ) -> None:
+        """Share the ladder's state, ledger and decider; read_sightings: an async `Store.node_sightings`."""
+        self._state = state
+        self._ledger = ledger
+        self._decider = decider
+        self._read = read_sightings
+        self._watch: lost_nodes.WatchState | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._storm = False
+        self.failures = 0
+        """Checks whose read or decision raised (each logged)."""
+
+    @property
+    def policy(self) -> policy_mod.LostNodePolicy:
+        """``[remediation.lost_nodes]``."""
+        return self._state.policy.lost_nodes
+
+    def start(self) -> None:
+        """Start this term's watch: silence counts from now at the earliest."""
+        self._watch = lost_nodes.WatchState(started_s=self._state.now_s())
+        self._storm = False
+        if self.policy.enabled:
+            self._task = asyncio.get_running_loop().create_task(self._forever(), name="rasd-lost-nodes")
+
+    async def stop(self) -> None:
+        """Stop the loop; the next term starts again from its own start."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.check_interval_s)
+            try:
+                await self.check_once()
+            except Exception:  # a store outage: the next check reads again
+                self.failures += 1
+                log.exception("lost_node_check_failed")
+
+    async def check_once(self) -> tuple[str, ...]:
+        """Read, judge, hand each node named lost to the ladder; returns the nodes named."""
+        if self._watch is None:
+            raise RuntimeError("LostNodeWatch.check_once before start()")
+        rows = await self._read()
+        now_s = self._state.now_s()
+        sightings = [
+            lost_nodes.Sighting(row.node_id, row.last_seen_unix_ns / 1e9, self._in_service(row)) for row in rows
+        ]
+        judgement = lost_nodes.judge(self._watch, sightings, now_s=now_s, pol=self.policy)
+        self._watch = judgement.state
+        self._export(judgement, len(sightings))
+        labels = {row.node_id: row.labels for row in rows}
+        for lost in judgement.lost:
+            event = self._event(lost, now_s)
+            log.warning("node_lost", node=lost.node_id, silent_s=round(lost.silent_s, 1))
+            row = ledger_mod.audit_record(
+                event.received_unix_ns, ACTOR, "node_lost", lost.node_id, "", event.message, "handed to the ladder"
+            )
+            await self._ledger.commit(rstore.Commit(now_unix_ns=event.received_unix_ns, audit=[row]))
+            await self._decider.on_events(lost.node_id, [event], labels.get(lost.node_id, {}))
+        return tuple(lost.node_id for lost in judgement.lost)
+
+    def _in_service(self, row: repo.NodeSighting) -> bool:
+        if row.state not in IN_SERVICE:
+            return False
+        node = self._state.node_states.get(row.node_id)
+        return node is None or not any(t.state in _LADDER_BUSY for t in node.tickets)
+
+    def _export(self, judgement: lost_nodes.Judgement, nodes: int) -> None:
+        metrics = self._state.metrics
+        metrics.lost_nodes.set(judgement.silent)
+        metrics.lost_node_storm.set(1 if judgement.storm else 0)
+        metrics.nodes_named_lost.inc(len(judgement.lost))
+        if judgement.storm and not self._storm:
+            log.error(
+                "lost_node_storm",
+                silent=judgement.silent,
+                limit=lost_nodes.storm_limit(nodes, self.policy),
+                reason="more nodes fell silent at once than a failure of hosts explains: the controller's own "
+                "network or store is suspect, so no node is quarantined for it; nodes are judged again each check",
+            )
+        self._storm = judgement.storm
+
+    def _event(self, lost: lost_nodes.LostNode, now_s: float) -> repo.StoredEvent:
+        now_ns = int(now_s * 1e9)
+        return repo.StoredEvent(
+            node_id=lost.node_id,
+            seq=0,
+            observed_unix_ns=now_ns,
+            received_unix_ns=now_ns,
+            kind=int(health.EventKind.NODE_LOST),
+            severity=int(health.Severity.FATAL),
+            gpu_uuid="",
+            xid=None,
+            message=f"no replica has heard from its agent for {lost.silent_s:.0f} s "
+            f"(lost after {self.policy.lost_after_s:.0f} s)",
+            source=SOURCE,
+            attributes={"last_seen_unix_ns": str(int(lost.last_seen_s * 1e9))},
+        )
