@@ -130,13 +130,9 @@ class RemediationService:
         self.dispatcher = dispatch_mod.Dispatcher(self.state, self.ledger, self.sender, self.adapters, self.results)
         self.decider = decider_mod.Decider(self.state, self.ledger, self.dispatcher)
         self.ticker = ticker_mod.Ticker(
-            self.state,
-            self.ledger,
-            self.dispatcher,
-            self.results,
-            tick_interval_s=tick_interval_s,
-            power_stale_after_s=power_stale_after_s,
-        )
+            self.state, self.ledger, self.dispatcher, self.results,
+            tick_interval_s=tick_interval_s, power_stale_after_s=power_stale_after_s,
+        )  # fmt: skip
         self.node_sync = node_sync_mod.NodeSync.configured(self.state, node_sync, period_s=node_sync_s)
         self.sweeps = sweeps_mod.Sweeps(
             self.state, self.ledger, self.dispatcher, self.sdc, power_stale_after_s=power_stale_after_s
