@@ -15,8 +15,10 @@ Two ways to run the same faults (same seed, same draws):
 - **baseline**: no automation; a person looks after ``manual_delay_s``, takes the node out and repairs
   it right the first time (generous to the baseline).
 
-What rasd cannot see (a software bug, a host part) is handled the same way in both: the scheduler
-sees the crash (``crash_detect_s``), the hang (``nccl_timeout_s``) or the node gone (``not_ready_s``).
+What rasd cannot see (a software bug, a hang) is handled the same way in both: the scheduler sees the
+crash (``crash_detect_s``) or the hang (``nccl_timeout_s``). A dead host (``node_down``) sends nothing
+either, but its agent falls silent: rasd's lost-node watch quarantines it after ``lost_node_detect_s``;
+the baseline's scheduler sees it NotReady after ``not_ready_s``; a person repairs it in both.
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from rasd.controller.core.remediation import policy as policy_mod
 from rasd.sim import goodput_faults as gf
+
+_LOST = policy_mod.LostNodePolicy()
 
 PHASES = ("running", "detection", "repair", "restart")
 """The job's phases; wall time is split among them (the lost work is taken out of "running")."""
@@ -59,6 +64,9 @@ class Params:
     """A hung collective ends at the watchdog (PyTorch's NCCL default: 10 min)."""
     not_ready_s: float = 300.0
     """The scheduler sees a dead node NotReady and reschedules without it."""
+    lost_node_detect_s: float = _LOST.lost_after_s + _LOST.check_interval_s
+    """rasd: a dead host's agent falls silent → the leader's lost-node watch quarantines it, at most
+    ``lost_after_s`` plus one ``check_interval_s`` later (`LostNodePolicy`'s defaults: 60 + 10 s)."""
     manual_delay_s: float = 3600.0
     """A person answers the page, finds the node and starts the repair."""
     manual_repair_s: float = 4 * 3600.0
@@ -226,7 +234,7 @@ class World:
         if fault.variant.hangs:
             return p.nccl_timeout_s
         if fault.variant.node_down:
-            return p.not_ready_s
+            return min(p.lost_node_detect_s, p.not_ready_s) if arm.name == "rasd" else p.not_ready_s
         if fault.variant.signal and arm.name == "rasd":
             return p.detect_s
         return p.crash_detect_s
@@ -235,7 +243,7 @@ class World:
         fault.detected = True
         if fault.variant.fix == gf.FIX_JOB:
             self.fix(fault)
-        elif not fault.variant.signal:  # a host part: the node is gone until a person repairs it
+        elif fault.variant.node_down and arm.name != "rasd":  # NotReady: gone until a person repairs it
             key = f"down:{fault.fault_id}"
             self.people += 1
             self.hold(fault.node, key)

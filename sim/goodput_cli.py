@@ -31,6 +31,7 @@ _FLOAT_PARAMS = (
     "crash_detect_s",
     "nccl_timeout_s",
     "not_ready_s",
+    "lost_node_detect_s",
     "manual_delay_s",
     "manual_repair_s",
     "validation_s",

@@ -37,7 +37,8 @@ class Variant:
 
     share: float
     signal: str
-    """"xid:<n>", "row_remap_failure", "ib_flap", "sdc_suspect", or "" (nothing rasd's agent sees)."""
+    """"xid:<n>", "row_remap_failure", "ib_flap", "sdc_suspect", "node_lost" (the agent falls silent: the
+    controller's lost-node watch names it), or "" (nothing rasd sees)."""
     fix: str
     """A ladder rung (`LADDER_FIXES`), `FIX_JOB` or `FIX_PERSON`."""
     hangs: bool = False
@@ -59,7 +60,9 @@ class Cause:
     variants: tuple[Variant, ...]
 
 
-_HOST = (Variant(1.0, "", FIX_PERSON, node_down=True),)
+HOST_DOWN = Variant(1.0, "node_lost", FIX_PERSON, node_down=True)
+"""A host part fails: the node goes down with its agent, which falls silent (no Xid, no event)."""
+_HOST = (HOST_DOWN,)
 
 LLAMA3_CAUSES: tuple[Cause, ...] = (
     # Assumed: a faulty GPU falls off the bus (Xid 79); a reboot brings 70 % back, 30 % need replacing.
@@ -110,6 +113,8 @@ def event_fields(signal: str, gpu_uuid: str) -> tuple[Mapping[str, Any], ...]:
         return ({"kind": EventKind.XID, "xid": int(signal[4:]), "gpu_uuid": gpu_uuid, "source": "kmsg"},)
     if signal == "row_remap_failure":
         return ({"kind": EventKind.ROW_REMAP_FAILURE, "gpu_uuid": gpu_uuid, "source": "nvml"},)
+    if signal == "node_lost":  # the controller's own event: its lost-node watch, not the agent
+        return ({"kind": EventKind.NODE_LOST, "source": "controller", "message": "no replica hears its agent"},)
     if signal == "sdc_suspect":
         return ({"kind": EventKind.SDC_SUSPECT, "gpu_uuid": gpu_uuid, "source": "validation"},)
     if signal == "ib_flap":  # three down/up pairs: the classification's default flap limit is six changes

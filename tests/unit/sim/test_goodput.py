@@ -166,6 +166,20 @@ def test_a_fault_while_every_node_is_out_and_no_spare_is_left_hits_nothing():
     assert result.time_lost_h["repair"] == pytest.approx((600 + 4 * 3600) / 3600)
 
 
+def test_a_dead_host_is_quarantined_by_the_lost_node_watch_before_the_scheduler_sees_it_not_ready():
+    """The host's agent falls silent: the core gets NODE_LOST after 70 s (the baseline's scheduler: 300 s)."""
+    fault = goodput.Fault(0, 2000.0, "psu", gf.HOST_DOWN, rank=0, gpu=0)
+    base = goodput.simulate(_tiny(), [fault], goodput.BaselineArm)
+    rasd = goodput.simulate(_tiny(), [fault], _rasd())
+    assert goodput.Params().lost_node_detect_s == 70.0  # LostNodePolicy: lost after 60 s, checked every 10 s
+    assert base.time_lost_h["detection"] == pytest.approx(300 / 3600)
+    assert rasd.time_lost_h["detection"] == pytest.approx(70 / 3600)
+    assert rasd.time_lost_h["repair"] == base.time_lost_h["repair"] == 0.0  # the spare takes its place at once
+    # The core isolates the node and calls a person, who mends it; validation, then release.
+    assert rasd.detail["commands"] == {"quarantine_node": 1, "notify": 1, "run_validation": 1, "release": 1}
+    assert rasd.people == base.people == 1
+
+
 def test_an_ib_port_flapping_is_a_flap_storm_to_the_core_and_a_person_mends_the_link():
     """Six state changes: the core quarantines the node and calls a person, who mends it; validation, release."""
     fault = goodput.Fault(0, 2000.0, "nic", gf.Variant(1.0, "ib_flap", gf.FIX_PERSON), rank=0, gpu=0)
