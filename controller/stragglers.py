@@ -6,9 +6,10 @@ the node each GPU streams from; it keeps ``rasd_straggler_suspect{node,gpu}`` an
 
 Each suspect opens a case of `core.straggler_actions` (notify, raise its cap, validate, quarantine, by
 policy: controller.toml's ``[stragglers.actions]``); its effects count in
-``rasd_straggler_actions_total{action}`` and go to `actuator` (the ladder's
-`remediation.stragglers.StragglerActions`, where this replica has a ladder; none: counted and listed
-only). A cleared case resets the GPU's score and removes its series.
+``rasd_straggler_actions_total{action}`` and go to `actuator`: the ladder's
+`remediation.stragglers.StragglerActions` on a single replica; with several, the relay, which keeps
+them in the store for the leader to carry out (`replication.relay.Relay.take_straggler_effects`);
+none: counted and listed only. A cleared case resets the GPU's score and removes its series.
 
 Which GPUs step together: nothing in rasd names a job yet (no job or workload label reaches the
 controller), so every GPU whose summaries this replica ingests counts as one job, which is what
@@ -117,7 +118,7 @@ class StragglerWatch:
         self.cases: dict[str, straggler_actions.Case] = {}
         """GPU -> its open case (a suspect not yet cleared)."""
         self.actuator: Callable[[Sequence[straggler_actions.Effect]], None] | None = None
-        """Carries the effects out (the ladder's `StragglerActions.take`); None: counted and listed only."""
+        """Carries the effects out (`StragglerActions.take`; `Relay.take_straggler_effects` with several replicas)."""
         self.room: Callable[[str], straggler_actions.PowerRoom | None] | None = None
         """GPU -> what the power budget could still give it (the power loop's `power_room`); None: no
         power loop runs here, and a case's "raise cap" says its headroom is not known."""

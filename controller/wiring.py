@@ -5,7 +5,8 @@ and the tests build them here, so every path runs the same wiring:
 
 - one replica: the ladder is the ingest's consumer and sends on this replica's streams;
 - lease election (`replicated`): the relay is the ingest's consumer (events stored apart, results
-  stored for the leader) and its courier is the ladder's outlet; the ladder runs on the leader.
+  and straggler effects stored for the leader) and its courier is the ladder's outlet; the ladder
+  runs on the leader.
   Every replica ships its aggregate to the leader (`replication.aggregates.Shipper`), and the
   leader's fleet-wide loops (the power loop, the SDC sweeps) read them all
   (`replication.aggregates.FleetReader`).
@@ -207,6 +208,7 @@ def replicated(
         relay.on_fresh = changes.publish_events
     watched = changes_mod.Watched(relay, changes, events=remediation is None)
     ingest = ingest_mod.Ingest(store, thread, agent_streams, controller_metrics, watched, settings, clock=clock)
+    ingest.stragglers.actuator = relay.take_straggler_effects  # every replica's suspects, acted on by the leader
     wired = Wired(store, thread, agent_streams, event_log, ingest, remediation, relay, changes=changes)
     if aggregate_reads is not None:
         records = aggregate_store.AggregateStore(store.engine)

@@ -18,6 +18,11 @@ With `election = "lease"` each replica runs a `Courier` (the ladder's command ou
 - **Intake** (the leader): events are stored by whichever replica holds the stream; the leader reads
   each node's new, gap-free events past the ladder's watermark and decides them. It is the only way
   events reach the ladder in this mode, so no event is decided twice, whichever replica received it.
+- **Straggler effects** (any replica → the leader): each replica's straggler watch judges the GPUs
+  whose streams it holds; its effects (notify, raise a cap, validate, quarantine) are kept in the
+  store in order (`take_straggler_effects`) and the leader carries each out once
+  (`remediation.stragglers.StragglerActions.carry_out`: the audit row, the power loop's floor, the
+  ladder's STRAGGLER event), then forgets it. A failover loses none: the next leader finds them kept.
 
 Replicas find work by polling the store every `relay_poll_s` (cheap queries: dispatched commands,
 kept results, and per node its acked position against the ladder's watermark); a replica's own
@@ -34,13 +39,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 
 from rasd.common import aio
 from rasd.controller.core import agent_messages as msgs
+from rasd.controller.core import straggler_actions
 from rasd.controller.core.remediation import actions
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.ingest import consumer as consumer_mod
@@ -62,6 +68,9 @@ INVENTORY_REFRESH_S = 10.0
 """How often the leader re-reads which nodes other replicas hold, with their labels and GPUs."""
 ABANDONED_AFTER_S = 60.0
 """A relayed command this long past its expiry is dropped with its result by the leader (its sender is gone)."""
+EFFECT_ATTEMPTS = 3
+"""A kept straggler effect whose carrying out failed this many times is dropped (logged), so that one bad
+effect cannot hold back every later one."""
 
 
 class Courier:
@@ -292,6 +301,12 @@ class Relay:
         self._swept_at = 0.0
         self.results_relayed = 0
         self.abandoned_dropped = 0
+        self._effects_unkept: list[straggler_actions.Effect] = []
+        """The straggler watch's effects not in the store yet, in order (retried each poll after a store failure)."""
+        self._keeping = asyncio.Lock()
+        self._effect_tasks: set[asyncio.Task[None]] = set()
+        self._effect_failures: dict[int, int] = {}
+        self.straggler_effects_carried = 0
         if ladder is not None:
             leadership.on_elected(self._elected)
             leadership.on_deposed(self._deposed)
@@ -304,10 +319,11 @@ class Relay:
         ]
 
     async def stop(self) -> None:
-        """Stop both loops."""
-        for task in self._tasks:
+        """Stop both loops (and any keeping of straggler effects under way)."""
+        tasks = [*self._tasks, *self._effect_tasks]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
 
     async def send_command(
@@ -340,6 +356,58 @@ class Relay:
         self.results_relayed += 1
         self._intake_wake.set()
 
+    # -- straggler effects (every replica → the leader) ---------------------------------------------------
+    def take_straggler_effects(self, effects: Sequence[straggler_actions.Effect]) -> None:
+        """The straggler watch's actuator with several replicas: its effects kept for the leader (from the loop)."""
+        if not effects:
+            return
+        self._effects_unkept.extend(effects)
+        task = asyncio.get_running_loop().create_task(self.keep_straggler_effects(), name="rasd-relay-effects")
+        self._effect_tasks.add(task)
+        task.add_done_callback(self._effect_tasks.discard)
+
+    async def keep_straggler_effects(self) -> int:
+        """Store the effects not kept yet, in order, in one transaction; how many (0 after a failure: tried again)."""
+        async with self._keeping:
+            batch = list(self._effects_unkept)
+            if not batch:
+                return 0
+            replica_id, now_ns = self.leadership.replica_id, time.time_ns()
+            try:
+                await self._thread.run(
+                    lambda: self.store.keep_straggler_effects(batch, replica_id=replica_id, now_unix_ns=now_ns)
+                )
+            except Exception as exc:  # the store is down: kept in memory, tried again at the next poll
+                log.warning("straggler_effects_not_kept", effects=len(batch), error=str(exc))
+                return 0
+            del self._effects_unkept[: len(batch)]
+        self._intake_wake.set()
+        return len(batch)
+
+    async def _carry_out_straggler_effects(self, ladder: remediation_mod.RemediationService) -> int:
+        """Carry out the kept effects in order, forgetting each that is done; how many.
+
+        One that fails stops the round (the store may be down: the rest wait, in order), and is dropped
+        after `EFFECT_ATTEMPTS` tries.
+        """
+        done: list[int] = []
+        try:
+            for effect_id, effect in await self._thread.run(self.store.straggler_effects):
+                try:
+                    await ladder.stragglers.carry_out(effect)
+                except Exception:
+                    tries = self._effect_failures[effect_id] = self._effect_failures.get(effect_id, 0) + 1
+                    log.exception("straggler_effect_failed", kind=effect.kind, node=effect.node_id, tries=tries)
+                    if tries < EFFECT_ATTEMPTS:
+                        break
+                    self._effect_failures.pop(effect_id)
+                done.append(effect_id)
+        finally:
+            if done:
+                await self._thread.run(self.store.forget_straggler_effects, done)
+        self.straggler_effects_carried += len(done)
+        return len(done)
+
     async def connected(self, node_id: str) -> None:
         """A node's stream opened here: deliver its commands now."""
         self.courier.wake()
@@ -358,12 +426,14 @@ class Relay:
 
     # -- intake (leader) ----------------------------------------------------------------------------------
     async def take_in(self) -> dict[str, Any]:
-        """Pass relayed commands' results to their senders; on the leader, apply results and decide events.
+        """Pass relayed commands' results to their senders; on the leader, apply results and effects, decide events.
 
-        Returns what the leader handled (stored results applied, events decided).
+        Returns what the leader handled (stored results applied, straggler effects carried out, events decided).
         """
-        handled: dict[str, Any] = {"results": 0, "events": 0}
+        handled: dict[str, Any] = {"results": 0, "events": 0, "straggler_effects": 0}
         await self.courier.collect_awaited()
+        if self._effects_unkept:
+            await self.keep_straggler_effects()
         if self.leadership.is_leader() and time.monotonic() - self._swept_at >= ABANDONED_AFTER_S:
             await self.drop_abandoned()
         ladder = self.ladder
@@ -372,6 +442,7 @@ class Relay:
         if time.monotonic() - self._inventory_at >= INVENTORY_REFRESH_S:
             await self.refresh_inventory()
         handled["results"] = await self._apply_results(ladder)
+        handled["straggler_effects"] = await self._carry_out_straggler_effects(ladder)
         handled["events"] = await self._decide_events(ladder)
         return handled
 

@@ -1,4 +1,4 @@
-"""What replicas hand each other through the store: new events and command results for the leader.
+"""What replicas hand each other through the store: new events, command results and straggler effects for the leader.
 
 With several replicas, an agent's stream ends at any of them, but only the leader runs the ladder.
 The replica that holds a stream stores what arrives on it (events through `Store.append_events`,
@@ -8,6 +8,9 @@ results here); the leader reads both from here. Commands go the other way throug
 New events are found without scanning them: a node has unread events when its acked position (the
 gap-free run of stored seqs) is past the ladder's watermark for it, or its spool epoch moved on.
 Only the gap-free run is handed over, so the ladder sees each node's events once and in order.
+
+Straggler effects (`straggler_actions.Effect`: each replica's watch judges its own streams' GPUs) are
+kept in arrival order until the leader has carried them out.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Collection, Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import sessionmaker
 
+from rasd.controller.core import straggler_actions
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo, schema
 
@@ -190,6 +194,40 @@ class RelayStore:
             session.execute(
                 sa.delete(schema.CommandResultRow).where(schema.CommandResultRow.command_id.in_(list(command_ids)))
             )
+
+    # -- straggler effects: any replica → the leader, in order ----------------------------------------
+    def keep_straggler_effects(
+        self, effects: Sequence[straggler_actions.Effect], *, replica_id: str, now_unix_ns: int
+    ) -> None:
+        """Keep a watch's effects, in order, until the leader carries them out (one transaction)."""
+        if not effects:
+            return
+        with self._sessions.begin() as session:
+            session.add_all(
+                schema.StragglerEffectRow(
+                    created_unix_ns=now_unix_ns, replica_id=replica_id, kind=effect.kind, node_id=effect.node_id,
+                    gpu_uuid=effect.gpu_uuid, reason=effect.reason, to_w=effect.to_w,
+                )
+                for effect in effects
+            )  # fmt: skip
+
+    def straggler_effects(self, limit: int = 1000) -> list[tuple[int, straggler_actions.Effect]]:
+        """The oldest kept effects, in the order they were kept, with their ids."""
+        table = schema.StragglerEffectRow
+        with self._sessions() as session:
+            rows = session.scalars(sa.select(table).order_by(table.effect_id).limit(limit)).all()
+        return [
+            (row.effect_id, straggler_actions.Effect(row.kind, row.gpu_uuid, row.node_id, row.reason, row.to_w))
+            for row in rows
+        ]
+
+    def forget_straggler_effects(self, effect_ids: Collection[int]) -> None:
+        """Drop effects the leader has carried out."""
+        if not effect_ids:
+            return
+        table = schema.StragglerEffectRow
+        with self._sessions.begin() as session:
+            session.execute(sa.delete(table).where(table.effect_id.in_(list(effect_ids))))
 
     # -- events: found by acked position vs. watermark ------------------------------------------------
     def nodes_with_new_events(self) -> list[str]:

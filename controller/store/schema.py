@@ -324,6 +324,26 @@ class RelayedCommandRow(Base):
     replica_id: Mapped[str] = mapped_column(String(253), default="")
 
 
+class StragglerEffectRow(Base):
+    """A straggler watch's effect on some replica, kept until the leader has carried it out (in id order).
+
+    Each replica's watch judges the GPUs whose streams it holds; only the leader's ladder and power
+    loop can act, so every replica's effects come here (`relay.Relay.take_straggler_effects`).
+    """
+
+    __tablename__ = "straggler_effects"
+
+    effect_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_unix_ns: Mapped[int] = mapped_column(BigInteger, default=0)
+    replica_id: Mapped[str] = mapped_column(String(253), default="")
+    # rasd.controller.core.straggler_actions.Effect's fields.
+    kind: Mapped[str] = mapped_column(String(32))
+    node_id: Mapped[str] = mapped_column(String(253))
+    gpu_uuid: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    to_w: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class ReplicaAggregateRow(Base):
     """The latest aggregate a replica shipped the leader (`rasd.controller.core.aggregates`), one row per replica.
 
