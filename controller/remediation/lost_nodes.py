@@ -15,6 +15,12 @@
    quarantined (Kubernetes: cordoned and tainted, so the scheduler moves the work now) and a person
    is told.
 
+A node named lost and heard from again (its agent streams again on any replica) is asked back into
+service as an operator's `rasctl release` would (actor ``lost-node-watch``): the ladder validates it
+and releases it on a pass. Only while the ladder holds the node for that loss alone, with
+``release_on_return``, and not when it came back once already within ``relapse_window_s`` (then it is
+logged, ``lost_node_relapsed``, and left to a person).
+
 Metrics: ``rasd_lost_nodes`` (silent past ``lost_after_s`` now), ``rasd_nodes_named_lost`` (a counter) and
 ``rasd_lost_node_storm`` (1 while more nodes fell silent at once than a failure of hosts explains;
 nothing is named then). A read that fails is logged and retried at the next check; it never stops
@@ -42,6 +48,8 @@ log = structlog.get_logger("rasd.controller")
 
 SOURCE = "controller"
 ACTOR = "lost-node-watch"
+FAULT_KEY = "node_lost"
+"""The fault key classification gives a NODE_LOST event (`classify`)."""
 IN_SERVICE = frozenset({fleet.ComponentState.HEALTHY, fleet.ComponentState.DEGRADED, fleet.ComponentState.UNSPECIFIED})
 """Stored node states whose silence means the node is lost (UNSPECIFIED: a row from before states were kept)."""
 _LADDER_BUSY = frozenset(
@@ -64,6 +72,10 @@ class Decide(Protocol):
         ...
 
 
+Release = Callable[[str, str], Awaitable[str]]
+"""Ask the ladder to validate and release a node, as an operator would (node, reason) → what happened."""
+
+
 class LostNodeWatch:
     """Runs `check_once` every ``check_interval_s`` while the service runs (when enabled)."""
 
@@ -73,12 +85,14 @@ class LostNodeWatch:
         ledger: ledger_mod.Ledger,
         decider: Decide,
         read_sightings: Callable[[], Awaitable[list[repo.NodeSighting]]],
+        release: Release,
     ) -> None:
         """Share the ladder's state, ledger and decider; read_sightings: an async `Store.node_sightings`."""
         self._state = state
         self._ledger = ledger
         self._decider = decider
         self._read = read_sightings
+        self._release = release
         self._watch: lost_nodes.WatchState | None = None
         self._task: asyncio.Task[None] | None = None
         self._storm = False
@@ -134,7 +148,28 @@ class LostNodeWatch:
             )
             await self._ledger.commit(rstore.Commit(now_unix_ns=event.received_unix_ns, audit=[row]))
             await self._decider.on_events(lost.node_id, [event], labels.get(lost.node_id, {}))
+        for node_id in judgement.release:
+            await self._returned(node_id)
+        for node_id in judgement.relapsed:
+            log.warning(
+                "lost_node_relapsed",
+                node=node_id,
+                reason=f"heard from again, but back once already within {self.policy.relapse_window_s:.0f} s: "
+                "left quarantined for a person",
+            )
         return tuple(lost.node_id for lost in judgement.lost)
+
+    async def _returned(self, node_id: str) -> None:
+        """A lost node streams again: validated and released, while the ladder holds it for that loss alone."""
+        node = self._state.node_states.get(node_id)
+        holders = [t for t in (node.tickets if node is not None else ()) if "node" in t.held]
+        if not (len(holders) == 1 and holders[0].fault_key == FAULT_KEY):
+            return  # a person released it already, or another fault holds it too: theirs to decide
+        if not self.policy.release_on_return:
+            log.info("lost_node_returned", node=node_id, outcome="left quarantined: release_on_return is off")
+            return
+        outcome = await self._release(node_id, "its agent streams again after it was lost: validate and release")
+        log.info("lost_node_returned", node=node_id, outcome=outcome)
 
     def _in_service(self, row: repo.NodeSighting) -> bool:
         if row.state not in IN_SERVICE:

@@ -137,11 +137,13 @@ class RemediationService:
         self.sweeps = sweeps_mod.Sweeps(
             self.state, self.ledger, self.dispatcher, self.sdc, power_stale_after_s=power_stale_after_s
         )
-        self.lost_nodes = lost_nodes_mod.LostNodeWatch(self.state, self.ledger, self.decider, self._read_sightings)
         self.operator = operator_mod.OperatorCommands(
             self.state, self.ledger, self.dispatcher, self.adapters, self.decider,
             node_store=store, outlet=self.outlet, recorder=recorder, sdc_records=self.sdc,
         )  # fmt: skip
+        self.lost_nodes = lost_nodes_mod.LostNodeWatch(
+            self.state, self.ledger, self.decider, self._read_sightings, self._release_returned
+        )
         self.deciding = consumer_mod.Deciding()
         """Decisions on events stored apart, running on their own (`events`)."""
         if writer is not None:
@@ -246,6 +248,10 @@ class RemediationService:
         if self._node_store.reads_beside_writer:
             return await asyncio.to_thread(self._node_store.node_sightings)
         return await self.ledger.run(self._node_store.node_sightings)
+
+    async def _release_returned(self, node_id: str, reason: str) -> str:
+        """A lost node back: `OperatorCommands.release` as the lost-node watch (validation first)."""
+        return await self.operator.release(node_id, "", reason=reason, force=False, actor=lost_nodes_mod.ACTOR)
 
     async def _replay_backlog(self) -> int:
         """Run events stored before a crash but never through the ladder, in order; how many nodes had some."""

@@ -1,4 +1,5 @@
-"""A node whose agent stops streaming is quarantined by the leader, whichever replica held its stream.
+"""A node whose agent stops streaming is quarantined by the leader, whichever replica held its stream;
+when its agent streams again, it is validated and released.
 
 Two replicas on a real PostgreSQL (the chart's default); node-f streams to the follower, node-l to the
 leader. The leader hears neither stream of node-f itself: only the follower's last-seen writes keep it
@@ -44,7 +45,9 @@ def _agent(node_id: str, address: str, tmp_path) -> runtime.Agent:
     backend = simulated.SimulatedBackend(node_id, 2, 0, workload=simulated.StepWorkload())
     return runtime.Agent(
         agent_settings.AgentSettings(
-            node_id=node_id, link=agent_settings.LinkSettings(controller_address=address, **LINK)
+            node_id=node_id,
+            link=agent_settings.LinkSettings(controller_address=address, **LINK),
+            actions=agent_settings.ActionSettings(destructive_enabled=True, kill_poll_s=0.0),  # validation runs
         ),
         backend,
         spool.Spool(str(tmp_path / f"{node_id}.db")),
@@ -61,7 +64,7 @@ async def _until(predicate, timeout_s: float = 20.0) -> None:
 
 
 @pytest.mark.slow  # about 10 s of wall time: left to `make test-all`; the unit tests cover the watch on both stores
-def test_the_leader_quarantines_a_node_that_fell_silent_on_the_follower_and_spares_the_live_ones(
+def test_the_leader_quarantines_a_node_that_fell_silent_on_the_follower_spares_the_live_ones_and_takes_it_back(
     postgres_schema_url, tmp_path
 ):
     async def scenario():
@@ -84,7 +87,14 @@ def test_the_leader_quarantines_a_node_that_fell_silent_on_the_follower_and_spar
             await tasks.pop("node-f")
             await _until(lambda: bool(ladder.store.quarantines()), timeout_s=10 * LOST_AFTER_S)
             await asyncio.sleep(2 * LOST_AFTER_S)  # and nothing more follows
-            return quiet, ladder.store.quarantines(), ladder.store.tickets(open_only=True)
+            lost = (ladder.store.quarantines(), ladder.store.tickets(open_only=True))
+
+            stops["node-f"] = asyncio.Event()  # the host is back: its agent streams again, to the follower
+            back = _agent("node-f", second.address, tmp_path)
+            tasks["node-f"] = asyncio.create_task(back.run(stops["node-f"]))
+            await _until(lambda: not ladder.store.quarantines(), timeout_s=20 * LOST_AFTER_S)
+            validations = [c.status for c in ladder.store.commands(node_id="node-f") if c.kind == "run_validation"]
+            return quiet, lost, validations
         finally:
             for node, task in tasks.items():
                 stops[node].set()
@@ -92,9 +102,10 @@ def test_the_leader_quarantines_a_node_that_fell_silent_on_the_follower_and_spar
             await second.stop()
             await first.stop()
 
-    quiet, quarantines, tickets = asyncio.run(scenario())
+    quiet, (quarantines, tickets), validations = asyncio.run(scenario())
     assert quiet == []
     assert [(q["node_id"], q["gpu_uuid"]) for q in quarantines] == [("node-f", "")]
     (ticket,) = tickets
     assert (ticket["node_id"], ticket["state"]) == ("node-f", "awaiting_operator")
     assert "fault node_lost: node lost: no replica has heard from its agent" in ticket["steps"][0]
+    assert validations == ["succeeded"]  # back: validated on the node, then released by the leader

@@ -20,7 +20,10 @@ What is never named lost:
   them would take the fleet out: the storm is reported, nothing is named, and the nodes are judged
   again at each check.
 
-A node named once is not named again until it has been seen since (its last-seen time moved).
+A node named once is not named again until it has been seen since (its last-seen time moved). One
+heard from again is *returned*: the shell asks the ladder to validate it and, on a pass, release it
+(``release_on_return``), unless it came back once already within ``relapse_window_s``: a node that
+keeps dropping out waits for a person.
 
 Pure: no I/O, no clock reads (``now_s`` is passed in).
 """
@@ -53,6 +56,8 @@ class WatchState:
     """When the watch started (this leader's term): silence counts from here at the earliest."""
     reported: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Node -> its last-seen time when it was named lost."""
+    returned: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Node -> when it last came back after being named lost (kept ``relapse_window_s``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,24 +82,35 @@ class Judgement:
     or under the ladder's care)."""
     storm: bool
     """More nodes fell silent at once than a failure of hosts explains: none was named."""
+    release: tuple[str, ...] = ()
+    """Named before and heard from since: to validate and release (``release_on_return``)."""
+    relapsed: tuple[str, ...] = ()
+    """Named before and heard from since, but back once already within ``relapse_window_s``: left to a person."""
 
 
 def judge(state: WatchState, sightings: Iterable[Sighting], *, now_s: float, pol: policy.LostNodePolicy) -> Judgement:
     """The nodes lost at now_s (see the module docstring); state carries the nodes named before."""
     horizon_s = state.started_s - pol.lost_after_s
     reported: dict[str, float] = {}
+    returned = {node: at for node, at in state.returned.items() if now_s - at < pol.relapse_window_s}
+    back: list[str] = []
+    relapsed: list[str] = []
     candidates: list[LostNode] = []
     seen_this_term = silent = 0
     for sighting in sightings:
+        named_at = state.reported.get(sighting.node_id)
+        if named_at is not None and sighting.last_seen_s > named_at:  # heard from since it was named
+            (relapsed if sighting.node_id in returned else back).append(sighting.node_id)
+            returned[sighting.node_id] = now_s
+            named_at = None
         if sighting.last_seen_s < horizon_s:
             continue  # silent since before this term could have seen it alive: not this watch's to judge
         seen_this_term += 1
         silent_s = now_s - max(sighting.last_seen_s, state.started_s)
         if silent_s < pol.lost_after_s:
-            continue  # heard from recently (a node named before and heard from since is forgotten here)
+            continue
         silent += 1
-        named_at = state.reported.get(sighting.node_id)
-        if named_at is not None and sighting.last_seen_s <= named_at:
+        if named_at is not None:
             reported[sighting.node_id] = named_at
         elif sighting.judged:
             candidates.append(LostNode(sighting.node_id, sighting.last_seen_s, silent_s))
@@ -102,7 +118,14 @@ def judge(state: WatchState, sightings: Iterable[Sighting], *, now_s: float, pol
     if storm:
         candidates = []
     reported.update((lost.node_id, lost.last_seen_s) for lost in candidates)
-    return Judgement(WatchState(state.started_s, reported), tuple(candidates), silent, storm)
+    return Judgement(
+        WatchState(state.started_s, reported, returned),
+        tuple(candidates),
+        silent,
+        storm,
+        release=tuple(back),
+        relapsed=tuple(relapsed),
+    )
 
 
 def storm_limit(nodes_seen: int, pol: policy.LostNodePolicy) -> int:

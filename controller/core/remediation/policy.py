@@ -356,6 +356,11 @@ class LostNodePolicy:
     """How often the leader reads the nodes' last-seen times (one query)."""
     storm_min_nodes: int = 16
     """Up to this many nodes lost at once are always believed (a rack's PDU trips)."""
+    release_on_return: bool = True
+    """A lost node heard from again (its agent streams again: a host that rebooted itself, a partition
+    healed) is validated and, on a pass, released, as `rasctl release` would; False: it waits for a person."""
+    relapse_window_s: float = 86400.0
+    """A node back once already within this long is left quarantined for a person when it comes back again."""
     storm_fraction_pct: float = 5.0
     """More than this share of the nodes seen this term lost at once (and more than ``storm_min_nodes``) is
     taken for the controller's own trouble (a partition, a store not taking last-seen writes): no node
@@ -365,7 +370,8 @@ class LostNodePolicy:
         """Check ranges; raise PolicyError naming the key."""
         _require(self.lost_after_s >= MIN_LOST_AFTER_S, f"{prefix}lost_after_s", f"must be >= {MIN_LOST_AFTER_S:g}",
                  self.lost_after_s)  # fmt: skip
-        _require(self.check_interval_s > 0, f"{prefix}check_interval_s", "must be > 0", self.check_interval_s)
+        for name in ("check_interval_s", "relapse_window_s"):
+            _require(getattr(self, name) > 0, f"{prefix}{name}", "must be > 0", getattr(self, name))
         _require(self.storm_min_nodes >= 1, f"{prefix}storm_min_nodes", "must be >= 1", self.storm_min_nodes)
         value = self.storm_fraction_pct
         _require(0 < value <= 100, f"{prefix}storm_fraction_pct", "must be in (0, 100]", value)

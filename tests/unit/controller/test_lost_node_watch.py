@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from rasd.controller import wiring
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.observability import metrics
@@ -100,6 +101,45 @@ def test_a_silent_node_is_quarantined_for_a_person_once_and_the_others_are_left_
     assert rig.metric("rasd_nodes_named_lost_total") == 1
     assert rig.metric("rasd_lost_nodes") == 1
     assert rig.metric("rasd_lost_node_storm") == 0
+
+
+def test_a_lost_node_that_streams_again_is_validated_then_released_and_left_to_a_person_when_it_relapses(rig):
+    steps: list[object] = []
+
+    async def scenario() -> None:
+        watch, store = rig.service.lost_nodes, rig.service.store
+        rig.now_ns += 60 * S
+        rig.heard_from("node-0", "node-2")
+        assert await watch.check_once() == ("node-1",)
+        rig.now_ns += 600 * S  # the host rebooted by itself: its agent streams again
+        rig.heard_from("node-0", "node-1", "node-2")
+        await watch.check_once()
+        (run,) = [c for c in store.commands(node_id="node-1") if c.kind == "run_validation"]
+        steps.append([q["node_id"] for q in store.quarantines()])  # still held while it validates
+        await rig.service.on_result(
+            "node-1",
+            msgs.AgentResult(command_id=run.command_id, outcome=msgs.Outcome.SUCCEEDED, validation_verdict="pass"),
+        )
+        steps.append(store.quarantines())
+        rig.now_ns += 60 * S  # lost again, and back again, the same day
+        rig.heard_from("node-0", "node-2")
+        assert await watch.check_once() == ("node-1",)
+        rig.now_ns += 60 * S
+        rig.heard_from("node-0", "node-1", "node-2")
+        await watch.check_once()
+        steps.append([c.kind for c in store.commands(node_id="node-1") if c.kind == "run_validation"])
+
+    rig.run(scenario)
+    held_while_validating, after_pass, validations = steps
+    assert held_while_validating == ["node-1"]
+    assert after_pass == []
+    assert validations == ["run_validation"]  # the relapse was not validated: a person looks at it
+    asked = [a for a in rig.service.store.audit(limit=1000) if a["actor"] == "lost-node-watch"]
+    assert [(a["action"], a["node_id"]) for a in asked] == [
+        ("node_lost", "node-1"),
+        ("release", "node-1"),  # asked once: validation first, then the ladder released it
+        ("node_lost", "node-1"),
+    ]
 
 
 def test_a_node_the_ladder_holds_or_is_rebooting_is_not_named_lost(rig):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from rasd.controller.core.remediation import lost_nodes, policy
@@ -71,6 +73,26 @@ def test_more_nodes_silent_at_once_than_hosts_explain_is_a_storm_and_none_is_nam
     assert [len(_judge(state, big_fleet + partition, T0 + 100).lost)] == [30]  # under 5 % of 1,030
 
 
+def test_a_node_heard_from_after_it_was_named_is_released_once_and_left_to_a_person_when_it_relapses():
+    state = lost_nodes.WatchState(started_s=T0)
+    named = _judge(state, [_seen("a", T0)], T0 + 60)
+    assert [n.node_id for n in named.lost] == ["a"] and named.release == ()
+
+    back = _judge(named.state, [_seen("a", T0 + 500, judged=False)], T0 + 501)  # quarantined, streaming again
+    assert (back.release, back.relapsed, back.lost) == (("a",), (), ())
+    assert back.state.reported == {} and back.state.returned == {"a": T0 + 501}
+    assert _judge(back.state, [_seen("a", T0 + 510, judged=False)], T0 + 511).release == ()  # once only
+
+    released = _judge(back.state, [_seen("a", T0 + 1000)], T0 + 1000)  # validated and released: in service
+    lost_again = _judge(released.state, [_seen("a", T0 + 1000)], T0 + 1060)
+    assert [n.node_id for n in lost_again.lost] == ["a"]
+    relapse = _judge(lost_again.state, [_seen("a", T0 + 2000, judged=False)], T0 + 2000)
+    assert (relapse.release, relapse.relapsed) == ((), ("a",))  # back twice within a day: a person looks
+
+    day_later = dataclasses.replace(lost_again.state, returned={"a": T0 + 501 - POL.relapse_window_s})
+    assert _judge(day_later, [_seen("a", T0 + 2000, judged=False)], T0 + 2000).release == ("a",)
+
+
 def test_a_node_named_and_gone_from_the_store_is_forgotten():
     named = _judge(lost_nodes.WatchState(started_s=T0), [_seen("a", T0)], T0 + 60)
     assert named.state.reported == {"a": T0}
@@ -79,7 +101,13 @@ def test_a_node_named_and_gone_from_the_store_is_forgotten():
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("lost_after_s", 0), ("check_interval_s", -1), ("storm_min_nodes", 0), ("storm_fraction_pct", 101)],
+    [
+        ("lost_after_s", 19),
+        ("check_interval_s", -1),
+        ("relapse_window_s", 0),
+        ("storm_min_nodes", 0),
+        ("storm_fraction_pct", 101),
+    ],
 )
 def test_a_bad_setting_is_refused_naming_its_key(key, value):
     with pytest.raises(policy.PolicyError, match=rf"^remediation\.lost_nodes\.{key}: "):
