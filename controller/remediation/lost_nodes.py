@@ -3,8 +3,8 @@
 `rasd.controller.core.remediation.lost_nodes` decides which nodes are lost; this loop runs it every
 ``check_interval_s`` while this replica leads (`RemediationService.start` .. `stop`):
 
-1. one read of the nodes' last-seen times, stored states and labels (`repo.Store.node_sightings`),
-   beside the store thread where the store allows it, so that the ladder's commits never wait for it;
+1. one read of the nodes' last-seen times and stored states (`repo.Store.node_sightings`), beside
+   the store thread where the store allows it, so that the ladder's commits never wait for it;
 2. a node is judged only while it is in service: stored HEALTHY or DEGRADED, and no ticket of the
    ladder on it that is acting, waiting, validating or held for a person (a reboot the ladder sent
    silences the agent on purpose);
@@ -86,13 +86,15 @@ class LostNodeWatch:
         decider: Decide,
         read_sightings: Callable[[], Awaitable[list[repo.NodeSighting]]],
         release: Release,
+        read_labels: Callable[[Sequence[str]], Awaitable[dict[str, dict[str, str]]]],
     ) -> None:
-        """Share the ladder's state, ledger and decider; read_sightings: an async `Store.node_sightings`."""
+        """Share the ladder's state, ledger and decider; read_sightings and read_labels: async `Store` reads."""
         self._state = state
         self._ledger = ledger
         self._decider = decider
         self._read = read_sightings
         self._release = release
+        self._read_labels = read_labels
         self._watch: lost_nodes.WatchState | None = None
         self._task: asyncio.Task[None] | None = None
         self._storm = False
@@ -139,7 +141,7 @@ class LostNodeWatch:
         judgement = lost_nodes.judge(self._watch, sightings, now_s=now_s, pol=self.policy)
         self._watch = judgement.state
         self._export(judgement, len(sightings))
-        labels = {row.node_id: row.labels for row in rows}
+        labels = await self._read_labels([lost.node_id for lost in judgement.lost]) if judgement.lost else {}
         for lost in judgement.lost:
             event = self._event(lost, now_s)
             log.warning("node_lost", node=lost.node_id, silent_s=round(lost.silent_s, 1))

@@ -142,7 +142,7 @@ class RemediationService:
             node_store=store, outlet=self.outlet, recorder=recorder, sdc_records=self.sdc,
         )  # fmt: skip
         self.lost_nodes = lost_nodes_mod.LostNodeWatch(
-            self.state, self.ledger, self.decider, self._read_sightings, self._release_returned
+            self.state, self.ledger, self.decider, self._read_sightings, self._release_returned, self._read_labels
         )
         self.deciding = consumer_mod.Deciding()
         """Decisions on events stored apart, running on their own (`events`)."""
@@ -248,6 +248,12 @@ class RemediationService:
         if self._node_store.reads_beside_writer:
             return await asyncio.to_thread(self._node_store.node_sightings)
         return await self.ledger.run(self._node_store.node_sightings)
+
+    async def _read_labels(self, node_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Stored labels of the nodes named lost (their topology for the disruption budget)."""
+        if self._node_store.reads_beside_writer:
+            return await asyncio.to_thread(self._node_store.node_labels, node_ids)
+        return await self.ledger.run(self._node_store.node_labels, node_ids)
 
     async def _release_returned(self, node_id: str, reason: str) -> str:
         """A lost node back: `OperatorCommands.release` as the lost-node watch (validation first)."""
