@@ -30,6 +30,7 @@ the ladder.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
@@ -141,17 +142,23 @@ class LostNodeWatch:
         judgement = lost_nodes.judge(self._watch, sightings, now_s=now_s, pol=self.policy)
         self._watch = judgement.state
         self._export(judgement, len(sightings))
-        labels = await self._read_labels([lost.node_id for lost in judgement.lost]) if judgement.lost else {}
-        for lost in judgement.lost:
-            event = self._event(lost, now_s)
-            log.warning("node_lost", node=lost.node_id, silent_s=round(lost.silent_s, 1))
-            row = ledger_mod.audit_record(
-                event.received_unix_ns, ACTOR, "node_lost", lost.node_id, "", event.message, "handed to the ladder"
-            )
-            await self._ledger.commit(rstore.Commit(now_unix_ns=event.received_unix_ns, audit=[row]))
-            await self._decider.on_events(lost.node_id, [event], labels.get(lost.node_id, {}))
+        handed: set[str] = set()
+        try:
+            labels = await self._read_labels([lost.node_id for lost in judgement.lost]) if judgement.lost else {}
+            for lost in judgement.lost:
+                await self._hand_over(lost, now_s, labels.get(lost.node_id, {}))
+                handed.add(lost.node_id)
+        finally:  # a node not handed over (the store failed) is named again at the next check
+            unhanded = {lost.node_id for lost in judgement.lost} - handed
+            if unhanded:
+                kept = {node: at for node, at in judgement.state.reported.items() if node not in unhanded}
+                self._watch = dataclasses.replace(judgement.state, reported=kept)
         for node_id in judgement.release:
-            await self._returned(node_id)
+            try:
+                await self._returned(node_id)
+            except Exception:  # logged; a person can still release it (rasctl release)
+                self.failures += 1
+                log.exception("lost_node_release_failed", node=node_id)
         for node_id in judgement.relapsed:
             log.warning(
                 "lost_node_relapsed",
@@ -160,6 +167,16 @@ class LostNodeWatch:
                 "left quarantined for a person",
             )
         return tuple(lost.node_id for lost in judgement.lost)
+
+    async def _hand_over(self, lost: lost_nodes.LostNode, now_s: float, labels: dict[str, str]) -> None:
+        """The audit row, then the NODE_LOST event to the ladder."""
+        event = self._event(lost, now_s)
+        log.warning("node_lost", node=lost.node_id, silent_s=round(lost.silent_s, 1))
+        row = ledger_mod.audit_record(
+            event.received_unix_ns, ACTOR, "node_lost", lost.node_id, "", event.message, "handed to the ladder"
+        )
+        await self._ledger.commit(rstore.Commit(now_unix_ns=event.received_unix_ns, audit=[row]))
+        await self._decider.on_events(lost.node_id, [event], labels)
 
     async def _returned(self, node_id: str) -> None:
         """A lost node streams again: validated and released, while the ladder holds it for that loss alone."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
 from rasd.controller import wiring
@@ -140,6 +141,31 @@ def test_a_lost_node_that_streams_again_is_validated_then_released_and_left_to_a
         ("release", "node-1"),  # asked once: validation first, then the ladder released it
         ("node_lost", "node-1"),
     ]
+
+
+def test_a_lost_node_the_store_could_not_take_is_named_again_at_the_next_check(rig):
+    named: list[tuple[str, ...]] = []
+
+    async def scenario() -> None:
+        watch, store = rig.service.lost_nodes, rig.service.store
+        commit = store.commit
+
+        def unreachable(change):
+            raise sa.exc.OperationalError("COMMIT", {}, ConnectionError("database unreachable"))
+
+        rig.now_ns += 60 * S
+        rig.heard_from("node-0", "node-2")
+        store.commit = unreachable
+        with pytest.raises(sa.exc.OperationalError):
+            await watch.check_once()
+        store.commit = commit
+        rig.now_ns += 10 * S
+        rig.heard_from("node-0", "node-2")
+        named.append(await watch.check_once())
+
+    rig.run(scenario)
+    assert named == [("node-1",)]
+    assert [q["node_id"] for q in rig.service.store.quarantines()] == ["node-1"]
 
 
 def test_a_node_the_ladder_holds_or_is_rebooting_is_not_named_lost(rig):
