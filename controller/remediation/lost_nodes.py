@@ -3,8 +3,9 @@
 `rasd.controller.core.remediation.lost_nodes` decides which nodes are lost; this loop runs it every
 ``check_interval_s`` while this replica leads (`RemediationService.start` .. `stop`):
 
-1. one read of the nodes' last-seen times and stored states (`repo.Store.node_sightings`), beside
-   the store thread where the store allows it, so that the ladder's commits never wait for it;
+1. one read of the silent nodes' last-seen times and stored states, and of how many nodes were heard
+   from (`repo.Store.silent_nodes`: filtered and counted in the database), beside the store thread
+   where the store allows it, so that the ladder's commits never wait for it;
 2. a node is judged only while it is in service: stored HEALTHY or DEGRADED, and no ticket of the
    ladder on it that is acting, waiting, validating or held for a person (a reboot the ladder sent
    silences the agent on purpose);
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Protocol
 
 import structlog
@@ -73,6 +74,8 @@ class Decide(Protocol):
         ...
 
 
+ReadSightings = Callable[[int, int, Collection[str]], Awaitable[tuple[list[repo.NodeSighting], int]]]
+"""`Store.silent_nodes` (seen since, silent before, also; unix ns), run off the event loop."""
 Release = Callable[[str, str], Awaitable[str]]
 """Ask the ladder to validate and release a node, as an operator would (node, reason) → what happened."""
 
@@ -85,11 +88,11 @@ class LostNodeWatch:
         state: state_mod.LadderState,
         ledger: ledger_mod.Ledger,
         decider: Decide,
-        read_sightings: Callable[[], Awaitable[list[repo.NodeSighting]]],
+        read_sightings: ReadSightings,
         release: Release,
         read_labels: Callable[[Sequence[str]], Awaitable[dict[str, dict[str, str]]]],
     ) -> None:
-        """Share the ladder's state, ledger and decider; read_sightings and read_labels: async `Store` reads."""
+        """Share the ladder's state, ledger and decider; read_sightings (`Store.silent_nodes`), read_labels: reads."""
         self._state = state
         self._ledger = ledger
         self._decider = decider
@@ -134,14 +137,16 @@ class LostNodeWatch:
         """Read, judge, hand each node named lost to the ladder; returns the nodes named."""
         if self._watch is None:
             raise RuntimeError("LostNodeWatch.check_once before start()")
-        rows = await self._read()
         now_s = self._state.now_s()
+        seen_since_ns = int(lost_nodes.horizon_s(self._watch, self.policy) * 1e9)
+        silent_before_ns = int((now_s - self.policy.lost_after_s) * 1e9)
+        rows, nodes_seen = await self._read(seen_since_ns, silent_before_ns, tuple(self._watch.reported))
         sightings = [
             lost_nodes.Sighting(row.node_id, row.last_seen_unix_ns / 1e9, self._in_service(row)) for row in rows
         ]
-        judgement = lost_nodes.judge(self._watch, sightings, now_s=now_s, pol=self.policy)
+        judgement = lost_nodes.judge(self._watch, sightings, now_s=now_s, pol=self.policy, nodes_seen=nodes_seen)
         self._watch = judgement.state
-        self._export(judgement, len(sightings))
+        self._export(judgement, nodes_seen)
         handed: set[str] = set()
         try:
             labels = await self._read_labels([lost.node_id for lost in judgement.lost]) if judgement.lost else {}

@@ -25,7 +25,7 @@ import asyncio
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -243,11 +243,17 @@ class RemediationService:
             nodes_replayed=replayed,
         )
 
-    async def _read_sightings(self) -> list[repo.NodeSighting]:
-        """The nodes' last-seen times for the lost-node watch: beside the store thread where the store allows."""
+    async def _read_sightings(
+        self, seen_since_ns: int, silent_before_ns: int, also: Collection[str]
+    ) -> tuple[list[repo.NodeSighting], int]:
+        """`Store.silent_nodes` for the lost-node watch: beside the store thread where the store allows."""
+        read = functools.partial(
+            self._node_store.silent_nodes,
+            seen_since_unix_ns=seen_since_ns, silent_before_unix_ns=silent_before_ns, also=also,
+        )  # fmt: skip
         if self._node_store.reads_beside_writer:
-            return await asyncio.to_thread(self._node_store.node_sightings)
-        return await self.ledger.run(self._node_store.node_sightings)
+            return await asyncio.to_thread(read)
+        return await self.ledger.run(read)
 
     async def _read_labels(self, node_ids: Sequence[str]) -> dict[str, dict[str, str]]:
         """Stored labels of the nodes named lost (their topology for the disruption budget)."""

@@ -88,9 +88,21 @@ class Judgement:
     """Named before and heard from since, but back once already within ``relapse_window_s``: left to a person."""
 
 
-def judge(state: WatchState, sightings: Iterable[Sighting], *, now_s: float, pol: policy.LostNodePolicy) -> Judgement:
-    """The nodes lost at now_s (see the module docstring); state carries the nodes named before."""
-    horizon_s = state.started_s - pol.lost_after_s
+def judge(
+    state: WatchState,
+    sightings: Iterable[Sighting],
+    *,
+    now_s: float,
+    pol: policy.LostNodePolicy,
+    nodes_seen: int | None = None,
+) -> Judgement:
+    """The nodes lost at now_s (see the module docstring); state carries the nodes named before.
+
+    sightings: every node, or (with nodes_seen) only those silent for ``lost_after_s`` and those named
+    before, with nodes_seen the count of nodes heard from since ``lost_after_s`` before the watch started
+    (the storm's base); the shell reads it that way so that a check costs a few rows, not the fleet's.
+    """
+    horizon = horizon_s(state, pol)
     reported: dict[str, float] = {}
     returned = {node: at for node, at in state.returned.items() if now_s - at < pol.relapse_window_s}
     back: list[str] = []
@@ -103,7 +115,7 @@ def judge(state: WatchState, sightings: Iterable[Sighting], *, now_s: float, pol
             (relapsed if sighting.node_id in returned else back).append(sighting.node_id)
             returned[sighting.node_id] = now_s
             named_at = None
-        if sighting.last_seen_s < horizon_s:
+        if sighting.last_seen_s < horizon:
             continue  # silent since before this term could have seen it alive: not this watch's to judge
         seen_this_term += 1
         silent_s = now_s - max(sighting.last_seen_s, state.started_s)
@@ -114,7 +126,7 @@ def judge(state: WatchState, sightings: Iterable[Sighting], *, now_s: float, pol
             reported[sighting.node_id] = named_at
         elif sighting.judged:
             candidates.append(LostNode(sighting.node_id, sighting.last_seen_s, silent_s))
-    storm = len(candidates) > storm_limit(seen_this_term, pol)
+    storm = len(candidates) > storm_limit(seen_this_term if nodes_seen is None else nodes_seen, pol)
     if storm:
         candidates = []
     reported.update((lost.node_id, lost.last_seen_s) for lost in candidates)
@@ -126,6 +138,11 @@ def judge(state: WatchState, sightings: Iterable[Sighting], *, now_s: float, pol
         release=tuple(back),
         relapsed=tuple(relapsed),
     )
+
+
+def horizon_s(state: WatchState, pol: policy.LostNodePolicy) -> float:
+    """Nodes last heard from before this are not this term's to judge."""
+    return state.started_s - pol.lost_after_s
 
 
 def storm_limit(nodes_seen: int, pol: policy.LostNodePolicy) -> int:
