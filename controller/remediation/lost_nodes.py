@@ -217,16 +217,11 @@ class LostNodeWatch:
         self._storm = judgement.storm
 
     def _event(self, lost: lost_nodes.LostNode, now_s: float) -> repo.StoredEvent:
-        now_ns = int(now_s * 1e9)
-        return repo.StoredEvent(
-            node_id=lost.node_id,
-            seq=0,
-            observed_unix_ns=now_ns,
-            received_unix_ns=now_ns,
-            kind=int(health.EventKind.NODE_LOST),
-            severity=int(health.Severity.FATAL),
-            gpu_uuid="",
-            xid=None,
+        return repo.controller_event(
+            lost.node_id,
+            int(health.EventKind.NODE_LOST),
+            int(health.Severity.FATAL),
+            now_unix_ns=int(now_s * 1e9),
             message=f"no replica has heard from its agent for {lost.silent_s:.0f} s "
             f"(lost after {self.policy.lost_after_s:.0f} s)",
             source=SOURCE,

@@ -238,17 +238,14 @@ class OperatorCommands:
         """An SDC accusation (operator or training job): it enters the ladder like any health event."""
         state = self._state
         now_ns = state.clock()
-        event = repo.StoredEvent(
-            node_id=node_id,
-            seq=0,
-            observed_unix_ns=now_ns,
-            received_unix_ns=now_ns,
-            kind=int(health.EventKind.SDC_SUSPECT),
-            severity=int(health.Severity.ERROR),
-            gpu_uuid=gpu_uuid,
-            xid=None,
+        event = repo.controller_event(
+            node_id,
+            int(health.EventKind.SDC_SUSPECT),
+            int(health.Severity.ERROR),
+            now_unix_ns=now_ns,
             message=reason,
             source="accusation",
+            gpu_uuid=gpu_uuid,
             attributes={"accuser": accuser},
         )
         watched = sdc.watched_until(dict(state.state_of(node_id).sdc_watch), gpu_uuid, now_s=now_ns / 1e9)

@@ -109,17 +109,14 @@ class StragglerActions:
             floors.set_floor(effect.gpu_uuid, effect.node_id, effect.to_w, effect.reason)
         if effect.kind not in _LADDER_RUNGS:
             return
-        event = repo.StoredEvent(
-            node_id=effect.node_id,
-            seq=0,
-            observed_unix_ns=now_ns,
-            received_unix_ns=now_ns,
-            kind=int(health.EventKind.STRAGGLER),
-            severity=int(health.Severity.ERROR),
-            gpu_uuid=effect.gpu_uuid,
-            xid=None,
+        event = repo.controller_event(
+            effect.node_id,
+            int(health.EventKind.STRAGGLER),
+            int(health.Severity.ERROR),
+            now_unix_ns=now_ns,
             message=effect.reason,
             source="straggler",
+            gpu_uuid=effect.gpu_uuid,
             attributes={"rung": effect.kind},
         )
         await self._decider.on_events(effect.node_id, [event], self._state.streams.node_labels.get(effect.node_id, {}))

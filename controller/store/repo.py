@@ -91,6 +91,36 @@ class StoredEvent:
     current epoch)."""
 
 
+def controller_event(
+    node_id: str,
+    kind: int,
+    severity: int,
+    *,
+    now_unix_ns: int,
+    message: str,
+    source: str,
+    gpu_uuid: str = "",
+    attributes: Mapping[str, str] | None = None,
+) -> StoredEvent:
+    """An event the controller itself raises (an accusation, a straggler's rung, a lost node) for the ladder.
+
+    Seq 0: it is no agent's spool entry, so it is decided, never acked or stored as one.
+    """
+    return StoredEvent(
+        node_id=node_id,
+        seq=0,
+        observed_unix_ns=now_unix_ns,
+        received_unix_ns=now_unix_ns,
+        kind=kind,
+        severity=severity,
+        gpu_uuid=gpu_uuid,
+        xid=None,
+        message=message,
+        source=source,
+        attributes=dict(attributes or {}),
+    )
+
+
 class SpoolEpochChanged(Exception):
     """A batch of events counts its seqs in a spool epoch the node has left: a newer Hello started another.
 

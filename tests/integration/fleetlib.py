@@ -156,9 +156,9 @@ async def two_replicas_a_node_on_the_follower(db_url: str, tmp_path: pathlib.Pat
     Yields once node-r has a session on the follower and the follower knows the leader's address;
     the agent and both replicas stop on the way out.
     """
-    first = _replica(db_url, "a")
+    first = replica(db_url, "a")
     await first.start()
-    second = _replica(db_url, "b")
+    second = replica(db_url, "b")
     await second.start()
     backend = simulated.SimulatedBackend("node-r", 2, 0, workload=simulated.StepWorkload())
     agent = runtime.Agent(
@@ -183,12 +183,14 @@ async def two_replicas_a_node_on_the_follower(db_url: str, tmp_path: pathlib.Pat
         await first.stop()
 
 
-def _replica(db_url: str, name: str) -> server.Controller:
+def replica(db_url: str, name: str, **overrides: Any) -> server.Controller:
+    """A replica on db_url (replica id ctl-<name>, a 3 s lease, a fast relay); overrides: other settings."""
     return server.Controller(
         server.ControllerSettings(
             listen="127.0.0.1:0",
             db_url=db_url,
             metrics_port=None,
             leader=leader.LeaderSettings(replica_id=f"ctl-{name}", lease_s=3.0, renew_s=0.5, relay_poll_s=0.05),
+            **overrides,
         )
     )

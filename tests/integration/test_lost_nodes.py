@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import fleetlib
 import pytest
 
 from rasd.agent import node_ops, runtime, spool
@@ -19,7 +20,6 @@ from rasd.agent.gpu import simulated
 from rasd.controller import server
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.ingest import service as ingest_mod
-from rasd.controller.replication import leader
 
 LOST_AFTER_S = 2.0
 LINK = {"telemetry_send_interval_ms": 200, "heartbeat_interval_ms": 500, "reconnect_max_s": 0.3}
@@ -29,16 +29,8 @@ def _replica(db_url: str, name: str) -> server.Controller:
     policy = policy_mod.RemediationPolicy(
         lost_nodes=policy_mod.LostNodePolicy(lost_after_s=LOST_AFTER_S, check_interval_s=0.2)
     )
-    return server.Controller(
-        server.ControllerSettings(
-            listen="127.0.0.1:0",
-            db_url=db_url,
-            metrics_port=None,
-            leader=leader.LeaderSettings(replica_id=f"ctl-{name}", lease_s=3.0, renew_s=0.5, relay_poll_s=0.05),
-            ingest=dataclasses.replace(ingest_mod.IngestSettings(), flush_interval_s=0.2),
-            remediation_policy=policy,
-        )
-    )
+    ingest = dataclasses.replace(ingest_mod.IngestSettings(), flush_interval_s=0.2)
+    return fleetlib.replica(db_url, name, ingest=ingest, remediation_policy=policy)
 
 
 def _agent(node_id: str, address: str, tmp_path) -> runtime.Agent:
