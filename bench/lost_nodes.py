@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 
 import replicas as replicas_bench
 import results
@@ -241,12 +239,6 @@ def _section(cost: Cost, nodes: int, e2e: list[tuple[str, float]], held: list[st
     return "\n".join(lines) + "\n", cost_ok and e2e_ok
 
 
-@contextlib.contextmanager
-def _schema(url: str) -> Iterator[str]:
-    with replicas_bench.schema(url) as fresh:
-        yield fresh
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run both parts; print the section and write it to bench/RESULTS.md unless --no-write."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -258,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     if not url:
         print(f"set {replicas_bench.POSTGRES_URL_ENV} to a PostgreSQL URL (.ci/postgres.sh makes one)", file=sys.stderr)
         return 2
-    with _schema(url) as fresh:
+    with replicas_bench.schema(url) as fresh:
         cost = _cost(fresh, args.nodes)
-    with _schema(url) as fresh:
+    with replicas_bench.schema(url) as fresh:
         e2e, held = _end_to_end(fresh, args.trials)
     command = f"{replicas_bench.POSTGRES_URL_ENV}=... .venv/bin/python bench/lost_nodes.py"
     command += f" --nodes {args.nodes} --trials {args.trials}"
