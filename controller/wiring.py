@@ -61,6 +61,8 @@ class Ladder:
     node_sync: node_sync_mod.SyncNodes | None = None
     """The scheduler's periodic node read: topology for the budget, heartbeats (Kubernetes adapter's ``sync_nodes``)."""
     node_sync_s: float = 60.0
+    lost_node_checks: bool = True
+    """False: the lost-node watch judges nothing itself (a replay feeds the recorded verdicts on its clock)."""
 
 
 DEFAULT_LADDER = Ladder()
@@ -127,6 +129,7 @@ def _ladder(
         writer=ladder.writer,
         node_sync=ladder.node_sync,
         node_sync_s=ladder.node_sync_s,
+        lost_node_checks=ladder.lost_node_checks,
     )
 
 

@@ -11,7 +11,10 @@ How inputs are fed, in recorded order:
 
 - Hello, telemetry, health events, heartbeats and stream ends go to the ingest of the fresh
   controller exactly as the stream servicer hands them over (events are stored, acked and decided);
-- SDC accusations go to ``RemediationService.accuse``;
+- SDC accusations go to ``RemediationService.accuse``, and the lost-node watch's verdicts (NODE_LOST) to
+  ``LostNodeWatch.take_recorded``: the replay does not judge silence itself (the live watch reads
+  last-seen times the replicas write in real time), so a changed ``[remediation.lost_nodes]`` table
+  changes nothing here;
 - the ladder's periodic ``tick`` (timeouts, watch windows) runs every ``tick_interval_s`` of
   recorded time, as the live ticker does every 2 s;
 - recorded action results are **not** fed as they stand: a result belongs to a command, and the
@@ -40,7 +43,8 @@ the replay answers "what would the controller have decided on this history", not
 have happened".
 
 Not recorded, so not replayed: operator actions other than SDC accusations (``rasctl release``,
-``quarantine``, ``automation pause/resume``, ``validate``) and power commands. Where an operator
+``quarantine``, ``automation pause/resume``, ``validate``), the lost-node watch's releases of nodes
+that came back (it asks as an operator does) and power commands. Where an operator
 acted during the recording, the replay diverges from that point on that node (or fleet-wide for a
 pause), and the diff shows it.
 
@@ -291,6 +295,9 @@ class _Decisions:
     def accusation(self, node_id: str, gpu_uuid: str, *, reason: str, accuser: str, at_unix_ns: int) -> None:
         """Accusations are inputs here, not decisions."""
 
+    def node_lost(self, node_id: str, *, message: str, last_seen_unix_ns: int, at_unix_ns: int) -> None:
+        """Lost-node verdicts are inputs here, not decisions."""
+
 
 class _Replayer:
     """A fresh controller's ingest and ladder on a scratch store, fed a recording on its recorded clock."""
@@ -305,8 +312,11 @@ class _Replayer:
         self.store = repo.Store.open(f"sqlite:///{work_dir / 'replay.db'}")
         # Wired as rasd-controller wires one replica: events stored with their decision. No executors:
         # controller-side actions count as succeeded. The live ticker sleeps in real time; the
-        # replay calls tick() itself on recorded time.
-        ladder = wiring.Ladder(policy=policy, recorder=_Decisions(self.run), tick_interval_s=1e9)
+        # replay calls tick() itself on recorded time. The lost-node watch judges no silence here
+        # (its checks run on real time); the recorded verdicts are fed instead.
+        ladder = wiring.Ladder(
+            policy=policy, recorder=_Decisions(self.run), tick_interval_s=1e9, lost_node_checks=False
+        )
         self.wired = wiring.single_replica(
             self.store, metrics.ControllerMetrics(CollectorRegistry()), ladder=ladder, clock=self.clock
         )
@@ -441,6 +451,14 @@ async def _feed(
         run.inputs["accusation"] = run.inputs.get("accusation", 0) + 1
         await service.accuse(
             entry.node_id, entry.accusation.gpu_uuid, reason=entry.accusation.reason, accuser=entry.accusation.accuser
+        )
+        return
+    if which == "node_lost":
+        run.inputs["node_lost"] = run.inputs.get("node_lost", 0) + 1
+        lost = entry.node_lost
+        labels = ingest.node_labels.get(entry.node_id, {})
+        await service.lost_nodes.take_recorded(
+            entry.node_id, lost.message, lost.last_seen_unix_ns, entry.at_unix_ns, labels
         )
         return
     if which == "closed":

@@ -13,7 +13,8 @@ What is recorded, each with the controller clock at that moment and the stream i
   went out and how long its result took);
 - every action the repair ladder put in its outbox (``RecordedDecision``): the recorded run's
   decisions, the baseline a replay is compared against;
-- SDC accusations made through the admin API (they enter the ladder like health events).
+- SDC accusations made through the admin API (they enter the ladder like health events);
+- the lost-node watch's verdicts (a node no replica has heard from: its NODE_LOST event).
 
 File format, version 1::
 
@@ -25,7 +26,7 @@ File format, version 1::
     then, until end of file, repeated:
                varint    n = length of the entry message
                n bytes   rasd.api.v1.RecordedEntry (at_unix_ns, node_id, session_id, one of
-                         inbound | outbound_command | closed | decision | accusation)
+                         inbound | outbound_command | closed | decision | accusation | node_lost)
 
 The varint is protobuf's base-128 varint (7 bits per byte, low group first, high bit = more),
 so the file is a stream of length-delimited protobuf messages (what protobuf's
@@ -198,6 +199,16 @@ class Recorder:
             recording_pb.RecordedEntry(
                 node_id=node_id,
                 accusation=recording_pb.RecordedAccusation(gpu_uuid=gpu_uuid, reason=reason, accuser=accuser),
+            ),
+            at_unix_ns=at_unix_ns,
+        )
+
+    def node_lost(self, node_id: str, *, message: str, last_seen_unix_ns: int, at_unix_ns: int) -> None:
+        """The lost-node watch's NODE_LOST event entered the ladder."""
+        self._entry(
+            recording_pb.RecordedEntry(
+                node_id=node_id,
+                node_lost=recording_pb.RecordedNodeLost(message=message, last_seen_unix_ns=last_seen_unix_ns),
             ),
             at_unix_ns=at_unix_ns,
         )

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 import structlog
@@ -42,6 +42,7 @@ from rasd.controller.core.remediation import escalation, lost_nodes
 from rasd.controller.core.remediation import events as health
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.remediation import ledger as ledger_mod
+from rasd.controller.remediation import outlet as outlet_mod
 from rasd.controller.remediation import state as state_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
@@ -91,6 +92,9 @@ class LostNodeWatch:
         read_sightings: ReadSightings,
         release: Release,
         read_labels: Callable[[Sequence[str]], Awaitable[dict[str, dict[str, str]]]],
+        *,
+        recorder: outlet_mod.DecisionRecorder | None = None,
+        loop_checks: bool = True,
     ) -> None:
         """Share the ladder's state, ledger and decider; read_sightings (`Store.silent_nodes`), read_labels: reads."""
         self._state = state
@@ -99,6 +103,9 @@ class LostNodeWatch:
         self._read = read_sightings
         self._release = release
         self._read_labels = read_labels
+        self._recorder = recorder or outlet_mod.NoRecorder()
+        self._loop_checks = loop_checks
+        """False where the checks are driven from outside (a replay feeds the recorded verdicts instead)."""
         self._watch: lost_nodes.WatchState | None = None
         self._task: asyncio.Task[None] | None = None
         self._storm = False
@@ -114,7 +121,7 @@ class LostNodeWatch:
         """Start this term's watch: silence counts from now at the earliest."""
         self._watch = lost_nodes.WatchState(started_s=self._state.now_s())
         self._storm = False
-        if self.policy.enabled:
+        if self.policy.enabled and self._loop_checks:
             self._task = asyncio.get_running_loop().create_task(self._forever(), name="rasd-lost-nodes")
 
     async def stop(self) -> None:
@@ -174,14 +181,29 @@ class LostNodeWatch:
         return tuple(lost.node_id for lost in judgement.lost)
 
     async def _hand_over(self, lost: lost_nodes.LostNode, now_s: float, labels: dict[str, str]) -> None:
-        """The audit row, then the NODE_LOST event to the ladder."""
-        event = self._event(lost, now_s)
+        """The audit row, the recording's entry, then the NODE_LOST event to the ladder."""
         log.warning("node_lost", node=lost.node_id, silent_s=round(lost.silent_s, 1))
-        row = ledger_mod.audit_record(
-            event.received_unix_ns, ACTOR, "node_lost", lost.node_id, "", event.message, "handed to the ladder"
+        await self.take_recorded(
+            lost.node_id, self._message(lost), int(lost.last_seen_s * 1e9), int(now_s * 1e9), labels
         )
-        await self._ledger.commit(rstore.Commit(now_unix_ns=event.received_unix_ns, audit=[row]))
-        await self._decider.on_events(lost.node_id, [event], labels)
+
+    async def take_recorded(
+        self, node_id: str, message: str, last_seen_unix_ns: int, at_unix_ns: int, labels: Mapping[str, str]
+    ) -> None:
+        """Hand a NODE_LOST verdict to the ladder (audited, recorded): this watch's, or a recording's in a replay."""
+        event = repo.controller_event(
+            node_id,
+            int(health.EventKind.NODE_LOST),
+            int(health.Severity.FATAL),
+            now_unix_ns=at_unix_ns,
+            message=message,
+            source=SOURCE,
+            attributes={"last_seen_unix_ns": str(last_seen_unix_ns)},
+        )
+        row = ledger_mod.audit_record(at_unix_ns, ACTOR, "node_lost", node_id, "", message, "handed to the ladder")
+        await self._ledger.commit(rstore.Commit(now_unix_ns=at_unix_ns, audit=[row]))
+        self._recorder.node_lost(node_id, message=message, last_seen_unix_ns=last_seen_unix_ns, at_unix_ns=at_unix_ns)
+        await self._decider.on_events(node_id, [event], dict(labels))
 
     async def _returned(self, node_id: str) -> None:
         """A lost node streams again: validated and released, while the ladder holds it for that loss alone."""
@@ -216,14 +238,6 @@ class LostNodeWatch:
             )
         self._storm = judgement.storm
 
-    def _event(self, lost: lost_nodes.LostNode, now_s: float) -> repo.StoredEvent:
-        return repo.controller_event(
-            lost.node_id,
-            int(health.EventKind.NODE_LOST),
-            int(health.Severity.FATAL),
-            now_unix_ns=int(now_s * 1e9),
-            message=f"no replica has heard from its agent for {lost.silent_s:.0f} s "
-            f"(lost after {self.policy.lost_after_s:.0f} s)",
-            source=SOURCE,
-            attributes={"last_seen_unix_ns": str(int(lost.last_seen_s * 1e9))},
-        )
+    def _message(self, lost: lost_nodes.LostNode) -> str:
+        after_s = self.policy.lost_after_s
+        return f"no replica has heard from its agent for {lost.silent_s:.0f} s (lost after {after_s:.0f} s)"

@@ -45,7 +45,7 @@ class CommandOutlet(Protocol):
 
 
 class DecisionRecorder(Protocol):
-    """Hears of the ladder's decisions and SDC accusations (the controller's recording)."""
+    """Hears of the ladder's decisions, SDC accusations and lost nodes (the controller's recording)."""
 
     def decisions(self, decided: Sequence[actions.Action], at_unix_ns: int) -> None:
         """Actions a commit newly put in the outbox, decided at controller time at_unix_ns."""
@@ -53,6 +53,10 @@ class DecisionRecorder(Protocol):
 
     def accusation(self, node_id: str, gpu_uuid: str, *, reason: str, accuser: str, at_unix_ns: int) -> None:
         """An SDC accusation entered the ladder."""
+        ...
+
+    def node_lost(self, node_id: str, *, message: str, last_seen_unix_ns: int, at_unix_ns: int) -> None:
+        """The lost-node watch's NODE_LOST event entered the ladder."""
         ...
 
 
@@ -63,6 +67,9 @@ class NoRecorder:
         """Nothing to record."""
 
     def accusation(self, node_id: str, gpu_uuid: str, *, reason: str, accuser: str, at_unix_ns: int) -> None:
+        """Nothing to record."""
+
+    def node_lost(self, node_id: str, *, message: str, last_seen_unix_ns: int, at_unix_ns: int) -> None:
         """Nothing to record."""
 
 

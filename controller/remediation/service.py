@@ -88,6 +88,7 @@ class RemediationService:
         writer: store_writer.CommitProcess | None = None,
         node_sync: node_sync_mod.SyncNodes | None = None,
         node_sync_s: float = 60.0,
+        lost_node_checks: bool = True,
     ) -> None:
         """Wire the parts; call `start()` inside the event loop (again at each leader term).
 
@@ -98,7 +99,7 @@ class RemediationService:
             controller_metrics: where decisions, commits and gauges are counted.
             event_log: stores event batches apart (`events`, when they cannot go with their decision).
             outlet: where dispatched agent commands go (default: `outlet.LocalStreams`, this replica's streams).
-            recorder: hears of every decision and accusation (default: none).
+            recorder: hears of every decision, accusation and lost node (default: none).
             policy: the ladder's policy.
             executors: controller-side adapters by action kind (none: every such action is its record).
             clock: the controller's clock, unix ns.
@@ -108,6 +109,7 @@ class RemediationService:
             writer: a commit writer process (`use_writer`); None: commits run on the store thread.
             node_sync: the scheduler's node read (topology, heartbeats: `node_sync`); None: none.
             node_sync_s: its period.
+            lost_node_checks: False: the lost-node watch runs no checks of its own (a replay feeds verdicts).
         """
         policy = policy or policy_mod.RemediationPolicy()
         self.state = state_mod.LadderState(
@@ -141,13 +143,19 @@ class RemediationService:
             self.state, self.ledger, self.dispatcher, self.adapters, self.decider,
             node_store=store, outlet=self.outlet, recorder=recorder, sdc_records=self.sdc,
         )  # fmt: skip
-        self.lost_nodes = lost_nodes_mod.LostNodeWatch(
-            self.state, self.ledger, self.decider, self._read_sightings, self._release_returned, self._read_labels
-        )
+        self._recorder, self._lost_node_checks = recorder, lost_node_checks
         self.deciding = consumer_mod.Deciding()
         """Decisions on events stored apart, running on their own (`events`)."""
         if writer is not None:
             self.use_writer(writer)
+
+    @functools.cached_property
+    def lost_nodes(self) -> lost_nodes_mod.LostNodeWatch:
+        """The lost-node watch: silent in-service nodes to the ladder, returned ones validated and released."""
+        return lost_nodes_mod.LostNodeWatch(
+            self.state, self.ledger, self.decider, self._read_sightings, self._release_returned, self._read_labels,
+            recorder=self._recorder, loop_checks=self._lost_node_checks,
+        )  # fmt: skip
 
     @functools.cached_property
     def stragglers(self) -> stragglers_mod.StragglerActions:

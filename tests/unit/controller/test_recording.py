@@ -33,6 +33,9 @@ def _write_sample(path: pathlib.Path, policy: policy_mod.RemediationPolicy | Non
         [actions.ResetGpu(ticket_id="t1", step=1, node_id="node-1", gpu_uuid="GPU-1", reason="xid 48")], 42
     )
     recorder.accusation("node-1", "GPU-2", reason="loss spike", accuser="job", at_unix_ns=43)
+    recorder.node_lost(
+        "node-2", message="no replica has heard from its agent for 61 s", last_seen_unix_ns=1, at_unix_ns=44
+    )
     recorder.closed("s1", "node-1")
     recorder.close()
 
@@ -48,7 +51,7 @@ def test_a_recording_reads_back_entry_for_entry(tmp_path):
     assert rec.header.format_version == 1 and rec.header.recorder == "rasd-controller"
     assert rec.policy == policy  # the header's policy goes through the same loader as controller.toml
     assert [e.WhichOneof("entry") for e in rec.entries] == [
-        "inbound", "inbound", "outbound_command", "decision", "accusation", "closed",
+        "inbound", "inbound", "outbound_command", "decision", "accusation", "node_lost", "closed",
     ]  # fmt: skip
     assert rec.entries[1].inbound.events.events[0].message == "x" * 300
     assert rec.entries[1].session_id == "s1" and rec.entries[1].node_id == "node-1"
@@ -56,6 +59,8 @@ def test_a_recording_reads_back_entry_for_entry(tmp_path):
     assert decision.kind == "reset_gpu" and decision.step == 1 and rec.entries[3].at_unix_ns == 42
     assert decision.command_id == actions.command_id_for("t1", 1, "reset_gpu")
     assert rec.entries[4].accusation.accuser == "job" and rec.entries[4].at_unix_ns == 43
+    lost = rec.entries[5]
+    assert (lost.node_id, lost.node_lost.last_seen_unix_ns, lost.at_unix_ns) == ("node-2", 1, 44)
     assert rec.entries[0].at_unix_ns < rec.entries[1].at_unix_ns  # arrival times from the controller clock
     assert rec.truncated_at is None
 
@@ -66,7 +71,7 @@ def test_a_file_cut_mid_entry_keeps_every_whole_entry(tmp_path):
     whole = path.read_bytes()
     path.write_bytes(whole[:-3])
     rec = recording.read(path)
-    assert len(rec.entries) == 5 and rec.truncated_at is not None and rec.truncated_at < len(whole)
+    assert len(rec.entries) == 6 and rec.truncated_at is not None and rec.truncated_at < len(whole)
 
 
 @pytest.mark.parametrize(

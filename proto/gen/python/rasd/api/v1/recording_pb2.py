@@ -26,7 +26,7 @@ from rasd.api.v1 import agent_service_pb2 as rasd_dot_api_dot_v1_dot_agent__serv
 from rasd.api.v1 import commands_pb2 as rasd_dot_api_dot_v1_dot_commands__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brasd/api/v1/recording.proto\x12\x0brasd.api.v1\x1a\x1frasd/api/v1/agent_service.proto\x1a\x1arasd/api/v1/commands.proto\"\x91\x01\n\x0fRecordingHeader\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x1a\n\x12\x63ontroller_version\x18\x02 \x01(\t\x12\x17\n\x0fstarted_unix_ns\x18\x03 \x01(\x03\x12\x1f\n\x17remediation_policy_json\x18\x04 \x01(\t\x12\x10\n\x08recorder\x18\x05 \x01(\t\"\x8c\x01\n\x10RecordedDecision\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x11\n\tticket_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0b\x61\x63tion_json\x18\x07 \x01(\t\"G\n\x12RecordedAccusation\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x63\x63user\x18\x03 \x01(\t\"\x16\n\x14RecordedStreamClosed\"\xd0\x02\n\rRecordedEntry\x12\x12\n\nat_unix_ns\x18\x01 \x01(\x03\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12,\n\x07inbound\x18\x04 \x01(\x0b\x32\x19.rasd.api.v1.AgentMessageH\x00\x12\x30\n\x10outbound_command\x18\x05 \x01(\x0b\x32\x14.rasd.api.v1.CommandH\x00\x12\x33\n\x06\x63losed\x18\x06 \x01(\x0b\x32!.rasd.api.v1.RecordedStreamClosedH\x00\x12\x31\n\x08\x64\x65\x63ision\x18\x07 \x01(\x0b\x32\x1d.rasd.api.v1.RecordedDecisionH\x00\x12\x35\n\naccusation\x18\x08 \x01(\x0b\x32\x1f.rasd.api.v1.RecordedAccusationH\x00\x42\x07\n\x05\x65ntryb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brasd/api/v1/recording.proto\x12\x0brasd.api.v1\x1a\x1frasd/api/v1/agent_service.proto\x1a\x1arasd/api/v1/commands.proto\"\x91\x01\n\x0fRecordingHeader\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\r\x12\x1a\n\x12\x63ontroller_version\x18\x02 \x01(\t\x12\x17\n\x0fstarted_unix_ns\x18\x03 \x01(\x03\x12\x1f\n\x17remediation_policy_json\x18\x04 \x01(\t\x12\x10\n\x08recorder\x18\x05 \x01(\t\"\x8c\x01\n\x10RecordedDecision\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\x11\n\tticket_id\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\r\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x13\n\x0b\x61\x63tion_json\x18\x07 \x01(\t\"G\n\x12RecordedAccusation\x12\x10\n\x08gpu_uuid\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x63\x63user\x18\x03 \x01(\t\">\n\x10RecordedNodeLost\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x19\n\x11last_seen_unix_ns\x18\x02 \x01(\x03\"\x16\n\x14RecordedStreamClosed\"\x84\x03\n\rRecordedEntry\x12\x12\n\nat_unix_ns\x18\x01 \x01(\x03\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x12\n\nsession_id\x18\x03 \x01(\t\x12,\n\x07inbound\x18\x04 \x01(\x0b\x32\x19.rasd.api.v1.AgentMessageH\x00\x12\x30\n\x10outbound_command\x18\x05 \x01(\x0b\x32\x14.rasd.api.v1.CommandH\x00\x12\x33\n\x06\x63losed\x18\x06 \x01(\x0b\x32!.rasd.api.v1.RecordedStreamClosedH\x00\x12\x31\n\x08\x64\x65\x63ision\x18\x07 \x01(\x0b\x32\x1d.rasd.api.v1.RecordedDecisionH\x00\x12\x35\n\naccusation\x18\x08 \x01(\x0b\x32\x1f.rasd.api.v1.RecordedAccusationH\x00\x12\x32\n\tnode_lost\x18\t \x01(\x0b\x32\x1d.rasd.api.v1.RecordedNodeLostH\x00\x42\x07\n\x05\x65ntryb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,8 +39,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECORDEDDECISION']._serialized_end=394
   _globals['_RECORDEDACCUSATION']._serialized_start=396
   _globals['_RECORDEDACCUSATION']._serialized_end=467
-  _globals['_RECORDEDSTREAMCLOSED']._serialized_start=469
-  _globals['_RECORDEDSTREAMCLOSED']._serialized_end=491
-  _globals['_RECORDEDENTRY']._serialized_start=494
-  _globals['_RECORDEDENTRY']._serialized_end=830
+  _globals['_RECORDEDNODELOST']._serialized_start=469
+  _globals['_RECORDEDNODELOST']._serialized_end=531
+  _globals['_RECORDEDSTREAMCLOSED']._serialized_start=533
+  _globals['_RECORDEDSTREAMCLOSED']._serialized_end=555
+  _globals['_RECORDEDENTRY']._serialized_start=558
+  _globals['_RECORDEDENTRY']._serialized_end=946
 # @@protoc_insertion_point(module_scope)

@@ -49,12 +49,20 @@ class RecordedAccusation(_message.Message):
     accuser: str
     def __init__(self, gpu_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., accuser: _Optional[str] = ...) -> None: ...
 
+class RecordedNodeLost(_message.Message):
+    __slots__ = ("message", "last_seen_unix_ns")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    last_seen_unix_ns: int
+    def __init__(self, message: _Optional[str] = ..., last_seen_unix_ns: _Optional[int] = ...) -> None: ...
+
 class RecordedStreamClosed(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class RecordedEntry(_message.Message):
-    __slots__ = ("at_unix_ns", "node_id", "session_id", "inbound", "outbound_command", "closed", "decision", "accusation")
+    __slots__ = ("at_unix_ns", "node_id", "session_id", "inbound", "outbound_command", "closed", "decision", "accusation", "node_lost")
     AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +71,7 @@ class RecordedEntry(_message.Message):
     CLOSED_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ACCUSATION_FIELD_NUMBER: _ClassVar[int]
+    NODE_LOST_FIELD_NUMBER: _ClassVar[int]
     at_unix_ns: int
     node_id: str
     session_id: str
@@ -71,4 +80,5 @@ class RecordedEntry(_message.Message):
     closed: RecordedStreamClosed
     decision: RecordedDecision
     accusation: RecordedAccusation
-    def __init__(self, at_unix_ns: _Optional[int] = ..., node_id: _Optional[str] = ..., session_id: _Optional[str] = ..., inbound: _Optional[_Union[_agent_service_pb2.AgentMessage, _Mapping]] = ..., outbound_command: _Optional[_Union[_commands_pb2.Command, _Mapping]] = ..., closed: _Optional[_Union[RecordedStreamClosed, _Mapping]] = ..., decision: _Optional[_Union[RecordedDecision, _Mapping]] = ..., accusation: _Optional[_Union[RecordedAccusation, _Mapping]] = ...) -> None: ...
+    node_lost: RecordedNodeLost
+    def __init__(self, at_unix_ns: _Optional[int] = ..., node_id: _Optional[str] = ..., session_id: _Optional[str] = ..., inbound: _Optional[_Union[_agent_service_pb2.AgentMessage, _Mapping]] = ..., outbound_command: _Optional[_Union[_commands_pb2.Command, _Mapping]] = ..., closed: _Optional[_Union[RecordedStreamClosed, _Mapping]] = ..., decision: _Optional[_Union[RecordedDecision, _Mapping]] = ..., accusation: _Optional[_Union[RecordedAccusation, _Mapping]] = ..., node_lost: _Optional[_Union[RecordedNodeLost, _Mapping]] = ...) -> None: ...
