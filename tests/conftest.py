@@ -13,6 +13,7 @@ fuzzing summary (tests/fuzz): the inputs each run tried, added up from the tests
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import pathlib
@@ -222,3 +223,27 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
     terminalreporter.section("fuzzing: inputs tried")
     for name in sorted(_fuzz_counts):
         terminalreporter.write_line(f"{name}: {_fuzz_counts[name]:,}")
+
+
+@pytest.fixture(scope="session")
+def build_wheel() -> Callable[[pathlib.Path], pathlib.Path]:
+    """Build rasd's wheel into a folder and return it, one build at a time across the xdist workers.
+
+    setuptools builds in the repository's own build/ folder, and two builds at once there trip over
+    each other's files (a wheel test failed with "No such file or directory: build/bdist...").
+    """
+
+    def build(out_dir: pathlib.Path) -> pathlib.Path:
+        (REPO_ROOT / "build").mkdir(exist_ok=True)
+        with open(REPO_ROOT / "build" / ".wheel-build.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            built = subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                 str(out_dir), str(REPO_ROOT)],
+                capture_output=True, text=True, timeout=180, check=False,
+            )  # fmt: skip
+        assert built.returncode == 0, built.stderr
+        (wheel,) = out_dir.glob("rasd-*.whl")
+        return wheel
+
+    return build

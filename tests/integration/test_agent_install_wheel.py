@@ -32,14 +32,10 @@ def _run(argv, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def fresh_venv(tmp_path_factory) -> pathlib.Path:
+def fresh_venv(tmp_path_factory, build_wheel) -> pathlib.Path:
     """A new venv holding the freshly built wheel; returns its bin folder."""
     root = tmp_path_factory.mktemp("fresh")
-    built = _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "wheel", REPO]
-    )
-    assert built.returncode == 0, built.stderr
-    (wheel,) = (root / "wheel").glob("rasd-*.whl")
+    wheel = build_wheel(root / "wheel")
     venv = root / "venv"
     made = _run([sys.executable, "-m", "venv", "--without-pip", venv])
     assert made.returncode == 0, made.stderr

@@ -57,25 +57,8 @@ def test_runtime_floors_match_the_generator():
     assert any(dep.startswith(f"protobuf>={gencode},") for dep in project["dependencies"])
 
 
-def test_wheel_installs_only_the_rasd_namespace(tmp_path):
-    wheel_dir = tmp_path / "wheel"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(wheel_dir),
-            str(REPO),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = wheel_dir.glob("rasd-*.whl")
+def test_wheel_installs_only_the_rasd_namespace(tmp_path, build_wheel):
+    wheel = build_wheel(tmp_path / "wheel")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
