@@ -255,19 +255,22 @@ class RemediationService:
         self, seen_since_ns: int, silent_before_ns: int, also: Collection[str]
     ) -> tuple[list[repo.NodeSighting], int]:
         """`Store.silent_nodes` for the lost-node watch: beside the store thread where the store allows."""
-        read = functools.partial(
-            self._node_store.silent_nodes,
-            seen_since_unix_ns=seen_since_ns, silent_before_unix_ns=silent_before_ns, also=also,
+        return await self._read_beside(
+            functools.partial(
+                self._node_store.silent_nodes,
+                seen_since_unix_ns=seen_since_ns, silent_before_unix_ns=silent_before_ns, also=also,
+            )
         )  # fmt: skip
-        if self._node_store.reads_beside_writer:
-            return await asyncio.to_thread(read)
-        return await self.ledger.run(read)
 
     async def _read_labels(self, node_ids: Sequence[str]) -> dict[str, dict[str, str]]:
         """Stored labels of the nodes named lost (their topology for the disruption budget)."""
+        return await self._read_beside(functools.partial(self._node_store.node_labels, node_ids))
+
+    async def _read_beside(self, read: Callable[[], Any]) -> Any:
+        """A node-table read beside the store thread where the store allows it (else on it, in turn)."""
         if self._node_store.reads_beside_writer:
-            return await asyncio.to_thread(self._node_store.node_labels, node_ids)
-        return await self.ledger.run(self._node_store.node_labels, node_ids)
+            return await asyncio.to_thread(read)
+        return await self.ledger.run(read)
 
     async def _release_returned(self, node_id: str, reason: str) -> str:
         """A lost node back: `OperatorCommands.release` as the lost-node watch (validation first)."""

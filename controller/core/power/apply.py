@@ -312,17 +312,24 @@ STATE_FORMAT = 2
 """`ApplyState.to_mapping`'s layout: 2 packs the columns; documents without "format" hold a JSON object per GPU."""
 
 
+def _to_text(raw: bytes) -> str:
+    """Bytes as JSON-safe text: compressed (fast), base64."""
+    return base64.b64encode(zlib.compress(raw, 1)).decode("ascii")
+
+
+def _from_text(text: str) -> bytes:
+    """`_to_text` undone. Raises binascii.Error or zlib.error on damaged text."""
+    return zlib.decompress(base64.b64decode(text, validate=True))
+
+
 def _pack(values: np.ndarray) -> str:
     """A column as text: its little-endian bytes (NaN and infinities as they are), compressed, base64."""
-    raw = np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).tobytes()
-    return base64.b64encode(zlib.compress(raw, 1)).decode("ascii")
+    return _to_text(np.ascontiguousarray(values, dtype=values.dtype.newbyteorder("<")).tobytes())
 
 
 def _unpack(text: str, name: str, dtype: type, count: int) -> np.ndarray:
     try:
-        values = np.frombuffer(
-            zlib.decompress(base64.b64decode(text, validate=True)), dtype=np.dtype(dtype).newbyteorder("<")
-        )
+        values = np.frombuffer(_from_text(text), dtype=np.dtype(dtype).newbyteorder("<"))
     except (binascii.Error, zlib.error, ValueError, TypeError) as exc:
         raise ValueError(f"apply state column {name}: not a packed column ({exc})") from None
     if len(values) != count:
@@ -337,12 +344,12 @@ def _packed_inventory(gpus: Sequence[GpuLimits]) -> str:
         "min_w": [g.min_w for g in gpus],
         "max_w": [g.max_w for g in gpus],
     }
-    return base64.b64encode(zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)).decode("ascii")
+    return _to_text(json.dumps(doc, separators=(",", ":")).encode())
 
 
 def _unpacked_inventory(text: str) -> tuple[GpuLimits, ...]:
     try:
-        doc = json.loads(zlib.decompress(base64.b64decode(text, validate=True)))
+        doc = json.loads(_from_text(text))
         rows = zip(doc["gpu_uuid"], doc["node_id"], doc["min_w"], doc["max_w"], strict=True)
         return tuple(GpuLimits(str(uuid), str(node), int(lo), int(hi)) for uuid, node, lo, hi in rows)
     except (binascii.Error, zlib.error, KeyError, TypeError, ValueError) as exc:
