@@ -861,8 +861,8 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
             "when an incident opens or expires, and each changed incident's row), budget document "
             f"{r.doc_bytes.get('budget', 0):,} bytes (written only when it changed); "
             f"decision p50/p99 ms by command: {by_kind or 'none'} (a reset or reboot follows its quarantine: "
-            "with an adapter that waits on nothing both are dispatched in the decision's own commit; with one that "
-            "waits on another system, it leaves after the dispatch round's commit, once the adapter has returned)"
+            "both are dispatched in the decision's own commit; with an adapter that waits on another system, the "
+            "repair leaves once that adapter has returned)"
             + ("" if r.api_cpu_s is None else f"; the fake API server's CPU in the burst: {r.api_cpu_s:.1f} s")
             + (
                 ""

@@ -138,6 +138,8 @@ class Decider:
         """Decided passes in flight at once (`RemediationService.use_writer`): with commits in this process, 1."""
         self._gather_s = PIPELINE_GATHER_S.get(ledger.store.engine.dialect.name, max(PIPELINE_GATHER_S.values()))
         """`PIPELINE_GATHER_S` for this store's backend."""
+        self._withheld: dict[str, actions.Action] = {}
+        """Committed dispatched commands that a pass still committing cancels (`_head_committed`)."""
 
     @property
     def quiet(self) -> bool:
@@ -190,6 +192,7 @@ class Decider:
         are answered; a commit already handed to the store ends there, under this term's fence.
         """
         self._state.term_ended = True
+        self._withheld.clear()  # dispatched in the store: the next term sends what is still due
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -276,6 +279,7 @@ class Decider:
                 run.carried = None
                 continue
             if not inflight:
+                self._send_withheld()
                 return
             head = inflight[0]
             if not head.commit.done():
@@ -312,9 +316,20 @@ class Decider:
     ) -> passes.Pass | None:
         """The head pass committed: send its commands, answer its callers; returns a dispatch round to carry.
 
-        Its callers whose actions wait for admission are answered by that round.
+        Its callers whose actions wait for admission are answered by that round. What a pass still
+        committing cancels (decided on this one's state before it was durable: a reboot that supersedes
+        the reset this one dispatched) is withheld until that commit is done, and never leaves if it
+        is; sent now, the agent would run a repair its ladder had dropped. The other commands of
+        those tickets wait with them: a repair never leaves before its quarantine's adapter is called.
         """
-        self._dispatcher.send_dispatched(self._ledger.settle(head, fresh, inflight))
+        self._forget_withheld(head.change)
+        closing = {c for p in inflight for c in passes.cancelled_ids(p.change)}
+        sent = self._ledger.settle(head, fresh, inflight)
+        closing_tickets = {a.ticket_id for a in sent if a.command_id in closing}
+        for action in sent:
+            if action.ticket_id in closing_tickets:
+                self._withheld[action.command_id] = action
+        self._dispatcher.send_dispatched([a for a in sent if a.ticket_id not in closing_tickets])
         passes.answer(head.answers_dispatched())
         waiting = head.answers_waiting()
         if not (head.leaves_waiting and head.rounds < dispatch_mod.MAX_DISPATCH_ROUNDS and self._state.deferred):
@@ -322,7 +337,6 @@ class Decider:
             return None
         try:
             # Not what a pass still committing cancels: it waits only until that commit is done.
-            closing = {c for p in inflight for c in passes.cancelled_ids(p.change)}
             dispatch = await self._dispatcher.stage_dispatch(closing=closing)
         except Exception as exc:  # a bug: nothing of the round is committed; the next tick tries again
             log.exception("remediation_dispatch_failed")
@@ -333,6 +347,19 @@ class Decider:
             return dispatch
         passes.answer(waiting)
         return None
+
+    def _forget_withheld(self, change: rstore.Commit) -> None:
+        """The withheld commands a committed change finished: they never leave."""
+        for update in change.command_updates:
+            if update.command_id in self._withheld and update.status in rstore.FINAL_STATUSES:
+                del self._withheld[update.command_id]
+                self._dispatcher.drop_unsent(update.command_id, update.status)
+
+    def _send_withheld(self) -> None:
+        """No pass is in flight: what is still withheld was cancelled by a pass undone since, and leaves now."""
+        if self._withheld:
+            withheld, self._withheld = list(self._withheld.values()), {}
+            self._dispatcher.send_dispatched(withheld)
 
     def _submit(self, run: _Run, staged: passes.Pass) -> None:
         """Queue a staged pass's commit behind those in flight."""
@@ -347,6 +374,7 @@ class Decider:
         for undone in reversed(inflight):
             self._ledger.undo(undone)
         self._ledger.export_budget()
+        self._send_withheld()
         head = inflight[0]
         later_groups = [call for p in inflight[1:] for call in p.group]
         # The callers a dispatch round was to answer have their decisions durable; their actions

@@ -68,18 +68,17 @@ class Dispatcher:
         Most decisions are one agent command (restart, reset, reboot), or a quarantine and its
         repair. Admitting them before the decision commits, and recording them as dispatched in
         that commit, saves the dispatch round's transaction and its wait on every such decision.
-        The outbox rule is unchanged: no agent command is sent before the transaction that says it
-        was dispatched has committed. A controller-side action whose adapter waits on nothing
-        (record only, or no adapter: an RMA ticket, a notice) is carried out here, its record and
-        outcome in the same transaction: the record is the whole of what it does, so it is as
-        durable as the decision and no sooner. The ladder's follow-ups to those outcomes go into
-        the outbox pending, for the dispatch round.
+        The outbox rule is unchanged: no agent command is sent, and no adapter that waits on
+        another system (Kubernetes, Slurm, a BMC) is called, before the transaction that says it
+        was dispatched has committed (`Ledger.after_commit` returns both; the repair is held until
+        its quarantine's adapter has returned, `Sender.hold`). A controller-side action whose
+        adapter waits on nothing (record only, or no adapter: an RMA ticket, a notice) is carried
+        out here, its record and outcome in the same transaction: the record is the whole of what
+        it does, so it is as durable as the decision and no sooner. The ladder's follow-ups to
+        those outcomes go into the outbox pending, for the dispatch round.
 
         Taken only when it cannot change what is admitted or in which order:
-        - none of the node's actions has an adapter that waits on another system (Kubernetes,
-          Slurm, a BMC): such an adapter is called only on a durable decision, and its node's
-          repair is sent when it returns, so such a node goes the two-step way; nor waits for
-          admission;
+        - none of the node's actions waits for admission;
         - what waits for admission (on the waiting list, or left waiting by a pass ahead still
           committing, waiting_ahead) is admitted first by the dispatch round; so the actions are
           admitted now only if the budget admits everything waiting and them together, and at most
@@ -100,7 +99,8 @@ class Dispatcher:
             if action.kind not in AGENT_KINDS:
                 self.record_controller_side(action, change, source="automation")
                 self._sender.note_dispatched(action)
-                follow_up += self._carry_out_now(action, change, states)
+                if not self._adapters.leaves_after_commit(action):
+                    follow_up += self._carry_out_now(action, change, states)
         return admitted, follow_up
 
     def _admission_with_decision(
@@ -114,7 +114,7 @@ class Dispatcher:
         waiting = [a for a in (*state.deferred.values(), *waiting_ahead) if a.command_id not in cancelled]
         if len(waiting) > MAX_WAITING_CHECKED:
             return None
-        held = {a.node_id for a in waiting} | {a.node_id for a in new_actions if self._adapters.waits_on_adapter(a)}
+        held = {a.node_id for a in waiting}
         candidates = [a for a in new_actions if a.node_id not in held and a.command_id not in cancelled]
         if not candidates:
             return None
@@ -322,6 +322,10 @@ class Dispatcher:
         state.budget_stored = self._ledger.stage_commit(touched, follow_up, change, {})
         state.node_states.update(touched)
         return dispatch
+
+    def drop_unsent(self, command_id: str, status: str) -> None:
+        """A dispatched command finished before it left (`Decider` withheld it): stop tracking it."""
+        self._sender.forget(command_id, status)
 
     def send_dispatched(self, dispatched: Sequence[actions.Action]) -> None:
         """Start the adapters of dispatched controller-side actions, then send the agent commands.

@@ -336,8 +336,10 @@ class Ledger:
                 if action.command_id in fresh and action.command_id not in cancelled:
                     state.deferred[action.command_id] = action
             elif action.command_id in fresh:
-                if action.kind in state_mod.AGENT_KINDS:  # the controller-side ones were carried out with the decision
+                if action.kind in state_mod.AGENT_KINDS:
                     self._sender.note_dispatched(action)
+                    sent.append(action)
+                elif self._leaves_after_commit(action):  # its adapter waits on another system: called now
                     sent.append(action)
             else:
                 log.info("remediation_command_exists", node=action.node_id, command_id=action.command_id)

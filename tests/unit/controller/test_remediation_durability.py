@@ -26,12 +26,12 @@ from rasd.agent.gpu import simulated
 from rasd.controller import server
 from rasd.controller.store import remediation as rstore
 
-LADDER_COMMITS = {"inline": 5, "threaded": 8}
+LADDER_COMMITS = {"inline": 5, "threaded": 7}
 """Commits the happy path takes for one Xid 48 (checked by the test without a crash), by how the quarantine
-adapter runs: record only, with the decision (the quarantine and the reset are admitted, recorded and
-dispatched in the decision's own commit) and the release in its dispatch round; or as one that waits on a
-scheduler, in a thread after its dispatch round's commit, its outcome committed after it (three more
-commits: the decision's dispatch round, the quarantine's outcome, the release's)."""
+adapter runs. Either way the quarantine and the reset are admitted, recorded and dispatched in the
+decision's own commit. Record only: the quarantine is carried out in that commit and the release in its
+dispatch round. One that waits on a scheduler: called in a thread once the decision has committed, the
+reset held until it returns, and its outcome and the release's each committed after them (two more commits)."""
 RESTART_COMMITS = 2  # for one Xid 13: the decision with its dispatch, then the result
 
 

@@ -461,53 +461,100 @@ def test_a_tick_refreshes_the_quarantine_gauge_without_waiting_for_the_decision_
     asyncio.run(run())
 
 
-def test_a_command_a_dispatch_round_admits_and_the_pass_committed_with_it_cancels_is_never_sent(rig):
-    """A dispatch round shares its transaction with the next pass; if that pass supersedes what the round admitted,
-    the command ends cancelled in the same commit and must not be sent (the agent would run a repair the ladder
-    had dropped).
+async def _until(predicate, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.005)
 
-    The Xid 48's reset waits for its GPU's quarantine (two steps: the quarantine's adapter waits on a scheduler,
-    so it is called only once the decision is durable). While the Xid 48's decision commits, an Xid 79 on the same
-    GPU arrives: it is decided in the pass after the dispatch round that admits the reset, which it supersedes with
-    a reboot.
-    """
+
+def _only_reset(rig: _Rig) -> rstore.CommandRecord:
+    (reset,) = [c for c in rig.service.store.commands() if c.kind == "reset_gpu"]
+    return reset
+
+
+def test_a_repair_held_behind_its_quarantines_adapter_and_cancelled_meanwhile_is_never_sent(rig):
+    """The Xid 48's quarantine and reset are dispatched in the decision's own commit; the quarantine's adapter
+    waits on a scheduler, so the reset is held until it returns. Meanwhile an Xid 79 on the same GPU is decided
+    and committed: its reboot supersedes the reset, which must never leave (the agent would run a repair its
+    ladder had dropped). The reboot leaves once the quarantine's adapter has returned."""
 
     async def run() -> None:
         await rig.start()
-        rig.service.adapters.executors["quarantine_gpu"] = lambda action: "quarantined"  # no `blocking`: blocks
+        scheduler_answers = threading.Event()
+
+        def quarantine_gpu(action: actions.Action) -> str:  # no `blocking`: it waits on a scheduler
+            assert scheduler_answers.wait(10), "the test let the scheduler answer"
+            return "quarantined"
+
+        rig.service.adapters.executors["quarantine_gpu"] = quarantine_gpu
+        sent = rig.outlet.capture()
+        await rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"})
+        reset = _only_reset(rig)
+        assert reset.status == "dispatched", "admitted and recorded dispatched with its decision"
+        assert reset.command_id in rig.service.state.held_by, "held behind its quarantine's adapter"
+        await rig.service.on_events("node-1", [_event("node-1", 2, 79)], {"rack": "r1"})
+        assert _only_reset(rig).status == "cancelled", "the reboot superseded the reset"
+        scheduler_answers.set()
+        await _until(lambda: sent, "the reboot left once the quarantine's adapter returned")
+        await _until(lambda: not rig.service.adapters_busy, "the adapter's outcome was committed")
+        commands = {c.command_id: c for c in rig.service.store.commands()}
+        assert [commands[c].kind for c in sent] == ["reboot_node"], "the reset never left"
+        assert reset.command_id not in rig.service.state.unanswered and reset.command_id not in rig.service.state.kinds
+        await rig.stop()
+
+    asyncio.run(run())
+
+
+def test_a_command_a_pass_still_committing_cancels_is_withheld_and_never_sent(store_url):
+    """With a commit writer the next pass is decided while one commits. The Xid 48's pass dispatches a
+    quarantine and a reset; the Xid 79 arrives while that pass commits, and the pass deciding it, on the state
+    the first left, supersedes the reset with a reboot. When the first commit is done the reset is withheld,
+    not sent, and once the second has committed it never leaves."""
+
+    async def run() -> None:
+        writer = store_writer.CommitProcess(store_url)
+        rig = _Rig(store_url, writer=writer)
+        try:
+            await check(rig)
+        finally:
+            await rig.stop()
+            writer.close()
+
+    async def check(rig: _Rig) -> None:
+        await rig.start()
+        rig.service.adapters.executors["quarantine_gpu"] = lambda action: "quarantined"  # waits on a scheduler
         sent = rig.outlet.capture()
         commit = rig.service.store.commit
-        first_commit_started, release_first_commit = threading.Event(), threading.Event()
+        first_started, release_first = threading.Event(), threading.Event()
+        second_started = threading.Event()
 
         def gated(change: rstore.Commit) -> list[str]:
-            if not first_commit_started.is_set():
-                first_commit_started.set()
-                assert release_first_commit.wait(10), "the test let the first commit go on"
+            if not first_started.is_set():
+                first_started.set()
+                assert release_first.wait(10), "the test let the first commit go on"
+            elif not second_started.is_set():
+                second_started.set()
             return commit(change)
 
         rig.service.store.commit = gated  # type: ignore[method-assign]
         dbe = asyncio.ensure_future(rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"}))
-        assert await asyncio.to_thread(first_commit_started.wait, 10), "the Xid 48's decision commits"
+        assert await asyncio.to_thread(first_started.wait, 10), "the Xid 48's decision commits"
+        timed = len(rig.service.state.event_times)  # the actions decided and not yet left, each timed
         fell_off = asyncio.ensure_future(rig.service.on_events("node-1", [_event("node-1", 2, 79)], {"rack": "r1"}))
-        # The Xid 79 call waits in the inbox (a fixed sleep was not enough on a loaded machine).
-        deadline = time.monotonic() + 10
-        while not any(call.node_id == "node-1" for call in rig.service.decider.inbox):
-            assert time.monotonic() < deadline, "the Xid 79 call reached the inbox"
-            await asyncio.sleep(0.005)
-        release_first_commit.set()
+        decider_ = rig.service.decider
+        await _until(lambda: len(rig.service.state.event_times) > timed, "the Xid 79 was decided meanwhile")
+        assert not second_started.is_set() and not dbe.done(), "the first pass was still committing"
+        release_first.set()
         await asyncio.wait_for(asyncio.gather(dbe, fell_off), timeout=10)
-        # The reboot leaves in a dispatch round after the pass that decided it: on a loaded machine that
-        # round can come after on_events returned, so wait for something to be sent (bounded).
-        deadline = time.monotonic() + 10
-        while not sent and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _until(lambda: sent, "the reboot left")
+        await _until(lambda: not rig.service.adapters_busy, "the quarantine's outcome was committed")
+        reset = _only_reset(rig)
+        assert reset.status == "cancelled", "the second pass superseded the reset"
         commands = {c.command_id: c for c in rig.service.store.commands()}
-        (reset,) = [c for c in commands.values() if c.kind == "reset_gpu"]
-        assert reset.status == "cancelled", "the reboot superseded the reset in the round's own transaction"
-        assert reset.command_id not in sent, "so the reset never left"
-        assert [commands[c].kind for c in sent] == ["reboot_node"], "the reboot did"
+        assert [commands[c].kind for c in sent] == ["reboot_node"], "the reset never left"
         assert reset.command_id not in rig.service.state.unanswered and reset.command_id not in rig.service.state.kinds
-        await rig.stop()
+        assert not decider_._withheld, "nothing left withheld"
 
     asyncio.run(run())
 
