@@ -124,8 +124,14 @@ STATE_LABEL = node_state.STATE_LABEL
 """Node label with the node's state as rasd sees it (healthy, quarantined, repairing, rma)."""
 
 
-API_CONNECTIONS = 16
-"""Connections the Kubernetes client keeps open to the API server (`api_client`)."""
+CALLS_AT_ONCE = 16
+"""Adapter calls made at once (the remediation service's adapter threads, the child's call threads)."""
+EVENT_POSTS_AT_ONCE = 4
+"""Events posted at once after the calls that caused them have returned (`post_later`)."""
+API_CONNECTIONS = CALLS_AT_ONCE + EVENT_POSTS_AT_ONCE
+"""Connections the Kubernetes client keeps open to the API server (`api_client`): one per call and Event post
+in flight, or a storm opens and drops a connection (and, against a real API server, a TLS handshake) for each
+request beyond them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -751,8 +757,6 @@ def api_client(settings: KubernetesSettings, prefix: str) -> kubernetes.client.A
             f"{prefix.rstrip('.')}: the kubernetes client is not installed (pip install 'rasd[kubernetes]')"
         ) from exc
     configuration = kubernetes.client.Configuration()
-    # Connections kept open to the API server: as many as the remediation service makes adapter calls
-    # at once (its ADAPTER_THREADS), or a storm opens and drops a connection for each call beyond them.
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, API_CONNECTIONS)
     if settings.host:
         configuration.host = settings.host

@@ -45,10 +45,10 @@ CALLS = frozenset(
 """The adapter's methods a parent may call in the child."""
 LONG_CALLS = frozenset({"drain_node"})
 """Calls that take minutes (a drain waits out disruption budgets): their own threads, as in the service."""
-CALL_THREADS = k8s.API_CONNECTIONS
+CALL_THREADS = k8s.CALLS_AT_ONCE
 """Short calls the child runs at once (the service's adapter threads; one API connection each)."""
 LONG_CALL_THREADS = 32
-EVENT_THREADS = 4
+EVENT_THREADS = k8s.EVENT_POSTS_AT_ONCE
 """Threads that post Events after the calls that caused them have returned."""
 START_TIMEOUT_S = 60.0
 """How long a new child may take to import the client, load its configuration and answer."""

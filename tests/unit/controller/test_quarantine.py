@@ -495,7 +495,10 @@ def test_the_kubernetes_client_keeps_a_connection_for_each_adapter_call_the_serv
     adapter = quarantine.open_quarantine({"adapter": "kubernetes", "kubernetes": settings})
     try:
         assert adapter._api_client.configuration.connection_pool_maxsize >= remediation.ADAPTER_THREADS
-        assert adapter._api_client.configuration.connection_pool_maxsize >= k8s_process.CALL_THREADS
+        assert (
+            adapter._api_client.configuration.connection_pool_maxsize
+            >= k8s_process.CALL_THREADS + k8s_process.EVENT_THREADS
+        ), "and one for each Event posted after a call at once"
     finally:
         adapter.close()
 
