@@ -3,8 +3,9 @@
 An adapter that waits on another system (a scheduler's API, Slurm, a BMC) is called once the
 commit that records its action dispatched is done, outside the decision lock, in a thread: at once
 across nodes and in turn within one. A repair of the same ticket waits until its quarantine's
-adapter has returned (`Sender.hold`). The adapters' outcomes come back as results, all that
-returned meanwhile committed together (`settle`, given by the service). An adapter whose calls wait
+adapter has returned (`Sender.hold`). The adapters' outcomes come back as results, handed to the
+decider (`deliver`, given by the service), whose next pass commits all that returned meanwhile
+with the events waiting. An adapter whose calls wait
 on nothing (``blocking = False``: record only) and an action without one are carried out in the
 dispatch round itself (`execute_now`). An adapter failure is a failed action, never a crash.
 """
@@ -15,7 +16,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rasd.controller.core import agent_messages as msgs
@@ -37,9 +38,8 @@ Executor = Callable[[actions.Action], Any]
 """An adapter: called with the action, returns a message (its outcome's), raises when it failed."""
 Outcome = tuple[msgs.Outcome, str]
 """An adapter call's outcome and message."""
-Settle = Callable[[list[tuple[str, msgs.AgentResult]]], Awaitable[bool]]
-"""Commits adapters' outcomes as results, then dispatches what follows (called under the decision lock);
-False when they could not be committed (kept for the tick, or logged): the drain stops there."""
+Deliver = Callable[[list[tuple[str, msgs.AgentResult]]], None]
+"""Takes adapters' outcomes (node, result) to be committed as results (`Decider.take_outcomes`)."""
 
 
 def blocking(executor: Executor) -> bool:
@@ -56,22 +56,19 @@ class Adapters:
         sender: sender_mod.Sender,
         executors: Mapping[str, Executor],
         *,
-        settle: Settle,
+        deliver: Deliver,
     ) -> None:
-        """Share state; release held repairs through sender; settle: commits the outcomes (see `Settle`)."""
+        """Share state; release held repairs through sender; deliver: takes the outcomes (see `Deliver`)."""
         self._state = state
         self._sender = sender
         self.executors = dict(executors)
-        self._settle = settle
+        self._deliver = deliver
         # Threads start when first needed: a controller whose adapter only records never starts one.
         self._threads = concurrent.futures.ThreadPoolExecutor(ADAPTER_THREADS, "rasd-adapter")
         self._long_threads = concurrent.futures.ThreadPoolExecutor(LONG_ADAPTER_THREADS, "rasd-adapter-long")
         self._tasks: set[asyncio.Task[None]] = set()
         self._node_calls: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         """Node → the lock its adapter calls take in turn, and how many wait for it (the entry goes at 0)."""
-        self._returned: list[tuple[str, msgs.AgentResult]] = []
-        """Adapters' outcomes not yet committed (`_drain` commits them together)."""
-        self._drain_task: asyncio.Task[None] | None = None
 
     @property
     def busy(self) -> int:
@@ -96,8 +93,7 @@ class Adapters:
 
     async def stop(self) -> None:
         """Stop waiting for adapters in flight; their threads run on, their outcomes unrecorded by this term."""
-        tasks = [*self._tasks, *([self._drain_task] if self._drain_task is not None else [])]
-        for task in tasks:
+        for task in list(self._tasks):
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
@@ -131,21 +127,7 @@ class Adapters:
         # does not stop its repair; it is in the audit log).
         self._sender.send_held(action.command_id)
         result = msgs.AgentResult(command_id=action.command_id, outcome=outcome, message=message)
-        self._returned.append((action.node_id, result))
-        if self._drain_task is None or self._drain_task.done():
-            self._drain_task = asyncio.create_task(self._drain(), name="rasd-adapter-results")
-
-    async def _drain(self) -> None:
-        """Commit the adapters' outcomes, all that returned meanwhile in one transaction (`settle`), then dispatch.
-
-        In a storm hundreds of quarantines return a second: a transaction each would cost more than
-        deciding the events.
-        """
-        while self._returned:
-            async with self._state.lock:
-                batch, self._returned = self._returned, []
-                if not await self._settle(batch):
-                    return
+        self._deliver([(action.node_id, result)])
 
     async def execute(self, action: actions.Action, *, called_ns: list[int] | None = None) -> Outcome:
         """Call a controller-side action's adapter in a thread (they block on other systems); its outcome and message.

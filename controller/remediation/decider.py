@@ -25,11 +25,13 @@ from typing import Any
 
 import structlog
 
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core.remediation import actions, correlate, escalation
 from rasd.controller.core.remediation import events as health
 from rasd.controller.remediation import dispatch as dispatch_mod
 from rasd.controller.remediation import ledger as ledger_mod
 from rasd.controller.remediation import passes
+from rasd.controller.remediation import results as results_mod
 from rasd.controller.remediation import state as state_mod
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
@@ -126,13 +128,20 @@ class Decider:
     """Decides stored and arriving events in group-committed passes (see the module docstring)."""
 
     def __init__(
-        self, state: state_mod.LadderState, ledger: ledger_mod.Ledger, dispatcher: dispatch_mod.Dispatcher
+        self,
+        state: state_mod.LadderState,
+        ledger: ledger_mod.Ledger,
+        dispatcher: dispatch_mod.Dispatcher,
+        results: results_mod.Results,
     ) -> None:
-        """Share state; stage and commit through ledger; admit and send through dispatcher."""
+        """Share state; stage and commit through ledger; admit and send through dispatcher; results: outcomes."""
         self._state = state
         self._ledger = ledger
         self._dispatcher = dispatcher
+        self._results = results
         self.inbox: list[passes.Call] = []
+        self.outcomes: list[tuple[str, msgs.AgentResult]] = []
+        """Adapters' outcomes for the next pass (`take_outcomes`)."""
         self._task: asyncio.Task[None] | None = None
         self.pipeline_depth = 1
         """Decided passes in flight at once (`RemediationService.use_writer`): with commits in this process, 1."""
@@ -143,8 +152,8 @@ class Decider:
 
     @property
     def quiet(self) -> bool:
-        """No event waits, and no pass, result, tick or operator action holds the lock."""
-        return not self.inbox and not self._state.lock.locked()
+        """No event or adapter's outcome waits, and no pass, result, tick or operator action holds the lock."""
+        return not self.inbox and not self.outcomes and not self._state.lock.locked()
 
     async def on_events(self, node_id: str, events: Sequence[repo.StoredEvent], labels: Mapping[str, str]) -> None:
         """Run newly stored events through the core, commit, dispatch; returns once they are decided.
@@ -183,6 +192,26 @@ class Decider:
         """
         await self._decide_call(node_id, events, labels, append, stored)
 
+    def take_outcomes(self, outcomes: Sequence[tuple[str, msgs.AgentResult]]) -> None:
+        """Controller-side adapters' outcomes (node, result): the next pass commits them, with the events waiting.
+
+        In a storm hundreds of quarantines return a second. Each batch committed on its own took the
+        decision lock from the pipeline, which drained (its last commit) before every hand-over,
+        while the events that arrived meanwhile waited; in a pass they cost no commit of their own.
+        An outcome that reaches an ended term is dropped: the next term runs the call again (the
+        adapters are idempotent).
+        """
+        if self._state.term_ended:
+            log.info("remediation_adapter_outcomes_dropped", results=len(outcomes), why="this term ended")
+            return
+        self.outcomes.extend(outcomes)
+        self._start()
+
+    def _start(self) -> None:
+        """Run the decider unless it runs."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._decide_waiting(), name="rasd-remediation-decider")
+
     async def stop(self) -> None:
         """End the term: no more deciding; the calls waiting hear `TermEnded`.
 
@@ -193,6 +222,7 @@ class Decider:
         """
         self._state.term_ended = True
         self._withheld.clear()  # dispatched in the store: the next term sends what is still due
+        self.outcomes.clear()  # and runs those calls again
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -215,12 +245,11 @@ class Decider:
             raise passes.TermEnded(f"this replica's term ended: {len(events)} events of {node_id} not decided")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.inbox.append(passes.Call(node_id, list(events), dict(labels), future, append, stored))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._decide_waiting(), name="rasd-remediation-decider")
+        self._start()
         await future
 
     async def _decide_waiting(self) -> None:
-        while self.inbox:
+        while self.inbox or self.outcomes:
             try:
                 async with self._state.lock:
                     await self._run_pipeline()
@@ -268,10 +297,10 @@ class Decider:
     async def _pipeline(self, inflight: list[passes.Pass]) -> None:
         run = _Run(passes.CommitChain(self._ledger.store_commit), inflight)
         while True:
-            deciding = sum(1 for p in inflight if p.group)  # dispatch rounds in flight do not hold it up
+            deciding = sum(1 for p in inflight if p.group or p.outcomes)  # dispatch rounds do not hold it up
             wanted = self._state.lock.waiting > 0  # a result, a tick or an operator waits for the lock
             open_for_more = (run.passes < MAX_PIPELINED_PASSES or not wanted) and deciding < self.pipeline_depth
-            if open_for_more and self.inbox:
+            if open_for_more and (self.inbox or self.outcomes):
                 self._decide_next(run)
                 continue
             if run.carried is not None:  # no pass to share a transaction with
@@ -298,10 +327,11 @@ class Decider:
         """Decide the next group waiting, merged with a dispatch round carried, and queue its commit."""
         inflight = run.inflight
         group, self.inbox = self.inbox[:MAX_GROUP_EVENTS], self.inbox[MAX_GROUP_EVENTS:]
+        outcomes, self.outcomes = self.outcomes, []
         run.passes += 1
         # Actions a pass ahead left waiting are not on the waiting list until it commits.
         waiting_ahead = [a for p in inflight for a in p.new_actions if a.command_id not in p.dispatched]
-        decided = self._decide_or_fail(group, waiting_ahead)
+        decided = self._decide_or_fail(group, waiting_ahead, outcomes)
         if decided is not None:
             decided.answers = list(group)
             decided.overlapped = bool(inflight)
@@ -325,6 +355,7 @@ class Decider:
         self._forget_withheld(head.change)
         closing = {c for p in inflight for c in passes.cancelled_ids(p.change)}
         sent = self._ledger.settle(head, fresh, inflight)
+        self._results.committed(head.outcomes)
         closing_tickets = {a.ticket_id for a in sent if a.command_id in closing}
         for action in sent:
             if action.ticket_id in closing_tickets:
@@ -377,11 +408,15 @@ class Decider:
         self._send_withheld()
         head = inflight[0]
         later_groups = [call for p in inflight[1:] for call in p.group]
+        later_outcomes = [outcome for p in inflight[1:] for outcome in p.outcomes]
         # The callers a dispatch round was to answer have their decisions durable; their actions
         # wait for the next round (the next pass or tick).
         for undone in inflight:
             passes.answer(undone.answers_dispatched())
         if isinstance(exc, repo.STORE_UNAVAILABLE):
+            # The adapters' outcomes are owed, applied by a tick (`Results.owed`): retried here, an
+            # outcome alone would come straight back to a store that is down.
+            self._results.owed.extend([*head.outcomes, *later_outcomes])
             self.inbox[:0] = [*head.group, *later_groups]
             if head.group:
                 raise passes.StoreStalled(events=sum(len(call.events) for call in self.inbox)) from exc
@@ -391,33 +426,58 @@ class Decider:
             # Arriving events that were not new after all: their callers store them on their own,
             # and hand on what is new; the rest of the head's group is decided again.
             self.inbox[:0] = [call for call in head.group if call.append is None] + later_groups
+            self.outcomes[:0] = [*head.outcomes, *later_outcomes]
             passes.answer([call for call in head.group if call.append is not None], exc)
             return
         # Anything else (a fenced replica's refusal, a bug): the head's callers hear of it, and
-        # the passes behind it, never run, are decided again.
+        # the passes behind it, never run, are decided again. The head's adapters' outcomes are
+        # dropped (logged): the next term runs those calls again.
         self.inbox[:0] = later_groups
+        self.outcomes[:0] = later_outcomes
+        if head.outcomes:
+            log.error("remediation_adapter_outcomes_dropped", results=len(head.outcomes), error=repr(exc))
         passes.answer(head.group, exc)
 
-    def _decide_or_fail(self, group: list[passes.Call], waiting_ahead: Sequence[actions.Action]) -> passes.Pass | None:
-        """`_decide_pass`, or None when the core failed on the group: its callers hear of it."""
+    def _decide_or_fail(
+        self,
+        group: list[passes.Call],
+        waiting_ahead: Sequence[actions.Action],
+        outcomes: list[tuple[str, msgs.AgentResult]],
+    ) -> passes.Pass | None:
+        """`_decide_pass`, or None when the core failed on the group: its callers hear of it.
+
+        The adapters' outcomes go to the next pass; failing alone, they are dropped (logged).
+        """
         budget = self._state.budget
         try:
-            return self._decide_pass(group, waiting_ahead)
+            return self._decide_pass(group, waiting_ahead, outcomes)
         except Exception as exc:  # the callers' streams see it; nothing of the group was applied
             self._state.budget = budget
             passes.answer(group, exc)
+            if group:
+                self.outcomes[:0] = outcomes
+            elif outcomes:
+                log.exception("remediation_adapter_results_failed", results=len(outcomes))
             return None
 
-    def _decide_pass(self, group: list[passes.Call], waiting_ahead: Sequence[actions.Action]) -> passes.Pass:
+    def _decide_pass(
+        self,
+        group: list[passes.Call],
+        waiting_ahead: Sequence[actions.Action],
+        outcomes: list[tuple[str, msgs.AgentResult]],
+    ) -> passes.Pass:
         """Decide a group and stage its commit; its state is applied in memory now, undone if the commit fails.
 
         waiting_ahead: the actions passes still committing left waiting (`Dispatcher.admit_with_decision`).
+        outcomes: adapters' outcomes, into the ladder before the group's events; their follow-ups wait
+        for admission, as after a result committed on its own.
         """
         state = self._state
         now_ns = state.clock()
         budget_before = state.budget
         change = rstore.Commit(now_unix_ns=now_ns)
         decided = _Decisions(correlation=state.correlation)
+        follow_ups = self._results.results_into(outcomes, change, decided.states) if outcomes else []
         for call in group:
             self._decide_call_events(call, decided, change, now_ns / 1e9)
         self._ledger.correlation_into(
@@ -426,6 +486,7 @@ class Decider:
         states, new_actions = decided.states, decided.new_actions
         dispatched, follow_up = self._dispatcher.admit_with_decision(new_actions, states, change, waiting_ahead)
         new_actions.extend(follow_up)
+        new_actions.extend(follow_ups)
         staged = passes.Pass(
             group=group,
             change=change,
@@ -439,6 +500,7 @@ class Decider:
             correlation_before=state.correlation,
             budget_before=budget_before,
             budget_stored_before=state.budget_stored,
+            outcomes=outcomes,
         )
         state.budget_stored = self._ledger.stage_commit(states, new_actions, change, dispatched)
         state.node_states.update(states)

@@ -3,7 +3,8 @@
 A pass is decided on the state the passes before it leave, before their commits are done; its
 commit queues behind theirs (`CommitChain`), and if one fails every pass from it on is undone in
 memory (`Pass` keeps what was before). A dispatch round is a pass without calls; it may share the
-next pass's transaction (`merged`).
+next pass's transaction (`merged`). A pass also commits the controller-side adapters' outcomes that
+returned since the last one (`Pass.outcomes`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core.remediation import actions, blast_radius, correlate, escalation
 from rasd.controller.store import remediation as rstore
 from rasd.controller.store import repo
@@ -98,6 +100,8 @@ class Pass:
     """Calls answered once it commits: a dispatch round answers those whose actions it dispatched."""
     rounds: int = 0
     """Dispatch rounds in a row up to this one (a result can admit follow-ups; bounded)."""
+    outcomes: list[tuple[str, msgs.AgentResult]] = dataclasses.field(default_factory=list)
+    """Adapters' outcomes it commits (`Decider.take_outcomes`), before its calls' events."""
     overlapped: bool = False
     """Decided while a pass ahead of it was committing."""
     commit: asyncio.Future[list[str]] = dataclasses.field(init=False)
@@ -209,4 +213,5 @@ def merged(first: Pass, second: Pass) -> Pass:
         admitted=[*first.admitted, *second.admitted],
         answers=[*first.answers, *second.answers],
         overlapped=second.overlapped,
+        outcomes=[*first.outcomes, *second.outcomes],
     )

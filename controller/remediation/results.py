@@ -60,15 +60,29 @@ class Results:
         state = self._state
         change = rstore.Commit(now_unix_ns=state.clock())
         states: dict[str, escalation.RemediationState] = {}
+        new_actions = self.results_into(results, change, states)
+        await self._ledger.commit_states(states, new_actions, change)
+        self.committed(results)
+
+    def results_into(
+        self,
+        results: Sequence[tuple[str, msgs.AgentResult]],
+        change: rstore.Commit,
+        states: dict[str, escalation.RemediationState],
+    ) -> list[actions.Action]:
+        """`result_into` for each result, an adapter's outcome audited with it; the ladder's follow-ups (pending)."""
         new_actions: list[actions.Action] = []
         for node_id, result in results:
-            by_adapter = state.running.get(result.command_id)
+            by_adapter = self._state.running.get(result.command_id)
             if by_adapter is not None:  # audited with its outcome, as a round audits what it records
                 ledger_mod.outcome_audit(by_adapter, change, result.outcome, source="automation")
             new_actions += self.result_into(node_id, result, change, states)
-        await self._ledger.commit_states(states, new_actions, change)
+        return new_actions
+
+    def committed(self, results: Sequence[tuple[str, msgs.AgentResult]]) -> None:
+        """Results whose transaction is done: the adapters' calls they answer are no longer running."""
         for _node_id, result in results:
-            state.running.pop(result.command_id, None)
+            self._state.running.pop(result.command_id, None)
 
     async def apply_owed(self) -> None:
         """Apply the owed results in order, each in its own transaction (under the decision lock).

@@ -122,15 +122,13 @@ class RemediationService:
         recorder = recorder or outlet_mod.NoRecorder()
         self.sdc = sdc_ledger.SdcLedger(policy.sdc)
         self.sender = sender_mod.Sender(self.state, self.outlet)
-        self.adapters = adapters_mod.Adapters(
-            self.state, self.sender, executors or {}, settle=self._settle_adapter_outcomes
-        )
+        self.adapters = adapters_mod.Adapters(self.state, self.sender, executors or {}, deliver=self._deliver_outcomes)
         self.ledger = ledger_mod.Ledger(
             self.state, self.store, thread, self.sender, recorder, leaves_after_commit=self.adapters.leaves_after_commit
         )
         self.results = results_mod.Results(self.state, self.ledger, self.sender, self.sdc)
         self.dispatcher = dispatch_mod.Dispatcher(self.state, self.ledger, self.sender, self.adapters, self.results)
-        self.decider = decider_mod.Decider(self.state, self.ledger, self.dispatcher)
+        self.decider = decider_mod.Decider(self.state, self.ledger, self.dispatcher, self.results)
         self.ticker = ticker_mod.Ticker(
             self.state, self.ledger, self.dispatcher, self.results,
             tick_interval_s=tick_interval_s, power_stale_after_s=power_stale_after_s,
@@ -379,19 +377,9 @@ class RemediationService:
             await self.dispatcher.dispatch_after_commit()
             return True
 
-    async def _settle_adapter_outcomes(self, batch: list[tuple[str, msgs.AgentResult]]) -> bool:
-        """Commit adapters' outcomes (under the lock), then dispatch; outcomes the store cannot take are owed."""
-        try:
-            await self.results.apply(batch)
-        except repo.STORE_UNAVAILABLE as exc:
-            self.results.owed.extend(batch)
-            log.warning("remediation_result_deferred", results=len(batch), error=str(exc))
-            return False
-        except Exception:  # a bug, or this replica lost the lead: the next term carries them out again
-            log.exception("remediation_adapter_results_failed", results=len(batch))
-            return False
-        await self.dispatcher.dispatch_after_commit()
-        return True
+    def _deliver_outcomes(self, batch: list[tuple[str, msgs.AgentResult]]) -> None:
+        """Adapters' outcomes, committed by the decider's next pass (`Decider.take_outcomes`)."""
+        self.decider.take_outcomes(batch)
 
     # -- periodic and operator -----------------------------------------------------------------------------
     async def tick(self) -> None:

@@ -473,6 +473,55 @@ def _only_reset(rig: _Rig) -> rstore.CommandRecord:
     return reset
 
 
+def test_an_adapters_outcome_rides_in_the_next_pass_and_one_the_store_refused_is_owed_to_the_tick(rig):
+    """A quarantine's outcome is committed by the decider's next pass (with the events waiting, if any). When that
+    pass's commit fails for a store outage, the outcome is owed (`Results.owed`) and the tick commits it once the
+    store is back: the quarantine command ends succeeded, its call no longer running."""
+
+    async def run() -> None:
+        await rig.start()
+        scheduler_answers = threading.Event()
+
+        def quarantine_gpu(action: actions.Action) -> str:  # no `blocking`: it waits on a scheduler
+            assert scheduler_answers.wait(10), "the test let the scheduler answer"
+            return "quarantined"
+
+        rig.service.adapters.executors["quarantine_gpu"] = quarantine_gpu
+        await rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"})
+        (quarantine_cmd,) = [c for c in rig.service.store.commands() if c.kind == "quarantine_gpu"]
+        assert quarantine_cmd.command_id in rig.service.state.running, "its adapter was called after the commit"
+        commit = rig.service.store.commit
+        outage = {"on": True, "refused": 0}
+
+        def down(change: rstore.Commit) -> list[str]:
+            if outage["on"]:
+                outage["refused"] += 1
+                raise sa.exc.OperationalError("COMMIT", {}, ConnectionError("database unreachable"))
+            return commit(change)
+
+        rig.service.store.commit = down  # type: ignore[method-assign]
+        scheduler_answers.set()
+        await _until(lambda: outage["refused"], "the pass with the outcome tried to commit")
+        await _until(lambda: rig.service.results.owed, "the refused outcome is owed")
+        assert quarantine_cmd.command_id in rig.service.state.running, "not settled while it is not durable"
+        outage["on"] = False
+        await rig.service.tick()
+        finished = {c.command_id: c for c in rig.service.store.commands()}[quarantine_cmd.command_id]
+        assert finished.status == "succeeded" and finished.result["message"] == "quarantined"
+        assert not rig.service.results.owed and not rig.service.adapters_busy
+        commits = rig.commits
+        scheduler_answers.clear()
+        await rig.service.on_events("node-1", [_event("node-1", 2, 48, GPUS[1])], {"rack": "r1"})
+        second = [c for c in rig.service.store.commands() if c.kind == "quarantine_gpu" and c.gpu_uuid == GPUS[1]]
+        assert [c.status for c in second] == ["dispatched"] and rig.commits == commits + 1, "one decision commit"
+        scheduler_answers.set()
+        await _until(lambda: not rig.service.adapters_busy, "the outcome committed")
+        assert rig.commits == commits + 2, "the outcome alone: one pass, one commit"
+        await rig.stop()
+
+    asyncio.run(run())
+
+
 def test_a_repair_held_behind_its_quarantines_adapter_and_cancelled_meanwhile_is_never_sent(rig):
     """The Xid 48's quarantine and reset are dispatched in the decision's own commit; the quarantine's adapter
     waits on a scheduler, so the reset is held until it returns. Meanwhile an Xid 79 on the same GPU is decided
