@@ -1090,9 +1090,10 @@ def _path_text(args: argparse.Namespace, adapters: str) -> str:
     """What was measured, and how (the section's long paragraph)."""
     return (
         "Path: a real `Store`, `Ingest` and `RemediationService` (classify → correlate → "
-        "escalate → blast-radius admission → outbox transaction → `Ingest.dispatch`; actions that "
-        "wait for admission, a quarantine with its repair, are dispatched by a round committed with "
-        "the next pass). `Ingest.take_events` is rasd-controller's path after wire validation: the "
+        "escalate → blast-radius admission → outbox transaction → `Ingest.dispatch`; a decision's "
+        "actions are admitted and recorded dispatched in its own transaction where nothing waits for "
+        "admission, and otherwise dispatched by a round committed with the next pass; adapters' "
+        "outcomes are committed with the next pass). `Ingest.take_events` is rasd-controller's path after wire validation: the "
         "event is stored in the transaction of the decision on it (its `health_events` row and its "
         "node's ack position with the ladder's rows, one sync of the disk), then acked on its stream; "
         "`RemediationService.on_events only` is the decision path alone (the event is not stored). "
