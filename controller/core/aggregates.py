@@ -53,7 +53,7 @@ Rows = tuple[tuple[int, float, int], ...]
 """`fleet.PowerWindow.series` rows: (bucket start unix ns, summed W, GPUs reporting)."""
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(fleet.GpuRecord))
-_LATEST_FIELDS = tuple(f.name for f in dataclasses.fields(fleet.GpuLatest))
+_LATEST_FIELDS = fleet.LATEST_FIELDS
 
 
 class AggregateFormatError(ValueError):
@@ -496,7 +496,7 @@ def _readings(columns: Mapping[str, list[Any]], count: int) -> list[fleet.GpuLat
     if any(link is not None for link in links):
         # JSON carries the NamedTuple as a list; the view's readers take its fields by name.
         fields[_PCIE_LINK] = [None if link is None else fleet.PcieLink(*link) for link in links]
-    return [fleet.GpuLatest(*row) for row in zip(*fields, strict=True)]
+    return fleet.latest_rows(zip(*fields, strict=True))
 
 
 _PCIE_LINK = _LATEST_FIELDS.index("pcie_link")

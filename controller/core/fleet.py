@@ -114,6 +114,26 @@ class GpuLatest:
     """The PCIe link as of the counters that last carried it (None: not reported)."""
 
 
+LATEST_FIELDS = tuple(f.name for f in dataclasses.fields(GpuLatest))
+"""`GpuLatest`'s fields, in order."""
+
+
+def latest_rows(rows: Iterable[Sequence[typing.Any]]) -> list[GpuLatest]:
+    """A `GpuLatest` of each row of field values (every field, in `LATEST_FIELDS` order).
+
+    For bulk reads (the leader decodes 100,000 GPUs' readings from the other replicas each power
+    period): the frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, and
+    filling the instance's dict at once builds the same value in less than half the time.
+    """
+    new, names, cls = object.__new__, LATEST_FIELDS, GpuLatest
+    readings = []
+    for row in rows:
+        reading = new(cls)
+        reading.__dict__.update(zip(names, row, strict=True))
+        readings.append(reading)
+    return readings
+
+
 def merge_latest(previous: GpuLatest | None, update: GpuLatest) -> GpuLatest:
     """Combine a new partial reading with what was known: newer timestamps win, per family.
 
