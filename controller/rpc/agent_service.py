@@ -233,7 +233,8 @@ async def deliver(
         wire.check_summary(message.summary, session.known_gpus)
         node_id, known_gpus = session.node_id, session.known_gpus
         service.queue_summary(
-            session, functools.partial(wire_stream.summary_from_wire, message.summary, node_id, known_gpus)
+            session,
+            functools.partial(wire_stream.summary_from_wire, message.summary, node_id, known_gpus, checked=True),
         )
     elif kind == "events":
         started = time.perf_counter()

@@ -170,6 +170,8 @@ def _set(path: str, value):
     ("edit", "field"),
     [
         (_set("gpus.mean_w", math.nan), "summary.gpus[0].mean_w"),
+        (_set("gpus.min_w", math.nan), "summary.gpus[0].min_w"),
+        (_set("gpus.last_w", -1.0), "summary.gpus[0].last_w"),
         (_set("gpus.max_w", 5001.0), "summary.gpus[0].max_w"),
         (_set("gpus.min_w", 700.0), "summary.gpus[0].max_w"),
         (_set("gpus.gpu_uuid", "GPU-nope"), "summary.gpus[0].gpu_uuid"),
