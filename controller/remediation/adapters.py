@@ -5,9 +5,9 @@ commit that records its action dispatched is done, outside the decision lock, in
 across nodes and in turn within one. A repair of the same ticket waits until its quarantine's
 adapter has returned (`Sender.hold`). The adapters' outcomes come back as results, handed to the
 decider (`deliver`, given by the service), whose next pass commits all that returned meanwhile
-with the events waiting. An adapter whose calls wait
-on nothing (``blocking = False``: record only) and an action without one are carried out in the
-dispatch round itself (`execute_now`). An adapter failure is a failed action, never a crash.
+with the events waiting. An adapter whose calls wait on nothing (``blocking = False``: record only)
+and an action without one are carried out with the decision, or in the dispatch round that admits
+them (`execute_now`). An adapter failure is a failed action, never a crash.
 """
 
 from __future__ import annotations
