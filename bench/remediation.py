@@ -125,6 +125,7 @@ cannot tell that it is new, stored first); ``decide``, the decision path alone (
 ``store-then-decide``, the path before 2026-12-03 (the event stored and acked in a transaction of
 its own, then decided in another)."""
 KUBERNETES_SECTION = "## Remediation, quarantines through the Kubernetes API"
+WAITING_SECTION = "## Remediation, a quarantine adapter that only waits (diagnostic)"
 KUBE_API = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fakes" / "kube_api.py"
 GOAL_P99_MS = 50.0
 GPUS_PER_NODE = 8
@@ -329,6 +330,30 @@ def fake_api_server(nodes: int, latency_ms: float, tmp: str) -> Iterator[tuple[s
         if server.stdin is not None:
             server.stdin.close()
         server.wait(timeout=30)
+
+
+class WaitingQuarantine(quarantine.RecordOnlyQuarantine):
+    """`--quarantine waiting`: each call waits as a scheduler's API would, a read and a patch, using no CPU.
+
+    The Kubernetes path's shape (a call in an adapter thread once its decision is durable, the repair
+    held until it returns, its outcome committed by a later pass) without the client's and the API
+    server's CPU on this machine's cores: what is left between it and the record adapter is the path's
+    structure. A diagnostic: rasd never runs it.
+    """
+
+    blocking = True
+
+    def __init__(self, api_latency_ms: float) -> None:
+        super().__init__()
+        self._wait_s = 2 * api_latency_ms / 1000
+
+    def _quarantine(self, scope: str, node_id: str, target: str, reason: str, ticket_id: str) -> Any:
+        time.sleep(self._wait_s)
+        return super()._quarantine(scope, node_id, target, reason, ticket_id)
+
+    def _release(self, scope: str, node_id: str, target: str, reason: str, ticket_id: str) -> Any:
+        time.sleep(self._wait_s)
+        return super()._release(scope, node_id, target, reason, ticket_id)
 
 
 @contextlib.contextmanager
@@ -755,6 +780,8 @@ async def measure(
                         os.sched_setaffinity(int(proc.name), {args.aside_cpu})
         elif args.quarantine == "record":
             executors = dict(quarantine.executors(quarantine.open_quarantine({})))  # rasd-controller's default
+        elif args.quarantine == "waiting":
+            executors = dict(quarantine.executors(WaitingQuarantine(args.api_latency_ms)))
         # Built before the start: frozen with the start-up heap (the load generator's, not the controller's).
         events = schedule(args.seed + 1, args.nodes, 2000.0, args.throughput_s * 8 + 1)
         paced = schedule(args.seed + 2, args.nodes, args.light_rate, args.duration_s)
@@ -948,13 +975,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--quarantine",
-        choices=("record", "kubernetes", "none"),
+        choices=("record", "kubernetes", "none", "waiting"),
         default="record",
         help="the quarantine adapter: record (rasd-controller's default), kubernetes (against a fake API server), "
-        "or none (no adapter call at all)",
+        "none (no adapter call at all), or waiting (diagnostic: each call sleeps a read's and a patch's "
+        "--api-latency-ms in an adapter thread, then records)",
     )
     parser.add_argument(
-        "--api-latency-ms", type=float, default=5.0, help="with --quarantine kubernetes: added to every API answer"
+        "--api-latency-ms",
+        type=float,
+        default=5.0,
+        help="with --quarantine kubernetes: added to every API answer (waiting: waits twice this per call)",
     )
     parser.add_argument(
         "--kubernetes-in-process",
@@ -1040,13 +1071,16 @@ def _report(
     verdict = f"Goal: decision latency p99 ≤ {GOAL_P99_MS:g} ms at {args.rate:,.0f} events/s:\n" + "\n".join(
         f"- {text}" for _met, text in verdicts
     )
-    section = KUBERNETES_SECTION if args.quarantine == "kubernetes" else SECTION
+    section = {"kubernetes": KUBERNETES_SECTION, "waiting": WAITING_SECTION}.get(args.quarantine, SECTION)
     if args.pg_no_flush_wait:
         section = f"{section}, PostgreSQL without waiting for the WAL flush (diagnostic)"
     adapters = {
         "record": "Quarantines go through `RecordOnlyQuarantine`, rasd-controller's default adapter (its calls "
         "wait on nothing: made with the decision, in its transaction, the repair that follows dispatched in it too).",
         "none": "Quarantines call no adapter (`--quarantine none`): each is its record.",
+        "waiting": "Quarantines and releases go through `WaitingQuarantine` (`--quarantine waiting`, a diagnostic): "
+        f"each call waits {2 * args.api_latency_ms:g} ms in an adapter thread, as a scheduler's read and patch "
+        "would, using no CPU, then records; called, held and settled as the Kubernetes adapter is.",
         "kubernetes": "Quarantines go through `KubernetesQuarantine` (the real `kubernetes` client) in the adapter's "
         "own process (`KubernetesProcess`, its Events posted after each call returns) to the fake API "
         f"server of tests/fakes/kube_api.py in its own process, each answer {args.api_latency_ms:g} ms late.",
