@@ -148,7 +148,7 @@ class Decider:
         self._gather_s = PIPELINE_GATHER_S.get(ledger.store.engine.dialect.name, max(PIPELINE_GATHER_S.values()))
         """`PIPELINE_GATHER_S` for this store's backend."""
         self._withheld: dict[str, actions.Action] = {}
-        """Committed dispatched commands that a pass still committing cancels (`_head_committed`)."""
+        """Committed dispatched commands of tickets a pass still committing cancels a command of (`_head_committed`)."""
 
     @property
     def quiet(self) -> bool:
@@ -350,17 +350,19 @@ class Decider:
         committing cancels (decided on this one's state before it was durable: a reboot that supersedes
         the reset this one dispatched) is withheld until that commit is done, and never leaves if it
         is; sent now, the agent would run a repair its ladder had dropped. The other commands of
-        those tickets wait with them: a repair never leaves before its quarantine's adapter is called.
+        those tickets wait with them (a repair never leaves before its quarantine's adapter is
+        called), and leave with the first commit after which no pass in flight cancels any of them.
         """
         self._forget_withheld(head.change)
         closing = {c for p in inflight for c in passes.cancelled_ids(p.change)}
         sent = self._ledger.settle(head, fresh, inflight)
         self._results.committed(head.outcomes)
-        closing_tickets = {a.ticket_id for a in sent if a.command_id in closing}
-        for action in sent:
-            if action.ticket_id in closing_tickets:
-                self._withheld[action.command_id] = action
-        self._dispatcher.send_dispatched([a for a in sent if a.ticket_id not in closing_tickets])
+        self._withheld.update((a.command_id, a) for a in sent)
+        closing_tickets = {a.ticket_id for a in self._withheld.values() if a.command_id in closing}
+        leaving = [a for a in self._withheld.values() if a.ticket_id not in closing_tickets]
+        for action in leaving:
+            del self._withheld[action.command_id]
+        self._dispatcher.send_dispatched(leaving)
         passes.answer(head.answers_dispatched())
         waiting = head.answers_waiting()
         if not (head.leaves_waiting and head.rounds < dispatch_mod.MAX_DISPATCH_ROUNDS and self._state.deferred):

@@ -604,6 +604,8 @@ def test_a_command_a_pass_still_committing_cancels_is_withheld_and_never_sent(st
         assert [commands[c].kind for c in sent] == ["reboot_node"], "the reset never left"
         assert reset.command_id not in rig.service.state.unanswered and reset.command_id not in rig.service.state.kinds
         assert not decider_._withheld, "nothing left withheld"
+        statuses = {c.kind: c.status for c in commands.values()}
+        assert statuses["quarantine_gpu"] == "succeeded", "the reset's quarantine, withheld with it, was carried out"
 
     asyncio.run(run())
 
