@@ -473,6 +473,18 @@ def _only_reset(rig: _Rig) -> rstore.CommandRecord:
     return reset
 
 
+def _quarantine_through_a_scheduler(rig: _Rig) -> threading.Event:
+    """GPU quarantines through an adapter that waits on a scheduler (no `blocking`), answering once the event is set."""
+    scheduler_answers = threading.Event()
+
+    def quarantine_gpu(action: actions.Action) -> str:
+        assert scheduler_answers.wait(10), "the test let the scheduler answer"
+        return "quarantined"
+
+    rig.service.adapters.executors["quarantine_gpu"] = quarantine_gpu
+    return scheduler_answers
+
+
 def test_an_adapters_outcome_rides_in_the_next_pass_and_one_the_store_refused_is_owed_to_the_tick(rig):
     """A quarantine's outcome is committed by the decider's next pass (with the events waiting, if any). When that
     pass's commit fails for a store outage, the outcome is owed (`Results.owed`) and the tick commits it once the
@@ -480,13 +492,7 @@ def test_an_adapters_outcome_rides_in_the_next_pass_and_one_the_store_refused_is
 
     async def run() -> None:
         await rig.start()
-        scheduler_answers = threading.Event()
-
-        def quarantine_gpu(action: actions.Action) -> str:  # no `blocking`: it waits on a scheduler
-            assert scheduler_answers.wait(10), "the test let the scheduler answer"
-            return "quarantined"
-
-        rig.service.adapters.executors["quarantine_gpu"] = quarantine_gpu
+        scheduler_answers = _quarantine_through_a_scheduler(rig)
         await rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"})
         (quarantine_cmd,) = [c for c in rig.service.store.commands() if c.kind == "quarantine_gpu"]
         assert quarantine_cmd.command_id in rig.service.state.running, "its adapter was called after the commit"
@@ -530,13 +536,7 @@ def test_a_repair_held_behind_its_quarantines_adapter_and_cancelled_meanwhile_is
 
     async def run() -> None:
         await rig.start()
-        scheduler_answers = threading.Event()
-
-        def quarantine_gpu(action: actions.Action) -> str:  # no `blocking`: it waits on a scheduler
-            assert scheduler_answers.wait(10), "the test let the scheduler answer"
-            return "quarantined"
-
-        rig.service.adapters.executors["quarantine_gpu"] = quarantine_gpu
+        scheduler_answers = _quarantine_through_a_scheduler(rig)
         sent = rig.outlet.capture()
         await rig.service.on_events("node-1", [_event("node-1", 1, 48)], {"rack": "r1"})
         reset = _only_reset(rig)
