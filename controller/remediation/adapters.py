@@ -87,10 +87,6 @@ class Adapters:
         executor = self.executors.get(action.kind)
         return executor is not None and blocking(executor)
 
-    def waits_on_adapter(self, action: actions.Action) -> bool:
-        """A controller-side action whose adapter waits on another system: called only once its dispatch is durable."""
-        return action.kind not in state_mod.AGENT_KINDS and self.leaves_after_commit(action)
-
     async def stop(self) -> None:
         """Stop waiting for adapters in flight; their threads run on, their outcomes unrecorded by this term."""
         for task in list(self._tasks):
