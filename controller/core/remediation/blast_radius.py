@@ -44,9 +44,12 @@ notifications and RMA paperwork waits until an operator calls `resume`. It count
 admissions, because the budget already caps what is admitted: the breaker's job is to notice that
 too much is breaking at once.
 
-Storm: while node-level actions wait for budget, a storm is on. When a batch has none waiting
-for budget any more, the storm ends and new node-level disruptions wait ``storm_cooldown_s`` so
-that statuses settle (NHC's ``stormCooldownDuration``). `resume` also starts a cooldown.
+Storm: while node-level actions wait for the cluster cap, a storm is on. When a batch has none
+waiting for it any more, the storm ends and new node-level disruptions wait ``storm_cooldown_s`` so
+that statuses settle (NHC's ``stormCooldownDuration``). `resume` also starts a cooldown. A node that
+waits for its rack's or NVLink domain's cap only is no storm: two GPUs falling off the bus in one
+NVLink domain are repaired one after the other, and the rest of the fleet's repairs go on (counted
+as a storm, the second node's wait held every new node-level repair in the fleet for the cooldown).
 
 The service must re-propose everything still deferred with each call (deferred actions are not
 remembered here), and call `complete` when a node-level action's result arrives.
@@ -448,7 +451,7 @@ class _Ledger:
     reasons: list[str] = dataclasses.field(default_factory=list)
     blocked_tickets: set[str] = dataclasses.field(default_factory=set)
     budget_waits: bool = False
-    """Whether a node-level action waits for budget (a storm is on)."""
+    """Whether a node-level action waits for the cluster cap (a storm is on)."""
     gpus_copied: bool = False
 
     @classmethod
@@ -471,8 +474,8 @@ class _Ledger:
         """Nodes out of service by automation so far (rule 4 and 5)."""
         return set(self.quarantined) | {f.node_id for f in self.in_flight} | self.emptied
 
-    def budget_refusal(self, node_id: str, out: set[str]) -> str:
-        """Why taking node_id out now would break the budget, or "" when it fits."""
+    def budget_refusal(self, node_id: str, out: set[str]) -> tuple[str, bool]:
+        """Why taking node_id out would break the budget ("" when it fits); whether the cluster cap refuses it."""
         return _budget_refusal(
             node_id, out, self.fleet, self.labels, self.domain_size, self.cluster_cap, self.disruption
         )
@@ -514,7 +517,7 @@ class _Ledger:
 def _wait_reason(
     action: actions.Action, ledger: _Ledger, state: BudgetState, *, held: bool, cooling: bool
 ) -> tuple[str, bool]:
-    """Why action must wait now ("" when it may run), and whether it waits for budget (rules 1-5).
+    """Why action must wait now ("" when it may run), and whether it waits for the cluster cap (rules 1-5).
 
     Args:
         action: the proposed action.
@@ -537,12 +540,12 @@ def _wait_reason(
     out = ledger.disrupted()
     if action.node_id in out:
         return "", False  # already out of service: adds no disruption
-    why = ledger.budget_refusal(action.node_id, out)
+    why, cluster_wide = ledger.budget_refusal(action.node_id, out)
     if empties and why:
         why = f"it is the node's last GPU in service, and {why}"
     if cooling:
         return f"storm cooldown until {state.cooldown_until:.0f}", False
-    return why, bool(why)
+    return why, cluster_wide
 
 
 def _storm(
@@ -609,10 +612,10 @@ def _budget_refusal(
     domain_size: Mapping[tuple[str, str], int],
     cluster_cap: int,
     pol: policy.DisruptionPolicy,
-) -> str:
-    """Why taking ``node_id`` out now would break the budget, or "" when it fits."""
+) -> tuple[str, bool]:
+    """Why taking ``node_id`` out now would break the budget ("" when it fits), and whether the cluster cap refuses."""
     if len(out) + 1 > cluster_cap:
-        return f"the cluster budget allows {cluster_cap} nodes out of service at once and {len(out)} are"
+        return f"the cluster budget allows {cluster_cap} nodes out of service at once and {len(out)} are", True
     node_labels = fleet.node_labels.get(node_id, {})
     for label in labels:
         value = node_labels.get(label)
@@ -622,8 +625,8 @@ def _budget_refusal(
         cap = _cap(pol.domain_max_nodes.get(label), pol.domain_max_pct.get(label), size)
         in_domain = sum(1 for n in out if fleet.node_labels.get(n, {}).get(label) == value)
         if in_domain + 1 > cap:
-            return f"{label} {value} allows {cap} of its {size} nodes out of service at once and {in_domain} are"
-    return ""
+            return f"{label} {value} allows {cap} of its {size} nodes out of service at once and {in_domain} are", False
+    return "", False
 
 
 def complete(state: BudgetState, command_id: str, *, now_s: float) -> BudgetState:

@@ -266,8 +266,8 @@ class DisruptionPolicy:
     breaker_min_nodes: int = 3
     """The breaker never trips for fewer nodes than this (a 2-node lab losing one is not a storm)."""
     storm_cooldown_s: float = 600.0
-    """After a storm (node actions waiting for budget) drains, or after a resume, new node-level
-    actions wait this long so statuses can settle."""
+    """After a storm (node actions waiting for the cluster cap) drains, or after a resume, new
+    node-level actions wait this long so statuses can settle. A wait for a domain's cap is no storm."""
     in_flight_max_age_s: float = 4 * 3600.0
     """An admitted node-level action whose result never came stops counting after this long."""
 

@@ -169,6 +169,32 @@ def test_a_storm_that_drains_starts_a_cooldown_for_new_node_actions():
     assert len(admitted) == 2
 
 
+def test_a_wait_for_a_domain_cap_is_no_storm_and_the_rest_of_the_fleet_repairs_on():
+    """Two GPUs off the bus in one NVLink domain: one node after the other, and no fleet-wide cooldown after."""
+    view = fleet(nodes=200, rack_size=8)
+    pol = policy.DisruptionPolicy(breaker_quarantine_pct=100.0, storm_cooldown_s=600.0)
+    admitted, deferred, state, reasons = blast_radius.admit(
+        blast_radius.BudgetState(), node_pair("n000") + node_pair("n001"), view, now_s=T0, policy=pol
+    )
+    assert [a.node_id for a in admitted] == ["n000", "n000"] and [a.node_id for a in deferred] == ["n001", "n001"]
+    assert "nvlink_domain nvl00 allows 1" in reasons[0]
+    assert not state.storm_active and state.cooldown_until is None
+    reboot = admitted[1]
+    # Meanwhile a node of another domain is repaired at once.
+    admitted, deferred, state, _ = blast_radius.admit(
+        state, [*deferred, *node_pair("n020")], view, now_s=T0 + 5, policy=pol
+    )
+    assert {a.node_id for a in admitted} == {"n020"} and {a.node_id for a in deferred} == {"n001"}
+    # n000 comes back: n001 goes next, and no cooldown holds the fleet's next repair.
+    state = blast_radius.complete(state, reboot.command_id, now_s=T0 + 10)
+    release = actions.Release(ticket_id="t-n000", step=2, node_id="n000")
+    admitted, deferred, state, _ = blast_radius.admit(state, [release, *deferred], view, now_s=T0 + 20, policy=pol)
+    assert not deferred and {a.node_id for a in admitted} == {"n000", "n001"}
+    assert not state.storm_active and state.cooldown_until is None
+    admitted, deferred, _, _ = blast_radius.admit(state, node_pair("n030"), view, now_s=T0 + 21, policy=pol)
+    assert len(admitted) == 2 and not deferred
+
+
 def test_budget_state_round_trips_through_json():
     view = fleet()
     _, _, state, _ = blast_radius.admit(
