@@ -591,6 +591,8 @@ class Row:
     max_backlog: int = 0
     dispatched: dict[str, int] = dataclasses.field(default_factory=dict)
     deferred_left: int = 0
+    policy_held: int = 0
+    """Actions of events the blast-radius policy held back: not in decision_ms (`RemediationStats.policy_held_s`)."""
     commands_sent: int = 0
     """Agent commands the burst queued on the nodes' streams (and their writers serialized)."""
     drained: bool = True
@@ -675,11 +677,7 @@ async def burst(rig: Rig, arrivals: list[Arrival], rate: float, drain_timeout_s:
         return_s.append((time.time_ns() - due_ns) / 1e9)
 
     stats = rig.service.stats
-    stats.decision_latency_s.clear()  # bounded deques: this run's entries alone
-    stats.decision_latency_kinds.clear()
-    commit_s = getattr(stats, "commit_s", None)  # a service before it (remediation_ab.py --bench this): none
-    if commit_s is not None:
-        commit_s.clear()
+    commit_s, policy_held_s = _cleared(stats)
     pauses = _GcPauses()
     loop_cpu0 = time.thread_time()  # this coroutine runs on the event loop's thread
     quiet_before = sum(rig.collector.collections) if rig.collector is not None else None
@@ -729,6 +727,7 @@ async def burst(rig: Rig, arrivals: list[Arrival], rate: float, drain_timeout_s:
     row.return_ms = [1000 * s for s in return_s]
     row.decision_ms = [1000 * s for s in stats.decision_latency_s]
     row.commit_ms = [1000 * s for s in commit_s or ()]
+    row.policy_held = len(policy_held_s or ())
     for kind, seconds in zip(stats.decision_latency_kinds, stats.decision_latency_s, strict=True):
         row.decision_ms_by_kind.setdefault(kind, []).append(1000 * seconds)
     row.undone_bound_ms = undone_bound_ms
@@ -745,6 +744,20 @@ async def burst(rig: Rig, arrivals: list[Arrival], rate: float, drain_timeout_s:
     # A read-only look at what still waits (the shared state since the split; the service's before it).
     shared = getattr(rig.service, "state", None)
     row.deferred_left = len(shared.deferred if shared is not None else rig.service._deferred)
+
+
+def _cleared(stats: Any) -> tuple[Any, Any]:
+    """Empty the service's timings (bounded deques: this run's entries alone); its (commit_s, policy_held_s).
+
+    None for one the service does not have (`remediation_ab.py --bench this` runs older trees).
+    """
+    stats.decision_latency_s.clear()
+    stats.decision_latency_kinds.clear()
+    kept = (getattr(stats, "commit_s", None), getattr(stats, "policy_held_s", None))
+    for timings in kept:
+        if timings is not None:
+            timings.clear()
+    return kept
 
 
 def _db_cpu(backend: str) -> float | None:
@@ -882,7 +895,8 @@ def table(feeds: list[Row], bursts: list[Row]) -> str:
         lines.append(
             f"- round {r.round}, {r.backend}, commits in a {r.writer}: burst dispatched {kinds or 'nothing'} "
             f"(agent commands written to streams: {r.commands_sent:,}); "
-            f"still deferred at the end: {r.deferred_left}; adapter calls unsettled: {r.adapters_unsettled}; "
+            f"still deferred at the end: {r.deferred_left}; actions held by the blast-radius policy (not in the "
+            f"decision figures): {r.policy_held}; adapter calls unsettled: {r.adapters_unsettled}; "
             f"state after the burst: {r.doc_bytes.get('open incidents', 0):,} open incidents, correlation "
             f"state {r.doc_bytes.get('correlation', 0):,} bytes in all (stored as one id list per scope, written "
             "when an incident opens or expires, and each changed incident's row), budget document "

@@ -132,13 +132,15 @@ class Dispatcher:
         return admission
 
     def _take_admission(self, admission: blast_radius.Admission) -> None:
-        """Hold the budget as an admission leaves it, and log what it deferred."""
+        """Hold the budget as an admission leaves it, and log what it deferred (its events' waits are the policy's)."""
         state = self._state
         state.budget = admission.state
         self._ledger.export_budget()
         state.stats.max_disrupted_nodes = max(state.stats.max_disrupted_nodes, len(state.budget.disrupted_nodes()))
         for action, reason in zip(admission.deferred, admission.reasons, strict=False):
             log.info("remediation_deferred", node=action.node_id, action=action.kind, reason=reason)
+            if (clock := state.event_times.get(action.command_id)) is not None:
+                clock.held = True
 
     def record_dispatch(
         self, action: actions.Action, states: dict[str, escalation.RemediationState], change: rstore.Commit

@@ -37,6 +37,8 @@ class Sender:
     def note_handed_over(self, action: actions.Action, *, at_ns: int | None = None) -> None:
         """The decision latency of an action an event led to: event stored → now (or at_ns).
 
+        An event the blast-radius policy held back counts in `RemediationStats.policy_held_s` instead.
+
         Now is when it leaves the decision path for its executor: an agent command put on its
         node's stream (after the commit that records it dispatched), a controller-side action
         (quarantine, RMA, notice) as its adapter is called (at_ns: read in the adapter's thread,
@@ -47,8 +49,11 @@ class Sender:
         event = state.event_times.pop(action.command_id, None)
         if event is not None:
             latency_s = max(0.0, (state.clock() if at_ns is None else at_ns) / 1e9 - event.stored_s)
-            state.stats.decision_latency_s.append(latency_s)
-            state.stats.decision_latency_kinds.append(action.kind)
+            if event.held:
+                state.stats.policy_held_s.append(latency_s)
+            else:
+                state.stats.decision_latency_s.append(latency_s)
+                state.stats.decision_latency_kinds.append(action.kind)
             if not event.acted:
                 # Once per event: a quarantine and the reset that follows it are one response, and
                 # timing both would count each such event twice, the second from further away.

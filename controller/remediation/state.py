@@ -45,6 +45,12 @@ class RemediationStats:
     )
     """The action kind of each entry of decision_latency_s, at the same position: a repair that follows a
     quarantine leaves after two commits, the quarantine's and the dispatch round's."""
+    policy_held_s: collections.deque[float] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=DECISION_LATENCIES_KEPT)
+    )
+    """Event stored → handed over, for the actions of events the blast-radius policy held back (the
+    budget, a cooldown, the breaker, a pause; `EventClock.held`): their wait is the policy's, not the
+    decision's, and is kept out of decision_latency_s."""
     commit_s: collections.deque[float] = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=DECISION_LATENCIES_KEPT)
     )
@@ -64,6 +70,8 @@ class EventClock:
 
     stored_s: float
     acted: bool = False
+    held: bool = False
+    """Whether the blast-radius policy deferred one of its actions (`RemediationStats.policy_held_s`)."""
 
 
 class DecisionLock:

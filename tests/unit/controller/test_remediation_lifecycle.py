@@ -463,6 +463,31 @@ def test_time_to_first_action_is_observed_once_per_event_however_many_commands_i
     rig.run(scenario)
 
 
+def test_an_event_the_policy_held_back_is_timed_apart_from_the_decisions(rig):
+    """A reset held while automation is paused waits for the operator, not the decider: not a decision latency."""
+    service = rig.service
+
+    async def scenario() -> None:
+        queue = await _open_stream(rig)
+        await service.set_paused(True, reason="maintenance", actor="ops")
+        await rig.event(1, 48)
+        assert _sent_kinds(queue) == [] and not service.stats.policy_held_s
+        rig.now_ns += 30 * 10**9  # the operator resumes 30 s later ...
+        await service.set_paused(False, reason="done", actor="ops")
+        # ... which starts a cooldown, and the quarantine empties the one-GPU node: it waits that out too.
+        waited_s = 30.0 + service.policy.disruption.storm_cooldown_s + 1
+        rig.now_ns += int((service.policy.disruption.storm_cooldown_s + 1) * 1e9)
+        await service.tick()
+        assert _sent_kinds(queue) == ["reset_gpu"]
+        assert list(service.stats.policy_held_s) == [pytest.approx(waited_s), pytest.approx(waited_s)]
+        assert list(service.stats.decision_latency_s) == []
+        # Time to first action (what operators alert on) still sees the whole wait.
+        registry = rig.ingest.metrics.registry
+        assert registry.get_sample_value("rasd_time_to_first_action_seconds_sum") == pytest.approx(waited_s)
+
+    rig.run(scenario)
+
+
 class _QuietSeen:
     """Hears of each decision and asks the service, then, whether it is quiet."""
 
