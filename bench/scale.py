@@ -25,18 +25,21 @@ Per fleet size, in fresh processes:
 "event→dispatch" is the controller's own `RemediationStats.decision_latency_s`: event stored →
 the action leaving the decision path (put on the node's stream after its commit, or handed to
 its adapter), per action the event's decision dispatched (a reset is two: quarantine the GPU, reset
-it), for events that led to a dispatch (some actions are held by the disruption budget).
+it), for events that led to a dispatch. The actions of an event the blast-radius policy held back (a
+rack's or NVLink domain's cap, the cluster's) wait for the policy, not the decision: they are counted
+on their own (`RemediationStats.policy_held_s`).
 "event→command at agent" is measured end to end on the agent side: the event's observed time → the
 first command that node receives after it (one clock: all processes share the host's).
 
 Also reported: how long flushing the latest telemetry took, in chunks between the store thread's
 other calls (``rasd_store_flush_seconds``), the mean health-event batch receive → ack time
 (``rasd_event_persist_seconds``), the ladder's commit p99 and the slowest decisions with their
-kinds; ``--profile PATH`` writes a cProfile of the controller's event loop; ``--heap-census objects``
+kinds; from the store after the run (`disruption`), the nodes whose node-level repair was asked,
+sent and still waiting for the budget at the end, and the most nodes out of service at once.
+``--profile PATH`` writes a cProfile of the controller's event loop; ``--heap-census objects``
 prints after warm-up the objects the controller's collector walks, by type (``bytes``: also the top
-allocation sites, traced). ``--controller-cpu N``
-pins the controller (and the commit writer it starts) to one CPU, ``--agents-cpu M`` the agents to
-another, as `taskset -c` would.
+allocation sites, traced). ``--controller-cpu N`` pins the controller (and the commit writer it
+starts) to one CPU, ``--agents-cpu M`` the agents to another, as `taskset -c` would.
 
 Figures go to the "## Scale" section of bench/RESULTS.md. The goals (issue #36, "One core",
 "Memory" and connect storms): one replica on one core carries 2,048 nodes × 8 GPUs, all connected
@@ -170,6 +173,7 @@ def controller_process(
                 {
                     "decision_latency_s": list(stats.decision_latency_s) if stats else [],
                     "decision_latency_kinds": list(stats.decision_latency_kinds) if stats else [],
+                    "policy_held_s": list(stats.policy_held_s) if stats else [],
                     "commit_s": list(stats.commit_s) if stats else [],
                     "actions_by_kind": dict(stats.actions_by_kind) if stats else {},
                     "events_decided": stats.events if stats else 0,
@@ -385,16 +389,57 @@ def _drive(
     return before, after, final, agent_stats, faults, mix_counts
 
 
+NODE_KINDS = ("quarantine_node", "reboot_node")
+"""The node-level repairs the disruption budget admits (an Xid 79 asks for both)."""
+
+
+def disruption(db_url: str, nodes: int) -> dict[str, Any]:
+    """The run's store on the disruption budget: node repairs asked, sent and still waiting; most nodes out at once.
+
+    Read from the controller's own records after it stopped: the outbox (a node repair still pending
+    was never admitted) and the node quarantines with their releases (nodes out of service at once,
+    against the default policy's cluster cap, min(8, 5 % of the fleet)).
+    """
+    from rasd.controller.core.remediation import policy
+    from rasd.controller.store import remediation as rstore
+    from rasd.controller.store import repo
+
+    store = repo.Store.open(db_url)
+    try:
+        records = rstore.RemediationStore(store.engine)
+        commands = [c for c in records.commands() if c.kind in NODE_KINDS]
+        quarantines = [q for q in records.quarantines(active_only=False) if not q["gpu_uuid"] and not q["port"]]
+    finally:
+        store.close()
+    edges = sorted(
+        [(q["since_unix_ns"], 1) for q in quarantines]
+        + [(q["released_unix_ns"], -1) for q in quarantines if q["released_unix_ns"] is not None]
+    )
+    out = most_out = 0
+    for _at_ns, step in edges:
+        out += step
+        most_out = max(most_out, out)
+    limits = policy.DisruptionPolicy()
+    return {
+        "node_repairs": len({c.node_id for c in commands}),
+        "node_repairs_sent": len({c.node_id for c in commands if c.status != "pending"}),
+        "node_repairs_waiting": len({c.node_id for c in commands if c.status == "pending"}),
+        "most_nodes_out": most_out,
+        "cluster_cap": min(limits.max_disrupted_nodes, max(1, int(limits.max_disrupted_nodes_pct * nodes / 100))),
+    }
+
+
 def run_size(nodes: int, args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
     """Measure one fleet size; returns its row."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     profile = str(args.profile.with_suffix(f".{nodes}.pstats")) if args.profile else ""
+    db = work / f"scale-{nodes}.db"
     controller = ctx.Process(
         target=controller_process,
         args=(
             child,
-            str(work / f"scale-{nodes}.db"),
+            str(db),
             profile,
             args.controller_cpu,
             args.commit_writer,
@@ -416,7 +461,8 @@ def run_size(nodes: int, args: argparse.Namespace, work: pathlib.Path) -> dict[s
         controller.join(timeout=30)
         if controller.is_alive():
             controller.kill()
-    return _row(nodes, before, after, final, agent_stats, faults, mix_counts)
+    row = _row(nodes, before, after, final, agent_stats, faults, mix_counts)
+    return {**row, **disruption(f"sqlite:///{db}", nodes)}
 
 
 def _row(
@@ -455,6 +501,8 @@ def _row(
         "decision_p99_ms": _pct(latency, 99) * 1000,
         "slowest": sorted(zip(latency, final["decision_latency_kinds"], strict=True), reverse=True)[:5],
         "commit_p99_ms": _pct(final["commit_s"], 99) * 1000,
+        "policy_held": len(final["policy_held_s"]),
+        "policy_held_max_ms": max(final["policy_held_s"], default=float("nan")) * 1000,
         "e2e_n": len(e2e),
         "e2e_p50_ms": _pct(e2e, 50) * 1000,
         "e2e_p99_ms": _pct(e2e, 99) * 1000,
@@ -566,6 +614,11 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, machine: str, w
             f"{r['gc_long_pauses']:.0f} over {float(GC_LONG_PAUSE_S) * 1000:.0f} ms"
             + "".join(f", generation {g}: {n:.0f}" for g, n in r["gc_long_by_generation"].items())
             + "; "
+            f"node repairs (quarantine and reboot): {r['node_repairs']} nodes, sent {r['node_repairs_sent']}, "
+            f"still waiting at the end {r['node_repairs_waiting']}, most nodes out of service at once "
+            f"{r['most_nodes_out']} (cluster cap {r['cluster_cap']}); actions of events the blast-radius policy "
+            f"held back (not in event → dispatch) {r['policy_held']}, the longest "
+            f"{_fmt(r['policy_held_max_ms'], 0)} ms; "
             f"remediation commit p99 {_fmt(r['commit_p99_ms'])} ms; slowest event → dispatch "
             + ", ".join(f"{1000 * s:,.0f} ms ({kind})" for s, kind in r["slowest"])
             + "."
