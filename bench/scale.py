@@ -29,7 +29,9 @@ it), for events that led to a dispatch. The actions of an event the blast-radius
 rack's or NVLink domain's cap, the cluster's) wait for the policy, not the decision: they are counted
 on their own (`RemediationStats.policy_held_s`).
 "event→command at agent" is measured end to end on the agent side: the event's observed time → the
-first command that node receives after it (one clock: all processes share the host's).
+first command that node receives after it (one clock: all processes share the host's). Its p99 is
+the ladder's counter hold, not a delay: an ECC DBE the burst injects as a counter waits
+``counter_hold_s`` (5 s) for the Xid that names it, then the tick after that resets the GPU.
 
 Also reported: how long flushing the latest telemetry took, in chunks between the store thread's
 other calls (``rasd_store_flush_seconds``), the mean health-event batch receive → ack time
