@@ -83,6 +83,9 @@ SMOOTHING_DOC = "power/smoothing"
 """The detected swing's smoothing plan in force (`swing.SmoothingPlan`, with the `SwingReport` it was
 sized from): saved before its first command leaves and deleted once its "off" commands have gone,
 so a restarted controller switches off, at job end, the profiles its predecessor put on."""
+FLOORS_DOC = "power/floors"
+"""The straggler floors in force (`core.power.floors`): saved with the first period that serves a change,
+before its commands leave, so the next leader serves them too."""
 BUDGETS_DOC = "power/budgets"
 POLICY_DOC = "power/policy"
 
@@ -338,6 +341,8 @@ class PowerLoop:
         self.repairs = repair_gate.RepairHold(wait_s=settings.repair_wait_s)
         """Resets and reboots counted at their GPUs' default limits, held until there is room (`repair_gate`)."""
         self.floors: dict[str, power_floors.Floor] = {}
+        self._floors_saved: dict[str, power_floors.Floor] = {}
+        """The floors as the store has them (`_persist` writes them when they differ)."""
         """GPU -> its floor (a straggler's raise, `core.power.floors`): served within the budgets' headroom."""
         self.room: power_status.GpuRoom | None = None
         """What each GPU could still be given after the latest period (None: no period managed GPUs)."""
@@ -452,6 +457,8 @@ class PowerLoop:
         self._period, overrides = restored_state(settings=self.settings, config=self._config, docs=docs,
                                                  now_s=self._now(), replica=self._replica)  # fmt: skip
         self._budget_overrides.update(overrides)
+        self.floors = restored_floors(docs, now_s=self._now())
+        self._floors_saved = dict(self.floors)
         # Every GPU the store knows, connected now or not: a node whose agent has not (yet) come back
         # keeps the caps it had, and the allocator must count them (`views.inventory`).
         nodes = await self._ingest.run_in_store(self._ingest.store.list_nodes)
@@ -760,8 +767,12 @@ class PowerLoop:
         plan, report = after.smoothing.plan, after.smoothing.unmanaged
         if plan is not None and plan is not before.smoothing.plan and report is not None:
             docs[SMOOTHING_DOC] = {"plan": dataclasses.asdict(plan), "report": dataclasses.asdict(report)}
+        floors = dict(self.floors)  # one set since `_gather` is saved a period early: harmless
+        if floors != self._floors_saved:
+            docs[FLOORS_DOC] = power_floors.to_mapping(floors)
         if docs:
             await self._save(docs)
+            self._floors_saved = floors
 
     # -- sending -------------------------------------------------------------------------------------
     def _send(self, out: commands.Commands, now: float) -> None:
@@ -941,6 +952,20 @@ def restored_state(
         settings, config, tree, policy, replica=replica, now_s=now_s, apply=apply, start=start, plan=plan
     )
     return state, overrides
+
+
+def restored_floors(docs: Mapping[str, Any], *, now_s: float) -> dict[str, power_floors.Floor]:
+    """The straggler floors the store kept that have not expired (an unreadable document is dropped and logged)."""
+    if not docs.get(FLOORS_DOC):
+        return {}
+    try:
+        floors = power_floors.from_mapping(docs[FLOORS_DOC], now_s=now_s)
+    except ValueError as exc:
+        log.error("power_floors_dropped", error=str(exc))
+        return {}
+    if floors:
+        log.info("power_floors_restored", gpus=len(floors))
+    return floors
 
 
 def _audit(now_ns: int, actor: str, action: str, reason: str) -> dict[str, Any]:

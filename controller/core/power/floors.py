@@ -11,6 +11,10 @@ removes it; a quarantined GPU is ineligible anyway), and at the latest `TTL_S` a
 straggler that keeps lagging has gone on to be validated long before that, and a floor nobody
 removed (a lost effect, a restarted watch) must not hold watts for ever.
 
+The floors survive a restart and a change of leader: the shell stores them (`to_mapping`) with the
+period that first serves them, before its commands leave, and a starting loop reads them back
+(`from_mapping`), without the ones that expired meanwhile.
+
 Pure: values in, values out; `now_s` is passed in.
 """
 
@@ -67,3 +71,28 @@ def in_force(
 def floors_w(floors: Mapping[str, Floor]) -> dict[str, float]:
     """GPU -> its floor, W (what `inputs.PeriodInputs.floors_w` carries)."""
     return {gpu: f.floor_w for gpu, f in floors.items()}
+
+
+def to_mapping(floors: Mapping[str, Floor]) -> dict[str, list[dict[str, object]]]:
+    """The floors as a JSON-friendly document (`from_mapping` reads it back)."""
+    return {"floors": [dataclasses.asdict(f) for f in floors.values()]}
+
+
+def from_mapping(doc: Mapping[str, object], *, now_s: float) -> dict[str, Floor]:
+    """The floors of a `to_mapping` document still in force at now_s (expired ones are left out).
+
+    Raises:
+        ValueError: a document that is no floors document, or a floor that cannot mean anything (named).
+    """
+    items = doc.get("floors")
+    if not isinstance(items, list):
+        raise ValueError(f"floors: must be a list, got {type(items).__name__}")
+    out: dict[str, Floor] = {}
+    for item in items:
+        try:
+            kept = Floor(**item)
+        except TypeError as exc:
+            raise ValueError(f"floors: not a floor: {item!r} ({exc})") from None
+        if now_s < kept.expires_at_s:
+            out[kept.gpu_uuid] = kept
+    return out

@@ -43,3 +43,24 @@ def test_an_unreadable_apply_state_is_logged_and_the_loop_starts_as_if_it_knew_n
     assert "pending_seq" in next(e["error"] for e in logs if e["event"] == "power_state_unreadable")
     # A new lineage: its command ids never collide with ones the old lineage may have sent.
     assert apply.epoch != "old" and apply.next_seq == 0
+
+
+def test_the_floors_kept_are_served_again_but_not_the_expired_ones():
+    """A new leader serves the straggler floors its predecessor stored (`PowerLoop._persist`)."""
+    from rasd.controller.core.power import floors as power_floors
+
+    kept = {
+        "GPU-a": power_floors.floor("GPU-a", "n", 650.0, "power-braked: raised", now_s=90.0),
+        "GPU-b": power_floors.floor("GPU-b", "n", 640.0, "an old one", now_s=90.0 - power_floors.TTL_S),
+    }
+    docs = {power_loop.FLOORS_DOC: power_floors.to_mapping(kept)}
+    assert power_loop.restored_floors(docs, now_s=100.0) == {"GPU-a": kept["GPU-a"]}
+    assert power_loop.restored_floors({}, now_s=100.0) == {}
+
+
+def test_an_unreadable_floors_document_is_logged_and_dropped():
+    docs = {power_loop.FLOORS_DOC: {"floors": [{"gpu_uuid": "GPU-a", "floor_w": -5}]}}
+    with structlog.testing.capture_logs() as logs:
+        assert power_loop.restored_floors(docs, now_s=100.0) == {}
+    (error,) = [entry for entry in logs if entry["log_level"] == "error"]
+    assert error["event"] == "power_floors_dropped" and "not a floor" in error["error"]

@@ -232,3 +232,39 @@ def test_a_stragglers_raise_cap_becomes_a_floor_of_the_power_loop_and_its_later_
         ("straggler_raise_cap", "recorded: no power loop runs here"),
         ("straggler_validate", "handed to the ladder"),
     ]
+
+
+def test_a_floor_outlives_its_leader_once_a_period_served_it(rig):
+    """A new leader (or a restarted one) serves the floor its predecessor's period stored, and expiry still ends it."""
+    from rasd.controller.core.power import floors as power_floors
+    from rasd.controller.core.power import tree as power_tree
+    from rasd.controller.power import loop as power_loop
+
+    settings = power_loop.PowerSettings(
+        tree=power_tree.PowerTree.from_mapping(
+            {"budget_w": 1400, "rows": [{"name": "r", "racks": [{"name": "k", "nodes": [{"name": NODE}]}]}]}
+        )
+    )
+    out = {}
+
+    async def scenario() -> None:
+        leader = power_loop.PowerLoop(rig.ingest, settings, clock=rig.clock)
+        await leader.start()
+        leader.set_floor(GPU_A, NODE, 650.0, "power-braked: raised 600 → 650 W")
+        out["plan"] = await leader.step()
+        await leader.stop()
+        successor = power_loop.PowerLoop(rig.ingest, settings, clock=rig.clock)
+        await successor.start()
+        out["served"] = dict(successor.floors)
+        await successor.stop()
+        rig.now_ns += int(power_floors.TTL_S * 1e9)
+        late = power_loop.PowerLoop(rig.ingest, settings, clock=rig.clock)
+        await late.start()
+        out["late"] = dict(late.floors)
+        await late.stop()
+
+    rig.run(scenario)
+    assert out["plan"] is not None, "the period managed the node's GPUs (and so stored what it served)"
+    (floor,) = out["served"].values()
+    assert (floor.gpu_uuid, floor.floor_w, floor.reason) == (GPU_A, 650.0, "power-braked: raised 600 → 650 W")
+    assert out["late"] == {}
