@@ -205,7 +205,8 @@ def _power_loop(
     """The power loop, run by the leader ([power] configured), or None.
 
     With several replicas it runs on the leader over every node: it reads the other replicas'
-    aggregates (`wired.fleet`) and its commands reach their nodes through the relay (send_command).
+    aggregates (`wired.fleet`) and its commands reach their nodes through the relay (send_command;
+    a period's caps all at once, `Relay.send_many`).
     """
     if settings.power is None:
         return None
@@ -215,6 +216,7 @@ def _power_loop(
         power_loop.PowerSettings.from_mapping(settings.power),
         limiter=limiter,
         send_command=send_command,
+        send_many=wired.relay.send_many if wired.relay is not None else None,
         remote=wired.fleet,
     )
     leadership.on_elected(lambda _token: power.start())

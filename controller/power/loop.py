@@ -45,7 +45,7 @@ import time
 import tomllib
 import types
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, Protocol
 
 import pydantic
@@ -201,6 +201,20 @@ class RemoteFleet(Protocol):
         ...
 
 
+class BatchSender(Protocol):
+    """Sends many commands to their nodes at once, each outcome to on_result as it comes (`Courier.send_many`)."""
+
+    def __call__(
+        self,
+        commands: Sequence[tuple[str, wire_commands.Command]],
+        *,
+        timeout_s: float,
+        on_result: Callable[[int, msgs.AgentResult | BaseException], None],
+    ) -> Awaitable[None]:
+        """on_result(index, result or the error `CommandSender` would raise), once per command."""
+        ...
+
+
 UNANSWERED: tuple[type[Exception], ...] = (LookupError, TimeoutError, ConnectionError, *repo.STORE_UNAVAILABLE)
 """A command whose result did not come back: no stream, no answer in time, or the relay's store was out."""
 
@@ -289,15 +303,18 @@ class PowerLoop:
         clock: Callable[[], int] = time.time_ns,
         replica: str = "",
         send_command: CommandSender | None = None,
+        send_many: BatchSender | None = None,
         remote: RemoteFleet | None = None,
     ) -> None:
         """Bind to the ingest (telemetry, streams, store thread); nothing runs until start().
 
         send_command: how commands reach a node (default: this replica's streams, `Ingest.send_command`).
+        send_many: how a period's caps reach their nodes, all at once (default: send_command for each).
         remote: with several replicas, the other replicas' aggregates; None: this replica holds every stream.
         """
         self._ingest = ingest
         self._send_command: CommandSender = send_command or ingest.send_command
+        self._send_many: BatchSender = send_many or self._send_each
         self._remote = remote
         self._remote_view: aggregates.FleetAggregate = aggregates.EMPTY
         self._tracked: frozenset[str] = frozenset()
@@ -777,9 +794,9 @@ class PowerLoop:
     # -- sending -------------------------------------------------------------------------------------
     def _send(self, out: commands.Commands, now: float) -> None:
         """Send a period's (or a policy change's) commands, in order; results come back as inputs."""
-        for caps in out.cap_commands:
-            self.stats.commands_sent += 1
-            self._spawn(self._send_caps(caps, issued_unix_ns=int(now * 1e9)))
+        if out.cap_commands:
+            self.stats.commands_sent += len(out.cap_commands)
+            self._spawn(self._send_caps(out.cap_commands, issued_unix_ns=int(now * 1e9)))
         for command in out.smoothing:
             self.stats.smoothing_commands += int(command.enabled)
             self._spawn(self._send_smoothing(command))
@@ -810,20 +827,48 @@ class PowerLoop:
         result = await self._send_command(command.node_id, wire, timeout_s=self.policy.command_ttl_s + 1.0)
         return power_wire.result_from_wire(result)
 
-    async def _send_caps(self, command: commands.SetCaps, *, issued_unix_ns: int) -> None:
-        try:
-            result = await self._deliver(command, issued_unix_ns=issued_unix_ns)
-        except UNANSWERED as exc:
-            # No answer: the command stays pending until a read-back newer than its deadline. Logged
-            # once a period for all (`_log_unanswered`): a replica that stops answering leaves
-            # thousands unanswered each period, and a line each cost the leader more than its period.
-            self._caps_unanswered.append((command.node_id, f"{type(exc).__name__}: {exc}"))
-            return
-        finished_ns = result.finished_unix_ns
-        at_ns = self._controller_ns(command.node_id, finished_ns) if finished_ns else self._clock()
-        self._acks.extend(power_wire.cap_acks(result, command.limits, at_ns / 1e9))
-        if self._waiting:
-            self._wake.set()  # raises wait on these confirmations: do not make them wait a period
+    async def _send_caps(self, caps: Sequence[commands.SetCaps], *, issued_unix_ns: int) -> None:
+        """A period's SetPowerCap commands, one per node, sent together; each ack taken as it comes."""
+
+        def on_result(index: int, outcome: msgs.AgentResult | BaseException) -> None:
+            command = caps[index]
+            if isinstance(outcome, UNANSWERED):
+                # No answer: the command stays pending until a read-back newer than its deadline. Logged
+                # once a period for all (`_log_unanswered`): a replica that stops answering leaves
+                # thousands unanswered each period, and a line each cost the leader more than its period.
+                self._caps_unanswered.append((command.node_id, f"{type(outcome).__name__}: {outcome}"))
+                return
+            if isinstance(outcome, BaseException):
+                log.error("power_cap_send_failed", node=command.node_id, error=repr(outcome))
+                return
+            result = power_wire.result_from_wire(outcome)
+            finished_ns = result.finished_unix_ns
+            at_ns = self._controller_ns(command.node_id, finished_ns) if finished_ns else self._clock()
+            self._acks.extend(power_wire.cap_acks(result, command.limits, at_ns / 1e9))
+            if self._waiting:
+                self._wake.set()  # raises wait on these confirmations: do not make them wait a period
+
+        wires = [(c.node_id, power_wire.command_to_wire(c, issued_unix_ns=issued_unix_ns)) for c in caps]
+        await self._send_many(wires, timeout_s=self.policy.command_ttl_s + 1.0, on_result=on_result)
+
+    async def _send_each(
+        self,
+        commands: Sequence[tuple[str, wire_commands.Command]],
+        *,
+        timeout_s: float,
+        on_result: Callable[[int, msgs.AgentResult | BaseException], None],
+    ) -> None:
+        """`BatchSender` over send_command: each command on its own, all at once."""
+
+        async def one(index: int, node_id: str, command: wire_commands.Command) -> None:
+            try:
+                result = await self._send_command(node_id, command, timeout_s=timeout_s)
+            except Exception as exc:
+                on_result(index, exc)
+            else:
+                on_result(index, result)
+
+        await asyncio.gather(*(one(i, node_id, command) for i, (node_id, command) in enumerate(commands)))
 
     async def _send_smoothing(self, command: commands.NodeCommand) -> None:
         try:

@@ -156,3 +156,37 @@ def test_a_relayed_command_stored_after_its_deadline_gives_up_at_once_and_is_wit
     left = wired.relay.store.relayed_commands(0)
     assert waited_s < 1.0, f"waited {waited_s:.2f} s for a command stored 0.3 s after it was sent"
     assert left == []
+
+
+def test_a_periods_commands_sent_together_each_get_one_outcome_as_it_comes(store, relay_only):
+    """`Courier.send_many` (a power period's caps): answered ones hand over their results, the rest time out,
+    every one once; written and withdrawn in a few transactions, and nothing is left in the store."""
+    sender, holder = relay_only("ctl-a"), relay_only("ctl-b")
+    commits: list[int] = []
+    sa_event.listen(store.engine, "commit", lambda _conn: commits.append(1))
+    outcomes: dict[int, list] = {}
+
+    def on_result(index, outcome):
+        outcomes.setdefault(index, []).append(outcome)
+
+    async def period():
+        commands = [(f"node-{n}", commands_pb.Command(command_id=f"cap-m-{n}")) for n in range(300)]
+        sending = asyncio.create_task(sender.relay.send_many(commands, timeout_s=1.0, on_result=on_result))
+        while len(sender.relay.store.relayed_commands(0)) < 300:  # written (as the holder's courier finds them)
+            await asyncio.sleep(0.01)
+        holder.relay.courier.relayed_sent.update({"cap-m-3", "cap-m-250"})  # as `deliver_pending` leaves them
+        for n in (3, 250):
+            await holder.relay.result(f"node-{n}", msgs.AgentResult(f"cap-m-{n}", msgs.Outcome.SUCCEEDED))
+        await sender.relay.courier.collect_awaited()
+        await asyncio.sleep(0.05)  # the futures' callbacks run on the loop's next turns
+        answered_early = sorted(outcomes)
+        await sending
+        return answered_early
+
+    answered_early = asyncio.run(period())
+    assert answered_early == [3, 250], "a result goes to its sender as it comes, not at the deadline"
+    assert sorted(outcomes) == list(range(300)) and all(len(o) == 1 for o in outcomes.values())
+    assert [o[0].command_id for i, o in sorted(outcomes.items()) if i in (3, 250)] == ["cap-m-3", "cap-m-250"]
+    assert all(isinstance(o[0], TimeoutError) for i, o in outcomes.items() if i not in (3, 250))
+    assert sender.relay.store.relayed_commands(0) == []
+    assert len(commits) <= 8, f"{len(commits)} transactions for 300 relayed commands and 2 results"
