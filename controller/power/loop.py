@@ -314,7 +314,7 @@ class PowerLoop:
         """
         self._ingest = ingest
         self._send_command: CommandSender = send_command or ingest.send_command
-        self._send_many: BatchSender = send_many or self._send_each
+        self._send_many: BatchSender = send_many or each_alone(self._send_command)
         self._remote = remote
         self._remote_view: aggregates.FleetAggregate = aggregates.EMPTY
         self._tracked: frozenset[str] = frozenset()
@@ -358,8 +358,7 @@ class PowerLoop:
         self.repairs = repair_gate.RepairHold(wait_s=settings.repair_wait_s)
         """Resets and reboots counted at their GPUs' default limits, held until there is room (`repair_gate`)."""
         self.floors: dict[str, power_floors.Floor] = {}
-        self._floors_saved: dict[str, power_floors.Floor] = {}
-        """The floors as the store has them (`_persist` writes them when they differ)."""
+        self._floors_saved: dict[str, power_floors.Floor] = {}  # as the store has them (`_persist`)
         """GPU -> its floor (a straggler's raise, `core.power.floors`): served within the budgets' headroom."""
         self.room: power_status.GpuRoom | None = None
         """What each GPU could still be given after the latest period (None: no period managed GPUs)."""
@@ -457,12 +456,8 @@ class PowerLoop:
         i = self._room_index.get(gpu_uuid)
         if i is None:
             return None
-        return straggler_actions.PowerRoom(
-            cap_w=float(room.cap_w[i]),
-            max_w=float(room.max_w[i]),
-            headroom_w=float(room.headroom_w[i]),
-            capped=bool(room.capped[i]),
-        )
+        cap_w, max_w, headroom_w, capped = room.row(i)
+        return straggler_actions.PowerRoom(cap_w=cap_w, max_w=max_w, headroom_w=headroom_w, capped=capped)
 
     def _set_room(self, room: power_status.GpuRoom | None) -> None:
         self.room, self._room_index = room, None
@@ -831,44 +826,21 @@ class PowerLoop:
         """A period's SetPowerCap commands, one per node, sent together; each ack taken as it comes."""
 
         def on_result(index: int, outcome: msgs.AgentResult | BaseException) -> None:
-            command = caps[index]
-            if isinstance(outcome, UNANSWERED):
-                # No answer: the command stays pending until a read-back newer than its deadline. Logged
-                # once a period for all (`_log_unanswered`): a replica that stops answering leaves
-                # thousands unanswered each period, and a line each cost the leader more than its period.
-                self._caps_unanswered.append((command.node_id, f"{type(outcome).__name__}: {outcome}"))
-                return
-            if isinstance(outcome, BaseException):
-                log.error("power_cap_send_failed", node=command.node_id, error=repr(outcome))
+            node_id, limits = caps[index].node_id, caps[index].limits
+            if isinstance(outcome, BaseException):  # pending until a read-back newer than its deadline
+                if not isinstance(outcome, UNANSWERED):
+                    log.error("power_cap_send_failed", node=node_id, error=repr(outcome))
+                # Logged once a period for all (`_log_unanswered`): a line each cost more than a period.
+                self._caps_unanswered.append((node_id, f"{type(outcome).__name__}: {outcome}"))
                 return
             result = power_wire.result_from_wire(outcome)
-            finished_ns = result.finished_unix_ns
-            at_ns = self._controller_ns(command.node_id, finished_ns) if finished_ns else self._clock()
-            self._acks.extend(power_wire.cap_acks(result, command.limits, at_ns / 1e9))
+            at_ns = self._controller_ns(node_id, result.finished_unix_ns) if result.finished_unix_ns else self._clock()
+            self._acks.extend(power_wire.cap_acks(result, limits, at_ns / 1e9))
             if self._waiting:
                 self._wake.set()  # raises wait on these confirmations: do not make them wait a period
 
         wires = [(c.node_id, power_wire.command_to_wire(c, issued_unix_ns=issued_unix_ns)) for c in caps]
         await self._send_many(wires, timeout_s=self.policy.command_ttl_s + 1.0, on_result=on_result)
-
-    async def _send_each(
-        self,
-        commands: Sequence[tuple[str, wire_commands.Command]],
-        *,
-        timeout_s: float,
-        on_result: Callable[[int, msgs.AgentResult | BaseException], None],
-    ) -> None:
-        """`BatchSender` over send_command: each command on its own, all at once."""
-
-        async def one(index: int, node_id: str, command: wire_commands.Command) -> None:
-            try:
-                result = await self._send_command(node_id, command, timeout_s=timeout_s)
-            except Exception as exc:
-                on_result(index, exc)
-            else:
-                on_result(index, result)
-
-        await asyncio.gather(*(one(i, node_id, command) for i, (node_id, command) in enumerate(commands)))
 
     async def _send_smoothing(self, command: commands.NodeCommand) -> None:
         try:
@@ -997,6 +969,28 @@ def restored_state(
         settings, config, tree, policy, replica=replica, now_s=now_s, apply=apply, start=start, plan=plan
     )
     return state, overrides
+
+
+def each_alone(send_command: CommandSender) -> BatchSender:
+    """A `BatchSender` over send_command: each command on its own, all at once (this replica's streams)."""
+
+    async def send_many(
+        commands: Sequence[tuple[str, wire_commands.Command]],
+        *,
+        timeout_s: float,
+        on_result: Callable[[int, msgs.AgentResult | BaseException], None],
+    ) -> None:
+        async def one(index: int, node_id: str, command: wire_commands.Command) -> None:
+            try:
+                result = await send_command(node_id, command, timeout_s=timeout_s)
+            except Exception as exc:
+                on_result(index, exc)
+            else:
+                on_result(index, result)
+
+        await asyncio.gather(*(one(i, node_id, command) for i, (node_id, command) in enumerate(commands)))
+
+    return send_many
 
 
 def restored_floors(docs: Mapping[str, Any], *, now_s: float) -> dict[str, power_floors.Floor]:

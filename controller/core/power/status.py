@@ -69,6 +69,10 @@ class GpuRoom:
         """GPU -> its position in the arrays."""
         return {gpu: i for i, gpu in enumerate(self.gpu_uuids)}
 
+    def row(self, i: int) -> tuple[float, float, float, bool]:
+        """The GPU at position i: (cap_w, max_w, headroom_w, capped), as plain numbers."""
+        return float(self.cap_w[i]), float(self.max_w[i]), float(self.headroom_w[i]), bool(self.capped[i])
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class DomainSums:
