@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -141,20 +142,29 @@ def test_a_relayed_commands_result_goes_to_its_sender_and_never_to_the_ladder(re
 def test_a_relayed_command_stored_after_its_deadline_gives_up_at_once_and_is_withdrawn(relay_only):
     """No courier delivers a row past its expiry: the sender does not wait another whole timeout for it."""
     wired = relay_only("ctl-a")
+    busy_started = threading.Event()
+
+    def long_call() -> None:
+        busy_started.set()
+        time.sleep(0.8)
 
     async def send():
-        busy = asyncio.create_task(wired.thread.run(time.sleep, 0.3))  # the store thread behind a long queue
-        await asyncio.sleep(0.01)
+        busy = asyncio.create_task(wired.thread.run(long_call))  # the store thread behind a long queue
+        # Sent once the long call runs (the thread may finish a poll of the courier first), so the
+        # write is stored 0.8 s after the send however late the call started; the 0.5 s deadline
+        # leaves room for a stall of the test's own loop.
+        while not busy_started.is_set():
+            await asyncio.sleep(0.001)
         started = time.monotonic()
         with pytest.raises(TimeoutError, match="stored after its deadline"):
-            await wired.relay.send_command("node-far", commands_pb.Command(command_id="cap-late"), timeout_s=0.2)
+            await wired.relay.send_command("node-far", commands_pb.Command(command_id="cap-late"), timeout_s=0.5)
         waited_s = time.monotonic() - started
         await busy
         return waited_s
 
     waited_s = asyncio.run(send())
     left = wired.relay.store.relayed_commands(0)
-    assert waited_s < 1.0, f"waited {waited_s:.2f} s for a command stored 0.3 s after it was sent"
+    assert waited_s < 1.1, f"waited {waited_s:.2f} s for a command stored 0.8 s after it was sent (timeout 0.5 s)"
     assert left == []
 
 
