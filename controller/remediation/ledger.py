@@ -348,11 +348,11 @@ class Ledger:
         return sent
 
     def _forget_finished(self, change: rstore.Commit, unsent: set[str]) -> set[str]:
-        """Forget the commands change finished without a result (`close`); their ids.
+        """Forget the commands change finished (`close`, or a result's own); their ids.
 
-        A result's own command left already. Such a command is one sent and unanswered, or one the
-        round admitted (unsent) and the pass committed with it superseded (`passes.merged`), which
-        so never leaves.
+        Such a command is one sent and unanswered (a result's own among them), an adapter's call
+        whose outcome this was, or one the round admitted (unsent) and the pass committed with it
+        superseded (`passes.merged`), which so never leaves.
         """
         state = self._state
         finished: set[str] = set()

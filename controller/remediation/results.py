@@ -127,7 +127,10 @@ class Results:
             self._validation_into(node_id, result, sent, state, decision, change)
         self._state.budget = blast_radius.complete(self._state.budget, result.command_id, now_s=now_ns / 1e9)
         self._ledger.close(decision, change, now_ns / 1e9, answered=result.command_id)
-        self._sender.forget(result.command_id, result.outcome.name.lower())
+        # What waited for this command's adapter leaves now; the command itself is forgotten (and
+        # counted) once change has committed (`Ledger.after_commit`): a commit that fails leaves it
+        # tracked, so the result's retry still knows what was sent (a validation's targets and suite).
+        self._sender.send_held(result.command_id)
         self._observe_repairs(decision, now_ns / 1e9)
         log.info(
             "remediation_result",

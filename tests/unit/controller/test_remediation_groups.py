@@ -515,6 +515,10 @@ def test_an_adapters_outcome_rides_in_the_next_pass_and_one_the_store_refused_is
         finished = {c.command_id: c for c in rig.service.store.commands()}[quarantine_cmd.command_id]
         assert finished.status == "succeeded" and finished.result["message"] == "quarantined"
         assert not rig.service.results.owed and not rig.service.adapters_busy
+        # Counted once, under its kind, when its outcome committed (the refused pass counted nothing).
+        sample = rig.service.state.metrics.registry.get_sample_value
+        assert sample("rasd_remediation_actions_total", {"kind": "quarantine_gpu", "outcome": "succeeded"}) == 1
+        assert sample("rasd_remediation_actions_total", {"kind": "unknown", "outcome": "succeeded"}) is None
         commits = rig.commits
         scheduler_answers.clear()
         await rig.service.on_events("node-1", [_event("node-1", 2, 48, GPUS[1])], {"rack": "r1"})
