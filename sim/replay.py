@@ -449,9 +449,11 @@ async def _feed(
         return  # the recorded run's outputs: the baseline, not an input
     if which == "accusation":
         run.inputs["accusation"] = run.inputs.get("accusation", 0) + 1
+        accusation = entry.accusation
         await service.accuse(
-            entry.node_id, entry.accusation.gpu_uuid, reason=entry.accusation.reason, accuser=entry.accusation.accuser
-        )
+            entry.node_id, accusation.gpu_uuid, reason=accusation.reason, accuser=accusation.accuser,
+            at_unix_ns=entry.at_unix_ns,  # its ticket's id holds the recorded time, not the replay clock's
+        )  # fmt: skip
         return
     if which == "node_lost":
         run.inputs["node_lost"] = run.inputs.get("node_lost", 0) + 1

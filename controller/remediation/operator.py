@@ -234,10 +234,17 @@ class OperatorCommands:
         )
         await self._ledger.commit(done)
 
-    async def accuse(self, node_id: str, gpu_uuid: str, *, reason: str, accuser: str) -> None:
-        """An SDC accusation (operator or training job): it enters the ladder like any health event."""
+    async def accuse(
+        self, node_id: str, gpu_uuid: str, *, reason: str, accuser: str, at_unix_ns: int | None = None
+    ) -> None:
+        """An SDC accusation (operator or training job): it enters the ladder like any health event.
+
+        at_unix_ns: when it was made (default now). A replay passes the recorded time: the recording
+        keeps entries in the order they were written, and one written while the accusation's commit
+        ran can precede it with a later time, which the replay's clock has then passed.
+        """
         state = self._state
-        now_ns = state.clock()
+        now_ns = state.clock() if at_unix_ns is None else at_unix_ns
         event = repo.controller_event(
             node_id,
             int(health.EventKind.SDC_SUSPECT),

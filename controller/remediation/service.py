@@ -410,9 +410,11 @@ class RemediationService:
         """Start a validation run (`OperatorCommands.validate`); its id."""
         return await self.operator.validate(node_id, gpu_uuid, suite=suite, seed=seed, actor=actor)
 
-    async def accuse(self, node_id: str, gpu_uuid: str, *, reason: str, accuser: str) -> None:
+    async def accuse(
+        self, node_id: str, gpu_uuid: str, *, reason: str, accuser: str, at_unix_ns: int | None = None
+    ) -> None:
         """An SDC accusation into the ladder (`OperatorCommands.accuse`)."""
-        await self.operator.accuse(node_id, gpu_uuid, reason=reason, accuser=accuser)
+        await self.operator.accuse(node_id, gpu_uuid, reason=reason, accuser=accuser, at_unix_ns=at_unix_ns)
 
     async def approve_rma(self, rma_id: str, *, actor: str) -> dict[str, Any] | None:
         """Approve a pending RMA ticket (`OperatorCommands.approve_rma`)."""

@@ -118,6 +118,26 @@ def test_a_ladder_without_restarts_resets_the_gpu_instead(recorded, tmp_path):
     assert "4 decision(s) differ" in table
 
 
+def test_an_accusation_written_after_a_later_entry_is_replayed_at_its_own_time(recorded, tmp_path):
+    """The recorder writes an accusation once its commit is done, with the time it was made; an entry
+    written meanwhile comes first in the file with a later time. Its replay keeps the recorded time,
+    so its ticket (whose id holds that time) is the recorded one (under load in CI it came 50 ms later)."""
+    rec = recording.read(recorded)
+    entries = list(rec.entries)
+    (at,) = [i for i, e in enumerate(entries) if e.WhichOneof("entry") == "accusation"]
+    accusation = entries[at]
+    later = next(i for i in range(at + 1, len(entries)) if entries[i].at_unix_ns > accusation.at_unix_ns)
+    entries.insert(later, entries.pop(at))  # now after an entry 'later' with a later time
+    raced = tmp_path / "raced.rasdrec"
+    with open(raced, "wb") as out:
+        out.write(recording.MAGIC)
+        for message in (rec.header, *entries):
+            data = message.SerializeToString()
+            out.write(recording._varint(len(data)) + data)
+    report = _replay(raced, tmp_path)
+    assert report["differences"] == 0 and report["diff"] == []
+
+
 def test_a_policy_file_with_a_bad_key_is_refused_by_name(recorded, tmp_path, capsys):
     policy_file = tmp_path / "bad.toml"
     policy_file.write_text("[remediation.escalation]\nmax_attempts_reset_gpu = -1\n")
