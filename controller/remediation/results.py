@@ -19,7 +19,6 @@ from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core.remediation import actions, blast_radius, escalation
 from rasd.controller.remediation import ledger as ledger_mod
 from rasd.controller.remediation import sdc_ledger
-from rasd.controller.remediation import sender as sender_mod
 from rasd.controller.remediation import state as state_mod
 from rasd.controller.store import records, repo
 from rasd.controller.store import remediation as rstore
@@ -44,13 +43,11 @@ class Results:
         self,
         state: state_mod.LadderState,
         ledger: ledger_mod.Ledger,
-        sender: sender_mod.Sender,
         sdc: sdc_ledger.SdcLedger,
     ) -> None:
-        """Share state; stage and commit through ledger; forget answered commands through sender; feed sdc."""
+        """Share state; stage and commit through ledger (which forgets answered commands); feed sdc."""
         self._state = state
         self._ledger = ledger
-        self._sender = sender
         self._sdc = sdc
         self.owed: list[tuple[str, msgs.AgentResult]] = []
         """Results that arrived while the store was unavailable, applied by the next tick (`apply_owed`)."""
@@ -127,10 +124,9 @@ class Results:
             self._validation_into(node_id, result, sent, state, decision, change)
         self._state.budget = blast_radius.complete(self._state.budget, result.command_id, now_s=now_ns / 1e9)
         self._ledger.close(decision, change, now_ns / 1e9, answered=result.command_id)
-        # What waited for this command's adapter leaves now; the command itself is forgotten (and
-        # counted) once change has committed (`Ledger.after_commit`): a commit that fails leaves it
-        # tracked, so the result's retry still knows what was sent (a validation's targets and suite).
-        self._sender.send_held(result.command_id)
+        # The command is forgotten (and counted) once change has committed (`Ledger.after_commit`): a
+        # commit that fails leaves it tracked, so the result's retry still knows what was sent (a
+        # validation's targets and suite). What waited for an adapter left as it returned (`Adapters`).
         self._observe_repairs(decision, now_ns / 1e9)
         log.info(
             "remediation_result",

@@ -126,7 +126,7 @@ class RemediationService:
         self.ledger = ledger_mod.Ledger(
             self.state, self.store, thread, self.sender, recorder, leaves_after_commit=self.adapters.leaves_after_commit
         )
-        self.results = results_mod.Results(self.state, self.ledger, self.sender, self.sdc)
+        self.results = results_mod.Results(self.state, self.ledger, self.sdc)
         self.dispatcher = dispatch_mod.Dispatcher(self.state, self.ledger, self.sender, self.adapters, self.results)
         self.decider = decider_mod.Decider(self.state, self.ledger, self.dispatcher, self.results)
         self.ticker = ticker_mod.Ticker(
