@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+CommandT = TypeVar("CommandT")
+ResultT = TypeVar("ResultT")
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
@@ -21,3 +26,27 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     finally:
         waiter.cancel()
     return bool(done)
+
+
+async def send_each(
+    send: Callable[..., Awaitable[ResultT]],
+    commands: Iterable[tuple[int, str, CommandT]],
+    *,
+    timeout_s: float,
+    on_result: Callable[[int, ResultT | BaseException], Any],
+) -> None:
+    """``send(node_id, command, timeout_s=…)`` for each (index, node_id, command), all at once.
+
+    Each outcome goes to on_result(index, result or the exception send raised) as it comes; returns
+    when every one has. For a batch sent over streams that take one command at a time.
+    """
+
+    async def one(index: int, node_id: str, command: CommandT) -> None:
+        try:
+            result = await send(node_id, command, timeout_s=timeout_s)
+        except Exception as exc:
+            on_result(index, exc)
+        else:
+            on_result(index, result)
+
+    await asyncio.gather(*(one(index, node_id, command) for index, node_id, command in commands))

@@ -980,15 +980,8 @@ def each_alone(send_command: CommandSender) -> BatchSender:
         timeout_s: float,
         on_result: Callable[[int, msgs.AgentResult | BaseException], None],
     ) -> None:
-        async def one(index: int, node_id: str, command: wire_commands.Command) -> None:
-            try:
-                result = await send_command(node_id, command, timeout_s=timeout_s)
-            except Exception as exc:
-                on_result(index, exc)
-            else:
-                on_result(index, result)
-
-        await asyncio.gather(*(one(i, node_id, command) for i, (node_id, command) in enumerate(commands)))
+        indexed = [(index, node_id, command) for index, (node_id, command) in enumerate(commands)]
+        await aio.send_each(send_command, indexed, timeout_s=timeout_s, on_result=on_result)
 
     return send_many
 

@@ -201,31 +201,16 @@ class Courier:
         """
         local = [(i, node_id, command) for i, (node_id, command) in enumerate(commands)
                  if node_id in self._streams.sessions]  # fmt: skip
-        tasks = [asyncio.create_task(self._send_local(i, node_id, command, timeout_s, on_result))
-                 for i, node_id, command in local]  # fmt: skip
+        local_sends = asyncio.create_task(
+            aio.send_each(self._streams.send_command, local, timeout_s=timeout_s, on_result=on_result)
+        )
         held = {i for i, _node_id, _command in local}
         remote = [(i, node_id, command) for i, (node_id, command) in enumerate(commands) if i not in held]
         try:
             if remote:
                 await self._relay_many(remote, timeout_s, on_result)
         finally:
-            if tasks:
-                await asyncio.gather(*tasks)
-
-    async def _send_local(
-        self,
-        index: int,
-        node_id: str,
-        command: wire_commands.Command,
-        timeout_s: float,
-        on_result: Callable[[int, msgs.AgentResult | BaseException], None],
-    ) -> None:
-        try:
-            result = await self._streams.send_command(node_id, command, timeout_s=timeout_s)
-        except Exception as exc:
-            on_result(index, exc)
-        else:
-            on_result(index, result)
+            await local_sends
 
     async def _relay_many(
         self,
@@ -435,16 +420,6 @@ class Relay:
     ) -> msgs.AgentResult:
         """`Courier.send_command`: to a node on any replica."""
         return await self.courier.send_command(node_id, command, timeout_s=timeout_s)
-
-    async def send_many(
-        self,
-        commands: Sequence[tuple[str, wire_commands.Command]],
-        *,
-        timeout_s: float,
-        on_result: Callable[[int, msgs.AgentResult | BaseException], None],
-    ) -> None:
-        """`Courier.send_many`: many commands to nodes on any replica."""
-        await self.courier.send_many(commands, timeout_s=timeout_s, on_result=on_result)
 
     # -- the ingest's consumer -------------------------------------------------------------------------
     async def events(self, batch: consumer_mod.EventBatch) -> consumer_mod.TakenEvents:

@@ -181,7 +181,7 @@ def test_a_periods_commands_sent_together_each_get_one_outcome_as_it_comes(store
 
     async def period():
         commands = [(f"node-{n}", commands_pb.Command(command_id=f"cap-m-{n}")) for n in range(300)]
-        sending = asyncio.create_task(sender.relay.send_many(commands, timeout_s=1.0, on_result=on_result))
+        sending = asyncio.create_task(sender.relay.courier.send_many(commands, timeout_s=1.0, on_result=on_result))
         while len(sender.relay.store.relayed_commands(0)) < 300:  # written (as the holder's courier finds them)
             await asyncio.sleep(0.01)
         holder.relay.courier.relayed_sent.update({"cap-m-3", "cap-m-250"})  # as `deliver_pending` leaves them
