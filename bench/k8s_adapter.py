@@ -5,12 +5,14 @@ decider's interpreter" section of bench/RESULTS.md.
 
 The remediation burst (`bench/remediation.py --quarantine kubernetes`) measures decision latency
 end to end, which on a shared, loaded machine moves with everyone else's load. This isolates the
-one thing the adapter's placement changes: the main thread runs a stand-in for the decider (units
-of pure-Python work, ``--unit-ms`` each, back to back) while ``--threads`` threads make
-``quarantine_gpu`` calls at ``--rate`` a second, as the remediation service's adapter threads do, to
-the fake API server of tests/fakes/kube_api.py in a process of its own (every answer
-``--latency-ms`` late). Modes, interleaved in each round (the order alternates), so every ratio
-compares runs seconds apart under the same load:
+one thing the adapter's placement changes: the main thread's event loop runs a stand-in for the
+decider (units of pure-Python work, ``--unit-ms`` each, back to back, yielding to the loop between
+them) while the same loop starts ``quarantine_gpu`` actions at ``--rate`` a second through the
+executors table and the remediation service's own `adapters.call` (in one of ``--threads`` threads,
+or awaited on the loop where the adapter has ``call_async``), to the fake API server of
+tests/fakes/kube_api.py in a process of its own (every answer ``--latency-ms`` late). Modes,
+interleaved in each round (the order alternates), so every ratio compares runs seconds apart under
+the same load:
 
 - ``none``: no calls (the decider's own rate);
 - ``in-process``: `KubernetesQuarantine` in this process (``own_process = false``);
@@ -18,32 +20,36 @@ compares runs seconds apart under the same load:
 
 Figures per mode: the decider's units a second as a share of ``none``'s in the same round, its
 slowest units (p99, max: a unit that waited for the GIL), the calls' latency p50/p99, and the CPU
-seconds of this process's threads other than the decider's (the adapter's work in the decider's
-interpreter) and of the adapter's child. Every call quarantines a GPU not quarantined
-before (a read, a patch; the Event before the answer in-process, after it in the child).
+seconds of this process beside the decider's units (all threads', less each unit's own thread time:
+the adapter's work in the decider's interpreter, the loop's too) and of the adapter's child. Every
+call quarantines a GPU not quarantined before (a read, a patch; the Event before the answer
+in-process, after it in the child). Logs as rasd-controller writes them (JSON at info), to /dev/null.
 
 Goal (issue 38 item 6: keep the API client's work off the decider's interpreter): in every round, the
-adapter's CPU left in the decider's process is ≤ 10 % of what it is with the client in that process.
+adapter's CPU left in the decider's process is ≤ 10 % of what it is with the client in that process,
+each beyond mode ``none``'s (the loop's own cost of yielding between units).
 The decider's rate and its slowest units are shown too; on a loaded machine they move with the load.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import contextlib
 import os
 import pathlib
-import resource
 import sys
 import tempfile
-import threading
 import time
 
 import remediation as burst_bench
 import results
 
+from rasd.common import logging as rasd_logging
+from rasd.controller.core.remediation import actions
 from rasd.controller.executors import quarantine
+from rasd.controller.remediation import adapters
 
 SECTION = "## Kubernetes adapter and the decider's interpreter"
 GOAL_LEFT = 0.10
@@ -64,60 +70,71 @@ def _additions_per_ms() -> int:
 
 
 class _Calls:
-    """Paced ``quarantine_gpu`` calls through an adapter from a thread pool; their latencies."""
+    """Paced ``quarantine_gpu`` actions through the executors table, from the event loop, as the service makes them.
+
+    Each call goes through `adapters.call`, the remediation service's own: awaited on the loop where
+    the adapter has ``call_async`` (own process), else in one of ``threads`` threads.
+    """
 
     def __init__(self, adapter: object, rate: float, threads: int, first: int, nodes: int) -> None:
-        self._adapter = adapter
+        self._executor = quarantine.executors(adapter)[actions.QuarantineGpu.kind]  # type: ignore[arg-type]
         self._nodes = nodes
         self._interval_s = 1.0 / rate
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, "bench-adapter")
         self._next = first
-        self._stop = threading.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.latency_ms: list[float] = []
         self.failed = 0
-        self._pacer = threading.Thread(target=self._pace, name="bench-pacer", daemon=True)
 
     @property
     def next_gpu(self) -> int:
         return self._next
 
-    def start(self) -> None:
-        self._pacer.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._pacer.join()
+    async def pace(self, seconds: float) -> None:
+        """Start a call every interval for seconds, then wait for the calls in flight."""
+        started = due = time.perf_counter()
+        while due - started < seconds:
+            due += self._interval_s
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            gpu, self._next = self._next, self._next + 1
+            task = asyncio.create_task(self._one(gpu))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        await asyncio.gather(*self._tasks)
         self._pool.shutdown(wait=True)
 
-    def _pace(self) -> None:
-        due = time.perf_counter()
-        while not self._stop.is_set():
-            due += self._interval_s
-            delay = due - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            gpu, self._next = self._next, self._next + 1
-            self._pool.submit(self._one, gpu)
-
-    def _one(self, gpu: int) -> None:
+    async def _one(self, gpu: int) -> None:
         # Consecutive calls on different nodes: the service calls one node's adapter in turn, never at once.
         index, node = divmod(gpu, self._nodes)
+        action = actions.QuarantineGpu(
+            ticket_id=f"t{gpu}", step=1, node_id=burst_bench.node_name(node), reason="bench",
+            gpu_uuid=burst_bench.gpu_uuid(node, index),
+        )  # fmt: skip
         started = time.perf_counter()
         try:
-            self._adapter.quarantine_gpu(  # type: ignore[attr-defined]
-                burst_bench.node_name(node), burst_bench.gpu_uuid(node, index), reason="bench", ticket_id=f"t{gpu}"
-            )
+            await adapters.call(self._executor, action, self._pool)
         except quarantine.QuarantineError:
             self.failed += 1
             return
         self.latency_ms.append((time.perf_counter() - started) * 1000)
 
 
-def _cpu_s(pid: int | None) -> tuple[float, float]:
-    """CPU seconds so far of this process and of the adapter's child (0 without one)."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    child = burst_bench._proc_cpu_s(pathlib.Path(f"/proc/{pid}")) if pid is not None else 0.0
-    return own.ru_utime + own.ru_stime, child
+async def _decide(seconds: float, additions: int, units_ms: list[float]) -> float:
+    """The decider's stand-in: units back to back for seconds, yielding to the loop between them; their CPU s."""
+    unit_cpu_s = 0.0
+    started = time.perf_counter()
+    while (now := time.perf_counter()) - started < seconds:
+        cpu = time.thread_time()
+        _unit(additions)
+        unit_cpu_s += time.thread_time() - cpu
+        units_ms.append((time.perf_counter() - now) * 1000)
+        await asyncio.sleep(0)
+    return unit_cpu_s
+
+
+def _child_cpu_s(pid: int | None) -> float:
+    """CPU seconds so far of the adapter's child (0 without one)."""
+    return burst_bench._proc_cpu_s(pathlib.Path(f"/proc/{pid}")) if pid is not None else 0.0
 
 
 def run_mode(
@@ -128,22 +145,27 @@ def run_mode(
     if mode != "none":
         settings = {"host": url, "request_timeout_s": 30, "own_process": mode == "own-process"}
         adapter = quarantine.open_quarantine({"adapter": "kubernetes", "kubernetes": settings})
-        adapter.quarantine_gpu(burst_bench.node_name(nodes), "GPU-warm", reason="warm", ticket_id="warm")
+        with burst_bench.children_log_to_devnull():  # the child starts here, and logs each call
+            adapter.quarantine_gpu(burst_bench.node_name(nodes), "GPU-warm", reason="warm", ticket_id="warm")
     pid = getattr(adapter, "pid", None)
     calls = _Calls(adapter, args.rate, args.threads, first_gpu, nodes) if adapter is not None else None
     units_ms: list[float] = []
-    try:
-        cpu0, main0 = _cpu_s(pid), time.thread_time()
-        if calls is not None:
-            calls.start()
+
+    async def both() -> tuple[float, float]:
         started = time.perf_counter()
-        while (now := time.perf_counter()) - started < args.seconds:
-            _unit(additions)
-            units_ms.append((time.perf_counter() - now) * 1000)
+        pacing = asyncio.create_task(calls.pace(args.seconds)) if calls is not None else None
+        unit_cpu_s = await _decide(args.seconds, additions, units_ms)
         wall_s = time.perf_counter() - started
-        if calls is not None:
-            calls.stop()
-        cpu1, main_cpu_s = _cpu_s(pid), time.thread_time() - main0
+        if pacing is not None:
+            await pacing
+        return unit_cpu_s, wall_s
+
+    try:
+        # The controller's logs as it writes them (JSON at info), to /dev/null: the adapter logs each call.
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            cpu0, child0 = time.process_time(), _child_cpu_s(pid)
+            unit_cpu_s, wall_s = asyncio.run(both())
+            cpu1, child1 = time.process_time(), _child_cpu_s(pid)
     finally:
         if adapter is not None:
             adapter.close()
@@ -157,8 +179,8 @@ def run_mode(
         "failed": calls.failed if calls is not None else 0,
         "call_p50_ms": burst_bench._pct(latency, 50) if latency else float("nan"),
         "call_p99_ms": burst_bench._pct(latency, 99) if latency else float("nan"),
-        "cpu_s": cpu1[0] - cpu0[0] - main_cpu_s,
-        "child_cpu_s": cpu1[1] - cpu0[1],
+        "cpu_s": cpu1 - cpu0 - unit_cpu_s,
+        "child_cpu_s": child1 - child0,
     }
     return figures, calls.next_gpu if calls is not None else first_gpu
 
@@ -174,10 +196,11 @@ def _section(args: argparse.Namespace, header: str, started: str, rows: list[dic
         f"{args.latency_ms:g} ms late (a read and a patch per call, an Event each).",
         "",
         "| round | mode | decider units/s | share of `none` | unit p99 ms | unit max ms | calls | failed "
-        "| call p50 ms | call p99 ms | CPU s (this process's other threads) | CPU s (adapter child) |",
+        "| call p50 ms | call p99 ms | CPU s (this process beside the decider's units) | CPU s (adapter child) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    left = [own["cpu_s"] / inproc["cpu_s"] for own, inproc in _pairs(rows)]
+    # The loop's own cost of yielding between units (mode none) is no adapter's.
+    left = [(own["cpu_s"] - none["cpu_s"]) / (inproc["cpu_s"] - none["cpu_s"]) for own, inproc, none in _pairs(rows)]
     met = bool(left) and all(share <= GOAL_LEFT for share in left)
     for row in rows:
         share = row["share"]
@@ -193,7 +216,7 @@ def _section(args: argparse.Namespace, header: str, started: str, rows: list[dic
         f"The decider's share of its own rate with the calls running: in-process {', '.join(inproc)}; "
         f"own process {', '.join(own)}.",
         "",
-        "The adapter's CPU left in the decider's process, own process / in-process: "
+        "The adapter's CPU left in the decider's process (beyond mode `none`'s), own process / in-process: "
         + ", ".join(f"{share:.0%}" for share in left)
         + ".",
         "",
@@ -204,12 +227,12 @@ def _section(args: argparse.Namespace, header: str, started: str, rows: list[dic
     return "\n".join(lines), met
 
 
-def _pairs(rows: list[dict]) -> list[tuple[dict, dict]]:
-    """Each round's (own-process, in-process) rows."""
+def _pairs(rows: list[dict]) -> list[tuple[dict, dict, dict]]:
+    """Each round's (own-process, in-process, none) rows."""
     by_round: dict[int, dict[str, dict]] = {}
     for row in rows:
         by_round.setdefault(row["round"], {})[row["mode"]] = row
-    return [(modes["own-process"], modes["in-process"]) for modes in by_round.values()]
+    return [(modes["own-process"], modes["in-process"], modes["none"]) for modes in by_round.values()]
 
 
 def load_text() -> str:
@@ -231,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     header = results.machine()
     additions = int(_additions_per_ms() * args.unit_ms)
+    rasd_logging.configure("info", json=True)  # as rasd-controller runs
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         nodes = int(args.rate * args.seconds * len(MODES) * args.rounds / burst_bench.GPUS_PER_NODE) + 64

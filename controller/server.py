@@ -206,7 +206,7 @@ def _power_loop(
 
     With several replicas it runs on the leader over every node: it reads the other replicas'
     aggregates (`wired.fleet`) and its commands reach their nodes through the relay (send_command;
-    a period's caps all at once, `Relay.send_many`).
+    a period's caps all at once, `Courier.send_many`).
     """
     if settings.power is None:
         return None
@@ -216,7 +216,7 @@ def _power_loop(
         power_loop.PowerSettings.from_mapping(settings.power),
         limiter=limiter,
         send_command=send_command,
-        send_many=wired.relay.send_many if wired.relay is not None else None,
+        send_many=wired.relay.courier.send_many if wired.relay is not None else None,
         remote=wired.fleet,
     )
     leadership.on_elected(lambda _token: power.start())
@@ -273,6 +273,8 @@ class Controller:
         self.commit_writer = _commit_writer(settings, self.leadership)
         self.repair_gate: repair_gate.RepairGate | None = None
         """The ladder's outlet when a power loop runs: resets and reboots wait for power headroom."""
+        self._quarantine_adapter: quarantine.QuarantineAdapter | None = None
+        """The ladder's scheduler adapter (`_ladder`), closed on stop (the Kubernetes child posts its queued Events)."""
         self.wired = _wire_services(settings, self.store, self.metrics, self.leadership, self._ladder())
         self.ingest = self.wired.ingest
         self.remediation = self.wired.remediation
@@ -319,6 +321,7 @@ class Controller:
         if not settings.remediation:
             return None
         adapter = quarantine.open_quarantine(settings.quarantine)
+        self._quarantine_adapter = adapter
         return wiring.Ladder(
             policy=settings.remediation_policy,
             executors=_executors(settings, self.store, self.leadership, adapter),
@@ -469,6 +472,9 @@ class Controller:
         if self._health_server is not None:
             await self._health_server.stop(None)
         await self.ingest.stop()
+        close_adapter = getattr(self._quarantine_adapter, "close", None)
+        if close_adapter is not None:
+            await asyncio.to_thread(close_adapter)
         self.wired.thread.close()
         if self.commit_writer is not None:
             await asyncio.to_thread(self.commit_writer.close)

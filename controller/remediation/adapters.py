@@ -1,13 +1,15 @@
-"""Controller-side actions' adapters (quarantine, release, RMA, notice, BMC power cycle), run in thread pools.
+"""Controller-side actions' adapters (quarantine, release, RMA, notice, BMC power cycle), off the decider's path.
 
 An adapter that waits on another system (a scheduler's API, Slurm, a BMC) is called once the
-commit that records its action dispatched is done, outside the decision lock, in a thread: at once
-across nodes and in turn within one. A repair of the same ticket waits until its quarantine's
-adapter has returned (`Sender.hold`). The adapters' outcomes come back as results, handed to the
-decider (`deliver`, given by the service), whose next pass commits all that returned meanwhile
-with the events waiting. An adapter whose calls wait on nothing (``blocking = False``: record only)
-and an action without one are carried out with the decision, or in the dispatch round that admits
-them (`execute_now`). An adapter failure is a failed action, never a crash.
+commit that records its action dispatched is done, outside the decision lock: at once across nodes
+and in turn within one; in a thread, or awaited on the loop where the adapter has ``call_async``
+(the Kubernetes adapter's own process: no thread of this process wakes for the call). A repair of
+the same ticket waits until its quarantine's adapter has returned (`Sender.hold`). The adapters'
+outcomes come back as results, handed to the decider (`deliver`, given by the service), whose next
+pass commits all that returned meanwhile with the events waiting. An adapter whose calls wait on
+nothing (``blocking = False``: record only) and an action without one are carried out with the
+decision, or in the dispatch round that admits them (`execute_now`). An adapter failure is a failed
+action, never a crash.
 """
 
 from __future__ import annotations
@@ -45,6 +47,33 @@ Deliver = Callable[[list[tuple[str, msgs.AgentResult]]], None]
 def blocking(executor: Executor) -> bool:
     """Whether an adapter's calls wait on another system (`quarantine.executors` sets ``blocking``; default yes)."""
     return getattr(executor, "blocking", True)
+
+
+async def call(
+    executor: Executor,
+    action: actions.Action,
+    pool: concurrent.futures.Executor,
+    *,
+    called: Callable[[], None] | None = None,
+) -> Any:
+    """One adapter call: awaited on this loop if the adapter has ``call_async``, else in a thread of pool.
+
+    called: run as the adapter is called (in the thread, after any wait for one). Raises what the
+    adapter raised.
+    """
+    call_async = getattr(executor, "call_async", None)
+    if call_async is not None:
+        if called is not None:
+            called()
+        return await call_async(action)
+
+    def in_thread(action: actions.Action) -> Any:
+        if called is not None:
+            called()
+        return executor(action)
+
+    in_context = functools.partial(contextvars.copy_context().run, in_thread, action)  # as asyncio.to_thread does
+    return await asyncio.get_running_loop().run_in_executor(pool, in_context)
 
 
 class Adapters:
@@ -126,25 +155,19 @@ class Adapters:
         self._deliver([(action.node_id, result)])
 
     async def execute(self, action: actions.Action, *, called_ns: list[int] | None = None) -> Outcome:
-        """Call a controller-side action's adapter in a thread (they block on other systems); its outcome and message.
+        """Call a controller-side action's adapter (they wait on other systems); its outcome and message.
 
-        Without an adapter the record is the action. called_ns: gets the clock's reading as the
-        thread calls the adapter.
+        Awaited here if the adapter has ``call_async``, else in a thread. Without an adapter the
+        record is the action. called_ns: gets the clock's reading as the adapter is called.
         """
         executor = self.executors.get(action.kind)
         if executor is None or not blocking(executor):
             return self.execute_now(action)
         pool = self._long_threads if action.kind in LONG_ADAPTER_KINDS else self._threads
         clock = self._state.clock
-
-        def timed(action: actions.Action) -> Any:
-            if called_ns is not None:
-                called_ns.append(clock())
-            return executor(action)
-
+        called = (lambda: called_ns.append(clock())) if called_ns is not None else None
         try:
-            call = functools.partial(contextvars.copy_context().run, timed, action)  # as asyncio.to_thread does
-            message = str(await asyncio.get_running_loop().run_in_executor(pool, call))
+            message = str(await call(executor, action, pool, called=called))
         except Exception as exc:  # an adapter failure is a failed action, never a crash
             return msgs.Outcome.FAILED, f"{type(exc).__name__}: {exc}"
         return msgs.Outcome.SUCCEEDED, message or f"{action.kind} recorded"

@@ -32,8 +32,6 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-import structlog
-
 from rasd.common import settings as settings_check
 from rasd.controller.core.remediation import actions
 from rasd.controller.executors.quarantine.adapter import (
@@ -44,6 +42,8 @@ from rasd.controller.executors.quarantine.adapter import (
     QuarantineSettingsError,
     QuarantineUnavailableError,
     Status,
+    log_drained,
+    log_executed,
 )
 from rasd.controller.executors.quarantine.k8s import (
     ANN_CORDONED,
@@ -100,9 +100,6 @@ __all__ = [
     "slurm_reason",
 ]
 
-log = structlog.get_logger("rasd.controller")
-
-
 # --------------------------------------------------------------------------------------------
 # Dispatch from the core's actions
 
@@ -122,19 +119,25 @@ def execute(adapter: QuarantineAdapter, action: actions.Action) -> QuarantineOut
         QuarantineUnavailableError: retry later.
         QuarantineRejectedError: the scheduler refused.
     """
+    method, args, kwargs = _method_call(action)
+    return getattr(adapter, method)(*args, **kwargs)
+
+
+def _method_call(action: actions.Action) -> tuple[str, tuple[str, ...], dict[str, str]]:
+    """The adapter's method that carries out a quarantine or release action, and its arguments."""
     common = {"reason": action.reason, "ticket_id": action.ticket_id}
     if isinstance(action, actions.QuarantineNode):
-        return adapter.quarantine_node(action.node_id, **common)
+        return "quarantine_node", (action.node_id,), common
     if isinstance(action, actions.QuarantineGpu):
-        return adapter.quarantine_gpu(action.node_id, action.gpu_uuid, **common)
+        return "quarantine_gpu", (action.node_id, action.gpu_uuid), common
     if isinstance(action, actions.QuarantinePort):
-        return adapter.quarantine_port(action.node_id, action.ib_port, **common)
+        return "quarantine_port", (action.node_id, action.ib_port), common
     if isinstance(action, actions.Release):
         if action.gpu_uuid:
-            return adapter.release_gpu(action.node_id, action.gpu_uuid, **common)
+            return "release_gpu", (action.node_id, action.gpu_uuid), common
         if action.ib_port:
-            return adapter.release_port(action.node_id, action.ib_port, **common)
-        return adapter.release_node(action.node_id, **common)
+            return "release_port", (action.node_id, action.ib_port), common
+        return "release_node", (action.node_id,), common
     raise TypeError(f"not a quarantine or release action: {action.kind}")
 
 
@@ -142,57 +145,95 @@ def executors(adapter: QuarantineAdapter) -> dict[str, Callable[[actions.Action]
     """The ``kind → callable`` table the remediation service takes for controller-side actions.
 
     Example: ``RemediationService(..., executors={**quarantine.executors(adapter), ...})``; each
-    callable returns a `QuarantineOutcome` whose ``str()`` is the action's result message.
+    callable returns a `QuarantineOutcome` whose ``str()`` is the action's result message. For an
+    adapter with ``call_async`` (`KubernetesProcess`), each callable also has a ``call_async``: the
+    same call as a coroutine, which the service awaits on its event loop instead of taking a thread.
+    Each call is logged (``quarantine_executed``, ``drain_executed``) here, or by the adapter where it
+    says so (``logs_calls``: the child logs its own calls, off the decider's interpreter).
     """
+    call_async = getattr(adapter, "call_async", None)
+    logs_calls = getattr(adapter, "logs_calls", False)
 
     def run(action: actions.Action) -> QuarantineOutcome:
         outcome = execute(adapter, action)
-        log.info(
-            "quarantine_executed",
-            adapter=outcome.adapter,
-            kind=action.kind,
-            node=outcome.node_id,
-            target=outcome.target,
-            ticket=outcome.ticket_id,
-            status=str(outcome.status),
-            detail=outcome.detail,
-        )
+        if not logs_calls:
+            log_executed(action.kind, outcome)
+        return outcome
+
+    async def run_async(action: actions.Action) -> QuarantineOutcome:
+        method, args, kwargs = _method_call(action)
+        outcome = await call_async(method, *args, **kwargs)
+        if not logs_calls:
+            log_executed(action.kind, outcome)
         return outcome
 
     # Whether a call waits on another system: the service calls one that does not (record only)
     # with the decision (or in its dispatch round), without a thread and without a commit of its own
     # for the outcome.
     run.blocking = getattr(adapter, "blocking", True)  # type: ignore[attr-defined]
+    if call_async is not None:
+        run.call_async = run_async  # type: ignore[attr-defined]
     kinds = (actions.QuarantineNode.kind, actions.QuarantineGpu.kind, actions.QuarantinePort.kind, actions.Release.kind)
     table: dict[str, Callable[[actions.Action], Any]] = dict.fromkeys(kinds, run)
     table.update(_node_state_executors(adapter))
     return table
 
 
+def _gpu_rma(action: actions.Action) -> str:
+    """A GPU's RMA: the node's state label says nothing of one GPU."""
+    return f"{action.kind}: a GPU's RMA leaves node {action.node_id}'s state label alone"
+
+
 def _node_state_executors(adapter: QuarantineAdapter) -> dict[str, Callable[[actions.Action], Any]]:
-    """Drains and RMA marks, for an adapter that has them (Kubernetes); others record them (no entry)."""
+    """Drains and RMA marks, for an adapter that has them (Kubernetes); others record them (no entry).
+
+    With ``call_async`` on the adapter, each has one too (`executors`): a drain then waits out its
+    disruption budgets as a coroutine, not in one of the controller's threads.
+    """
     table: dict[str, Callable[[actions.Action], Any]] = {}
+    call_async = getattr(adapter, "call_async", None)
+    logs_calls = getattr(adapter, "logs_calls", False)
     drain_node = getattr(adapter, "drain_node", None)
     mark_rma = getattr(adapter, "mark_rma", None)
     if drain_node is not None:
 
-        def drain(action: actions.Action) -> Any:
+        def drain_call(action: actions.Action) -> tuple[str, dict[str, Any]]:
             assert isinstance(action, actions.DrainNode)
-            report = drain_node(
-                action.node_id, reason=action.reason, ticket_id=action.ticket_id,
-                pods=action.pods, deadline_s=action.deadline_s,
-            )  # fmt: skip
-            log.info("drain_executed", node=action.node_id, ticket=action.ticket_id, detail=str(report))
+            return action.node_id, {
+                "reason": action.reason, "ticket_id": action.ticket_id,
+                "pods": action.pods, "deadline_s": action.deadline_s,
+            }  # fmt: skip
+
+        def drained(action: actions.Action, report: Any) -> Any:
+            if not logs_calls:
+                log_drained(action.node_id, action.ticket_id, report)
             return report
 
+        def drain(action: actions.Action) -> Any:
+            node_id, kwargs = drain_call(action)
+            return drained(action, drain_node(node_id, **kwargs))
+
+        async def drain_async(action: actions.Action) -> Any:
+            node_id, kwargs = drain_call(action)
+            return drained(action, await call_async("drain_node", node_id, **kwargs))
+
+        if call_async is not None:
+            drain.call_async = drain_async  # type: ignore[attr-defined]
         table[actions.DrainNode.kind] = drain
     if mark_rma is not None:
 
         def rma(action: actions.Action) -> Any:
             if getattr(action, "gpu_uuid", ""):
-                return f"{action.kind}: a GPU's RMA leaves node {action.node_id}'s state label alone"
+                return _gpu_rma(action)
             return mark_rma(action.node_id, reason=action.reason, ticket_id=action.ticket_id)
 
+        async def rma_async(action: actions.Action) -> Any:
+            if getattr(action, "gpu_uuid", ""):
+                return _gpu_rma(action)
+            return await call_async("mark_rma", action.node_id, reason=action.reason, ticket_id=action.ticket_id)
+
+        if call_async is not None:
+            rma.call_async = rma_async  # type: ignore[attr-defined]
         table[actions.OpenRma.kind] = rma
     return table
 

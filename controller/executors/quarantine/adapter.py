@@ -12,7 +12,11 @@ import dataclasses
 import enum
 from typing import Any, Protocol, runtime_checkable
 
+import structlog
+
 from rasd.common import settings as settings_check
+
+log = structlog.get_logger("rasd.controller")
 
 
 class QuarantineError(Exception):
@@ -129,3 +133,22 @@ def require(ok: bool, path: str, message: str, value: Any) -> None:
 def split_items(value: str | None) -> set[str]:
     """The items of a comma-separated list (an annotation value, Slurm's holds); empty items dropped."""
     return {item for item in (value or "").split(",") if item}
+
+
+def log_executed(kind: str, outcome: QuarantineOutcome) -> None:
+    """The audit line of a quarantine or release the adapter carried out (kind: the action's)."""
+    log.info(
+        "quarantine_executed",
+        adapter=outcome.adapter,
+        kind=kind,
+        node=outcome.node_id,
+        target=outcome.target,
+        ticket=outcome.ticket_id,
+        status=str(outcome.status),
+        detail=outcome.detail,
+    )
+
+
+def log_drained(node_id: str, ticket_id: str, report: Any) -> None:
+    """The audit line of a drain the adapter carried out."""
+    log.info("drain_executed", node=node_id, ticket=ticket_id, detail=str(report))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import sys
+import threading
 import time
 
 import kubernetes.client
@@ -59,12 +60,17 @@ def api():
 
 
 class _Rig:
-    def __init__(self, url: str, api: kube_api.FakeKubeApi, **escalation: object) -> None:
+    def __init__(self, url: str, api: kube_api.FakeKubeApi, *, own_process: bool = False, **escalation: object) -> None:
         self.now_ns = T0_NS
         self.store = repo.Store.open(url)
-        client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url))
-        settings = quarantine.KubernetesSettings(request_timeout_s=5, drain_backoff_s=0.02, drain_backoff_max_s=0.1)
-        self.adapter = quarantine.KubernetesQuarantine(client, settings)
+        settings = quarantine.KubernetesSettings(
+            host=api.url, request_timeout_s=5, drain_backoff_s=0.02, drain_backoff_max_s=0.1
+        )
+        if own_process:  # rasd-controller's default: the client in a child, awaited on the loop
+            self.adapter = quarantine.KubernetesProcess(settings)
+        else:
+            client = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url))
+            self.adapter = quarantine.KubernetesQuarantine(client, settings)
         pol = policy_mod.RemediationPolicy.from_mapping(
             {"escalation": {"drain_before": ["reset_gpu", "reboot_node"], **escalation}}
         )
@@ -118,9 +124,10 @@ def _state(api) -> str:
     return api.node(NODE)["metadata"]["labels"].get("rasd.io/state", "")
 
 
-def test_quarantine_drain_reset_validate_release_with_a_blocking_pdb(tmp_path, api):
+@pytest.mark.parametrize("own_process", [False, True], ids=["in-process", "own-process"])
+def test_quarantine_drain_reset_validate_release_with_a_blocking_pdb(tmp_path, api, own_process):
     """The PDB refuses until the trainer's replacement is up elsewhere; only then is the pod evicted, the GPU reset."""
-    rig = _Rig(f"sqlite:///{tmp_path / 'rasd.db'}", api, drain_deadline_s=20.0)
+    rig = _Rig(f"sqlite:///{tmp_path / 'rasd.db'}", api, own_process=own_process, drain_deadline_s=20.0)
     healthy_at_eviction: list[int] = []
 
     def replacement_comes_up(refusals: int) -> None:
@@ -142,8 +149,16 @@ def test_quarantine_drain_reset_validate_release_with_a_blocking_pdb(tmp_path, a
         await rig.answer("run_validation", verdict="pass")
         release = await rig.settled("release")
         assert release.status == "succeeded", release.result
+        adapter_threads.extend(
+            t.name for t in threading.enumerate() if t.name.startswith("rasd-adapter") and t not in threads_before
+        )
 
+    threads_before = set(threading.enumerate())  # an earlier test's service may have left its idle threads
+    adapter_threads: list[str] = []
     rig.run(scenario)
+
+    # In its own process the adapter is awaited on the loop (`call_async`): no thread here waits on it.
+    assert bool(adapter_threads) is not own_process, adapter_threads
 
     order = [
         c.kind for c in sorted(rig.service.store.commands(node_id=NODE, limit=1000), key=lambda c: c.payload["step"])

@@ -4,6 +4,7 @@ the controller's process, Events posted after the call returns, a lost child rep
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pathlib
 import signal
@@ -192,3 +193,106 @@ def test_close_lets_the_calls_in_flight_finish(api, own_child):
 
     assert [o.status for o in outcomes] == [quarantine.Status.QUARANTINED]
     assert own_child.pid is None
+
+
+def test_call_async_gives_the_same_outcomes_and_errors_on_the_loop(api, child):
+    async def scenario():
+        calls = [child.call_async("quarantine_gpu", "n1", f"GPU-{i}", reason="r", ticket_id=TICKET) for i in (1, 2)]
+        outcomes = await asyncio.gather(*calls)
+        missing = await child.call_async("release_node", "nope", reason="r", ticket_id=TICKET)
+        api.unavailable = True
+        try:
+            await child.call_async("quarantine_node", "n1", reason="r", ticket_id=TICKET)
+        except quarantine.QuarantineUnavailableError as exc:
+            unavailable = exc
+        api.unavailable = False
+        with pytest.raises(ValueError, match="not a method"):
+            await child.call_async("close")
+        return outcomes, missing, unavailable
+
+    outcomes, missing, unavailable = asyncio.run(scenario())
+
+    assert [o.status for o in outcomes] == [quarantine.Status.QUARANTINED] * 2
+    assert missing.status is quarantine.Status.NODE_NOT_FOUND
+    assert "HTTP 503" in str(unavailable)
+    assert api.node("n1")["metadata"]["annotations"]["rasd.io/quarantined-gpus"] == "GPU-1,GPU-2"
+    _wait_for(lambda: len(api.events) == 2)
+
+
+def test_the_executors_await_the_child_on_the_loop(api, child):
+    table = quarantine.executors(child)
+    quarantine_gpu = actions.QuarantineGpu(ticket_id=TICKET, step=1, node_id="n1", reason="Xid 94", gpu_uuid="GPU-2")
+    rma = actions.OpenRma(ticket_id=TICKET, step=2, node_id="n1", reason="Xid 79 again")
+    in_process = quarantine.executors(quarantine.RecordOnlyQuarantine())
+
+    async def scenario():
+        return await table[quarantine_gpu.kind].call_async(quarantine_gpu), await table[rma.kind].call_async(rma)
+
+    outcome, marked = asyncio.run(scenario())
+
+    assert outcome.status is quarantine.Status.QUARANTINED
+    assert api.node("n1")["metadata"]["labels"]["rasd.io/state"] == "rma", marked
+    assert not hasattr(in_process[quarantine_gpu.kind], "call_async"), "a thread's adapter has no coroutine"
+    _wait_for(lambda: len(api.events) == 2)
+
+
+def test_call_async_starts_a_child_off_the_loop_and_fails_as_unavailable_when_it_dies(api, own_child):
+    child = own_child
+    api.latency_s = 1.0
+
+    async def scenario():
+        ticks = 0
+
+        async def ticking():  # the loop keeps running while the child starts and the call waits
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(ticking())
+        asked_before = len(api.requests)
+        call = asyncio.create_task(child.call_async("quarantine_node", "n1", reason="r", ticket_id=TICKET))
+        while child.pid is None or len(api.requests) == asked_before:  # the call waits on its answer
+            await asyncio.sleep(0.01)
+        os.kill(child.pid, signal.SIGKILL)
+        with pytest.raises(quarantine.QuarantineUnavailableError):
+            await call
+        api.latency_s = 0.0
+        again = await child.call_async("quarantine_node", "n1", reason="r", ticket_id=TICKET)
+        ticker.cancel()
+        return ticks, again
+
+    ticks, again = asyncio.run(scenario())
+
+    assert again.status is quarantine.Status.QUARANTINED
+    assert child.started == 2
+    assert ticks > 10
+
+
+def test_a_cancelled_async_caller_leaves_the_answer_reader_unharmed(api, child):
+    api.latency_s = 0.3
+
+    async def scenario():
+        call = asyncio.create_task(child.call_async("quarantine_gpu", "n1", "GPU-1", reason="r", ticket_id=TICKET))
+        await asyncio.sleep(0.1)
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+        await asyncio.sleep(0.4)  # its answer arrives for no one
+
+    asyncio.run(scenario())
+    api.latency_s = 0.0
+
+    assert child.quarantine_gpu("n1", "GPU-2", reason="r", ticket_id=TICKET).status is quarantine.Status.QUARANTINED
+
+
+def test_the_child_logs_each_call_it_carries_out_once(api, own_child, capfd):
+    table = quarantine.executors(own_child)
+    action = actions.QuarantineGpu(ticket_id=TICKET, step=1, node_id="n1", reason="Xid 94", gpu_uuid="GPU-2")
+
+    table[action.kind](action)
+    asyncio.run(table[action.kind].call_async(action))
+    own_child.close()  # the child's stderr is flushed as it ends
+
+    lines = [line for line in capfd.readouterr().err.splitlines() if "quarantine_executed" in line]
+    assert len(lines) == 2, lines  # one a call: the child's, not the executors' as well
+    assert all('"kind":"quarantine_gpu"' in line and TICKET in line for line in lines), lines
