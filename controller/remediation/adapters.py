@@ -172,6 +172,13 @@ class Adapters:
             return msgs.Outcome.FAILED, f"{type(exc).__name__}: {exc}"
         return msgs.Outcome.SUCCEEDED, message or f"{action.kind} recorded"
 
+    async def call_raising(self, action: actions.Action) -> Any:
+        """The action's adapter (there must be one), raising what it raised: for a caller that reports it (rasctl)."""
+        executor = self.executors[action.kind]
+        if not blocking(executor):
+            return executor(action)
+        return await call(executor, action, self._long_threads if action.kind in LONG_ADAPTER_KINDS else self._threads)
+
     def execute_now(self, action: actions.Action) -> Outcome:
         """`execute` for an action whose adapter waits on nothing (`leaves_after_commit` is False): called here."""
         executor = self.executors.get(action.kind)

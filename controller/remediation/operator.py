@@ -152,8 +152,8 @@ class OperatorCommands:
             else:
                 await self._ledger.commit_with_budget(change)
             await self._ledger.export_quarantines()
-            if (executor := self._adapters.executors.get("release")) is not None:
-                await asyncio.to_thread(executor, release)
+            if "release" in self._adapters.executors:
+                await self._adapters.call_raising(release)
             return "released" + (" by force, without validation" if force else " after a passing validation")
 
     async def _check_releasable(self, node_id: str, gpu_uuid: str, *, force: bool) -> None:

@@ -201,3 +201,24 @@ def test_a_pdb_that_never_yields_holds_the_reboot_and_asks_an_operator(tmp_path,
     node = api.node(NODE)
     assert node["spec"]["unschedulable"] is True and _state(api) == "repairing", "the node stays out of service"
     assert [e["reason"] for e in api.events] == ["RasdQuarantined", "RasdRepairing", "RasdDrainBlocked"]
+
+
+def test_an_operators_quarantine_and_release_go_through_the_adapters_child_on_the_loop(tmp_path, api):
+    rig = _Rig(f"sqlite:///{tmp_path / 'rasd.db'}", api, own_process=True)
+    seen: dict[str, object] = {}
+
+    async def scenario() -> None:
+        threads_before = set(threading.enumerate())
+        await rig.service.operator_quarantine(NODE, "", reason="bad optics", actor="alice")
+        seen["cordoned"] = api.node(NODE)["spec"].get("unschedulable")
+        seen["said"] = await rig.service.operator_release(NODE, "", reason="optics replaced", force=True, actor="alice")
+        seen["threads"] = [
+            t.name for t in threading.enumerate() if t.name.startswith("rasd-adapter") and t not in threads_before
+        ]
+
+    rig.run(scenario)
+
+    assert seen["cordoned"] is True
+    assert seen["said"] == "released by force, without validation"
+    assert not api.node(NODE)["spec"].get("unschedulable"), "the release reached the API server"
+    assert seen["threads"] == [], "awaited on the loop: no adapter thread"
