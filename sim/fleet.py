@@ -35,6 +35,7 @@ from rasd.cli import views
 from rasd.common import devcerts, tls
 from rasd.controller import server
 from rasd.controller.core import fleet
+from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.rpc import authn
 from rasd.sim import bmc as bmc_mod
 from rasd.sim import netdelay, power_sim
@@ -553,6 +554,10 @@ async def _operate(
                 )
                 log.info("sdc_accused", node=agent.identity.node_id, gpu_uuid=gpu_uuid)
             continue
+        if action.action != "set_power_cap":
+            if controller.remediation is not None:
+                await _by_hand(settings, controller.remediation, agents, action)
+            continue
         marks.append(clock())
 
         reason = f"scenario operator action at {action.at_s:g} s"
@@ -561,6 +566,34 @@ async def _operate(
         )
         ok = sum(1 for c in commands if c.read_back_ok)
         log.info("operator_power_cap_applied", power_limit_w=action.power_limit_w, nodes_confirmed=ok)
+
+
+async def _by_hand(
+    settings: SimSettings,
+    service: remediation_mod.RemediationService,
+    agents: list[runtime.Agent],
+    action: scenario_mod.OperatorAction,
+) -> None:
+    """An operator's quarantine, release, pause or resume, as rasctl asks it (actor "operator")."""
+    if action.action in ("pause_automation", "resume_automation"):
+        await service.set_paused(action.action == "pause_automation", reason=action.reason, actor="operator")
+        log.info("operator_automation", action=action.action)
+        return
+    agent = agents[action.node % len(agents)]
+    node_id = agent.identity.node_id
+    gpu_uuid = agent.backend.inventory()[action.gpu % settings.gpus_per_node].uuid if action.gpu is not None else ""
+    if action.action == "quarantine":
+        await service.operator_quarantine(node_id, gpu_uuid, reason=action.reason, actor="operator")
+        log.info("operator_quarantined", node=node_id, gpu_uuid=gpu_uuid)
+        return
+    try:
+        said = await service.operator_release(
+            node_id, gpu_uuid, reason=action.reason, force=action.force, actor="operator"
+        )
+    except (LookupError, PermissionError) as exc:  # as rasctl would show it; the run goes on
+        log.warning("operator_release_refused", node=node_id, gpu_uuid=gpu_uuid, error=str(exc))
+        return
+    log.info("operator_released", node=node_id, gpu_uuid=gpu_uuid, outcome=said)
 
 
 async def _cap_node(

@@ -15,6 +15,10 @@ How inputs are fed, in recorded order:
   ``LostNodeWatch.take_recorded``: the replay does not judge silence itself (the live watch reads
   last-seen times the replicas write in real time), so a changed ``[remediation.lost_nodes]`` table
   changes nothing here;
+- operators' quarantines and releases by hand, pauses and resumes of automation (and the lost-node
+  watch's release of a node that came back, which asks as an operator does) go to the service's
+  operator commands, at their recorded time, whatever came of them in the recording: a release the
+  replayed ladder refuses (no passing validation there) is listed as skipped;
 - the ladder's periodic ``tick`` (timeouts, watch windows) runs every ``tick_interval_s`` of
   recorded time, as the live ticker does every 2 s;
 - recorded action results are **not** fed as they stand: a result belongs to a command, and the
@@ -42,11 +46,9 @@ differently under the new policy (a GPU that was never reset still reports what 
 the replay answers "what would the controller have decided on this history", not "what would
 have happened".
 
-Not recorded, so not replayed: operator actions other than SDC accusations (``rasctl release``,
-``quarantine``, ``automation pause/resume``, ``validate``), the lost-node watch's releases of nodes
-that came back (it asks as an operator does) and power commands. Where an operator
-acted during the recording, the replay diverges from that point on that node (or fleet-wide for a
-pause), and the diff shows it.
+Not recorded, so not replayed: manual validation runs (``rasctl validate``: a non-forced release
+that rests on one is refused in the replay, and listed), RMA approvals (they change no decision) and
+power commands.
 
 Decisions are compared per repair ticket, in step order: the two action sequences are aligned
 (difflib), and each differing position is one row: ``changed`` (recorded action → replayed
@@ -298,6 +300,11 @@ class _Decisions:
     def node_lost(self, node_id: str, *, message: str, last_seen_unix_ns: int, at_unix_ns: int) -> None:
         """Lost-node verdicts are inputs here, not decisions."""
 
+    def operator_action(
+        self, node_id: str, gpu_uuid: str, *, action: str, reason: str, actor: str, force: bool, at_unix_ns: int
+    ) -> None:
+        """Operators' actions are inputs here, not decisions."""
+
 
 class _Replayer:
     """A fresh controller's ingest and ladder on a scratch store, fed a recording on its recorded clock."""
@@ -463,6 +470,10 @@ async def _feed(
             entry.node_id, lost.message, lost.last_seen_unix_ns, entry.at_unix_ns, labels
         )
         return
+    if which == "operator_action":
+        run.inputs["operator_action"] = run.inputs.get("operator_action", 0) + 1
+        await _feed_operator_action(entry, service, run)
+        return
     if which == "closed":
         session = sessions.pop(entry.session_id, None)
         if session is not None:
@@ -484,6 +495,30 @@ async def _feed(
         return
     if fed:
         run.inputs[kind] = run.inputs.get(kind, 0) + 1
+
+
+async def _feed_operator_action(
+    entry: recording_pb.RecordedEntry, service: remediation_mod.RemediationService, run: ReplayRun
+) -> None:
+    """An operator's quarantine, release, pause or resume, asked of the replayed ladder at its recorded time.
+
+    Asked whatever came of it in the recording: a release refused there (no passing validation) may
+    be allowed under the replayed policy, and the other way round; a refusal here is noted, not fatal.
+    """
+    op, node_id, at_ns = entry.operator_action, entry.node_id, entry.at_unix_ns
+    if op.action in ("pause", "resume"):
+        await service.set_paused(op.action == "pause", reason=op.reason, actor=op.actor, at_unix_ns=at_ns)
+    elif op.action == "quarantine":
+        await service.operator_quarantine(node_id, op.gpu_uuid, reason=op.reason, actor=op.actor, at_unix_ns=at_ns)
+    elif op.action == "release":
+        try:
+            await service.operator_release(
+                node_id, op.gpu_uuid, reason=op.reason, force=op.force, actor=op.actor, at_unix_ns=at_ns
+            )
+        except (LookupError, PermissionError) as exc:
+            run.skipped.append(f"{node_id} release by {op.actor} at {at_ns}: refused in the replay: {exc}")
+    else:
+        run.skipped.append(f"{node_id} operator action at {at_ns}: unknown action {op.action!r}")
 
 
 async def _feed_inbound(

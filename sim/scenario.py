@@ -23,7 +23,16 @@ from rasd.agent.gpu import simulated
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.remediation import policy
 
-OPERATOR_ACTIONS = ("set_power_cap", "accuse_sdc")
+OPERATOR_ACTIONS = ("set_power_cap", "accuse_sdc", "quarantine", "release", "pause_automation", "resume_automation")
+OPERATOR_KEYS = {
+    "set_power_cap": {"power_limit_w"},
+    "accuse_sdc": {"node", "gpu", "reason"},
+    "quarantine": {"node", "gpu", "reason"},
+    "release": {"node", "gpu", "reason", "force"},
+    "pause_automation": {"reason"},
+    "resume_automation": {"reason"},
+}
+"""What each `[[operator]]` action takes besides ``at_s`` and ``action``."""
 LIBRARIES = ("ladder", "stragglers")
 """Folders of built-in scenarios, loaded as ``<folder>/<name>``."""
 
@@ -234,14 +243,21 @@ _PATH_KINDS = frozenset(
 
 @dataclasses.dataclass(frozen=True)
 class OperatorAction:
-    """A scripted operator action: a fleet-wide power-cap change, or an SDC accusation of one GPU."""
+    """A scripted operator action: a power-cap change, an SDC accusation, a quarantine or release, a pause.
+
+    The power cap is fleet-wide; an accusation names a GPU; a quarantine or release by hand (rasctl's)
+    names a GPU or the node; automation is paused or resumed fleet-wide.
+    """
 
     at_s: float
     action: str
     power_limit_w: int = 0
     node: int = 0
-    gpu: int = 0
+    gpu: int | None = 0
+    """The GPU's index on its node; None: the node (a quarantine or release of the whole node)."""
     reason: str = ""
+    force: bool = False
+    """A release without a passing validation (rasctl release --force)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,12 +357,34 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
         where = f"operator[{index}]"
         if action.get("action") not in OPERATOR_ACTIONS:
             raise ScenarioError(f"{where}.action: {action.get('action')!r} is not one of {', '.join(OPERATOR_ACTIONS)}")
+        if unknown := set(action) - {"at_s", "action"} - OPERATOR_KEYS[action["action"]]:
+            raise ScenarioError(f"{where}: unknown key(s) for {action['action']}: {', '.join(sorted(unknown))}")
         if action["action"] == "set_power_cap":
             operator.append(
                 OperatorAction(
                     at_s=_number(action, "at_s", where),
                     action=action["action"],
                     power_limit_w=int(_number(action, "power_limit_w", where, minimum=1)),
+                )
+            )
+        elif action["action"] in ("pause_automation", "resume_automation"):
+            operator.append(
+                OperatorAction(
+                    at_s=_number(action, "at_s", where), action=action["action"], reason=str(action.get("reason", ""))
+                )
+            )
+        elif action["action"] in ("quarantine", "release"):
+            force = action.get("force", False)
+            if not isinstance(force, bool):
+                raise ScenarioError(f"{where}.force: expected true or false, got {force!r}")
+            operator.append(
+                OperatorAction(
+                    at_s=_number(action, "at_s", where),
+                    action=action["action"],
+                    node=int(_number(action, "node", where)),
+                    gpu=int(_number(action, "gpu", where)) if "gpu" in action else None,
+                    reason=str(action.get("reason", "by hand")),
+                    force=force,
                 )
             )
         else:

@@ -14,7 +14,10 @@ What is recorded, each with the controller clock at that moment and the stream i
 - every action the repair ladder put in its outbox (``RecordedDecision``): the recorded run's
   decisions, the baseline a replay is compared against;
 - SDC accusations made through the admin API (they enter the ladder like health events);
-- the lost-node watch's verdicts (a node no replica has heard from: its NODE_LOST event).
+- the lost-node watch's verdicts (a node no replica has heard from: its NODE_LOST event);
+- operators' quarantines and releases by hand, and automation paused or resumed (the lost-node
+  watch's release of a node that came back is one of them). Not recorded: manual validation runs
+  and RMA approvals (a replay cannot send the one, and the other changes no decision).
 
 File format, version 1::
 
@@ -26,7 +29,8 @@ File format, version 1::
     then, until end of file, repeated:
                varint    n = length of the entry message
                n bytes   rasd.api.v1.RecordedEntry (at_unix_ns, node_id, session_id, one of
-                         inbound | outbound_command | closed | decision | accusation | node_lost)
+                         inbound | outbound_command | closed | decision | accusation | node_lost |
+                         operator_action)
 
 The varint is protobuf's base-128 varint (7 bits per byte, low group first, high bit = more),
 so the file is a stream of length-delimited protobuf messages (what protobuf's
@@ -209,6 +213,20 @@ class Recorder:
             recording_pb.RecordedEntry(
                 node_id=node_id,
                 node_lost=recording_pb.RecordedNodeLost(message=message, last_seen_unix_ns=last_seen_unix_ns),
+            ),
+            at_unix_ns=at_unix_ns,
+        )
+
+    def operator_action(
+        self, node_id: str, gpu_uuid: str, *, action: str, reason: str, actor: str, force: bool, at_unix_ns: int
+    ) -> None:
+        """An operator's quarantine, release, pause or resume was taken (see `RecordedOperatorAction`)."""
+        self._entry(
+            recording_pb.RecordedEntry(
+                node_id=node_id,
+                operator_action=recording_pb.RecordedOperatorAction(
+                    action=action, gpu_uuid=gpu_uuid, reason=reason, actor=actor, force=force
+                ),
             ),
             at_unix_ns=at_unix_ns,
         )

@@ -7,7 +7,8 @@ it changes the ladder or the budget (``rasctl`` through the AdminService).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from rasd.controller.core import agent_messages as msgs
@@ -68,53 +69,62 @@ class OperatorCommands:
         self._sdc = sdc_records
         self._background: set[asyncio.Task[None]] = set()
 
-    async def set_paused(self, paused: bool, *, reason: str, actor: str) -> blast_radius.BudgetState:
-        """Pause automation, or resume it (which also resets a tripped breaker)."""
+    async def set_paused(
+        self, paused: bool, *, reason: str, actor: str, at_unix_ns: int | None = None
+    ) -> blast_radius.BudgetState:
+        """Pause automation, or resume it (which also resets a tripped breaker). at_unix_ns: as for `release`."""
         state = self._state
         async with state.lock:
-            now_ns = state.clock()
-            if paused:
-                state.budget = blast_radius.pause(state.budget, now_s=now_ns / 1e9, reason=reason)
-            else:
-                state.budget = blast_radius.resume(state.budget, now_s=now_ns / 1e9, policy=state.policy.disruption)
-            change = rstore.Commit(now_unix_ns=now_ns)
-            self._ledger.export_budget()
-            budget = self._ledger.stage_budget(change)
+            now_ns = state.clock() if at_unix_ns is None else at_unix_ns
             what = "pause" if paused else "resume"
-            change.audit.append(ledger_mod.audit_record(now_ns, actor, what, "", "", reason, "ok"))
-            await self._ledger.commit(change)
-            state.budget_stored = budget
-            if not paused:
-                await self._dispatcher.dispatch_locked()
-            return state.budget
+            with self._recorded("", "", action=what, reason=reason, actor=actor, at_unix_ns=now_ns):
+                if paused:
+                    state.budget = blast_radius.pause(state.budget, now_s=now_ns / 1e9, reason=reason)
+                else:
+                    state.budget = blast_radius.resume(state.budget, now_s=now_ns / 1e9, policy=state.policy.disruption)
+                change = rstore.Commit(now_unix_ns=now_ns)
+                self._ledger.export_budget()
+                budget = self._ledger.stage_budget(change)
+                change.audit.append(ledger_mod.audit_record(now_ns, actor, what, "", "", reason, "ok"))
+                await self._ledger.commit(change)
+                state.budget_stored = budget
+                if not paused:
+                    await self._dispatcher.dispatch_locked()
+                return state.budget
 
-    async def quarantine(self, node_id: str, gpu_uuid: str, *, reason: str, actor: str) -> None:
+    async def quarantine(
+        self, node_id: str, gpu_uuid: str, *, reason: str, actor: str, at_unix_ns: int | None = None
+    ) -> None:
         """Take a node or GPU out of scheduling by hand (recorded, audited, through the adapter).
 
         The node's ladder state keeps the operator's hold, committed with the record: a ticket that
         quarantined the same target earlier, or does later, leaves it quarantined when it releases
-        (`escalation.operator_holds`). Only `release` lifts it.
+        (`escalation.operator_holds`). Only `release` lifts it. at_unix_ns: as for `release`.
         """
         state = self._state
         async with state.lock:
-            now_ns = state.clock()
-            ticket_id = f"operator/{now_ns}"
-            action = (
-                actions.QuarantineGpu(ticket_id=ticket_id, step=0, node_id=node_id, gpu_uuid=gpu_uuid, reason=reason)
-                if gpu_uuid
-                else actions.QuarantineNode(ticket_id=ticket_id, step=0, node_id=node_id, reason=reason)
-            )
-            change = rstore.Commit(now_unix_ns=now_ns)
-            self._dispatcher.record_controller_side(action, change, source=actor)
-            outcome, _message = await self._adapters.execute(action)
-            ledger_mod.outcome_audit(action, change, outcome, source=actor)
-            hold = f"gpu:{gpu_uuid}" if gpu_uuid else "node"
-            held = escalation.operator_holds(state.state_of(node_id), hold, held=True)
-            await self._ledger.commit_states({node_id: held}, [], change)
-            await self._ledger.export_quarantines()
+            now_ns = state.clock() if at_unix_ns is None else at_unix_ns
+            with self._recorded(node_id, gpu_uuid, action="quarantine", reason=reason, actor=actor, at_unix_ns=now_ns):
+                ticket_id = f"operator/{now_ns}"
+                common = {"ticket_id": ticket_id, "step": 0, "node_id": node_id, "reason": reason}
+                action = (
+                    actions.QuarantineGpu(**common, gpu_uuid=gpu_uuid) if gpu_uuid else actions.QuarantineNode(**common)
+                )
+                change = rstore.Commit(now_unix_ns=now_ns)
+                self._dispatcher.record_controller_side(action, change, source=actor)
+                outcome, _message = await self._adapters.execute(action)
+                ledger_mod.outcome_audit(action, change, outcome, source=actor)
+                hold = f"gpu:{gpu_uuid}" if gpu_uuid else "node"
+                held = escalation.operator_holds(state.state_of(node_id), hold, held=True)
+                await self._ledger.commit_states({node_id: held}, [], change)
+                await self._ledger.export_quarantines()
 
-    async def release(self, node_id: str, gpu_uuid: str, *, reason: str, force: bool, actor: str) -> str:
+    async def release(
+        self, node_id: str, gpu_uuid: str, *, reason: str, force: bool, actor: str, at_unix_ns: int | None = None
+    ) -> str:
         """Return a node or GPU to service: through its ticket's validation, or by force (audited).
+
+        at_unix_ns: when it was asked (default now); a replay passes the recorded time (see `accuse`).
 
         Returns:
             What happened, one sentence.
@@ -125,36 +135,58 @@ class OperatorCommands:
         """
         state = self._state
         async with state.lock:
-            now_ns = state.clock()
-            hold = f"gpu:{gpu_uuid}" if gpu_uuid else "node"
-            ladder = state.node_states.get(node_id)
-            ticket = next((t for t in (ladder.tickets if ladder else ()) if hold in t.held), None)
-            change = rstore.Commit(now_unix_ns=now_ns)
-            outcome = "forced" if force else "requested"
-            change.audit.append(ledger_mod.audit_record(now_ns, actor, "release", node_id, gpu_uuid, reason, outcome))
-            if ticket is not None and ladder is not None:
-                decision = escalation.operator_release(
-                    ladder, ticket.ticket_id, now_s=now_ns / 1e9, policy=state.policy.escalation, force=force, hold=hold
-                )
-                self._ledger.close(decision, change, now_ns / 1e9)
-                await self._ledger.commit_states({node_id: decision.state}, list(decision.actions), change)
-                await self._dispatcher.dispatch_locked()
-                return decision.reason
-            await self._check_releasable(node_id, gpu_uuid, force=force)
-            release = actions.Release(
-                ticket_id=f"operator/{now_ns}", step=0, node_id=node_id, gpu_uuid=gpu_uuid, reason=reason, forced=force
+            now_ns = state.clock() if at_unix_ns is None else at_unix_ns
+            with self._recorded(node_id, gpu_uuid, action="release", reason=reason, actor=actor, at_unix_ns=now_ns,
+                                force=force):  # fmt: skip
+                return await self._release_locked(node_id, gpu_uuid, reason=reason, force=force, actor=actor,
+                                                  now_ns=now_ns)  # fmt: skip
+
+    async def _release_locked(
+        self, node_id: str, gpu_uuid: str, *, reason: str, force: bool, actor: str, now_ns: int
+    ) -> str:
+        """`release` under the ladder's lock."""
+        state = self._state
+        hold = f"gpu:{gpu_uuid}" if gpu_uuid else "node"
+        ladder = state.node_states.get(node_id)
+        ticket = next((t for t in (ladder.tickets if ladder else ()) if hold in t.held), None)
+        change = rstore.Commit(now_unix_ns=now_ns)
+        outcome = "forced" if force else "requested"
+        change.audit.append(ledger_mod.audit_record(now_ns, actor, "release", node_id, gpu_uuid, reason, outcome))
+        if ticket is not None and ladder is not None:
+            decision = escalation.operator_release(
+                ladder, ticket.ticket_id, now_s=now_ns / 1e9, policy=state.policy.escalation, force=force, hold=hold
             )
-            # The record, and the node out of the disruption budget's count if automation had put it there.
-            self._dispatcher.record_controller_side(release, change, source=actor)
-            if ladder is not None and hold in ladder.operator_holds:
-                unheld = escalation.operator_holds(ladder, hold, held=False)
-                await self._ledger.commit_states({node_id: unheld}, [], change)
-            else:
-                await self._ledger.commit_with_budget(change)
-            await self._ledger.export_quarantines()
-            if "release" in self._adapters.executors:
-                await self._adapters.call_raising(release)
-            return "released" + (" by force, without validation" if force else " after a passing validation")
+            self._ledger.close(decision, change, now_ns / 1e9)
+            await self._ledger.commit_states({node_id: decision.state}, list(decision.actions), change)
+            await self._dispatcher.dispatch_locked()
+            return decision.reason
+        await self._check_releasable(node_id, gpu_uuid, force=force)
+        release = actions.Release(
+            ticket_id=f"operator/{now_ns}", step=0, node_id=node_id, gpu_uuid=gpu_uuid, reason=reason, forced=force
+        )
+        # The record, and the node out of the disruption budget's count if automation had put it there.
+        self._dispatcher.record_controller_side(release, change, source=actor)
+        if ladder is not None and hold in ladder.operator_holds:
+            unheld = escalation.operator_holds(ladder, hold, held=False)
+            await self._ledger.commit_states({node_id: unheld}, [], change)
+        else:
+            await self._ledger.commit_with_budget(change)
+        await self._ledger.export_quarantines()
+        if "release" in self._adapters.executors:
+            await self._adapters.call_raising(release)
+        return "released" + (" by force, without validation" if force else " after a passing validation")
+
+    @contextlib.contextmanager
+    def _recorded(
+        self, node_id: str, gpu_uuid: str, *, action: str, reason: str, actor: str, at_unix_ns: int, force: bool = False
+    ) -> Iterator[None]:
+        """Record an operator's action once it is taken, or refused: a replay asks the same, whatever came of it."""
+        try:
+            yield
+        finally:
+            self._recorder.operator_action(
+                node_id, gpu_uuid, action=action, reason=reason, actor=actor, force=force, at_unix_ns=at_unix_ns
+            )
 
     async def _check_releasable(self, node_id: str, gpu_uuid: str, *, force: bool) -> None:
         """Raise unless node_id (or its gpu_uuid) is quarantined and, without force, validated since.

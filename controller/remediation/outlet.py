@@ -45,7 +45,7 @@ class CommandOutlet(Protocol):
 
 
 class DecisionRecorder(Protocol):
-    """Hears of the ladder's decisions, SDC accusations and lost nodes (the controller's recording)."""
+    """Hears of the ladder's decisions and what entered it besides events (the controller's recording)."""
 
     def decisions(self, decided: Sequence[actions.Action], at_unix_ns: int) -> None:
         """Actions a commit newly put in the outbox, decided at controller time at_unix_ns."""
@@ -59,6 +59,12 @@ class DecisionRecorder(Protocol):
         """The lost-node watch's NODE_LOST event entered the ladder."""
         ...
 
+    def operator_action(
+        self, node_id: str, gpu_uuid: str, *, action: str, reason: str, actor: str, force: bool, at_unix_ns: int
+    ) -> None:
+        """An operator's quarantine, release, pause or resume was taken (node_id empty for pause and resume)."""
+        ...
+
 
 class NoRecorder:
     """A `DecisionRecorder` that keeps nothing (no recording configured)."""
@@ -70,6 +76,11 @@ class NoRecorder:
         """Nothing to record."""
 
     def node_lost(self, node_id: str, *, message: str, last_seen_unix_ns: int, at_unix_ns: int) -> None:
+        """Nothing to record."""
+
+    def operator_action(
+        self, node_id: str, gpu_uuid: str, *, action: str, reason: str, actor: str, force: bool, at_unix_ns: int
+    ) -> None:
         """Nothing to record."""
 
 

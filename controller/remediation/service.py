@@ -394,17 +394,25 @@ class RemediationService:
         """Every GPU with SDC history or under watch, most suspicious first (``rasctl sdc list``)."""
         return self.sweeps.records()
 
-    async def set_paused(self, paused: bool, *, reason: str, actor: str) -> blast_radius.BudgetState:
+    async def set_paused(
+        self, paused: bool, *, reason: str, actor: str, at_unix_ns: int | None = None
+    ) -> blast_radius.BudgetState:
         """Pause automation, or resume it (`OperatorCommands.set_paused`)."""
-        return await self.operator.set_paused(paused, reason=reason, actor=actor)
+        return await self.operator.set_paused(paused, reason=reason, actor=actor, at_unix_ns=at_unix_ns)
 
-    async def operator_quarantine(self, node_id: str, gpu_uuid: str, *, reason: str, actor: str) -> None:
+    async def operator_quarantine(
+        self, node_id: str, gpu_uuid: str, *, reason: str, actor: str, at_unix_ns: int | None = None
+    ) -> None:
         """Quarantine a node or GPU by hand (`OperatorCommands.quarantine`)."""
-        await self.operator.quarantine(node_id, gpu_uuid, reason=reason, actor=actor)
+        await self.operator.quarantine(node_id, gpu_uuid, reason=reason, actor=actor, at_unix_ns=at_unix_ns)
 
-    async def operator_release(self, node_id: str, gpu_uuid: str, *, reason: str, force: bool, actor: str) -> str:
+    async def operator_release(
+        self, node_id: str, gpu_uuid: str, *, reason: str, force: bool, actor: str, at_unix_ns: int | None = None
+    ) -> str:
         """Return a node or GPU to service (`OperatorCommands.release`, which says what it raises)."""
-        return await self.operator.release(node_id, gpu_uuid, reason=reason, force=force, actor=actor)
+        return await self.operator.release(
+            node_id, gpu_uuid, reason=reason, force=force, actor=actor, at_unix_ns=at_unix_ns
+        )
 
     async def operator_validate(self, node_id: str, gpu_uuid: str, *, suite: str, seed: int, actor: str) -> str:
         """Start a validation run (`OperatorCommands.validate`); its id."""

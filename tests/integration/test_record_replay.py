@@ -153,3 +153,66 @@ def _replay(path, tmp_path, *extra):
     assert report == json.loads(json.dumps(report))
     assert replay.markdown(report) == (tmp_path / "out" / "replay.md").read_text()
     return report
+
+
+BY_HAND = """
+name = "replay-by-hand"
+[workload]
+period_s = 1.0
+[[operator]]               # a person quarantines node 0's GPU 3 ...
+at_s = 0.5
+action = "quarantine"
+node = 0
+gpu = 3
+reason = "fan noise"
+[[faults]]                 # ... the ladder repairs it, and its release leaves the person's hold in place ...
+at_s = 1.0
+node = 0
+gpu = 3
+kind = "xid"
+xid = 48
+message = "NVRM: Xid (PCI:0000:1b:00): 48, pid=5151, name=python, An uncorrectable double bit error (DBE)"
+[[operator]]               # ... which the person lifts, without validation
+at_s = 4.0
+action = "release"
+node = 0
+gpu = 3
+force = true
+reason = "fan replaced"
+[[operator]]
+at_s = 4.2
+action = "pause_automation"
+reason = "maintenance window"
+[[operator]]
+at_s = 4.4
+action = "resume_automation"
+[[operator]]               # a release of what is not quarantined: refused, and asked again in the replay
+at_s = 4.6
+action = "release"
+node = 1
+reason = "nothing to release"
+"""
+
+
+def test_operators_quarantines_releases_and_pauses_are_recorded_and_replayed(tmp_path):
+    """What a person did by hand is a replay input: without it the replay releases a GPU the person held."""
+    scenario_file = tmp_path / "by-hand.toml"
+    scenario_file.write_text(BY_HAND)
+    path = tmp_path / "run.rasdrec"
+    code = sim_main.main(
+        ["--nodes", "2", "--gpus-per-node", "4", "--duration-s", "6", "--scenario", str(scenario_file),
+         "--out", str(tmp_path / "run"), "--table-interval-s", "0", "--seed", "3", "--record", str(path)]
+    )  # fmt: skip
+    assert code == 0
+    rec = recording.read(path)
+    by_hand = [e.operator_action for e in rec.entries if e.WhichOneof("entry") == "operator_action"]
+    assert [(a.action, a.actor, a.force) for a in by_hand] == [
+        ("quarantine", "operator", False), ("release", "operator", True), ("pause", "operator", False),
+        ("resume", "operator", False), ("release", "operator", False),
+    ]  # fmt: skip
+    report = _replay(path, tmp_path)
+    assert report["inputs"]["operator_action"] == 5
+    # Unfed, the replayed ladder releases the GPU its repair is done with, which the person's hold kept.
+    assert report["differences"] == 0 and report["diff"] == [], report["diff"]
+    refused = [line.split(": ", 1)[1] for line in report["skipped"]]
+    assert refused == ["refused in the replay: node-001 is not quarantined"]

@@ -105,6 +105,34 @@ def test_a_bad_action_fault_names_what_is_wrong(table, error):
         scenario.parse({"action_faults": [table]}, source="t")
 
 
+@pytest.mark.parametrize(
+    ("table", "error"),
+    [
+        ({"at_s": 1, "action": "release", "node": 0, "force": "yes"}, r"operator\[0\]\.force: expected true or false"),
+        ({"at_s": 1, "action": "quarantine"}, r"operator\[0\]\.node: expected a number"),
+        ({"at_s": 1, "action": "drain"}, r"operator\[0\]\.action: 'drain' is not one of"),
+        ({"at_s": 1, "action": "release", "node": 0, "forse": True}, r"unknown key\(s\) for release: forse"),
+    ],
+)
+def test_a_bad_operator_action_names_what_is_wrong(table, error):
+    with pytest.raises(scenario.ScenarioError, match=error):
+        scenario.parse({"operator": [table]}, source="t")
+
+
+def test_operator_actions_by_hand_name_a_gpu_or_the_node():
+    parsed = scenario.parse(
+        {"operator": [
+            {"at_s": 1, "action": "quarantine", "node": 2, "gpu": 5, "reason": "fan"},
+            {"at_s": 2, "action": "release", "node": 2, "force": True},
+            {"at_s": 3, "action": "pause_automation", "reason": "window"},
+        ]},
+        source="t",
+    )  # fmt: skip
+    assert [(a.action, a.node, a.gpu, a.force) for a in parsed.operator] == [
+        ("quarantine", 2, 5, False), ("release", 2, None, True), ("pause_automation", 0, 0, False),
+    ]  # fmt: skip
+
+
 def test_a_bad_expectation_names_what_is_wrong():
     with pytest.raises(scenario.ScenarioError, match=r"expect.path: 'reboot:ok' is not kind\[:outcome\]"):
         scenario.parse({"expect": {"path": ["reboot:ok"]}}, source="t")

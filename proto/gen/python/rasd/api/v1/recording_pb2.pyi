@@ -57,12 +57,26 @@ class RecordedNodeLost(_message.Message):
     last_seen_unix_ns: int
     def __init__(self, message: _Optional[str] = ..., last_seen_unix_ns: _Optional[int] = ...) -> None: ...
 
+class RecordedOperatorAction(_message.Message):
+    __slots__ = ("action", "gpu_uuid", "reason", "actor", "force")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    gpu_uuid: str
+    reason: str
+    actor: str
+    force: bool
+    def __init__(self, action: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., reason: _Optional[str] = ..., actor: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
 class RecordedStreamClosed(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class RecordedEntry(_message.Message):
-    __slots__ = ("at_unix_ns", "node_id", "session_id", "inbound", "outbound_command", "closed", "decision", "accusation", "node_lost")
+    __slots__ = ("at_unix_ns", "node_id", "session_id", "inbound", "outbound_command", "closed", "decision", "accusation", "node_lost", "operator_action")
     AT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +86,7 @@ class RecordedEntry(_message.Message):
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ACCUSATION_FIELD_NUMBER: _ClassVar[int]
     NODE_LOST_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_ACTION_FIELD_NUMBER: _ClassVar[int]
     at_unix_ns: int
     node_id: str
     session_id: str
@@ -81,4 +96,5 @@ class RecordedEntry(_message.Message):
     decision: RecordedDecision
     accusation: RecordedAccusation
     node_lost: RecordedNodeLost
-    def __init__(self, at_unix_ns: _Optional[int] = ..., node_id: _Optional[str] = ..., session_id: _Optional[str] = ..., inbound: _Optional[_Union[_agent_service_pb2.AgentMessage, _Mapping]] = ..., outbound_command: _Optional[_Union[_commands_pb2.Command, _Mapping]] = ..., closed: _Optional[_Union[RecordedStreamClosed, _Mapping]] = ..., decision: _Optional[_Union[RecordedDecision, _Mapping]] = ..., accusation: _Optional[_Union[RecordedAccusation, _Mapping]] = ..., node_lost: _Optional[_Union[RecordedNodeLost, _Mapping]] = ...) -> None: ...
+    operator_action: RecordedOperatorAction
+    def __init__(self, at_unix_ns: _Optional[int] = ..., node_id: _Optional[str] = ..., session_id: _Optional[str] = ..., inbound: _Optional[_Union[_agent_service_pb2.AgentMessage, _Mapping]] = ..., outbound_command: _Optional[_Union[_commands_pb2.Command, _Mapping]] = ..., closed: _Optional[_Union[RecordedStreamClosed, _Mapping]] = ..., decision: _Optional[_Union[RecordedDecision, _Mapping]] = ..., accusation: _Optional[_Union[RecordedAccusation, _Mapping]] = ..., node_lost: _Optional[_Union[RecordedNodeLost, _Mapping]] = ..., operator_action: _Optional[_Union[RecordedOperatorAction, _Mapping]] = ...) -> None: ...
