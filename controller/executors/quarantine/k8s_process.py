@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import multiprocessing.connection
 import multiprocessing.reduction
+import os
 import pickle
 import socket
 import struct
@@ -139,26 +140,35 @@ class KubernetesProcess:
     async def _open_channel(self, loop: asyncio.AbstractEventLoop) -> _Channel:
         """A new socket pair: one end handed to the running child (started if none runs), the other read by loop."""
         ours, theirs = socket.socketpair()
+        with theirs:
+            # The handing thread's own copy of the child's end: a cancel of this opening (the loop
+            # shutting down) closes `theirs`, never the descriptor the thread is about to send.
+            handed = os.dup(theirs.fileno())
         try:
-            await asyncio.to_thread(self._hand_over, theirs)
+            await asyncio.to_thread(self._hand_over, handed)
             reader, writer = await asyncio.open_unix_connection(sock=ours)
         except BaseException:
             ours.close()
             raise
-        finally:
-            theirs.close()  # the child has its own copy
         return _Channel(reader, writer, forget=lambda channel: self._forget_channel(loop, channel))
 
-    def _hand_over(self, theirs: socket.socket) -> None:
-        """Send the child a channel's socket, on the first socket (blocking: starts the child if none runs)."""
-        with self._lock:
-            conn = self._ensure_started()
-            assert self._process is not None
-            try:
-                conn.send_bytes(pickle.dumps((0, CHANNEL, (), {}), protocol=pickle.HIGHEST_PROTOCOL))
-                multiprocessing.reduction.send_handle(conn, theirs.fileno(), self._process.pid)
-            except OSError as exc:
-                raise QuarantineUnavailableError(f"the Kubernetes adapter process is gone: {exc}") from exc
+    def _hand_over(self, handed: int) -> None:
+        """Send the child a channel's socket (and close this copy of it); blocking: starts the child if none runs.
+
+        The control message and the descriptor go together under the lock: the child reads the one
+        byte that carries the descriptor right after the message, so nothing may come between.
+        """
+        try:
+            with self._lock:
+                conn = self._ensure_started()
+                assert self._process is not None
+                try:
+                    conn.send_bytes(pickle.dumps((0, CHANNEL, (), {}), protocol=pickle.HIGHEST_PROTOCOL))
+                    multiprocessing.reduction.send_handle(conn, handed, self._process.pid)
+                except OSError as exc:
+                    raise QuarantineUnavailableError(f"the Kubernetes adapter process is gone: {exc}") from exc
+        finally:
+            os.close(handed)
 
     def _forget_channel(self, loop: asyncio.AbstractEventLoop, channel: _Channel) -> None:
         """Drop loop's channel once it has closed (the next call opens another); not one opened since."""

@@ -296,3 +296,23 @@ def test_the_child_logs_each_call_it_carries_out_once(api, own_child, capfd):
     lines = [line for line in capfd.readouterr().err.splitlines() if "quarantine_executed" in line]
     assert len(lines) == 2, lines  # one a call: the child's, not the executors' as well
     assert all('"kind":"quarantine_gpu"' in line and TICKET in line for line in lines), lines
+
+
+def test_a_loop_that_ends_while_its_channel_is_handed_over_leaves_the_child_serving(api, own_child):
+    """The handing thread sends its own copy of the socket: the loop's end closing its copy cannot split the
+    control message from the descriptor that must follow it (the child then read the next call's first
+    byte as the descriptor's, and died)."""
+    own_child.start()
+    own_child._lock.acquire()  # the handover waits here until the loop has ended
+    threading.Timer(0.5, own_child._lock.release).start()
+
+    async def scenario():
+        call = asyncio.create_task(own_child.call_async("quarantine_gpu", "n1", "GPU-1", reason="r", ticket_id=TICKET))
+        await asyncio.sleep(0.1)
+        call.cancel()  # and the loop ends, cancelling the channel's opening mid-handover
+
+    asyncio.run(scenario())
+    pid = own_child.pid
+
+    assert own_child.quarantine_gpu("n1", "GPU-2", reason="r", ticket_id=TICKET).status is quarantine.Status.QUARANTINED
+    assert own_child.pid == pid and own_child.started == 1
