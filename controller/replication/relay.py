@@ -298,7 +298,7 @@ class Courier:
             return 0
         outbox = self._outbox
         rows = [] if outbox is None else await self._thread.run(lambda: outbox.commands(statuses=("dispatched",)))
-        relayed = await self._thread.run(self.store.relayed_commands, time.time_ns())
+        relayed = await self._thread.run(self.store.relayed_commands, time.time_ns(), list(sessions))
         outstanding = {r.command_id for r in rows} | {command_id for command_id, _node, _payload in relayed}
         for command_id in [c for c in self._sent if c not in outstanding]:
             del self._sent[command_id]  # answered, cancelled or given up: never sent again

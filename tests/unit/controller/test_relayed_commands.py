@@ -200,3 +200,22 @@ def test_a_periods_commands_sent_together_each_get_one_outcome_as_it_comes(store
     assert all(isinstance(o[0], TimeoutError) for i, o in outcomes.items() if i not in (3, 250))
     assert sender.relay.store.relayed_commands(0) == []
     assert len(commits) <= 8, f"{len(commits)} transactions for 300 relayed commands and 2 results"
+
+
+def test_a_replica_reads_only_the_relayed_commands_of_its_own_nodes_oldest_first(relay_only, monkeypatch):
+    from rasd.controller.store import relay as relay_store
+
+    monkeypatch.setattr(relay_store, "RELAYED_NODES_PER_QUERY", 2)  # several queries, merged in time order
+    records = relay_only("ctl-b", election="static").relay.store
+    now = time.time_ns()
+    rows = [(f"cap-{i}", f"n{i % 5}", b"c", "ctl-a", now + (10 - i), now + 10**10) for i in range(10)]
+    rows.append(("cap-old", "n1", b"c", "ctl-a", now - 10**10, now - 1))  # expired: nobody sends it
+    records.relay_commands(rows)
+
+    mine = records.relayed_commands(now, ["n1", "n3", "n4"])
+
+    assert [(command_id, node) for command_id, node, _payload in mine] == [
+        ("cap-9", "n4"), ("cap-8", "n3"), ("cap-6", "n1"), ("cap-4", "n4"), ("cap-3", "n3"), ("cap-1", "n1"),
+    ]  # fmt: skip
+    assert len(records.relayed_commands(now)) == 10
+    assert records.relayed_commands(now, []) == []
