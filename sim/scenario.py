@@ -352,51 +352,7 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
             faults.append(NodeFault(node, simulated.parse_fault(fault, where)))
         except ValueError as exc:
             raise ScenarioError(str(exc)) from None
-    operator = []
-    for index, action in enumerate(data.get("operator", [])):
-        where = f"operator[{index}]"
-        if action.get("action") not in OPERATOR_ACTIONS:
-            raise ScenarioError(f"{where}.action: {action.get('action')!r} is not one of {', '.join(OPERATOR_ACTIONS)}")
-        if unknown := set(action) - {"at_s", "action"} - OPERATOR_KEYS[action["action"]]:
-            raise ScenarioError(f"{where}: unknown key(s) for {action['action']}: {', '.join(sorted(unknown))}")
-        if action["action"] == "set_power_cap":
-            operator.append(
-                OperatorAction(
-                    at_s=_number(action, "at_s", where),
-                    action=action["action"],
-                    power_limit_w=int(_number(action, "power_limit_w", where, minimum=1)),
-                )
-            )
-        elif action["action"] in ("pause_automation", "resume_automation"):
-            operator.append(
-                OperatorAction(
-                    at_s=_number(action, "at_s", where), action=action["action"], reason=str(action.get("reason", ""))
-                )
-            )
-        elif action["action"] in ("quarantine", "release"):
-            force = action.get("force", False)
-            if not isinstance(force, bool):
-                raise ScenarioError(f"{where}.force: expected true or false, got {force!r}")
-            operator.append(
-                OperatorAction(
-                    at_s=_number(action, "at_s", where),
-                    action=action["action"],
-                    node=int(_number(action, "node", where)),
-                    gpu=int(_number(action, "gpu", where)) if "gpu" in action else None,
-                    reason=str(action.get("reason", "by hand")),
-                    force=force,
-                )
-            )
-        else:
-            operator.append(
-                OperatorAction(
-                    at_s=_number(action, "at_s", where),
-                    action=action["action"],
-                    node=int(_number(action, "node", where)),
-                    gpu=int(_number(action, "gpu", where)),
-                    reason=str(action.get("reason", "loss spike")),
-                )
-            )
+    operator = [_operator_action(action, f"operator[{index}]") for index, action in enumerate(data.get("operator", []))]
     try:
         remediation = policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
     except policy.PolicyError as exc:
@@ -411,6 +367,31 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
         workload=workload,
         faults=tuple(sorted(faults, key=lambda f: f.fault.at_s)),
         operator=tuple(sorted(operator, key=lambda a: a.at_s)),
+    )
+
+
+def _operator_action(action: Mapping[str, Any], where: str) -> OperatorAction:
+    """One `[[operator]]` table; errors name the table and the key."""
+    kind = action.get("action")
+    if kind not in OPERATOR_ACTIONS:
+        raise ScenarioError(f"{where}.action: {kind!r} is not one of {', '.join(OPERATOR_ACTIONS)}")
+    if unknown := set(action) - {"at_s", "action"} - OPERATOR_KEYS[kind]:
+        raise ScenarioError(f"{where}: unknown key(s) for {kind}: {', '.join(sorted(unknown))}")
+    at_s = _number(action, "at_s", where)
+    if kind == "set_power_cap":
+        return OperatorAction(at_s, kind, power_limit_w=int(_number(action, "power_limit_w", where, minimum=1)))
+    if kind in ("pause_automation", "resume_automation"):
+        return OperatorAction(at_s, kind, reason=str(action.get("reason", "")))
+    node = int(_number(action, "node", where))
+    if kind == "accuse_sdc":
+        gpu = int(_number(action, "gpu", where))
+        return OperatorAction(at_s, kind, node=node, gpu=gpu, reason=str(action.get("reason", "loss spike")))
+    force = action.get("force", False)
+    if not isinstance(force, bool):
+        raise ScenarioError(f"{where}.force: expected true or false, got {force!r}")
+    gpu_or_node = int(_number(action, "gpu", where)) if "gpu" in action else None
+    return OperatorAction(
+        at_s, kind, node=node, gpu=gpu_or_node, reason=str(action.get("reason", "by hand")), force=force
     )
 
 
