@@ -297,7 +297,14 @@ class Courier:
             self._sent.clear()
             return 0
         outbox = self._outbox
-        rows = [] if outbox is None else await self._thread.run(lambda: outbox.commands(statuses=("dispatched",)))
+        # This replica's nodes only, and all of them: a cap of 10,000 rows across the fleet held the newest
+        # commands back from their streams in a large storm until older ones had finished.
+        mine = list(sessions)
+        rows = (
+            []
+            if outbox is None
+            else await self._thread.run(lambda: outbox.commands(statuses=("dispatched",), node_ids=mine, limit=None))
+        )
         relayed = await self._thread.run(self.store.relayed_commands, time.time_ns(), list(sessions))
         outstanding = {r.command_id for r in rows} | {command_id for command_id, _node, _payload in relayed}
         for command_id in [c for c in self._sent if c not in outstanding]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -132,18 +132,40 @@ class RemediationStore:
             return {node_id: int(opened) for node_id, opened in session.execute(query)}
 
     def commands(
-        self, *, statuses: Iterable[str] | None = None, node_id: str = "", limit: int = 10_000
+        self,
+        *,
+        statuses: Iterable[str] | None = None,
+        node_id: str = "",
+        node_ids: Collection[str] | None = None,
+        limit: int | None = 10_000,
     ) -> list[CommandRecord]:
-        """Outbox rows, oldest first, optionally filtered."""
+        """Outbox rows, oldest first, optionally filtered; limit None: all of them.
+
+        node_ids: only those of these nodes (a replica's own streams), `OUTBOX_NODES_PER_QUERY` to a
+        query: its courier reads what it may deliver, not the whole fleet's commands, and all of them.
+        """
+        table = schema.CommandRow
+        query = sa.select(table)
+        if statuses is not None:
+            query = query.where(table.status.in_(list(statuses)))
+        if node_id:
+            query = query.where(table.node_id == node_id)
         with self._sessions() as session:
-            query = sa.select(schema.CommandRow).order_by(
-                schema.CommandRow.created_unix_ns, schema.CommandRow.command_id
-            )
-            if statuses is not None:
-                query = query.where(schema.CommandRow.status.in_(list(statuses)))
-            if node_id:
-                query = query.where(schema.CommandRow.node_id == node_id)
-            return [_command(row) for row in session.scalars(query.limit(limit))]
+            if node_ids is None:
+                query = query.order_by(table.created_unix_ns, table.command_id)
+                rows = list(session.scalars(query if limit is None else query.limit(limit)))
+            else:
+                wanted = list(node_ids)
+                rows = [
+                    row
+                    for first in range(0, len(wanted), OUTBOX_NODES_PER_QUERY)
+                    for row in session.scalars(
+                        query.where(table.node_id.in_(wanted[first : first + OUTBOX_NODES_PER_QUERY]))
+                    )
+                ]
+                rows.sort(key=lambda row: (row.created_unix_ns, row.command_id))
+                rows = rows if limit is None else rows[:limit]
+            return [_command(row) for row in rows]
 
     # -- the one write path ------------------------------------------------------------------------------
     def commit(self, change: Commit) -> list[str]:
@@ -548,6 +570,8 @@ def _update_commands(session: Session, updates: Sequence[records.CommandUpdate])
 
 
 UNPROCESSED_NODES_PER_QUERY = 200
+OUTBOX_NODES_PER_QUERY = 1_000
+"""Node ids in one ``IN`` list of an outbox read (`RemediationStore.commands`)."""
 """Nodes whose unconsumed events one start-up query reads: 3 parameters each, within SQLite's
 999-variable limit of old builds, and an OR of this many terms stays within its expression depth."""
 _SPOOL_EPOCHS = sa.select(schema.NodeRow.node_id, schema.NodeRow.spool_epoch).where(

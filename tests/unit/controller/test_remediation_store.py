@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rasd.controller.core import fleet
 from rasd.controller.core.remediation import events as health
 from rasd.controller.store import records, repo
@@ -48,6 +50,25 @@ def test_outbox_updates_in_one_commit_apply_in_order_and_never_reopen_a_final_co
     assert rows["c3"].status == "pending"
     audit = sorted(remediation.audit(), key=lambda a: a["id"])
     assert [a["action"] for a in audit] == ["a0", "a1", "a2"], "audit rows keep the decision's order"
+
+
+def test_a_replicas_outbox_read_is_its_own_nodes_commands_all_of_them_oldest_first(store, monkeypatch):
+    monkeypatch.setattr(rstore, "OUTBOX_NODES_PER_QUERY", 2)  # several queries, merged in time order
+    remediation = rstore.RemediationStore(store.engine)
+    new = [
+        dataclasses.replace(_record(f"c{i}"), node_id=f"node-{i % 5}", created_unix_ns=100 - i, status="dispatched")
+        for i in range(12)
+    ]
+    remediation.commit(rstore.Commit(now_unix_ns=1, new_commands=new))
+
+    mine = remediation.commands(statuses=("dispatched",), node_ids=["node-1", "node-3", "node-4"], limit=None)
+
+    assert [(c.command_id, c.node_id) for c in mine] == [
+        ("c11", "node-1"), ("c9", "node-4"), ("c8", "node-3"), ("c6", "node-1"), ("c4", "node-4"), ("c3", "node-3"),
+        ("c1", "node-1"),
+    ]  # fmt: skip
+    assert len(remediation.commands(statuses=("dispatched",), node_ids=["node-1"], limit=2)) == 2
+    assert len(remediation.commands(statuses=("dispatched",), limit=None)) == 12
 
 
 def test_quarantine_counts_are_per_scope_and_leave_released_ones_out(store):
