@@ -219,8 +219,11 @@ class RemediationService:
         else:
             await self.ledger.run(self.store.warm_up)  # the writer process warms itself
         await startup.load_ladder(state, self.ledger, self._node_store)
+        # All of them: a storm leaves more than the read's default 10,000 unfinished, and a new term that
+        # resumed only the oldest would never admit the rest nor know what the others were sent for.
         unfinished = startup.outbox(
-            await self.ledger.run(lambda: self.store.commands(statuses=("pending", "dispatched"))), self.adapters
+            await self.ledger.run(lambda: self.store.commands(statuses=("pending", "dispatched"), limit=None)),
+            self.adapters,
         )
         state.deferred.update((a.command_id, a) for a in unfinished.pending)
         self.sdc.load(

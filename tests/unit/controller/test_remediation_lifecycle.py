@@ -520,3 +520,41 @@ def test_the_service_is_quiet_only_while_no_decision_waits(tmp_path):
     rig.run(scenario)
     rig.store.close()
     assert seen_in_pass == [False]  # inside the decision pass
+
+
+def test_a_new_term_resumes_every_unfinished_command_beyond_ten_thousand(rig):
+    """A storm left 10,005 restarts in the outbox (5 not admitted yet): a new leader takes up all of them."""
+    from rasd.controller.store import remediation as rstore
+
+    now = rig.now_ns
+    restarts = [
+        actions.RestartProcess(ticket_id=f"t{i}", step=1, node_id=NODE, reason="Xid 13", gpu_uuid=GPU)
+        for i in range(10_005)
+    ]
+    rig.service.store.commit(
+        rstore.Commit(
+            now_unix_ns=now,
+            new_commands=[
+                rstore.CommandRecord(
+                    command_id=a.command_id, node_id=NODE, gpu_uuid=GPU, ticket_id=a.ticket_id, kind=a.kind,
+                    payload=a.to_dict(), status="pending" if i >= 10_000 else "dispatched", reason=a.reason,
+                    created_unix_ns=now + i, dispatched_unix_ns=None if i >= 10_000 else now + i,
+                    finished_unix_ns=None, result=None,
+                )
+                for i, a in enumerate(restarts)
+            ],
+        )
+    )  # fmt: skip
+    rig.wire_services()  # a new controller process: its term starts from the store alone
+    seen = {}
+
+    async def scenario():
+        await rig.service.start()
+        state = rig.service.state
+        seen["tracked"] = set(state.unanswered) | set(state.deferred)
+        await rig.service.stop()
+
+    rig.run(scenario)
+
+    # Each awaits its answer (sent when the node's stream opens), or its admission: none is forgotten.
+    assert seen["tracked"] == {a.command_id for a in restarts}
