@@ -364,18 +364,23 @@ class RemediationService:
             self.results.owed.append((node_id, result))
 
     async def commit_result(self, node_id: str, result: msgs.AgentResult) -> bool:
-        """Advance the ladder on a result and commit it now; False when the store could not take it.
+        """`commit_results` for one result."""
+        return await self.commit_results([(node_id, result)])
 
-        Nothing of it is kept then: a caller whose result is stored (relayed by another replica)
-        offers it again next round. Owed in memory (as `on_result` keeps an agent's) and the stored
-        row forgotten, the result died with this term if it ended first, and the next leader's
-        ladder climbed past a repair that had worked.
+    async def commit_results(self, results: Sequence[tuple[str, msgs.AgentResult]]) -> bool:
+        """Advance the ladder on results (node, result), in order, and commit them now in one transaction.
+
+        False when the store could not take them: nothing of them is kept then, and a caller whose
+        results are stored (relayed by another replica) offers them again next round. Owed in memory
+        (as `on_result` keeps an agent's) and the stored rows forgotten, they died with this term if
+        it ended first, and the next leader's ladder climbed past a repair that had worked.
         """
         async with self.state.lock:
             try:
-                await self.results.apply([(node_id, result)])
+                await self.results.apply(results)
             except repo.STORE_UNAVAILABLE as exc:
-                log.warning("remediation_result_deferred", node=node_id, command_id=result.command_id, error=str(exc))
+                log.warning("remediation_results_deferred", results=len(results),
+                            command_ids=[r.command_id for _node, r in results[:5]], error=str(exc))  # fmt: skip
                 return False
             await self.dispatcher.dispatch_after_commit()
             return True

@@ -67,6 +67,8 @@ log = structlog.get_logger("rasd.controller")
 
 MAX_RELAY_GROUP = 512
 """Relayed commands written (or withdrawn) in one transaction at most."""
+RESULTS_PER_COMMIT = 512
+"""Stored results the leader's ladder applies in one transaction at most (the decider's own passes group as many)."""
 INVENTORY_REFRESH_S = 10.0
 """How often the leader re-reads which nodes other replicas hold, with their labels and GPUs."""
 ABANDONED_AFTER_S = 60.0
@@ -543,16 +545,21 @@ class Relay:
         return handled
 
     async def _apply_results(self, ladder: remediation_mod.RemediationService) -> int:
-        """Apply the stored results in order; how many. Each is forgotten only once its commit returned.
+        """Apply the stored results in order, `RESULTS_PER_COMMIT` to a transaction; how many.
 
-        A result applied in memory only would be lost with this term.
+        Each group is forgotten only once its commit returned: a result applied in memory only would
+        be lost with this term. One transaction (and one withdrawal) a result held the leader to a few
+        hundred results a second, behind a storm on the other replicas' streams.
         """
         applied = 0
-        for command_id, node_id, payload in await self._thread.run(self.store.results):
-            if not await ladder.commit_result(node_id, wire_commands.result_from_bytes(payload)):
+        stored = await self._thread.run(self.store.results)
+        for first in range(0, len(stored), RESULTS_PER_COMMIT):
+            group = stored[first : first + RESULTS_PER_COMMIT]
+            results = [(node_id, wire_commands.result_from_bytes(payload)) for _id, node_id, payload in group]
+            if not await ladder.commit_results(results):
                 break  # the store is down: the rest next round, in order
-            await self._thread.run(self.store.forget_results, [command_id])
-            applied += 1
+            await self._thread.run(self.store.forget_results, [command_id for command_id, _node, _payload in group])
+            applied += len(group)
         return applied
 
     async def _decide_events(self, ladder: remediation_mod.RemediationService) -> int:

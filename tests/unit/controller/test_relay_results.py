@@ -8,6 +8,7 @@ stays for the next round or the next leader (an in-memory copy dies with A's ter
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from prometheus_client import CollectorRegistry
@@ -109,3 +110,46 @@ def test_a_relayed_result_the_leader_could_not_commit_is_kept_for_the_next_leade
         b.store.close()
     assert rows.get("restart_process") == "succeeded", rows
     assert "reset_gpu" not in rows, f"the ladder climbed past a restart that worked: {rows}"
+
+
+def test_the_leader_applies_the_stored_results_together_in_one_transaction(postgres_schema_url):
+    """Results the other replicas stored go into the ladder a group to a commit, not one commit each."""
+    gpus = [f"GPU-00000000-0000-4000-8000-00000000001{i}" for i in range(3)]
+    records = tuple(
+        fleet.GpuRecord(g, "H100", f"0000:1{i}:00.0", 200, 700, 700, node_id=NODE) for i, g in enumerate(gpus)
+    )
+    a, b = _Replica(postgres_schema_url, "ctl-a"), _Replica(postgres_schema_url, "ctl-b")
+    a.store.register_hello(fleet.NodeHello(NODE, "boot-1", "0.1.0", NODE, "simulated", LABELS, records, 0), 1)
+
+    def xid13(seq: int, gpu: str) -> repo.StoredEvent:
+        return dataclasses.replace(_xid(seq, 13), gpu_uuid=gpu)
+
+    async def scenario() -> tuple[int, float, dict[str, str]]:
+        await a.ingest.start()
+        await a.leadership.start()
+        await a.service.on_events(NODE, [xid13(i + 1, g) for i, g in enumerate(gpus)], LABELS)
+        restarts = a.service.store.commands(node_id=NODE)
+        for restart in restarts:  # the agent's stream is on B: B stores each answer for the leader
+            ok = commands_pb.ActionResult(command_id=restart.command_id, outcome=commands_pb.ACTION_OUTCOME_SUCCEEDED)
+            b.relay.store.save_result(command_id=restart.command_id, node_id=NODE, result=ok.SerializeToString(),
+                                      replica_id="ctl-b", now_unix_ns=time.time_ns())  # fmt: skip
+        commits = a.service.state.metrics.remediation_commit_seconds
+        before = _count(commits)
+        applied = (await a.relay.take_in())["results"]
+        transactions = _count(commits) - before
+        rows = {c.gpu_uuid: c.status for c in a.service.store.commands(node_id=NODE)}
+        await a.leadership.stop()
+        await a.ingest.stop()
+        return applied, transactions, rows
+
+    try:
+        applied, transactions, rows = asyncio.run(scenario())
+    finally:
+        a.store.close()
+        b.store.close()
+    assert applied == 3 and transactions == 1
+    assert rows == dict.fromkeys(gpus, "succeeded")
+
+
+def _count(histogram) -> float:
+    return next(s.value for m in histogram.collect() for s in m.samples if s.name.endswith("_count"))
