@@ -172,14 +172,9 @@ class RelayStore:
             if node_ids is None:
                 rows = list(connection.execute(query))
             else:
-                wanted = list(node_ids)
-                rows = [
-                    row
-                    for first in range(0, len(wanted), RELAYED_NODES_PER_QUERY)
-                    for row in connection.execute(
-                        query.where(table.c.node_id.in_(wanted[first : first + RELAYED_NODES_PER_QUERY]))
-                    )
-                ]
+                rows = repo.rows_for_ids(
+                    connection.execute, query, table.c.node_id, list(node_ids), RELAYED_NODES_PER_QUERY
+                )
         rows.sort(key=lambda row: row.created_unix_ns)
         return [(row.command_id, row.node_id, row.command) for row in rows]
 

@@ -155,14 +155,7 @@ class RemediationStore:
                 query = query.order_by(table.created_unix_ns, table.command_id)
                 rows = list(session.scalars(query if limit is None else query.limit(limit)))
             else:
-                wanted = list(node_ids)
-                rows = [
-                    row
-                    for first in range(0, len(wanted), OUTBOX_NODES_PER_QUERY)
-                    for row in session.scalars(
-                        query.where(table.node_id.in_(wanted[first : first + OUTBOX_NODES_PER_QUERY]))
-                    )
-                ]
+                rows = repo.rows_for_ids(session.scalars, query, table.node_id, list(node_ids), OUTBOX_NODES_PER_QUERY)
                 rows.sort(key=lambda row: (row.created_unix_ns, row.command_id))
                 rows = rows if limit is None else rows[:limit]
             return [_command(row) for row in rows]

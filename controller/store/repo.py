@@ -199,6 +199,24 @@ class HelloOutcome:
     """The epoch the node's seqs count in from this Hello on (a new spool starts the next one)."""
 
 
+def rows_for_ids(
+    run: Callable[[sa.Select[Any]], Iterable[Any]],
+    query: sa.Select[Any],
+    column: Any,
+    ids: Sequence[str],
+    per_query: int,
+) -> list[Any]:
+    """The rows of query whose column is one of ids, per_query ids to an ``IN`` list (bounded bound values).
+
+    run: executes a query (``session.scalars`` for ORM rows, ``connection.execute`` for plain ones).
+    """
+    return [
+        row
+        for first in range(0, len(ids), per_query)
+        for row in run(query.where(column.in_(ids[first : first + per_query])))
+    ]
+
+
 def json_text(value: Any) -> str:
     """The JSON text the store writes for a JSON column (the engines' serializer).
 

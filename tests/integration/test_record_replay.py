@@ -44,13 +44,17 @@ storm_cooldown_s = 0.0
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """One recorded run of the small scenario (2 nodes × 4 GPUs, 7 s)."""
-    root = tmp_path_factory.mktemp("record")
+    return _record(SCENARIO, tmp_path_factory.mktemp("record"), duration_s=7)
+
+
+def _record(scenario: str, root, *, duration_s: float):
+    """rasd-sim on 2 nodes × 4 GPUs for duration_s with the scenario, recorded; the recording's path."""
     scenario_file = root / "scenario.toml"
-    scenario_file.write_text(SCENARIO)
+    scenario_file.write_text(scenario)
     path = root / "run.rasdrec"
     code = sim_main.main(
-        ["--nodes", "2", "--gpus-per-node", "4", "--duration-s", "7", "--scenario", str(scenario_file),
-         "--out", str(root / "out"), "--table-interval-s", "0", "--seed", "3", "--record", str(path)]
+        ["--nodes", "2", "--gpus-per-node", "4", "--duration-s", str(duration_s), "--scenario", str(scenario_file),
+         "--out", str(root / "run"), "--table-interval-s", "0", "--seed", "3", "--record", str(path)]
     )  # fmt: skip
     assert code == 0
     return path
@@ -196,14 +200,7 @@ reason = "nothing to release"
 
 def test_operators_quarantines_releases_and_pauses_are_recorded_and_replayed(tmp_path):
     """What a person did by hand is a replay input: without it the replay releases a GPU the person held."""
-    scenario_file = tmp_path / "by-hand.toml"
-    scenario_file.write_text(BY_HAND)
-    path = tmp_path / "run.rasdrec"
-    code = sim_main.main(
-        ["--nodes", "2", "--gpus-per-node", "4", "--duration-s", "6", "--scenario", str(scenario_file),
-         "--out", str(tmp_path / "run"), "--table-interval-s", "0", "--seed", "3", "--record", str(path)]
-    )  # fmt: skip
-    assert code == 0
+    path = _record(BY_HAND, tmp_path, duration_s=6)
     rec = recording.read(path)
     by_hand = [e.operator_action for e in rec.entries if e.WhichOneof("entry") == "operator_action"]
     assert [(a.action, a.actor, a.force) for a in by_hand] == [
