@@ -192,7 +192,8 @@ def _section(args: argparse.Namespace, header: str, started: str, rows: list[dic
         f"Command: `.venv/bin/python bench/k8s_adapter.py{(' ' + argv_text) if argv_text else ''}`  ",
         f"Machine: {header}, {load_text()} at the end  ",
         f"Run: {started}; {args.rounds} rounds, {args.seconds:g} s per mode, decider units of {args.unit_ms:g} ms, "
-        f"`quarantine_gpu` calls at {args.rate:g}/s from {args.threads} threads, every API answer "
+        f"`quarantine_gpu` calls at {args.rate:g}/s started on the event loop as the service starts them (in "
+        f"{args.threads} adapter threads in-process, awaited on the loop with the child), every API answer "
         f"{args.latency_ms:g} ms late (a read and a patch per call, an Event each).",
         "",
         "| round | mode | decider units/s | share of `none` | unit p99 ms | unit max ms | calls | failed "
