@@ -69,6 +69,11 @@ MAX_RELAY_GROUP = 512
 """Relayed commands written (or withdrawn) in one transaction at most."""
 RESULTS_PER_COMMIT = 512
 """Stored results the leader's ladder applies in one transaction at most (the decider's own passes group as many)."""
+RESULTS_PER_READ = 1_000
+"""Stored results read from the store at once."""
+RESULTS_PER_INTAKE = 8_000
+"""Stored results one intake round applies at most; then it decides the events waiting, and the next round
+goes on (at once if events woke it, else after `relay_poll_s`)."""
 INVENTORY_REFRESH_S = 10.0
 """How often the leader re-reads which nodes other replicas hold, with their labels and GPUs."""
 ABANDONED_AFTER_S = 60.0
@@ -549,17 +554,22 @@ class Relay:
 
         Each group is forgotten only once its commit returned: a result applied in memory only would
         be lost with this term. One transaction (and one withdrawal) a result held the leader to a few
-        hundred results a second, behind a storm on the other replicas' streams.
+        hundred results a second, behind a storm on the other replicas' streams. Reads go on while
+        they come back full, up to `RESULTS_PER_INTAKE`: one read a poll bounded the intake at
+        `RESULTS_PER_READ` a poll.
         """
         applied = 0
-        stored = await self._thread.run(self.store.results)
-        for first in range(0, len(stored), RESULTS_PER_COMMIT):
-            group = stored[first : first + RESULTS_PER_COMMIT]
-            results = [(node_id, wire_commands.result_from_bytes(payload)) for _id, node_id, payload in group]
-            if not await ladder.commit_results(results):
-                break  # the store is down: the rest next round, in order
-            await self._thread.run(self.store.forget_results, [command_id for command_id, _node, _payload in group])
-            applied += len(group)
+        while applied < RESULTS_PER_INTAKE:
+            stored = await self._thread.run(self.store.results, RESULTS_PER_READ)
+            for first in range(0, len(stored), RESULTS_PER_COMMIT):
+                group = stored[first : first + RESULTS_PER_COMMIT]
+                results = [(node_id, wire_commands.result_from_bytes(payload)) for _id, node_id, payload in group]
+                if not await ladder.commit_results(results):
+                    return applied  # the store is down: the rest next round, in order
+                await self._thread.run(self.store.forget_results, [command_id for command_id, _n, _p in group])
+                applied += len(group)
+            if len(stored) < RESULTS_PER_READ:
+                break
         return applied
 
     async def _decide_events(self, ladder: remediation_mod.RemediationService) -> int:

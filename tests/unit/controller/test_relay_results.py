@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import time
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from rasd.api.v1 import commands_pb2 as commands_pb
@@ -20,6 +21,7 @@ from rasd.controller.core.remediation import events as health
 from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.observability import metrics
 from rasd.controller.replication import leader
+from rasd.controller.replication import relay as relay_mod
 from rasd.controller.store import repo
 
 GPU = "GPU-00000000-0000-4000-8000-000000000001"
@@ -112,8 +114,11 @@ def test_a_relayed_result_the_leader_could_not_commit_is_kept_for_the_next_leade
     assert "reset_gpu" not in rows, f"the ladder climbed past a restart that worked: {rows}"
 
 
-def test_the_leader_applies_the_stored_results_together_in_one_transaction(postgres_schema_url):
-    """Results the other replicas stored go into the ladder a group to a commit, not one commit each."""
+@pytest.mark.parametrize("per_read", [1_000, 1], ids=["one read", "a read each"])
+def test_the_leader_applies_the_stored_results_together_in_one_transaction(postgres_schema_url, per_read, monkeypatch):
+    """Results the other replicas stored go into the ladder a group to a commit, not one commit each; an
+    intake round reads on while its reads come back full (with one result a read: three reads, three commits)."""
+    monkeypatch.setattr(relay_mod, "RESULTS_PER_READ", per_read)
     gpus = [f"GPU-00000000-0000-4000-8000-00000000001{i}" for i in range(3)]
     records = tuple(
         fleet.GpuRecord(g, "H100", f"0000:1{i}:00.0", 200, 700, 700, node_id=NODE) for i, g in enumerate(gpus)
@@ -147,7 +152,7 @@ def test_the_leader_applies_the_stored_results_together_in_one_transaction(postg
     finally:
         a.store.close()
         b.store.close()
-    assert applied == 3 and transactions == 1
+    assert applied == 3 and transactions == (1 if per_read > 3 else 3)
     assert rows == dict.fromkeys(gpus, "succeeded")
 
 
