@@ -48,6 +48,27 @@ def debug_logs() -> Iterator[None]:
 
 
 @pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """`rasd_logging.configure` replaces the root logger's handlers and level, structlog's configuration and
+    the level helper processes start at; put all of them back after the test."""
+    from rasd.common import logging as rasd_logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    saved, child_level = structlog.get_config(), rasd_logging.configured_level()
+    try:
+        yield
+    finally:
+        rasd_logging.configure(child_level, json=True)  # for the level only: the rest is put back below
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        structlog.configure(**saved)
+
+
+@pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import structlog
 
 from rasd.common import child_process
@@ -32,20 +31,6 @@ def test_a_json_log_line_parses_and_never_raises_on_odd_values(monkeypatch):
     assert first["event"] == "decided" and first["level"] == "info" and first["timestamp"].endswith("Z")
     assert first["reason"] == 'quoted "é"' and first["keyed"] == {"7": "x"} and first["actions"] == ["reset_gpu"]
     assert second["wide"] == 2**70 and second["thing"].startswith("<object object at")
-
-
-@pytest.fixture
-def restore_logging():
-    """configure() replaces the root logger's handlers and level; put them back after the test."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
-    structlog.reset_defaults()
 
 
 def test_other_libraries_records_come_out_in_the_same_json_stream(monkeypatch, restore_logging):

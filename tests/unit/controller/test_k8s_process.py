@@ -5,7 +5,6 @@ the controller's process, Events posted after the call returns, a lost child rep
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import pathlib
 import signal
@@ -15,7 +14,6 @@ import time
 
 import kubernetes.client
 import pytest
-import structlog
 
 from rasd.common import logging as rasd_logging
 from rasd.controller.core.remediation import actions
@@ -288,23 +286,10 @@ def test_a_cancelled_async_caller_leaves_the_answer_reader_unharmed(api, child):
     assert child.quarantine_gpu("n1", "GPU-2", reason="r", ticket_id=TICKET).status is quarantine.Status.QUARANTINED
 
 
-@pytest.fixture
-def logs_at_info():
-    """This process (so the child it starts) logs at info, whatever an earlier test configured; put back after."""
-    root = logging.getLogger()
-    handlers, level, before = list(root.handlers), root.level, rasd_logging.configured_level()
+def test_the_child_logs_each_call_it_carries_out_once(api, restore_logging, capfd):
+    # The child logs at this process's level: info here, whatever an earlier test in this worker left.
     rasd_logging.configure("info", json=True)
-    yield
-    rasd_logging.configure(before, json=True)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
-    structlog.reset_defaults()
-
-
-def test_the_child_logs_each_call_it_carries_out_once(api, logs_at_info, own_child, capfd):
+    own_child = quarantine.open_quarantine({"adapter": "kubernetes", "kubernetes": {"host": api.url}})
     table = quarantine.executors(own_child)
     action = actions.QuarantineGpu(ticket_id=TICKET, step=1, node_id="n1", reason="Xid 94", gpu_uuid="GPU-2")
 
