@@ -129,9 +129,7 @@ class KubernetesProcess:
             raise ValueError(f"not a method of the Kubernetes adapter: {method!r}")
         loop = asyncio.get_running_loop()
         opening = self._channels.get(loop)
-        if opening is None or (
-            opening.done() and (opening.cancelled() or opening.exception() or opening.result().closed)
-        ):
+        if opening is None or (opening.done() and not _still_open(opening)):
             opening = loop.create_task(self._open_channel(loop), name="rasd-k8s-channel")
             self._channels[loop] = opening
         channel = await asyncio.shield(opening)  # a caller cancelled while it opens leaves it to the others
