@@ -163,11 +163,10 @@ class Adapters:
         executor = self.executors.get(action.kind)
         if executor is None or not blocking(executor):
             return self.execute_now(action)
-        pool = self._long_threads if action.kind in LONG_ADAPTER_KINDS else self._threads
         clock = self._state.clock
         called = (lambda: called_ns.append(clock())) if called_ns is not None else None
         try:
-            message = str(await call(executor, action, pool, called=called))
+            message = str(await call(executor, action, self._pool(action), called=called))
         except Exception as exc:  # an adapter failure is a failed action, never a crash
             return msgs.Outcome.FAILED, f"{type(exc).__name__}: {exc}"
         return msgs.Outcome.SUCCEEDED, message or f"{action.kind} recorded"
@@ -177,7 +176,11 @@ class Adapters:
         executor = self.executors[action.kind]
         if not blocking(executor):
             return executor(action)
-        return await call(executor, action, self._long_threads if action.kind in LONG_ADAPTER_KINDS else self._threads)
+        return await call(executor, action, self._pool(action))
+
+    def _pool(self, action: actions.Action) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads an action's adapter runs in when it has no ``call_async`` (long calls have their own)."""
+        return self._long_threads if action.kind in LONG_ADAPTER_KINDS else self._threads
 
     def execute_now(self, action: actions.Action) -> Outcome:
         """`execute` for an action whose adapter waits on nothing (`leaves_after_commit` is False): called here."""
