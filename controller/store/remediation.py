@@ -563,10 +563,10 @@ def _update_commands(session: Session, updates: Sequence[records.CommandUpdate])
 
 
 UNPROCESSED_NODES_PER_QUERY = 200
-OUTBOX_NODES_PER_QUERY = 1_000
-"""Node ids in one ``IN`` list of an outbox read (`RemediationStore.commands`)."""
 """Nodes whose unconsumed events one start-up query reads: 3 parameters each, within SQLite's
 999-variable limit of old builds, and an OR of this many terms stays within its expression depth."""
+OUTBOX_NODES_PER_QUERY = 1_000
+"""Node ids in one ``IN`` list of an outbox read (`RemediationStore.commands`)."""
 _SPOOL_EPOCHS = sa.select(schema.NodeRow.node_id, schema.NodeRow.spool_epoch).where(
     schema.NodeRow.node_id.in_(sa.bindparam("node_ids", expanding=True))
 )
