@@ -545,15 +545,6 @@ async def _operate(
         if action.at_s >= settings.duration_s:
             continue
         await _at(started_ns, action.at_s, clock)
-        if action.action == "accuse_sdc":
-            agent = agents[action.node % len(agents)]
-            gpu_uuid = agent.backend.inventory()[action.gpu % settings.gpus_per_node].uuid
-            if controller.remediation is not None:
-                await controller.remediation.accuse(
-                    agent.identity.node_id, gpu_uuid, reason=action.reason, accuser="training-job"
-                )
-                log.info("sdc_accused", node=agent.identity.node_id, gpu_uuid=gpu_uuid)
-            continue
         if action.action != "set_power_cap":
             if controller.remediation is not None:
                 await _by_hand(settings, controller.remediation, agents, action)
@@ -574,7 +565,10 @@ async def _by_hand(
     agents: list[runtime.Agent],
     action: scenario_mod.OperatorAction,
 ) -> None:
-    """An operator's quarantine, release, pause or resume, as rasctl asks it (actor "operator")."""
+    """A scripted action on the ladder: an SDC accusation, a quarantine, release, pause or resume.
+
+    A training job accuses; an operator does the rest as rasctl asks it (actor "operator").
+    """
     if action.action in ("pause_automation", "resume_automation"):
         await service.set_paused(action.action == "pause_automation", reason=action.reason, actor="operator")
         log.info("operator_automation", action=action.action)
@@ -582,6 +576,10 @@ async def _by_hand(
     agent = agents[action.node % len(agents)]
     node_id = agent.identity.node_id
     gpu_uuid = agent.backend.inventory()[action.gpu % settings.gpus_per_node].uuid if action.gpu is not None else ""
+    if action.action == "accuse_sdc":
+        await service.accuse(node_id, gpu_uuid, reason=action.reason, accuser="training-job")
+        log.info("sdc_accused", node=node_id, gpu_uuid=gpu_uuid)
+        return
     if action.action == "quarantine":
         await service.operator_quarantine(node_id, gpu_uuid, reason=action.reason, actor="operator")
         log.info("operator_quarantined", node=node_id, gpu_uuid=gpu_uuid)
