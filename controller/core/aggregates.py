@@ -35,10 +35,11 @@ Pure: no I/O, no logging, no clock reads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,85 @@ Rows = tuple[tuple[int, float, int], ...]
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(fleet.GpuRecord))
 _LATEST_FIELDS = fleet.LATEST_FIELDS
+
+
+NO_NS = np.iinfo(np.int64).min
+"""A controller time column's value where no controller time is known."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LatestBlock:
+    """Many GPUs' latest readings as columns: the fields the power period reads, rows in `gpu_uuids` order.
+
+    The replicas ship their readings in columns. The leader built a `GpuLatest` per GPU from them,
+    and each period `views.latest_columns` turned the 100,000 readings back into columns, a sixth
+    of the period. A block keeps the columns as they were decoded, through `merge` and
+    `core.power.remote`, for GPUs whose reading in the fleet view is exactly the block's row. The
+    view's mappings still hold every reading, for the readers that go GPU by GPU.
+
+    Values as `views.LatestColumns` holds them: nan for a missing float, 0 for a missing slew
+    target or clock event reasons, `NO_NS` for an unknown controller time.
+    """
+
+    gpu_uuids: list[str]
+    enforced_w: np.ndarray
+    slew_target_w: np.ndarray
+    counters_ns: np.ndarray
+    power_w: np.ndarray
+    power_sample_ns: np.ndarray
+    utilization_pct: np.ndarray
+    clock_event_reasons: np.ndarray
+    controller_ns: np.ndarray
+
+    @functools.cached_property
+    def row_of(self) -> dict[str, int]:
+        """GPU uuid -> its row."""
+        return dict(zip(self.gpu_uuids, range(len(self.gpu_uuids)), strict=True))
+
+    def rows(self, gpu_uuids: Sequence[str]) -> np.ndarray:
+        """Each GPU's row (-1: not in the block)."""
+        get = self.row_of.get
+        return np.array([get(u, -1) for u in gpu_uuids], dtype=np.intp)
+
+    def take(self, rows: np.ndarray) -> LatestBlock:
+        """A block of these rows, in this order."""
+        rows_list = rows.tolist()
+        uuids = self.gpu_uuids
+        return LatestBlock(
+            gpu_uuids=[uuids[i] for i in rows_list],
+            **{name: getattr(self, name)[rows] for name in BLOCK_COLUMNS},
+        )
+
+    def without(self, gpu_uuids: Collection[str]) -> LatestBlock:
+        """This block less the rows of gpu_uuids (itself when it holds none of them)."""
+        row_of = self.row_of
+        drop = [row_of[u] for u in gpu_uuids if u in row_of]
+        if not drop:
+            return self
+        keep = np.ones(len(self.gpu_uuids), dtype=bool)
+        keep[drop] = False
+        return self.take(np.flatnonzero(keep))
+
+    def controller_ns_from_zero(self) -> LatestBlock:
+        """The block with every known controller time below 0 raised to 0 (as `core.power.remote` lays times over)."""
+        known = self.controller_ns != NO_NS
+        if not np.any(known & (self.controller_ns < 0)):
+            return self
+        return dataclasses.replace(self, controller_ns=np.where(known, np.maximum(self.controller_ns, 0), NO_NS))
+
+    @classmethod
+    def joined(cls, blocks: Sequence[LatestBlock]) -> LatestBlock:
+        """The blocks' rows one after the other."""
+        if len(blocks) == 1:
+            return blocks[0]
+        return cls(
+            gpu_uuids=[u for block in blocks for u in block.gpu_uuids],
+            **{name: np.concatenate([getattr(b, name) for b in blocks]) for name in BLOCK_COLUMNS},
+        )
+
+
+BLOCK_COLUMNS = tuple(f.name for f in dataclasses.fields(LatestBlock) if f.name != "gpu_uuids")
+"""`LatestBlock`'s columns, named as `views.LatestColumns` names the same fields."""
 
 
 class AggregateFormatError(ValueError):
@@ -151,6 +231,8 @@ class ReplicaAggregate:
     tracked: frozenset[str] = frozenset()
     """The GPUs `tracked_series` sums (as `AggregateReads.tracked` asked when it was built)."""
     tracked_series: Rows = ()
+    latest_block: LatestBlock | None = None
+    """`latest` and `latest_controller_ns` as columns, row for row (None: not built; decoded aggregates have one)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -172,6 +254,9 @@ class FleetAggregate:
     complete_until_ns: int | None = None
     """Buckets starting at or after this lack some replica's share (None: no replica ships a series)."""
     replicas: tuple[str, ...] = ()
+    latest_block: LatestBlock | None = None
+    """`latest` and `latest_controller_ns` as columns, row for row (None: some aggregate had none,
+    or a node's stream moved between replicas; the readers then go by the mappings)."""
 
     def node_of(self, gpu_uuid: str) -> str | None:
         """The node a GPU belongs to, by its record (None: not a GPU of these nodes)."""
@@ -244,6 +329,10 @@ def merge(
     draw = peak_maxima([agg.draw_peaks_w for agg in aggregates], records)
     detect = peak_maxima([agg.detect_peaks_w for agg in aggregates], records)
     with_series = [agg for agg in aggregates if agg.series and agg.bucket_ns == bucket_ns]
+    blocks = [agg.latest_block for agg in aggregates if agg.latest_block is not None]
+    # Every reading taken, each from one aggregate only (no stream moved, no GPU twice): the
+    # aggregates' blocks, one after the other, hold exactly the merged mappings' values.
+    whole = len(blocks) == len(aggregates) and len(latest) == sum(len(b.gpu_uuids) for b in blocks)
     return FleetAggregate(
         nodes=nodes,
         holders={node_id: agg.replica_id for node_id, agg in holders.items()},
@@ -258,6 +347,7 @@ def merge(
         else (),
         complete_until_ns=min((agg.built_unix_ns for agg in with_series), default=None),
         replicas=tuple(sorted(agg.replica_id for agg in aggregates)),
+        latest_block=LatestBlock.joined(blocks) if whole else None,
     )
 
 
@@ -529,17 +619,38 @@ def _streams(node_cols: Mapping[str, Any], memo: DecodeMemo) -> Mapping[str, Nod
     return memo.nodes
 
 
+def _block(columns: Mapping[str, list[Any]], reported: list[str]) -> LatestBlock:
+    """The readings' columns as `LatestBlock` holds them: each value as `views.latest_columns` reads a `GpuLatest`'s."""
+
+    def column(name: str) -> list[Any]:
+        return columns[name] if name in columns else [_LATEST_DEFAULTS[name]] * len(reported)
+
+    return LatestBlock(
+        gpu_uuids=list(reported),
+        # numpy reads None as nan in a float array; `or` keeps a NaN, as the object path's does.
+        enforced_w=np.array(column("enforced_power_limit_w"), dtype=np.float64),
+        slew_target_w=np.array([v or 0.0 for v in column("power_limit_slew_target_w")], dtype=np.float64),
+        counters_ns=np.array(column("counters_unix_ns"), dtype=np.int64),
+        power_w=np.array(column("power_w"), dtype=np.float64),
+        power_sample_ns=np.array(column("power_sample_unix_ns"), dtype=np.int64),
+        utilization_pct=np.array(column("utilization_gpu_pct"), dtype=np.float64),
+        clock_event_reasons=np.array([v or 0 for v in column("clock_event_reasons")], dtype=np.int64),
+        controller_ns=np.array([NO_NS if v is None else int(v) for v in columns["controller_ns"]], dtype=np.int64),
+    )
+
+
 def _decoded(doc: Mapping[str, Any], records: Mapping[str, fleet.GpuRecord], memo: DecodeMemo) -> ReplicaAggregate:
     latest_cols = doc["latest"]
     reported = latest_cols["gpu_uuid"]
     peaks = doc["peaks"]
+    latest = dict(zip(reported, _readings(latest_cols, len(reported)), strict=True))
     return ReplicaAggregate(
         replica_id=str(doc["replica_id"]),
         built_unix_ns=int(doc["built_unix_ns"]),
         interval_s=float(doc["interval_s"]),
         nodes=_streams(doc["nodes"], memo),
         records=records,
-        latest=dict(zip(reported, _readings(latest_cols, len(reported)), strict=True)),
+        latest=latest,
         latest_controller_ns=_present(reported, latest_cols["controller_ns"], int),
         draw_window_s=float(doc["draw_window_s"]),
         draw_peaks_w=_present(peaks["gpu_uuid"], peaks["draw_w"], float),
@@ -549,4 +660,6 @@ def _decoded(doc: Mapping[str, Any], records: Mapping[str, fleet.GpuRecord], mem
         series=_rows_in(doc["series"]),
         tracked=frozenset(doc["tracked"]),
         tracked_series=_rows_in(doc["tracked_series"]),
+        # A GPU named twice is one reading in `latest`: the rows would not match it row for row.
+        latest_block=_block(latest_cols, reported) if len(latest) == len(reported) else None,
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from rasd.controller.core import fleet
+from rasd.controller.core import aggregates, fleet
 from rasd.controller.core.power import apply as power_apply
 
 Rows = tuple[tuple[int, float, int], ...]
@@ -59,6 +59,9 @@ class FleetView:
     """GPU uuid -> when its latest counters were sampled, in controller time, unix ns."""
     telemetry_interval_s: float = 1.0
     """How often agents send telemetry batches, s (the delay before a change shows)."""
+    latest_block: aggregates.LatestBlock | None = dataclasses.field(default=None, metadata={"recorded": False})
+    """Some GPUs' `latest` and `latest_controller_ns` as columns, exactly (the other replicas' GPUs,
+    `core.power.remote`); None: none. Derived from the mappings, so a recording leaves it out."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,7 +58,25 @@ def fleet_view(local: period_inputs.FleetView, remote: aggregates.FleetAggregate
         latest=types.MappingProxyType(latest),
         latest_controller_ns=types.MappingProxyType(controller_ns),
         telemetry_interval_s=local.telemetry_interval_s,
+        latest_block=_block(local, nodes, remote),
     )
+
+
+def _block(
+    local: period_inputs.FleetView, nodes: Mapping[str, aggregates.NodeStream], remote: aggregates.FleetAggregate
+) -> aggregates.LatestBlock | None:
+    """The remote block's rows whose readings the view took from the remote side unchanged (see `_lay_over`).
+
+    Left out: the GPUs of nodes the leader holds itself, and those the leader has a reading or a
+    controller time of (their reading is merged with the leader's, their time the later one).
+    Controller times below 0 read as 0, as `_lay_over` sets them.
+    """
+    block = remote.latest_block
+    if block is None:
+        return None
+    own = [g for node_id in remote.nodes.keys() - nodes.keys() for g in remote.nodes[node_id].gpu_uuids]
+    mixed = (local.latest.keys() | local.latest_controller_ns.keys()) & block.row_of.keys()
+    return block.without([*own, *mixed]).controller_ns_from_zero()
 
 
 def _lay_over_nothing(

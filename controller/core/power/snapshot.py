@@ -99,7 +99,12 @@ def to_plain(value: Any) -> Any:
         name = type(value).__name__
         if TYPES.get(name) is not type(value):
             raise TypeError(f"no plain form for {type(value)!r}")
-        fields = {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        # A field marked not recorded is derived from the others (a cache): the replay does without it.
+        fields = {
+            f.name: to_plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.init and f.metadata.get("recorded", True)
+        }
         return {"type": name, "fields": fields}
     if isinstance(value, tuple):
         return {"tuple": [to_plain(v) for v in value]}

@@ -3,7 +3,12 @@ over the fleet held whole, and a replica gone counts its GPUs at their caps."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rasd.controller.core import aggregates, fleet
 from rasd.controller.core.power import apply as power_apply
@@ -102,6 +107,7 @@ def _inputs_whole(at_s: float, acks=()) -> period_inputs.PeriodInputs:
 def _inputs_split(state: period.PeriodState, at_s: float, *, others=None, acks=()) -> period_inputs.PeriodInputs:
     here_gpus = [g for g, n in GPUS.items() if n in HERE]
     others = [_elsewhere(at_s)] if others is None else others
+    others = [aggregates.decode(aggregates.encode(a)) for a in others]  # as the leader reads them: with a block
     fresh = aggregates.fresh(others, now_unix_ns=int(at_s * 1e9), max_age_s=5.0, exclude="ctl-a")
     merged = aggregates.merge(fresh)
     view = remote.fleet_view(_view(HERE, at_s), merged)
@@ -168,3 +174,88 @@ def test_the_summed_series_stops_where_the_other_replicas_aggregate_ends():
     assert inputs.window.status_rows, "the rows before the other replica's aggregate are kept"
     assert max(r[0] for r in inputs.window.status_rows) < late.built_unix_ns
     assert {r[2] for r in inputs.window.status_rows} == {len(GPUS)}, "every kept bucket holds every GPU"
+
+
+_READINGS = st.builds(
+    fleet.GpuLatest,
+    power_w=st.none() | st.floats(0, 2000) | st.just(math.nan),
+    power_sample_unix_ns=st.integers(0, 2**62),
+    enforced_power_limit_w=st.none() | st.integers(0, 2000),
+    utilization_gpu_pct=st.none() | st.integers(0, 100),
+    clock_event_reasons=st.none() | st.integers(0, 2**20),
+    counters_unix_ns=st.integers(0, 2**62),
+    power_limit_slew_target_w=st.none() | st.integers(0, 2000),
+)
+_CONTROLLER_NS = st.none() | st.integers(-(2**40), 2**62)
+_HOLDERS = st.sampled_from(["leader", "ctl-b", "ctl-c", "leader and ctl-b", "ctl-b and ctl-c"])
+
+
+def _shipped(replica: str, nodes: dict[str, tuple[str, ...]], readings, controller_ns, opened_ns: int):
+    """What replica ships for nodes, through the encoding the leader reads (which builds the block)."""
+    gpus = [g for gs in nodes.values() for g in gs]
+    shipped = aggregates.ReplicaAggregate(
+        replica_id=replica,
+        built_unix_ns=int(NOW * 1e9),
+        interval_s=0.5,
+        nodes={
+            n: aggregates.NodeStream(n, f"s-{replica}-{n}", opened_ns, "boot", {}, gs, None) for n, gs in nodes.items()
+        },
+        records={g: _any_record(g, n) for n, gs in nodes.items() for g in gs},
+        latest={g: readings[g] for g in gpus if g in readings},
+        latest_controller_ns={g: controller_ns[g] for g in gpus if g in readings and controller_ns[g] is not None},
+        draw_window_s=5.0,
+        draw_peaks_w={},
+        detect_window_s=5.0,
+        detect_peaks_w={},
+    )
+    return aggregates.decode(aggregates.encode(shipped))
+
+
+def _any_record(gpu: str, node: str) -> fleet.GpuRecord:
+    return fleet.GpuRecord(gpu, "H100", "", 200, 700, 700, node_id=node)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_latest_columns_from_the_remote_block_equal_those_read_from_the_views_readings(data):
+    """Whoever holds each node, and whatever the leader knows of the other replicas' GPUs itself, the
+    columns the period reads from the block are the ones the per-GPU readings give."""
+    nodes = {f"n{i}": (f"n{i}-g0", f"n{i}-g1") for i in range(5)}
+    holders = {n: data.draw(_HOLDERS, label=n) for n in nodes}
+    gpus = [g for gs in nodes.values() for g in gs]
+    remote_readings = {g: data.draw(_READINGS, label=g) for g in gpus if data.draw(st.booleans(), label=f"{g} read")}
+    remote_ns = {g: data.draw(_CONTROLLER_NS, label=f"{g} ns") for g in gpus}
+    local_readings = {g: data.draw(_READINGS) for g in gpus if data.draw(st.booleans(), label=f"{g} known here")}
+    shipped = [
+        _shipped(replica, {n: gs for n, gs in nodes.items() if replica in holders[n]}, remote_readings, remote_ns,
+                 opened_ns=10**9 if replica == "ctl-b" else 2 * 10**9)
+        for replica in ("ctl-b", "ctl-c")
+    ]  # fmt: skip
+    here = [n for n in nodes if "leader" in holders[n]]
+    local = period_inputs.FleetView(
+        records={g: _any_record(g, n) for n in here for g in nodes[n]},
+        known_records={},
+        gpu_nodes={g: n for n in here for g in nodes[n]},
+        node_gpus={n: nodes[n] for n in here},
+        boot_ids=dict.fromkeys(here, "boot"),
+        sessions={n: f"s-{n}" for n in here},
+        node_labels={n: {} for n in here},
+        latest=local_readings,
+        latest_controller_ns={g: int(NOW * 1e9) for g in local_readings},
+    )
+    view = remote.fleet_view(local, aggregates.merge(shipped))
+    limits = [power_apply.GpuLimits(g, g.split("-")[0], 200, 700) for g in [*gpus, "nowhere-g0"]]
+
+    got = views.latest_columns(limits, view)
+    want = views.latest_columns(limits, dataclasses.replace(view, latest_block=None))
+
+    for name in ("present", *aggregates.BLOCK_COLUMNS):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+
+
+def test_the_other_replicas_readings_reach_the_period_as_a_block():
+    shipped = [_shipped("ctl-b", {"n1": ("n1-g0", "n1-g1")}, {"n1-g0": fleet.GpuLatest(power_w=300.0)},
+                        {"n1-g0": -5}, opened_ns=1)]  # fmt: skip
+    view = remote.fleet_view(_view(HERE, NOW), aggregates.merge(shipped))
+    assert view.latest_block is not None
+    assert view.latest_block.gpu_uuids == ["n1-g0"] and view.latest_block.controller_ns.tolist() == [0]
