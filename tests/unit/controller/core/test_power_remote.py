@@ -217,9 +217,10 @@ def _any_record(gpu: str, node: str) -> fleet.GpuRecord:
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
-def test_latest_columns_from_the_remote_block_equal_those_read_from_the_views_readings(data):
-    """Whoever holds each node, and whatever the leader knows of the other replicas' GPUs itself, the
-    columns the period reads from the block are the ones the per-GPU readings give."""
+def test_the_view_laid_over_whole_and_its_block_equal_the_gpu_by_gpu_lay_over(data):
+    """Whoever holds each node, and whatever the leader knows of the other replicas' GPUs itself: the
+    view's mappings are the GPU-by-GPU lay-over's, and the columns the period reads from the block
+    are the ones the view's readings give."""
     nodes = {f"n{i}": (f"n{i}-g0", f"n{i}-g1") for i in range(5)}
     holders = {n: data.draw(_HOLDERS, label=n) for n in nodes}
     gpus = [g for gs in nodes.values() for g in gs]
@@ -251,6 +252,37 @@ def test_latest_columns_from_the_remote_block_equal_those_read_from_the_views_re
 
     for name in ("present", *aggregates.BLOCK_COLUMNS):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    assert _plain(view) == _plain(_laid_over_gpu_by_gpu(local, aggregates.merge(shipped)))
+
+
+def _laid_over_gpu_by_gpu(local: period_inputs.FleetView, merged: aggregates.FleetAggregate):
+    """The lay-over as the module docstring states it, one remote GPU at a time."""
+    records, gpu_nodes = dict(local.records), dict(local.gpu_nodes)
+    latest, controller_ns = dict(local.latest), dict(local.latest_controller_ns)
+    for node_id, stream in merged.nodes.items():
+        if node_id in local.sessions:
+            continue  # the leader's own stream: its view as it is
+        for g in stream.gpu_uuids:
+            if g in merged.records:
+                records[g] = merged.records[g]
+            gpu_nodes[g] = node_id
+            if g in merged.latest:
+                latest[g] = fleet.merge_latest(local.latest.get(g), merged.latest[g])
+            if g in merged.latest_controller_ns:
+                controller_ns[g] = max(merged.latest_controller_ns[g], local.latest_controller_ns.get(g, 0))
+    return dataclasses.replace(
+        local, records=records, gpu_nodes=gpu_nodes, latest=latest, latest_controller_ns=controller_ns
+    )
+
+
+def _plain(view: period_inputs.FleetView):
+    """The view's per-GPU mappings, comparable (a NaN reads as its repr)."""
+    return [
+        dict(view.records),
+        dict(view.gpu_nodes),
+        {g: repr(reading) for g, reading in view.latest.items()},
+        dict(view.latest_controller_ns),
+    ]
 
 
 def test_the_other_replicas_readings_reach_the_period_as_a_block():
