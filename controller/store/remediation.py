@@ -115,14 +115,11 @@ class RemediationStore:
 
     def incident_data(self, incident_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Incident id → the ``data`` document of its row, for those of the ids that exist."""
-        out: dict[str, dict[str, Any]] = {}
         table = schema.IncidentRow.__table__
+        query = sa.select(table.c.incident_id, table.c.data)
         with self._sessions() as session:
-            for start in range(0, len(incident_ids), 500):  # bounded IN lists
-                chunk = list(incident_ids[start : start + 500])
-                query = sa.select(table.c.incident_id, table.c.data).where(table.c.incident_id.in_(chunk))
-                out.update({incident_id: data for incident_id, data in session.execute(query)})
-        return out
+            rows = repo.rows_for_ids(session.execute, query, table.c.incident_id, incident_ids, repo.IDS_PER_QUERY)
+        return {incident_id: data for incident_id, data in rows}
 
     def latest_incident_opened(self) -> dict[str, int]:
         """Node id → when its most recent incident opened (unix ns), for the nodes that ever had one."""

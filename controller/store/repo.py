@@ -199,6 +199,10 @@ class HelloOutcome:
     """The epoch the node's seqs count in from this Hello on (a new spool starts the next one)."""
 
 
+IDS_PER_QUERY = 500
+"""Ids to one ``IN`` list where a read names rows by id (`rows_for_ids`): bounded bound values per statement."""
+
+
 def rows_for_ids(
     run: Callable[[sa.Select[Any]], Iterable[Any]],
     query: sa.Select[Any],
@@ -933,19 +937,17 @@ def event_bytes(event: StoredEvent) -> int:
 def _known_nodes(conn: sa.Connection, node_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """The stored identity and spool position of the nodes named (those the store knows)."""
     nodes_t = _NODES
-    known: dict[str, dict[str, Any]] = {}
-    for start in range(0, len(node_ids), 500):  # bounded IN lists
-        query = sa.select(
-            nodes_t.c.node_id,
-            nodes_t.c.boot_id,
-            nodes_t.c.state,
-            nodes_t.c.first_seen_unix_ns,
-            nodes_t.c.spool_epoch,
-            nodes_t.c.acked_seq,
-            nodes_t.c.spool_id,
-        ).where(nodes_t.c.node_id.in_(node_ids[start : start + 500]))
-        known.update({row.node_id: dict(row._mapping) for row in conn.execute(query)})
-    return known
+    query = sa.select(
+        nodes_t.c.node_id,
+        nodes_t.c.boot_id,
+        nodes_t.c.state,
+        nodes_t.c.first_seen_unix_ns,
+        nodes_t.c.spool_epoch,
+        nodes_t.c.acked_seq,
+        nodes_t.c.spool_id,
+    )
+    rows = rows_for_ids(conn.execute, query, nodes_t.c.node_id, node_ids, IDS_PER_QUERY)
+    return {row.node_id: dict(row._mapping) for row in rows}
 
 
 def _gpu_owners(conn: sa.Connection, gpu_uuids: Sequence[str], node_ids: Sequence[str]) -> dict[str, tuple[str, bool]]:
@@ -954,16 +956,11 @@ def _gpu_owners(conn: sa.Connection, gpu_uuids: Sequence[str], node_ids: Sequenc
     Locked (PostgreSQL) in uuid order, so that two replicas' groups cannot both take one GPU.
     """
     gpus = schema.GpuRow.__table__
+    query = sa.select(gpus.c.uuid, gpus.c.node_id, gpus.c.listed).order_by(gpus.c.uuid).with_for_update()
     owners: dict[str, tuple[str, bool]] = {}
     for column, values in ((gpus.c.uuid, gpu_uuids), (gpus.c.node_id, node_ids)):
-        for start in range(0, len(values), 500):  # bounded IN lists
-            query = (
-                sa.select(gpus.c.uuid, gpus.c.node_id, gpus.c.listed)
-                .where(column.in_(values[start : start + 500]))
-                .order_by(gpus.c.uuid)
-                .with_for_update()
-            )
-            owners.update({row.uuid: (row.node_id, bool(row.listed)) for row in conn.execute(query)})
+        rows = rows_for_ids(conn.execute, query, column, values, IDS_PER_QUERY)
+        owners.update({row.uuid: (row.node_id, bool(row.listed)) for row in rows})
     return owners
 
 
