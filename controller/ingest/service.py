@@ -213,6 +213,17 @@ class Ingest:
         """Run a blocking store call on the store thread (serialised with every other write)."""
         return await self.thread.run(fn, *args)
 
+    async def run_beside(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a control loop's blocking read beside the store thread where the store allows it, else on it.
+
+        For a read a period waits for (the power loop's): in a cap wave the store thread is busy with
+        the relay's writes and results, and a read queued behind them waited up to a third of a
+        second. Not `run_read`'s pool: a control loop's read is never refused or rationed.
+        """
+        if self.store.reads_beside_writer:
+            return await asyncio.to_thread(fn, *args)
+        return await self.thread.run(fn, *args)
+
     async def run_read(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a blocking read (an operator's listing) beside the store thread, never on it.
 

@@ -588,7 +588,7 @@ class PowerLoop:
         now = self._now()
         self._last_step_s = now
         assert self._started, "start() first"
-        quarantines, statuses = await self._ingest.run_in_store(self._read_store, self.repairs.nodes_sent())
+        quarantines, statuses = await self._ingest.run_beside(self._read_store, self.repairs.nodes_sent())
         marks.append(time.perf_counter())
         await self._read_remote()
         marks.append(time.perf_counter())
@@ -631,7 +631,7 @@ class PowerLoop:
         return plan
 
     def _read_store(self, repair_nodes: set[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """(the active quarantines, command id -> outbox status of the repair nodes' commands); store thread."""
+        """(the active quarantines, command id -> outbox status of the repair nodes' commands): `Ingest.run_beside`."""
         quarantines = self._docs.quarantines(active_only=True)
         statuses = {c.command_id: c.status for node in repair_nodes for c in self._docs.commands(node_id=node)}
         return quarantines, statuses

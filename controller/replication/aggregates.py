@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
@@ -224,7 +223,7 @@ class FleetReader:
         store, exclude = self.store, self.replica_id
         async with self._reading:  # `read` and `prefetch` one at a time: a row is decoded once
             known = {replica: built_ns for replica, (built_ns, _agg) in self._decoded.items()}
-            stamps, rows = await self._read_beside(
+            stamps, rows = await self._ingest.run_beside(
                 lambda: store.changed_aggregates(exclude=exclude, built_since_unix_ns=since, known=known)
             )
             if rows:
@@ -238,16 +237,6 @@ class FleetReader:
                 agg for replica, (built_ns, agg) in sorted(self._decoded.items())
                 if stamps.get(replica) == built_ns and built_ns >= since
             ]  # fmt: skip
-
-    async def _read_beside(self, read: Callable[[], Any]) -> Any:
-        """A read beside the store thread where the store allows it (else on it, in turn).
-
-        The power period waits for this read, and in a cap wave the store thread is busy with the
-        relay's writes and results: queued behind them the read waited up to a third of a second.
-        """
-        if self._ingest.store.reads_beside_writer:
-            return await asyncio.to_thread(read)
-        return await self._ingest.run_in_store(read)
 
     def _decode(self, rows: list[tuple[str, int, int, bytes]]) -> dict[str, tuple[int, aggregates.ReplicaAggregate]]:
         """The rows' aggregates by replica, each with its row's built ns.
