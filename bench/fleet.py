@@ -22,6 +22,10 @@ store on is real:
    commands of its nodes (`store.relay.relayed_commands`), applies the caps at once to its GPUs'
    enforced limits, and stores each result (`save_result`) for the leader.
 
+`--job-ends-at-s` into the window, the job on every other node ends: those GPUs idle at 90 W, and the
+leader moves their budget to the busy half, so every window holds a cap wave (before, a window held
+one or none by chance, and its figures compared only roughly).
+
 Measured over `--measure-s` once every budget first held: the leader's CPU (its process's, every
 thread), each power period's duration (`PowerStats.step_ms`) and where it went (`step_phases_ms`:
 store reads, the remote read and its decode, the period, persisting the apply state, handing the
@@ -56,6 +60,8 @@ NODES_PER_RACK = 16
 RACKS_PER_ROW = 32
 GPU_BUDGET_W = 560
 """Each rack's budget per GPU (H100 limits 200-700 W; the synthetic draw wants 600-700 W)."""
+IDLE_W = 90.0
+"""What an idle GPU draws once its job ended (`--job-ends-at-s`)."""
 GOAL_PERIOD_S = 1.0
 GOAL_CORES = 1.0
 
@@ -149,6 +155,8 @@ class Replica:
         from rasd.controller.core import aggregates, fleet
 
         self.replica_id = replica_id
+        self.job_ended = False
+        """The job on the even nodes has ended: their GPUs idle at `IDLE_W` (the leader's cap wave)."""
         self.limits: dict[str, int] = {}
         self.node_of: dict[str, int] = {}
         self.streams: dict[str, Any] = {}
@@ -172,13 +180,18 @@ class Replica:
         from rasd.controller.core import aggregates, fleet
 
         now = time.time_ns()
+        idle = {gpu for gpu, n in self.node_of.items() if n % 2 == 0} if self.job_ended else set()
         latest = {
             gpu: fleet.GpuLatest(power_w=min(limit, 600.0 + 10 * (i % 8)), power_sample_unix_ns=now - 10**8,
                                  enforced_power_limit_w=limit, temperature_c=70, utilization_gpu_pct=100,
                                  clock_event_reasons=4 if limit < 700 else 0, counters_unix_ns=now - 10**8)
+            if gpu not in idle
+            else fleet.GpuLatest(power_w=IDLE_W, power_sample_unix_ns=now - 10**8, enforced_power_limit_w=limit,
+                                 temperature_c=40, utilization_gpu_pct=0, clock_event_reasons=0,
+                                 counters_unix_ns=now - 10**8)
             for i, (gpu, limit) in enumerate(self.limits.items())
         }  # fmt: skip
-        peaks = {gpu: min(float(limit), 700.0) for gpu, limit in self.limits.items()}
+        peaks = {gpu: IDLE_W if gpu in idle else min(float(limit), 700.0) for gpu, limit in self.limits.items()}
         drawn = sum(v.power_w or 0.0 for v in latest.values())
         span_ns = int((max(reads.detect_window_s, 20.0) + reads.interval_s) * 1e9)
         series = tuple((b * 10**8, drawn, len(latest)) for b in range((now - span_ns) // 10**8, now // 10**8))
@@ -293,7 +306,10 @@ async def _feed(conn: multiprocessing.connection.Connection, db_url: str, args: 
     tasks = [asyncio.create_task(ship()), asyncio.create_task(answer())]
     figures["errors"] = _failures_of(tasks)
     conn.send("ready")
-    while await asyncio.to_thread(conn.recv) != "stop":
+    while (request := await asyncio.to_thread(conn.recv)) != "stop":
+        if request == "job ends":
+            for replica in feeder:
+                replica.job_ended = True
         conn.send({**figures, "cpu_s": _usage()[0]})
     stop.set()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -347,9 +363,13 @@ def run(db_url: str, args: argparse.Namespace) -> dict[str, Any]:
         settle_s = time.monotonic() - started
         before, fed_before = _ask(lead, "status"), _ask(feed, "status")
         queued = []
+        job_ends = args.job_ends_at_s > 0
         while time.monotonic() - started - settle_s < args.measure_s:
             time.sleep(1.0)
             queued.append(_ask(lead, "status")["store_queued"])
+            if job_ends and time.monotonic() - started - settle_s >= args.job_ends_at_s:
+                _ask(feed, "job ends")  # the budget moves to the other half: a wave of caps in the window
+                job_ends = False
         after, fed = _ask(lead, "status"), _ask(feed, "stop")
     finally:
         lead.send("stop")
@@ -400,7 +420,7 @@ def render(f: dict[str, Any], args: argparse.Namespace, machine: str, when: str)
         "",
         f"Command: `RASD_TEST_POSTGRES_URL=... .venv/bin/python bench/fleet.py --nodes {args.nodes} --replicas "
         f"{args.replicas} --measure-s {args.measure_s:g} --settle-timeout-s {args.settle_timeout_s:g} "
-        f"--leader-cpu {args.leader_cpu} "
+        f"--job-ends-at-s {args.job_ends_at_s:g} --leader-cpu {args.leader_cpu} "
         f"--feeder-cpu {args.feeder_cpu}`  ",
         f"Machine: {machine}  ",
         f"Run: {when}; a real leader (`server.Controller`, lease election on PostgreSQL, remediation on and idle, "
@@ -412,7 +432,13 @@ def render(f: dict[str, Any], args: argparse.Namespace, machine: str, when: str)
         "through the real store path (encode, `replica_aggregates` upsert at the interval the leader asks) and "
         "answer its caps through the real relay tables at once; the leader's power loop, remote read and decode, "
         "period and relay are the real code. Budgets: the feeder's enforced limits summed per rack and cluster "
-        "after every batch of caps it applies.",
+        "after every batch of caps it applies. "
+        + (
+            f"{args.job_ends_at_s:g} s into the window the job on every other node ends (its GPUs idle at "
+            f"{IDLE_W:g} W): the leader moves the budget to the busy half, a wave of caps inside the window."
+            if args.job_ends_at_s > 0
+            else "No job ends in the window (`--job-ends-at-s 0`): it may hold no cap wave."
+        ),
         "",
         "| figure | measured | goal | |",
         "|---|---|---|---|",
@@ -460,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=6, help="simulated ingest replicas sharing the nodes")
     parser.add_argument("--measure-s", type=float, default=60.0)
     parser.add_argument("--settle-timeout-s", type=float, default=300.0)
+    parser.add_argument(
+        "--job-ends-at-s", type=float, default=20.0, help="into the window, the job on every other node ends; 0: none"
+    )
     parser.add_argument("--leader-cpu", type=int, default=0, help="pin the leader to this CPU")
     parser.add_argument("--feeder-cpu", type=int, default=1, help="pin the simulated replicas to this CPU")
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
