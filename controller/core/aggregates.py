@@ -76,14 +76,23 @@ class LatestBlock:
     """
 
     gpu_uuids: list[str]
+    """The GPUs' uuids, in row order."""
     enforced_w: np.ndarray
+    """The enforced power limit, W (nan: none)."""
     slew_target_w: np.ndarray
+    """The target of a raise the agent is still slewing, W (0: none)."""
     counters_ns: np.ndarray
+    """When the counters were read, agent time (0: never)."""
     power_w: np.ndarray
+    """The latest draw, W (nan: none)."""
     power_sample_ns: np.ndarray
+    """When the draw was sampled (0: never)."""
     utilization_pct: np.ndarray
+    """GPU utilisation, % (nan: not reported)."""
     clock_event_reasons: np.ndarray
+    """NVML clock event reasons (0: none reported)."""
     controller_ns: np.ndarray
+    """The counters' time in controller time (`NO_NS`: not known)."""
 
     @functools.cached_property
     def row_of(self) -> dict[str, int]:
@@ -133,7 +142,7 @@ class LatestBlock:
 
 
 BLOCK_COLUMNS = tuple(f.name for f in dataclasses.fields(LatestBlock) if f.name != "gpu_uuids")
-"""`LatestBlock`'s columns, named as `views.LatestColumns` names the same fields."""
+"""`LatestBlock`'s array columns (`views.LatestColumns` holds them too, aligned with its GPUs)."""
 
 
 class AggregateFormatError(ValueError):

@@ -149,8 +149,8 @@ NO_NS = aggregates.NO_NS
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class LatestColumns:
-    """The latest readings' fields a period reads, one array each, aligned with `gpus`.
+class LatestColumns(aggregates.LatestBlock):
+    """The latest readings' fields a period reads, one array each (`aggregates.LatestBlock`'s), aligned with `gpus`.
 
     Built in one pass (`latest_columns`): read-backs, draw and idleness each walked 100,000 GPUs'
     readings on their own, and those walks were half a fleet period. A missing reading reads as
@@ -158,26 +158,8 @@ class LatestColumns:
     """
 
     gpus: Sequence[power_apply.GpuLimits]
-    gpu_uuids: list[str]
-    """The GPUs' uuids, in order."""
     present: np.ndarray
     """True where the GPU has a reading."""
-    enforced_w: np.ndarray
-    """The enforced power limit, W (nan: none)."""
-    slew_target_w: np.ndarray
-    """The target of a raise the agent is still slewing, W (0: none)."""
-    counters_ns: np.ndarray
-    """When the counters were read, agent time (0: never)."""
-    power_w: np.ndarray
-    """The latest draw, W (nan: none)."""
-    power_sample_ns: np.ndarray
-    """When the draw was sampled (0: never)."""
-    utilization_pct: np.ndarray
-    """GPU utilisation, % (nan: not reported)."""
-    clock_event_reasons: np.ndarray
-    """NVML clock event reasons (0: none reported)."""
-    controller_ns: np.ndarray
-    """The counters' time in controller time (`NO_NS`: not known)."""
 
     def idle(self) -> np.ndarray:
         """True where the reading shows no utilisation (no job runs on the GPU)."""
