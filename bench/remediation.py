@@ -829,7 +829,7 @@ async def measure(
             heavy = Row(backend, args.nodes, f"burst {args.rate:,.0f}/s ({PATHS[args.path]})", writer, round_)
             store_profiler = cProfile.Profile() if profiler is not None else None
             if profiler is not None and store_profiler is not None:
-                await rig.ingest.run_in_store(store_profiler.enable)  # the store thread has its own profile
+                await rig.ingest.store_calls.run_in_store(store_profiler.enable)  # the store thread has its own profile
                 profiler.enable()
             api_cpu0 = _proc_cpu_s(api_proc) if api_proc is not None else None
             adapter_cpu0 = _proc_cpu_s(adapter_proc) if adapter_proc is not None else None
@@ -840,7 +840,7 @@ async def measure(
                 heavy.adapter_cpu_s = _proc_cpu_s(adapter_proc) - adapter_cpu0
             if profiler is not None and store_profiler is not None:
                 profiler.disable()
-                await rig.ingest.run_in_store(store_profiler.disable)
+                await rig.ingest.store_calls.run_in_store(store_profiler.disable)
                 store_profiler.dump_stats(f"{args.profile}.store")
             heavy.doc_bytes = {
                 "correlation": len(json.dumps(rig.service.correlation.to_dict())),  # in memory; stored per scope

@@ -370,7 +370,7 @@ def _power_probe(
     probe.workload_stopped = lambda: {gpu for backend in backends for gpu in backend.stopped_gpus()}
     if controller.remediation is not None:
         store = controller.remediation.store
-        probe.quarantined = lambda: controller.ingest.run_in_store(store.quarantines)
+        probe.quarantined = lambda: controller.ingest.store_calls.run_in_store(store.quarantines)
     return probe
 
 
@@ -438,9 +438,10 @@ async def _controller_record(controller: server.Controller, started_ns: int) -> 
     remediation = controller.remediation
     outbox, tickets, quarantines = [], [], []
     if remediation is not None:
-        outbox = [dataclasses.asdict(c) for c in await controller.ingest.run_in_store(remediation.store.commands)]
-        tickets = await controller.ingest.run_in_store(lambda: remediation.store.tickets(limit=10_000))
-        quarantines = await controller.ingest.run_in_store(remediation.store.quarantines)
+        run_in_store = controller.ingest.store_calls.run_in_store
+        outbox = [dataclasses.asdict(c) for c in await run_in_store(remediation.store.commands)]
+        tickets = await run_in_store(lambda: remediation.store.tickets(limit=10_000))
+        quarantines = await run_in_store(remediation.store.quarantines)
     stragglers = [
         {"node_id": named.node_id, "gpu_uuid": gpu_uuid, "named_unix_ns": named.named_unix_ns,
          "steps": named.verdict.steps, "mean_lag_s": named.verdict.mean_lag_s, "reason": named.verdict.reason}

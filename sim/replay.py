@@ -408,7 +408,7 @@ class _Replayer:
         """What was still held or undelivered when the recording ended, and the breaker's state."""
         run = self.run
         run.undelivered_after_end = len(self.due)
-        held = await self.ingest.run_in_store(lambda: self.service.store.commands(statuses=("pending",)))
+        held = await self.ingest.store_calls.run_in_store(lambda: self.service.store.commands(statuses=("pending",)))
         run.held_at_end = [
             {"node_id": c.node_id, "gpu_uuid": c.gpu_uuid, "ticket_id": c.ticket_id, "kind": c.kind} for c in held
         ]

@@ -33,7 +33,7 @@ from rasd.controller import stragglers
 from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core import fleet
 from rasd.controller.ingest import consumer as consumer_mod
-from rasd.controller.ingest import group_commit, priority, streams
+from rasd.controller.ingest import group_commit, priority, store_calls, streams
 from rasd.controller.observability import metrics
 from rasd.controller.store import repo
 from rasd.controller.store import thread as store_thread
@@ -103,13 +103,12 @@ class Ingest:
     ) -> None:
         """Bind to the store and its thread, the streams, metrics and the consumer; call `start()` in the loop.
 
-        consumer: who makes events durable and acts on them and on results (`consumer`). Operator
-        reads (`run_read`) get threads of their own (`store_thread.ReadThreads`, closed by `stop`),
-        or the store thread for an in-memory SQLite store.
+        consumer: who makes events durable and acts on them and on results (`consumer`). Other
+        services run their store calls through `store_calls` (its read threads closed by `stop`).
         """
         self.store = store
         self.thread = thread
-        self._read_threads = store_thread.ReadThreads() if store.reads_beside_writer else None
+        self.store_calls = store_calls.StoreCalls(store, thread)
         self.streams = agent_streams
         self.metrics = controller_metrics
         self.consumer = consumer
@@ -209,31 +208,6 @@ class Ingest:
         """Send a command to a node on this replica and wait for its result (`AgentStreams.send_command`)."""
         return await self.streams.send_command(node_id, command, timeout_s=timeout_s)
 
-    async def run_in_store(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a blocking store call on the store thread (serialised with every other write)."""
-        return await self.thread.run(fn, *args)
-
-    async def run_beside(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a control loop's blocking read beside the store thread where the store allows it, else on it.
-
-        For a read a period waits for (the power loop's): in a cap wave the store thread is busy with
-        the relay's writes and results, and a read queued behind them waited up to a third of a
-        second. Not `run_read`'s pool: a control loop's read is never refused or rationed.
-        """
-        if self.store.reads_beside_writer:
-            return await asyncio.to_thread(fn, *args)
-        return await self.thread.run(fn, *args)
-
-    async def run_read(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a blocking read (an operator's listing) beside the store thread, never on it.
-
-        Raises:
-            store_thread.ReadsBusy: too many reads wait already.
-        """
-        if self._read_threads is None:
-            return await self.thread.run(fn, *args)
-        return await self._read_threads.run(fn, *args)
-
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Mark every node disconnected (no stream is open yet), warm the event path up, start the flush loop."""
@@ -265,8 +239,7 @@ class Ingest:
             await self.flush()
         except repo.STORE_UNAVAILABLE as exc:  # latest telemetry and last-seen times only: no event is lost
             log.error("final_flush_failed", error=str(exc).splitlines()[0][:300], error_type=type(exc).__name__)
-        if self._read_threads is not None:
-            await asyncio.to_thread(self._read_threads.close)
+        await self.store_calls.close()
 
     # -- sessions ----------------------------------------------------------------------------------------
     async def register_hello(
@@ -602,11 +575,11 @@ class Ingest:
     ) -> list[fleet.NodeStatus]:
         """The fleet (or the named nodes) from the store, overlaid with this replica's fresher in-memory telemetry.
 
-        Read beside the store thread (`run_read`). No flush first: the overlay already shows this
+        Read beside the store thread (`StoreCalls.run_read`). No flush first: the overlay already shows this
         replica's latest values, and a read (the simulator's live table, a dashboard's poll) must
         not cost a write of every GPU's telemetry.
         """
-        nodes = await self.run_read(self.store.list_nodes, node_ids)
+        nodes = await self.store_calls.run_read(self.store.list_nodes, node_ids)
         return [
             self.overlaid(node)
             for node in nodes
@@ -641,7 +614,7 @@ class Ingest:
 
     async def list_events(self, *, node_id: str, since_unix_ns: int, limit: int) -> list[repo.StoredEvent]:
         """Stored events, newest first (read beside the store thread)."""
-        return await self.run_read(
+        return await self.store_calls.run_read(
             lambda: self.store.list_events(node_id=node_id, since_unix_ns=since_unix_ns, limit=limit)
         )
 

@@ -152,7 +152,8 @@ class AuditLog:
             "details": dict(details or {}),
         }
         try:
-            await self._ingest.run_in_store(self._store.commit, rstore.Commit(now_unix_ns=now_ns, audit=[row]))
+            commit = rstore.Commit(now_unix_ns=now_ns, audit=[row])
+            await self._ingest.store_calls.run_in_store(self._store.commit, commit)
         except Exception as exc:  # the call's answer must not depend on the audit store; the log keeps it
             log.error("audit_write_failed", error=str(exc), **{k: v for k, v in row.items() if k != "details"})
             return

@@ -465,7 +465,7 @@ class PowerLoop:
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load the persisted state (budgets, policy, apply state, smoothing) and start the control loop."""
-        docs = await self._ingest.run_in_store(lambda: self._docs.load_docs("power/"))
+        docs = await self._ingest.store_calls.run_in_store(lambda: self._docs.load_docs("power/"))
         self._period, overrides = restored_state(settings=self.settings, config=self._config, docs=docs,
                                                  now_s=self._now(), replica=self._replica)  # fmt: skip
         self._budget_overrides.update(overrides)
@@ -473,7 +473,7 @@ class PowerLoop:
         self._floors_saved = dict(self.floors)
         # Every GPU the store knows, connected now or not: a node whose agent has not (yet) come back
         # keeps the caps it had, and the allocator must count them (`views.inventory`).
-        nodes = await self._ingest.run_in_store(self._ingest.store.list_nodes)
+        nodes = await self._ingest.store_calls.run_in_store(self._ingest.store.list_nodes)
         self._known_gpus = {gpu.record.uuid: gpu.record for node in nodes for gpu in node.gpus}
         self._started = True
         self._task = asyncio.create_task(self._run(), name="rasd-power-loop")
@@ -564,7 +564,7 @@ class PowerLoop:
 
     async def _save(self, docs: dict[str, dict[str, Any] | None], *, audit: dict[str, Any] | None = None) -> None:
         commit = rstore.Commit(now_unix_ns=self._clock(), docs=docs, audit=[audit] if audit else [])
-        await self._ingest.run_in_store(self._docs.commit, commit)
+        await self._ingest.store_calls.run_in_store(self._docs.commit, commit)
 
     async def _forget_plan(self) -> None:
         """Delete the saved swing plan once its "off" commands have left.
@@ -588,7 +588,7 @@ class PowerLoop:
         now = self._now()
         self._last_step_s = now
         assert self._started, "start() first"
-        quarantines, statuses = await self._ingest.run_beside(self._read_store, self.repairs.nodes_sent())
+        quarantines, statuses = await self._ingest.store_calls.run_beside(self._read_store, self.repairs.nodes_sent())
         marks.append(time.perf_counter())
         await self._read_remote()
         marks.append(time.perf_counter())
@@ -631,7 +631,7 @@ class PowerLoop:
         return plan
 
     def _read_store(self, repair_nodes: set[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """(the active quarantines, command id -> outbox status of the repair nodes' commands): `Ingest.run_beside`."""
+        """(the active quarantines, command id -> outbox status of the repair nodes' commands): `run_beside`."""
         quarantines = self._docs.quarantines(active_only=True)
         statuses = {c.command_id: c.status for node in repair_nodes for c in self._docs.commands(node_id=node)}
         return quarantines, statuses

@@ -119,7 +119,7 @@ class Shipper:
             return records, store.publish(aggregate.replica_id, built_unix_ns=aggregate.built_unix_ns,
                                           format_version=aggregates.FORMAT_VERSION, payload=payload)  # fmt: skip
 
-        records, asked = await self._ingest.run_in_store(publish)
+        records, asked = await self._ingest.store_calls.run_in_store(publish)
         self._inventory = (streams, records)
         self.shipped += 1
         if asked is not None:
@@ -147,7 +147,7 @@ class Shipper:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         try:
-            await self._ingest.run_in_store(self._store.forget, self._leadership.replica_id)
+            await self._ingest.store_calls.run_in_store(self._store.forget, self._leadership.replica_id)
         except Exception as exc:  # it ages out at the leader anyway
             log.warning("aggregate_withdraw_failed", error=str(exc), error_type=type(exc).__name__)
 
@@ -223,7 +223,7 @@ class FleetReader:
         store, exclude = self.store, self.replica_id
         async with self._reading:  # `read` and `prefetch` one at a time: a row is decoded once
             known = {replica: built_ns for replica, (built_ns, _agg) in self._decoded.items()}
-            stamps, rows = await self._ingest.run_beside(
+            stamps, rows = await self._ingest.store_calls.run_beside(
                 lambda: store.changed_aggregates(exclude=exclude, built_since_unix_ns=since, known=known)
             )
             if rows:
@@ -264,5 +264,5 @@ class FleetReader:
         if reads == self._asked:
             return
         store, now = self.store, self._clock()
-        await self._ingest.run_in_store(lambda: store.ask(reads.to_mapping(), now_unix_ns=now))
+        await self._ingest.store_calls.run_in_store(lambda: store.ask(reads.to_mapping(), now_unix_ns=now))
         self._asked = reads

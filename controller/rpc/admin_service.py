@@ -5,7 +5,7 @@ Every state-changing call is audited with the caller the auth interceptor authen
 (``authz.actor()``); who may call what is decided there, never here.
 
 Listings answer a page at a time, bounded in items and bytes (`pages`), and read beside the store
-thread (`Ingest.run_read`), never on it: the store thread serializes every write, agents' acks
+thread (`StoreCalls.run_read`), never on it: the store thread serializes every write, agents' acks
 included, and a viewer's read there held every node's ack behind it. A page is read and converted
 to its answer on the read thread, so the event loop that serves the agents only sends it.
 """
@@ -77,9 +77,9 @@ class AdminService(watch_rpcs.WatchRpcs, admin_grpc.AdminServiceServicer):
         self._power = power
 
     async def _read(self, context: grpc.aio.ServicerContext, read: Callable[[], AnswerT]) -> AnswerT:
-        """Run read beside the store thread (`Ingest.run_read`); RESOURCE_EXHAUSTED when too many reads wait."""
+        """Run read beside the store thread (`StoreCalls.run_read`); RESOURCE_EXHAUSTED when too many reads wait."""
         try:
-            return await self._ingest.run_read(read)
+            return await self._ingest.store_calls.run_read(read)
         except store_thread.ReadsBusy as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             raise  # unreachable: abort raises
@@ -213,7 +213,8 @@ class AdminService(watch_rpcs.WatchRpcs, admin_grpc.AdminServiceServicer):
         await self._known_target(request.target, context)
         if not request.reason:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "reason: required (it goes to the audit log)")
-        active = await self._ingest.run_in_store(lambda: service.store.quarantines(node_id=request.target.node_id))
+        node_id = request.target.node_id
+        active = await self._ingest.store_calls.run_in_store(lambda: service.store.quarantines(node_id=node_id))
         if any(q["gpu_uuid"] == request.target.gpu_uuid and not q["port"] for q in active):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "target: already quarantined")
         await service.operator_quarantine(
@@ -404,7 +405,7 @@ class AdminService(watch_rpcs.WatchRpcs, admin_grpc.AdminServiceServicer):
     ) -> admin_pb.AutomationStatus:
         """Whether automation is paused and why, from the stored budget (every replica reads the same)."""
         service = await self._need_remediation(context)
-        stored = await self._ingest.run_in_store(lambda: service.store.load_doc("budget"))
+        stored = await self._ingest.store_calls.run_in_store(lambda: service.store.load_doc("budget"))
         budget = blast_radius.BudgetState.from_dict(stored) if stored is not None else blast_radius.BudgetState()
         return automation_status_to_wire(budget)
 

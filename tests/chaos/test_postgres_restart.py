@@ -140,11 +140,11 @@ async def _run(pg: chaoslib.PrivatePostgres, tmp_path, figures):
         # An ack goes out before the ladder decides the batch; give the last decisions a moment.
         backlog: dict = {}
         for _attempt in range(60):
-            backlog = await controller.ingest.run_in_store(controller.remediation.store.unprocessed_events)
+            backlog = await controller.ingest.store_calls.run_in_store(controller.remediation.store.unprocessed_events)
             if not backlog:
                 break
             await asyncio.sleep(0.5)
-        outbox = await controller.ingest.run_in_store(controller.remediation.store.commands)
+        outbox = await controller.ingest.store_calls.run_in_store(controller.remediation.store.commands)
         with controller.store.engine.connect() as connection:
             rows = connection.execute(sa.select(schema.HealthEventRow.node_id, schema.HealthEventRow.seq)).all()
         heads = {a.identity.node_id: j.head_seq() for a, _, j in fleet}

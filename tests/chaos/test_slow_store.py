@@ -113,7 +113,7 @@ async def _run(tmp_path, figures):
             60,
             "spools drained once the store is fast again",
         )
-        stored = await controller.ingest.run_in_store(lambda: controller.store.list_events(limit=100_000))
+        stored = await controller.ingest.store_calls.run_in_store(lambda: controller.store.list_events(limit=100_000))
         heads = {a.identity.node_id: j.head_seq() for a, _, j in fleet}
     finally:
         sampling.set()

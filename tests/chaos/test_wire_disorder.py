@@ -214,10 +214,10 @@ async def _run(tmp_path, figures):
 
         await chaoslib.until(settled, 60, "every ladder settled", poll_s=0.2)
         finished_ns = time.time_ns()
-        commands = await controller.ingest.run_in_store(remediation.store.commands)
-        incidents = await controller.ingest.run_in_store(remediation.store.incidents)
-        tickets = await controller.ingest.run_in_store(remediation.store.tickets)
-        stored = await controller.ingest.run_in_store(lambda: controller.store.list_events(limit=10_000))
+        commands = await controller.ingest.store_calls.run_in_store(remediation.store.commands)
+        incidents = await controller.ingest.store_calls.run_in_store(remediation.store.incidents)
+        tickets = await controller.ingest.store_calls.run_in_store(remediation.store.tickets)
+        stored = await controller.ingest.store_calls.run_in_store(lambda: controller.store.list_events(limit=10_000))
         events_stored = controller.ingest.events_stored
         events_decided = remediation.stats.events
     finally:

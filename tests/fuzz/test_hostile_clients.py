@@ -189,7 +189,7 @@ def test_label_keys_built_to_mint_metric_series_add_none(tmp_path, pki):
 
 
 async def _audit_rows(controller):
-    return await controller.ingest.run_in_store(lambda: controller.remediation.store.audit(limit=10_000))
+    return await controller.ingest.store_calls.run_in_store(lambda: controller.remediation.store.audit(limit=10_000))
 
 
 def test_a_refused_caller_is_named_by_its_certificate_and_peer_and_cannot_flood_the_audit_log(tmp_path, pki):
@@ -371,7 +371,7 @@ def test_a_node_cannot_take_an_offline_nodes_gpus_by_claiming_them(tmp_path, pki
         owner_ack = await owner_back[1].read()
         await owner_back[0].close()
         audit = await _audit_rows(controller)
-        commands = await controller.ingest.run_in_store(controller.remediation.store.commands)
+        commands = await controller.ingest.store_calls.run_in_store(controller.remediation.store.commands)
         owners = {g.record.uuid: n.node_id for n in await controller.ingest.list_nodes() for g in n.gpus}
         await controller.stop()
         return while_known, after_restart, owner_back[2], owner_ack, audit, commands, owners

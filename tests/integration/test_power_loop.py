@@ -405,7 +405,8 @@ def test_a_restarted_controller_releases_the_start_profiles_its_predecessor_left
             # The predecessor's state is these start profiles alone: no swing plan of its own (the job's
             # swing may have been planned for already; this test is about start profiles).
             saved = {power_loop.START_DOC: left.to_mapping(), power_loop.SMOOTHING_DOC: None}
-            await controller.ingest.run_in_store(docs.commit, rstore.Commit(now_unix_ns=time.time_ns(), docs=saved))
+            commit = rstore.Commit(now_unix_ns=time.time_ns(), docs=saved)
+            await controller.ingest.store_calls.run_in_store(docs.commit, commit)
             await controller.stop()
             on_at_handover = profiled(fleet)
 
@@ -457,7 +458,7 @@ async def _leave_the_predecessors_plan_on(
             )
     saved = {"plan": dataclasses.asdict(PREDECESSOR_PLAN), "report": dataclasses.asdict(PREDECESSOR_REPORT)}
     docs = rstore.RemediationStore(controller.store.engine)
-    await controller.ingest.run_in_store(
+    await controller.ingest.store_calls.run_in_store(
         docs.commit, rstore.Commit(now_unix_ns=time.time_ns(), docs={power_loop.SMOOTHING_DOC: saved})
     )
     await controller.stop()
@@ -494,7 +495,7 @@ def test_a_restarted_controller_switches_off_at_job_end_the_swing_plan_its_prede
             in_force = controller.power.status.smoothing
             _end_the_job(fleet)
             await _until(lambda: _profiled(fleet) == 0)
-            left = await controller.ingest.run_in_store(docs.load_docs, power_loop.SMOOTHING_DOC)
+            left = await controller.ingest.store_calls.run_in_store(docs.load_docs, power_loop.SMOOTHING_DOC)
             return on_at_handover, during_job, in_force, left
         finally:
             await fleet.close()
@@ -521,7 +522,7 @@ def test_a_controller_that_starts_after_the_job_ended_switches_off_its_predecess
             controller = _controller(tmp_path, free_port)
             await controller.start()
             await _until(lambda: _profiled(fleet) == 0)
-            left = await controller.ingest.run_in_store(docs.load_docs, power_loop.SMOOTHING_DOC)
+            left = await controller.ingest.store_calls.run_in_store(docs.load_docs, power_loop.SMOOTHING_DOC)
             return on_at_handover, left
         finally:
             await fleet.close()

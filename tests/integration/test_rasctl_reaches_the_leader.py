@@ -47,7 +47,7 @@ def test_rasctl_quarantine_against_a_follower_reaches_the_leader(postgres_schema
             quarantined = await _rasctl(
                 "--controller", second.address, "quarantine", f"node-r/{gpu}", "--reason", "fan noise"
             )
-            rows = await first.ingest.run_in_store(lambda: first.remediation.store.quarantines())
+            rows = await first.ingest.store_calls.run_in_store(lambda: first.remediation.store.quarantines())
             again = await _rasctl("--controller", second.address, "quarantine", f"node-r/{gpu}", "--reason", "x")
             return (first.leadership.is_leader(), second.leadership.is_leader()), first.address, gpu, refusal, \
                 quarantined, rows, again  # fmt: skip

@@ -11,6 +11,7 @@ replicas' streams disconnected.
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import grpc
 import pytest
@@ -76,14 +77,16 @@ def test_a_command_reaches_a_node_on_the_other_replica_and_its_result_comes_back
         await first.remediation.operator_validate("node-r", "", suite="quick", seed=1, actor="test")
         verdicts: list = []
         for _ in range(400):
-            rows = await first.ingest.run_in_store(lambda: first.remediation.store.validations(node_id="node-r"))
+            rows = await first.ingest.store_calls.run_in_store(
+                functools.partial(first.remediation.store.validations, node_id="node-r")
+            )
             verdicts = [r["verdict"] for r in rows]
             if verdicts and "running" not in verdicts:
                 break
             await asyncio.sleep(0.05)
         with pytest.raises(ConnectionError):
             await first.remediation.operator_validate("node-nowhere", "", suite="quick", seed=1, actor="test")
-        left = await first.ingest.run_in_store(first.relay.store.relayed_commands, 0)
+        left = await first.ingest.store_calls.run_in_store(first.relay.store.relayed_commands, 0)
         refused, listed = await _admin_on_follower(second.address)
         await first.relay.refresh_inventory()
         known = (first.ingest.node_gpus("node-r"), first.ingest.node_labels.get("node-r"))

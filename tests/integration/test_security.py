@@ -90,7 +90,7 @@ async def _read_error(call):
 
 
 async def _audit(controller):
-    rows = await controller.ingest.run_in_store(lambda: controller.remediation.store.audit(limit=1000))
+    rows = await controller.ingest.store_calls.run_in_store(lambda: controller.remediation.store.audit(limit=1000))
     return [(r["actor"], r["action"], r["node_id"], r["outcome"]) for r in rows]
 
 

@@ -106,7 +106,7 @@ def test_the_leaders_period_sees_the_followers_nodes_and_a_dead_follower_leaves_
         await loop.start()
         await loop.stop()  # its timer stops; the test runs each period by hand
         await loop.step()
-        asked = await leader_side.ingest.run_in_store(leader_side.fleet.store.asked)
+        asked = await leader_side.ingest.store_calls.run_in_store(leader_side.fleet.store.asked)
         await follower.shipper.ship_once()  # takes up what the leader asked
         clock.now_ns += 10 * 10**9  # the follower stops shipping: its aggregate ages out
         await loop.step()
@@ -208,7 +208,7 @@ def test_a_damaged_aggregate_is_refused_and_the_others_still_count(replicas):
     async def scenario():
         await _node(follower.ingest, "node-c", 600.0, clock)
         await follower.shipper.ship_once()
-        await leader_side.ingest.run_in_store(
+        await leader_side.ingest.store_calls.run_in_store(
             lambda: store.publish("ctl-z", built_unix_ns=clock.now_ns, format_version=99, payload=b"\x00garbage")
         )
         return await leader_side.fleet.read(max_age_s=5.0)
@@ -233,7 +233,7 @@ def test_the_leaders_sweep_takes_an_idle_node_on_the_follower_and_leaves_a_busy_
             swept = await remediation.sweep_once()
         finally:
             await remediation.stop()
-        commands = await leader_side.ingest.run_in_store(remediation.store.commands)
+        commands = await leader_side.ingest.store_calls.run_in_store(remediation.store.commands)
         return swept, commands
 
     swept, commands = asyncio.run(scenario())

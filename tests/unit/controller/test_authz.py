@@ -130,7 +130,7 @@ def test_a_method_missing_from_the_table_is_denied_and_audited(tmp_path, free_po
             with pytest.raises(grpc.aio.AioRpcError) as raised:
                 await channel.unary_unary("/rasd.test.Extra/Do")(b"x", timeout=5)
         await grpc_server.stop(None)
-        rows = await controller.ingest.run_in_store(
+        rows = await controller.ingest.store_calls.run_in_store(
             lambda: controller.remediation.store.audit(limit=10) if controller.remediation else []
         )
         await controller.ingest.stop()

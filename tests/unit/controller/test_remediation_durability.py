@@ -150,8 +150,8 @@ async def _run_ladder(
             controller = _controller(settings, adapters)
             await controller.start()
         await _until(lambda: finished(controller), timeout_s=30)
-        outbox = await controller.ingest.run_in_store(controller.remediation.store.commands)
-        quarantined = await controller.ingest.run_in_store(controller.remediation.store.quarantines)
+        outbox = await controller.ingest.store_calls.run_in_store(controller.remediation.store.commands)
+        quarantined = await controller.ingest.store_calls.run_in_store(controller.remediation.store.quarantines)
         return executed, outbox, quarantined, commits["n"], dead["now"]
     finally:
         rstore.RemediationStore.commit = original_commit
