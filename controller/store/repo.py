@@ -702,24 +702,48 @@ class Store:
         with self._sessions.begin() as session:
             session.execute(sa.update(schema.NodeRow).values(connected=False))
 
+    @contextlib.contextmanager
+    def _cache_writes(self) -> Iterator[sa.Connection]:
+        """A transaction of rows that copy memory (latest telemetry, sightings), committed without waiting for the disk.
+
+        The ingest writes 16,384 GPU rows every 5 s at 2,048 nodes, in chunks: each chunk's commit
+        waited for the disk (SQLite's ``synchronous=FULL``, there for acks and commands) on the
+        store thread that the next event batch waits for (bench/scale.py). Such rows are rewritten by the next
+        flush, so a crash may lose this transaction and nothing else: a later synced commit (SQLite
+        FULL, PostgreSQL's synchronous_commit) makes the log durable up to itself, this
+        transaction's frames with it. SQLite: NORMAL for this transaction only, FULL again before
+        the connection goes back to the pool (or the connection is discarded). PostgreSQL:
+        ``SET LOCAL synchronous_commit = off``, which ends with the transaction.
+        """
+        with self.engine.connect() as connection:
+            sqlite = connection.dialect.name == "sqlite"
+            if sqlite:
+                # Outside any transaction (the driver begins one at the first write).
+                connection.exec_driver_sql("PRAGMA synchronous=NORMAL")
+                connection.commit()
+            try:
+                if connection.dialect.name == "postgresql":
+                    connection.exec_driver_sql("SET LOCAL synchronous_commit = off")
+                yield connection
+                connection.commit()
+            finally:
+                if connection.in_transaction():
+                    connection.rollback()
+                if sqlite:
+                    try:
+                        connection.exec_driver_sql("PRAGMA synchronous=FULL")
+                        connection.commit()
+                    except BaseException:
+                        connection.invalidate()  # never back in the pool with commits that do not sync
+                        raise
+
     def touch_nodes(self, last_seen: Mapping[str, int]) -> None:
-        """Bulk-update last_seen for nodes that sent anything."""
+        """Bulk-update last_seen for nodes that sent anything (never backwards: `_TOUCH_NODE`)."""
         if not last_seen:
             return
-        with self._sessions.begin() as session:
-            # Core (not ORM) UPDATE with executemany: one prepared statement for every node.
-            nodes = schema.NodeRow.__table__
-            session.execute(
-                sa.update(nodes)
-                .where(nodes.c.node_id == sa.bindparam("b_node_id"))
-                .values(
-                    # Never backwards: another replica may already have written a later sighting.
-                    last_seen_unix_ns=sa.case(
-                        (nodes.c.last_seen_unix_ns < sa.bindparam("b_last_seen"), sa.bindparam("b_last_seen")),
-                        else_=nodes.c.last_seen_unix_ns,
-                    )
-                ),
-                [{"b_node_id": node_id, "b_last_seen": ts} for node_id, ts in last_seen.items()],
+        with self._cache_writes() as connection:
+            prepared(_TOUCH_NODE, connection.dialect).executemany(
+                connection, [{"b_node_id": node_id, "b_last_seen": ts} for node_id, ts in last_seen.items()]
             )
 
     def silent_nodes(
@@ -757,23 +781,12 @@ class Store:
         return {node_id: dict(labels or {}) for node_id, labels in rows}
 
     def save_latest(self, latest: Mapping[str, fleet.GpuLatest]) -> None:
-        """Bulk-write the latest telemetry of GPUs (rows exist since their node's Hello)."""
+        """Bulk-write the latest telemetry of GPUs (rows exist since their node's Hello; `_SAVE_LATEST`)."""
         if not latest:
             return
-        with self._sessions.begin() as session:
-            gpus = schema.GpuRow.__table__
-            session.execute(
-                sa.update(gpus)
-                .where(gpus.c.uuid == sa.bindparam("b_uuid"))
-                .values(
-                    power_w=sa.bindparam("b_power_w"),
-                    power_sample_unix_ns=sa.bindparam("b_power_ts"),
-                    enforced_power_limit_w=sa.bindparam("b_limit"),
-                    temperature_c=sa.bindparam("b_temp"),
-                    utilization_gpu_pct=sa.bindparam("b_util"),
-                    clock_event_reasons=sa.bindparam("b_reasons"),
-                    counters_unix_ns=sa.bindparam("b_counters_ts"),
-                ),
+        with self._cache_writes() as connection:
+            prepared(_SAVE_LATEST, connection.dialect).executemany(
+                connection,
                 [
                     {
                         "b_uuid": uuid,
@@ -1137,11 +1150,7 @@ def write_appends(conn: sa.Connection, planned: PlannedAppends) -> None:
     """Write what `_plan_appends` planned: writes only, so they can go in a pipeline (`pipelined`)."""
     insert_many(conn, schema.HealthEventRow.__table__, planned.rows)
     if planned.moved:
-        dialect = conn.dialect
-        statement = _MOVE_POSITIONS.get((dialect.name, dialect.driver))
-        if statement is None:
-            statement = _MOVE_POSITIONS[(dialect.name, dialect.driver)] = Prepared(_MOVE_POSITION, dialect)
-        statement.executemany(conn, planned.moved)
+        prepared(_MOVE_POSITION, conn.dialect).executemany(conn, planned.moved)
 
 
 def _plan_appends(conn: sa.Connection, batches: Sequence[tuple[str, Sequence[StoredEvent]]]) -> PlannedAppends:
@@ -1241,8 +1250,33 @@ _MOVE_POSITION = (
     .where(_NODES.c.node_id == sa.bindparam("moved_node_id"))
     .values(acked_seq=sa.bindparam("moved_acked_seq"))
 )
-_MOVE_POSITIONS: dict[tuple[str, str], Prepared] = {}
-"""`_MOVE_POSITION` prepared, by (dialect, driver)."""
+_GPUS = schema.GpuRow.__table__
+_SAVE_LATEST = (
+    sa.update(_GPUS)
+    .where(_GPUS.c.uuid == sa.bindparam("b_uuid"))
+    .values(
+        power_w=sa.bindparam("b_power_w"),
+        power_sample_unix_ns=sa.bindparam("b_power_ts"),
+        enforced_power_limit_w=sa.bindparam("b_limit"),
+        temperature_c=sa.bindparam("b_temp"),
+        utilization_gpu_pct=sa.bindparam("b_util"),
+        clock_event_reasons=sa.bindparam("b_reasons"),
+        counters_unix_ns=sa.bindparam("b_counters_ts"),
+    )
+)
+"""A GPU's latest telemetry (`Store.save_latest`): the ingest's flush writes 16,384 a period at 2,048 nodes."""
+_TOUCH_NODE = (
+    sa.update(_NODES)
+    .where(_NODES.c.node_id == sa.bindparam("b_node_id"))
+    .values(
+        # Never backwards: another replica may already have written a later sighting.
+        last_seen_unix_ns=sa.case(
+            (_NODES.c.last_seen_unix_ns < sa.bindparam("b_last_seen"), sa.bindparam("b_last_seen")),
+            else_=_NODES.c.last_seen_unix_ns,
+        )
+    )
+)
+"""A node's last sighting (`Store.touch_nodes`)."""
 
 
 def plan_expected(session: Session, appends: Sequence[ExpectedAppend]) -> PlannedAppends:
@@ -1559,6 +1593,19 @@ class Prepared:
             connection.exec_driver_sql(sql, tuple(values[start:end] for values in columns))
             start = end
         return True
+
+
+def prepared(statement: Any, dialect: sa.Dialect) -> Prepared:
+    """A module-level statement with its own binds, `Prepared` for dialect once (then from `_PREPARED`)."""
+    key = (statement, dialect.name, dialect.driver)
+    ready = _PREPARED.get(key)
+    if ready is None:
+        ready = _PREPARED[key] = Prepared(statement, dialect)
+    return ready
+
+
+_PREPARED: dict[tuple[Any, str, str], Prepared] = {}
+"""`prepared`'s statements by (statement, dialect, driver)."""
 
 
 def _plain_defaults(columns: Sequence[Any]) -> dict[str, Callable[[], Any]] | None:

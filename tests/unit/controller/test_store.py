@@ -443,6 +443,41 @@ def test_bulk_updates_write_each_row_its_own_values_and_skip_unknown_ids(store):
     assert store.list_nodes(["node-0"])[0].gpus[0].latest == fleet.GpuLatest()
 
 
+def test_a_sighting_never_moves_a_node_last_seen_backwards(store):
+    """Each replica flushes its own streams' sightings: an older one (a late flush, a node that moved) loses."""
+    store.register_hello(_hello(), 100)
+    for written, expected in ((6_000, 6_000), (5_000, 6_000), (7_000, 7_000)):
+        store.touch_nodes({"node-1": written})
+        assert store.list_nodes()[0].last_seen_unix_ns == expected
+
+
+def test_latest_telemetry_commits_without_waiting_for_the_disk_and_leaves_every_connection_syncing(store):
+    """The flush's rows copy memory (the next flush writes them again): their commits skip the log sync, nothing else's.
+
+    SQLite: NORMAL around the flush's transaction, FULL again before the connection is reused (an
+    ack's commit after it still syncs). PostgreSQL: synchronous_commit off for that transaction only.
+    """
+    store.register_hello(_hello(), 100)
+    statements: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute", lambda _c, _cur, sql, *_r: statements.append(sql))
+    store.save_latest({GPU_A: fleet.GpuLatest(power_w=512.5, power_sample_unix_ns=150)})
+    store.touch_nodes({"node-1": 6_000})
+    kinds = [sql.split()[0] for sql in statements]
+    if store.engine.dialect.name == "sqlite":
+        assert kinds == ["PRAGMA", "UPDATE", "PRAGMA"] * 2
+        assert statements[0::3] == ["PRAGMA synchronous=NORMAL"] * 2
+        assert statements[2::3] == ["PRAGMA synchronous=FULL"] * 2
+        with store.engine.connect() as connection:  # the pool's connection, as the next commit gets it
+            assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+    else:
+        assert kinds == ["SET", "UPDATE"] * 2
+        assert statements[0::2] == ["SET LOCAL synchronous_commit = off"] * 2
+        with store.engine.connect() as connection:
+            assert connection.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
+    (node,) = store.list_nodes()
+    assert node.last_seen_unix_ns == 6_000 and node.gpus[0].latest.power_w == 512.5
+
+
 def test_redact_url_hides_the_password(store_url):
     assert ":***@" in repo.redact_url("postgresql+psycopg://rasd:s3cr3t-pw@db.example:5432/rasd")
     assert "s3cr3t-pw" not in repo.redact_url("postgresql+psycopg://rasd:s3cr3t-pw@db.example:5432/rasd")
