@@ -49,12 +49,22 @@ def summary_from_wire(
     if not checked:
         wire_agent.check_summary(summary, known_gpus)
     node = summary.node_power if summary.HasField("node_power") else None
-    counters = summary.counters
-    stamps = [g.counters_sample_unix_ns for g in summary.gpus if g.counters_sample_unix_ns]
-    stamps.extend(c.sample_unix_ns for c in counters)
+    # One pass over the GPUs (2,048 summaries a second on one core at 2,048 nodes).
+    peaks: list[msgs.GpuPeak] = []
+    stamps: list[int] = [c.sample_unix_ns for c in summary.counters]
+    edges: dict[str, tuple[int, ...]] = {}
+    samples = 0
+    for gpu in summary.gpus:
+        if gpu.samples:
+            samples += gpu.samples
+            peaks.append(msgs.GpuPeak(gpu.gpu_uuid, gpu.last_sample_unix_ns, gpu.max_w))
+        if gpu.counters_sample_unix_ns:
+            stamps.append(gpu.counters_sample_unix_ns)
+        if gpu.falling_edge_unix_ns:
+            edges[gpu.gpu_uuid] = tuple(gpu.falling_edge_unix_ns)
     return msgs.TelemetrySummary(
         latest=wire_agent.latest_from_summary(summary),
-        peaks=tuple(msgs.GpuPeak(g.gpu_uuid, g.last_sample_unix_ns, g.max_w) for g in summary.gpus if g.samples),
+        peaks=tuple(peaks),
         node_power=(
             msgs.NodePower(node_id, node.first_sample_unix_ns, node.sample_interval_ms, node.power_w, node.gpus)
             if node is not None and node.power_w
@@ -64,9 +74,9 @@ def summary_from_wire(
             msgs.PowerSeries(s.gpu_uuid, s.first_sample_unix_ns, s.sample_interval_ms, s.power_w)
             for s in summary.full_rate
         ),
-        samples=sum(g.samples for g in summary.gpus),
+        samples=samples,
         newest_counters_unix_ns=max(stamps) if stamps else None,
-        edges={g.gpu_uuid: tuple(g.falling_edge_unix_ns) for g in summary.gpus if g.falling_edge_unix_ns},
+        edges=edges,
     )
 
 

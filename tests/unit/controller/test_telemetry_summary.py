@@ -285,3 +285,14 @@ def test_merge_summary_is_merge_latest_keeping_what_a_summary_does_not_bring(pre
     )
     assert fleet.merge_summary(previous, update) == expected
     assert fleet.merge_summary(None, update) == update
+
+
+@hypothesis.given(previous=_latest(), update=_latest())
+def test_the_hot_paths_readings_are_whole_values_though_built_without_the_dataclass_init(previous, update):
+    """`fleet.latest_of` fills a reading's fields at once: each reading the ingest builds so is whole and equal."""
+    readings = [fleet.merge_summary(previous, update), fleet.merge_latest(previous, update)]
+    readings.extend(wire.latest_from_summary(_summary_message().summary).values())
+    for reading in readings:
+        assert list(vars(reading)) == list(fleet.LATEST_FIELDS)
+        rebuilt = fleet.GpuLatest(**vars(reading))
+        assert reading == rebuilt and hash(reading) == hash(rebuilt) and repr(reading) == repr(rebuilt)
