@@ -172,7 +172,7 @@ def latest_from_summary(summary: health_pb.TelemetrySummary) -> dict[str, fleet.
         has = gpu.HasField
         c = whole.pop(gpu.gpu_uuid, None) if whole else None
         sampled = gpu.samples > 0
-        # One reading per GPU per second at 2,048 nodes: built from a dict at once (`fleet.latest_of`).
+        # A reading per GPU per second at 2,048 nodes, merged at once: built from a dict (`fleet.latest_of`).
         latest[gpu.gpu_uuid] = latest_of(
             {
                 "power_w": float(gpu.last_w) if sampled else None,
