@@ -39,9 +39,7 @@ class StoreCalls:
 
     async def run_beside(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a control loop's blocking read beside the store thread where the store allows it, else on it."""
-        if self.store.reads_beside_writer:
-            return await asyncio.to_thread(fn, *args)
-        return await self.thread.run(fn, *args)
+        return await run_beside(self.store, self.thread, fn, *args)
 
     async def run_read(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a blocking read (an operator's listing) beside the store thread, never on it.
@@ -57,3 +55,10 @@ class StoreCalls:
         """Close the read threads (the store thread is its builder's to close)."""
         if self._read_threads is not None:
             await asyncio.to_thread(self._read_threads.close)
+
+
+async def run_beside(store: repo.Store, thread: store_thread.StoreThread, fn: Callable[..., Any], *args: Any) -> Any:
+    """`StoreCalls.run_beside` for a service that holds the store and its thread, not the ingest's `StoreCalls`."""
+    if store.reads_beside_writer:
+        return await asyncio.to_thread(fn, *args)
+    return await thread.run(fn, *args)

@@ -35,6 +35,7 @@ from rasd.controller.core import agent_messages as msgs
 from rasd.controller.core.remediation import blast_radius, correlate, escalation
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.controller.ingest import consumer as consumer_mod
+from rasd.controller.ingest import store_calls
 from rasd.controller.ingest import streams as streams_mod
 from rasd.controller.observability import metrics as metrics_mod
 from rasd.controller.remediation import adapters as adapters_mod
@@ -269,9 +270,7 @@ class RemediationService:
 
     async def _read_beside(self, read: Callable[[], Any]) -> Any:
         """A node-table read beside the store thread where the store allows it (else on it, in turn)."""
-        if self._node_store.reads_beside_writer:
-            return await asyncio.to_thread(read)
-        return await self.ledger.run(read)
+        return await store_calls.run_beside(self._node_store, self.ledger.thread, read)
 
     async def _release_returned(self, node_id: str, reason: str) -> str:
         """A lost node back: `OperatorCommands.release` as the lost-node watch (validation first)."""
