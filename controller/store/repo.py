@@ -708,21 +708,22 @@ class Store:
 
         The ingest writes 16,384 GPU rows every 5 s at 2,048 nodes, in chunks: each chunk's commit
         waited for the disk (SQLite's ``synchronous=FULL``, there for acks and commands) on the
-        store thread that the next event batch waits for (bench/scale.py). Such rows are rewritten by the next
-        flush, so a crash may lose this transaction and nothing else: a later synced commit (SQLite
-        FULL, PostgreSQL's synchronous_commit) makes the log durable up to itself, this
-        transaction's frames with it. SQLite: NORMAL for this transaction only, FULL again before
+        store thread that the next event batch waits for (bench/scale.py). Such rows are rewritten
+        by the next flush, so a crash may lose this transaction and nothing else: a later synced
+        commit (SQLite FULL, PostgreSQL's synchronous_commit) makes the log durable up to itself,
+        this transaction's frames with it. SQLite: NORMAL for this transaction only, FULL again before
         the connection goes back to the pool (or the connection is discarded). PostgreSQL:
         ``SET LOCAL synchronous_commit = off``, which ends with the transaction.
         """
         with self.engine.connect() as connection:
             sqlite = connection.dialect.name == "sqlite"
-            if sqlite:
-                # Outside any transaction (the driver begins one at the first write).
-                connection.exec_driver_sql("PRAGMA synchronous=NORMAL")
-                connection.commit()
             try:
-                if connection.dialect.name == "postgresql":
+                if sqlite:
+                    # Outside any transaction (the driver begins one at the first write). Inside the
+                    # try: whatever fails from here on, FULL is set again below.
+                    connection.exec_driver_sql("PRAGMA synchronous=NORMAL")
+                    connection.commit()
+                elif connection.dialect.name == "postgresql":
                     connection.exec_driver_sql("SET LOCAL synchronous_commit = off")
                 yield connection
                 connection.commit()

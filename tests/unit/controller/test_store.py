@@ -478,6 +478,18 @@ def test_latest_telemetry_commits_without_waiting_for_the_disk_and_leaves_every_
     assert node.last_seen_unix_ns == 6_000 and node.gpus[0].latest.power_w == 512.5
 
 
+def test_a_failed_cache_write_still_leaves_the_connection_syncing(store):
+    """A flush chunk that fails (a store outage) rolls back, and the connection it used syncs its commits again."""
+    with pytest.raises(RuntimeError, match="store went away"), store._cache_writes() as connection:
+        connection.exec_driver_sql("UPDATE nodes SET last_seen_unix_ns = 1")
+        raise RuntimeError("store went away")
+    with store.engine.connect() as connection:
+        if store.engine.dialect.name == "sqlite":
+            assert connection.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+        else:
+            assert connection.exec_driver_sql("SHOW synchronous_commit").scalar() == "on"
+
+
 def test_redact_url_hides_the_password(store_url):
     assert ":***@" in repo.redact_url("postgresql+psycopg://rasd:s3cr3t-pw@db.example:5432/rasd")
     assert "s3cr3t-pw" not in repo.redact_url("postgresql+psycopg://rasd:s3cr3t-pw@db.example:5432/rasd")
