@@ -11,6 +11,13 @@ policy: controller.toml's ``[stragglers.actions]``); its effects count in
 them in the store for the leader to carry out (`replication.relay.Relay.take_straggler_effects`);
 none: counted and listed only. A cleared case resets the GPU's score and removes its series.
 
+The same steps give the job's rhythm (`core.stall`): when its edges stop while its GPUs stay busy (a
+hung collective), the watch names the stall once (``rasd_job_stalled``, ``rasd_job_stalls_total``),
+with a "stall" effect (audit) and, by ``[stragglers.stall]``'s ``restart``, a "restart" effect: the
+ladder restarts the suspect rank's processes, so the job's launcher restarts the job from its
+checkpoint minutes before the collective's own timeout would. The check runs with the cut, on every
+summary, edges or none: a hung job's summaries carry none.
+
 Which GPUs step together: nothing in rasd names a job yet (no job or workload label reaches the
 controller), so every GPU whose summaries this replica ingests counts as one job, which is what
 rasd-sim runs (one `StepJob` over the fleet). A fleet running several jobs needs a job key first;
@@ -23,11 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rasd.common import settings
-from rasd.controller.core import fleet, straggler, straggler_actions
+from rasd.controller.core import fleet, stall, straggler, straggler_actions
 from rasd.controller.observability import metrics as metrics_mod
 
 LIVE_POLICY = straggler.StragglerPolicy(min_spread_s=0.030)
@@ -69,6 +77,8 @@ class StragglerSettings:
     """``[stragglers.steps]``: the gap between steps' edges, how long a step settles, edges kept."""
     actions: straggler_actions.ActionPolicy = ACTION_POLICY
     """``[stragglers.actions]``: which rungs run (raise_cap, validate, quarantine) and the steps between."""
+    stall: stall.StallPolicy = dataclasses.field(default_factory=stall.StallPolicy)
+    """``[stragglers.stall]``: how long a busy job's steps may stop before it is stalled; restart or only notify."""
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "stragglers.") -> StragglerSettings:
@@ -78,7 +88,7 @@ class StragglerSettings:
             ValueError: one line per bad key, each naming its path (``stragglers.actions.steps_per_rung``).
         """
         values: dict[str, Any] = {}
-        for table in ("detection", "steps", "actions"):
+        for table in ("detection", "steps", "actions", "stall"):
             default = getattr(cls(), table)
             given = data.get(table, {})
             try:
@@ -89,7 +99,7 @@ class StragglerSettings:
                 raise ValueError(text if text.startswith(prefix) else f"{prefix}{table}.{text}") from None
         unknown = sorted(set(data) - set(values))
         if unknown:
-            raise ValueError(f"{prefix}{unknown[0]}: unknown setting (known: detection, steps, actions)")
+            raise ValueError(f"{prefix}{unknown[0]}: unknown setting (known: detection, steps, actions, stall)")
         return cls(**values)
 
 
@@ -100,7 +110,11 @@ class StragglerWatch:
     def of(cls, controller_metrics: metrics_mod.ControllerMetrics, settings: StragglerSettings) -> StragglerWatch:
         """The watch controller.toml's ``[stragglers]`` describes."""
         return cls(
-            controller_metrics, policy=settings.detection, grouping=settings.steps, action_policy=settings.actions
+            controller_metrics,
+            policy=settings.detection,
+            grouping=settings.steps,
+            action_policy=settings.actions,
+            stall_policy=settings.stall,
         )
 
     def __init__(
@@ -110,8 +124,9 @@ class StragglerWatch:
         policy: straggler.StragglerPolicy | None = None,
         grouping: straggler.StepGrouping | None = None,
         action_policy: straggler_actions.ActionPolicy | None = None,
+        stall_policy: stall.StallPolicy | None = None,
     ) -> None:
-        """Bind to the metrics; `LIVE_POLICY`, the default grouping and `ACTION_POLICY` unless given."""
+        """Bind to the metrics; `LIVE_POLICY`, the default grouping, `ACTION_POLICY` and stall policy unless given."""
         self._metrics = controller_metrics
         self.policy = policy or LIVE_POLICY
         self.action_policy = action_policy or ACTION_POLICY
@@ -123,6 +138,11 @@ class StragglerWatch:
         """GPU -> what the power budget could still give it (the power loop's `power_room`); None: no
         power loop runs here, and a case's "raise cap" says its headroom is not known."""
         self.grouping = grouping or straggler.StepGrouping()
+        self.stall_policy = stall_policy or stall.StallPolicy()
+        self.rhythm = stall.Rhythm()
+        """The job's recent steps and its stall, if one is named (`core.stall`)."""
+        self.stall: stall.StallVerdict | None = None
+        """The current stall's verdict (None: the job steps, or was never seen to)."""
         self._state = straggler.StragglerState()
         self._pending: list[tuple[float, str]] = []
         self._node_of: dict[str, str] = {}
@@ -148,13 +168,15 @@ class StragglerWatch:
         latest: the ingest's view of each GPU's freshest values: a named GPU's clock event reasons,
             temperature and PCIe link are its evidence (with its node's lag, `_corroborated`).
         """
-        if not edges:
-            return
+        newest_s = 0.0
         for gpu_uuid, times in edges.items():
             if self._node_of.get(gpu_uuid) != node_id:
                 self._node_of[gpu_uuid] = node_id
                 self._gpus_of.setdefault(node_id, {})[gpu_uuid] = None
             self._pending.extend((at / 1e9, gpu_uuid) for at in times)
+            newest_s = max(newest_s, max(times, default=0) / 1e9)
+        if newest_s > self.rhythm.newest_edge_s and self.rhythm.stalled_at_s is not None:
+            self._stall_over()
         if now_ns - self._cut_ns < CUT_EVERY_NS:
             return
         self._cut_ns = now_ns
@@ -163,6 +185,37 @@ class StragglerWatch:
             self._state, verdicts = straggler.observe_step(self._state, step, policy=self.policy)
             self._act_on(step, [self._corroborated(v, latest) for v in verdicts], now_ns)
         self._metrics.straggler_steps.inc(len(steps))
+        medians = [statistics.median(step.values()) for step in steps]
+        self.rhythm = stall.observe(self.rhythm, medians, newest_s, policy=self.stall_policy)
+        if stall.due(self.rhythm, now_s=now_ns / 1e9, policy=self.stall_policy):
+            self._check_stall(now_ns, latest)
+
+    def _check_stall(self, now_ns: int, latest: Mapping[str, fleet.GpuLatest]) -> None:
+        """Judge a silent rhythm by the job's GPUs' utilization and draw; a new stall's effects carried out."""
+        unknown = stall.GpuNow(None)
+        gpus_now = {
+            gpu: stall.GpuNow(r.utilization_gpu_pct, r.power_w, r.enforced_power_limit_w)
+            if (r := latest.get(gpu)) is not None
+            else unknown
+            for gpu in self._node_of
+        }
+        self.rhythm, verdict = stall.check(self.rhythm, gpus_now, now_s=now_ns / 1e9, policy=self.stall_policy)
+        if verdict is None:
+            return
+        self.stall = verdict
+        self._metrics.job_stalled.set(1)
+        self._metrics.job_stalls.inc()
+        node_id = self._node_of.get(verdict.suspect_gpu, "")
+        effects = [straggler_actions.Effect("stall", verdict.suspect_gpu, node_id, verdict.reason)]
+        if self.stall_policy.restart:
+            effects.append(straggler_actions.Effect("restart", verdict.suspect_gpu, node_id, verdict.reason))
+        self._carry_out(effects)
+
+    def _stall_over(self) -> None:
+        """An edge arrived after the stall's last: the job steps again (resumed, or restarted)."""
+        self.rhythm = dataclasses.replace(self.rhythm, stalled_at_s=None)
+        self.stall = None
+        self._metrics.job_stalled.set(0)
 
     def _act_on(self, step: Mapping[str, float], verdicts: Sequence[straggler.Verdict], now_ns: int) -> None:
         """The cases' next rungs after this step, then a case for each new suspect; their effects carried out."""

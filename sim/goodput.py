@@ -15,10 +15,14 @@ Two ways to run the same faults (same seed, same draws):
 - **baseline**: no automation; a person looks after ``manual_delay_s``, takes the node out and repairs
   it right the first time (generous to the baseline).
 
-What rasd cannot see (a software bug, a hang) is handled the same way in both: the scheduler sees the
-crash (``crash_detect_s``) or the hang (``nccl_timeout_s``). A dead host (``node_down``) sends nothing
-either, but its agent falls silent: rasd's lost-node watch quarantines it after ``lost_node_detect_s``;
-the baseline's scheduler sees it NotReady after ``not_ready_s``; a person repairs it in both.
+What rasd cannot see (a software bug) is handled the same way in both: the scheduler sees the crash
+(``crash_detect_s``). A hung collective ends at the job's watchdog (``nccl_timeout_s``) in the
+baseline; rasd's straggler watch names the stall ``stall_detect_s`` after it (the real `core.stall`
+rule over ``step_s`` steps) and its STRAGGLER "restart" event goes through the core like any other:
+the restart_process it decides, answered after its repair time, ends the hang (the watchdog still
+does, if that comes first). A dead host (``node_down``) sends nothing either, but its agent falls
+silent: rasd's lost-node watch quarantines it after ``lost_node_detect_s``; the baseline's scheduler
+sees it NotReady after ``not_ready_s``; a person repairs it in both.
 """
 
 from __future__ import annotations
@@ -32,10 +36,24 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from rasd.controller import stragglers
+from rasd.controller.core import stall
 from rasd.controller.core.remediation import policy as policy_mod
 from rasd.sim import goodput_faults as gf
 
 _LOST = policy_mod.LostNodePolicy()
+LLAMA3_STEP_S = 6.0
+"""Llama 3 405B's step, derived (not published): 6 x 405e9 parameters x 16M tokens a batch over 16,384
+H100s at about 400 TFLOPS each (the paper's 38-43 % MFU) is about 6 s."""
+
+
+def stall_detect_s(step_s: float, policy: stall.StallPolicy | None = None) -> float:
+    """How long after a job's last edge the straggler watch names its stall (`stall.detection_delay_s`).
+
+    Checked at every cut of the watch (`stragglers.CUT_EVERY_NS`), as the controller does.
+    """
+    return stall.detection_delay_s(step_s, policy or stall.StallPolicy(), stragglers.CUT_EVERY_NS / 1e9)
+
 
 PHASES = ("running", "detection", "repair", "restart")
 """The job's phases; wall time is split among them (the lost work is taken out of "running")."""
@@ -62,6 +80,11 @@ class Params:
     """The scheduler sees a crashed job and requeues it."""
     nccl_timeout_s: float = 600.0
     """A hung collective ends at the watchdog (PyTorch's NCCL default: 10 min)."""
+    step_s: float = LLAMA3_STEP_S
+    """The job's step; rasd's stall detection waits a number of them (`stall.StallPolicy`)."""
+    stall_detect_s: float | None = None
+    """rasd: a hang's edges stop → the straggler watch names the stall; None: `stall_detect_s(step_s)`
+    (30 s at the defaults: 5 steps of 6 s, and the policy's 30 s floor, checked every 0.5 s)."""
     not_ready_s: float = 300.0
     """The scheduler sees a dead node NotReady and reschedules without it."""
     lost_node_detect_s: float = _LOST.lost_after_s + _LOST.check_interval_s
@@ -101,6 +124,11 @@ class Params:
     def job_nodes(self) -> int:
         """Nodes the job spans."""
         return self.gpus // self.gpus_per_node
+
+    @property
+    def hang_detect_s(self) -> float:
+        """rasd's time from a hang to the stall's verdict."""
+        return self.stall_detect_s if self.stall_detect_s is not None else stall_detect_s(self.step_s)
 
     def person_fix_s(self, fix: str) -> float:
         """How long a person's repair of a fix takes, validation included."""
@@ -232,16 +260,24 @@ class World:
     def _detect_delay_s(self, fault: Fault, arm: Arm) -> float:
         p = self.params
         if fault.variant.hangs:
-            return p.nccl_timeout_s
+            if arm.name != "rasd":
+                return p.nccl_timeout_s
+            self.at(self.now + p.nccl_timeout_s, self._watchdog, fault)
+            return min(p.hang_detect_s, p.nccl_timeout_s)
         if fault.variant.node_down:
             return min(p.lost_node_detect_s, p.not_ready_s) if arm.name == "rasd" else p.not_ready_s
         if fault.variant.signal and arm.name == "rasd":
             return p.detect_s
         return p.crash_detect_s
 
+    def _watchdog(self, fault: Fault) -> None:
+        """The job's own collective timeout: a hang nothing ended by now ends here (the job restarts)."""
+        if not fault.fixed:
+            self.fix(fault)
+
     def _detected(self, fault: Fault, arm: Arm) -> None:
         fault.detected = True
-        if fault.variant.fix == gf.FIX_JOB:
+        if fault.variant.fix == gf.FIX_JOB or (fault.variant.hangs and arm.name != "rasd"):
             self.fix(fault)
         elif fault.variant.node_down and arm.name != "rasd":  # NotReady: gone until a person repairs it
             key = f"down:{fault.fault_id}"

@@ -30,6 +30,7 @@ _FLOAT_PARAMS = (
     "detect_s",
     "crash_detect_s",
     "nccl_timeout_s",
+    "step_s",
     "not_ready_s",
     "lost_node_detect_s",
     "manual_delay_s",
@@ -52,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
     for name in _FLOAT_PARAMS:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
+    parser.add_argument(
+        "--stall-detect-s",
+        type=float,
+        default=None,
+        help="rasd's time from a hung collective to its stall verdict (default: the straggler watch's rule "
+        f"over --step-s steps, {defaults.hang_detect_s:.1f} s at the defaults)",
+    )
     parser.add_argument(
         "--repair-s",
         action="append",
@@ -82,7 +90,7 @@ def params_from(args: argparse.Namespace) -> goodput.Params:
                 f"--repair-s {item!r}: expected RUNG=SECONDS with RUNG one of {', '.join(repair_s)}"
             ) from None
     values = {name: getattr(args, name) for name in (*_INT_PARAMS, *_FLOAT_PARAMS)}
-    return goodput.Params(**values, repair_s=repair_s)
+    return goodput.Params(**values, repair_s=repair_s, stall_detect_s=args.stall_detect_s)
 
 
 def run(params: goodput.Params, pol: policy_mod.RemediationPolicy) -> dict[str, Any]:
@@ -97,6 +105,7 @@ def run(params: goodput.Params, pol: policy_mod.RemediationPolicy) -> dict[str, 
         injected[fault.cause] = injected.get(fault.cause, 0) + 1
     return {
         "params": {**dataclasses.asdict(params), "job_nodes": params.job_nodes},
+        "hang_detect_s": round(params.hang_detect_s, 3),
         "faults_injected": len(faults),
         "faults_by_cause": dict(sorted(injected.items(), key=lambda kv: -kv[1])),
         "arms": {arm.name: _arm(arm) for arm in (rasd, baseline)},
@@ -130,7 +139,9 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"{p['seed']}, {report['faults_injected']} faults (Llama 3's rate per GPU, {goodput_faults.LLAMA3_UNEXPECTED} "
         f"in {goodput_faults.LLAMA3_DAYS:g} days on {goodput_faults.LLAMA3_GPUS:,} GPUs, × {p['rate_scale']:g}); "
         f"checkpoint every {p['checkpoint_interval_s']:g} s, restart {p['restart_s']:g} s, a person after "
-        f"{p['manual_delay_s']:g} s. Simulated in {report['elapsed_s']:.1f} s.",
+        f"{p['manual_delay_s']:g} s; a hung collective: rasd names it {report['hang_detect_s']:.1f} s after "
+        f"({p['step_s']:g} s steps), the watchdog {p['nccl_timeout_s']:g} s. "
+        f"Simulated in {report['elapsed_s']:.1f} s.",
         "",
         "| | rasd | baseline (manual) |",
         "|---|---:|---:|",

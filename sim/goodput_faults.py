@@ -38,7 +38,8 @@ class Variant:
     share: float
     signal: str
     """"xid:<n>", "row_remap_failure", "ib_flap", "sdc_suspect", "node_lost" (the agent falls silent: the
-    controller's lost-node watch names it), or "" (nothing rasd sees)."""
+    controller's lost-node watch names it), "job_stall" (the straggler watch names a hung job), or ""
+    (nothing rasd sees)."""
     fix: str
     """A ladder rung (`LADDER_FIXES`), `FIX_JOB` or `FIX_PERSON`."""
     hangs: bool = False
@@ -78,7 +79,9 @@ LLAMA3_CAUSES: tuple[Cause, ...] = (
     # Assumed: a GSP RPC timeout (Xid 119); a reset clears half, the other half need a reboot.
     Cause("gpu_gsp", 17, (Variant(0.5, "xid:119", "reset_gpu"), Variant(0.5, "xid:119", "reboot_node"))),
     Cause("nic", 7, (Variant(1.0, "ib_flap", FIX_PERSON),)),
-    Cause("nccl_watchdog", 7, (Variant(1.0, "", FIX_JOB, hangs=True),)),
+    # A hung collective: the job's steps stop while its GPUs spin. rasd's straggler watch names the stall
+    # and restarts a rank (the launcher then restarts the job); the baseline waits for the watchdog.
+    Cause("nccl_watchdog", 7, (Variant(1.0, "job_stall", "restart_process", hangs=True),)),
     # Assumed: the job's loss-spike check accuses the GPU; it reproduces, so it is replaced.
     Cause("silent_data_corruption", 6, (Variant(1.0, "sdc_suspect", "rma"),)),
     # Assumed: a failed thermal interface overheats the GPU off the bus (Xid 79); the part is replaced.
@@ -115,6 +118,16 @@ def event_fields(signal: str, gpu_uuid: str) -> tuple[Mapping[str, Any], ...]:
         return ({"kind": EventKind.ROW_REMAP_FAILURE, "gpu_uuid": gpu_uuid, "source": "nvml"},)
     if signal == "node_lost":  # the controller's own event: its lost-node watch, not the agent
         return ({"kind": EventKind.NODE_LOST, "source": "controller", "message": "no replica hears its agent"},)
+    if signal == "job_stall":  # the straggler watch's verdict (`core.stall`), not the agent's
+        return (
+            {
+                "kind": EventKind.STRAGGLER,
+                "gpu_uuid": gpu_uuid,
+                "source": "straggler",
+                "message": "the job's steps stopped; its GPUs still busy: a hung collective",
+                "attributes": {"rung": "restart"},
+            },
+        )
     if signal == "sdc_suspect":
         return ({"kind": EventKind.SDC_SUSPECT, "gpu_uuid": gpu_uuid, "source": "validation"},)
     if signal == "ib_flap":  # three down/up pairs: the classification's default flap limit is six changes

@@ -353,7 +353,8 @@ def _faults_section(result: SimResult) -> tuple[dict[str, Any], list[float], int
     silent = [
         f
         for f, _ in matches
-        if f.fired.fault.expected_event_kind is None and f.fired.fault.kind not in simulated.STRAGGLER_FAULTS
+        if f.fired.fault.expected_event_kind is None
+        and f.fired.fault.kind not in simulated.STRAGGLER_FAULTS | simulated.JOB_FAULTS
     ]
     silent_found = {id(f): found for f in silent if (found := validation_detection(f, result.outbox)) is not None}
     detect_latencies += [(found - f.fired.fired_unix_ns) / 1e9 for f in silent if (found := silent_found.get(id(f)))]

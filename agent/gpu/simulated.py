@@ -154,10 +154,16 @@ FAULT_EVENT_KINDS: Mapping[str, model.EventKind | None] = {
     # A slow node (host CPU, memory, data loader): every GPU of the node starts its compute late; no
     # GPU signal at all.
     "slow_node": None,
+    # A hung collective (issue #40, goodput): the job's steps stop; the other ranks spin in NCCL at
+    # 100 % utilization while this GPU's rank (stuck: its process stopped issuing work) idles. Until a
+    # rank's process is restarted (the launcher then restarts the job) or the run ends.
+    "job_hang": None,
 }
 NODE_LEVEL_FAULTS = frozenset({"ib_link_flap"})
 STRAGGLER_FAULTS = frozenset({"straggler", "power_brake", "thermal_throttle", "pcie_downtrain", "slow_node"})
 """Fault kinds that make a straggler (`slowdown`): slow_node makes one of every GPU of its node."""
+JOB_FAULTS = frozenset({"job_hang"})
+"""Fault kinds of the job, not of a GPU: the step watch names them (`core.stall`), not an event or validation."""
 THROTTLED_TEMPERATURE_C = 88
 """What a thermal_throttle GPU reports: above an H100's 87 C slowdown target, under its 92 C HW slowdown."""
 PCIE_MAX = (16, 5)
@@ -535,9 +541,7 @@ class SimulatedBackend:
                     requested_power_limit_w=sim.enforced_limit_w,
                     total_energy_mj=int(sim.energy_mj),
                     temperature_c=max(temperature_c, THROTTLED_TEMPERATURE_C) if sim.throttled else temperature_c,
-                    utilization_gpu_pct=0
-                    if not self._job_running(now_unix_ns, sim)
-                    else (100 if demand_w > 400 else 35),
+                    utilization_gpu_pct=self._utilization_pct(sim, now_unix_ns, demand_w),
                     clock_event_reasons=int(reasons),
                     ecc_sbe_volatile=sim.ecc_sbe,
                     ecc_dbe_volatile=sim.ecc_dbe,
@@ -718,6 +722,8 @@ class SimulatedBackend:
             sim.sdc = True
         elif kind in STRAGGLER_FAULTS:
             return self._slow_down(fault, sim, now_unix_ns)
+        elif kind == "job_hang" and self._job is not None and sim.rank >= 0:
+            self._job.hang(now_unix_ns / NS_PER_S, stuck_ranks=[sim.rank])
         elif kind == "ib_link_flap":
             self._flap(fault, now_unix_ns)
         if uuid_ and self.workload_crashed(uuid_):
@@ -768,6 +774,12 @@ class SimulatedBackend:
         """
         sim = self._gpu(gpu_uuid)
         if self._job is None or sim.rank < 0 or running == (gpu_uuid not in self._stopped):
+            return
+        now_s = (self._clock() if self._clock is not None else self._last_reading_ns) / NS_PER_S
+        if not running and self._job.hung_busy(sim.rank, now_s) is not None:
+            # A hung job's rank ended: its launcher restarts every rank from the checkpoint, this
+            # one's too (a new process the simulation does not track), and the job steps again.
+            self._job.resume(now_s)
             return
         if running:
             self._stopped.discard(gpu_uuid)
@@ -871,6 +883,19 @@ class SimulatedBackend:
         if self._job is None or not self._job.running(now_unix_ns / NS_PER_S):
             return False
         return sim is None or sim.rank < 0 or bool(self._job.active[sim.rank])
+
+    def _utilization_pct(self, sim: _SimGpu, now_unix_ns: int, demand_w: float) -> int:
+        """What NVML's utilization reads: busy computing, lower communicating, 0 idle.
+
+        A hung job's waiting ranks spin in NCCL's kernels at 100 % and its stuck rank idles (`StepJob.hang`).
+        """
+        if not self._job_running(now_unix_ns, sim):
+            return 0
+        assert self._job is not None
+        hung_busy = self._job.hung_busy(sim.rank, now_unix_ns / NS_PER_S) if sim.rank >= 0 else None
+        if hung_busy is not None:
+            return 100 if hung_busy else 0
+        return 100 if demand_w > 400 else 35
 
     @property
     def job(self) -> step_job.StepJob | None:

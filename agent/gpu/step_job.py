@@ -142,6 +142,9 @@ class StepJob:
         self.steps: list[Step] = []
         self._starts: list[float] = []
         self._cap_changes: list[tuple[float, int, float]] | None = None
+        self.hung_since_s: float | None = None
+        """When the job hung (`hang`); None while it steps."""
+        self.stuck_ranks: frozenset[int] = frozenset()
 
     # -- ranks and their settings ----------------------------------------------------------------
     @_locked
@@ -255,6 +258,45 @@ class StepJob:
             if at_s < step.compute_end_s[rank]:
                 step.ramp_down_w_per_s[rank] = self.ramp_down_w_per_s[rank]
 
+    @_locked
+    def hang(self, at_s: float, stuck_ranks: Sequence[int] = ()) -> None:
+        """The collective of the step running at at_s never completes, until `resume` (a hung job).
+
+        Every rank finishes that step's compute, then waits: the step never ends, so no later step
+        starts and no edge follows. The waiting ranks draw their communication level (NCCL's kernels
+        spin: `hung_busy`); stuck_ranks (whose process stopped issuing work, the hang's cause) idle.
+        """
+        self._advance(at_s)
+        while len(self.steps) > 1 and self.steps[-1].start_s > at_s:
+            self.steps.pop()
+            self._starts.pop()
+        if not self.steps:
+            return
+        step = self.steps[-1]
+        trough = step.trough_w.copy()
+        for rank in stuck_ranks:
+            trough[rank] = min(self.shape.idle_w, float(self.cap_w[rank]))
+        self.steps[-1] = dataclasses.replace(step, end_s=math.inf, trough_w=trough)
+        self.hung_since_s, self.stuck_ranks = at_s, frozenset(stuck_ranks)
+
+    @_locked
+    def resume(self, at_s: float) -> None:
+        """The hung step ends at at_s (the job's launcher restarted every rank): steps follow from there."""
+        if self.hung_since_s is None:
+            return
+        self.steps[-1] = dataclasses.replace(self.steps[-1], end_s=max(at_s, self.steps[-1].start_s))
+        self.hung_since_s, self.stuck_ranks = None, frozenset()
+
+    @_locked
+    def hung_busy(self, rank: int, t_s: float) -> bool | None:
+        """During a hang (`hang`): whether the rank spins in the collective (True) or idles, stuck (False).
+
+        None when the job is not hung at t_s.
+        """
+        if self.hung_since_s is None or t_s < self.hung_since_s:
+            return None
+        return rank not in self.stuck_ranks and bool(self.active[rank])
+
     # -- time ------------------------------------------------------------------------------------
     @property
     def start_s(self) -> float:
@@ -365,7 +407,8 @@ class StepJob:
         end = float(step.compute_end_s[step.active].max()) + (1.0 - shape.compute_fraction) * shape.period_s
         if step.checkpoint:
             end += shape.checkpoint_s
-        self.steps[-1] = dataclasses.replace(step, end_s=max(end, t_s))
+        hung = not math.isfinite(step.end_s)  # a hung step never ends, whatever the caps (`hang`)
+        self.steps[-1] = dataclasses.replace(step, end_s=step.end_s if hung else max(end, t_s))
 
     @_locked
     def step_at(self, t_s: float) -> Step | None:

@@ -117,7 +117,7 @@ class Effect:
     """Something the shell does for a case; `kind` says what."""
 
     kind: str
-    """"notify", "raise_cap", "validate", "quarantine" or "clear"."""
+    """"notify", "raise_cap", "validate", "quarantine" or "clear"; a hung job's (`core.stall`): "stall", "restart"."""
     gpu_uuid: str
     node_id: str
     reason: str

@@ -205,8 +205,18 @@ class ControllerMetrics:
         )
         self.straggler_actions = Counter(
             "rasd_straggler_actions",
-            "Actions the straggler watch took, by kind: notify, raise_cap, validate, quarantine, clear (issue #40).",
+            "Straggler watch actions, by kind: notify, raise_cap, validate, quarantine, clear, stall, restart (#40).",
             ["action"],
+            registry=registry,
+        )
+        self.job_stalled = Gauge(
+            "rasd_job_stalled",
+            "1 while the job's steps have stopped with its GPUs still busy: a hung collective (issue #40).",
+            registry=registry,
+        )
+        self.job_stalls = Counter(
+            "rasd_job_stalls",
+            "Stalls of the job's step rhythm the straggler watch named (each restarts a rank by policy).",
             registry=registry,
         )
         self.straggler_suspect = Gauge(

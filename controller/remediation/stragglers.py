@@ -8,7 +8,8 @@ hands its effects here, in order:
   ``rung``), as an accusation does (`operator.OperatorCommands.accuse`), so classification, the
   disruption budget, the audit trail and the ladder's command ids apply: "validate" holds the GPU
   and runs the accusation suite (a pass releases it), "quarantine" isolates it for a person and
-  the scheduler replaces it;
+  the scheduler replaces it; "restart" (the job stalled, `core.stall`) restarts the suspect rank's
+  processes through the ladder's restart_process rung (a second stall on that GPU climbs to a reset);
 - "raise_cap" (decided within the headroom the power loop published, `PowerLoop.power_room`) becomes
   a floor of the power loop (`floors`, `PowerLoop.set_floor`): the next period's allocation serves it
   within every budget's headroom and the two-phase apply carries it (decreases first, confirmed);
@@ -36,7 +37,7 @@ from rasd.controller.store import repo
 log = structlog.get_logger("rasd.controller")
 
 ACTOR = "straggler-watch"
-_LADDER_RUNGS = frozenset({"validate", "quarantine"})
+_LADDER_RUNGS = frozenset({"validate", "quarantine", "restart"})
 _ENDS_FLOOR = frozenset({"clear", "validate", "quarantine"})
 
 

@@ -22,8 +22,9 @@ Sources, in the order they are consulted:
 6. IB link flaps: ``ib_flap_state_changes`` state changes of one port within ``ib_flap_window_s``
    → quarantine the node (or only the port, ``ib_flap_isolation = "port"``). The count over the
    window comes from ``correlate``, which keeps the history; this module only judges it.
-7. The controller's own verdicts: a straggler's rung (``STRAGGLER``) → validate or isolate the GPU; a
-   lost node (``NODE_LOST``, `lost_nodes`: no replica hears its agent) → quarantine it for a person.
+7. The controller's own verdicts: a straggler's rung (``STRAGGLER``) → validate or isolate the GPU, or
+   restart a hung job's rank (rung ``restart``); a lost node (``NODE_LOST``, `lost_nodes`: no replica
+   hears its agent) → quarantine it for a person.
 
 The result's ``fault_key`` says what "the same fault" means for correlation ("xid:13",
 "ecc_dbe", "nvlink_down:3", "ib_flap"), and its ``action`` is a `RecommendedAction` word that the
@@ -431,9 +432,19 @@ def _classify_straggler(event: health.HealthEvent, pol: policy.ClassificationPol
     """The straggler watch's rungs (issue #40).
 
     "validate" holds the GPU for the accusation suite (a pass releases it); "quarantine" isolates it for
-    a person, so the scheduler replaces it meanwhile.
+    a person, so the scheduler replaces it meanwhile; "restart" (the job's steps stopped while its GPUs
+    spin, `core.stall`) restarts the suspect rank's processes, so the job's launcher restarts the job
+    from its checkpoint before the collective's own timeout does.
     """
     rung = event.attributes.get("rung", "quarantine")
+    if rung == "restart":
+        return Classification(
+            Component.GPU,
+            Severity.ERROR,
+            RecommendedAction.RESTART_PROCESS,
+            f"job stalled: {event.message}; restart the rank so the job restarts from its checkpoint",
+            "job_stall",
+        )
     if rung == "validate":
         return Classification(
             Component.GPU,

@@ -299,3 +299,37 @@ def test_a_start_delay_makes_the_rank_compute_late_at_full_draw_and_the_step_wai
     assert _mean_step_s(job) == pytest.approx(_mean_step_s(clean) + 0.035, abs=0.016)  # less what jitter hid
     with pytest.raises(ValueError, match="start delay must be"):
         job.set_start_delay(0, -0.1)
+
+
+def test_a_hung_collective_stops_the_steps_with_the_waiting_ranks_at_their_comm_draw_until_resumed():
+    job = _job()
+    job.draw_w(slice(None), 110.5)  # steps computed up to about 110.5 s
+    job.hang(110.5, stuck_ranks=[2])
+    hung = job.step_at(110.5)
+    assert hung is not None and hung.end_s == float("inf")
+    late = 150.0
+    assert list(job.draw_w(slice(None), late)) == [125.0, 110.0, 70.0, 100.0]  # rank 2 idles, the rest spin
+    assert [job.hung_busy(rank, late) for rank in range(4)] == [True, True, False, True]
+    assert job.completed_steps(111.0, late) == []
+    job.set_cap(0, 500.0, 120.0)  # a cap change during the hang does not end the step
+    assert job.step_at(130.0).end_s == float("inf")
+    job.resume(late)
+    assert job.hung_busy(0, 151.0) is None
+    steps = job.completed_steps(late, late + 10.0)
+    assert len(steps) >= 6 and steps[0].start_s == pytest.approx(late)  # rank 0 capped: 1.26 s steps
+
+
+def test_a_simulated_hang_reads_100_pct_on_the_waiting_gpus_and_0_on_the_stuck_one_and_a_restart_resumes_it():
+    clock = [int(200e9)]
+    workload = simulated.StepWorkload(anchor_unix_s=100.0, period_s=1.0)
+    backend = simulated.SimulatedBackend(
+        "n0", 4, 3, workload=workload, clock=lambda: clock[0], faults=[simulated.ScriptedFault(0.0, "job_hang", gpu=1)]
+    )
+    backend.read_power(clock[0])
+    clock[0] += int(30e9)
+    readings = {c.gpu_uuid: c.utilization_gpu_pct for c in backend.read_counters(clock[0])}
+    uuids = [g.uuid for g in backend.inventory()]
+    assert [readings[u] for u in uuids] == [100, 0, 100, 100]
+    backend.set_workload(uuids[1], running=False)  # the stuck rank's process was restarted
+    assert backend.job is not None and backend.job.hung_since_s is None
+    assert uuids[1] not in backend.stopped_gpus()  # the launcher restarted it with the job

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from rasd.controller import stragglers
@@ -112,3 +113,53 @@ def test_every_gpu_of_a_slow_node_is_named_with_node_wide_evidence_and_no_gpu_of
     named = watch.listing()
     assert sorted(s.verdict.gpu_uuid for s in named) == nodes["n2"]
     assert all("; node-wide: all 8 GPUs of n2 lag" in s.verdict.reason for s in named)
+
+
+def test_a_busy_job_whose_edges_stop_is_named_stalled_once_and_its_idle_rank_restarted_until_it_steps_again():
+    registry = CollectorRegistry()
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(registry))
+    taken: list[straggler_actions.Effect] = []
+    watch.actuator = taken.extend
+    spinning = fleet.GpuLatest(power_w=120.0, enforced_power_limit_w=700, utilization_gpu_pct=100)
+    latest = {gpu: spinning for gpu in GPUS}
+    _feed(watch, 15, {}, latest)  # edges up to 29.4 s
+    latest["GPU-06"] = fleet.GpuLatest(power_w=70.0, enforced_power_limit_w=700, utilization_gpu_pct=0)
+    for second in range(30, 62):  # the summaries go on, with no edge in them
+        for node in ("n0", "n1"):
+            watch.add_edges(node, {}, second * NS, latest)
+    assert [(e.kind, e.gpu_uuid, e.node_id) for e in taken] == [("stall", "GPU-06", "n1"), ("restart", "GPU-06", "n1")]
+    assert taken[0].reason.startswith("the job's steps stopped 3") and "9 of 10 GPUs still busy" in taken[0].reason
+    assert watch.stall is not None and watch.stall.suspect_gpu == "GPU-06"
+    assert registry.get_sample_value("rasd_job_stalled") == 1.0
+    assert registry.get_sample_value("rasd_job_stalls_total") == 1.0
+    assert registry.get_sample_value("rasd_straggler_actions_total", {"action": "restart"}) == 1.0
+    _feed(watch, 1, {}, latest, first=31)  # the restarted job steps again
+    assert watch.stall is None and registry.get_sample_value("rasd_job_stalled") == 0.0
+    assert len(taken) == 2
+
+
+def test_a_job_that_ended_with_its_gpus_idle_is_not_stalled_and_restart_off_only_notifies():
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
+    taken: list[straggler_actions.Effect] = []
+    watch.actuator = taken.extend
+    idle = {gpu: fleet.GpuLatest(utilization_gpu_pct=0) for gpu in GPUS}
+    _feed(watch, 15, {}, idle)
+    for second in range(30, 120):
+        watch.add_edges("n0", {}, second * NS, idle)
+    assert taken == [] and watch.stall is None
+
+    settings = stragglers.StragglerSettings.from_mapping({"stall": {"restart": False, "min_silence_s": 10.0}})
+    notify_only = stragglers.StragglerWatch.of(metrics.ControllerMetrics(CollectorRegistry()), settings)
+    notify_only.actuator = taken.extend
+    busy = {gpu: fleet.GpuLatest(power_w=150.0, enforced_power_limit_w=700, utilization_gpu_pct=97) for gpu in GPUS}
+    _feed(notify_only, 15, {}, busy)
+    for second in range(30, 45):
+        notify_only.add_edges("n0", {}, second * NS, busy)
+    assert [e.kind for e in taken] == ["stall"]
+
+
+def test_a_bad_stall_setting_is_refused_naming_its_path():
+    with pytest.raises(ValueError, match=r"^stragglers\.stall\.silent_periods"):
+        stragglers.StragglerSettings.from_mapping({"stall": {"silent_periods": 0.0}})
+    with pytest.raises(ValueError, match=r"^stragglers\.stall\.restarts"):
+        stragglers.StragglerSettings.from_mapping({"stall": {"restarts": True}})

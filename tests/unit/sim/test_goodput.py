@@ -187,3 +187,26 @@ def test_an_ib_port_flapping_is_a_flap_storm_to_the_core_and_a_person_mends_the_
     assert rasd.detail["commands"] == {"quarantine_node": 1, "notify": 1, "run_validation": 1, "release": 1}
     assert rasd.detail["left_to_person"] == 0 and rasd.people == 1
     assert rasd.time_lost_h["repair"] == 0.0  # the spare took the node's place at once
+
+
+def test_a_hung_collective_is_named_by_the_stall_rule_and_the_cores_restart_ends_it_long_before_the_watchdog():
+    """The baseline waits for the 600 s watchdog; rasd's straggler watch names the stall 30 s in (5 of
+    Llama 3's 6 s steps, the 30 s floor, checked every 0.5 s) and the core's restart_process (60 s) ends it."""
+    (cause,) = [c for c in gf.LLAMA3_CAUSES if c.name == "nccl_watchdog"]
+    fault = goodput.Fault(0, 2000.0, cause.name, cause.variants[0], rank=0, gpu=3)
+    base = goodput.simulate(_tiny(), [fault], goodput.BaselineArm)
+    rasd = goodput.simulate(_tiny(), [fault], _rasd())
+    assert goodput.Params().hang_detect_s == pytest.approx(30.0)
+    assert base.time_lost_h["detection"] == pytest.approx(600 / 3600)
+    assert rasd.time_lost_h["detection"] == pytest.approx(30.0 / 3600)
+    assert rasd.time_lost_h["repair"] == pytest.approx(60 / 3600)  # the rank's restart, then the job's
+    assert rasd.detail["commands"] == {"restart_process": 1}
+    assert rasd.people == base.people == 0
+    # A stall rule slower than the job's watchdog: the watchdog ends the hang first, at 600 s.
+    slow = goodput.simulate(_tiny(stall_detect_s=900.0), [fault], _rasd())
+    assert slow.time_lost_h["detection"] == pytest.approx(600 / 3600) and slow.time_lost_h["repair"] == 0.0
+
+
+def test_the_stall_detection_follows_the_steps_and_may_be_given():
+    assert goodput.Params(step_s=15.0).hang_detect_s == pytest.approx(75.0)  # 5 steps of 15 s
+    assert goodput.Params(stall_detect_s=12.0).hang_detect_s == 12.0

@@ -292,3 +292,18 @@ def test_health_event_with_kernel_log_facts_round_trips_through_a_dict():
     facts = kernel_xid(149, registers=(1, 2), nvlink=3, pci="0000:18:00.0", gpu_uuid="GPU-1")
     ev = event(EventKind.XID, xid=149, kernel_log=facts)
     assert health.HealthEvent.from_dict(ev.to_dict()) == ev
+
+
+@pytest.mark.parametrize(
+    ("rung", "action", "key"),
+    [
+        ("validate", Action.VALIDATE, "straggler:validate"),
+        ("quarantine", Action.INVESTIGATE, "straggler:quarantine"),
+        ("restart", Action.RESTART_PROCESS, "job_stall"),
+    ],
+)
+def test_the_straggler_watchs_rungs_validate_isolate_or_restart_the_gpu(rung, action, key):
+    result = run(event(EventKind.STRAGGLER, message="the job's steps stopped 31 s ago", attributes={"rung": rung}))
+    assert (result.component, result.action, result.fault_key) == (classify.Component.GPU, action, key)
+    if rung == "restart":
+        assert result.reason.startswith("job stalled: the job's steps stopped 31 s ago; restart the rank")
