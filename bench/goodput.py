@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             f"Machine: {header}  ",
             f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; tree {tree}; `rasd-sim goodput` defaults "
             f"(16,384 GPUs in 2,048 nodes + {defaults.spare_nodes} spares, 54 days, Llama 3's 419 interruptions "
-            f"in 54 days by cause, restart {defaults.restart_s:g} s, a person after {defaults.manual_delay_s:g} s; "
+            f"in 54 days by cause, restart {defaults.restart_s:g} s, a person after {defaults.manual_delay_s:g} s, "
+            f"a hung collective named {defaults.hang_detect_s:g} s after it ({defaults.step_s:g} s steps; the "
+            f"watchdog: {defaults.nccl_timeout_s:g} s); "
             "the assumptions are in sim/goodput.py and sim/goodput_faults.py) but the seed (0..) and the "
             "checkpoint interval. Figures: median (min-max) over the seeds; time lost in hours, rasd's arm; "
             "rasd's ceiling: its ETTR with no detection or repair time at all (the restarts and the work lost "
