@@ -35,6 +35,7 @@ from rasd.cli import views
 from rasd.common import devcerts, tls
 from rasd.controller import server
 from rasd.controller.core import fleet
+from rasd.controller.ingest import service as ingest_mod
 from rasd.controller.remediation import service as remediation_mod
 from rasd.controller.rpc import authn
 from rasd.sim import bmc as bmc_mod
@@ -263,6 +264,7 @@ async def _start_controller(
             db_url=f"sqlite:///{settings.out_dir / 'rasd.db'}",
             metrics_port=0,
             remediation_policy=settings.scenario.remediation,
+            ingest=ingest_mod.IngestSettings(stragglers=settings.scenario.stragglers),
             security=authn.SecuritySettings(
                 tls=tls.TlsFiles(pki.ca.cert, pki.controller.cert, pki.controller.key) if pki else None
             ),

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rasd.agent.gpu import simulated
+from rasd.controller import stragglers as stragglers_mod
 from rasd.controller.core.power import policy as power_policy
 from rasd.controller.core.remediation import policy
 
@@ -277,6 +278,8 @@ class Scenario:
     """The `[[action_faults]]`: what goes wrong with which node's repairs."""
     expect: Expectation | None = None
     """The `[expect]` table; None: the run is not checked against expectations."""
+    stragglers: stragglers_mod.StragglerSettings = dataclasses.field(default_factory=stragglers_mod.StragglerSettings)
+    """The controller's straggler watch for this scenario (the `[stragglers]` table, as controller.toml's)."""
 
 
 def _number(data: Mapping[str, Any], key: str, where: str, *, minimum: float = 0.0) -> float:
@@ -338,6 +341,7 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
         "power",
         "action_faults",
         "expect",
+        "stragglers",
     }
     if unknown:
         raise ScenarioError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}")
@@ -357,7 +361,12 @@ def parse(data: Mapping[str, Any], *, source: str) -> Scenario:
         remediation = policy.RemediationPolicy.from_mapping(data.get("remediation", {}), prefix="remediation.")
     except policy.PolicyError as exc:
         raise ScenarioError(f"{source}: {exc}") from None
+    try:
+        stragglers = stragglers_mod.StragglerSettings.from_mapping(data.get("stragglers", {}))
+    except ValueError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
     return Scenario(
+        stragglers=stragglers,
         action_faults=_action_faults(data.get("action_faults", [])),
         expect=parse_expectation(data["expect"], source) if "expect" in data else None,
         power=parse_power(data["power"], source) if "power" in data else None,

@@ -10,7 +10,10 @@ Without rasd the job's collective timeout (10 minutes by default) would end the 
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import io
+import json
 import time
 
 import fleetlib
@@ -19,6 +22,8 @@ from prometheus_client import generate_latest
 
 from rasd.agent.gpu import simulated, step_job
 from rasd.controller.core import stall
+from rasd.sim import fleet as sim_fleet
+from rasd.sim import report, scenario
 
 NODES, GPUS = 4, 4
 STALL = {"stall": {"min_steps": 5, "min_silence_s": 8.0, "silent_periods": 3.0}}
@@ -73,3 +78,24 @@ def test_a_hung_job_is_named_stalled_its_idle_rank_restarted_and_the_job_steps_a
     policy = stall.StallPolicy(**STALL["stall"])
     assert named_after_s < policy.min_silence_s + 6.0, named_after_s
     assert restarted_after_s < named_after_s + 10.0, (named_after_s, restarted_after_s)
+
+
+@pytest.mark.slow
+def test_rasd_sims_job_hang_scenario_shows_the_restart_its_expect_names(tmp_path):
+    """sim/scenarios/job_hang.toml as `rasd-sim --scenario job_hang` runs it: its [expect] is met."""
+    loaded = scenario.load("job_hang")
+    assert loaded.stragglers.stall.min_steps == 5  # its [stragglers.stall] table reached the controller's settings
+    settings = sim_fleet.SimSettings(
+        nodes=4,
+        gpus_per_node=4,
+        duration_s=loaded.expect.run_s,
+        seed=3,
+        scenario=loaded,
+        out_dir=tmp_path,
+        table_interval_s=0,
+        tls=False,
+    )
+    result = asyncio.run(sim_fleet.run(settings, io.StringIO()))
+    checked = report.expectations(result)
+    assert checked is not None and checked["met"], json.dumps(checked["unmet"], indent=1)
+    assert report.build(result)["events_lost"] == 0

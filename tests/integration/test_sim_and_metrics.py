@@ -84,7 +84,7 @@ power_limit_w = 500
 def test_demo_scenario_is_valid():
     demo = scenario.load("demo")
     assert demo.faults and demo.operator
-    assert scenario.builtin_names() == ["demo", "straggler"]
+    assert scenario.builtin_names() == ["demo", "job_hang", "straggler"]
 
 
 def test_bad_scenario_names_the_key(tmp_path):

@@ -239,7 +239,7 @@ def test_the_ladder_path_lists_the_repairs_in_the_order_decided_with_their_outco
 
 def test_the_ladder_library_loads_and_states_what_each_run_must_show():
     names = scenario.library_names("ladder")
-    assert len(names) >= 15 and scenario.builtin_names() == ["demo", "straggler"]
+    assert len(names) >= 15 and scenario.builtin_names() == ["demo", "job_hang", "straggler"]
     for name in names:
         loaded = scenario.load(name)
         assert loaded.name == name and loaded.description, name
@@ -260,3 +260,14 @@ def test_the_stragglers_library_loads_one_scenario_per_kind_with_the_probes_clea
         assert loaded.power is not None and not loaded.power.managed, name  # the edges unsmoothed, the twin stepped
         assert {f.fault.kind for f in loaded.faults} <= simulated.STRAGGLER_FAULTS, name
     assert len(scenario.load("stragglers/job_slowdown").faults) == 8  # every node of an 8-node fleet
+
+
+def test_a_scenarios_stragglers_table_is_the_controllers_and_a_bad_key_is_named():
+    parsed = scenario.parse({"stragglers": {"stall": {"min_steps": 5, "restart": False}}}, source="t")
+    assert (parsed.stragglers.stall.min_steps, parsed.stragglers.stall.restart) == (5, False)
+    assert scenario.parse({}, source="t").stragglers.stall.min_steps == 10  # the controller's default
+    with pytest.raises(scenario.ScenarioError, match=r"^t: stragglers\.stall\.min_steps"):
+        scenario.parse({"stragglers": {"stall": {"min_steps": 1}}}, source="t")
+    hang = scenario.load("job_hang")
+    assert [(f.node, f.fault.kind) for f in hang.faults] == [(1, "job_hang")]
+    assert hang.expect is not None and hang.expect.path == ("restart_process:succeeded",)
