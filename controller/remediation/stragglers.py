@@ -9,7 +9,9 @@ hands its effects here, in order:
   disruption budget, the audit trail and the ladder's command ids apply: "validate" holds the GPU
   and runs the accusation suite (a pass releases it), "quarantine" isolates it for a person and
   the scheduler replaces it; "restart" (the job stalled, `core.stall`) restarts the suspect rank's
-  processes through the ladder's restart_process rung (a second stall on that GPU climbs to a reset);
+  processes through the ladder's restart_process rung (a second stall on that GPU climbs to a reset).
+  One restart restarts the job, so a "restart" within ``RESTART_HOLD_S`` of the last one carried out
+  here is recorded, not handed on: with several replicas each names the stall of the GPUs it holds;
 - "raise_cap" (decided within the headroom the power loop published, `PowerLoop.power_room`) becomes
   a floor of the power loop (`floors`, `PowerLoop.set_floor`): the next period's allocation serves it
   within every budget's headroom and the two-phase apply carries it (decreases first, confirmed);
@@ -37,6 +39,11 @@ from rasd.controller.store import repo
 log = structlog.get_logger("rasd.controller")
 
 ACTOR = "straggler-watch"
+RESTART_HOLD_S = 120.0
+"""A job stall's restart within this long of the last one is the same stall seen by another replica
+(each judges the GPUs it holds), or a stall of the job that restart is restarting: recorded only. Under
+the restart grace and a job's restart (reschedule, load the checkpoint: minutes), and far under the
+time a restarted job needs to build a new rhythm (10 steps) and stall again."""
 _LADDER_RUNGS = frozenset({"validate", "quarantine", "restart"})
 _ENDS_FLOOR = frozenset({"clear", "validate", "quarantine"})
 
@@ -67,6 +74,8 @@ class StragglerActions:
         """Effects whose commit or decision raised (each logged)."""
         self.floors: Floors | None = None
         """Where a raise_cap becomes a floor (the power loop, where one runs here); None: recorded only."""
+        self._restarted: tuple[int, str] | None = None
+        """The last job restart handed to the ladder: when (controller clock, ns) and for which GPU."""
 
     def take(self, effects: Sequence[straggler_actions.Effect]) -> None:
         """Queue effects; the worker carries them out in order (call from the event loop)."""
@@ -102,13 +111,19 @@ class StragglerActions:
         if floors is not None and effect.kind in _ENDS_FLOOR:
             floors.clear_floor(effect.gpu_uuid, f"straggler {effect.kind}: {effect.reason}")
         outcome = _outcome(effect, floors is not None)
+        held = effect.kind == "restart" and self._restart_held(now_ns)
+        if held:
+            assert self._restarted is not None
+            outcome = f"recorded: the job's restart through {self._restarted[1]} is under way"
+        elif effect.kind == "restart":
+            self._restarted = (now_ns, effect.gpu_uuid)
         row = ledger_mod.audit_record(
             now_ns, ACTOR, f"straggler_{effect.kind}", effect.node_id, effect.gpu_uuid, effect.reason, outcome
         )
         await self._ledger.commit(rstore.Commit(now_unix_ns=now_ns, audit=[row]))
         if effect.kind == "raise_cap" and floors is not None and effect.to_w is not None:
             floors.set_floor(effect.gpu_uuid, effect.node_id, effect.to_w, effect.reason)
-        if effect.kind not in _LADDER_RUNGS:
+        if effect.kind not in _LADDER_RUNGS or held:
             return
         event = repo.controller_event(
             effect.node_id,
@@ -121,6 +136,11 @@ class StragglerActions:
             attributes={"rung": effect.kind},
         )
         await self._decider.on_events(effect.node_id, [event], self._state.streams.node_labels.get(effect.node_id, {}))
+
+
+    def _restart_held(self, now_ns: int) -> bool:
+        """Whether a job restart was handed to the ladder within `RESTART_HOLD_S` (see the module docstring)."""
+        return self._restarted is not None and now_ns - self._restarted[0] < RESTART_HOLD_S * 1e9
 
 
 def _outcome(effect: straggler_actions.Effect, has_floors: bool) -> str:

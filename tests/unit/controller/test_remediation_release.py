@@ -190,6 +190,44 @@ def test_a_stragglers_rungs_go_up_the_ladder_validate_then_quarantine_each_audit
     ]
 
 
+def test_a_job_stalls_restart_goes_up_the_ladder_once_and_a_second_replicas_restart_is_recorded_only(rig):
+    """Issue #40: the restart rung is the ladder's restart_process on the named GPU (no quarantine); the
+    same stall named by another replica, for another GPU, seconds later restarts nothing more."""
+    out = {}
+    effect = straggler_actions.Effect
+
+    async def scenario() -> None:
+        actions = rig.service.stragglers
+        why = "the job's steps stopped 31 s ago (period 2.0 s, 15 periods); 15 of 16 GPUs still busy"
+        await actions.carry_out(effect("stall", GPU_A, NODE, why))
+        await actions.carry_out(effect("restart", GPU_A, NODE, why))
+        rig.now_ns += 5 * 10**9
+        await actions.carry_out(effect("restart", GPU_B, NODE, why))  # another replica's view of the stall
+        out["commands"] = [(c.kind, c.gpu_uuid) for c in rig.service.store.commands(node_id=NODE)]
+        out["quarantined"] = rig.quarantined()
+        await rig.answer("restart_process")
+        rig.now_ns += 200 * 10**9  # a later stall of the restarted job: restarted again
+        await actions.carry_out(effect("restart", GPU_B, NODE, why))
+        out["later"] = [(c.kind, c.gpu_uuid) for c in rig.service.store.commands(node_id=NODE)]
+        out["audit"] = [
+            (a["action"], a["gpu_uuid"], a["outcome"])
+            for a in rig.service.store.audit()
+            if a["actor"] == "straggler-watch"
+        ]
+
+    rig.run(scenario)
+    assert out["commands"] == [("restart_process", GPU_A)] and out["quarantined"] == []
+    assert out["later"] == [("restart_process", GPU_A), ("restart_process", GPU_B)]
+    assert sorted(out["audit"]) == sorted(
+        [
+            ("straggler_stall", GPU_A, "recorded"),
+            ("straggler_restart", GPU_A, "handed to the ladder"),
+            ("straggler_restart", GPU_B, f"recorded: the job's restart through {GPU_A} is under way"),
+            ("straggler_restart", GPU_B, "handed to the ladder"),
+        ]
+    )
+
+
 def test_a_stragglers_raise_cap_becomes_a_floor_of_the_power_loop_and_its_later_rungs_remove_it(rig):
     """Issue #40: a raise_cap is handed to the power loop as a floor (audited as applied); a validate,
     quarantine or clear takes the floor away; without a power loop the raise is only recorded."""
