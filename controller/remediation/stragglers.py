@@ -137,7 +137,6 @@ class StragglerActions:
         )
         await self._decider.on_events(effect.node_id, [event], self._state.streams.node_labels.get(effect.node_id, {}))
 
-
     def _restart_held(self, now_ns: int) -> bool:
         """Whether a job restart was handed to the ladder within `RESTART_HOLD_S` (see the module docstring)."""
         return self._restarted is not None and now_ns - self._restarted[0] < RESTART_HOLD_S * 1e9
