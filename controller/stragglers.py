@@ -45,6 +45,9 @@ one node's GPUs is shared (one sampling phase). The offline trials spread the no
 so the step's MAD saw that error; a live fleet's nodes may sample nearly in phase (rasd-sim's agents
 share one event loop), the MAD then shrinks to a few ms, and a node sampling 30 ms behind the rest
 lagged enough steps in a row to be named: 7 clean GPUs of one node in a 30 s rasd-sim run."""
+SILENT_NODE_NS = 10_000_000_000
+"""A node no summary came from for this long is silent to the stall check (`stall.GpuNow.heard`): summaries
+come every second, and the lost-node watch takes a node for lost only after 60 s."""
 CUT_EVERY_NS = 500_000_000
 """Pending edges are cut into steps at most this often (controller clock), not at every summary:
 sorting them costs ~25 ms at 16,384 GPUs, and 2,048 nodes send 2,048 summaries a second."""
@@ -148,6 +151,7 @@ class StragglerWatch:
         self._node_of: dict[str, str] = {}
         self._gpus_of: dict[str, dict[str, None]] = {}  # node -> its GPUs that sent edges, in order
         self._cut_ns = 0  # when the pending edges were last cut into steps
+        self._heard_ns: dict[str, int] = {}  # node -> when its last summary came (controller clock)
         self.suspects: dict[str, Suspect] = {}
         """GPU -> its suspect record, in the order named."""
 
@@ -169,6 +173,7 @@ class StragglerWatch:
             temperature and PCIe link are its evidence (with its node's lag, `_corroborated`).
         """
         newest_s = 0.0
+        self._heard_ns[node_id] = now_ns
         for gpu_uuid, times in edges.items():
             if self._node_of.get(gpu_uuid) != node_id:
                 self._node_of[gpu_uuid] = node_id
@@ -192,13 +197,17 @@ class StragglerWatch:
 
     def _check_stall(self, now_ns: int, latest: Mapping[str, fleet.GpuLatest]) -> None:
         """Judge a silent rhythm by the job's GPUs' utilization and draw; a new stall's effects carried out."""
-        unknown = stall.GpuNow(None)
-        gpus_now = {
-            gpu: stall.GpuNow(r.utilization_gpu_pct, r.power_w, r.enforced_power_limit_w)
-            if (r := latest.get(gpu)) is not None
-            else unknown
-            for gpu in self._node_of
-        }
+        heard = {node for node, at_ns in self._heard_ns.items() if now_ns - at_ns <= SILENT_NODE_NS}
+        gpus_now = {}
+        for gpu, node_id in self._node_of.items():
+            reading = latest.get(gpu)
+            gpus_now[gpu] = (
+                stall.GpuNow(reading.utilization_gpu_pct, reading.power_w, reading.enforced_power_limit_w, node_id)
+                if reading is not None
+                else stall.GpuNow(None, node_id=node_id)
+            )
+            if node_id not in heard:
+                gpus_now[gpu] = dataclasses.replace(gpus_now[gpu], heard=False)
         self.rhythm, verdict = stall.check(self.rhythm, gpus_now, now_s=now_ns / 1e9, policy=self.stall_policy)
         if verdict is None:
             return
@@ -207,7 +216,8 @@ class StragglerWatch:
         self._metrics.job_stalls.inc()
         node_id = self._node_of.get(verdict.suspect_gpu, "")
         effects = [straggler_actions.Effect("stall", verdict.suspect_gpu, node_id, verdict.reason)]
-        if self.stall_policy.restart:
+        # A silent node is the lost-node watch's: a restart now would hang again on the dead host.
+        if self.stall_policy.restart and not verdict.silent_nodes:
             effects.append(straggler_actions.Effect("restart", verdict.suspect_gpu, node_id, verdict.reason))
         self._carry_out(effects)
 

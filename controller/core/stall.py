@@ -23,7 +23,10 @@ This module judges that from values the straggler watch already has:
 - The verdict names a suspect rank where one stands out: a GPU of the job that fell idle while the
   others spin in the collective (its process stopped issuing work). Where none does, it names the
   job's first GPU: the action is the same either way, because any rank's exit makes the job's
-  launcher restart every rank from the last checkpoint.
+  launcher restart every rank from the last checkpoint. A GPU whose node has fallen silent (its
+  agent sends nothing: the host may be down) is judged neither busy nor idle and never named; the
+  verdict lists such nodes (`StallVerdict.silent_nodes`), and the caller leaves the job to the
+  lost-node watch rather than restart a rank the dead host would hang again.
 
 A verdict is given once per stall; the next edge (the job resumed, or was restarted) clears it.
 Pure: values in, values out; ``now_s`` is passed in (the controller's clock; edge times are the
@@ -104,18 +107,21 @@ class GpuNow:
     utilization_pct: int | None
     power_w: float | None = None
     power_limit_w: float | None = None
+    node_id: str = ""
+    heard: bool = True
+    """Its node's agent was heard from lately; False: silent (its readings are old, the host may be down)."""
 
     def spins(self, policy: StallPolicy) -> bool:
         """Busy at a fraction of its limit: waiting in a collective (unknown power or limit: not judged so)."""
-        if self.utilization_pct is None or self.utilization_pct < policy.busy_utilization_pct:
+        if not self.heard or self.utilization_pct is None or self.utilization_pct < policy.busy_utilization_pct:
             return False
         if self.power_w is None or not self.power_limit_w:
             return False
         return self.power_w < policy.spin_power_pct / 100.0 * self.power_limit_w
 
     def idle(self, policy: StallPolicy) -> bool:
-        """Under the busy utilization (its process stopped issuing work); unknown is not idle."""
-        return self.utilization_pct is not None and self.utilization_pct < policy.busy_utilization_pct
+        """Under the busy utilization (its process stopped issuing work); unknown or unheard is not idle."""
+        return self.heard and self.utilization_pct is not None and self.utilization_pct < policy.busy_utilization_pct
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +137,8 @@ class StallVerdict:
     suspect_gpu: str
     idle_gpus: tuple[str, ...]
     """The job's GPUs that fell idle while the rest spin (the suspects), sorted."""
+    silent_nodes: tuple[str, ...]
+    """Nodes of the job whose agents fell silent (`GpuNow.heard`), sorted: a dead host hangs the job too."""
     reason: str
 
 
@@ -176,17 +184,19 @@ def check(
         # later builds its own over ``min_steps`` steps (nor is this asked again every check meanwhile).
         return Rhythm(newest_edge_s=rhythm.newest_edge_s), None
     idle = tuple(sorted(gpu for gpu, now in gpus_now.items() if now.idle(policy)))
-    suspect = idle[0] if idle else min(gpus_now)
-    blame = (
-        f"{', '.join(idle[:4])}{' …' if len(idle) > 4 else ''} fell idle: its rank stopped first"
-        if idle
-        else "no rank stands out: any rank's restart restarts the job"
-    )
+    silent = tuple(sorted({now.node_id for now in gpus_now.values() if not now.heard}))
+    suspect = idle[0] if idle else min(gpu for gpu, now in gpus_now.items() if now.heard)
+    if silent:
+        blame = f"node {', '.join(silent[:4])}{' …' if len(silent) > 4 else ''} fell silent: its host may be down"
+    elif idle:
+        blame = f"{', '.join(idle[:4])}{' …' if len(idle) > 4 else ''} fell idle: its rank stopped first"
+    else:
+        blame = "no rank stands out: any rank's restart restarts the job"
     reason = (
         f"the job's steps stopped {silent_s:.0f} s ago (period {period:.1f} s, {silent_s / period:.0f} periods); "
         f"{len(busy)} of {gpus} GPUs still busy: a hung collective; {blame}"
     )
-    verdict = StallVerdict(rhythm.newest_edge_s, silent_s, period, len(busy), gpus, suspect, idle, reason)
+    verdict = StallVerdict(rhythm.newest_edge_s, silent_s, period, len(busy), gpus, suspect, idle, silent, reason)
     return dataclasses.replace(rhythm, stalled_at_s=now_s), verdict
 
 

@@ -163,3 +163,18 @@ def test_a_bad_stall_setting_is_refused_naming_its_path():
         stragglers.StragglerSettings.from_mapping({"stall": {"silent_periods": 0.0}})
     with pytest.raises(ValueError, match=r"^stragglers\.stall\.restarts"):
         stragglers.StragglerSettings.from_mapping({"stall": {"restarts": True}})
+
+
+def test_a_stall_with_a_node_fallen_silent_is_named_but_no_rank_is_restarted():
+    """The dead host's node is the lost-node watch's; a restart now would hang again on it."""
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
+    taken: list[straggler_actions.Effect] = []
+    watch.actuator = taken.extend
+    spinning = fleet.GpuLatest(power_w=120.0, enforced_power_limit_w=700, utilization_gpu_pct=100)
+    latest = {gpu: spinning for gpu in GPUS}
+    _feed(watch, 15, {}, latest)
+    for second in range(30, 62):  # only n0 is heard from: n1 went down with the hang
+        watch.add_edges("n0", {}, second * NS, latest)
+    assert [(e.kind, e.node_id) for e in taken] == [("stall", "n0")]
+    assert taken[0].reason.endswith("node n1 fell silent: its host may be down")
+    assert watch.stall is not None and watch.stall.silent_nodes == ("n1",)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -113,3 +115,16 @@ def test_the_detection_delay_is_never_below_the_policys_silence_and_at_most_one_
 def test_a_policy_value_that_cannot_mean_anything_is_refused_naming_its_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}: "):
         stall.StallPolicy(**{field: value})
+
+
+def test_a_node_fallen_silent_is_listed_never_named_and_its_stale_readings_count_neither_busy_nor_idle():
+    """A dead host hangs the job too: its GPUs' last readings are old; the lost-node watch judges the node."""
+    gpus = {gpu: dataclasses.replace(SPINNING, node_id=f"n{int(gpu[-2:]) // 8}") for gpu in BUSY}
+    for index in range(8, 16):  # n1's agent fell silent; its last readings said idle
+        gpus[f"GPU-{index:02d}"] = stall.GpuNow(0, 70.0, 700.0, node_id="n1", heard=False)
+    _, verdict = stall.check(_stepped(), gpus, now_s=100.0, policy=POLICY)
+    assert verdict is not None and verdict.silent_nodes == ("n1",) and verdict.idle_gpus == ()
+    assert verdict.suspect_gpu == "GPU-00" and verdict.busy_gpus == 8
+    assert verdict.reason.endswith(
+        "8 of 16 GPUs still busy: a hung collective; node n1 fell silent: its host may be down"
+    )
