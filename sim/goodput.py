@@ -21,8 +21,10 @@ baseline; rasd's straggler watch names the stall ``stall_detect_s`` after it (th
 rule over ``step_s`` steps) and its STRAGGLER "restart" event goes through the core like any other:
 the restart_process it decides, answered after its repair time, ends the hang (the watchdog still
 does, if that comes first). A dead host (``node_down``) sends nothing either, but its agent falls
-silent: rasd's lost-node watch quarantines it after ``lost_node_detect_s``; the baseline's scheduler
-sees it NotReady after ``not_ready_s``; a person repairs it in both.
+silent: rasd's lost-node watch quarantines it after ``lost_node_detect_s``, or, when the job it hangs
+is named stalled, at the stall (`LostNodeWatch.check_stalled`: silent ``stalled_lost_after_s``); the
+baseline's scheduler sees it NotReady after ``not_ready_s``; a person repairs it in both. The stall
+needs the job's rhythm: it must have run ``min_steps`` steps since its last restart.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from rasd.controller.core.remediation import policy as policy_mod
 from rasd.sim import goodput_faults as gf
 
 _LOST = policy_mod.LostNodePolicy()
+_STALL = stall.StallPolicy()
 LLAMA3_STEP_S = 6.0
 """Llama 3 405B's step, derived (not published): 6 x 405e9 parameters x 16M tokens a batch over 16,384
 H100s at about 400 TFLOPS each (the paper's 38-43 % MFU) is about 6 s."""
@@ -259,16 +262,26 @@ class World:
 
     def _detect_delay_s(self, fault: Fault, arm: Arm) -> float:
         p = self.params
+        stalled_s = p.hang_detect_s if self._has_rhythm() else math.inf  # when rasd names the job's stall
         if fault.variant.hangs:
             if arm.name != "rasd":
                 return p.nccl_timeout_s
             self.at(self.now + p.nccl_timeout_s, self._watchdog, fault)
-            return min(p.hang_detect_s, p.nccl_timeout_s)
+            return min(stalled_s, p.nccl_timeout_s)
         if fault.variant.node_down:
-            return min(p.lost_node_detect_s, p.not_ready_s) if arm.name == "rasd" else p.not_ready_s
+            if arm.name != "rasd":
+                return p.not_ready_s
+            # At the stall the leader looks at once: the node, silent since it died, is lost if that is
+            # stalled_lost_after_s already; otherwise the periodic check names it.
+            at_stall_s = stalled_s if stalled_s >= _LOST.stalled_lost_after_s else math.inf
+            return min(p.lost_node_detect_s, at_stall_s, p.not_ready_s)
         if fault.variant.signal and arm.name == "rasd":
             return p.detect_s
         return p.crash_detect_s
+
+    def _has_rhythm(self) -> bool:
+        """Whether the job has stepped long enough since its restart for the straggler watch to know its rhythm."""
+        return self.phase == "running" and self.now - self.run_since >= _STALL.min_steps * self.params.step_s
 
     def _watchdog(self, fault: Fault) -> None:
         """The job's own collective timeout: a hang nothing ended by now ends here (the job restarts)."""

@@ -16,6 +16,11 @@
    quarantined (Kubernetes: cordoned and tainted, so the scheduler moves the work now) and a person
    is told.
 
+When the straggler watch names a hung job (its effect "stall", carried out here by the leader),
+`check_stalled` runs one check at once with ``stalled_lost_after_s`` (20 s) in place of
+``lost_after_s``: a dead host hangs the job it runs, so a node silent that long while the job is
+stalled is taken for lost without waiting out the full silence.
+
 A node named lost and heard from again (its agent streams again on any replica) is asked back into
 service as an operator's `rasctl release` would (actor ``lost-node-watch``): the ladder validates it
 and releases it on a pass. Only while the ladder holds the node for that loss alone, with
@@ -107,6 +112,7 @@ class LostNodeWatch:
         self._loop_checks = loop_checks
         """False where the checks are driven from outside (a replay feeds the recorded verdicts instead)."""
         self._watch: lost_nodes.WatchState | None = None
+        self._checking = asyncio.Lock()  # a stall's check and the loop's never judge one state twice
         self._task: asyncio.Task[None] | None = None
         self._storm = False
         self.failures = 0
@@ -140,25 +146,45 @@ class LostNodeWatch:
                 self.failures += 1
                 log.exception("lost_node_check_failed")
 
-    async def check_once(self) -> tuple[str, ...]:
-        """Read, judge, hand each node named lost to the ladder; returns the nodes named."""
+    async def check_stalled(self) -> tuple[str, ...]:
+        """One check now, with ``stalled_lost_after_s``: the job is hung (see the module docstring).
+
+        Nothing while the watch is off or not started (a follower, or the loop disabled).
+        """
+        if self._watch is None or not self.policy.enabled:
+            return ()
+        pol = self.policy
+        return await self.check_once(
+            dataclasses.replace(pol, lost_after_s=min(pol.lost_after_s, pol.stalled_lost_after_s))
+        )
+
+    async def check_once(self, pol: policy_mod.LostNodePolicy | None = None) -> tuple[str, ...]:
+        """Read, judge, hand each node named lost to the ladder; returns the nodes named.
+
+        pol: the policy to judge by (`check_stalled`'s shorter silence); the configured one by default.
+        """
         if self._watch is None:
             raise RuntimeError("LostNodeWatch.check_once before start()")
+        async with self._checking:
+            return await self._check(pol or self.policy)
+
+    async def _check(self, pol: policy_mod.LostNodePolicy) -> tuple[str, ...]:
+        assert self._watch is not None
         now_s = self._state.now_s()
-        seen_since_ns = int(lost_nodes.horizon_s(self._watch, self.policy) * 1e9)
-        silent_before_ns = int((now_s - self.policy.lost_after_s) * 1e9)
+        seen_since_ns = int(lost_nodes.horizon_s(self._watch, pol) * 1e9)
+        silent_before_ns = int((now_s - pol.lost_after_s) * 1e9)
         rows, nodes_seen = await self._read(seen_since_ns, silent_before_ns, tuple(self._watch.reported))
         sightings = [
             lost_nodes.Sighting(row.node_id, row.last_seen_unix_ns / 1e9, self._in_service(row)) for row in rows
         ]
-        judgement = lost_nodes.judge(self._watch, sightings, now_s=now_s, pol=self.policy, nodes_seen=nodes_seen)
+        judgement = lost_nodes.judge(self._watch, sightings, now_s=now_s, pol=pol, nodes_seen=nodes_seen)
         self._watch = judgement.state
         self._export(judgement, nodes_seen)
         handed: set[str] = set()
         try:
             labels = await self._read_labels([lost.node_id for lost in judgement.lost]) if judgement.lost else {}
             for lost in judgement.lost:
-                await self._hand_over(lost, now_s, labels.get(lost.node_id, {}))
+                await self._hand_over(lost, now_s, labels.get(lost.node_id, {}), pol)
                 handed.add(lost.node_id)
         finally:  # a node not handed over (the store failed) is named again at the next check
             unhanded = {lost.node_id for lost in judgement.lost} - handed
@@ -180,11 +206,13 @@ class LostNodeWatch:
             )
         return tuple(lost.node_id for lost in judgement.lost)
 
-    async def _hand_over(self, lost: lost_nodes.LostNode, now_s: float, labels: dict[str, str]) -> None:
+    async def _hand_over(
+        self, lost: lost_nodes.LostNode, now_s: float, labels: dict[str, str], pol: policy_mod.LostNodePolicy
+    ) -> None:
         """The audit row, the recording's entry, then the NODE_LOST event to the ladder."""
         log.warning("node_lost", node=lost.node_id, silent_s=round(lost.silent_s, 1))
         await self.take_recorded(
-            lost.node_id, self._message(lost), int(lost.last_seen_s * 1e9), int(now_s * 1e9), labels
+            lost.node_id, self._message(lost, pol), int(lost.last_seen_s * 1e9), int(now_s * 1e9), labels
         )
 
     async def take_recorded(
@@ -238,6 +266,7 @@ class LostNodeWatch:
             )
         self._storm = judgement.storm
 
-    def _message(self, lost: lost_nodes.LostNode) -> str:
-        after_s = self.policy.lost_after_s
-        return f"no replica has heard from its agent for {lost.silent_s:.0f} s (lost after {after_s:.0f} s)"
+    def _message(self, lost: lost_nodes.LostNode, pol: policy_mod.LostNodePolicy) -> str:
+        after_s = pol.lost_after_s
+        why = " while the job it runs is stalled" if after_s < self.policy.lost_after_s else ""
+        return f"no replica has heard from its agent for {lost.silent_s:.0f} s (lost after {after_s:.0f} s{why})"

@@ -159,7 +159,9 @@ class RemediationService:
     @functools.cached_property
     def stragglers(self) -> stragglers_mod.StragglerActions:
         """The straggler watch's effects: audited, and its validate/quarantine rungs decided here (#40)."""
-        return stragglers_mod.StragglerActions(self.state, self.ledger, self.decider)
+        actions = stragglers_mod.StragglerActions(self.state, self.ledger, self.decider)
+        actions.on_stall = self.lost_nodes.check_stalled
+        return actions
 
     # -- the shared state, read ----------------------------------------------------------------------------
     @property

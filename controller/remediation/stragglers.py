@@ -12,6 +12,7 @@ hands its effects here, in order:
   processes through the ladder's restart_process rung (a second stall on that GPU climbs to a reset).
   One restart restarts the job, so a "restart" within ``RESTART_HOLD_S`` of the last one carried out
   here is recorded, not handed on: with several replicas each names the stall of the GPUs it holds;
+- "stall" asks the lost-node watch for a check at once (`on_stall`, `LostNodeWatch.check_stalled`);
 - "raise_cap" (decided within the headroom the power loop published, `PowerLoop.power_room`) becomes
   a floor of the power loop (`floors`, `PowerLoop.set_floor`): the next period's allocation serves it
   within every budget's headroom and the two-phase apply carries it (decreases first, confirmed);
@@ -23,7 +24,7 @@ hands its effects here, in order:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import structlog
@@ -74,6 +75,9 @@ class StragglerActions:
         """Effects whose commit or decision raised (each logged)."""
         self.floors: Floors | None = None
         """Where a raise_cap becomes a floor (the power loop, where one runs here); None: recorded only."""
+        self.on_stall: Callable[[], Awaitable[object]] | None = None
+        """Called when a "stall" is carried out (the lost-node watch's `check_stalled`): a dead host hangs
+        the job it runs, so the leader looks for silent nodes at once."""
         self._restarted: tuple[int, str] | None = None
         """The last job restart handed to the ladder: when (controller clock, ns) and for which GPU."""
 
@@ -121,6 +125,8 @@ class StragglerActions:
             now_ns, ACTOR, f"straggler_{effect.kind}", effect.node_id, effect.gpu_uuid, effect.reason, outcome
         )
         await self._ledger.commit(rstore.Commit(now_unix_ns=now_ns, audit=[row]))
+        if effect.kind == "stall" and self.on_stall is not None:
+            await self.on_stall()
         if effect.kind == "raise_cap" and floors is not None and effect.to_w is not None:
             floors.set_floor(effect.gpu_uuid, effect.node_id, effect.to_w, effect.reason)
         if effect.kind not in _LADDER_RUNGS or held:

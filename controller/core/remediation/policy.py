@@ -354,6 +354,11 @@ class LostNodePolicy:
     quarantined about this long after, against the 300 s a Kubernetes scheduler waits to evict its pods."""
     check_interval_s: float = 10.0
     """How often the leader reads the nodes' last-seen times (one query)."""
+    stalled_lost_after_s: float = 20.0
+    """When the straggler watch names a hung job (`core.stall`), the leader checks at once with this
+    shorter silence: a dead host hangs the job it runs, so the stall corroborates the silence. At least
+    `MIN_LOST_AFTER_S` (a late flush is still no loss); a node named so and heard again is released
+    as any lost node is (``release_on_return``)."""
     storm_min_nodes: int = 16
     """Up to this many nodes lost at once are always believed (a rack's PDU trips)."""
     release_on_return: bool = True
@@ -368,8 +373,9 @@ class LostNodePolicy:
 
     def validate(self, prefix: str = "") -> None:
         """Check ranges; raise PolicyError naming the key."""
-        _require(self.lost_after_s >= MIN_LOST_AFTER_S, f"{prefix}lost_after_s", f"must be >= {MIN_LOST_AFTER_S:g}",
-                 self.lost_after_s)  # fmt: skip
+        for name in ("lost_after_s", "stalled_lost_after_s"):
+            value = getattr(self, name)
+            _require(value >= MIN_LOST_AFTER_S, f"{prefix}{name}", f"must be >= {MIN_LOST_AFTER_S:g}", value)
         for name in ("check_interval_s", "relapse_window_s"):
             _require(getattr(self, name) > 0, f"{prefix}{name}", "must be > 0", getattr(self, name))
         _require(self.storm_min_nodes >= 1, f"{prefix}storm_min_nodes", "must be >= 1", self.storm_min_nodes)

@@ -104,6 +104,39 @@ def test_a_silent_node_is_quarantined_for_a_person_once_and_the_others_are_left_
     assert rig.metric("rasd_lost_node_storm") == 0
 
 
+def test_a_job_stall_has_the_leader_look_at_once_and_take_a_node_silent_20_s_for_lost(rig):
+    """Issue #40: a dead host hangs the job it runs; the straggler watch's "stall" (carried out by the
+    leader's straggler actions) runs one check with stalled_lost_after_s (20 s) instead of 60 s."""
+    from rasd.controller.core import straggler_actions
+
+    named: list[tuple[str, ...]] = []
+
+    async def scenario() -> None:
+        watch = rig.service.lost_nodes
+        rig.now_ns += 30 * S
+        rig.heard_from("node-0", "node-1", "node-2")
+        rig.now_ns += 19 * S
+        rig.heard_from("node-0", "node-2")
+        named.append(await watch.check_stalled())  # node-1 silent 19 s: not yet
+        rig.now_ns += 2 * S
+        named.append(await watch.check_once())  # the periodic check still waits for 60 s
+        why = "the job's steps stopped 31 s ago; node node-1 fell silent: its host may be down"
+        await rig.service.stragglers.carry_out(straggler_actions.Effect("stall", "GPU-x", "node-0", why))
+
+    rig.run(scenario)
+    assert named == [(), ()]
+    (quarantine,) = rig.service.store.quarantines()
+    assert quarantine["node_id"] == "node-1"
+    (ticket,) = rig.service.store.tickets(open_only=True)
+    assert (
+        "no replica has heard from its agent for 21 s (lost after 20 s while the job it runs is stalled)"
+        in (ticket["steps"][0])
+    )
+    assert policy_mod.LostNodePolicy().stalled_lost_after_s == 20.0
+    with pytest.raises(policy_mod.PolicyError, match=r"lost_nodes\.stalled_lost_after_s"):
+        policy_mod.LostNodePolicy.from_mapping({"stalled_lost_after_s": 5.0})
+
+
 def test_a_lost_node_that_streams_again_is_validated_then_released_and_left_to_a_person_when_it_relapses(rig):
     steps: list[object] = []
 

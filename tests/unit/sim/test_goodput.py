@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -167,13 +168,17 @@ def test_a_fault_while_every_node_is_out_and_no_spare_is_left_hits_nothing():
 
 
 def test_a_dead_host_is_quarantined_by_the_lost_node_watch_before_the_scheduler_sees_it_not_ready():
-    """The host's agent falls silent: the core gets NODE_LOST after 70 s (the baseline's scheduler: 300 s)."""
+    """The host's agent falls silent and the job it runs hangs: at the stall (30 s) the leader takes the
+    node, silent 20 s or more, for lost (the baseline's scheduler: 300 s). With no rhythm yet (the job
+    restarted under 10 steps ago) the periodic check names it after 70 s."""
     fault = goodput.Fault(0, 2000.0, "psu", gf.HOST_DOWN, rank=0, gpu=0)
     base = goodput.simulate(_tiny(), [fault], goodput.BaselineArm)
     rasd = goodput.simulate(_tiny(), [fault], _rasd())
     assert goodput.Params().lost_node_detect_s == 70.0  # LostNodePolicy: lost after 60 s, checked every 10 s
     assert base.time_lost_h["detection"] == pytest.approx(300 / 3600)
-    assert rasd.time_lost_h["detection"] == pytest.approx(70 / 3600)
+    assert rasd.time_lost_h["detection"] == pytest.approx(30 / 3600)
+    early = dataclasses.replace(fault, at=100.0 + 30.0)  # 5 steps after the first start (restart 100 s)
+    assert goodput.simulate(_tiny(), [early], _rasd()).time_lost_h["detection"] == pytest.approx(70 / 3600)
     assert rasd.time_lost_h["repair"] == base.time_lost_h["repair"] == 0.0  # the spare takes its place at once
     # The core isolates the node and calls a person, who mends it; validation, then release.
     assert rasd.detail["commands"] == {"quarantine_node": 1, "notify": 1, "run_validation": 1, "release": 1}
