@@ -51,6 +51,7 @@ class ThreadedFleet:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._agents: dict[str, asyncio.Task[None]] = {}
 
     def _run(self) -> None:
         try:
@@ -84,12 +85,16 @@ class ThreadedFleet:
                 follower = kmsg_source.KmsgFollower(node.kmsg_path.with_suffix(".cursor"), path=node.kmsg_path)
                 agent.attach_kernel_log(follower, source_name="kmsg")
             tasks.append(asyncio.create_task(agent.run(self._stop)))
+            self._agents[node_id] = tasks[-1]
         while len(self.controller.ingest.sessions) < len(self.nodes):
             await asyncio.sleep(0.05)
         self.ready.set()
         await self._stop.wait()
-        await asyncio.gather(*tasks)
+        ended = await asyncio.gather(*tasks, return_exceptions=True)  # a killed agent's task ends cancelled
         await self.controller.stop()
+        failed = [e for e in ended if isinstance(e, BaseException) and not isinstance(e, asyncio.CancelledError)]
+        if failed:
+            raise failed[0]
 
     def __enter__(self) -> ThreadedFleet:
         self._thread.start()
@@ -114,6 +119,11 @@ class ThreadedFleet:
         backend = self.nodes[node_id].backend if node_id is not None else self.backend
         assert self._loop is not None
         self._loop.call_soon_threadsafe(backend.fire, fault, time.time_ns())
+
+    def kill_agent(self, node_id: str) -> None:
+        """The node's host dies: its agent stops at once, sending nothing more (no goodbye, no last flush)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._agents[node_id].cancel)
 
     def rasctl(self, *argv: str) -> tuple[int, str, str]:
         """Run rasctl against this controller: (exit code, stdout, stderr)."""

@@ -99,3 +99,49 @@ def test_rasd_sims_job_hang_scenario_shows_the_restart_its_expect_names(tmp_path
     checked = report.expectations(result)
     assert checked is not None and checked["met"], json.dumps(checked["unmet"], indent=1)
     assert report.build(result)["events_lost"] == 0
+
+
+@pytest.mark.slow
+def test_a_host_that_dies_under_the_job_is_quarantined_at_the_stall_not_after_the_full_silence(tmp_path, free_port):
+    """Issue #40: a dead host hangs the job it runs. Its agent falls silent and its ranks stop; the
+    others spin. The stall names the silent node and restarts no rank; the leader, asked at once,
+    takes the node (silent over stalled_lost_after_s, 20 s) for lost and the ladder quarantines it,
+    well before lost_after_s (60 s) and the check after it would."""
+    from rasd.controller import stragglers
+    from rasd.controller.core.remediation import policy as policy_mod
+    from rasd.controller.ingest import service as ingest_mod
+
+    workload = simulated.StepWorkload(anchor_unix_s=time.time())
+    job = step_job.StepJob(workload.shape(), seed=7)
+    nodes = {
+        f"step-{i}": fleetlib.Node(
+            simulated.SimulatedBackend(f"step-{i}", GPUS, 7, workload=workload, job=job, clock=time.time_ns)
+        )
+        for i in range(NODES)
+    }
+    stall_table = {"stall": {"min_steps": 5, "min_silence_s": 22.0, "silent_periods": 3.0}}
+    settings = fleetlib.sqlite_settings(
+        tmp_path,
+        free_port,
+        ingest=ingest_mod.IngestSettings(stragglers=stragglers.StragglerSettings.from_mapping(stall_table)),
+        remediation_policy=policy_mod.RemediationPolicy(lost_nodes=policy_mod.LostNodePolicy(check_interval_s=30.0)),
+    )
+    dead = "step-3"
+    dead_ranks = range(3 * GPUS, 4 * GPUS)  # the simulated backends add their ranks in node order
+    with fleetlib.ThreadedFleet(settings, nodes) as fleet:
+        watch = fleet.controller.ingest.stragglers
+        wait_for(lambda: watch.rhythm.steps_seen >= 6)
+        fleet.kill_agent(dead)
+        died_at_s = time.time()
+        job.hang(died_at_s, stuck_ranks=dead_ranks)
+        store = fleet.controller.remediation.store
+        wait_for(lambda: any(q["node_id"] == dead for q in store.quarantines()))
+        quarantined_after_s = time.time() - died_at_s
+        verdict = watch.stall
+        assert verdict is not None and verdict.silent_nodes == (dead,)
+        (ticket,) = [t for t in store.tickets(open_only=True) if t["node_id"] == dead]
+        assert "while the job it runs is stalled" in ticket["steps"][0]
+        restarts = [c for c in store.commands() if c.kind == "restart_process"]
+        assert restarts == []  # the job would hang again on the dead host: it is the scheduler's to replace
+    print(f"dead host: quarantined {quarantined_after_s:.1f} s after it died")
+    assert quarantined_after_s < 40.0  # the stall (22 s + a period) and one check; lost_after_s alone: 60 s + 30 s
