@@ -138,6 +138,10 @@ def _run_listing(
         listings.render(listing, list(named.stragglers), form, now, out)
         if not named.stragglers and not form:
             print(f"rasctl: no stragglers named ({named.steps_judged} steps judged)", file=err)
+        if named.HasField("stall"):  # beside the listing, never in it: `-o json` stays a list of GPUs
+            from rasd.cli import remediation_views as rviews
+
+            print(rviews.stall_text(named.stall, now), file=err)
         return
     call, request, items = _LISTING_CALLS[args.command](stub, args)
     found, more = paged(call, request, items, limit=args.limit, timeout=timeout)

@@ -7,6 +7,7 @@ from typing import Any, TextIO
 from rasd.api.v1 import admin_service_pb2 as admin_pb
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.cli import output
+from rasd.common import text
 
 
 def target_text(target: admin_pb.Target) -> str:
@@ -130,6 +131,12 @@ def straggler_rows(stragglers: list[admin_pb.StragglerRecord], now: int, wide: b
         for row, s in zip(rows, stragglers, strict=True):
             row.append(s.action_reason or "-")
     return headers, rows
+
+
+def stall_text(stall: admin_pb.JobStall, now: int) -> str:
+    """A hung job's stall, one line: when it was named, the suspect, and why."""
+    named = output.age(now, stall.named_unix_ns)
+    return text.printable(f"rasctl: JOB STALLED, named {named}: {target_text(stall.suspect)}: {stall.reason}")
 
 
 def rma_rows(tickets: list[admin_pb.RmaTicket], now: int, wide: bool = False) -> output.Rows:

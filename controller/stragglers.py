@@ -286,6 +286,15 @@ class StragglerWatch:
         self._metrics.straggler_lag_seconds.labels(node=node_id, gpu=verdict.gpu_uuid).set(verdict.mean_lag_s)
         return True
 
+    def node_of(self, gpu_uuid: str) -> str:
+        """The node gpu_uuid's edges last came from ("" if none did)."""
+        return self._node_of.get(gpu_uuid, "")
+
+    def stalled_at_unix_ns(self) -> int:
+        """When the current stall was named (controller clock); 0 while the job steps."""
+        at_s = self.rhythm.stalled_at_s
+        return 0 if at_s is None else int(at_s * 1e9)
+
     def listing(self, keep: Callable[[Suspect], bool] = lambda _: True) -> list[Suspect]:
         """The suspects in the order named (those keep accepts)."""
         return [s for s in self.suspects.values() if keep(s)]

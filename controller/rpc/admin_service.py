@@ -316,7 +316,11 @@ class AdminService(watch_rpcs.WatchRpcs, admin_grpc.AdminServiceServicer):
         """GPUs named stragglers on this replica's streams, in the order named (at most `pages.MAX_PAGE_SIZE`)."""
         watch = self._ingest.stragglers
         found = watch.listing()[: pages.page_size(request.limit, default=pages.MAX_PAGE_SIZE)]
+        stalled, stalled_at_ns = watch.stall, watch.stalled_at_unix_ns()
         return admin_pb.ListStragglersResponse(
+            stall=wire.job_stall_to_wire(watch.node_of(stalled.suspect_gpu), stalled, stalled_at_ns)
+            if stalled is not None
+            else None,
             stragglers=[
                 wire.straggler_to_wire(
                     s.node_id, s.verdict, s.named_unix_ns, action=s.action, action_reason=s.action_reason

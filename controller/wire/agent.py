@@ -16,7 +16,7 @@ from rasd.api.v1 import agent_service_pb2 as agent_pb
 from rasd.api.v1 import health_pb2 as health_pb
 from rasd.common import kernel_log, vocabulary, xid_catalog
 from rasd.common.text import echoed
-from rasd.controller.core import fleet, straggler
+from rasd.controller.core import fleet, stall, straggler
 from rasd.controller.store import repo
 
 GPU_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -484,6 +484,20 @@ def straggler_to_wire(
         named_unix_ns=named_unix_ns,
         action=action,
         action_reason=action_reason,
+    )
+
+
+def job_stall_to_wire(node_id: str, verdict: stall.StallVerdict, named_unix_ns: int) -> admin_pb.JobStall:
+    """A hung job's stall (`rasd.controller.stragglers.StragglerWatch.stall`); node_id: its suspect's node."""
+    return admin_pb.JobStall(
+        named_unix_ns=named_unix_ns,
+        silent_s=verdict.silent_s,
+        period_s=verdict.period_s,
+        busy_gpus=verdict.busy_gpus,
+        gpus=verdict.gpus,
+        suspect=_target(node_id, verdict.suspect_gpu),
+        silent_nodes=list(verdict.silent_nodes),
+        reason=verdict.reason,
     )
 
 

@@ -60,6 +60,8 @@ def test_a_hung_job_is_named_stalled_its_idle_rank_restarted_and_the_job_steps_a
         named_after_s = time.time() - hung_at_s
         assert verdict.suspect_gpu == stuck_gpu and verdict.idle_gpus == (stuck_gpu,)
         assert f"15 of {NODES * GPUS} GPUs still busy: a hung collective" in verdict.reason
+        code, _, noted = fleet.rasctl("get", "stragglers")
+        assert code == 0 and "JOB STALLED, named " in noted and f"step-2/{stuck_gpu}: the job's steps stopped" in noted
         wait_for(lambda: job.hung_since_s is None)  # the ladder restarted the rank: the launcher restarted the job
         restarted_after_s = time.time() - hung_at_s
         steps_before = watch.rhythm.steps_seen
@@ -141,6 +143,8 @@ def test_a_host_that_dies_under_the_job_is_quarantined_at_the_stall_not_after_th
         assert verdict is not None and verdict.silent_nodes == (dead,)
         (ticket,) = [t for t in store.tickets(open_only=True) if t["node_id"] == dead]
         assert "while the job it runs is stalled" in ticket["steps"][0]
+        code, _, noted = fleet.rasctl("get", "stragglers")  # the stall stays: the job is not restarted
+        assert code == 0 and "JOB STALLED, named " in noted and "node step-3 fell silent" in noted, noted
         restarts = [c for c in store.commands() if c.kind == "restart_process"]
         assert restarts == []  # the job would hang again on the dead host: it is the scheduler's to replace
     print(f"dead host: quarantined {quarantined_after_s:.1f} s after it died")

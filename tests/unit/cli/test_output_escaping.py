@@ -83,3 +83,12 @@ def test_event_text_node_labels_and_repairs_print_escaped():
     rviews.validations_table([admin_pb.Validation(verdict=HOSTILE, validation_id=HOSTILE)], NOW, out)
     _clean(out.getvalue())
     assert not any(line.startswith("FORGED") for line in out.getvalue().splitlines())
+
+
+def test_a_job_stall_prints_on_one_line_escaped():
+    stall = admin_pb.JobStall(
+        named_unix_ns=NOW - 5 * 10**9, suspect=admin_pb.Target(node_id=HOSTILE, gpu_uuid="GPU-1"), reason=HOSTILE
+    )
+    line = rviews.stall_text(stall, NOW)
+    assert line.startswith("rasctl: JOB STALLED, named 5s ago: ok") and "\n" not in line
+    _clean(line)

@@ -433,13 +433,35 @@ class ListStragglersRequest(_message.Message):
     limit: int
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
+class JobStall(_message.Message):
+    __slots__ = ("named_unix_ns", "silent_s", "period_s", "busy_gpus", "gpus", "suspect", "silent_nodes", "reason")
+    NAMED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    SILENT_S_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_S_FIELD_NUMBER: _ClassVar[int]
+    BUSY_GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_FIELD_NUMBER: _ClassVar[int]
+    SILENT_NODES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    named_unix_ns: int
+    silent_s: float
+    period_s: float
+    busy_gpus: int
+    gpus: int
+    suspect: Target
+    silent_nodes: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, named_unix_ns: _Optional[int] = ..., silent_s: _Optional[float] = ..., period_s: _Optional[float] = ..., busy_gpus: _Optional[int] = ..., gpus: _Optional[int] = ..., suspect: _Optional[_Union[Target, _Mapping]] = ..., silent_nodes: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class ListStragglersResponse(_message.Message):
-    __slots__ = ("stragglers", "steps_judged")
+    __slots__ = ("stragglers", "steps_judged", "stall")
     STRAGGLERS_FIELD_NUMBER: _ClassVar[int]
     STEPS_JUDGED_FIELD_NUMBER: _ClassVar[int]
+    STALL_FIELD_NUMBER: _ClassVar[int]
     stragglers: _containers.RepeatedCompositeFieldContainer[StragglerRecord]
     steps_judged: int
-    def __init__(self, stragglers: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ..., steps_judged: _Optional[int] = ...) -> None: ...
+    stall: JobStall
+    def __init__(self, stragglers: _Optional[_Iterable[_Union[StragglerRecord, _Mapping]]] = ..., steps_judged: _Optional[int] = ..., stall: _Optional[_Union[JobStall, _Mapping]] = ...) -> None: ...
 
 class ListSdcRequest(_message.Message):
     __slots__ = ("limit",)
