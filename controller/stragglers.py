@@ -152,6 +152,7 @@ class StragglerWatch:
         self._gpus_of: dict[str, dict[str, None]] = {}  # node -> its GPUs that sent edges, in order
         self._cut_ns = 0  # when the pending edges were last cut into steps
         self._heard_ns: dict[str, int] = {}  # node -> when its last summary came (controller clock)
+        self._newest_edge_s = 0.0  # the newest edge of any summary, cut or not (agent clock)
         self.suspects: dict[str, Suspect] = {}
         """GPU -> its suspect record, in the order named."""
 
@@ -172,15 +173,14 @@ class StragglerWatch:
         latest: the ingest's view of each GPU's freshest values: a named GPU's clock event reasons,
             temperature and PCIe link are its evidence (with its node's lag, `_corroborated`).
         """
-        newest_s = 0.0
         self._heard_ns[node_id] = now_ns
         for gpu_uuid, times in edges.items():
             if self._node_of.get(gpu_uuid) != node_id:
                 self._node_of[gpu_uuid] = node_id
                 self._gpus_of.setdefault(node_id, {})[gpu_uuid] = None
             self._pending.extend((at / 1e9, gpu_uuid) for at in times)
-            newest_s = max(newest_s, max(times, default=0) / 1e9)
-        if newest_s > self.rhythm.newest_edge_s and self.rhythm.stalled_at_s is not None:
+            self._newest_edge_s = max(self._newest_edge_s, max(times, default=0) / 1e9)
+        if self._newest_edge_s > self.rhythm.newest_edge_s and self.rhythm.stalled_at_s is not None:
             self._stall_over()
         if now_ns - self._cut_ns < CUT_EVERY_NS:
             return
@@ -191,7 +191,7 @@ class StragglerWatch:
             self._act_on(step, [self._corroborated(v, latest) for v in verdicts], now_ns)
         self._metrics.straggler_steps.inc(len(steps))
         medians = [statistics.median(step.values()) for step in steps]
-        self.rhythm = stall.observe(self.rhythm, medians, newest_s, policy=self.stall_policy)
+        self.rhythm = stall.observe(self.rhythm, medians, self._newest_edge_s, policy=self.stall_policy)
         if stall.due(self.rhythm, now_s=now_ns / 1e9, policy=self.stall_policy):
             self._check_stall(now_ns, latest)
 

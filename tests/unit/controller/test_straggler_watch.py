@@ -178,3 +178,12 @@ def test_a_stall_with_a_node_fallen_silent_is_named_but_no_rank_is_restarted():
     assert [(e.kind, e.node_id) for e in taken] == [("stall", "n0")]
     assert taken[0].reason.endswith("node n1 fell silent: its host may be down")
     assert watch.stall is not None and watch.stall.silent_nodes == ("n1",)
+
+
+def test_the_rhythms_newest_edge_counts_summaries_that_cut_nothing():
+    """Edges of a summary that came between two cuts still move the job's newest edge (no false silence)."""
+    watch = stragglers.StragglerWatch(metrics.ControllerMetrics(CollectorRegistry()))
+    _feed(watch, 12, {}, {})
+    watch.add_edges("n0", {"GPU-00": [int(50.0 * NS)]}, int(24.1 * NS), {})  # within 0.5 s of the last cut
+    watch.add_edges("n1", {}, int(24.7 * NS), {})  # the cut: no edge of its own
+    assert watch.rhythm.newest_edge_s == 50.0
