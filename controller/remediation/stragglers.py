@@ -126,7 +126,10 @@ class StragglerActions:
         )
         await self._ledger.commit(rstore.Commit(now_unix_ns=now_ns, audit=[row]))
         if effect.kind == "stall" and self.on_stall is not None:
-            await self.on_stall()
+            try:
+                await self.on_stall()
+            except Exception:  # the store is down: the lost-node watch's own checks name the node later
+                log.exception("stall_lost_node_check_failed", node=effect.node_id)
         if effect.kind == "raise_cap" and floors is not None and effect.to_w is not None:
             floors.set_floor(effect.gpu_uuid, effect.node_id, effect.to_w, effect.reason)
         if effect.kind not in _LADDER_RUNGS or held:
