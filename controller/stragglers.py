@@ -28,6 +28,7 @@ restarted controller starts the scores again.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import statistics
@@ -53,6 +54,8 @@ CUT_EVERY_NS = 500_000_000
 sorting them costs ~25 ms at 16,384 GPUs, and 2,048 nodes send 2,048 summaries a second."""
 ACTION_POLICY = straggler_actions.ActionPolicy()
 """The actions' rungs and the steps between them: the defaults."""
+MAX_STALLS = 64
+"""Stalls kept for the record (`StragglerWatch.stalls`, rasd-sim's report): the newest."""
 MAX_SUSPECTS = 1024
 """Suspects listed and exported at most (the oldest are kept): a bound on the metric's series."""
 
@@ -146,6 +149,8 @@ class StragglerWatch:
         """The job's recent steps and its stall, if one is named (`core.stall`)."""
         self.stall: stall.StallVerdict | None = None
         """The current stall's verdict (None: the job steps, or was never seen to)."""
+        self.stalls: collections.deque[tuple[int, str, stall.StallVerdict]] = collections.deque(maxlen=MAX_STALLS)
+        """The stalls named, oldest first: when (controller clock, ns), the suspect's node, the verdict."""
         self._state = straggler.StragglerState()
         self._pending: list[tuple[float, str]] = []
         self._node_of: dict[str, str] = {}
@@ -212,6 +217,7 @@ class StragglerWatch:
         if verdict is None:
             return
         self.stall = verdict
+        self.stalls.append((now_ns, self._node_of.get(verdict.suspect_gpu, ""), verdict))
         self._metrics.job_stalled.set(1)
         self._metrics.job_stalls.inc()
         node_id = self._node_of.get(verdict.suspect_gpu, "")

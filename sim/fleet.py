@@ -126,6 +126,8 @@ class SimResult:
     stragglers: list[dict[str, object]] = dataclasses.field(default_factory=list)
     """The GPUs the controller named stragglers, in the order named (node, GPU, when, steps, lag, reason)."""
     straggler_steps_judged: int = 0
+    stalls: list[dict[str, object]] = dataclasses.field(default_factory=list)
+    """The hung-job stalls the controller named, oldest first (when, suspect, silent nodes, reason)."""
 
 
 def _node_id(index: int) -> str:
@@ -165,6 +167,7 @@ class _ControllerRecord:
     quarantines: list[dict[str, object]]
     stragglers: list[dict[str, object]]
     straggler_steps_judged: int
+    stalls: list[dict[str, object]]
 
 
 async def run(
@@ -449,9 +452,13 @@ async def _controller_record(controller: server.Controller, started_ns: int) -> 
          "steps": named.verdict.steps, "mean_lag_s": named.verdict.mean_lag_s, "reason": named.verdict.reason}
         for gpu_uuid, named in controller.ingest.stragglers.suspects.items()
     ]  # fmt: skip
-    return _ControllerRecord(
-        power_rows, samples, outbox, tickets, quarantines, stragglers, controller.ingest.stragglers.steps_judged
-    )
+    watch = controller.ingest.stragglers
+    stalls = [
+        {"named_unix_ns": named_ns, "node_id": node_id, "gpu_uuid": verdict.suspect_gpu,
+         "silent_nodes": list(verdict.silent_nodes), "reason": verdict.reason}
+        for named_ns, node_id, verdict in watch.stalls
+    ]  # fmt: skip
+    return _ControllerRecord(power_rows, samples, outbox, tickets, quarantines, stragglers, watch.steps_judged, stalls)
 
 
 def _result(
@@ -512,6 +519,7 @@ def _result(
         quarantines=record.quarantines,
         stragglers=record.stragglers,
         straggler_steps_judged=record.straggler_steps_judged,
+        stalls=record.stalls,
     )
 
 

@@ -296,6 +296,33 @@ def _stragglers_section(result: SimResult) -> dict[str, Any]:
             for f, n in localised
         ],
         "step_time": [_step_time_around_action(result, f, n) for f, n in localised],
+        "job_hangs": _job_hangs(result),
+    }
+
+
+def _job_hangs(result: SimResult) -> dict[str, Any]:
+    """Hung jobs injected (`job_hang`) against the stalls the controller named: each hang's first stall after it.
+
+    A stall named with no hang before it (since the previous stall) is a false one.
+    """
+    hangs = sorted(f.fired.fired_unix_ns for f in result.injected if f.fired.fault.kind in simulated.JOB_FAULTS)
+    named = sorted(int(s["named_unix_ns"]) for s in result.stalls)  # type: ignore[call-overload]
+    seconds: list[float] = []
+    false = 0
+    pending = list(hangs)
+    for at_ns in named:
+        before = [h for h in pending if h <= at_ns]
+        if not before:
+            false += 1
+            continue
+        seconds.append((at_ns - before[0]) / 1e9)
+        pending = [h for h in pending if h > at_ns]
+    return {
+        "injected": len(hangs),
+        "named": len(seconds),
+        "time_to_name_s_max": _round(max(seconds, default=None)),
+        "stalls_with_no_hang": false,
+        "stalls": result.stalls,
     }
 
 
@@ -507,14 +534,26 @@ def markdown(report: dict[str, Any]) -> str:
 def _stragglers_row(found: dict[str, Any]) -> str:
     """The report's stragglers line: injected / localised / steps and time to localise / false positives."""
     fps = found["false_positives"]
-    return (
+    line = (
         f"| stragglers injected / localised / steps (time) to localise, max / false positives | {found['injected']} / "
         f"{found['localised']} / {found['steps_to_localise_max'] or '-'} ({found['time_to_localise_s_max'] or '-'} s)"
         f" / {len(fps)}{' (' + ', '.join(fps) + ')' if fps else ''} |"
-    ) + "".join(
+    )
+    costs = "".join(
         f"\n| straggler {row['gpu']}: step-time cost vs clean twin before / after {row['action'] or 'no action'} | "
         f"{row.get('step_time_cost_pct_before', '-')} % / {row.get('step_time_cost_pct_after', '-')} % |"
         for row in found.get("step_time", [])
+    )
+    return line + costs + _job_hangs_row(found.get("job_hangs", {}))
+
+
+def _job_hangs_row(hangs: dict[str, Any]) -> str:
+    """The hung-job line, where a hang was injected or a stall named (no line otherwise)."""
+    if not hangs.get("injected") and not hangs.get("stalls"):
+        return ""
+    return (
+        f"\n| job hangs injected / stalls named / time to name, max / stalls with no hang | {hangs['injected']} / "
+        f"{hangs['named']} / {hangs['time_to_name_s_max'] or '-'} s / {hangs['stalls_with_no_hang']} |"
     )
 
 

@@ -100,7 +100,14 @@ def test_rasd_sims_job_hang_scenario_shows_the_restart_its_expect_names(tmp_path
     result = asyncio.run(sim_fleet.run(settings, io.StringIO()))
     checked = report.expectations(result)
     assert checked is not None and checked["met"], json.dumps(checked["unmet"], indent=1)
-    assert report.build(result)["events_lost"] == 0
+    built = report.build(result)
+    assert built["events_lost"] == 0
+    hangs = built["stragglers"]["job_hangs"]
+    assert (hangs["injected"], hangs["named"], hangs["stalls_with_no_hang"]) == (1, 1, 0), hangs
+    assert hangs["time_to_name_s_max"] < 10.0 + 2 * loaded.workload.period_s + 3.0  # silence, its last step, summaries
+    assert "| job hangs injected / stalls named / time to name, max / stalls with no hang | 1 / 1 / " in (
+        report.markdown(built)
+    )
 
 
 @pytest.mark.slow
