@@ -21,9 +21,10 @@ This module judges that from values the straggler watch already has:
   a collective for a while (an evaluation pass, a long generation) is busy at its compute draw:
   not spinning, never restarted.
 - The verdict names a suspect rank where one stands out: a GPU of the job that fell idle while the
-  others spin in the collective (its process stopped issuing work). Where none does, it names the
-  job's first GPU: the action is the same either way, because any rank's exit makes the job's
-  launcher restart every rank from the last checkpoint. A GPU whose node has fallen silent (its
+  others spin in the collective (its process stopped issuing work). Where none does, it names one of
+  the job's GPUs in turn (the next one at each such stall, so that no innocent GPU's repair ladder
+  climbs on a recurrence): the action is the same either way, because any rank's exit makes the
+  job's launcher restart every rank from the last checkpoint. A GPU whose node has fallen silent (its
   agent sends nothing: the host may be down) is judged neither busy nor idle and never named; the
   verdict lists such nodes (`StallVerdict.silent_nodes`), and the caller leaves the job to the
   lost-node watch rather than restart a rank the dead host would hang again.
@@ -91,6 +92,8 @@ class Rhythm:
     newest_edge_s: float = 0.0
     stalled_at_s: float | None = None
     """When the current stall was named (controller clock); None: the job is not stalled."""
+    unlocalised: int = 0
+    """Stalls named with no rank standing out: which GPU the next such stall names, in turn."""
 
     def period_s(self) -> float | None:
         """The median interval between the recent steps; None with fewer than two."""
@@ -135,6 +138,7 @@ class StallVerdict:
     """The job's GPUs spinning (`GpuNow.spins`)."""
     gpus: int
     suspect_gpu: str
+    """An idle GPU, else one of the job's GPUs in turn (`Rhythm.unlocalised`)."""
     idle_gpus: tuple[str, ...]
     """The job's GPUs that fell idle while the rest spin (the suspects), sorted."""
     silent_nodes: tuple[str, ...]
@@ -150,7 +154,7 @@ def observe(rhythm: Rhythm, step_medians_s: Sequence[float], newest_edge_s: floa
     times = (*rhythm.step_times_s, *step_medians_s)[-(policy.history_steps + 1) :]
     newest = max(rhythm.newest_edge_s, newest_edge_s)
     stalled = rhythm.stalled_at_s if newest <= rhythm.newest_edge_s else None
-    return Rhythm(times, rhythm.steps_seen + len(step_medians_s), newest, stalled)
+    return Rhythm(times, rhythm.steps_seen + len(step_medians_s), newest, stalled, rhythm.unlocalised)
 
 
 def due(rhythm: Rhythm, *, now_s: float, policy: StallPolicy) -> bool:
@@ -182,10 +186,11 @@ def check(
     if not gpus or len(busy) < policy.busy_fraction * gpus:
         # The job ended (or crashed, or was preempted): its rhythm is forgotten, and a job that starts
         # later builds its own over ``min_steps`` steps (nor is this asked again every check meanwhile).
-        return Rhythm(newest_edge_s=rhythm.newest_edge_s), None
+        return Rhythm(newest_edge_s=rhythm.newest_edge_s, unlocalised=rhythm.unlocalised), None
     idle = tuple(sorted(gpu for gpu, now in gpus_now.items() if now.idle(policy)))
     silent = tuple(sorted({now.node_id for now in gpus_now.values() if not now.heard}))
-    suspect = idle[0] if idle else min(gpu for gpu, now in gpus_now.items() if now.heard)
+    heard = sorted(gpu for gpu, now in gpus_now.items() if now.heard)
+    suspect = idle[0] if idle else heard[rhythm.unlocalised % len(heard)]
     if silent:
         blame = f"node {', '.join(silent[:4])}{' …' if len(silent) > 4 else ''} fell silent: its host may be down"
     elif idle:
@@ -197,7 +202,7 @@ def check(
         f"{len(busy)} of {gpus} GPUs still busy: a hung collective; {blame}"
     )
     verdict = StallVerdict(rhythm.newest_edge_s, silent_s, period, len(busy), gpus, suspect, idle, silent, reason)
-    return dataclasses.replace(rhythm, stalled_at_s=now_s), verdict
+    return dataclasses.replace(rhythm, stalled_at_s=now_s, unlocalised=rhythm.unlocalised + (not idle)), verdict
 
 
 def detection_delay_s(period_s: float, policy: StallPolicy, check_every_s: float) -> float:

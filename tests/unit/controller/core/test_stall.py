@@ -128,3 +128,14 @@ def test_a_node_fallen_silent_is_listed_never_named_and_its_stale_readings_count
     assert verdict.reason.endswith(
         "8 of 16 GPUs still busy: a hung collective; node n1 fell silent: its host may be down"
     )
+
+
+def test_stalls_with_no_rank_standing_out_name_the_jobs_gpus_in_turn_so_no_innocent_gpus_ladder_climbs():
+    rhythm, first = stall.check(_stepped(), BUSY, now_s=100.0, policy=POLICY)
+    rhythm = stall.observe(rhythm, [101.0 + 2 * k for k in range(12)], 124.0, policy=POLICY)  # restarted, steps
+    rhythm, second = stall.check(rhythm, BUSY, now_s=160.0, policy=POLICY)
+    assert first is not None and second is not None
+    assert (first.suspect_gpu, second.suspect_gpu) == ("GPU-00", "GPU-01")
+    idle = {**BUSY, "GPU-09": IDLE}  # a rank that fell idle is named whatever the turn
+    rhythm = stall.observe(rhythm, [161.0 + 2 * k for k in range(12)], 184.0, policy=POLICY)
+    assert stall.check(rhythm, idle, now_s=220.0, policy=POLICY)[1].suspect_gpu == "GPU-09"
