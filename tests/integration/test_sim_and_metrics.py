@@ -73,7 +73,7 @@ power_limit_w = 500
     assert report["tls"] is True and report["agent_streams"]["opened"] >= 3
     # Remediation rebooted the node whose GPU fell off the bus (Xid 79 → reboot, never a reset), so by
     # the cap change at 2.5 s every GPU answers again and confirms its cap.
-    assert report["commands"]["sent"] == 3 and report["commands"]["read_back_confirmed"] == 3
+    assert report["commands"]["sent"] == 3 and report["commands"]["read_back_confirmed"] == 3, report["commands"]
     xid79 = next(f for f in report["remediation"]["per_fault"] if f["fault"] == "xid:79")
     assert xid79["first_action"] == "reboot_node" and not xid79["wrong"]
     assert report["remediation"]["wrong_actions"] == 0
