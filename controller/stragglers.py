@@ -147,8 +147,6 @@ class StragglerWatch:
         self.stall_policy = stall_policy or stall.StallPolicy()
         self.rhythm = stall.Rhythm()
         """The job's recent steps and its stall, if one is named (`core.stall`)."""
-        self.stall: stall.StallVerdict | None = None
-        """The current stall's verdict (None: the job steps, or was never seen to)."""
         self.stalls: collections.deque[tuple[int, str, stall.StallVerdict]] = collections.deque(maxlen=MAX_STALLS)
         """The stalls named, oldest first: when (controller clock, ns), the suspect's node, the verdict."""
         self._state = straggler.StragglerState()
@@ -205,22 +203,21 @@ class StragglerWatch:
         heard = {node for node, at_ns in self._heard_ns.items() if now_ns - at_ns <= SILENT_NODE_NS}
         gpus_now = {}
         for gpu, node_id in self._node_of.items():
-            reading = latest.get(gpu)
-            gpus_now[gpu] = (
-                stall.GpuNow(reading.utilization_gpu_pct, reading.power_w, reading.enforced_power_limit_w, node_id)
-                if reading is not None
-                else stall.GpuNow(None, node_id=node_id)
+            reading = latest.get(gpu) or fleet.GpuLatest()
+            gpus_now[gpu] = stall.GpuNow(
+                reading.utilization_gpu_pct,
+                reading.power_w,
+                reading.enforced_power_limit_w,
+                node_id,
+                heard=node_id in heard,
             )
-            if node_id not in heard:
-                gpus_now[gpu] = dataclasses.replace(gpus_now[gpu], heard=False)
         self.rhythm, verdict = stall.check(self.rhythm, gpus_now, now_s=now_ns / 1e9, policy=self.stall_policy)
         if verdict is None:
             return
-        self.stall = verdict
-        self.stalls.append((now_ns, self._node_of.get(verdict.suspect_gpu, ""), verdict))
+        node_id = self.node_of(verdict.suspect_gpu)
+        self.stalls.append((now_ns, node_id, verdict))
         self._metrics.job_stalled.set(1)
         self._metrics.job_stalls.inc()
-        node_id = self._node_of.get(verdict.suspect_gpu, "")
         effects = [straggler_actions.Effect("stall", verdict.suspect_gpu, node_id, verdict.reason)]
         # A silent node is the lost-node watch's: a restart now would hang again on the dead host.
         if self.stall_policy.restart and not verdict.silent_nodes:
@@ -230,7 +227,6 @@ class StragglerWatch:
     def _stall_over(self) -> None:
         """An edge arrived after the stall's last: the job steps again (resumed, or restarted)."""
         self.rhythm = dataclasses.replace(self.rhythm, stalled_at_s=None)
-        self.stall = None
         self._metrics.job_stalled.set(0)
 
     def _act_on(self, step: Mapping[str, float], verdicts: Sequence[straggler.Verdict], now_ns: int) -> None:
@@ -296,10 +292,14 @@ class StragglerWatch:
         """The node gpu_uuid's edges last came from ("" if none did)."""
         return self._node_of.get(gpu_uuid, "")
 
+    @property
+    def stall(self) -> stall.StallVerdict | None:
+        """The current stall's verdict (None: the job steps, or was never seen to): the last one named."""
+        return self.stalls[-1][2] if self.rhythm.stalled_at_s is not None and self.stalls else None
+
     def stalled_at_unix_ns(self) -> int:
         """When the current stall was named (controller clock); 0 while the job steps."""
-        at_s = self.rhythm.stalled_at_s
-        return 0 if at_s is None else int(at_s * 1e9)
+        return self.stalls[-1][0] if self.stall is not None else 0
 
     def listing(self, keep: Callable[[Suspect], bool] = lambda _: True) -> list[Suspect]:
         """The suspects in the order named (those keep accepts)."""
