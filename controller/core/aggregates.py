@@ -582,7 +582,7 @@ def decode(
         raise AggregateFormatError(f"damaged aggregate from {doc.get('replica_id')!r}: {exc!r}") from None
 
 
-_LATEST_DEFAULTS = {f.name: f.default for f in dataclasses.fields(fleet.GpuLatest)}
+_LATEST_DEFAULTS = fleet.GpuLatest._field_defaults
 
 
 def _readings(columns: Mapping[str, list[Any]], count: int) -> list[fleet.GpuLatest]:

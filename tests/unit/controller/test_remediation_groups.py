@@ -789,7 +789,7 @@ def test_an_xid94s_remap_is_applied_by_a_reset_once_the_telemetry_shows_the_gpu_
         rig.wired.streams.latest[GPUS[0]] = busy
         await rig.service.tick()
         while_busy = [c.kind for c in rig.service.store.commands()]
-        rig.wired.streams.latest[GPUS[0]] = dataclasses.replace(busy, power_w=70.0)
+        rig.wired.streams.latest[GPUS[0]] = busy._replace(power_w=70.0)
         await rig.service.tick()
         after = [(c.kind, c.status) for c in rig.service.store.commands()]
         await rig.stop()
@@ -822,7 +822,7 @@ def test_a_gpu_held_at_its_smoothing_floor_drains_when_its_fresh_counters_show_n
         streams.latest_controller_ns[GPUS[0]] = NOW_NS
         await rig.service.tick()
         while_working = [c.kind for c in rig.service.store.commands()]
-        streams.latest[GPUS[0]] = dataclasses.replace(at_floor, utilization_gpu_pct=0)
+        streams.latest[GPUS[0]] = at_floor._replace(utilization_gpu_pct=0)
         streams.latest_controller_ns[GPUS[0]] = NOW_NS - 60 * 10**9
         await rig.service.tick()
         while_stale = [c.kind for c in rig.service.store.commands()]

@@ -8,7 +8,6 @@ view end up with the same values for what the controller's loops read.
 from __future__ import annotations
 
 import array
-import dataclasses
 import math
 
 import hypothesis
@@ -133,7 +132,7 @@ def test_the_pcie_link_reaches_the_latest_view_from_whole_counters_and_stays_whi
     assert latest.pcie_link == fleet.PcieLink(4, 16, 5, 5) and latest.pcie_link.downtrained
     raw = wire_stream.telemetry_from_wire(agent_wire.telemetry([], counters, 100).telemetry, KNOWN)
     assert raw.latest[GPU_A].pcie_link == fleet.PcieLink(4, 16, 5, 5)
-    later = dataclasses.replace(latest, pcie_link=None, counters_unix_ns=latest.counters_unix_ns + 1)
+    later = latest._replace(pcie_link=None, counters_unix_ns=latest.counters_unix_ns + 1)
     assert fleet.merge_summary(latest, later).pcie_link == fleet.PcieLink(4, 16, 5, 5)
     unsent = message.summary.counters[0]
     unsent.ClearField("pcie_link_gen_max")  # one value missing: no link, not a guess
@@ -273,8 +272,7 @@ def _latest(draw):
 def test_merge_summary_is_merge_latest_keeping_what_a_summary_does_not_bring(previous, update):
     """One value built per GPU per second (the ingest's hot path), with `merge_latest`'s rule per family."""
     merged = fleet.merge_latest(previous, update)
-    expected = dataclasses.replace(
-        merged,
+    expected = merged._replace(
         temperature_c=previous.temperature_c if update.temperature_c is None else merged.temperature_c,
         power_smoothing_enabled=(
             previous.power_smoothing_enabled
@@ -288,11 +286,12 @@ def test_merge_summary_is_merge_latest_keeping_what_a_summary_does_not_bring(pre
 
 
 @hypothesis.given(previous=_latest(), update=_latest())
-def test_the_hot_paths_readings_are_whole_values_though_built_without_the_dataclass_init(previous, update):
-    """`fleet.latest_of` fills a reading's fields at once: each reading the ingest builds so is whole and equal."""
+def test_the_hot_paths_readings_are_whole_values_though_built_from_rows(previous, update):
+    """The merge and the summary's conversion build readings from rows of values (`fleet.latest_row`):
+    each is a whole `GpuLatest`, equal to the one the keyword constructor builds from its fields."""
     readings = [fleet.merge_summary(previous, update), fleet.merge_latest(previous, update)]
     readings.extend(wire.latest_from_summary(_summary_message().summary).values())
     for reading in readings:
-        assert list(vars(reading)) == list(fleet.LATEST_FIELDS)
-        rebuilt = fleet.GpuLatest(**vars(reading))
+        assert type(reading) is fleet.GpuLatest and len(reading) == len(fleet.LATEST_FIELDS)
+        rebuilt = fleet.GpuLatest(**reading._asdict())
         assert reading == rebuilt and hash(reading) == hash(rebuilt) and repr(reading) == repr(rebuilt)
