@@ -257,16 +257,20 @@ class World:
             fault.interrupted = True
             self.lost_work_s += (self.now - self.run_since) % self.params.checkpoint_interval_s
         self.blockers[fault.fault_id] = fault
+        if fault.variant.hangs and arm.name == "rasd":
+            # The job's own timeout, should rasd's restart not have ended the hang by then; scheduled
+            # first, so that at a tie (no rhythm: nothing names the stall) the watchdog ends it.
+            self.at(self.now + self.params.nccl_timeout_s, self._watchdog, fault)
         self.at(self.now + self._detect_delay_s(fault, arm), self._detected, fault, arm)
         self._reevaluate()
 
     def _detect_delay_s(self, fault: Fault, arm: Arm) -> float:
+        """How long after it strikes the fault is detected, by whom the arm has (a query: it schedules nothing)."""
         p = self.params
         stalled_s = p.hang_detect_s if self._has_rhythm() else math.inf  # when rasd names the job's stall
         if fault.variant.hangs:
             if arm.name != "rasd":
                 return p.nccl_timeout_s
-            self.at(self.now + p.nccl_timeout_s, self._watchdog, fault)
             return min(stalled_s, p.nccl_timeout_s)
         if fault.variant.node_down:
             if arm.name != "rasd":
