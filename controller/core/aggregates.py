@@ -595,7 +595,7 @@ def _readings(columns: Mapping[str, list[Any]], count: int) -> list[fleet.GpuLat
     if any(link is not None for link in links):
         # JSON carries the NamedTuple as a list; the view's readers take its fields by name.
         fields[_PCIE_LINK] = [None if link is None else fleet.PcieLink(*link) for link in links]
-    return fleet.latest_rows(zip(*fields, strict=True))
+    return fleet.latest_rows(fields)
 
 
 _PCIE_LINK = _LATEST_FIELDS.index("pcie_link")

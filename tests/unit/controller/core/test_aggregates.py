@@ -260,10 +260,14 @@ def test_a_remote_gpus_pcie_link_and_streams_come_back_as_they_were_sent():
 def test_readings_built_in_bulk_are_the_values_the_constructor_builds_and_stay_frozen():
     link = fleet.PcieLink(16, 16, 5, 5)
     rows = [(612.5, 7, 700, 61, 98, 4, 9, True, 650, link), (None, 0, None, None, None, None, 0, None, None, None)]
-    built = fleet.latest_rows(rows)
+    built = fleet.latest_rows(list(zip(*rows, strict=True)))
     assert built == [fleet.GpuLatest(*row) for row in rows]
     assert [hash(r) for r in built] == [hash(fleet.GpuLatest(*row)) for row in rows]
     with pytest.raises(AttributeError):
         built[0].power_w = 1.0  # type: ignore[misc]
     with pytest.raises(TypeError):
         fleet.latest_row(rows[0][:-1])  # a row short of a field
+    with pytest.raises(ValueError, match="9 columns"):
+        fleet.latest_rows(list(zip(*rows, strict=True))[:-1])
+    with pytest.raises(ValueError):
+        fleet.latest_rows([[1.0], *[[None, None]] * 9])  # columns of different lengths
