@@ -538,8 +538,7 @@ class Ingest:
             if limit.gpu_uuid in session.known_gpus:
                 previous = self.latest.get(limit.gpu_uuid) or fleet.GpuLatest()
                 # On the target of a raise it is still moving there (0: none).
-                confirmed = dataclasses.replace(
-                    previous,
+                confirmed = previous._replace(
                     enforced_power_limit_w=limit.power_limit_w,
                     power_limit_slew_target_w=limit.slew_target_w or None,
                     counters_unix_ns=max(previous.counters_unix_ns, result.finished_unix_ns),
