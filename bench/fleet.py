@@ -199,7 +199,7 @@ class Replica:
             self.replica_id, now, reads.interval_s, self.streams, self.records, latest, dict.fromkeys(latest, now),
             reads.draw_window_s, peaks, reads.detect_window_s, peaks, series=series,
         )  # fmt: skip
-        return aggregates.encode(aggregate, records=self.inventory)
+        return aggregates.encode(aggregate, records=self.inventory, version=aggregates.write_format(reads))
 
 
 def _budget_check(feeder: list[Replica], nodes: int) -> tuple[bool, list[str]]:
@@ -262,9 +262,9 @@ async def _feed(conn: multiprocessing.connection.Connection, db_url: str, args: 
         while not stop.is_set():
             started = time.monotonic()
             for replica in feeder:
-                payload = replica.aggregate(reads)
+                payload, version = replica.aggregate(reads), aggregates.write_format(reads)
                 asked = await asyncio.to_thread(publisher.publish, replica.replica_id, built_unix_ns=time.time_ns(),
-                                                format_version=aggregates.FORMAT_VERSION, payload=payload)  # fmt: skip
+                                                format_version=version, payload=payload)  # fmt: skip
                 if asked is not None:
                     reads = aggregates.AggregateReads.from_mapping(asked)
                 figures["publishes"] += 1

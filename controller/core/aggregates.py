@@ -25,7 +25,9 @@ The leader keeps its own streams' view as it is and lays the other replicas' agg
 On the wire between replicas (the store, `encode`/`decode`) an aggregate is compressed JSON in
 columns: one list per field over the GPUs, the fields named as the dataclasses name them, so a
 field added to `GpuLatest` or `GpuRecord` travels without a change here, and a replica of another
-version leaves out what it does not know (a missing field takes its default). The inventory (the
+version leaves out what it does not know (a missing field takes its default). Format 2 lists the
+GPUs' uuids once and names them by row elsewhere; a replica ships it to a leader that lists it
+among the formats it reads (`AggregateReads.formats`, `write_format`), and format 1 to any other. The inventory (the
 GPUs' records) is a part of its own, which changes only when streams come and go: the shipper
 encodes it, and the leader decodes it, once per change.
 
@@ -47,8 +49,15 @@ import orjson
 
 from rasd.controller.core import fleet
 
-FORMAT_VERSION = 1
-"""Bumped when the encoded form changes incompatibly; a leader refuses a version it does not know."""
+FORMAT_VERSION = 2
+"""The newest encoding this controller writes, bumped when the encoded form changes incompatibly.
+
+1 names every GPU by its uuid in each of its lists (readings, peaks, node streams); 2 lists the
+uuids once and names GPUs by their row in that list, half the text and of the leader's parse. A
+replica writes the newest the leader reads (`write_format`), so a leader of an older version, which
+never listed what it reads, still gets 1; a leader refuses a version it does not know."""
+READ_FORMATS = (1, 2)
+"""The encodings this controller reads (a leader lists them in its `AggregateReads.formats`)."""
 
 Rows = tuple[tuple[int, float, int], ...]
 """`fleet.PowerWindow.series` rows: (bucket start unix ns, summed W, GPUs reporting)."""
@@ -164,6 +173,8 @@ class AggregateReads:
     """Each GPU's peak draw, and the aggregate series, over this long (the swing detector's window)."""
     tracked: frozenset[str] = frozenset()
     """GPUs summed on their own as well (the power loop's canaries, `PowerWindow.track`)."""
+    formats: tuple[int, ...] = (1,)
+    """The encodings the leader reads (`READ_FORMATS`); a leader of a version before 2 listed none and reads 1."""
 
     def to_mapping(self) -> dict[str, Any]:
         """Plain data for the store (`from_mapping` reads it back)."""
@@ -172,6 +183,7 @@ class AggregateReads:
             "draw_window_s": self.draw_window_s,
             "detect_window_s": self.detect_window_s,
             "tracked": sorted(self.tracked),
+            "formats": list(self.formats),
         }
 
     @classmethod
@@ -187,12 +199,23 @@ class AggregateReads:
                 draw_window_s=float(data["draw_window_s"]),
                 detect_window_s=float(data["detect_window_s"]),
                 tracked=frozenset(str(g) for g in data.get("tracked", ())),
+                formats=tuple(int(v) for v in data.get("formats", (1,))),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise AggregateFormatError(f"aggregate reads: {exc!r}") from None
         if min(reads.interval_s, reads.draw_window_s, reads.detect_window_s) <= 0:
             raise AggregateFormatError(f"aggregate reads: every window and the interval must be > 0: {data!r}")
+        if not reads.formats:
+            raise AggregateFormatError(f"aggregate reads: no format listed: {data!r}")
         return reads
+
+
+def write_format(reads: AggregateReads) -> int:
+    """The encoding to ship a leader that asked for reads: the newest both read (1 when none is shared).
+
+    Example: a leader of this version lists (1, 2) → 2; one before version 2 listed nothing → 1.
+    """
+    return max(set(reads.formats) & set(READ_FORMATS), default=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,18 +498,23 @@ def encode_records(records: Mapping[str, fleet.GpuRecord]) -> bytes:
     return _compressed(doc)
 
 
-def encode(aggregate: ReplicaAggregate, *, records: bytes | None = None) -> bytes:
-    """The aggregate as bytes for the store (see the module docstring).
+def encode(aggregate: ReplicaAggregate, *, records: bytes | None = None, version: int = FORMAT_VERSION) -> bytes:
+    """The aggregate as bytes for the store (see the module docstring), in encoding version (`write_format`).
 
     Two compressed JSON parts, the inventory (`encode_records`; pass it when it is unchanged) and
     the rest, behind the inventory part's length (4 bytes, big-endian).
+
+    Raises:
+        ValueError: a version this controller does not write.
     """
+    if version not in READ_FORMATS:
+        raise ValueError(f"aggregate format version {version}; this controller writes {READ_FORMATS}")
     records = encode_records(aggregate.records) if records is None else records
     gpus = sorted(aggregate.records)
     reported = [g for g in gpus if g in aggregate.latest]
     streams = list(aggregate.nodes.values())
-    doc = {
-        "version": FORMAT_VERSION,
+    doc: dict[str, Any] = {
+        "version": version,
         "replica_id": aggregate.replica_id,
         "built_unix_ns": aggregate.built_unix_ns,
         "interval_s": aggregate.interval_s,
@@ -496,15 +524,12 @@ def encode(aggregate: ReplicaAggregate, *, records: bytes | None = None) -> byte
         "nodes": {
             **_columns(streams, ("node_id", "session_id", "opened_unix_ns", "boot_id", "agent_ahead_ns")),
             "labels": [dict(s.labels) for s in streams],
-            "gpu_uuids": [list(s.gpu_uuids) for s in streams],
         },
         "latest": {
-            "gpu_uuid": reported,
             **_columns([aggregate.latest[g] for g in reported], _LATEST_FIELDS),
             "controller_ns": [aggregate.latest_controller_ns.get(g) for g in reported],
         },
         "peaks": {
-            "gpu_uuid": gpus,
             "draw_w": [aggregate.draw_peaks_w.get(g) for g in gpus],
             "detect_w": [aggregate.detect_peaks_w.get(g) for g in gpus],
         },
@@ -512,6 +537,17 @@ def encode(aggregate: ReplicaAggregate, *, records: bytes | None = None) -> byte
         "tracked": sorted(aggregate.tracked),
         "tracked_series": _rows_out(aggregate.tracked_series),
     }
+    if version == 1:
+        doc["nodes"]["gpu_uuids"] = [list(s.gpu_uuids) for s in streams]
+        doc["latest"]["gpu_uuid"] = reported
+        doc["peaks"]["gpu_uuid"] = gpus
+    else:
+        # The record GPUs in order (the peaks' rows), then any GPU a stream names without a record.
+        listed = gpus + sorted({g for s in streams for g in s.gpu_uuids}.difference(aggregate.records))
+        row = dict(zip(listed, range(len(listed)), strict=True))
+        doc["gpus"] = listed
+        doc["nodes"]["gpu_rows"] = [[row[g] for g in s.gpu_uuids] for s in streams]
+        doc["latest"]["rows"] = None if len(reported) == len(listed) else [row[g] for g in reported]
     return len(records).to_bytes(4, "big") + records + _compressed(doc)
 
 
@@ -552,7 +588,7 @@ class DecodeMemo:
     """
 
     node_columns: Any = None
-    """The node columns as last decoded (equal columns give equal streams)."""
+    """The node columns as last decoded, with format 2's GPU list (equal ones give equal streams)."""
     nodes: Mapping[str, NodeStream] = dataclasses.field(default_factory=dict)
 
 
@@ -571,14 +607,15 @@ def decode(
     """
     inventory, rest = split(payload)
     doc = _document(rest)
-    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
-        version = doc.get("version") if isinstance(doc, dict) else None
-        raise AggregateFormatError(f"aggregate format version {version!r}; this controller reads {FORMAT_VERSION}")
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if version not in READ_FORMATS:
+        known = ", ".join(map(str, READ_FORMATS))
+        raise AggregateFormatError(f"aggregate format version {version!r}; this controller reads {known}")
     if records is None:
         records = decode_records(inventory)
     try:
         return _decoded(doc, records, DecodeMemo() if memo is None else memo)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise AggregateFormatError(f"damaged aggregate from {doc.get('replica_id')!r}: {exc!r}") from None
 
 
@@ -608,10 +645,14 @@ def _present(keys: list[Any], values: list[Any], kind: type) -> dict[Any, Any]:
     return dict(zip(keys, map(kind, values), strict=True))
 
 
-def _streams(node_cols: Mapping[str, Any], memo: DecodeMemo) -> Mapping[str, NodeStream]:
-    """The node streams of the node columns, from memo while they are unchanged."""
-    if memo.node_columns == node_cols:
+def _streams(node_cols: Mapping[str, Any], gpus: list[str] | None, memo: DecodeMemo) -> Mapping[str, NodeStream]:
+    """The node streams of the node columns, from memo while they are unchanged.
+
+    gpus: format 2's list of the GPUs, which the columns name by row (None: format 1, by uuid).
+    """
+    if memo.node_columns == (node_cols, gpus):
         return memo.nodes
+    gpu_lists = node_cols["gpu_uuids"] if gpus is None else [_named(gpus, rows) for rows in node_cols["gpu_rows"]]
     streams = [
         NodeStream(
             node_id=str(node_id),
@@ -619,13 +660,24 @@ def _streams(node_cols: Mapping[str, Any], memo: DecodeMemo) -> Mapping[str, Nod
             opened_unix_ns=int(node_cols["opened_unix_ns"][i]),
             boot_id=str(node_cols["boot_id"][i]),
             labels=dict(node_cols["labels"][i]),
-            gpu_uuids=tuple(node_cols["gpu_uuids"][i]),
+            gpu_uuids=tuple(gpu_lists[i]),
             agent_ahead_ns=node_cols["agent_ahead_ns"][i],
         )
         for i, node_id in enumerate(node_cols["node_id"])
     ]
-    memo.node_columns, memo.nodes = node_cols, {s.node_id: s for s in streams}
+    memo.node_columns, memo.nodes = (node_cols, gpus), {s.node_id: s for s in streams}
     return memo.nodes
+
+
+def _named(gpus: list[str], rows: list[int]) -> list[str]:
+    """The uuids of gpus' rows (format 2).
+
+    Raises:
+        IndexError: a row outside the list (a negative one too, which Python would read from the end).
+    """
+    if rows and (min(rows) < 0 or max(rows) >= len(gpus)):
+        raise IndexError(f"GPU rows {min(rows)}..{max(rows)} outside the {len(gpus)} GPUs listed")
+    return [gpus[i] for i in rows]
 
 
 def _block(columns: Mapping[str, list[Any]], reported: list[str]) -> LatestBlock:
@@ -650,21 +702,30 @@ def _block(columns: Mapping[str, list[Any]], reported: list[str]) -> LatestBlock
 
 def _decoded(doc: Mapping[str, Any], records: Mapping[str, fleet.GpuRecord], memo: DecodeMemo) -> ReplicaAggregate:
     latest_cols = doc["latest"]
-    reported = latest_cols["gpu_uuid"]
     peaks = doc["peaks"]
+    gpus: list[str] | None = None
+    if doc["version"] == 1:
+        reported, peak_gpus = latest_cols["gpu_uuid"], peaks["gpu_uuid"]
+    else:
+        gpus = doc["gpus"]
+        rows = latest_cols["rows"]
+        reported = gpus if rows is None else _named(gpus, rows)
+        if len(peaks["draw_w"]) > len(gpus):
+            raise ValueError(f"{len(peaks['draw_w'])} peaks for the {len(gpus)} GPUs listed")
+        peak_gpus = gpus[: len(peaks["draw_w"])]
     latest = dict(zip(reported, _readings(latest_cols, len(reported)), strict=True))
     return ReplicaAggregate(
         replica_id=str(doc["replica_id"]),
         built_unix_ns=int(doc["built_unix_ns"]),
         interval_s=float(doc["interval_s"]),
-        nodes=_streams(doc["nodes"], memo),
+        nodes=_streams(doc["nodes"], gpus, memo),
         records=records,
         latest=latest,
         latest_controller_ns=_present(reported, latest_cols["controller_ns"], int),
         draw_window_s=float(doc["draw_window_s"]),
-        draw_peaks_w=_present(peaks["gpu_uuid"], peaks["draw_w"], float),
+        draw_peaks_w=_present(peak_gpus, peaks["draw_w"], float),
         detect_window_s=float(doc["detect_window_s"]),
-        detect_peaks_w=_present(peaks["gpu_uuid"], peaks["detect_w"], float),
+        detect_peaks_w=_present(peak_gpus, peaks["detect_w"], float),
         bucket_ns=int(doc["bucket_ns"]),
         series=_rows_in(doc["series"]),
         tracked=frozenset(doc["tracked"]),

@@ -703,6 +703,7 @@ class PowerLoop:
             draw_window_s=round(now - reads.draw_since_unix_ns / 1e9, 1),
             detect_window_s=self.settings.detect_window_s,
             tracked=self._tracked,
+            formats=aggregates.READ_FORMATS,
         )
         try:
             await self._remote.ask(asked)

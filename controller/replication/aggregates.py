@@ -113,11 +113,13 @@ class Shipper:
         known = self._inventory[1] if self._inventory is not None and self._inventory[0] == streams else None
         store = self._store
 
+        version = aggregates.write_format(self.reads)  # the newest the leader reads
+
         def publish() -> tuple[bytes, dict[str, object] | None]:
             records = aggregates.encode_records(aggregate.records) if known is None else known
-            payload = aggregates.encode(aggregate, records=records)
+            payload = aggregates.encode(aggregate, records=records, version=version)
             return records, store.publish(aggregate.replica_id, built_unix_ns=aggregate.built_unix_ns,
-                                          format_version=aggregates.FORMAT_VERSION, payload=payload)  # fmt: skip
+                                          format_version=version, payload=payload)  # fmt: skip
 
         records, asked = await self._ingest.store_calls.run_in_store(publish)
         self._inventory = (streams, records)

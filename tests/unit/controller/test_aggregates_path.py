@@ -95,6 +95,7 @@ def replicas(tmp_path):
 def test_the_leaders_period_sees_the_followers_nodes_and_a_dead_follower_leaves_them_at_their_caps(replicas):
     leader_side, follower, clock = replicas
     seen: list = []
+    formats: list[int] = []
 
     async def scenario():
         await _node(leader_side.ingest, "node-a", 400.0, clock)
@@ -107,7 +108,16 @@ def test_the_leaders_period_sees_the_followers_nodes_and_a_dead_follower_leaves_
         await loop.stop()  # its timer stops; the test runs each period by hand
         await loop.step()
         asked = await leader_side.ingest.store_calls.run_in_store(leader_side.fleet.store.asked)
+        store = leader_side.fleet.store
+        first_rows = await leader_side.ingest.store_calls.run_in_store(
+            lambda: store.changed_aggregates(exclude="", built_since_unix_ns=0, known={})[1]
+        )
         await follower.shipper.ship_once()  # takes up what the leader asked
+        await follower.shipper.ship_once()  # ships as it asked
+        rows = await leader_side.ingest.store_calls.run_in_store(
+            lambda: store.changed_aggregates(exclude="", built_since_unix_ns=0, known={})[1]
+        )
+        formats.extend([first_rows[0][2], rows[0][2]])
         clock.now_ns += 10 * 10**9  # the follower stops shipping: its aggregate ages out
         await loop.step()
         return shipped, asked, loop.stats
@@ -122,8 +132,9 @@ def test_the_leaders_period_sees_the_followers_nodes_and_a_dead_follower_leaves_
     assert set(live.fleet.sessions) == {"node-a", "node-c"}, "the follower's node is reachable from the leader"
     assert live.window.draw_peaks_w["node-c-g0"] == 600.0 and live.window.draw_peaks_w["node-a-g0"] == 400.0
     assert {row[2] for row in live.window.status_rows} == {4}, "both replicas' GPUs in every bucket"
-    assert asked == {"interval_s": 0.5, "draw_window_s": 5.0, "detect_window_s": 5.0, "tracked": []}
+    assert asked == {"interval_s": 0.5, "draw_window_s": 5.0, "detect_window_s": 5.0, "tracked": [], "formats": [1, 2]}
     assert follower.shipper.reads == aggregates.AggregateReads.from_mapping(asked)
+    assert formats == [1, 2], "format 1 until the leader listed 2 among those it reads, then 2"
     # Ten seconds later the follower's aggregate is too old: its node is unreachable, counted at its caps.
     assert set(stale.fleet.sessions) == {"node-a"}
     state = later.state.apply
@@ -258,3 +269,25 @@ def test_a_replica_that_does_not_lead_says_where_the_power_loop_runs(replicas):
     following, leading, deposed = asyncio.run(scenario())
     assert following == deposed == power_loop.NOT_LEADING
     assert leading != power_loop.NOT_LEADING
+
+
+def test_a_cap_results_read_back_is_the_gpus_newest_limit_and_slew_target(replicas):
+    """The agent's read-back after a SetPowerCap replaces the limit in the GPU's reading, the rest kept."""
+    leader_side, _follower, clock = replicas
+    ingest = leader_side.ingest
+
+    async def scenario():
+        await _node(ingest, "node-a", 400.0, clock)
+        before = ingest.latest["node-a-g0"]
+        read_back = msgs.EnforcedLimit("node-a-g0", 500, slew_target_w=600)
+        result = msgs.AgentResult("cap-1", msgs.Outcome.SUCCEEDED, finished_unix_ns=clock.now_ns,
+                                  enforced_limits=(read_back,))  # fmt: skip
+        ingest.on_result(ingest.sessions["node-a"], result)
+        await asyncio.gather(*ingest.result_tasks(), return_exceptions=True)
+        return before, ingest.latest["node-a-g0"]
+
+    before, after = asyncio.run(scenario())
+    assert type(after) is fleet.GpuLatest
+    assert after == before._replace(
+        enforced_power_limit_w=500, power_limit_slew_target_w=600, counters_unix_ns=clock.now_ns
+    )

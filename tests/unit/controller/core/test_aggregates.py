@@ -48,7 +48,8 @@ def _aggregate(replica: str, nodes: dict[str, tuple[str, ...]], *, built_ns: int
     )
 
 
-def test_an_aggregate_survives_its_encoding_field_for_field():
+@pytest.mark.parametrize("version", aggregates.READ_FORMATS)
+def test_an_aggregate_survives_its_encoding_field_for_field(version):
     record = _record("g1", "n1", serial="S1", power_smoothing_supported=True, labels={"numa_node": "0"})
     reading = fleet.GpuLatest(
         power_w=512.5,
@@ -74,7 +75,7 @@ def test_an_aggregate_survives_its_encoding_field_for_field():
         tracked=frozenset({"g2"}),
         tracked_series=((NOW_NS - 10**8, 100.0, 1),),
     )
-    back = aggregates.decode(aggregates.encode(original))
+    back = aggregates.decode(aggregates.encode(original, version=version))
     for field in dataclasses.fields(original):
         if field.name != "latest_block":  # built by the decode (the original was built in code)
             assert getattr(back, field.name) == getattr(original, field.name), field.name
@@ -119,7 +120,7 @@ NO_GPUS = aggregates.encode_records({})
     ("payload", "complaint"),
     [
         (b"not zlib", "not an encoded aggregate"),
-        (_framed(b"", {"version": 99}), "aggregate format version 99; this controller reads 1"),
+        (_framed(b"", {"version": 99}), "aggregate format version 99; this controller reads 1, 2"),
         (_framed(NO_GPUS, {"version": 1, "replica_id": "ctl-x"}), "damaged aggregate from 'ctl-x'"),
         (_framed(b"\x00junk", {"version": 1}), "not an encoded aggregate"),
     ],
@@ -127,6 +128,56 @@ NO_GPUS = aggregates.encode_records({})
 def test_an_aggregate_that_cannot_be_read_is_refused_with_why(payload, complaint):
     with pytest.raises(aggregates.AggregateFormatError, match=complaint):
         aggregates.decode(payload)
+
+
+def _v2_doc(aggregate: aggregates.ReplicaAggregate) -> tuple[bytes, dict]:
+    inventory, rest = aggregates.split(aggregates.encode(aggregate, version=2))
+    return inventory, json.loads(zlib.decompress(rest))
+
+
+def test_format_2_names_each_gpu_once_and_reads_back_what_format_1_does():
+    """A stream's GPU without a record, a GPU without a reading: rows into the one list of uuids."""
+    aggregate = _aggregate("b", {"n1": ("g1", "g2"), "n2": ("g3",)})
+    aggregate = dataclasses.replace(
+        aggregate,
+        nodes={**aggregate.nodes, "n3": _stream("n3", ("g9", "g1"))},  # g9: no record (its Hello raced the build)
+        latest={g: r for g, r in aggregate.latest.items() if g != "g2"},
+        latest_controller_ns={g: ns for g, ns in aggregate.latest_controller_ns.items() if g != "g2"},
+    )
+    _inventory, doc = _v2_doc(aggregate)
+    assert doc["gpus"] == ["g1", "g2", "g3", "g9"] and doc["latest"]["rows"] == [0, 2]
+    assert doc["nodes"]["gpu_rows"] == [[0, 1], [2], [3, 0]] and "gpu_uuid" not in doc["latest"]
+    one, two = (aggregates.decode(aggregates.encode(aggregate, version=v)) for v in (1, 2))
+    for field in dataclasses.fields(one):
+        if field.name != "latest_block":
+            assert getattr(two, field.name) == getattr(one, field.name), field.name
+    assert two.latest_block is not None and two.latest_block.gpu_uuids == ["g1", "g3"]
+    uuids = {f"n{i}": tuple(f"GPU-{i:08x}-0000-4000-8000-{g:012x}" for g in range(8)) for i in range(50)}
+    whole = _aggregate("c", uuids)  # uuids of a real GPU's length
+    _, whole_doc = _v2_doc(whole)
+    assert whole_doc["latest"]["rows"] is None, "every GPU reported: no rows at all"
+    sizes = [len(zlib.decompress(aggregates.split(aggregates.encode(whole, version=v))[1])) for v in (1, 2)]
+    assert sizes[1] < 0.75 * sizes[0], sizes
+
+
+@pytest.mark.parametrize(
+    ("damage", "complaint"),
+    [
+        (lambda doc: doc["latest"].update(rows=[0, 7]), "outside the 3 GPUs listed"),
+        (lambda doc: doc["latest"].update(rows=[-1, 0]), "outside the 3 GPUs listed"),
+        (lambda doc: doc["nodes"].update(gpu_rows=[[0, 1], [5]]), "outside the 3 GPUs listed"),
+        (lambda doc: doc["peaks"].update(draw_w=[1.0] * 4), "4 peaks for the 3 GPUs listed"),
+        (lambda doc: doc["peaks"].update(detect_w=[1.0]), "damaged aggregate"),
+        (lambda doc: doc.pop("gpus"), "damaged aggregate"),
+    ],
+)
+def test_a_damaged_format_2_aggregate_is_refused_with_why(damage, complaint):
+    inventory, doc = _v2_doc(_aggregate("b", {"n1": ("g1", "g2"), "n2": ("g3",)}))
+    doc["latest"]["rows"] = [0, 1, 2]  # explicit rows, which the damage may change
+    assert aggregates.decode(_framed(inventory, doc)).latest.keys() == {"g1", "g2", "g3"}
+    damage(doc)
+    with pytest.raises(aggregates.AggregateFormatError, match=complaint):
+        aggregates.decode(_framed(inventory, doc))
 
 
 def test_an_aggregate_older_than_the_age_limit_and_the_readers_own_count_for_nothing():
@@ -233,6 +284,20 @@ def test_aggregate_reads_round_trip_and_a_bad_one_names_what_is_wrong():
         aggregates.AggregateReads.from_mapping({"draw_window_s": 1, "detect_window_s": 1})
     with pytest.raises(aggregates.AggregateFormatError, match="must be > 0"):
         aggregates.AggregateReads.from_mapping({"interval_s": 0, "draw_window_s": 1, "detect_window_s": 1})
+    with pytest.raises(aggregates.AggregateFormatError, match="no format listed"):
+        aggregates.AggregateReads.from_mapping({**reads.to_mapping(), "formats": []})
+
+
+def test_a_replica_ships_the_newest_format_the_leader_reads_and_format_1_to_a_leader_that_lists_none():
+    """A leader before format 2 wrote its reads without `formats`: its replicas keep shipping what it reads."""
+    asked_by_old_leader = {"interval_s": 1.5, "draw_window_s": 5.0, "detect_window_s": 20.0, "tracked": []}
+    old = aggregates.AggregateReads.from_mapping(asked_by_old_leader)
+    assert old.formats == (1,) and aggregates.write_format(old) == 1
+    new = dataclasses.replace(old, formats=aggregates.READ_FORMATS)
+    assert aggregates.AggregateReads.from_mapping(new.to_mapping()) == new and aggregates.write_format(new) == 2
+    assert aggregates.write_format(dataclasses.replace(old, formats=(3, 1))) == 1, "a format it does not write"
+    with pytest.raises(ValueError, match="writes"):
+        aggregates.encode(_aggregate("b", {"n1": ("g1",)}), version=3)
 
 
 def test_a_remote_gpus_pcie_link_and_streams_come_back_as_they_were_sent():
