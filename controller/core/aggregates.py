@@ -23,13 +23,13 @@ The leader keeps its own streams' view as it is and lays the other replicas' agg
   would hold only some replicas' GPUs.
 
 On the wire between replicas (the store, `encode`/`decode`) an aggregate is compressed JSON in
-columns: one list per field over the GPUs, the fields named as the dataclasses name them, so a
-field added to `GpuLatest` or `GpuRecord` travels without a change here, and a replica of another
-version leaves out what it does not know (a missing field takes its default). Format 2 lists the
-GPUs' uuids once and names them by row elsewhere; a replica ships it to a leader that lists it
-among the formats it reads (`AggregateReads.formats`, `write_format`), and format 1 to any other. The inventory (the
-GPUs' records) is a part of its own, which changes only when streams come and go: the shipper
-encodes it, and the leader decodes it, once per change.
+columns: one list per field over the GPUs, the fields named as `GpuLatest` and `GpuRecord` name
+them, so a field added to either travels without a change here, and a replica of another version
+leaves out what it does not know (a missing field takes its default). Format 2 lists the GPUs'
+uuids once and names them by row elsewhere; a replica ships it to a leader that lists it among the
+formats it reads (`AggregateReads.formats`, `write_format`), and format 1 to any other. The
+inventory (the GPUs' records) is a part of its own, which changes only when streams come and go:
+the shipper encodes it, and the leader decodes it, once per change.
 
 Pure: no I/O, no logging, no clock reads.
 """
