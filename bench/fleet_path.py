@@ -159,14 +159,14 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, machine: str, w
             f"| {row['layout']} | {row['format']} | {row['kib']:,.0f} | {row['gpus']:,} | {row['aggregates']} | {steps}"
             f" | {row['total_ms']:,.1f} |"
         )
-    newest = max(row["format"] for row in rows)
-    worst = max(row["total_ms"] for row in rows if row["format"] == newest)
-    verdict = "met" if worst <= GOAL_MS else "NOT met"
+    newest = aggregates.FORMAT_VERSION
+    totals = [row["total_ms"] for row in rows if row["format"] == newest]
+    worst = f"worst layout {max(totals):,.1f} ms" if totals else "not measured"
+    verdict = "met" if totals and max(totals) <= GOAL_MS else "NOT met"
     lines += [
         "",
         f"Goal: the remote path at {args.nodes:,} nodes in ≤ {GOAL_MS:.0f} ms uncontended (a quarter of the"
-        f" control period), in the format a leader of this version is shipped ({newest}), worst layout"
-        f" {worst:,.1f} ms: {verdict}",
+        f" control period), in the format a leader of this version is shipped ({newest}), {worst}: {verdict}",
         "",
     ]
     return "\n".join(lines)
@@ -178,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=12_500)
     parser.add_argument("--replicas", type=int, default=6, help="other replicas shipping aggregates")
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--formats", default="1,2", help="aggregate encodings to measure (core.aggregates)")
+    parser.add_argument(
+        "--formats",
+        default=",".join(map(str, aggregates.READ_FORMATS)),
+        help="aggregate encodings to measure (core.aggregates)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.replicas < 1 or args.rounds < 1:

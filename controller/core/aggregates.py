@@ -22,14 +22,21 @@ The leader keeps its own streams' view as it is and lays the other replicas' agg
 - the summed series stops where the oldest aggregate stops (`complete_until_ns`): later buckets
   would hold only some replicas' GPUs.
 
-On the wire between replicas (the store, `encode`/`decode`) an aggregate is compressed JSON in
-columns: one list per field over the GPUs, the fields named as `GpuLatest` and `GpuRecord` name
-them, so a field added to either travels without a change here, and a replica of another version
-leaves out what it does not know (a missing field takes its default). Format 2 lists the GPUs'
-uuids once and names them by row elsewhere; a replica ships it to a leader that lists it among the
-formats it reads (`AggregateReads.formats`, `write_format`), and format 1 to any other. The
-inventory (the GPUs' records) is a part of its own, which changes only when streams come and go:
-the shipper encodes it, and the leader decodes it, once per change.
+On the wire between replicas (the store, `encode`/`decode`) an aggregate is compressed columns:
+one per field over the GPUs, the fields named as `GpuLatest` and `GpuRecord` name them, so a field
+added to either travels without a change here, and a replica of another version leaves out what it
+does not know (a missing field takes its default). The inventory (the GPUs' records) is a part of
+its own, which changes only when streams come and go: the shipper encodes it, and the leader
+decodes it, once per change. The formats:
+
+- 1: the rest is one JSON document, every GPU named by its uuid in each list;
+- 2: the same, the GPUs' uuids listed once and named by row elsewhere (half the text);
+- 3: the streams (with the uuids) a part of their own, which the leader decodes once per change
+  (`DecodeMemo`), and the readings and peaks `binary_columns`: numbers as raw 8-byte values
+  behind a small JSON header (half the leader's decode of format 2, a NaN crossing as a NaN).
+
+A replica ships the newest format the leader lists among those it reads (`AggregateReads.formats`,
+`write_format`), so a leader of an older version keeps getting one it reads in a rolling upgrade.
 
 Pure: no I/O, no logging, no clock reads.
 """
@@ -47,16 +54,15 @@ from typing import Any
 import numpy as np
 import orjson
 
-from rasd.controller.core import fleet
+from rasd.controller.core import binary_columns, fleet
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The newest encoding this controller writes, bumped when the encoded form changes incompatibly.
 
-1 names every GPU by its uuid in each of its lists (readings, peaks, node streams); 2 lists the
-uuids once and names GPUs by their row in that list, half the text and of the leader's parse. A
-replica writes the newest the leader reads (`write_format`), so a leader of an older version, which
-never listed what it reads, still gets 1; a leader refuses a version it does not know."""
-READ_FORMATS = (1, 2)
+The formats are in the module docstring. A replica writes the newest the leader reads
+(`write_format`), so a leader of an older version gets one it reads (1 from a leader that never
+listed what it reads); a leader refuses a version it does not know."""
+READ_FORMATS = (1, 2, 3)
 """The encodings this controller reads (a leader lists them in its `AggregateReads.formats`)."""
 
 Rows = tuple[tuple[int, float, int], ...]
@@ -459,6 +465,16 @@ def _columns(items: Sequence[Any], names: Sequence[str]) -> dict[str, list[Any]]
     return {name: [getattr(item, name) for item in items] for name in names}
 
 
+def _latest_columns(readings: Sequence[fleet.GpuLatest]) -> dict[str, list[Any]]:
+    """The readings' fields as columns.
+
+    A reading is a tuple, so one C-level transposition does it; a getattr per value was half an encode.
+    """
+    if not readings:
+        return {name: [] for name in _LATEST_FIELDS}
+    return dict(zip(_LATEST_FIELDS, map(list, zip(*readings, strict=True)), strict=True))
+
+
 def _rows_out(rows: Rows) -> list[list[Any]]:
     return [[int(s), float(w), int(n)] for s, w, n in rows]
 
@@ -476,6 +492,15 @@ def _document(blob: bytes) -> Any:
         text = zlib.decompress(blob)
     except zlib.error as exc:
         raise AggregateFormatError(f"not an encoded aggregate: {exc}") from None
+    return _parsed(text)
+
+
+def _parsed(text: bytes) -> Any:
+    """The JSON text's value.
+
+    Raises:
+        AggregateFormatError: no JSON.
+    """
     try:
         # orjson reads the leader's 100,000 GPUs' columns in a third of the time json takes.
         return orjson.loads(text)
@@ -501,8 +526,10 @@ def encode_records(records: Mapping[str, fleet.GpuRecord]) -> bytes:
 def encode(aggregate: ReplicaAggregate, *, records: bytes | None = None, version: int = FORMAT_VERSION) -> bytes:
     """The aggregate as bytes for the store (see the module docstring), in encoding version (`write_format`).
 
-    Two compressed JSON parts, the inventory (`encode_records`; pass it when it is unchanged) and
-    the rest, behind the inventory part's length (4 bytes, big-endian).
+    The inventory part (`encode_records`; pass it when it is unchanged) behind its length (4 bytes,
+    big-endian), then the rest: in formats 1 and 2 one compressed JSON document; in format 3
+    `_BINARY_MAGIC` and the version byte, the streams part (compressed JSON, behind its length) and
+    the readings part (`_readings_part`).
 
     Raises:
         ValueError: a version this controller does not write.
@@ -513,6 +540,18 @@ def encode(aggregate: ReplicaAggregate, *, records: bytes | None = None, version
     gpus = sorted(aggregate.records)
     reported = [g for g in gpus if g in aggregate.latest]
     streams = list(aggregate.nodes.values())
+    nodes = {
+        **_columns(streams, ("node_id", "session_id", "opened_unix_ns", "boot_id", "agent_ahead_ns")),
+        "labels": [dict(s.labels) for s in streams],
+    }
+    latest = {
+        **_latest_columns([aggregate.latest[g] for g in reported]),
+        "controller_ns": [aggregate.latest_controller_ns.get(g) for g in reported],
+    }
+    peaks = {
+        "draw_w": [aggregate.draw_peaks_w.get(g) for g in gpus],
+        "detect_w": [aggregate.detect_peaks_w.get(g) for g in gpus],
+    }
     doc: dict[str, Any] = {
         "version": version,
         "replica_id": aggregate.replica_id,
@@ -521,34 +560,53 @@ def encode(aggregate: ReplicaAggregate, *, records: bytes | None = None, version
         "bucket_ns": aggregate.bucket_ns,
         "draw_window_s": aggregate.draw_window_s,
         "detect_window_s": aggregate.detect_window_s,
-        "nodes": {
-            **_columns(streams, ("node_id", "session_id", "opened_unix_ns", "boot_id", "agent_ahead_ns")),
-            "labels": [dict(s.labels) for s in streams],
-        },
-        "latest": {
-            **_columns([aggregate.latest[g] for g in reported], _LATEST_FIELDS),
-            "controller_ns": [aggregate.latest_controller_ns.get(g) for g in reported],
-        },
-        "peaks": {
-            "draw_w": [aggregate.draw_peaks_w.get(g) for g in gpus],
-            "detect_w": [aggregate.detect_peaks_w.get(g) for g in gpus],
-        },
         "series": _rows_out(aggregate.series),
         "tracked": sorted(aggregate.tracked),
         "tracked_series": _rows_out(aggregate.tracked_series),
     }
+    head = len(records).to_bytes(4, "big") + records
     if version == 1:
-        doc["nodes"]["gpu_uuids"] = [list(s.gpu_uuids) for s in streams]
-        doc["latest"]["gpu_uuid"] = reported
-        doc["peaks"]["gpu_uuid"] = gpus
-    else:
-        # The record GPUs in order (the peaks' rows), then any GPU a stream names without a record.
-        listed = gpus + sorted({g for s in streams for g in s.gpu_uuids}.difference(aggregate.records))
-        row = dict(zip(listed, range(len(listed)), strict=True))
-        doc["gpus"] = listed
-        doc["nodes"]["gpu_rows"] = [[row[g] for g in s.gpu_uuids] for s in streams]
-        doc["latest"]["rows"] = None if len(reported) == len(listed) else [row[g] for g in reported]
-    return len(records).to_bytes(4, "big") + records + _compressed(doc)
+        nodes["gpu_uuids"] = [list(s.gpu_uuids) for s in streams]
+        return head + _compressed({**doc, "nodes": nodes, "latest": {**latest, "gpu_uuid": reported},
+                                   "peaks": {**peaks, "gpu_uuid": gpus}})  # fmt: skip
+    # The record GPUs in order (the peaks' rows), then any GPU a stream names without a record.
+    listed = gpus + sorted({g for s in streams for g in s.gpu_uuids}.difference(aggregate.records))
+    row = dict(zip(listed, range(len(listed)), strict=True))
+    nodes["gpu_rows"] = [[row[g] for g in s.gpu_uuids] for s in streams]
+    rows = None if len(reported) == len(listed) else [row[g] for g in reported]
+    if version == 2:
+        return head + _compressed({**doc, "gpus": listed, "nodes": nodes, "latest": {**latest, "rows": rows},
+                                   "peaks": peaks})  # fmt: skip
+    streams_part = _compressed({"gpus": listed, "nodes": nodes})
+    return (
+        head
+        + _BINARY_MAGIC
+        + bytes([version])
+        + len(streams_part).to_bytes(4, "big")
+        + streams_part
+        + _readings_part(doc, latest, peaks, rows)
+    )
+
+
+_BINARY_MAGIC = b"RAG"
+"""The start of a format 3 aggregate's rest (a compressed JSON document starts with 0x78)."""
+
+
+def _readings_part(doc: dict[str, Any], latest: dict[str, list[Any]], peaks: dict[str, list[Any]],
+                   rows: list[int] | None) -> bytes:  # fmt: skip
+    """Format 3's readings: compressed, a JSON header (doc and the columns' specs) behind its length, then the columns.
+
+    The readings, the peaks and the rows of the GPUs that reported are `binary_columns` (numbers
+    as raw 8-byte values), in that order.
+    """
+    groups = {"latest": latest, "peaks": peaks, "rows": {} if rows is None else {"rows": rows}}
+    specs: dict[str, list[dict[str, Any]]] = {}
+    data: list[bytes] = []
+    for group, columns in groups.items():
+        specs[group], packed = binary_columns.pack(columns)
+        data.append(packed)
+    header = json.dumps({**doc, "columns": specs}, separators=(",", ":")).encode()
+    return zlib.compress(len(header).to_bytes(4, "big") + header + b"".join(data), 1)
 
 
 def split(payload: bytes) -> tuple[bytes, bytes]:
@@ -590,6 +648,10 @@ class DecodeMemo:
     node_columns: Any = None
     """The node columns as last decoded, with format 2's GPU list (equal ones give equal streams)."""
     nodes: Mapping[str, NodeStream] = dataclasses.field(default_factory=dict)
+    streams_part: bytes | None = None
+    """Format 3's streams part as `nodes` and `gpus` were last decoded from it (None: from format 2's columns)."""
+    gpus: list[str] = dataclasses.field(default_factory=list)
+    """Format 3's GPUs' uuids, as the streams part lists them."""
 
 
 def decode(
@@ -600,23 +662,75 @@ def decode(
     records: the inventory part already decoded (`decode_records` of `split(payload)[0]`, which the
     caller found unchanged); None decodes it here.
     memo: the caller's memo for this replica (None: none); the streams are taken from it while the
-    node columns are unchanged, and it is updated otherwise.
+    node columns (format 3: the streams part) are unchanged, and it is updated otherwise.
 
     Raises:
         AggregateFormatError: another format version, or bytes that are no aggregate.
     """
     inventory, rest = split(payload)
-    doc = _document(rest)
-    version = doc.get("version") if isinstance(doc, dict) else None
-    if version not in READ_FORMATS:
+    doc: Any = None
+    if rest[: len(_BINARY_MAGIC)] == _BINARY_MAGIC:
+        version: Any = rest[len(_BINARY_MAGIC)] if len(rest) > len(_BINARY_MAGIC) else None
+        readable = version in READ_FORMATS and version not in _JSON_FORMATS
+    else:
+        doc = _document(rest)
+        version = doc.get("version") if isinstance(doc, dict) else None
+        readable = version in _JSON_FORMATS
+    if not readable:
         known = ", ".join(map(str, READ_FORMATS))
         raise AggregateFormatError(f"aggregate format version {version!r}; this controller reads {known}")
     if records is None:
         records = decode_records(inventory)
+    memo = DecodeMemo() if memo is None else memo
+    if doc is None:
+        return _decode_binary(rest[len(_BINARY_MAGIC) + 1 :], records, memo)
     try:
-        return _decoded(doc, records, DecodeMemo() if memo is None else memo)
+        return _decoded(doc, records, memo)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise AggregateFormatError(f"damaged aggregate from {doc.get('replica_id')!r}: {exc!r}") from None
+
+
+_JSON_FORMATS = (1, 2)
+"""The formats whose rest is one JSON document (3 and later: `_BINARY_MAGIC`, the version, parts)."""
+
+
+def _decode_binary(parts: bytes, records: Mapping[str, fleet.GpuRecord], memo: DecodeMemo) -> ReplicaAggregate:
+    """A format 3 aggregate from what follows its version byte: the streams part, then the readings part.
+
+    Raises:
+        AggregateFormatError: parts that are not what `encode` writes.
+    """
+    size = int.from_bytes(parts[:4], "big")
+    streams_part = parts[4 : 4 + size]
+    if len(parts) < 4 or len(streams_part) != size:
+        raise AggregateFormatError(
+            f"not an encoded aggregate: a streams part of {size} bytes announced, {len(streams_part)} there"
+        )
+    try:
+        body = zlib.decompress(parts[4 + size :])
+    except zlib.error as exc:
+        raise AggregateFormatError(f"not an encoded aggregate: the readings part: {exc}") from None
+    header_size = int.from_bytes(body[:4], "big")
+    header = _parsed(body[4 : 4 + header_size])
+    if not isinstance(header, dict):
+        raise AggregateFormatError(f"not an encoded aggregate: a readings header of {type(header).__name__}")
+    try:
+        nodes, gpus = _memo_streams(streams_part, memo)
+        return _decoded_binary(header, memoryview(body)[4 + header_size :], nodes, gpus, records)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise AggregateFormatError(f"damaged aggregate from {header.get('replica_id')!r}: {exc!r}") from None
+
+
+def _memo_streams(streams_part: bytes, memo: DecodeMemo) -> tuple[Mapping[str, NodeStream], list[str]]:
+    """(the node streams, the GPUs' uuids) of a format 3 streams part, from memo while the part is unchanged."""
+    if memo.streams_part != streams_part:
+        doc = _document(streams_part)
+        gpus = doc["gpus"]
+        if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
+            raise TypeError("the GPUs listed are not a list of uuids")
+        _streams(doc["nodes"], gpus, memo)
+        memo.streams_part, memo.gpus = streams_part, gpus
+    return memo.nodes, memo.gpus
 
 
 _LATEST_DEFAULTS = fleet.GpuLatest._field_defaults
@@ -629,7 +743,7 @@ def _readings(columns: Mapping[str, list[Any]], count: int) -> list[fleet.GpuLat
     """
     fields = [columns[name] if name in columns else [_LATEST_DEFAULTS[name]] * count for name in _LATEST_FIELDS]
     links = fields[_PCIE_LINK]
-    if any(link is not None for link in links):
+    if links.count(None) != len(links):
         # JSON carries the NamedTuple as a list; the view's readers take its fields by name.
         fields[_PCIE_LINK] = [None if link is None else fleet.PcieLink(*link) for link in links]
     return fleet.latest_rows(fields)
@@ -638,8 +752,16 @@ def _readings(columns: Mapping[str, list[Any]], count: int) -> list[fleet.GpuLat
 _PCIE_LINK = _LATEST_FIELDS.index("pcie_link")
 
 
-def _present(keys: list[Any], values: list[Any], kind: type) -> dict[Any, Any]:
+_DTYPE_OF = {int: np.dtype(np.int64), float: np.dtype(np.float64)}
+
+
+def _present(keys: list[Any], column: binary_columns.Column, kind: type) -> dict[Any, Any]:
     """keys -> kind(value), leaving out the keys whose value is None (null in the JSON)."""
+    values = column.values
+    if column.array is not None and column.array.dtype == _DTYPE_OF[kind]:  # format 3: values of kind already
+        if column.nulls is None:
+            return dict(zip(keys, values, strict=True))
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
     if None in values:
         return {k: kind(v) for k, v in zip(keys, values, strict=True) if v is not None}
     return dict(zip(keys, map(kind, values), strict=True))
@@ -666,6 +788,7 @@ def _streams(node_cols: Mapping[str, Any], gpus: list[str] | None, memo: DecodeM
         for i, node_id in enumerate(node_cols["node_id"])
     ]
     memo.node_columns, memo.nodes = (node_cols, gpus), {s.node_id: s for s in streams}
+    memo.streams_part = None  # `nodes` are these columns' now (`_memo_streams` sets the part it decoded)
     return memo.nodes
 
 
@@ -680,27 +803,32 @@ def _named(gpus: list[str], rows: list[int]) -> list[str]:
     return [gpus[i] for i in rows]
 
 
-def _block(columns: Mapping[str, list[Any]], reported: list[str]) -> LatestBlock:
+def _block(columns: Mapping[str, binary_columns.Column], reported: list[str]) -> LatestBlock:
     """The readings' columns as `LatestBlock` holds them: each value as `views.latest_columns` reads a `GpuLatest`'s."""
 
-    def column(name: str) -> list[Any]:
-        return columns[name] if name in columns else [_LATEST_DEFAULTS[name]] * len(reported)
+    def column(name: str, dtype: type, fill: Any) -> np.ndarray:
+        if name in columns:
+            return columns[name].filled(dtype, fill)
+        default = _LATEST_DEFAULTS[name]
+        return np.full(len(reported), fill if default is None else default, dtype=dtype)
 
     return LatestBlock(
         gpu_uuids=list(reported),
-        # numpy reads None as nan in a float array; `or` keeps a NaN, as the object path's does.
-        enforced_w=np.array(column("enforced_power_limit_w"), dtype=np.float64),
-        slew_target_w=np.array([v or 0.0 for v in column("power_limit_slew_target_w")], dtype=np.float64),
-        counters_ns=np.array(column("counters_unix_ns"), dtype=np.int64),
-        power_w=np.array(column("power_w"), dtype=np.float64),
-        power_sample_ns=np.array(column("power_sample_unix_ns"), dtype=np.int64),
-        utilization_pct=np.array(column("utilization_gpu_pct"), dtype=np.float64),
-        clock_event_reasons=np.array([v or 0 for v in column("clock_event_reasons")], dtype=np.int64),
-        controller_ns=np.array([NO_NS if v is None else int(v) for v in columns["controller_ns"]], dtype=np.int64),
+        # As the object path reads a reading: None is nan for a float, 0 for a slew target or
+        # clock event reasons (a NaN stays a NaN).
+        enforced_w=column("enforced_power_limit_w", np.float64, math.nan),
+        slew_target_w=column("power_limit_slew_target_w", np.float64, 0.0),
+        counters_ns=column("counters_unix_ns", np.int64, 0),
+        power_w=column("power_w", np.float64, math.nan),
+        power_sample_ns=column("power_sample_unix_ns", np.int64, 0),
+        utilization_pct=column("utilization_gpu_pct", np.float64, math.nan),
+        clock_event_reasons=column("clock_event_reasons", np.int64, 0),
+        controller_ns=columns["controller_ns"].filled(np.int64, NO_NS),
     )
 
 
 def _decoded(doc: Mapping[str, Any], records: Mapping[str, fleet.GpuRecord], memo: DecodeMemo) -> ReplicaAggregate:
+    """Formats 1 and 2: everything in the one JSON document."""
     latest_cols = doc["latest"]
     peaks = doc["peaks"]
     gpus: list[str] | None = None
@@ -713,12 +841,55 @@ def _decoded(doc: Mapping[str, Any], records: Mapping[str, fleet.GpuRecord], mem
         if len(peaks["draw_w"]) > len(gpus):
             raise ValueError(f"{len(peaks['draw_w'])} peaks for the {len(gpus)} GPUs listed")
         peak_gpus = gpus[: len(peaks["draw_w"])]
-    latest = dict(zip(reported, _readings(latest_cols, len(reported)), strict=True))
+    nodes = _streams(doc["nodes"], gpus, memo)
+    listed = {name: binary_columns.Column(values, None, None) for name, values in latest_cols.items()}
+    for name in ("gpu_uuid", "rows"):
+        listed.pop(name, None)
+    peak_columns = {name: binary_columns.Column(peaks[name], None, None) for name in ("draw_w", "detect_w")}
+    return _aggregate_of(doc, nodes, records, (reported, listed), (peak_gpus, peak_columns))
+
+
+def _decoded_binary(
+    header: Mapping[str, Any],
+    data: memoryview,
+    nodes: Mapping[str, NodeStream],
+    gpus: list[str],
+    records: Mapping[str, fleet.GpuRecord],
+) -> ReplicaAggregate:
+    """Format 3: the header, the columns in data, and the streams and GPUs of the streams part."""
+    groups: dict[str, dict[str, binary_columns.Column]] = {}
+    offset = 0
+    for group in ("latest", "peaks", "rows"):
+        groups[group], used = binary_columns.unpack(header["columns"][group], data[offset:])
+        offset += used
+    if offset != len(data):
+        raise ValueError(f"{len(data) - offset} bytes after the columns")
+    rows = groups["rows"].get("rows")
+    reported = gpus if rows is None else _named(gpus, rows.values)
+    peaks = groups["peaks"]
+    if len(peaks["draw_w"].values) > len(gpus):
+        raise ValueError(f"{len(peaks['draw_w'].values)} peaks for the {len(gpus)} GPUs listed")
+    return _aggregate_of(header, nodes, records, (reported, groups["latest"]),
+                         (gpus[: len(peaks["draw_w"].values)], peaks))  # fmt: skip
+
+
+def _aggregate_of(
+    doc: Mapping[str, Any],
+    nodes: Mapping[str, NodeStream],
+    records: Mapping[str, fleet.GpuRecord],
+    latest_of: tuple[list[str], Mapping[str, binary_columns.Column]],
+    peaks_of: tuple[list[str], Mapping[str, binary_columns.Column]],
+) -> ReplicaAggregate:
+    """The aggregate of a decoded document (or header): latest_of and peaks_of are (their GPUs, their columns)."""
+    reported, latest_cols = latest_of
+    peak_gpus, peaks = peaks_of
+    readings = _readings({name: column.values for name, column in latest_cols.items()}, len(reported))
+    latest = dict(zip(reported, readings, strict=True))
     return ReplicaAggregate(
         replica_id=str(doc["replica_id"]),
         built_unix_ns=int(doc["built_unix_ns"]),
         interval_s=float(doc["interval_s"]),
-        nodes=_streams(doc["nodes"], gpus, memo),
+        nodes=nodes,
         records=records,
         latest=latest,
         latest_controller_ns=_present(reported, latest_cols["controller_ns"], int),

@@ -132,9 +132,10 @@ def test_the_leaders_period_sees_the_followers_nodes_and_a_dead_follower_leaves_
     assert set(live.fleet.sessions) == {"node-a", "node-c"}, "the follower's node is reachable from the leader"
     assert live.window.draw_peaks_w["node-c-g0"] == 600.0 and live.window.draw_peaks_w["node-a-g0"] == 400.0
     assert {row[2] for row in live.window.status_rows} == {4}, "both replicas' GPUs in every bucket"
-    assert asked == {"interval_s": 0.5, "draw_window_s": 5.0, "detect_window_s": 5.0, "tracked": [], "formats": [1, 2]}
+    windows = {"interval_s": 0.5, "draw_window_s": 5.0, "detect_window_s": 5.0}
+    assert asked == {**windows, "tracked": [], "formats": [1, 2, 3]}
     assert follower.shipper.reads == aggregates.AggregateReads.from_mapping(asked)
-    assert formats == [1, 2], "format 1 until the leader listed 2 among those it reads, then 2"
+    assert formats == [1, 3], "format 1 until the leader listed the newest among those it reads, then that"
     # Ten seconds later the follower's aggregate is too old: its node is unreachable, counted at its caps.
     assert set(stale.fleet.sessions) == {"node-a"}
     state = later.state.apply

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rasd.controller.core import aggregates, fleet
+from rasd.controller.core import aggregates, binary_columns, fleet
 
 NOW_NS = 1_800_000_000 * 10**9
 
@@ -88,13 +88,20 @@ def test_an_aggregate_survives_its_encoding_field_for_field(version):
 
 
 def test_a_field_this_controller_does_not_know_is_left_out_and_a_missing_one_takes_its_default():
-    """A replica of another version in a rolling update: its aggregate still reads."""
-    inventory, rest = aggregates.split(aggregates.encode(_aggregate("b", {"n1": ("g1",)})))
+    """A replica of another version in a rolling update: its aggregate still reads, in JSON and in binary."""
+    aggregate = _aggregate("b", {"n1": ("g1",)})
+    inventory, rest = aggregates.split(aggregates.encode(aggregate, version=2))
     doc = json.loads(zlib.decompress(rest))
     doc["latest"]["power_mean_w"] = [410.0]  # a newer replica's field
     del doc["latest"]["temperature_c"]
     back = aggregates.decode(_framed(inventory, doc))
     assert back.latest["g1"].power_w == 400.0 and back.latest["g1"].temperature_c is None
+    parts = _v3_parts(aggregate)
+    parts.groups["latest"]["power_mean_w"] = [410.0]
+    del parts.groups["latest"]["temperature_c"], parts.groups["latest"]["power_w"]
+    back = aggregates.decode(parts.payload())
+    assert back.latest["g1"].power_w is None and back.latest["g1"].enforced_power_limit_w == 700
+    assert math.isnan(back.latest_block.power_w[0]) and back.latest_block.enforced_w[0] == 700
 
 
 def _framed(inventory: bytes, doc) -> bytes:
@@ -114,13 +121,18 @@ def test_the_inventory_part_is_decoded_once_and_given_back_while_it_is_unchanged
 
 
 NO_GPUS = aggregates.encode_records({})
+NO_GPUS_HEAD = len(NO_GPUS).to_bytes(4, "big") + NO_GPUS
 
 
 @pytest.mark.parametrize(
     ("payload", "complaint"),
     [
         (b"not zlib", "not an encoded aggregate"),
-        (_framed(b"", {"version": 99}), "aggregate format version 99; this controller reads 1, 2"),
+        (_framed(b"", {"version": 99}), "aggregate format version 99; this controller reads 1, 2, 3"),
+        (_framed(b"", {"version": 3}), "aggregate format version 3; this controller reads"),  # 3 is binary
+        (NO_GPUS_HEAD + b"RAG\x09", "aggregate format version 9; this controller reads"),
+        (NO_GPUS_HEAD + b"RAG\x01", "aggregate format version 1; this controller reads"),  # 1 is JSON
+        (NO_GPUS_HEAD + b"RAG", "aggregate format version None"),
         (_framed(NO_GPUS, {"version": 1, "replica_id": "ctl-x"}), "damaged aggregate from 'ctl-x'"),
         (_framed(b"\x00junk", {"version": 1}), "not an encoded aggregate"),
     ],
@@ -178,6 +190,133 @@ def test_a_damaged_format_2_aggregate_is_refused_with_why(damage, complaint):
     damage(doc)
     with pytest.raises(aggregates.AggregateFormatError, match=complaint):
         aggregates.decode(_framed(inventory, doc))
+
+
+@dataclasses.dataclass
+class _V3:
+    """A format 3 aggregate taken apart (the layout `aggregates.encode` documents), to damage and put together."""
+
+    inventory: bytes
+    streams: dict
+    header: dict
+    specs: dict
+    groups: dict
+    streams_part: bytes | None = None
+    """Bytes to send as the streams part instead of `streams` encoded."""
+    after_columns: bytes = b""
+
+    def payload(self) -> bytes:
+        streams_part = self.streams_part or zlib.compress(json.dumps(self.streams).encode())
+        specs, data = {}, []
+        for group, columns in self.groups.items():
+            specs[group], packed = binary_columns.pack(columns)
+            data.append(packed)
+        header = json.dumps({**self.header, "columns": specs}).encode()
+        readings = zlib.compress(len(header).to_bytes(4, "big") + header + b"".join(data) + self.after_columns)
+        head = len(self.inventory).to_bytes(4, "big") + self.inventory + b"RAG\x03"
+        return head + len(streams_part).to_bytes(4, "big") + streams_part + readings
+
+
+def _v3_parts(aggregate: aggregates.ReplicaAggregate) -> _V3:
+    inventory, rest = aggregates.split(aggregates.encode(aggregate, version=3))
+    assert rest[:4] == b"RAG\x03"
+    size = int.from_bytes(rest[4:8], "big")
+    streams = json.loads(zlib.decompress(rest[8 : 8 + size]))
+    body = zlib.decompress(rest[8 + size :])
+    header_size = int.from_bytes(body[:4], "big")
+    header = json.loads(body[4 : 4 + header_size])
+    specs = header.pop("columns")
+    groups, offset = {}, 4 + header_size
+    for group in ("latest", "peaks", "rows"):
+        columns, used = binary_columns.unpack(specs[group], memoryview(body)[offset:])
+        groups[group] = {name: column.values for name, column in columns.items()}
+        offset += used
+    assert offset == len(body)
+    return _V3(inventory, streams, header, specs, groups)
+
+
+def test_format_3_carries_the_numbers_raw_and_reads_back_what_format_2_does():
+    """The same aggregate as format 2's test; the readings' numbers as 8-byte values, a NaN included."""
+    aggregate = _aggregate("b", {"n1": ("g1", "g2"), "n2": ("g3",)})
+    nan_reading = aggregate.latest["g3"]._replace(power_w=math.nan, pcie_link=fleet.PcieLink(8, 16, 4, 5))
+    aggregate = dataclasses.replace(
+        aggregate,
+        nodes={**aggregate.nodes, "n3": _stream("n3", ("g9", "g1"))},  # g9: no record (its Hello raced the build)
+        latest={"g1": aggregate.latest["g1"], "g3": nan_reading},
+        latest_controller_ns={g: ns for g, ns in aggregate.latest_controller_ns.items() if g != "g2"},
+    )
+    parts = _v3_parts(aggregate)
+    assert parts.streams["gpus"] == ["g1", "g2", "g3", "g9"] and parts.groups["rows"] == {"rows": [0, 2]}
+    assert parts.streams["nodes"]["gpu_rows"] == [[0, 1], [2], [3, 0]]
+    kinds = {spec["name"]: spec["kind"] for group in parts.specs.values() for spec in group}
+    assert (
+        kinds["power_w"] == kinds["draw_w"] == "f8" and kinds["power_sample_unix_ns"] == kinds["controller_ns"] == "i8"
+    )
+    assert kinds["temperature_c"] == "none" and kinds["pcie_link"] == "json"
+    two, three = (aggregates.decode(aggregates.encode(aggregate, version=v)) for v in (2, 3))
+    for field in dataclasses.fields(two):
+        if field.name not in ("latest", "latest_block"):
+            assert getattr(three, field.name) == getattr(two, field.name), field.name
+    assert three.latest["g1"] == aggregate.latest["g1"] and three.latest["g3"].pcie_link == nan_reading.pcie_link
+    assert math.isnan(three.latest["g3"].power_w), "a NaN crosses as a NaN"
+    assert type(three.latest["g1"].enforced_power_limit_w) is int and type(three.latest["g1"].power_w) is float
+    for name in aggregates.BLOCK_COLUMNS:
+        assert getattr(three.latest_block, name).tolist() == pytest.approx(
+            getattr(two.latest_block, name).tolist(), nan_ok=True
+        ), name
+    assert three.latest_block.gpu_uuids == ["g1", "g3"]
+
+
+def test_format_3_decodes_its_streams_part_once_while_it_is_unchanged():
+    """A replica's streams change when nodes come and go; the leader keeps them decoded by the part's bytes."""
+    memo = aggregates.DecodeMemo()
+    first = aggregates.decode(aggregates.encode(_aggregate("b", {"n1": ("g1",)}), version=3), memo=memo)
+    again = aggregates.decode(
+        aggregates.encode(_aggregate("b", {"n1": ("g1",)}, watts=500.0, built_ns=NOW_NS + 10**9), version=3), memo=memo
+    )
+    assert again.nodes is first.nodes and again.latest["g1"].power_w == 500.0
+    moved = aggregates.decode(
+        aggregates.encode(_aggregate("b", {"n1": ("g1",)}, opened_ns=NOW_NS), version=3), memo=memo
+    )
+    assert moved.nodes["n1"].opened_unix_ns == NOW_NS, "a new stream: the part is decoded again"
+    # A leader that reads format 2 for a while (a rolling upgrade), then 3 again: no stale streams.
+    aggregates.decode(aggregates.encode(_aggregate("b", {"n2": ("g2",)}), version=2), memo=memo)
+    back = aggregates.decode(
+        aggregates.encode(_aggregate("b", {"n1": ("g1",)}, opened_ns=NOW_NS), version=3), memo=memo
+    )
+    assert set(back.nodes) == {"n1"}
+
+
+def _short_streams_part(parts: _V3) -> bytes:
+    payload = parts.payload()
+    head = 4 + len(parts.inventory) + 4
+    return payload[:head] + (10**6).to_bytes(4, "big") + payload[head + 4 :]
+
+
+@pytest.mark.parametrize(
+    ("damage", "complaint"),
+    [
+        (lambda p: p.groups.update(rows={"rows": [0, 7]}), "outside the 3 GPUs listed"),
+        (lambda p: p.groups.update(rows={"rows": [-1, 0]}), "outside the 3 GPUs listed"),
+        (lambda p: p.streams["nodes"].update(gpu_rows=[[0, 1], [5]]), "outside the 3 GPUs listed"),
+        (lambda p: p.streams.update(gpus="g1"), "not a list of uuids"),
+        (lambda p: p.groups["peaks"].update(draw_w=[1.0] * 4), "4 peaks for the 3 GPUs listed"),
+        (lambda p: p.groups["peaks"].update(detect_w=[1.0]), "damaged aggregate from 'b'"),
+        (lambda p: p.groups["latest"].update(power_w=[1.0]), "damaged aggregate from 'b'"),
+        (lambda p: p.groups["latest"].pop("controller_ns"), "damaged aggregate from 'b'"),
+        (lambda p: setattr(p, "after_columns", b"\x00" * 8), "8 bytes after the columns"),
+        (lambda p: setattr(p, "streams_part", b"junk"), "not an encoded aggregate"),
+        (lambda p: _short_streams_part(p), "a streams part of 1000000 bytes announced"),
+        (lambda p: p.payload()[:-9], "not an encoded aggregate: the readings part"),
+    ],
+)
+def test_a_damaged_format_3_aggregate_is_refused_with_why(damage, complaint):
+    parts = _v3_parts(_aggregate("b", {"n1": ("g1", "g2"), "n2": ("g3",)}))
+    parts.groups["rows"] = {"rows": [0, 1, 2]}  # explicit rows, which the damage may change
+    assert aggregates.decode(parts.payload()).latest.keys() == {"g1", "g2", "g3"}
+    damaged = damage(parts)
+    with pytest.raises(aggregates.AggregateFormatError, match=complaint):
+        aggregates.decode(damaged if isinstance(damaged, bytes) else parts.payload())
 
 
 def test_an_aggregate_older_than_the_age_limit_and_the_readers_own_count_for_nothing():
@@ -294,13 +433,15 @@ def test_a_replica_ships_the_newest_format_the_leader_reads_and_format_1_to_a_le
     old = aggregates.AggregateReads.from_mapping(asked_by_old_leader)
     assert old.formats == (1,) and aggregates.write_format(old) == 1
     new = dataclasses.replace(old, formats=aggregates.READ_FORMATS)
-    assert aggregates.AggregateReads.from_mapping(new.to_mapping()) == new and aggregates.write_format(new) == 2
-    assert aggregates.write_format(dataclasses.replace(old, formats=(3, 1))) == 1, "a format it does not write"
+    assert aggregates.AggregateReads.from_mapping(new.to_mapping()) == new and aggregates.write_format(new) == 3
+    assert aggregates.write_format(dataclasses.replace(old, formats=(2, 1))) == 2, "a leader of format 2's version"
+    assert aggregates.write_format(dataclasses.replace(old, formats=(4, 1))) == 1, "a format it does not write"
     with pytest.raises(ValueError, match="writes"):
-        aggregates.encode(_aggregate("b", {"n1": ("g1",)}), version=3)
+        aggregates.encode(_aggregate("b", {"n1": ("g1",)}), version=4)
 
 
-def test_a_remote_gpus_pcie_link_and_streams_come_back_as_they_were_sent():
+@pytest.mark.parametrize("version", aggregates.READ_FORMATS)
+def test_a_remote_gpus_pcie_link_and_streams_come_back_as_they_were_sent(version):
     """The PCIe link crosses as a JSON list and is read back as a PcieLink; unchanged streams come from the memo."""
     from rasd.controller.core import aggregates as agg
     from rasd.controller.core import fleet as fl
@@ -313,8 +454,8 @@ def test_a_remote_gpus_pcie_link_and_streams_come_back_as_they_were_sent():
     sent = agg.ReplicaAggregate("r1", 10, 1.5, {"n1": stream}, {"g1": record}, {"g1": latest}, {"g1": 9}, 5.0,
                                 {"g1": 300.0}, 20.0, {"g1": 310.0})  # fmt: skip
     memo = agg.DecodeMemo()
-    first = agg.decode(agg.encode(sent), memo=memo)
-    second = agg.decode(agg.encode(sent), memo=memo)
+    first = agg.decode(agg.encode(sent, version=version), memo=memo)
+    second = agg.decode(agg.encode(sent, version=version), memo=memo)
     assert first.latest["g1"] == latest
     assert isinstance(first.latest["g1"].pcie_link, fl.PcieLink) and first.latest["g1"].pcie_link.downtrained
     assert first.nodes == {"n1": stream}
