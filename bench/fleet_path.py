@@ -10,7 +10,8 @@ each on the real code with the aggregates bench/fleet.py's replicas ship:
 
 1. **decode**: every replica's encoded aggregate (`core.aggregates.decode`), its inventory and node
    streams already decoded once, as `replication.aggregates.FleetReader` keeps them;
-2. **merge**: the decoded aggregates into one (`core.aggregates.merge`);
+2. **merge**: the decoded aggregates into one (`core.aggregates.merge`), the streams and inventory
+   merged once before, as `FleetReader`'s `MergeMemo` keeps them;
 3. **fleet view**: the leader's own view with the others' laid over it (`core.power.remote.fleet_view`);
 4. **window view**: the same for the power window's peaks and series (`core.power.remote.window_view`);
 5. **columns**: the period's first read of every GPU's reading (`core.power.views.latest_columns`).
@@ -92,8 +93,11 @@ def measure(nodes: int, replicas: int, rounds: int, *, leader_holds_share: bool,
     payloads = [replica.aggregate(reads) for replica in others]
     inventories = [aggregates.decode_records(aggregates.split(p)[0]) for p in payloads]
     memos = [aggregates.DecodeMemo() for _ in payloads]
-    for payload, records, memo in zip(payloads, inventories, memos, strict=True):  # the streams, decoded once
-        aggregates.decode(payload, records=records, memo=memo)
+    merge_memo = aggregates.MergeMemo()
+    aggregates.merge(  # the streams decoded, and merged with the inventory, once
+        [aggregates.decode(p, records=r, memo=m) for p, r, m in zip(payloads, inventories, memos, strict=True)],
+        memo=merge_memo,
+    )
     window = period_inputs.WindowView(sample_hz=10.0, draw_peaks_w={}, status_rows=(), straggler_peaks_w={})
     window_reads = period_inputs.WindowReads(
         draw_since_unix_ns=0, detect_since_unix_ns=0, swing_tracked=False, status_since_unix_ns=0
@@ -112,7 +116,7 @@ def measure(nodes: int, replicas: int, rounds: int, *, leader_holds_share: bool,
             ]
         )
         times["decode"].append(ms)
-        merged, ms = _timed(lambda d=decoded: aggregates.merge(d))
+        merged, ms = _timed(lambda d=decoded: aggregates.merge(d, memo=merge_memo))
         times["merge"].append(ms)
         view, ms = _timed(lambda m=merged: remote.fleet_view(local, m))
         times["fleet view"].append(ms)

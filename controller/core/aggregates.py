@@ -295,6 +295,8 @@ class FleetAggregate:
     latest_block: LatestBlock | None = None
     """`latest` and `latest_controller_ns` as columns, row for row (None: some aggregate had none,
     or a node's stream moved between replicas; the readers then go by the mappings)."""
+    gpu_nodes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """GPU uuid -> the node of `nodes` whose stream names it (the last such node, in `nodes` order)."""
 
     def node_of(self, gpu_uuid: str) -> str | None:
         """The node a GPU belongs to, by its record (None: not a GPU of these nodes)."""
@@ -329,8 +331,69 @@ def _sum_rows(shares: Sequence[Rows]) -> Rows:
     return tuple((start, total, int(count)) for start, (total, count) in sorted(by_bucket.items()))
 
 
+@dataclasses.dataclass
+class MergeMemo:
+    """What a leader keeps from one merge to the next: the other replicas' streams and inventory merged.
+
+    A replica's streams and inventory change only when nodes come and go, and the leader's decode
+    gives the same objects back while they are unchanged (`DecodeMemo`, `decode_records`). While
+    every aggregate's are the ones merged last, `merge` takes the merged nodes, holders and records
+    from here instead of building the 100,000 records' mapping again each period.
+    """
+
+    sources: tuple[tuple[str, Mapping[str, NodeStream], Mapping[str, fleet.GpuRecord]], ...] = ()
+    """(replica, its nodes, its records) of each aggregate last merged, in order (compared by identity)."""
+    streams: _MergedStreams | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _MergedStreams:
+    nodes: dict[str, NodeStream]
+    holders: dict[str, int]
+    """Node -> the index of the aggregate holding its newest stream."""
+    records: dict[str, fleet.GpuRecord]
+    gpu_nodes: dict[str, str]
+    gpu_order: tuple[list[str], ...] | None
+    """Each aggregate's GPUs in its streams' order, when every node is in one aggregate only (None: a
+    stream moved between replicas, and the readings are taken node by node)."""
+
+
+def _same_sources(memo: MergeMemo, sources: tuple[tuple[str, Mapping[str, Any], Mapping[str, Any]], ...]) -> bool:
+    return len(memo.sources) == len(sources) and all(
+        a[0] == b[0] and a[1] is b[1] and a[2] is b[2] for a, b in zip(memo.sources, sources, strict=True)
+    )
+
+
+def _merged_streams(aggregates: Sequence[ReplicaAggregate]) -> _MergedStreams:
+    """Each node from its newest stream, and its GPUs' records from the aggregate that holds it."""
+    nodes: dict[str, NodeStream] = {}
+    holders: dict[str, int] = {}
+    for index, agg in enumerate(aggregates):
+        for node_id, stream in agg.nodes.items():
+            held = nodes.get(node_id)
+            if held is None or stream.opened_unix_ns > held.opened_unix_ns:
+                nodes[node_id], holders[node_id] = stream, index
+    records: dict[str, fleet.GpuRecord] = {}
+    gpu_order: tuple[list[str], ...] | None = None
+    if len(nodes) == sum(len(agg.nodes) for agg in aggregates):
+        # Every node in one aggregate only (no stream moved between replicas): `nodes` lists each
+        # aggregate's nodes in turn, so each aggregate's GPUs can be taken whole, in the same order.
+        gpu_order = tuple([g for stream in agg.nodes.values() for g in stream.gpu_uuids] for agg in aggregates)
+        for agg, gpu_uuids in zip(aggregates, gpu_order, strict=True):
+            _take(gpu_uuids, agg.records, records)
+    else:
+        for node_id, stream in nodes.items():
+            _take(list(stream.gpu_uuids), aggregates[holders[node_id]].records, records)
+    gpu_nodes = {g: stream.node_id for stream in nodes.values() for g in stream.gpu_uuids}
+    return _MergedStreams(nodes, holders, records, gpu_nodes, gpu_order)
+
+
 def merge(
-    aggregates: Sequence[ReplicaAggregate], *, tracked: frozenset[str] = frozenset(), bucket_ns: int = 100_000_000
+    aggregates: Sequence[ReplicaAggregate],
+    *,
+    tracked: frozenset[str] = frozenset(),
+    bucket_ns: int = 100_000_000,
+    memo: MergeMemo | None = None,
 ) -> FleetAggregate:
     """Combine replicas' aggregates: each node from its newest stream, series summed per bucket.
 
@@ -340,41 +403,43 @@ def merge(
             set (it has not read the leader's new reads yet) adds nothing to `tracked_series`.
         bucket_ns: The leader's bucket; a series on another grid cannot be summed with its own and
             is left out (the detector then sees too few GPUs reporting and waits).
+        memo: The caller's memo (None: none): the streams and inventory are merged again only when
+            some aggregate's changed, and the memo is updated then.
 
     Returns:
         The combined view (`EMPTY` for no aggregate).
     """
     if not aggregates:
         return EMPTY
-    nodes: dict[str, NodeStream] = {}
-    holders: dict[str, ReplicaAggregate] = {}
-    for agg in aggregates:
-        for node_id, stream in agg.nodes.items():
-            held = nodes.get(node_id)
-            if held is None or stream.opened_unix_ns > held.opened_unix_ns:
-                nodes[node_id], holders[node_id] = stream, agg
-    records: dict[str, fleet.GpuRecord] = {}
+    sources = tuple((agg.replica_id, agg.nodes, agg.records) for agg in aggregates)
+    if memo is not None and memo.streams is not None and _same_sources(memo, sources):
+        streams = memo.streams
+    else:
+        streams = _merged_streams(aggregates)
+        if memo is not None:
+            memo.sources, memo.streams = sources, streams
     latest: dict[str, fleet.GpuLatest] = {}
     controller_ns: dict[str, int] = {}
-    if len(nodes) == sum(len(agg.nodes) for agg in aggregates):
-        # Every node in one aggregate only (no stream moved between replicas): `nodes` lists each
-        # aggregate's nodes in turn, so each aggregate's GPUs can be taken whole, in the same order.
-        for agg in aggregates:
-            take_gpus(list(agg.nodes.values()), agg, records, latest, controller_ns)
+    if streams.gpu_order is not None:
+        for agg, gpu_uuids in zip(aggregates, streams.gpu_order, strict=True):
+            _take(gpu_uuids, agg.latest, latest)
+            _take(gpu_uuids, agg.latest_controller_ns, controller_ns)
     else:
-        for node_id, stream in nodes.items():
-            take_gpus([stream], holders[node_id], records, latest, controller_ns)
-    draw = peak_maxima([agg.draw_peaks_w for agg in aggregates], records)
-    detect = peak_maxima([agg.detect_peaks_w for agg in aggregates], records)
+        for node_id, stream in streams.nodes.items():
+            holder = aggregates[streams.holders[node_id]]
+            _take(list(stream.gpu_uuids), holder.latest, latest)
+            _take(list(stream.gpu_uuids), holder.latest_controller_ns, controller_ns)
+    draw = peak_maxima([agg.draw_peaks_w for agg in aggregates], streams.records)
+    detect = peak_maxima([agg.detect_peaks_w for agg in aggregates], streams.records)
     with_series = [agg for agg in aggregates if agg.series and agg.bucket_ns == bucket_ns]
     blocks = [agg.latest_block for agg in aggregates if agg.latest_block is not None]
     # Every reading taken, each from one aggregate only (no stream moved, no GPU twice): the
     # aggregates' blocks, one after the other, hold exactly the merged mappings' values.
     whole = len(blocks) == len(aggregates) and len(latest) == sum(len(b.gpu_uuids) for b in blocks)
     return FleetAggregate(
-        nodes=nodes,
-        holders={node_id: agg.replica_id for node_id, agg in holders.items()},
-        records=records,
+        nodes=streams.nodes,
+        holders={node_id: aggregates[index].replica_id for node_id, index in streams.holders.items()},
+        records=streams.records,
         latest=latest,
         latest_controller_ns=controller_ns,
         draw_peaks_w=draw,
@@ -386,6 +451,7 @@ def merge(
         complete_until_ns=min((agg.built_unix_ns for agg in with_series), default=None),
         replicas=tuple(sorted(agg.replica_id for agg in aggregates)),
         latest_block=LatestBlock.joined(blocks) if whole else None,
+        gpu_nodes=streams.gpu_nodes,
     )
 
 
@@ -409,6 +475,8 @@ def peak_maxima(sources: Sequence[Mapping[str, float]], records: Mapping[str, An
             keys = list(joined)
             for i in out_of_count:
                 del joined[keys[i]]
+        if joined.keys() <= records.keys():  # as mostly: no set of the difference to build
+            return joined
         for gpu_uuid in joined.keys() - records.keys():
             del joined[gpu_uuid]
         return joined
@@ -420,26 +488,18 @@ def peak_maxima(sources: Sequence[Mapping[str, float]], records: Mapping[str, An
     return out
 
 
-def take_gpus(
-    streams: Sequence[NodeStream],
-    agg: ReplicaAggregate | FleetAggregate,
-    records: dict[str, fleet.GpuRecord],
-    latest: dict[str, fleet.GpuLatest],
-    controller_ns: dict[str, int],
-) -> None:
-    """Add the streams' GPUs' record, reading and stamp from agg (where it has one), in the streams' GPU order.
+def _take(gpu_uuids: list[str], source: Mapping[str, Any], into: dict[str, Any]) -> None:
+    """Add gpu_uuids' values in source (where it has one) to into, in that order.
 
-    A mapping that holds exactly those GPUs in that order (a replica's own aggregate, as it is
-    built, and their merge) is added whole (one C-level update instead of 100,000 lookups at fleet scale).
+    A source that holds exactly those GPUs in that order (a replica's own aggregate, as it is
+    built) is added whole: one C-level update instead of 100,000 lookups at fleet scale.
     """
-    gpu_uuids = [g for stream in streams for g in stream.gpu_uuids]
-    for source, into in ((agg.records, records), (agg.latest, latest), (agg.latest_controller_ns, controller_ns)):
-        if len(source) == len(gpu_uuids) and list(source) == gpu_uuids:
-            into.update(source)
-            continue
-        for gpu_uuid in gpu_uuids:
-            if (value := source.get(gpu_uuid)) is not None:
-                into[gpu_uuid] = value
+    if len(source) == len(gpu_uuids) and list(source) == gpu_uuids:
+        into.update(source)
+        return
+    for gpu_uuid in gpu_uuids:
+        if (value := source.get(gpu_uuid)) is not None:
+            into[gpu_uuid] = value
 
 
 def overlay_latest(

@@ -187,6 +187,8 @@ class FleetReader:
         """Replica -> what its last decode kept (its streams, decoded again only when they change)."""
         self._decoded: dict[str, tuple[int, aggregates.ReplicaAggregate]] = {}
         """Replica -> (built ns of its row, its aggregate decoded): each row is decoded once."""
+        self._merge_memo = aggregates.MergeMemo()
+        """The replicas' streams and inventory merged, again only when some replica's changed."""
         self._reading = asyncio.Lock()
         self.decodes = 0
         """Aggregates decoded so far (each row once, by `prefetch` or by `read`)."""
@@ -198,7 +200,9 @@ class FleetReader:
         now = self._clock()
         current = await self._current(max_age_s, now)
         fresh = aggregates.fresh(current, now_unix_ns=now, max_age_s=max_age_s, exclude=self.replica_id)
-        self.latest = aggregates.merge(fresh, tracked=tracked, bucket_ns=self._ingest.power_window.bucket_ns)
+        self.latest = aggregates.merge(
+            fresh, tracked=tracked, bucket_ns=self._ingest.power_window.bucket_ns, memo=self._merge_memo
+        )
         return self.latest
 
     async def prefetch_forever(
@@ -206,21 +210,31 @@ class FleetReader:
     ) -> None:
         """Every every_s(), decode the aggregates that landed since the last look, so that `read` finds them decoded.
 
-        The power loop runs it beside its periods: a replica's aggregate took a tenth of a second to
-        decode at 2,048 nodes, six of them nearly half of a 100,000-GPU period. Each row is decoded
-        once, here or in `read`, whichever sees it first; `read` still takes any newer row. Not while
-        busy() (a period runs): a decode beside it takes the period's GIL time, not the idle time between.
+        The power loop runs it beside its periods: six aggregates are a good part of a 100,000-GPU
+        period's read. Each row is decoded once, here or in `read`, whichever sees it first; `read`
+        still takes any newer row. Not while busy() (a period runs), and a period that starts
+        meanwhile waits for one aggregate's decode at most: the rest are left to its `read`.
         """
         while True:
             try:
                 if not busy():
-                    await self._current(max_age_s(), self._clock())
+                    await self._current(max_age_s(), self._clock(), yield_to=busy)
             except Exception as exc:  # the store may be briefly unavailable: the period's own read retries
                 log.warning("aggregates_prefetch_failed", error=str(exc), error_type=type(exc).__name__)
             await asyncio.sleep(every_s())
 
-    async def _current(self, max_age_s: float, now: int) -> list[aggregates.ReplicaAggregate]:
-        """Every other replica's latest aggregate built within max_age_s, decoded (in replica order)."""
+    async def _current(
+        self, max_age_s: float, now: int, *, yield_to: Callable[[], bool] | None = None
+    ) -> list[aggregates.ReplicaAggregate]:
+        """Every other replica's latest aggregate built within max_age_s, decoded (in replica order).
+
+        The new rows are decoded on the event loop, one at a time (a replica's aggregate at 2,048
+        nodes takes about 13 ms in format 3). A decode in a thread took the period's read 2-40 times
+        as long: it shares the interpreter with everything else the loop runs meanwhile (under a
+        cap wave, the relay's results), while the period waits for it. With yield_to (the prefetch),
+        the loop runs its other tasks between two rows, and the decoding stops once yield_to() says
+        a period started: the period's `read` decodes the rest itself, without waiting for them.
+        """
         since = now - int(max_age_s * 1e9)
         store, exclude = self.store, self.replica_id
         async with self._reading:  # `read` and `prefetch` one at a time: a row is decoded once
@@ -228,9 +242,12 @@ class FleetReader:
             stamps, rows = await self._ingest.store_calls.run_beside(
                 lambda: store.changed_aggregates(exclude=exclude, built_since_unix_ns=since, known=known)
             )
-            if rows:
-                # Off the event loop: at 2,048 nodes a replica's aggregate takes a tenth of a second to decode.
-                self._decoded.update(await asyncio.to_thread(self._decode, rows))
+            for row in rows:
+                if yield_to is not None:
+                    await asyncio.sleep(0)
+                    if yield_to():
+                        break
+                self._decoded.update(self._decode([row]))
             for replica in [r for r in self._decoded if r not in stamps]:  # its row is gone: so is its aggregate
                 del self._decoded[replica]
                 self._memos.pop(replica, None)

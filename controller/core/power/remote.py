@@ -47,7 +47,10 @@ def fleet_view(local: period_inputs.FleetView, remote: aggregates.FleetAggregate
     own = _own_gpus(nodes, remote)
     records = {**local.records, **_less(remote.records, own)}
     gpu_nodes = dict(local.gpu_nodes)
-    gpu_nodes.update((g, stream.node_id) for stream in nodes.values() for g in stream.gpu_uuids)
+    if len(nodes) == len(remote.nodes) and len(remote.gpu_nodes):  # every remote node: its GPUs as merged
+        gpu_nodes.update(remote.gpu_nodes)
+    else:
+        gpu_nodes.update((g, stream.node_id) for stream in nodes.values() for g in stream.gpu_uuids)
     remote_latest = _less(remote.latest, own)
     latest = {**local.latest, **remote_latest}
     for gpu_uuid in local.latest.keys() & remote_latest.keys():  # newest per family

@@ -292,3 +292,34 @@ def test_a_cap_results_read_back_is_the_gpus_newest_limit_and_slew_target(replic
     assert after == before._replace(
         enforced_power_limit_w=500, power_limit_slew_target_w=600, counters_unix_ns=clock.now_ns
     )
+
+
+def test_a_period_that_starts_waits_for_one_prefetched_decode_at_most_and_decodes_the_rest(replicas):
+    """The prefetch decodes on the event loop a row at a time and stops once a period runs (busy):
+    a period's read never waits behind a whole round of decodes, and decodes what is left itself."""
+    leader_side, follower, clock = replicas
+    reader = leader_side.fleet
+    store = reader.store
+
+    async def scenario():
+        await _node(follower.ingest, "node-c", 600.0, clock)
+        shipped = await follower.shipper.ship_once()
+        other = aggregates.encode(dataclasses.replace(shipped, replica_id="ctl-z"))
+        await leader_side.ingest.store_calls.run_in_store(
+            lambda: store.publish("ctl-z", built_unix_ns=clock.now_ns, format_version=3, payload=other)
+        )
+        prefetch = asyncio.create_task(  # a period starts once the first row is decoded
+            reader.prefetch_forever(every_s=lambda: 0.01, max_age_s=lambda: 5.0, busy=lambda: reader.decodes >= 1)
+        )
+        while reader.decodes == 0:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # a few more rounds of the prefetch: it keeps out of the period's way
+        prefetched = reader.decodes
+        merged = await reader.read(max_age_s=5.0)
+        prefetch.cancel()
+        await asyncio.gather(prefetch, return_exceptions=True)
+        return prefetched, reader.decodes, merged
+
+    prefetched, decodes, merged = asyncio.run(scenario())
+    assert prefetched == 1, "the prefetch stopped after the row it was decoding"
+    assert decodes == 2 and merged.replicas == ("ctl-b", "ctl-z"), "the period's read decoded the other"

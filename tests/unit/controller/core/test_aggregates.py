@@ -340,6 +340,34 @@ def test_a_node_on_two_replicas_is_the_newest_streams_and_its_gpus_its_data():
     assert merged.replicas == ("b", "c")
 
 
+def _merged_fields(merged: aggregates.FleetAggregate) -> dict:
+    return {f.name: getattr(merged, f.name) for f in dataclasses.fields(merged) if f.name != "latest_block"}
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["each node on one replica", "a node on two replicas"])
+def test_a_merge_keeps_the_streams_and_inventory_merged_while_no_replica_changed_them(moved):
+    """The leader merges six replicas' 100,000 records each period; while their streams and inventory
+    are the objects it merged last (its decode gives them back unchanged), it takes them from its memo."""
+    c_nodes = {"n1": ("g1",), "n2": ("g2",)} if moved else {"n2": ("g2",)}
+    c = _aggregate("c", c_nodes, opened_ns=NOW_NS - 60 * 10**9, watts=100.0)
+    b = _aggregate("b", {"n1": ("g1",), "n3": ("g3", "g4")}, opened_ns=NOW_NS - 2 * 10**9, watts=500.0)
+    memo = aggregates.MergeMemo()
+    first = aggregates.merge([b, c], memo=memo)
+    assert _merged_fields(first) == _merged_fields(aggregates.merge([b, c])), "the same merge as without a memo"
+    assert first.gpu_nodes == {"g1": "n1", "g2": "n2", "g3": "n3", "g4": "n3"}
+    later = [dataclasses.replace(agg, latest={g: r._replace(power_w=600.0) for g, r in agg.latest.items()})
+             for agg in (b, c)]  # fmt: skip
+    second = aggregates.merge(later, memo=memo)  # a second later: new readings, the same streams
+    assert second.records is first.records and second.nodes is first.nodes
+    assert {r.power_w for r in second.latest.values()} == {600.0}
+    assert _merged_fields(second) == _merged_fields(aggregates.merge(later))
+    d = _aggregate("d", {"n5": ("g5",)})
+    third = aggregates.merge([*later, d], memo=memo)  # another replica's streams: merged again
+    assert third.records is not first.records and set(third.records) == {"g1", "g2", "g3", "g4", "g5"}
+    assert _merged_fields(third) == _merged_fields(aggregates.merge([*later, d]))
+    assert aggregates.merge([d, *later], memo=memo).holders == third.holders, "another order: merged again"
+
+
 def _peak_maxima_by_loop(sources, records):
     """The per-GPU comparison `peak_maxima` must agree with, order included."""
     out = {}
