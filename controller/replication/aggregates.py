@@ -206,18 +206,25 @@ class FleetReader:
         return self.latest
 
     async def prefetch_forever(
-        self, *, every_s: Callable[[], float], max_age_s: Callable[[], float], busy: Callable[[], bool]
+        self,
+        *,
+        every_s: Callable[[], float],
+        max_age_s: Callable[[], float],
+        busy: Callable[[], bool],
+        due: Callable[[], bool] = lambda: True,
     ) -> None:
         """Every every_s(), decode the aggregates that landed since the last look, so that `read` finds them decoded.
 
         The power loop runs it beside its periods: six aggregates are a good part of a 100,000-GPU
         period's read. Each row is decoded once, here or in `read`, whichever sees it first; `read`
-        still takes any newer row. Not while busy() (a period runs), and a period that starts
-        meanwhile waits for one aggregate's decode at most: the rest are left to its `read`.
+        still takes any newer row. Only while due() (the power loop: in the half period before its
+        next, when a row landing is the one that period reads), and not while busy() (a period
+        runs); a period that starts meanwhile waits for one aggregate's decode at most: the rest
+        are left to its `read`.
         """
         while True:
             try:
-                if not busy():
+                if due() and not busy():
                     await self._current(max_age_s(), self._clock(), yield_to=busy)
             except Exception as exc:  # the store may be briefly unavailable: the period's own read retries
                 log.warning("aggregates_prefetch_failed", error=str(exc), error_type=type(exc).__name__)

@@ -323,3 +323,28 @@ def test_a_period_that_starts_waits_for_one_prefetched_decode_at_most_and_decode
     prefetched, decodes, merged = asyncio.run(scenario())
     assert prefetched == 1, "the prefetch stopped after the row it was decoding"
     assert decodes == 2 and merged.replicas == ("ctl-b", "ctl-z"), "the period's read decoded the other"
+
+
+def test_the_prefetch_decodes_only_in_the_half_period_before_the_next(replicas):
+    """A row landing earlier is superseded before a period reads it: decoding it was half the leader's decodes."""
+    leader_side, follower, clock = replicas
+    reader = leader_side.fleet
+    due = [False]
+
+    async def scenario():
+        await _node(follower.ingest, "node-c", 600.0, clock)
+        await follower.shipper.ship_once()
+        prefetch = asyncio.create_task(
+            reader.prefetch_forever(every_s=lambda: 0.01, max_age_s=lambda: 5.0, busy=lambda: False, due=lambda: due[0])
+        )
+        await asyncio.sleep(0.1)
+        early = reader.decodes
+        due[0] = True
+        while reader.decodes == early:
+            await asyncio.sleep(0.01)
+        prefetch.cancel()
+        await asyncio.gather(prefetch, return_exceptions=True)
+        return early, reader.decodes
+
+    early, due_decodes = asyncio.run(scenario())
+    assert early == 0 and due_decodes == 1
