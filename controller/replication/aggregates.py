@@ -236,9 +236,9 @@ class FleetReader:
         """Every other replica's latest aggregate built within max_age_s, decoded (in replica order).
 
         The new rows are decoded on the event loop, one at a time (a replica's aggregate at 2,048
-        nodes takes about 13 ms in format 3). A decode in a thread took the period's read 2-40 times
-        as long: it shares the interpreter with everything else the loop runs meanwhile (under a
-        cap wave, the relay's results), while the period waits for it. With yield_to (the prefetch),
+        nodes takes about 13 ms in format 3). A decode in a thread took up to 40 times as long: it
+        shares the interpreter with everything else the loop runs meanwhile (under a cap wave, the
+        relay's results), while the period waits for it. With yield_to (the prefetch),
         the loop runs its other tasks between two rows, and the decoding stops once yield_to() says
         a period started: the period's `read` decodes the rest itself, without waiting for them.
         """
