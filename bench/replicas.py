@@ -756,7 +756,8 @@ def _aggregate_prose(costs: dict[str, float] | None) -> str:
         f"What one replica of {costs['nodes']:,} nodes x 8 GPUs ships each half period (a synthetic aggregate "
         f"of that shape, timed on its own, best of 3, CPU): {costs['bytes'] / 1e6:.2f} MB compressed; "
         f"{costs['encode_ms']:g} ms to encode on the replica, {costs['decode_ms']:g} ms to decode on the "
-        f"leader (in a thread, off its event loop); the inventory part {costs['inventory_encode_ms']:g} ms "
+        f"leader (format {aggregates.FORMAT_VERSION}, its streams part included, which the leader decodes once per"
+        f" change); the inventory part {costs['inventory_encode_ms']:g} ms "
         f"to encode and {costs['inventory_decode_ms']:g} ms to decode, once per change of the streams.\n\n"
     )
 
