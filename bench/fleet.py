@@ -105,11 +105,13 @@ def leader_process(
 ) -> None:
     """Run the leader until told to stop; answer status requests on conn (profile: cProfile its event loop there)."""
     _pin(cpu)
+    from rasd.common import gc_policy
     from rasd.common import logging as rasd_logging
     from rasd.controller import server
     from rasd.controller.replication import leader as leader_mod
 
     rasd_logging.configure("info", json=True)
+    gc_policy.configure()  # the collector's thresholds as rasd-controller's main sets them
     sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the process's lifetime)
 
     async def main() -> None:

@@ -326,13 +326,19 @@ def start_profiles(
     gpus = ctx.gpus
     none = np.zeros(len(gpus), dtype=bool)
     records = ctx.fleet.records
+    started = ramp.started if ramp.started is not None else none
+    # `decide` reads `supported` only where a job starts: looked up there, not for 100,000 GPUs a period.
+    supported = np.zeros(len(gpus), dtype=bool)
+    at = np.flatnonzero(started)
+    if len(at):
+        supported[at] = [
+            (r := records.get(gpus[i].gpu_uuid)) is not None and r.power_smoothing_supported for i in at.tolist()
+        ]
     decision = start_smoothing.decide(
         start,
         gpu_uuids=[g.gpu_uuid for g in gpus],
-        supported=np.array(
-            [(r := records.get(g.gpu_uuid)) is not None and r.power_smoothing_supported for g in gpus], dtype=bool
-        ),
-        started=ramp.started if ramp.started is not None else none,
+        supported=supported,
+        started=started,
         starting=ramp.under_ceiling if ramp.under_ceiling is not None else none,
         parked=ramp.parked_mask if ramp.parked_mask is not None else none,
         max_w=ctx.max_w,

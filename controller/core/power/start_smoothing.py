@@ -178,7 +178,7 @@ def decide(
     Args:
         state: The previous period's state.
         gpu_uuids: The GPUs, in a stable order sorted by node (canaries are spread over it).
-        supported: True where the GPU has power-smoothing hardware.
+        supported: True where the GPU has power-smoothing hardware (read only where `started` is).
         started: True where the cap ramp saw the GPU start its job this period (parked, now busy).
         starting: True where the GPU is busy and still under a job-start ceiling (its cap ramp runs).
         parked: True where the GPU is parked again (idle for `job_start_idle_s`: its job ended).

@@ -307,8 +307,12 @@ def _draw(
     peaks = inputs.window.draw_peaks_w
     stale_ns = int((ctx.now_s - ctx.config.telemetry_stale_s) * 1e9)
     uuids = columns.gpu_uuids
-    has_peak = np.array([u in peaks for u in uuids], dtype=bool)
-    peak_w = np.array([peaks.get(u, 0.0) for u in uuids], dtype=np.float64)
+    get = peaks.get
+    peak_w = np.array([get(u, np.nan) for u in uuids], dtype=np.float64)  # one lookup a GPU, not two
+    has_peak = ~np.isnan(peak_w)
+    without = np.flatnonzero(~has_peak)
+    if len(without):  # mostly few; a NaN peak that is there still counts as one, as before
+        has_peak[without] = [uuids[i] in peaks for i in without.tolist()]
     power_w = columns.power_w
     fresh = columns.present & ~np.isnan(power_w) & (columns.power_sample_ns >= stale_ns)
     known = fresh & has_peak
