@@ -122,6 +122,7 @@ def leader_process(
             )
         )  # fmt: skip
         await controller.start()
+        gc_policy.freeze_startup_heap()  # as rasd-controller does once it has started (`workers.serve`)
         conn.send("ready")
         profiler = cProfile.Profile() if profile else None
         if profiler is not None:
