@@ -249,6 +249,41 @@ STATS_HISTORY = 100_000
 """Periods of history `PowerStats` keeps (about 2.3 days at a 2 s period)."""
 
 
+@dataclasses.dataclass
+class Returned:
+    """What came back from the loop's commands since the last period: the next period's inputs."""
+
+    acks: list[power_apply.CapAck] = dataclasses.field(default_factory=list)
+    node_limit_results: list[period_inputs.NodeLimitResult] = dataclasses.field(default_factory=list)
+    start_unanswered: set[str] = dataclasses.field(default_factory=set)
+    """GPUs whose start profile went unanswered (sent again, in whichever state is due)."""
+    start_answered: set[str] = dataclasses.field(default_factory=set)
+    """Nodes that answered a start profile."""
+    smoothing_unanswered: set[str] = dataclasses.field(default_factory=set)
+    """Nodes whose smoothing command went unanswered (sent again next period)."""
+
+    def take(self) -> tuple[tuple[power_apply.CapAck, ...], tuple[period_inputs.NodeLimitResult, ...],
+                            period_inputs.SendOutcomes]:  # fmt: skip
+        """(the acks, the BMC limits' results, the send outcomes) for a period's inputs; nothing is left."""
+        outcomes = period_inputs.SendOutcomes(
+            start_unanswered=frozenset(self.start_unanswered),
+            start_answered_nodes=frozenset(self.start_answered),
+            smoothing_unanswered_nodes=frozenset(self.smoothing_unanswered),
+        )
+        taken = (tuple(self.acks), tuple(self.node_limit_results), outcomes)
+        self.acks, self.node_limit_results = [], []
+        self.start_unanswered, self.start_answered, self.smoothing_unanswered = set(), set(), set()
+        return taken
+
+    def requeue(self, inputs: period_inputs.PeriodInputs) -> None:
+        """Put back what a failed period took, ahead of what came back since."""
+        self.acks[:0] = inputs.acks
+        self.node_limit_results[:0] = inputs.node_limit_results
+        self.start_unanswered |= inputs.outcomes.start_unanswered
+        self.start_answered |= inputs.outcomes.start_answered_nodes
+        self.smoothing_unanswered |= inputs.outcomes.smoothing_unanswered_nodes
+
+
 def _history() -> collections.deque[Any]:
     return collections.deque(maxlen=STATS_HISTORY)
 
@@ -348,12 +383,7 @@ class PowerLoop:
         self._budget_overrides: dict[str, int | None] = {}
         self._known_gpus: dict[str, fleet.GpuRecord] = {}
         """GPU uuid -> its record in the store at start (GPUs whose agents are not back count too)."""
-        # What came back since the last period (the next period's inputs).
-        self._acks: list[power_apply.CapAck] = []
-        self._node_limit_results: list[period_inputs.NodeLimitResult] = []
-        self._start_unanswered: set[str] = set()
-        self._start_answered: set[str] = set()
-        self._smoothing_unanswered: set[str] = set()
+        self._returned = Returned()
         self._caps_unanswered: list[tuple[str, str]] = []
         """(node, error) of cap commands left unanswered since the last period's log line."""
         self._wake = asyncio.Event()
@@ -622,7 +652,7 @@ class PowerLoop:
                 self.on_step(before, inputs, now, result)
             _log_notes(result.commands.notes)
             if result.status.power is None:
-                self._acks[:0] = inputs.acks  # kept for when there are GPUs to manage
+                self._returned.acks[:0] = inputs.acks  # kept for when there are GPUs to manage
                 self._period = result.state
                 self.status = dataclasses.replace(self.status, at_unix_s=now, reason=result.status.reason)
                 self.repairs.release_all(result.status.reason)
@@ -632,7 +662,7 @@ class PowerLoop:
             await self._persist(before, result)
             marks.append(time.perf_counter())
         except BaseException:
-            self._requeue(inputs)  # nothing of this period happened: its inputs are the next one's
+            self._returned.requeue(inputs)  # nothing of this period happened: its inputs are the next one's
             raise
         self._period = result.state
         self._set_room(result.room)
@@ -676,27 +706,20 @@ class PowerLoop:
         repairing, repairing_ids = self.repairs.counted()
         nodes = state.tree.index.node_names
         limiter = self._limiter
-        outcomes = period_inputs.SendOutcomes(
-            start_unanswered=frozenset(self._start_unanswered),
-            start_answered_nodes=frozenset(self._start_answered),
-            smoothing_unanswered_nodes=frozenset(self._smoothing_unanswered),
-        )
-        inputs = period_inputs.PeriodInputs(
+        acks, node_limit_results, outcomes = self._returned.take()
+        return period_inputs.PeriodInputs(
             fleet=fleet_view,
             window=remote_inputs.window_view(self._window_view(reads), remote, reads),
             quarantined_nodes=quarantined_nodes,
             quarantined_gpus=quarantined_gpus,
             repairing_gpus=repairing,
             repairing_ids=repairing_ids,
-            acks=tuple(self._acks),
-            node_limit_results=tuple(self._node_limit_results),
+            acks=acks,
+            node_limit_results=node_limit_results,
             bmc_nodes=frozenset(n for n in nodes if limiter.configured(n)) if limiter is not None else frozenset(),
             outcomes=outcomes,
             floors_w=power_floors.floors_w(floors),
         )
-        self._acks, self._node_limit_results = [], []
-        self._start_unanswered, self._start_answered, self._smoothing_unanswered = set(), set(), set()
-        return inputs
 
     async def _read_remote(self) -> None:
         """The other replicas' aggregates for this period (with several replicas), in one store read.
@@ -742,14 +765,6 @@ class PowerLoop:
         ahead_ns = stream.agent_ahead_ns if stream is not None else None
         corrected = agent_unix_ns - ahead_ns if ahead_ns is not None else agent_unix_ns
         return min(corrected, self._clock())
-
-    def _requeue(self, inputs: period_inputs.PeriodInputs) -> None:
-        """Put back what a failed period took, ahead of what came back since."""
-        self._acks[:0] = inputs.acks
-        self._node_limit_results[:0] = inputs.node_limit_results
-        self._start_unanswered |= inputs.outcomes.start_unanswered
-        self._start_answered |= inputs.outcomes.start_answered_nodes
-        self._smoothing_unanswered |= inputs.outcomes.smoothing_unanswered_nodes
 
     def _fleet_view(self) -> period_inputs.FleetView:
         """The ingest's fleet as the period sees it: the one place the loop reads the ingest's state.
@@ -857,7 +872,7 @@ class PowerLoop:
                 return
             result = power_wire.result_from_wire(outcome)
             at_ns = self._controller_ns(node_id, result.finished_unix_ns) if result.finished_unix_ns else self._clock()
-            self._acks.extend(power_wire.cap_acks(result, limits, at_ns / 1e9))
+            self._returned.acks.extend(power_wire.cap_acks(result, limits, at_ns / 1e9))
             if self._waiting:
                 self._wake.set()  # raises wait on these confirmations: do not make them wait a period
 
@@ -868,7 +883,7 @@ class PowerLoop:
         try:
             result = await self._deliver(command)
         except UNANSWERED as exc:
-            self._smoothing_unanswered.add(command.node_id)  # sent again next period
+            self._returned.smoothing_unanswered.add(command.node_id)  # sent again next period
             log.info("power_smoothing_unanswered", node=command.node_id, error=str(exc))
             return
         if not result.succeeded:
@@ -879,13 +894,13 @@ class PowerLoop:
         try:
             result = await self._deliver(command)
         except UNANSWERED as exc:
-            self._start_unanswered.update(command.gpu_uuids)
+            self._returned.start_unanswered.update(command.gpu_uuids)
             log.info("power_start_smoothing_unanswered", node=command.node_id, error=str(exc))
             return
         if not result.succeeded:
             log.warning("power_start_smoothing_not_applied", node=command.node_id, outcome=result.outcome,
                         message=result.message)  # fmt: skip
-        self._start_answered.add(command.node_id)
+        self._returned.start_answered.add(command.node_id)
 
     async def _set_node_limit(self, request: commands.SetNodeLimit) -> None:
         """Ask the node's BMC for a limit (None: lift it), in a thread; the answer is an input of the next period."""
@@ -898,10 +913,10 @@ class PowerLoop:
             if limit_w is not None:
                 self._ingest.metrics.power_bmc_limits.labels(outcome="failed").inc()
             failed = period_inputs.NodeLimitResult(node_id, limit_w, None, self._now(), request.targets_w, failed=True)
-            self._node_limit_results.append(failed)
+            self._returned.node_limit_results.append(failed)
             return
         result = period_inputs.NodeLimitResult(node_id, limit_w, read_back_w, self._now(), request.targets_w)
-        self._node_limit_results.append(result)
+        self._returned.node_limit_results.append(result)
         if limit_w is None:
             log.info("power_bmc_limit_lifted", node=node_id)
         elif fallback.confirmed(result):
