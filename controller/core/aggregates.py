@@ -426,9 +426,9 @@ def merge(
             _take(gpu_uuids, agg.latest_controller_ns, controller_ns)
     else:
         for node_id, stream in streams.nodes.items():
-            holder = aggregates[streams.holders[node_id]]
-            _take(list(stream.gpu_uuids), holder.latest, latest)
-            _take(list(stream.gpu_uuids), holder.latest_controller_ns, controller_ns)
+            holder, gpu_uuids = aggregates[streams.holders[node_id]], list(stream.gpu_uuids)
+            _take(gpu_uuids, holder.latest, latest)
+            _take(gpu_uuids, holder.latest_controller_ns, controller_ns)
     draw = peak_maxima([agg.draw_peaks_w for agg in aggregates], streams.records)
     detect = peak_maxima([agg.detect_peaks_w for agg in aggregates], streams.records)
     with_series = [agg for agg in aggregates if agg.series and agg.bucket_ns == bucket_ns]
@@ -863,6 +863,17 @@ def _named(gpus: list[str], rows: list[int]) -> list[str]:
     return [gpus[i] for i in rows]
 
 
+def _peak_gpus(gpus: list[str], count: int) -> list[str]:
+    """The GPUs of count peaks (formats 2 and 3): the first of the GPUs listed, the records' GPUs.
+
+    Raises:
+        ValueError: more peaks than GPUs listed.
+    """
+    if count > len(gpus):
+        raise ValueError(f"{count} peaks for the {len(gpus)} GPUs listed")
+    return gpus[:count]
+
+
 def _block(columns: Mapping[str, binary_columns.Column], reported: list[str]) -> LatestBlock:
     """The readings' columns as `LatestBlock` holds them: each value as `views.latest_columns` reads a `GpuLatest`'s."""
 
@@ -898,9 +909,7 @@ def _decoded(doc: Mapping[str, Any], records: Mapping[str, fleet.GpuRecord], mem
         gpus = doc["gpus"]
         rows = latest_cols["rows"]
         reported = gpus if rows is None else _named(gpus, rows)
-        if len(peaks["draw_w"]) > len(gpus):
-            raise ValueError(f"{len(peaks['draw_w'])} peaks for the {len(gpus)} GPUs listed")
-        peak_gpus = gpus[: len(peaks["draw_w"])]
+        peak_gpus = _peak_gpus(gpus, len(peaks["draw_w"]))
     nodes = _streams(doc["nodes"], gpus, memo)
     listed = {name: binary_columns.Column(values, None, None) for name, values in latest_cols.items()}
     for name in ("gpu_uuid", "rows"):
@@ -927,10 +936,8 @@ def _decoded_binary(
     rows = groups["rows"].get("rows")
     reported = gpus if rows is None else _named(gpus, rows.values)
     peaks = groups["peaks"]
-    if len(peaks["draw_w"].values) > len(gpus):
-        raise ValueError(f"{len(peaks['draw_w'].values)} peaks for the {len(gpus)} GPUs listed")
-    return _aggregate_of(header, nodes, records, (reported, groups["latest"]),
-                         (gpus[: len(peaks["draw_w"].values)], peaks))  # fmt: skip
+    peak_gpus = _peak_gpus(gpus, len(peaks["draw_w"].values))
+    return _aggregate_of(header, nodes, records, (reported, groups["latest"]), (peak_gpus, peaks))
 
 
 def _aggregate_of(
