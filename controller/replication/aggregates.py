@@ -254,7 +254,7 @@ class FleetReader:
                     await asyncio.sleep(0)
                     if yield_to():
                         break
-                self._decoded.update(self._decode([row]))
+                self._decode(*row)
             for replica in [r for r in self._decoded if r not in stamps]:  # its row is gone: so is its aggregate
                 del self._decoded[replica]
                 self._memos.pop(replica, None)
@@ -264,26 +264,23 @@ class FleetReader:
                 if stamps.get(replica) == built_ns and built_ns >= since
             ]  # fmt: skip
 
-    def _decode(self, rows: list[tuple[str, int, int, bytes]]) -> dict[str, tuple[int, aggregates.ReplicaAggregate]]:
-        """The rows' aggregates by replica, each with its row's built ns.
+    def _decode(self, replica_id: str, built_ns: int, version: int, payload: bytes) -> None:
+        """Decode one row into `_decoded`, with its built ns.
 
         One that cannot be read is logged (once per replica and format) and left out.
         """
-        decoded: dict[str, tuple[int, aggregates.ReplicaAggregate]] = {}
-        for replica_id, built_ns, version, payload in rows:
-            try:
-                inventory, _rest = aggregates.split(payload)
-                known = self._inventories.get(replica_id)
-                if known is None or known[0] != inventory:
-                    known = self._inventories[replica_id] = (inventory, aggregates.decode_records(inventory))
-                memo = self._memos.setdefault(replica_id, aggregates.DecodeMemo())
-                decoded[replica_id] = (built_ns, aggregates.decode(payload, records=known[1], memo=memo))
-                self.decodes += 1
-            except aggregates.AggregateFormatError as exc:
-                if (replica_id, version) not in self._refused:  # not every period
-                    self._refused.add((replica_id, version))
-                    log.error("aggregate_refused", replica=replica_id, format_version=version, error=str(exc))
-        return decoded
+        try:
+            inventory, _rest = aggregates.split(payload)
+            known = self._inventories.get(replica_id)
+            if known is None or known[0] != inventory:
+                known = self._inventories[replica_id] = (inventory, aggregates.decode_records(inventory))
+            memo = self._memos.setdefault(replica_id, aggregates.DecodeMemo())
+            self._decoded[replica_id] = (built_ns, aggregates.decode(payload, records=known[1], memo=memo))
+            self.decodes += 1
+        except aggregates.AggregateFormatError as exc:
+            if (replica_id, version) not in self._refused:  # not every period
+                self._refused.add((replica_id, version))
+                log.error("aggregate_refused", replica=replica_id, format_version=version, error=str(exc))
 
     async def ask(self, reads: aggregates.AggregateReads) -> None:
         """Tell the replicas what to ship, when it changed since the last time this leader asked."""
